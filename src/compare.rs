@@ -1,0 +1,491 @@
+//! The compare engine: pair ranks, match tensors by name, compute metrics in parallel and
+//! judge every tensor.
+//!
+//! Rows come out in the comparison run's execution order; tensors present on one side only
+//! are kept as [`Unmatched`] (never dropped, never a pass).
+
+use crate::dtype::DType;
+use crate::dump::{self, Data, Direction, DumpSet, RankDump, RankLoc, Role, Stats};
+use crate::error::{ProbeError, Result};
+use crate::metrics::{self, Metrics, StatDiff};
+use crate::tensor::ShardCache;
+use crate::tolerance::{self, Tolerances, Verdict};
+use rayon::prelude::*;
+use std::collections::{BTreeMap, HashMap};
+use std::io::IsTerminal;
+use std::path::PathBuf;
+use std::sync::atomic::{AtomicUsize, Ordering};
+
+/// How a row was compared.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, serde::Serialize)]
+#[serde(rename_all = "lowercase")]
+pub enum CompareKind {
+    /// Full tensors: every metric.
+    Tensor,
+    /// Checksums, with statistics where present.
+    Checksum,
+    /// Recorded statistics only.
+    Statistics,
+    /// Nothing usable on one side (no data, no statistics).
+    None,
+}
+
+impl CompareKind {
+    pub fn name(self) -> &'static str {
+        match self {
+            CompareKind::Tensor => "tensor",
+            CompareKind::Checksum => "checksum",
+            CompareKind::Statistics => "statistics",
+            CompareKind::None => "none",
+        }
+    }
+}
+
+/// One matched tensor.
+#[derive(Debug, Clone)]
+pub struct Row {
+    pub pair: usize,
+    /// Position of the op in the comparison run's execution order (within its pair).
+    pub op_index: usize,
+    pub seq: u64,
+    pub op: String,
+    pub direction: Direction,
+    pub role: Role,
+    pub name: String,
+    pub dtype_b: String,
+    pub dtype_c: String,
+    pub shape_b: Vec<usize>,
+    pub shape_c: Vec<usize>,
+    pub stats_b: Option<Stats>,
+    pub stats_c: Option<Stats>,
+    pub kind: CompareKind,
+    pub metrics: Option<Metrics>,
+    pub stat_diff: Option<StatDiff>,
+    pub checksum_equal: Option<bool>,
+    pub verdict: Verdict,
+    pub reason: String,
+    /// The error tolerance applied (relative L2, or scaled statistics error).
+    pub tol_error: f64,
+    /// The judged error measure.
+    pub err: f64,
+    /// The smallest error tolerance that would have passed this tensor.
+    pub needed: f64,
+    /// An input that no captured op produced (weight, data, random tensor), when known.
+    pub external: bool,
+    pub stack: Option<u64>,
+    data: Option<(Data, Data)>,
+}
+
+impl Row {
+    /// Whether the comparison side holds NaN/Inf that the benchmark does not.
+    pub fn new_nonfinite(&self) -> bool {
+        if let Some(m) = &self.metrics {
+            return m.nonfinite_c > 0 && m.nonfinite_mismatch > 0;
+        }
+        let nf = |s: &Option<Stats>| s.as_ref().and_then(|s| s.nonfinite()).unwrap_or(0);
+        nf(&self.stats_c) > 0 && nf(&self.stats_b) == 0
+    }
+
+    /// Whether the comparison side holds any NaN/Inf.
+    pub fn cmp_nonfinite(&self) -> bool {
+        if let Some(m) = &self.metrics {
+            return m.nonfinite_c > 0;
+        }
+        self.stats_c
+            .as_ref()
+            .and_then(|s| s.nonfinite())
+            .unwrap_or(0)
+            > 0
+    }
+
+    /// Bitwise (or statistically) identical on both sides.
+    pub fn identical(&self) -> bool {
+        self.err == 0.0 && self.verdict == Verdict::Pass
+    }
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, serde::Serialize)]
+#[serde(rename_all = "lowercase")]
+pub enum Side {
+    Bench,
+    Cmp,
+}
+
+/// A tensor found on one side only.
+#[derive(Debug, Clone)]
+pub struct Unmatched {
+    pub pair: usize,
+    pub side: Side,
+    pub seq: u64,
+    pub op: String,
+    pub name: String,
+    pub role: Role,
+    pub dtype: String,
+    pub shape: Vec<usize>,
+}
+
+/// One compared (step, rank) pair.
+#[derive(Debug, Clone)]
+pub struct Pair {
+    pub step: String,
+    pub rank: String,
+    pub bench_dir: PathBuf,
+    pub cmp_dir: PathBuf,
+    /// Stacks of the comparison side, by id.
+    pub stacks: BTreeMap<u64, Vec<String>>,
+    pub ops: usize,
+}
+
+#[derive(Debug, Default)]
+pub struct CompareResult {
+    pub pairs: Vec<Pair>,
+    pub rows: Vec<Row>,
+    pub unmatched: Vec<Unmatched>,
+    pub warnings: Vec<String>,
+}
+
+/// Pairs ranks of the two sides: by (step, rank) name, or the only rank of each side.
+pub fn pair_ranks(b: &DumpSet, c: &DumpSet) -> (Vec<(RankLoc, RankLoc)>, Vec<String>) {
+    if b.ranks.len() == 1 && c.ranks.len() == 1 {
+        return (vec![(b.ranks[0].clone(), c.ranks[0].clone())], vec![]);
+    }
+    let key = |l: &RankLoc| (l.step.clone(), l.rank.clone());
+    let cmap: HashMap<_, _> = c.ranks.iter().map(|l| (key(l), l)).collect();
+    let bkeys: std::collections::HashSet<_> = b.ranks.iter().map(key).collect();
+    let mut pairs = Vec::new();
+    let mut warnings = Vec::new();
+    for l in &b.ranks {
+        match cmap.get(&key(l)) {
+            Some(cl) => pairs.push((l.clone(), (*cl).clone())),
+            None => warnings.push(format!(
+                "{}/{} is in the benchmark only; not compared",
+                l.step, l.rank
+            )),
+        }
+    }
+    for l in &c.ranks {
+        if !bkeys.contains(&key(l)) {
+            warnings.push(format!(
+                "{}/{} is in the comparison only; not compared",
+                l.step, l.rank
+            ));
+        }
+    }
+    (pairs, warnings)
+}
+
+fn same_shape(a: &[usize], b: &[usize]) -> bool {
+    a == b
+}
+
+/// Builds the rows and unmatched lists of one pair (no metrics yet).
+fn match_pair(pi: usize, bd: &RankDump, cd: &RankDump, out: &mut CompareResult) {
+    let bkeys = dump::match_keys(&bd.ops);
+    let ckeys = dump::match_keys(&cd.ops);
+    let mut index: HashMap<String, (usize, usize)> = HashMap::new();
+    for (oi, op) in bd.ops.iter().enumerate() {
+        for (ti, t) in op.tensors.iter().enumerate() {
+            index.insert(dump::match_name(op, &bkeys[oi], t), (oi, ti));
+        }
+    }
+    let mut used = vec![Vec::new(); bd.ops.len()];
+    for (oi, op) in bd.ops.iter().enumerate() {
+        used[oi] = vec![false; op.tensors.len()];
+    }
+    for (oi, op) in cd.ops.iter().enumerate() {
+        for t in &op.tensors {
+            let name = dump::match_name(op, &ckeys[oi], t);
+            let Some(&(boi, bti)) = index.get(&name) else {
+                out.unmatched.push(Unmatched {
+                    pair: pi,
+                    side: Side::Cmp,
+                    seq: op.seq,
+                    op: op.key.clone(),
+                    name: t.name.clone(),
+                    role: t.role,
+                    dtype: t.dtype_name.clone(),
+                    shape: t.shape.clone(),
+                });
+                continue;
+            };
+            used[boi][bti] = true;
+            let bt = &bd.ops[boi].tensors[bti];
+            let external = match t.role {
+                Role::Parameter => op.direction == Direction::Forward,
+                Role::Input => {
+                    cd.has_dataflow && t.src.is_none() && op.direction == Direction::Forward
+                }
+                Role::Output => false,
+            };
+            let shapes_ok = same_shape(&bt.shape, &t.shape);
+            let has_data = |x: &Data| !matches!(x, Data::None);
+            let kind = if shapes_ok
+                && has_data(&bt.data)
+                && has_data(&t.data)
+                && bt.dtype.is_some()
+                && t.dtype.is_some()
+            {
+                CompareKind::Tensor
+            } else if bt.checksum.is_some() && t.checksum.is_some() {
+                CompareKind::Checksum
+            } else if bt.stats.is_some() && t.stats.is_some() {
+                CompareKind::Statistics
+            } else {
+                CompareKind::None
+            };
+            out.rows.push(Row {
+                pair: pi,
+                op_index: oi,
+                seq: op.seq,
+                op: op.key.clone(),
+                direction: op.direction,
+                role: t.role,
+                name: t.name.clone(),
+                dtype_b: bt.dtype_name.clone(),
+                dtype_c: t.dtype_name.clone(),
+                shape_b: bt.shape.clone(),
+                shape_c: t.shape.clone(),
+                stats_b: bt.stats,
+                stats_c: t.stats,
+                kind,
+                metrics: None,
+                stat_diff: None,
+                checksum_equal: match (&bt.checksum, &t.checksum) {
+                    (Some(x), Some(y)) => Some(x == y),
+                    _ => None,
+                },
+                verdict: Verdict::Pass,
+                reason: String::new(),
+                tol_error: 0.0,
+                err: 0.0,
+                needed: 0.0,
+                external,
+                stack: op.stack,
+                data: (kind == CompareKind::Tensor).then(|| (bt.data.clone(), t.data.clone())),
+            });
+        }
+    }
+    for (oi, op) in bd.ops.iter().enumerate() {
+        for (ti, t) in op.tensors.iter().enumerate() {
+            if !used[oi][ti] {
+                out.unmatched.push(Unmatched {
+                    pair: pi,
+                    side: Side::Bench,
+                    seq: op.seq,
+                    op: op.key.clone(),
+                    name: t.name.clone(),
+                    role: t.role,
+                    dtype: t.dtype_name.clone(),
+                    shape: t.shape.clone(),
+                });
+            }
+        }
+    }
+}
+
+struct Caches {
+    bench: ShardCache,
+    cmp: ShardCache,
+}
+
+fn compute_metrics(row: &Row, caches: &Caches) -> Result<Option<Metrics>> {
+    let Some((Data::Safetensors { shard: bs, key: bk }, Data::Safetensors { shard: cs, key: ck })) =
+        &row.data
+    else {
+        return Ok(None);
+    };
+    let bt = caches
+        .bench
+        .tensor(bs, bk, DType::parse(&row.dtype_b), &row.shape_b)?;
+    let ct = caches
+        .cmp
+        .tensor(cs, ck, DType::parse(&row.dtype_c), &row.shape_c)?;
+    Ok(Some(metrics::compare_tensors(&bt, &ct)?))
+}
+
+/// Puts the verdict on a row whose metrics are known.
+fn judge_row(row: &mut Row, tols: &Tolerances) {
+    let (db, dc) = (DType::parse(&row.dtype_b), DType::parse(&row.dtype_c));
+    let tol = tols.lookup(&row.op, &row.name, db, dc);
+    let dname = match (db, dc) {
+        (Some(x), Some(y)) => tolerance::loosest(x, y).name().to_string(),
+        _ => row.dtype_c.clone(),
+    };
+    row.tol_error = tol.error;
+    let set = |row: &mut Row, v: Verdict, reason: String, err: f64| {
+        row.verdict = v;
+        row.reason = reason;
+        row.err = err;
+        row.needed = err;
+    };
+    if !same_shape(&row.shape_b, &row.shape_c) {
+        let r = format!("shape {:?} vs {:?}", row.shape_b, row.shape_c);
+        set(row, Verdict::Error, r, f64::INFINITY);
+        return;
+    }
+    let numel: usize = row.shape_c.iter().product();
+    if let (Some(sb), Some(sc)) = (&row.stats_b, &row.stats_c) {
+        row.stat_diff = Some(metrics::stat_diff(sb, sc, numel));
+    }
+    match row.kind {
+        CompareKind::Tensor => {
+            let Some(m) = row.metrics else { return };
+            if m.nonfinite_mismatch > 0 {
+                let r = format!(
+                    "NaN/Inf at different positions ({} in bench, {} in cmp)",
+                    m.nonfinite_b, m.nonfinite_c
+                );
+                set(row, Verdict::Error, r, f64::INFINITY);
+                return;
+            }
+            let j = tolerance::judge(
+                m.rel_l2,
+                Some(m.max_abs_scaled),
+                &tol,
+                "relative L2 error",
+                &dname,
+            );
+            row.verdict = j.verdict;
+            row.reason = j.reason;
+            row.err = j.err;
+            row.needed = j.needed.max(if m.max_abs_scaled > tol.max_abs {
+                j.err
+            } else {
+                0.0
+            });
+        }
+        CompareKind::Checksum | CompareKind::Statistics => {
+            let equal = row.checksum_equal == Some(true);
+            let Some(sd) = row.stat_diff else {
+                // Checksums without statistics.
+                if equal {
+                    set(row, Verdict::Pass, String::new(), 0.0);
+                } else {
+                    set(
+                        row,
+                        Verdict::Error,
+                        "checksums differ".into(),
+                        f64::INFINITY,
+                    );
+                }
+                return;
+            };
+            if equal {
+                set(row, Verdict::Pass, String::new(), 0.0);
+                return;
+            }
+            let nf = |s: &Option<Stats>| s.as_ref().and_then(|s| s.nonfinite()).unwrap_or(0);
+            let (nb, nc) = (nf(&row.stats_b), nf(&row.stats_c));
+            if nb != nc {
+                let r = format!("NaN/Inf count {nb} in bench, {nc} in cmp");
+                set(row, Verdict::Error, r, f64::INFINITY);
+                return;
+            }
+            let j = tolerance::judge(sd.scaled_err, None, &tol, "statistics error", &dname);
+            let mut verdict = j.verdict;
+            let mut reason = j.reason;
+            if row.checksum_equal == Some(false) && verdict == Verdict::Pass {
+                verdict = Verdict::Warning;
+                reason = "checksums differ; statistics within tolerance".into();
+            }
+            set(row, verdict, reason, j.err);
+        }
+        CompareKind::None => {
+            set(
+                row,
+                Verdict::Warning,
+                format!(
+                    "nothing to compare (dtype {} / {})",
+                    row.dtype_b, row.dtype_c
+                ),
+                0.0,
+            );
+        }
+    }
+}
+
+/// Options of one compare run.
+pub struct Options {
+    pub tolerances: Tolerances,
+    /// Print progress on stderr (only when it is a terminal).
+    pub progress: bool,
+}
+
+/// Runs the whole compare: discovery, matching, metrics, verdicts.
+pub fn run(
+    bench: &std::path::Path,
+    cmp: &std::path::Path,
+    opts: &Options,
+) -> Result<CompareResult> {
+    let bset = dump::discover(bench)?;
+    let cset = dump::discover(cmp)?;
+    let (pairs, mut warnings) = pair_ranks(&bset, &cset);
+    if pairs.is_empty() {
+        return Err(ProbeError::NothingComparable(format!(
+            "no step/rank of {} matches one of {}",
+            bench.display(),
+            cmp.display()
+        )));
+    }
+    let mut out = CompareResult::default();
+    for (pi, (bl, cl)) in pairs.iter().enumerate() {
+        let bd = dump::load_rank(bl)?;
+        let cd = dump::load_rank(cl)?;
+        warnings.extend(bd.warnings.iter().cloned());
+        warnings.extend(cd.warnings.iter().cloned());
+        if bd.ops.is_empty() {
+            return Err(ProbeError::EmptyDump(bl.dir.clone()));
+        }
+        if cd.ops.is_empty() {
+            return Err(ProbeError::EmptyDump(cl.dir.clone()));
+        }
+        match_pair(pi, &bd, &cd, &mut out);
+        out.pairs.push(Pair {
+            step: cl.step.clone(),
+            rank: cl.rank.clone(),
+            bench_dir: bl.dir.clone(),
+            cmp_dir: cl.dir.clone(),
+            stacks: cd.stacks,
+            ops: cd.ops.len(),
+        });
+    }
+    let caches = Caches {
+        bench: ShardCache::default(),
+        cmp: ShardCache::default(),
+    };
+    let total = out.rows.len();
+    let done = AtomicUsize::new(0);
+    let show = opts.progress && std::io::stderr().is_terminal() && total > 0;
+    let step = (total / 100).max(1);
+    let errors: Vec<Option<ProbeError>> = out
+        .rows
+        .par_iter_mut()
+        .with_max_len(1)
+        .map(|row| {
+            let r = compute_metrics(row, &caches);
+            let k = done.fetch_add(1, Ordering::Relaxed) + 1;
+            if show && (k.is_multiple_of(step) || k == total) {
+                eprint!("\rprobe: compared {k}/{total} tensors");
+            }
+            match r {
+                Ok(m) => {
+                    row.metrics = m;
+                    judge_row(row, &opts.tolerances);
+                    None
+                }
+                Err(e) => Some(e),
+            }
+        })
+        .collect();
+    if show {
+        eprintln!();
+    }
+    if let Some(e) = errors.into_iter().flatten().next() {
+        return Err(e);
+    }
+    for r in &mut out.rows {
+        r.data = None;
+    }
+    out.warnings = warnings;
+    Ok(out)
+}

@@ -1,0 +1,163 @@
+//! Element types of dumped tensors and their decoding to f64.
+//!
+//! Both sides of a compare may hold different dtypes (a bf16 NPU run against an fp32 GPU
+//! run), so every kernel works on f64 values decoded block by block from little-endian bytes.
+//! Decoding from bytes (not casting pointers) keeps unaligned mmap slices safe.
+
+use std::fmt;
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub enum DType {
+    F64,
+    F32,
+    F16,
+    BF16,
+    I64,
+    I32,
+    I16,
+    I8,
+    U8,
+    Bool,
+}
+
+impl DType {
+    /// Parses the names used by probe dumps (`float32`), PyTorch (`torch.float32`),
+    /// numpy (`float32`, `<f4`) and safetensors (`F32`).
+    pub fn parse(name: &str) -> Option<DType> {
+        let n = name.strip_prefix("torch.").unwrap_or(name);
+        Some(match n {
+            "float64" | "double" | "F64" | "<f8" => DType::F64,
+            "float32" | "float" | "F32" | "<f4" => DType::F32,
+            "float16" | "half" | "F16" | "<f2" => DType::F16,
+            "bfloat16" | "BF16" => DType::BF16,
+            "int64" | "long" | "I64" | "<i8" => DType::I64,
+            "int32" | "int" | "I32" | "<i4" => DType::I32,
+            "int16" | "short" | "I16" | "<i2" => DType::I16,
+            "int8" | "I8" | "|i1" => DType::I8,
+            "uint8" | "U8" | "|u1" => DType::U8,
+            "bool" | "BOOL" | "|b1" => DType::Bool,
+            _ => return None,
+        })
+    }
+
+    /// Canonical name, as written in probe dumps.
+    pub fn name(self) -> &'static str {
+        match self {
+            DType::F64 => "float64",
+            DType::F32 => "float32",
+            DType::F16 => "float16",
+            DType::BF16 => "bfloat16",
+            DType::I64 => "int64",
+            DType::I32 => "int32",
+            DType::I16 => "int16",
+            DType::I8 => "int8",
+            DType::U8 => "uint8",
+            DType::Bool => "bool",
+        }
+    }
+
+    /// Bytes per element.
+    pub fn size(self) -> usize {
+        match self {
+            DType::F64 | DType::I64 => 8,
+            DType::F32 | DType::I32 => 4,
+            DType::F16 | DType::BF16 | DType::I16 => 2,
+            DType::I8 | DType::U8 | DType::Bool => 1,
+        }
+    }
+
+    pub fn is_float(self) -> bool {
+        matches!(self, DType::F64 | DType::F32 | DType::F16 | DType::BF16)
+    }
+
+    /// Machine epsilon used by msprobe's relative error at positions where the benchmark
+    /// is zero: float32's when the data is at most float32, else float64's.
+    pub fn rel_eps(self) -> f64 {
+        match self {
+            DType::F64 => f64::EPSILON,
+            _ => f32::EPSILON as f64,
+        }
+    }
+
+    /// Decodes `out.len()` elements from `bytes` (little-endian, at least
+    /// `out.len() * self.size()` bytes).
+    pub fn decode(self, bytes: &[u8], out: &mut [f64]) {
+        macro_rules! dec {
+            ($n:expr, $f:expr) => {
+                for (o, b) in out.iter_mut().zip(bytes.chunks_exact($n)) {
+                    let mut a = [0u8; $n];
+                    a.copy_from_slice(b);
+                    *o = $f(a);
+                }
+            };
+        }
+        match self {
+            DType::F64 => dec!(8, f64::from_le_bytes),
+            DType::F32 => dec!(4, |a| f32::from_le_bytes(a) as f64),
+            DType::F16 => dec!(2, |a| half::f16::from_bits(u16::from_le_bytes(a)).to_f64()),
+            DType::BF16 => dec!(2, |a| f32::from_bits((u16::from_le_bytes(a) as u32) << 16)
+                as f64),
+            DType::I64 => dec!(8, |a| i64::from_le_bytes(a) as f64),
+            DType::I32 => dec!(4, |a| i32::from_le_bytes(a) as f64),
+            DType::I16 => dec!(2, |a| i16::from_le_bytes(a) as f64),
+            DType::I8 => dec!(1, |a: [u8; 1]| a[0] as i8 as f64),
+            DType::U8 => dec!(1, |a: [u8; 1]| a[0] as f64),
+            DType::Bool => dec!(1, |a: [u8; 1]| if a[0] != 0 { 1.0 } else { 0.0 }),
+        }
+    }
+}
+
+impl fmt::Display for DType {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(self.name())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn decodes_each_dtype_against_std_conversions() {
+        let vals = [1.5f32, -2.25, 0.0, 65504.0];
+        let mut out = [0.0; 4];
+        let b: Vec<u8> = vals.iter().flat_map(|v| v.to_le_bytes()).collect();
+        DType::F32.decode(&b, &mut out);
+        assert_eq!(out, [1.5, -2.25, 0.0, 65504.0]);
+        let b: Vec<u8> = vals
+            .iter()
+            .flat_map(|v| half::f16::from_f32(*v).to_le_bytes())
+            .collect();
+        DType::F16.decode(&b, &mut out);
+        assert_eq!(out, [1.5, -2.25, 0.0, 65504.0]);
+        let b: Vec<u8> = vals
+            .iter()
+            .flat_map(|v| half::bf16::from_f32(*v).to_le_bytes())
+            .collect();
+        DType::BF16.decode(&b, &mut out);
+        assert_eq!(out[..3], [1.5, -2.25, 0.0]);
+        assert_eq!(out[3], half::bf16::from_f32(65504.0).to_f64());
+        DType::I8.decode(&[255, 1, 0, 128], &mut out);
+        assert_eq!(out, [-1.0, 1.0, 0.0, -128.0]);
+        DType::Bool.decode(&[0, 1, 2, 0], &mut out);
+        assert_eq!(out, [0.0, 1.0, 1.0, 0.0]);
+    }
+
+    #[test]
+    fn parses_all_naming_conventions() {
+        for (n, d) in [
+            ("float32", DType::F32),
+            ("torch.bfloat16", DType::BF16),
+            ("F16", DType::F16),
+            ("<f8", DType::F64),
+            ("torch.int64", DType::I64),
+            ("BOOL", DType::Bool),
+        ] {
+            assert_eq!(DType::parse(n), Some(d), "{n}");
+        }
+        assert_eq!(DType::parse("torch.float8_e4m3fn"), None);
+        for d in [DType::F64, DType::BF16, DType::U8] {
+            assert_eq!(DType::parse(d.name()), Some(d));
+        }
+    }
+}

@@ -1,0 +1,210 @@
+//! The `probe` command line. Thin: parse, call the library, map outcomes to exit codes.
+//!
+//! Exit codes (README.md): 0 pass, 1 divergence at or above `--fail-on`, 2 usage or input
+//! error, 3 nothing comparable.
+
+use clap::{Parser, Subcommand};
+use probe::report::{self, FailOn, Summary};
+use probe::{atomic, compare, localize, synth, tolerance::Tolerances, ProbeError};
+use std::path::PathBuf;
+use std::process::ExitCode;
+
+#[derive(Parser)]
+#[command(
+    name = "probe",
+    version,
+    about = "Precision debugging for deep-learning training: \
+compare two operator dumps and name the first divergent operator."
+)]
+struct Cli {
+    #[command(subcommand)]
+    cmd: Cmd,
+}
+
+#[derive(Subcommand)]
+enum Cmd {
+    /// Compare a benchmark dump with a comparison dump, op by op.
+    Compare(CompareArgs),
+    /// Write a deterministic synthetic benchmark/comparison dump pair (for tests and demos).
+    Synth(SynthArgs),
+}
+
+#[derive(clap::Args)]
+struct CompareArgs {
+    /// Benchmark dump (the trusted run): a dump root, a step<S> or a rank<R> folder.
+    #[arg(short = 'b', long = "bench", value_name = "DUMP")]
+    bench: PathBuf,
+    /// Comparison dump (the run under suspicion).
+    #[arg(short = 'c', long = "cmp", value_name = "DUMP")]
+    cmp: PathBuf,
+    /// Output folder for compare.xlsx, compare.parquet and summary.json.
+    #[arg(
+        short = 'o',
+        long = "out",
+        value_name = "DIR",
+        default_value = "probe-out"
+    )]
+    out: PathBuf,
+    /// Tolerance overrides (TOML): per dtype and per op pattern. See docs/compare.md.
+    #[arg(long, value_name = "FILE")]
+    config: Option<PathBuf>,
+    /// Exit 1 when the verdict reaches this level.
+    #[arg(long, value_enum, default_value = "error")]
+    fail_on: FailOn,
+    /// Report formats to write (comma separated).
+    #[arg(long, value_delimiter = ',', default_value = "json,parquet,xlsx")]
+    format: Vec<String>,
+    /// Worker threads (default: all cores). Results do not depend on it.
+    #[arg(long)]
+    threads: Option<usize>,
+    /// Print nothing on stdout.
+    #[arg(short, long)]
+    quiet: bool,
+}
+
+#[derive(clap::Args)]
+struct SynthArgs {
+    /// Output folder; `bench/` and `cmp/` are written inside.
+    #[arg(short = 'o', long = "out", value_name = "DIR")]
+    out: PathBuf,
+    /// tensor, statistics or checksum.
+    #[arg(long, default_value = "tensor")]
+    mode: String,
+    #[arg(long, default_value_t = 3)]
+    blocks: usize,
+    #[arg(long, default_value_t = 16)]
+    width: usize,
+    #[arg(long, default_value_t = 4)]
+    batch: usize,
+    #[arg(long, default_value_t = 1)]
+    steps: usize,
+    #[arg(long, default_value_t = 1234)]
+    seed: u64,
+    /// Perturb the forward output of this op in the comparison run (e.g. Functional.gelu.1).
+    #[arg(long, value_name = "OP")]
+    inject: Option<String>,
+    /// Relative size of the injected perturbation.
+    #[arg(long, default_value_t = 0.05)]
+    inject_scale: f32,
+    /// Relative noise on every op output of the comparison run.
+    #[arg(long, default_value_t = 0.0)]
+    noise: f32,
+    /// Comparison run in bfloat16.
+    #[arg(long)]
+    bf16: bool,
+    /// Perturb the first weight of this block in the comparison run.
+    #[arg(long, value_name = "BLOCK")]
+    perturb_weight: Option<usize>,
+    /// Put a NaN into the forward output of this op in the comparison run.
+    #[arg(long, value_name = "OP")]
+    nan: Option<String>,
+    /// Benchmark data instead of the model: this many tensors ...
+    #[arg(long, value_name = "N")]
+    bulk: Option<usize>,
+    /// ... of this many f32 elements each.
+    #[arg(long, default_value_t = 1 << 20)]
+    bulk_elems: usize,
+}
+
+fn run_compare(a: CompareArgs) -> Result<u8, ProbeError> {
+    let tolerances = match &a.config {
+        Some(p) => Tolerances::from_file(p)?,
+        None => Tolerances::default(),
+    };
+    let writers: Vec<_> = report::writers();
+    for f in &a.format {
+        if !writers.iter().any(|w| w.format() == f) {
+            return Err(ProbeError::Usage(format!(
+                "unknown report format {f:?} (json, parquet, xlsx)"
+            )));
+        }
+    }
+    if let Some(n) = a.threads {
+        if n == 0 {
+            return Err(ProbeError::Usage("--threads must be at least 1".into()));
+        }
+        rayon::ThreadPoolBuilder::new()
+            .num_threads(n)
+            .build_global()
+            .map_err(|e| ProbeError::Usage(e.to_string()))?;
+    }
+    atomic::prepare_output_dir(&a.out)?;
+    let opts = compare::Options {
+        tolerances,
+        progress: !a.quiet,
+    };
+    let result = compare::run(&a.bench, &a.cmp, &opts)?;
+    for w in &result.warnings {
+        eprintln!("probe: warning: {w}");
+    }
+    let findings = localize::localize(&result, &opts.tolerances);
+    let mut summary = Summary::build(&result, &findings, &a.bench, &a.cmp, a.fail_on);
+    let chosen: Vec<_> = writers
+        .into_iter()
+        .filter(|w| a.format.iter().any(|f| f == w.format()))
+        .collect();
+    for w in &chosen {
+        summary.outputs.insert(
+            w.format().to_string(),
+            a.out.join(w.file_name()).display().to_string(),
+        );
+    }
+    for w in &chosen {
+        w.write(&result, &summary, &a.out.join(w.file_name()))?;
+    }
+    if !a.quiet {
+        print!("{}", report::terminal_summary(&summary));
+    }
+    Ok(summary.exit_code)
+}
+
+fn run_synth(a: SynthArgs) -> Result<u8, ProbeError> {
+    match a.bulk {
+        Some(n) => synth::write_bulk(&a.out, &a.mode, n, a.bulk_elems, a.noise.max(1e-7), a.seed)?,
+        None => {
+            let o = synth::SynthOptions {
+                mode: a.mode,
+                blocks: a.blocks,
+                width: a.width,
+                batch: a.batch,
+                seed: a.seed,
+                inject: a.inject,
+                inject_scale: a.inject_scale,
+                noise: a.noise,
+                cmp_bf16: a.bf16,
+                perturb_weight: a.perturb_weight,
+                nan: a.nan,
+                steps: a.steps,
+            };
+            synth::write_pair(&a.out, &o)?;
+        }
+    }
+    eprintln!(
+        "probe: wrote {}/bench and {}/cmp",
+        a.out.display(),
+        a.out.display()
+    );
+    Ok(0)
+}
+
+fn main() -> ExitCode {
+    let cli = match Cli::try_parse() {
+        Ok(c) => c,
+        Err(e) => {
+            let code = if e.use_stderr() { 2 } else { 0 };
+            let _ = e.print();
+            return ExitCode::from(code);
+        }
+    };
+    let outcome = match cli.cmd {
+        Cmd::Compare(a) => run_compare(a),
+        Cmd::Synth(a) => run_synth(a),
+    };
+    match outcome {
+        Ok(code) => ExitCode::from(code),
+        Err(e) => {
+            eprintln!("probe: error: {e}");
+            ExitCode::from(e.exit_code())
+        }
+    }
+}

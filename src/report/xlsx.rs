@@ -1,0 +1,410 @@
+//! `compare.xlsx`: the workbook people open in Excel or WPS.
+//!
+//! `summary` first (verdict, first divergent ops with evidence and stack, the worst ops),
+//! then `tensors` in execution order with msprobe's familiar columns plus probe's verdict,
+//! reason and tolerance (errors red, warnings yellow, frozen header, autofilter), then
+//! `unmatched`. Sheets are split past Excel's row limit. Written in constant-memory mode.
+
+use super::{ReportWriter, Summary};
+use crate::atomic;
+use crate::compare::{CompareResult, Row, Side};
+use crate::dump::Stats;
+use crate::error::{ProbeError, Result};
+use crate::localize::Finding;
+use crate::tolerance::Verdict;
+use rust_xlsxwriter::{Color, Format, FormatBorder, Workbook, Worksheet, XlsxError};
+use std::path::Path;
+
+pub struct XlsxWorkbook;
+
+/// Data rows per sheet: Excel's 1,048,576 rows less the header.
+pub const MAX_ROWS: usize = 1_048_575;
+
+const TENSOR_COLS: &[(&str, f64)] = &[
+    ("Step", 8.0),
+    ("Rank", 8.0),
+    ("Seq", 7.0),
+    ("Op", 36.0),
+    ("Direction", 10.0),
+    ("Role", 9.0),
+    ("Tensor", 48.0),
+    ("Bench Dtype", 12.0),
+    ("Cmp Dtype", 12.0),
+    ("Bench Shape", 16.0),
+    ("Cmp Shape", 16.0),
+    ("Compared By", 11.0),
+    ("Verdict", 9.0),
+    ("Reason", 44.0),
+    ("Error", 11.0),
+    ("Tolerance", 10.0),
+    ("Needed Tolerance", 11.0),
+    ("Cosine", 11.0),
+    ("EucDist", 11.0),
+    ("MaxAbsErr", 11.0),
+    ("MaxRelativeErr", 11.0),
+    ("MeanAbsErr", 11.0),
+    ("RelL2Err", 11.0),
+    ("One Thousandth Err Ratio", 11.0),
+    ("Five Thousandths Err Ratio", 11.0),
+    ("Bench Max", 11.0),
+    ("Bench Min", 11.0),
+    ("Bench Mean", 11.0),
+    ("Bench L2norm", 11.0),
+    ("Cmp Max", 11.0),
+    ("Cmp Min", 11.0),
+    ("Cmp Mean", 11.0),
+    ("Cmp L2norm", 11.0),
+    ("Max diff", 11.0),
+    ("Min diff", 11.0),
+    ("Mean diff", 11.0),
+    ("L2norm diff", 11.0),
+    ("MaxRelativeErr(%)", 11.0),
+    ("MinRelativeErr(%)", 11.0),
+    ("MeanRelativeErr(%)", 11.0),
+    ("NormRelativeErr(%)", 11.0),
+];
+
+struct Formats {
+    header: Format,
+    plain: Format,
+    warn: Format,
+    err: Format,
+    bold: Format,
+    wrap: Format,
+}
+
+fn formats() -> Formats {
+    Formats {
+        header: Format::new()
+            .set_bold()
+            .set_background_color(Color::RGB(0xD9E1F2))
+            .set_border_bottom(FormatBorder::Thin)
+            .set_text_wrap(),
+        plain: Format::new(),
+        warn: Format::new().set_background_color(Color::RGB(0xFFEB9C)),
+        err: Format::new().set_background_color(Color::RGB(0xFFC7CE)),
+        bold: Format::new().set_bold(),
+        wrap: Format::new().set_text_wrap(),
+    }
+}
+
+type X<T> = std::result::Result<T, XlsxError>;
+
+/// Writes a number; non-finite values as text (Excel has no NaN), None as blank.
+fn num(ws: &mut Worksheet, r: u32, c: u16, v: Option<f64>, f: &Format) -> X<()> {
+    match v {
+        None => {
+            ws.write_blank(r, c, f)?;
+        }
+        Some(v) if v.is_finite() => {
+            ws.write_number_with_format(r, c, v, f)?;
+        }
+        Some(v) => {
+            let s = if v.is_nan() {
+                "nan"
+            } else if v > 0.0 {
+                "inf"
+            } else {
+                "-inf"
+            };
+            ws.write_string_with_format(r, c, s, f)?;
+        }
+    }
+    Ok(())
+}
+
+fn header(ws: &mut Worksheet, cols: &[(&str, f64)], f: &Formats) -> X<()> {
+    for (i, (name, width)) in cols.iter().enumerate() {
+        ws.write_string_with_format(0, i as u16, *name, &f.header)?;
+        ws.set_column_width(i as u16, *width)?;
+    }
+    ws.set_freeze_panes(1, 0)?;
+    Ok(())
+}
+
+fn stats4(s: &Option<Stats>) -> [Option<f64>; 4] {
+    match s {
+        Some(s) => [s.max, s.min, s.mean, s.norm],
+        None => [None; 4],
+    }
+}
+
+fn tensor_row(ws: &mut Worksheet, i: u32, step: &str, rank: &str, r: &Row, fs: &Formats) -> X<()> {
+    let f = match r.verdict {
+        Verdict::Error => &fs.err,
+        Verdict::Warning => &fs.warn,
+        Verdict::Pass => &fs.plain,
+    };
+    let texts = [step.to_string(), rank.to_string()];
+    ws.write_string_with_format(i, 0, &texts[0], f)?;
+    ws.write_string_with_format(i, 1, &texts[1], f)?;
+    ws.write_number_with_format(i, 2, r.seq as f64, f)?;
+    let strs = [
+        r.op.as_str(),
+        r.direction.name(),
+        r.role.name(),
+        r.name.as_str(),
+        r.dtype_b.as_str(),
+        r.dtype_c.as_str(),
+    ];
+    for (k, s) in strs.iter().enumerate() {
+        ws.write_string_with_format(i, 3 + k as u16, *s, f)?;
+    }
+    ws.write_string_with_format(i, 9, format!("{:?}", r.shape_b), f)?;
+    ws.write_string_with_format(i, 10, format!("{:?}", r.shape_c), f)?;
+    ws.write_string_with_format(i, 11, r.kind.name(), f)?;
+    ws.write_string_with_format(i, 12, r.verdict.name(), f)?;
+    ws.write_string_with_format(i, 13, &r.reason, f)?;
+    let m = r.metrics;
+    let sd = r.stat_diff;
+    let [bmax, bmin, bmean, bnorm] = stats4(&r.stats_b);
+    let [cmax, cmin, cmean, cnorm] = stats4(&r.stats_c);
+    let nums = [
+        Some(r.err),
+        Some(r.tol_error),
+        Some(r.needed),
+        m.and_then(|m| m.cosine),
+        m.map(|m| m.euclid),
+        m.map(|m| m.max_abs),
+        m.map(|m| m.max_rel),
+        m.map(|m| m.mean_abs),
+        m.map(|m| m.rel_l2),
+        m.map(|m| m.one_thousandth),
+        m.map(|m| m.five_thousandths),
+        bmax,
+        bmin,
+        bmean,
+        bnorm,
+        cmax,
+        cmin,
+        cmean,
+        cnorm,
+        sd.and_then(|d| d.max_diff),
+        sd.and_then(|d| d.min_diff),
+        sd.and_then(|d| d.mean_diff),
+        sd.and_then(|d| d.norm_diff),
+        sd.and_then(|d| d.max_rel_pct),
+        sd.and_then(|d| d.min_rel_pct),
+        sd.and_then(|d| d.mean_rel_pct),
+        sd.and_then(|d| d.norm_rel_pct),
+    ];
+    for (k, v) in nums.into_iter().enumerate() {
+        num(ws, i, 14 + k as u16, v, f)?;
+    }
+    Ok(())
+}
+
+fn finding_rows(
+    ws: &mut Worksheet,
+    row: &mut u32,
+    title: &str,
+    f: &Finding,
+    fs: &Formats,
+) -> X<()> {
+    ws.write_string_with_format(*row, 0, title, &fs.bold)?;
+    ws.write_string_with_format(*row, 1, &f.op, &fs.err)?;
+    *row += 1;
+    let kv = [
+        ("step / rank", format!("{} / {}", f.step, f.rank)),
+        ("seq", f.seq.to_string()),
+        ("tensor", f.tensor.clone()),
+        ("why", f.explanation.clone()),
+        ("reason", f.reason.clone()),
+    ];
+    for (k, v) in kv {
+        ws.write_string(*row, 0, k)?;
+        ws.write_string_with_format(*row, 1, v, &fs.wrap)?;
+        *row += 1;
+    }
+    for (i, e) in f.evidence.iter().enumerate() {
+        ws.write_string(*row, 0, if i == 0 { "evidence" } else { "" })?;
+        ws.write_string(*row, 1, e)?;
+        *row += 1;
+    }
+    for (i, fr) in f.stack.iter().rev().take(12).enumerate() {
+        ws.write_string(
+            *row,
+            0,
+            if i == 0 {
+                "stack (innermost first)"
+            } else {
+                ""
+            },
+        )?;
+        ws.write_string(*row, 1, fr)?;
+        *row += 1;
+    }
+    *row += 1;
+    Ok(())
+}
+
+fn summary_sheet(ws: &mut Worksheet, s: &Summary, fs: &Formats) -> X<()> {
+    ws.set_name("summary")?;
+    ws.set_column_width(0, 26)?;
+    ws.set_column_width(1, 110)?;
+    let vf = match s.verdict {
+        Verdict::Error => &fs.err,
+        Verdict::Warning => &fs.warn,
+        Verdict::Pass => &fs.plain,
+    };
+    let mut row = 0u32;
+    ws.write_string_with_format(row, 0, "verdict", &fs.bold)?;
+    ws.write_string_with_format(row, 1, &s.headline, vf)?;
+    row += 1;
+    let c = &s.counts;
+    let kv = [
+        ("exit code", s.exit_code.to_string()),
+        ("benchmark (-b)", s.bench.clone()),
+        ("comparison (-c)", s.cmp.clone()),
+        ("step/rank pairs", c.pairs.to_string()),
+        ("ops (comparison side)", c.ops.to_string()),
+        ("tensors compared", c.tensors.to_string()),
+        (
+            "pass / warning / error",
+            format!("{} / {} / {}", c.pass, c.warning, c.error),
+        ),
+        (
+            "only in bench / only in cmp",
+            format!("{} / {}", c.unmatched_bench, c.unmatched_cmp),
+        ),
+    ];
+    for (k, v) in kv {
+        ws.write_string(row, 0, k)?;
+        ws.write_string(row, 1, v)?;
+        row += 1;
+    }
+    row += 1;
+    let fd = [
+        (
+            "divergence enters from outside (forward)",
+            &s.external_source.forward,
+        ),
+        ("first divergent op (forward)", &s.first_divergent.forward),
+        ("first divergent op (backward)", &s.first_divergent.backward),
+        ("first NaN/Inf producer", &s.first_nonfinite),
+        ("earliest failing op (forward)", &s.earliest_failing.forward),
+        (
+            "earliest failing op (backward)",
+            &s.earliest_failing.backward,
+        ),
+    ];
+    for (title, f) in fd {
+        if let Some(f) = f {
+            finding_rows(ws, &mut row, title, f, fs)?;
+        }
+    }
+    if !s.worst_ops.is_empty() {
+        ws.write_string_with_format(row, 0, "worst ops", &fs.bold)?;
+        row += 1;
+        let cols = ["step/rank", "op", "verdict", "error", "tensor", "reason"];
+        for (i, h) in cols.iter().enumerate() {
+            ws.write_string_with_format(row, i as u16, *h, &fs.header)?;
+        }
+        for i in 2..6 {
+            ws.set_column_width(i, if i == 4 { 48 } else { 14 })?;
+        }
+        ws.set_column_width(5, 44)?;
+        row += 1;
+        for w in &s.worst_ops {
+            let f = if w.verdict == Verdict::Error {
+                &fs.err
+            } else {
+                &fs.warn
+            };
+            ws.write_string_with_format(row, 0, format!("{}/{}", w.step, w.rank), f)?;
+            ws.write_string_with_format(row, 1, &w.op, f)?;
+            ws.write_string_with_format(row, 2, w.verdict.name(), f)?;
+            num(ws, row, 3, Some(w.err.unwrap_or(f64::INFINITY)), f)?;
+            ws.write_string_with_format(row, 4, &w.tensor, f)?;
+            ws.write_string_with_format(row, 5, &w.reason, f)?;
+            row += 1;
+        }
+    }
+    Ok(())
+}
+
+fn build(res: &CompareResult, s: &Summary) -> X<Workbook> {
+    let fs = formats();
+    let mut wb = Workbook::new();
+    summary_sheet(wb.add_worksheet(), s, &fs)?;
+    let chunks: Vec<&[Row]> = if res.rows.is_empty() {
+        vec![&[]]
+    } else {
+        res.rows.chunks(MAX_ROWS).collect()
+    };
+    for (k, rows) in chunks.into_iter().enumerate() {
+        let ws = wb.add_worksheet_with_constant_memory()?;
+        ws.set_name(if k == 0 {
+            "tensors".to_string()
+        } else {
+            format!("tensors_{}", k + 1)
+        })?;
+        header(ws, TENSOR_COLS, &fs)?;
+        for (i, r) in rows.iter().enumerate() {
+            let p = &res.pairs[r.pair];
+            tensor_row(ws, i as u32 + 1, &p.step, &p.rank, r, &fs)?;
+        }
+        ws.autofilter(0, 0, rows.len().max(1) as u32, TENSOR_COLS.len() as u16 - 1)?;
+    }
+    let ucols: &[(&str, f64)] = &[
+        ("Step", 8.0),
+        ("Rank", 8.0),
+        ("Only In", 9.0),
+        ("Seq", 7.0),
+        ("Op", 36.0),
+        ("Tensor", 48.0),
+        ("Role", 9.0),
+        ("Dtype", 12.0),
+        ("Shape", 16.0),
+    ];
+    let uchunks: Vec<_> = if res.unmatched.is_empty() {
+        vec![&res.unmatched[..]]
+    } else {
+        res.unmatched.chunks(MAX_ROWS).collect()
+    };
+    for (k, us) in uchunks.into_iter().enumerate() {
+        let ws = wb.add_worksheet_with_constant_memory()?;
+        ws.set_name(if k == 0 {
+            "unmatched".to_string()
+        } else {
+            format!("unmatched_{}", k + 1)
+        })?;
+        header(ws, ucols, &fs)?;
+        for (i, u) in us.iter().enumerate() {
+            let r = i as u32 + 1;
+            let p = &res.pairs[u.pair];
+            let side = match u.side {
+                Side::Bench => "bench",
+                Side::Cmp => "cmp",
+            };
+            ws.write_string_with_format(r, 0, &p.step, &fs.warn)?;
+            ws.write_string_with_format(r, 1, &p.rank, &fs.warn)?;
+            ws.write_string_with_format(r, 2, side, &fs.warn)?;
+            ws.write_number_with_format(r, 3, u.seq as f64, &fs.warn)?;
+            ws.write_string_with_format(r, 4, &u.op, &fs.warn)?;
+            ws.write_string_with_format(r, 5, &u.name, &fs.warn)?;
+            ws.write_string_with_format(r, 6, u.role.name(), &fs.warn)?;
+            ws.write_string_with_format(r, 7, &u.dtype, &fs.warn)?;
+            ws.write_string_with_format(r, 8, format!("{:?}", u.shape), &fs.warn)?;
+        }
+        ws.autofilter(0, 0, us.len().max(1) as u32, ucols.len() as u16 - 1)?;
+    }
+    Ok(wb)
+}
+
+impl ReportWriter for XlsxWorkbook {
+    fn format(&self) -> &'static str {
+        "xlsx"
+    }
+    fn file_name(&self) -> &'static str {
+        "compare.xlsx"
+    }
+    fn write(&self, res: &CompareResult, summary: &Summary, path: &Path) -> Result<()> {
+        let err = |e: XlsxError| ProbeError::Output {
+            path: path.to_path_buf(),
+            msg: format!("xlsx: {e}"),
+        };
+        let mut wb = build(res, summary).map_err(err)?;
+        atomic::write_with(path, |w| wb.save_to_writer(w).map_err(|e| e.to_string()))
+    }
+}

@@ -1,0 +1,629 @@
+//! Deterministic synthetic dumps: a small residual MLP run forward and backward, written
+//! in the probe dump format, as a benchmark/comparison pair with an optional injected
+//! fault. Used for the bundled `testdata/`, the tests, demos and benchmarks — no Python or
+//! GPU needed to try probe.
+//!
+//! The model, per block `i` (width `W`, batch `B`):
+//! `h = linear(x, Wa)`, `g = gelu(h)`, `o = linear(g, Wb)`, `y = add(o, x)`, `x' = layer_norm(y)`,
+//! then the backward of every op in reverse order from a fixed output gradient.
+
+use crate::atomic;
+use crate::dtype::DType;
+use crate::error::{ProbeError, Result};
+use serde_json::{json, Value};
+use std::io::Write;
+use std::path::{Path, PathBuf};
+
+/// What to generate.
+#[derive(Debug, Clone)]
+pub struct SynthOptions {
+    pub mode: String,
+    pub blocks: usize,
+    pub width: usize,
+    pub batch: usize,
+    pub seed: u64,
+    /// Op (without direction, e.g. `Functional.gelu.1`) whose forward output is perturbed
+    /// in the comparison run.
+    pub inject: Option<String>,
+    /// Relative size of the injected perturbation.
+    pub inject_scale: f32,
+    /// Relative noise added to every op output of the comparison run (cross-device jitter).
+    pub noise: f32,
+    /// Round the comparison run's activations to bfloat16 (mixed precision).
+    pub cmp_bf16: bool,
+    /// Perturb the first weight of this block in the comparison run (divergence from outside).
+    pub perturb_weight: Option<usize>,
+    /// Op whose forward output gets a NaN in the comparison run.
+    pub nan: Option<String>,
+    pub steps: usize,
+}
+
+impl Default for SynthOptions {
+    fn default() -> Self {
+        SynthOptions {
+            mode: "tensor".into(),
+            blocks: 3,
+            width: 16,
+            batch: 4,
+            seed: 1234,
+            inject: None,
+            inject_scale: 0.05,
+            noise: 0.0,
+            cmp_bf16: false,
+            perturb_weight: None,
+            nan: None,
+            steps: 1,
+        }
+    }
+}
+
+/// splitmix64: small, fast, and the same on every platform.
+struct Rng(u64);
+
+impl Rng {
+    fn next(&mut self) -> u64 {
+        self.0 = self.0.wrapping_add(0x9E37_79B9_7F4A_7C15);
+        let mut z = self.0;
+        z = (z ^ (z >> 30)).wrapping_mul(0xBF58_476D_1CE4_E5B9);
+        z = (z ^ (z >> 27)).wrapping_mul(0x94D0_49BB_1331_11EB);
+        z ^ (z >> 31)
+    }
+    fn uniform(&mut self) -> f32 {
+        (self.next() >> 40) as f32 / (1u64 << 24) as f32
+    }
+    /// Approximately standard normal (Irwin–Hall with 4 terms).
+    fn normal(&mut self) -> f32 {
+        let s: f32 = (0..4).map(|_| self.uniform()).sum();
+        (s - 2.0) * 3.0f32.sqrt()
+    }
+    fn vec(&mut self, n: usize, scale: f32) -> Vec<f32> {
+        (0..n).map(|_| self.normal() * scale).collect()
+    }
+}
+
+/// A tensor to write.
+struct T {
+    name: String,
+    role: &'static str,
+    dtype: DType,
+    shape: Vec<usize>,
+    values: Vec<f32>,
+    id: Option<u64>,
+    src: Option<u64>,
+}
+
+fn stat_json(v: f64) -> Value {
+    if v.is_nan() {
+        json!("nan")
+    } else if v.is_infinite() {
+        json!(if v > 0.0 { "inf" } else { "-inf" })
+    } else {
+        json!(v)
+    }
+}
+
+fn bytes_of(dtype: DType, v: &[f32]) -> Vec<u8> {
+    match dtype {
+        DType::BF16 => v
+            .iter()
+            .flat_map(|x| half::bf16::from_f32(*x).to_le_bytes())
+            .collect(),
+        _ => v.iter().flat_map(|x| x.to_le_bytes()).collect(),
+    }
+}
+
+fn stats(dtype: DType, v: &[f32]) -> Value {
+    let (mut max, mut min, mut sum, mut sq) = (f64::NEG_INFINITY, f64::INFINITY, 0.0, 0.0);
+    let (mut nan, mut inf) = (0u64, 0u64);
+    for &x in v {
+        let x = if dtype == DType::BF16 {
+            half::bf16::from_f32(x).to_f64()
+        } else {
+            x as f64
+        };
+        nan += x.is_nan() as u64;
+        inf += x.is_infinite() as u64;
+        if x.is_nan() {
+            max = f64::NAN;
+            min = f64::NAN;
+        } else if !max.is_nan() {
+            max = max.max(x);
+            min = min.min(x);
+        }
+        sum += x;
+        sq += x * x;
+    }
+    json!({"max": stat_json(max), "min": stat_json(min), "mean": stat_json(sum / v.len().max(1) as f64),
+           "norm": stat_json(sq.sqrt()), "nan": nan, "inf": inf})
+}
+
+/// Writes one rank of a probe dump.
+struct RankWriter {
+    dir: PathBuf,
+    mode: String,
+    ops: Vec<u8>,
+    seq: u64,
+    shard: Vec<(String, DType, Vec<usize>, Vec<u8>)>,
+    shard_bytes: usize,
+    shard_idx: usize,
+}
+
+const SHARD_BYTES: usize = 256 << 20;
+
+impl RankWriter {
+    fn new(dir: PathBuf, mode: &str) -> Result<Self> {
+        std::fs::create_dir_all(&dir).map_err(|e| ProbeError::Output {
+            path: dir.clone(),
+            msg: e.to_string(),
+        })?;
+        Ok(RankWriter {
+            dir,
+            mode: mode.to_string(),
+            ops: Vec::new(),
+            seq: 0,
+            shard: Vec::new(),
+            shard_bytes: 0,
+            shard_idx: 0,
+        })
+    }
+
+    fn op(&mut self, key: &str, direction: &str, module: &str, tensors: Vec<T>) -> Result<()> {
+        let mut tj = Vec::new();
+        for t in tensors {
+            let mut o = json!({"name": t.name, "role": t.role, "dtype": t.dtype.name(),
+                               "shape": t.shape, "stats": stats(t.dtype, &t.values)});
+            if let Some(id) = t.id {
+                o["id"] = json!(id);
+            }
+            if let Some(src) = t.src {
+                o["src"] = json!(src);
+            }
+            let bytes = bytes_of(t.dtype, &t.values);
+            match self.mode.as_str() {
+                "tensor" => {
+                    if self.shard_bytes + bytes.len() > SHARD_BYTES && !self.shard.is_empty() {
+                        self.flush_shard()?;
+                    }
+                    o["file"] = json!(format!("tensors-{:05}.safetensors", self.shard_idx));
+                    self.shard_bytes += bytes.len();
+                    self.shard
+                        .push((t.name.clone(), t.dtype, t.shape.clone(), bytes));
+                }
+                "checksum" => {
+                    o["checksum"] = json!(format!("crc32:{:08x}", crc32fast::hash(&bytes)));
+                }
+                _ => {}
+            }
+            tj.push(o);
+        }
+        let rec = json!({"seq": self.seq, "op": key, "kind": "api", "direction": direction,
+                         "module": module, "stack": self.seq % 3, "tensors": tj});
+        self.seq += 1;
+        serde_json::to_writer(&mut self.ops, &rec).map_err(|e| ProbeError::Output {
+            path: self.dir.join("ops.jsonl"),
+            msg: e.to_string(),
+        })?;
+        self.ops.push(b'\n');
+        Ok(())
+    }
+
+    fn flush_shard(&mut self) -> Result<()> {
+        if self.shard.is_empty() {
+            return Ok(());
+        }
+        let path = self
+            .dir
+            .join(format!("tensors-{:05}.safetensors", self.shard_idx));
+        let views = self
+            .shard
+            .iter()
+            .map(|(n, d, s, b)| {
+                let dt = match d {
+                    DType::BF16 => safetensors::Dtype::BF16,
+                    _ => safetensors::Dtype::F32,
+                };
+                safetensors::tensor::TensorView::new(dt, s.clone(), b).map(|v| (n.clone(), v))
+            })
+            .collect::<std::result::Result<Vec<_>, _>>()
+            .map_err(|e| ProbeError::Output {
+                path: path.clone(),
+                msg: e.to_string(),
+            })?;
+        let bytes = safetensors::serialize(views, None).map_err(|e| ProbeError::Output {
+            path: path.clone(),
+            msg: e.to_string(),
+        })?;
+        atomic::write_bytes(&path, &bytes)?;
+        self.shard.clear();
+        self.shard_bytes = 0;
+        self.shard_idx += 1;
+        Ok(())
+    }
+
+    fn finish(mut self) -> Result<()> {
+        self.flush_shard()?;
+        atomic::write_bytes(&self.dir.join("ops.jsonl"), &self.ops)?;
+        let stacks: String = (0..3)
+            .map(|i| {
+                json!({"id": i, "frames": [
+                    "File \"train.py\", line 88, in <module>: loss = model(x).sum()".to_string(),
+                    format!("File \"model.py\", line {}, in forward: x = self.block(x)", 20 + i)]})
+                .to_string()
+                    + "\n"
+            })
+            .collect();
+        atomic::write_bytes(&self.dir.join("stacks.jsonl"), stacks.as_bytes())
+    }
+}
+
+fn write_manifest(root: &Path, mode: &str) -> Result<()> {
+    let m = json!({"format": "probe-dump", "version": 1, "framework": "synthetic",
+                   "framework_version": env!("CARGO_PKG_VERSION"), "device": "cpu", "mode": mode,
+                   "level": "api", "created": "2026-01-01T00:00:00Z",
+                   "producer": concat!("probe synth ", env!("CARGO_PKG_VERSION"))});
+    let mut text = serde_json::to_string_pretty(&m).unwrap_or_default();
+    text.push('\n');
+    atomic::write_bytes(&root.join("manifest.json"), text.as_bytes())
+}
+
+fn gelu(x: f32) -> f32 {
+    0.5 * x * (1.0 + (0.797_884_6 * (x + 0.044715 * x * x * x)).tanh())
+}
+
+fn gelu_grad(x: f32) -> f32 {
+    let k = 0.797_884_6f32;
+    let u = k * (x + 0.044715 * x * x * x);
+    let t = u.tanh();
+    0.5 * (1.0 + t) + 0.5 * x * (1.0 - t * t) * k * (1.0 + 3.0 * 0.044715 * x * x)
+}
+
+/// y[b, o] = sum_i x[b, i] * w[o, i]
+fn linear(x: &[f32], w: &[f32], batch: usize, n: usize) -> Vec<f32> {
+    let mut y = vec![0.0f32; batch * n];
+    for b in 0..batch {
+        let xr = &x[b * n..(b + 1) * n];
+        for o in 0..n {
+            let wr = &w[o * n..(o + 1) * n];
+            y[b * n + o] = xr.iter().zip(wr).map(|(a, c)| a * c).sum();
+        }
+    }
+    y
+}
+
+/// One run of the model (one side).
+struct Run<'a> {
+    o: &'a SynthOptions,
+    cmp: bool,
+    rng: Rng,
+    next_id: u64,
+}
+
+struct Tape {
+    x: Vec<f32>,
+    h: Vec<f32>,
+    g: Vec<f32>,
+    y: Vec<f32>,
+    wa: Vec<f32>,
+    wb: Vec<f32>,
+    mu_sigma: Vec<(f32, f32)>,
+}
+
+impl Run<'_> {
+    fn dtype(&self) -> DType {
+        if self.cmp && self.o.cmp_bf16 {
+            DType::BF16
+        } else {
+            DType::F32
+        }
+    }
+
+    /// What the comparison run does to an op's output: rounding, jitter, injected faults.
+    fn post(&mut self, op: &str, mut v: Vec<f32>) -> Vec<f32> {
+        if !self.cmp {
+            return v;
+        }
+        if self.o.noise > 0.0 {
+            for x in v.iter_mut() {
+                *x *= 1.0 + self.o.noise * (2.0 * self.rng.uniform() - 1.0);
+            }
+        }
+        if self.o.inject.as_deref() == Some(op) {
+            for x in v.iter_mut() {
+                *x *= 1.0 + self.o.inject_scale * (2.0 * self.rng.uniform() - 1.0);
+            }
+        }
+        if self.o.nan.as_deref() == Some(op) {
+            if let Some(x) = v.first_mut() {
+                *x = f32::NAN;
+            }
+        }
+        if self.o.cmp_bf16 {
+            for x in v.iter_mut() {
+                *x = half::bf16::from_f32(*x).to_f32();
+            }
+        }
+        v
+    }
+
+    fn id(&mut self) -> u64 {
+        self.next_id += 1;
+        self.next_id - 1
+    }
+
+    fn t(&self, name: String, role: &'static str, shape: &[usize], values: &[f32]) -> T {
+        T {
+            name,
+            role,
+            dtype: self.dtype(),
+            shape: shape.to_vec(),
+            values: values.to_vec(),
+            id: None,
+            src: None,
+        }
+    }
+
+    fn step(&mut self, w: &mut RankWriter, weights_seed: u64) -> Result<()> {
+        let (n, bsz) = (self.o.width, self.o.batch);
+        let shape = [bsz, n];
+        let wshape = [n, n];
+        let mut wr = Rng(weights_seed);
+        let mut x = wr.vec(bsz * n, 1.0);
+        let mut x_id: Option<u64> = None;
+        let mut tapes = Vec::new();
+        for i in 0..self.o.blocks {
+            let scale = 1.0 / (n as f32).sqrt();
+            let mut wa = wr.vec(n * n, scale);
+            let wb = wr.vec(n * n, scale);
+            if self.cmp && self.o.perturb_weight == Some(i) {
+                for v in wa.iter_mut() {
+                    *v *= 1.0 + self.o.inject_scale * (2.0 * self.rng.uniform() - 1.0);
+                }
+            }
+            let module = format!("blocks.{i}");
+            let fwd = |k: &str| format!("{k}.forward");
+            // h = linear(x, wa)
+            let k = format!("Functional.linear.{}", 2 * i);
+            let h = linear(&x, &wa, bsz, n);
+            let h = self.post(&k, h);
+            let hid = self.id();
+            let key = fwd(&k);
+            let mut ins = self.t(format!("{key}.input.0"), "input", &shape, &x);
+            ins.src = x_id;
+            let win = T {
+                dtype: DType::F32,
+                ..self.t(format!("{key}.input.1"), "input", &wshape, &wa)
+            };
+            let mut out = self.t(format!("{key}.output.0"), "output", &shape, &h);
+            out.id = Some(hid);
+            w.op(&key, "forward", &module, vec![ins, win, out])?;
+            // g = gelu(h)
+            let k = format!("Functional.gelu.{i}");
+            let g: Vec<f32> = h.iter().map(|&v| gelu(v)).collect();
+            let g = self.post(&k, g);
+            let gid = self.id();
+            let key = fwd(&k);
+            let mut ins = self.t(format!("{key}.input.0"), "input", &shape, &h);
+            ins.src = Some(hid);
+            let mut out = self.t(format!("{key}.output.0"), "output", &shape, &g);
+            out.id = Some(gid);
+            w.op(&key, "forward", &module, vec![ins, out])?;
+            // o = linear(g, wb)
+            let k = format!("Functional.linear.{}", 2 * i + 1);
+            let o = linear(&g, &wb, bsz, n);
+            let o = self.post(&k, o);
+            let oid = self.id();
+            let key = fwd(&k);
+            let mut ins = self.t(format!("{key}.input.0"), "input", &shape, &g);
+            ins.src = Some(gid);
+            let win = T {
+                dtype: DType::F32,
+                ..self.t(format!("{key}.input.1"), "input", &wshape, &wb)
+            };
+            let mut out = self.t(format!("{key}.output.0"), "output", &shape, &o);
+            out.id = Some(oid);
+            w.op(&key, "forward", &module, vec![ins, win, out])?;
+            // y = o + x
+            let k = format!("Torch.add.{i}");
+            let y: Vec<f32> = o.iter().zip(&x).map(|(a, b)| a + b).collect();
+            let y = self.post(&k, y);
+            let yid = self.id();
+            let key = fwd(&k);
+            let mut i0 = self.t(format!("{key}.input.0"), "input", &shape, &o);
+            i0.src = Some(oid);
+            let mut i1 = self.t(format!("{key}.input.1"), "input", &shape, &x);
+            i1.src = x_id;
+            let mut out = self.t(format!("{key}.output.0"), "output", &shape, &y);
+            out.id = Some(yid);
+            w.op(&key, "forward", &module, vec![i0, i1, out])?;
+            // x' = layer_norm(y)
+            let k = format!("Functional.layer_norm.{i}");
+            let mut xn = vec![0.0f32; bsz * n];
+            let mut ms = Vec::new();
+            for b in 0..bsz {
+                let r = &y[b * n..(b + 1) * n];
+                let mu = r.iter().sum::<f32>() / n as f32;
+                let var = r.iter().map(|v| (v - mu) * (v - mu)).sum::<f32>() / n as f32;
+                let sigma = (var + 1e-5).sqrt();
+                for j in 0..n {
+                    xn[b * n + j] = (r[j] - mu) / sigma;
+                }
+                ms.push((mu, sigma));
+            }
+            let xn = self.post(&k, xn);
+            let xid = self.id();
+            let key = fwd(&k);
+            let mut ins = self.t(format!("{key}.input.0"), "input", &shape, &y);
+            ins.src = Some(yid);
+            let mut out = self.t(format!("{key}.output.0"), "output", &shape, &xn);
+            out.id = Some(xid);
+            w.op(&key, "forward", &module, vec![ins, out])?;
+            tapes.push(Tape {
+                x: x.clone(),
+                h,
+                g,
+                y,
+                wa,
+                wb,
+                mu_sigma: ms,
+            });
+            x = xn;
+            x_id = Some(xid);
+        }
+        // Backward from a fixed output gradient.
+        let mut gr = Rng(weights_seed ^ 0xD1B5_4A32_D192_ED03);
+        let mut gx = gr.vec(bsz * n, 1.0 / (bsz * n) as f32);
+        for i in (0..self.o.blocks).rev() {
+            let tp = &tapes[i];
+            let module = format!("blocks.{i}");
+            // layer_norm backward
+            let k = format!("Functional.layer_norm.{i}.backward");
+            let mut gy = vec![0.0f32; bsz * n];
+            for b in 0..bsz {
+                let (mu, sigma) = tp.mu_sigma[b];
+                let r = &tp.y[b * n..(b + 1) * n];
+                let gb = &gx[b * n..(b + 1) * n];
+                let xh: Vec<f32> = r.iter().map(|v| (v - mu) / sigma).collect();
+                let mg = gb.iter().sum::<f32>() / n as f32;
+                let mgx = gb.iter().zip(&xh).map(|(a, c)| a * c).sum::<f32>() / n as f32;
+                for j in 0..n {
+                    gy[b * n + j] = (gb[j] - mg - xh[j] * mgx) / sigma;
+                }
+            }
+            let gy = self.post(&k, gy);
+            let a = self.t(format!("{k}.input.0"), "input", &shape, &gx);
+            let b = self.t(format!("{k}.output.0"), "output", &shape, &gy);
+            w.op(&k, "backward", &module, vec![a, b])?;
+            // add backward: both inputs get gy
+            let k = format!("Torch.add.{i}.backward");
+            let a = self.t(format!("{k}.input.0"), "input", &shape, &gy);
+            let b0 = self.t(format!("{k}.output.0"), "output", &shape, &gy);
+            let b1 = self.t(format!("{k}.output.1"), "output", &shape, &gy);
+            w.op(&k, "backward", &module, vec![a, b0, b1])?;
+            // linear(g, wb) backward: dg = gy @ wb, dwb = gy^T g
+            let k = format!("Functional.linear.{}.backward", 2 * i + 1);
+            let (dg, dwb) = linear_backward(&gy, &tp.g, &tp.wb, bsz, n);
+            let dg = self.post(&k, dg);
+            let a = self.t(format!("{k}.input.0"), "input", &shape, &gy);
+            let b0 = self.t(format!("{k}.output.0"), "output", &shape, &dg);
+            let b1 = self.t(format!("{k}.output.1"), "output", &wshape, &dwb);
+            w.op(&k, "backward", &module, vec![a, b0, b1])?;
+            // gelu backward
+            let k = format!("Functional.gelu.{i}.backward");
+            let dh: Vec<f32> = dg
+                .iter()
+                .zip(&tp.h)
+                .map(|(d, h)| d * gelu_grad(*h))
+                .collect();
+            let dh = self.post(&k, dh);
+            let a = self.t(format!("{k}.input.0"), "input", &shape, &dg);
+            let b0 = self.t(format!("{k}.output.0"), "output", &shape, &dh);
+            w.op(&k, "backward", &module, vec![a, b0])?;
+            // linear(x, wa) backward
+            let k = format!("Functional.linear.{}.backward", 2 * i);
+            let (dx, dwa) = linear_backward(&dh, &tp.x, &tp.wa, bsz, n);
+            let dx = self.post(&k, dx);
+            let a = self.t(format!("{k}.input.0"), "input", &shape, &dh);
+            let b0 = self.t(format!("{k}.output.0"), "output", &shape, &dx);
+            let b1 = self.t(format!("{k}.output.1"), "output", &wshape, &dwa);
+            w.op(&k, "backward", &module, vec![a, b0, b1])?;
+            gx = dx.iter().zip(&gy).map(|(a, b)| a + b).collect();
+        }
+        Ok(())
+    }
+}
+
+/// dx = gy @ w, dw = gy^T @ x for y = x w^T.
+fn linear_backward(gy: &[f32], x: &[f32], w: &[f32], bsz: usize, n: usize) -> (Vec<f32>, Vec<f32>) {
+    let mut dx = vec![0.0f32; bsz * n];
+    let mut dw = vec![0.0f32; n * n];
+    for b in 0..bsz {
+        for o in 0..n {
+            let g = gy[b * n + o];
+            for i in 0..n {
+                dx[b * n + i] += g * w[o * n + i];
+                dw[o * n + i] += g * x[b * n + i];
+            }
+        }
+    }
+    (dx, dw)
+}
+
+/// Writes `out/bench` and `out/cmp`, two dumps of the synthetic model.
+pub fn write_pair(out: &Path, o: &SynthOptions) -> Result<()> {
+    if !["tensor", "statistics", "checksum"].contains(&o.mode.as_str()) {
+        return Err(ProbeError::Usage(format!(
+            "unknown mode {:?} (tensor, statistics or checksum)",
+            o.mode
+        )));
+    }
+    if o.blocks == 0 || o.width == 0 || o.batch == 0 || o.steps == 0 {
+        return Err(ProbeError::Usage(
+            "blocks, width, batch and steps must be at least 1".into(),
+        ));
+    }
+    for (side, cmp) in [("bench", false), ("cmp", true)] {
+        let root = out.join(side);
+        std::fs::create_dir_all(&root).map_err(|e| ProbeError::Output {
+            path: root.clone(),
+            msg: e.to_string(),
+        })?;
+        write_manifest(&root, &o.mode)?;
+        for s in 0..o.steps {
+            let mut w = RankWriter::new(root.join(format!("step{s}")).join("rank0"), &o.mode)?;
+            let mut run = Run {
+                o,
+                cmp,
+                rng: Rng(o.seed ^ 0xA5A5 ^ s as u64),
+                next_id: 0,
+            };
+            run.step(&mut w, o.seed.wrapping_add(s as u64))?;
+            w.finish()?;
+        }
+    }
+    Ok(())
+}
+
+/// Writes a large pair for benchmarks: `count` tensors of `elems` f32 elements each, the
+/// comparison side with relative noise `noise`. No model, just data at disk speed.
+pub fn write_bulk(
+    out: &Path,
+    mode: &str,
+    count: usize,
+    elems: usize,
+    noise: f32,
+    seed: u64,
+) -> Result<()> {
+    for (side, cmp) in [("bench", false), ("cmp", true)] {
+        let root = out.join(side);
+        std::fs::create_dir_all(&root).map_err(|e| ProbeError::Output {
+            path: root.clone(),
+            msg: e.to_string(),
+        })?;
+        write_manifest(&root, mode)?;
+        let mut w = RankWriter::new(root.join("step0").join("rank0"), mode)?;
+        let mut data = Rng(seed);
+        let mut jitter = Rng(seed ^ 0x5555);
+        for i in 0..count {
+            let mut v = data.vec(elems, 1.0);
+            if cmp {
+                for x in v.iter_mut() {
+                    *x *= 1.0 + noise * (2.0 * jitter.uniform() - 1.0);
+                }
+            }
+            let key = format!("Functional.op{}.{i}.forward", i % 7);
+            let t = T {
+                name: format!("{key}.output.0"),
+                role: "output",
+                dtype: DType::F32,
+                shape: vec![elems],
+                values: v,
+                id: None,
+                src: None,
+            };
+            w.op(&key, "forward", "bulk", vec![t])?;
+        }
+        w.finish()?;
+    }
+    let _ = std::io::stderr().flush();
+    Ok(())
+}

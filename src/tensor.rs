@@ -1,0 +1,189 @@
+//! Access to tensor bytes in safetensors shards, without holding dumps in memory.
+//!
+//! A shard's header is parsed once (validated by the `safetensors` crate); tensor bytes are
+//! then read window by window: small windows with one `pread`, large ones through a
+//! short-lived, pre-faulted memory map that is dropped as soon as the window is done.
+//! Peak memory is thus a few windows per thread, whatever the dump size.
+
+use crate::dtype::DType;
+use crate::error::{ProbeError, Result};
+use memmap2::MmapOptions;
+use std::collections::HashMap;
+use std::fs::File;
+use std::os::unix::fs::FileExt;
+use std::path::{Path, PathBuf};
+use std::sync::{Arc, Mutex};
+
+/// One tensor inside a shard.
+#[derive(Debug, Clone)]
+struct Entry {
+    dtype: Option<DType>,
+    dtype_name: String,
+    shape: Vec<usize>,
+    /// Absolute byte offset of the data in the file.
+    offset: u64,
+    len: usize,
+}
+
+/// The parsed header of one shard, with the open file.
+#[derive(Debug)]
+pub struct Shard {
+    path: PathBuf,
+    file: File,
+    entries: HashMap<String, Entry>,
+}
+
+impl Shard {
+    pub fn open(path: &Path) -> Result<Shard> {
+        let file = File::open(path).map_err(|e| ProbeError::io(path, e))?;
+        // SAFETY: the map is read-only and only used for header validation below; a file
+        // truncated by another process while mapped would fault, which dump files are not.
+        let map = unsafe { MmapOptions::new().map(&file) }.map_err(|e| ProbeError::io(path, e))?;
+        let (n, meta) =
+            safetensors::SafeTensors::read_metadata(&map).map_err(|e| ProbeError::BadShard {
+                path: path.to_path_buf(),
+                msg: e.to_string(),
+            })?;
+        let base = 8 + n as u64;
+        let entries = meta
+            .tensors()
+            .into_iter()
+            .map(|(name, info)| {
+                let dtype_name = format!("{:?}", info.dtype);
+                let entry = Entry {
+                    dtype: DType::parse(&dtype_name),
+                    dtype_name,
+                    shape: info.shape.clone(),
+                    offset: base + info.data_offsets.0 as u64,
+                    len: info.data_offsets.1 - info.data_offsets.0,
+                };
+                (name, entry)
+            })
+            .collect();
+        Ok(Shard {
+            path: path.to_path_buf(),
+            file,
+            entries,
+        })
+    }
+}
+
+/// Shards opened so far, shared between threads; each is opened once.
+#[derive(Default)]
+pub struct ShardCache {
+    shards: Mutex<HashMap<PathBuf, Arc<Shard>>>,
+}
+
+impl ShardCache {
+    pub fn get(&self, path: &Path) -> Result<Arc<Shard>> {
+        if let Some(s) = self.lock().get(path) {
+            return Ok(s.clone());
+        }
+        let shard = Arc::new(Shard::open(path)?);
+        self.lock().insert(path.to_path_buf(), shard.clone());
+        Ok(shard)
+    }
+
+    fn lock(&self) -> std::sync::MutexGuard<'_, HashMap<PathBuf, Arc<Shard>>> {
+        // A panic elsewhere cannot leave the map inconsistent: entries are only inserted whole.
+        self.shards.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    /// Resolves a tensor and checks it against what the op log says about it.
+    pub fn tensor(
+        &self,
+        shard_path: &Path,
+        key: &str,
+        dtype: Option<DType>,
+        shape: &[usize],
+    ) -> Result<TensorData> {
+        let shard = self.get(shard_path)?;
+        let bad = |msg: String| ProbeError::BadTensor {
+            path: shard_path.to_path_buf(),
+            name: key.to_string(),
+            msg,
+        };
+        let e = shard
+            .entries
+            .get(key)
+            .ok_or_else(|| bad("not in this shard".into()))?;
+        let dt = e
+            .dtype
+            .ok_or_else(|| bad(format!("unsupported dtype {}", e.dtype_name)))?;
+        if let Some(d) = dtype {
+            if d != dt {
+                return Err(bad(format!("op log says {d}, shard holds {dt}")));
+            }
+        }
+        if e.shape != shape {
+            return Err(bad(format!(
+                "op log says shape {shape:?}, shard holds {:?}",
+                e.shape
+            )));
+        }
+        let numel: usize = e.shape.iter().product();
+        if numel.checked_mul(dt.size()) != Some(e.len) {
+            return Err(bad(format!(
+                "{} bytes do not hold {numel} {dt} elements",
+                e.len
+            )));
+        }
+        let offset = e.offset;
+        Ok(TensorData {
+            shard,
+            offset,
+            numel,
+            dtype: dt,
+        })
+    }
+}
+
+/// A readable tensor: where its bytes are and how to decode them.
+#[derive(Debug, Clone)]
+pub struct TensorData {
+    shard: Arc<Shard>,
+    offset: u64,
+    pub numel: usize,
+    pub dtype: DType,
+}
+
+/// Below this a window is read with one `pread` instead of a memory map.
+const PREAD_LIMIT: usize = 1 << 20;
+
+impl TensorData {
+    /// Calls `f` with the bytes of elements `start..start+count`.
+    pub fn with_window<R>(
+        &self,
+        start: usize,
+        count: usize,
+        f: impl FnOnce(&[u8]) -> R,
+    ) -> Result<R> {
+        let size = self.dtype.size();
+        let offset = self.offset + (start * size) as u64;
+        let len = count * size;
+        let io = |e: std::io::Error| ProbeError::io(&self.shard.path, e);
+        if len <= PREAD_LIMIT {
+            let mut buf = vec![0u8; len];
+            self.shard
+                .file
+                .read_exact_at(&mut buf, offset)
+                .map_err(io)?;
+            return Ok(f(&buf));
+        }
+        // SAFETY: read-only map of a range validated against the file size when the shard
+        // was opened; dropped before this function returns.
+        let map = unsafe {
+            MmapOptions::new()
+                .offset(offset)
+                .len(len)
+                .populate()
+                .map(&self.shard.file)
+        }
+        .map_err(io)?;
+        Ok(f(&map))
+    }
+
+    pub fn shard_path(&self) -> &Path {
+        &self.shard.path
+    }
+}

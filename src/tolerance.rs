@@ -1,0 +1,287 @@
+//! Tolerances and the per-tensor verdict.
+//!
+//! A tensor is judged by its relative L2 error ‖c − b‖/‖b‖ (robust to the reordering of
+//! float sums that any two devices do) and by its largest elementwise error scaled by the
+//! tensor's largest magnitude (so a handful of wild elements cannot hide). The thresholds
+//! come from the *less precise* of the two dtypes, so a bf16 run against an fp32 benchmark
+//! is judged by what bf16 can do. Defaults can be overridden per dtype and per op pattern
+//! in a TOML file (`probe compare --config`), documented in docs/compare.md.
+
+use crate::dtype::DType;
+use crate::error::{ProbeError, Result};
+use serde::{Deserialize, Serialize};
+use std::collections::BTreeMap;
+use std::path::Path;
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Serialize)]
+#[serde(rename_all = "lowercase")]
+pub enum Verdict {
+    Pass,
+    Warning,
+    Error,
+}
+
+impl Verdict {
+    pub fn name(self) -> &'static str {
+        match self {
+            Verdict::Pass => "pass",
+            Verdict::Warning => "warning",
+            Verdict::Error => "error",
+        }
+    }
+}
+
+/// Thresholds for one dtype or op pattern.
+#[derive(Debug, Clone, Copy, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct Tol {
+    /// Relative L2 error above which a tensor is a warning.
+    pub warning: f64,
+    /// Relative L2 error above which a tensor is an error.
+    pub error: f64,
+    /// max|c − b| / max|b| above which a tensor is an error.
+    pub max_abs: f64,
+}
+
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields)]
+struct PartialTol {
+    warning: Option<f64>,
+    error: Option<f64>,
+    max_abs: Option<f64>,
+}
+
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields)]
+struct OpRule {
+    pattern: String,
+    #[serde(flatten)]
+    tol: PartialTol,
+}
+
+#[derive(Debug, Clone, Deserialize, Default)]
+#[serde(deny_unknown_fields)]
+struct RawConfig {
+    #[serde(default)]
+    dtype: BTreeMap<String, PartialTol>,
+    #[serde(default)]
+    op: Vec<OpRule>,
+    local_gain: Option<f64>,
+}
+
+/// The tolerance table in force for a compare.
+#[derive(Debug, Clone)]
+pub struct Tolerances {
+    by_dtype: BTreeMap<DType, Tol>,
+    rules: Vec<(glob::Pattern, PartialTol)>,
+    /// An op whose inputs differ is blamed only if its output error exceeds this many times
+    /// its largest input error: otherwise it is carrying (or mildly amplifying) inherited error.
+    pub local_gain: f64,
+}
+
+fn default_tol(d: DType) -> Tol {
+    match d {
+        DType::F64 => Tol {
+            warning: 1e-10,
+            error: 1e-7,
+            max_abs: 1e-6,
+        },
+        DType::F32 => Tol {
+            warning: 1e-5,
+            error: 1e-4,
+            max_abs: 1e-3,
+        },
+        DType::F16 => Tol {
+            warning: 2e-3,
+            error: 1e-2,
+            max_abs: 5e-2,
+        },
+        DType::BF16 => Tol {
+            warning: 1.6e-2,
+            error: 5e-2,
+            max_abs: 2e-1,
+        },
+        // Integers and booleans are exact.
+        _ => Tol {
+            warning: 0.0,
+            error: 0.0,
+            max_abs: 0.0,
+        },
+    }
+}
+
+const ALL_DTYPES: [DType; 10] = [
+    DType::F64,
+    DType::F32,
+    DType::F16,
+    DType::BF16,
+    DType::I64,
+    DType::I32,
+    DType::I16,
+    DType::I8,
+    DType::U8,
+    DType::Bool,
+];
+
+impl Default for Tolerances {
+    fn default() -> Self {
+        Tolerances {
+            by_dtype: ALL_DTYPES.iter().map(|&d| (d, default_tol(d))).collect(),
+            rules: Vec::new(),
+            local_gain: 10.0,
+        }
+    }
+}
+
+fn apply(t: &mut Tol, p: &PartialTol) {
+    if let Some(v) = p.warning {
+        t.warning = v;
+    }
+    if let Some(v) = p.error {
+        t.error = v;
+    }
+    if let Some(v) = p.max_abs {
+        t.max_abs = v;
+    }
+}
+
+fn check(t: &PartialTol) -> std::result::Result<(), String> {
+    for v in [t.warning, t.error, t.max_abs].into_iter().flatten() {
+        if v.is_nan() || v < 0.0 {
+            return Err(format!("tolerance {v} must be a non-negative number"));
+        }
+    }
+    Ok(())
+}
+
+impl Tolerances {
+    /// Reads a TOML tolerance file on top of the defaults.
+    pub fn from_file(path: &Path) -> Result<Tolerances> {
+        let bad = |msg: String| ProbeError::BadConfig {
+            path: path.to_path_buf(),
+            msg,
+        };
+        let text = std::fs::read_to_string(path).map_err(|e| ProbeError::io(path, e))?;
+        let raw: RawConfig = toml::from_str(&text).map_err(|e| bad(e.message().to_string()))?;
+        let mut t = Tolerances::default();
+        for (name, p) in &raw.dtype {
+            let d = DType::parse(name).ok_or_else(|| bad(format!("unknown dtype {name:?}")))?;
+            check(p).map_err(&bad)?;
+            if let Some(e) = t.by_dtype.get_mut(&d) {
+                apply(e, p);
+            }
+        }
+        for r in raw.op {
+            let pat = glob::Pattern::new(&r.pattern)
+                .map_err(|e| bad(format!("op pattern {:?}: {e}", r.pattern)))?;
+            check(&r.tol).map_err(&bad)?;
+            t.rules.push((pat, r.tol));
+        }
+        if let Some(g) = raw.local_gain {
+            if g.is_nan() || g < 1.0 {
+                return Err(bad(format!("local_gain {g} must be at least 1")));
+            }
+            t.local_gain = g;
+        }
+        Ok(t)
+    }
+
+    /// The tolerance for a tensor of `op`: from the less precise dtype, then the first op
+    /// rule whose pattern matches the op key or the tensor name.
+    pub fn lookup(&self, op: &str, tensor: &str, b: Option<DType>, c: Option<DType>) -> Tol {
+        let d = match (b, c) {
+            (Some(x), Some(y)) => loosest(x, y),
+            (Some(x), None) | (None, Some(x)) => x,
+            (None, None) => DType::F32,
+        };
+        let mut t = self.by_dtype.get(&d).copied().unwrap_or(default_tol(d));
+        if let Some((_, p)) = self
+            .rules
+            .iter()
+            .find(|(pat, _)| pat.matches(op) || pat.matches(tensor))
+        {
+            apply(&mut t, p);
+        }
+        t
+    }
+}
+
+/// The dtype whose tolerance applies when two dtypes meet: the less precise float.
+pub fn loosest(a: DType, b: DType) -> DType {
+    let rank = |d: DType| match d {
+        DType::BF16 => 0,
+        DType::F16 => 1,
+        DType::F32 => 2,
+        DType::F64 => 3,
+        _ => 4,
+    };
+    if rank(a) <= rank(b) {
+        a
+    } else {
+        b
+    }
+}
+
+/// A tensor's verdict with the reason a person reads in the report.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Judgement {
+    pub verdict: Verdict,
+    pub reason: String,
+    /// The error measure that was judged (relative L2, or scaled statistics error).
+    pub err: f64,
+    /// The smallest `error` tolerance that would have let this tensor pass.
+    pub needed: f64,
+}
+
+/// Judges an error measure `err` (and optionally a scaled max error) against `tol`.
+pub fn judge(
+    err: f64,
+    max_abs_scaled: Option<f64>,
+    tol: &Tol,
+    what: &str,
+    dtype: &str,
+) -> Judgement {
+    let mabs = max_abs_scaled.unwrap_or(0.0);
+    let needed = err;
+    if err.is_nan() {
+        return Judgement {
+            verdict: Verdict::Error,
+            reason: format!("{what} is NaN"),
+            err,
+            needed: f64::INFINITY,
+        };
+    }
+    if err > tol.error {
+        return Judgement {
+            verdict: Verdict::Error,
+            reason: format!("{what} {err:.3e} > {:.1e} ({dtype})", tol.error),
+            err,
+            needed,
+        };
+    }
+    if mabs > tol.max_abs {
+        return Judgement {
+            verdict: Verdict::Error,
+            reason: format!(
+                "max abs error {mabs:.3e} of the largest |value| > {:.1e} ({dtype})",
+                tol.max_abs
+            ),
+            err,
+            needed,
+        };
+    }
+    if err > tol.warning {
+        return Judgement {
+            verdict: Verdict::Warning,
+            reason: format!("{what} {err:.3e} > warning {:.1e} ({dtype})", tol.warning),
+            err,
+            needed,
+        };
+    }
+    Judgement {
+        verdict: Verdict::Pass,
+        reason: String::new(),
+        err,
+        needed,
+    }
+}
