@@ -219,12 +219,7 @@ fn match_pair(pi: usize, bd: &RankDump, cd: &RankDump, out: &mut CompareResult) 
             };
             let shapes_ok = same_shape(&bt.shape, &t.shape);
             let has_data = |x: &Data| !matches!(x, Data::None);
-            let kind = if shapes_ok
-                && has_data(&bt.data)
-                && has_data(&t.data)
-                && bt.dtype.is_some()
-                && t.dtype.is_some()
-            {
+            let kind = if shapes_ok && has_data(&bt.data) && has_data(&t.data) {
                 CompareKind::Tensor
             } else if bt.checksum.is_some() && t.checksum.is_some() {
                 CompareKind::Checksum
@@ -294,12 +289,8 @@ fn compute_metrics(row: &Row, caches: &Caches) -> Result<Option<Metrics>> {
     else {
         return Ok(None);
     };
-    let bt = caches
-        .bench
-        .tensor(bs, bk, DType::parse(&row.dtype_b), &row.shape_b)?;
-    let ct = caches
-        .cmp
-        .tensor(cs, ck, DType::parse(&row.dtype_c), &row.shape_c)?;
+    let bt = caches.bench.tensor(bs, bk, &row.dtype_b, &row.shape_b)?;
+    let ct = caches.cmp.tensor(cs, ck, &row.dtype_c, &row.shape_c)?;
     Ok(Some(metrics::compare_tensors(&bt, &ct)?))
 }
 

@@ -100,8 +100,9 @@ fn block(b: &[f64], c: &[f64], eps: f64, p: &mut Partial) {
             l5[i] += (r < 0.005) as u64;
         }
     }
+    // The remainder is counted by `element` below.
     let mut q = Partial {
-        n: b.len() as u64,
+        n: (b.len() - br.len()) as u64,
         ..Partial::default()
     };
     for i in 0..L {

@@ -94,7 +94,7 @@ impl ShardCache {
         &self,
         shard_path: &Path,
         key: &str,
-        dtype: Option<DType>,
+        dtype_name: &str,
         shape: &[usize],
     ) -> Result<TensorData> {
         let shard = self.get(shard_path)?;
@@ -110,10 +110,10 @@ impl ShardCache {
         let dt = e
             .dtype
             .ok_or_else(|| bad(format!("unsupported dtype {}", e.dtype_name)))?;
-        if let Some(d) = dtype {
-            if d != dt {
-                return Err(bad(format!("op log says {d}, shard holds {dt}")));
-            }
+        let d = DType::parse(dtype_name)
+            .ok_or_else(|| bad(format!("unsupported dtype {dtype_name} in the op log")))?;
+        if d != dt {
+            return Err(bad(format!("op log says {d}, shard holds {dt}")));
         }
         if e.shape != shape {
             return Err(bad(format!(
