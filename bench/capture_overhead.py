@@ -1,0 +1,180 @@
+#!/usr/bin/env python3
+"""Overhead benchmark of the probe capture agent (issue 3, item 8). Not a test.
+
+Times one training step of the example model (examples/train_small.py) bare and with the
+agent in each mode (statistics, tensor, checksum) at each level (api, module, mix), and
+msprobe on the same model when ``msprobe`` (mindstudio-probe) is importable, then prints
+the ratios. Goal: statistics mode at api level <= 3x a bare step on CPU, and at least 5x
+less overhead than msprobe in the same run.
+
+    python bench/capture_overhead.py [--device cpu] [--steps 5] [--batch 16]
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib.util
+import os
+import shutil
+import statistics
+import sys
+import tempfile
+import time
+from typing import Any, Callable, Optional
+
+import torch
+import torch.nn.functional as F
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+
+
+def _load_example() -> Any:
+    spec = importlib.util.spec_from_file_location("train_small", os.path.join(ROOT, "examples", "train_small.py"))
+    assert spec is not None and spec.loader is not None
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    return mod
+
+
+def _sync(device: torch.device) -> None:
+    if device.type == "cuda":
+        torch.cuda.synchronize()
+    elif device.type == "npu":
+        torch.npu.synchronize()  # type: ignore[attr-defined]
+
+
+class Runner:
+    """One configuration's model, optimizer and data, stepped one step at a time.
+
+    Configurations are measured interleaved (one step of each in turn, repeated) so that
+    noise from other processes on a shared machine hits all of them alike.
+    """
+
+    def __init__(
+        self,
+        ex: Any,
+        device: torch.device,
+        batch: int,
+        start: Optional[Callable[[Any], None]],
+        stop: Optional[Callable[[], None]],
+    ) -> None:
+        import probe
+
+        probe.seed_all(0)
+        self.device = device
+        self.model = ex.SmallNet().to(device)
+        self.opt = torch.optim.Adam(self.model.parameters(), lr=1e-3, foreach=False)
+        self.data = ex.make_data(2, batch, device)
+        self.start = start
+        self.stop = stop
+        self.times: list[float] = []
+
+    def step(self, record: bool) -> None:
+        x, y = self.data[len(self.times) % 2]
+        _sync(self.device)
+        t0 = time.perf_counter()
+        if self.start is not None:
+            self.start(self.model)
+        self.opt.zero_grad(set_to_none=True)
+        loss = F.cross_entropy(self.model(x), y)
+        loss.backward()
+        self.opt.step()
+        if self.stop is not None:
+            self.stop()
+        _sync(self.device)
+        if record:
+            self.times.append(time.perf_counter() - t0)
+
+    def median(self) -> float:
+        return statistics.median(self.times)
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--device", default="cpu")
+    ap.add_argument("--steps", type=int, default=10)
+    ap.add_argument("--batch", type=int, default=16)
+    ap.add_argument("--modes", default="statistics,tensor,checksum")
+    ap.add_argument("--levels", default="api,module,mix")
+    args = ap.parse_args()
+
+    import probe
+
+    ex = _load_example()
+    device = ex.resolve_device(args.device)
+    tmp = tempfile.mkdtemp(prefix="probe-bench-")
+    rows: list[tuple[str, float]] = []
+    runners: list[tuple[str, Runner]] = [("bare", Runner(ex, device, args.batch, None, None))]
+    debuggers: list[Any] = []
+    try:
+        for mode in args.modes.split(","):
+            for level in args.levels.split(","):
+                path = os.path.join(tmp, f"{mode}-{level}")
+                dbg = probe.Debugger(None, dump_path=path, mode=mode, level=level)
+                debuggers.append(dbg)
+
+                def stop(d: Any = dbg) -> None:
+                    d.stop()
+                    d.step()
+
+                runners.append((f"probe {mode:<10} {level:<6}", Runner(ex, device, args.batch, dbg.start, stop)))
+        ms = _msprobe_runner(ex, device, args, tmp)
+        if ms is not None:
+            runners.append(("msprobe statistics L1", ms))
+        for i in range(args.steps + 1):  # the first round warms caches and allocators
+            for _, r in runners:
+                r.step(record=i > 0)
+            if i > 0:
+                # Keep the disk from filling with dumps: only the timing matters here.
+                for name in os.listdir(tmp):
+                    if os.path.isdir(os.path.join(tmp, name)):
+                        for sub in os.listdir(os.path.join(tmp, name)):
+                            if sub.startswith("step"):
+                                shutil.rmtree(os.path.join(tmp, name, sub), ignore_errors=True)
+        for dbg in debuggers:
+            dbg.close()
+            if not dbg.enabled:
+                print("warning: a probe configuration disabled itself", file=sys.stderr)
+        rows = [(name, r.median()) for name, r in runners]
+        bare = rows[0][1]
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)
+
+    print(f"device {device}, torch {torch.__version__}, threads {torch.get_num_threads()}, "
+          f"batch {args.batch}, median of {args.steps} interleaved steps")
+    print(f"{'configuration':<28} {'ms/step':>9} {'ratio':>7}")
+    for name, t in rows:
+        print(f"{name:<28} {t * 1e3:9.1f} {t / bare:7.2f}x")
+    ms_rows = [t for n, t in rows if n.startswith("msprobe")]
+    stat_api = [t for n, t in rows if n.startswith("probe statistics") and n.rstrip().endswith("api")]
+    if ms_rows and stat_api:
+        over_probe = max(stat_api[0] - bare, 1e-9)
+        print(f"msprobe overhead / probe overhead (statistics, api): {(ms_rows[0] - bare) / over_probe:.1f}x")
+    return 0
+
+
+def _msprobe_runner(ex: Any, device: torch.device, args: Any, tmp: str) -> Optional[Runner]:
+    """msprobe on the same model, only if it is installed (never required)."""
+    try:
+        from msprobe.pytorch import PrecisionDebugger  # type: ignore[import-not-found]
+    except Exception:  # noqa: BLE001 - not installed: skip
+        print("msprobe not importable: skipping the msprobe comparison", file=sys.stderr)
+        return None
+    import json
+
+    cfg = os.path.join(tmp, "msprobe.json")
+    with open(cfg, "w") as fh:
+        json.dump({"task": "statistics", "dump_path": os.path.join(tmp, "msprobe"), "rank": [],
+                   "step": [], "level": "L1", "statistics": {"scope": [], "list": [],
+                   "data_mode": ["all"], "summary_mode": "statistics"}}, fh)
+    dbg = PrecisionDebugger(config_path=cfg)
+
+    def stop() -> None:
+        dbg.stop()
+        dbg.step()
+
+    return Runner(ex, device, args.batch, lambda m: dbg.start(m), stop)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,200 @@
+#!/usr/bin/env python3
+"""Train a small seeded CNN + transformer-block model for a few steps, dumping with probe.
+
+Why: anyone can produce a benchmark/comparison dump pair in seconds, e.g.
+
+    python examples/train_small.py --dump /tmp/bench --mode tensor
+    python examples/train_small.py --dump /tmp/cmp --mode tensor --inject Functional.gelu.0
+    probe compare -b /tmp/bench -c /tmp/cmp -o /tmp/out
+
+``--inject OP`` multiplies the output of one named op by ``1 + --inject-rel`` (default 5 %),
+so compare must name that op as the first divergent one. OP is an msprobe-style name:
+``Functional.gelu`` (every call) or ``Functional.gelu.0`` (one call per step).
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import sys
+import time
+from typing import Any, Callable, Optional
+
+import torch
+import torch.nn as nn
+import torch.nn.functional as F
+
+import probe
+
+
+class Block(nn.Module):
+    """A pre-norm transformer block: attention written out so its ops are visible."""
+
+    def __init__(self, dim: int, heads: int) -> None:
+        super().__init__()
+        self.heads = heads
+        self.norm1 = nn.LayerNorm(dim)
+        self.qkv = nn.Linear(dim, 3 * dim)
+        self.proj = nn.Linear(dim, dim)
+        self.norm2 = nn.LayerNorm(dim)
+        self.fc1 = nn.Linear(dim, 4 * dim)
+        self.fc2 = nn.Linear(4 * dim, dim)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        b, n, d = x.shape
+        h = self.heads
+        q, k, v = self.qkv(self.norm1(x)).reshape(b, n, 3, h, d // h).permute(2, 0, 3, 1, 4)
+        att = torch.matmul(q, k.transpose(-2, -1)) / (d // h) ** 0.5
+        att = F.softmax(att, dim=-1)
+        y = torch.matmul(att, v).transpose(1, 2).reshape(b, n, d)
+        x = x + self.proj(y)
+        x = x + self.fc2(F.gelu(self.fc1(self.norm2(x))))
+        return x
+
+
+class SmallNet(nn.Module):
+    """Conv stem -> tokens -> one transformer block -> classifier."""
+
+    def __init__(self, channels: int = 32, dim: int = 64, classes: int = 10) -> None:
+        super().__init__()
+        self.conv1 = nn.Conv2d(3, channels, 3, padding=1)
+        self.bn1 = nn.BatchNorm2d(channels)
+        self.conv2 = nn.Conv2d(channels, dim, 3, padding=1)
+        self.block = Block(dim, heads=4)
+        self.norm = nn.LayerNorm(dim)
+        self.head = nn.Linear(dim, classes)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        x = F.max_pool2d(F.relu(self.bn1(self.conv1(x))), 2)
+        x = F.relu(self.conv2(x))
+        x = F.adaptive_avg_pool2d(x, 4)  # (b, dim, 4, 4)
+        x = x.flatten(2).transpose(1, 2)  # (b, 16 tokens, dim)
+        x = self.block(x)
+        x = self.norm(x).mean(dim=1)
+        return self.head(x)
+
+
+_OWNERS: dict[str, Callable[[], Any]] = {
+    "Functional": lambda: F,
+    "Torch": lambda: torch,
+    "Tensor": lambda: torch.Tensor,
+}
+
+
+class Fault:
+    """Perturb one API's output by a relative amount, for a known-answer comparison.
+
+    Installed before the probe agent so the agent records the perturbed output as the op's
+    own output (exactly what a real kernel bug looks like).
+    """
+
+    def __init__(self, spec: str, rel: float) -> None:
+        parts = spec.split(".")
+        if len(parts) < 2 or parts[0] not in _OWNERS:
+            raise SystemExit(f"--inject: expected e.g. Functional.gelu or Functional.gelu.0, got {spec!r}")
+        self.owner = _OWNERS[parts[0]]()
+        self.name = parts[1]
+        self.index: Optional[int] = int(parts[2]) if len(parts) > 2 and parts[2].isdigit() else None
+        self.rel = rel
+        self.calls = 0
+        self.orig = getattr(self.owner, self.name)
+        fault = self
+
+        def perturbed(*args: Any, **kwargs: Any) -> Any:
+            out = fault.orig(*args, **kwargs)
+            hit = fault.index is None or fault.calls == fault.index
+            fault.calls += 1
+            if hit and isinstance(out, torch.Tensor) and out.is_floating_point():
+                out = out * (1.0 + fault.rel)
+            return out
+
+        setattr(self.owner, self.name, perturbed)
+
+    def new_step(self) -> None:
+        self.calls = 0
+
+
+def make_data(steps: int, batch: int, device: torch.device) -> list[tuple[torch.Tensor, torch.Tensor]]:
+    """Generated data: seeded, so both runs of a comparison see the same batches."""
+    g = torch.Generator().manual_seed(1234)
+    data = []
+    for _ in range(steps):
+        x = torch.randn(batch, 3, 32, 32, generator=g)
+        y = torch.randint(0, 10, (batch,), generator=g)
+        data.append((x.to(device), y.to(device)))
+    return data
+
+
+def resolve_device(name: str) -> torch.device:
+    if name == "npu":
+        import torch_npu  # noqa: F401  (registers the npu device)
+    if name == "cuda" and not torch.cuda.is_available():
+        raise SystemExit("--device cuda: no CUDA device available")
+    return torch.device(name)
+
+
+def main(argv: Optional[list[str]] = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--device", choices=["cpu", "cuda", "npu"], default="cpu")
+    ap.add_argument("--dtype", choices=["float32", "bfloat16"], default="float32",
+                    help="bfloat16 runs forward under autocast")
+    ap.add_argument("--steps", type=int, default=2)
+    ap.add_argument("--batch", type=int, default=16)
+    ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--dump", default="./probe_dump", help="dump folder")
+    ap.add_argument("--no-dump", action="store_true", help="train without the agent")
+    ap.add_argument("--level", choices=["api", "module", "mix"], default="api")
+    ap.add_argument("--mode", choices=["statistics", "tensor", "checksum"], default="statistics")
+    ap.add_argument("--config", default=None, help="probe or msprobe JSON config (overrides flags)")
+    ap.add_argument("--inject", default=None, help="op to perturb, e.g. Functional.gelu.0")
+    ap.add_argument("--inject-rel", type=float, default=0.05, help="relative perturbation")
+    ap.add_argument("--quiet", action="store_true")
+    args = ap.parse_args(argv)
+
+    probe.seed_all(args.seed)
+    device = resolve_device(args.device)
+    model = SmallNet().to(device)
+    opt = torch.optim.Adam(model.parameters(), lr=1e-3, foreach=False)
+    data = make_data(args.steps, args.batch, device)
+    fault = Fault(args.inject, args.inject_rel) if args.inject else None
+
+    dbg: Optional[probe.Debugger] = None
+    if not args.no_dump:
+        if args.config:
+            dbg = probe.Debugger(args.config)
+        else:
+            dbg = probe.Debugger(None, dump_path=args.dump, level=args.level, mode=args.mode)
+
+    amp = (
+        torch.autocast(device_type=device.type, dtype=torch.bfloat16)
+        if args.dtype == "bfloat16"
+        else contextlib.nullcontext()
+    )
+    t0 = time.perf_counter()
+    for step, (x, y) in enumerate(data):
+        if fault is not None:
+            fault.new_step()
+        if dbg is not None:
+            dbg.start(model)
+        opt.zero_grad(set_to_none=True)
+        with amp:
+            logits = model(x)
+            loss = F.cross_entropy(logits.float(), y)
+        loss.backward()
+        opt.step()
+        if dbg is not None:
+            dbg.stop()
+            dbg.step()
+        if not args.quiet:
+            print(f"step {step}: loss {loss.item():.6f}")
+    if dbg is not None:
+        dbg.close()
+    if not args.quiet:
+        dt = (time.perf_counter() - t0) / max(1, args.steps)
+        where = "no dump" if dbg is None else f"dump in {args.dump}"
+        print(f"{args.steps} steps, {dt * 1e3:.1f} ms/step, {where}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,83 @@
+"""Shared helpers: a tiny model, a training step, and dump readers."""
+
+from __future__ import annotations
+
+import json
+import os
+from typing import Any, Iterator
+
+import pytest
+import torch
+import torch.nn as nn
+import torch.nn.functional as F
+
+REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+SCHEMAS = os.path.join(REPO, "schemas")
+
+
+class Tiny(nn.Module):
+    """Small enough to run in milliseconds, rich enough to hit api/module/backward paths."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.fc1 = nn.Linear(8, 16)
+        self.block = nn.Sequential(nn.LayerNorm(16), nn.Linear(16, 16))
+        self.head = nn.Linear(16, 4)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        h = F.gelu(self.fc1(x))
+        h = h + self.block(h)
+        return self.head(h)
+
+
+def train(dbg: Any, steps: int = 1, seed: int = 0) -> list[float]:
+    """Run ``steps`` training steps under ``dbg`` (None = bare); returns the losses."""
+    torch.manual_seed(seed)
+    model = Tiny()
+    opt = torch.optim.SGD(model.parameters(), lr=0.1)
+    g = torch.Generator().manual_seed(seed + 1)
+    losses = []
+    for _ in range(steps):
+        x = torch.randn(4, 8, generator=g)
+        y = torch.randint(0, 4, (4,), generator=g)
+        if dbg is not None:
+            dbg.start(model)
+        opt.zero_grad()
+        loss = F.cross_entropy(model(x), y)
+        loss.backward()
+        opt.step()
+        if dbg is not None:
+            dbg.stop()
+            dbg.step()
+        losses.append(loss.item())
+    if dbg is not None:
+        dbg.close()
+    return losses
+
+
+def read_ops(folder: str) -> list[dict[str, Any]]:
+    """Read an ops.jsonl line by line, skipping an incomplete last line (as readers must)."""
+    out = []
+    with open(os.path.join(folder, "ops.jsonl"), encoding="utf-8") as fh:
+        lines = fh.read().split("\n")
+    for i, line in enumerate(lines):
+        if not line.strip():
+            continue
+        try:
+            out.append(json.loads(line))
+        except json.JSONDecodeError:
+            if i >= len(lines) - 2:
+                continue  # the truncated tail of a crashed run
+            raise
+    return out
+
+
+def iter_tensors(ops: list[dict[str, Any]]) -> Iterator[tuple[dict[str, Any], dict[str, Any]]]:
+    for op in ops:
+        for t in op["tensors"]:
+            yield op, t
+
+
+@pytest.fixture
+def dump(tmp_path: Any) -> str:
+    return str(tmp_path / "dump")

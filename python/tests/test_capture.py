@@ -1,0 +1,340 @@
+"""Records, levels, selection, dataflow and statistics of the capture agent."""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+import zlib
+from typing import Any
+
+import numpy as np
+import pytest
+import torch
+import torch.nn.functional as F
+
+import probe
+from conftest import SCHEMAS, Tiny, iter_tensors, read_ops, train
+
+
+def _keys(ops: list[dict[str, Any]]) -> list[str]:
+    return [o["op"] for o in ops]
+
+
+def test_api_level_forward_and_backward(dump: str) -> None:
+    train(probe.Debugger(None, dump_path=dump, level="api"))
+    ops = read_ops(os.path.join(dump, "step0", "rank0"))
+    keys = _keys(ops)
+    for k in ("Functional.linear.0.forward", "Functional.gelu.0.forward", "Tensor.__add__.0.forward",
+              "Functional.layer_norm.0.forward", "Functional.cross_entropy.0.forward",
+              "Functional.gelu.0.backward", "Functional.linear.0.backward"):
+        assert k in keys, k
+    assert [o["seq"] for o in ops] == list(range(len(ops)))
+    assert len(set(t["name"] for _, t in iter_tensors(ops))) == sum(1 for _ in iter_tensors(ops))
+    gelu_b = ops[keys.index("Functional.gelu.0.backward")]
+    names = {t["name"]: t for t in gelu_b["tensors"]}
+    assert set(names) == {"Functional.gelu.0.backward.input.0", "Functional.gelu.0.backward.output.0"}
+    # Nested calls inside a captured op are not captured again (F.linear -> torch internals).
+    assert not any(k.startswith("Torch.addmm") for k in keys)
+    # Optimizer in-place ops are captured (SGD uses Tensor.add_ / Torch._foreach? either way runs).
+    man = json.load(open(os.path.join(dump, "manifest.json")))
+    assert man["format"] == "probe-dump" and man["version"] == 1 and man["level"] == "api"
+
+
+def test_module_level_and_param_grads(dump: str) -> None:
+    train(probe.Debugger(None, dump_path=dump, level="module"))
+    ops = read_ops(os.path.join(dump, "step0", "rank0"))
+    keys = _keys(ops)
+    assert "Module.fc1.Linear.forward.0" in keys
+    assert "Module.block.1.Linear.forward.0" in keys
+    assert "Module.fc1.Linear.backward.0" in keys
+    assert "Module.fc1.Linear.parameters_grad" in keys
+    assert not any(k.startswith("Functional.") for k in keys)
+    pg = ops[keys.index("Module.fc1.Linear.parameters_grad")]
+    assert pg["kind"] == "parameters_grad" and pg["direction"] == "backward"
+    assert {t["name"] for t in pg["tensors"]} == {
+        "Module.fc1.Linear.parameters_grad.weight", "Module.fc1.Linear.parameters_grad.bias"}
+    fwd = ops[keys.index("Module.fc1.Linear.forward.0")]
+    roles = {t["name"].split("forward.0.")[1]: t["role"] for t in fwd["tensors"]}
+    assert roles == {"input.0": "input", "parameters.weight": "parameter",
+                     "parameters.bias": "parameter", "output.0": "output"}
+    assert fwd["module"] == "fc1"
+
+
+def test_mix_level_has_both(dump: str) -> None:
+    train(probe.Debugger(None, dump_path=dump, level="mix"))
+    keys = _keys(read_ops(os.path.join(dump, "step0", "rank0")))
+    assert "Module.head.Linear.forward.0" in keys and "Functional.linear.2.forward" in keys
+    assert "Functional.linear.2.backward" in keys and "Module.head.Linear.backward.0" in keys
+
+
+def test_training_unchanged_by_capture(dump: str) -> None:
+    bare = train(None, steps=2)
+    for level in ("api", "module", "mix"):
+        got = train(probe.Debugger(None, dump_path=f"{dump}-{level}", level=level), steps=2)
+        assert got == bare, level
+
+
+def _np_stats(a: np.ndarray) -> dict[str, float]:
+    a = a.astype(np.float64)
+    fin = a[np.isfinite(a)]
+    return {"max": float(a.max()), "min": float(a.min()), "mean": float(a.mean()),
+            "norm": float(np.sqrt((a * a).sum())), "nan": int(np.isnan(a).sum()),
+            "inf": int(np.isinf(a).sum()), "n_fin": fin.size}
+
+
+def test_statistics_match_numpy(dump: str) -> None:
+    g = torch.Generator().manual_seed(3)
+    x = torch.randn(33, 17, generator=g) * 3
+    w = torch.randn(5, 17, generator=g)
+    xi = torch.randint(-50, 50, (40,), generator=g)
+    xb = x.to(torch.bfloat16)
+    expected_out = F.linear(x, w)
+    dbg = probe.Debugger(None, dump_path=dump)
+    dbg.start()
+    F.linear(x, w)
+    torch.abs(xi)
+    torch.neg(xb)
+    torch.gt(x, 0)
+    dbg.stop()
+    dbg.close()
+    ops = {o["op"]: o for o in read_ops(os.path.join(dump, "step0", "rank0"))}
+    cases = [
+        (ops["Functional.linear.0.forward"]["tensors"][0], x.numpy()),
+        (ops["Functional.linear.0.forward"]["tensors"][1], w.numpy()),
+        (ops["Functional.linear.0.forward"]["tensors"][2], expected_out.numpy()),
+        (ops["Torch.abs.0.forward"]["tensors"][0], xi.numpy()),
+        (ops["Torch.neg.0.forward"]["tensors"][0], xb.float().numpy()),
+    ]
+    for rec, arr in cases:
+        exp = _np_stats(arr)
+        st = rec["stats"]
+        for k in ("max", "min", "mean", "norm"):
+            assert st[k] == pytest.approx(exp[k], rel=1e-5, abs=1e-6), (rec["name"], k)
+        assert st["nan"] == 0 and st["inf"] == 0
+    assert ops["Torch.abs.0.forward"]["tensors"][0]["dtype"] == "int64"
+    assert ops["Torch.neg.0.forward"]["tensors"][0]["dtype"] == "bfloat16"
+    gt_out = ops["Torch.gt.0.forward"]["tensors"][-1]
+    assert gt_out["dtype"] == "bool"
+    mask = (x > 0).numpy()
+    assert gt_out["stats"]["max"] == 1 and gt_out["stats"]["min"] == 0
+    assert gt_out["stats"]["mean"] == pytest.approx(mask.mean())
+
+
+def test_non_finite_stats_are_strings(dump: str) -> None:
+    x = torch.tensor([1.0, float("nan"), float("inf"), -2.0, float("-inf"), float("inf")])
+    y = torch.tensor([1.0, float("inf"), 3.0])
+    dbg = probe.Debugger(None, dump_path=dump)
+    dbg.start()
+    torch.abs(x)
+    torch.neg(y)
+    dbg.stop()
+    dbg.close()
+    raw = open(os.path.join(dump, "step0", "rank0", "ops.jsonl")).read()
+    assert "NaN" not in raw and "Infinity" not in raw
+    ops = {o["op"]: o for o in read_ops(os.path.join(dump, "step0", "rank0"))}
+    s = ops["Torch.abs.0.forward"]["tensors"][0]["stats"]
+    assert s["nan"] == 1 and s["inf"] == 3 and s["max"] == "nan" and s["mean"] == "nan"
+    s = ops["Torch.neg.0.forward"]["tensors"][0]["stats"]
+    assert s == {"max": "inf", "min": 1.0, "mean": "inf", "norm": "inf", "nan": 0, "inf": 1}
+    s = ops["Torch.neg.0.forward"]["tensors"][1]["stats"]
+    assert s["min"] == "-inf" and s["max"] == -1.0 and s["inf"] == 1
+
+
+def test_steps_select_exactly(dump: str) -> None:
+    train(probe.Debugger(None, dump_path=dump, steps=[1, "3-4"]), steps=6)
+    assert sorted(d for d in os.listdir(dump) if d.startswith("step")) == ["step1", "step3", "step4"]
+
+
+def test_ranks_select_exactly(dump: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("RANK", "2")
+    train(probe.Debugger(None, dump_path=dump, ranks=["0-1"]))
+    assert not os.path.exists(os.path.join(dump, "step0"))
+    train(probe.Debugger(None, dump_path=dump, ranks=[2]))
+    assert os.listdir(os.path.join(dump, "step0")) == ["rank2"]
+
+
+def test_include_exclude_filters(dump: str) -> None:
+    train(probe.Debugger(None, dump_path=dump + "1", include=["Functional.gelu", "*layer_norm*"]))
+    keys = _keys(read_ops(os.path.join(dump + "1", "step0", "rank0")))
+    assert keys and all(k.startswith(("Functional.gelu.", "Functional.layer_norm.")) for k in keys)
+    assert any(k.endswith("backward") for k in keys)
+    train(probe.Debugger(None, dump_path=dump + "2", exclude=["Functional.linear"], directions=["forward"]))
+    keys = _keys(read_ops(os.path.join(dump + "2", "step0", "rank0")))
+    assert not any(k.startswith("Functional.linear") for k in keys)
+    assert all(k.endswith("forward") for k in keys) and "Functional.gelu.0.forward" in keys
+    train(probe.Debugger(None, dump_path=dump + "3", include_modules=["block"], level="mix"))
+    ops = read_ops(os.path.join(dump + "3", "step0", "rank0"))
+    assert ops and all(o["module"] is not None and o["module"].startswith("block") for o in ops)
+    assert "Functional.layer_norm.0.forward" in _keys(ops)
+
+
+def test_data_filter_outputs_only(dump: str) -> None:
+    train(probe.Debugger(None, dump_path=dump, data=["outputs"], directions=["forward"]))
+    ops = read_ops(os.path.join(dump, "step0", "rank0"))
+    assert ops and all(t["role"] == "output" for _, t in iter_tensors(ops))
+
+
+def test_scope_range(dump: str) -> None:
+    train(probe.Debugger(None, dump_path=dump, scope=["Functional.gelu.0", "Functional.layer_norm.0"],
+                         directions=["forward"]))
+    keys = _keys(read_ops(os.path.join(dump, "step0", "rank0")))
+    assert keys[0] == "Functional.gelu.0.forward"
+    assert keys[-1] == "Functional.layer_norm.0.forward"
+    assert "Functional.linear.0.forward" not in keys and "Functional.linear.2.forward" not in keys
+
+
+def test_dataflow_src_links(dump: str) -> None:
+    w = torch.randn(4, 4, requires_grad=True)
+    x = torch.randn(3, 4)
+    dbg = probe.Debugger(None, dump_path=dump)
+    dbg.start()
+    a = F.linear(x, w)          # inputs: data batch and weight -> no src
+    b = torch.relu(a)           # src = linear output
+    c = b.T                     # property view, not captured: src via shared storage
+    d = torch.matmul(c, b)      # both inputs come from relu's output
+    e = d.clone()
+    e.add_(1.0)                 # in-place: a new id for the new version
+    f = torch.exp(e)            # src = the add_ output, not clone's
+    f.sum().backward()
+    dbg.stop()
+    dbg.close()
+    ops = {o["op"]: o for o in read_ops(os.path.join(dump, "step0", "rank0"))}
+    lin = ops["Functional.linear.0.forward"]["tensors"]
+    assert all("src" not in t or t["src"] is None for t in lin if t["role"] == "input")
+    lin_out = [t for t in lin if t["role"] == "output"][0]["id"]
+    relu = ops["Torch.relu.0.forward"]["tensors"]
+    assert relu[0]["src"] == lin_out
+    relu_out = relu[1]["id"]
+    mm = ops["Torch.matmul.0.forward"]["tensors"]
+    assert mm[0]["src"] == relu_out and mm[1]["src"] == relu_out
+    add = ops["Tensor.add_.0.forward"]["tensors"]
+    assert add[0]["src"] == ops["Tensor.clone.0.forward"]["tensors"][1]["id"]
+    add_out = [t for t in add if t["role"] == "output"][0]["id"]
+    assert ops["Torch.exp.0.forward"]["tensors"][0]["src"] == add_out
+    ids = [t["id"] for _, t in iter_tensors(list(ops.values())) if t.get("id") is not None]
+    assert len(ids) == len(set(ids))
+    # backward of relu: grad w.r.t. its output and input
+    rb = {t["name"] for t in ops["Torch.relu.0.backward"]["tensors"]}
+    assert rb == {"Torch.relu.0.backward.input.0", "Torch.relu.0.backward.output.0"}
+
+
+def test_inplace_input_stats_taken_before_the_call(dump: str) -> None:
+    x = torch.ones(10)
+    dbg = probe.Debugger(None, dump_path=dump)
+    dbg.start()
+    x.mul_(3.0)
+    x[2] = 7.0
+    dbg.stop()
+    dbg.close()
+    ops = {o["op"]: o for o in read_ops(os.path.join(dump, "step0", "rank0"))}
+    mul = ops["Tensor.mul_.0.forward"]["tensors"]
+    assert mul[0]["stats"]["max"] == 1.0 and mul[-1]["stats"]["max"] == 3.0
+    st = ops["Tensor.__setitem__.0.forward"]["tensors"]
+    assert st[0]["stats"]["max"] == 3.0 and st[-1]["role"] == "output" and st[-1]["stats"]["max"] == 7.0
+
+
+def test_recompute_marked(dump: str) -> None:
+    from torch.utils.checkpoint import checkpoint
+
+    lin = torch.nn.Linear(4, 4)
+    x = torch.randn(2, 4, requires_grad=True)
+    dbg = probe.Debugger(None, dump_path=dump, directions=["forward"])
+    dbg.start()
+    y = checkpoint(lambda t: F.gelu(lin(t)), x, use_reentrant=False)
+    y.sum().backward()
+    dbg.stop()
+    dbg.close()
+    ops = read_ops(os.path.join(dump, "step0", "rank0"))
+    # Non-reentrant checkpointing stops recomputing once the saved tensors it needs are
+    # back (early stop), so gelu itself may not be re-run, but linear (gelu's input) is.
+    lin_ops = [o for o in ops if o["op"].startswith("Functional.linear.")]
+    assert [o["recompute"] for o in lin_ops] == [False, True]
+    assert [o["op"] for o in lin_ops] == ["Functional.linear.0.forward", "Functional.linear.1.forward"]
+
+
+def test_schema_validation(dump: str) -> None:
+    jsonschema = pytest.importorskip("jsonschema")
+    train(probe.Debugger(None, dump_path=dump, level="mix", mode="checksum"))
+    op_schema = json.load(open(os.path.join(SCHEMAS, "probe-dump-op.v1.schema.json")))
+    man_schema = json.load(open(os.path.join(SCHEMAS, "probe-dump-manifest.v1.schema.json")))
+    st_schema = json.load(open(os.path.join(SCHEMAS, "probe-dump-stack.v1.schema.json")))
+    jsonschema.validate(json.load(open(os.path.join(dump, "manifest.json"))), man_schema)
+    folder = os.path.join(dump, "step0", "rank0")
+    v = jsonschema.Draft202012Validator(op_schema)
+    ops = read_ops(folder)
+    assert ops
+    for o in ops:
+        v.validate(o)
+    stack_ids = set()
+    for line in open(os.path.join(folder, "stacks.jsonl")):
+        rec = json.loads(line)
+        jsonschema.validate(rec, st_schema)
+        stack_ids.add(rec["id"])
+    assert {o["stack"] for o in ops if o.get("stack") is not None} <= stack_ids
+
+
+def test_checksum_mode_crc(dump: str) -> None:
+    x = torch.randn(5, 7)
+    dbg = probe.Debugger(None, dump_path=dump, mode="checksum")
+    dbg.start()
+    y = torch.exp(x)
+    dbg.stop()
+    dbg.close()
+    ops = read_ops(os.path.join(dump, "step0", "rank0"))
+    t_in, t_out = ops[0]["tensors"]
+    assert t_in["checksum"] == "crc32:%08x" % zlib.crc32(x.numpy().tobytes())
+    assert t_out["checksum"] == "crc32:%08x" % zlib.crc32(y.numpy().tobytes())
+
+
+def test_tensor_mode_shards_hold_every_file(dump: str) -> None:
+    from safetensors import safe_open
+
+    train(probe.Debugger(None, dump_path=dump, level="mix", mode="tensor", shard_size_mb=0.002), steps=2)
+    for step in ("step0", "step1"):
+        folder = os.path.join(dump, step, "rank0")
+        ops = read_ops(folder)
+        shards = sorted(f for f in os.listdir(folder) if f.endswith(".safetensors"))
+        assert len(shards) > 2, "small shard size must roll shards"
+        assert not [f for f in os.listdir(folder) if f.endswith(".tmp")]
+        opened = {s: safe_open(os.path.join(folder, s), "pt") for s in shards}
+        n = 0
+        for _, t in iter_tensors(ops):
+            assert "file" in t, t["name"]
+            data = opened[t["file"]].get_tensor(t["name"])
+            assert list(data.shape) == t["shape"]
+            if t["dtype"] == "float32" and data.numel():
+                assert float(data.max()) == pytest.approx(t["stats"]["max"], rel=1e-6)
+                assert float(data.double().norm()) == pytest.approx(t["stats"]["norm"], rel=1e-5)
+            n += 1
+        assert n == sum(len(list(opened[s].keys())) for s in shards)
+
+
+def test_msprobe_config_keys(tmp_path: Any) -> None:
+    cfg = {"task": "tensor", "dump_path": str(tmp_path / "d"), "rank": [0], "step": [0, 2],
+           "level": "L0", "tensor": {"scope": [], "list": ["relu"], "data_mode": ["forward"],
+                                      "summary_mode": "statistics"}}
+    p = tmp_path / "config.json"
+    p.write_text(json.dumps(cfg))
+    c = probe.Debugger(str(p)).config
+    assert (c.mode, c.level, c.steps, c.ranks) == ("tensor", "module", frozenset({0, 2}), frozenset({0}))
+    assert c.directions == ("forward",) and c.include == ["*relu*"]
+    cfg2 = {"task": "statistics", "level": "L1", "statistics": {"summary_mode": "md5"}}
+    assert probe.load_config(cfg2, {}).mode == "checksum"
+    with pytest.raises(probe.ConfigError):
+        probe.Debugger(None, level="L9")
+    with pytest.raises(probe.ConfigError):
+        probe.Debugger(None, stepz=[1])
+
+
+def test_context_manager_and_seed_all(dump: str) -> None:
+    probe.seed_all(7)
+    a = torch.rand(3)
+    probe.seed_all(7)
+    assert torch.equal(a, torch.rand(3))
+    dbg = probe.Debugger(None, dump_path=dump)
+    for _ in range(2):
+        with dbg:
+            torch.relu(torch.randn(3))
+    dbg.close()
+    assert sorted(os.listdir(dump)) == ["manifest.json", "step0", "step1"]
