@@ -145,32 +145,94 @@ pub struct CompareResult {
 }
 
 /// Pairs ranks of the two sides: by (step, rank) name, or the only rank of each side.
+///
+/// msprobe names a folder `proc<PID>` when it knows no rank, and the PID differs between
+/// runs: within a step, folders left unpaired by name are paired by sorted position when
+/// either side uses `proc` names (msprobe's own rule).
 pub fn pair_ranks(b: &DumpSet, c: &DumpSet) -> (Vec<(RankLoc, RankLoc)>, Vec<String>) {
     if b.ranks.len() == 1 && c.ranks.len() == 1 {
         return (vec![(b.ranks[0].clone(), c.ranks[0].clone())], vec![]);
     }
     let key = |l: &RankLoc| (l.step.clone(), l.rank.clone());
-    let cmap: HashMap<_, _> = c.ranks.iter().map(|l| (key(l), l)).collect();
-    let bkeys: std::collections::HashSet<_> = b.ranks.iter().map(key).collect();
-    let mut pairs = Vec::new();
-    let mut warnings = Vec::new();
-    for l in &b.ranks {
+    let cmap: HashMap<_, _> = c
+        .ranks
+        .iter()
+        .enumerate()
+        .map(|(i, l)| (key(l), i))
+        .collect();
+    let mut pairs: Vec<(usize, usize)> = Vec::new();
+    let mut b_left: Vec<usize> = Vec::new();
+    let mut c_used = vec![false; c.ranks.len()];
+    for (i, l) in b.ranks.iter().enumerate() {
         match cmap.get(&key(l)) {
-            Some(cl) => pairs.push((l.clone(), (*cl).clone())),
-            None => warnings.push(format!(
-                "{}/{} is in the benchmark only; not compared",
-                l.step, l.rank
-            )),
+            Some(&j) => {
+                pairs.push((i, j));
+                c_used[j] = true;
+            }
+            None => b_left.push(i),
         }
     }
-    for l in &c.ranks {
-        if !bkeys.contains(&key(l)) {
+    let mut warnings = Vec::new();
+    let is_proc = |l: &RankLoc| l.rank.starts_with("proc");
+    let mut b_unpaired = Vec::new();
+    let mut seen_steps: Vec<&str> = Vec::new();
+    for &i in &b_left {
+        let step = b.ranks[i].step.as_str();
+        if seen_steps.contains(&step) {
+            continue;
+        }
+        seen_steps.push(step);
+        let bl: Vec<usize> = b_left
+            .iter()
+            .copied()
+            .filter(|&k| b.ranks[k].step == step)
+            .collect();
+        let cl: Vec<usize> = (0..c.ranks.len())
+            .filter(|&k| !c_used[k] && c.ranks[k].step == step)
+            .collect();
+        let by_position =
+            bl.iter().any(|&k| is_proc(&b.ranks[k])) || cl.iter().any(|&k| is_proc(&c.ranks[k]));
+        if !by_position {
+            b_unpaired.extend(bl);
+            continue;
+        }
+        if bl.len() != cl.len() {
+            warnings.push(format!(
+                "{step}: {} unnamed rank folder(s) in the benchmark, {} in the comparison; paired by position",
+                bl.len(),
+                cl.len()
+            ));
+        }
+        for (k, &i) in bl.iter().enumerate() {
+            match cl.get(k) {
+                Some(&j) => {
+                    pairs.push((i, j));
+                    c_used[j] = true;
+                }
+                None => b_unpaired.push(i),
+            }
+        }
+    }
+    for i in b_unpaired {
+        let l = &b.ranks[i];
+        warnings.push(format!(
+            "{}/{} is in the benchmark only; not compared",
+            l.step, l.rank
+        ));
+    }
+    for (j, l) in c.ranks.iter().enumerate() {
+        if !c_used[j] {
             warnings.push(format!(
                 "{}/{} is in the comparison only; not compared",
                 l.step, l.rank
             ));
         }
     }
+    pairs.sort_unstable();
+    let pairs = pairs
+        .into_iter()
+        .map(|(i, j)| (b.ranks[i].clone(), c.ranks[j].clone()))
+        .collect();
     (pairs, warnings)
 }
 
@@ -284,13 +346,16 @@ struct Caches {
 }
 
 fn compute_metrics(row: &Row, caches: &Caches) -> Result<Option<Metrics>> {
-    let Some((Data::Safetensors { shard: bs, key: bk }, Data::Safetensors { shard: cs, key: ck })) =
-        &row.data
-    else {
+    let Some((bd, cd)) = &row.data else {
         return Ok(None);
     };
-    let bt = caches.bench.tensor(bs, bk, &row.dtype_b, &row.shape_b)?;
-    let ct = caches.cmp.tensor(cs, ck, &row.dtype_c, &row.shape_c)?;
+    let bt = caches
+        .bench
+        .open(bd, &row.name, &row.dtype_b, &row.shape_b)?;
+    let ct = caches.cmp.open(cd, &row.name, &row.dtype_c, &row.shape_c)?;
+    let (Some(bt), Some(ct)) = (bt, ct) else {
+        return Ok(None);
+    };
     Ok(Some(metrics::compare_tensors(&bt, &ct)?))
 }
 

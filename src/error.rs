@@ -50,6 +50,12 @@ pub enum ProbeError {
     /// A safetensors shard that is truncated or corrupt.
     #[error("{}: corrupt safetensors shard: {msg}", path.display())]
     BadShard { path: PathBuf, msg: String },
+    /// A `.pt` or `.npy` tensor file (msprobe dumps) that is truncated or corrupt.
+    #[error("{}: bad tensor file: {msg}", path.display())]
+    BadTensorFile { path: PathBuf, msg: String },
+    /// An msprobe `dump.json` (or `stack.json`) that does not follow msprobe's format.
+    #[error("{}: bad msprobe dump: {msg}", path.display())]
+    BadMsprobe { path: PathBuf, msg: String },
     /// Input in a format or variant this version cannot read.
     #[error("{}: unsupported: {msg}", path.display())]
     Unsupported { path: PathBuf, msg: String },

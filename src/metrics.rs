@@ -211,11 +211,14 @@ impl From<Partial> for Metrics {
     fn from(p: Partial) -> Metrics {
         let nb = p.bb.sqrt();
         let nc = p.cc.sqrt();
+        // As msprobe: a norm below float64's machine epsilon counts as zero (its workbooks
+        // give NaN for a 1e-18-norm benchmark against a 1e-11-norm comparison).
+        let zero = |x: f64| x < f64::EPSILON;
         let cosine = if p.n <= 1 {
             None
-        } else if nb == 0.0 && nc == 0.0 {
+        } else if zero(nb) && zero(nc) {
             Some(1.0)
-        } else if nb == 0.0 || nc == 0.0 {
+        } else if zero(nb) || zero(nc) {
             Some(f64::NAN)
         } else {
             Some(p.dot / (p.bb * p.cc).sqrt())

@@ -1,4 +1,5 @@
-//! Access to tensor bytes in safetensors shards, without holding dumps in memory.
+//! Access to tensor bytes in safetensors shards (and msprobe's `.pt`/`.npy` files),
+//! without holding dumps in memory.
 //!
 //! A shard's header is parsed once (validated by the `safetensors` crate); tensor bytes are
 //! then read window by window: small windows with one `pread`, large ones through a
@@ -138,6 +139,51 @@ impl ShardCache {
     }
 }
 
+impl ShardCache {
+    /// Resolves a tensor wherever it is stored (safetensors shard, `.pt`, `.npy`) and
+    /// checks it against the dtype and shape the op log records. `None` when there is no
+    /// data.
+    pub fn open(
+        &self,
+        data: &crate::dump::Data,
+        name: &str,
+        dtype_name: &str,
+        shape: &[usize],
+    ) -> Result<Option<TensorData>> {
+        use crate::dump::{npy, pt, Data};
+        let (path, dtype, file_shape, numel, offset) = match data {
+            Data::None => return Ok(None),
+            Data::Safetensors { shard, key } => {
+                return self.tensor(shard, key, dtype_name, shape).map(Some)
+            }
+            Data::Pt(p) => {
+                let t = pt::read(p, DType::parse(dtype_name))?;
+                (p, t.dtype, t.shape, t.numel, t.offset)
+            }
+            Data::Npy(p) => {
+                let t = npy::read(p)?;
+                (p, t.dtype, t.shape, t.numel, t.offset)
+            }
+        };
+        let bad = |msg: String| ProbeError::BadTensor {
+            path: path.clone(),
+            name: name.to_string(),
+            msg,
+        };
+        if let Some(d) = DType::parse(dtype_name) {
+            if d != dtype {
+                return Err(bad(format!("dump says {d}, file holds {dtype}")));
+            }
+        }
+        if file_shape != shape {
+            return Err(bad(format!(
+                "dump says shape {shape:?}, file holds {file_shape:?}"
+            )));
+        }
+        Ok(Some(TensorData::in_file(path, offset, numel, dtype)?))
+    }
+}
+
 /// A readable tensor: where its bytes are and how to decode them.
 #[derive(Debug, Clone)]
 pub struct TensorData {
@@ -151,6 +197,22 @@ pub struct TensorData {
 const PREAD_LIMIT: usize = 1 << 20;
 
 impl TensorData {
+    /// A tensor stored as `numel` contiguous elements at `offset` of a file of its own
+    /// (`.pt` storage, `.npy` data), range already checked against the file.
+    pub fn in_file(path: &Path, offset: u64, numel: usize, dtype: DType) -> Result<TensorData> {
+        let file = File::open(path).map_err(|e| ProbeError::io(path, e))?;
+        Ok(TensorData {
+            shard: Arc::new(Shard {
+                path: path.to_path_buf(),
+                file,
+                entries: HashMap::new(),
+            }),
+            offset,
+            numel,
+            dtype,
+        })
+    }
+
     /// Calls `f` with the bytes of elements `start..start+count`.
     pub fn with_window<R>(
         &self,

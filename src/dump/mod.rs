@@ -4,7 +4,10 @@
 //! A dump is read one rank at a time ([`load_rank`]); op records are small and held in
 //! memory, tensor data never is (see [`crate::tensor`]).
 
+pub mod msprobe;
+pub mod npy;
 mod probe_format;
+pub mod pt;
 
 use crate::dtype::DType;
 use crate::error::{ProbeError, Result};
@@ -110,6 +113,10 @@ pub enum Data {
         shard: PathBuf,
         key: String,
     },
+    /// A `torch.save` file holding one tensor (msprobe, PyTorch).
+    Pt(PathBuf),
+    /// A `.npy` file (msprobe, MindSpore).
+    Npy(PathBuf),
 }
 
 #[derive(Debug, Clone)]
@@ -310,10 +317,7 @@ pub fn discover(path: &Path) -> Result<DumpSet> {
 pub fn load_rank(loc: &RankLoc) -> Result<RankDump> {
     match loc.format {
         Format::Probe => probe_format::load(loc),
-        Format::Msprobe => Err(ProbeError::Unsupported {
-            path: loc.dir.clone(),
-            msg: "msprobe dumps (dump.json) are not readable by this version of probe yet".into(),
-        }),
+        Format::Msprobe => msprobe::load(loc),
     }
 }
 

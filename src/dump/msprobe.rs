@@ -1,0 +1,521 @@
+//! Reader for msprobe dumps (`dump.json`, `stack.json`, `construct.json`,
+//! `dump_tensor_data/*.pt|*.npy`), read as msprobe writes them (docs/msprobe.md).
+//!
+//! Every op entry of `dump.json` becomes an [`OpRec`] in file order (its `seq` is its
+//! position); every tensor leaf becomes a [`TensorRec`] named the way msprobe's compare
+//! names it (`<op>.input.0`, `<op>.input.<kwarg>`, `<op>.output.0.1`,
+//! `<op>.parameters.weight`). Non-tensor leaves (ints, floats, `None`, ...) are skipped.
+//! msprobe records no dataflow, so `has_dataflow` is false.
+
+use super::{Data, Direction, OpKind, OpRec, RankDump, RankLoc, Role, Stats, TensorRec};
+use crate::dtype::DType;
+use crate::error::{ProbeError, Result};
+use serde::de::{Deserialize, Deserializer, MapAccess, SeqAccess, Visitor};
+use std::collections::{BTreeMap, HashMap};
+use std::fmt;
+use std::path::Path;
+
+/// A JSON value whose objects keep their order (dump.json's op order is execution order).
+#[derive(Debug, Clone, PartialEq)]
+pub enum J {
+    Null,
+    Bool(bool),
+    Num(f64),
+    Str(String),
+    Arr(Vec<J>),
+    Obj(Vec<(String, J)>),
+}
+
+impl J {
+    fn get(&self, key: &str) -> Option<&J> {
+        match self {
+            J::Obj(kv) => kv.iter().find(|(k, _)| k == key).map(|(_, v)| v),
+            _ => None,
+        }
+    }
+    fn as_str(&self) -> Option<&str> {
+        match self {
+            J::Str(s) => Some(s),
+            _ => None,
+        }
+    }
+    fn kind(&self) -> &'static str {
+        match self {
+            J::Null => "null",
+            J::Bool(_) => "a bool",
+            J::Num(_) => "a number",
+            J::Str(_) => "a string",
+            J::Arr(_) => "a list",
+            J::Obj(_) => "an object",
+        }
+    }
+}
+
+struct JVisitor;
+
+impl<'de> Visitor<'de> for JVisitor {
+    type Value = J;
+    fn expecting(&self, f: &mut fmt::Formatter) -> fmt::Result {
+        f.write_str("a JSON value")
+    }
+    fn visit_unit<E>(self) -> std::result::Result<J, E> {
+        Ok(J::Null)
+    }
+    fn visit_none<E>(self) -> std::result::Result<J, E> {
+        Ok(J::Null)
+    }
+    fn visit_bool<E>(self, v: bool) -> std::result::Result<J, E> {
+        Ok(J::Bool(v))
+    }
+    fn visit_i64<E>(self, v: i64) -> std::result::Result<J, E> {
+        Ok(J::Num(v as f64))
+    }
+    fn visit_u64<E>(self, v: u64) -> std::result::Result<J, E> {
+        Ok(J::Num(v as f64))
+    }
+    fn visit_f64<E>(self, v: f64) -> std::result::Result<J, E> {
+        Ok(J::Num(v))
+    }
+    fn visit_str<E>(self, v: &str) -> std::result::Result<J, E> {
+        Ok(J::Str(v.to_string()))
+    }
+    fn visit_string<E>(self, v: String) -> std::result::Result<J, E> {
+        Ok(J::Str(v))
+    }
+    fn visit_seq<A: SeqAccess<'de>>(self, mut a: A) -> std::result::Result<J, A::Error> {
+        let mut v = Vec::with_capacity(a.size_hint().unwrap_or(0).min(1024));
+        while let Some(x) = a.next_element()? {
+            v.push(x);
+        }
+        Ok(J::Arr(v))
+    }
+    fn visit_map<A: MapAccess<'de>>(self, mut a: A) -> std::result::Result<J, A::Error> {
+        let mut v = Vec::with_capacity(a.size_hint().unwrap_or(0).min(1024));
+        while let Some((k, x)) = a.next_entry::<String, J>()? {
+            v.push((k, x));
+        }
+        Ok(J::Obj(v))
+    }
+}
+
+impl<'de> Deserialize<'de> for J {
+    fn deserialize<D: Deserializer<'de>>(d: D) -> std::result::Result<J, D::Error> {
+        d.deserialize_any(JVisitor)
+    }
+}
+
+/// Parses JSON text keeping object order. Public for tests and tools.
+pub fn parse_json(text: &[u8]) -> std::result::Result<J, String> {
+    serde_json::from_slice(text).map_err(|e| e.to_string())
+}
+
+/// What a tensor leaf is: anything with a dtype and a shape whose type names a tensor.
+fn is_tensor_leaf(v: &J) -> bool {
+    let Some(t) = v.get("type").and_then(J::as_str) else {
+        return false;
+    };
+    (t.contains("Tensor") || t.contains("Parameter") || t.contains("ndarray"))
+        && v.get("dtype").is_some()
+        && v.get("shape").is_some()
+}
+
+fn stat(v: Option<&J>) -> std::result::Result<Option<f64>, String> {
+    match v {
+        None | Some(J::Null) => Ok(None),
+        Some(J::Num(n)) => Ok(Some(*n)),
+        Some(J::Bool(b)) => Ok(Some(if *b { 1.0 } else { 0.0 })),
+        Some(J::Str(s)) => match s.trim().to_ascii_lowercase().as_str() {
+            "nan" | "-nan" => Ok(Some(f64::NAN)),
+            "inf" | "+inf" | "infinity" => Ok(Some(f64::INFINITY)),
+            "-inf" | "-infinity" => Ok(Some(f64::NEG_INFINITY)),
+            // Statistics msprobe could not compute (FP8, fake tensors) are strings too.
+            other => Ok(other.parse::<f64>().ok()),
+        },
+        Some(o) => Err(format!("statistic is {}, not a number", o.kind())),
+    }
+}
+
+/// A `data_name` must be a plain file name inside `dump_tensor_data/`.
+fn tensor_file(dir: &Path, name: &str) -> Option<Data> {
+    if name.is_empty()
+        || name == "-1"
+        || name.contains('/')
+        || name.contains('\\')
+        || name.starts_with('.')
+    {
+        return None;
+    }
+    let p = dir.join("dump_tensor_data").join(name);
+    if name.ends_with(".npy") {
+        Some(Data::Npy(p))
+    } else {
+        Some(Data::Pt(p))
+    }
+}
+
+struct Ctx<'a> {
+    dir: &'a Path,
+    /// Tensor files named by dump.json but absent.
+    missing: usize,
+    first_missing: Option<String>,
+}
+
+fn tensor_rec(
+    ctx: &mut Ctx,
+    v: &J,
+    name: &str,
+    role: Role,
+) -> std::result::Result<TensorRec, String> {
+    let dtype_name = match v.get("dtype") {
+        Some(J::Str(s)) => s.clone(),
+        Some(o) => return Err(format!("tensor {name}: dtype is {}", o.kind())),
+        None => String::new(),
+    };
+    let shape = match v.get("shape") {
+        Some(J::Arr(a)) => a
+            .iter()
+            .map(|d| match d {
+                J::Num(n) if *n >= 0.0 && n.fract() == 0.0 && *n < 9.0e15 => Ok(*n as usize),
+                o => Err(format!("tensor {name}: shape holds {}", o.kind())),
+            })
+            .collect::<std::result::Result<Vec<_>, _>>()?,
+        Some(J::Null) | None => vec![],
+        Some(o) => return Err(format!("tensor {name}: shape is {}", o.kind())),
+    };
+    let s = |k: &str| stat(v.get(k)).map_err(|m| format!("tensor {name}: {k}: {m}"));
+    let stats = Stats {
+        max: s("Max")?,
+        min: s("Min")?,
+        mean: s("Mean")?,
+        norm: s("Norm")?,
+        nan: None,
+        inf: None,
+    };
+    let any_stat = [stats.max, stats.min, stats.mean, stats.norm]
+        .iter()
+        .any(Option::is_some);
+    // msprobe's "md5" is an 8-hex-digit CRC-32 of the raw bytes: the same checksum probe
+    // dumps write as "crc32:<hex>", so both formats compare equal.
+    let checksum = match v.get("md5") {
+        Some(J::Str(h)) if h.len() == 8 && h.chars().all(|c| c.is_ascii_hexdigit()) => {
+            Some(format!("crc32:{}", h.to_ascii_lowercase()))
+        }
+        Some(J::Str(h)) if !h.is_empty() => Some(format!("md5:{}", h.to_ascii_lowercase())),
+        _ => None,
+    };
+    let mut data = Data::None;
+    let dtype = DType::parse(&dtype_name);
+    // A tensor of a dtype probe cannot decode (FP8, complex, ...) is compared by statistics.
+    if let (Some(J::Str(f)), Some(_)) = (v.get("data_name"), dtype) {
+        if let Some(d) = tensor_file(ctx.dir, f) {
+            let exists = match &d {
+                Data::Pt(p) | Data::Npy(p) => p.is_file(),
+                _ => false,
+            };
+            if exists {
+                data = d;
+            } else {
+                ctx.missing += 1;
+                ctx.first_missing.get_or_insert_with(|| f.clone());
+            }
+        }
+    }
+    Ok(TensorRec {
+        name: name.to_string(),
+        role,
+        dtype,
+        dtype_name,
+        shape,
+        stats: any_stat.then_some(stats),
+        checksum,
+        id: None,
+        src: None,
+        data,
+    })
+}
+
+/// Walks an argument tree, appending tensor leaves with msprobe's flattened names.
+fn walk(
+    ctx: &mut Ctx,
+    v: &J,
+    name: &mut String,
+    role: Role,
+    out: &mut Vec<TensorRec>,
+) -> std::result::Result<(), String> {
+    match v {
+        J::Arr(items) => {
+            for (i, x) in items.iter().enumerate() {
+                let len = name.len();
+                name.push('.');
+                name.push_str(&i.to_string());
+                walk(ctx, x, name, role, out)?;
+                name.truncate(len);
+            }
+        }
+        J::Obj(kv) => {
+            if is_tensor_leaf(v) {
+                out.push(tensor_rec(ctx, v, name, role)?);
+            } else if v.get("type").is_none() {
+                for (k, x) in kv {
+                    let len = name.len();
+                    name.push('.');
+                    name.push_str(k);
+                    walk(ctx, x, name, role, out)?;
+                    name.truncate(len);
+                }
+            }
+            // Any other typed leaf (int, float, bool, slice, dtype, ...) is not a tensor.
+        }
+        _ => {}
+    }
+    Ok(())
+}
+
+/// Direction and kind of an op from its key.
+fn classify(key: &str) -> (Direction, OpKind) {
+    let parts: Vec<&str> = key.split('.').collect();
+    if parts.contains(&"parameters_grad") {
+        return (Direction::Backward, OpKind::ParametersGrad);
+    }
+    let kind = if parts[0] == "Module" || parts[0] == "Cell" {
+        OpKind::Module
+    } else {
+        OpKind::Api
+    };
+    let dir = match parts
+        .iter()
+        .rev()
+        .find(|p| **p == "forward" || **p == "backward")
+    {
+        Some(&"backward") => Direction::Backward,
+        _ => Direction::Forward,
+    };
+    (dir, kind)
+}
+
+fn convert_op(ctx: &mut Ctx, key: &str, entry: &J) -> std::result::Result<OpRec, String> {
+    let (direction, kind) = classify(key);
+    let J::Obj(slots) = entry else {
+        return Err(format!(
+            "op {key}: entry is {}, expected an object",
+            entry.kind()
+        ));
+    };
+    let mut tensors = Vec::new();
+    let mut recompute = false;
+    let mut name = String::with_capacity(key.len() + 32);
+    for (slot, v) in slots {
+        let (suffix, role) = match slot.as_str() {
+            "is_recompute" => {
+                recompute = matches!(v, J::Bool(true));
+                continue;
+            }
+            "input_args" | "input_kwargs" | "input" => ("input", Role::Input),
+            "output" => ("output", Role::Output),
+            "parameters" => ("parameters", Role::Parameter),
+            other if kind == OpKind::ParametersGrad => (other, Role::Parameter),
+            other => (other, Role::Input),
+        };
+        name.clear();
+        name.push_str(key);
+        name.push('.');
+        name.push_str(suffix);
+        walk(ctx, v, &mut name, role, &mut tensors)?;
+    }
+    Ok(OpRec {
+        seq: 0,
+        key: key.to_string(),
+        kind,
+        direction,
+        module: None,
+        stack: None,
+        recompute,
+        tensors,
+    })
+}
+
+/// `stack.json`: `{"0": [[op, ...], [frame, ...]]}`, or the older `{op: [frame, ...]}`.
+/// Stacks by id, and the stack id of each op.
+type Stacks = (BTreeMap<u64, Vec<String>>, HashMap<String, u64>);
+
+fn read_stacks(path: &Path) -> Result<Stacks> {
+    let mut stacks = BTreeMap::new();
+    let mut by_op = HashMap::new();
+    if !path.is_file() {
+        return Ok((stacks, by_op));
+    }
+    let bad = |msg: String| ProbeError::BadMsprobe {
+        path: path.to_path_buf(),
+        msg,
+    };
+    let text = std::fs::read(path).map_err(|e| ProbeError::io(path, e))?;
+    let J::Obj(entries) = parse_json(&text).map_err(bad)? else {
+        return Err(bad("not a JSON object".into()));
+    };
+    let strings = |v: &J| -> Vec<String> {
+        match v {
+            J::Arr(a) => a
+                .iter()
+                .filter_map(|x| x.as_str().map(String::from))
+                .collect(),
+            J::Str(s) => vec![s.clone()],
+            _ => vec![],
+        }
+    };
+    for (i, (k, v)) in entries.iter().enumerate() {
+        match v {
+            J::Arr(a) if a.len() == 2 && matches!(a[0], J::Arr(_)) => {
+                let id = k.parse::<u64>().unwrap_or(i as u64);
+                for op in strings(&a[0]) {
+                    by_op.insert(op, id);
+                }
+                stacks.insert(id, strings(&a[1]));
+            }
+            other => {
+                let id = i as u64;
+                by_op.insert(k.clone(), id);
+                stacks.insert(id, strings(other));
+            }
+        }
+    }
+    Ok((stacks, by_op))
+}
+
+/// `construct.json`: node → parent module (or null).
+fn read_construct(path: &Path) -> Result<HashMap<String, String>> {
+    let mut out = HashMap::new();
+    if !path.is_file() {
+        return Ok(out);
+    }
+    let text = std::fs::read(path).map_err(|e| ProbeError::io(path, e))?;
+    let j = parse_json(&text).map_err(|msg| ProbeError::BadMsprobe {
+        path: path.to_path_buf(),
+        msg,
+    })?;
+    if let J::Obj(kv) = j {
+        for (k, v) in kv {
+            if let J::Str(p) = v {
+                out.insert(k, p);
+            }
+        }
+    }
+    Ok(out)
+}
+
+/// Reads one msprobe rank folder.
+pub fn load(loc: &RankLoc) -> Result<RankDump> {
+    let path = loc.dir.join("dump.json");
+    let bad = |msg: String| ProbeError::BadMsprobe {
+        path: path.clone(),
+        msg,
+    };
+    let text = std::fs::read(&path).map_err(|e| ProbeError::io(&path, e))?;
+    let root = parse_json(&text).map_err(&bad)?;
+    drop(text);
+    let J::Obj(top) = root else {
+        return Err(bad(format!(
+            "top level is {}, expected an object",
+            root.kind()
+        )));
+    };
+    let mut data = None;
+    let mut task = None;
+    for (k, v) in top {
+        match k.as_str() {
+            "data" => data = Some(v),
+            "task" => task = v.as_str().map(String::from),
+            _ => {}
+        }
+    }
+    let data = match data {
+        Some(J::Obj(d)) => d,
+        Some(o) => return Err(bad(format!("\"data\" is {}, expected an object", o.kind()))),
+        None => return Err(bad("no \"data\" object".into())),
+    };
+    let (stacks, stack_of) = read_stacks(&loc.dir.join("stack.json"))?;
+    let parents = read_construct(&loc.dir.join("construct.json"))?;
+    let mut ctx = Ctx {
+        dir: &loc.dir,
+        missing: 0,
+        first_missing: None,
+    };
+    let mut ops = Vec::with_capacity(data.len());
+    for (i, (key, entry)) in data.iter().enumerate() {
+        let mut op = convert_op(&mut ctx, key, entry).map_err(&bad)?;
+        op.seq = i as u64;
+        op.stack = stack_of.get(key).copied();
+        op.module = parents.get(key).cloned();
+        ops.push(op);
+    }
+    let mut warnings = Vec::new();
+    if ctx.missing > 0 && task.as_deref() == Some("tensor") {
+        warnings.push(format!(
+            "{}: {} tensor file(s) named in dump.json are missing (first: {}); those tensors are compared by statistics",
+            loc.dir.display(),
+            ctx.missing,
+            ctx.first_missing.unwrap_or_default()
+        ));
+    }
+    Ok(RankDump {
+        loc: loc.clone(),
+        ops,
+        stacks,
+        has_dataflow: false,
+        warnings,
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn keys_classify() {
+        assert_eq!(
+            classify("Functional.conv2d.0.forward"),
+            (Direction::Forward, OpKind::Api)
+        );
+        assert_eq!(
+            classify("Module.fc.Linear.backward.3"),
+            (Direction::Backward, OpKind::Module)
+        );
+        assert_eq!(
+            classify("Module.fc.Linear.parameters_grad"),
+            (Direction::Backward, OpKind::ParametersGrad)
+        );
+    }
+
+    #[test]
+    fn names_follow_msprobe() {
+        let j = parse_json(
+            br#"{"input_args": [{"type": "torch.Tensor", "dtype": "torch.float32", "shape": [2], "Max": 1, "Min": 0, "Mean": 0.5, "Norm": 1, "md5": "1A2B3C4D"},
+                 [{"type": "int", "value": 1}, {"type": "torch.Tensor", "dtype": "torch.bfloat16", "shape": [], "Max": "inf", "Min": null, "Mean": null, "Norm": null}], null],
+                "input_kwargs": {"w": {"type": "torch.Tensor", "dtype": "torch.int64", "shape": [3]}},
+                "output": [{"type": "torch.Tensor", "dtype": "torch.float32", "shape": [2]}],
+                "parameters": {"weight": {"type": "torch.Tensor", "dtype": "torch.float32", "shape": [2]}}}"#,
+        )
+        .unwrap();
+        let mut ctx = Ctx {
+            dir: Path::new("/nonexistent"),
+            missing: 0,
+            first_missing: None,
+        };
+        let op = convert_op(&mut ctx, "Functional.f.0.forward", &j).unwrap();
+        let names: Vec<_> = op.tensors.iter().map(|t| t.name.as_str()).collect();
+        assert_eq!(
+            names,
+            [
+                "Functional.f.0.forward.input.0",
+                "Functional.f.0.forward.input.1.1",
+                "Functional.f.0.forward.input.w",
+                "Functional.f.0.forward.output.0",
+                "Functional.f.0.forward.parameters.weight"
+            ]
+        );
+        assert_eq!(op.tensors[0].checksum.as_deref(), Some("crc32:1a2b3c4d"));
+        assert_eq!(op.tensors[1].stats.unwrap().max, Some(f64::INFINITY));
+        assert_eq!(op.tensors[3].role, Role::Output);
+        assert_eq!(op.tensors[4].role, Role::Parameter);
+        assert!(op.tensors[2].stats.is_none());
+    }
+}

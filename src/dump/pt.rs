@@ -1,0 +1,717 @@
+//! A safe reader for tensors saved with `torch.save` (the `.pt` files of msprobe dumps).
+//!
+//! A `.pt` file is a zip archive holding `<name>/data.pkl` (a pickle describing the object)
+//! and one raw, uncompressed entry `<name>/data/<key>` per storage. The pickle is run by a
+//! small interpreter that knows only the opcodes and the handful of globals a saved tensor
+//! needs (`torch._utils._rebuild_tensor_v2` of a typed storage, `collections.OrderedDict`,
+//! the `torch.*Storage` classes). It never imports or calls anything: a global it does not
+//! know is an error naming the file. The tensor's bytes are not read here; [`read`]
+//! returns where they lie in the file, so compare reads them window by window like any
+//! other tensor.
+
+use crate::dtype::DType;
+use crate::error::{ProbeError, Result};
+use std::cell::RefCell;
+use std::collections::HashMap;
+use std::io::Read;
+use std::path::Path;
+use std::rc::Rc;
+
+/// Largest `data.pkl` accepted: a saved tensor's pickle is a few hundred bytes.
+const MAX_PICKLE: u64 = 16 << 20;
+/// Largest number of opcodes run, and deepest stack, before giving up.
+const MAX_OPS: usize = 1 << 20;
+const MAX_STACK: usize = 1 << 16;
+
+/// Element type of a storage class (`None` for `UntypedStorage`: bytes of unknown type).
+fn storage_dtype(module: &str, name: &str) -> Option<Option<DType>> {
+    if name == "UntypedStorage" && (module == "torch.storage" || module == "torch") {
+        return Some(None);
+    }
+    if module != "torch" {
+        return None;
+    }
+    Some(Some(match name {
+        "FloatStorage" => DType::F32,
+        "DoubleStorage" => DType::F64,
+        "HalfStorage" => DType::F16,
+        "BFloat16Storage" => DType::BF16,
+        "LongStorage" => DType::I64,
+        "IntStorage" => DType::I32,
+        "ShortStorage" => DType::I16,
+        "CharStorage" => DType::I8,
+        "ByteStorage" => DType::U8,
+        "BoolStorage" => DType::Bool,
+        _ => return None,
+    }))
+}
+
+#[derive(Debug, Clone, Copy, PartialEq)]
+enum Global {
+    RebuildTensorV2,
+    RebuildParameter,
+    RebuildFromTypeV2,
+    OrderedDict,
+    /// `torch.Tensor` / `torch.nn.parameter.Parameter` as the type argument of
+    /// `_rebuild_from_type_v2`.
+    TensorType,
+    Storage(Option<DType>),
+}
+
+fn resolve_global(module: &str, name: &str) -> std::result::Result<Global, String> {
+    if let Some(dt) = storage_dtype(module, name) {
+        return Ok(Global::Storage(dt));
+    }
+    Ok(match (module, name) {
+        ("torch._utils", "_rebuild_tensor_v2") => Global::RebuildTensorV2,
+        ("torch._utils", "_rebuild_parameter") => Global::RebuildParameter,
+        ("torch._tensor", "_rebuild_from_type_v2") => Global::RebuildFromTypeV2,
+        ("collections", "OrderedDict") => Global::OrderedDict,
+        ("torch", "Tensor") | ("torch.nn.parameter", "Parameter") => Global::TensorType,
+        _ => {
+            return Err(format!(
+                "pickle refers to {module}.{name}, which a saved tensor does not need; not loaded"
+            ))
+        }
+    })
+}
+
+/// A storage named by a persistent id.
+#[derive(Debug, Clone, PartialEq)]
+struct StorageRef {
+    dtype: Option<DType>,
+    key: String,
+    /// Elements (bytes for an untyped storage).
+    numel: u64,
+}
+
+/// A tensor rebuilt from the pickle, not yet checked against the archive.
+#[derive(Debug, Clone, PartialEq)]
+pub struct PickledTensor {
+    pub dtype: Option<DType>,
+    pub storage_key: String,
+    /// Storage length in elements (bytes when `dtype` is `None`).
+    pub storage_numel: u64,
+    pub storage_offset: u64,
+    pub shape: Vec<usize>,
+    pub stride: Vec<i64>,
+}
+
+#[derive(Debug, Clone)]
+enum V {
+    Mark,
+    None,
+    Bool(bool),
+    Int(i64),
+    Float,
+    Str(String),
+    Bytes,
+    Tuple(Vec<Val>),
+    List(Rc<RefCell<Vec<Val>>>),
+    Dict(Rc<RefCell<Vec<(Val, Val)>>>),
+    Global(Global),
+    Storage(StorageRef),
+    Tensor(Box<PickledTensor>),
+}
+
+type Val = Rc<V>;
+
+impl V {
+    fn kind(&self) -> &'static str {
+        match self {
+            V::Mark => "mark",
+            V::None => "None",
+            V::Bool(_) => "bool",
+            V::Int(_) => "int",
+            V::Float => "float",
+            V::Str(_) => "str",
+            V::Bytes => "bytes",
+            V::Tuple(_) => "tuple",
+            V::List(_) => "list",
+            V::Dict(_) => "dict",
+            V::Global(_) => "class or function",
+            V::Storage(_) => "storage",
+            V::Tensor(_) => "tensor",
+        }
+    }
+}
+
+struct Reader<'a> {
+    b: &'a [u8],
+    pos: usize,
+}
+
+impl<'a> Reader<'a> {
+    fn take(&mut self, n: usize) -> std::result::Result<&'a [u8], String> {
+        let end = self
+            .pos
+            .checked_add(n)
+            .filter(|&e| e <= self.b.len())
+            .ok_or_else(|| format!("pickle ends early (needs {n} bytes at byte {})", self.pos))?;
+        let s = &self.b[self.pos..end];
+        self.pos = end;
+        Ok(s)
+    }
+    fn u8(&mut self) -> std::result::Result<u8, String> {
+        Ok(self.take(1)?[0])
+    }
+    fn le<const N: usize>(&mut self) -> std::result::Result<[u8; N], String> {
+        let mut a = [0u8; N];
+        a.copy_from_slice(self.take(N)?);
+        Ok(a)
+    }
+    fn line(&mut self) -> std::result::Result<&'a str, String> {
+        let rest = &self.b[self.pos..];
+        let n = rest
+            .iter()
+            .position(|&c| c == b'\n')
+            .ok_or("pickle ends inside a text argument")?;
+        let s = std::str::from_utf8(&rest[..n]).map_err(|_| "text argument is not UTF-8")?;
+        self.pos += n + 1;
+        Ok(s)
+    }
+    fn string(&mut self, n: usize) -> std::result::Result<String, String> {
+        let s = self.take(n)?;
+        String::from_utf8(s.to_vec()).map_err(|_| "string is not UTF-8".to_string())
+    }
+}
+
+fn as_int(v: &V, what: &str) -> std::result::Result<i64, String> {
+    match v {
+        V::Int(i) => Ok(*i),
+        V::Bool(b) => Ok(*b as i64),
+        o => Err(format!("{what} is a {}, expected an int", o.kind())),
+    }
+}
+
+fn int_tuple(v: &V, what: &str) -> std::result::Result<Vec<i64>, String> {
+    match v {
+        V::Tuple(items) => items.iter().map(|x| as_int(x, what)).collect(),
+        V::List(items) => items.borrow().iter().map(|x| as_int(x, what)).collect(),
+        o => Err(format!("{what} is a {}, expected a tuple", o.kind())),
+    }
+}
+
+fn persistent_load(pid: &V) -> std::result::Result<V, String> {
+    let V::Tuple(items) = pid else {
+        return Err(format!(
+            "persistent id is a {}, expected a tuple",
+            pid.kind()
+        ));
+    };
+    match items.first().map(|v| &**v) {
+        Some(V::Str(s)) if s == "storage" => {}
+        _ => return Err("persistent id is not a ('storage', ...) record".into()),
+    }
+    if items.len() != 5 {
+        return Err(format!(
+            "storage record has {} fields, expected 5",
+            items.len()
+        ));
+    }
+    let dtype = match &*items[1] {
+        V::Global(Global::Storage(dt)) => *dt,
+        o => {
+            return Err(format!(
+                "storage type is a {}, expected a storage class",
+                o.kind()
+            ))
+        }
+    };
+    let key = match &*items[2] {
+        V::Str(s) => s.clone(),
+        o => return Err(format!("storage key is a {}, expected a str", o.kind())),
+    };
+    // A key is a file name inside the archive: refuse anything that could name another entry.
+    if key.is_empty() || !key.chars().all(|c| c.is_ascii_alphanumeric() || c == '_') {
+        return Err(format!("storage key {key:?} is not a plain name"));
+    }
+    let numel = as_int(&items[4], "storage size")?;
+    let numel = u64::try_from(numel).map_err(|_| format!("storage size {numel} is negative"))?;
+    Ok(V::Storage(StorageRef { dtype, key, numel }))
+}
+
+fn rebuild_tensor_v2(args: &[Val]) -> std::result::Result<V, String> {
+    if !(4..=7).contains(&args.len()) {
+        return Err(format!(
+            "_rebuild_tensor_v2 called with {} arguments",
+            args.len()
+        ));
+    }
+    let V::Storage(st) = &*args[0] else {
+        return Err(format!(
+            "_rebuild_tensor_v2: first argument is a {}, expected a storage",
+            args[0].kind()
+        ));
+    };
+    let offset = as_int(&args[1], "storage offset")?;
+    let offset =
+        u64::try_from(offset).map_err(|_| format!("storage offset {offset} is negative"))?;
+    let shape = int_tuple(&args[2], "size")?
+        .into_iter()
+        .map(|d| usize::try_from(d).map_err(|_| format!("negative dimension {d}")))
+        .collect::<std::result::Result<Vec<_>, _>>()?;
+    let stride = int_tuple(&args[3], "stride")?;
+    if stride.len() != shape.len() {
+        return Err(format!(
+            "size has {} dimensions, stride {}",
+            shape.len(),
+            stride.len()
+        ));
+    }
+    Ok(V::Tensor(Box::new(PickledTensor {
+        dtype: st.dtype,
+        storage_key: st.key.clone(),
+        storage_numel: st.numel,
+        storage_offset: offset,
+        shape,
+        stride,
+    })))
+}
+
+fn call(f: Global, args: &V) -> std::result::Result<V, String> {
+    let V::Tuple(args) = args else {
+        return Err(format!(
+            "call arguments are a {}, expected a tuple",
+            args.kind()
+        ));
+    };
+    match f {
+        Global::RebuildTensorV2 => rebuild_tensor_v2(args),
+        Global::OrderedDict if args.is_empty() => Ok(V::Dict(Rc::default())),
+        Global::RebuildParameter if !args.is_empty() => match &*args[0] {
+            V::Tensor(t) => Ok(V::Tensor(t.clone())),
+            o => Err(format!("_rebuild_parameter of a {}", o.kind())),
+        },
+        Global::RebuildFromTypeV2 if args.len() >= 3 => {
+            // (func, new_type, args, state): only a plain tensor or parameter type.
+            match (&*args[0], &*args[1]) {
+                (V::Global(inner), V::Global(Global::TensorType)) => call(*inner, &args[2]),
+                _ => Err("_rebuild_from_type_v2 of an unknown type".into()),
+            }
+        }
+        g => Err(format!(
+            "{g:?} cannot be called with {} arguments",
+            args.len()
+        )),
+    }
+}
+
+fn pop_mark(stack: &mut Vec<Val>) -> std::result::Result<Vec<Val>, String> {
+    let m = stack
+        .iter()
+        .rposition(|v| matches!(**v, V::Mark))
+        .ok_or("no mark on the pickle stack")?;
+    let items = stack.split_off(m + 1);
+    stack.pop();
+    Ok(items)
+}
+
+/// Runs the restricted pickle machine over `data.pkl` and returns the tensor it builds.
+pub fn parse_pickle(bytes: &[u8]) -> std::result::Result<PickledTensor, String> {
+    let mut r = Reader { b: bytes, pos: 0 };
+    let mut stack: Vec<Val> = Vec::new();
+    let mut memo: HashMap<u32, Val> = HashMap::new();
+    let pop = |stack: &mut Vec<Val>| stack.pop().ok_or("pickle stack underflow".to_string());
+    let top = |stack: &Vec<Val>| {
+        stack
+            .last()
+            .cloned()
+            .ok_or("pickle stack is empty".to_string())
+    };
+    for _ in 0..MAX_OPS {
+        if stack.len() > MAX_STACK {
+            return Err("pickle stack grows too deep".into());
+        }
+        let at = r.pos;
+        let op = r.u8()?;
+        let v: V = match op {
+            0x80 => {
+                let p = r.u8()?;
+                if p > 5 {
+                    return Err(format!("pickle protocol {p} is not supported"));
+                }
+                continue;
+            }
+            0x95 => {
+                r.take(8)?; // FRAME: a length hint only
+                continue;
+            }
+            b'.' => {
+                let v = pop(&mut stack)?;
+                return match &*v {
+                    V::Tensor(t) => Ok((**t).clone()),
+                    o => Err(format!(
+                        "the file holds a {}, not a single tensor (msprobe saves one tensor per file)",
+                        o.kind()
+                    )),
+                };
+            }
+            b'(' => V::Mark,
+            b'0' => {
+                pop(&mut stack)?;
+                continue;
+            }
+            b'1' => {
+                pop_mark(&mut stack)?;
+                continue;
+            }
+            b'2' => {
+                let t = top(&stack)?;
+                stack.push(t);
+                continue;
+            }
+            b'N' => V::None,
+            0x88 => V::Bool(true),
+            0x89 => V::Bool(false),
+            b'J' => V::Int(i32::from_le_bytes(r.le()?) as i64),
+            b'K' => V::Int(r.u8()? as i64),
+            b'M' => V::Int(u16::from_le_bytes(r.le()?) as i64),
+            0x8a => {
+                let n = r.u8()? as usize;
+                let b = r.take(n)?;
+                if n > 8 {
+                    return Err(format!("integer of {n} bytes is too large"));
+                }
+                let mut a = if b.last().is_some_and(|x| x & 0x80 != 0) {
+                    [0xffu8; 8]
+                } else {
+                    [0u8; 8]
+                };
+                a[..n].copy_from_slice(b);
+                V::Int(i64::from_le_bytes(a))
+            }
+            b'I' => {
+                let s = r.line()?;
+                match s {
+                    "00" => V::Bool(false),
+                    "01" => V::Bool(true),
+                    _ => V::Int(s.parse().map_err(|_| format!("bad INT {s:?}"))?),
+                }
+            }
+            b'G' => {
+                r.take(8)?;
+                V::Float
+            }
+            b'X' => {
+                let n = u32::from_le_bytes(r.le()?) as usize;
+                V::Str(r.string(n)?)
+            }
+            0x8c => {
+                let n = r.u8()? as usize;
+                V::Str(r.string(n)?)
+            }
+            0x8d => {
+                let n = u64::from_le_bytes(r.le()?);
+                let n = usize::try_from(n).map_err(|_| "string too long")?;
+                V::Str(r.string(n)?)
+            }
+            b'U' | b'C' => {
+                let n = r.u8()? as usize;
+                r.take(n)?;
+                V::Bytes
+            }
+            b'T' | b'B' => {
+                let n = u32::from_le_bytes(r.le()?) as usize;
+                r.take(n)?;
+                V::Bytes
+            }
+            b')' => V::Tuple(vec![]),
+            b't' => V::Tuple(pop_mark(&mut stack)?),
+            0x85..=0x87 => {
+                let n = (op - 0x84) as usize;
+                if stack.len() < n {
+                    return Err("pickle stack underflow".into());
+                }
+                let items = stack.split_off(stack.len() - n);
+                if items.iter().any(|v| matches!(**v, V::Mark)) {
+                    return Err("a mark inside a tuple".into());
+                }
+                V::Tuple(items)
+            }
+            b']' => V::List(Rc::default()),
+            b'l' => V::List(Rc::new(RefCell::new(pop_mark(&mut stack)?))),
+            b'a' | b'e' => {
+                let items = if op == b'a' {
+                    vec![pop(&mut stack)?]
+                } else {
+                    pop_mark(&mut stack)?
+                };
+                let l = top(&stack)?;
+                let V::List(l) = &*l else {
+                    return Err(format!("append to a {}", l.kind()));
+                };
+                l.borrow_mut().extend(items);
+                continue;
+            }
+            b'}' => V::Dict(Rc::default()),
+            b'd' | b'u' | b's' => {
+                let items = if op == b's' {
+                    let v = pop(&mut stack)?;
+                    let k = pop(&mut stack)?;
+                    vec![k, v]
+                } else {
+                    pop_mark(&mut stack)?
+                };
+                if items.len() % 2 != 0 {
+                    return Err("odd number of dict items".into());
+                }
+                let pairs: Vec<(Val, Val)> = items
+                    .chunks_exact(2)
+                    .map(|kv| (kv[0].clone(), kv[1].clone()))
+                    .collect();
+                if op == b'd' {
+                    V::Dict(Rc::new(RefCell::new(pairs)))
+                } else {
+                    let d = top(&stack)?;
+                    let V::Dict(d) = &*d else {
+                        return Err(format!("set item on a {}", d.kind()));
+                    };
+                    d.borrow_mut().extend(pairs);
+                    continue;
+                }
+            }
+            b'q' | b'r' | 0x94 => {
+                let idx = match op {
+                    b'q' => r.u8()? as u32,
+                    b'r' => u32::from_le_bytes(r.le()?),
+                    _ => memo.len() as u32,
+                };
+                memo.insert(idx, top(&stack)?);
+                continue;
+            }
+            b'h' | b'j' => {
+                let idx = if op == b'h' {
+                    r.u8()? as u32
+                } else {
+                    u32::from_le_bytes(r.le()?)
+                };
+                let v = memo
+                    .get(&idx)
+                    .cloned()
+                    .ok_or_else(|| format!("memo entry {idx} read before it is written"))?;
+                stack.push(v);
+                continue;
+            }
+            b'c' => {
+                let module = r.line()?.to_string();
+                let name = r.line()?;
+                V::Global(resolve_global(&module, name)?)
+            }
+            0x93 => {
+                let name = pop(&mut stack)?;
+                let module = pop(&mut stack)?;
+                match (&*module, &*name) {
+                    (V::Str(m), V::Str(n)) => V::Global(resolve_global(m, n)?),
+                    _ => return Err("STACK_GLOBAL without two strings".into()),
+                }
+            }
+            b'R' => {
+                let args = pop(&mut stack)?;
+                let f = pop(&mut stack)?;
+                let V::Global(g) = &*f else {
+                    return Err(format!("call of a {}", f.kind()));
+                };
+                call(*g, &args)?
+            }
+            b'Q' => {
+                let pid = pop(&mut stack)?;
+                persistent_load(&pid)?
+            }
+            b'b' => {
+                // BUILD: only the empty state of an OrderedDict or a tensor is accepted.
+                let state = pop(&mut stack)?;
+                let obj = top(&stack)?;
+                let empty = match &*state {
+                    V::None => true,
+                    V::Dict(d) => d.borrow().is_empty(),
+                    V::Tuple(t) => t.is_empty(),
+                    _ => false,
+                };
+                if !(empty && matches!(*obj, V::Dict(_) | V::Tensor(_))) {
+                    return Err(format!("BUILD of a {} with state", obj.kind()));
+                }
+                continue;
+            }
+            other => {
+                return Err(format!(
+                    "pickle opcode 0x{other:02x} at byte {at} is not supported"
+                ))
+            }
+        };
+        stack.push(Rc::new(v));
+    }
+    Err("pickle runs too long".into())
+}
+
+/// A tensor inside a `.pt` file, located and checked.
+#[derive(Debug, Clone, PartialEq)]
+pub struct PtTensor {
+    pub dtype: DType,
+    pub shape: Vec<usize>,
+    pub numel: usize,
+    /// Absolute byte offset of the first element in the file.
+    pub offset: u64,
+}
+
+fn contiguous(shape: &[usize], stride: &[i64]) -> bool {
+    let mut expect: i64 = 1;
+    for (&d, &s) in shape.iter().zip(stride).rev() {
+        if d != 1 && s != expect {
+            return false;
+        }
+        expect = expect.saturating_mul(d as i64);
+    }
+    true
+}
+
+/// Reads the description of the tensor saved in `path` and where its bytes are.
+///
+/// `dtype_hint` is the dtype the dump records: used only for an untyped storage, whose
+/// element type the file does not say.
+pub fn read(path: &Path, dtype_hint: Option<DType>) -> Result<PtTensor> {
+    let bad = |msg: String| ProbeError::BadTensorFile {
+        path: path.to_path_buf(),
+        msg,
+    };
+    let unsupported = |msg: String| ProbeError::Unsupported {
+        path: path.to_path_buf(),
+        msg,
+    };
+    let file = std::fs::File::open(path).map_err(|e| ProbeError::io(path, e))?;
+    let file_len = file.metadata().map_err(|e| ProbeError::io(path, e))?.len();
+    let mut zip = zip::ZipArchive::new(std::io::BufReader::new(file)).map_err(|e| {
+        bad(format!(
+            "not a torch.save zip archive ({e}); legacy (pre-1.6) .pt files are not supported"
+        ))
+    })?;
+    let pkl_name = zip
+        .file_names()
+        .filter_map(|n| n.ok())
+        .find(|n| {
+            n.strip_suffix("data.pkl")
+                .is_some_and(|p| p.ends_with('/') && p.matches('/').count() == 1)
+        })
+        .map(|n| n.into_owned())
+        .ok_or_else(|| bad("no <archive>/data.pkl entry".into()))?;
+    let prefix = pkl_name.trim_end_matches("data.pkl").to_string();
+    let pickle = {
+        let e = zip
+            .by_name(&pkl_name)
+            .map_err(|e| bad(format!("{pkl_name}: {e}")))?;
+        if e.size() > MAX_PICKLE {
+            return Err(bad(format!("{pkl_name} is {} bytes: too large", e.size())));
+        }
+        let mut buf = Vec::with_capacity(e.size() as usize);
+        e.take(MAX_PICKLE)
+            .read_to_end(&mut buf)
+            .map_err(|e| bad(format!("{pkl_name}: {e}")))?;
+        buf
+    };
+    if let Ok(mut e) = zip.by_name(&format!("{prefix}byteorder")) {
+        let mut s = String::new();
+        let _ = (&mut e).take(16).read_to_string(&mut s);
+        if s.trim() != "little" {
+            return Err(unsupported(format!(
+                "byte order {:?}; only little-endian files are read",
+                s.trim()
+            )));
+        }
+    }
+    let t = parse_pickle(&pickle).map_err(|m| bad(format!("{pkl_name}: {m}")))?;
+    let (dtype, storage_bytes) = match t.dtype {
+        Some(d) => (
+            d,
+            t.storage_numel
+                .checked_mul(d.size() as u64)
+                .ok_or_else(|| bad("storage size overflows".into()))?,
+        ),
+        None => {
+            let d = dtype_hint.ok_or_else(|| {
+                unsupported("untyped storage and no dtype recorded for it".into())
+            })?;
+            (d, t.storage_numel)
+        }
+    };
+    if !contiguous(&t.shape, &t.stride) {
+        return Err(unsupported(format!(
+            "non-contiguous tensor (size {:?}, stride {:?})",
+            t.shape, t.stride
+        )));
+    }
+    let numel = t
+        .shape
+        .iter()
+        .try_fold(1usize, |a, &d| a.checked_mul(d))
+        .ok_or_else(|| bad(format!("size {:?} overflows", t.shape)))?;
+    let esize = dtype.size() as u64;
+    let end = t
+        .storage_offset
+        .checked_add(numel as u64)
+        .and_then(|e| e.checked_mul(esize))
+        .ok_or_else(|| bad("tensor extent overflows".into()))?;
+    if end > storage_bytes {
+        return Err(bad(format!(
+            "tensor (offset {}, {numel} elements of {dtype}) runs past its storage of {storage_bytes} bytes",
+            t.storage_offset
+        )));
+    }
+    let entry = format!("{prefix}data/{}", t.storage_key);
+    let e = zip
+        .by_name(&entry)
+        .map_err(|e| bad(format!("storage entry {entry}: {e}")))?;
+    if e.compression() != zip::CompressionMethod::Stored {
+        return Err(unsupported(format!(
+            "storage entry {entry} is compressed ({}); torch.save stores storages uncompressed",
+            e.compression()
+        )));
+    }
+    if e.size() < storage_bytes {
+        return Err(bad(format!(
+            "storage entry {entry} holds {} bytes, the pickle says {storage_bytes}",
+            e.size()
+        )));
+    }
+    let start = e
+        .data_start()
+        .ok_or_else(|| bad(format!("storage entry {entry}: data offset unknown")))?;
+    if start.checked_add(e.size()).is_none_or(|x| x > file_len) {
+        return Err(bad(format!(
+            "storage entry {entry} runs past the end of the file"
+        )));
+    }
+    Ok(PtTensor {
+        dtype,
+        shape: t.shape,
+        numel,
+        offset: start + t.storage_offset * esize,
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn contiguity() {
+        assert!(contiguous(&[2, 3], &[3, 1]));
+        assert!(contiguous(&[], &[]));
+        assert!(contiguous(&[1, 3], &[99, 1]));
+        assert!(!contiguous(&[2, 3], &[1, 2]));
+    }
+
+    #[test]
+    fn refuses_unknown_globals() {
+        let p = b"\x80\x02cos\nsystem\nq\x00.";
+        let e = parse_pickle(p).unwrap_err();
+        assert!(e.contains("os.system"), "{e}");
+    }
+
+    #[test]
+    fn truncated_pickles_are_errors() {
+        let p = b"\x80\x02ctorch._utils\n_rebuild_tensor_v2\nq\x00(";
+        for n in 0..p.len() {
+            assert!(parse_pickle(&p[..n]).is_err());
+        }
+    }
+}
