@@ -29,7 +29,9 @@ ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 
 def _load_example() -> Any:
-    spec = importlib.util.spec_from_file_location("train_small", os.path.join(ROOT, "examples", "train_small.py"))
+    spec = importlib.util.spec_from_file_location(
+        "train_small", os.path.join(ROOT, "examples", "train_small.py")
+    )
     assert spec is not None and spec.loader is not None
     mod = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(mod)
@@ -90,7 +92,9 @@ class Runner:
 
 
 def main() -> int:
-    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
     ap.add_argument("--device", default="cpu")
     ap.add_argument("--steps", type=int, default=10)
     ap.add_argument("--batch", type=int, default=16)
@@ -117,7 +121,12 @@ def main() -> int:
                     d.stop()
                     d.step()
 
-                runners.append((f"probe {mode:<10} {level:<6}", Runner(ex, device, args.batch, dbg.start, stop)))
+                runners.append(
+                    (
+                        f"probe {mode:<10} {level:<6}",
+                        Runner(ex, device, args.batch, dbg.start, stop),
+                    )
+                )
         ms = _msprobe_runner(ex, device, args, tmp)
         if ms is not None:
             runners.append(("msprobe statistics L1", ms))
@@ -140,16 +149,22 @@ def main() -> int:
     finally:
         shutil.rmtree(tmp, ignore_errors=True)
 
-    print(f"device {device}, torch {torch.__version__}, threads {torch.get_num_threads()}, "
-          f"batch {args.batch}, median of {args.steps} interleaved steps")
+    print(
+        f"device {device}, torch {torch.__version__}, threads {torch.get_num_threads()}, "
+        f"batch {args.batch}, median of {args.steps} interleaved steps"
+    )
     print(f"{'configuration':<28} {'ms/step':>9} {'ratio':>7}")
     for name, t in rows:
         print(f"{name:<28} {t * 1e3:9.1f} {t / bare:7.2f}x")
     ms_rows = [t for n, t in rows if n.startswith("msprobe")]
-    stat_api = [t for n, t in rows if n.startswith("probe statistics") and n.rstrip().endswith("api")]
+    stat_api = [
+        t for n, t in rows if n.startswith("probe statistics") and n.rstrip().endswith("api")
+    ]
     if ms_rows and stat_api:
         over_probe = max(stat_api[0] - bare, 1e-9)
-        print(f"msprobe overhead / probe overhead (statistics, api): {(ms_rows[0] - bare) / over_probe:.1f}x")
+        print(
+            f"msprobe overhead / probe overhead (statistics, api): {(ms_rows[0] - bare) / over_probe:.1f}x"
+        )
     return 0
 
 
@@ -164,9 +179,22 @@ def _msprobe_runner(ex: Any, device: torch.device, args: Any, tmp: str) -> Optio
 
     cfg = os.path.join(tmp, "msprobe.json")
     with open(cfg, "w") as fh:
-        json.dump({"task": "statistics", "dump_path": os.path.join(tmp, "msprobe"), "rank": [],
-                   "step": [], "level": "L1", "statistics": {"scope": [], "list": [],
-                   "data_mode": ["all"], "summary_mode": "statistics"}}, fh)
+        json.dump(
+            {
+                "task": "statistics",
+                "dump_path": os.path.join(tmp, "msprobe"),
+                "rank": [],
+                "step": [],
+                "level": "L1",
+                "statistics": {
+                    "scope": [],
+                    "list": [],
+                    "data_mode": ["all"],
+                    "summary_mode": "statistics",
+                },
+            },
+            fh,
+        )
     dbg = PrecisionDebugger(config_path=cfg)
 
     def stop() -> None:

@@ -91,7 +91,9 @@ class Fault:
     def __init__(self, spec: str, rel: float) -> None:
         parts = spec.split(".")
         if len(parts) < 2 or parts[0] not in _OWNERS:
-            raise SystemExit(f"--inject: expected e.g. Functional.gelu or Functional.gelu.0, got {spec!r}")
+            raise SystemExit(
+                f"--inject: expected e.g. Functional.gelu or Functional.gelu.0, got {spec!r}"
+            )
         self.owner = _OWNERS[parts[0]]()
         self.name = parts[1]
         self.index: Optional[int] = int(parts[2]) if len(parts) > 2 and parts[2].isdigit() else None
@@ -114,7 +116,9 @@ class Fault:
         self.calls = 0
 
 
-def make_data(steps: int, batch: int, device: torch.device) -> list[tuple[torch.Tensor, torch.Tensor]]:
+def make_data(
+    steps: int, batch: int, device: torch.device
+) -> list[tuple[torch.Tensor, torch.Tensor]]:
     """Generated data: seeded, so both runs of a comparison see the same batches."""
     g = torch.Generator().manual_seed(1234)
     data = []
@@ -134,10 +138,16 @@ def resolve_device(name: str) -> torch.device:
 
 
 def main(argv: Optional[list[str]] = None) -> int:
-    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
     ap.add_argument("--device", choices=["cpu", "cuda", "npu"], default="cpu")
-    ap.add_argument("--dtype", choices=["float32", "bfloat16"], default="float32",
-                    help="bfloat16 runs forward under autocast")
+    ap.add_argument(
+        "--dtype",
+        choices=["float32", "bfloat16"],
+        default="float32",
+        help="bfloat16 runs forward under autocast",
+    )
     ap.add_argument("--steps", type=int, default=2)
     ap.add_argument("--batch", type=int, default=16)
     ap.add_argument("--seed", type=int, default=0)

@@ -17,4 +17,12 @@ from .config import CaptureConfig, ConfigError, load_config  # noqa: E402
 from .debugger import Debugger, seed_all  # noqa: E402
 from .config_pack import ConfigPack  # noqa: E402
 
-__all__ = ["Debugger", "seed_all", "ConfigPack", "CaptureConfig", "ConfigError", "load_config", "__version__"]
+__all__ = [
+    "Debugger",
+    "seed_all",
+    "ConfigPack",
+    "CaptureConfig",
+    "ConfigError",
+    "load_config",
+    "__version__",
+]

@@ -21,9 +21,22 @@ DATA = ("inputs", "outputs")
 _MSPROBE_LEVELS = {"L0": "module", "L1": "api", "mix": "mix", "L2": "api"}
 
 NATIVE_KEYS = {
-    "dump_path", "steps", "ranks", "level", "mode", "directions", "data", "include",
-    "exclude", "include_modules", "exclude_modules", "scope", "stack", "shard_size_mb",
-    "queue_size", "device",
+    "dump_path",
+    "steps",
+    "ranks",
+    "level",
+    "mode",
+    "directions",
+    "data",
+    "include",
+    "exclude",
+    "include_modules",
+    "exclude_modules",
+    "scope",
+    "stack",
+    "shard_size_mb",
+    "queue_size",
+    "device",
 }
 
 
@@ -57,7 +70,7 @@ def parse_selection(value: Any, what: str) -> Optional[frozenset[int]]:
                 else:
                     out.add(int(text))
             except ValueError:
-                raise ConfigError(f"{what}: cannot parse {item!r} (use 3 or \"2-5\")") from None
+                raise ConfigError(f'{what}: cannot parse {item!r} (use 3 or "2-5")') from None
         elif isinstance(item, (list, tuple)) and len(item) == 2:
             out.update(range(int(item[0]), int(item[1]) + 1))
         else:
@@ -244,7 +257,9 @@ def load_config(
     if not dirs or any(d not in DIRECTIONS for d in dirs):
         raise ConfigError(f"directions: {dirs!r} must be a non-empty subset of {DIRECTIONS}")
     c.directions = tuple(dirs)
-    data = [d if d.endswith("s") else d + "s" for d in _list_of_str(cfg.get("data", list(DATA)), "data")]
+    data = [
+        d if d.endswith("s") else d + "s" for d in _list_of_str(cfg.get("data", list(DATA)), "data")
+    ]
     if not data or any(d not in DATA for d in data):
         raise ConfigError(f"data: {data!r} must be a non-empty subset of {DATA}")
     c.data = tuple(data)

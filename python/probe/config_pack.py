@@ -849,7 +849,12 @@ class ConfigPack:
             return
         for name, p in self._model.named_parameters():
             self._weights.append(
-                {"step": step, "rank": self._rank, "name": name, "fingerprint": tensor_fingerprint(p)}
+                {
+                    "step": step,
+                    "rank": self._rank,
+                    "name": name,
+                    "fingerprint": tensor_fingerprint(p),
+                }
             )
 
     def _end_step(self) -> None:

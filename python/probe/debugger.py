@@ -59,8 +59,20 @@ class _Op:
     """One record being built: tensor records plus their on-device stat vectors."""
 
     __slots__ = (
-        "key", "kind", "direction", "module", "stack", "recompute", "recs", "vecs",
-        "tensors", "args", "expect", "got", "done", "folder",
+        "key",
+        "kind",
+        "direction",
+        "module",
+        "stack",
+        "recompute",
+        "recs",
+        "vecs",
+        "tensors",
+        "args",
+        "expect",
+        "got",
+        "done",
+        "folder",
     )
 
     def __init__(self, key: str, kind: str, direction: str, module: Optional[str]) -> None:
@@ -212,7 +224,11 @@ class Debugger:
         if self._failed or self._running:
             return
         if DISPATCH.current is not None and DISPATCH.current is not self:
-            warnings.warn("probe: another Debugger is capturing; this start() is ignored", RuntimeWarning, stacklevel=2)
+            warnings.warn(
+                "probe: another Debugger is capturing; this start() is ignored",
+                RuntimeWarning,
+                stacklevel=2,
+            )
             return
         c = self.config
         if c.steps is not None and self.current_step not in c.steps:
@@ -231,7 +247,7 @@ class Debugger:
                 self._install_module_hooks(self.model)
             self._running = True
             DISPATCH.current = self
-            tls.active = True
+            tls.active = self._api_on
         except Exception as exc:  # noqa: BLE001 - unwritable path, odd model...
             self._fail(exc, "start()")
 
@@ -291,6 +307,11 @@ class Debugger:
             except Exception:  # noqa: BLE001
                 pass
             self._folder = None
+
+    @property
+    def _api_on(self) -> bool:
+        """Whether API wrappers should capture on this thread right now."""
+        return self._running and self.config.api
 
     @property
     def enabled(self) -> bool:
@@ -371,9 +392,7 @@ class Debugger:
             "device": device,
             "mode": c.mode,
             "level": c.level,
-            "created": datetime.datetime.now(datetime.timezone.utc).strftime(
-                "%Y-%m-%dT%H:%M:%SZ"
-            ),
+            "created": datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ"),
             "producer": f"probe-agent {__version__}",
             "config": json.loads(json.dumps(c.raw, default=str)),
         }
@@ -514,7 +533,9 @@ class Debugger:
         role: str,
         t: torch.Tensor,
         counts: bool = False,
-        pre: Optional[tuple[Optional[list[torch.Tensor]], Optional[torch.Tensor], Optional[str]]] = None,
+        pre: Optional[
+            tuple[Optional[list[torch.Tensor]], Optional[torch.Tensor], Optional[str]]
+        ] = None,
         same_as: Optional[dict[str, Any]] = None,
     ) -> dict[str, Any]:
         """Record one tensor: metadata now, stats as a device vector, data to the writer.
@@ -564,7 +585,9 @@ class Debugger:
             return  # the step this op belonged to is already closed
         if op.direction == "backward" and len(op.recs) > 1:
             # Gradients arrive in autograd order; store them in name order for readers.
-            order = sorted(range(len(op.recs)), key=lambda i: (op.recs[i]["role"], op.recs[i]["name"]))
+            order = sorted(
+                range(len(op.recs)), key=lambda i: (op.recs[i]["role"], op.recs[i]["name"])
+            )
             op.recs = [op.recs[i] for i in order]
             op.vecs = [op.vecs[i] for i in order]
             op.tensors = [op.tensors[i] for i in order]
@@ -627,7 +650,7 @@ class Debugger:
             except Exception as exc:  # noqa: BLE001
                 dbg._fail(exc, f"backward hook of {bwd.key}")
             finally:
-                tls.active = was and dbg._running
+                tls.active = was and dbg._api_on
             return None
 
         node.register_prehook(hook)
@@ -652,7 +675,7 @@ class Debugger:
         try:
             out = orig(*args, **kwargs)
         finally:
-            tls.active = self._running
+            tls.active = self._api_on
         if ctx is None:
             return out
         tls.active = False
@@ -662,7 +685,7 @@ class Debugger:
         except Exception as exc:  # noqa: BLE001
             self._fail(exc, f"capturing outputs of {api}")
         finally:
-            tls.active = self._running
+            tls.active = self._api_on
         return out
 
     def _api_pre(self, api: str, inplace: bool, args: tuple, kwargs: dict) -> Optional[tuple]:
@@ -694,7 +717,12 @@ class Debugger:
             if want_fwd_in:
                 src, same = self._lookup_src(t)
                 rec = self._add_tensor(
-                    fwd, f"{fwd.key}.{name}", "input", t, inplace and name == "input.0", same_as=same
+                    fwd,
+                    f"{fwd.key}.{name}",
+                    "input",
+                    t,
+                    inplace and name == "input.0",
+                    same_as=same,
                 )
                 if src is not None:
                     rec["src"] = src
@@ -713,7 +741,9 @@ class Debugger:
             return t
 
         new_args = _walk(args, "input", on_input) if args else args
-        new_kwargs = {k: _walk(v, f"input.{k}", on_input) for k, v in kwargs.items()} if kwargs else kwargs
+        new_kwargs = (
+            {k: _walk(v, f"input.{k}", on_input) for k, v in kwargs.items()} if kwargs else kwargs
+        )
         if not want_fwd_in:
             pass
         else:
@@ -771,10 +801,14 @@ class Debugger:
                 continue  # the root: its path would be empty; its submodules cover it
             cls = type(mod).__name__
             self._handles.append(
-                mod.register_forward_pre_hook(self._make_pre_hook(path, cls, track_only), with_kwargs=True)
+                mod.register_forward_pre_hook(
+                    self._make_pre_hook(path, cls, track_only), with_kwargs=True
+                )
             )
             self._handles.append(
-                mod.register_forward_hook(self._make_post_hook(path, cls, track_only), with_kwargs=True)
+                mod.register_forward_hook(
+                    self._make_post_hook(path, cls, track_only), with_kwargs=True
+                )
             )
             if c.module and c.backward:
                 params = dict(mod.named_parameters(recurse=False))
@@ -829,7 +863,7 @@ class Debugger:
                 self._fail(exc, f"forward pre-hook of module {path}")
                 return None
             finally:
-                tls.active = was and self._running
+                tls.active = was and self._api_on
 
         return pre_hook
 
@@ -853,7 +887,7 @@ class Debugger:
                 self._fail(exc, f"forward hook of module {path}")
                 return None
             finally:
-                tls.active = was and self._running
+                tls.active = was and self._api_on
 
         return post_hook
 
@@ -937,7 +971,7 @@ class Debugger:
             except Exception as exc:  # noqa: BLE001
                 self._fail(exc, f"gradient hook of {base}.{pname}")
             finally:
-                tls.active = was and self._running
+                tls.active = was and self._api_on
 
         return hook
 

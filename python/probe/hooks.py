@@ -33,9 +33,19 @@ tls = _TLS()
 
 # Distributed collectives that write their result into their first argument.
 _DIST_INPLACE = {
-    "all_reduce", "broadcast", "reduce", "all_gather", "all_gather_into_tensor",
-    "reduce_scatter", "reduce_scatter_tensor", "all_to_all", "all_to_all_single", "recv",
-    "irecv", "scatter", "gather",
+    "all_reduce",
+    "broadcast",
+    "reduce",
+    "all_gather",
+    "all_gather_into_tensor",
+    "reduce_scatter",
+    "reduce_scatter_tensor",
+    "all_to_all",
+    "all_to_all_single",
+    "recv",
+    "irecv",
+    "scatter",
+    "gather",
 }
 
 
@@ -104,7 +114,15 @@ class ApiPatcher:
                 orig = getattr(owner, name, None)
                 if orig is None or not callable(orig) or isinstance(orig, type):
                     continue
-                out.append((owner, name, _make_wrapper(handler, orig, f"{api_type}.{name}", is_inplace(api_type, name))))
+                out.append(
+                    (
+                        owner,
+                        name,
+                        _make_wrapper(
+                            handler, orig, f"{api_type}.{name}", is_inplace(api_type, name)
+                        ),
+                    )
+                )
         return out
 
     def install(self) -> None:

@@ -85,9 +85,7 @@ def null_stats() -> dict[str, Any]:
     return {"max": None, "min": None, "mean": None, "norm": None, "nan": 0, "inf": 0}
 
 
-def finish_stats(
-    values: list[float], numel: int, tensor: Optional[torch.Tensor]
-) -> dict[str, Any]:
+def finish_stats(values: list[float], numel: int, tensor: Optional[torch.Tensor]) -> dict[str, Any]:
     """Turn a host-side stat vector ``[max, min, sum, norm(, nan, inf)]`` into ``stats``.
 
     With 4 values, NaN/Inf counts are zero when every value is finite (a NaN or Inf element

@@ -25,15 +25,24 @@ def test_api_level_forward_and_backward(dump: str) -> None:
     train(probe.Debugger(None, dump_path=dump, level="api"))
     ops = read_ops(os.path.join(dump, "step0", "rank0"))
     keys = _keys(ops)
-    for k in ("Functional.linear.0.forward", "Functional.gelu.0.forward", "Tensor.__add__.0.forward",
-              "Functional.layer_norm.0.forward", "Functional.cross_entropy.0.forward",
-              "Functional.gelu.0.backward", "Functional.linear.0.backward"):
+    for k in (
+        "Functional.linear.0.forward",
+        "Functional.gelu.0.forward",
+        "Tensor.__add__.0.forward",
+        "Functional.layer_norm.0.forward",
+        "Functional.cross_entropy.0.forward",
+        "Functional.gelu.0.backward",
+        "Functional.linear.0.backward",
+    ):
         assert k in keys, k
     assert [o["seq"] for o in ops] == list(range(len(ops)))
     assert len(set(t["name"] for _, t in iter_tensors(ops))) == sum(1 for _ in iter_tensors(ops))
     gelu_b = ops[keys.index("Functional.gelu.0.backward")]
     names = {t["name"]: t for t in gelu_b["tensors"]}
-    assert set(names) == {"Functional.gelu.0.backward.input.0", "Functional.gelu.0.backward.output.0"}
+    assert set(names) == {
+        "Functional.gelu.0.backward.input.0",
+        "Functional.gelu.0.backward.output.0",
+    }
     # Nested calls inside a captured op are not captured again (F.linear -> torch internals).
     assert not any(k.startswith("Torch.addmm") for k in keys)
     # Optimizer in-place ops are captured (SGD uses Tensor.add_ / Torch._foreach? either way runs).
@@ -53,11 +62,17 @@ def test_module_level_and_param_grads(dump: str) -> None:
     pg = ops[keys.index("Module.fc1.Linear.parameters_grad")]
     assert pg["kind"] == "parameters_grad" and pg["direction"] == "backward"
     assert {t["name"] for t in pg["tensors"]} == {
-        "Module.fc1.Linear.parameters_grad.weight", "Module.fc1.Linear.parameters_grad.bias"}
+        "Module.fc1.Linear.parameters_grad.weight",
+        "Module.fc1.Linear.parameters_grad.bias",
+    }
     fwd = ops[keys.index("Module.fc1.Linear.forward.0")]
     roles = {t["name"].split("forward.0.")[1]: t["role"] for t in fwd["tensors"]}
-    assert roles == {"input.0": "input", "parameters.weight": "parameter",
-                     "parameters.bias": "parameter", "output.0": "output"}
+    assert roles == {
+        "input.0": "input",
+        "parameters.weight": "parameter",
+        "parameters.bias": "parameter",
+        "output.0": "output",
+    }
     assert fwd["module"] == "fc1"
 
 
@@ -78,9 +93,15 @@ def test_training_unchanged_by_capture(dump: str) -> None:
 def _np_stats(a: np.ndarray) -> dict[str, float]:
     a = a.astype(np.float64)
     fin = a[np.isfinite(a)]
-    return {"max": float(a.max()), "min": float(a.min()), "mean": float(a.mean()),
-            "norm": float(np.sqrt((a * a).sum())), "nan": int(np.isnan(a).sum()),
-            "inf": int(np.isinf(a).sum()), "n_fin": fin.size}
+    return {
+        "max": float(a.max()),
+        "min": float(a.min()),
+        "mean": float(a.mean()),
+        "norm": float(np.sqrt((a * a).sum())),
+        "nan": int(np.isnan(a).sum()),
+        "inf": int(np.isinf(a).sum()),
+        "n_fin": fin.size,
+    }
 
 
 def test_statistics_match_numpy(dump: str) -> None:
@@ -143,7 +164,11 @@ def test_non_finite_stats_are_strings(dump: str) -> None:
 
 def test_steps_select_exactly(dump: str) -> None:
     train(probe.Debugger(None, dump_path=dump, steps=[1, "3-4"]), steps=6)
-    assert sorted(d for d in os.listdir(dump) if d.startswith("step")) == ["step1", "step3", "step4"]
+    assert sorted(d for d in os.listdir(dump) if d.startswith("step")) == [
+        "step1",
+        "step3",
+        "step4",
+    ]
 
 
 def test_ranks_select_exactly(dump: str, monkeypatch: pytest.MonkeyPatch) -> None:
@@ -159,7 +184,11 @@ def test_include_exclude_filters(dump: str) -> None:
     keys = _keys(read_ops(os.path.join(dump + "1", "step0", "rank0")))
     assert keys and all(k.startswith(("Functional.gelu.", "Functional.layer_norm.")) for k in keys)
     assert any(k.endswith("backward") for k in keys)
-    train(probe.Debugger(None, dump_path=dump + "2", exclude=["Functional.linear"], directions=["forward"]))
+    train(
+        probe.Debugger(
+            None, dump_path=dump + "2", exclude=["Functional.linear"], directions=["forward"]
+        )
+    )
     keys = _keys(read_ops(os.path.join(dump + "2", "step0", "rank0")))
     assert not any(k.startswith("Functional.linear") for k in keys)
     assert all(k.endswith("forward") for k in keys) and "Functional.gelu.0.forward" in keys
@@ -176,8 +205,14 @@ def test_data_filter_outputs_only(dump: str) -> None:
 
 
 def test_scope_range(dump: str) -> None:
-    train(probe.Debugger(None, dump_path=dump, scope=["Functional.gelu.0", "Functional.layer_norm.0"],
-                         directions=["forward"]))
+    train(
+        probe.Debugger(
+            None,
+            dump_path=dump,
+            scope=["Functional.gelu.0", "Functional.layer_norm.0"],
+            directions=["forward"],
+        )
+    )
     keys = _keys(read_ops(os.path.join(dump, "step0", "rank0")))
     assert keys[0] == "Functional.gelu.0.forward"
     assert keys[-1] == "Functional.layer_norm.0.forward"
@@ -189,13 +224,13 @@ def test_dataflow_src_links(dump: str) -> None:
     x = torch.randn(3, 4)
     dbg = probe.Debugger(None, dump_path=dump)
     dbg.start()
-    a = F.linear(x, w)          # inputs: data batch and weight -> no src
-    b = torch.relu(a)           # src = linear output
-    c = b.T                     # property view, not captured: src via shared storage
-    d = torch.matmul(c, b)      # both inputs come from relu's output
+    a = F.linear(x, w)  # inputs: data batch and weight -> no src
+    b = torch.relu(a)  # src = linear output
+    c = b.T  # property view, not captured: src via shared storage
+    d = torch.matmul(c, b)  # both inputs come from relu's output
     e = d.clone()
-    e.add_(1.0)                 # in-place: a new id for the new version
-    f = torch.exp(e)            # src = the add_ output, not clone's
+    e.add_(1.0)  # in-place: a new id for the new version
+    f = torch.exp(e)  # src = the add_ output, not clone's
     f.sum().backward()
     dbg.stop()
     dbg.close()
@@ -231,7 +266,11 @@ def test_inplace_input_stats_taken_before_the_call(dump: str) -> None:
     mul = ops["Tensor.mul_.0.forward"]["tensors"]
     assert mul[0]["stats"]["max"] == 1.0 and mul[-1]["stats"]["max"] == 3.0
     st = ops["Tensor.__setitem__.0.forward"]["tensors"]
-    assert st[0]["stats"]["max"] == 3.0 and st[-1]["role"] == "output" and st[-1]["stats"]["max"] == 7.0
+    assert (
+        st[0]["stats"]["max"] == 3.0
+        and st[-1]["role"] == "output"
+        and st[-1]["stats"]["max"] == 7.0
+    )
 
 
 def test_recompute_marked(dump: str) -> None:
@@ -250,7 +289,10 @@ def test_recompute_marked(dump: str) -> None:
     # back (early stop), so gelu itself may not be re-run, but linear (gelu's input) is.
     lin_ops = [o for o in ops if o["op"].startswith("Functional.linear.")]
     assert [o["recompute"] for o in lin_ops] == [False, True]
-    assert [o["op"] for o in lin_ops] == ["Functional.linear.0.forward", "Functional.linear.1.forward"]
+    assert [o["op"] for o in lin_ops] == [
+        "Functional.linear.0.forward",
+        "Functional.linear.1.forward",
+    ]
 
 
 def test_schema_validation(dump: str) -> None:
@@ -290,7 +332,10 @@ def test_checksum_mode_crc(dump: str) -> None:
 def test_tensor_mode_shards_hold_every_file(dump: str) -> None:
     from safetensors import safe_open
 
-    train(probe.Debugger(None, dump_path=dump, level="mix", mode="tensor", shard_size_mb=0.002), steps=2)
+    train(
+        probe.Debugger(None, dump_path=dump, level="mix", mode="tensor", shard_size_mb=0.002),
+        steps=2,
+    )
     for step in ("step0", "step1"):
         folder = os.path.join(dump, step, "rank0")
         ops = read_ops(folder)
@@ -311,13 +356,28 @@ def test_tensor_mode_shards_hold_every_file(dump: str) -> None:
 
 
 def test_msprobe_config_keys(tmp_path: Any) -> None:
-    cfg = {"task": "tensor", "dump_path": str(tmp_path / "d"), "rank": [0], "step": [0, 2],
-           "level": "L0", "tensor": {"scope": [], "list": ["relu"], "data_mode": ["forward"],
-                                      "summary_mode": "statistics"}}
+    cfg = {
+        "task": "tensor",
+        "dump_path": str(tmp_path / "d"),
+        "rank": [0],
+        "step": [0, 2],
+        "level": "L0",
+        "tensor": {
+            "scope": [],
+            "list": ["relu"],
+            "data_mode": ["forward"],
+            "summary_mode": "statistics",
+        },
+    }
     p = tmp_path / "config.json"
     p.write_text(json.dumps(cfg))
     c = probe.Debugger(str(p)).config
-    assert (c.mode, c.level, c.steps, c.ranks) == ("tensor", "module", frozenset({0, 2}), frozenset({0}))
+    assert (c.mode, c.level, c.steps, c.ranks) == (
+        "tensor",
+        "module",
+        frozenset({0, 2}),
+        frozenset({0}),
+    )
     assert c.directions == ("forward",) and c.include == ["*relu*"]
     cfg2 = {"task": "statistics", "level": "L1", "statistics": {"summary_mode": "md5"}}
     assert probe.load_config(cfg2, {}).mode == "checksum"

@@ -1,0 +1,115 @@
+"""The agent must never break training, and must leave readable partial dumps."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import warnings
+from typing import Any
+
+import pytest
+import torch
+
+import probe
+import probe.debugger as pd
+from conftest import REPO, read_ops, train
+
+
+def test_survives_exception_inside_hook(
+    dump: str, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    bare = train(None, steps=3)
+    calls = {"n": 0}
+    real = pd.stat_vector
+
+    def flaky(t: torch.Tensor, counts: bool) -> Any:
+        calls["n"] += 1
+        if calls["n"] == 5:
+            raise RuntimeError("boom inside a hook")
+        return real(t, counts)
+
+    monkeypatch.setattr(pd, "stat_vector", flaky)
+    dbg = probe.Debugger(None, dump_path=dump, level="mix")
+    with warnings.catch_warnings(record=True) as w:
+        warnings.simplefilter("always")
+        got = train(dbg, steps=3)
+    assert got == bare
+    assert not dbg.enabled
+    assert sum("capture disabled" in str(x.message) for x in w) == 1
+    assert sum("boom inside a hook" in r.getMessage() for r in caplog.records) == 1
+    # Wrappers are gone: torch is back to its original functions.
+    assert not hasattr(torch.nn.functional.gelu, "__probe_wrapped__")
+    assert not hasattr(torch.Tensor.__add__, "__probe_wrapped__")
+    # What was written before the failure is still readable.
+    read_ops(os.path.join(dump, "step0", "rank0"))
+
+
+def test_survives_exception_in_backward_hook(dump: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    bare = train(None, steps=2)
+    real = pd.Debugger._finish
+
+    def bad_finish(self: Any, op: Any) -> None:
+        if op.direction == "backward":
+            raise OSError(28, "No space left on device")
+        real(self, op)
+
+    monkeypatch.setattr(pd.Debugger, "_finish", bad_finish)
+    dbg = probe.Debugger(None, dump_path=dump)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        assert train(dbg, steps=2) == bare
+    assert not dbg.enabled
+
+
+def test_unwritable_dump_path(tmp_path: Any) -> None:
+    blocker = tmp_path / "somefile"
+    blocker.write_text("a regular file, so nothing can be created under it")
+    bare = train(None, steps=2)
+    dbg = probe.Debugger(None, dump_path=str(blocker / "dump"), mode="tensor")
+    with warnings.catch_warnings(record=True) as w:
+        warnings.simplefilter("always")
+        assert train(dbg, steps=2) == bare
+    assert not dbg.enabled
+    assert any("capture disabled" in str(x.message) for x in w)
+
+
+def test_truncated_ops_jsonl_still_parses(dump: str) -> None:
+    train(probe.Debugger(None, dump_path=dump))
+    path = os.path.join(dump, "step0", "rank0", "ops.jsonl")
+    full = open(path, "rb").read()
+    n = full.count(b"\n")
+    with open(path, "wb") as fh:
+        fh.write(full[: len(full) - 57])  # cut inside the last record, as a crash would
+    ops = read_ops(os.path.dirname(path))
+    assert len(ops) == n - 1
+    assert [o["seq"] for o in ops] == list(range(n - 1))
+
+
+def test_crash_without_stop_leaves_flushed_log(tmp_path: Any) -> None:
+    script = tmp_path / "crash.py"
+    script.write_text(
+        "import os, torch, probe\n"
+        f"dbg = probe.Debugger(None, dump_path={str(tmp_path / 'dump')!r})\n"
+        "dbg.start()\n"
+        "torch.relu(torch.randn(3)); torch.exp(torch.randn(3))\n"
+        "raise SystemExit(3)\n"
+    )
+    r = subprocess.run([sys.executable, str(script)], capture_output=True, text=True, timeout=120)
+    assert r.returncode == 3
+    ops = read_ops(str(tmp_path / "dump" / "step0" / "rank0"))
+    assert [o["op"] for o in ops] == ["Torch.relu.0.forward", "Torch.exp.0.forward"]
+
+
+def test_hooks_removed_outside_selected_steps(dump: str) -> None:
+    dbg = probe.Debugger(None, dump_path=dump, steps=[1])
+    dbg.start()
+    assert not hasattr(torch.Tensor.__add__, "__probe_wrapped__")  # step 0: nothing installed
+    dbg.stop()
+    dbg.step()
+    dbg.start()
+    assert hasattr(torch.Tensor.__add__, "__probe_wrapped__")
+    dbg.stop()
+    assert not hasattr(torch.Tensor.__add__, "__probe_wrapped__")  # no later step selected
+    dbg.close()
