@@ -5,7 +5,7 @@
 //! are kept as [`Unmatched`] (never dropped, never a pass).
 
 use crate::dtype::DType;
-use crate::dump::{self, Data, Direction, DumpSet, RankDump, RankLoc, Role, Stats};
+use crate::dump::{self, Data, Direction, DumpSet, RankDump, RankLoc, Role, Stats, TensorRec};
 use crate::error::{ProbeError, Result};
 use crate::metrics::{self, Metrics, StatDiff};
 use crate::tensor::ShardCache;
@@ -240,42 +240,48 @@ fn same_shape(a: &[usize], b: &[usize]) -> bool {
     a == b
 }
 
-/// Builds the rows and unmatched lists of one pair (no metrics yet).
-fn match_pair(pi: usize, bd: &RankDump, cd: &RankDump, out: &mut CompareResult) {
+/// Builds the rows and unmatched lists of one pair (no metrics yet). Consumes both dumps:
+/// names, shapes and statistics move into the rows instead of being copied.
+fn match_pair(pi: usize, mut bd: RankDump, mut cd: RankDump, out: &mut CompareResult) {
     let bkeys = dump::match_keys(&bd.ops);
     let ckeys = dump::match_keys(&cd.ops);
-    let mut index: HashMap<String, (usize, usize)> = HashMap::new();
-    for (oi, op) in bd.ops.iter().enumerate() {
-        for (ti, t) in op.tensors.iter().enumerate() {
-            index.insert(dump::match_name(op, &bkeys[oi], t), (oi, ti));
+    // Bench tensors in slots; a match takes its tensor out, what is left is unmatched.
+    let n: usize = bd.ops.iter().map(|o| o.tensors.len()).sum();
+    let mut slots: Vec<Option<(usize, TensorRec)>> = Vec::with_capacity(n);
+    let mut index: HashMap<String, usize> = HashMap::with_capacity(n);
+    for (oi, op) in bd.ops.iter_mut().enumerate() {
+        for t in std::mem::take(&mut op.tensors) {
+            index.insert(dump::match_name(op, &bkeys[oi], &t), slots.len());
+            slots.push(Some((oi, t)));
         }
     }
-    let mut used = vec![Vec::new(); bd.ops.len()];
-    for (oi, op) in bd.ops.iter().enumerate() {
-        used[oi] = vec![false; op.tensors.len()];
-    }
-    for (oi, op) in cd.ops.iter().enumerate() {
-        for t in &op.tensors {
-            let name = dump::match_name(op, &ckeys[oi], t);
-            let Some(&(boi, bti)) = index.get(&name) else {
+    out.rows
+        .reserve(cd.ops.iter().map(|o| o.tensors.len()).sum::<usize>());
+    let has_dataflow = cd.has_dataflow;
+    for (oi, op) in cd.ops.iter_mut().enumerate() {
+        for t in std::mem::take(&mut op.tensors) {
+            let name = dump::match_name(op, &ckeys[oi], &t);
+            let Some(bt) = index
+                .get(&name)
+                .and_then(|&k| slots[k].take())
+                .map(|(_, t)| t)
+            else {
                 out.unmatched.push(Unmatched {
                     pair: pi,
                     side: Side::Cmp,
                     seq: op.seq,
                     op: op.key.clone(),
-                    name: t.name.clone(),
+                    name: t.name,
                     role: t.role,
-                    dtype: t.dtype_name.clone(),
-                    shape: t.shape.clone(),
+                    dtype: t.dtype_name,
+                    shape: t.shape,
                 });
                 continue;
             };
-            used[boi][bti] = true;
-            let bt = &bd.ops[boi].tensors[bti];
             let external = match t.role {
                 Role::Parameter => op.direction == Direction::Forward,
                 Role::Input => {
-                    cd.has_dataflow && t.src.is_none() && op.direction == Direction::Forward
+                    has_dataflow && t.src.is_none() && op.direction == Direction::Forward
                 }
                 Role::Output => false,
             };
@@ -290,6 +296,10 @@ fn match_pair(pi: usize, bd: &RankDump, cd: &RankDump, out: &mut CompareResult) 
             } else {
                 CompareKind::None
             };
+            let checksum_equal = match (&bt.checksum, &t.checksum) {
+                (Some(x), Some(y)) => Some(x == y),
+                _ => None,
+            };
             out.rows.push(Row {
                 pair: pi,
                 op_index: oi,
@@ -297,20 +307,17 @@ fn match_pair(pi: usize, bd: &RankDump, cd: &RankDump, out: &mut CompareResult) 
                 op: op.key.clone(),
                 direction: op.direction,
                 role: t.role,
-                name: t.name.clone(),
-                dtype_b: bt.dtype_name.clone(),
-                dtype_c: t.dtype_name.clone(),
-                shape_b: bt.shape.clone(),
-                shape_c: t.shape.clone(),
+                name: t.name,
+                dtype_b: bt.dtype_name,
+                dtype_c: t.dtype_name,
+                shape_b: bt.shape,
+                shape_c: t.shape,
                 stats_b: bt.stats,
                 stats_c: t.stats,
                 kind,
                 metrics: None,
                 stat_diff: None,
-                checksum_equal: match (&bt.checksum, &t.checksum) {
-                    (Some(x), Some(y)) => Some(x == y),
-                    _ => None,
-                },
+                checksum_equal,
                 verdict: Verdict::Pass,
                 reason: String::new(),
                 tol_error: 0.0,
@@ -318,25 +325,22 @@ fn match_pair(pi: usize, bd: &RankDump, cd: &RankDump, out: &mut CompareResult) 
                 needed: 0.0,
                 external,
                 stack: op.stack,
-                data: (kind == CompareKind::Tensor).then(|| (bt.data.clone(), t.data.clone())),
+                data: (kind == CompareKind::Tensor).then_some((bt.data, t.data)),
             });
         }
     }
-    for (oi, op) in bd.ops.iter().enumerate() {
-        for (ti, t) in op.tensors.iter().enumerate() {
-            if !used[oi][ti] {
-                out.unmatched.push(Unmatched {
-                    pair: pi,
-                    side: Side::Bench,
-                    seq: op.seq,
-                    op: op.key.clone(),
-                    name: t.name.clone(),
-                    role: t.role,
-                    dtype: t.dtype_name.clone(),
-                    shape: t.shape.clone(),
-                });
-            }
-        }
+    for (oi, t) in slots.into_iter().flatten() {
+        let op = &bd.ops[oi];
+        out.unmatched.push(Unmatched {
+            pair: pi,
+            side: Side::Bench,
+            seq: op.seq,
+            op: op.key.clone(),
+            name: t.name,
+            role: t.role,
+            dtype: t.dtype_name,
+            shape: t.shape,
+        });
     }
 }
 
@@ -486,7 +490,7 @@ pub fn run(
     let mut out = CompareResult::default();
     for (pi, (bl, cl)) in pairs.iter().enumerate() {
         let bd = dump::load_rank(bl)?;
-        let cd = dump::load_rank(cl)?;
+        let mut cd = dump::load_rank(cl)?;
         warnings.extend(bd.warnings.iter().cloned());
         warnings.extend(cd.warnings.iter().cloned());
         if bd.ops.is_empty() {
@@ -495,15 +499,15 @@ pub fn run(
         if cd.ops.is_empty() {
             return Err(ProbeError::EmptyDump(cl.dir.clone()));
         }
-        match_pair(pi, &bd, &cd, &mut out);
         out.pairs.push(Pair {
             step: cl.step.clone(),
             rank: cl.rank.clone(),
             bench_dir: bl.dir.clone(),
             cmp_dir: cl.dir.clone(),
-            stacks: cd.stacks,
+            stacks: std::mem::take(&mut cd.stacks),
             ops: cd.ops.len(),
         });
+        match_pair(pi, bd, cd, &mut out);
     }
     let caches = Caches {
         bench: ShardCache::default(),
@@ -516,7 +520,6 @@ pub fn run(
     let errors: Vec<Option<ProbeError>> = out
         .rows
         .par_iter_mut()
-        .with_max_len(1)
         .map(|row| {
             let r = compute_metrics(row, &caches);
             let k = done.fetch_add(1, Ordering::Relaxed) + 1;

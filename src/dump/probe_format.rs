@@ -83,10 +83,14 @@ struct RawTensor {
 
 #[derive(Deserialize)]
 struct RawStats {
-    max: Option<Value>,
-    min: Option<Value>,
-    mean: Option<Value>,
-    norm: Option<Value>,
+    #[serde(default)]
+    max: Stat,
+    #[serde(default)]
+    min: Stat,
+    #[serde(default)]
+    mean: Stat,
+    #[serde(default)]
+    norm: Stat,
     #[serde(default)]
     nan: Option<u64>,
     #[serde(default)]
@@ -97,6 +101,47 @@ struct RawStats {
 struct RawStack {
     id: u64,
     frames: Vec<String>,
+}
+
+/// A statistic as written: a number, null, or a string standing for a non-finite value.
+/// Deserialised without building a `serde_json::Value` (100,000s of them per dump).
+#[derive(Default)]
+struct Stat(Option<f64>);
+
+impl<'de> Deserialize<'de> for Stat {
+    fn deserialize<D: serde::Deserializer<'de>>(d: D) -> std::result::Result<Stat, D::Error> {
+        struct V;
+        impl serde::de::Visitor<'_> for V {
+            type Value = Stat;
+            fn expecting(&self, f: &mut std::fmt::Formatter) -> std::fmt::Result {
+                f.write_str("a number, null, \"nan\", \"inf\" or \"-inf\"")
+            }
+            fn visit_f64<E>(self, v: f64) -> std::result::Result<Stat, E> {
+                Ok(Stat(Some(v)))
+            }
+            fn visit_i64<E>(self, v: i64) -> std::result::Result<Stat, E> {
+                Ok(Stat(Some(v as f64)))
+            }
+            fn visit_u64<E>(self, v: u64) -> std::result::Result<Stat, E> {
+                Ok(Stat(Some(v as f64)))
+            }
+            fn visit_bool<E>(self, v: bool) -> std::result::Result<Stat, E> {
+                Ok(Stat(Some(if v { 1.0 } else { 0.0 })))
+            }
+            fn visit_unit<E>(self) -> std::result::Result<Stat, E> {
+                Ok(Stat(None))
+            }
+            fn visit_none<E>(self) -> std::result::Result<Stat, E> {
+                Ok(Stat(None))
+            }
+            fn visit_str<E: serde::de::Error>(self, s: &str) -> std::result::Result<Stat, E> {
+                stat_value(&Some(Value::String(s.to_string())))
+                    .map(Stat)
+                    .map_err(E::custom)
+            }
+        }
+        d.deserialize_any(V)
+    }
 }
 
 /// A statistic: a JSON number, or one of the strings standing for non-finite values.
@@ -128,10 +173,10 @@ fn convert_tensor(raw: RawTensor, dir: &Path) -> std::result::Result<TensorRec, 
     let stats = match raw.stats {
         None => None,
         Some(s) => Some(Stats {
-            max: stat_value(&s.max)?,
-            min: stat_value(&s.min)?,
-            mean: stat_value(&s.mean)?,
-            norm: stat_value(&s.norm)?,
+            max: s.max.0,
+            min: s.min.0,
+            mean: s.mean.0,
+            norm: s.norm.0,
             nan: s.nan,
             inf: s.inf,
         }),

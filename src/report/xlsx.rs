@@ -12,7 +12,9 @@ use crate::dump::Stats;
 use crate::error::{ProbeError, Result};
 use crate::localize::Finding;
 use crate::tolerance::Verdict;
-use rust_xlsxwriter::{Color, Format, FormatBorder, Workbook, Worksheet, XlsxError};
+use rust_xlsxwriter::{
+    Color, ConditionalFormatFormula, Format, FormatBorder, Workbook, Worksheet, XlsxError,
+};
 use std::path::Path;
 
 pub struct XlsxWorkbook;
@@ -90,14 +92,12 @@ fn formats() -> Formats {
 
 type X<T> = std::result::Result<T, XlsxError>;
 
-/// Writes a number; non-finite values as text (Excel has no NaN), None as blank.
-fn num(ws: &mut Worksheet, r: u32, c: u16, v: Option<f64>, f: &Format) -> X<()> {
+/// Writes a number; non-finite values as text (Excel has no NaN), None as nothing.
+fn num(ws: &mut Worksheet, r: u32, c: u16, v: Option<f64>) -> X<()> {
     match v {
-        None => {
-            ws.write_blank(r, c, f)?;
-        }
+        None => {}
         Some(v) if v.is_finite() => {
-            ws.write_number_with_format(r, c, v, f)?;
+            ws.write_number(r, c, v)?;
         }
         Some(v) => {
             let s = if v.is_nan() {
@@ -107,7 +107,7 @@ fn num(ws: &mut Worksheet, r: u32, c: u16, v: Option<f64>, f: &Format) -> X<()> 
             } else {
                 "-inf"
             };
-            ws.write_string_with_format(r, c, s, f)?;
+            ws.write_string(r, c, s)?;
         }
     }
     Ok(())
@@ -129,16 +129,12 @@ fn stats4(s: &Option<Stats>) -> [Option<f64>; 4] {
     }
 }
 
-fn tensor_row(ws: &mut Worksheet, i: u32, step: &str, rank: &str, r: &Row, fs: &Formats) -> X<()> {
-    let f = match r.verdict {
-        Verdict::Error => &fs.err,
-        Verdict::Warning => &fs.warn,
-        Verdict::Pass => &fs.plain,
-    };
-    let texts = [step.to_string(), rank.to_string()];
-    ws.write_string_with_format(i, 0, &texts[0], f)?;
-    ws.write_string_with_format(i, 1, &texts[1], f)?;
-    ws.write_number_with_format(i, 2, r.seq as f64, f)?;
+/// One row of the tensors sheet. Cells carry no format of their own (per-cell formats
+/// cost a hash lookup each); rows are coloured by conditional formats on the Verdict column.
+fn tensor_row(ws: &mut Worksheet, i: u32, step: &str, rank: &str, r: &Row) -> X<()> {
+    ws.write_string(i, 0, step)?;
+    ws.write_string(i, 1, rank)?;
+    ws.write_number(i, 2, r.seq as f64)?;
     let strs = [
         r.op.as_str(),
         r.direction.name(),
@@ -148,13 +144,15 @@ fn tensor_row(ws: &mut Worksheet, i: u32, step: &str, rank: &str, r: &Row, fs: &
         r.dtype_c.as_str(),
     ];
     for (k, s) in strs.iter().enumerate() {
-        ws.write_string_with_format(i, 3 + k as u16, *s, f)?;
+        ws.write_string(i, 3 + k as u16, *s)?;
     }
-    ws.write_string_with_format(i, 9, format!("{:?}", r.shape_b), f)?;
-    ws.write_string_with_format(i, 10, format!("{:?}", r.shape_c), f)?;
-    ws.write_string_with_format(i, 11, r.kind.name(), f)?;
-    ws.write_string_with_format(i, 12, r.verdict.name(), f)?;
-    ws.write_string_with_format(i, 13, &r.reason, f)?;
+    ws.write_string(i, 9, format!("{:?}", r.shape_b))?;
+    ws.write_string(i, 10, format!("{:?}", r.shape_c))?;
+    ws.write_string(i, 11, r.kind.name())?;
+    ws.write_string(i, 12, r.verdict.name())?;
+    if !r.reason.is_empty() {
+        ws.write_string(i, 13, &r.reason)?;
+    }
     let m = r.metrics;
     let sd = r.stat_diff;
     let [bmax, bmin, bmean, bnorm] = stats4(&r.stats_b);
@@ -189,7 +187,7 @@ fn tensor_row(ws: &mut Worksheet, i: u32, step: &str, rank: &str, r: &Row, fs: &
         sd.and_then(|d| d.norm_rel_pct),
     ];
     for (k, v) in nums.into_iter().enumerate() {
-        num(ws, i, 14 + k as u16, v, f)?;
+        num(ws, i, 14 + k as u16, v)?;
     }
     Ok(())
 }
@@ -314,7 +312,7 @@ fn summary_sheet(ws: &mut Worksheet, s: &Summary, fs: &Formats) -> X<()> {
             ws.write_string_with_format(row, 0, format!("{}/{}", w.step, w.rank), f)?;
             ws.write_string_with_format(row, 1, &w.op, f)?;
             ws.write_string_with_format(row, 2, w.verdict.name(), f)?;
-            num(ws, row, 3, Some(w.err.unwrap_or(f64::INFINITY)), f)?;
+            num(ws, row, 3, Some(w.err.unwrap_or(f64::INFINITY)))?;
             ws.write_string_with_format(row, 4, &w.tensor, f)?;
             ws.write_string_with_format(row, 5, &w.reason, f)?;
             row += 1;
@@ -323,9 +321,30 @@ fn summary_sheet(ws: &mut Worksheet, s: &Summary, fs: &Formats) -> X<()> {
     Ok(())
 }
 
+/// Colours whole rows red (error) or yellow (warning) from the Verdict column `col`.
+fn verdict_colours(ws: &mut Worksheet, rows: usize, cols: u16, col: &str, fs: &Formats) -> X<()> {
+    if rows == 0 {
+        return Ok(());
+    }
+    for (word, f) in [
+        ("error", &fs.err),
+        ("warning", &fs.warn),
+        ("bench", &fs.warn),
+        ("cmp", &fs.warn),
+    ] {
+        let rule = ConditionalFormatFormula::new()
+            .set_rule(format!("=${col}2=\"{word}\"").as_str())
+            .set_format(f);
+        ws.add_conditional_format(1, 0, rows as u32, cols - 1, &rule)?;
+    }
+    Ok(())
+}
+
 fn build(res: &CompareResult, s: &Summary) -> X<Workbook> {
     let fs = formats();
     let mut wb = Workbook::new();
+    // Level 1 deflate: several times faster than the default on large sheets, files ~20 % larger.
+    wb.set_zip_compression_level(1);
     summary_sheet(wb.add_worksheet(), s, &fs)?;
     let chunks: Vec<&[Row]> = if res.rows.is_empty() {
         vec![&[]]
@@ -342,8 +361,9 @@ fn build(res: &CompareResult, s: &Summary) -> X<Workbook> {
         header(ws, TENSOR_COLS, &fs)?;
         for (i, r) in rows.iter().enumerate() {
             let p = &res.pairs[r.pair];
-            tensor_row(ws, i as u32 + 1, &p.step, &p.rank, r, &fs)?;
+            tensor_row(ws, i as u32 + 1, &p.step, &p.rank, r)?;
         }
+        verdict_colours(ws, rows.len(), TENSOR_COLS.len() as u16, "M", &fs)?;
         ws.autofilter(0, 0, rows.len().max(1) as u32, TENSOR_COLS.len() as u16 - 1)?;
     }
     let ucols: &[(&str, f64)] = &[
@@ -377,16 +397,17 @@ fn build(res: &CompareResult, s: &Summary) -> X<Workbook> {
                 Side::Bench => "bench",
                 Side::Cmp => "cmp",
             };
-            ws.write_string_with_format(r, 0, &p.step, &fs.warn)?;
-            ws.write_string_with_format(r, 1, &p.rank, &fs.warn)?;
-            ws.write_string_with_format(r, 2, side, &fs.warn)?;
-            ws.write_number_with_format(r, 3, u.seq as f64, &fs.warn)?;
-            ws.write_string_with_format(r, 4, &u.op, &fs.warn)?;
-            ws.write_string_with_format(r, 5, &u.name, &fs.warn)?;
-            ws.write_string_with_format(r, 6, u.role.name(), &fs.warn)?;
-            ws.write_string_with_format(r, 7, &u.dtype, &fs.warn)?;
-            ws.write_string_with_format(r, 8, format!("{:?}", u.shape), &fs.warn)?;
+            ws.write_string(r, 0, &p.step)?;
+            ws.write_string(r, 1, &p.rank)?;
+            ws.write_string(r, 2, side)?;
+            ws.write_number(r, 3, u.seq as f64)?;
+            ws.write_string(r, 4, &u.op)?;
+            ws.write_string(r, 5, &u.name)?;
+            ws.write_string(r, 6, u.role.name())?;
+            ws.write_string(r, 7, &u.dtype)?;
+            ws.write_string(r, 8, format!("{:?}", u.shape))?;
         }
+        verdict_colours(ws, us.len(), ucols.len() as u16, "C", &fs)?;
         ws.autofilter(0, 0, us.len().max(1) as u32, ucols.len() as u16 - 1)?;
     }
     Ok(wb)
