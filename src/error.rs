@@ -65,6 +65,20 @@ pub enum ProbeError {
     /// An output that cannot be written.
     #[error("cannot write {}: {msg}", path.display())]
     Output { path: PathBuf, msg: String },
+    /// A zip archive refused as hostile or unsafe (path traversal, absolute path, symlink,
+    /// too many entries, zip bomb); the message names the entry.
+    #[error("{}: rejected archive: {msg}", path.display())]
+    HostileZip { path: PathBuf, msg: String },
+    /// A config pack that is not a pack, or one of whose entries is malformed.
+    #[error("{}: {entry}: {msg}", path.display())]
+    BadPack {
+        path: PathBuf,
+        entry: String,
+        msg: String,
+    },
+    /// An external program probe runs (a Python interpreter) failed.
+    #[error("{}: {msg}", program.display())]
+    External { program: PathBuf, msg: String },
     /// The two sides have nothing in common to compare.
     #[error("nothing comparable: {0}")]
     NothingComparable(String),

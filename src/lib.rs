@@ -8,6 +8,7 @@
 
 pub mod atomic;
 pub mod compare;
+pub mod config_check;
 pub mod dtype;
 pub mod dump;
 pub mod error;

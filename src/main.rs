@@ -5,7 +5,7 @@
 
 use clap::{Parser, Subcommand};
 use probe::report::{self, FailOn, Summary};
-use probe::{atomic, compare, localize, synth, tolerance::Tolerances, ProbeError};
+use probe::{atomic, compare, config_check, localize, synth, tolerance::Tolerances, ProbeError};
 use std::path::PathBuf;
 use std::process::ExitCode;
 
@@ -27,6 +27,77 @@ enum Cmd {
     Compare(CompareArgs),
     /// Write a deterministic synthetic benchmark/comparison dump pair (for tests and demos).
     Synth(SynthArgs),
+    /// Compare two config packs (probe's or msprobe's config_check_pack.zip, either side).
+    ConfigCheck(ConfigCheckArgs),
+    /// Make a config pack without Python: env, a Python's packages, weight fingerprints.
+    ConfigPack(ConfigPackArgs),
+}
+
+#[derive(clap::Args)]
+struct ConfigCheckArgs {
+    /// Benchmark pack (the trusted environment).
+    #[arg(value_name = "BENCH.zip")]
+    bench: PathBuf,
+    /// Comparison pack (the environment under suspicion).
+    #[arg(value_name = "CMP.zip")]
+    cmp: PathBuf,
+    /// Output folder for config_check.xlsx and config_check.json.
+    #[arg(
+        short = 'o',
+        long = "out",
+        value_name = "DIR",
+        default_value = "probe-config-check"
+    )]
+    out: PathBuf,
+    /// Rules (TOML): ignore lists, equivalences, severities. See docs/config-check.md.
+    #[arg(long, value_name = "FILE")]
+    config: Option<PathBuf>,
+    /// Exit 1 when a difference reaches this level.
+    #[arg(long, value_enum, default_value = "error")]
+    fail_on: FailOn,
+    /// Print nothing on stdout.
+    #[arg(short, long)]
+    quiet: bool,
+}
+
+#[derive(clap::Args)]
+struct ConfigPackArgs {
+    /// The pack to write.
+    #[arg(short = 'o', long = "out", value_name = "PACK.zip")]
+    out: PathBuf,
+    /// Python interpreter whose installed packages are listed.
+    #[arg(long, value_name = "PATH")]
+    python: Option<PathBuf>,
+    /// safetensors weight files to fingerprint.
+    #[arg(long, value_name = "FILE", num_args = 1..)]
+    weights: Vec<PathBuf>,
+}
+
+fn run_config_check(a: ConfigCheckArgs) -> Result<u8, ProbeError> {
+    let rules = match &a.config {
+        Some(p) => config_check::rules::Rules::from_file(p)?,
+        None => config_check::rules::Rules::default(),
+    };
+    let opts = config_check::CheckOptions {
+        rules,
+        fail_on: a.fail_on,
+    };
+    let report = config_check::run_and_write(&a.bench, &a.cmp, &a.out, &opts)?;
+    if !a.quiet {
+        print!("{}", config_check::output::terminal_summary(&report));
+    }
+    Ok(report.exit_code)
+}
+
+fn run_config_pack(a: ConfigPackArgs) -> Result<u8, ProbeError> {
+    let opts = config_check::make::MakeOptions {
+        out: a.out,
+        python: a.python,
+        weights: a.weights,
+    };
+    let path = config_check::make::make_pack(&opts)?;
+    eprintln!("probe: wrote {}", path.display());
+    Ok(0)
 }
 
 #[derive(clap::Args)]
@@ -199,6 +270,8 @@ fn main() -> ExitCode {
     let outcome = match cli.cmd {
         Cmd::Compare(a) => run_compare(a),
         Cmd::Synth(a) => run_synth(a),
+        Cmd::ConfigCheck(a) => run_config_check(a),
+        Cmd::ConfigPack(a) => run_config_pack(a),
     };
     match outcome {
         Ok(code) => ExitCode::from(code),

@@ -780,7 +780,11 @@ class ConfigPack:
             hp["extra"] = jsonable(extra)
         self._sections["hyperparameters"] = hp
         if model is not None:
-            self._record_weights(0)
+            try:
+                self._record_weights(0)
+            except Exception as e:  # noqa: BLE001 - go on without initial weights
+                self.errors.append(f"weights: {e!r}")
+                _warn_once(self, "weights", e)
         if self.steps > 0:
             if model is not None:
                 self._handles.append(
@@ -917,6 +921,15 @@ class ConfigPack:
     @_safe("save")
     def save(self, path: Optional[str] = None) -> Optional[str]:
         """Writes the zip (atomically); returns its path, or None when it could not."""
+        try:
+            return self._write(path)
+        finally:
+            if self in _ACTIVE:
+                _ACTIVE.remove(self)
+            if not _ACTIVE:
+                _uninstall(_INSTALLED_SEEDS)
+
+    def _write(self, path: Optional[str]) -> str:
         self._stop_counting()
         target = (path or self.path).replace("{rank}", str(self._rank))
         docs = self.contents()
@@ -942,10 +955,6 @@ class ConfigPack:
             if os.path.exists(tmp):
                 os.remove(tmp)
         self.saved = target
-        if self in _ACTIVE:
-            _ACTIVE.remove(self)
-        if not _ACTIVE:
-            _uninstall(_INSTALLED_SEEDS)
         return target
 
     def _at_exit(self) -> None:

@@ -1,0 +1,799 @@
+//! The comparison, category by category.
+//!
+//! Every category reduces to items with a bench and a cmp value. An item only on one side is
+//! first paired with its counterpart under an equivalence (`NCCL_ALGO` ↔ `HCCL_ALGO`), then,
+//! when the packs come from different platforms (NPU vs GPU) and the item belongs to one
+//! platform, reported as expected. Whole sections a producer does not record (msprobe has no
+//! determinism flags, RNG state hashes or seed values) are noted, never failed.
+
+use super::pack::{normalize_site, Fingerprint, Pack, RandomInfo, RecordKey};
+use super::rules::{self, matches_any, Level, Rules};
+use super::{
+    Category, CategorySummary, CheckOptions, CheckReport, Counts, Item, PackInfo, StatsPair, Status,
+};
+use crate::report::FailOn;
+use std::collections::{BTreeMap, BTreeSet};
+
+struct Ctx<'a> {
+    rules: &'a Rules,
+    cross: bool,
+    bench_family: &'static str,
+    cmp_family: &'static str,
+}
+
+fn status_of(l: Level) -> Status {
+    match l {
+        Level::Error => Status::Error,
+        Level::Warning => Status::Warning,
+        Level::Expected => Status::Expected,
+        Level::Ignore => Status::Ignored,
+    }
+}
+
+impl Ctx<'_> {
+    /// A difference in `item`: a rule's level, else expected when `platform` says the
+    /// difference is normal between these platforms, else `own`.
+    fn judge(&self, cat: Category, item: &str, own: Level, platform: bool) -> Status {
+        match self.rules.rule_level(cat, item) {
+            Some(l) => status_of(l),
+            None if self.cross && platform => Status::Expected,
+            None => status_of(own),
+        }
+    }
+
+    fn side_note(&self, bench: bool) -> String {
+        let (side, fam) = if bench {
+            ("bench", self.bench_family)
+        } else {
+            ("cmp", self.cmp_family)
+        };
+        if self.cross {
+            format!("only in {side} ({} side)", fam.to_uppercase())
+        } else {
+            format!("only in {side}")
+        }
+    }
+}
+
+fn item(cat: Category, name: &str, b: Option<String>, c: Option<String>) -> Item {
+    Item {
+        category: cat,
+        item: name.to_string(),
+        step: None,
+        rank: None,
+        bench: b,
+        cmp: c,
+        status: Status::Pass,
+        detail: String::new(),
+        stats: None,
+    }
+}
+
+/// How one key-value category judges its items.
+struct MapSpec<'a> {
+    cat: Category,
+    /// Level of a value difference (key, bench value, cmp value).
+    diff: &'a dyn Fn(&str, &str, &str) -> Level,
+    /// Level of a key present on one side only.
+    missing: &'a dyn Fn(&str) -> Level,
+    /// Keys that exist on one platform only.
+    platform_key: &'a dyn Fn(&str) -> bool,
+    /// Differences that are normal between platforms (key, bench, cmp).
+    platform_diff: &'a dyn Fn(&str, &str, &str) -> bool,
+    /// Value equality (key, bench, cmp).
+    equal: &'a dyn Fn(&str, &str, &str) -> bool,
+}
+
+fn compare_maps(
+    ctx: &Ctx,
+    s: &MapSpec,
+    b: &BTreeMap<String, String>,
+    c: &BTreeMap<String, String>,
+) -> Vec<Item> {
+    let mut out = vec![];
+    let mut b_only: Vec<&String> = vec![];
+    for (k, bv) in b {
+        match c.get(k) {
+            Some(cv) => {
+                let mut it = item(s.cat, k, Some(bv.clone()), Some(cv.clone()));
+                if !(s.equal)(k, bv, cv) {
+                    let platform = (s.platform_diff)(k, bv, cv);
+                    it.status = ctx.judge(s.cat, k, (s.diff)(k, bv, cv), platform);
+                    it.detail = match it.status {
+                        Status::Expected => "differs as expected between NPU and GPU".into(),
+                        Status::Ignored => "differs (ignored)".into(),
+                        _ => "differs".into(),
+                    };
+                }
+                out.push(it);
+            }
+            None => b_only.push(k),
+        }
+    }
+    let mut c_only: BTreeSet<&String> = c.keys().filter(|k| !b.contains_key(*k)).collect();
+    for k in b_only {
+        let bv = &b[k];
+        let partner = ctx
+            .rules
+            .counterparts(s.cat, k)
+            .into_iter()
+            .find(|p| c_only.iter().any(|x| *x == p));
+        if let Some(p) = partner {
+            let cv = &c[&p];
+            c_only.retain(|x| **x != p);
+            let mut it = item(
+                s.cat,
+                &format!("{k} ↔ {p}"),
+                Some(bv.clone()),
+                Some(cv.clone()),
+            );
+            if (s.equal)(k, bv, cv) {
+                it.status = Status::Expected;
+                it.detail = "equivalent names, same value".into();
+            } else {
+                it.status = ctx.judge(s.cat, k, (s.diff)(k, bv, cv), false);
+                it.detail = "equivalent names, different values".into();
+            }
+            out.push(it);
+            continue;
+        }
+        let mut it = item(s.cat, k, Some(bv.clone()), None);
+        it.status = ctx.judge(s.cat, k, (s.missing)(k), (s.platform_key)(k));
+        it.detail = ctx.side_note(true);
+        out.push(it);
+    }
+    for k in c_only {
+        let mut it = item(s.cat, k, None, Some(c[k].clone()));
+        it.status = ctx.judge(s.cat, k, (s.missing)(k), (s.platform_key)(k));
+        it.detail = ctx.side_note(false);
+        out.push(it);
+    }
+    out.sort_by(|x, y| x.item.cmp(&y.item));
+    out
+}
+
+fn strip_local(v: &str) -> &str {
+    v.split('+').next().unwrap_or(v)
+}
+
+fn major_minor(v: &str) -> String {
+    v.split('.').take(2).collect::<Vec<_>>().join(".")
+}
+
+/// Numbers compare as numbers (`1e-3` == `0.001`), booleans case-insensitively.
+fn loose_equal(a: &str, b: &str) -> bool {
+    if a == b {
+        return true;
+    }
+    if let (Ok(x), Ok(y)) = (a.trim().parse::<f64>(), b.trim().parse::<f64>()) {
+        return x == y || (x - y).abs() <= 1e-12 * x.abs().max(y.abs());
+    }
+    let bool_of = |s: &str| match s.trim().to_ascii_lowercase().as_str() {
+        "true" => Some(true),
+        "false" => Some(false),
+        _ => None,
+    };
+    matches!((bool_of(a), bool_of(b)), (Some(x), Some(y)) if x == y)
+}
+
+fn env_items(ctx: &Ctx, b: &BTreeMap<String, String>, c: &BTreeMap<String, String>) -> Vec<Item> {
+    let level = |k: &str| {
+        if matches_any(rules::ENV_PRECISION, k) {
+            Level::Error
+        } else {
+            Level::Warning
+        }
+    };
+    let spec = MapSpec {
+        cat: Category::Env,
+        diff: &|k, _, _| level(k),
+        missing: &level,
+        platform_key: &|k| matches_any(rules::ENV_PLATFORM, k),
+        platform_diff: &|_, _, _| false,
+        equal: &|_, x, y| x == y,
+    };
+    let mut items = compare_maps(ctx, &spec, b, c);
+    for it in &mut items {
+        if it.status == Status::Error && it.detail == "differs" {
+            it.detail = "differs; this variable changes numerics or scheduling".into();
+        }
+    }
+    items
+}
+
+fn packages_items(ctx: &Ctx, b: &Pack, c: &Pack, notes: &mut Vec<String>) -> Option<Vec<Item>> {
+    let mut out = vec![];
+    let mut any = false;
+    if let (Some(bd), Some(cd)) = (&b.distributions, &c.distributions) {
+        any = true;
+        let flat = |d: &BTreeMap<String, (String, String)>| -> BTreeMap<String, String> {
+            d.iter().map(|(k, (_, v))| (k.clone(), v.clone())).collect()
+        };
+        let key_level = |k: &str| {
+            if rules::KEY_PACKAGES.contains(&k) {
+                Level::Error
+            } else {
+                Level::Warning
+            }
+        };
+        let spec = MapSpec {
+            cat: Category::Packages,
+            diff: &|k, _, _| key_level(k),
+            missing: &|k| {
+                if k == "torch" {
+                    Level::Error
+                } else {
+                    Level::Warning
+                }
+            },
+            platform_key: &|k| matches_any(rules::PACKAGES_PLATFORM, k),
+            platform_diff: &|_, x, y| strip_local(x) == strip_local(y),
+            equal: &|_, x, y| x == y,
+        };
+        out.extend(compare_maps(ctx, &spec, &flat(bd), &flat(cd)));
+    } else {
+        notes.push(format!(
+            "package list not in the {} pack",
+            if b.distributions.is_none() {
+                "bench"
+            } else {
+                "cmp"
+            }
+        ));
+    }
+    if let (Some(bp), Some(cp)) = (&b.platform, &c.platform) {
+        any = true;
+        let spec = MapSpec {
+            cat: Category::Packages,
+            diff: &|k, x, y| match k {
+                "python.version" if major_minor(x) == major_minor(y) => Level::Warning,
+                "python.version" => Level::Error,
+                "accelerator.torch" | "accelerator.torch_npu" | "accelerator.cann" => Level::Error,
+                _ => Level::Warning,
+            },
+            missing: &|_| Level::Warning,
+            platform_key: &|k| k.starts_with("accelerator."),
+            platform_diff: &|k, x, y| {
+                if k == "accelerator.torch" {
+                    strip_local(x) == strip_local(y)
+                } else {
+                    k.starts_with("accelerator.")
+                }
+            },
+            equal: &|_, x, y| x == y,
+        };
+        out.extend(compare_maps(ctx, &spec, bp, cp));
+    } else if b.platform.is_some() || c.platform.is_some() {
+        notes.push("python/OS/CPU/accelerator versions recorded on one side only".into());
+    }
+    any.then_some(out)
+}
+
+fn determinism_items(
+    ctx: &Ctx,
+    b: &BTreeMap<String, String>,
+    c: &BTreeMap<String, String>,
+) -> Vec<Item> {
+    let spec = MapSpec {
+        cat: Category::Determinism,
+        diff: &|_, _, _| Level::Error,
+        missing: &|_| Level::Warning,
+        platform_key: &|k| {
+            matches_any(
+                &[
+                    "torch.npu.*",
+                    "autocast.npu.*",
+                    "autocast.cuda.*",
+                    "torch.backends.cud*",
+                ],
+                k,
+            )
+        },
+        platform_diff: &|_, _, _| false,
+        equal: &|_, x, y| loose_equal(x, y),
+    };
+    compare_maps(ctx, &spec, b, c)
+}
+
+fn hyper_items(
+    ctx: &Ctx,
+    b: &BTreeMap<String, String>,
+    c: &BTreeMap<String, String>,
+    notes: &mut Vec<String>,
+) -> Vec<Item> {
+    let section = |k: &str| k.split('.').next().unwrap_or(k).to_string();
+    let bs: BTreeSet<String> = b.keys().map(|k| section(k)).collect();
+    let cs: BTreeSet<String> = c.keys().map(|k| section(k)).collect();
+    let only_b: Vec<_> = bs.difference(&cs).cloned().collect();
+    let only_c: Vec<_> = cs.difference(&bs).cloned().collect();
+    if !only_b.is_empty() {
+        notes.push(format!(
+            "only in bench, not compared: {}",
+            only_b.join(", ")
+        ));
+    }
+    if !only_c.is_empty() {
+        notes.push(format!("only in cmp, not compared: {}", only_c.join(", ")));
+    }
+    let keep = |m: &BTreeMap<String, String>| -> BTreeMap<String, String> {
+        m.iter()
+            .filter(|(k, _)| bs.contains(&section(k)) && cs.contains(&section(k)))
+            .map(|(k, v)| (k.clone(), v.clone()))
+            .collect()
+    };
+    let spec = MapSpec {
+        cat: Category::Hyperparameters,
+        diff: &|_, _, _| Level::Error,
+        missing: &|_| Level::Warning,
+        platform_key: &|_| false,
+        platform_diff: &|_, _, _| false,
+        equal: &|_, x, y| loose_equal(x, y),
+    };
+    compare_maps(ctx, &spec, &keep(b), &keep(c))
+}
+
+fn platform_fn(f: &str) -> bool {
+    f.starts_with("torch.cuda.") || f.starts_with("torch.npu.")
+}
+
+fn random_items(ctx: &Ctx, b: &RandomInfo, c: &RandomInfo, notes: &mut Vec<String>) -> Vec<Item> {
+    let cat = Category::Random;
+    let mut out = vec![];
+    // Seed calls: the k-th call of each function, per rank.
+    let group = |r: &'_ RandomInfo| -> BTreeMap<(u64, String), Vec<super::pack::SeedCall>> {
+        let mut m: BTreeMap<(u64, String), Vec<super::pack::SeedCall>> = BTreeMap::new();
+        for s in &r.seeds {
+            m.entry((s.rank, s.function.clone()))
+                .or_default()
+                .push(s.clone());
+        }
+        m
+    };
+    let bg = group(b);
+    let mut cg = group(c);
+    let show = |s: &super::pack::SeedCall| {
+        format!(
+            "{} @ {}",
+            s.value.as_deref().unwrap_or("(value not recorded)"),
+            normalize_site(&s.site)
+        )
+    };
+    for ((rank, f), bcalls) in &bg {
+        let mut name = f.clone();
+        let ccalls = match cg.remove(&(*rank, f.clone())) {
+            Some(v) => Some(v),
+            None => {
+                let p = ctx
+                    .rules
+                    .counterparts(cat, f)
+                    .into_iter()
+                    .find(|p| cg.contains_key(&(*rank, p.clone())));
+                p.and_then(|p| {
+                    name = format!("{f} ↔ {p}");
+                    cg.remove(&(*rank, p))
+                })
+            }
+        };
+        let ccalls = ccalls.unwrap_or_default();
+        for k in 0..bcalls.len().max(ccalls.len()) {
+            let (bs, cs) = (bcalls.get(k), ccalls.get(k));
+            let label = format!("seed {name} #{}", k + 1);
+            let mut it = item(cat, &label, bs.map(show), cs.map(show));
+            it.rank = Some(*rank);
+            match (bs, cs) {
+                (Some(x), Some(y)) => {
+                    if let (Some(xv), Some(yv)) = (&x.value, &y.value) {
+                        if !loose_equal(xv, yv) {
+                            it.status = ctx.judge(cat, &label, Level::Error, false);
+                            it.detail = "seed value differs".into();
+                        }
+                    } else {
+                        it.detail = "seed value not recorded on one side".into();
+                    }
+                    if it.status == Status::Pass
+                        && normalize_site(&x.site) != normalize_site(&y.site)
+                    {
+                        it.status = ctx.judge(cat, &label, Level::Warning, false);
+                        it.detail = "same seed from another call site".into();
+                    }
+                }
+                (Some(x), None) | (None, Some(x)) => {
+                    it.status = ctx.judge(cat, &label, Level::Error, platform_fn(&x.function));
+                    it.detail = ctx
+                        .side_note(bs.is_some())
+                        .replace("only", "seed call only");
+                }
+                (None, None) => {}
+            }
+            out.push(it);
+        }
+    }
+    for ((rank, f), ccalls) in cg {
+        for (k, s) in ccalls.iter().enumerate() {
+            let label = format!("seed {f} #{}", k + 1);
+            let mut it = item(cat, &label, None, Some(show(s)));
+            it.rank = Some(rank);
+            it.status = ctx.judge(cat, &label, Level::Error, platform_fn(&f));
+            it.detail = ctx.side_note(false).replace("only", "seed call only");
+            out.push(it);
+        }
+    }
+    // Draw counts per function and call site, per rank.
+    let summarize = |sites: &[(String, u64)]| -> (u64, BTreeMap<String, u64>) {
+        let mut m = BTreeMap::new();
+        for (s, n) in sites {
+            *m.entry(normalize_site(s)).or_insert(0) += n;
+        }
+        (m.values().sum(), m)
+    };
+    let show_draws = |total: u64, m: &BTreeMap<String, u64>| {
+        let sites: Vec<String> = m.iter().map(|(s, n)| format!("{n}× {s}")).collect();
+        format!("{total} ({})", sites.join("; "))
+    };
+    let keys: BTreeSet<&(u64, String)> = b.draws.keys().chain(c.draws.keys()).collect();
+    for key in keys {
+        let (rank, f) = key;
+        let label = format!("draws {f}");
+        let bd = b.draws.get(key).map(|v| summarize(v));
+        let cd = c.draws.get(key).map(|v| summarize(v));
+        let mut it = item(
+            cat,
+            &label,
+            bd.as_ref().map(|(t, m)| show_draws(*t, m)),
+            cd.as_ref().map(|(t, m)| show_draws(*t, m)),
+        );
+        it.rank = Some(*rank);
+        match (&bd, &cd) {
+            (Some((bt, bm)), Some((ct, cm))) => {
+                if bt != ct {
+                    it.status = ctx.judge(cat, &label, Level::Error, false);
+                    it.detail = format!("{bt} vs {ct} draws during the captured steps");
+                } else if bm != cm {
+                    it.status = ctx.judge(cat, &label, Level::Warning, false);
+                    it.detail = "same count from other call sites".into();
+                }
+            }
+            _ => {
+                it.status = ctx.judge(cat, &label, Level::Error, platform_fn(f));
+                it.detail = ctx.side_note(bd.is_some()).replace("only", "draws only");
+            }
+        }
+        out.push(it);
+    }
+    // RNG state hashes at pack time.
+    match (&b.states, &c.states) {
+        (Some(bs), Some(cs)) => {
+            let keys: BTreeSet<&String> = bs.keys().chain(cs.keys()).collect();
+            for g in keys {
+                let label = format!("state {g}");
+                let short = |h: &String| h.chars().take(16).collect::<String>();
+                let mut it = item(cat, &label, bs.get(g).map(short), cs.get(g).map(short));
+                match (bs.get(g), cs.get(g)) {
+                    (Some(x), Some(y)) if x == y => {}
+                    (Some(_), Some(_)) => {
+                        it.status = ctx.judge(cat, &label, Level::Error, false);
+                        it.detail = "generator state differs after the captured steps".into();
+                    }
+                    _ => {
+                        let plat = g == "cuda" || g == "npu";
+                        it.status = ctx.judge(cat, &label, Level::Warning, plat);
+                        it.detail = ctx.side_note(bs.contains_key(g));
+                    }
+                }
+                out.push(it);
+            }
+        }
+        _ => notes.push("RNG state hashes recorded on one side only (msprobe has none)".into()),
+    }
+    out
+}
+
+fn rel(a: f64, b: f64) -> f64 {
+    if a == b || (a.is_nan() && b.is_nan()) {
+        return 0.0;
+    }
+    let d = (a - b).abs();
+    let m = a.abs().max(b.abs());
+    if d.is_nan() {
+        f64::INFINITY
+    } else if m == 0.0 {
+        0.0
+    } else {
+        d / m
+    }
+}
+
+fn stats_of(f: &Fingerprint) -> [Option<f64>; 4] {
+    [f.max, f.min, f.mean, f.norm].map(|s| s.map(|x| x.0))
+}
+
+fn show_fp(f: &Fingerprint) -> String {
+    let mut s = String::new();
+    if let Some(h) = &f.sha256 {
+        s.push_str(&format!(
+            "sha256:{}…",
+            h.chars().take(12).collect::<String>()
+        ));
+    }
+    if let Some(d) = &f.dtype {
+        s.push_str(&format!(" {d}"));
+    }
+    if let Some(sh) = &f.shape {
+        let dims: Vec<String> = sh.iter().map(|x| x.to_string()).collect();
+        s.push_str(&format!("[{}]", dims.join(",")));
+    }
+    if f.sha256.is_none() {
+        let st = stats_of(f);
+        let names = ["max", "min", "mean", "norm"];
+        let parts: Vec<String> = names
+            .iter()
+            .zip(st)
+            .filter_map(|(n, v)| v.map(|v| format!("{n}={v:.6e}")))
+            .collect();
+        s.push_str(&parts.join(" "));
+    }
+    s.trim().to_string()
+}
+
+fn fp_compare(b: &Fingerprint, c: &Fingerprint, rtol: f64) -> (Level, String, StatsPair) {
+    let (bs, cs) = (stats_of(b), stats_of(c));
+    let diffs: Vec<f64> = bs
+        .iter()
+        .zip(cs.iter())
+        .filter_map(|(x, y)| Some(rel((*x)?, (*y)?)))
+        .collect();
+    let max_rel = diffs.iter().copied().fold(None, |m: Option<f64>, d| {
+        Some(m.map_or(d, |m| if d > m || d.is_nan() { d } else { m }))
+    });
+    let pair = StatsPair {
+        bench: bs,
+        cmp: cs,
+        max_rel_diff: max_rel,
+    };
+    let how = max_rel
+        .map(|m| format!("; statistics differ by up to {m:.3e} (relative)"))
+        .unwrap_or_default();
+    if let (Some(hb), Some(hc)) = (&b.sha256, &c.sha256) {
+        if b.dtype != c.dtype {
+            let d = |x: &Option<String>| x.clone().unwrap_or_else(|| "?".into());
+            return (
+                Level::Error,
+                format!("dtype {} vs {}", d(&b.dtype), d(&c.dtype)),
+                pair,
+            );
+        }
+        if b.shape != c.shape {
+            return (
+                Level::Error,
+                format!("shape {:?} vs {:?}", b.shape, c.shape),
+                pair,
+            );
+        }
+        if hb == hc {
+            return (Level::Expected, "identical bytes".into(), pair);
+        }
+        return (Level::Error, format!("bytes differ{how}"), pair);
+    }
+    match max_rel {
+        None => (
+            Level::Warning,
+            "not comparable: no hash and no statistics on one side".into(),
+            pair,
+        ),
+        Some(m) if m <= rtol => (
+            Level::Expected,
+            format!("statistics equal within {rtol:e} (no hash on one side)"),
+            pair,
+        ),
+        Some(_) => (Level::Error, format!("no hash{how}"), pair),
+    }
+}
+
+fn record_items(
+    ctx: &Ctx,
+    cat: Category,
+    b: &BTreeMap<RecordKey, Fingerprint>,
+    c: &BTreeMap<RecordKey, Fingerprint>,
+    notes: &mut Vec<String>,
+) -> Option<Vec<Item>> {
+    let secs = |m: &BTreeMap<RecordKey, Fingerprint>| -> BTreeSet<(u64, u64)> {
+        m.keys().map(|(s, r, _)| (*s, *r)).collect()
+    };
+    let (bs, cs) = (secs(b), secs(c));
+    let fmt = |v: Vec<&(u64, u64)>| {
+        v.iter()
+            .map(|(s, r)| format!("step {s} rank {r}"))
+            .collect::<Vec<_>>()
+            .join(", ")
+    };
+    let only_b: Vec<_> = bs.difference(&cs).collect();
+    let only_c: Vec<_> = cs.difference(&bs).collect();
+    if !only_b.is_empty() {
+        notes.push(format!("only in bench, not compared: {}", fmt(only_b)));
+    }
+    if !only_c.is_empty() {
+        notes.push(format!("only in cmp, not compared: {}", fmt(only_c)));
+    }
+    let common: BTreeSet<_> = bs.intersection(&cs).copied().collect();
+    if common.is_empty() {
+        if !bs.is_empty() || !cs.is_empty() {
+            notes.push("no step/rank in common".into());
+        }
+        return None;
+    }
+    let keys: BTreeSet<&RecordKey> = b
+        .keys()
+        .chain(c.keys())
+        .filter(|(s, r, _)| common.contains(&(*s, *r)))
+        .collect();
+    let mut out = vec![];
+    for key in keys {
+        let (s, r, name) = key;
+        let (bf, cf) = (b.get(key), c.get(key));
+        let mut it = item(cat, name, bf.map(show_fp), cf.map(show_fp));
+        it.step = Some(*s);
+        it.rank = Some(*r);
+        match (bf, cf) {
+            (Some(x), Some(y)) => {
+                let (lvl, detail, pair) = fp_compare(x, y, ctx.rules.stats_rtol);
+                it.status = match lvl {
+                    Level::Expected => Status::Pass,
+                    l => ctx.judge(cat, name, l, false),
+                };
+                it.detail = detail;
+                it.stats = Some(pair);
+            }
+            _ => {
+                it.status = ctx.judge(cat, name, Level::Error, false);
+                it.detail = ctx.side_note(bf.is_some());
+            }
+        }
+        out.push(it);
+    }
+    Some(out)
+}
+
+fn side_missing(b: bool, c: bool) -> String {
+    match (b, c) {
+        (false, false) => "in neither pack".into(),
+        (false, true) => "not in the bench pack".into(),
+        _ => "not in the cmp pack".into(),
+    }
+}
+
+/// Compares two loaded packs.
+pub fn compare(b: &Pack, c: &Pack, opts: &CheckOptions) -> CheckReport {
+    let ctx = Ctx {
+        rules: &opts.rules,
+        cross: b.family() != c.family(),
+        bench_family: b.family(),
+        cmp_family: c.family(),
+    };
+    let mut items: Vec<Item> = vec![];
+    let mut categories = vec![];
+    for cat in Category::ALL {
+        let mut notes = vec![];
+        let got: Option<Vec<Item>> = match cat {
+            Category::Env => match (&b.env, &c.env) {
+                (Some(x), Some(y)) => Some(env_items(&ctx, x, y)),
+                (x, y) => {
+                    notes.push(side_missing(x.is_some(), y.is_some()));
+                    None
+                }
+            },
+            Category::Packages => packages_items(&ctx, b, c, &mut notes),
+            Category::Determinism => match (&b.determinism, &c.determinism) {
+                (Some(x), Some(y)) => Some(determinism_items(&ctx, x, y)),
+                (x, y) => {
+                    notes.push(side_missing(x.is_some(), y.is_some()));
+                    None
+                }
+            },
+            Category::Random => match (&b.random, &c.random) {
+                (Some(x), Some(y)) => Some(random_items(&ctx, x, y, &mut notes)),
+                (x, y) => {
+                    notes.push(side_missing(x.is_some(), y.is_some()));
+                    None
+                }
+            },
+            Category::Dataset | Category::Weights => {
+                let (x, y) = if cat == Category::Dataset {
+                    (&b.dataset, &c.dataset)
+                } else {
+                    (&b.weights, &c.weights)
+                };
+                match (x, y) {
+                    (Some(x), Some(y)) => record_items(&ctx, cat, x, y, &mut notes),
+                    (x, y) => {
+                        notes.push(side_missing(x.is_some(), y.is_some()));
+                        None
+                    }
+                }
+            }
+            Category::Hyperparameters => match (&b.hyperparameters, &c.hyperparameters) {
+                (Some(x), Some(y)) => Some(hyper_items(&ctx, x, y, &mut notes)),
+                (x, y) => {
+                    notes.push(side_missing(x.is_some(), y.is_some()));
+                    None
+                }
+            },
+        };
+        let mut counts = Counts::default();
+        let verdict = match &got {
+            None => "skipped".to_string(),
+            Some(list) => {
+                for it in list {
+                    counts.add(it.status);
+                }
+                if counts.error > 0 {
+                    "error".into()
+                } else if counts.warning > 0 {
+                    "warning".into()
+                } else {
+                    "pass".into()
+                }
+            }
+        };
+        items.extend(got.unwrap_or_default());
+        categories.push(CategorySummary {
+            name: cat,
+            verdict,
+            counts,
+            notes,
+        });
+    }
+    let mut counts = Counts::default();
+    for it in &items {
+        counts.add(it.status);
+    }
+    let verdict = if counts.error > 0 {
+        "error"
+    } else if counts.warning > 0 {
+        "warning"
+    } else {
+        "pass"
+    };
+    let exit_code = match opts.fail_on {
+        FailOn::Error if counts.error > 0 => 1,
+        FailOn::Warning if counts.error + counts.warning > 0 => 1,
+        _ => 0,
+    };
+    CheckReport {
+        schema: super::SCHEMA,
+        probe_version: env!("CARGO_PKG_VERSION"),
+        bench: PackInfo::of(b),
+        cmp: PackInfo::of(c),
+        cross_platform: ctx.cross,
+        fail_on: opts.fail_on,
+        verdict: verdict.into(),
+        exit_code,
+        counts,
+        categories,
+        items,
+        outputs: BTreeMap::new(),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn loose() {
+        assert!(loose_equal("1e-3", "0.001"));
+        assert!(loose_equal("True", "true"));
+        assert!(!loose_equal("1234", "1235"));
+    }
+
+    #[test]
+    fn fingerprints() {
+        let a = Fingerprint {
+            sha256: Some("aa".into()),
+            ..Default::default()
+        };
+        let mut b = a.clone();
+        assert_eq!(fp_compare(&a, &b, 1e-6).0, Level::Expected);
+        b.sha256 = Some("bb".into());
+        assert_eq!(fp_compare(&a, &b, 1e-6).0, Level::Error);
+    }
+}

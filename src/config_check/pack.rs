@@ -1,0 +1,769 @@
+//! Config packs of both kinds, read into one model.
+//!
+//! * probe packs (`manifest.json` with `"format": "probe-config-pack"`), written by the
+//!   Python `probe.ConfigPack` and by `probe config-pack`; see docs/config-check.md and
+//!   schemas/probe-config-pack.v1.schema.json. The `*Doc` types below are that format.
+//! * msprobe's `config_check_pack.zip` (`env`, `pip`, `hyperparameters/…`,
+//!   `dataset/step{S}/rank{R}/dataset.json`, `weights/…/weight.json`, `random/rank{R}.json`).
+
+use super::archive::Archive;
+use crate::error::{ProbeError, Result};
+use serde::{Deserialize, Serialize};
+use serde_json::Value;
+use sha2::{Digest, Sha256};
+use std::collections::{BTreeMap, BTreeSet};
+use std::path::{Path, PathBuf};
+
+pub const FORMAT: &str = "probe-config-pack";
+pub const VERSION: u32 = 1;
+
+// ---------------------------------------------------------------------------------------
+// The probe pack format (v1), entry by entry.
+
+#[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]
+pub struct ManifestDoc {
+    pub format: String,
+    pub version: u32,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub producer: Option<String>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub created: Option<String>,
+    /// `cpu`, `cuda` or `npu`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub device: Option<String>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub rank: Option<u64>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub steps: Option<u64>,
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub entries: Vec<String>,
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub errors: Vec<String>,
+}
+
+#[derive(Debug, Clone, Serialize, Deserialize, PartialEq, Default)]
+pub struct EnvDoc {
+    pub vars: BTreeMap<String, String>,
+    #[serde(default)]
+    pub redacted: Vec<String>,
+}
+
+#[derive(Debug, Clone, Serialize, Deserialize, PartialEq, Default)]
+pub struct PackagesDoc {
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub python: Option<Value>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub os: Option<Value>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub cpu: Option<Value>,
+    #[serde(default)]
+    pub distributions: BTreeMap<String, String>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub accelerator: Option<Value>,
+}
+
+#[derive(Debug, Clone, Serialize, Deserialize, PartialEq, Default)]
+pub struct DeterminismDoc {
+    pub flags: BTreeMap<String, Value>,
+}
+
+#[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]
+pub struct SeedCallDoc {
+    pub function: String,
+    #[serde(default)]
+    pub value: Value,
+    #[serde(default)]
+    pub site: String,
+}
+
+#[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]
+pub struct DrawSiteDoc {
+    pub site: String,
+    pub count: u64,
+}
+
+#[derive(Debug, Clone, Serialize, Deserialize, PartialEq, Default)]
+pub struct RandomDoc {
+    #[serde(default)]
+    pub seed_calls: Vec<SeedCallDoc>,
+    #[serde(default)]
+    pub draws: BTreeMap<String, Vec<DrawSiteDoc>>,
+    #[serde(default)]
+    pub state_hashes: BTreeMap<String, String>,
+}
+
+/// A statistic: a number, or `"nan"`/`"inf"`/`"-inf"` (JSON has no non-finite numbers).
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct Stat(pub f64);
+
+impl Serialize for Stat {
+    fn serialize<S: serde::Serializer>(&self, s: S) -> std::result::Result<S::Ok, S::Error> {
+        if self.0.is_finite() {
+            s.serialize_f64(self.0)
+        } else if self.0.is_nan() {
+            s.serialize_str("nan")
+        } else if self.0 > 0.0 {
+            s.serialize_str("inf")
+        } else {
+            s.serialize_str("-inf")
+        }
+    }
+}
+
+impl<'de> Deserialize<'de> for Stat {
+    fn deserialize<D: serde::Deserializer<'de>>(d: D) -> std::result::Result<Stat, D::Error> {
+        let v = Value::deserialize(d)?;
+        match &v {
+            Value::Number(n) => n
+                .as_f64()
+                .map(Stat)
+                .ok_or_else(|| serde::de::Error::custom("bad number")),
+            Value::String(s) => match s.trim().to_ascii_lowercase().as_str() {
+                "nan" => Ok(Stat(f64::NAN)),
+                "inf" | "+inf" | "infinity" => Ok(Stat(f64::INFINITY)),
+                "-inf" | "-infinity" => Ok(Stat(f64::NEG_INFINITY)),
+                other => other
+                    .parse::<f64>()
+                    .map(Stat)
+                    .map_err(|_| serde::de::Error::custom(format!("bad statistic {s:?}"))),
+            },
+            _ => Err(serde::de::Error::custom("statistic must be a number")),
+        }
+    }
+}
+
+#[derive(Debug, Clone, Serialize, Deserialize, PartialEq, Default)]
+pub struct Fingerprint {
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub sha256: Option<String>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub dtype: Option<String>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub shape: Option<Vec<u64>>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub numel: Option<u64>,
+    #[serde(default)]
+    pub max: Option<Stat>,
+    #[serde(default)]
+    pub min: Option<Stat>,
+    #[serde(default)]
+    pub mean: Option<Stat>,
+    #[serde(default)]
+    pub norm: Option<Stat>,
+}
+
+#[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]
+pub struct RecordDoc {
+    pub step: u64,
+    pub rank: u64,
+    pub name: String,
+    pub fingerprint: Fingerprint,
+}
+
+#[derive(Debug, Clone, Serialize, Deserialize, PartialEq, Default)]
+pub struct RecordsDoc {
+    pub records: Vec<RecordDoc>,
+}
+
+// ---------------------------------------------------------------------------------------
+// The model both kinds are read into.
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
+#[serde(rename_all = "lowercase")]
+pub enum PackKind {
+    Probe,
+    Msprobe,
+}
+
+#[derive(Debug, Clone)]
+pub struct SeedCall {
+    pub rank: u64,
+    pub function: String,
+    /// None where the producer did not record values (msprobe).
+    pub value: Option<String>,
+    pub site: String,
+}
+
+#[derive(Debug, Clone, Default)]
+pub struct RandomInfo {
+    pub seeds: Vec<SeedCall>,
+    /// (rank, function) → (call site, count).
+    pub draws: BTreeMap<(u64, String), Vec<(String, u64)>>,
+    /// None where the producer did not record them.
+    pub states: Option<BTreeMap<String, String>>,
+}
+
+/// One tensor fingerprint: (step, rank, name).
+pub type RecordKey = (u64, u64, String);
+
+#[derive(Debug, Clone)]
+pub struct Pack {
+    pub path: PathBuf,
+    pub kind: PackKind,
+    pub version: Option<u32>,
+    pub producer: Option<String>,
+    /// `cpu`, `cuda`, `npu` or `unknown`.
+    pub device: String,
+    pub env: Option<BTreeMap<String, String>>,
+    /// Normalised distribution name → (name as written, version).
+    pub distributions: Option<BTreeMap<String, (String, String)>>,
+    /// `python.version`, `os.system`, `cpu.model`, `accelerator.torch`, ...
+    pub platform: Option<BTreeMap<String, String>>,
+    pub determinism: Option<BTreeMap<String, String>>,
+    pub random: Option<RandomInfo>,
+    pub dataset: Option<BTreeMap<RecordKey, Fingerprint>>,
+    pub weights: Option<BTreeMap<RecordKey, Fingerprint>>,
+    /// Flattened paths (`optimizer.param_groups.0.lr`) → value as text.
+    pub hyperparameters: Option<BTreeMap<String, String>>,
+}
+
+impl Pack {
+    /// `npu` when the pack was made with torch_npu, else `gpu` (CUDA, ROCm or CPU builds).
+    pub fn family(&self) -> &'static str {
+        let npu_pkg = self
+            .distributions
+            .as_ref()
+            .is_some_and(|d| d.contains_key("torch-npu"));
+        if self.device == "npu" || npu_pkg {
+            "npu"
+        } else {
+            "gpu"
+        }
+    }
+}
+
+/// Name parts that mark an environment variable's value as secret (case-insensitive).
+pub const SECRET_MARKERS: &[&str] = &[
+    "TOKEN",
+    "SECRET",
+    "PASSW",
+    "CREDENTIAL",
+    "ACCESS",
+    "AUTH",
+    "PRIVATE",
+    "COOKIE",
+    "SESSION",
+    "KEY",
+];
+
+pub fn is_secret_name(name: &str) -> bool {
+    let up = name.to_ascii_uppercase();
+    SECRET_MARKERS.iter().any(|m| up.contains(m))
+}
+
+pub fn sha256_hex(bytes: &[u8]) -> String {
+    let d = Sha256::digest(bytes);
+    let mut s = String::with_capacity(64);
+    for b in d {
+        s.push_str(&format!("{b:02x}"));
+    }
+    s
+}
+
+/// The digest that replaces a secret value.
+pub fn redact(value: &str) -> String {
+    format!("sha256:{}", sha256_hex(value.as_bytes()))
+}
+
+/// Secret-looking names get digests (msprobe packs carry raw values; they must not reach
+/// probe's reports).
+fn redact_env(vars: BTreeMap<String, String>) -> BTreeMap<String, String> {
+    vars.into_iter()
+        .map(|(k, v)| {
+            if is_secret_name(&k) && !v.starts_with("sha256:") {
+                let r = redact(&v);
+                (k, r)
+            } else {
+                (k, v)
+            }
+        })
+        .collect()
+}
+
+/// PEP 503 normalisation: lowercase, runs of `-_.` become `-`.
+pub fn normalize_dist(name: &str) -> String {
+    let mut out = String::with_capacity(name.len());
+    let mut sep = false;
+    for ch in name.trim().chars() {
+        if matches!(ch, '-' | '_' | '.') {
+            sep = true;
+        } else {
+            if sep && !out.is_empty() {
+                out.push('-');
+            }
+            sep = false;
+            out.extend(ch.to_lowercase());
+        }
+    }
+    out
+}
+
+/// A JSON value as a short, canonical text (strings without quotes).
+pub fn value_text(v: &Value) -> String {
+    match v {
+        Value::String(s) => s.clone(),
+        Value::Null => "null".into(),
+        other => other.to_string(),
+    }
+}
+
+/// Flattens nested objects and arrays into `a.b.0.c` paths.
+pub fn flatten(prefix: &str, v: &Value, out: &mut BTreeMap<String, String>) {
+    match v {
+        Value::Object(m) if !m.is_empty() => {
+            for (k, x) in m {
+                let p = if prefix.is_empty() {
+                    k.clone()
+                } else {
+                    format!("{prefix}.{k}")
+                };
+                flatten(&p, x, out);
+            }
+        }
+        Value::Array(a) if !a.is_empty() && a.iter().any(|x| x.is_object() || x.is_array()) => {
+            for (i, x) in a.iter().enumerate() {
+                flatten(&format!("{prefix}.{i}"), x, out);
+            }
+        }
+        other => {
+            out.insert(prefix.to_string(), value_text(other));
+        }
+    }
+}
+
+/// `basename:line in function` for both probe sites (`/a/b.py:31 in main`) and msprobe
+/// stack lines (`File /a/b.py, line 31, in main, code`): paths differ between machines.
+pub fn normalize_site(site: &str) -> String {
+    let s = site.trim();
+    if let Some(rest) = s.strip_prefix("File ") {
+        let mut parts = rest.splitn(4, ", ");
+        let file = parts.next().unwrap_or("");
+        let line = parts
+            .next()
+            .and_then(|l| l.strip_prefix("line "))
+            .unwrap_or("?");
+        let func = parts
+            .next()
+            .and_then(|f| f.strip_prefix("in "))
+            .unwrap_or("?");
+        return format!("{}:{line} in {func}", basename(file));
+    }
+    match s.split_once(" in ") {
+        Some((loc, func)) => {
+            let (file, line) = loc.rsplit_once(':').unwrap_or((loc, "?"));
+            format!("{}:{line} in {func}", basename(file))
+        }
+        None => basename(s).to_string(),
+    }
+}
+
+fn basename(p: &str) -> &str {
+    p.rsplit(['/', '\\']).next().unwrap_or(p)
+}
+
+// ---------------------------------------------------------------------------------------
+// Loading
+
+/// Reads a pack of either kind.
+pub fn load(path: &Path) -> Result<Pack> {
+    let ar = super::archive::read(path)?;
+    if ar.get("manifest.json").is_some() {
+        load_probe(&ar)
+    } else if ar.get("env").is_some()
+        || ar.get("pip").is_some()
+        || ar.entries.keys().any(|k| {
+            k.starts_with("dataset/")
+                || k.starts_with("weights/")
+                || k.starts_with("random/")
+                || k.starts_with("hyperparameters/")
+        })
+    {
+        load_msprobe(&ar)
+    } else {
+        Err(ar.bad(
+            "-",
+            "not a config pack (no manifest.json, nor msprobe's env/pip/dataset/weights/random entries)",
+        ))
+    }
+}
+
+fn records(ar: &Archive, entry: &str) -> Result<Option<BTreeMap<RecordKey, Fingerprint>>> {
+    let doc: Option<RecordsDoc> = ar.json(entry)?;
+    Ok(doc.map(|d| {
+        d.records
+            .into_iter()
+            .map(|r| ((r.step, r.rank, r.name), r.fingerprint))
+            .collect()
+    }))
+}
+
+fn load_probe(ar: &Archive) -> Result<Pack> {
+    let m: ManifestDoc = ar
+        .json("manifest.json")?
+        .ok_or_else(|| ar.bad("manifest.json", "missing"))?;
+    if m.format != FORMAT {
+        return Err(ar.bad(
+            "manifest.json",
+            format!("format is {:?}, expected {FORMAT:?}", m.format),
+        ));
+    }
+    if m.version != VERSION {
+        return Err(ProbeError::Unsupported {
+            path: ar.path.clone(),
+            msg: format!(
+                "config pack version {} (this probe reads version {VERSION})",
+                m.version
+            ),
+        });
+    }
+    let env: Option<EnvDoc> = ar.json("env.json")?;
+    let pk: Option<PackagesDoc> = ar.json("packages.json")?;
+    let det: Option<DeterminismDoc> = ar.json("determinism.json")?;
+    let rnd: Option<RandomDoc> = ar.json("random.json")?;
+    let hp: Option<Value> = ar.json("hyperparameters.json")?;
+    let rank = m.rank.unwrap_or(0);
+
+    let (distributions, platform) = match pk {
+        None => (None, None),
+        Some(p) => {
+            let d = p
+                .distributions
+                .into_iter()
+                .map(|(n, v)| (normalize_dist(&n), (n, v)))
+                .collect();
+            let mut plat = BTreeMap::new();
+            for (k, v) in [
+                ("python", &p.python),
+                ("os", &p.os),
+                ("cpu", &p.cpu),
+                ("accelerator", &p.accelerator),
+            ] {
+                if let Some(v) = v {
+                    flatten(k, v, &mut plat);
+                }
+            }
+            plat.retain(|_, v| v != "null");
+            (Some(d), Some(plat))
+        }
+    };
+    let random = rnd.map(|r| RandomInfo {
+        seeds: r
+            .seed_calls
+            .into_iter()
+            .map(|s| SeedCall {
+                rank,
+                function: s.function,
+                value: Some(value_text(&s.value)),
+                site: s.site,
+            })
+            .collect(),
+        draws: r
+            .draws
+            .into_iter()
+            .map(|(f, sites)| {
+                (
+                    (rank, f),
+                    sites.into_iter().map(|d| (d.site, d.count)).collect(),
+                )
+            })
+            .collect(),
+        states: Some(r.state_hashes),
+    });
+    let hyperparameters = match hp {
+        None => None,
+        Some(v) => {
+            if !v.is_object() {
+                return Err(ar.bad("hyperparameters.json", "expected a JSON object"));
+            }
+            let mut out = BTreeMap::new();
+            let mut v = v;
+            if let Some(argv) = v.get("argv").and_then(|a| a.as_array()) {
+                let joined = argv.iter().map(value_text).collect::<Vec<_>>().join(" ");
+                out.insert("argv".to_string(), joined);
+            }
+            if let Some(o) = v.as_object_mut() {
+                o.remove("argv");
+            }
+            flatten("", &v, &mut out);
+            out.remove("");
+            Some(out)
+        }
+    };
+    Ok(Pack {
+        path: ar.path.clone(),
+        kind: PackKind::Probe,
+        version: Some(m.version),
+        producer: m.producer,
+        device: m.device.unwrap_or_else(|| "unknown".into()),
+        env: env.map(|e| redact_env(e.vars)),
+        distributions,
+        platform,
+        determinism: det.map(|d| {
+            d.flags
+                .iter()
+                .map(|(k, v)| (k.clone(), value_text(v)))
+                .collect()
+        }),
+        random,
+        dataset: records(ar, "dataset.json")?,
+        weights: records(ar, "weights.json")?,
+        hyperparameters,
+    })
+}
+
+/// `dataset/step3/rank0/dataset.json` → (3, 0).
+fn step_rank(name: &str, prefix: &str, file: &str) -> Option<(u64, u64)> {
+    let rest = name.strip_prefix(prefix)?.strip_suffix(file)?;
+    let mut it = rest.trim_matches('/').split('/');
+    let s = it.next()?.strip_prefix("step")?.parse().ok()?;
+    let r = it.next()?.strip_prefix("rank")?.parse().ok()?;
+    if it.next().is_some() {
+        return None;
+    }
+    Some((s, r))
+}
+
+#[derive(Deserialize)]
+struct MsStats {
+    #[serde(default)]
+    max: Option<Stat>,
+    #[serde(default)]
+    min: Option<Stat>,
+    #[serde(default)]
+    mean: Option<Stat>,
+    #[serde(default)]
+    norm: Option<Stat>,
+}
+
+impl From<MsStats> for Fingerprint {
+    fn from(s: MsStats) -> Fingerprint {
+        Fingerprint {
+            max: s.max,
+            min: s.min,
+            mean: s.mean,
+            norm: s.norm,
+            ..Fingerprint::default()
+        }
+    }
+}
+
+#[derive(Deserialize)]
+struct MsDataset {
+    #[serde(default)]
+    args: BTreeMap<String, Option<MsStats>>,
+    #[serde(default)]
+    kwargs: BTreeMap<String, Option<MsStats>>,
+}
+
+#[derive(Deserialize)]
+struct MsRandomSite {
+    #[serde(default)]
+    count: u64,
+    #[serde(default)]
+    stack: Vec<String>,
+}
+
+fn load_msprobe(ar: &Archive) -> Result<Pack> {
+    let env = match ar.get("env") {
+        None => None,
+        Some(_) => {
+            let v: Value = ar.json("env")?.unwrap_or(Value::Null);
+            let obj = v
+                .as_object()
+                .ok_or_else(|| ar.bad("env", "expected a JSON object of variables"))?;
+            Some(redact_env(
+                obj.iter()
+                    .map(|(k, v)| (k.clone(), value_text(v)))
+                    .collect(),
+            ))
+        }
+    };
+    let distributions = match ar.get("pip") {
+        None => None,
+        Some(bytes) => {
+            let text = std::str::from_utf8(bytes).map_err(|_| ar.bad("pip", "not UTF-8 text"))?;
+            let mut d = BTreeMap::new();
+            for (i, line) in text.lines().enumerate() {
+                let line = line.trim();
+                if line.is_empty() || line.starts_with('#') {
+                    continue;
+                }
+                let (n, v) = line
+                    .split_once("==")
+                    .or_else(|| line.split_once('='))
+                    .ok_or_else(|| {
+                        ar.bad("pip", format!("line {}: expected Name=version", i + 1))
+                    })?;
+                d.insert(
+                    normalize_dist(n),
+                    (n.trim().to_string(), v.trim().to_string()),
+                );
+            }
+            Some(d)
+        }
+    };
+    let mut hyper: Option<BTreeMap<String, String>> = None;
+    for (entry, prefix) in [
+        ("hyperparameters/hyperparameters_static.json", "args"),
+        ("hyperparameters/hyperparameters_dynamic.json", "dynamic"),
+    ] {
+        if let Some(v) = ar.json::<Value>(entry)? {
+            if !v.is_object() {
+                return Err(ar.bad(entry, "expected a JSON object"));
+            }
+            flatten(prefix, &v, hyper.get_or_insert_with(BTreeMap::new));
+        }
+    }
+    let mut dataset: Option<BTreeMap<RecordKey, Fingerprint>> = None;
+    let mut weights: Option<BTreeMap<RecordKey, Fingerprint>> = None;
+    let mut random: Option<RandomInfo> = None;
+    for name in ar.entries.keys() {
+        if let Some((s, r)) = step_rank(name, "dataset/", "dataset.json") {
+            let d: MsDataset = ar.json(name)?.unwrap_or(MsDataset {
+                args: BTreeMap::new(),
+                kwargs: BTreeMap::new(),
+            });
+            let out = dataset.get_or_insert_with(BTreeMap::new);
+            for (part, m) in [("args", d.args), ("kwargs", d.kwargs)] {
+                for (k, st) in m {
+                    let fp = st.map(Fingerprint::from).unwrap_or_default();
+                    out.insert((s, r, format!("{part}.{k}")), fp);
+                }
+            }
+        } else if let Some((s, r)) = step_rank(name, "weights/", "weight.json") {
+            let w: BTreeMap<String, Option<MsStats>> = ar.json(name)?.unwrap_or_default();
+            let out = weights.get_or_insert_with(BTreeMap::new);
+            for (k, st) in w {
+                out.insert((s, r, k), st.map(Fingerprint::from).unwrap_or_default());
+            }
+        } else if let Some(r) = name
+            .strip_prefix("random/rank")
+            .and_then(|x| x.strip_suffix(".json"))
+            .and_then(|x| x.parse::<u64>().ok())
+        {
+            let m: BTreeMap<String, Vec<MsRandomSite>> = ar.json(name)?.unwrap_or_default();
+            let info = random.get_or_insert_with(RandomInfo::default);
+            for (func, sites) in m {
+                let is_seed = func.rsplit('.').next().is_some_and(|l| l.contains("seed"));
+                for s in sites {
+                    let site = s.stack.last().cloned().unwrap_or_default();
+                    if is_seed {
+                        for _ in 0..s.count.min(10_000) {
+                            info.seeds.push(SeedCall {
+                                rank: r,
+                                function: func.clone(),
+                                value: None,
+                                site: site.clone(),
+                            });
+                        }
+                    } else {
+                        info.draws
+                            .entry((r, func.clone()))
+                            .or_default()
+                            .push((site, s.count));
+                    }
+                }
+            }
+        }
+    }
+    let device = match &distributions {
+        Some(d) if d.contains_key("torch-npu") => "npu",
+        _ => "unknown",
+    };
+    Ok(Pack {
+        path: ar.path.clone(),
+        kind: PackKind::Msprobe,
+        version: None,
+        producer: Some("msprobe config_check".into()),
+        device: device.into(),
+        env,
+        distributions,
+        platform: None,
+        determinism: None,
+        random,
+        dataset,
+        weights,
+        hyperparameters: hyper,
+    })
+}
+
+/// The set of redacted names a probe env entry would list.
+pub fn redacted_names(vars: &BTreeMap<String, String>) -> Vec<String> {
+    let set: BTreeSet<&String> = vars.keys().filter(|k| is_secret_name(k)).collect();
+    set.into_iter().cloned().collect()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn dist_names() {
+        assert_eq!(normalize_dist("Torch_NPU"), "torch-npu");
+        assert_eq!(normalize_dist("typing_extensions"), "typing-extensions");
+        assert_eq!(normalize_dist("zope.interface"), "zope-interface");
+    }
+
+    #[test]
+    fn sites() {
+        assert_eq!(
+            normalize_site("/a/b/train.py:31 in main"),
+            "train.py:31 in main"
+        );
+        assert_eq!(
+            normalize_site("File /a/b/train.py, line 31, in main, torch.manual_seed(1)"),
+            "train.py:31 in main"
+        );
+    }
+
+    #[test]
+    fn secrets() {
+        assert!(is_secret_name("HF_TOKEN"));
+        assert!(is_secret_name("aws_secret_access_key"));
+        assert!(!is_secret_name("PATH"));
+        assert!(!is_secret_name("PWD"));
+        assert_eq!(redact("x").len(), 7 + 64);
+    }
+
+    #[test]
+    fn step_rank_paths() {
+        assert_eq!(
+            step_rank(
+                "dataset/step3/rank1/dataset.json",
+                "dataset/",
+                "dataset.json"
+            ),
+            Some((3, 1))
+        );
+        assert_eq!(
+            step_rank("dataset/x/dataset.json", "dataset/", "dataset.json"),
+            None
+        );
+    }
+
+    #[test]
+    fn record_doc_round_trip() {
+        let r = RecordsDoc {
+            records: vec![RecordDoc {
+                step: 0,
+                rank: 0,
+                name: "w".into(),
+                fingerprint: Fingerprint {
+                    sha256: Some("ab".into()),
+                    dtype: Some("float32".into()),
+                    shape: Some(vec![2]),
+                    numel: Some(2),
+                    max: Some(Stat(f64::NAN)),
+                    min: Some(Stat(-1.0)),
+                    mean: None,
+                    norm: Some(Stat(f64::INFINITY)),
+                },
+            }],
+        };
+        let s = serde_json::to_string(&r).unwrap();
+        assert!(s.contains("\"nan\"") && s.contains("\"inf\""));
+        let back: RecordsDoc = serde_json::from_str(&s).unwrap();
+        assert_eq!(back.records[0].fingerprint.min, Some(Stat(-1.0)));
+        assert!(back.records[0].fingerprint.max.unwrap().0.is_nan());
+    }
+}

@@ -1,0 +1,223 @@
+//! `config_check.xlsx`: `summary` first (category, verdict, counts, notes), then one sheet
+//! per category with the bench and cmp values side by side in a stable order; errors red,
+//! warnings yellow, frozen header, autofilter.
+
+use super::{Category, CheckReport, Item, Status};
+use crate::atomic;
+use crate::error::{ProbeError, Result};
+use rust_xlsxwriter::{Color, Format, FormatBorder, Workbook, Worksheet, XlsxError};
+use std::path::Path;
+
+type X<T> = std::result::Result<T, XlsxError>;
+
+struct Formats {
+    header: Format,
+    plain: Format,
+    warn: Format,
+    err: Format,
+    expected: Format,
+}
+
+fn formats() -> Formats {
+    Formats {
+        header: Format::new()
+            .set_bold()
+            .set_background_color(Color::RGB(0xD9E1F2))
+            .set_border_bottom(FormatBorder::Thin)
+            .set_text_wrap(),
+        plain: Format::new(),
+        warn: Format::new().set_background_color(Color::RGB(0xFFEB9C)),
+        err: Format::new().set_background_color(Color::RGB(0xFFC7CE)),
+        expected: Format::new().set_background_color(Color::RGB(0xDDEBF7)),
+    }
+}
+
+fn fmt_for(s: Status, f: &Formats) -> &Format {
+    match s {
+        Status::Error => &f.err,
+        Status::Warning => &f.warn,
+        Status::Expected => &f.expected,
+        _ => &f.plain,
+    }
+}
+
+fn fmt_verdict<'a>(v: &str, f: &'a Formats) -> &'a Format {
+    match v {
+        "error" => &f.err,
+        "warning" => &f.warn,
+        _ => &f.plain,
+    }
+}
+
+fn header(ws: &mut Worksheet, cols: &[(&str, f64)], f: &Formats) -> X<()> {
+    for (i, (name, width)) in cols.iter().enumerate() {
+        ws.write_string_with_format(0, i as u16, *name, &f.header)?;
+        ws.set_column_width(i as u16, *width)?;
+    }
+    ws.set_freeze_panes(1, 0)?;
+    Ok(())
+}
+
+fn opt_str(ws: &mut Worksheet, r: u32, c: u16, v: &Option<String>, f: &Format) -> X<()> {
+    match v {
+        Some(s) => ws.write_string_with_format(r, c, s, f)?,
+        None => ws.write_blank(r, c, f)?,
+    };
+    Ok(())
+}
+
+fn num(ws: &mut Worksheet, r: u32, c: u16, v: Option<f64>, f: &Format) -> X<()> {
+    match v {
+        None => ws.write_blank(r, c, f)?,
+        Some(v) if v.is_finite() => ws.write_number_with_format(r, c, v, f)?,
+        Some(v) => ws.write_string_with_format(r, c, format!("{v}"), f)?,
+    };
+    Ok(())
+}
+
+const SUMMARY_COLS: &[(&str, f64)] = &[
+    ("category", 18.0),
+    ("verdict", 10.0),
+    ("pass", 8.0),
+    ("expected", 9.0),
+    ("ignored", 9.0),
+    ("warning", 9.0),
+    ("error", 8.0),
+    ("notes", 80.0),
+];
+
+const ITEM_COLS: &[(&str, f64)] = &[
+    ("item", 44.0),
+    ("rank", 6.0),
+    ("bench", 50.0),
+    ("cmp", 50.0),
+    ("status", 10.0),
+    ("detail", 50.0),
+];
+
+const RECORD_COLS: &[(&str, f64)] = &[
+    ("step", 6.0),
+    ("rank", 6.0),
+    ("name", 40.0),
+    ("bench", 40.0),
+    ("cmp", 40.0),
+    ("status", 10.0),
+    ("detail", 40.0),
+    ("bench max", 12.0),
+    ("cmp max", 12.0),
+    ("bench min", 12.0),
+    ("cmp min", 12.0),
+    ("bench mean", 12.0),
+    ("cmp mean", 12.0),
+    ("bench norm", 12.0),
+    ("cmp norm", 12.0),
+    ("max relative diff", 12.0),
+];
+
+fn summary(ws: &mut Worksheet, r: &CheckReport, f: &Formats) -> X<()> {
+    ws.set_name("summary")?;
+    header(ws, SUMMARY_COLS, f)?;
+    let mut row = 1u32;
+    for c in &r.categories {
+        let vf = fmt_verdict(&c.verdict, f);
+        ws.write_string(row, 0, c.name.name())?;
+        ws.write_string_with_format(row, 1, &c.verdict, vf)?;
+        for (i, n) in [
+            c.counts.pass,
+            c.counts.expected,
+            c.counts.ignored,
+            c.counts.warning,
+            c.counts.error,
+        ]
+        .into_iter()
+        .enumerate()
+        {
+            ws.write_number(row, 2 + i as u16, n as f64)?;
+        }
+        ws.write_string(row, 7, c.notes.join("; "))?;
+        row += 1;
+    }
+    ws.autofilter(0, 0, row - 1, SUMMARY_COLS.len() as u16 - 1)?;
+    row += 1;
+    let lines = [
+        ("verdict", r.verdict.clone()),
+        (
+            "exit code",
+            format!("{} (fail-on {:?})", r.exit_code, r.fail_on).to_lowercase(),
+        ),
+        (
+            "bench",
+            format!(
+                "{} ({:?}, {})",
+                r.bench.path, r.bench.format, r.bench.device
+            ),
+        ),
+        (
+            "cmp",
+            format!("{} ({:?}, {})", r.cmp.path, r.cmp.format, r.cmp.device),
+        ),
+        ("cross platform", r.cross_platform.to_string()),
+    ];
+    for (k, v) in lines {
+        ws.write_string_with_format(row, 0, k, &f.header)?;
+        ws.write_string(row, 1, v)?;
+        row += 1;
+    }
+    Ok(())
+}
+
+fn item_sheet(ws: &mut Worksheet, cat: Category, items: &[&Item], f: &Formats) -> X<()> {
+    ws.set_name(cat.name())?;
+    let records = matches!(cat, Category::Dataset | Category::Weights);
+    let cols = if records { RECORD_COLS } else { ITEM_COLS };
+    header(ws, cols, f)?;
+    for (i, it) in items.iter().enumerate() {
+        let r = i as u32 + 1;
+        let sf = fmt_for(it.status, f);
+        if records {
+            num(ws, r, 0, it.step.map(|x| x as f64), &f.plain)?;
+            num(ws, r, 1, it.rank.map(|x| x as f64), &f.plain)?;
+            ws.write_string(r, 2, &it.item)?;
+            opt_str(ws, r, 3, &it.bench, &f.plain)?;
+            opt_str(ws, r, 4, &it.cmp, &f.plain)?;
+            ws.write_string_with_format(r, 5, it.status.name(), sf)?;
+            ws.write_string(r, 6, &it.detail)?;
+            if let Some(p) = &it.stats {
+                for k in 0..4 {
+                    num(ws, r, 7 + 2 * k as u16, p.bench[k], &f.plain)?;
+                    num(ws, r, 8 + 2 * k as u16, p.cmp[k], &f.plain)?;
+                }
+                num(ws, r, 15, p.max_rel_diff, sf)?;
+            }
+        } else {
+            ws.write_string(r, 0, &it.item)?;
+            num(ws, r, 1, it.rank.map(|x| x as f64), &f.plain)?;
+            opt_str(ws, r, 2, &it.bench, &f.plain)?;
+            opt_str(ws, r, 3, &it.cmp, &f.plain)?;
+            ws.write_string_with_format(r, 4, it.status.name(), sf)?;
+            ws.write_string(r, 5, &it.detail)?;
+        }
+    }
+    ws.autofilter(0, 0, items.len().max(1) as u32, cols.len() as u16 - 1)?;
+    Ok(())
+}
+
+fn build(r: &CheckReport) -> X<Workbook> {
+    let f = formats();
+    let mut wb = Workbook::new();
+    summary(wb.add_worksheet(), r, &f)?;
+    for cat in Category::ALL {
+        let items: Vec<&Item> = r.items.iter().filter(|i| i.category == cat).collect();
+        item_sheet(wb.add_worksheet(), cat, &items, &f)?;
+    }
+    Ok(wb)
+}
+
+/// Writes the workbook atomically.
+pub fn write(r: &CheckReport, path: &Path) -> Result<()> {
+    let mut wb = build(r).map_err(|e| ProbeError::Output {
+        path: path.to_path_buf(),
+        msg: e.to_string(),
+    })?;
+    atomic::write_with(path, |w| wb.save_to_writer(w).map_err(|e| e.to_string()))
+}

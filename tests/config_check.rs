@@ -1,0 +1,644 @@
+//! `probe config-check` and `probe config-pack`, run as the real binary.
+//!
+//! Packs under testdata/config_check/ come from real runs of a tiny model
+//! (testdata/config_check/make_packs.py) and from msprobe itself (msprobe/*.zip).
+
+use calamine::{Data, Reader, Xlsx};
+use serde_json::Value;
+use std::collections::BTreeSet;
+use std::io::Write;
+use std::path::{Path, PathBuf};
+use std::process::Command;
+
+fn td(name: &str) -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR"))
+        .join("testdata/config_check")
+        .join(name)
+}
+
+struct Run {
+    code: i32,
+    stdout: String,
+    stderr: String,
+    out: PathBuf,
+    _tmp: tempfile::TempDir,
+}
+
+impl Run {
+    fn json(&self) -> Value {
+        let text = std::fs::read_to_string(self.out.join("config_check.json")).unwrap();
+        serde_json::from_str(&text).unwrap()
+    }
+}
+
+fn check(bench: &Path, cmp: &Path, extra: &[&str]) -> Run {
+    let tmp = tempfile::tempdir().unwrap();
+    let out = tmp.path().join("out");
+    let o = Command::new(env!("CARGO_BIN_EXE_probe"))
+        .arg("config-check")
+        .arg(bench)
+        .arg(cmp)
+        .arg("-o")
+        .arg(&out)
+        .args(extra)
+        .output()
+        .unwrap();
+    Run {
+        code: o.status.code().unwrap_or(-1),
+        stdout: String::from_utf8_lossy(&o.stdout).into_owned(),
+        stderr: String::from_utf8_lossy(&o.stderr).into_owned(),
+        out,
+        _tmp: tmp,
+    }
+}
+
+/// Categories whose verdict is error or warning.
+fn failing(j: &Value) -> BTreeSet<String> {
+    j["categories"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .filter(|c| c["verdict"] == "error" || c["verdict"] == "warning")
+        .map(|c| c["name"].as_str().unwrap().to_string())
+        .collect()
+}
+
+fn set(v: &[&str]) -> BTreeSet<String> {
+    v.iter().map(|s| s.to_string()).collect()
+}
+
+#[test]
+fn real_runs_fail_exactly_the_changed_categories() {
+    let base = td("base.zip");
+    for (pack, want, code) in [
+        ("rerun.zip", set(&[]), 0),
+        ("seed.zip", set(&["random", "weights"]), 1),
+        ("env.zip", set(&["env"]), 1),
+        ("package.zip", set(&["packages"]), 1),
+        ("data_order.zip", set(&["dataset"]), 1),
+    ] {
+        let r = check(&base, &td(pack), &[]);
+        assert_eq!(r.code, code, "{pack}: {}{}", r.stdout, r.stderr);
+        let j = r.json();
+        assert_eq!(failing(&j), want, "{pack}:\n{}", r.stdout);
+        // Every category is compared between two probe packs of the same platform.
+        for c in j["categories"].as_array().unwrap() {
+            assert_ne!(c["verdict"], "skipped", "{pack}: {c}");
+        }
+        assert_eq!(j["cross_platform"], false);
+    }
+}
+
+#[test]
+fn changed_items_are_named() {
+    let base = td("base.zip");
+    let j = check(&base, &td("seed.zip"), &[]).json();
+    let seed = j["items"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|i| i["item"] == "seed torch.manual_seed #1")
+        .unwrap();
+    assert_eq!(seed["status"], "error");
+    assert!(seed["bench"]
+        .as_str()
+        .unwrap()
+        .starts_with("1234 @ make_packs.py:"));
+    assert!(seed["cmp"]
+        .as_str()
+        .unwrap()
+        .starts_with("1235 @ make_packs.py:"));
+
+    let j = check(&base, &td("package.zip"), &[]).json();
+    let errs: Vec<&Value> = j["items"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .filter(|i| i["status"] == "error")
+        .collect();
+    assert_eq!(errs.len(), 1);
+    assert_eq!(errs[0]["item"], "numpy");
+    assert_eq!(errs[0]["cmp"], "1.26.4");
+
+    let j = check(&base, &td("data_order.zip"), &[]).json();
+    let errs: Vec<&Value> = j["items"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .filter(|i| i["status"] == "error")
+        .collect();
+    assert_eq!(errs.len(), 3, "one input per step");
+    assert!(errs.iter().all(|i| i["category"] == "dataset"));
+}
+
+#[test]
+fn msprobe_packs_env_differs_the_right_way_round() {
+    let r = check(&td("msprobe/A_bench.zip"), &td("msprobe/C_env.zip"), &[]);
+    assert_eq!(r.code, 1, "{}{}", r.stdout, r.stderr);
+    let j = r.json();
+    assert_eq!(failing(&j), set(&["env"]));
+    assert_eq!(j["bench"]["format"], "msprobe");
+    let errs: Vec<&Value> = j["items"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .filter(|i| i["status"] == "error" || i["status"] == "warning")
+        .collect();
+    assert_eq!(errs.len(), 1, "{errs:?}");
+    let e = errs[0];
+    assert_eq!(e["item"], "CUDA_LAUNCH_BLOCKING");
+    // A (bench) does not set it; C (cmp) sets it to 1. msprobe's own sheet has these swapped.
+    assert_eq!(e["bench"], Value::Null);
+    assert_eq!(e["cmp"], "1");
+    // Datasets, weights (3 steps) and random draws of msprobe packs are compared.
+    for c in j["categories"].as_array().unwrap() {
+        let name = c["name"].as_str().unwrap();
+        if [
+            "dataset",
+            "weights",
+            "random",
+            "packages",
+            "hyperparameters",
+        ]
+        .contains(&name)
+        {
+            assert_eq!(c["verdict"], "pass", "{c}");
+            assert!(c["counts"]["pass"].as_u64().unwrap() > 0, "{c}");
+        }
+    }
+    // Terminal summary.
+    assert!(
+        r.stdout.starts_with("probe config-check: ERROR"),
+        "{}",
+        r.stdout
+    );
+    assert!(
+        r.stdout
+            .contains("CUDA_LAUNCH_BLOCKING: bench=<unset> cmp=1"),
+        "{}",
+        r.stdout
+    );
+    assert!(r.stdout.contains("msprobe pack"));
+
+    // The workbook: summary first, one sheet per category, columns bench then cmp.
+    let mut wb: Xlsx<_> = calamine::open_workbook(r.out.join("config_check.xlsx")).unwrap();
+    assert_eq!(
+        wb.sheet_names(),
+        vec![
+            "summary",
+            "env",
+            "packages",
+            "determinism",
+            "random",
+            "dataset",
+            "weights",
+            "hyperparameters"
+        ]
+    );
+    let summary = wb.worksheet_range("summary").unwrap();
+    let rows: Vec<Vec<String>> = summary
+        .rows()
+        .map(|r| r.iter().map(|c| c.to_string()).collect())
+        .collect();
+    assert_eq!(rows[0][0], "category");
+    assert_eq!(rows[1][0], "env");
+    assert_eq!(rows[1][1], "error");
+    assert_eq!(rows[3][0], "determinism");
+    assert_eq!(rows[3][1], "skipped");
+    let env = wb.worksheet_range("env").unwrap();
+    let header: Vec<String> = env
+        .rows()
+        .next()
+        .unwrap()
+        .iter()
+        .map(|c| c.to_string())
+        .collect();
+    assert_eq!(header[..5], ["item", "rank", "bench", "cmp", "status"]);
+    let row = env
+        .rows()
+        .find(|r| r[0] == Data::String("CUDA_LAUNCH_BLOCKING".into()))
+        .unwrap();
+    assert_eq!(row[2], Data::Empty);
+    assert_eq!(row[3], Data::String("1".into()));
+    assert_eq!(row[4], Data::String("error".into()));
+    let weights = wb.worksheet_range("weights").unwrap();
+    assert_eq!(weights.rows().count(), 1 + 72);
+}
+
+#[test]
+fn mixed_msprobe_and_probe_packs_compare() {
+    for (b, c) in [
+        (td("msprobe/A_bench.zip"), td("base.zip")),
+        (td("base.zip"), td("msprobe/A_bench.zip")),
+    ] {
+        let r = check(&b, &c, &["--fail-on", "never"]);
+        assert_eq!(r.code, 0, "{}{}", r.stdout, r.stderr);
+        let j = r.json();
+        let det = &j["categories"].as_array().unwrap()[2];
+        assert_eq!(det["name"], "determinism");
+        assert_eq!(det["verdict"], "skipped");
+    }
+}
+
+#[test]
+fn fail_on_and_config_overrides() {
+    let (base, env) = (td("base.zip"), td("env.zip"));
+    assert_eq!(check(&base, &env, &["--fail-on", "never"]).code, 0);
+    let tmp = tempfile::tempdir().unwrap();
+    let cfg = tmp.path().join("rules.toml");
+    std::fs::write(
+        &cfg,
+        "[[severity]]\ncategory = \"env\"\nitem = \"CUDA_LAUNCH_BLOCKING\"\nlevel = \"warning\"\n",
+    )
+    .unwrap();
+    let c = cfg.to_str().unwrap();
+    let r = check(&base, &env, &["--config", c]);
+    assert_eq!(r.code, 0, "{}", r.stdout);
+    assert_eq!(r.json()["verdict"], "warning");
+    assert_eq!(
+        check(&base, &env, &["--config", c, "--fail-on", "warning"]).code,
+        1
+    );
+    std::fs::write(&cfg, "[ignore]\nenv = [\"CUDA_*\"]\n").unwrap();
+    let r = check(&base, &env, &["--config", c]);
+    assert_eq!(r.code, 0);
+    assert_eq!(r.json()["counts"]["ignored"], 1);
+    std::fs::write(&cfg, "[ignore]\nnot_a_category = [\"X\"]\n").unwrap();
+    let r = check(&base, &env, &["--config", c]);
+    assert_eq!(r.code, 2);
+    assert!(r.stderr.contains("rules.toml") && r.stderr.contains("not_a_category"));
+}
+
+// ---- helpers to write packs in tests
+
+fn read_zip(path: &Path) -> Vec<(String, Vec<u8>)> {
+    let f = std::fs::File::open(path).unwrap();
+    let mut z = zip::ZipArchive::new(f).unwrap();
+    let mut out = vec![];
+    for i in 0..z.len() {
+        let mut e = z.by_index(i).unwrap();
+        let mut buf = vec![];
+        std::io::Read::read_to_end(&mut e, &mut buf).unwrap();
+        out.push((e.name().unwrap().to_string(), buf));
+    }
+    out
+}
+
+fn write_zip(path: &Path, entries: &[(String, Vec<u8>)]) {
+    let f = std::fs::File::create(path).unwrap();
+    let mut z = zip::ZipWriter::new(f);
+    let o = zip::write::SimpleFileOptions::default()
+        .compression_method(zip::CompressionMethod::Deflated);
+    for (n, b) in entries {
+        z.start_file(n.as_str(), o).unwrap();
+        z.write_all(b).unwrap();
+    }
+    z.finish().unwrap();
+}
+
+fn edit_json(entries: &mut [(String, Vec<u8>)], name: &str, f: impl FnOnce(&mut Value)) {
+    let e = entries.iter_mut().find(|(n, _)| n == name).unwrap();
+    let mut v: Value = serde_json::from_slice(&e.1).unwrap();
+    f(&mut v);
+    e.1 = serde_json::to_vec(&v).unwrap();
+}
+
+#[test]
+fn npu_vs_gpu_differences_are_expected() {
+    let tmp = tempfile::tempdir().unwrap();
+    let npu = tmp.path().join("npu.zip");
+    let mut entries = read_zip(&td("base.zip"));
+    edit_json(&mut entries, "manifest.json", |m| {
+        m["device"] = "npu".into()
+    });
+    edit_json(&mut entries, "env.json", |e| {
+        let vars = e["vars"].as_object_mut().unwrap();
+        let dev = vars.remove("CUDA_VISIBLE_DEVICES").unwrap();
+        vars.insert("ASCEND_RT_VISIBLE_DEVICES".into(), dev);
+        let nccl = vars.remove("NCCL_DEBUG").unwrap();
+        vars.insert("HCCL_DEBUG".into(), nccl);
+        vars.insert("ASCEND_HOME_PATH".into(), "/usr/local/Ascend".into());
+    });
+    edit_json(&mut entries, "packages.json", |p| {
+        let d = p["distributions"].as_object_mut().unwrap();
+        d.retain(|k, _| !k.starts_with("nvidia-"));
+        d.insert("torch_npu".into(), "2.15.0".into());
+        let torch = d["torch"]
+            .as_str()
+            .unwrap()
+            .split('+')
+            .next()
+            .unwrap()
+            .to_string();
+        d.insert("torch".into(), torch.clone().into());
+        p["accelerator"]["torch"] = torch.into();
+        p["accelerator"]["torch_npu"] = "2.15.0".into();
+        p["accelerator"]["cann"] = "8.5.0".into();
+        p["accelerator"]["cuda"] = Value::Null;
+    });
+    write_zip(&npu, &entries);
+    let r = check(&td("base.zip"), &npu, &[]);
+    assert_eq!(r.code, 0, "{}{}", r.stdout, r.stderr);
+    let j = r.json();
+    assert_eq!(j["cross_platform"], true);
+    assert_eq!(failing(&j), set(&[]), "{}", r.stdout);
+    let items = j["items"].as_array().unwrap();
+    let find = |name: &str| items.iter().find(|i| i["item"] == name).unwrap();
+    let vis = find("CUDA_VISIBLE_DEVICES ↔ ASCEND_RT_VISIBLE_DEVICES");
+    assert_eq!(vis["status"], "expected");
+    assert_eq!(find("NCCL_DEBUG ↔ HCCL_DEBUG")["status"], "expected");
+    assert_eq!(find("ASCEND_HOME_PATH")["status"], "expected");
+    assert_eq!(find("torch-npu")["status"], "expected");
+    assert_eq!(find("accelerator.cann")["status"], "expected");
+    assert!(r.stdout.contains("GPU vs NPU"), "{}", r.stdout);
+
+    // A real NPU-only difference still fails: a different numpy.
+    edit_json(&mut entries, "packages.json", |p| {
+        p["distributions"]["numpy"] = "1.0.0".into()
+    });
+    write_zip(&npu, &entries);
+    let r = check(&td("base.zip"), &npu, &[]);
+    assert_eq!(r.code, 1);
+    assert_eq!(failing(&r.json()), set(&["packages"]));
+}
+
+// ---- hostile zips: each rejected with one line naming pack and entry, exit 2
+
+fn expect_rejected(path: &Path, needles: &[&str]) {
+    let r = check(path, &td("base.zip"), &[]);
+    assert_eq!(r.code, 2, "{}: {}{}", path.display(), r.stdout, r.stderr);
+    let line = r.stderr.trim();
+    assert_eq!(line.lines().count(), 1, "{line}");
+    assert!(line.contains(&path.display().to_string()), "{line}");
+    for n in needles {
+        assert!(line.contains(n), "{line} lacks {n}");
+    }
+    assert!(!r.out.join("config_check.json").exists());
+}
+
+/// Replaces `from` by `to` (same length) everywhere in the file's bytes.
+fn patch(path: &Path, from: &[u8], to: &[u8]) {
+    assert_eq!(from.len(), to.len());
+    let mut b = std::fs::read(path).unwrap();
+    let mut i = 0;
+    let mut n = 0;
+    while i + from.len() <= b.len() {
+        if &b[i..i + from.len()] == from {
+            b[i..i + from.len()].copy_from_slice(to);
+            n += 1;
+        }
+        i += 1;
+    }
+    assert!(n >= 2, "name in local and central headers");
+    std::fs::write(path, b).unwrap();
+}
+
+/// Sets the uncompressed size of the (only) entry in the local and central headers.
+fn patch_size(path: &Path, size: u32) {
+    let mut b = std::fs::read(path).unwrap();
+    let find = |b: &[u8], sig: &[u8]| b.windows(4).position(|w| w == sig).unwrap();
+    let l = find(&b, b"PK\x03\x04");
+    b[l + 22..l + 26].copy_from_slice(&size.to_le_bytes());
+    let c = find(&b, b"PK\x01\x02");
+    b[c + 24..c + 28].copy_from_slice(&size.to_le_bytes());
+    std::fs::write(path, b).unwrap();
+}
+
+#[test]
+fn hostile_path_traversal() {
+    let tmp = tempfile::tempdir().unwrap();
+    let p = tmp.path().join("trav.zip");
+    write_zip(&p, &[("xx/evil.json".into(), b"{}".to_vec())]);
+    patch(&p, b"xx/evil.json", b"../evil.json");
+    expect_rejected(&p, &["../evil.json", "path traversal"]);
+}
+
+#[test]
+fn hostile_absolute_path() {
+    let tmp = tempfile::tempdir().unwrap();
+    let p = tmp.path().join("abs.zip");
+    write_zip(&p, &[("Xetc/passwd".into(), b"root".to_vec())]);
+    patch(&p, b"Xetc/passwd", b"/etc/passwd");
+    expect_rejected(&p, &["/etc/passwd", "absolute path"]);
+}
+
+#[test]
+fn hostile_symlink() {
+    let tmp = tempfile::tempdir().unwrap();
+    let p = tmp.path().join("link.zip");
+    let f = std::fs::File::create(&p).unwrap();
+    let mut z = zip::ZipWriter::new(f);
+    let o = zip::write::SimpleFileOptions::default();
+    z.add_symlink("env.json", "/etc/shadow", o).unwrap();
+    z.finish().unwrap();
+    expect_rejected(&p, &["env.json", "symbolic link"]);
+}
+
+#[test]
+fn hostile_too_many_entries() {
+    let tmp = tempfile::tempdir().unwrap();
+    let p = tmp.path().join("many.zip");
+    let entries: Vec<(String, Vec<u8>)> = (0..10_001).map(|i| (format!("f{i}"), vec![])).collect();
+    let f = std::fs::File::create(&p).unwrap();
+    let mut z = zip::ZipWriter::new(f);
+    let o =
+        zip::write::SimpleFileOptions::default().compression_method(zip::CompressionMethod::Stored);
+    for (n, _) in &entries {
+        z.start_file(n.as_str(), o).unwrap();
+    }
+    z.finish().unwrap();
+    expect_rejected(&p, &["10001 entries", "10000"]);
+}
+
+#[test]
+fn hostile_compression_ratio() {
+    let tmp = tempfile::tempdir().unwrap();
+    let p = tmp.path().join("ratio.zip");
+    write_zip(&p, &[("env.json".into(), vec![b' '; 4 << 20])]);
+    expect_rejected(&p, &["env.json", "compression ratio"]);
+}
+
+#[test]
+fn hostile_declared_size() {
+    let tmp = tempfile::tempdir().unwrap();
+    let p = tmp.path().join("huge.zip");
+    write_zip(&p, &[("env.json".into(), b"{}".to_vec())]);
+    patch_size(&p, 0x4000_0000);
+    expect_rejected(&p, &["env.json", "declares 1073741824 bytes"]);
+}
+
+#[test]
+fn hostile_header_understates_size() {
+    // The header says 100 bytes; the data inflates to 64 KiB: reading stops at the cap.
+    let tmp = tempfile::tempdir().unwrap();
+    let p = tmp.path().join("liar.zip");
+    write_zip(&p, &[("env.json".into(), vec![b'a'; 64 << 10])]);
+    patch_size(&p, 100);
+    expect_rejected(&p, &["env.json"]);
+}
+
+#[test]
+fn hostile_malformed_json() {
+    let tmp = tempfile::tempdir().unwrap();
+    let p = tmp.path().join("badjson.zip");
+    let mut entries = read_zip(&td("base.zip"));
+    let e = entries.iter_mut().find(|(n, _)| n == "env.json").unwrap();
+    e.1 = b"{\"vars\": {\"A\": ".to_vec();
+    write_zip(&p, &entries);
+    expect_rejected(&p, &["env.json", "malformed JSON"]);
+    // msprobe layout too.
+    let p = tmp.path().join("badms.zip");
+    write_zip(
+        &p,
+        &[
+            ("env".into(), b"{}".to_vec()),
+            ("random/rank0.json".into(), b"[1, 2".to_vec()),
+        ],
+    );
+    expect_rejected(&p, &["random/rank0.json", "malformed JSON"]);
+}
+
+#[test]
+fn not_a_pack() {
+    let tmp = tempfile::tempdir().unwrap();
+    let p = tmp.path().join("plain.zip");
+    std::fs::write(&p, b"not a zip at all").unwrap();
+    expect_rejected(&p, &["not a zip archive"]);
+    let p = tmp.path().join("other.zip");
+    write_zip(&p, &[("readme.txt".into(), b"hi".to_vec())]);
+    expect_rejected(&p, &["not a config pack"]);
+    let r = check(&tmp.path().join("missing.zip"), &td("base.zip"), &[]);
+    assert_eq!(r.code, 2);
+    let p = tmp.path().join("future.zip");
+    let mut entries = read_zip(&td("base.zip"));
+    edit_json(&mut entries, "manifest.json", |m| m["version"] = 2.into());
+    write_zip(&p, &entries);
+    expect_rejected(&p, &["version 2"]);
+}
+
+// ---- config-pack
+
+fn safetensors_file(path: &Path) -> Vec<u8> {
+    let data: Vec<u8> = [1.0f32, -2.0, 3.0, 4.0]
+        .iter()
+        .flat_map(|v| v.to_le_bytes())
+        .collect();
+    let header = serde_json::json!({
+        "w": {"dtype": "F32", "shape": [2, 2], "data_offsets": [0, 16]}
+    })
+    .to_string();
+    let mut b = (header.len() as u64).to_le_bytes().to_vec();
+    b.extend_from_slice(header.as_bytes());
+    b.extend_from_slice(&data);
+    std::fs::write(path, &b).unwrap();
+    data
+}
+
+fn has_python() -> bool {
+    Command::new("python3")
+        .arg("-c")
+        .arg("pass")
+        .status()
+        .is_ok_and(|s| s.success())
+}
+
+#[test]
+fn config_pack_round_trip() {
+    let tmp = tempfile::tempdir().unwrap();
+    let st = tmp.path().join("model.safetensors");
+    let data = safetensors_file(&st);
+    let pack = tmp.path().join("sub/pack.zip");
+    let mut cmd = Command::new(env!("CARGO_BIN_EXE_probe"));
+    cmd.arg("config-pack")
+        .arg("-o")
+        .arg(&pack)
+        .arg("--weights")
+        .arg(&st);
+    let py = has_python();
+    if py {
+        cmd.arg("--python").arg("python3");
+    }
+    let o = cmd.env("MY_API_TOKEN", "s3cret").output().unwrap();
+    assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
+
+    let entries = read_zip(&pack);
+    let get = |n: &str| -> Value {
+        serde_json::from_slice(&entries.iter().find(|(x, _)| x == n).unwrap().1).unwrap()
+    };
+    // Typed round trip of every entry through the library's format types.
+    use probe::config_check::pack::{EnvDoc, ManifestDoc, PackagesDoc, RecordsDoc};
+    let m: ManifestDoc = serde_json::from_value(get("manifest.json")).unwrap();
+    assert_eq!((m.format.as_str(), m.version), ("probe-config-pack", 1));
+    assert_eq!(serde_json::to_value(&m).unwrap(), get("manifest.json"));
+    let env: EnvDoc = serde_json::from_value(get("env.json")).unwrap();
+    assert!(env.redacted.contains(&"MY_API_TOKEN".to_string()));
+    assert_eq!(
+        env.vars["MY_API_TOKEN"],
+        probe::config_check::pack::redact("s3cret")
+    );
+    assert!(
+        !String::from_utf8_lossy(&entries.iter().find(|(n, _)| n == "env.json").unwrap().1)
+            .contains("s3cret")
+    );
+    let pk: PackagesDoc = serde_json::from_value(get("packages.json")).unwrap();
+    if py {
+        assert!(!pk.distributions.is_empty());
+        assert!(pk.python.is_some());
+    }
+    let w: RecordsDoc = serde_json::from_value(get("weights.json")).unwrap();
+    assert_eq!(serde_json::to_value(&w).unwrap(), get("weights.json"));
+    let fp = &w.records[0].fingerprint;
+    assert_eq!(w.records[0].name, "w");
+    assert_eq!(
+        fp.sha256.as_deref(),
+        Some(probe::config_check::pack::sha256_hex(&data).as_str())
+    );
+    assert_eq!(fp.shape, Some(vec![2, 2]));
+    assert_eq!(fp.max.map(|s| s.0), Some(4.0));
+
+    // The pack compares equal to itself, and reads against a training pack.
+    let r = check(&pack, &pack, &[]);
+    assert_eq!(r.code, 0, "{}{}", r.stdout, r.stderr);
+    assert_eq!(r.json()["verdict"], "pass");
+    let r = check(&pack, &td("base.zip"), &["--fail-on", "never"]);
+    assert_eq!(r.code, 0, "{}", r.stderr);
+}
+
+#[test]
+fn report_matches_its_schema_outline() {
+    let schema: Value = serde_json::from_str(
+        &std::fs::read_to_string(
+            Path::new(env!("CARGO_MANIFEST_DIR")).join("schemas/probe-config-check.v1.schema.json"),
+        )
+        .unwrap(),
+    )
+    .unwrap();
+    let r = check(&td("base.zip"), &td("env.zip"), &[]);
+    let j = r.json();
+    for k in schema["required"].as_array().unwrap() {
+        assert!(j.get(k.as_str().unwrap()).is_some(), "missing {k}");
+    }
+    assert_eq!(j["schema"], "probe-config-check.v1");
+    let item_req = schema["$defs"]["item"]["required"].as_array().unwrap();
+    for it in j["items"].as_array().unwrap() {
+        for k in item_req {
+            assert!(
+                it.get(k.as_str().unwrap()).is_some(),
+                "item lacks {k}: {it}"
+            );
+        }
+    }
+    let pack_schema: Value = serde_json::from_str(
+        &std::fs::read_to_string(
+            Path::new(env!("CARGO_MANIFEST_DIR")).join("schemas/probe-config-pack.v1.schema.json"),
+        )
+        .unwrap(),
+    )
+    .unwrap();
+    // Every entry of a real pack is described by the pack schema.
+    let props = pack_schema["properties"].as_object().unwrap();
+    for (name, _) in read_zip(&td("base.zip")) {
+        let key = name.trim_end_matches(".json");
+        assert!(props.contains_key(key), "schema lacks {name}");
+    }
+}
