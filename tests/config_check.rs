@@ -642,3 +642,19 @@ fn report_matches_its_schema_outline() {
         assert!(props.contains_key(key), "schema lacks {name}");
     }
 }
+
+#[test]
+fn msprobe_own_workbook_has_the_env_columns_swapped() {
+    // msprobe's result for the same A vs C packs puts C's value under bench_value: the reason
+    // probe's env sheet is checked above to have A's (unset) value in the bench column.
+    let mut wb: Xlsx<_> =
+        calamine::open_workbook(td("msprobe/msprobe_result_A_vs_C_env.xlsx")).unwrap();
+    let env = wb.worksheet_range("env").unwrap();
+    let rows: Vec<Vec<String>> = env
+        .rows()
+        .map(|r| r.iter().map(|c| c.to_string()).collect())
+        .collect();
+    assert_eq!(rows[0][2..4], ["bench_value", "cmp_value"]);
+    assert_eq!(rows[1][0], "CUDA_LAUNCH_BLOCKING");
+    assert_eq!(rows[1][2..4], ["1", "0"]);
+}
