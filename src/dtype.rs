@@ -81,6 +81,7 @@ impl DType {
 
     /// Decodes `out.len()` elements from `bytes` (little-endian, at least
     /// `out.len() * self.size()` bytes).
+    #[inline(always)]
     pub fn decode(self, bytes: &[u8], out: &mut [f64]) {
         macro_rules! dec {
             ($n:expr, $f:expr) => {

@@ -340,24 +340,34 @@ fn verdict_colours(ws: &mut Worksheet, rows: usize, cols: u16, col: &str, fs: &F
     Ok(())
 }
 
+/// Rows split into sheets of at most `limit` data rows; always at least one (maybe empty)
+/// sheet, so the workbook's sheet list is the same for every compare.
+fn sheet_parts<T>(items: &[T], limit: usize) -> Vec<&[T]> {
+    if items.is_empty() {
+        vec![items]
+    } else {
+        items.chunks(limit).collect()
+    }
+}
+
+/// The sheet name of part `k` (0-based): `base`, then `base_2`, `base_3`, ...
+fn part_name(base: &str, k: usize) -> String {
+    if k == 0 {
+        base.to_string()
+    } else {
+        format!("{base}_{}", k + 1)
+    }
+}
+
 fn build(res: &CompareResult, s: &Summary) -> X<Workbook> {
     let fs = formats();
     let mut wb = Workbook::new();
     // Level 1 deflate: several times faster than the default on large sheets, files ~20 % larger.
     wb.set_zip_compression_level(1);
     summary_sheet(wb.add_worksheet(), s, &fs)?;
-    let chunks: Vec<&[Row]> = if res.rows.is_empty() {
-        vec![&[]]
-    } else {
-        res.rows.chunks(MAX_ROWS).collect()
-    };
-    for (k, rows) in chunks.into_iter().enumerate() {
+    for (k, rows) in sheet_parts(&res.rows, MAX_ROWS).into_iter().enumerate() {
         let ws = wb.add_worksheet_with_constant_memory()?;
-        ws.set_name(if k == 0 {
-            "tensors".to_string()
-        } else {
-            format!("tensors_{}", k + 1)
-        })?;
+        ws.set_name(part_name("tensors", k))?;
         header(ws, TENSOR_COLS, &fs)?;
         for (i, r) in rows.iter().enumerate() {
             let p = &res.pairs[r.pair];
@@ -377,18 +387,12 @@ fn build(res: &CompareResult, s: &Summary) -> X<Workbook> {
         ("Dtype", 12.0),
         ("Shape", 16.0),
     ];
-    let uchunks: Vec<_> = if res.unmatched.is_empty() {
-        vec![&res.unmatched[..]]
-    } else {
-        res.unmatched.chunks(MAX_ROWS).collect()
-    };
-    for (k, us) in uchunks.into_iter().enumerate() {
+    for (k, us) in sheet_parts(&res.unmatched, MAX_ROWS)
+        .into_iter()
+        .enumerate()
+    {
         let ws = wb.add_worksheet_with_constant_memory()?;
-        ws.set_name(if k == 0 {
-            "unmatched".to_string()
-        } else {
-            format!("unmatched_{}", k + 1)
-        })?;
+        ws.set_name(part_name("unmatched", k))?;
         header(ws, ucols, &fs)?;
         for (i, u) in us.iter().enumerate() {
             let r = i as u32 + 1;
@@ -427,5 +431,26 @@ impl ReportWriter for XlsxWorkbook {
         };
         let mut wb = build(res, summary).map_err(err)?;
         atomic::write_with(path, |w| wb.save_to_writer(w).map_err(|e| e.to_string()))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn sheets_split_past_the_row_limit() {
+        let rows: Vec<u32> = (0..7).collect();
+        let parts = sheet_parts(&rows, 3);
+        assert_eq!(parts, vec![&[0, 1, 2][..], &[3, 4, 5][..], &[6][..]]);
+        let names: Vec<String> = (0..parts.len()).map(|k| part_name("tensors", k)).collect();
+        assert_eq!(names, ["tensors", "tensors_2", "tensors_3"]);
+        let none: Vec<u32> = vec![];
+        assert_eq!(sheet_parts(&none, 3).len(), 1);
+        assert_eq!(
+            MAX_ROWS + 1,
+            1 << 20,
+            "Excel's limit includes the header row"
+        );
     }
 }
