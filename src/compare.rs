@@ -489,8 +489,9 @@ pub fn run(
     }
     let mut out = CompareResult::default();
     for (pi, (bl, cl)) in pairs.iter().enumerate() {
-        let bd = dump::load_rank(bl)?;
-        let mut cd = dump::load_rank(cl)?;
+        // The two sides are independent: read them at the same time.
+        let (bd, cd) = rayon::join(|| dump::load_rank(bl), || dump::load_rank(cl));
+        let (bd, mut cd) = (bd?, cd?);
         warnings.extend(bd.warnings.iter().cloned());
         warnings.extend(cd.warnings.iter().cloned());
         if bd.ops.is_empty() {

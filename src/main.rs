@@ -6,6 +6,7 @@
 use clap::{Parser, Subcommand};
 use probe::report::{self, FailOn, Summary};
 use probe::{atomic, compare, config_check, localize, synth, tolerance::Tolerances, ProbeError};
+use rayon::prelude::*;
 use std::path::PathBuf;
 use std::process::ExitCode;
 
@@ -220,9 +221,12 @@ fn run_compare(a: CompareArgs) -> Result<u8, ProbeError> {
             a.out.join(w.file_name()).display().to_string(),
         );
     }
-    for w in &chosen {
-        w.write(&result, &summary, &a.out.join(w.file_name()))?;
-    }
+    // Formats are independent files: write them in parallel, report the first failure.
+    let written: Vec<Result<(), ProbeError>> = chosen
+        .par_iter()
+        .map(|w| w.write(&result, &summary, &a.out.join(w.file_name())))
+        .collect();
+    written.into_iter().collect::<Result<Vec<()>, _>>()?;
     if !a.quiet {
         print!("{}", report::terminal_summary(&summary));
     }
