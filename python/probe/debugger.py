@@ -53,6 +53,7 @@ _PKG_DIR = os.path.dirname(os.path.abspath(__file__))
 _TORCH_DIR = os.path.dirname(os.path.abspath(torch.__file__))
 _graph_task_id: Optional[Callable[[], int]] = getattr(torch._C, "_current_graph_task_id", None)
 _PRIMITIVES = (int, float, bool, str)
+_STACK_CACHE_MAX = 1 << 16
 
 
 class _Op:
@@ -209,6 +210,8 @@ class Debugger:
         self._scope_state = 0
         self._session = 0
         self._device: Optional[str] = None
+        # Formatted stacks by frame key, kept across steps (see _stack_id).
+        self._stack_cache: dict[tuple[int, ...], tuple[tuple[Any, ...], str]] = {}
         atexit.register(_close_at_exit, weakref.ref(self))
         c = self.config
         self._filtered = bool(
@@ -440,40 +443,69 @@ class Debugger:
     # ------------------------------------------------------------------ tensors
 
     def _stack_id(self) -> Optional[int]:
-        """Id of the current Python call stack in stacks.jsonl (deduplicated)."""
+        """Id of the current Python call stack in stacks.jsonl (deduplicated).
+
+        Called once per captured op, so the lookup must be cheap: the key is the chain of
+        ``(id(code), f_lasti)`` of the caller's frames, a flat tuple of ints (hashing code
+        objects themselves rehashes their constants every time). Ids are safe because the
+        formatted-stack cache and the folder keep every code object of their keys alive, so
+        no id can be reused by another code object while a key naming it exists. Frames are formatted
+        (line numbers, source lines) once per distinct stack for the Debugger's lifetime,
+        not once per step.
+        """
         folder = self._folder
         if folder is None:
             return None
         f = sys._getframe(1)
         while f is not None and f.f_code.co_filename.startswith(_PKG_DIR):
             f = f.f_back
-        key = []
+        key: list[int] = []
+        add = key.append
         g = f
         while g is not None:
-            key.append(g.f_code)
-            key.append(g.f_lasti)  # cheap; the line number is derived only for new stacks
+            add(id(g.f_code))
+            add(g.f_lasti)  # cheap; the line number is derived only for new stacks
             g = g.f_back
         k = tuple(key)
         sid = folder.stack_ids.get(k)
         if sid is None:
-            import linecache
-
             sid = len(folder.stack_ids)
             folder.stack_ids[k] = sid
-            frames = []
-            lines = []
-            g = f
-            while g is not None:
-                lines.append((g.f_code, g.f_lineno))
-                g = g.f_back
-            for code, line in reversed(lines):
-                fn = code.co_filename
-                if fn.startswith(_TORCH_DIR) or fn.startswith(_PKG_DIR):
-                    continue
-                src = linecache.getline(fn, line).strip()
-                frames.append(f'File "{fn}", line {line}, in {code.co_name}: {src}')
-            folder.write_stack(sid, frames)
+            codes, text = self._stack_frames(k, f)
+            folder.stack_codes.append(codes)  # the key's ids stay valid while the folder is
+            folder.write_stack_json(sid, text)
         return sid
+
+    def _stack_frames(self, k: tuple[int, ...], f: Any) -> tuple[tuple[Any, ...], str]:
+        """The code objects of stack key ``k`` (innermost frame ``f``) and its JSON
+        ``frames`` array, formatted once per Debugger."""
+        cache = self._stack_cache
+        hit = cache.get(k)
+        if hit is not None:
+            return hit
+        import linecache
+
+        codes = []
+        lines = []
+        g = f
+        while g is not None:
+            codes.append(g.f_code)
+            lines.append((g.f_code, g.f_lineno))
+            g = g.f_back
+        frames = []
+        for code, line in reversed(lines):
+            fn = code.co_filename
+            if fn.startswith(_TORCH_DIR) or fn.startswith(_PKG_DIR):
+                continue
+            src = linecache.getline(fn, line).strip()
+            frames.append(f'File "{fn}", line {line}, in {code.co_name}: {src}')
+        if len(cache) >= _STACK_CACHE_MAX:
+            # Bounded for programs that keep creating code (exec, codegen). The open
+            # folder's keys stay valid: RankFolder keeps their code objects alive too.
+            cache.clear()
+        hit = (tuple(codes), json.dumps(frames))
+        cache[k] = hit
+        return hit
 
     def _lookup_src(self, t: torch.Tensor) -> tuple[Optional[int], Optional[dict[str, Any]]]:
         """Dataflow: the id of the captured output this input value came from, if any, and

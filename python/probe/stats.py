@@ -29,7 +29,20 @@ DTYPE_NAMES: dict[torch.dtype, str] = {
 # dtypes safetensors can store and compare can read (docs/format.md).
 STORABLE = frozenset(DTYPE_NAMES)
 
-_LOW_FLOAT = (torch.float16, torch.bfloat16, torch.float32)
+# The originals, bound at import (before any wrapper is installed): the agent's own calls
+# must not pay for, or be seen by, the API wrappers that are installed while it captures.
+_aminmax = torch.aminmax
+_sum = torch.sum
+_vector_norm = torch.linalg.vector_norm
+_isnan = torch.isnan
+_isinf = torch.isinf
+_to = torch.Tensor.to
+_float = torch.Tensor.float
+_F32 = torch.float32
+_F64 = torch.float64
+_F16 = torch.float16
+_BF16 = torch.bfloat16
+_BOOL = torch.bool
 
 
 def dtype_name(dtype: torch.dtype) -> str:
@@ -45,26 +58,37 @@ def stat_vector(t: torch.Tensor, counts: bool) -> Optional[list[torch.Tensor]]:
 
     Three reductions per tensor (``aminmax``, ``sum``, ``vector_norm``; ``var_mean`` would
     save one but is an order of magnitude slower on CPU). The caller stacks the parts of every tensor of
-    an op and transfers them at once (stack promotes dtypes). ``counts`` adds NaN/Inf counts
-    eagerly; otherwise they are computed only when a value is non-finite (rare). Returns
-    None for empty tensors and dtypes without meaningful statistics. Run with grad mode off.
+    an op and transfers them at once (stack promotes dtypes). ``counts`` asks for NaN/Inf
+    counts taken now (the tensor is about to change in place); otherwise they are computed
+    only when a value is non-finite (rare). On CPU the sum can be read for free (no device
+    sync), so a finite sum -- which proves there is no NaN/Inf -- skips the two count passes,
+    which cost several times the three reductions; non-CPU devices count eagerly so that an
+    op keeps its single host transfer. Returns None for empty tensors and dtypes without
+    meaningful statistics. Run with grad mode off.
     """
     dt = t.dtype
     if dt not in STORABLE or t.numel() == 0:
         return None
-    if dt is torch.float32 or dt is torch.float64:
+    if dt is _F32 or dt is _F64:
         tf = t
-    elif dt is torch.float16 or dt is torch.bfloat16:
-        tf = t.float()  # low-precision accumulators would distort mean and norm
+    elif dt is _F16 or dt is _BF16:
+        tf = _float(t)  # low-precision accumulators would distort mean and norm
     else:
         # bool: max = any, min = all (as 1/0); integers: exact in float64 up to 2**53.
-        tf = t.to(torch.float32 if dt is torch.bool else torch.float64)
-    mn, mx = torch.aminmax(tf)
-    parts = [mx, mn, torch.sum(tf), torch.linalg.vector_norm(tf)]
+        tf = _to(t, _F32 if dt is _BOOL else _F64)
+    mn, mx = _aminmax(tf)
+    total = _sum(tf)
+    parts = [mx, mn, total, _vector_norm(tf)]
     if counts:
-        if t.is_floating_point():
-            parts.append(torch.isnan(t).sum())
-            parts.append(torch.isinf(t).sum())
+        floating = t.is_floating_point()
+        if t.device.type == "cpu":
+            # A finite sum means no NaN/Inf: 4 values, finish_stats reads zero counts.
+            if floating and not math.isfinite(total.item()):
+                parts.append(_sum(_isnan(t)))
+                parts.append(_sum(_isinf(t)))
+        elif floating:
+            parts.append(_sum(_isnan(t)))
+            parts.append(_sum(_isinf(t)))
         else:
             parts.append(torch.zeros((), dtype=torch.int64, device=t.device))
             parts.append(torch.zeros((), dtype=torch.int64, device=t.device))

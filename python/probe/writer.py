@@ -106,7 +106,9 @@ class RankFolder:
         self.shard_index = 0
         self.shard_used = 0
         self.shard_bytes = shard_bytes
-        self.stack_ids: dict[Any, int] = {}
+        self.stack_ids: dict[tuple[int, ...], int] = {}
+        # Code objects named (by id) in stack_ids' keys, held so that no id is reused.
+        self.stack_codes: list[tuple[Any, ...]] = []
 
     def write_op(self, record: dict[str, Any]) -> None:
         record["seq"] = self.seq
@@ -114,9 +116,13 @@ class RankFolder:
         self._ops.write(json.dumps(record, separators=(",", ":"), allow_nan=False) + "\n")
 
     def write_stack(self, sid: int, frames: list[str]) -> None:
+        self.write_stack_json(sid, json.dumps(frames))
+
+    def write_stack_json(self, sid: int, frames_json: str) -> None:
+        """Append one stack whose ``frames`` array is already JSON (cached across steps)."""
         if self._stacks is None:
             self._stacks = open(os.path.join(self.path, "stacks.jsonl"), "a", encoding="utf-8")
-        self._stacks.write(json.dumps({"id": sid, "frames": frames}) + "\n")
+        self._stacks.write('{"id": %d, "frames": %s}\n' % (sid, frames_json))
 
     def shard_for(self, nbytes: int) -> tuple[str, Optional[str]]:
         """Assign a tensor to the current shard; returns (file name, shard to close or None).
