@@ -580,7 +580,13 @@ pub fn read(path: &Path, dtype_hint: Option<DType>) -> Result<PtTensor> {
     };
     let file = std::fs::File::open(path).map_err(|e| ProbeError::io(path, e))?;
     let file_len = file.metadata().map_err(|e| ProbeError::io(path, e))?.len();
-    let mut zip = zip::ZipArchive::new(std::io::BufReader::new(file)).map_err(|e| {
+    // torch.save archives start at offset 0: saying so spares zip's search for the
+    // archive start, which reads most of the file in small pieces.
+    let config = zip::read::Config {
+        archive_offset: zip::read::ArchiveOffset::Known(0),
+    };
+    let reader = std::io::BufReader::new(file);
+    let mut zip = zip::ZipArchive::with_config(config, reader).map_err(|e| {
         bad(format!(
             "not a torch.save zip archive ({e}); legacy (pre-1.6) .pt files are not supported"
         ))
