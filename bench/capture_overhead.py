@@ -26,6 +26,8 @@ import torch
 import torch.nn.functional as F
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+# Measure the agent of this checkout, not a copy installed earlier with pip.
+sys.path.insert(0, os.path.join(ROOT, "python"))
 
 
 def _load_example() -> Any:
@@ -100,7 +102,15 @@ def main() -> int:
     ap.add_argument("--batch", type=int, default=16)
     ap.add_argument("--modes", default="statistics,tensor,checksum")
     ap.add_argument("--levels", default="api,module,mix")
+    ap.add_argument(
+        "--threads",
+        type=int,
+        default=0,
+        help="torch intra-op threads (0: torch's default); 1 is steadier on a busy machine",
+    )
     args = ap.parse_args()
+    if args.threads > 0:
+        torch.set_num_threads(args.threads)
 
     import probe
 
@@ -151,7 +161,8 @@ def main() -> int:
 
     print(
         f"device {device}, torch {torch.__version__}, threads {torch.get_num_threads()}, "
-        f"batch {args.batch}, median of {args.steps} interleaved steps"
+        f"batch {args.batch}, median of {args.steps} interleaved steps, "
+        f"agent {os.path.dirname(probe.__file__)}"
     )
     print(f"{'configuration':<28} {'ms/step':>9} {'ratio':>7}")
     for name, t in rows:

@@ -54,6 +54,10 @@ _TORCH_DIR = os.path.dirname(os.path.abspath(torch.__file__))
 _graph_task_id: Optional[Callable[[], int]] = getattr(torch._C, "_current_graph_task_id", None)
 _PRIMITIVES = (int, float, bool, str)
 _STACK_CACHE_MAX = 1 << 16
+_STRIDED = torch.strided
+# Bound before any wrapper exists: the agent's own calls skip the API wrappers.
+_stack = torch.stack
+_view_as = torch.Tensor.view_as
 
 
 class _Op:
@@ -103,7 +107,7 @@ def _walk(obj: Any, prefix: str, fn: Callable[[str, torch.Tensor], torch.Tensor]
         return fn(prefix, obj)
     t = type(obj)
     if t is tuple or t is list:
-        return t(_walk(v, f"{prefix}.{i}", fn) for i, v in enumerate(obj))
+        return t([_walk(v, f"{prefix}.{i}", fn) for i, v in enumerate(obj)])
     if t is dict:
         return {k: _walk(v, f"{prefix}.{k}", fn) for k, v in obj.items()}
     return obj
@@ -540,7 +544,7 @@ class Debugger:
         self, t: torch.Tensor, counts: bool
     ) -> tuple[Optional[list[torch.Tensor]], Optional[torch.Tensor], Optional[str]]:
         """Stats vector on the device, plus a host copy (tensor mode) or checksum."""
-        if t.layout != torch.strided or t.device.type == "meta":
+        if t.layout is not _STRIDED or t.is_meta:
             return None, None, None
         prev = torch.is_grad_enabled()
         if prev:
@@ -626,9 +630,10 @@ class Debugger:
         parts = [p for v in op.vecs if v is not None for p in v]
         flat: list[float] = []
         if parts:
-            with torch.no_grad():
-                # The one device-to-host transfer of this op.
-                flat = torch.stack(parts).tolist()
+            # The one device-to-host transfer of this op. No grad-mode switch needed: the
+            # parts were made with grad off, so stack records nothing (a no_grad() context
+            # here cost more than the stack itself).
+            flat = _stack(parts).tolist()
         pos = 0
         for rec, vec, t in zip(op.recs, op.vecs, op.tensors):
             if vec is None:
@@ -766,7 +771,7 @@ class Debugger:
                 and not (inplace and name == "input.0")
                 and not api.startswith("Distributed.")
             ):
-                alias = t.view_as(t)
+                alias = _view_as(t, t)
                 aliases[id(alias)] = t
                 self._watch_grad(bwd, alias.grad_fn, 0, f"{bkey}.output{name[5:]}", "output")
                 return alias
@@ -954,7 +959,7 @@ class Debugger:
                 if src is not None:
                     rec["src"] = src
             if bwd is not None and c.outputs and t.requires_grad and t.layout == torch.strided:
-                alias = t.view_as(t)
+                alias = _view_as(t, t)
                 self._watch_grad(bwd, alias.grad_fn, 0, f"{bwd.key}.output{name[5:]}", "output")
                 changed = True
                 return alias

@@ -81,7 +81,7 @@ def stat_vector(t: torch.Tensor, counts: bool) -> Optional[list[torch.Tensor]]:
     parts = [mx, mn, total, _vector_norm(tf)]
     if counts:
         floating = t.is_floating_point()
-        if t.device.type == "cpu":
+        if t.is_cpu:
             # A finite sum means no NaN/Inf: 4 values, finish_stats reads zero counts.
             if floating and not math.isfinite(total.item()):
                 parts.append(_sum(_isnan(t)))
@@ -139,7 +139,7 @@ def finish_stats(values: list[float], numel: int, tensor: Optional[torch.Tensor]
 def host_copy(t: torch.Tensor) -> torch.Tensor:
     """A contiguous CPU copy that later in-place ops on ``t`` cannot change."""
     d = t.detach()
-    if d.device.type == "cpu":
+    if d.is_cpu:
         return d.contiguous().clone() if d.is_contiguous() else d.contiguous()
     return d.to("cpu").contiguous()
 
