@@ -68,11 +68,18 @@ pub struct Row {
     pub tol_error: f64,
     /// The judged error measure.
     pub err: f64,
+    /// The same measure without the absolute floor (scale-free): what the localiser compares
+    /// between an op's inputs and outputs, since an op may rescale its data.
+    pub raw_err: f64,
     /// The smallest error tolerance that would have passed this tensor.
     pub needed: f64,
     /// An input that no captured op produced (weight, data, random tensor), when known.
     pub external: bool,
     pub stack: Option<u64>,
+    /// The least precise float dtype met so far in this pair's execution order (both sides).
+    /// Tensors computed after a bf16 op carry bf16 rounding whatever their own dtype, so
+    /// they are judged with that dtype's tolerance.
+    pub precision: Option<DType>,
     data: Option<(Data, Data)>,
 }
 
@@ -100,7 +107,7 @@ impl Row {
 
     /// Bitwise (or statistically) identical on both sides.
     pub fn identical(&self) -> bool {
-        self.err == 0.0 && self.verdict == Verdict::Pass
+        self.raw_err == 0.0 && self.verdict == Verdict::Pass
     }
 }
 
@@ -322,9 +329,11 @@ fn match_pair(pi: usize, mut bd: RankDump, mut cd: RankDump, out: &mut CompareRe
                 reason: String::new(),
                 tol_error: 0.0,
                 err: 0.0,
+                raw_err: 0.0,
                 needed: 0.0,
                 external,
                 stack: op.stack,
+                precision: None,
                 data: (kind == CompareKind::Tensor).then_some((bt.data, t.data)),
             });
         }
@@ -365,17 +374,26 @@ fn compute_metrics(row: &Row, caches: &Caches) -> Result<Option<Metrics>> {
 
 /// Puts the verdict on a row whose metrics are known.
 fn judge_row(row: &mut Row, tols: &Tolerances) {
-    let (db, dc) = (DType::parse(&row.dtype_b), DType::parse(&row.dtype_c));
-    let tol = tols.lookup(&row.op, &row.name, db, dc);
-    let dname = match (db, dc) {
-        (Some(x), Some(y)) => tolerance::loosest(x, y).name().to_string(),
-        _ => row.dtype_c.clone(),
+    let (mut db, mut dc) = (DType::parse(&row.dtype_b), DType::parse(&row.dtype_c));
+    let own = match (db, dc) {
+        (Some(x), Some(y)) => Some(tolerance::loosest(x, y)),
+        _ => None,
     };
+    let mut dname = own.map_or_else(|| row.dtype_c.clone(), |d| d.name().to_string());
+    if let (Some(o), Some(p)) = (own, row.precision) {
+        if o.is_float() && tolerance::loosest(o, p) != o {
+            db = db.map(|d| tolerance::loosest(d, p));
+            dc = dc.map(|d| tolerance::loosest(d, p));
+            dname = format!("{o}, after {p} ops");
+        }
+    }
+    let tol = tols.lookup(&row.op, &row.name, db, dc);
     row.tol_error = tol.error;
     let set = |row: &mut Row, v: Verdict, reason: String, err: f64| {
         row.verdict = v;
         row.reason = reason;
         row.err = err;
+        row.raw_err = err;
         row.needed = err;
     };
     if !same_shape(&row.shape_b, &row.shape_c) {
@@ -385,7 +403,7 @@ fn judge_row(row: &mut Row, tols: &Tolerances) {
     }
     let numel: usize = row.shape_c.iter().product();
     if let (Some(sb), Some(sc)) = (&row.stats_b, &row.stats_c) {
-        row.stat_diff = Some(metrics::stat_diff(sb, sc, numel));
+        row.stat_diff = Some(metrics::stat_diff(sb, sc, numel, tol.atol));
     }
     match row.kind {
         CompareKind::Tensor => {
@@ -398,8 +416,17 @@ fn judge_row(row: &mut Row, tols: &Tolerances) {
                 set(row, Verdict::Error, r, f64::INFINITY);
                 return;
             }
+            // Up to atol per element (RMS) of difference is forgiven, as in allclose.
+            let slack = tol.atol * (m.n.max(1) as f64).sqrt();
+            let rel = if m.euclid <= slack {
+                0.0
+            } else if m.norm_b == 0.0 {
+                f64::INFINITY
+            } else {
+                (m.euclid - slack) / m.norm_b
+            };
             let j = tolerance::judge(
-                m.rel_l2,
+                rel,
                 Some(m.max_abs_scaled),
                 &tol,
                 "relative L2 error",
@@ -408,11 +435,8 @@ fn judge_row(row: &mut Row, tols: &Tolerances) {
             row.verdict = j.verdict;
             row.reason = j.reason;
             row.err = j.err;
-            row.needed = j.needed.max(if m.max_abs_scaled > tol.max_abs {
-                j.err
-            } else {
-                0.0
-            });
+            row.raw_err = if m.euclid == 0.0 { 0.0 } else { m.rel_l2 };
+            row.needed = j.needed;
         }
         CompareKind::Checksum | CompareKind::Statistics => {
             let equal = row.checksum_equal == Some(true);
@@ -449,6 +473,9 @@ fn judge_row(row: &mut Row, tols: &Tolerances) {
                 reason = "checksums differ; statistics within tolerance".into();
             }
             set(row, verdict, reason, j.err);
+            if let (Some(sb), Some(sc)) = (&row.stats_b, &row.stats_c) {
+                row.raw_err = metrics::stat_diff(sb, sc, numel, 0.0).scaled_err;
+            }
         }
         CompareKind::None => {
             set(
@@ -461,6 +488,23 @@ fn judge_row(row: &mut Row, tols: &Tolerances) {
                 0.0,
             );
         }
+    }
+}
+
+/// Fills [`Row::precision`]: the loosest float dtype seen so far in each pair, in execution
+/// order (forward first, then backward, which reuses the forward's activations).
+fn set_precision(rows: &mut [Row]) {
+    let mut floor: HashMap<usize, DType> = HashMap::new();
+    for row in rows.iter_mut() {
+        for d in [DType::parse(&row.dtype_b), DType::parse(&row.dtype_c)]
+            .into_iter()
+            .flatten()
+            .filter(|d| d.is_float())
+        {
+            let f = floor.entry(row.pair).or_insert(d);
+            *f = tolerance::loosest(*f, d);
+        }
+        row.precision = floor.get(&row.pair).copied();
     }
 }
 
@@ -510,6 +554,7 @@ pub fn run(
         });
         match_pair(pi, bd, cd, &mut out);
     }
+    set_precision(&mut out.rows);
     let caches = Caches {
         bench: ShardCache::default(),
         cmp: ShardCache::default(),

@@ -8,8 +8,12 @@
 //! - its output error is more than `local_gain` times its largest input error (otherwise it
 //!   only carries or mildly amplifies inherited error).
 //!
-//! The first divergent op is the earliest locally divergent op, per direction, that is
-//! followed by an error. Failing inputs of the earliest failing op mean the divergence
+//! A backward op also consumes what its forward call saved: the inputs and outputs of the
+//! matching forward op count as its inputs.
+//!
+//! The first divergent op is the earliest locally divergent op, per phase, that is
+//! followed by an error. Phases: forward; backward, which also holds the forward-direction
+//! ops that run after the first backward op (the optimizer update consumes gradients). Failing inputs of the earliest failing op mean the divergence
 //! enters from outside the captured ops (weights, data, random draws): reported as such.
 //! The first NaN/Inf producer is the earliest op with finite inputs and new non-finite
 //! outputs.
@@ -18,6 +22,7 @@ use crate::compare::{CompareResult, Pair, Row};
 use crate::dump::{Direction, Role};
 use crate::tolerance::{Tolerances, Verdict};
 use serde::Serialize;
+use std::collections::HashMap;
 
 /// A named op with the evidence for naming it.
 #[derive(Debug, Clone, Serialize, PartialEq)]
@@ -62,6 +67,18 @@ pub struct Findings {
     pub first_nonfinite: Option<Finding>,
     /// Errors exist in this direction but no op is locally divergent: accumulated drift.
     pub drift: Vec<Direction>,
+}
+
+/// The forward call a backward op belongs to (same API counter, as msprobe numbers them):
+/// `Functional.gelu.3.backward` → `Functional.gelu.3.forward`,
+/// `Module.fc.Linear.backward.2` → `Module.fc.Linear.forward.2`.
+fn forward_key(backward: &str) -> Option<String> {
+    if let Some(base) = backward.strip_suffix(".backward") {
+        return Some(format!("{base}.forward"));
+    }
+    let (head, call) = backward.rsplit_once('.')?;
+    let base = head.strip_suffix(".backward")?;
+    Some(format!("{base}.forward.{call}"))
 }
 
 fn is_input(r: &Row) -> bool {
@@ -146,14 +163,28 @@ fn localize_pair(pair: &Pair, rows: &[&Row], tols: &Tolerances) -> Findings {
             _ => ops.push(vec![r]),
         }
     }
+    let by_key: HashMap<&str, &Vec<&Row>> = ops
+        .iter()
+        .filter(|g| g[0].direction == Direction::Forward)
+        .map(|g| (g[0].op.as_str(), g))
+        .collect();
     let mut f = Findings::default();
-    let forward_fails = ops.iter().any(|g| {
-        g[0].direction == Direction::Forward && g.iter().any(|r| r.verdict == Verdict::Error)
-    });
+    let first_backward = rows
+        .iter()
+        .filter(|r| r.direction == Direction::Backward)
+        .map(|r| r.seq)
+        .min();
+    let phase = |g: &Vec<&Row>| match first_backward {
+        Some(s) if g[0].seq > s => Direction::Backward,
+        _ => g[0].direction,
+    };
+    let forward_fails = ops
+        .iter()
+        .any(|g| phase(g) == Direction::Forward && g.iter().any(|r| r.verdict == Verdict::Error));
     for dir in [Direction::Forward, Direction::Backward] {
         // Gradients of a diverged forward differ from the loss on: not an outside source.
         let inherited = dir == Direction::Backward && forward_fails;
-        let dir_ops: Vec<&Vec<&Row>> = ops.iter().filter(|g| g[0].direction == dir).collect();
+        let dir_ops: Vec<&Vec<&Row>> = ops.iter().filter(|g| phase(g) == dir).collect();
         let last_error = dir_ops
             .iter()
             .rposition(|g| g.iter().any(|r| r.verdict == Verdict::Error));
@@ -204,48 +235,67 @@ fn localize_pair(pair: &Pair, rows: &[&Row], tols: &Tolerances) -> Findings {
             if outputs.is_empty() || inputs.iter().any(|r| r.verdict == Verdict::Error) {
                 continue;
             }
-            let identical = inputs.iter().all(|r| r.identical());
+            let saved: &[&Row] = if g[0].direction == Direction::Backward {
+                forward_key(&g[0].op)
+                    .and_then(|k| by_key.get(k.as_str()))
+                    .map_or(&[], |fg| fg.as_slice())
+            } else {
+                &[]
+            };
+            let identical =
+                inputs.iter().all(|r| r.identical()) && saved.iter().all(|r| r.identical());
+            let Some(out) = worst(outputs.iter().copied()) else {
+                continue;
+            };
             let threshold = if identical {
                 Verdict::Warning
             } else {
                 Verdict::Error
             };
-            let Some(out) = worst(outputs.iter().copied()) else {
+            if out.verdict < threshold || saved.iter().any(|r| r.verdict == Verdict::Error) {
                 continue;
+            }
+            let max_in = inputs
+                .iter()
+                .copied()
+                .chain(saved.iter())
+                .map(|r| r.raw_err)
+                .fold(0.0f64, f64::max);
+            if !identical && out.raw_err <= tols.local_gain * max_in {
+                continue;
+            }
+            let consumed = if saved.is_empty() {
+                format!("{} inputs", inputs.len())
+            } else {
+                format!(
+                    "{} inputs and the {} tensors of its forward call",
+                    inputs.len(),
+                    saved.len()
+                )
             };
-            if out.verdict < threshold {
-                continue;
-            }
-            let max_in = inputs.iter().map(|r| r.err).fold(0.0f64, f64::max);
-            if max_in > 0.0 && out.err <= tols.local_gain * max_in {
-                continue;
-            }
-            let expl = if inputs.is_empty() {
+            let expl = if inputs.is_empty() && saved.is_empty() {
                 format!(
                     "its output {} is out of tolerance and it has no recorded inputs",
                     out.name
                 )
             } else if identical {
                 format!(
-                    "all {} inputs are identical on both sides, yet output {} differs \
+                    "all {consumed} are identical on both sides, yet output {} differs \
                      (error {:.3e}): the error is local to this op",
-                    inputs.len(),
-                    out.name,
-                    out.err
+                    out.name, out.err
                 )
             } else {
                 format!(
-                    "all {} inputs are within tolerance (largest input error {:.3e}), yet output {} \
-                     has error {:.3e}, {:.0}x larger: the error is local to this op",
-                    inputs.len(),
+                    "all {consumed} are within tolerance (largest relative error {:.3e}), yet \
+                     output {} has relative error {:.3e}, {:.0}x larger: the error is local to this op",
                     max_in,
                     out.name,
-                    out.err,
-                    out.err / max_in
+                    out.raw_err,
+                    out.raw_err / max_in
                 )
             };
             let expl = if inherited {
-                format!("{expl} (its saved forward activations already differ: the forward diverged first)")
+                format!("{expl} (note: the forward diverged first)")
             } else {
                 expl
             };
@@ -274,4 +324,22 @@ fn localize_pair(pair: &Pair, rows: &[&Row], tols: &Tolerances) -> Findings {
         }
     }
     f
+}
+
+#[cfg(test)]
+mod tests {
+    use super::forward_key;
+
+    #[test]
+    fn backward_ops_find_their_forward_call() {
+        assert_eq!(
+            forward_key("Functional.gelu.3.backward").as_deref(),
+            Some("Functional.gelu.3.forward")
+        );
+        assert_eq!(
+            forward_key("Module.fc.Linear.backward.2").as_deref(),
+            Some("Module.fc.Linear.forward.2")
+        );
+        assert_eq!(forward_key("Module.fc.Linear.parameters_grad"), None);
+    }
 }

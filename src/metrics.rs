@@ -220,6 +220,8 @@ pub struct Metrics {
     pub max_rel: f64,
     pub mean_abs: f64,
     pub euclid: f64,
+    /// ‖b‖₂, the benchmark's norm.
+    pub norm_b: f64,
     /// ‖c − b‖ / ‖b‖: the error measure probe's verdicts use.
     pub rel_l2: f64,
     /// max |c − b| / max |b|: catches a few wild elements that barely move the L2 error.
@@ -271,6 +273,7 @@ impl From<Partial> for Metrics {
             max_rel: p.max_rel,
             mean_abs: p.sum_abs / n,
             euclid,
+            norm_b: nb,
             rel_l2: ratio(euclid, nb),
             max_abs_scaled: ratio(p.max_abs, p.max_abs_b),
             one_thousandth: p.lt1 as f64 / n,
@@ -369,11 +372,19 @@ pub struct StatDiff {
     pub mean_rel_pct: Option<f64>,
     pub norm_rel_pct: Option<f64>,
     /// Largest statistic difference relative to the tensor's scale (probe's verdict measure):
-    /// Δmax, Δmin and Δmean against max(|max|, |min|, norm/√n), Δnorm against norm.
+    /// Δmax, Δmin and Δmean against max(|max|, |min|, norm/√n), Δnorm against norm; the
+    /// first `atol` of each difference (`atol·√n` of Δnorm) is forgiven, as in allclose.
     pub scaled_err: f64,
 }
 
-pub fn stat_diff(b: &crate::dump::Stats, c: &crate::dump::Stats, numel: usize) -> StatDiff {
+/// Statistics differences; up to `atol` per element of absolute difference is forgiven (see
+/// [`crate::tolerance::Tol::atol`]), so tensors that are zero up to rounding compare as equal.
+pub fn stat_diff(
+    b: &crate::dump::Stats,
+    c: &crate::dump::Stats,
+    numel: usize,
+    atol: f64,
+) -> StatDiff {
     let diff = |x: Option<f64>, y: Option<f64>| match (x, y) {
         (Some(x), Some(y)) if x == y => Some(0.0), // equal infinities too
         (Some(x), Some(y)) => Some(y - x),
@@ -390,22 +401,28 @@ pub fn stat_diff(b: &crate::dump::Stats, c: &crate::dump::Stats, numel: usize) -
         diff(b.mean, c.mean),
         diff(b.norm, c.norm),
     );
-    let rms = b.norm.map(|n| n / (numel.max(1) as f64).sqrt());
+    let root_n = (numel.max(1) as f64).sqrt();
+    let rms = b.norm.map(|n| n / root_n);
     let scale = [b.max.map(f64::abs), b.min.map(f64::abs), rms]
         .into_iter()
         .flatten()
         .filter(|v| v.is_finite())
-        .fold(0.0f64, f64::max);
-    let rel = |d: Option<f64>, s: f64| match d {
+        .fold(0.0, f64::max);
+    // Differences up to the absolute tolerance are forgiven, as in allclose.
+    let rel = |d: Option<f64>, s: f64, slack: f64| match d {
         None => 0.0,
-        Some(0.0) => 0.0,
+        Some(d) if d.abs() <= slack => 0.0,
         Some(d) if s == 0.0 || !d.is_finite() => f64::INFINITY,
-        Some(d) => d.abs() / s,
+        Some(d) => (d.abs() - slack) / s,
     };
-    let scaled_err = rel(dmax, scale)
-        .max(rel(dmin, scale))
-        .max(rel(dmean, scale))
-        .max(rel(dnorm, b.norm.map(f64::abs).unwrap_or(0.0)));
+    let scaled_err = rel(dmax, scale, atol)
+        .max(rel(dmin, scale, atol))
+        .max(rel(dmean, scale, atol))
+        .max(rel(
+            dnorm,
+            b.norm.map(f64::abs).unwrap_or(0.0),
+            atol * root_n,
+        ));
     StatDiff {
         max_diff: dmax,
         min_diff: dmin,

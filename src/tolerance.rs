@@ -1,8 +1,10 @@
 //! Tolerances and the per-tensor verdict.
 //!
-//! A tensor is judged by its relative L2 error ‖c − b‖/‖b‖ (robust to the reordering of
-//! float sums that any two devices do) and by its largest elementwise error scaled by the
-//! tensor's largest magnitude (so a handful of wild elements cannot hide). The thresholds
+//! A tensor is judged by its relative L2 error (‖c − b‖ − atol·√n) / ‖b‖ (robust to the
+//! reordering of float sums that any two devices do; forgiving `atol` per element, as
+//! allclose does, keeps tensors that are zero up to rounding, like the gradient of a bias
+//! followed by a normalisation, from exploding) and warned on by its largest elementwise error scaled by the tensor's largest
+//! magnitude (so a handful of wild elements cannot hide). The thresholds
 //! come from the *less precise* of the two dtypes, so a bf16 run against an fp32 benchmark
 //! is judged by what bf16 can do. Defaults can be overridden per dtype and per op pattern
 //! in a TOML file (`probe compare --config`), documented in docs/compare.md.
@@ -39,8 +41,12 @@ pub struct Tol {
     pub warning: f64,
     /// Relative L2 error above which a tensor is an error.
     pub error: f64,
-    /// max|c − b| / max|b| above which a tensor is an error.
+    /// max|c − b| / max|b| above which a tensor is a warning (elementwise outliers; an error
+    /// would fire on every sign flip near zero in a low-precision run).
     pub max_abs: f64,
+    /// Absolute difference forgiven per element (RMS): ‖c − b‖ up to atol·√n counts as
+    /// equal. torch.testing's default absolute tolerance.
+    pub atol: f64,
 }
 
 #[derive(Debug, Clone, Deserialize)]
@@ -49,6 +55,7 @@ struct PartialTol {
     warning: Option<f64>,
     error: Option<f64>,
     max_abs: Option<f64>,
+    atol: Option<f64>,
 }
 
 #[derive(Debug, Clone, Deserialize)]
@@ -85,27 +92,32 @@ fn default_tol(d: DType) -> Tol {
             warning: 1e-10,
             error: 1e-7,
             max_abs: 1e-6,
+            atol: 1e-7,
         },
         DType::F32 => Tol {
             warning: 1e-5,
             error: 1e-4,
             max_abs: 1e-3,
+            atol: 1e-5,
         },
         DType::F16 => Tol {
             warning: 2e-3,
-            error: 1e-2,
+            error: 2e-2,
             max_abs: 5e-2,
+            atol: 1e-5,
         },
         DType::BF16 => Tol {
             warning: 1.6e-2,
-            error: 5e-2,
+            error: 1e-1,
             max_abs: 2e-1,
+            atol: 1e-5,
         },
         // Integers and booleans are exact.
         _ => Tol {
             warning: 0.0,
             error: 0.0,
             max_abs: 0.0,
+            atol: 0.0,
         },
     }
 }
@@ -143,10 +155,16 @@ fn apply(t: &mut Tol, p: &PartialTol) {
     if let Some(v) = p.max_abs {
         t.max_abs = v;
     }
+    if let Some(v) = p.atol {
+        t.atol = v;
+    }
 }
 
 fn check(t: &PartialTol) -> std::result::Result<(), String> {
-    for v in [t.warning, t.error, t.max_abs].into_iter().flatten() {
+    for v in [t.warning, t.error, t.max_abs, t.atol]
+        .into_iter()
+        .flatten()
+    {
         if v.is_nan() || v < 0.0 {
             return Err(format!("tolerance {v} must be a non-negative number"));
         }
@@ -259,21 +277,21 @@ pub fn judge(
             needed,
         };
     }
-    if mabs > tol.max_abs {
-        return Judgement {
-            verdict: Verdict::Error,
-            reason: format!(
-                "max abs error {mabs:.3e} of the largest |value| > {:.1e} ({dtype})",
-                tol.max_abs
-            ),
-            err,
-            needed,
-        };
-    }
     if err > tol.warning {
         return Judgement {
             verdict: Verdict::Warning,
             reason: format!("{what} {err:.3e} > warning {:.1e} ({dtype})", tol.warning),
+            err,
+            needed,
+        };
+    }
+    if mabs > tol.max_abs {
+        return Judgement {
+            verdict: Verdict::Warning,
+            reason: format!(
+                "max abs error {mabs:.3e} of the largest |value| > {:.1e} ({dtype})",
+                tol.max_abs
+            ),
             err,
             needed,
         };

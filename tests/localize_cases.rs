@@ -210,3 +210,195 @@ fn statistics_near_zero_do_not_explode() {
     let o = compare(t.path(), &[]);
     assert_eq!(o.code, 0, "{}", o.stdout);
 }
+
+/// A tensor for the free-form cases: (role, dtype, value, src, id).
+type Tn<'a> = (&'a str, &'a str, f64, Option<u64>, Option<u64>);
+
+/// Writes one side from (op key, tensors) in execution order; tensors are 100 equal values.
+fn write_ops(dir: &Path, ops: &[(&str, Vec<Tn>)]) {
+    let rank = dir.join("step0/rank0");
+    std::fs::create_dir_all(&rank).unwrap();
+    std::fs::write(
+        dir.join("manifest.json"),
+        json!({"format": "probe-dump", "version": 1, "framework": "pytorch", "device": "cpu",
+               "mode": "statistics", "level": "api", "created": "2026-01-01T00:00:00Z"})
+        .to_string(),
+    )
+    .unwrap();
+    let mut text = String::new();
+    for (seq, (key, ts)) in ops.iter().enumerate() {
+        let mut counters = std::collections::HashMap::new();
+        let tensors: Vec<_> = ts
+            .iter()
+            .map(|(role, dtype, v, src, id)| {
+                let slot = if *role == "output" { "output" } else { "input" };
+                let k = counters.entry(slot).or_insert(0);
+                *k += 1;
+                json!({"name": format!("{key}.{slot}.{}", *k - 1), "role": role, "dtype": dtype,
+                       "shape": [100], "stats": stats(*v), "src": src, "id": id})
+            })
+            .collect();
+        let dir = if key.contains(".backward") {
+            "backward"
+        } else {
+            "forward"
+        };
+        text +=
+            &json!({"seq": seq, "op": key, "kind": "api", "direction": dir, "tensors": tensors})
+                .to_string();
+        text.push('\n');
+    }
+    std::fs::write(rank.join("ops.jsonl"), text).unwrap();
+}
+
+#[test]
+fn float32_tensors_after_bf16_ops_get_bf16_tolerance() {
+    // The cmp run computes matmul in bf16 and casts back: the float32 copy carries bf16
+    // rounding (1 %), which is no divergence.
+    let t = tempfile::tempdir().unwrap();
+    for (side, dt, v) in [("bench", "float32", 2.0), ("cmp", "bfloat16", 2.02)] {
+        write_ops(
+            &t.path().join(side),
+            &[
+                (
+                    "Torch.matmul.0.forward",
+                    vec![
+                        ("input", "float32", 1.0, None, None),
+                        ("output", dt, v, None, Some(0)),
+                    ],
+                ),
+                (
+                    "Tensor.float.0.forward",
+                    vec![
+                        ("input", dt, v, Some(0), None),
+                        ("output", "float32", v, None, Some(1)),
+                    ],
+                ),
+            ],
+        );
+    }
+    let o = compare(t.path(), &[]);
+    assert_eq!(o.code, 0, "{}", o.stdout);
+    // Without the bf16 op before it, the same 1 % on a float32 tensor is an error.
+    let t = tempfile::tempdir().unwrap();
+    for (side, v) in [("bench", 2.0), ("cmp", 2.02)] {
+        write_ops(
+            &t.path().join(side),
+            &[(
+                "Tensor.float.0.forward",
+                vec![
+                    ("input", "float32", 1.0, None, None),
+                    ("output", "float32", v, None, Some(1)),
+                ],
+            )],
+        );
+    }
+    assert_eq!(compare(t.path(), &[]).code, 1);
+}
+
+#[test]
+fn tensors_that_are_zero_up_to_rounding_compare_equal() {
+    // A bias gradient in front of a normalisation: 1e-9 against 3e-9 is 200 % relative, but
+    // far below the absolute floor (atol 1e-5 per element).
+    let t = tempfile::tempdir().unwrap();
+    for (side, v) in [("bench", 1e-9), ("cmp", 3e-9)] {
+        write_ops(
+            &t.path().join(side),
+            &[(
+                "Torch.sum.0.forward",
+                vec![
+                    ("input", "float32", 1.0, None, None),
+                    ("output", "float32", v, None, Some(0)),
+                ],
+            )],
+        );
+    }
+    assert_eq!(compare(t.path(), &[]).code, 0);
+}
+
+#[test]
+fn optimizer_ops_after_backward_are_not_an_outside_source() {
+    // The gradient differs from backward on; the optimizer's add_ consumes it after backward.
+    let t = tempfile::tempdir().unwrap();
+    for (side, g) in [("bench", 1.0), ("cmp", 1.5)] {
+        write_ops(
+            &t.path().join(side),
+            &[
+                (
+                    "Torch.mul.0.forward",
+                    vec![
+                        ("input", "float32", 1.0, None, None),
+                        ("output", "float32", 2.0, None, Some(0)),
+                    ],
+                ),
+                (
+                    "Torch.mul.0.backward",
+                    vec![
+                        ("input", "float32", 1.0, None, None),
+                        ("output", "float32", g, None, None),
+                    ],
+                ),
+                (
+                    "Tensor.add_.0.forward",
+                    vec![
+                        ("input", "float32", 3.0, None, None),
+                        ("input", "float32", g, None, None),
+                        ("output", "float32", 3.0 + g, None, Some(1)),
+                    ],
+                ),
+            ],
+        );
+    }
+    let o = compare(t.path(), &[]);
+    assert_eq!(o.code, 1);
+    let s = summary(t.path());
+    assert!(
+        s["external_source"]["forward"].is_null(),
+        "{}",
+        s["external_source"]
+    );
+    assert!(s["earliest_failing"]["forward"].is_null());
+    assert_eq!(
+        s["first_divergent"]["backward"]["op"],
+        "Torch.mul.0.backward"
+    );
+}
+
+#[test]
+fn backward_op_with_differing_saved_activations_is_not_blamed() {
+    // gelu's forward output differs (the culprit); gelu.backward gets an identical incoming
+    // gradient but its saved input/output differ, so it is not local.
+    let t = tempfile::tempdir().unwrap();
+    for (side, y, g) in [("bench", 2.0, 0.5), ("cmp", 2.5, 0.7)] {
+        write_ops(
+            &t.path().join(side),
+            &[
+                (
+                    "Functional.gelu.0.forward",
+                    vec![
+                        ("input", "float32", 1.0, None, None),
+                        ("output", "float32", y, None, Some(0)),
+                    ],
+                ),
+                (
+                    "Functional.gelu.0.backward",
+                    vec![
+                        ("input", "float32", 1.0, None, None),
+                        ("output", "float32", g, None, None),
+                    ],
+                ),
+            ],
+        );
+    }
+    compare(t.path(), &[]);
+    let s = summary(t.path());
+    assert_eq!(
+        s["first_divergent"]["forward"]["op"],
+        "Functional.gelu.0.forward"
+    );
+    assert!(
+        s["first_divergent"]["backward"].is_null(),
+        "{}",
+        s["first_divergent"]["backward"]
+    );
+}
