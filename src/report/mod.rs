@@ -39,6 +39,81 @@ pub fn writers() -> Vec<Box<dyn ReportWriter>> {
     ]
 }
 
+/// The numeric columns of a tensor row, shared by the tabular reports so they cannot drift
+/// apart: (parquet column, xlsx header). msprobe's metric columns first, then probe's.
+pub const NUMBER_COLUMNS: [(&str, &str); 28] = [
+    ("cosine", "Cosine"),
+    ("euclidean", "EucDist"),
+    ("max_abs_err", "MaxAbsErr"),
+    ("max_rel_err", "MaxRelativeErr"),
+    ("one_thousandth_ratio", "One Thousandth Err Ratio"),
+    ("five_thousandths_ratio", "Five Thousandths Err Ratio"),
+    ("mean_abs_err", "MeanAbsErr"),
+    ("rel_l2", "RelL2Err"),
+    ("max_abs_scaled", "MaxAbsErr / max|bench|"),
+    ("err", "Error"),
+    ("tolerance", "Tolerance"),
+    ("needed", "Needed Tolerance"),
+    ("bench_max", "Bench Max"),
+    ("bench_min", "Bench Min"),
+    ("bench_mean", "Bench Mean"),
+    ("bench_norm", "Bench L2norm"),
+    ("cmp_max", "Cmp Max"),
+    ("cmp_min", "Cmp Min"),
+    ("cmp_mean", "Cmp Mean"),
+    ("cmp_norm", "Cmp L2norm"),
+    ("max_diff", "Max diff"),
+    ("min_diff", "Min diff"),
+    ("mean_diff", "Mean diff"),
+    ("norm_diff", "L2norm diff"),
+    ("max_rel_diff_pct", "MaxRelativeErr(%)"),
+    ("min_rel_diff_pct", "MinRelativeErr(%)"),
+    ("mean_rel_diff_pct", "MeanRelativeErr(%)"),
+    ("norm_rel_diff_pct", "NormRelativeErr(%)"),
+];
+
+/// The values of [`NUMBER_COLUMNS`] for one row (None: not applicable).
+pub fn number_values(r: &crate::compare::Row) -> [Option<f64>; 28] {
+    let m = r.metrics;
+    let sd = r.stat_diff;
+    let st = |s: &Option<crate::dump::Stats>| match s {
+        Some(s) => [s.max, s.min, s.mean, s.norm],
+        None => [None; 4],
+    };
+    let [bmax, bmin, bmean, bnorm] = st(&r.stats_b);
+    let [cmax, cmin, cmean, cnorm] = st(&r.stats_c);
+    [
+        m.and_then(|m| m.cosine),
+        m.map(|m| m.euclid),
+        m.map(|m| m.max_abs),
+        m.map(|m| m.max_rel),
+        m.map(|m| m.one_thousandth),
+        m.map(|m| m.five_thousandths),
+        m.map(|m| m.mean_abs),
+        m.map(|m| m.rel_l2),
+        m.map(|m| m.max_abs_scaled),
+        Some(r.err),
+        Some(r.tol_error),
+        Some(r.needed),
+        bmax,
+        bmin,
+        bmean,
+        bnorm,
+        cmax,
+        cmin,
+        cmean,
+        cnorm,
+        sd.and_then(|d| d.max_diff),
+        sd.and_then(|d| d.min_diff),
+        sd.and_then(|d| d.mean_diff),
+        sd.and_then(|d| d.norm_diff),
+        sd.and_then(|d| d.max_rel_pct),
+        sd.and_then(|d| d.min_rel_pct),
+        sd.and_then(|d| d.mean_rel_pct),
+        sd.and_then(|d| d.norm_rel_pct),
+    ]
+}
+
 /// When the gate fails.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, clap::ValueEnum)]
 #[serde(rename_all = "lowercase")]

@@ -1,10 +1,9 @@
 //! `compare.parquet`: every row with every metric, for pandas / polars / duckdb users.
 //! Unmatched tensors are rows too, with verdict `unmatched`. Snappy-compressed.
 
-use super::{ReportWriter, Summary};
+use super::{number_values, ReportWriter, Summary, NUMBER_COLUMNS};
 use crate::atomic;
 use crate::compare::{CompareResult, Row, Side, Unmatched};
-use crate::dump::Stats;
 use crate::error::{ProbeError, Result};
 use arrow_array::builder::{BooleanBuilder, Float64Builder, StringBuilder, UInt64Builder};
 use arrow_array::{ArrayRef, RecordBatch};
@@ -34,36 +33,6 @@ const STR_COLS: &[&str] = &[
     "verdict",
     "reason",
 ];
-const F64_COLS: &[&str] = &[
-    "err",
-    "tolerance",
-    "needed",
-    "cosine",
-    "max_abs_err",
-    "max_rel_err",
-    "mean_abs_err",
-    "euclidean",
-    "rel_l2",
-    "max_abs_scaled",
-    "one_thousandth_ratio",
-    "five_thousandths_ratio",
-    "bench_max",
-    "bench_min",
-    "bench_mean",
-    "bench_norm",
-    "cmp_max",
-    "cmp_min",
-    "cmp_mean",
-    "cmp_norm",
-    "max_diff",
-    "min_diff",
-    "mean_diff",
-    "norm_diff",
-    "max_rel_diff_pct",
-    "min_rel_diff_pct",
-    "mean_rel_diff_pct",
-    "norm_rel_diff_pct",
-];
 const BOOL_COLS: &[&str] = &["nan_inf_agree", "checksum_equal", "external_input"];
 
 struct Builders {
@@ -78,19 +47,15 @@ fn shape(s: &[usize]) -> String {
     format!("{s:?}")
 }
 
-fn stats4(s: &Option<Stats>) -> [Option<f64>; 4] {
-    match s {
-        Some(s) => [s.max, s.min, s.mean, s.norm],
-        None => [None; 4],
-    }
-}
-
 impl Builders {
     fn new() -> Self {
         Builders {
             seq: UInt64Builder::new(),
             s: STR_COLS.iter().map(|_| StringBuilder::new()).collect(),
-            f: F64_COLS.iter().map(|_| Float64Builder::new()).collect(),
+            f: NUMBER_COLUMNS
+                .iter()
+                .map(|_| Float64Builder::new())
+                .collect(),
             b: BOOL_COLS.iter().map(|_| BooleanBuilder::new()).collect(),
             len: 0,
         }
@@ -118,9 +83,6 @@ impl Builders {
 
     fn row(&mut self, step: &str, rank: &str, r: &Row) {
         let m = r.metrics;
-        let sd = r.stat_diff;
-        let [bmax, bmin, bmean, bnorm] = stats4(&r.stats_b);
-        let [cmax, cmin, cmean, cnorm] = stats4(&r.stats_c);
         let (sb, sc) = (shape(&r.shape_b), shape(&r.shape_c));
         self.push(
             r.seq,
@@ -139,36 +101,7 @@ impl Builders {
                 Some(r.verdict.name()),
                 Some(&r.reason),
             ],
-            [
-                Some(r.err),
-                Some(r.tol_error),
-                Some(r.needed),
-                m.and_then(|m| m.cosine),
-                m.map(|m| m.max_abs),
-                m.map(|m| m.max_rel),
-                m.map(|m| m.mean_abs),
-                m.map(|m| m.euclid),
-                m.map(|m| m.rel_l2),
-                m.map(|m| m.max_abs_scaled),
-                m.map(|m| m.one_thousandth),
-                m.map(|m| m.five_thousandths),
-                bmax,
-                bmin,
-                bmean,
-                bnorm,
-                cmax,
-                cmin,
-                cmean,
-                cnorm,
-                sd.and_then(|d| d.max_diff),
-                sd.and_then(|d| d.min_diff),
-                sd.and_then(|d| d.mean_diff),
-                sd.and_then(|d| d.norm_diff),
-                sd.and_then(|d| d.max_rel_pct),
-                sd.and_then(|d| d.min_rel_pct),
-                sd.and_then(|d| d.mean_rel_pct),
-                sd.and_then(|d| d.norm_rel_pct),
-            ],
+            number_values(r),
             [
                 m.map(|m| m.nan_inf_agree()),
                 r.checksum_equal,
@@ -240,9 +173,9 @@ fn schema() -> Arc<Schema> {
             .map(|n| Field::new(*n, DataType::Utf8, true)),
     );
     fields.extend(
-        F64_COLS
+        NUMBER_COLUMNS
             .iter()
-            .map(|n| Field::new(*n, DataType::Float64, true)),
+            .map(|(n, _)| Field::new(*n, DataType::Float64, true)),
     );
     fields.extend(
         BOOL_COLS

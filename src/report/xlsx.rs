@@ -5,10 +5,9 @@
 //! reason and tolerance (errors red, warnings yellow, frozen header, autofilter), then
 //! `unmatched`. Sheets are split past Excel's row limit. Written in constant-memory mode.
 
-use super::{ReportWriter, Summary};
+use super::{number_values, ReportWriter, Summary, NUMBER_COLUMNS};
 use crate::atomic;
 use crate::compare::{CompareResult, Row, Side};
-use crate::dump::Stats;
 use crate::error::{ProbeError, Result};
 use crate::localize::Finding;
 use crate::tolerance::Verdict;
@@ -22,7 +21,8 @@ pub struct XlsxWorkbook;
 /// Data rows per sheet: Excel's 1,048,576 rows less the header.
 pub const MAX_ROWS: usize = 1_048_575;
 
-const TENSOR_COLS: &[(&str, f64)] = &[
+/// The text columns of the tensors sheet; the numeric ones follow ([`NUMBER_COLUMNS`]).
+const TEXT_COLS: &[(&str, f64)] = &[
     ("Step", 8.0),
     ("Rank", 8.0),
     ("Seq", 7.0),
@@ -37,33 +37,6 @@ const TENSOR_COLS: &[(&str, f64)] = &[
     ("Compared By", 11.0),
     ("Verdict", 9.0),
     ("Reason", 44.0),
-    ("Error", 11.0),
-    ("Tolerance", 10.0),
-    ("Needed Tolerance", 11.0),
-    ("Cosine", 11.0),
-    ("EucDist", 11.0),
-    ("MaxAbsErr", 11.0),
-    ("MaxRelativeErr", 11.0),
-    ("MeanAbsErr", 11.0),
-    ("RelL2Err", 11.0),
-    ("One Thousandth Err Ratio", 11.0),
-    ("Five Thousandths Err Ratio", 11.0),
-    ("Bench Max", 11.0),
-    ("Bench Min", 11.0),
-    ("Bench Mean", 11.0),
-    ("Bench L2norm", 11.0),
-    ("Cmp Max", 11.0),
-    ("Cmp Min", 11.0),
-    ("Cmp Mean", 11.0),
-    ("Cmp L2norm", 11.0),
-    ("Max diff", 11.0),
-    ("Min diff", 11.0),
-    ("Mean diff", 11.0),
-    ("L2norm diff", 11.0),
-    ("MaxRelativeErr(%)", 11.0),
-    ("MinRelativeErr(%)", 11.0),
-    ("MeanRelativeErr(%)", 11.0),
-    ("NormRelativeErr(%)", 11.0),
 ];
 
 struct Formats {
@@ -122,13 +95,6 @@ fn header(ws: &mut Worksheet, cols: &[(&str, f64)], f: &Formats) -> X<()> {
     Ok(())
 }
 
-fn stats4(s: &Option<Stats>) -> [Option<f64>; 4] {
-    match s {
-        Some(s) => [s.max, s.min, s.mean, s.norm],
-        None => [None; 4],
-    }
-}
-
 /// One row of the tensors sheet. Cells carry no format of their own (per-cell formats
 /// cost a hash lookup each); rows are coloured by conditional formats on the Verdict column.
 fn tensor_row(ws: &mut Worksheet, i: u32, step: &str, rank: &str, r: &Row) -> X<()> {
@@ -153,39 +119,7 @@ fn tensor_row(ws: &mut Worksheet, i: u32, step: &str, rank: &str, r: &Row) -> X<
     if !r.reason.is_empty() {
         ws.write_string(i, 13, &r.reason)?;
     }
-    let m = r.metrics;
-    let sd = r.stat_diff;
-    let [bmax, bmin, bmean, bnorm] = stats4(&r.stats_b);
-    let [cmax, cmin, cmean, cnorm] = stats4(&r.stats_c);
-    let nums = [
-        Some(r.err),
-        Some(r.tol_error),
-        Some(r.needed),
-        m.and_then(|m| m.cosine),
-        m.map(|m| m.euclid),
-        m.map(|m| m.max_abs),
-        m.map(|m| m.max_rel),
-        m.map(|m| m.mean_abs),
-        m.map(|m| m.rel_l2),
-        m.map(|m| m.one_thousandth),
-        m.map(|m| m.five_thousandths),
-        bmax,
-        bmin,
-        bmean,
-        bnorm,
-        cmax,
-        cmin,
-        cmean,
-        cnorm,
-        sd.and_then(|d| d.max_diff),
-        sd.and_then(|d| d.min_diff),
-        sd.and_then(|d| d.mean_diff),
-        sd.and_then(|d| d.norm_diff),
-        sd.and_then(|d| d.max_rel_pct),
-        sd.and_then(|d| d.min_rel_pct),
-        sd.and_then(|d| d.mean_rel_pct),
-        sd.and_then(|d| d.norm_rel_pct),
-    ];
+    let nums = number_values(r);
     for (k, v) in nums.into_iter().enumerate() {
         num(ws, i, 14 + k as u16, v)?;
     }
@@ -365,16 +299,21 @@ fn build(res: &CompareResult, s: &Summary) -> X<Workbook> {
     // Level 1 deflate: several times faster than the default on large sheets, files ~20 % larger.
     wb.set_zip_compression_level(1);
     summary_sheet(wb.add_worksheet(), s, &fs)?;
+    let tensor_cols: Vec<(&str, f64)> = TEXT_COLS
+        .iter()
+        .copied()
+        .chain(NUMBER_COLUMNS.iter().map(|(_, h)| (*h, 11.0)))
+        .collect();
     for (k, rows) in sheet_parts(&res.rows, MAX_ROWS).into_iter().enumerate() {
         let ws = wb.add_worksheet_with_constant_memory()?;
         ws.set_name(part_name("tensors", k))?;
-        header(ws, TENSOR_COLS, &fs)?;
+        header(ws, &tensor_cols, &fs)?;
         for (i, r) in rows.iter().enumerate() {
             let p = &res.pairs[r.pair];
             tensor_row(ws, i as u32 + 1, &p.step, &p.rank, r)?;
         }
-        verdict_colours(ws, rows.len(), TENSOR_COLS.len() as u16, "M", &fs)?;
-        ws.autofilter(0, 0, rows.len().max(1) as u32, TENSOR_COLS.len() as u16 - 1)?;
+        verdict_colours(ws, rows.len(), tensor_cols.len() as u16, "M", &fs)?;
+        ws.autofilter(0, 0, rows.len().max(1) as u32, tensor_cols.len() as u16 - 1)?;
     }
     let ucols: &[(&str, f64)] = &[
         ("Step", 8.0),
