@@ -38,7 +38,7 @@ from .config import (
 from .hooks import DISPATCH, PATCHER, tls
 from .stats import (
     STORABLE,
-    crc32_of,
+    checksum,
     dtype_name,
     finish_stats,
     host_copy,
@@ -554,10 +554,9 @@ class Debugger:
             mode = self.config.mode
             if mode == "statistics" or t.dtype not in STORABLE:
                 return vec, None, None
-            host = host_copy(t)
             if mode == "checksum":
-                return vec, None, crc32_of(host)
-            return vec, host, None
+                return vec, None, checksum(t)
+            return vec, host_copy(t), None
         finally:
             if prev:
                 torch._C._set_grad_enabled(True)

@@ -144,6 +144,14 @@ def host_copy(t: torch.Tensor) -> torch.Tensor:
     return d.to("cpu").contiguous()
 
 
+def checksum(t: torch.Tensor) -> str:
+    """``crc32_of`` the tensor's current bytes. A CPU tensor is read where it lies: the
+    checksum is taken at once, so unlike a stored tensor it needs no protective copy (the
+    copy was most of checksum mode's cost on CPU)."""
+    d = t.detach()
+    return crc32_of(d if d.is_cpu else d.to("cpu"))
+
+
 def crc32_of(host: torch.Tensor) -> str:
     """``crc32:xxxxxxxx`` of the raw little-endian C-contiguous bytes of a CPU tensor."""
     raw = host.contiguous().reshape(-1).view(torch.uint8).numpy()
