@@ -398,3 +398,54 @@ def test_context_manager_and_seed_all(dump: str) -> None:
             torch.relu(torch.randn(3))
     dbg.close()
     assert sorted(os.listdir(dump)) == ["manifest.json", "step0", "step1"]
+
+
+def test_inplace_input_counts_nan_inf_before_the_call(dump: str) -> None:
+    # On CPU the NaN/Inf count passes run only when the sum is non-finite: both branches.
+    x = torch.tensor([1.0, float("nan"), float("inf"), -2.0])
+    z = torch.ones(4, dtype=torch.int64)
+    f = torch.ones(3)
+    dbg = probe.Debugger(None, dump_path=dump)
+    dbg.start()
+    x.nan_to_num_()
+    z.mul_(2)
+    f.mul_(2.0)
+    dbg.stop()
+    dbg.close()
+    ops = {o["op"]: o for o in read_ops(os.path.join(dump, "step0", "rank0"))}
+    nt = ops["Tensor.nan_to_num_.0.forward"]["tensors"]
+    assert nt[0]["stats"]["nan"] == 1 and nt[0]["stats"]["inf"] == 1
+    assert nt[-1]["stats"]["nan"] == 0 and nt[-1]["stats"]["inf"] == 0
+    zs = ops["Tensor.mul_.0.forward"]["tensors"][0]["stats"]
+    assert zs == {"max": 1.0, "min": 1.0, "mean": 1.0, "norm": 2.0, "nan": 0, "inf": 0}
+    fs = ops["Tensor.mul_.1.forward"]["tensors"][0]["stats"]
+    assert fs["max"] == 1.0 and fs["nan"] == 0 and fs["inf"] == 0
+
+
+def test_checksum_of_non_contiguous_cpu_input(dump: str) -> None:
+    # Checksums read CPU tensors in place: a strided view must hash its logical bytes.
+    x = torch.randn(6, 4).t()
+    dbg = probe.Debugger(None, dump_path=dump, mode="checksum")
+    dbg.start()
+    torch.neg(x)
+    dbg.stop()
+    dbg.close()
+    rec = read_ops(os.path.join(dump, "step0", "rank0"))[0]["tensors"][0]
+    assert rec["checksum"] == "crc32:%08x" % zlib.crc32(x.contiguous().numpy().tobytes())
+
+
+def test_stacks_are_the_same_in_every_step(dump: str) -> None:
+    # Formatted stacks are cached across steps: each step's stacks.jsonl must still be
+    # complete on its own and name every stack id its ops use.
+    train(probe.Debugger(None, dump_path=dump), steps=2)
+    per_step = []
+    for s in (0, 1):
+        folder = os.path.join(dump, f"step{s}", "rank0")
+        with open(os.path.join(folder, "stacks.jsonl"), encoding="utf-8") as fh:
+            stacks = [json.loads(line) for line in fh]
+        assert [r["id"] for r in stacks] == list(range(len(stacks)))
+        used = {o["stack"] for o in read_ops(folder)}
+        assert used == set(range(len(stacks)))
+        per_step.append(stacks)
+    assert per_step[0] == per_step[1]
+    assert all(r["frames"] for r in per_step[0])
