@@ -20,7 +20,8 @@ if [ ! -x .venv/bin/python ]; then
 fi
 PY=.venv/bin/python
 "$PY" -m pip install --quiet --disable-pip-version-check "torch>=2.1" numpy safetensors pytest jsonschema
-"$PY" -m pip install --quiet --disable-pip-version-check --no-build-isolation ./python
+# Always the checkout's agent, even when an older copy with the same version is installed.
+"$PY" -m pip install --quiet --disable-pip-version-check --no-build-isolation --no-deps --force-reinstall ./python
 
 echo "== python: tests"
 cargo build --quiet
