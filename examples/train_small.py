@@ -117,10 +117,10 @@ class Fault:
 
 
 def make_data(
-    steps: int, batch: int, device: torch.device
+    steps: int, batch: int, device: torch.device, seed: int = 1234
 ) -> list[tuple[torch.Tensor, torch.Tensor]]:
     """Generated data: seeded, so both runs of a comparison see the same batches."""
-    g = torch.Generator().manual_seed(1234)
+    g = torch.Generator().manual_seed(seed)
     data = []
     for _ in range(steps):
         x = torch.randn(batch, 3, 32, 32, generator=g)
@@ -158,14 +158,26 @@ def main(argv: Optional[list[str]] = None) -> int:
     ap.add_argument("--config", default=None, help="probe or msprobe JSON config (overrides flags)")
     ap.add_argument("--inject", default=None, help="op to perturb, e.g. Functional.gelu.0")
     ap.add_argument("--inject-rel", type=float, default=0.05, help="relative perturbation")
+    ap.add_argument("--data-seed", type=int, default=1234, help="seed of the generated batches")
+    ap.add_argument(
+        "--config-pack",
+        default=None,
+        help="also write a config-check pack (zip) of this run: env, packages, seeds, data, weights",
+    )
     ap.add_argument("--quiet", action="store_true")
     args = ap.parse_args(argv)
 
+    # The pack is created before seeding, so that it records the seed calls.
+    pack = probe.ConfigPack(args.config_pack, steps=args.steps) if args.config_pack else None
     probe.seed_all(args.seed)
     device = resolve_device(args.device)
     model = SmallNet().to(device)
     opt = torch.optim.Adam(model.parameters(), lr=1e-3, foreach=False)
-    data = make_data(args.steps, args.batch, device)
+    data = make_data(args.steps, args.batch, device, args.data_seed)
+    if pack is not None:
+        # Output paths differ between runs by design: they are not hyperparameters.
+        hyper = {k: v for k, v in vars(args).items() if k not in ("dump", "config_pack", "quiet")}
+        pack.capture(model=model, optimizer=opt, args=hyper)
     fault = Fault(args.inject, args.inject_rel) if args.inject else None
 
     dbg: Optional[probe.Debugger] = None
@@ -199,6 +211,8 @@ def main(argv: Optional[list[str]] = None) -> int:
             print(f"step {step}: loss {loss.item():.6f}")
     if dbg is not None:
         dbg.close()
+    if pack is not None:
+        pack.save()
     if not args.quiet:
         dt = (time.perf_counter() - t0) / max(1, args.steps)
         where = "no dump" if dbg is None else f"dump in {args.dump}"
