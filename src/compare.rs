@@ -71,8 +71,6 @@ pub struct Row {
     /// The same measure without the absolute floor (scale-free): what the localiser compares
     /// between an op's inputs and outputs, since an op may rescale its data.
     pub raw_err: f64,
-    /// The smallest error tolerance that would have passed this tensor.
-    pub needed: f64,
     /// An input that no captured op produced (weight, data, random tensor), when known.
     pub external: bool,
     pub stack: Option<u64>,
@@ -330,7 +328,6 @@ fn match_pair(pi: usize, mut bd: RankDump, mut cd: RankDump, out: &mut CompareRe
                 tol_error: 0.0,
                 err: 0.0,
                 raw_err: 0.0,
-                needed: 0.0,
                 external,
                 stack: op.stack,
                 precision: None,
@@ -394,7 +391,6 @@ fn judge_row(row: &mut Row, tols: &Tolerances) {
         row.reason = reason;
         row.err = err;
         row.raw_err = err;
-        row.needed = err;
     };
     if !same_shape(&row.shape_b, &row.shape_c) {
         let r = format!("shape {:?} vs {:?}", row.shape_b, row.shape_c);
@@ -436,7 +432,6 @@ fn judge_row(row: &mut Row, tols: &Tolerances) {
             row.reason = j.reason;
             row.err = j.err;
             row.raw_err = if m.euclid == 0.0 { 0.0 } else { m.rel_l2 };
-            row.needed = j.needed;
         }
         CompareKind::Checksum | CompareKind::Statistics => {
             let equal = row.checksum_equal == Some(true);

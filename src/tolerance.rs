@@ -247,8 +247,6 @@ pub struct Judgement {
     pub reason: String,
     /// The error measure that was judged (relative L2, or scaled statistics error).
     pub err: f64,
-    /// The smallest `error` tolerance that would have let this tensor pass.
-    pub needed: f64,
 }
 
 /// Judges an error measure `err` (and optionally a scaled max error) against `tol`.
@@ -260,13 +258,11 @@ pub fn judge(
     dtype: &str,
 ) -> Judgement {
     let mabs = max_abs_scaled.unwrap_or(0.0);
-    let needed = err;
     if err.is_nan() {
         return Judgement {
             verdict: Verdict::Error,
             reason: format!("{what} is NaN"),
             err,
-            needed: f64::INFINITY,
         };
     }
     if err > tol.error {
@@ -274,7 +270,6 @@ pub fn judge(
             verdict: Verdict::Error,
             reason: format!("{what} {err:.3e} > {:.1e} ({dtype})", tol.error),
             err,
-            needed,
         };
     }
     if err > tol.warning {
@@ -282,7 +277,6 @@ pub fn judge(
             verdict: Verdict::Warning,
             reason: format!("{what} {err:.3e} > warning {:.1e} ({dtype})", tol.warning),
             err,
-            needed,
         };
     }
     if mabs > tol.max_abs {
@@ -293,13 +287,11 @@ pub fn judge(
                 tol.max_abs
             ),
             err,
-            needed,
         };
     }
     Judgement {
         verdict: Verdict::Pass,
         reason: String::new(),
         err,
-        needed,
     }
 }

@@ -41,7 +41,7 @@ pub fn writers() -> Vec<Box<dyn ReportWriter>> {
 
 /// The numeric columns of a tensor row, shared by the tabular reports so they cannot drift
 /// apart: (parquet column, xlsx header). msprobe's metric columns first, then probe's.
-pub const NUMBER_COLUMNS: [(&str, &str); 28] = [
+pub const NUMBER_COLUMNS: [(&str, &str); 27] = [
     ("cosine", "Cosine"),
     ("euclidean", "EucDist"),
     ("max_abs_err", "MaxAbsErr"),
@@ -51,9 +51,8 @@ pub const NUMBER_COLUMNS: [(&str, &str); 28] = [
     ("mean_abs_err", "MeanAbsErr"),
     ("rel_l2", "RelL2Err"),
     ("max_abs_scaled", "MaxAbsErr / max|bench|"),
-    ("err", "Error"),
+    ("err", "Error (smallest passing tolerance)"),
     ("tolerance", "Tolerance"),
-    ("needed", "Needed Tolerance"),
     ("bench_max", "Bench Max"),
     ("bench_min", "Bench Min"),
     ("bench_mean", "Bench Mean"),
@@ -73,7 +72,7 @@ pub const NUMBER_COLUMNS: [(&str, &str); 28] = [
 ];
 
 /// The values of [`NUMBER_COLUMNS`] for one row (None: not applicable).
-pub fn number_values(r: &crate::compare::Row) -> [Option<f64>; 28] {
+pub fn number_values(r: &crate::compare::Row) -> [Option<f64>; 27] {
     let m = r.metrics;
     let sd = r.stat_diff;
     let st = |s: &Option<crate::dump::Stats>| match s {
@@ -94,7 +93,6 @@ pub fn number_values(r: &crate::compare::Row) -> [Option<f64>; 28] {
         m.map(|m| m.max_abs_scaled),
         Some(r.err),
         Some(r.tol_error),
-        Some(r.needed),
         bmax,
         bmin,
         bmean,

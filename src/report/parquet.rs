@@ -65,7 +65,7 @@ impl Builders {
         &mut self,
         seq: u64,
         s: [Option<&str>; 13],
-        f: [Option<f64>; 28],
+        f: [Option<f64>; NUMBER_COLUMNS.len()],
         b: [Option<bool>; 3],
     ) {
         self.seq.append_value(seq);
@@ -150,7 +150,7 @@ impl Builders {
                 Some("unmatched"),
                 Some(why),
             ],
-            [None; 28],
+            [None; NUMBER_COLUMNS.len()],
             [None; 3],
         );
     }
