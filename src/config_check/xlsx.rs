@@ -5,7 +5,8 @@
 use super::{Category, CheckReport, Item, Status};
 use crate::atomic;
 use crate::error::{ProbeError, Result};
-use rust_xlsxwriter::{Color, Format, FormatBorder, Workbook, Worksheet, XlsxError};
+use crate::report::xlsx as style;
+use rust_xlsxwriter::{Color, Format, Workbook, Worksheet, XlsxError};
 use std::path::Path;
 
 type X<T> = std::result::Result<T, XlsxError>;
@@ -20,14 +21,10 @@ struct Formats {
 
 fn formats() -> Formats {
     Formats {
-        header: Format::new()
-            .set_bold()
-            .set_background_color(Color::RGB(0xD9E1F2))
-            .set_border_bottom(FormatBorder::Thin)
-            .set_text_wrap(),
+        header: style::header_format(),
         plain: Format::new(),
-        warn: Format::new().set_background_color(Color::RGB(0xFFEB9C)),
-        err: Format::new().set_background_color(Color::RGB(0xFFC7CE)),
+        warn: style::warn_format(),
+        err: style::err_format(),
         expected: Format::new().set_background_color(Color::RGB(0xDDEBF7)),
     }
 }
@@ -50,12 +47,7 @@ fn fmt_verdict<'a>(v: &str, f: &'a Formats) -> &'a Format {
 }
 
 fn header(ws: &mut Worksheet, cols: &[(&str, f64)], f: &Formats) -> X<()> {
-    for (i, (name, width)) in cols.iter().enumerate() {
-        ws.write_string_with_format(0, i as u16, *name, &f.header)?;
-        ws.set_column_width(i as u16, *width)?;
-    }
-    ws.set_freeze_panes(1, 0)?;
-    Ok(())
+    style::write_header(ws, cols, &f.header)
 }
 
 fn opt_str(ws: &mut Worksheet, r: u32, c: u16, v: &Option<String>, f: &Format) -> X<()> {

@@ -6,7 +6,7 @@
 
 mod json;
 mod parquet;
-mod xlsx;
+pub(crate) mod xlsx;
 
 use crate::compare::CompareResult;
 use crate::error::Result;

@@ -48,22 +48,47 @@ struct Formats {
     wrap: Format,
 }
 
+/// The house style shared by every probe workbook (compare and config-check).
+pub(crate) fn header_format() -> Format {
+    Format::new()
+        .set_bold()
+        .set_background_color(Color::RGB(0xD9E1F2))
+        .set_border_bottom(FormatBorder::Thin)
+        .set_text_wrap()
+}
+
+/// Fill of warning rows.
+pub(crate) fn warn_format() -> Format {
+    Format::new().set_background_color(Color::RGB(0xFFEB9C))
+}
+
+/// Fill of error rows.
+pub(crate) fn err_format() -> Format {
+    Format::new().set_background_color(Color::RGB(0xFFC7CE))
+}
+
+/// Header row with column widths, frozen.
+pub(crate) fn write_header(ws: &mut Worksheet, cols: &[(&str, f64)], f: &Format) -> X<()> {
+    for (i, (name, width)) in cols.iter().enumerate() {
+        ws.write_string_with_format(0, i as u16, *name, f)?;
+        ws.set_column_width(i as u16, *width)?;
+    }
+    ws.set_freeze_panes(1, 0)?;
+    Ok(())
+}
+
 fn formats() -> Formats {
     Formats {
-        header: Format::new()
-            .set_bold()
-            .set_background_color(Color::RGB(0xD9E1F2))
-            .set_border_bottom(FormatBorder::Thin)
-            .set_text_wrap(),
+        header: header_format(),
         plain: Format::new(),
-        warn: Format::new().set_background_color(Color::RGB(0xFFEB9C)),
-        err: Format::new().set_background_color(Color::RGB(0xFFC7CE)),
+        warn: warn_format(),
+        err: err_format(),
         bold: Format::new().set_bold(),
         wrap: Format::new().set_text_wrap(),
     }
 }
 
-type X<T> = std::result::Result<T, XlsxError>;
+pub(crate) type X<T> = std::result::Result<T, XlsxError>;
 
 /// Writes a number; non-finite values as text (Excel has no NaN), None as nothing.
 fn num(ws: &mut Worksheet, r: u32, c: u16, v: Option<f64>) -> X<()> {
@@ -83,15 +108,6 @@ fn num(ws: &mut Worksheet, r: u32, c: u16, v: Option<f64>) -> X<()> {
             ws.write_string(r, c, s)?;
         }
     }
-    Ok(())
-}
-
-fn header(ws: &mut Worksheet, cols: &[(&str, f64)], f: &Formats) -> X<()> {
-    for (i, (name, width)) in cols.iter().enumerate() {
-        ws.write_string_with_format(0, i as u16, *name, &f.header)?;
-        ws.set_column_width(i as u16, *width)?;
-    }
-    ws.set_freeze_panes(1, 0)?;
     Ok(())
 }
 
@@ -307,7 +323,7 @@ fn build(res: &CompareResult, s: &Summary) -> X<Workbook> {
     for (k, rows) in sheet_parts(&res.rows, MAX_ROWS).into_iter().enumerate() {
         let ws = wb.add_worksheet_with_constant_memory()?;
         ws.set_name(part_name("tensors", k))?;
-        header(ws, &tensor_cols, &fs)?;
+        write_header(ws, &tensor_cols, &fs.header)?;
         for (i, r) in rows.iter().enumerate() {
             let p = &res.pairs[r.pair];
             tensor_row(ws, i as u32 + 1, &p.step, &p.rank, r)?;
@@ -332,7 +348,7 @@ fn build(res: &CompareResult, s: &Summary) -> X<Workbook> {
     {
         let ws = wb.add_worksheet_with_constant_memory()?;
         ws.set_name(part_name("unmatched", k))?;
-        header(ws, ucols, &fs)?;
+        write_header(ws, ucols, &fs.header)?;
         for (i, u) in us.iter().enumerate() {
             let r = i as u32 + 1;
             let p = &res.pairs[u.pair];
