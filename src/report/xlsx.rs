@@ -188,6 +188,9 @@ fn finding_rows(
 
 fn summary_sheet(ws: &mut Worksheet, s: &Summary, fs: &Formats) -> X<()> {
     ws.set_name("summary")?;
+    // Printed or exported to PDF, the summary fits the page width.
+    ws.set_landscape();
+    ws.set_print_fit_to_pages(1, 0);
     ws.set_column_width(0, 26)?;
     ws.set_column_width(1, 110)?;
     let vf = match s.verdict {
