@@ -421,13 +421,13 @@ fn judge_row(row: &mut Row, tols: &Tolerances) {
             } else {
                 (m.euclid - slack) / m.norm_b
             };
-            let j = tolerance::judge(
-                rel,
-                Some(m.max_abs_scaled),
-                &tol,
-                "relative L2 error",
-                &dname,
-            );
+            // Outliers within atol are rounding, not outliers.
+            let outlier = if m.max_abs > tol.atol {
+                m.max_abs_scaled
+            } else {
+                0.0
+            };
+            let j = tolerance::judge(rel, Some(outlier), &tol, "relative L2 error", &dname);
             row.verdict = j.verdict;
             row.reason = j.reason;
             row.err = j.err;

@@ -249,7 +249,7 @@ impl Summary {
         let earliest_failing = first_of(findings, |f| &f.earliest_failing);
         let external_source = first_of(findings, |f| &f.external_source);
         let first_nonfinite = findings.iter().find_map(|f| f.first_nonfinite.clone());
-        let pairs = res
+        let pairs: Vec<PairSummary> = res
             .pairs
             .iter()
             .enumerate()
@@ -274,7 +274,7 @@ impl Summary {
                 }
             })
             .collect();
-        let headline = headline(verdict, &c, &first_divergent, &external_source, findings);
+        let headline = headline(verdict, &c, &pairs);
         Summary {
             format: "probe-compare-summary",
             version: 1,
@@ -297,13 +297,7 @@ impl Summary {
     }
 }
 
-fn headline(
-    verdict: Verdict,
-    c: &Counts,
-    first: &ByDirection,
-    external: &ByDirection,
-    findings: &[Findings],
-) -> String {
+fn headline(verdict: Verdict, c: &Counts, pairs: &[PairSummary]) -> String {
     if c.tensors == 0 {
         return "NOTHING COMPARABLE: no tensor is present on both sides".into();
     }
@@ -315,38 +309,49 @@ fn headline(
             c.unmatched_bench + c.unmatched_cmp
         ),
         Verdict::Error => {
-            let ext_first = match (&external.forward, &first.forward) {
-                (Some(e), Some(f)) => (e.step.as_str(), e.seq) <= (f.step.as_str(), f.seq),
-                (Some(_), None) => true,
-                _ => false,
+            // The earliest step/rank with an error tells the story; later steps inherit it
+            // (a diverged update in step 0 is "different weights" in step 1).
+            let Some(p) = pairs.iter().find(|p| p.errors > 0) else {
+                return format!("DIVERGENCE: {} tensors out of tolerance", c.error);
             };
-            if let (true, Some(e)) = (ext_first, &external.forward) {
-                format!(
+            let f = &p.findings;
+            let mut cands: Vec<(bool, &Finding)> = [
+                (true, &f.external_source.forward),
+                (false, &f.first_divergent.forward),
+                (false, &f.first_divergent.backward),
+                (true, &f.external_source.backward),
+            ]
+            .into_iter()
+            .filter_map(|(ext, x)| x.as_ref().map(|x| (ext, x)))
+            .collect();
+            cands.sort_by_key(|(_, x)| x.seq);
+            match cands.first() {
+                Some((true, e)) => format!(
                     "DIVERGENCE enters from outside the captured ops: {} (input of {}, {}/{})",
                     e.tensor, e.op, e.step, e.rank
-                )
-            } else if let Some(f) = first.forward.as_ref().or(first.backward.as_ref()) {
-                format!(
+                ),
+                Some((false, x)) => format!(
                     "DIVERGENCE: first divergent op {} ({} {}/{}, tensor {})",
-                    f.op,
-                    f.direction.name(),
-                    f.step,
-                    f.rank,
-                    f.tensor
-                )
-            } else if let Some(e) = &external.backward {
-                format!(
-                    "DIVERGENCE enters from outside the captured ops in backward: {} (input of {})",
-                    e.tensor, e.op
-                )
-            } else if findings.iter().any(|f| !f.drift.is_empty()) {
-                format!(
-                    "DIVERGENCE: {} tensors out of tolerance, but no single op is locally divergent \
-                     (accumulated drift); see earliest_failing",
-                    c.error
-                )
-            } else {
-                format!("DIVERGENCE: {} tensors out of tolerance", c.error)
+                    x.op,
+                    x.direction.name(),
+                    x.step,
+                    x.rank,
+                    x.tensor
+                ),
+                None => {
+                    let first = f
+                        .earliest_failing
+                        .forward
+                        .as_ref()
+                        .or(f.earliest_failing.backward.as_ref());
+                    format!(
+                        "DIVERGENCE in {}/{}: no single op is locally divergent (accumulated drift); \
+                         earliest failing op {}",
+                        p.step,
+                        p.rank,
+                        first.map_or("?", |x| x.op.as_str())
+                    )
+                }
             }
         }
     }
