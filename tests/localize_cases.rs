@@ -402,3 +402,42 @@ fn backward_op_with_differing_saved_activations_is_not_blamed() {
         s["first_divergent"]["backward"]
     );
 }
+
+#[test]
+fn headline_follows_the_earliest_step_with_an_error() {
+    // Step 0 drifts (no culprit); step 1 then sees different inputs from outside. The
+    // headline is about step 0: step 1 only inherits it.
+    let t = tempfile::tempdir().unwrap();
+    chain(
+        t.path(),
+        &[(1.0, 1.0), (1.0, 1.0), (1.0, 1.0), (1.0, 1.0)],
+        &[
+            (1.0000001, 1.0000008),
+            (1.0000008, 1.000005),
+            (1.000005, 1.00003),
+            (1.00003, 1.0002),
+        ],
+    );
+    let s1 = tempfile::tempdir().unwrap();
+    chain(
+        s1.path(),
+        &[(1.0, 2.0), (2.0, 3.0), (3.0, 4.0), (4.0, 5.0)],
+        &[(1.5, 2.5), (2.5, 3.5), (3.5, 4.5), (4.5, 5.5)],
+    );
+    for side in ["bench", "cmp"] {
+        std::fs::rename(
+            s1.path().join(side).join("step0"),
+            t.path().join(side).join("step1"),
+        )
+        .unwrap();
+    }
+    let o = compare(t.path(), &[]);
+    assert_eq!(o.code, 1);
+    let s = summary(t.path());
+    let h = s["headline"].as_str().unwrap();
+    assert!(h.contains("step0/rank0") && h.contains("drift"), "{h}");
+    assert_eq!(
+        s["pairs"][1]["findings"]["external_source"]["forward"]["tensor"],
+        "Torch.matmul.0.forward.input.0"
+    );
+}
