@@ -38,6 +38,9 @@ _isnan = torch.isnan
 _isinf = torch.isinf
 _to = torch.Tensor.to
 _float = torch.Tensor.float
+_detach = torch.Tensor.detach
+_clone = torch.Tensor.clone
+_CONTIGUOUS = torch.contiguous_format
 _F32 = torch.float32
 _F64 = torch.float64
 _F16 = torch.float16
@@ -137,11 +140,17 @@ def finish_stats(values: list[float], numel: int, tensor: Optional[torch.Tensor]
 
 
 def host_copy(t: torch.Tensor) -> torch.Tensor:
-    """A contiguous CPU copy that later in-place ops on ``t`` cannot change."""
-    d = t.detach()
+    """A contiguous CPU copy that later in-place ops on ``t`` cannot change.
+
+    Exactly one copy whatever the strides (``to``/``clone`` with a contiguous memory
+    format copy straight into a contiguous buffer; ``.to("cpu").contiguous()`` copied a
+    strided device tensor twice), through the original methods so the API wrappers
+    installed during capture are not paid for.
+    """
+    d = _detach(t)
     if d.is_cpu:
-        return d.contiguous().clone() if d.is_contiguous() else d.contiguous()
-    return d.to("cpu").contiguous()
+        return _clone(d, memory_format=_CONTIGUOUS)
+    return _to(d, "cpu", memory_format=_CONTIGUOUS)
 
 
 def checksum(t: torch.Tensor) -> str:

@@ -3,7 +3,8 @@
 The op log is appended one line per op and flushed per step, never rewritten (msprobe
 rewrites its whole dump.json on every flush, which is quadratic and loses everything on a
 crash). Tensors go through a bounded queue to one writer thread, so the training thread only
-pays for the host copy; the bound keeps memory in check when the disk is slower than training.
+pays for the host copy; the bound keeps memory in check when the disk is slower than training,
+and the thread streams each tensor into its shard file as it arrives.
 """
 
 from __future__ import annotations
@@ -12,12 +13,90 @@ import json
 import logging
 import os
 import queue
+import sys
 import threading
 from typing import Any, Callable, Optional
 
 import torch
 
 log = logging.getLogger("probe")
+
+# safetensors dtype codes, and the rank of each in the safetensors library's dtype order:
+# the library lays a file out by descending rank, then by name, which puts wider elements
+# first so every tensor starts aligned to its element size. Writing the same layout keeps
+# our shards indistinguishable from the library's (and mmap-friendly for readers).
+_ST_DTYPES: dict[torch.dtype, tuple[str, int]] = {
+    torch.bool: ("BOOL", 0),
+    torch.uint8: ("U8", 1),
+    torch.int8: ("I8", 2),
+    torch.int16: ("I16", 3),
+    torch.float16: ("F16", 4),
+    torch.bfloat16: ("BF16", 5),
+    torch.int32: ("I32", 6),
+    torch.float32: ("F32", 7),
+    torch.float64: ("F64", 8),
+    torch.int64: ("I64", 9),
+}
+
+# Bound at import, before the API wrappers exist: the writer's own tensor calls must not
+# pay for (or be seen by) the wrappers installed while a step is captured.
+_view = torch.Tensor.view
+_numpy = torch.Tensor.numpy
+
+
+def _raw_bytes(t: torch.Tensor) -> Any:
+    """The C-contiguous bytes of a contiguous CPU tensor, as a numpy ``uint8`` array.
+
+    No copy: the array shares the tensor's memory. numpy has no bfloat16, so 2-byte types
+    are viewed as int16 first (the bytes are what is stored, not the values).
+    """
+    if t.dtype is torch.bfloat16:
+        t = _view(t, torch.int16)
+    return _numpy(t).reshape(-1).view("u1")
+
+
+def write_safetensors(path: str, tensors: dict[str, torch.Tensor]) -> None:
+    """Write ``tensors`` (contiguous CPU tensors) as one safetensors file, temp + rename.
+
+    ``safetensors.torch.save_file`` does several Python passes per tensor (shared-storage
+    detection, dtype checks, a ``bytes`` copy of every tensor) while holding the GIL, on a
+    thread that competes with training for it; this writes the same file with one small
+    header computation and one buffered write per tensor, and the writes release the GIL.
+    Layout as the library's: 8-byte little-endian header length, compact JSON header of
+    name -> {dtype, shape, data_offsets} in data order, padded with spaces to a multiple
+    of 8 bytes, then the data contiguous in offset order.
+    """
+    if sys.byteorder != "little":  # the format is little-endian; let the library swap
+        from safetensors.torch import save_file
+
+        tmp = path + ".tmp"
+        save_file(tensors, tmp)
+        os.replace(tmp, path)
+        return
+    order = sorted(tensors.items(), key=lambda kv: (-_ST_DTYPES[kv[1].dtype][1], kv[0]))
+    header: dict[str, Any] = {}
+    datas: list[Any] = []
+    offset = 0
+    for name, t in order:
+        raw = _raw_bytes(t)
+        end = offset + raw.nbytes
+        header[name] = {
+            "dtype": _ST_DTYPES[t.dtype][0],
+            "shape": list(t.shape),
+            "data_offsets": [offset, end],
+        }
+        datas.append(raw)
+        offset = end
+    head = json.dumps(header, separators=(",", ":"), ensure_ascii=False).encode("utf-8")
+    head += b" " * (-len(head) % 8)
+    tmp = path + ".tmp"
+    with open(tmp, "wb", buffering=1 << 20) as fh:
+        fh.write(len(head).to_bytes(8, "little"))
+        fh.write(head)
+        for raw in datas:
+            if raw.nbytes:
+                fh.write(raw)
+    os.replace(tmp, path)
 
 
 def atomic_write_text(path: str, text: str) -> None:
@@ -28,18 +107,103 @@ def atomic_write_text(path: str, text: str) -> None:
     os.replace(tmp, path)
 
 
+class _ShardStream:
+    """One shard being written as its tensors arrive, so closing it costs only the header.
+
+    The data goes to ``<path>.tmp`` in arrival order, after room left for the header; at
+    close the header is written into that room, padded with spaces (the safetensors format
+    allows trailing whitespace in the header), and the file renamed. Offsets are contiguous
+    in arrival order, which the format requires and readers check; the library's own
+    layout (sorted by dtype then name) cannot be streamed, as it needs every tensor first.
+    When the header outgrows the room, or a key repeats, the shard is rewritten instead
+    (``write_safetensors`` from the temp file), which is correct but costs a copy.
+    """
+
+    def __init__(self, path: str, reserve: int) -> None:
+        self.path = path
+        self.tmp = path + ".stream.tmp"  # not write_safetensors' temp name (the rewrite)
+        self.reserve = reserve  # bytes before the data: 8-byte length + padded header
+        self.header: dict[str, Any] = {}
+        self.offset = 0
+        self.duplicate = False
+        self.fh = open(self.tmp, "wb", buffering=1 << 20)
+        self.fh.seek(reserve)
+
+    def add(self, key: str, tensor: torch.Tensor) -> None:
+        raw = _raw_bytes(tensor)
+        end = self.offset + raw.nbytes
+        if key in self.header:
+            # The earlier one is set apart for the rewrite to drop: the last one wins.
+            self.duplicate = True
+            self.header["\0dup%d" % end] = self.header.pop(key)
+        self.header[key] = {
+            "dtype": _ST_DTYPES[tensor.dtype][0],
+            "shape": list(tensor.shape),
+            "data_offsets": [self.offset, end],
+        }
+        if raw.nbytes:
+            self.fh.write(raw)
+        self.offset = end
+
+    def close(self) -> int:
+        """Finish the file (temp + rename); returns the header room the shard needed."""
+        head = json.dumps(self.header, separators=(",", ":"), ensure_ascii=False).encode()
+        need = 8 + len(head) + (-len(head) % 8)
+        if need <= self.reserve and not self.duplicate and sys.byteorder == "little":
+            self.fh.seek(0)
+            self.fh.write((self.reserve - 8).to_bytes(8, "little"))
+            self.fh.write(head)
+            self.fh.write(b" " * (self.reserve - 8 - len(head)))
+            self.fh.close()
+            os.replace(self.tmp, self.path)
+            return need
+        self.fh.close()
+        self._rewrite()
+        return need
+
+    def _rewrite(self) -> None:
+        """Write the shard again from the temp file's data, with a header that fits."""
+        import numpy as np
+
+        data = torch.from_numpy(np.fromfile(self.tmp, dtype=np.uint8, offset=self.reserve))
+        rev = {code: dt for dt, (code, _) in _ST_DTYPES.items()}
+        tensors: dict[str, torch.Tensor] = {}
+        for key, ent in self.header.items():
+            if not key.startswith("\0dup"):
+                lo, hi = ent["data_offsets"]
+                part = _view(data[lo:hi].clone(), rev[ent["dtype"]])
+                tensors[key] = part.reshape(ent["shape"])
+        write_safetensors(self.path, tensors)
+        os.remove(self.tmp)
+
+    def abandon(self) -> None:
+        """Drop a shard that cannot be finished (after an error)."""
+        try:
+            self.fh.close()
+        finally:
+            if os.path.exists(self.tmp):
+                os.remove(self.tmp)
+
+
 class TensorWriter:
     """One background thread writing safetensors shards.
 
-    A safetensors file must be written whole, so the thread buffers a shard's tensors and
-    writes the shard (temp file + rename) when the producer says it is closed. Errors are
-    kept in ``error`` for the training thread to notice; the thread keeps draining the queue
-    so a producer can never block forever on a dead writer.
+    Each tensor is written to its shard's temp file as soon as the thread takes it off the
+    queue, so when the producer closes a shard (at its size limit or at ``stop()``) only
+    the queue's tail and the header are left to write: ``stop()`` no longer waits for a
+    whole step's data, and a shard is never held in memory. The bounded queue is what
+    holds host copies, and its bound is the back-pressure when the disk is slower than
+    training. Errors are kept in ``error`` for the training thread to notice; the thread
+    keeps draining the queue so a producer can never block forever on a dead writer.
     """
+
+    # Header room reserved in a new shard; grows to what shards needed (steps repeat).
+    _MIN_RESERVE = 64 * 1024
 
     def __init__(self, queue_size: int, on_thread_start: Callable[[], None]) -> None:
         self._q: queue.Queue[tuple[Any, ...]] = queue.Queue(maxsize=queue_size)
-        self._pending: dict[str, dict[str, torch.Tensor]] = {}
+        self._open: dict[str, _ShardStream] = {}
+        self._reserve = self._MIN_RESERVE
         self.error: Optional[BaseException] = None
         self._on_thread_start = on_thread_start
         self._thread = threading.Thread(target=self._run, name="probe-writer", daemon=True)
@@ -59,26 +223,33 @@ class TensorWriter:
 
     def _run(self) -> None:
         self._on_thread_start()
-        from safetensors.torch import save_file
-
         while True:
             item = self._q.get()
             try:
                 kind = item[0]
                 if kind == "t":
                     if self.error is None:
-                        self._pending.setdefault(item[1], {})[item[2]] = item[3]
+                        shard = self._open.get(item[1])
+                        if shard is None:
+                            shard = self._open[item[1]] = _ShardStream(item[1], self._reserve)
+                        shard.add(item[2], item[3])
                 elif kind == "c":
-                    tensors = self._pending.pop(item[1], None)
-                    if tensors and self.error is None:
-                        tmp = item[1] + ".tmp"
-                        save_file(tensors, tmp)
-                        os.replace(tmp, item[1])
+                    shard = self._open.pop(item[1], None)
+                    if shard is not None and self.error is None:
+                        need = shard.close()
+                        # Room for the header the next shard most likely needs, plus slack.
+                        grown = need + need // 4 + 4096
+                        self._reserve = max(self._reserve, grown + (-grown % 8))
                 elif kind == "s":
                     item[1].set()
             except BaseException as exc:  # noqa: BLE001 - must never kill the thread
                 self.error = exc
-                self._pending.clear()
+                for shard in self._open.values():
+                    try:
+                        shard.abandon()
+                    except BaseException:  # noqa: BLE001
+                        pass
+                self._open.clear()
             finally:
                 self._q.task_done()
 

@@ -449,3 +449,72 @@ def test_stacks_are_the_same_in_every_step(dump: str) -> None:
         per_step.append(stacks)
     assert per_step[0] == per_step[1]
     assert all(r["frames"] for r in per_step[0])
+
+
+_EVERY_DTYPE: dict[str, torch.Tensor] = {
+    "f32": torch.randn(3, 4),
+    "f16": torch.randn(5, dtype=torch.float16),
+    "bf16": torch.randn(2, 3).to(torch.bfloat16),
+    "f64": torch.randn(7, dtype=torch.float64),
+    "i64": torch.arange(-3, 3, dtype=torch.int64),
+    "i32": torch.arange(4, dtype=torch.int32).reshape(2, 2),
+    "i16": torch.arange(-2, 3, dtype=torch.int16),
+    "i8": torch.tensor([-128, 0, 127], dtype=torch.int8),
+    "u8": torch.arange(250, 256, dtype=torch.uint8),
+    "bool": torch.tensor([True, False, True]),
+    "zero_d": torch.tensor(2.5),
+    "empty": torch.ones(0, 3),
+    "empty_i8": torch.ones(0, dtype=torch.int8),
+    "odd name é\n": torch.ones(1),
+}
+
+
+def _same(got: dict[str, torch.Tensor], want: dict[str, torch.Tensor]) -> None:
+    assert set(got) == set(want)
+    for k, v in want.items():
+        assert got[k].dtype == v.dtype and got[k].shape == v.shape, k
+        assert torch.equal(got[k], v), k
+
+
+def test_direct_shard_writer_matches_the_safetensors_library(tmp_path: Any) -> None:
+    """write_safetensors: every stored dtype, 0-d and empty; the library's exact bytes."""
+    from safetensors.torch import load_file, save_file
+
+    from probe.writer import write_safetensors
+
+    ours, theirs = str(tmp_path / "ours.safetensors"), str(tmp_path / "lib.safetensors")
+    write_safetensors(ours, _EVERY_DTYPE)
+    save_file(_EVERY_DTYPE, theirs)
+    _same(load_file(ours), _EVERY_DTYPE)
+    with open(ours, "rb") as a, open(theirs, "rb") as b:
+        assert a.read() == b.read()
+
+
+@pytest.mark.parametrize("reserve", [8, 64 * 1024])
+@pytest.mark.parametrize("duplicate", [False, True])
+def test_streamed_shard_round_trips(tmp_path: Any, reserve: int, duplicate: bool) -> None:
+    """A streamed shard (header room too small or ample, a repeated key) loads whole;
+    the header is padded with spaces to a multiple of 8 and offsets are contiguous."""
+    from safetensors.torch import load_file
+
+    from probe.writer import _ShardStream
+
+    path = str(tmp_path / "s.safetensors")
+    want = dict(_EVERY_DTYPE)
+    shard = _ShardStream(path, reserve)
+    for k, v in want.items():
+        shard.add(k, v)
+    if duplicate:
+        want["f32"] = torch.full((2,), 7.0)
+        shard.add("f32", want["f32"])
+    shard.close()
+    assert not os.path.exists(shard.tmp)
+    _same(load_file(path), want)
+    with open(path, "rb") as fh:
+        raw = fh.read()
+    n = int.from_bytes(raw[:8], "little")
+    assert n % 8 == 0 and raw[8 + len(raw[8 : 8 + n].rstrip(b" ")) - 1 : 8 + n].strip() == b"}"
+    header = json.loads(raw[8 : 8 + n])
+    spans = sorted(tuple(e["data_offsets"]) for e in header.values())
+    assert spans[0][0] == 0 and spans[-1][1] == len(raw) - 8 - n
+    assert all(a[1] == b[0] for a, b in zip(spans, spans[1:]))
