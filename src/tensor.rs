@@ -244,8 +244,4 @@ impl TensorData {
         .map_err(io)?;
         Ok(f(&map))
     }
-
-    pub fn shard_path(&self) -> &Path {
-        &self.shard.path
-    }
 }

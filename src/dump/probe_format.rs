@@ -8,7 +8,6 @@ use super::{Data, Direction, Mode, OpKind, OpRec, RankDump, RankLoc, Role, Stats
 use crate::dtype::DType;
 use crate::error::{ProbeError, Result};
 use serde::Deserialize;
-use serde_json::Value;
 use std::collections::{BTreeMap, HashSet};
 use std::io::{BufRead, BufReader};
 use std::path::Path;
@@ -135,31 +134,22 @@ impl<'de> Deserialize<'de> for Stat {
                 Ok(Stat(None))
             }
             fn visit_str<E: serde::de::Error>(self, s: &str) -> std::result::Result<Stat, E> {
-                stat_value(&Some(Value::String(s.to_string())))
-                    .map(Stat)
-                    .map_err(E::custom)
+                stat_from_str(s).map(|v| Stat(Some(v))).map_err(E::custom)
             }
         }
         d.deserialize_any(V)
     }
 }
 
-/// A statistic: a JSON number, or one of the strings standing for non-finite values.
-pub(crate) fn stat_value(v: &Option<Value>) -> std::result::Result<Option<f64>, String> {
-    match v {
-        None | Some(Value::Null) => Ok(None),
-        Some(Value::Number(n)) => Ok(n.as_f64()),
-        Some(Value::Bool(b)) => Ok(Some(if *b { 1.0 } else { 0.0 })),
-        Some(Value::String(s)) => match s.to_ascii_lowercase().as_str() {
-            "nan" | "-nan" => Ok(Some(f64::NAN)),
-            "inf" | "+inf" | "infinity" => Ok(Some(f64::INFINITY)),
-            "-inf" | "-infinity" => Ok(Some(f64::NEG_INFINITY)),
-            other => other
-                .parse::<f64>()
-                .map(Some)
-                .map_err(|_| format!("statistic {s:?} is not a number")),
-        },
-        Some(other) => Err(format!("statistic {other} is not a number")),
+/// A statistic written as a string: the non-finite values JSON cannot hold, or a number.
+fn stat_from_str(s: &str) -> std::result::Result<f64, String> {
+    match s.to_ascii_lowercase().as_str() {
+        "nan" | "-nan" => Ok(f64::NAN),
+        "inf" | "+inf" | "infinity" => Ok(f64::INFINITY),
+        "-inf" | "-infinity" => Ok(f64::NEG_INFINITY),
+        other => other
+            .parse::<f64>()
+            .map_err(|_| format!("statistic {s:?} is not a number")),
     }
 }
 
