@@ -471,4 +471,30 @@ mod tests {
         assert_eq!(a.nonfinite_mismatch, 1);
         assert_eq!(format!("{a:?}"), format!("{p:?}"));
     }
+
+    #[test]
+    fn windowed_reads_from_disk_equal_the_in_memory_result() {
+        // More than one window (and a partial last chunk), at an unaligned file offset, with
+        // mixed dtypes: the on-disk path must give the very same bits as the in-memory one.
+        let n = WINDOW + 3 * CHUNK + 12_345;
+        let b: Vec<u8> = (0..n)
+            .flat_map(|i| (((i * 7919) % 10_007) as f32 * 1e-3 - 5.0).to_le_bytes())
+            .collect();
+        let c: Vec<u8> = (0..n)
+            .flat_map(|i| {
+                let x = ((i * 7919) % 10_007) as f32 * 1e-3 - 5.0;
+                half::bf16::from_f32(x).to_le_bytes()
+            })
+            .collect();
+        let dir = tempfile::tempdir().unwrap();
+        let (pb, pc) = (dir.path().join("b.bin"), dir.path().join("c.bin"));
+        std::fs::write(&pb, [&[7u8; 3][..], &b].concat()).unwrap();
+        std::fs::write(&pc, [&[7u8; 5][..], &c].concat()).unwrap();
+        let tb = TensorData::in_file(&pb, 3, n, DType::F32).unwrap();
+        let tc = TensorData::in_file(&pc, 5, n, DType::BF16).unwrap();
+        let on_disk = compare_tensors(&tb, &tc).unwrap();
+        let in_memory = compare_bytes(DType::F32, &b, DType::BF16, &c, n);
+        assert_eq!(format!("{on_disk:?}"), format!("{in_memory:?}"));
+        assert_eq!(on_disk.n, n as u64);
+    }
 }
