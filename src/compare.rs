@@ -60,7 +60,6 @@ pub struct Row {
     pub stats_c: Option<Stats>,
     pub kind: CompareKind,
     pub metrics: Option<Metrics>,
-    pub stat_diff: Option<StatDiff>,
     pub checksum_equal: Option<bool>,
     pub verdict: Verdict,
     pub reason: String,
@@ -101,6 +100,17 @@ impl Row {
             .and_then(|s| s.nonfinite())
             .unwrap_or(0)
             > 0
+    }
+
+    /// Differences of the recorded statistics (msprobe's statistics columns), when both sides
+    /// have them. Derived on demand: they do not depend on the tolerance.
+    pub fn stat_diff(&self) -> Option<StatDiff> {
+        match (&self.stats_b, &self.stats_c) {
+            (Some(b), Some(c)) => {
+                Some(metrics::stat_diff(b, c, self.shape_c.iter().product(), 0.0))
+            }
+            _ => None,
+        }
     }
 
     /// Bitwise (or statistically) identical on both sides.
@@ -321,7 +331,6 @@ fn match_pair(pi: usize, mut bd: RankDump, mut cd: RankDump, out: &mut CompareRe
                 stats_c: t.stats,
                 kind,
                 metrics: None,
-                stat_diff: None,
                 checksum_equal,
                 verdict: Verdict::Pass,
                 reason: String::new(),
@@ -398,9 +407,10 @@ fn judge_row(row: &mut Row, tols: &Tolerances) {
         return;
     }
     let numel: usize = row.shape_c.iter().product();
-    if let (Some(sb), Some(sc)) = (&row.stats_b, &row.stats_c) {
-        row.stat_diff = Some(metrics::stat_diff(sb, sc, numel, tol.atol));
-    }
+    let stat_diff = match (&row.stats_b, &row.stats_c) {
+        (Some(sb), Some(sc)) => Some(metrics::stat_diff(sb, sc, numel, tol.atol)),
+        _ => None,
+    };
     match row.kind {
         CompareKind::Tensor => {
             let Some(m) = row.metrics else { return };
@@ -435,7 +445,7 @@ fn judge_row(row: &mut Row, tols: &Tolerances) {
         }
         CompareKind::Checksum | CompareKind::Statistics => {
             let equal = row.checksum_equal == Some(true);
-            let Some(sd) = row.stat_diff else {
+            let Some(sd) = stat_diff else {
                 // Checksums without statistics.
                 if equal {
                     set(row, Verdict::Pass, String::new(), 0.0);
@@ -468,8 +478,8 @@ fn judge_row(row: &mut Row, tols: &Tolerances) {
                 reason = "checksums differ; statistics within tolerance".into();
             }
             set(row, verdict, reason, j.err);
-            if let (Some(sb), Some(sc)) = (&row.stats_b, &row.stats_c) {
-                row.raw_err = metrics::stat_diff(sb, sc, numel, 0.0).scaled_err;
+            if let Some(raw) = row.stat_diff() {
+                row.raw_err = raw.scaled_err;
             }
         }
         CompareKind::None => {

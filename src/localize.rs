@@ -102,7 +102,7 @@ pub fn evidence_line(r: &Row) -> String {
             " cos={cos} rel_l2={:.3e} max_abs={:.3e}",
             m.rel_l2, m.max_abs
         );
-    } else if r.stat_diff.is_some() {
+    } else if r.stats_b.is_some() && r.stats_c.is_some() {
         s += &format!(" stat_err={:.3e}", r.err);
     }
     if r.err == 0.0 && r.verdict == Verdict::Pass {

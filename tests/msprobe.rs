@@ -163,7 +163,7 @@ fn statistics_diffs_match_msprobe_workbooks() {
                 .unwrap_or_else(|| panic!("step{step}: probe has no row for {name}"));
             assert_eq!(r.kind, CompareKind::Statistics);
             let d = r
-                .stat_diff
+                .stat_diff()
                 .unwrap_or_else(|| panic!("{name}: no statistics diff"));
             for (col, p) in [
                 ("Max diff", d.max_diff),

@@ -74,7 +74,7 @@ pub const NUMBER_COLUMNS: [(&str, &str); 27] = [
 /// The values of [`NUMBER_COLUMNS`] for one row (None: not applicable).
 pub fn number_values(r: &crate::compare::Row) -> [Option<f64>; 27] {
     let m = r.metrics;
-    let sd = r.stat_diff;
+    let sd = r.stat_diff();
     let st = |s: &Option<crate::dump::Stats>| match s {
         Some(s) => [s.max, s.min, s.mean, s.norm],
         None => [None; 4],
