@@ -56,21 +56,7 @@ fn bundled_demo_names_the_injected_op_and_exits_1() {
 #[test]
 fn bundled_demo_is_what_the_generator_writes() {
     let t = tempfile::tempdir().unwrap();
-    synth(
-        t.path(),
-        &[
-            "--inject",
-            "Functional.gelu.1",
-            "--blocks",
-            "3",
-            "--width",
-            "16",
-            "--batch",
-            "4",
-            "--seed",
-            "1234",
-        ],
-    );
+    synth(t.path(), DEMO_SYNTH_ARGS);
     for side in ["bench", "cmp"] {
         for f in [
             "manifest.json",

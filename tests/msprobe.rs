@@ -4,6 +4,8 @@
 //! The fixtures under testdata/msprobe/ are real msprobe outputs (see its README.md): the
 //! metrics are checked against msprobe's own compare workbooks, cell by cell.
 
+mod common;
+
 use calamine::{open_workbook, Data as Cell, Reader, Xlsx};
 use probe::compare::{self, CompareKind, Options, Row};
 use probe::dtype::DType;
@@ -12,7 +14,6 @@ use probe::tensor::TensorData;
 use probe::tolerance::Tolerances;
 use std::collections::HashMap;
 use std::path::{Path, PathBuf};
-use std::process::Command;
 
 fn td(p: &str) -> PathBuf {
     Path::new(env!("CARGO_MANIFEST_DIR"))
@@ -445,15 +446,8 @@ fn pickle_interpreter_survives_random_and_spliced_input() {
 // ---------------------------------------------------------------- the CLI end to end
 
 fn probe_cli(args: &[&str]) -> (i32, String, String) {
-    let o = Command::new(env!("CARGO_BIN_EXE_probe"))
-        .args(args)
-        .output()
-        .expect("run probe");
-    (
-        o.status.code().unwrap_or(-1),
-        String::from_utf8_lossy(&o.stdout).into_owned(),
-        String::from_utf8_lossy(&o.stderr).into_owned(),
-    )
+    let o = common::probe(args);
+    (o.code, o.stdout, o.stderr)
 }
 
 fn cli_compare(b: &Path, c: &Path, out: &Path) -> (i32, serde_json::Value, String) {
@@ -634,22 +628,7 @@ fn probe_to_msprobe(probe_root: &Path, out: &Path) {
 fn cli_probe_dump_against_msprobe_dump() {
     let t = tempfile::tempdir().unwrap();
     let d = t.path();
-    let (code, _, err) = probe_cli(&[
-        "synth",
-        "-o",
-        d.to_str().unwrap(),
-        "--inject",
-        "Functional.gelu.1",
-        "--blocks",
-        "3",
-        "--width",
-        "16",
-        "--batch",
-        "4",
-        "--seed",
-        "1234",
-    ]);
-    assert_eq!(code, 0, "{err}");
+    common::synth(d, common::DEMO_SYNTH_ARGS);
     probe_to_msprobe(&d.join("cmp"), &d.join("cmp_msprobe"));
     let (code_a, a, _) = cli_compare(&d.join("bench"), &d.join("cmp"), &d.join("out_a"));
     let (code_b, b, out) = cli_compare(&d.join("bench"), &d.join("cmp_msprobe"), &d.join("out_b"));
@@ -700,7 +679,7 @@ fn cli_bad_msprobe_inputs_are_clear_errors() {
     );
     // A corrupt .pt file: the error names it.
     let side = t.path().join("side");
-    copy_dir(&td("tensor_bench"), &side);
+    common::copy_dir(&td("tensor_bench"), &side);
     let f = side.join("step0/proc23596/dump_tensor_data/Functional.conv2d.0.forward.output.0.pt");
     let mut b = std::fs::read(&f).unwrap();
     b.truncate(b.len() / 2);
@@ -719,16 +698,4 @@ fn cli_bad_msprobe_inputs_are_clear_errors() {
         err.contains("Functional.conv2d.0.forward.output.0.pt"),
         "{err}"
     );
-}
-
-fn copy_dir(from: &Path, to: &Path) {
-    std::fs::create_dir_all(to).unwrap();
-    for e in std::fs::read_dir(from).unwrap() {
-        let e = e.unwrap();
-        if e.path().is_dir() {
-            copy_dir(&e.path(), &to.join(e.file_name()));
-        } else {
-            std::fs::copy(e.path(), to.join(e.file_name())).unwrap();
-        }
-    }
 }

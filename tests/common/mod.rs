@@ -22,6 +22,20 @@ pub fn probe(args: &[&str]) -> Out {
     }
 }
 
+/// The `probe synth` arguments of the bundled demo pair (as testdata/generate.sh).
+pub const DEMO_SYNTH_ARGS: &[&str] = &[
+    "--inject",
+    "Functional.gelu.1",
+    "--blocks",
+    "3",
+    "--width",
+    "16",
+    "--batch",
+    "4",
+    "--seed",
+    "1234",
+];
+
 pub fn root() -> PathBuf {
     PathBuf::from(env!("CARGO_MANIFEST_DIR"))
 }
