@@ -15,6 +15,19 @@ REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)
 SCHEMAS = os.path.join(REPO, "schemas")
 
 
+def probe_bin() -> str:
+    """The Rust `probe` binary: $PROBE_BIN, else a cargo build of this checkout; skips if none."""
+    env = os.environ.get("PROBE_BIN")
+    if env:
+        return env
+    for rel in ("target/debug/probe", "target/release/probe"):
+        path = os.path.join(REPO, rel)
+        if os.path.isfile(path) and os.access(path, os.X_OK):
+            return path
+    pytest.skip("probe binary not found: set PROBE_BIN or build it (cargo build)")
+    raise AssertionError  # unreachable
+
+
 class Tiny(nn.Module):
     """Small enough to run in milliseconds, rich enough to hit api/module/backward paths."""
 

@@ -12,19 +12,8 @@ from typing import Dict, List, Set
 
 import pytest
 
-from conftest import REPO
+from conftest import REPO, probe_bin
 
-
-def _probe_bin() -> str:
-    env = os.environ.get("PROBE_BIN")
-    if env:
-        return env
-    for rel in ("target/debug/probe", "target/release/probe"):
-        path = os.path.join(REPO, rel)
-        if os.access(path, os.X_OK):
-            return path
-    pytest.skip("probe binary not found: set PROBE_BIN or build it (cargo build)")
-    raise AssertionError  # unreachable
 
 
 def _run(pack: Path, *extra: str, env: Dict[str, str] | None = None) -> None:
@@ -38,7 +27,7 @@ def _run(pack: Path, *extra: str, env: Dict[str, str] | None = None) -> None:
 def _failing(tmp: Path, a: Path, b: Path) -> tuple[int, Set[str]]:
     out = tmp / f"cc-{b.stem}"
     proc = subprocess.run(
-        [_probe_bin(), "config-check", str(a), str(b), "-o", str(out)], capture_output=True, text=True
+        [probe_bin(), "config-check", str(a), str(b), "-o", str(out)], capture_output=True, text=True
     )
     assert proc.returncode in (0, 1), proc.stderr
     result = json.loads((out / "config_check.json").read_text())

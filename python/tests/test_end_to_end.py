@@ -10,21 +10,10 @@ from typing import Any
 
 import pytest
 
-from conftest import REPO, read_ops
+from conftest import REPO, probe_bin, read_ops
 
 INJECT = "Functional.gelu.0"
 
-
-def _probe_bin() -> str:
-    env = os.environ.get("PROBE_BIN")
-    if env:
-        return env
-    for rel in ("target/debug/probe", "target/release/probe"):
-        path = os.path.join(REPO, rel)
-        if os.path.isfile(path) and os.access(path, os.X_OK):
-            return path
-    pytest.skip("probe binary not found: set PROBE_BIN or build it (cargo build)")
-    raise AssertionError  # unreachable
 
 
 def _run_example(dump: str, *extra: str) -> None:
@@ -45,14 +34,14 @@ def _run_example(dump: str, *extra: str) -> None:
 
 
 def test_compare_names_injected_op(tmp_path: Any) -> None:
-    probe_bin = _probe_bin()
+    exe = probe_bin()
     bench, cmp_, out = str(tmp_path / "bench"), str(tmp_path / "cmp"), str(tmp_path / "out")
     _run_example(bench)
     _run_example(cmp_, "--inject", INJECT)
     ops = read_ops(os.path.join(cmp_, "step0", "rank0"))
     assert f"{INJECT}.forward" in [o["op"] for o in ops]
     r = subprocess.run(
-        [probe_bin, "compare", "-b", bench, "-c", cmp_, "-o", out],
+        [exe, "compare", "-b", bench, "-c", cmp_, "-o", out],
         capture_output=True,
         text=True,
         timeout=300,
@@ -65,12 +54,12 @@ def test_compare_names_injected_op(tmp_path: Any) -> None:
 
 
 def test_identical_runs_compare_clean(tmp_path: Any) -> None:
-    probe_bin = _probe_bin()
+    exe = probe_bin()
     a, b, out = str(tmp_path / "a"), str(tmp_path / "b"), str(tmp_path / "out")
     _run_example(a)
     _run_example(b)
     r = subprocess.run(
-        [probe_bin, "compare", "-b", a, "-c", b, "-o", out],
+        [exe, "compare", "-b", a, "-c", b, "-o", out],
         capture_output=True,
         text=True,
         timeout=300,

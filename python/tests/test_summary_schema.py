@@ -15,21 +15,10 @@ from typing import Any
 
 import pytest
 
-from conftest import REPO
+from conftest import REPO, probe_bin
 
 jsonschema = pytest.importorskip("jsonschema")
 
-
-def _probe_bin() -> str:
-    env = os.environ.get("PROBE_BIN")
-    if env:
-        return env
-    for rel in ("target/debug/probe", "target/release/probe"):
-        path = os.path.join(REPO, rel)
-        if os.access(path, os.X_OK):
-            return path
-    pytest.skip("probe binary not found: set PROBE_BIN or build it (cargo build)")
-    raise AssertionError  # unreachable
 
 
 def _schema(name: str) -> Any:
@@ -41,7 +30,7 @@ def test_summary_follows_its_schema(tmp_path: Path, cmp_side: str) -> None:
     demo = Path(REPO) / "testdata" / "demo"
     out = tmp_path / "out"
     proc = subprocess.run(
-        [_probe_bin(), "compare", "-b", str(demo / "bench"), "-c", str(demo / cmp_side), "-o", str(out), "-q"],
+        [probe_bin(), "compare", "-b", str(demo / "bench"), "-c", str(demo / cmp_side), "-o", str(out), "-q"],
         capture_output=True,
         text=True,
     )
