@@ -434,6 +434,11 @@ class Debugger:
                 return False
             if last is not None and pattern_match((last,), names):
                 self._scope_state = 2
+        return self._filters_ok(names, module_path)
+
+    def _filters_ok(self, names: tuple[str, ...], module_path: Optional[str]) -> bool:
+        """The include/exclude filters on op names and module paths (no scope state)."""
+        c = self.config
         if c.include and not pattern_match(c.include, names):
             return False
         if c.exclude and pattern_match(c.exclude, names):
@@ -860,17 +865,7 @@ class Debugger:
                             )
 
     def _filtered_module_ok(self, path: str, cls: str) -> bool:
-        c = self.config
-        names = module_candidates(path, cls, 0)
-        if c.include and not pattern_match(c.include, names):
-            return False
-        if c.exclude and pattern_match(c.exclude, names):
-            return False
-        if c.include_modules and not module_path_match(c.include_modules, path):
-            return False
-        if c.exclude_modules and module_path_match(c.exclude_modules, path):
-            return False
-        return True
+        return self._filters_ok(module_candidates(path, cls, 0), path)
 
     def _remove_module_hooks(self) -> None:
         while self._handles:
