@@ -202,19 +202,26 @@ def _busy() -> bool:
     return getattr(_TLS, "depth", 0) > 0
 
 
-def _make_seed_wrapper(name: str, orig: Callable[..., Any]) -> Callable[..., Any]:
+def _make_wrapper(
+    name: str,
+    orig: Callable[..., Any],
+    what: str,
+    record: Callable[["ConfigPack", str, Any, Any, str], None],
+) -> Callable[..., Any]:
+    """Wraps a seed or random-draw function: tells every active pack, then calls through.
+    Recording never fails the call (errors are logged once)."""
+
     def wrapper(*args: Any, **kwargs: Any) -> Any:
         if _busy() or not _ACTIVE:
             return orig(*args, **kwargs)
         _TLS.depth = 1
         try:
             try:
-                value = args[0] if args else kwargs.get("seed", kwargs.get("a"))
                 site = call_site()
                 for p in list(_ACTIVE):
-                    p._seed_call(name, value, site)
+                    record(p, name, args, kwargs, site)
             except Exception as e:  # noqa: BLE001
-                _warn_once(None, "seed hook", e)
+                _warn_once(None, what, e)
             return orig(*args, **kwargs)
         finally:
             _TLS.depth = 0
@@ -223,28 +230,21 @@ def _make_seed_wrapper(name: str, orig: Callable[..., Any]) -> Callable[..., Any
     wrapper.__name__ = getattr(orig, "__name__", name.rsplit(".", 1)[-1])
     wrapper.__doc__ = getattr(orig, "__doc__", None)
     return wrapper
+
+
+def _make_seed_wrapper(name: str, orig: Callable[..., Any]) -> Callable[..., Any]:
+    def record(p: "ConfigPack", n: str, args: Any, kwargs: Any, site: str) -> None:
+        value = args[0] if args else kwargs.get("seed", kwargs.get("a"))
+        p._seed_call(n, value, site)
+
+    return _make_wrapper(name, orig, "seed hook", record)
 
 
 def _make_draw_wrapper(name: str, orig: Callable[..., Any]) -> Callable[..., Any]:
-    def wrapper(*args: Any, **kwargs: Any) -> Any:
-        if _busy() or not _ACTIVE:
-            return orig(*args, **kwargs)
-        _TLS.depth = 1
-        try:
-            try:
-                site = call_site()
-                for p in list(_ACTIVE):
-                    p._draw(name, site)
-            except Exception as e:  # noqa: BLE001
-                _warn_once(None, "draw hook", e)
-            return orig(*args, **kwargs)
-        finally:
-            _TLS.depth = 0
+    def record(p: "ConfigPack", n: str, args: Any, kwargs: Any, site: str) -> None:
+        p._draw(n, site)
 
-    wrapper.__wrapped__ = orig  # type: ignore[attr-defined]
-    wrapper.__name__ = getattr(orig, "__name__", name.rsplit(".", 1)[-1])
-    wrapper.__doc__ = getattr(orig, "__doc__", None)
-    return wrapper
+    return _make_wrapper(name, orig, "draw hook", record)
 
 
 def _seed_targets() -> List[Tuple[Any, str, str]]:
