@@ -6,17 +6,31 @@
 
 use std::fmt;
 
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
+/// An element type probe can decode; serialized in lowercase (`f32`, `bf16`, ...).
+#[derive(
+    Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord, serde::Serialize, serde::Deserialize,
+)]
+#[serde(rename_all = "lowercase")]
 pub enum DType {
+    /// 64-bit IEEE float (`float64`).
     F64,
+    /// 32-bit IEEE float (`float32`).
     F32,
+    /// 16-bit IEEE half float (`float16`).
     F16,
+    /// 16-bit brain float (`bfloat16`): float32's exponent, 7-bit mantissa.
     BF16,
+    /// Signed 64-bit integer.
     I64,
+    /// Signed 32-bit integer.
     I32,
+    /// Signed 16-bit integer.
     I16,
+    /// Signed 8-bit integer.
     I8,
+    /// Unsigned 8-bit integer.
     U8,
+    /// Boolean, one byte per element (non-zero is true, decoded as 1.0).
     Bool,
 }
 
@@ -66,6 +80,7 @@ impl DType {
         }
     }
 
+    /// Whether this is a floating-point type (f64, f32, f16 or bf16).
     pub fn is_float(self) -> bool {
         matches!(self, DType::F64 | DType::F32 | DType::F16 | DType::BF16)
     }
@@ -105,6 +120,60 @@ impl DType {
             DType::U8 => dec!(1, |a: [u8; 1]| a[0] as f64),
             DType::Bool => dec!(1, |a: [u8; 1]| if a[0] != 0 { 1.0 } else { 0.0 }),
         }
+    }
+}
+
+/// A dtype as a dump declares it: one probe decodes, or another (FP8, complex, ...) kept by
+/// name so that reports can show it. Parsed once, by the readers.
+#[derive(Debug, Clone, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub enum AnyDType {
+    /// A dtype probe decodes.
+    Known(DType),
+    /// Any other dtype, as written (empty when the dump gave none).
+    Other(String),
+}
+
+impl AnyDType {
+    /// Parses any of the naming conventions [`DType::parse`] knows; keeps others by name.
+    pub fn parse(name: &str) -> AnyDType {
+        match DType::parse(name) {
+            Some(d) => AnyDType::Known(d),
+            None => AnyDType::Other(name.to_string()),
+        }
+    }
+
+    /// The decodable dtype, if this is one.
+    pub fn known(&self) -> Option<DType> {
+        match self {
+            AnyDType::Known(d) => Some(*d),
+            AnyDType::Other(_) => None,
+        }
+    }
+
+    /// The canonical name of a known dtype, or the name as written.
+    pub fn name(&self) -> &str {
+        match self {
+            AnyDType::Known(d) => d.name(),
+            AnyDType::Other(s) => s,
+        }
+    }
+}
+
+impl serde::Serialize for AnyDType {
+    fn serialize<S: serde::Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
+        s.serialize_str(self.name())
+    }
+}
+
+impl<'de> serde::Deserialize<'de> for AnyDType {
+    fn deserialize<D: serde::Deserializer<'de>>(d: D) -> Result<AnyDType, D::Error> {
+        Ok(AnyDType::parse(&String::deserialize(d)?))
+    }
+}
+
+impl fmt::Display for AnyDType {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(self.name())
     }
 }
 

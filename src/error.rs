@@ -9,6 +9,7 @@ use std::path::PathBuf;
 /// Result alias used across the library.
 pub type Result<T, E = ProbeError> = std::result::Result<T, E>;
 
+/// Every failure the library reports; each message names the file, op or tensor involved.
 #[derive(Debug, thiserror::Error)]
 pub enum ProbeError {
     /// Wrong or contradictory command-line arguments.
@@ -20,7 +21,9 @@ pub enum ProbeError {
     /// An I/O failure while reading input.
     #[error("{}: {source}", path.display())]
     Io {
+        /// The file or folder involved.
         path: PathBuf,
+        /// The underlying I/O error.
         #[source]
         source: std::io::Error,
     },
@@ -32,53 +35,107 @@ pub enum ProbeError {
     EmptyDump(PathBuf),
     /// A manifest that does not follow the format.
     #[error("{}: bad manifest: {msg}", path.display())]
-    BadManifest { path: PathBuf, msg: String },
+    BadManifest {
+        /// The manifest file.
+        path: PathBuf,
+        /// What is wrong with it.
+        msg: String,
+    },
     /// A line of an op log that is not a valid record.
     #[error("{}:{line}: bad op record: {msg}", path.display())]
     BadRecord {
+        /// The op log file.
         path: PathBuf,
+        /// 1-based line number of the bad record.
         line: usize,
+        /// What is wrong with the record.
         msg: String,
     },
     /// A tensor whose data cannot be used (missing key, size does not match its shape, ...).
     #[error("{}: tensor {name}: {msg}", path.display())]
     BadTensor {
+        /// The file holding (or meant to hold) the tensor.
         path: PathBuf,
+        /// The tensor's name or key.
         name: String,
+        /// What is wrong with the tensor.
         msg: String,
     },
     /// A safetensors shard that is truncated or corrupt.
     #[error("{}: corrupt safetensors shard: {msg}", path.display())]
-    BadShard { path: PathBuf, msg: String },
+    BadShard {
+        /// The shard file.
+        path: PathBuf,
+        /// What is wrong with it.
+        msg: String,
+    },
     /// A `.pt` or `.npy` tensor file (msprobe dumps) that is truncated or corrupt.
     #[error("{}: bad tensor file: {msg}", path.display())]
-    BadTensorFile { path: PathBuf, msg: String },
+    BadTensorFile {
+        /// The `.pt` or `.npy` file.
+        path: PathBuf,
+        /// What is wrong with it.
+        msg: String,
+    },
     /// An msprobe `dump.json` (or `stack.json`) that does not follow msprobe's format.
     #[error("{}: bad msprobe dump: {msg}", path.display())]
-    BadMsprobe { path: PathBuf, msg: String },
+    BadMsprobe {
+        /// The `dump.json` or `stack.json` file.
+        path: PathBuf,
+        /// What is wrong with it.
+        msg: String,
+    },
     /// Input in a format or variant this version cannot read.
     #[error("{}: unsupported: {msg}", path.display())]
-    Unsupported { path: PathBuf, msg: String },
+    Unsupported {
+        /// The input file or folder.
+        path: PathBuf,
+        /// What is not supported.
+        msg: String,
+    },
     /// A compare configuration (TOML) that cannot be used.
     #[error("{}: bad config: {msg}", path.display())]
-    BadConfig { path: PathBuf, msg: String },
+    BadConfig {
+        /// The config file.
+        path: PathBuf,
+        /// What is wrong with it.
+        msg: String,
+    },
     /// An output that cannot be written.
     #[error("cannot write {}: {msg}", path.display())]
-    Output { path: PathBuf, msg: String },
+    Output {
+        /// The output path.
+        path: PathBuf,
+        /// Why it cannot be written.
+        msg: String,
+    },
     /// A zip archive refused as hostile or unsafe (path traversal, absolute path, symlink,
     /// too many entries, zip bomb); the message names the entry.
     #[error("{}: rejected archive: {msg}", path.display())]
-    HostileZip { path: PathBuf, msg: String },
+    HostileZip {
+        /// The pack zip.
+        path: PathBuf,
+        /// Why it was rejected, naming the entry.
+        msg: String,
+    },
     /// A config pack that is not a pack, or one of whose entries is malformed.
     #[error("{}: {entry}: {msg}", path.display())]
     BadPack {
+        /// The pack zip.
         path: PathBuf,
+        /// The entry at fault (`-` when the file itself is not a pack).
         entry: String,
+        /// What is wrong with it.
         msg: String,
     },
     /// An external program probe runs (a Python interpreter) failed.
     #[error("{}: {msg}", program.display())]
-    External { program: PathBuf, msg: String },
+    External {
+        /// The program that was run.
+        program: PathBuf,
+        /// How it failed.
+        msg: String,
+    },
     /// The two sides have nothing in common to compare.
     #[error("nothing comparable: {0}")]
     NothingComparable(String),
@@ -89,8 +146,8 @@ impl ProbeError {
     /// could be compared.
     pub fn exit_code(&self) -> u8 {
         match self {
-            ProbeError::NothingComparable(_) => 3,
-            _ => 2,
+            ProbeError::NothingComparable(_) => crate::gate::EXIT_NOTHING_COMPARABLE,
+            _ => crate::gate::EXIT_INPUT,
         }
     }
 

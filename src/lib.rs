@@ -1,22 +1,31 @@
 //! probe: precision debugging for deep-learning training.
 //!
-//! The data flows through the modules in this order:
-//! [`dump`] (find and read dumps of either side) → [`compare`] (match tensors, compute
-//! [`metrics`] in parallel, judge each with [`tolerance`]) → [`localize`] (name the first
-//! divergent operator) → [`report`] (xlsx, parquet, JSON, terminal).
-//! [`synth`] writes deterministic synthetic dump pairs for tests, demos and benchmarks.
+//! The data flows through the modules in this order (docs/architecture.md):
+//! [`dump`] (find and read op logs of either format) → [`compare`] (plan units, align
+//! tensors, measure with [`metrics`] and [`tensor`] bytes, judge, analyze) → [`verdict`]
+//! (the run-wide summary) → [`report`] (xlsx, parquet, JSON, terminal) → [`gate`] (exit
+//! code). [`app`] strings them together for the command line; [`config_check`] compares
+//! config packs; [`synth`] writes deterministic synthetic dumps for tests, demos and
+//! benchmarks. [`schema`] holds the on-disk record types shared by readers and writers.
+#![warn(missing_docs)]
 
+pub mod app;
 pub mod atomic;
 pub mod compare;
 pub mod config_check;
 pub mod dtype;
 pub mod dump;
 pub mod error;
-pub mod localize;
+pub mod gate;
 pub mod metrics;
+pub mod op_key;
 pub mod report;
+pub mod schema;
 pub mod synth;
 pub mod tensor;
-pub mod tolerance;
+pub mod verdict;
 
+pub use compare::{CompareRun, Options, Sides, UnitResult};
 pub use error::{ProbeError, Result};
+pub use gate::FailOn;
+pub use schema::summary::Summary;

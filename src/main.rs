@@ -1,12 +1,12 @@
-//! The `probe` command line. Thin: parse, call the library, map outcomes to exit codes.
-//!
-//! Exit codes (README.md): 0 pass, 1 divergence at or above `--fail-on`, 2 usage or input
-//! error, 3 nothing comparable.
+//! The `probe` command line. Thin: parse, call one library function, map the outcome to
+//! an exit code ([`probe::gate`] names them: 0 pass, 1 divergence at or above
+//! `--fail-on`, 2 usage or input error, 3 nothing comparable).
 
 use clap::{Parser, Subcommand};
-use probe::report::{self, FailOn, Summary};
-use probe::{atomic, compare, config_check, localize, synth, tolerance::Tolerances, ProbeError};
-use rayon::prelude::*;
+use probe::compare::Progress;
+use probe::gate::{FailOn, EXIT_INPUT, EXIT_PASS};
+use probe::{app, config_check, report, synth, ProbeError};
+use std::io::IsTerminal;
 use std::path::PathBuf;
 use std::process::ExitCode;
 
@@ -53,8 +53,8 @@ struct ConfigCheckArgs {
     /// Rules (TOML): ignore lists, equivalences, severities. See docs/config-check.md.
     #[arg(long, value_name = "FILE")]
     config: Option<PathBuf>,
-    /// Exit 1 when a difference reaches this level.
-    #[arg(long, value_enum, default_value = "error")]
+    /// Exit 1 when a difference reaches this level: error, warning or never.
+    #[arg(long, default_value = "error")]
     fail_on: FailOn,
     /// Print nothing on stdout.
     #[arg(short, long)]
@@ -98,7 +98,7 @@ fn run_config_pack(a: ConfigPackArgs) -> Result<u8, ProbeError> {
     };
     let path = config_check::make::make_pack(&opts)?;
     eprintln!("probe: wrote {}", path.display());
-    Ok(0)
+    Ok(EXIT_PASS)
 }
 
 #[derive(clap::Args)]
@@ -120,8 +120,8 @@ struct CompareArgs {
     /// Tolerance overrides (TOML): per dtype and per op pattern. See docs/compare.md.
     #[arg(long, value_name = "FILE")]
     config: Option<PathBuf>,
-    /// Exit 1 when the verdict reaches this level.
-    #[arg(long, value_enum, default_value = "error")]
+    /// Exit 1 when the verdict reaches this level: error, warning or never.
+    #[arg(long, default_value = "error")]
     fail_on: FailOn,
     /// Report formats to write (comma separated).
     #[arg(long, value_delimiter = ',', default_value = "json,parquet,xlsx")]
@@ -179,54 +179,34 @@ struct SynthArgs {
 }
 
 fn run_compare(a: CompareArgs) -> Result<u8, ProbeError> {
-    let tolerances = match &a.config {
-        Some(p) => Tolerances::from_file(p)?,
-        None => Tolerances::default(),
+    let req = app::CompareRequest {
+        bench: a.bench,
+        cmp: a.cmp,
+        out: a.out,
+        config: a.config,
+        fail_on: a.fail_on,
+        formats: a.format,
+        threads: a.threads,
     };
-    let writers: Vec<_> = report::writers();
-    for f in &a.format {
-        if !writers.iter().any(|w| w.format() == f) {
-            return Err(ProbeError::Usage(format!(
-                "unknown report format {f:?} (json, parquet, xlsx)"
-            )));
+    let show = !a.quiet && std::io::stderr().is_terminal();
+    let progress = move |p: Progress| match p {
+        Progress::Tensors {
+            step,
+            rank,
+            done,
+            total,
+        } if show => {
+            eprint!("\rprobe: {step}/{rank}: compared {done}/{total} tensors");
+            if done == total {
+                eprintln!();
+            }
         }
-    }
-    if let Some(n) = a.threads {
-        if n == 0 {
-            return Err(ProbeError::Usage("--threads must be at least 1".into()));
-        }
-        rayon::ThreadPoolBuilder::new()
-            .num_threads(n)
-            .build_global()
-            .map_err(|e| ProbeError::Usage(e.to_string()))?;
-    }
-    atomic::prepare_output_dir(&a.out)?;
-    let opts = compare::Options {
-        tolerances,
-        progress: !a.quiet,
+        _ => {}
     };
-    let result = compare::run(&a.bench, &a.cmp, &opts)?;
-    for w in &result.warnings {
+    let summary = app::compare(&req, &progress)?;
+    for w in &summary.warnings {
         eprintln!("probe: warning: {w}");
     }
-    let findings = localize::localize(&result, &opts.tolerances);
-    let mut summary = Summary::build(&result, &findings, &a.bench, &a.cmp, a.fail_on);
-    let chosen: Vec<_> = writers
-        .into_iter()
-        .filter(|w| a.format.iter().any(|f| f == w.format()))
-        .collect();
-    for w in &chosen {
-        summary.outputs.insert(
-            w.format().to_string(),
-            a.out.join(w.file_name()).display().to_string(),
-        );
-    }
-    // Formats are independent files: write them in parallel, report the first failure.
-    let written: Vec<Result<(), ProbeError>> = chosen
-        .par_iter()
-        .map(|w| w.write(&result, &summary, &a.out.join(w.file_name())))
-        .collect();
-    written.into_iter().collect::<Result<Vec<()>, _>>()?;
     if !a.quiet {
         print!("{}", report::terminal_summary(&summary));
     }
@@ -259,14 +239,18 @@ fn run_synth(a: SynthArgs) -> Result<u8, ProbeError> {
         a.out.display(),
         a.out.display()
     );
-    Ok(0)
+    Ok(EXIT_PASS)
 }
 
 fn main() -> ExitCode {
     let cli = match Cli::try_parse() {
         Ok(c) => c,
         Err(e) => {
-            let code = if e.use_stderr() { 2 } else { 0 };
+            let code = if e.use_stderr() {
+                EXIT_INPUT
+            } else {
+                EXIT_PASS
+            };
             let _ = e.print();
             return ExitCode::from(code);
         }

@@ -7,9 +7,11 @@
 //! the result is bit-identical for any thread count.
 
 use crate::dtype::DType;
+use crate::dump::Stats;
 use crate::error::Result;
 use crate::tensor::TensorData;
 use rayon::prelude::*;
+use serde::{Deserialize, Serialize};
 
 /// Elements per partial result. Fixed: changing it changes the last bits of the sums.
 pub const CHUNK: usize = 1 << 16;
@@ -21,24 +23,38 @@ const WINDOW: usize = 64 * CHUNK;
 /// Sums and extremes over a run of elements.
 #[derive(Debug, Clone, Copy, Default, PartialEq)]
 pub struct Partial {
+    /// Elements counted.
     pub n: u64,
+    /// Σ b·c over finite pairs.
     pub dot: f64,
+    /// Σ b² over finite pairs.
     pub bb: f64,
+    /// Σ c² over finite pairs.
     pub cc: f64,
+    /// Σ (c − b)² over finite pairs.
     pub dd: f64,
+    /// Σ |c − b| over finite pairs.
     pub sum_abs: f64,
+    /// Largest |c − b|.
     pub max_abs: f64,
+    /// Largest relative error (msprobe's, `eps` where b is zero).
     pub max_rel: f64,
+    /// Largest |b|, the scale for the scaled max error.
     pub max_abs_b: f64,
+    /// Elements with a relative error below 0.001 (or the same non-finite value).
     pub lt1: u64,
+    /// Elements with a relative error below 0.005 (or the same non-finite value).
     pub lt5: u64,
+    /// NaN/Inf elements on the benchmark side.
     pub nonfinite_b: u64,
+    /// NaN/Inf elements on the comparison side.
     pub nonfinite_c: u64,
     /// Positions where exactly one side is non-finite, or both are but of another kind.
     pub nonfinite_mismatch: u64,
 }
 
 impl Partial {
+    /// Adds another run's sums and counts and keeps the larger extremes.
     pub fn merge(&mut self, o: &Partial) {
         self.n += o.n;
         self.dot += o.dot;
@@ -219,14 +235,19 @@ fn chunk_partial_portable(bd: DType, b: &[u8], cd: DType, c: &[u8], n: usize, ep
 }
 
 /// Final metrics of a tensor pair.
-#[derive(Debug, Clone, Copy, PartialEq, Default)]
+#[derive(Debug, Clone, Copy, PartialEq, Default, Serialize, Deserialize)]
 pub struct Metrics {
+    /// Element pairs compared.
     pub n: u64,
     /// None where msprobe calls it unsupported (a single element).
     pub cosine: Option<f64>,
+    /// Largest absolute error, max |c − b|.
     pub max_abs: f64,
+    /// Largest relative error |c − b| / |b| (msprobe's, `eps` where b is zero).
     pub max_rel: f64,
+    /// Mean absolute error, Σ |c − b| / n.
     pub mean_abs: f64,
+    /// Euclidean distance ‖c − b‖₂.
     pub euclid: f64,
     /// ‖b‖₂, the benchmark's norm.
     pub norm_b: f64,
@@ -234,14 +255,20 @@ pub struct Metrics {
     pub rel_l2: f64,
     /// max |c − b| / max |b|: catches a few wild elements that barely move the L2 error.
     pub max_abs_scaled: f64,
+    /// Fraction of elements with a relative error below 0.001 (msprobe's One Thousandth Err Ratio).
     pub one_thousandth: f64,
+    /// Fraction of elements with a relative error below 0.005 (msprobe's Five Thousandths Err Ratio).
     pub five_thousandths: f64,
+    /// NaN/Inf elements on the benchmark side.
     pub nonfinite_b: u64,
+    /// NaN/Inf elements on the comparison side.
     pub nonfinite_c: u64,
+    /// Positions where the NaN/Inf of the two sides disagree; any makes the numeric metrics NaN.
     pub nonfinite_mismatch: u64,
 }
 
 impl Metrics {
+    /// Whether NaN/Inf sit at the same positions with the same values on both sides.
     pub fn nan_inf_agree(&self) -> bool {
         self.nonfinite_mismatch == 0
     }
@@ -368,31 +395,29 @@ pub fn compare_tensors(b: &TensorData, c: &TensorData) -> Result<Metrics> {
 }
 
 /// Differences of recorded statistics (statistics-only dumps).
-#[derive(Debug, Clone, Copy, PartialEq, Default)]
+#[derive(Debug, Clone, Copy, PartialEq, Default, Serialize, Deserialize)]
 pub struct StatDiff {
+    /// Comparison max − benchmark max (None when a side lacks it).
     pub max_diff: Option<f64>,
+    /// Comparison min − benchmark min.
     pub min_diff: Option<f64>,
+    /// Comparison mean − benchmark mean.
     pub mean_diff: Option<f64>,
+    /// Comparison L2 norm − benchmark L2 norm.
     pub norm_diff: Option<f64>,
     /// msprobe's relative differences, in percent: |diff / b| · 100.
     pub max_rel_pct: Option<f64>,
+    /// |Δmin / b.min| · 100.
     pub min_rel_pct: Option<f64>,
+    /// |Δmean / b.mean| · 100.
     pub mean_rel_pct: Option<f64>,
+    /// |Δnorm / b.norm| · 100.
     pub norm_rel_pct: Option<f64>,
-    /// Largest statistic difference relative to the tensor's scale (probe's verdict measure):
-    /// Δmax, Δmin and Δmean against max(|max|, |min|, norm/√n), Δnorm against norm; the
-    /// first `atol` of each difference (`atol·√n` of Δnorm) is forgiven, as in allclose.
-    pub scaled_err: f64,
 }
 
-/// Statistics differences; up to `atol` per element of absolute difference is forgiven (see
-/// [`crate::tolerance::Tol::atol`]), so tensors that are zero up to rounding compare as equal.
-pub fn stat_diff(
-    b: &crate::dump::Stats,
-    c: &crate::dump::Stats,
-    numel: usize,
-    atol: f64,
-) -> StatDiff {
+/// Statistics differences, msprobe's way (comparison − benchmark, and relative to the
+/// benchmark in percent).
+pub fn stat_diff(b: &Stats, c: &Stats) -> StatDiff {
     let diff = |x: Option<f64>, y: Option<f64>| match (x, y) {
         (Some(x), Some(y)) if x == y => Some(0.0), // equal infinities too
         (Some(x), Some(y)) => Some(y - x),
@@ -409,28 +434,6 @@ pub fn stat_diff(
         diff(b.mean, c.mean),
         diff(b.norm, c.norm),
     );
-    let root_n = (numel.max(1) as f64).sqrt();
-    let rms = b.norm.map(|n| n / root_n);
-    let scale = [b.max.map(f64::abs), b.min.map(f64::abs), rms]
-        .into_iter()
-        .flatten()
-        .filter(|v| v.is_finite())
-        .fold(0.0, f64::max);
-    // Differences up to the absolute tolerance are forgiven, as in allclose.
-    let rel = |d: Option<f64>, s: f64, slack: f64| match d {
-        None => 0.0,
-        Some(d) if d.abs() <= slack => 0.0,
-        Some(d) if s == 0.0 || !d.is_finite() => f64::INFINITY,
-        Some(d) => (d.abs() - slack) / s,
-    };
-    let scaled_err = rel(dmax, scale, atol)
-        .max(rel(dmin, scale, atol))
-        .max(rel(dmean, scale, atol))
-        .max(rel(
-            dnorm,
-            b.norm.map(f64::abs).unwrap_or(0.0),
-            atol * root_n,
-        ));
     StatDiff {
         max_diff: dmax,
         min_diff: dmin,
@@ -440,7 +443,37 @@ pub fn stat_diff(
         min_rel_pct: pct(dmin, b.min),
         mean_rel_pct: pct(dmean, b.mean),
         norm_rel_pct: pct(dnorm, b.norm),
-        scaled_err,
+    }
+}
+
+impl StatDiff {
+    /// The largest statistic difference relative to the tensor's scale (probe's verdict
+    /// measure): Δmax, Δmin and Δmean against max(|max|, |min|, norm/√n) of the benchmark
+    /// `b`, Δnorm against its norm. The first `atol` of each difference (`atol·√n` of Δnorm)
+    /// is forgiven, as in allclose (see [`crate::compare::tolerance::Tol::atol`]), so tensors
+    /// that are zero up to rounding compare as equal.
+    pub fn scaled_err(&self, b: &Stats, numel: usize, atol: f64) -> f64 {
+        let root_n = (numel.max(1) as f64).sqrt();
+        let rms = b.norm.map(|n| n / root_n);
+        let scale = [b.max.map(f64::abs), b.min.map(f64::abs), rms]
+            .into_iter()
+            .flatten()
+            .filter(|v| v.is_finite())
+            .fold(0.0, f64::max);
+        let rel = |d: Option<f64>, s: f64, slack: f64| match d {
+            None => 0.0,
+            Some(d) if d.abs() <= slack => 0.0,
+            Some(d) if s == 0.0 || !d.is_finite() => f64::INFINITY,
+            Some(d) => (d.abs() - slack) / s,
+        };
+        rel(self.max_diff, scale, atol)
+            .max(rel(self.min_diff, scale, atol))
+            .max(rel(self.mean_diff, scale, atol))
+            .max(rel(
+                self.norm_diff,
+                b.norm.map(f64::abs).unwrap_or(0.0),
+                atol * root_n,
+            ))
     }
 }
 

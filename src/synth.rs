@@ -10,17 +10,22 @@
 use crate::atomic;
 use crate::dtype::DType;
 use crate::error::{ProbeError, Result};
-use serde_json::{json, Value};
+use crate::schema::dump::{ManifestRecord, OpRecord, StackRecord, Stat, StatsRecord, TensorRecord};
 use std::io::Write;
 use std::path::{Path, PathBuf};
 
 /// What to generate.
 #[derive(Debug, Clone)]
 pub struct SynthOptions {
+    /// `tensor`, `statistics` or `checksum`.
     pub mode: String,
+    /// Residual blocks of the model.
     pub blocks: usize,
+    /// Hidden width.
     pub width: usize,
+    /// Batch size.
     pub batch: usize,
+    /// Seed of weights and data (the same for both sides).
     pub seed: u64,
     /// Op (without direction, e.g. `Functional.gelu.1`) whose forward output is perturbed
     /// in the comparison run.
@@ -35,6 +40,7 @@ pub struct SynthOptions {
     pub perturb_weight: Option<usize>,
     /// Op whose forward output gets a NaN in the comparison run.
     pub nan: Option<String>,
+    /// Training steps (`step0`, `step1`, ...); weights are updated between steps.
     pub steps: usize,
 }
 
@@ -92,16 +98,6 @@ struct T {
     src: Option<u64>,
 }
 
-fn stat_json(v: f64) -> Value {
-    if v.is_nan() {
-        json!("nan")
-    } else if v.is_infinite() {
-        json!(if v > 0.0 { "inf" } else { "-inf" })
-    } else {
-        json!(v)
-    }
-}
-
 fn bytes_of(dtype: DType, v: &[f32]) -> Vec<u8> {
     match dtype {
         DType::BF16 => v
@@ -112,7 +108,7 @@ fn bytes_of(dtype: DType, v: &[f32]) -> Vec<u8> {
     }
 }
 
-fn stats(dtype: DType, v: &[f32]) -> Value {
+fn stats(dtype: DType, v: &[f32]) -> StatsRecord {
     let (mut max, mut min, mut sum, mut sq) = (f64::NEG_INFINITY, f64::INFINITY, 0.0, 0.0);
     let (mut nan, mut inf) = (0u64, 0u64);
     for &x in v {
@@ -133,8 +129,14 @@ fn stats(dtype: DType, v: &[f32]) -> Value {
         sum += x;
         sq += x * x;
     }
-    json!({"max": stat_json(max), "min": stat_json(min), "mean": stat_json(sum / v.len().max(1) as f64),
-           "norm": stat_json(sq.sqrt()), "nan": nan, "inf": inf})
+    StatsRecord {
+        max: Stat(Some(max)),
+        min: Stat(Some(min)),
+        mean: Stat(Some(sum / v.len().max(1) as f64)),
+        norm: Stat(Some(sq.sqrt())),
+        nan: Some(nan),
+        inf: Some(inf),
+    }
 }
 
 /// Writes one rank of a probe dump.
@@ -168,36 +170,47 @@ impl RankWriter {
     }
 
     fn op(&mut self, key: &str, direction: &str, module: &str, tensors: Vec<T>) -> Result<()> {
-        let mut tj = Vec::new();
+        let mut records = Vec::new();
         for t in tensors {
-            let mut o = json!({"name": t.name, "role": t.role, "dtype": t.dtype.name(),
-                               "shape": t.shape, "stats": stats(t.dtype, &t.values)});
-            if let Some(id) = t.id {
-                o["id"] = json!(id);
-            }
-            if let Some(src) = t.src {
-                o["src"] = json!(src);
-            }
+            let mut o = TensorRecord {
+                checksum: None,
+                dtype: t.dtype.name().to_string(),
+                file: None,
+                id: t.id,
+                name: t.name.clone(),
+                role: t.role.to_string(),
+                shape: t.shape.clone(),
+                src: t.src,
+                stats: Some(stats(t.dtype, &t.values)),
+            };
             let bytes = bytes_of(t.dtype, &t.values);
             match self.mode.as_str() {
                 "tensor" => {
                     if self.shard_bytes + bytes.len() > SHARD_BYTES && !self.shard.is_empty() {
                         self.flush_shard()?;
                     }
-                    o["file"] = json!(format!("tensors-{:05}.safetensors", self.shard_idx));
+                    o.file = Some(format!("tensors-{:05}.safetensors", self.shard_idx));
                     self.shard_bytes += bytes.len();
                     self.shard
                         .push((t.name.clone(), t.dtype, t.shape.clone(), bytes));
                 }
                 "checksum" => {
-                    o["checksum"] = json!(format!("crc32:{:08x}", crc32fast::hash(&bytes)));
+                    o.checksum = Some(format!("crc32:{:08x}", crc32fast::hash(&bytes)));
                 }
                 _ => {}
             }
-            tj.push(o);
+            records.push(o);
         }
-        let rec = json!({"seq": self.seq, "op": key, "kind": "api", "direction": direction,
-                         "module": module, "stack": self.seq % 3, "tensors": tj});
+        let rec = OpRecord {
+            direction: direction.to_string(),
+            kind: "api".into(),
+            module: Some(module.to_string()),
+            op: key.to_string(),
+            recompute: false,
+            seq: self.seq,
+            stack: Some(self.seq % 3),
+            tensors: records,
+        };
         self.seq += 1;
         serde_json::to_writer(&mut self.ops, &rec).map_err(|e| ProbeError::Output {
             path: self.dir.join("ops.jsonl"),
@@ -245,11 +258,17 @@ impl RankWriter {
         atomic::write_bytes(&self.dir.join("ops.jsonl"), &self.ops)?;
         let stacks: String = (0..3)
             .map(|i| {
-                json!({"id": i, "frames": [
-                    "File \"train.py\", line 88, in <module>: loss = model(x).sum()".to_string(),
-                    format!("File \"model.py\", line {}, in forward: x = self.block(x)", 20 + i)]})
-                .to_string()
-                    + "\n"
+                let s = StackRecord {
+                    frames: vec![
+                        "File \"train.py\", line 88, in <module>: loss = model(x).sum()".into(),
+                        format!(
+                            "File \"model.py\", line {}, in forward: x = self.block(x)",
+                            20 + i
+                        ),
+                    ],
+                    id: i,
+                };
+                serde_json::to_string(&s).unwrap_or_default() + "\n"
             })
             .collect();
         atomic::write_bytes(&self.dir.join("stacks.jsonl"), stacks.as_bytes())
@@ -257,10 +276,17 @@ impl RankWriter {
 }
 
 fn write_manifest(root: &Path, mode: &str) -> Result<()> {
-    let m = json!({"format": "probe-dump", "version": 1, "framework": "synthetic",
-                   "framework_version": env!("CARGO_PKG_VERSION"), "device": "cpu", "mode": mode,
-                   "level": "api", "created": "2026-01-01T00:00:00Z",
-                   "producer": concat!("probe synth ", env!("CARGO_PKG_VERSION"))});
+    let m = ManifestRecord {
+        created: "2026-01-01T00:00:00Z".into(),
+        device: "cpu".into(),
+        format: "probe-dump".into(),
+        framework: "synthetic".into(),
+        framework_version: Some(env!("CARGO_PKG_VERSION").into()),
+        level: "api".into(),
+        mode: mode.into(),
+        producer: Some(concat!("probe synth ", env!("CARGO_PKG_VERSION")).into()),
+        version: 1,
+    };
     let mut text = serde_json::to_string_pretty(&m).unwrap_or_default();
     text.push('\n');
     atomic::write_bytes(&root.join("manifest.json"), text.as_bytes())

@@ -8,10 +8,8 @@ mod common;
 
 use calamine::{open_workbook, Data as Cell, Reader, Xlsx};
 use probe::compare::{self, CompareKind, Options, Row};
-use probe::dtype::DType;
-use probe::dump::{npy, pt};
-use probe::tensor::TensorData;
-use probe::tolerance::Tolerances;
+use probe::dtype::{AnyDType, DType};
+use probe::tensor::{npy, pt, Data, TensorData};
 use std::collections::HashMap;
 use std::path::{Path, PathBuf};
 
@@ -21,12 +19,8 @@ fn td(p: &str) -> PathBuf {
         .join(p)
 }
 
-fn run(b: &str, c: &str) -> compare::CompareResult {
-    let opts = Options {
-        tolerances: Tolerances::default(),
-        progress: false,
-    };
-    compare::run(&td(b), &td(c), &opts).expect("compare runs")
+fn run(b: &str, c: &str) -> compare::CompareRun {
+    compare::run(&td(b), &td(c), &Options::default(), &|_| {}).expect("compare runs")
 }
 
 /// One sheet of an msprobe workbook: rows as header → cell text.
@@ -75,18 +69,23 @@ fn close(probe: f64, ms: f64, decimals: i32) -> bool {
     (probe - ms).abs() <= 1e-6 * ms.abs() + rounding
 }
 
-fn rows_by_name(res: &compare::CompareResult) -> HashMap<String, &Row> {
-    res.rows
+fn rows_by_name(res: &compare::CompareRun) -> HashMap<String, &Row> {
+    res.units
         .iter()
-        .map(|r| (format!("{}/{}", res.pairs[r.pair].step, r.name), r))
+        .flat_map(|u| {
+            u.rows
+                .iter()
+                .map(move |r| (format!("{}/{}", u.step, r.tensor.name), r))
+        })
         .collect()
 }
 
 #[test]
 fn tensor_metrics_match_msprobe_workbook() {
     let res = run("tensor_bench", "tensor_bf16");
-    assert_eq!(res.pairs.len(), 1);
-    assert!(res.unmatched.is_empty(), "{:?}", res.unmatched.first());
+    assert_eq!(res.units.len(), 1);
+    let unmatched = &res.units[0].unmatched;
+    assert!(unmatched.is_empty(), "{:?}", unmatched.first());
     let rows = rows_by_name(&res);
     let ws = workbook("tensor_step0.xlsx");
     let (mut checked, mut cells) = (0, 0);
@@ -100,8 +99,11 @@ fn tensor_metrics_match_msprobe_workbook() {
         let r = rows
             .get(&format!("step0/{name}"))
             .unwrap_or_else(|| panic!("probe has no row for {name}"));
-        assert_eq!(r.kind, CompareKind::Tensor, "{name}");
-        let m = r.metrics.unwrap_or_else(|| panic!("{name}: no metrics"));
+        assert_eq!(r.tensor.kind, CompareKind::Tensor, "{name}");
+        let m = r
+            .tensor
+            .metrics
+            .unwrap_or_else(|| panic!("{name}: no metrics"));
         let checks: [(&str, Option<f64>, i32); 6] = [
             ("Cosine", m.cosine, 6),
             ("EucDist", Some(m.euclid), 16),
@@ -127,7 +129,7 @@ fn tensor_metrics_match_msprobe_workbook() {
             }
         }
         // The statistics columns are the dump's own.
-        let sc = r.stats_c.unwrap();
+        let sc = r.tensor.sides.cmp.stats.unwrap();
         if let (Some(ms), Some(p)) = (num(&w["NPU max"]), sc.max) {
             assert!(close(p, ms, 15), "{name} NPU max");
         }
@@ -143,13 +145,13 @@ fn tensor_metrics_match_msprobe_workbook() {
 fn statistics_diffs_match_msprobe_workbooks() {
     let res = run("stats_bench", "stats_bf16");
     assert_eq!(
-        res.pairs.len(),
+        res.units.len(),
         3,
         "three steps, proc folders paired by position"
     );
-    for (i, p) in res.pairs.iter().enumerate() {
+    for (i, p) in res.units.iter().enumerate() {
         assert_eq!(p.step, format!("step{i}"));
-        assert!(p.bench_dir.ends_with("proc24241") && p.cmp_dir.ends_with("proc24524"));
+        assert!(p.dirs.bench.ends_with("proc24241") && p.dirs.cmp.ends_with("proc24524"));
     }
     let rows = rows_by_name(&res);
     let mut checked = 0;
@@ -162,9 +164,10 @@ fn statistics_diffs_match_msprobe_workbooks() {
             let r = rows
                 .get(&format!("step{step}/{name}"))
                 .unwrap_or_else(|| panic!("step{step}: probe has no row for {name}"));
-            assert_eq!(r.kind, CompareKind::Statistics);
+            assert_eq!(r.tensor.kind, CompareKind::Statistics);
             let d = r
-                .stat_diff()
+                .tensor
+                .stat_diff
                 .unwrap_or_else(|| panic!("{name}: no statistics diff"));
             for (col, p) in [
                 ("Max diff", d.max_diff),
@@ -196,7 +199,9 @@ fn statistics_diffs_match_msprobe_workbooks() {
                             })
                         };
                         assert!(
-                            ms == 0.0 && (pick(r.stats_b).is_none() || pick(r.stats_c).is_none()),
+                            ms == 0.0
+                                && (pick(r.tensor.sides.bench.stats).is_none()
+                                    || pick(r.tensor.sides.cmp.stats).is_none()),
                             "step{step} {name} {col}: msprobe {ms}, probe none"
                         )
                     }
@@ -216,8 +221,8 @@ fn op_records_follow_msprobe_naming_and_order() {
     let d = probe::dump::load_rank(&set.ranks[0]).unwrap();
     assert_eq!(d.ops.len(), 243);
     assert!(!d.has_dataflow);
-    assert_eq!(d.ops[0].key, "Functional.conv2d.0.forward");
-    assert_eq!(d.ops[1].key, "Tensor.add_.0.forward");
+    assert_eq!(d.ops[0].key.as_str(), "Functional.conv2d.0.forward");
+    assert_eq!(d.ops[1].key.as_str(), "Tensor.add_.0.forward");
     assert!(d.ops.windows(2).all(|w| w[0].seq < w[1].seq));
     let names: Vec<&str> = d.ops[0].tensors.iter().map(|t| t.name.as_str()).collect();
     assert_eq!(
@@ -231,7 +236,11 @@ fn op_records_follow_msprobe_naming_and_order() {
     );
     assert!(d.ops[0].stack.is_some());
     assert!(!d.stacks[&d.ops[0].stack.unwrap()].is_empty());
-    let bwd = d.ops.iter().find(|o| o.key.ends_with(".backward")).unwrap();
+    let bwd = d
+        .ops
+        .iter()
+        .find(|o| o.key.as_str().ends_with(".backward"))
+        .unwrap();
     assert_eq!(bwd.direction, probe::dump::Direction::Backward);
     assert!(bwd
         .tensors
@@ -239,18 +248,15 @@ fn op_records_follow_msprobe_naming_and_order() {
         .any(|t| t.name.contains(".backward.input.0")));
     let t = &d.ops[0].tensors[0];
     assert!(
-        matches!(&t.data, probe::dump::Data::Pt(p) if p.ends_with("dump_tensor_data/Functional.conv2d.0.forward.input.0.pt"))
+        matches!(&t.data, Data::Pt(p) if p.ends_with("dump_tensor_data/Functional.conv2d.0.forward.input.0.pt"))
     );
-    assert_eq!(t.dtype, Some(DType::F32));
+    assert_eq!(t.dtype, AnyDType::Known(DType::F32));
     assert_eq!(t.shape, vec![2, 3, 8, 8]);
     // Statistics mode: no tensor files.
     let set = probe::dump::discover(&td("stats_bench/step1")).unwrap();
     let d = probe::dump::load_rank(&set.ranks[0]).unwrap();
     assert_eq!(set.ranks[0].step, "step1");
-    assert!(d.ops[0]
-        .tensors
-        .iter()
-        .all(|t| t.data == probe::dump::Data::None));
+    assert!(d.ops[0].tensors.iter().all(|t| t.data == Data::None));
     assert!(d.ops[0].tensors[0].stats.is_some());
 }
 

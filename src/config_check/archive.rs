@@ -44,11 +44,14 @@ const RATIO_FLOOR: u64 = 1 << 20;
 /// The files of a pack, by name, decompressed in memory.
 #[derive(Debug)]
 pub struct Archive {
+    /// The pack file, for error messages.
     pub path: PathBuf,
+    /// Entry name (without a trailing `/`) → decompressed bytes; directories left out.
     pub entries: BTreeMap<String, Vec<u8>>,
 }
 
 impl Archive {
+    /// The bytes of entry `name`, if the pack has it.
     pub fn get(&self, name: &str) -> Option<&[u8]> {
         self.entries.get(name).map(|v| v.as_slice())
     }
@@ -63,6 +66,7 @@ impl Archive {
         }
     }
 
+    /// A [`ProbeError::BadPack`] naming this pack and `entry`.
     pub fn bad(&self, entry: &str, msg: impl Into<String>) -> ProbeError {
         ProbeError::BadPack {
             path: self.path.clone(),

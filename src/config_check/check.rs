@@ -11,7 +11,7 @@ use super::rules::{self, matches_any, Level, Rules};
 use super::{
     Category, CategorySummary, CheckOptions, CheckReport, Counts, Item, PackInfo, StatsPair, Status,
 };
-use crate::report::FailOn;
+use crate::compare::Verdict;
 use std::collections::{BTreeMap, BTreeSet};
 
 struct Ctx<'a> {
@@ -747,17 +747,13 @@ pub fn compare(b: &Pack, c: &Pack, opts: &CheckOptions) -> CheckReport {
         counts.add(it.status);
     }
     let verdict = if counts.error > 0 {
-        "error"
+        Verdict::Error
     } else if counts.warning > 0 {
-        "warning"
+        Verdict::Warning
     } else {
-        "pass"
+        Verdict::Pass
     };
-    let exit_code = match opts.fail_on {
-        FailOn::Error if counts.error > 0 => 1,
-        FailOn::Warning if counts.error + counts.warning > 0 => 1,
-        _ => 0,
-    };
+    let exit_code = opts.fail_on.exit_code(verdict);
     CheckReport {
         schema: super::SCHEMA,
         probe_version: env!("CARGO_PKG_VERSION"),
@@ -765,7 +761,7 @@ pub fn compare(b: &Pack, c: &Pack, opts: &CheckOptions) -> CheckReport {
         cmp: PackInfo::of(c),
         cross_platform: ctx.cross,
         fail_on: opts.fail_on,
-        verdict: verdict.into(),
+        verdict: verdict.name().into(),
         exit_code,
         counts,
         categories,

@@ -17,6 +17,7 @@ use std::path::{Path, PathBuf};
 /// What to put into the pack.
 #[derive(Debug, Clone, Default)]
 pub struct MakeOptions {
+    /// Path of the pack zip to write (`-o`).
     pub out: PathBuf,
     /// Interpreter whose installed distributions are listed.
     pub python: Option<PathBuf>,

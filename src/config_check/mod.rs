@@ -6,16 +6,22 @@
 //! terminal summary and `config_check.xlsx`. [`make`] builds a pack without Python.
 //! Format and rules: docs/config-check.md.
 
+/// Reading a pack zip safely, in memory.
 pub mod archive;
+/// Comparing two loaded packs category by category.
 pub mod check;
+/// `probe config-pack`: building a pack without Python.
 pub mod make;
+/// `config_check.json` and the terminal summary.
 pub mod output;
+/// Both kinds of config pack, read into one model.
 pub mod pack;
+/// Ignore lists, equivalences and severities, built in or from `--config`.
 pub mod rules;
 mod xlsx;
 
 use crate::error::Result;
-use crate::report::FailOn;
+use crate::gate::FailOn;
 use serde::Serialize;
 use std::path::{Path, PathBuf};
 
@@ -23,16 +29,24 @@ use std::path::{Path, PathBuf};
 #[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize)]
 #[serde(rename_all = "lowercase")]
 pub enum Category {
+    /// Environment variables.
     Env,
+    /// Installed Python distributions and platform versions (Python, OS, CPU, accelerator).
     Packages,
+    /// Determinism and precision flags (cuDNN, TF32/HF32, autocast, ...).
     Determinism,
+    /// Seed calls, random draws per call site and generator state hashes.
     Random,
+    /// Fingerprints of the model inputs of the captured steps.
     Dataset,
+    /// Fingerprints of the model weights.
     Weights,
+    /// argv, the user's args, optimizer, scheduler, scaler and dataloader settings.
     Hyperparameters,
 }
 
 impl Category {
+    /// Every category, in report order.
     pub const ALL: [Category; 7] = [
         Category::Env,
         Category::Packages,
@@ -43,6 +57,7 @@ impl Category {
         Category::Hyperparameters,
     ];
 
+    /// The name used in reports, rules files and `config_check.json`.
     pub fn name(self) -> &'static str {
         match self {
             Category::Env => "env",
@@ -55,6 +70,7 @@ impl Category {
         }
     }
 
+    /// Parses a category name as [`Category::name`] gives it (`pip` for packages too).
     pub fn parse(s: &str) -> Option<Category> {
         Category::ALL
             .into_iter()
@@ -66,16 +82,20 @@ impl Category {
 #[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Serialize)]
 #[serde(rename_all = "lowercase")]
 pub enum Status {
+    /// No difference (numbers and statistics within tolerance).
     Pass,
     /// A difference that is normal between these two sides (NPU vs GPU).
     Expected,
     /// A difference the rules say to ignore (volatile env vars, the user's ignore list).
     Ignored,
+    /// A difference worth a look; fails only with `--fail-on warning`.
     Warning,
+    /// A difference that can change numerics; fails the check by default.
     Error,
 }
 
 impl Status {
+    /// The lowercase name, as in `config_check.json`.
     pub fn name(self) -> &'static str {
         match self {
             Status::Pass => "pass",
@@ -90,41 +110,57 @@ impl Status {
 /// Statistics of a tensor fingerprint, for the side-by-side columns.
 #[derive(Debug, Clone, Serialize, Default, PartialEq)]
 pub struct StatsPair {
+    /// Benchmark max, min, mean and norm (None where not recorded).
     pub bench: [Option<f64>; 4],
+    /// Comparison max, min, mean and norm.
     pub cmp: [Option<f64>; 4],
+    /// Largest relative difference between the two sides' statistics.
     pub max_rel_diff: Option<f64>,
 }
 
 /// One compared item.
 #[derive(Debug, Clone, Serialize)]
 pub struct Item {
+    /// The category the item belongs to.
     pub category: Category,
     /// The item's name; `A ↔ B` when paired through an equivalence.
     pub item: String,
+    /// Training step (dataset and weights items only).
     #[serde(skip_serializing_if = "Option::is_none")]
     pub step: Option<u64>,
+    /// Rank the item was recorded on, where the category has ranks.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub rank: Option<u64>,
     /// Value in the benchmark pack (None: absent).
     pub bench: Option<String>,
     /// Value in the comparison pack (None: absent).
     pub cmp: Option<String>,
+    /// The verdict on this item.
     pub status: Status,
+    /// Why the item got its status (empty when there is nothing to say).
     pub detail: String,
+    /// Both sides' statistics (dataset and weights items).
     #[serde(skip_serializing_if = "Option::is_none")]
     pub stats: Option<StatsPair>,
 }
 
+/// Number of items per [`Status`].
 #[derive(Debug, Clone, Serialize, Default, PartialEq, Eq)]
 pub struct Counts {
+    /// Items that passed.
     pub pass: usize,
+    /// Items with an expected (platform) difference.
     pub expected: usize,
+    /// Items whose difference the rules ignore.
     pub ignored: usize,
+    /// Items with a warning.
     pub warning: usize,
+    /// Items with an error.
     pub error: usize,
 }
 
 impl Counts {
+    /// Counts one item of status `s`.
     pub fn add(&mut self, s: Status) {
         match s {
             Status::Pass => self.pass += 1,
@@ -139,21 +175,30 @@ impl Counts {
 /// A category's outcome.
 #[derive(Debug, Clone, Serialize)]
 pub struct CategorySummary {
+    /// The category.
     pub name: Category,
     /// `pass`, `warning`, `error`, or `skipped` when a side does not have the category.
     pub verdict: String,
+    /// Its items per status.
     pub counts: Counts,
+    /// What was not compared and why (one side missing, steps on one side only, ...).
     pub notes: Vec<String>,
 }
 
 /// One side's pack, as described in the report.
 #[derive(Debug, Clone, Serialize)]
 pub struct PackInfo {
+    /// The pack file as given on the command line.
     pub path: String,
+    /// `probe` or `msprobe`.
     pub format: pack::PackKind,
+    /// Pack format version (None for msprobe packs).
     pub version: Option<u32>,
+    /// What wrote the pack, if it says.
     pub producer: Option<String>,
+    /// `cpu`, `cuda`, `npu` or `unknown`.
     pub device: String,
+    /// `npu` or `gpu`: the platform side the pack is judged on.
     pub family: String,
 }
 
@@ -170,30 +215,44 @@ impl PackInfo {
     }
 }
 
+/// Schema id written into `config_check.json`.
 pub const SCHEMA: &str = "probe-config-check.v1";
 
 /// The whole result (`config_check.json`, schemas/probe-config-check.v1.schema.json).
 #[derive(Debug, Clone, Serialize)]
 pub struct CheckReport {
+    /// Always [`SCHEMA`].
     pub schema: &'static str,
+    /// Version of probe that wrote the report.
     pub probe_version: &'static str,
+    /// The benchmark pack.
     pub bench: PackInfo,
+    /// The comparison pack.
     pub cmp: PackInfo,
+    /// One side NPU, the other not: platform differences are reported as expected.
     pub cross_platform: bool,
+    /// The `--fail-on` level the exit code was computed with.
     pub fail_on: FailOn,
     /// `pass`, `warning` or `error`: the worst category verdict.
     pub verdict: String,
+    /// 0, or 1 when an item reaches `fail_on`.
     pub exit_code: u8,
+    /// Items per status over all categories.
     pub counts: Counts,
+    /// Per-category outcome, in report order.
     pub categories: Vec<CategorySummary>,
+    /// Every compared item.
     pub items: Vec<Item>,
+    /// Files written (`json`, `xlsx`) → their paths.
     pub outputs: std::collections::BTreeMap<String, String>,
 }
 
 /// Options of `probe config-check`.
 #[derive(Debug, Clone)]
 pub struct CheckOptions {
+    /// Ignore lists, equivalences and severities to apply.
     pub rules: rules::Rules,
+    /// Which verdict makes the exit code 1 (`error`, `warning` or `never`).
     pub fail_on: FailOn,
 }
 

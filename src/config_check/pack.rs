@@ -14,80 +14,113 @@ use sha2::{Digest, Sha256};
 use std::collections::{BTreeMap, BTreeSet};
 use std::path::{Path, PathBuf};
 
+/// Value of `format` in a probe pack's `manifest.json`.
 pub const FORMAT: &str = "probe-config-pack";
+/// The pack format version this probe reads and writes.
 pub const VERSION: u32 = 1;
 
 // ---------------------------------------------------------------------------------------
 // The probe pack format (v1), entry by entry.
 
+/// `manifest.json`: what the pack is and who made it.
 #[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]
 pub struct ManifestDoc {
+    /// Always [`FORMAT`].
     pub format: String,
+    /// Pack format version ([`VERSION`]).
     pub version: u32,
+    /// What wrote the pack (`probe.ConfigPack`, `probe config-pack`, ...).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub producer: Option<String>,
+    /// When the pack was written: UTC, RFC 3339.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub created: Option<String>,
     /// `cpu`, `cuda` or `npu`.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub device: Option<String>,
+    /// Rank of the process that wrote the pack.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub rank: Option<u64>,
+    /// Steps whose inputs and random draws were captured.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub steps: Option<u64>,
+    /// Names of the pack's entries.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub entries: Vec<String>,
+    /// Collection failures (the training run went on).
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub errors: Vec<String>,
 }
 
+/// `env.json`: the environment variables.
 #[derive(Debug, Clone, Serialize, Deserialize, PartialEq, Default)]
 pub struct EnvDoc {
+    /// Every environment variable; secret-looking ones hold `sha256:<hex>` of the value.
     pub vars: BTreeMap<String, String>,
+    /// Names whose value was replaced by its digest.
     #[serde(default)]
     pub redacted: Vec<String>,
 }
 
+/// `packages.json`: interpreter, platform and installed distributions.
 #[derive(Debug, Clone, Serialize, Deserialize, PartialEq, Default)]
 pub struct PackagesDoc {
+    /// The Python interpreter: `{version, implementation}`.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub python: Option<Value>,
+    /// Operating system fields (name → text or null).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub os: Option<Value>,
+    /// The CPU: `{model, count}`.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub cpu: Option<Value>,
+    /// Installed distribution name → version.
     #[serde(default)]
     pub distributions: BTreeMap<String, String>,
+    /// Accelerator stack: torch, torch_npu, CANN, CUDA, cuDNN, HIP, driver, device name and count.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub accelerator: Option<Value>,
 }
 
+/// `determinism.json`: determinism and precision settings.
 #[derive(Debug, Clone, Serialize, Deserialize, PartialEq, Default)]
 pub struct DeterminismDoc {
+    /// Setting (`torch.backends.cudnn.deterministic`, `autocast.cuda.dtype`, ...) → value.
     pub flags: BTreeMap<String, Value>,
 }
 
+/// One seed call in `random.json`.
 #[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]
 pub struct SeedCallDoc {
+    /// The seeding function (`torch.manual_seed`, `numpy.random.seed`, ...).
     pub function: String,
+    /// The seed it was given.
     #[serde(default)]
     pub value: Value,
+    /// Call site: `path:line in function`.
     #[serde(default)]
     pub site: String,
 }
 
+/// Random draws of one function from one call site, in `random.json`.
 #[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]
 pub struct DrawSiteDoc {
+    /// Call site: `path:line in function`.
     pub site: String,
+    /// Number of draws during the captured steps.
     pub count: u64,
 }
 
+/// `random.json`: seed calls, random draws and RNG state hashes.
 #[derive(Debug, Clone, Serialize, Deserialize, PartialEq, Default)]
 pub struct RandomDoc {
+    /// Every seed call, in order.
     #[serde(default)]
     pub seed_calls: Vec<SeedCallDoc>,
+    /// Random function → its draws per call site.
     #[serde(default)]
     pub draws: BTreeMap<String, Vec<DrawSiteDoc>>,
+    /// Generator (`python`, `numpy`, `torch`, `cuda`/`npu`) → sha256 of its state at save time.
     #[serde(default)]
     pub state_hashes: BTreeMap<String, String>,
 }
@@ -132,60 +165,85 @@ impl<'de> Deserialize<'de> for Stat {
     }
 }
 
+/// A tensor's fingerprint: a hash answers "equal?", statistics "how different?".
 #[derive(Debug, Clone, Serialize, Deserialize, PartialEq, Default)]
 pub struct Fingerprint {
+    /// Hex sha256 of the raw contiguous little-endian bytes.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub sha256: Option<String>,
+    /// Element type (`float32`, `bfloat16`, ...).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub dtype: Option<String>,
+    /// Size of each dimension.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub shape: Option<Vec<u64>>,
+    /// Number of elements.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub numel: Option<u64>,
+    /// Largest element (statistics are computed in float64; None when empty).
     #[serde(default)]
     pub max: Option<Stat>,
+    /// Smallest element.
     #[serde(default)]
     pub min: Option<Stat>,
+    /// Mean of the elements.
     #[serde(default)]
     pub mean: Option<Stat>,
+    /// L2 norm.
     #[serde(default)]
     pub norm: Option<Stat>,
 }
 
+/// One fingerprinted tensor in `dataset.json` or `weights.json`.
 #[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]
 pub struct RecordDoc {
+    /// Step it was captured at (weights: 0 = before training).
     pub step: u64,
+    /// Rank that captured it.
     pub rank: u64,
+    /// Tensor name (`args.0`, `kwargs.x`, a parameter name).
     pub name: String,
+    /// The tensor's fingerprint.
     pub fingerprint: Fingerprint,
 }
 
+/// `dataset.json` or `weights.json`: fingerprinted tensors.
 #[derive(Debug, Clone, Serialize, Deserialize, PartialEq, Default)]
 pub struct RecordsDoc {
+    /// The tensors, one record each.
     pub records: Vec<RecordDoc>,
 }
 
 // ---------------------------------------------------------------------------------------
 // The model both kinds are read into.
 
+/// Which kind of pack was read.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
 #[serde(rename_all = "lowercase")]
 pub enum PackKind {
+    /// A probe pack (`manifest.json`).
     Probe,
+    /// msprobe's `config_check_pack.zip`.
     Msprobe,
 }
 
+/// One seed call, from either kind of pack.
 #[derive(Debug, Clone)]
 pub struct SeedCall {
+    /// Rank that made the call.
     pub rank: u64,
+    /// The seeding function (`torch.manual_seed`, ...).
     pub function: String,
     /// None where the producer did not record values (msprobe).
     pub value: Option<String>,
+    /// Call site as recorded (compared through [`normalize_site`]).
     pub site: String,
 }
 
+/// The random category of a pack.
 #[derive(Debug, Clone, Default)]
 pub struct RandomInfo {
+    /// Every seed call, in order.
     pub seeds: Vec<SeedCall>,
     /// (rank, function) → (call site, count).
     pub draws: BTreeMap<(u64, String), Vec<(String, u64)>>,
@@ -196,22 +254,32 @@ pub struct RandomInfo {
 /// One tensor fingerprint: (step, rank, name).
 pub type RecordKey = (u64, u64, String);
 
+/// A pack of either kind, read into one model; a category is None when the pack lacks it.
 #[derive(Debug, Clone)]
 pub struct Pack {
+    /// The pack file.
     pub path: PathBuf,
+    /// Which kind of pack it is.
     pub kind: PackKind,
+    /// Pack format version (None for msprobe packs).
     pub version: Option<u32>,
+    /// What wrote the pack.
     pub producer: Option<String>,
     /// `cpu`, `cuda`, `npu` or `unknown`.
     pub device: String,
+    /// Environment variables, secret-looking values redacted.
     pub env: Option<BTreeMap<String, String>>,
     /// Normalised distribution name → (name as written, version).
     pub distributions: Option<BTreeMap<String, (String, String)>>,
     /// `python.version`, `os.system`, `cpu.model`, `accelerator.torch`, ...
     pub platform: Option<BTreeMap<String, String>>,
+    /// Determinism flag → value as text (msprobe packs have none).
     pub determinism: Option<BTreeMap<String, String>>,
+    /// Seed calls, draws and RNG state hashes.
     pub random: Option<RandomInfo>,
+    /// Fingerprints of the model inputs.
     pub dataset: Option<BTreeMap<RecordKey, Fingerprint>>,
+    /// Fingerprints of the model weights.
     pub weights: Option<BTreeMap<RecordKey, Fingerprint>>,
     /// Flattened paths (`optimizer.param_groups.0.lr`) → value as text.
     pub hyperparameters: Option<BTreeMap<String, String>>,
@@ -246,11 +314,13 @@ pub const SECRET_MARKERS: &[&str] = &[
     "KEY",
 ];
 
+/// Whether an environment variable's name marks its value as secret ([`SECRET_MARKERS`]).
 pub fn is_secret_name(name: &str) -> bool {
     let up = name.to_ascii_uppercase();
     SECRET_MARKERS.iter().any(|m| up.contains(m))
 }
 
+/// Lowercase hex sha256 of `bytes`.
 pub fn sha256_hex(bytes: &[u8]) -> String {
     let d = Sha256::digest(bytes);
     let mut s = String::with_capacity(64);

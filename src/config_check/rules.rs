@@ -11,9 +11,13 @@ use std::path::Path;
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize)]
 #[serde(rename_all = "lowercase")]
 pub enum Level {
+    /// Fails the check by default.
     Error,
+    /// Reported; fails only with `--fail-on warning`.
     Warning,
+    /// A normal difference between the two platforms; counts as pass.
     Expected,
+    /// Ignored; counts as pass.
     Ignore,
 }
 
@@ -30,15 +34,19 @@ pub struct ConfigFile {
     /// Category name → glob patterns of items whose differences are ignored.
     #[serde(default)]
     pub ignore: BTreeMap<String, Vec<String>>,
+    /// `[[equivalence]]` tables: names that mean the same thing on the two sides.
     #[serde(default)]
     pub equivalence: Vec<EquivalenceDoc>,
+    /// `[[severity]]` tables: levels for matching items; the last match wins.
     #[serde(default)]
     pub severity: Vec<SeverityDoc>,
 }
 
+/// One `[[equivalence]]` table of the rules file.
 #[derive(Debug, Clone, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct EquivalenceDoc {
+    /// Category name (`env`, `packages`, ...).
     pub category: String,
     /// Item name (a trailing `*` captures a suffix) on one side ...
     pub bench: String,
@@ -46,20 +54,27 @@ pub struct EquivalenceDoc {
     pub cmp: String,
 }
 
+/// One `[[severity]]` table of the rules file.
 #[derive(Debug, Clone, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct SeverityDoc {
+    /// Category name (`env`, `packages`, ...).
     pub category: String,
     /// Glob over item names; default `*`.
     #[serde(default)]
     pub item: Option<String>,
+    /// The level a difference in a matching item gets.
     pub level: Level,
 }
 
+/// Two item names that mean the same thing on the two sides, either way round.
 #[derive(Debug, Clone)]
 pub struct Equivalence {
+    /// The category the names belong to.
     pub category: Category,
+    /// One name (a trailing `*` captures a suffix).
     pub a: String,
+    /// Its counterpart (a trailing `*` receives the captured suffix).
     pub b: String,
 }
 
@@ -73,8 +88,10 @@ struct SeverityRule {
 /// The rules a check runs with.
 #[derive(Debug, Clone)]
 pub struct Rules {
+    /// Relative tolerance for statistics when a side has no hash.
     pub stats_rtol: f64,
     ignore: Vec<(Category, glob::Pattern)>,
+    /// Built-in equivalences (unless disabled), then the user's.
     pub equivalences: Vec<Equivalence>,
     severity: Vec<SeverityRule>,
 }
@@ -251,6 +268,7 @@ pub fn matches(pat: &str, name: &str) -> bool {
     glob::Pattern::new(pat).is_ok_and(|p| p.matches(name))
 }
 
+/// Does `name` match any of the `*`-globs `pats`?
 pub fn matches_any(pats: &[&str], name: &str) -> bool {
     pats.iter().any(|p| matches(p, name))
 }
@@ -268,6 +286,7 @@ impl Default for Rules {
 }
 
 impl Rules {
+    /// Reads a rules TOML file (`--config`) and builds the rules from it.
     pub fn from_file(path: &Path) -> Result<Rules> {
         let text = std::fs::read_to_string(path).map_err(|e| ProbeError::io(path, e))?;
         let cfg: ConfigFile = toml::from_str(&text).map_err(|e| ProbeError::BadConfig {
@@ -277,6 +296,8 @@ impl Rules {
         Rules::build(&cfg, Some(path))
     }
 
+    /// Builds the rules from a parsed rules file (`path` names it in errors), adding the
+    /// built-in defaults unless `use_defaults = false`.
     pub fn build(cfg: &ConfigFile, path: Option<&Path>) -> Result<Rules> {
         let bad = |msg: String| ProbeError::BadConfig {
             path: path.map(Path::to_path_buf).unwrap_or_default(),
@@ -341,6 +362,7 @@ impl Rules {
         Ok(r)
     }
 
+    /// Whether an ignore pattern of category `c` matches `item`.
     pub fn ignored(&self, c: Category, item: &str) -> bool {
         self.ignore.iter().any(|(k, p)| *k == c && p.matches(item))
     }

@@ -5,68 +5,31 @@
 //! memory, tensor data never is (see [`crate::tensor`]).
 
 pub mod msprobe;
-pub mod npy;
 mod probe_format;
-pub mod pt;
 
-use crate::dtype::DType;
+use crate::dtype::AnyDType;
 use crate::error::{ProbeError, Result};
+pub use crate::op_key::{Direction, OpKey, OpKind, Role};
+use crate::tensor::Data;
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
 
 pub use probe_format::read_manifest;
 
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord, serde::Serialize)]
-#[serde(rename_all = "lowercase")]
-pub enum Direction {
-    Forward,
-    Backward,
-}
-
-impl Direction {
-    pub fn name(self) -> &'static str {
-        match self {
-            Direction::Forward => "forward",
-            Direction::Backward => "backward",
-        }
-    }
-}
-
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, serde::Serialize)]
-#[serde(rename_all = "lowercase")]
-pub enum Role {
-    Input,
-    Output,
-    Parameter,
-}
-
-impl Role {
-    pub fn name(self) -> &'static str {
-        match self {
-            Role::Input => "input",
-            Role::Output => "output",
-            Role::Parameter => "parameter",
-        }
-    }
-}
-
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum OpKind {
-    Api,
-    Module,
-    ParametersGrad,
-}
-
 /// What a dump holds per tensor.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, serde::Serialize)]
 #[serde(rename_all = "lowercase")]
 pub enum Mode {
+    /// Statistics per tensor.
     Statistics,
+    /// Full tensors.
     Tensor,
+    /// Checksums (with statistics where present).
     Checksum,
 }
 
 impl Mode {
+    /// Parses a manifest's `mode` (msprobe's `md5` counts as checksum).
     pub fn parse(s: &str) -> Option<Mode> {
         match s {
             "statistics" => Some(Mode::Statistics),
@@ -78,13 +41,19 @@ impl Mode {
 }
 
 /// Summary statistics recorded at capture time. Non-finite values are kept as numbers.
-#[derive(Debug, Clone, Copy, Default, PartialEq)]
+#[derive(Debug, Clone, Copy, Default, PartialEq, serde::Serialize, serde::Deserialize)]
 pub struct Stats {
+    /// Largest element (bool: any).
     pub max: Option<f64>,
+    /// Smallest element (bool: all).
     pub min: Option<f64>,
+    /// Mean.
     pub mean: Option<f64>,
+    /// L2 norm.
     pub norm: Option<f64>,
+    /// NaN count, when recorded.
     pub nan: Option<u64>,
+    /// Infinity count, when recorded.
     pub inf: Option<u64>,
 }
 
@@ -104,59 +73,65 @@ impl Stats {
     }
 }
 
-/// Where a tensor's values can be read.
-#[derive(Debug, Clone, PartialEq)]
-pub enum Data {
-    None,
-    /// A key in a safetensors shard.
-    Safetensors {
-        shard: PathBuf,
-        key: String,
-    },
-    /// A `torch.save` file holding one tensor (msprobe, PyTorch).
-    Pt(PathBuf),
-    /// A `.npy` file (msprobe, MindSpore).
-    Npy(PathBuf),
-}
-
+/// One tensor of an op record, as either format describes it.
 #[derive(Debug, Clone)]
 pub struct TensorRec {
+    /// Flattened name: op key + slot.
     pub name: String,
+    /// Input, output or parameter.
     pub role: Role,
-    /// The dtype as written in the dump (kept for reports when it is not one we decode).
-    pub dtype_name: String,
-    pub dtype: Option<DType>,
+    /// The element type, parsed once.
+    pub dtype: AnyDType,
+    /// Dimensions.
     pub shape: Vec<usize>,
+    /// Statistics recorded at capture time.
     pub stats: Option<Stats>,
+    /// A checksum of the raw bytes (`crc32:<hex>`, `md5:<hex>`).
     pub checksum: Option<String>,
+    /// Dataflow id of an output.
     pub id: Option<u64>,
+    /// Dataflow id of the captured output an input came from.
     pub src: Option<u64>,
+    /// Where the values are, if dumped.
     pub data: Data,
 }
 
 impl TensorRec {
+    /// Number of elements.
     pub fn numel(&self) -> usize {
         self.shape.iter().product()
     }
 }
 
+/// One op call of a rank's op log.
 #[derive(Debug, Clone)]
 pub struct OpRec {
+    /// Execution order within the rank.
     pub seq: u64,
-    pub key: String,
+    /// The op key, parsed once.
+    pub key: OpKey,
+    /// API, module or parameter-gradient record.
     pub kind: OpKind,
+    /// Forward or backward.
     pub direction: Direction,
+    /// The module path the call happened in, when known.
     pub module: Option<String>,
+    /// Id of the call stack.
     pub stack: Option<u64>,
+    /// A recomputation (activation checkpointing).
     pub recompute: bool,
+    /// The op's tensors, in slot order.
     pub tensors: Vec<TensorRec>,
 }
 
 /// One `step<S>/rank<R>` of one side, fully read except tensor data.
 #[derive(Debug, Clone)]
 pub struct RankDump {
+    /// Where it was read from.
     pub loc: RankLoc,
+    /// Op records in execution order.
     pub ops: Vec<OpRec>,
+    /// Call stacks by id (outermost frame first).
     pub stacks: BTreeMap<u64, Vec<String>>,
     /// True when producers recorded dataflow ids, so a missing `src` means "not produced
     /// by a captured op" for sure rather than "unknown".
@@ -165,26 +140,36 @@ pub struct RankDump {
     pub warnings: Vec<String>,
 }
 
+/// The dump format of a rank folder.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Format {
+    /// probe's own (`ops.jsonl`, safetensors shards).
     Probe,
+    /// msprobe's (`dump.json`, `.pt`/`.npy` files).
     Msprobe,
 }
 
 /// Where one rank of one step lives.
 #[derive(Debug, Clone)]
 pub struct RankLoc {
+    /// Step label (`step0`).
     pub step: String,
+    /// Rank label (`rank0`, `proc123`).
     pub rank: String,
+    /// The folder.
     pub dir: PathBuf,
+    /// Its format.
     pub format: Format,
 }
 
 /// A side of the compare as found on disk.
 #[derive(Debug, Clone)]
 pub struct DumpSet {
+    /// The path the user gave.
     pub path: PathBuf,
+    /// The mode its manifest declares (probe dumps).
     pub mode: Option<Mode>,
+    /// Every rank folder found, in step/rank order.
     pub ranks: Vec<RankLoc>,
 }
 
@@ -318,94 +303,5 @@ pub fn load_rank(loc: &RankLoc) -> Result<RankDump> {
     match loc.format {
         Format::Probe => probe_format::load(loc),
         Format::Msprobe => msprobe::load(loc),
-    }
-}
-
-/// Match keys: backward calls renumbered by occurrence per op, so that recomputation
-/// (activation checkpointing) or a different number of forward calls does not shift them.
-///
-/// Returns, per op, the key used for matching (forward keys are unchanged).
-pub fn match_keys(ops: &[OpRec]) -> Vec<String> {
-    let mut seen: std::collections::HashMap<String, usize> = std::collections::HashMap::new();
-    ops.iter()
-        .map(|op| {
-            if op.direction != Direction::Backward || op.kind == OpKind::ParametersGrad {
-                return op.key.clone();
-            }
-            let parts: Vec<&str> = op.key.split('.').collect();
-            let n = parts.len();
-            // API: Type.api.CALL.backward; module: Module.path.Class.backward.CALL
-            let (base, module_style) = if n >= 3
-                && parts[n - 2] == "backward"
-                && parts[n - 1].chars().all(|c| c.is_ascii_digit())
-            {
-                (parts[..n - 2].join("."), true)
-            } else if n >= 3
-                && parts[n - 1] == "backward"
-                && parts[n - 2].chars().all(|c| c.is_ascii_digit())
-            {
-                (parts[..n - 2].join("."), false)
-            } else {
-                return op.key.clone();
-            };
-            let k = seen.entry(base.clone()).or_insert(0);
-            let key = if module_style {
-                format!("{base}.backward.{k}")
-            } else {
-                format!("{base}.{k}.backward")
-            };
-            *k += 1;
-            key
-        })
-        .collect()
-}
-
-/// A tensor's name under its op's match key.
-pub fn match_name(op: &OpRec, match_key: &str, t: &TensorRec) -> String {
-    if match_key == op.key {
-        return t.name.clone();
-    }
-    match t.name.strip_prefix(op.key.as_str()) {
-        Some(rest) => format!("{match_key}{rest}"),
-        None => t.name.clone(),
-    }
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    fn op(key: &str, dir: Direction) -> OpRec {
-        OpRec {
-            seq: 0,
-            key: key.into(),
-            kind: OpKind::Api,
-            direction: dir,
-            module: None,
-            stack: None,
-            recompute: false,
-            tensors: vec![],
-        }
-    }
-
-    #[test]
-    fn backward_keys_renumbered_by_occurrence() {
-        let ops = vec![
-            op("Functional.gelu.3.forward", Direction::Forward),
-            op("Functional.gelu.3.backward", Direction::Backward),
-            op("Functional.gelu.1.backward", Direction::Backward),
-            op("Module.fc.Linear.backward.4", Direction::Backward),
-            op("Module.fc.Linear.backward.7", Direction::Backward),
-        ];
-        assert_eq!(
-            match_keys(&ops),
-            vec![
-                "Functional.gelu.3.forward",
-                "Functional.gelu.0.backward",
-                "Functional.gelu.1.backward",
-                "Module.fc.Linear.backward.0",
-                "Module.fc.Linear.backward.1"
-            ]
-        );
     }
 }

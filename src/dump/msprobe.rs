@@ -7,9 +7,11 @@
 //! `<op>.parameters.weight`). Non-tensor leaves (ints, floats, `None`, ...) are skipped.
 //! msprobe records no dataflow, so `has_dataflow` is false.
 
-use super::{Data, Direction, OpKind, OpRec, RankDump, RankLoc, Role, Stats, TensorRec};
-use crate::dtype::DType;
+use super::{OpKey, OpKind, OpRec, RankDump, RankLoc, Role, Stats, TensorRec};
+use crate::dtype::AnyDType;
 use crate::error::{ProbeError, Result};
+use crate::schema::dump::parse_stat;
+use crate::tensor::Data;
 use serde::de::{Deserialize, Deserializer, MapAccess, SeqAccess, Visitor};
 use std::collections::{BTreeMap, HashMap};
 use std::fmt;
@@ -18,11 +20,17 @@ use std::path::Path;
 /// A JSON value whose objects keep their order (dump.json's op order is execution order).
 #[derive(Debug, Clone, PartialEq)]
 pub enum J {
+    /// `null`.
     Null,
+    /// `true` / `false`.
     Bool(bool),
+    /// A number (bare `NaN`/`Infinity` tokens are not JSON: see docs/msprobe.md).
     Num(f64),
+    /// A string.
     Str(String),
+    /// An array.
     Arr(Vec<J>),
+    /// An object, keys in file order.
     Obj(Vec<(String, J)>),
 }
 
@@ -124,13 +132,8 @@ fn stat(v: Option<&J>) -> std::result::Result<Option<f64>, String> {
         None | Some(J::Null) => Ok(None),
         Some(J::Num(n)) => Ok(Some(*n)),
         Some(J::Bool(b)) => Ok(Some(if *b { 1.0 } else { 0.0 })),
-        Some(J::Str(s)) => match s.trim().to_ascii_lowercase().as_str() {
-            "nan" | "-nan" => Ok(Some(f64::NAN)),
-            "inf" | "+inf" | "infinity" => Ok(Some(f64::INFINITY)),
-            "-inf" | "-infinity" => Ok(Some(f64::NEG_INFINITY)),
-            // Statistics msprobe could not compute (FP8, fake tensors) are strings too.
-            other => Ok(other.parse::<f64>().ok()),
-        },
+        // Statistics msprobe could not compute (FP8, fake tensors) are strings too.
+        Some(J::Str(s)) => Ok(parse_stat(s).ok()),
         Some(o) => Err(format!("statistic is {}, not a number", o.kind())),
     }
 }
@@ -166,10 +169,10 @@ fn tensor_rec(
     name: &str,
     role: Role,
 ) -> std::result::Result<TensorRec, String> {
-    let dtype_name = match v.get("dtype") {
-        Some(J::Str(s)) => s.clone(),
+    let dtype = match v.get("dtype") {
+        Some(J::Str(s)) => AnyDType::parse(s),
         Some(o) => return Err(format!("tensor {name}: dtype is {}", o.kind())),
-        None => String::new(),
+        None => AnyDType::Other(String::new()),
     };
     let shape = match v.get("shape") {
         Some(J::Arr(a)) => a
@@ -204,9 +207,8 @@ fn tensor_rec(
         _ => None,
     };
     let mut data = Data::None;
-    let dtype = DType::parse(&dtype_name);
     // A tensor of a dtype probe cannot decode (FP8, complex, ...) is compared by statistics.
-    if let (Some(J::Str(f)), Some(_)) = (v.get("data_name"), dtype) {
+    if let (Some(J::Str(f)), Some(_)) = (v.get("data_name"), dtype.known()) {
         if let Some(d) = tensor_file(ctx.dir, f) {
             let exists = match &d {
                 Data::Pt(p) | Data::Npy(p) => p.is_file(),
@@ -224,7 +226,6 @@ fn tensor_rec(
         name: name.to_string(),
         role,
         dtype,
-        dtype_name,
         shape,
         stats: any_stat.then_some(stats),
         checksum,
@@ -271,30 +272,9 @@ fn walk(
     Ok(())
 }
 
-/// Direction and kind of an op from its key.
-fn classify(key: &str) -> (Direction, OpKind) {
-    let parts: Vec<&str> = key.split('.').collect();
-    if parts.contains(&"parameters_grad") {
-        return (Direction::Backward, OpKind::ParametersGrad);
-    }
-    let kind = if parts[0] == "Module" || parts[0] == "Cell" {
-        OpKind::Module
-    } else {
-        OpKind::Api
-    };
-    let dir = match parts
-        .iter()
-        .rev()
-        .find(|p| **p == "forward" || **p == "backward")
-    {
-        Some(&"backward") => Direction::Backward,
-        _ => Direction::Forward,
-    };
-    (dir, kind)
-}
-
 fn convert_op(ctx: &mut Ctx, key: &str, entry: &J) -> std::result::Result<OpRec, String> {
-    let (direction, kind) = classify(key);
+    let key = OpKey::parse(key);
+    let (direction, kind) = (key.direction(), key.kind());
     let J::Obj(slots) = entry else {
         return Err(format!(
             "op {key}: entry is {}, expected an object",
@@ -303,7 +283,7 @@ fn convert_op(ctx: &mut Ctx, key: &str, entry: &J) -> std::result::Result<OpRec,
     };
     let mut tensors = Vec::new();
     let mut recompute = false;
-    let mut name = String::with_capacity(key.len() + 32);
+    let mut name = String::with_capacity(key.as_str().len() + 32);
     for (slot, v) in slots {
         let (suffix, role) = match slot.as_str() {
             "is_recompute" => {
@@ -317,14 +297,14 @@ fn convert_op(ctx: &mut Ctx, key: &str, entry: &J) -> std::result::Result<OpRec,
             other => (other, Role::Input),
         };
         name.clear();
-        name.push_str(key);
+        name.push_str(key.as_str());
         name.push('.');
         name.push_str(suffix);
         walk(ctx, v, &mut name, role, &mut tensors)?;
     }
     Ok(OpRec {
         seq: 0,
-        key: key.to_string(),
+        key,
         kind,
         direction,
         module: None,
@@ -468,22 +448,6 @@ pub fn load(loc: &RankLoc) -> Result<RankDump> {
 #[cfg(test)]
 mod tests {
     use super::*;
-
-    #[test]
-    fn keys_classify() {
-        assert_eq!(
-            classify("Functional.conv2d.0.forward"),
-            (Direction::Forward, OpKind::Api)
-        );
-        assert_eq!(
-            classify("Module.fc.Linear.backward.3"),
-            (Direction::Backward, OpKind::Module)
-        );
-        assert_eq!(
-            classify("Module.fc.Linear.parameters_grad"),
-            (Direction::Backward, OpKind::ParametersGrad)
-        );
-    }
 
     #[test]
     fn names_follow_msprobe() {

@@ -4,34 +4,30 @@
 //! that may be cut short: that one line is skipped with a warning, any other bad line is
 //! an error naming the file and line.
 
-use super::{Data, Direction, Mode, OpKind, OpRec, RankDump, RankLoc, Role, Stats, TensorRec};
-use crate::dtype::DType;
+use super::{Direction, Mode, OpKey, OpKind, OpRec, RankDump, RankLoc, Role, Stats, TensorRec};
+use crate::dtype::AnyDType;
 use crate::error::{ProbeError, Result};
-use serde::Deserialize;
+use crate::schema::dump::{ManifestRecord, OpRecord, StackRecord, TensorRecord};
+use crate::tensor::Data;
 use std::collections::{BTreeMap, HashSet};
 use std::io::{BufRead, BufReader};
 use std::path::Path;
 
-#[derive(Deserialize)]
-struct RawManifest {
-    format: String,
-    version: u64,
-    mode: String,
-}
-
 /// What compare needs from `manifest.json`.
 #[derive(Debug, Clone)]
 pub struct Manifest {
+    /// What the dump holds per tensor.
     pub mode: Mode,
 }
 
+/// Reads and checks `manifest.json`.
 pub fn read_manifest(path: &Path) -> Result<Manifest> {
     let bad = |msg: String| ProbeError::BadManifest {
         path: path.to_path_buf(),
         msg,
     };
     let text = std::fs::read_to_string(path).map_err(|e| ProbeError::io(path, e))?;
-    let raw: RawManifest = serde_json::from_str(&text).map_err(|e| bad(e.to_string()))?;
+    let raw: ManifestRecord = serde_json::from_str(&text).map_err(|e| bad(e.to_string()))?;
     if raw.format != "probe-dump" {
         return Err(bad(format!(
             "format is {:?}, expected \"probe-dump\"",
@@ -48,129 +44,17 @@ pub fn read_manifest(path: &Path) -> Result<Manifest> {
     Ok(Manifest { mode })
 }
 
-#[derive(Deserialize)]
-struct RawOp {
-    seq: u64,
-    op: String,
-    kind: String,
-    direction: String,
-    #[serde(default)]
-    module: Option<String>,
-    #[serde(default)]
-    stack: Option<u64>,
-    #[serde(default)]
-    recompute: bool,
-    tensors: Vec<RawTensor>,
-}
-
-#[derive(Deserialize)]
-struct RawTensor {
-    name: String,
-    role: String,
-    dtype: String,
-    shape: Vec<usize>,
-    stats: Option<RawStats>,
-    #[serde(default)]
-    id: Option<u64>,
-    #[serde(default)]
-    src: Option<u64>,
-    #[serde(default)]
-    file: Option<String>,
-    #[serde(default)]
-    checksum: Option<String>,
-}
-
-#[derive(Deserialize)]
-struct RawStats {
-    #[serde(default)]
-    max: Stat,
-    #[serde(default)]
-    min: Stat,
-    #[serde(default)]
-    mean: Stat,
-    #[serde(default)]
-    norm: Stat,
-    #[serde(default)]
-    nan: Option<u64>,
-    #[serde(default)]
-    inf: Option<u64>,
-}
-
-#[derive(Deserialize)]
-struct RawStack {
-    id: u64,
-    frames: Vec<String>,
-}
-
-/// A statistic as written: a number, null, or a string standing for a non-finite value.
-/// Deserialised without building a `serde_json::Value` (100,000s of them per dump).
-#[derive(Default)]
-struct Stat(Option<f64>);
-
-impl<'de> Deserialize<'de> for Stat {
-    fn deserialize<D: serde::Deserializer<'de>>(d: D) -> std::result::Result<Stat, D::Error> {
-        struct V;
-        impl serde::de::Visitor<'_> for V {
-            type Value = Stat;
-            fn expecting(&self, f: &mut std::fmt::Formatter) -> std::fmt::Result {
-                f.write_str("a number, null, \"nan\", \"inf\" or \"-inf\"")
-            }
-            fn visit_f64<E>(self, v: f64) -> std::result::Result<Stat, E> {
-                Ok(Stat(Some(v)))
-            }
-            fn visit_i64<E>(self, v: i64) -> std::result::Result<Stat, E> {
-                Ok(Stat(Some(v as f64)))
-            }
-            fn visit_u64<E>(self, v: u64) -> std::result::Result<Stat, E> {
-                Ok(Stat(Some(v as f64)))
-            }
-            fn visit_bool<E>(self, v: bool) -> std::result::Result<Stat, E> {
-                Ok(Stat(Some(if v { 1.0 } else { 0.0 })))
-            }
-            fn visit_unit<E>(self) -> std::result::Result<Stat, E> {
-                Ok(Stat(None))
-            }
-            fn visit_none<E>(self) -> std::result::Result<Stat, E> {
-                Ok(Stat(None))
-            }
-            fn visit_str<E: serde::de::Error>(self, s: &str) -> std::result::Result<Stat, E> {
-                stat_from_str(s).map(|v| Stat(Some(v))).map_err(E::custom)
-            }
-        }
-        d.deserialize_any(V)
-    }
-}
-
-/// A statistic written as a string: the non-finite values JSON cannot hold, or a number.
-fn stat_from_str(s: &str) -> std::result::Result<f64, String> {
-    match s.to_ascii_lowercase().as_str() {
-        "nan" | "-nan" => Ok(f64::NAN),
-        "inf" | "+inf" | "infinity" => Ok(f64::INFINITY),
-        "-inf" | "-infinity" => Ok(f64::NEG_INFINITY),
-        other => other
-            .parse::<f64>()
-            .map_err(|_| format!("statistic {s:?} is not a number")),
-    }
-}
-
-fn convert_tensor(raw: RawTensor, dir: &Path) -> std::result::Result<TensorRec, String> {
-    let role = match raw.role.as_str() {
-        "input" => Role::Input,
-        "output" => Role::Output,
-        "parameter" => Role::Parameter,
-        r => return Err(format!("tensor {}: unknown role {r:?}", raw.name)),
-    };
-    let stats = match raw.stats {
-        None => None,
-        Some(s) => Some(Stats {
-            max: s.max.0,
-            min: s.min.0,
-            mean: s.mean.0,
-            norm: s.norm.0,
-            nan: s.nan,
-            inf: s.inf,
-        }),
-    };
+fn convert_tensor(raw: TensorRecord, dir: &Path) -> std::result::Result<TensorRec, String> {
+    let role = Role::parse(&raw.role)
+        .ok_or_else(|| format!("tensor {}: unknown role {:?}", raw.name, raw.role))?;
+    let stats = raw.stats.map(|s| Stats {
+        max: s.max.0,
+        min: s.min.0,
+        mean: s.mean.0,
+        norm: s.norm.0,
+        nan: s.nan,
+        inf: s.inf,
+    });
     let data = match raw.file {
         None => Data::None,
         Some(f) => {
@@ -185,8 +69,7 @@ fn convert_tensor(raw: RawTensor, dir: &Path) -> std::result::Result<TensorRec, 
         }
     };
     Ok(TensorRec {
-        dtype: DType::parse(&raw.dtype),
-        dtype_name: raw.dtype,
+        dtype: AnyDType::parse(&raw.dtype),
         name: raw.name,
         role,
         shape: raw.shape,
@@ -198,18 +81,11 @@ fn convert_tensor(raw: RawTensor, dir: &Path) -> std::result::Result<TensorRec, 
     })
 }
 
-fn convert_op(raw: RawOp, dir: &Path) -> std::result::Result<OpRec, String> {
-    let kind = match raw.kind.as_str() {
-        "api" => OpKind::Api,
-        "module" => OpKind::Module,
-        "parameters_grad" => OpKind::ParametersGrad,
-        k => return Err(format!("op {}: unknown kind {k:?}", raw.op)),
-    };
-    let direction = match raw.direction.as_str() {
-        "forward" => Direction::Forward,
-        "backward" => Direction::Backward,
-        d => return Err(format!("op {}: unknown direction {d:?}", raw.op)),
-    };
+fn convert_op(raw: OpRecord, dir: &Path) -> std::result::Result<OpRec, String> {
+    let kind = OpKind::parse(&raw.kind)
+        .ok_or_else(|| format!("op {}: unknown kind {:?}", raw.op, raw.kind))?;
+    let direction = Direction::parse(&raw.direction)
+        .ok_or_else(|| format!("op {}: unknown direction {:?}", raw.op, raw.direction))?;
     let tensors = raw
         .tensors
         .into_iter()
@@ -217,7 +93,7 @@ fn convert_op(raw: RawOp, dir: &Path) -> std::result::Result<OpRec, String> {
         .collect::<std::result::Result<Vec<_>, _>>()?;
     Ok(OpRec {
         seq: raw.seq,
-        key: raw.op,
+        key: OpKey::parse(&raw.op),
         kind,
         direction,
         module: raw.module,
@@ -274,7 +150,7 @@ pub fn load(loc: &RankLoc) -> Result<RankDump> {
     let mut warnings = Vec::new();
     let mut has_dataflow = false;
     let warn = read_jsonl(&ops_path, |_, text| {
-        let raw: RawOp = serde_json::from_str(text).map_err(|e| e.to_string())?;
+        let raw: OpRecord = serde_json::from_str(text).map_err(|e| e.to_string())?;
         let op = convert_op(raw, &loc.dir)?;
         if let Some(prev) = ops.last() {
             if op.seq <= prev.seq {
@@ -298,7 +174,7 @@ pub fn load(loc: &RankLoc) -> Result<RankDump> {
     let stacks_path = loc.dir.join("stacks.jsonl");
     if stacks_path.is_file() {
         let warn = read_jsonl(&stacks_path, |_, text| {
-            let s: RawStack = serde_json::from_str(text).map_err(|e| e.to_string())?;
+            let s: StackRecord = serde_json::from_str(text).map_err(|e| e.to_string())?;
             stacks.insert(s.id, s.frames);
             Ok(())
         })?;

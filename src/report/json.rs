@@ -2,10 +2,11 @@
 
 use super::{ReportWriter, Summary};
 use crate::atomic;
-use crate::compare::CompareResult;
+use crate::compare::CompareRun;
 use crate::error::Result;
 use std::path::Path;
 
+/// `summary.json`.
 pub struct JsonSummary;
 
 impl ReportWriter for JsonSummary {
@@ -15,7 +16,7 @@ impl ReportWriter for JsonSummary {
     fn file_name(&self) -> &'static str {
         "summary.json"
     }
-    fn write(&self, _result: &CompareResult, summary: &Summary, path: &Path) -> Result<()> {
+    fn write(&self, _run: &CompareRun, summary: &Summary, path: &Path) -> Result<()> {
         let mut text =
             serde_json::to_string_pretty(summary).map_err(|e| crate::ProbeError::Output {
                 path: path.to_path_buf(),

@@ -5,39 +5,24 @@
 //! reason and tolerance (errors red, warnings yellow, frozen header, autofilter), then
 //! `unmatched`. Sheets are split past Excel's row limit. Written in constant-memory mode.
 
-use super::{number_values, ReportWriter, Summary, NUMBER_COLUMNS};
+use super::columns::{
+    column, tensor_lines, unmatched_lines, Cell, Column, Line, COLUMNS, UNMATCHED,
+};
+use super::{ReportWriter, Summary};
 use crate::atomic;
-use crate::compare::{CompareResult, Row, Side};
+use crate::compare::{CompareRun, Verdict};
 use crate::error::{ProbeError, Result};
-use crate::localize::Finding;
-use crate::tolerance::Verdict;
+use crate::schema::summary::Finding;
 use rust_xlsxwriter::{
     Color, ConditionalFormatFormula, Format, FormatBorder, Workbook, Worksheet, XlsxError,
 };
 use std::path::Path;
 
+/// `compare.xlsx`.
 pub struct XlsxWorkbook;
 
 /// Data rows per sheet: Excel's 1,048,576 rows less the header.
 pub const MAX_ROWS: usize = 1_048_575;
-
-/// The text columns of the tensors sheet; the numeric ones follow ([`NUMBER_COLUMNS`]).
-const TEXT_COLS: &[(&str, f64)] = &[
-    ("Step", 8.0),
-    ("Rank", 8.0),
-    ("Seq", 7.0),
-    ("Op", 36.0),
-    ("Direction", 10.0),
-    ("Role", 9.0),
-    ("Tensor", 48.0),
-    ("Bench Dtype", 12.0),
-    ("Cmp Dtype", 12.0),
-    ("Bench Shape", 16.0),
-    ("Cmp Shape", 16.0),
-    ("Compared By", 11.0),
-    ("Verdict", 9.0),
-    ("Reason", 44.0),
-];
 
 struct Formats {
     header: Format,
@@ -111,35 +96,52 @@ fn num(ws: &mut Worksheet, r: u32, c: u16, v: Option<f64>) -> X<()> {
     Ok(())
 }
 
-/// One row of the tensors sheet. Cells carry no format of their own (per-cell formats
-/// cost a hash lookup each); rows are coloured by conditional formats on the Verdict column.
-fn tensor_row(ws: &mut Worksheet, i: u32, step: &str, rank: &str, r: &Row) -> X<()> {
-    ws.write_string(i, 0, step)?;
-    ws.write_string(i, 1, rank)?;
-    ws.write_number(i, 2, r.seq as f64)?;
-    let strs = [
-        r.op.as_str(),
-        r.direction.name(),
-        r.role.name(),
-        r.name.as_str(),
-        r.dtype_b.as_str(),
-        r.dtype_c.as_str(),
-    ];
-    for (k, s) in strs.iter().enumerate() {
-        ws.write_string(i, 3 + k as u16, *s)?;
-    }
-    ws.write_string(i, 9, format!("{:?}", r.shape_b))?;
-    ws.write_string(i, 10, format!("{:?}", r.shape_c))?;
-    ws.write_string(i, 11, r.kind.name())?;
-    ws.write_string(i, 12, r.verdict.name())?;
-    if !r.reason.is_empty() {
-        ws.write_string(i, 13, &r.reason)?;
-    }
-    let nums = number_values(r);
-    for (k, v) in nums.into_iter().enumerate() {
-        num(ws, i, 14 + k as u16, v)?;
+/// Writes one cell.
+fn cell(ws: &mut Worksheet, r: u32, c: u16, v: Cell) -> X<()> {
+    match v {
+        Cell::Text(s) => {
+            if !s.is_empty() {
+                ws.write_string(r, c, s.as_ref())?;
+            }
+        }
+        Cell::OptText(s) => {
+            if let Some(s) = s {
+                ws.write_string(r, c, s.as_ref())?;
+            }
+        }
+        Cell::Count(v) => {
+            ws.write_number(r, c, v as f64)?;
+        }
+        Cell::Number(v) => num(ws, r, c, v)?,
+        Cell::Flag(v) => {
+            if let Some(b) = v {
+                ws.write_boolean(r, c, b)?;
+            }
+        }
     }
     Ok(())
+}
+
+/// One row of a sheet. Cells carry no format of their own (per-cell formats cost a hash
+/// lookup each); rows are coloured by conditional formats on the Verdict column.
+fn table_row(ws: &mut Worksheet, i: u32, cols: &[Column], line: &Line) -> X<()> {
+    for (k, c) in cols.iter().enumerate() {
+        cell(ws, i, k as u16, (c.value)(line))?;
+    }
+    Ok(())
+}
+
+/// The spreadsheet letter of column `k` (0-based).
+fn letter(k: usize) -> String {
+    let mut k = k + 1;
+    let mut s = Vec::new();
+    while k > 0 {
+        let r = (k - 1) % 26;
+        s.push(b'A' + r as u8);
+        k = (k - 1) / 26;
+    }
+    s.reverse();
+    String::from_utf8(s).unwrap_or_default()
 }
 
 fn finding_rows(
@@ -293,16 +295,6 @@ fn verdict_colours(ws: &mut Worksheet, rows: usize, cols: u16, col: &str, fs: &F
     Ok(())
 }
 
-/// Rows split into sheets of at most `limit` data rows; always at least one (maybe empty)
-/// sheet, so the workbook's sheet list is the same for every compare.
-fn sheet_parts<T>(items: &[T], limit: usize) -> Vec<&[T]> {
-    if items.is_empty() {
-        vec![items]
-    } else {
-        items.chunks(limit).collect()
-    }
-}
-
 /// The sheet name of part `k` (0-based): `base`, then `base_2`, `base_3`, ...
 fn part_name(base: &str, k: usize) -> String {
     if k == 0 {
@@ -312,66 +304,62 @@ fn part_name(base: &str, k: usize) -> String {
     }
 }
 
-fn build(res: &CompareResult, s: &Summary) -> X<Workbook> {
+/// Writes `lines` into sheets named `base`, `base_2`, ... of at most [`MAX_ROWS`] rows;
+/// always at least one (maybe empty) sheet, so the workbook's sheet list is the same for
+/// every compare.
+fn sheets<'a>(
+    wb: &mut Workbook,
+    base: &str,
+    cols: &[Column],
+    verdict_col: &str,
+    mut lines: impl Iterator<Item = Line<'a>>,
+    fs: &Formats,
+) -> X<()> {
+    let widths: Vec<(&str, f64)> = cols.iter().map(|c| (c.header, c.width)).collect();
+    let mut k = 0;
+    let mut next = lines.next();
+    loop {
+        let ws = wb.add_worksheet_with_constant_memory()?;
+        ws.set_name(part_name(base, k))?;
+        write_header(ws, &widths, &fs.header)?;
+        let mut n = 0usize;
+        while n < MAX_ROWS {
+            let Some(line) = next.take() else { break };
+            n += 1;
+            table_row(ws, n as u32, cols, &line)?;
+            next = lines.next();
+        }
+        verdict_colours(ws, n, cols.len() as u16, verdict_col, fs)?;
+        ws.autofilter(0, 0, n.max(1) as u32, cols.len() as u16 - 1)?;
+        k += 1;
+        if next.is_none() {
+            return Ok(());
+        }
+    }
+}
+
+fn build(run: &CompareRun, s: &Summary) -> X<Workbook> {
     let fs = formats();
     let mut wb = Workbook::new();
     // Level 1 deflate: several times faster than the default on large sheets, files ~20 % larger.
     wb.set_zip_compression_level(1);
     summary_sheet(wb.add_worksheet(), s, &fs)?;
-    let tensor_cols: Vec<(&str, f64)> = TEXT_COLS
+    let verdict = column("verdict").map_or(0, |(i, _)| i);
+    let only_in = UNMATCHED
         .iter()
-        .copied()
-        .chain(NUMBER_COLUMNS.iter().map(|(_, h)| (*h, 11.0)))
-        .collect();
-    for (k, rows) in sheet_parts(&res.rows, MAX_ROWS).into_iter().enumerate() {
-        let ws = wb.add_worksheet_with_constant_memory()?;
-        ws.set_name(part_name("tensors", k))?;
-        write_header(ws, &tensor_cols, &fs.header)?;
-        for (i, r) in rows.iter().enumerate() {
-            let p = &res.pairs[r.pair];
-            tensor_row(ws, i as u32 + 1, &p.step, &p.rank, r)?;
-        }
-        verdict_colours(ws, rows.len(), tensor_cols.len() as u16, "M", &fs)?;
-        ws.autofilter(0, 0, rows.len().max(1) as u32, tensor_cols.len() as u16 - 1)?;
-    }
-    let ucols: &[(&str, f64)] = &[
-        ("Step", 8.0),
-        ("Rank", 8.0),
-        ("Only In", 9.0),
-        ("Seq", 7.0),
-        ("Op", 36.0),
-        ("Tensor", 48.0),
-        ("Role", 9.0),
-        ("Dtype", 12.0),
-        ("Shape", 16.0),
-    ];
-    for (k, us) in sheet_parts(&res.unmatched, MAX_ROWS)
-        .into_iter()
-        .enumerate()
-    {
-        let ws = wb.add_worksheet_with_constant_memory()?;
-        ws.set_name(part_name("unmatched", k))?;
-        write_header(ws, ucols, &fs.header)?;
-        for (i, u) in us.iter().enumerate() {
-            let r = i as u32 + 1;
-            let p = &res.pairs[u.pair];
-            let side = match u.side {
-                Side::Bench => "bench",
-                Side::Cmp => "cmp",
-            };
-            ws.write_string(r, 0, &p.step)?;
-            ws.write_string(r, 1, &p.rank)?;
-            ws.write_string(r, 2, side)?;
-            ws.write_number(r, 3, u.seq as f64)?;
-            ws.write_string(r, 4, &u.op)?;
-            ws.write_string(r, 5, &u.name)?;
-            ws.write_string(r, 6, u.role.name())?;
-            ws.write_string(r, 7, &u.dtype)?;
-            ws.write_string(r, 8, format!("{:?}", u.shape))?;
-        }
-        verdict_colours(ws, us.len(), ucols.len() as u16, "C", &fs)?;
-        ws.autofilter(0, 0, us.len().max(1) as u32, ucols.len() as u16 - 1)?;
-    }
+        .position(|c| c.name == "only_in")
+        .unwrap_or(0);
+    let tensors = tensor_lines(&run.units);
+    sheets(&mut wb, "tensors", COLUMNS, &letter(verdict), tensors, &fs)?;
+    let unmatched = unmatched_lines(&run.units);
+    sheets(
+        &mut wb,
+        "unmatched",
+        UNMATCHED,
+        &letter(only_in),
+        unmatched,
+        &fs,
+    )?;
     Ok(wb)
 }
 
@@ -382,12 +370,12 @@ impl ReportWriter for XlsxWorkbook {
     fn file_name(&self) -> &'static str {
         "compare.xlsx"
     }
-    fn write(&self, res: &CompareResult, summary: &Summary, path: &Path) -> Result<()> {
+    fn write(&self, run: &CompareRun, summary: &Summary, path: &Path) -> Result<()> {
         let err = |e: XlsxError| ProbeError::Output {
             path: path.to_path_buf(),
             msg: format!("xlsx: {e}"),
         };
-        let mut wb = build(res, summary).map_err(err)?;
+        let mut wb = build(run, summary).map_err(err)?;
         atomic::write_with(path, |w| wb.save_to_writer(w).map_err(|e| e.to_string()))
     }
 }
@@ -397,18 +385,18 @@ mod tests {
     use super::*;
 
     #[test]
-    fn sheets_split_past_the_row_limit() {
-        let rows: Vec<u32> = (0..7).collect();
-        let parts = sheet_parts(&rows, 3);
-        assert_eq!(parts, vec![&[0, 1, 2][..], &[3, 4, 5][..], &[6][..]]);
-        let names: Vec<String> = (0..parts.len()).map(|k| part_name("tensors", k)).collect();
+    fn sheet_names_and_column_letters() {
+        let names: Vec<String> = (0..3).map(|k| part_name("tensors", k)).collect();
         assert_eq!(names, ["tensors", "tensors_2", "tensors_3"]);
-        let none: Vec<u32> = vec![];
-        assert_eq!(sheet_parts(&none, 3).len(), 1);
         assert_eq!(
             MAX_ROWS + 1,
             1 << 20,
             "Excel's limit includes the header row"
         );
+        let l: Vec<String> = [0, 12, 25, 26, 27, 51, 52]
+            .iter()
+            .map(|&k| letter(k))
+            .collect();
+        assert_eq!(l, ["A", "M", "Z", "AA", "AB", "AZ", "BA"]);
     }
 }

@@ -1,12 +1,16 @@
-//! Access to tensor bytes in safetensors shards (and msprobe's `.pt`/`.npy` files),
-//! without holding dumps in memory.
+//! Tensor bytes: where a dumped tensor's values are ([`Data`]) and windowed access to them
+//! in safetensors shards (probe dumps) and msprobe's `.pt` ([`pt`]) and `.npy` ([`npy`])
+//! files, without holding dumps in memory.
 //!
 //! A shard's header is parsed once (validated by the `safetensors` crate); tensor bytes are
 //! then read window by window: small windows with one `pread`, large ones through a
 //! short-lived, pre-faulted memory map that is dropped as soon as the window is done.
 //! Peak memory is thus a few windows per thread, whatever the dump size.
 
-use crate::dtype::DType;
+pub mod npy;
+pub mod pt;
+
+use crate::dtype::{AnyDType, DType};
 use crate::error::{ProbeError, Result};
 use memmap2::MmapOptions;
 use std::collections::HashMap;
@@ -14,6 +18,24 @@ use std::fs::File;
 use std::os::unix::fs::FileExt;
 use std::path::{Path, PathBuf};
 use std::sync::{Arc, Mutex};
+
+/// Where a tensor's values can be read.
+#[derive(Debug, Clone, PartialEq)]
+pub enum Data {
+    /// Not dumped (statistics or checksum mode).
+    None,
+    /// A key in a safetensors shard.
+    Safetensors {
+        /// The shard file.
+        shard: PathBuf,
+        /// The tensor's key in it.
+        key: String,
+    },
+    /// A `torch.save` file holding one tensor (msprobe, PyTorch).
+    Pt(PathBuf),
+    /// A `.npy` file (msprobe, MindSpore).
+    Npy(PathBuf),
+}
 
 /// One tensor inside a shard.
 #[derive(Debug, Clone)]
@@ -35,6 +57,7 @@ pub struct Shard {
 }
 
 impl Shard {
+    /// Opens a safetensors shard and parses and validates its header.
     pub fn open(path: &Path) -> Result<Shard> {
         let file = File::open(path).map_err(|e| ProbeError::io(path, e))?;
         // SAFETY: the map is read-only and only used for header validation below; a file
@@ -76,6 +99,7 @@ pub struct ShardCache {
 }
 
 impl ShardCache {
+    /// The shard at `path`, opened on first use.
     pub fn get(&self, path: &Path) -> Result<Arc<Shard>> {
         if let Some(s) = self.lock().get(path) {
             return Ok(s.clone());
@@ -95,7 +119,7 @@ impl ShardCache {
         &self,
         shard_path: &Path,
         key: &str,
-        dtype_name: &str,
+        dtype: &AnyDType,
         shape: &[usize],
     ) -> Result<TensorData> {
         let shard = self.get(shard_path)?;
@@ -111,8 +135,9 @@ impl ShardCache {
         let dt = e
             .dtype
             .ok_or_else(|| bad(format!("unsupported dtype {}", e.dtype_name)))?;
-        let d = DType::parse(dtype_name)
-            .ok_or_else(|| bad(format!("unsupported dtype {dtype_name} in the op log")))?;
+        let d = dtype
+            .known()
+            .ok_or_else(|| bad(format!("unsupported dtype {dtype} in the op log")))?;
         if d != dt {
             return Err(bad(format!("op log says {d}, shard holds {dt}")));
         }
@@ -145,19 +170,18 @@ impl ShardCache {
     /// data.
     pub fn open(
         &self,
-        data: &crate::dump::Data,
+        data: &Data,
         name: &str,
-        dtype_name: &str,
+        declared: &AnyDType,
         shape: &[usize],
     ) -> Result<Option<TensorData>> {
-        use crate::dump::{npy, pt, Data};
         let (path, dtype, file_shape, numel, offset) = match data {
             Data::None => return Ok(None),
             Data::Safetensors { shard, key } => {
-                return self.tensor(shard, key, dtype_name, shape).map(Some)
+                return self.tensor(shard, key, declared, shape).map(Some)
             }
             Data::Pt(p) => {
-                let t = pt::read(p, DType::parse(dtype_name))?;
+                let t = pt::read(p, declared.known())?;
                 (p, t.dtype, t.shape, t.numel, t.offset)
             }
             Data::Npy(p) => {
@@ -170,7 +194,7 @@ impl ShardCache {
             name: name.to_string(),
             msg,
         };
-        if let Some(d) = DType::parse(dtype_name) {
+        if let Some(d) = declared.known() {
             if d != dtype {
                 return Err(bad(format!("dump says {d}, file holds {dtype}")));
             }
@@ -189,7 +213,9 @@ impl ShardCache {
 pub struct TensorData {
     shard: Arc<Shard>,
     offset: u64,
+    /// Number of elements.
     pub numel: usize,
+    /// Element type of the stored bytes.
     pub dtype: DType,
 }
 

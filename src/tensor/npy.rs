@@ -9,8 +9,11 @@ use std::path::Path;
 /// A tensor inside a `.npy` file, located and checked.
 #[derive(Debug, Clone, PartialEq)]
 pub struct NpyTensor {
+    /// Element type.
     pub dtype: DType,
+    /// Size of each dimension.
     pub shape: Vec<usize>,
+    /// Number of elements (the product of `shape`).
     pub numel: usize,
     /// Absolute byte offset of the first element in the file.
     pub offset: u64,
@@ -97,6 +100,7 @@ pub fn parse_header(bytes: &[u8]) -> std::result::Result<(DType, Vec<usize>, u64
     Ok((dtype, shape, end as u64))
 }
 
+/// Reads the header of the `.npy` file at `path` and checks the file holds all its data.
 pub fn read(path: &Path) -> Result<NpyTensor> {
     let bad = |msg: String| ProbeError::BadTensorFile {
         path: path.to_path_buf(),

@@ -88,12 +88,17 @@ struct StorageRef {
 /// A tensor rebuilt from the pickle, not yet checked against the archive.
 #[derive(Debug, Clone, PartialEq)]
 pub struct PickledTensor {
+    /// Element type of the storage; None for an untyped storage.
     pub dtype: Option<DType>,
+    /// Name of the storage's entry under `<archive>/data/`.
     pub storage_key: String,
     /// Storage length in elements (bytes when `dtype` is `None`).
     pub storage_numel: u64,
+    /// Offset of the tensor's first element in its storage, in elements.
     pub storage_offset: u64,
+    /// Size of each dimension.
     pub shape: Vec<usize>,
+    /// Stride of each dimension, in elements.
     pub stride: Vec<i64>,
 }
 
@@ -547,8 +552,11 @@ pub fn parse_pickle(bytes: &[u8]) -> std::result::Result<PickledTensor, String> 
 /// A tensor inside a `.pt` file, located and checked.
 #[derive(Debug, Clone, PartialEq)]
 pub struct PtTensor {
+    /// Element type.
     pub dtype: DType,
+    /// Size of each dimension.
     pub shape: Vec<usize>,
+    /// Number of elements (the product of `shape`).
     pub numel: usize,
     /// Absolute byte offset of the first element in the file.
     pub offset: u64,

@@ -1,4 +1,5 @@
-//! Tolerances and the per-tensor verdict.
+//! The tolerance table: thresholds per dtype (defaults) and per op pattern (TOML overrides).
+//! The rules that apply them are in [`super::judge`].
 //!
 //! A tensor is judged by its relative L2 error (‖c − b‖ − atol·√n) / ‖b‖ (robust to the
 //! reordering of float sums that any two devices do; forgiving `atol` per element, as
@@ -9,29 +10,12 @@
 //! is judged by what bf16 can do. Defaults can be overridden per dtype and per op pattern
 //! in a TOML file (`probe compare --config`), documented in docs/compare.md.
 
+pub use super::judge::Verdict;
 use crate::dtype::DType;
 use crate::error::{ProbeError, Result};
 use serde::{Deserialize, Serialize};
 use std::collections::BTreeMap;
 use std::path::Path;
-
-#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Serialize)]
-#[serde(rename_all = "lowercase")]
-pub enum Verdict {
-    Pass,
-    Warning,
-    Error,
-}
-
-impl Verdict {
-    pub fn name(self) -> &'static str {
-        match self {
-            Verdict::Pass => "pass",
-            Verdict::Warning => "warning",
-            Verdict::Error => "error",
-        }
-    }
-}
 
 /// Thresholds for one dtype or op pattern.
 #[derive(Debug, Clone, Copy, PartialEq, Serialize, Deserialize)]
@@ -237,61 +221,5 @@ pub fn loosest(a: DType, b: DType) -> DType {
         a
     } else {
         b
-    }
-}
-
-/// A tensor's verdict with the reason a person reads in the report.
-#[derive(Debug, Clone, PartialEq)]
-pub struct Judgement {
-    pub verdict: Verdict,
-    pub reason: String,
-    /// The error measure that was judged (relative L2, or scaled statistics error).
-    pub err: f64,
-}
-
-/// Judges an error measure `err` (and optionally a scaled max error) against `tol`.
-pub fn judge(
-    err: f64,
-    max_abs_scaled: Option<f64>,
-    tol: &Tol,
-    what: &str,
-    dtype: &str,
-) -> Judgement {
-    let mabs = max_abs_scaled.unwrap_or(0.0);
-    if err.is_nan() {
-        return Judgement {
-            verdict: Verdict::Error,
-            reason: format!("{what} is NaN"),
-            err,
-        };
-    }
-    if err > tol.error {
-        return Judgement {
-            verdict: Verdict::Error,
-            reason: format!("{what} {err:.3e} > {:.1e} ({dtype})", tol.error),
-            err,
-        };
-    }
-    if err > tol.warning {
-        return Judgement {
-            verdict: Verdict::Warning,
-            reason: format!("{what} {err:.3e} > warning {:.1e} ({dtype})", tol.warning),
-            err,
-        };
-    }
-    if mabs > tol.max_abs {
-        return Judgement {
-            verdict: Verdict::Warning,
-            reason: format!(
-                "max abs error {mabs:.3e} of the largest |value| > {:.1e} ({dtype})",
-                tol.max_abs
-            ),
-            err,
-        };
-    }
-    Judgement {
-        verdict: Verdict::Pass,
-        reason: String::new(),
-        err,
     }
 }

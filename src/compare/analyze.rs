@@ -1,0 +1,279 @@
+//! Analyze: name the first divergent operator of a unit (see docs/compare.md, "How the
+//! culprit is found").
+//!
+//! The first row that fails is usually downstream of the real cause. An op is *locally
+//! divergent* when its outputs break tolerance while everything it consumed agrees:
+//! - all of its inputs (tensors it consumed, weights included) are within tolerance, and
+//! - an output is an error, or its inputs are identical and an output is past the warning
+//!   threshold (with equal inputs even a small difference is far beyond rounding), and
+//! - its output error is more than `local_gain` times its largest input error (otherwise it
+//!   only carries or mildly amplifies inherited error).
+//!
+//! A backward op also consumes what its forward call saved: the inputs and outputs of the
+//! matching forward op count as its inputs.
+//!
+//! The first divergent op is the earliest locally divergent op, per phase, that is
+//! followed by an error. Phases: forward; backward, which also holds the forward-direction
+//! ops that run after the first backward op (the optimizer update consumes gradients).
+//! Failing inputs of the earliest failing op mean the divergence enters from outside the
+//! captured ops (weights, data, random draws): reported as such. The first NaN/Inf producer
+//! is the earliest op with finite inputs and new non-finite outputs.
+
+use super::{Row, Tolerances, Verdict};
+use crate::dump::{Direction, Role};
+use crate::schema::summary::{Finding, Findings};
+use std::collections::{BTreeMap, HashMap};
+
+/// The rows of one op, in slot order.
+type OpRows<'a> = Vec<&'a Row>;
+
+/// Where the findings of a unit are.
+struct Place<'a> {
+    step: &'a str,
+    rank: &'a str,
+    stacks: &'a BTreeMap<u64, Vec<String>>,
+}
+
+fn is_input(r: &Row) -> bool {
+    let t = &r.tensor;
+    t.role == Role::Input || (t.role == Role::Parameter && t.op.direction == Direction::Forward)
+}
+
+fn is_output(r: &Row) -> bool {
+    !is_input(r)
+}
+
+fn fails(r: &Row) -> bool {
+    r.judgement.verdict == Verdict::Error
+}
+
+/// One line of evidence for a row.
+pub fn evidence_line(r: &Row) -> String {
+    let (t, j) = (&r.tensor, &r.judgement);
+    let side = if is_input(r) { "in " } else { "out" };
+    let mut s = format!("{side} {} [{}]", t.name, j.verdict.name());
+    if let Some(m) = &t.metrics {
+        let cos = m
+            .cosine
+            .map(|c| format!("{c:.7}"))
+            .unwrap_or_else(|| "n/a".into());
+        s += &format!(
+            " cos={cos} rel_l2={:.3e} max_abs={:.3e}",
+            m.rel_l2, m.max_abs
+        );
+    } else if t.stat_diff.is_some() {
+        s += &format!(" stat_err={:.3e}", j.err);
+    }
+    if j.err == 0.0 && j.verdict == Verdict::Pass {
+        s += " (identical)";
+    }
+    if !j.reason.is_empty() {
+        s += &format!(": {}", j.reason);
+    }
+    s
+}
+
+fn finding(at: &Place, rows: &[&Row], focus: &Row, explanation: String) -> Finding {
+    let t = &focus.tensor;
+    let stack =
+        t.op.stack
+            .and_then(|id| at.stacks.get(&id).cloned())
+            .unwrap_or_default();
+    Finding {
+        op: t.op.key.to_string(),
+        step: at.step.to_string(),
+        rank: at.rank.to_string(),
+        seq: t.op.seq,
+        direction: t.op.direction,
+        tensor: t.name.clone(),
+        reason: focus.judgement.reason.clone(),
+        explanation,
+        evidence: rows.iter().map(|r| evidence_line(r)).collect(),
+        stack,
+    }
+}
+
+fn worst<'a>(rows: impl Iterator<Item = &'a &'a Row>) -> Option<&'a Row> {
+    rows.copied().max_by(|a, b| {
+        let (x, y) = (&a.judgement, &b.judgement);
+        x.verdict
+            .cmp(&y.verdict)
+            .then(x.err.total_cmp(&y.err))
+            .then(b.tensor.op.seq.cmp(&a.tensor.op.seq))
+    })
+}
+
+/// Localises one unit. `rows` must be in execution order (as the judge hands them on).
+pub fn localize(
+    rows: &[Row],
+    stacks: &BTreeMap<u64, Vec<String>>,
+    step: &str,
+    rank: &str,
+    tols: &Tolerances,
+) -> Findings {
+    let at = Place { step, rank, stacks };
+    // Group rows by op, keeping execution order.
+    let mut ops: Vec<OpRows> = Vec::new();
+    for r in rows {
+        match ops.last_mut() {
+            Some(g) if g[0].tensor.op.index == r.tensor.op.index => g.push(r),
+            _ => ops.push(vec![r]),
+        }
+    }
+    let by_key: HashMap<&str, &OpRows> = ops
+        .iter()
+        .filter(|g| g[0].tensor.op.direction == Direction::Forward)
+        .map(|g| (g[0].tensor.op.key.as_str(), g))
+        .collect();
+    let mut f = Findings::default();
+    let first_backward = rows
+        .iter()
+        .filter(|r| r.tensor.op.direction == Direction::Backward)
+        .map(|r| r.tensor.op.seq)
+        .min();
+    let phase = |g: &OpRows| match first_backward {
+        Some(s) if g[0].tensor.op.seq > s => Direction::Backward,
+        _ => g[0].tensor.op.direction,
+    };
+    let forward_fails = ops
+        .iter()
+        .any(|g| phase(g) == Direction::Forward && g.iter().any(|r| fails(r)));
+    for dir in [Direction::Forward, Direction::Backward] {
+        // Gradients of a diverged forward differ from the loss on: not an outside source.
+        let inherited = dir == Direction::Backward && forward_fails;
+        let dir_ops: Vec<&OpRows> = ops.iter().filter(|g| phase(g) == dir).collect();
+        let Some(last_error) = dir_ops.iter().rposition(|g| g.iter().any(|r| fails(r))) else {
+            continue;
+        };
+        // Earliest failing op, and whether the failure enters through its inputs.
+        if let Some(g) = dir_ops.iter().find(|g| g.iter().any(|r| fails(r))) {
+            if let Some(focus) = worst(g.iter().filter(|r| fails(r))) {
+                *f.earliest_failing.slot(dir) = Some(finding(
+                    &at,
+                    g,
+                    focus,
+                    "the first op with a tensor out of tolerance".into(),
+                ));
+            }
+            let bad_in: Vec<&&Row> = g.iter().filter(|r| is_input(r) && fails(r)).collect();
+            if let Some(inp) = worst(bad_in.into_iter()).filter(|_| !inherited) {
+                let what = match (inp.tensor.role, inp.tensor.external) {
+                    (Role::Parameter, _) => "a parameter",
+                    (_, true) => "a tensor no captured op produced (weight, data batch or random draw)",
+                    _ => "a tensor that differs before any captured op fails (produced or changed outside the captured ops)",
+                };
+                let expl = format!(
+                    "the divergence enters from outside the captured ops: {} is {what}; \
+                     no earlier captured op fails. Check the config-check categories \
+                     (weights, dataset, random seeds) before suspecting this op",
+                    inp.tensor.name
+                );
+                *f.external_source.slot(dir) = Some(finding(&at, g, inp, expl));
+            }
+        }
+        // First locally divergent op followed by an error.
+        let mut found = false;
+        for (k, g) in dir_ops.iter().enumerate() {
+            if k > last_error {
+                break;
+            }
+            let inputs: Vec<&&Row> = g.iter().filter(|r| is_input(r)).collect();
+            let outputs: Vec<&&Row> = g.iter().filter(|r| is_output(r)).collect();
+            if outputs.is_empty() || inputs.iter().any(|r| fails(r)) {
+                continue;
+            }
+            // A backward op also consumes what its forward call saved.
+            let saved: &[&Row] = g[0]
+                .tensor
+                .op
+                .key
+                .forward_twin()
+                .and_then(|k| by_key.get(k.as_str()))
+                .map_or(&[], |fg| fg.as_slice());
+            let identical =
+                inputs.iter().all(|r| r.identical()) && saved.iter().all(|r| r.identical());
+            let Some(out) = worst(outputs.iter().copied()) else {
+                continue;
+            };
+            let threshold = if identical {
+                Verdict::Warning
+            } else {
+                Verdict::Error
+            };
+            if out.judgement.verdict < threshold || saved.iter().any(|r| fails(r)) {
+                continue;
+            }
+            let max_in = inputs
+                .iter()
+                .copied()
+                .chain(saved.iter())
+                .map(|r| r.judgement.raw_err)
+                .fold(0.0f64, f64::max);
+            let out_err = out.judgement.raw_err;
+            if !identical && out_err <= tols.local_gain * max_in {
+                continue;
+            }
+            let consumed = if saved.is_empty() {
+                format!("{} inputs", inputs.len())
+            } else {
+                format!(
+                    "{} inputs and the {} tensors of its forward call",
+                    inputs.len(),
+                    saved.len()
+                )
+            };
+            let expl = if inputs.is_empty() && saved.is_empty() {
+                format!(
+                    "its output {} is out of tolerance and it has no recorded inputs",
+                    out.tensor.name
+                )
+            } else if identical {
+                format!(
+                    "all {consumed} are identical on both sides, yet output {} differs \
+                     (error {:.3e}): the error is local to this op",
+                    out.tensor.name, out.judgement.err
+                )
+            } else {
+                format!(
+                    "all {consumed} are within tolerance (largest relative error {:.3e}), yet \
+                     output {} has relative error {:.3e}, {:.0}x larger: the error is local to this op",
+                    max_in,
+                    out.tensor.name,
+                    out_err,
+                    out_err / max_in
+                )
+            };
+            let expl = if inherited {
+                format!("{expl} (note: the forward diverged first)")
+            } else {
+                expl
+            };
+            *f.first_divergent.slot(dir) = Some(finding(&at, g, out, expl));
+            found = true;
+            break;
+        }
+        if !found && !inherited && f.external_source.slot(dir).is_none() {
+            f.drift.push(dir);
+        }
+    }
+    // First NaN/Inf producer, in execution order over both directions.
+    for g in &ops {
+        let inputs_finite = g
+            .iter()
+            .filter(|r| is_input(r))
+            .all(|r| !r.tensor.cmp_nonfinite());
+        if !inputs_finite {
+            continue;
+        }
+        if let Some(out) = g.iter().find(|r| is_output(r) && r.tensor.new_nonfinite()) {
+            let expl = format!(
+                "first op whose inputs are all finite but whose output {} holds NaN/Inf \
+                 that the benchmark does not",
+                out.tensor.name
+            );
+            f.first_nonfinite = Some(finding(&at, g, out, expl));
+            break;
+        }
+    }
+    f
+}

@@ -1,0 +1,196 @@
+//! Measure: the numbers of every paired tensor, in parallel.
+//!
+//! Full tensors get every metric ([`crate::metrics`], read window by window from disk);
+//! statistics get their differences, computed once here (reports and verdicts read them);
+//! checksums get compared. Nothing here depends on tolerances: that is the judge's job.
+
+use super::align::OpInfo;
+use super::{Sides, TensorMatch};
+use crate::dtype::AnyDType;
+use crate::dump::{Role, Stats};
+use crate::error::{ProbeError, Result};
+use crate::metrics::{self, Metrics, StatDiff};
+use crate::tensor::{Data, ShardCache};
+use rayon::prelude::*;
+use serde::{Deserialize, Serialize};
+use std::sync::atomic::{AtomicUsize, Ordering};
+
+/// How a tensor pair was compared.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum CompareKind {
+    /// Full tensors: every metric.
+    Tensor,
+    /// Checksums, with statistics where present.
+    Checksum,
+    /// Recorded statistics only.
+    Statistics,
+    /// Nothing usable on one side (no data, no statistics).
+    None,
+}
+
+impl CompareKind {
+    /// The name used in reports.
+    pub fn name(self) -> &'static str {
+        match self {
+            CompareKind::Tensor => "tensor",
+            CompareKind::Checksum => "checksum",
+            CompareKind::Statistics => "statistics",
+            CompareKind::None => "none",
+        }
+    }
+}
+
+/// What one side recorded about a tensor, as reports show it.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct TensorSide {
+    /// Element type.
+    pub dtype: AnyDType,
+    /// Dimensions.
+    pub shape: Vec<usize>,
+    /// Statistics recorded at capture time.
+    pub stats: Option<Stats>,
+}
+
+impl TensorSide {
+    /// Number of elements.
+    pub fn numel(&self) -> usize {
+        self.shape.iter().product()
+    }
+}
+
+/// A measured tensor pair.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct Measured {
+    /// The comparison side's op.
+    pub op: OpInfo,
+    /// The comparison side's tensor name.
+    pub name: String,
+    /// Input, output or parameter.
+    pub role: Role,
+    /// An input that no captured op produced (weight, data, random tensor).
+    pub external: bool,
+    /// What each side recorded.
+    pub sides: Sides<TensorSide>,
+    /// How the pair was compared.
+    pub kind: CompareKind,
+    /// Metrics of full tensors.
+    pub metrics: Option<Metrics>,
+    /// Whether the checksums agree, when both sides have one.
+    pub checksum_equal: Option<bool>,
+    /// Differences of the recorded statistics, when both sides have them.
+    pub stat_diff: Option<StatDiff>,
+}
+
+impl Measured {
+    /// Whether the comparison side holds NaN/Inf that the benchmark does not.
+    pub fn new_nonfinite(&self) -> bool {
+        if let Some(m) = &self.metrics {
+            return m.nonfinite_c > 0 && m.nonfinite_mismatch > 0;
+        }
+        nonfinite(&self.sides.cmp.stats) > 0 && nonfinite(&self.sides.bench.stats) == 0
+    }
+
+    /// Whether the comparison side holds any NaN/Inf.
+    pub fn cmp_nonfinite(&self) -> bool {
+        match &self.metrics {
+            Some(m) => m.nonfinite_c > 0,
+            None => nonfinite(&self.sides.cmp.stats) > 0,
+        }
+    }
+
+    /// Whether both sides have the same shape.
+    pub fn same_shape(&self) -> bool {
+        self.sides.bench.shape == self.sides.cmp.shape
+    }
+}
+
+/// Non-finite element count from recorded statistics (0 when unknown).
+pub fn nonfinite(s: &Option<Stats>) -> u64 {
+    s.as_ref().and_then(|s| s.nonfinite()).unwrap_or(0)
+}
+
+/// How a matched pair can be compared, from what both sides recorded.
+fn kind_of(t: &Sides<crate::dump::TensorRec>) -> CompareKind {
+    let (b, c) = t.pair();
+    let has_data = |x: &Data| !matches!(x, Data::None);
+    if b.shape == c.shape && has_data(&b.data) && has_data(&c.data) {
+        CompareKind::Tensor
+    } else if b.checksum.is_some() && c.checksum.is_some() {
+        CompareKind::Checksum
+    } else if b.stats.is_some() && c.stats.is_some() {
+        CompareKind::Statistics
+    } else {
+        CompareKind::None
+    }
+}
+
+fn measure_one(m: TensorMatch, caches: &Sides<ShardCache>) -> Result<Measured> {
+    let kind = kind_of(&m.tensors);
+    let Sides { bench: b, cmp: c } = m.tensors;
+    let metrics = if kind == CompareKind::Tensor {
+        let bt = caches.bench.open(&b.data, &m.name, &b.dtype, &b.shape)?;
+        let ct = caches.cmp.open(&c.data, &m.name, &c.dtype, &c.shape)?;
+        match (bt, ct) {
+            (Some(bt), Some(ct)) => Some(metrics::compare_tensors(&bt, &ct)?),
+            _ => None,
+        }
+    } else {
+        None
+    };
+    let checksum_equal = match (&b.checksum, &c.checksum) {
+        (Some(x), Some(y)) => Some(x == y),
+        _ => None,
+    };
+    let stat_diff = match (&b.stats, &c.stats) {
+        (Some(sb), Some(sc)) => Some(metrics::stat_diff(sb, sc)),
+        _ => None,
+    };
+    Ok(Measured {
+        op: m.op,
+        name: m.name,
+        role: m.role,
+        external: m.external,
+        sides: Sides::new(
+            TensorSide {
+                dtype: b.dtype,
+                shape: b.shape,
+                stats: b.stats,
+            },
+            TensorSide {
+                dtype: c.dtype,
+                shape: c.shape,
+                stats: c.stats,
+            },
+        ),
+        kind,
+        metrics,
+        checksum_equal,
+        stat_diff,
+    })
+}
+
+/// Measures every pair in parallel, keeping their order; `progress(done, total)` is called
+/// about a hundred times. The first error (in pair order) stops the compare.
+pub fn measure_all(
+    matches: Vec<TensorMatch>,
+    caches: &Sides<ShardCache>,
+    progress: &(dyn Fn(usize, usize) + Sync),
+) -> Result<Vec<Measured>> {
+    let total = matches.len();
+    let done = AtomicUsize::new(0);
+    let every = (total / 100).max(1);
+    let out: Vec<Result<Measured>> = matches
+        .into_par_iter()
+        .map(|m| {
+            let r = measure_one(m, caches);
+            let k = done.fetch_add(1, Ordering::Relaxed) + 1;
+            if k.is_multiple_of(every) || k == total {
+                progress(k, total);
+            }
+            r
+        })
+        .collect();
+    out.into_iter()
+        .collect::<std::result::Result<Vec<_>, ProbeError>>()
+}

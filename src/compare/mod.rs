@@ -1,0 +1,220 @@
+//! The compare pipeline, one stage per module, each handing the next an immutable value:
+//!
+//! ```text
+//! plan     two dump roots            -> Plan { units: [Unit] }         (one step/rank pair each)
+//! align    Sides<RankDump>           -> Alignment { matches, unmatched }  (Aligner trait)
+//! measure  TensorMatch               -> Measured  (metrics / statistics differences, parallel)
+//! judge    [Measured]                -> [Row]     (verdict, reason, tolerance, precision)
+//! analyze  [Row]                     -> Findings  (first divergent op, outside source, NaN)
+//!          every unit                -> UnitResult; all units -> CompareRun
+//! ```
+//! The run-wide verdict ([`crate::verdict`]) and the reports ([`crate::report`]) read a
+//! [`CompareRun`] only; a [`UnitResult`] is self-contained, so units can be compared apart
+//! (sharded) and their results combined.
+
+pub mod align;
+pub mod analyze;
+pub mod judge;
+pub mod measure;
+pub mod plan;
+pub mod tolerance;
+
+use crate::dump;
+use crate::error::{ProbeError, Result};
+use crate::schema::summary::Findings;
+use crate::tensor::ShardCache;
+pub use align::{Aligner, Alignment, KeyAligner, OpInfo, Side, TensorMatch, Unmatched};
+pub use judge::{Judgement, Row};
+pub use measure::{CompareKind, Measured, TensorSide};
+pub use plan::{Plan, Unit};
+use serde::{Deserialize, Serialize};
+use std::collections::BTreeMap;
+use std::path::{Path, PathBuf};
+pub use tolerance::{Tolerances, Verdict};
+
+/// A value for each side of a compare: the benchmark (trusted) and the comparison run.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Serialize, Deserialize)]
+pub struct Sides<T> {
+    /// The benchmark (`-b`).
+    pub bench: T,
+    /// The comparison run (`-c`).
+    pub cmp: T,
+}
+
+impl<T> Sides<T> {
+    /// Both values.
+    pub fn new(bench: T, cmp: T) -> Self {
+        Sides { bench, cmp }
+    }
+
+    /// The same function applied to both sides.
+    pub fn map<U>(self, mut f: impl FnMut(T) -> U) -> Sides<U> {
+        Sides {
+            bench: f(self.bench),
+            cmp: f(self.cmp),
+        }
+    }
+
+    /// Borrows both sides.
+    pub fn as_ref(&self) -> Sides<&T> {
+        Sides {
+            bench: &self.bench,
+            cmp: &self.cmp,
+        }
+    }
+
+    /// Bench then cmp.
+    pub fn pair(&self) -> (&T, &T) {
+        (&self.bench, &self.cmp)
+    }
+}
+
+/// Everything compared in one unit (one step/rank pair), with its findings.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+pub struct UnitResult {
+    /// Step label (`step0`), as on the comparison side.
+    pub step: String,
+    /// Rank label (`rank0`, `proc123`), as on the comparison side.
+    pub rank: String,
+    /// The two rank folders.
+    pub dirs: Sides<PathBuf>,
+    /// Op records of the comparison side.
+    pub ops: usize,
+    /// Stacks of the comparison side, by id.
+    pub stacks: BTreeMap<u64, Vec<String>>,
+    /// Matched tensors in the comparison run's execution order.
+    pub rows: Vec<Row>,
+    /// Tensors present on one side only (never dropped, never a pass).
+    pub unmatched: Vec<Unmatched>,
+    /// What the localiser found.
+    pub findings: Findings,
+    /// Non-fatal problems met while reading this unit.
+    pub warnings: Vec<String>,
+}
+
+/// A whole compare: every unit, in step/rank order.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+pub struct CompareRun {
+    /// The benchmark path as given.
+    pub bench: PathBuf,
+    /// The comparison path as given.
+    pub cmp: PathBuf,
+    /// One result per compared step/rank pair.
+    pub units: Vec<UnitResult>,
+    /// Non-fatal problems: unpaired ranks, truncated logs, missing tensor files.
+    pub warnings: Vec<String>,
+}
+
+/// Progress of a running compare, for a caller that shows it.
+#[derive(Debug, Clone, Copy)]
+pub enum Progress<'a> {
+    /// Tensors measured so far in a unit.
+    Tensors {
+        /// The unit's step.
+        step: &'a str,
+        /// The unit's rank.
+        rank: &'a str,
+        /// Tensors done.
+        done: usize,
+        /// Tensors in the unit.
+        total: usize,
+    },
+}
+
+/// Options of one compare.
+pub struct Options {
+    /// Thresholds per dtype and op pattern.
+    pub tolerances: Tolerances,
+    /// How tensors of the two sides are paired.
+    pub aligner: Box<dyn Aligner>,
+}
+
+impl Default for Options {
+    fn default() -> Self {
+        Options {
+            tolerances: Tolerances::default(),
+            aligner: Box::new(KeyAligner),
+        }
+    }
+}
+
+/// Compares one unit from its two op logs (already read): align, measure, judge, analyze.
+pub fn compare_unit(
+    unit: &Unit,
+    dumps: Sides<dump::RankDump>,
+    opts: &Options,
+    caches: &Sides<ShardCache>,
+    progress: &(dyn Fn(Progress) + Sync),
+) -> Result<UnitResult> {
+    let mut warnings = dumps.bench.warnings.clone();
+    warnings.extend(dumps.cmp.warnings.iter().cloned());
+    let ops = dumps.cmp.ops.len();
+    let stacks = dumps.cmp.stacks.clone();
+    let alignment = opts.aligner.align(dumps);
+    let measured = measure::measure_all(alignment.matches, caches, &|done, total| {
+        progress(Progress::Tensors {
+            step: &unit.step,
+            rank: &unit.rank,
+            done,
+            total,
+        })
+    })?;
+    let rows = judge::judge_all(measured, &opts.tolerances);
+    let findings = analyze::localize(&rows, &stacks, &unit.step, &unit.rank, &opts.tolerances);
+    Ok(UnitResult {
+        step: unit.step.clone(),
+        rank: unit.rank.clone(),
+        dirs: unit.locs.as_ref().map(|l| l.dir.clone()),
+        ops,
+        stacks,
+        rows,
+        unmatched: alignment.unmatched,
+        findings,
+        warnings,
+    })
+}
+
+/// Runs the whole compare: plan the units, then compare them one by one.
+pub fn run(
+    bench: &Path,
+    cmp: &Path,
+    opts: &Options,
+    progress: &(dyn Fn(Progress) + Sync),
+) -> Result<CompareRun> {
+    let plan = plan::plan(bench, cmp)?;
+    if plan.units.is_empty() {
+        return Err(ProbeError::NothingComparable(format!(
+            "no step/rank of {} matches one of {}",
+            bench.display(),
+            cmp.display()
+        )));
+    }
+    let caches = Sides::<ShardCache>::default();
+    let mut units = Vec::with_capacity(plan.units.len());
+    let mut warnings = plan.warnings;
+    for unit in &plan.units {
+        // The two sides are independent: read them at the same time.
+        let (b, c) = rayon::join(
+            || dump::load_rank(&unit.locs.bench),
+            || dump::load_rank(&unit.locs.cmp),
+        );
+        let dumps = Sides::new(b?, c?);
+        for (d, loc) in [
+            (&dumps.bench, &unit.locs.bench),
+            (&dumps.cmp, &unit.locs.cmp),
+        ] {
+            if d.ops.is_empty() {
+                return Err(ProbeError::EmptyDump(loc.dir.clone()));
+            }
+        }
+        let u = compare_unit(unit, dumps, opts, &caches, progress)?;
+        warnings.extend(u.warnings.iter().cloned());
+        units.push(u);
+    }
+    Ok(CompareRun {
+        bench: bench.to_path_buf(),
+        cmp: cmp.to_path_buf(),
+        units,
+        warnings,
+    })
+}

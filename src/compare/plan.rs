@@ -1,0 +1,138 @@
+//! Plan: find both sides' step/rank folders and pair them into units of work.
+//!
+//! A unit is one step/rank of the benchmark paired with one of the comparison run. Units
+//! are independent: each is read, aligned, measured, judged and analysed on its own.
+
+use super::Sides;
+use crate::dump::{self, DumpSet, RankLoc};
+use crate::error::Result;
+use std::collections::HashMap;
+use std::path::Path;
+
+/// One step/rank pair to compare.
+#[derive(Debug, Clone)]
+pub struct Unit {
+    /// Step label, as on the comparison side.
+    pub step: String,
+    /// Rank label, as on the comparison side.
+    pub rank: String,
+    /// Where each side's op log is.
+    pub locs: Sides<RankLoc>,
+}
+
+/// The units of a compare, in step/rank order, with warnings about folders left unpaired.
+#[derive(Debug, Clone)]
+pub struct Plan {
+    /// Units to compare.
+    pub units: Vec<Unit>,
+    /// Step/rank folders present on one side only, and pairings by position.
+    pub warnings: Vec<String>,
+}
+
+/// Discovers both dumps and pairs their ranks.
+pub fn plan(bench: &Path, cmp: &Path) -> Result<Plan> {
+    let b = dump::discover(bench)?;
+    let c = dump::discover(cmp)?;
+    let (pairs, warnings) = pair_ranks(&b, &c);
+    let units = pairs
+        .into_iter()
+        .map(|(bl, cl)| Unit {
+            step: cl.step.clone(),
+            rank: cl.rank.clone(),
+            locs: Sides::new(bl, cl),
+        })
+        .collect();
+    Ok(Plan { units, warnings })
+}
+
+/// Pairs ranks of the two sides: by (step, rank) name, or the only rank of each side.
+///
+/// msprobe names a folder `proc<PID>` when it knows no rank, and the PID differs between
+/// runs: within a step, folders left unpaired by name are paired by sorted position when
+/// either side uses `proc` names (msprobe's own rule).
+pub fn pair_ranks(b: &DumpSet, c: &DumpSet) -> (Vec<(RankLoc, RankLoc)>, Vec<String>) {
+    if b.ranks.len() == 1 && c.ranks.len() == 1 {
+        return (vec![(b.ranks[0].clone(), c.ranks[0].clone())], vec![]);
+    }
+    let key = |l: &RankLoc| (l.step.clone(), l.rank.clone());
+    let cmap: HashMap<_, _> = c
+        .ranks
+        .iter()
+        .enumerate()
+        .map(|(i, l)| (key(l), i))
+        .collect();
+    let mut pairs: Vec<(usize, usize)> = Vec::new();
+    let mut b_left: Vec<usize> = Vec::new();
+    let mut c_used = vec![false; c.ranks.len()];
+    for (i, l) in b.ranks.iter().enumerate() {
+        match cmap.get(&key(l)) {
+            Some(&j) => {
+                pairs.push((i, j));
+                c_used[j] = true;
+            }
+            None => b_left.push(i),
+        }
+    }
+    let mut warnings = Vec::new();
+    let is_proc = |l: &RankLoc| l.rank.starts_with("proc");
+    let mut b_unpaired = Vec::new();
+    let mut seen_steps: Vec<&str> = Vec::new();
+    for &i in &b_left {
+        let step = b.ranks[i].step.as_str();
+        if seen_steps.contains(&step) {
+            continue;
+        }
+        seen_steps.push(step);
+        let bl: Vec<usize> = b_left
+            .iter()
+            .copied()
+            .filter(|&k| b.ranks[k].step == step)
+            .collect();
+        let cl: Vec<usize> = (0..c.ranks.len())
+            .filter(|&k| !c_used[k] && c.ranks[k].step == step)
+            .collect();
+        let by_position =
+            bl.iter().any(|&k| is_proc(&b.ranks[k])) || cl.iter().any(|&k| is_proc(&c.ranks[k]));
+        if !by_position {
+            b_unpaired.extend(bl);
+            continue;
+        }
+        if bl.len() != cl.len() {
+            warnings.push(format!(
+                "{step}: {} unnamed rank folder(s) in the benchmark, {} in the comparison; paired by position",
+                bl.len(),
+                cl.len()
+            ));
+        }
+        for (k, &i) in bl.iter().enumerate() {
+            match cl.get(k) {
+                Some(&j) => {
+                    pairs.push((i, j));
+                    c_used[j] = true;
+                }
+                None => b_unpaired.push(i),
+            }
+        }
+    }
+    for i in b_unpaired {
+        let l = &b.ranks[i];
+        warnings.push(format!(
+            "{}/{} is in the benchmark only; not compared",
+            l.step, l.rank
+        ));
+    }
+    for (j, l) in c.ranks.iter().enumerate() {
+        if !c_used[j] {
+            warnings.push(format!(
+                "{}/{} is in the comparison only; not compared",
+                l.step, l.rank
+            ));
+        }
+    }
+    pairs.sort_unstable();
+    let pairs = pairs
+        .into_iter()
+        .map(|(i, j)| (b.ranks[i].clone(), c.ranks[j].clone()))
+        .collect();
+    (pairs, warnings)
+}

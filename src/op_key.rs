@@ -1,0 +1,373 @@
+//! The op-key grammar, parsed in one place.
+//!
+//! Both dump formats name ops the way msprobe does (docs/format.md):
+//! - API call: `{ApiType}.{api}.{call}.{forward|backward}`, e.g. `Functional.gelu.3.forward`;
+//! - module call: `{Module|Cell}.{path}.{Class}.{forward|backward}.{call}`;
+//! - parameter gradients: `Module.{path}.{Class}.parameters_grad[.{n}]`.
+//!
+//! A tensor's name is its op key followed by a slot (`.input.0`, `.output.1.2`,
+//! `.parameters.weight`, `.input.ceil_mode`). Matching, renumbering backward calls, pairing a
+//! backward call with its forward call and every report read these parts from an [`OpKey`]
+//! rather than splitting strings again.
+
+use serde::{Deserialize, Serialize};
+use std::fmt;
+
+/// Forward or backward.
+#[derive(
+    Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord, Serialize, Deserialize, Default,
+)]
+#[serde(rename_all = "lowercase")]
+pub enum Direction {
+    /// A forward call (the optimizer's ops are forward calls too).
+    #[default]
+    Forward,
+    /// A backward call, or a parameter gradient.
+    Backward,
+}
+
+impl Direction {
+    /// The name used in keys and reports.
+    pub fn name(self) -> &'static str {
+        match self {
+            Direction::Forward => "forward",
+            Direction::Backward => "backward",
+        }
+    }
+
+    /// Parses `forward` / `backward`.
+    pub fn parse(s: &str) -> Option<Direction> {
+        match s {
+            "forward" => Some(Direction::Forward),
+            "backward" => Some(Direction::Backward),
+            _ => None,
+        }
+    }
+}
+
+/// What kind of call an op record is.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize, Default)]
+#[serde(rename_all = "snake_case")]
+pub enum OpKind {
+    /// A call of a framework API (`torch.*`, `F.*`, tensor methods, NPU ops, ...).
+    #[default]
+    Api,
+    /// A call of an `nn.Module` (or MindSpore `Cell`).
+    Module,
+    /// The gradients of a module's parameters.
+    ParametersGrad,
+}
+
+impl OpKind {
+    /// The name used in the probe dump format.
+    pub fn name(self) -> &'static str {
+        match self {
+            OpKind::Api => "api",
+            OpKind::Module => "module",
+            OpKind::ParametersGrad => "parameters_grad",
+        }
+    }
+
+    /// Parses `api` / `module` / `parameters_grad`.
+    pub fn parse(s: &str) -> Option<OpKind> {
+        match s {
+            "api" => Some(OpKind::Api),
+            "module" => Some(OpKind::Module),
+            "parameters_grad" => Some(OpKind::ParametersGrad),
+            _ => None,
+        }
+    }
+}
+
+/// The role of a tensor in its op.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum Role {
+    /// An argument (positional or keyword). For a backward call: the gradient of the
+    /// forward call's output.
+    Input,
+    /// A result. For a backward call: the gradient of the forward call's input.
+    Output,
+    /// A module parameter (forward) or a parameter gradient (backward).
+    Parameter,
+}
+
+impl Role {
+    /// The name used in the probe dump format and in reports.
+    pub fn name(self) -> &'static str {
+        match self {
+            Role::Input => "input",
+            Role::Output => "output",
+            Role::Parameter => "parameter",
+        }
+    }
+
+    /// Parses `input` / `output` / `parameter`.
+    pub fn parse(s: &str) -> Option<Role> {
+        match s {
+            "input" => Some(Role::Input),
+            "output" => Some(Role::Output),
+            "parameter" => Some(Role::Parameter),
+            _ => None,
+        }
+    }
+}
+
+/// Where the call counter and the direction sit in a key.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+enum Form {
+    /// `Type.api.CALL.direction`
+    Api,
+    /// `Module.path.Class.direction.CALL`
+    Module,
+    /// `...parameters_grad[.n]`
+    ParametersGrad,
+    /// Anything else: kept as written.
+    Other,
+}
+
+/// A parsed op key. Cheap to clone; [`OpKey::as_str`] gives the key exactly as written.
+#[derive(Debug, Clone, PartialEq, Eq, Hash)]
+pub struct OpKey {
+    raw: String,
+    form: Form,
+    /// Length of the part before the call counter and the direction
+    /// (`Functional.gelu`, `Module.fc.Linear`).
+    base_len: usize,
+    call: Option<u64>,
+    direction: Direction,
+}
+
+fn is_call(s: &str) -> bool {
+    !s.is_empty() && s.bytes().all(|b| b.is_ascii_digit())
+}
+
+impl OpKey {
+    /// Parses a key. Never fails: a key outside the grammar is kept as written, with the
+    /// direction read from its last `forward`/`backward` part (forward if none).
+    pub fn parse(key: &str) -> OpKey {
+        let parts: Vec<&str> = key.split('.').collect();
+        let n = parts.len();
+        let dir_at = |i: usize| Direction::parse(parts[i]);
+        let base_len = |k: usize| parts[..k].join(".").len();
+        let module_prefix = matches!(parts[0], "Module" | "Cell");
+        let (form, base, call, direction) =
+            if let Some(p) = parts.iter().position(|p| *p == "parameters_grad") {
+                let call = parts.get(p + 1).and_then(|c| c.parse().ok());
+                (Form::ParametersGrad, base_len(p), call, Direction::Backward)
+            } else if module_prefix && n >= 4 && is_call(parts[n - 1]) && dir_at(n - 2).is_some() {
+                let d = dir_at(n - 2).unwrap_or_default();
+                (Form::Module, base_len(n - 2), parts[n - 1].parse().ok(), d)
+            } else if n >= 4 && is_call(parts[n - 2]) && dir_at(n - 1).is_some() {
+                let d = dir_at(n - 1).unwrap_or_default();
+                (Form::Api, base_len(n - 2), parts[n - 2].parse().ok(), d)
+            } else {
+                let d = parts
+                    .iter()
+                    .rev()
+                    .find_map(|p| Direction::parse(p))
+                    .unwrap_or_default();
+                (Form::Other, key.len(), None, d)
+            };
+        OpKey {
+            raw: key.to_string(),
+            form,
+            base_len: base,
+            call,
+            direction,
+        }
+    }
+
+    /// The key as written.
+    pub fn as_str(&self) -> &str {
+        &self.raw
+    }
+
+    /// Forward or backward, as the key says.
+    pub fn direction(&self) -> Direction {
+        self.direction
+    }
+
+    /// API, module or parameter-gradient record, as the key says.
+    pub fn kind(&self) -> OpKind {
+        match self.form {
+            Form::ParametersGrad => OpKind::ParametersGrad,
+            Form::Module => OpKind::Module,
+            Form::Api | Form::Other => {
+                if matches!(self.prefix(), "Module" | "Cell") {
+                    OpKind::Module
+                } else {
+                    OpKind::Api
+                }
+            }
+        }
+    }
+
+    /// The first part: the API type (`Functional`, `Torch`, `NPU`, ...) or `Module`.
+    pub fn prefix(&self) -> &str {
+        self.raw.split('.').next().unwrap_or("")
+    }
+
+    /// The key without call counter and direction: `Functional.gelu`, `Module.fc.Linear`.
+    pub fn base(&self) -> &str {
+        &self.raw[..self.base_len]
+    }
+
+    /// The per-process call counter, when the key has one.
+    pub fn call(&self) -> Option<u64> {
+        self.call
+    }
+
+    /// The same call with another counter (`Functional.gelu.3.backward` → `.0.backward`).
+    /// None for keys without a counter.
+    pub fn with_call(&self, call: u64) -> Option<String> {
+        let base = self.base();
+        let d = self.direction.name();
+        match self.form {
+            Form::Api => Some(format!("{base}.{call}.{d}")),
+            Form::Module => Some(format!("{base}.{d}.{call}")),
+            Form::ParametersGrad | Form::Other => None,
+        }
+    }
+
+    /// The forward call a backward call belongs to (same counter, as msprobe numbers them):
+    /// `Functional.gelu.3.backward` → `Functional.gelu.3.forward`,
+    /// `Module.fc.Linear.backward.2` → `Module.fc.Linear.forward.2`.
+    pub fn forward_twin(&self) -> Option<String> {
+        if self.direction != Direction::Backward {
+            return None;
+        }
+        let (base, call) = (self.base(), self.call?);
+        match self.form {
+            Form::Api => Some(format!("{base}.{call}.forward")),
+            Form::Module => Some(format!("{base}.forward.{call}")),
+            Form::ParametersGrad | Form::Other => None,
+        }
+    }
+
+    /// Whether the counter of this key can be renumbered (API and module calls).
+    pub fn has_call(&self) -> bool {
+        matches!(self.form, Form::Api | Form::Module) && self.call.is_some()
+    }
+
+    /// The slot of a tensor of this op (`input.0`, `output.1`), when `tensor` starts with
+    /// this key.
+    pub fn slot<'a>(&self, tensor: &'a str) -> Option<&'a str> {
+        tensor.strip_prefix(self.raw.as_str())?.strip_prefix('.')
+    }
+
+    /// A tensor name of this op moved under another key of the same op (renumbering).
+    pub fn rename_tensor(&self, tensor: &str, new_key: &str) -> String {
+        match self.slot(tensor) {
+            Some(slot) => format!("{new_key}.{slot}"),
+            None => tensor.to_string(),
+        }
+    }
+}
+
+impl fmt::Display for OpKey {
+    fn fmt(&self, f: &mut fmt::Formatter) -> fmt::Result {
+        f.write_str(&self.raw)
+    }
+}
+
+impl Serialize for OpKey {
+    fn serialize<S: serde::Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
+        s.serialize_str(&self.raw)
+    }
+}
+
+impl<'de> Deserialize<'de> for OpKey {
+    fn deserialize<D: serde::Deserializer<'de>>(d: D) -> Result<OpKey, D::Error> {
+        Ok(OpKey::parse(&String::deserialize(d)?))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn api_keys() {
+        let k = OpKey::parse("Functional.gelu.3.forward");
+        assert_eq!(k.kind(), OpKind::Api);
+        assert_eq!(k.direction(), Direction::Forward);
+        assert_eq!(
+            (k.prefix(), k.base(), k.call()),
+            ("Functional", "Functional.gelu", Some(3))
+        );
+        assert_eq!(k.forward_twin(), None);
+        assert_eq!(k.with_call(0).as_deref(), Some("Functional.gelu.0.forward"));
+        let b = OpKey::parse("Functional.gelu.3.backward");
+        assert_eq!(b.direction(), Direction::Backward);
+        assert_eq!(
+            b.forward_twin().as_deref(),
+            Some("Functional.gelu.3.forward")
+        );
+        assert_eq!(
+            b.with_call(0).as_deref(),
+            Some("Functional.gelu.0.backward")
+        );
+        // Dunder and dotted API names.
+        let d = OpKey::parse("Tensor.__add__.12.forward");
+        assert_eq!((d.base(), d.call()), ("Tensor.__add__", Some(12)));
+    }
+
+    #[test]
+    fn module_keys() {
+        let k = OpKey::parse("Module.layers.0.attn.Attention.backward.2");
+        assert_eq!(k.kind(), OpKind::Module);
+        assert_eq!(k.direction(), Direction::Backward);
+        assert_eq!(k.base(), "Module.layers.0.attn.Attention");
+        assert_eq!(k.call(), Some(2));
+        assert_eq!(
+            k.forward_twin().as_deref(),
+            Some("Module.layers.0.attn.Attention.forward.2")
+        );
+        assert_eq!(
+            k.with_call(0).as_deref(),
+            Some("Module.layers.0.attn.Attention.backward.0")
+        );
+        assert_eq!(
+            OpKey::parse("Cell.fc.Dense.forward.0").kind(),
+            OpKind::Module
+        );
+    }
+
+    #[test]
+    fn parameter_gradients_and_other_keys() {
+        for key in [
+            "Module.fc.Linear.parameters_grad",
+            "Module.fc.Linear.parameters_grad.1",
+        ] {
+            let k = OpKey::parse(key);
+            assert_eq!(k.kind(), OpKind::ParametersGrad);
+            assert_eq!(k.direction(), Direction::Backward);
+            assert_eq!(k.base(), "Module.fc.Linear");
+            assert_eq!(k.forward_twin(), None);
+            assert_eq!(k.with_call(0), None);
+        }
+        let o = OpKey::parse("weird_op");
+        assert_eq!(
+            (o.kind(), o.direction(), o.call()),
+            (OpKind::Api, Direction::Forward, None)
+        );
+        assert_eq!(o.as_str(), "weird_op");
+        assert_eq!(
+            OpKey::parse("x.backward.y").direction(),
+            Direction::Backward
+        );
+    }
+
+    #[test]
+    fn tensor_slots() {
+        let k = OpKey::parse("Functional.gelu.3.backward");
+        let t = "Functional.gelu.3.backward.input.0";
+        assert_eq!(k.slot(t), Some("input.0"));
+        assert_eq!(
+            k.rename_tensor(t, "Functional.gelu.0.backward"),
+            "Functional.gelu.0.backward.input.0"
+        );
+        assert_eq!(k.slot("Functional.gelu.30.backward.input.0"), None);
+    }
+}

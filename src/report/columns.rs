@@ -1,0 +1,398 @@
+//! The one column table of the tabular reports (parquet, xlsx): every column's name, header,
+//! type and value, in order. A writer renders these cells; it computes nothing.
+//!
+//! A line of the table is a matched tensor or a tensor found on one side only
+//! ([`Line`]); unmatched lines leave the metric columns empty and say `unmatched`.
+
+use crate::compare::{Row, UnitResult, Unmatched};
+use crate::dump::Stats;
+use std::borrow::Cow;
+
+/// One line of the table.
+#[derive(Clone, Copy)]
+pub enum Line<'a> {
+    /// A tensor present on both sides.
+    Tensor(&'a UnitResult, &'a Row),
+    /// A tensor present on one side only.
+    Unmatched(&'a UnitResult, &'a Unmatched),
+}
+
+/// A cell's value.
+pub enum Cell<'a> {
+    /// Text (never null).
+    Text(Cow<'a, str>),
+    /// Text or nothing.
+    OptText(Option<Cow<'a, str>>),
+    /// A count or index.
+    Count(u64),
+    /// A number or nothing (not applicable). May be non-finite.
+    Number(Option<f64>),
+    /// A flag or nothing.
+    Flag(Option<bool>),
+}
+
+/// The type of a column.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Kind {
+    /// Always text.
+    Text,
+    /// Text or null.
+    OptText,
+    /// Unsigned integer.
+    Count,
+    /// Float or null.
+    Number,
+    /// Boolean or null.
+    Flag,
+}
+
+/// A column of the table.
+pub struct Column {
+    /// Name in parquet (snake_case, stable: the interchange for DuckDB/polars).
+    pub name: &'static str,
+    /// Header in the workbook (msprobe's names where it has one).
+    pub header: &'static str,
+    /// Width in the workbook, in characters.
+    pub width: f64,
+    /// Type.
+    pub kind: Kind,
+    /// The value of a line.
+    pub value: for<'a> fn(&Line<'a>) -> Cell<'a>,
+}
+
+impl<'a> Line<'a> {
+    fn unit(&self) -> &'a UnitResult {
+        match *self {
+            Line::Tensor(u, _) | Line::Unmatched(u, _) => u,
+        }
+    }
+    fn row(&self) -> Option<&'a Row> {
+        match *self {
+            Line::Tensor(_, r) => Some(r),
+            Line::Unmatched(..) => None,
+        }
+    }
+}
+
+fn shape(s: &[usize]) -> Cow<'static, str> {
+    Cow::Owned(format!("{s:?}"))
+}
+
+fn text(s: &str) -> Cell<'_> {
+    Cell::Text(Cow::Borrowed(s))
+}
+
+fn opt(s: Option<&str>) -> Cell<'_> {
+    Cell::OptText(s.map(Cow::Borrowed))
+}
+
+/// A metric of full tensors.
+fn metric(l: &Line, f: fn(&crate::metrics::Metrics) -> Option<f64>) -> Cell<'static> {
+    Cell::Number(l.row().and_then(|r| r.tensor.metrics.as_ref()).and_then(f))
+}
+
+/// A statistics difference.
+fn diff(l: &Line, f: fn(&crate::metrics::StatDiff) -> Option<f64>) -> Cell<'static> {
+    Cell::Number(
+        l.row()
+            .and_then(|r| r.tensor.stat_diff.as_ref())
+            .and_then(f),
+    )
+}
+
+/// A recorded statistic of one side.
+fn stat(l: &Line, bench: bool, f: fn(&Stats) -> Option<f64>) -> Cell<'static> {
+    let s = l.row().and_then(|r| {
+        let side = if bench {
+            &r.tensor.sides.bench
+        } else {
+            &r.tensor.sides.cmp
+        };
+        side.stats.as_ref()
+    });
+    Cell::Number(s.and_then(f))
+}
+
+/// Dtype or shape of one side (an unmatched tensor fills its own side only).
+fn side_text<'a>(l: &Line<'a>, bench: bool, shape_col: bool) -> Cell<'a> {
+    match l {
+        Line::Tensor(_, r) => {
+            let s = if bench {
+                &r.tensor.sides.bench
+            } else {
+                &r.tensor.sides.cmp
+            };
+            if shape_col {
+                Cell::OptText(Some(shape(&s.shape)))
+            } else {
+                opt(Some(s.dtype.name()))
+            }
+        }
+        Line::Unmatched(_, u) => {
+            if (u.side == crate::compare::Side::Bench) != bench {
+                Cell::OptText(None)
+            } else if shape_col {
+                Cell::OptText(Some(shape(&u.shape)))
+            } else {
+                opt(Some(u.dtype.name()))
+            }
+        }
+    }
+}
+
+fn seq<'a>(l: &Line<'a>) -> Cell<'a> {
+    Cell::Count(match l {
+        Line::Tensor(_, r) => r.tensor.op.seq,
+        Line::Unmatched(_, u) => u.op.seq,
+    })
+}
+
+fn op<'a>(l: &Line<'a>) -> Cell<'a> {
+    match l {
+        Line::Tensor(_, r) => text(r.tensor.op.key.as_str()),
+        Line::Unmatched(_, u) => text(u.op.key.as_str()),
+    }
+}
+
+fn role<'a>(l: &Line<'a>) -> Cell<'a> {
+    match l {
+        Line::Tensor(_, r) => text(r.tensor.role.name()),
+        Line::Unmatched(_, u) => text(u.role.name()),
+    }
+}
+
+fn tensor<'a>(l: &Line<'a>) -> Cell<'a> {
+    match l {
+        Line::Tensor(_, r) => text(&r.tensor.name),
+        Line::Unmatched(_, u) => text(&u.name),
+    }
+}
+
+macro_rules! col {
+    ($name:literal, $header:literal, $width:expr, $kind:ident, $f:expr) => {
+        Column {
+            name: $name,
+            header: $header,
+            width: $width,
+            kind: Kind::$kind,
+            value: $f,
+        }
+    };
+}
+
+/// Every column of the tensors table, in order.
+pub const COLUMNS: &[Column] = &[
+    col!("step", "Step", 8.0, Text, |l| text(&l.unit().step)),
+    col!("rank", "Rank", 8.0, Text, |l| text(&l.unit().rank)),
+    col!("seq", "Seq", 7.0, Count, seq),
+    col!("op", "Op", 36.0, Text, op),
+    col!("direction", "Direction", 10.0, Text, |l| match l {
+        Line::Tensor(_, r) => text(r.tensor.op.direction.name()),
+        Line::Unmatched(_, u) => text(u.op.direction.name()),
+    }),
+    col!("role", "Role", 9.0, Text, role),
+    col!("tensor", "Tensor", 48.0, Text, tensor),
+    col!("dtype_bench", "Bench Dtype", 12.0, OptText, |l| side_text(
+        l, true, false
+    )),
+    col!("dtype_cmp", "Cmp Dtype", 12.0, OptText, |l| side_text(
+        l, false, false
+    )),
+    col!("shape_bench", "Bench Shape", 16.0, OptText, |l| side_text(
+        l, true, true
+    )),
+    col!("shape_cmp", "Cmp Shape", 16.0, OptText, |l| side_text(
+        l, false, true
+    )),
+    col!("compared_by", "Compared By", 11.0, Text, |l| text(
+        l.row().map_or("none", |r| r.tensor.kind.name())
+    )),
+    col!("verdict", "Verdict", 9.0, Text, |l| text(
+        l.row().map_or("unmatched", |r| r.judgement.verdict.name())
+    )),
+    col!("reason", "Reason", 44.0, Text, |l| match l {
+        Line::Tensor(_, r) => text(&r.judgement.reason),
+        Line::Unmatched(_, u) => text(match u.side {
+            crate::compare::Side::Bench => "only in bench",
+            crate::compare::Side::Cmp => "only in cmp",
+        }),
+    }),
+    // msprobe's metric columns first, then probe's.
+    col!("cosine", "Cosine", 11.0, Number, |l| metric(l, |m| m
+        .cosine)),
+    col!("euclidean", "EucDist", 11.0, Number, |l| metric(l, |m| {
+        Some(m.euclid)
+    })),
+    col!("max_abs_err", "MaxAbsErr", 11.0, Number, |l| metric(
+        l,
+        |m| Some(m.max_abs)
+    )),
+    col!("max_rel_err", "MaxRelativeErr", 11.0, Number, |l| metric(
+        l,
+        |m| Some(m.max_rel)
+    )),
+    col!(
+        "one_thousandth_ratio",
+        "One Thousandth Err Ratio",
+        11.0,
+        Number,
+        |l| metric(l, |m| Some(m.one_thousandth))
+    ),
+    col!(
+        "five_thousandths_ratio",
+        "Five Thousandths Err Ratio",
+        11.0,
+        Number,
+        |l| metric(l, |m| Some(m.five_thousandths))
+    ),
+    col!("mean_abs_err", "MeanAbsErr", 11.0, Number, |l| metric(
+        l,
+        |m| Some(m.mean_abs)
+    )),
+    col!("rel_l2", "RelL2Err", 11.0, Number, |l| metric(l, |m| Some(
+        m.rel_l2
+    ))),
+    col!(
+        "max_abs_scaled",
+        "MaxAbsErr / max|bench|",
+        11.0,
+        Number,
+        |l| metric(l, |m| Some(m.max_abs_scaled))
+    ),
+    col!(
+        "err",
+        "Error (smallest passing tolerance)",
+        11.0,
+        Number,
+        |l| Cell::Number(l.row().map(|r| r.judgement.err))
+    ),
+    col!("tolerance", "Tolerance", 11.0, Number, |l| Cell::Number(
+        l.row().map(|r| r.judgement.tolerance)
+    )),
+    col!("bench_max", "Bench Max", 11.0, Number, |l| stat(
+        l,
+        true,
+        |s| s.max
+    )),
+    col!("bench_min", "Bench Min", 11.0, Number, |l| stat(
+        l,
+        true,
+        |s| s.min
+    )),
+    col!("bench_mean", "Bench Mean", 11.0, Number, |l| stat(
+        l,
+        true,
+        |s| s.mean
+    )),
+    col!("bench_norm", "Bench L2norm", 11.0, Number, |l| stat(
+        l,
+        true,
+        |s| s.norm
+    )),
+    col!("cmp_max", "Cmp Max", 11.0, Number, |l| stat(
+        l,
+        false,
+        |s| s.max
+    )),
+    col!("cmp_min", "Cmp Min", 11.0, Number, |l| stat(
+        l,
+        false,
+        |s| s.min
+    )),
+    col!("cmp_mean", "Cmp Mean", 11.0, Number, |l| stat(
+        l,
+        false,
+        |s| s.mean
+    )),
+    col!("cmp_norm", "Cmp L2norm", 11.0, Number, |l| stat(
+        l,
+        false,
+        |s| s.norm
+    )),
+    col!("max_diff", "Max diff", 11.0, Number, |l| diff(l, |d| d
+        .max_diff)),
+    col!("min_diff", "Min diff", 11.0, Number, |l| diff(l, |d| d
+        .min_diff)),
+    col!("mean_diff", "Mean diff", 11.0, Number, |l| diff(l, |d| d
+        .mean_diff)),
+    col!("norm_diff", "L2norm diff", 11.0, Number, |l| diff(l, |d| d
+        .norm_diff)),
+    col!("max_rel_diff_pct", "MaxRelativeErr(%)", 11.0, Number, |l| {
+        diff(l, |d| d.max_rel_pct)
+    }),
+    col!("min_rel_diff_pct", "MinRelativeErr(%)", 11.0, Number, |l| {
+        diff(l, |d| d.min_rel_pct)
+    }),
+    col!(
+        "mean_rel_diff_pct",
+        "MeanRelativeErr(%)",
+        11.0,
+        Number,
+        |l| diff(l, |d| d.mean_rel_pct)
+    ),
+    col!(
+        "norm_rel_diff_pct",
+        "NormRelativeErr(%)",
+        11.0,
+        Number,
+        |l| diff(l, |d| d.norm_rel_pct)
+    ),
+    col!("nan_inf_agree", "NaN/Inf Agree", 9.0, Flag, |l| Cell::Flag(
+        l.row()
+            .and_then(|r| r.tensor.metrics)
+            .map(|m| m.nan_inf_agree())
+    )),
+    col!("checksum_equal", "Checksum Equal", 9.0, Flag, |l| {
+        Cell::Flag(l.row().and_then(|r| r.tensor.checksum_equal))
+    }),
+    col!("external_input", "External Input", 9.0, Flag, |l| {
+        Cell::Flag(l.row().map(|r| r.tensor.external))
+    }),
+];
+
+/// The workbook's `unmatched` sheet: a narrower view of the unmatched lines.
+pub const UNMATCHED: &[Column] = &[
+    col!("step", "Step", 8.0, Text, |l| text(&l.unit().step)),
+    col!("rank", "Rank", 8.0, Text, |l| text(&l.unit().rank)),
+    col!("only_in", "Only In", 9.0, Text, |l| match l {
+        Line::Unmatched(_, u) => text(u.side.name()),
+        Line::Tensor(..) => text(""),
+    }),
+    col!("seq", "Seq", 7.0, Count, seq),
+    col!("op", "Op", 36.0, Text, op),
+    col!("tensor", "Tensor", 48.0, Text, tensor),
+    col!("role", "Role", 9.0, Text, role),
+    col!("dtype", "Dtype", 12.0, Text, |l| match l {
+        Line::Unmatched(_, u) => text(u.dtype.name()),
+        Line::Tensor(..) => text(""),
+    }),
+    col!("shape", "Shape", 16.0, Text, |l| match l {
+        Line::Unmatched(_, u) => Cell::Text(shape(&u.shape)),
+        Line::Tensor(..) => text(""),
+    }),
+];
+
+/// A column by its parquet name.
+pub fn column(name: &str) -> Option<(usize, &'static Column)> {
+    COLUMNS.iter().enumerate().find(|(_, c)| c.name == name)
+}
+
+/// Every line of a compare in report order: all matched tensors of every unit, then all
+/// unmatched ones.
+pub fn lines(units: &[UnitResult]) -> impl Iterator<Item = Line<'_>> {
+    tensor_lines(units).chain(unmatched_lines(units))
+}
+
+/// The unmatched lines of a compare.
+pub fn unmatched_lines(units: &[UnitResult]) -> impl Iterator<Item = Line<'_>> {
+    units
+        .iter()
+        .flat_map(|u| u.unmatched.iter().map(move |x| Line::Unmatched(u, x)))
+}
+
+/// The matched lines of a compare.
+pub fn tensor_lines(units: &[UnitResult]) -> impl Iterator<Item = Line<'_>> {
+    units
+        .iter()
+        .flat_map(|u| u.rows.iter().map(move |r| Line::Tensor(u, r)))
+}

@@ -1,0 +1,181 @@
+//! Records of the probe dump format v1 (docs/format.md, `schemas/probe-dump-*.v1`).
+//!
+//! Fields are declared in alphabetical order: serialised records then keep the byte layout
+//! the bundled dumps under `testdata/` were written with.
+
+use serde::{Deserialize, Serialize};
+
+/// `manifest.json` at the root of a dump.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct ManifestRecord {
+    /// Creation time (RFC 3339).
+    #[serde(default)]
+    pub created: String,
+    /// Device the run used (`cpu`, `cuda:0`, `npu:0`).
+    #[serde(default)]
+    pub device: String,
+    /// Always `probe-dump`.
+    pub format: String,
+    /// The framework (`pytorch`, or `synthetic` for `probe synth`).
+    #[serde(default)]
+    pub framework: String,
+    /// The framework's version.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub framework_version: Option<String>,
+    /// Capture level (`api`, `module`, `mix`).
+    #[serde(default)]
+    pub level: String,
+    /// What is recorded per tensor: `statistics`, `tensor` or `checksum`.
+    pub mode: String,
+    /// The program that wrote the dump.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub producer: Option<String>,
+    /// Format version; this probe reads 1.
+    pub version: u64,
+}
+
+/// One line of `ops.jsonl`: one op call.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct OpRecord {
+    /// `forward` or `backward`.
+    pub direction: String,
+    /// `api`, `module` or `parameters_grad`.
+    pub kind: String,
+    /// The dotted module path the call happened in.
+    #[serde(default)]
+    pub module: Option<String>,
+    /// The op key (docs/format.md).
+    pub op: String,
+    /// The call was a recomputation (activation checkpointing).
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub recompute: bool,
+    /// Execution order within the rank, strictly increasing.
+    pub seq: u64,
+    /// Id of the call stack in `stacks.jsonl`.
+    #[serde(default)]
+    pub stack: Option<u64>,
+    /// The op's tensors.
+    pub tensors: Vec<TensorRecord>,
+}
+
+/// One tensor of an op record.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct TensorRecord {
+    /// A checksum of the raw bytes (`crc32:<hex>`), in checksum mode.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub checksum: Option<String>,
+    /// Element type (`float32`, `bfloat16`, ...).
+    pub dtype: String,
+    /// The safetensors shard (next to `ops.jsonl`) holding the data, in tensor mode.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub file: Option<String>,
+    /// Dataflow id of an output.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub id: Option<u64>,
+    /// Flattened name: op key + slot.
+    pub name: String,
+    /// `input`, `output` or `parameter`.
+    pub role: String,
+    /// Dimensions.
+    pub shape: Vec<usize>,
+    /// Dataflow id of the captured output an input came from.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub src: Option<u64>,
+    /// Statistics over all elements; null where not computable.
+    pub stats: Option<StatsRecord>,
+}
+
+/// The statistics of a tensor record.
+#[derive(Debug, Clone, Copy, PartialEq, Default, Serialize, Deserialize)]
+pub struct StatsRecord {
+    /// Count of infinite elements.
+    #[serde(default)]
+    pub inf: Option<u64>,
+    /// Largest element (bool: any).
+    #[serde(default)]
+    pub max: Stat,
+    /// Mean of the elements.
+    #[serde(default)]
+    pub mean: Stat,
+    /// Smallest element (bool: all).
+    #[serde(default)]
+    pub min: Stat,
+    /// Count of NaN elements.
+    #[serde(default)]
+    pub nan: Option<u64>,
+    /// L2 norm.
+    #[serde(default)]
+    pub norm: Stat,
+}
+
+/// One line of `stacks.jsonl`.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct StackRecord {
+    /// Python frames, outermost first.
+    pub frames: Vec<String>,
+    /// The id op records refer to.
+    pub id: u64,
+}
+
+/// A statistic: a number, null, or a string standing for a value JSON cannot hold
+/// (`"nan"`, `"inf"`, `"-inf"`). Written the same way; read without building a
+/// `serde_json::Value` (there are 100,000s of them per dump).
+#[derive(Debug, Clone, Copy, PartialEq, Default)]
+pub struct Stat(pub Option<f64>);
+
+impl Serialize for Stat {
+    fn serialize<S: serde::Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
+        match self.0 {
+            None => s.serialize_none(),
+            Some(v) if v.is_nan() => s.serialize_str("nan"),
+            Some(v) if v.is_infinite() => s.serialize_str(if v > 0.0 { "inf" } else { "-inf" }),
+            Some(v) => s.serialize_f64(v),
+        }
+    }
+}
+
+impl<'de> Deserialize<'de> for Stat {
+    fn deserialize<D: serde::Deserializer<'de>>(d: D) -> Result<Stat, D::Error> {
+        struct V;
+        impl serde::de::Visitor<'_> for V {
+            type Value = Stat;
+            fn expecting(&self, f: &mut std::fmt::Formatter) -> std::fmt::Result {
+                f.write_str("a number, null, \"nan\", \"inf\" or \"-inf\"")
+            }
+            fn visit_f64<E>(self, v: f64) -> Result<Stat, E> {
+                Ok(Stat(Some(v)))
+            }
+            fn visit_i64<E>(self, v: i64) -> Result<Stat, E> {
+                Ok(Stat(Some(v as f64)))
+            }
+            fn visit_u64<E>(self, v: u64) -> Result<Stat, E> {
+                Ok(Stat(Some(v as f64)))
+            }
+            fn visit_bool<E>(self, v: bool) -> Result<Stat, E> {
+                Ok(Stat(Some(if v { 1.0 } else { 0.0 })))
+            }
+            fn visit_unit<E>(self) -> Result<Stat, E> {
+                Ok(Stat(None))
+            }
+            fn visit_none<E>(self) -> Result<Stat, E> {
+                Ok(Stat(None))
+            }
+            fn visit_str<E: serde::de::Error>(self, s: &str) -> Result<Stat, E> {
+                parse_stat(s).map(|v| Stat(Some(v))).map_err(E::custom)
+            }
+        }
+        d.deserialize_any(V)
+    }
+}
+
+/// A statistic written as a string: the non-finite values JSON cannot hold, or a number.
+pub fn parse_stat(s: &str) -> Result<f64, String> {
+    match s.trim().to_ascii_lowercase().as_str() {
+        "nan" | "-nan" => Ok(f64::NAN),
+        "inf" | "+inf" | "infinity" => Ok(f64::INFINITY),
+        "-inf" | "-infinity" => Ok(f64::NEG_INFINITY),
+        other => other
+            .parse::<f64>()
+            .map_err(|_| format!("statistic {s:?} is not a number")),
+    }
+}

@@ -1,0 +1,10 @@
+//! The on-disk records of probe's formats, mirroring `schemas/`: one set of types shared
+//! by the readers, the writers (`probe synth`, the reports) and the tests, so that no
+//! writer can drift from what the reader accepts.
+//!
+//! - [`dump`]: the probe dump format v1 (`manifest.json`, `ops.jsonl`, `stacks.jsonl`;
+//!   `schemas/probe-dump-*.v1.schema.json`).
+//! - [`summary`]: `summary.json` of a compare (`schemas/probe-compare-summary.v1.schema.json`).
+
+pub mod dump;
+pub mod summary;

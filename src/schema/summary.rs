@@ -1,0 +1,173 @@
+//! `summary.json` of a compare (`schemas/probe-compare-summary.v1.schema.json`): the
+//! machine-readable verdict CI gates on, and the findings of the localiser it contains.
+
+use crate::compare::Verdict;
+use crate::gate::FailOn;
+use crate::op_key::Direction;
+use serde::{Deserialize, Serialize};
+use std::collections::BTreeMap;
+
+/// A named op with the evidence for naming it.
+#[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]
+pub struct Finding {
+    /// The op key.
+    pub op: String,
+    /// Its step.
+    pub step: String,
+    /// Its rank.
+    pub rank: String,
+    /// Its sequence number.
+    pub seq: u64,
+    /// Forward or backward.
+    pub direction: Direction,
+    /// The tensor the finding is about (the worst output, or the failing input).
+    pub tensor: String,
+    /// The tensor's verdict reason.
+    pub reason: String,
+    /// Why this op is named, for a person.
+    pub explanation: String,
+    /// One line per input and output tensor of the op, with its metrics.
+    pub evidence: Vec<String>,
+    /// The op's call stack, outermost frame first.
+    pub stack: Vec<String>,
+}
+
+/// Per-direction findings.
+#[derive(Debug, Clone, Serialize, Deserialize, Default, PartialEq)]
+pub struct ByDirection {
+    /// In the forward phase.
+    pub forward: Option<Finding>,
+    /// In the backward phase (optimizer included).
+    pub backward: Option<Finding>,
+}
+
+impl ByDirection {
+    /// The slot of a direction.
+    pub fn slot(&mut self, d: Direction) -> &mut Option<Finding> {
+        match d {
+            Direction::Forward => &mut self.forward,
+            Direction::Backward => &mut self.backward,
+        }
+    }
+}
+
+/// What the localiser found in one unit (step/rank pair).
+#[derive(Debug, Clone, Serialize, Deserialize, Default, PartialEq)]
+pub struct Findings {
+    /// The first locally divergent op, per phase.
+    pub first_divergent: ByDirection,
+    /// The first op with a tensor out of tolerance, per phase.
+    pub earliest_failing: ByDirection,
+    /// The divergence enters from outside the captured ops (per phase).
+    pub external_source: ByDirection,
+    /// The first op with finite inputs and new non-finite outputs.
+    pub first_nonfinite: Option<Finding>,
+    /// Errors exist in this direction but no op is locally divergent: accumulated drift.
+    pub drift: Vec<Direction>,
+}
+
+/// Tensor counts over the whole compare.
+#[derive(Debug, Clone, Serialize, Deserialize, Default, PartialEq)]
+pub struct Counts {
+    /// Step/rank pairs compared.
+    pub pairs: usize,
+    /// Op records on the comparison side.
+    pub ops: usize,
+    /// Tensors present on both sides.
+    pub tensors: usize,
+    /// Tensors within tolerance.
+    pub pass: usize,
+    /// Tensors past the warning threshold.
+    pub warning: usize,
+    /// Tensors out of tolerance.
+    pub error: usize,
+    /// Tensors in the benchmark only.
+    pub unmatched_bench: usize,
+    /// Tensors in the comparison only.
+    pub unmatched_cmp: usize,
+    /// Tensors by how they were compared (tensor, statistics, checksum, none).
+    pub compared_by: BTreeMap<String, usize>,
+}
+
+/// One step/rank pair in the summary.
+#[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]
+pub struct PairSummary {
+    /// Step label.
+    pub step: String,
+    /// Rank label.
+    pub rank: String,
+    /// The benchmark's rank folder.
+    pub bench: String,
+    /// The comparison's rank folder.
+    pub cmp: String,
+    /// Tensors compared.
+    pub tensors: usize,
+    /// Of which out of tolerance.
+    pub errors: usize,
+    /// Of which past the warning threshold.
+    pub warnings: usize,
+    /// Tensors on one side only.
+    pub unmatched: usize,
+    /// What the localiser found.
+    pub findings: Findings,
+}
+
+/// One of the worst ops of the compare.
+#[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]
+pub struct WorstOp {
+    /// Step label.
+    pub step: String,
+    /// Rank label.
+    pub rank: String,
+    /// Sequence number.
+    pub seq: u64,
+    /// Op key.
+    pub op: String,
+    /// The op's worst verdict.
+    pub verdict: Verdict,
+    /// The largest judged error among the op's tensors (null when infinite).
+    pub err: Option<f64>,
+    /// The tensor with that error.
+    pub tensor: String,
+    /// Its verdict reason.
+    pub reason: String,
+}
+
+/// The content of `summary.json`.
+#[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]
+pub struct Summary {
+    /// Always `probe-compare-summary`.
+    pub format: String,
+    /// Schema version: 1.
+    pub version: u32,
+    /// The worst verdict of the compare.
+    pub verdict: Verdict,
+    /// The level at which the gate fails.
+    pub fail_on: FailOn,
+    /// The exit status of `probe compare`.
+    pub exit_code: u8,
+    /// One line that tells the story.
+    pub headline: String,
+    /// The benchmark path as given.
+    pub bench: String,
+    /// The comparison path as given.
+    pub cmp: String,
+    /// Tensor counts.
+    pub counts: Counts,
+    /// The first locally divergent op over all pairs, per phase.
+    pub first_divergent: ByDirection,
+    /// The earliest failing op over all pairs, per phase.
+    pub earliest_failing: ByDirection,
+    /// Divergence entering from outside the captured ops, per phase.
+    pub external_source: ByDirection,
+    /// The first NaN/Inf producer.
+    pub first_nonfinite: Option<Finding>,
+    /// Every pair with its findings.
+    pub pairs: Vec<PairSummary>,
+    /// The ops with the worst verdicts and errors.
+    pub worst_ops: Vec<WorstOp>,
+    /// Non-fatal problems.
+    pub warnings: Vec<String>,
+    /// Report files written, by format.
+    pub outputs: BTreeMap<String, String>,
+}

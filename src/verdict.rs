@@ -1,0 +1,220 @@
+//! The run-wide verdict: counts, the headline that tells the story, the worst ops and the
+//! exit code, built from every unit's result into a [`Summary`] (`summary.json`).
+//!
+//! Reads [`UnitResult`]s only, never tensors, so the same verdict can be built from units
+//! compared apart.
+
+use crate::compare::{CompareRun, Row, Side, UnitResult, Verdict};
+use crate::gate::{FailOn, EXIT_NOTHING_COMPARABLE};
+use crate::schema::summary::{
+    ByDirection, Counts, Finding, Findings, PairSummary, Summary, WorstOp,
+};
+use std::collections::BTreeMap;
+
+/// How many ops `worst_ops` lists.
+const WORST_OPS: usize = 20;
+
+/// The first finding over units (units are in step, rank order).
+fn first_of<'a>(
+    findings: impl Iterator<Item = &'a Findings>,
+    pick: impl Fn(&Findings) -> &ByDirection,
+) -> ByDirection {
+    let mut out = ByDirection::default();
+    for f in findings {
+        let b = pick(f);
+        if out.forward.is_none() {
+            out.forward = b.forward.clone();
+        }
+        if out.backward.is_none() {
+            out.backward = b.backward.clone();
+        }
+    }
+    out
+}
+
+fn finite(v: f64) -> Option<f64> {
+    v.is_finite().then_some(v)
+}
+
+fn counts(run: &CompareRun) -> Counts {
+    let mut c = Counts {
+        pairs: run.units.len(),
+        ops: run.units.iter().map(|u| u.ops).sum(),
+        ..Counts::default()
+    };
+    for u in &run.units {
+        c.tensors += u.rows.len();
+        for r in &u.rows {
+            match r.judgement.verdict {
+                Verdict::Pass => c.pass += 1,
+                Verdict::Warning => c.warning += 1,
+                Verdict::Error => c.error += 1,
+            }
+            *c.compared_by
+                .entry(r.tensor.kind.name().to_string())
+                .or_default() += 1;
+        }
+        for x in &u.unmatched {
+            match x.side {
+                Side::Bench => c.unmatched_bench += 1,
+                Side::Cmp => c.unmatched_cmp += 1,
+            }
+        }
+    }
+    c
+}
+
+fn pair_summary(u: &UnitResult) -> PairSummary {
+    let count = |v: Verdict| u.rows.iter().filter(|r| r.judgement.verdict == v).count();
+    PairSummary {
+        step: u.step.clone(),
+        rank: u.rank.clone(),
+        bench: u.dirs.bench.display().to_string(),
+        cmp: u.dirs.cmp.display().to_string(),
+        tensors: u.rows.len(),
+        errors: count(Verdict::Error),
+        warnings: count(Verdict::Warning),
+        unmatched: u.unmatched.len(),
+        findings: u.findings.clone(),
+    }
+}
+
+/// Builds the summary of a compare; `outputs` is left empty for the caller to fill.
+pub fn summarize(run: &CompareRun, fail_on: FailOn) -> Summary {
+    let c = counts(run);
+    let verdict = if c.error > 0 {
+        Verdict::Error
+    } else if c.warning > 0 || c.unmatched_bench + c.unmatched_cmp > 0 {
+        Verdict::Warning
+    } else {
+        Verdict::Pass
+    };
+    let exit_code = if c.tensors == 0 {
+        EXIT_NOTHING_COMPARABLE
+    } else {
+        fail_on.exit_code(verdict)
+    };
+    let findings = || run.units.iter().map(|u| &u.findings);
+    let pairs: Vec<PairSummary> = run.units.iter().map(pair_summary).collect();
+    Summary {
+        format: "probe-compare-summary".into(),
+        version: 1,
+        verdict,
+        fail_on,
+        exit_code,
+        headline: headline(verdict, &c, &pairs),
+        bench: run.bench.display().to_string(),
+        cmp: run.cmp.display().to_string(),
+        first_divergent: first_of(findings(), |f| &f.first_divergent),
+        earliest_failing: first_of(findings(), |f| &f.earliest_failing),
+        external_source: first_of(findings(), |f| &f.external_source),
+        first_nonfinite: findings().find_map(|f| f.first_nonfinite.clone()),
+        counts: c,
+        pairs,
+        worst_ops: worst_ops(run, WORST_OPS),
+        warnings: run.warnings.clone(),
+        outputs: BTreeMap::new(),
+    }
+}
+
+fn headline(verdict: Verdict, c: &Counts, pairs: &[PairSummary]) -> String {
+    if c.tensors == 0 {
+        return "NOTHING COMPARABLE: no tensor is present on both sides".into();
+    }
+    match verdict {
+        Verdict::Pass => format!("PASS: all {} tensors within tolerance", c.tensors),
+        Verdict::Warning => format!(
+            "WARNING: no tensor out of tolerance; {} warnings, {} unmatched tensors",
+            c.warning,
+            c.unmatched_bench + c.unmatched_cmp
+        ),
+        Verdict::Error => {
+            // The earliest step/rank with an error tells the story; later steps inherit it
+            // (a diverged update in step 0 is "different weights" in step 1).
+            let Some(p) = pairs.iter().find(|p| p.errors > 0) else {
+                return format!("DIVERGENCE: {} tensors out of tolerance", c.error);
+            };
+            let f = &p.findings;
+            let mut cands: Vec<(bool, &Finding)> = [
+                (true, &f.external_source.forward),
+                (false, &f.first_divergent.forward),
+                (false, &f.first_divergent.backward),
+                (true, &f.external_source.backward),
+            ]
+            .into_iter()
+            .filter_map(|(ext, x)| x.as_ref().map(|x| (ext, x)))
+            .collect();
+            cands.sort_by_key(|(_, x)| x.seq);
+            match cands.first() {
+                Some((true, e)) => format!(
+                    "DIVERGENCE enters from outside the captured ops: {} (input of {}, {}/{})",
+                    e.tensor, e.op, e.step, e.rank
+                ),
+                Some((false, x)) => format!(
+                    "DIVERGENCE: first divergent op {} ({} {}/{}, tensor {})",
+                    x.op,
+                    x.direction.name(),
+                    x.step,
+                    x.rank,
+                    x.tensor
+                ),
+                None => {
+                    let first = f
+                        .earliest_failing
+                        .forward
+                        .as_ref()
+                        .or(f.earliest_failing.backward.as_ref());
+                    format!(
+                        "DIVERGENCE in {}/{}: no single op is locally divergent (accumulated drift); \
+                         earliest failing op {}",
+                        p.step,
+                        p.rank,
+                        first.map_or("?", |x| x.op.as_str())
+                    )
+                }
+            }
+        }
+    }
+}
+
+/// The ops with the worst verdicts and errors, for people who start reading at the top.
+fn worst_ops(run: &CompareRun, k: usize) -> Vec<WorstOp> {
+    // The worst row of each (unit, op).
+    type Entry<'a> = ((usize, usize), (&'a UnitResult, &'a Row));
+    let mut best: BTreeMap<(usize, usize), (&UnitResult, &Row)> = BTreeMap::new();
+    for (ui, u) in run.units.iter().enumerate() {
+        for r in &u.rows {
+            if r.judgement.verdict == Verdict::Pass {
+                continue;
+            }
+            let e = best.entry((ui, r.tensor.op.index)).or_insert((u, r));
+            let (j, cur) = (&r.judgement, &e.1.judgement);
+            if j.verdict.cmp(&cur.verdict).then(j.err.total_cmp(&cur.err))
+                == std::cmp::Ordering::Greater
+            {
+                *e = (u, r);
+            }
+        }
+    }
+    let mut v: Vec<Entry> = best.into_iter().collect();
+    v.sort_by(|(ka, (_, a)), (kb, (_, b))| {
+        let (x, y) = (&a.judgement, &b.judgement);
+        y.verdict
+            .cmp(&x.verdict)
+            .then(y.err.total_cmp(&x.err))
+            .then((ka.0, a.tensor.op.seq).cmp(&(kb.0, b.tensor.op.seq)))
+    });
+    v.into_iter()
+        .take(k)
+        .map(|(_, (u, r))| WorstOp {
+            step: u.step.clone(),
+            rank: u.rank.clone(),
+            seq: r.tensor.op.seq,
+            op: r.tensor.op.key.to_string(),
+            verdict: r.judgement.verdict,
+            err: finite(r.judgement.err),
+            tensor: r.tensor.name.clone(),
+            reason: r.judgement.reason.clone(),
+        })
+        .collect()
+}
