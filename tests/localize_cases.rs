@@ -3,7 +3,8 @@
 
 mod common;
 use common::*;
-use serde_json::json;
+use probe::dump::OpKey;
+use probe::schema::dump::{ManifestRecord, OpRecord, Stat, StatsRecord, TensorRecord};
 use std::path::Path;
 
 /// An op: key, inputs and outputs as (name suffix, mean value, src id, id).
@@ -13,47 +14,114 @@ struct Op<'a> {
     outputs: Vec<(f64, u64)>,
 }
 
-fn stats(v: f64) -> serde_json::Value {
+fn stats(v: f64) -> StatsRecord {
     // A tensor of 100 equal values v: max = min = mean = v, norm = 10|v|.
-    json!({"max": v, "min": v, "mean": v, "norm": 10.0 * v.abs(), "nan": 0, "inf": 0})
+    StatsRecord {
+        max: Stat(Some(v)),
+        min: Stat(Some(v)),
+        mean: Stat(Some(v)),
+        norm: Stat(Some(10.0 * v.abs())),
+        nan: Some(0),
+        inf: Some(0),
+    }
 }
 
-fn write_side(dir: &Path, ops: &[Op]) {
+fn tensor(
+    name: String,
+    role: &str,
+    dtype: &str,
+    v: f64,
+    src: Option<u64>,
+    id: Option<u64>,
+) -> TensorRecord {
+    TensorRecord {
+        checksum: None,
+        dtype: dtype.into(),
+        file: None,
+        id,
+        name,
+        role: role.into(),
+        shape: vec![100],
+        src,
+        stats: Some(stats(v)),
+    }
+}
+
+/// Writes one side (manifest and op log) in the probe dump format, records in order.
+fn write_records(dir: &Path, records: Vec<OpRecord>) {
     let rank = dir.join("step0/rank0");
     std::fs::create_dir_all(&rank).unwrap();
+    let manifest = ManifestRecord {
+        created: "2026-01-01T00:00:00Z".into(),
+        device: "cpu".into(),
+        format: "probe-dump".into(),
+        framework: "pytorch".into(),
+        framework_version: None,
+        level: "api".into(),
+        mode: "statistics".into(),
+        producer: None,
+        version: 1,
+    };
     std::fs::write(
         dir.join("manifest.json"),
-        json!({"format": "probe-dump", "version": 1, "framework": "pytorch", "device": "cpu",
-               "mode": "statistics", "level": "api", "created": "2026-01-01T00:00:00Z"})
-        .to_string(),
+        serde_json::to_string(&manifest).unwrap(),
     )
     .unwrap();
     let mut text = String::new();
-    for (seq, op) in ops.iter().enumerate() {
-        let mut tensors = Vec::new();
-        for (i, (v, src)) in op.inputs.iter().enumerate() {
-            tensors.push(
-                json!({"name": format!("{}.input.{i}", op.key), "role": "input",
-                "dtype": "float32", "shape": [100], "stats": stats(*v), "src": src}),
-            );
-        }
-        for (i, (v, id)) in op.outputs.iter().enumerate() {
-            tensors.push(
-                json!({"name": format!("{}.output.{i}", op.key), "role": "output",
-                "dtype": "float32", "shape": [100], "stats": stats(*v), "id": id}),
-            );
-        }
-        let dir = if op.key.ends_with("backward") {
-            "backward"
-        } else {
-            "forward"
-        };
-        text +=
-            &json!({"seq": seq, "op": op.key, "kind": "api", "direction": dir, "tensors": tensors})
-                .to_string();
+    for (seq, mut r) in records.into_iter().enumerate() {
+        r.seq = seq as u64;
+        text += &serde_json::to_string(&r).unwrap();
         text.push('\n');
     }
     std::fs::write(rank.join("ops.jsonl"), text).unwrap();
+}
+
+fn record(key: &str, tensors: Vec<TensorRecord>) -> OpRecord {
+    OpRecord {
+        direction: OpKey::parse(key).direction().name().into(),
+        kind: "api".into(),
+        module: None,
+        op: key.into(),
+        recompute: false,
+        seq: 0,
+        stack: None,
+        tensors,
+    }
+}
+
+fn write_side(dir: &Path, ops: &[Op]) {
+    let records = ops
+        .iter()
+        .map(|op| {
+            let mut tensors: Vec<TensorRecord> = op
+                .inputs
+                .iter()
+                .enumerate()
+                .map(|(i, (v, src))| {
+                    tensor(
+                        format!("{}.input.{i}", op.key),
+                        "input",
+                        "float32",
+                        *v,
+                        *src,
+                        None,
+                    )
+                })
+                .collect();
+            tensors.extend(op.outputs.iter().enumerate().map(|(i, (v, id))| {
+                tensor(
+                    format!("{}.output.{i}", op.key),
+                    "output",
+                    "float32",
+                    *v,
+                    None,
+                    Some(*id),
+                )
+            }));
+            record(op.key, tensors)
+        })
+        .collect();
+    write_records(dir, records);
 }
 
 /// A chain a → b → c → d of ops; `vals_b` / `vals_c` give each op's (input, output) value.
@@ -203,8 +271,15 @@ fn statistics_near_zero_do_not_explode() {
         let p = t.path().join(side).join("step0/rank0/ops.jsonl");
         let text = std::fs::read_to_string(&p).unwrap();
         let mut v: serde_json::Value = serde_json::from_str(text.trim()).unwrap();
-        v["tensors"][1]["stats"] =
-            json!({"max": 2.0, "min": -2.0, "mean": mean, "norm": 10.0, "nan": 0, "inf": 0});
+        let realistic = StatsRecord {
+            max: Stat(Some(2.0)),
+            min: Stat(Some(-2.0)),
+            mean: Stat(Some(mean)),
+            norm: Stat(Some(10.0)),
+            nan: Some(0),
+            inf: Some(0),
+        };
+        v["tensors"][1]["stats"] = serde_json::to_value(realistic).unwrap();
         std::fs::write(&p, v.to_string() + "\n").unwrap();
     }
     let o = compare(t.path(), &[]);
@@ -216,39 +291,30 @@ type Tn<'a> = (&'a str, &'a str, f64, Option<u64>, Option<u64>);
 
 /// Writes one side from (op key, tensors) in execution order; tensors are 100 equal values.
 fn write_ops(dir: &Path, ops: &[(&str, Vec<Tn>)]) {
-    let rank = dir.join("step0/rank0");
-    std::fs::create_dir_all(&rank).unwrap();
-    std::fs::write(
-        dir.join("manifest.json"),
-        json!({"format": "probe-dump", "version": 1, "framework": "pytorch", "device": "cpu",
-               "mode": "statistics", "level": "api", "created": "2026-01-01T00:00:00Z"})
-        .to_string(),
-    )
-    .unwrap();
-    let mut text = String::new();
-    for (seq, (key, ts)) in ops.iter().enumerate() {
-        let mut counters = std::collections::HashMap::new();
-        let tensors: Vec<_> = ts
-            .iter()
-            .map(|(role, dtype, v, src, id)| {
-                let slot = if *role == "output" { "output" } else { "input" };
-                let k = counters.entry(slot).or_insert(0);
-                *k += 1;
-                json!({"name": format!("{key}.{slot}.{}", *k - 1), "role": role, "dtype": dtype,
-                       "shape": [100], "stats": stats(*v), "src": src, "id": id})
-            })
-            .collect();
-        let dir = if key.contains(".backward") {
-            "backward"
-        } else {
-            "forward"
-        };
-        text +=
-            &json!({"seq": seq, "op": key, "kind": "api", "direction": dir, "tensors": tensors})
-                .to_string();
-        text.push('\n');
-    }
-    std::fs::write(rank.join("ops.jsonl"), text).unwrap();
+    let records = ops
+        .iter()
+        .map(|(key, ts)| {
+            let mut counters = std::collections::HashMap::new();
+            let tensors = ts
+                .iter()
+                .map(|(role, dtype, v, src, id)| {
+                    let slot = if *role == "output" { "output" } else { "input" };
+                    let k = counters.entry(slot).or_insert(0);
+                    *k += 1;
+                    tensor(
+                        format!("{key}.{slot}.{}", *k - 1),
+                        role,
+                        dtype,
+                        *v,
+                        *src,
+                        *id,
+                    )
+                })
+                .collect();
+            record(key, tensors)
+        })
+        .collect();
+    write_records(dir, records);
 }
 
 #[test]
