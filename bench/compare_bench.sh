@@ -5,14 +5,19 @@
 #   - start-up time (`probe --version`);
 #   - statistics-only dump of STATS_TENSORS tensors: compare time including the xlsx.
 # Usage: bash bench/compare_bench.sh            (SIZE_GB=2 STATS_TENSORS=100000 by default)
+#        PROBE_BIN=/path/to/other/probe bash bench/compare_bench.sh   (measure another build)
 set -euo pipefail
 cd "$(dirname "$0")/.."
 SIZE_GB=${SIZE_GB:-2}
 STATS_TENSORS=${STATS_TENSORS:-100000}
 WORK=${BENCH_DIR:-/tmp/probe-bench}
 mkdir -p "$WORK"
-cargo build --release --quiet
-P="$PWD/target/release/probe"
+if [ -n "${PROBE_BIN:-}" ]; then
+  P="$PROBE_BIN"
+else
+  cargo build --release --quiet
+  P="$PWD/target/release/probe"
+fi
 now() { date +%s.%N; }
 elapsed() { awk -v a="$1" -v b="$2" 'BEGIN { printf "%.3f", b - a }'; }
 

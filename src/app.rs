@@ -50,20 +50,23 @@ pub fn compare(req: &CompareRequest, progress: &(dyn Fn(Progress) + Sync)) -> Re
             .filter(|w| req.formats.iter().any(|f| f == w.format()))
             .collect()
     };
-    let mut pool = rayon::ThreadPoolBuilder::new();
-    if let Some(n) = req.threads {
-        if n == 0 {
-            return Err(ProbeError::Usage("--threads must be at least 1".into()));
-        }
-        pool = pool.num_threads(n);
-    }
-    let pool = pool.build().map_err(|e| ProbeError::Usage(e.to_string()))?;
+    // A thread count asks for a pool of its own; otherwise rayon's global pool (all cores).
+    let pool = match req.threads {
+        Some(0) => return Err(ProbeError::Usage("--threads must be at least 1".into())),
+        Some(n) => Some(
+            rayon::ThreadPoolBuilder::new()
+                .num_threads(n)
+                .build()
+                .map_err(|e| ProbeError::Usage(e.to_string()))?,
+        ),
+        None => None,
+    };
     atomic::prepare_output_dir(&req.out)?;
     let opts = compare::Options {
         tolerances,
         ..compare::Options::default()
     };
-    pool.install(|| {
+    let work = || {
         let run = compare::run(&req.bench, &req.cmp, &opts, progress)?;
         let mut summary = verdict::summarize(&run, req.fail_on);
         for w in &chosen {
@@ -77,5 +80,9 @@ pub fn compare(req: &CompareRequest, progress: &(dyn Fn(Progress) + Sync)) -> Re
             .collect();
         written.into_iter().collect::<Result<Vec<()>>>()?;
         Ok(summary)
-    })
+    };
+    match pool {
+        Some(p) => p.install(work),
+        None => work(),
+    }
 }

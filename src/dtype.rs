@@ -133,6 +133,13 @@ pub enum AnyDType {
     Other(String),
 }
 
+impl Default for AnyDType {
+    /// No dtype (what a record without one reads as).
+    fn default() -> Self {
+        AnyDType::Other(String::new())
+    }
+}
+
 impl AnyDType {
     /// Parses any of the naming conventions [`DType::parse`] knows; keeps others by name.
     pub fn parse(name: &str) -> AnyDType {

@@ -146,33 +146,72 @@ impl OpKey {
     /// Parses a key. Never fails: a key outside the grammar is kept as written, with the
     /// direction read from its last `forward`/`backward` part (forward if none).
     pub fn parse(key: &str) -> OpKey {
-        let parts: Vec<&str> = key.split('.').collect();
-        let n = parts.len();
-        let dir_at = |i: usize| Direction::parse(parts[i]);
-        let base_len = |k: usize| parts[..k].join(".").len();
-        let module_prefix = matches!(parts[0], "Module" | "Cell");
-        let (form, base, call, direction) =
-            if let Some(p) = parts.iter().position(|p| *p == "parameters_grad") {
-                let call = parts.get(p + 1).and_then(|c| c.parse().ok());
-                (Form::ParametersGrad, base_len(p), call, Direction::Backward)
-            } else if module_prefix && n >= 4 && is_call(parts[n - 1]) && dir_at(n - 2).is_some() {
-                let d = dir_at(n - 2).unwrap_or_default();
-                (Form::Module, base_len(n - 2), parts[n - 1].parse().ok(), d)
-            } else if n >= 4 && is_call(parts[n - 2]) && dir_at(n - 1).is_some() {
-                let d = dir_at(n - 1).unwrap_or_default();
-                (Form::Api, base_len(n - 2), parts[n - 2].parse().ok(), d)
-            } else {
-                let d = parts
-                    .iter()
-                    .rev()
-                    .find_map(|p| Direction::parse(p))
-                    .unwrap_or_default();
-                (Form::Other, key.len(), None, d)
-            };
+        OpKey::from_string(key.to_string())
+    }
+
+    /// [`OpKey::parse`] of an owned key (no copy). Reading op logs parses one key per op:
+    /// this walks the key's bytes once and allocates nothing.
+    pub fn from_string(raw: String) -> OpKey {
+        // The last three dot-separated parts, and where each starts.
+        let mut tail: [(usize, &str); 3] = [(0, ""); 3];
+        let mut n = 0usize;
+        let mut end = raw.len();
+        for (i, _) in raw
+            .match_indices('.')
+            .rev()
+            .chain(std::iter::once((usize::MAX, "")))
+        {
+            let start = if i == usize::MAX { 0 } else { i + 1 };
+            if n < 3 {
+                tail[n] = (start, &raw[start..end]);
+            }
+            n += 1;
+            end = i;
+            if n >= 4 {
+                break;
+            }
+        }
+        let prefix = raw.split('.').next().unwrap_or("");
+        let grad = raw.match_indices("parameters_grad").find(|&(i, _)| {
+            let before = i == 0 || raw.as_bytes()[i - 1] == b'.';
+            let j = i + "parameters_grad".len();
+            before && (j == raw.len() || raw.as_bytes()[j] == b'.')
+        });
+        let (last, second) = (tail[0], tail[1]);
+        let base_of = |part_start: usize| part_start.saturating_sub(1);
+        let (form, base_len, call, direction) = if let Some((i, _)) = grad {
+            let rest = &raw[(i + "parameters_grad".len())..];
+            let call = rest
+                .strip_prefix('.')
+                .and_then(|r| r.split('.').next())
+                .and_then(|c| c.parse().ok());
+            (
+                Form::ParametersGrad,
+                i.saturating_sub(1),
+                call,
+                Direction::Backward,
+            )
+        } else if matches!(prefix, "Module" | "Cell")
+            && n >= 4
+            && is_call(last.1)
+            && Direction::parse(second.1).is_some()
+        {
+            let d = Direction::parse(second.1).unwrap_or_default();
+            (Form::Module, base_of(second.0), last.1.parse().ok(), d)
+        } else if n >= 4 && is_call(second.1) && Direction::parse(last.1).is_some() {
+            let d = Direction::parse(last.1).unwrap_or_default();
+            (Form::Api, base_of(second.0), second.1.parse().ok(), d)
+        } else {
+            let d = raw
+                .rsplit('.')
+                .find_map(Direction::parse)
+                .unwrap_or_default();
+            (Form::Other, raw.len(), None, d)
+        };
         OpKey {
-            raw: key.to_string(),
+            raw,
             form,
-            base_len: base,
+            base_len,
             call,
             direction,
         }

@@ -9,6 +9,7 @@ use super::Sides;
 use crate::dtype::AnyDType;
 use crate::dump::{Direction, OpKey, OpKind, OpRec, RankDump, Role, TensorRec};
 use serde::{Deserialize, Serialize};
+use std::borrow::Cow;
 use std::collections::HashMap;
 
 /// The op a tensor belongs to, as reports and the localiser need it.
@@ -27,7 +28,8 @@ pub struct OpInfo {
 }
 
 impl OpInfo {
-    fn of(index: usize, op: &OpRec) -> OpInfo {
+    /// The op at `index` of its side.
+    pub fn of(index: usize, op: &OpRec) -> OpInfo {
         OpInfo {
             index,
             seq: op.seq,
@@ -38,19 +40,24 @@ impl OpInfo {
     }
 }
 
-/// A tensor present on both sides, with everything the measure stage reads.
-#[derive(Debug, Clone)]
+/// Where a tensor is in its side's op log: `ops[op].tensors[tensor]`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord)]
+pub struct TensorRef {
+    /// Index of the op.
+    pub op: usize,
+    /// Index of the tensor in the op.
+    pub tensor: usize,
+}
+
+/// A tensor present on both sides: where it is on each. Small on purpose: a unit can hold
+/// millions of pairs, and the records themselves stay in the dumps until the judge moves
+/// them into rows.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct TensorMatch {
-    /// The comparison side's op.
-    pub op: OpInfo,
-    /// The comparison side's tensor name.
-    pub name: String,
-    /// Input, output or parameter.
-    pub role: Role,
+    /// The two tensors.
+    pub refs: Sides<TensorRef>,
     /// An input that no captured op produced (weight, data, random tensor).
     pub external: bool,
-    /// The two tensor records.
-    pub tensors: Sides<TensorRec>,
 }
 
 /// Which side a tensor was found on.
@@ -90,9 +97,11 @@ pub struct Unmatched {
     pub shape: Vec<usize>,
 }
 
-/// The result of aligning one unit.
+/// The result of aligning one unit: both op logs and how their tensors pair up.
 #[derive(Debug, Clone)]
 pub struct Alignment {
+    /// The two op logs, as read.
+    pub dumps: Sides<RankDump>,
     /// Paired tensors, in the comparison run's execution order.
     pub matches: Vec<TensorMatch>,
     /// Tensors of either side left unpaired: comparison-only in execution order, then
@@ -100,9 +109,20 @@ pub struct Alignment {
     pub unmatched: Vec<Unmatched>,
 }
 
+impl Alignment {
+    /// The records of a pair.
+    pub fn records(&self, m: &TensorMatch) -> Sides<&TensorRec> {
+        let (b, c) = (m.refs.bench, m.refs.cmp);
+        Sides::new(
+            &self.dumps.bench.ops[b.op].tensors[b.tensor],
+            &self.dumps.cmp.ops[c.op].tensors[c.tensor],
+        )
+    }
+}
+
 /// A rule that pairs the tensors of two op logs of one unit.
 pub trait Aligner: Sync {
-    /// Pairs the tensors; consumes both dumps (names, shapes and statistics move on).
+    /// Pairs the tensors of both dumps.
     fn align(&self, dumps: Sides<RankDump>) -> Alignment;
 }
 
@@ -112,9 +132,10 @@ pub trait Aligner: Sync {
 #[derive(Debug, Clone, Copy, Default)]
 pub struct KeyAligner;
 
-/// Per op, the key tensors are matched under: forward keys unchanged, backward calls
-/// renumbered by their occurrence among backward calls of the same API or module.
-pub fn match_keys(ops: &[OpRec]) -> Vec<String> {
+/// Per op, the key its tensors are matched under when it differs from the op's own key:
+/// backward calls renumbered by their occurrence among backward calls of the same API or
+/// module (None: the key as written, e.g. every forward call).
+pub fn match_keys(ops: &[OpRec]) -> Vec<Option<String>> {
     let mut seen: HashMap<&str, u64> = HashMap::new();
     ops.iter()
         .map(|op| {
@@ -123,94 +144,97 @@ pub fn match_keys(ops: &[OpRec]) -> Vec<String> {
                 || op.kind == OpKind::ParametersGrad
                 || !key.has_call()
             {
-                return key.as_str().to_string();
+                return None;
             }
             let k = seen.entry(key.base()).or_insert(0);
             let renumbered = key.with_call(*k);
             *k += 1;
-            renumbered.unwrap_or_else(|| key.as_str().to_string())
+            renumbered.filter(|r| r != key.as_str())
         })
         .collect()
 }
 
 /// A tensor's name under its op's match key.
-fn match_name(op: &OpRec, match_key: &str, t: &TensorRec) -> String {
-    if match_key == op.key.as_str() {
-        t.name.clone()
-    } else {
-        op.key.rename_tensor(&t.name, match_key)
+fn match_name<'a>(op: &OpRec, match_key: &Option<String>, t: &'a TensorRec) -> Cow<'a, str> {
+    match match_key {
+        None => Cow::Borrowed(&t.name),
+        Some(k) => Cow::Owned(op.key.rename_tensor(&t.name, k)),
     }
 }
 
-fn unmatched(side: Side, index: usize, op: &OpRec, t: TensorRec) -> Unmatched {
+fn unmatched(side: Side, index: usize, op: &OpRec, t: &TensorRec) -> Unmatched {
     Unmatched {
         side,
         op: OpInfo::of(index, op),
-        name: t.name,
+        name: t.name.clone(),
         role: t.role,
-        dtype: t.dtype,
-        shape: t.shape,
+        dtype: t.dtype.clone(),
+        shape: t.shape.clone(),
     }
 }
 
 impl Aligner for KeyAligner {
     fn align(&self, dumps: Sides<RankDump>) -> Alignment {
-        let Sides {
-            bench: mut bd,
-            cmp: mut cd,
-        } = dumps;
+        let (bd, cd) = dumps.pair();
         let bkeys = match_keys(&bd.ops);
         let ckeys = match_keys(&cd.ops);
-        // Bench tensors in slots; a match takes its tensor out, what is left is unmatched.
-        let n: usize = bd.ops.iter().map(|o| o.tensors.len()).sum();
-        let mut slots: Vec<Option<(usize, TensorRec)>> = Vec::with_capacity(n);
-        let mut index: HashMap<String, usize> = HashMap::with_capacity(n);
-        for (oi, op) in bd.ops.iter_mut().enumerate() {
-            for t in std::mem::take(&mut op.tensors) {
-                index.insert(match_name(op, &bkeys[oi], &t), slots.len());
-                slots.push(Some((oi, t)));
+        // Bench tensors by match name (a later duplicate wins; the earlier one stays
+        // unmatched); a match marks its tensor taken.
+        let mut first = Vec::with_capacity(bd.ops.len());
+        let mut n = 0usize;
+        for op in &bd.ops {
+            first.push(n);
+            n += op.tensors.len();
+        }
+        let mut taken = vec![false; n];
+        let mut index: HashMap<Cow<str>, TensorRef> = HashMap::with_capacity(n);
+        for (oi, op) in bd.ops.iter().enumerate() {
+            for (ti, t) in op.tensors.iter().enumerate() {
+                let r = TensorRef { op: oi, tensor: ti };
+                index.insert(match_name(op, &bkeys[oi], t), r);
             }
         }
         let mut matches = Vec::with_capacity(cd.ops.iter().map(|o| o.tensors.len()).sum());
         let mut only = Vec::new();
-        let has_dataflow = cd.has_dataflow;
-        for (oi, op) in cd.ops.iter_mut().enumerate() {
-            for t in std::mem::take(&mut op.tensors) {
-                let name = match_name(op, &ckeys[oi], &t);
-                let Some(bt) = index
-                    .get(&name)
-                    .and_then(|&k| slots[k].take())
-                    .map(|(_, t)| t)
-                else {
+        for (oi, op) in cd.ops.iter().enumerate() {
+            for (ti, t) in op.tensors.iter().enumerate() {
+                let found = index
+                    .get(match_name(op, &ckeys[oi], t).as_ref())
+                    .copied()
+                    .filter(|b| !taken[first[b.op] + b.tensor]);
+                let Some(b) = found else {
                     only.push(unmatched(Side::Cmp, oi, op, t));
                     continue;
                 };
+                taken[first[b.op] + b.tensor] = true;
                 let external = match t.role {
                     Role::Parameter => op.direction == Direction::Forward,
                     Role::Input => {
-                        has_dataflow && t.src.is_none() && op.direction == Direction::Forward
+                        cd.has_dataflow && t.src.is_none() && op.direction == Direction::Forward
                     }
                     Role::Output => false,
                 };
                 matches.push(TensorMatch {
-                    op: OpInfo::of(oi, op),
-                    name: t.name.clone(),
-                    role: t.role,
+                    refs: Sides::new(b, TensorRef { op: oi, tensor: ti }),
                     external,
-                    tensors: Sides::new(bt, t),
                 });
             }
         }
-        for (oi, t) in slots.into_iter().flatten() {
-            only.push(unmatched(Side::Bench, oi, &bd.ops[oi], t));
+        for (oi, op) in bd.ops.iter().enumerate() {
+            for (ti, t) in op.tensors.iter().enumerate() {
+                if !taken[first[oi] + ti] {
+                    only.push(unmatched(Side::Bench, oi, op, t));
+                }
+            }
         }
+        drop(index);
         Alignment {
+            dumps,
             matches,
             unmatched: only,
         }
     }
 }
-
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -242,8 +266,14 @@ mod tests {
         .into_iter()
         .map(op)
         .collect();
+        let renumbered = match_keys(&ops);
+        let keys: Vec<&str> = renumbered
+            .iter()
+            .zip(&ops)
+            .map(|(k, op)| k.as_deref().unwrap_or(op.key.as_str()))
+            .collect();
         assert_eq!(
-            match_keys(&ops),
+            keys,
             vec![
                 "Functional.gelu.3.forward",
                 "Functional.gelu.0.backward",

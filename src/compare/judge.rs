@@ -15,9 +15,12 @@
 //!   are within tolerance (then a warning).
 //! - A shape mismatch or NaN/Inf at different positions is an error.
 
-use super::measure::{nonfinite, CompareKind, Measured};
+use super::align::{Alignment, OpInfo, Unmatched};
+use super::measure::{nonfinite, CompareKind, Measured, Measurement};
 use super::tolerance::{loosest, Tol, Tolerances};
+use super::Sides;
 use crate::dtype::DType;
+use crate::dump::TensorRec;
 use rayon::prelude::*;
 use serde::{Deserialize, Serialize};
 
@@ -102,29 +105,37 @@ fn grade(err: f64, max_abs_scaled: f64, tol: &Tol, what: &str, dtype: &str) -> (
     (Verdict::Pass, String::new())
 }
 
-/// The precision floor of each row: the least precise float dtype of either side met so
-/// far in execution order (forward first, then backward, which reuses the forward's
+/// The precision floor: the least precise float dtype of either side met so far in the
+/// unit's execution order (forward first, then backward, which reuses the forward's
 /// activations).
-fn precision_floors(rows: &[Measured]) -> Vec<Option<DType>> {
-    let mut floor: Option<DType> = None;
-    rows.iter()
-        .map(|m| {
-            let (b, c) = m.sides.pair();
-            for d in [b.dtype.known(), c.dtype.known()]
-                .into_iter()
-                .flatten()
-                .filter(|d| d.is_float())
-            {
-                floor = Some(floor.map_or(d, |f| loosest(f, d)));
-            }
-            floor
-        })
-        .collect()
+#[derive(Debug, Clone, Copy, Default, PartialEq)]
+struct PrecisionFloor(Option<DType>);
+
+impl PrecisionFloor {
+    /// The floor after `m`, which is also the floor `m` is judged under.
+    fn after(&mut self, t: Sides<&TensorRec>) -> Option<DType> {
+        let (b, c) = (t.bench, t.cmp);
+        for d in [b.dtype.known(), c.dtype.known()]
+            .into_iter()
+            .flatten()
+            .filter(|d| d.is_float())
+        {
+            self.0 = Some(self.0.map_or(d, |f| loosest(f, d)));
+        }
+        self.0
+    }
 }
 
-/// Judges one measured pair under the precision floor `precision`.
-pub fn judge(m: &Measured, precision: Option<DType>, tols: &Tolerances) -> Judgement {
-    let (sb, sc) = m.sides.pair();
+/// Judges one pair, read from its two records (`op` and `name` are the comparison
+/// side's), under the precision floor `precision`.
+pub fn judge(
+    op: &str,
+    t: Sides<&TensorRec>,
+    m: &Measurement,
+    precision: Option<DType>,
+    tols: &Tolerances,
+) -> Judgement {
+    let (sb, sc) = (t.bench, t.cmp);
     let (mut db, mut dc) = (sb.dtype.known(), sc.dtype.known());
     let own = db.zip(dc).map(|(x, y)| loosest(x, y));
     let mut dname = own.map_or_else(|| sc.dtype.name().to_string(), |d| d.name().to_string());
@@ -135,7 +146,7 @@ pub fn judge(m: &Measured, precision: Option<DType>, tols: &Tolerances) -> Judge
             dname = format!("{o}, after {p} ops");
         }
     }
-    let tol = tols.lookup(m.op.key.as_str(), &m.name, db, dc);
+    let tol = tols.lookup(op, &sc.name, db, dc);
     let verdict = |verdict: Verdict, reason: String, err: f64, raw_err: f64| Judgement {
         verdict,
         reason,
@@ -145,7 +156,7 @@ pub fn judge(m: &Measured, precision: Option<DType>, tols: &Tolerances) -> Judge
         precision,
     };
     let inf = f64::INFINITY;
-    if !m.same_shape() {
+    if sb.shape != sc.shape {
         let r = format!("shape {:?} vs {:?}", sb.shape, sc.shape);
         return verdict(Verdict::Error, r, inf, inf);
     }
@@ -214,15 +225,56 @@ pub fn judge(m: &Measured, precision: Option<DType>, tols: &Tolerances) -> Judge
     }
 }
 
-/// Judges a unit's measured pairs (in execution order), keeping their order.
-pub fn judge_all(measured: Vec<Measured>, tols: &Tolerances) -> Vec<Row> {
-    let floors = precision_floors(&measured);
-    measured
-        .into_par_iter()
+/// Judges a unit's measured pairs (in execution order, in parallel), keeping their order.
+/// The records then move from the alignment's dumps into the rows; the unmatched tensors
+/// come along.
+pub fn judge_all(
+    a: Alignment,
+    measurements: Vec<Measurement>,
+    tols: &Tolerances,
+) -> (Vec<Row>, Vec<Unmatched>) {
+    let mut floor = PrecisionFloor::default();
+    let floors: Vec<Option<DType>> = a
+        .matches
+        .iter()
+        .map(|m| floor.after(a.records(m)))
+        .collect();
+    let judgements: Vec<Judgement> = a
+        .matches
+        .par_iter()
+        .zip(&measurements)
         .zip(floors)
-        .map(|(tensor, p)| {
-            let judgement = judge(&tensor, p, tols);
+        .map(|((m, x), p)| {
+            let op = a.dumps.cmp.ops[m.refs.cmp.op].key.as_str();
+            judge(op, a.records(m), x, p, tols)
+        })
+        .collect();
+    let Alignment {
+        mut dumps,
+        matches,
+        unmatched,
+    } = a;
+    let rows = matches
+        .iter()
+        .zip(measurements)
+        .zip(judgements)
+        .map(|((m, x), judgement)| {
+            let (b, c) = (m.refs.bench, m.refs.cmp);
+            let op = OpInfo::of(c.op, &dumps.cmp.ops[c.op]);
+            let Sides {
+                bench: bdump,
+                cmp: cdump,
+            } = &mut dumps;
+            let records = Sides::new(
+                &mut bdump.ops[b.op].tensors[b.tensor],
+                &mut cdump.ops[c.op].tensors[c.tensor],
+            );
+            let tensor = Measured::new(m, op, records, x);
             Row { tensor, judgement }
         })
-        .collect()
+        .collect();
+    // What is left of the op logs is ~a million small allocations: free them off the
+    // critical path.
+    rayon::spawn(move || drop(dumps));
+    (rows, unmatched)
 }

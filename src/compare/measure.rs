@@ -5,9 +5,9 @@
 //! checksums get compared. Nothing here depends on tolerances: that is the judge's job.
 
 use super::align::OpInfo;
-use super::{Sides, TensorMatch};
+use super::{Alignment, Sides, TensorMatch};
 use crate::dtype::AnyDType;
-use crate::dump::{Role, Stats};
+use crate::dump::{Role, Stats, TensorRec};
 use crate::error::{ProbeError, Result};
 use crate::metrics::{self, Metrics, StatDiff};
 use crate::tensor::{Data, ShardCache};
@@ -111,8 +111,8 @@ pub fn nonfinite(s: &Option<Stats>) -> u64 {
 }
 
 /// How a matched pair can be compared, from what both sides recorded.
-fn kind_of(t: &Sides<crate::dump::TensorRec>) -> CompareKind {
-    let (b, c) = t.pair();
+fn kind_of(t: &Sides<&TensorRec>) -> CompareKind {
+    let (b, c) = (t.bench, t.cmp);
     let has_data = |x: &Data| !matches!(x, Data::None);
     if b.shape == c.shape && has_data(&b.data) && has_data(&c.data) {
         CompareKind::Tensor
@@ -125,12 +125,26 @@ fn kind_of(t: &Sides<crate::dump::TensorRec>) -> CompareKind {
     }
 }
 
-fn measure_one(m: TensorMatch, caches: &Sides<ShardCache>) -> Result<Measured> {
-    let kind = kind_of(&m.tensors);
-    let Sides { bench: b, cmp: c } = m.tensors;
+/// The numbers of one pair, computed without taking the pair apart.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Measurement {
+    /// How the pair was compared.
+    pub kind: CompareKind,
+    /// Metrics of full tensors.
+    pub metrics: Option<Metrics>,
+    /// Whether the checksums agree, when both sides have one.
+    pub checksum_equal: Option<bool>,
+    /// Differences of the recorded statistics, when both sides have them.
+    pub stat_diff: Option<StatDiff>,
+}
+
+/// Measures one pair.
+pub fn measure(t: Sides<&TensorRec>, caches: &Sides<ShardCache>) -> Result<Measurement> {
+    let kind = kind_of(&t);
+    let (b, c) = (t.bench, t.cmp);
     let metrics = if kind == CompareKind::Tensor {
-        let bt = caches.bench.open(&b.data, &m.name, &b.dtype, &b.shape)?;
-        let ct = caches.cmp.open(&c.data, &m.name, &c.dtype, &c.shape)?;
+        let bt = caches.bench.open(&b.data, &c.name, &b.dtype, &b.shape)?;
+        let ct = caches.cmp.open(&c.data, &c.name, &c.dtype, &c.shape)?;
         match (bt, ct) {
             (Some(bt), Some(ct)) => Some(metrics::compare_tensors(&bt, &ct)?),
             _ => None,
@@ -146,23 +160,7 @@ fn measure_one(m: TensorMatch, caches: &Sides<ShardCache>) -> Result<Measured> {
         (Some(sb), Some(sc)) => Some(metrics::stat_diff(sb, sc)),
         _ => None,
     };
-    Ok(Measured {
-        op: m.op,
-        name: m.name,
-        role: m.role,
-        external: m.external,
-        sides: Sides::new(
-            TensorSide {
-                dtype: b.dtype,
-                shape: b.shape,
-                stats: b.stats,
-            },
-            TensorSide {
-                dtype: c.dtype,
-                shape: c.shape,
-                stats: c.stats,
-            },
-        ),
+    Ok(Measurement {
         kind,
         metrics,
         checksum_equal,
@@ -170,20 +168,50 @@ fn measure_one(m: TensorMatch, caches: &Sides<ShardCache>) -> Result<Measured> {
     })
 }
 
+impl Measured {
+    /// A pair with its measurement; the records' names, shapes and statistics move in.
+    pub fn new(
+        m: &TensorMatch,
+        op: OpInfo,
+        tensors: Sides<&mut TensorRec>,
+        x: Measurement,
+    ) -> Measured {
+        let Sides { bench: b, cmp: c } = tensors;
+        let side = |t: &mut TensorRec| TensorSide {
+            dtype: std::mem::take(&mut t.dtype),
+            shape: std::mem::take(&mut t.shape),
+            stats: t.stats.take(),
+        };
+        Measured {
+            op,
+            name: std::mem::take(&mut c.name),
+            role: c.role,
+            external: m.external,
+            sides: Sides::new(side(b), side(c)),
+            kind: x.kind,
+            metrics: x.metrics,
+            checksum_equal: x.checksum_equal,
+            stat_diff: x.stat_diff,
+        }
+    }
+}
+
 /// Measures every pair in parallel, keeping their order; `progress(done, total)` is called
-/// about a hundred times. The first error (in pair order) stops the compare.
+/// about a hundred times. The first error (in pair order) stops the compare, so the message
+/// does not depend on thread timing.
 pub fn measure_all(
-    matches: Vec<TensorMatch>,
+    a: &Alignment,
     caches: &Sides<ShardCache>,
     progress: &(dyn Fn(usize, usize) + Sync),
-) -> Result<Vec<Measured>> {
-    let total = matches.len();
+) -> Result<Vec<Measurement>> {
+    let total = a.matches.len();
     let done = AtomicUsize::new(0);
     let every = (total / 100).max(1);
-    let out: Vec<Result<Measured>> = matches
-        .into_par_iter()
+    let out: Vec<Result<Measurement>> = a
+        .matches
+        .par_iter()
         .map(|m| {
-            let r = measure_one(m, caches);
+            let r = measure(a.records(m), caches);
             let k = done.fetch_add(1, Ordering::Relaxed) + 1;
             if k.is_multiple_of(every) || k == total {
                 progress(k, total);

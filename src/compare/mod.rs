@@ -23,9 +23,9 @@ use crate::dump;
 use crate::error::{ProbeError, Result};
 use crate::schema::summary::Findings;
 use crate::tensor::ShardCache;
-pub use align::{Aligner, Alignment, KeyAligner, OpInfo, Side, TensorMatch, Unmatched};
+pub use align::{Aligner, Alignment, KeyAligner, OpInfo, Side, TensorMatch, TensorRef, Unmatched};
 pub use judge::{Judgement, Row};
-pub use measure::{CompareKind, Measured, TensorSide};
+pub use measure::{CompareKind, Measured, Measurement, TensorSide};
 pub use plan::{Plan, Unit};
 use serde::{Deserialize, Serialize};
 use std::collections::BTreeMap;
@@ -146,12 +146,13 @@ pub fn compare_unit(
     caches: &Sides<ShardCache>,
     progress: &(dyn Fn(Progress) + Sync),
 ) -> Result<UnitResult> {
-    let mut warnings = dumps.bench.warnings.clone();
-    warnings.extend(dumps.cmp.warnings.iter().cloned());
+    let mut dumps = dumps;
+    let mut warnings = std::mem::take(&mut dumps.bench.warnings);
+    warnings.append(&mut dumps.cmp.warnings);
     let ops = dumps.cmp.ops.len();
-    let stacks = dumps.cmp.stacks.clone();
+    let stacks = std::mem::take(&mut dumps.cmp.stacks);
     let alignment = opts.aligner.align(dumps);
-    let measured = measure::measure_all(alignment.matches, caches, &|done, total| {
+    let measurements = measure::measure_all(&alignment, caches, &|done, total| {
         progress(Progress::Tensors {
             step: &unit.step,
             rank: &unit.rank,
@@ -159,7 +160,7 @@ pub fn compare_unit(
             total,
         })
     })?;
-    let rows = judge::judge_all(measured, &opts.tolerances);
+    let (rows, unmatched) = judge::judge_all(alignment, measurements, &opts.tolerances);
     let findings = analyze::localize(&rows, &stacks, &unit.step, &unit.rank, &opts.tolerances);
     Ok(UnitResult {
         step: unit.step.clone(),
@@ -168,7 +169,7 @@ pub fn compare_unit(
         ops,
         stacks,
         rows,
-        unmatched: alignment.unmatched,
+        unmatched,
         findings,
         warnings,
     })

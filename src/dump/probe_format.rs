@@ -93,7 +93,7 @@ fn convert_op(raw: OpRecord, dir: &Path) -> std::result::Result<OpRec, String> {
         .collect::<std::result::Result<Vec<_>, _>>()?;
     Ok(OpRec {
         seq: raw.seq,
-        key: OpKey::parse(&raw.op),
+        key: OpKey::from_string(raw.op),
         kind,
         direction,
         module: raw.module,

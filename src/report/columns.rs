@@ -56,6 +56,8 @@ pub struct Column {
     pub width: f64,
     /// Type.
     pub kind: Kind,
+    /// Also a column of the workbook (the flags are for queries, not for reading).
+    pub workbook: bool,
     /// The value of a line.
     pub value: for<'a> fn(&Line<'a>) -> Cell<'a>,
 }
@@ -175,6 +177,17 @@ macro_rules! col {
             header: $header,
             width: $width,
             kind: Kind::$kind,
+            workbook: true,
+            value: $f,
+        }
+    };
+    (parquet only: $name:literal, $header:literal, $kind:ident, $f:expr) => {
+        Column {
+            name: $name,
+            header: $header,
+            width: 9.0,
+            kind: Kind::$kind,
+            workbook: false,
             value: $f,
         }
     };
@@ -337,7 +350,7 @@ pub const COLUMNS: &[Column] = &[
         Number,
         |l| diff(l, |d| d.norm_rel_pct)
     ),
-    col!("nan_inf_agree", "NaN/Inf Agree", 9.0, Flag, |l| Cell::Flag(
+    col!(parquet only: "nan_inf_agree", "NaN/Inf Agree", Flag, |l| Cell::Flag(
         l.row()
             .and_then(|r| r.tensor.metrics)
             .map(|m| m.nan_inf_agree())
@@ -371,11 +384,6 @@ pub const UNMATCHED: &[Column] = &[
         Line::Tensor(..) => text(""),
     }),
 ];
-
-/// A column by its parquet name.
-pub fn column(name: &str) -> Option<(usize, &'static Column)> {
-    COLUMNS.iter().enumerate().find(|(_, c)| c.name == name)
-}
 
 /// Every line of a compare in report order: all matched tensors of every unit, then all
 /// unmatched ones.

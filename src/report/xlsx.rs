@@ -5,9 +5,7 @@
 //! reason and tolerance (errors red, warnings yellow, frozen header, autofilter), then
 //! `unmatched`. Sheets are split past Excel's row limit. Written in constant-memory mode.
 
-use super::columns::{
-    column, tensor_lines, unmatched_lines, Cell, Column, Line, COLUMNS, UNMATCHED,
-};
+use super::columns::{tensor_lines, unmatched_lines, Cell, Column, Line, COLUMNS, UNMATCHED};
 use super::{ReportWriter, Summary};
 use crate::atomic;
 use crate::compare::{CompareRun, Verdict};
@@ -124,7 +122,7 @@ fn cell(ws: &mut Worksheet, r: u32, c: u16, v: Cell) -> X<()> {
 
 /// One row of a sheet. Cells carry no format of their own (per-cell formats cost a hash
 /// lookup each); rows are coloured by conditional formats on the Verdict column.
-fn table_row(ws: &mut Worksheet, i: u32, cols: &[Column], line: &Line) -> X<()> {
+fn table_row(ws: &mut Worksheet, i: u32, cols: &[&Column], line: &Line) -> X<()> {
     for (k, c) in cols.iter().enumerate() {
         cell(ws, i, k as u16, (c.value)(line))?;
     }
@@ -310,7 +308,7 @@ fn part_name(base: &str, k: usize) -> String {
 fn sheets<'a>(
     wb: &mut Workbook,
     base: &str,
-    cols: &[Column],
+    cols: &[&Column],
     verdict_col: &str,
     mut lines: impl Iterator<Item = Line<'a>>,
     fs: &Formats,
@@ -344,18 +342,17 @@ fn build(run: &CompareRun, s: &Summary) -> X<Workbook> {
     // Level 1 deflate: several times faster than the default on large sheets, files ~20 % larger.
     wb.set_zip_compression_level(1);
     summary_sheet(wb.add_worksheet(), s, &fs)?;
-    let verdict = column("verdict").map_or(0, |(i, _)| i);
-    let only_in = UNMATCHED
-        .iter()
-        .position(|c| c.name == "only_in")
-        .unwrap_or(0);
+    let cols: Vec<&Column> = COLUMNS.iter().filter(|c| c.workbook).collect();
+    let verdict = cols.iter().position(|c| c.name == "verdict").unwrap_or(0);
     let tensors = tensor_lines(&run.units);
-    sheets(&mut wb, "tensors", COLUMNS, &letter(verdict), tensors, &fs)?;
+    sheets(&mut wb, "tensors", &cols, &letter(verdict), tensors, &fs)?;
+    let cols: Vec<&Column> = UNMATCHED.iter().collect();
+    let only_in = cols.iter().position(|c| c.name == "only_in").unwrap_or(0);
     let unmatched = unmatched_lines(&run.units);
     sheets(
         &mut wb,
         "unmatched",
-        UNMATCHED,
+        &cols,
         &letter(only_in),
         unmatched,
         &fs,
