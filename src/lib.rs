@@ -17,6 +17,7 @@ pub mod dtype;
 pub mod dump;
 pub mod error;
 pub mod gate;
+pub mod json;
 pub mod metrics;
 pub mod op_key;
 pub mod report;

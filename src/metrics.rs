@@ -419,7 +419,8 @@ pub struct StatDiff {
 /// benchmark in percent).
 pub fn stat_diff(b: &Stats, c: &Stats) -> StatDiff {
     let diff = |x: Option<f64>, y: Option<f64>| match (x, y) {
-        (Some(x), Some(y)) if x == y => Some(0.0), // equal infinities too
+        // Equal values, equal infinities and NaN on both sides are no difference.
+        (Some(x), Some(y)) if x == y || (x.is_nan() && y.is_nan()) => Some(0.0),
         (Some(x), Some(y)) => Some(y - x),
         _ => None,
     };

@@ -117,6 +117,17 @@ pub fn summarize(run: &CompareRun, fail_on: FailOn) -> Summary {
     }
 }
 
+/// What a headline finding says, in order of preference at the same op.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord)]
+enum Story {
+    /// NaN/Inf produced from finite inputs.
+    NonFinite,
+    /// A failing input no captured op produced.
+    Outside,
+    /// A locally divergent op.
+    Local,
+}
+
 fn headline(verdict: Verdict, c: &Counts, pairs: &[PairSummary]) -> String {
     if c.tensors == 0 {
         return "NOTHING COMPARABLE: no tensor is present on both sides".into();
@@ -135,22 +146,32 @@ fn headline(verdict: Verdict, c: &Counts, pairs: &[PairSummary]) -> String {
                 return format!("DIVERGENCE: {} tensors out of tolerance", c.error);
             };
             let f = &p.findings;
-            let mut cands: Vec<(bool, &Finding)> = [
-                (true, &f.external_source.forward),
-                (false, &f.first_divergent.forward),
-                (false, &f.first_divergent.backward),
-                (true, &f.external_source.backward),
+            // The earliest finding tells the story; at the same op, NaN/Inf says most.
+            let mut cands: Vec<(Story, &Finding)> = [
+                (Story::Outside, &f.external_source.forward),
+                (Story::Local, &f.first_divergent.forward),
+                (Story::Local, &f.first_divergent.backward),
+                (Story::Outside, &f.external_source.backward),
+                (Story::NonFinite, &f.first_nonfinite),
             ]
             .into_iter()
-            .filter_map(|(ext, x)| x.as_ref().map(|x| (ext, x)))
+            .filter_map(|(k, x)| x.as_ref().map(|x| (k, x)))
             .collect();
-            cands.sort_by_key(|(_, x)| x.seq);
+            cands.sort_by_key(|(k, x)| (x.seq, *k));
             match cands.first() {
-                Some((true, e)) => format!(
+                Some((Story::NonFinite, x)) => format!(
+                    "DIVERGENCE: NaN/Inf first produced by {} from finite inputs ({} {}/{}, tensor {})",
+                    x.op,
+                    x.direction.name(),
+                    x.step,
+                    x.rank,
+                    x.tensor
+                ),
+                Some((Story::Outside, e)) => format!(
                     "DIVERGENCE enters from outside the captured ops: {} (input of {}, {}/{})",
                     e.tensor, e.op, e.step, e.rank
                 ),
-                Some((false, x)) => format!(
+                Some((Story::Local, x)) => format!(
                     "DIVERGENCE: first divergent op {} ({} {}/{}, tensor {})",
                     x.op,
                     x.direction.name(),

@@ -16,11 +16,11 @@
 //! - A shape mismatch or NaN/Inf at different positions is an error.
 
 use super::align::{Alignment, OpInfo, Unmatched};
-use super::measure::{nonfinite, CompareKind, Measured, Measurement};
+use super::measure::{CompareKind, Measured, Measurement};
 use super::tolerance::{loosest, Tol, Tolerances};
 use super::Sides;
 use crate::dtype::DType;
-use crate::dump::TensorRec;
+use crate::dump::{Stats, TensorRec};
 use rayon::prelude::*;
 use serde::{Deserialize, Serialize};
 
@@ -126,6 +126,25 @@ impl PrecisionFloor {
     }
 }
 
+/// Why two sets of statistics disagree on NaN/Inf, if they do: counts where both sides
+/// recorded them (probe dumps), else which side has non-finite statistics (msprobe).
+fn nonfinite_mismatch(b: Option<&Stats>, c: Option<&Stats>) -> Option<String> {
+    let (b, c) = (b?, c?);
+    let counted = |s: &Stats| s.nan.zip(s.inf).map(|(n, i)| n + i);
+    if let (Some(nb), Some(nc)) = (counted(b), counted(c)) {
+        return (nb != nc).then(|| format!("NaN/Inf count {nb} in bench, {nc} in cmp"));
+    }
+    let (fb, fc) = (
+        b.nonfinite().unwrap_or(0) > 0,
+        c.nonfinite().unwrap_or(0) > 0,
+    );
+    match (fb, fc) {
+        (false, true) => Some("NaN/Inf in the cmp statistics, not in bench".into()),
+        (true, false) => Some("NaN/Inf in the bench statistics, not in cmp".into()),
+        _ => None,
+    }
+}
+
 /// Judges one pair, read from its two records (`op` and `name` are the comparison
 /// side's), under the precision floor `precision`.
 pub fn judge(
@@ -204,9 +223,7 @@ pub fn judge(
             if equal {
                 return verdict(Verdict::Pass, String::new(), 0.0, 0.0);
             }
-            let (nb, nc) = (nonfinite(&sb.stats), nonfinite(&sc.stats));
-            if nb != nc {
-                let r = format!("NaN/Inf count {nb} in bench, {nc} in cmp");
+            if let Some(r) = nonfinite_mismatch(sb.stats.as_ref(), sc.stats.as_ref()) {
                 return verdict(Verdict::Error, r, inf, inf);
             }
             let numel = sc.numel();

@@ -60,7 +60,7 @@ impl Archive {
     pub fn json<T: serde::de::DeserializeOwned>(&self, name: &str) -> Result<Option<T>> {
         match self.get(name) {
             None => Ok(None),
-            Some(bytes) => serde_json::from_slice(bytes)
+            Some(bytes) => serde_json::from_slice(&crate::json::accept_nonfinite(bytes))
                 .map(Some)
                 .map_err(|e| self.bad(name, format!("malformed JSON: {e}"))),
         }

@@ -129,38 +129,19 @@ pub struct RandomDoc {
 #[derive(Debug, Clone, Copy, PartialEq)]
 pub struct Stat(pub f64);
 
+/// Written and read as a dump statistic ([`crate::schema::dump::Stat`]): one parser for
+/// statistics, whichever file they are in.
 impl Serialize for Stat {
     fn serialize<S: serde::Serializer>(&self, s: S) -> std::result::Result<S::Ok, S::Error> {
-        if self.0.is_finite() {
-            s.serialize_f64(self.0)
-        } else if self.0.is_nan() {
-            s.serialize_str("nan")
-        } else if self.0 > 0.0 {
-            s.serialize_str("inf")
-        } else {
-            s.serialize_str("-inf")
-        }
+        crate::schema::dump::Stat(Some(self.0)).serialize(s)
     }
 }
 
 impl<'de> Deserialize<'de> for Stat {
     fn deserialize<D: serde::Deserializer<'de>>(d: D) -> std::result::Result<Stat, D::Error> {
-        let v = Value::deserialize(d)?;
-        match &v {
-            Value::Number(n) => n
-                .as_f64()
-                .map(Stat)
-                .ok_or_else(|| serde::de::Error::custom("bad number")),
-            Value::String(s) => match s.trim().to_ascii_lowercase().as_str() {
-                "nan" => Ok(Stat(f64::NAN)),
-                "inf" | "+inf" | "infinity" => Ok(Stat(f64::INFINITY)),
-                "-inf" | "-infinity" => Ok(Stat(f64::NEG_INFINITY)),
-                other => other
-                    .parse::<f64>()
-                    .map(Stat)
-                    .map_err(|_| serde::de::Error::custom(format!("bad statistic {s:?}"))),
-            },
-            _ => Err(serde::de::Error::custom("statistic must be a number")),
+        match crate::schema::dump::Stat::deserialize(d)?.0 {
+            Some(v) => Ok(Stat(v)),
+            None => Err(serde::de::Error::custom("statistic must be a number")),
         }
     }
 }

@@ -112,9 +112,10 @@ impl<'de> Deserialize<'de> for J {
     }
 }
 
-/// Parses JSON text keeping object order. Public for tests and tools.
+/// Parses JSON text keeping object order; Python's bare `NaN`/`Infinity` tokens are read
+/// as the strings `"nan"`/`"inf"` (see [`crate::json`]). Public for tests and tools.
 pub fn parse_json(text: &[u8]) -> std::result::Result<J, String> {
-    serde_json::from_slice(text).map_err(|e| e.to_string())
+    serde_json::from_slice(&crate::json::accept_nonfinite(text)).map_err(|e| e.to_string())
 }
 
 /// What a tensor leaf is: anything with a dtype and a shape whose type names a tensor.

@@ -27,6 +27,7 @@ pub fn read_manifest(path: &Path) -> Result<Manifest> {
         msg,
     };
     let text = std::fs::read_to_string(path).map_err(|e| ProbeError::io(path, e))?;
+    let text = crate::json::accept_nonfinite_str(&text);
     let raw: ManifestRecord = serde_json::from_str(&text).map_err(|e| bad(e.to_string()))?;
     if raw.format != "probe-dump" {
         return Err(bad(format!(
@@ -150,7 +151,8 @@ pub fn load(loc: &RankLoc) -> Result<RankDump> {
     let mut warnings = Vec::new();
     let mut has_dataflow = false;
     let warn = read_jsonl(&ops_path, |_, text| {
-        let raw: OpRecord = serde_json::from_str(text).map_err(|e| e.to_string())?;
+        let text = crate::json::accept_nonfinite_str(text);
+        let raw: OpRecord = serde_json::from_str(&text).map_err(|e| e.to_string())?;
         let op = convert_op(raw, &loc.dir)?;
         if let Some(prev) = ops.last() {
             if op.seq <= prev.seq {
