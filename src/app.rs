@@ -5,11 +5,13 @@
 use crate::compare::{self, Progress, Tolerances};
 use crate::error::{ProbeError, Result};
 use crate::gate::FailOn;
-use crate::report::{self, ReportWriter};
+use crate::report::{self, CompareDocument, Document, ReportWriter, ScanDocument};
+use crate::scan::{self, ScanOptions, ScanSummary};
 use crate::schema::summary::Summary;
 use crate::{atomic, verdict};
 use rayon::prelude::*;
-use std::path::PathBuf;
+use std::collections::BTreeMap;
+use std::path::{Path, PathBuf};
 
 /// What `probe compare` was asked to do.
 #[derive(Debug, Clone)]
@@ -30,6 +32,68 @@ pub struct CompareRequest {
     pub threads: Option<usize>,
 }
 
+/// The chosen report writers, in their standard order; an unknown name is a usage error.
+fn chosen_writers(formats: &[String]) -> Result<Vec<Box<dyn ReportWriter>>> {
+    for f in formats {
+        if !report::writers().iter().any(|w| w.format() == f) {
+            return Err(ProbeError::Usage(format!(
+                "unknown report format {f:?} (json, parquet, xlsx)"
+            )));
+        }
+    }
+    Ok(report::writers()
+        .into_iter()
+        .filter(|w| formats.iter().any(|f| f == w.format()))
+        .collect())
+}
+
+/// The files `writers` will write into `out` for documents named `stem`, by format.
+fn output_paths(
+    writers: &[Box<dyn ReportWriter>],
+    stem: &str,
+    out: &Path,
+) -> BTreeMap<String, String> {
+    writers
+        .iter()
+        .map(|w| {
+            let path = out.join(w.file_name(stem)).display().to_string();
+            (w.format().to_string(), path)
+        })
+        .collect()
+}
+
+/// Writes every report of `doc` into `out`. Formats are independent files: they are
+/// written in parallel, and the first failure is reported.
+fn write_reports(writers: &[Box<dyn ReportWriter>], doc: &dyn Document, out: &Path) -> Result<()> {
+    let written: Vec<Result<()>> = writers
+        .par_iter()
+        .map(|w| w.write(doc, &out.join(w.file_name(doc.stem()))))
+        .collect();
+    written.into_iter().collect::<Result<Vec<()>>>()?;
+    Ok(())
+}
+
+/// A pool of `threads` workers, or None for rayon's global pool (all cores).
+fn thread_pool(threads: Option<usize>) -> Result<Option<rayon::ThreadPool>> {
+    match threads {
+        Some(0) => Err(ProbeError::Usage("--threads must be at least 1".into())),
+        Some(n) => rayon::ThreadPoolBuilder::new()
+            .num_threads(n)
+            .build()
+            .map(Some)
+            .map_err(|e| ProbeError::Usage(e.to_string())),
+        None => Ok(None),
+    }
+}
+
+/// Runs `work` in `pool`, or where it is called.
+fn within<T: Send>(pool: Option<rayon::ThreadPool>, work: impl FnOnce() -> T + Send) -> T {
+    match pool {
+        Some(p) => p.install(work),
+        None => work(),
+    }
+}
+
 /// Runs `probe compare`: reads both dumps, compares, writes every chosen report. Returns
 /// the summary, whose `exit_code` is the gate's answer.
 pub fn compare(req: &CompareRequest, progress: &(dyn Fn(Progress) + Sync)) -> Result<Summary> {
@@ -37,52 +101,58 @@ pub fn compare(req: &CompareRequest, progress: &(dyn Fn(Progress) + Sync)) -> Re
         Some(p) => Tolerances::from_file(p)?,
         None => Tolerances::default(),
     };
-    let chosen: Vec<Box<dyn ReportWriter>> = {
-        for f in &req.formats {
-            if !report::writers().iter().any(|w| w.format() == f) {
-                return Err(ProbeError::Usage(format!(
-                    "unknown report format {f:?} (json, parquet, xlsx)"
-                )));
-            }
-        }
-        report::writers()
-            .into_iter()
-            .filter(|w| req.formats.iter().any(|f| f == w.format()))
-            .collect()
-    };
-    // A thread count asks for a pool of its own; otherwise rayon's global pool (all cores).
-    let pool = match req.threads {
-        Some(0) => return Err(ProbeError::Usage("--threads must be at least 1".into())),
-        Some(n) => Some(
-            rayon::ThreadPoolBuilder::new()
-                .num_threads(n)
-                .build()
-                .map_err(|e| ProbeError::Usage(e.to_string()))?,
-        ),
-        None => None,
-    };
+    let writers = chosen_writers(&req.formats)?;
+    let pool = thread_pool(req.threads)?;
     atomic::prepare_output_dir(&req.out)?;
     let opts = compare::Options {
         tolerances,
         ..compare::Options::default()
     };
-    let work = || {
+    within(pool, || {
         let run = compare::run(&req.bench, &req.cmp, &opts, progress)?;
         let mut summary = verdict::summarize(&run, req.fail_on);
-        for w in &chosen {
-            let path = req.out.join(w.file_name()).display().to_string();
-            summary.outputs.insert(w.format().to_string(), path);
-        }
-        // Formats are independent files: write them in parallel, report the first failure.
-        let written: Vec<Result<()>> = chosen
-            .par_iter()
-            .map(|w| w.write(&run, &summary, &req.out.join(w.file_name())))
-            .collect();
-        written.into_iter().collect::<Result<Vec<()>>>()?;
+        summary.outputs = output_paths(&writers, "compare", &req.out);
+        let doc = CompareDocument {
+            run: &run,
+            summary: &summary,
+        };
+        write_reports(&writers, &doc, &req.out)?;
         Ok(summary)
-    };
-    match pool {
-        Some(p) => p.install(work),
-        None => work(),
+    })
+}
+
+/// What `probe scan` was asked to do.
+#[derive(Debug, Clone)]
+pub struct ScanRequest {
+    /// The dump to scan.
+    pub dump: PathBuf,
+    /// Output folder.
+    pub out: PathBuf,
+    /// When the gate fails.
+    pub fail_on: FailOn,
+    /// Report formats to write.
+    pub formats: Vec<String>,
+    /// Scan options.
+    pub options: ScanOptions,
+}
+
+/// Runs `probe scan`: reads one dump, finds where NaN/Inf comes from, writes every chosen
+/// report. Returns the summary, whose `exit_code` is the gate's answer.
+pub fn scan(req: &ScanRequest) -> Result<ScanSummary> {
+    let writers = chosen_writers(&req.formats)?;
+    if req.options.margin.is_nan() || req.options.margin < 1.0 {
+        return Err(ProbeError::Usage(
+            "--overflow-margin must be at least 1".into(),
+        ));
     }
+    atomic::prepare_output_dir(&req.out)?;
+    let run = scan::run(&req.dump, &req.options)?;
+    let mut summary = scan::summarize(&run, req.fail_on);
+    summary.outputs = output_paths(&writers, "scan", &req.out);
+    let doc = ScanDocument {
+        run: &run,
+        summary: &summary,
+    };
+    write_reports(&writers, &doc, &req.out)?;
+    Ok(summary)
 }

@@ -21,6 +21,7 @@ pub mod json;
 pub mod metrics;
 pub mod op_key;
 pub mod report;
+pub mod scan;
 pub mod schema;
 pub mod synth;
 pub mod tensor;

@@ -26,6 +26,8 @@ struct Cli {
 enum Cmd {
     /// Compare a benchmark dump with a comparison dump, op by op.
     Compare(CompareArgs),
+    /// Find where NaN/Inf comes from in one dump (no benchmark needed).
+    Scan(ScanArgs),
     /// Write a deterministic synthetic benchmark/comparison dump pair (for tests and demos).
     Synth(SynthArgs),
     /// Compare two config packs (probe's or msprobe's config_check_pack.zip, either side).
@@ -132,6 +134,54 @@ struct CompareArgs {
     /// Print nothing on stdout.
     #[arg(short, long)]
     quiet: bool,
+}
+
+#[derive(clap::Args)]
+struct ScanArgs {
+    /// The dump to scan: a dump root, a step<S> or a rank<R> folder (probe or msprobe).
+    #[arg(value_name = "DUMP")]
+    dump: PathBuf,
+    /// Output folder for scan.xlsx, scan.parquet and summary.json.
+    #[arg(
+        short = 'o',
+        long = "out",
+        value_name = "DIR",
+        default_value = "probe-scan"
+    )]
+    out: PathBuf,
+    /// Exit 1 when the verdict reaches this level: error (NaN/Inf), warning (overflow risk,
+    /// underflow) or never.
+    #[arg(long, default_value = "error")]
+    fail_on: FailOn,
+    /// Report formats to write (comma separated).
+    #[arg(long, value_delimiter = ',', default_value = "json,parquet,xlsx")]
+    format: Vec<String>,
+    /// A finite |value| above the dtype's largest value divided by this is an overflow risk.
+    #[arg(long, default_value_t = 16.0)]
+    overflow_margin: f64,
+    /// Print nothing on stdout.
+    #[arg(short, long)]
+    quiet: bool,
+}
+
+fn run_scan(a: ScanArgs) -> Result<u8, ProbeError> {
+    let req = app::ScanRequest {
+        dump: a.dump,
+        out: a.out,
+        fail_on: a.fail_on,
+        formats: a.format,
+        options: probe::scan::ScanOptions {
+            margin: a.overflow_margin,
+        },
+    };
+    let summary = app::scan(&req)?;
+    for w in &summary.warnings {
+        eprintln!("probe: warning: {w}");
+    }
+    if !a.quiet {
+        print!("{}", report::scan_terminal_summary(&summary));
+    }
+    Ok(summary.exit_code)
 }
 
 #[derive(clap::Args)]
@@ -257,6 +307,7 @@ fn main() -> ExitCode {
     };
     let outcome = match cli.cmd {
         Cmd::Compare(a) => run_compare(a),
+        Cmd::Scan(a) => run_scan(a),
         Cmd::Synth(a) => run_synth(a),
         Cmd::ConfigCheck(a) => run_config_check(a),
         Cmd::ConfigPack(a) => run_config_pack(a),

@@ -1,11 +1,13 @@
 //! The one column table of the tabular reports (parquet, xlsx): every column's name, header,
 //! type and value, in order. A writer renders these cells; it computes nothing.
 //!
-//! A line of the table is a matched tensor or a tensor found on one side only
-//! ([`Line`]); unmatched lines leave the metric columns empty and say `unmatched`.
+//! A line of a table is a matched tensor, a tensor found on one side only, or a scanned
+//! tensor ([`Line`]); unmatched lines leave the metric columns empty and say `unmatched`.
+//! [`COLUMNS`] and [`UNMATCHED`] are the compare's tables, [`SCAN`] the scan's.
 
 use crate::compare::{Row, UnitResult, Unmatched};
 use crate::dump::Stats;
+use crate::scan::{ScanRow, ScanUnit};
 use std::borrow::Cow;
 
 /// One line of the table.
@@ -15,6 +17,8 @@ pub enum Line<'a> {
     Tensor(&'a UnitResult, &'a Row),
     /// A tensor present on one side only.
     Unmatched(&'a UnitResult, &'a Unmatched),
+    /// A tensor of a scanned run.
+    Scan(&'a ScanUnit, &'a ScanRow),
 }
 
 /// A cell's value.
@@ -63,15 +67,28 @@ pub struct Column {
 }
 
 impl<'a> Line<'a> {
-    fn unit(&self) -> &'a UnitResult {
+    fn step(&self) -> &'a str {
         match *self {
-            Line::Tensor(u, _) | Line::Unmatched(u, _) => u,
+            Line::Tensor(u, _) | Line::Unmatched(u, _) => &u.step,
+            Line::Scan(u, _) => &u.step,
+        }
+    }
+    fn rank(&self) -> &'a str {
+        match *self {
+            Line::Tensor(u, _) | Line::Unmatched(u, _) => &u.rank,
+            Line::Scan(u, _) => &u.rank,
         }
     }
     fn row(&self) -> Option<&'a Row> {
         match *self {
             Line::Tensor(_, r) => Some(r),
-            Line::Unmatched(..) => None,
+            Line::Unmatched(..) | Line::Scan(..) => None,
+        }
+    }
+    fn scanned(&self) -> Option<&'a ScanRow> {
+        match *self {
+            Line::Scan(_, r) => Some(r),
+            _ => None,
         }
     }
 }
@@ -130,6 +147,7 @@ fn side_text<'a>(l: &Line<'a>, bench: bool, shape_col: bool) -> Cell<'a> {
                 opt(Some(s.dtype.name()))
             }
         }
+        Line::Scan(..) => Cell::OptText(None),
         Line::Unmatched(_, u) => {
             if (u.side == crate::compare::Side::Bench) != bench {
                 Cell::OptText(None)
@@ -142,31 +160,47 @@ fn side_text<'a>(l: &Line<'a>, bench: bool, shape_col: bool) -> Cell<'a> {
     }
 }
 
-fn seq<'a>(l: &Line<'a>) -> Cell<'a> {
-    Cell::Count(match l {
-        Line::Tensor(_, r) => r.tensor.op.seq,
-        Line::Unmatched(_, u) => u.op.seq,
-    })
-}
-
-fn op<'a>(l: &Line<'a>) -> Cell<'a> {
-    match l {
-        Line::Tensor(_, r) => text(r.tensor.op.key.as_str()),
-        Line::Unmatched(_, u) => text(u.op.key.as_str()),
+fn op_info<'a>(l: &Line<'a>) -> &'a crate::compare::OpInfo {
+    match *l {
+        Line::Tensor(_, r) => &r.tensor.op,
+        Line::Unmatched(_, u) => &u.op,
+        Line::Scan(_, r) => &r.op,
     }
 }
 
+fn step<'a>(l: &Line<'a>) -> Cell<'a> {
+    text(l.step())
+}
+
+fn rank<'a>(l: &Line<'a>) -> Cell<'a> {
+    text(l.rank())
+}
+
+fn seq<'a>(l: &Line<'a>) -> Cell<'a> {
+    Cell::Count(op_info(l).seq)
+}
+
+fn op<'a>(l: &Line<'a>) -> Cell<'a> {
+    text(op_info(l).key.as_str())
+}
+
+fn direction<'a>(l: &Line<'a>) -> Cell<'a> {
+    text(op_info(l).direction.name())
+}
+
 fn role<'a>(l: &Line<'a>) -> Cell<'a> {
-    match l {
+    match *l {
         Line::Tensor(_, r) => text(r.tensor.role.name()),
         Line::Unmatched(_, u) => text(u.role.name()),
+        Line::Scan(_, r) => text(r.role.name()),
     }
 }
 
 fn tensor<'a>(l: &Line<'a>) -> Cell<'a> {
-    match l {
+    match *l {
         Line::Tensor(_, r) => text(&r.tensor.name),
         Line::Unmatched(_, u) => text(&u.name),
+        Line::Scan(_, r) => text(&r.name),
     }
 }
 
@@ -195,14 +229,11 @@ macro_rules! col {
 
 /// Every column of the tensors table, in order.
 pub const COLUMNS: &[Column] = &[
-    col!("step", "Step", 8.0, Text, |l| text(&l.unit().step)),
-    col!("rank", "Rank", 8.0, Text, |l| text(&l.unit().rank)),
+    col!("step", "Step", 8.0, Text, step),
+    col!("rank", "Rank", 8.0, Text, rank),
     col!("seq", "Seq", 7.0, Count, seq),
     col!("op", "Op", 36.0, Text, op),
-    col!("direction", "Direction", 10.0, Text, |l| match l {
-        Line::Tensor(_, r) => text(r.tensor.op.direction.name()),
-        Line::Unmatched(_, u) => text(u.op.direction.name()),
-    }),
+    col!("direction", "Direction", 10.0, Text, direction),
     col!("role", "Role", 9.0, Text, role),
     col!("tensor", "Tensor", 48.0, Text, tensor),
     col!("dtype_bench", "Bench Dtype", 12.0, OptText, |l| side_text(
@@ -223,12 +254,13 @@ pub const COLUMNS: &[Column] = &[
     col!("verdict", "Verdict", 9.0, Text, |l| text(
         l.row().map_or("unmatched", |r| r.judgement.verdict.name())
     )),
-    col!("reason", "Reason", 44.0, Text, |l| match l {
+    col!("reason", "Reason", 44.0, Text, |l| match *l {
         Line::Tensor(_, r) => text(&r.judgement.reason),
         Line::Unmatched(_, u) => text(match u.side {
             crate::compare::Side::Bench => "only in bench",
             crate::compare::Side::Cmp => "only in cmp",
         }),
+        Line::Scan(_, r) => text(&r.reason),
     }),
     // msprobe's metric columns first, then probe's.
     col!("cosine", "Cosine", 11.0, Number, |l| metric(l, |m| m
@@ -365,24 +397,70 @@ pub const COLUMNS: &[Column] = &[
 
 /// The workbook's `unmatched` sheet: a narrower view of the unmatched lines.
 pub const UNMATCHED: &[Column] = &[
-    col!("step", "Step", 8.0, Text, |l| text(&l.unit().step)),
-    col!("rank", "Rank", 8.0, Text, |l| text(&l.unit().rank)),
+    col!("step", "Step", 8.0, Text, step),
+    col!("rank", "Rank", 8.0, Text, rank),
     col!("only_in", "Only In", 9.0, Text, |l| match l {
         Line::Unmatched(_, u) => text(u.side.name()),
-        Line::Tensor(..) => text(""),
+        _ => text(""),
     }),
     col!("seq", "Seq", 7.0, Count, seq),
     col!("op", "Op", 36.0, Text, op),
     col!("tensor", "Tensor", 48.0, Text, tensor),
     col!("role", "Role", 9.0, Text, role),
-    col!("dtype", "Dtype", 12.0, Text, |l| match l {
+    col!("dtype", "Dtype", 12.0, Text, dtype),
+    col!("shape", "Shape", 16.0, Text, one_shape),
+];
+
+/// Dtype of a tensor known on one side (unmatched, scanned).
+fn dtype<'a>(l: &Line<'a>) -> Cell<'a> {
+    match *l {
         Line::Unmatched(_, u) => text(u.dtype.name()),
+        Line::Scan(_, r) => text(r.dtype.name()),
         Line::Tensor(..) => text(""),
-    }),
-    col!("shape", "Shape", 16.0, Text, |l| match l {
+    }
+}
+
+/// Shape of a tensor known on one side (unmatched, scanned).
+fn one_shape<'a>(l: &Line<'a>) -> Cell<'a> {
+    match *l {
         Line::Unmatched(_, u) => Cell::Text(shape(&u.shape)),
+        Line::Scan(_, r) => Cell::Text(shape(&r.shape)),
         Line::Tensor(..) => text(""),
-    }),
+    }
+}
+
+/// A recorded statistic of a scanned tensor.
+fn scan_stat(l: &Line, f: fn(&Stats) -> Option<f64>) -> Cell<'static> {
+    Cell::Number(l.scanned().and_then(|r| r.stats.as_ref()).and_then(f))
+}
+
+/// The scan's table: every tensor of the run with its flag.
+pub const SCAN: &[Column] = &[
+    col!("step", "Step", 8.0, Text, step),
+    col!("rank", "Rank", 8.0, Text, rank),
+    col!("seq", "Seq", 7.0, Count, seq),
+    col!("op", "Op", 36.0, Text, op),
+    col!("direction", "Direction", 10.0, Text, direction),
+    col!("role", "Role", 9.0, Text, role),
+    col!("tensor", "Tensor", 48.0, Text, tensor),
+    col!("dtype", "Dtype", 12.0, Text, dtype),
+    col!("shape", "Shape", 16.0, Text, one_shape),
+    col!("flag", "Flag", 12.0, Text, |l| text(
+        l.scanned().map_or("", |r| r.flag.name())
+    )),
+    col!("reason", "Reason", 44.0, Text, |l| text(
+        l.scanned().map_or("", |r| &r.reason)
+    )),
+    col!("max", "Max", 11.0, Number, |l| scan_stat(l, |s| s.max)),
+    col!("min", "Min", 11.0, Number, |l| scan_stat(l, |s| s.min)),
+    col!("mean", "Mean", 11.0, Number, |l| scan_stat(l, |s| s.mean)),
+    col!("norm", "L2norm", 11.0, Number, |l| scan_stat(l, |s| s.norm)),
+    col!("nan", "NaN count", 9.0, Number, |l| scan_stat(l, |s| s
+        .nan
+        .map(|n| n as f64))),
+    col!("inf", "Inf count", 9.0, Number, |l| scan_stat(l, |s| s
+        .inf
+        .map(|n| n as f64))),
 ];
 
 /// Every line of a compare in report order: all matched tensors of every unit, then all

@@ -1,8 +1,7 @@
-//! `summary.json`: the machine-readable verdict (schemas/probe-compare-summary.v1.schema.json).
+//! `summary.json`: the machine-readable verdict (`schemas/probe-*-summary.v1.schema.json`).
 
-use super::{ReportWriter, Summary};
+use super::{Document, ReportWriter};
 use crate::atomic;
-use crate::compare::CompareRun;
 use crate::error::Result;
 use std::path::Path;
 
@@ -13,14 +12,15 @@ impl ReportWriter for JsonSummary {
     fn format(&self) -> &'static str {
         "json"
     }
-    fn file_name(&self) -> &'static str {
-        "summary.json"
+    fn file_name(&self, _stem: &str) -> String {
+        "summary.json".into()
     }
-    fn write(&self, _run: &CompareRun, summary: &Summary, path: &Path) -> Result<()> {
-        let mut text =
-            serde_json::to_string_pretty(summary).map_err(|e| crate::ProbeError::Output {
+    fn write(&self, doc: &dyn Document, path: &Path) -> Result<()> {
+        let mut text = doc
+            .summary_json()
+            .map_err(|msg| crate::ProbeError::Output {
                 path: path.to_path_buf(),
-                msg: e.to_string(),
+                msg,
             })?;
         text.push('\n');
         atomic::write_bytes(path, text.as_bytes())

@@ -1,35 +1,81 @@
-//! Reports of a compare: the JSON summary (the CI contract, `schemas/`), the parquet table,
-//! the xlsx workbook and the terminal summary. Rendering only: every number comes from the
-//! [`CompareRun`] and the [`Summary`]; the tabular formats share one column table
-//! ([`columns`]).
+//! Reports of a compare or a scan: the JSON summary (the CI contract, `schemas/`), the
+//! parquet table, the xlsx workbook and the terminal summary. Rendering only: every number
+//! comes from a [`Document`] (a finished run with its summary); the tabular formats render
+//! the column tables of [`columns`].
 //!
 //! Every file format implements [`ReportWriter`]; adding one means one new file here and
-//! one line in [`writers`]. Files are written atomically (see [`crate::atomic`]).
+//! one line in [`writers`]. A new kind of run implements [`Document`] (see [`documents`]).
+//! Files are written atomically (see [`crate::atomic`]).
 
 pub mod columns;
+pub mod documents;
 mod json;
 mod parquet;
 mod terminal;
 pub(crate) mod xlsx;
 
-use crate::compare::CompareRun;
+use crate::compare::Verdict;
 use crate::error::Result;
-use crate::schema::summary::Summary;
+use crate::schema::summary::{Finding, WorstOp};
+use columns::{Column, Line};
 use std::path::Path;
+
+pub use documents::{CompareDocument, ScanDocument};
 
 pub use json::JsonSummary;
 pub use parquet::ParquetTable;
-pub use terminal::terminal_summary;
+pub use terminal::{scan_terminal_summary, terminal_summary};
 pub use xlsx::XlsxWorkbook;
+
+/// A finished run, as every report format sees it.
+pub trait Document: Sync {
+    /// The stem of the report files (`compare`, `scan`).
+    fn stem(&self) -> &'static str;
+    /// The content of `summary.json`.
+    fn summary_json(&self) -> std::result::Result<String, String>;
+    /// What the workbook's summary sheet shows.
+    fn overview(&self) -> Overview;
+    /// The full table (one line per tensor).
+    fn table(&self) -> Table<'_>;
+    /// The workbook's sheets after the summary.
+    fn sheets(&self) -> Vec<Table<'_>>;
+}
+
+/// The summary of a run for people: verdict, headline, facts, findings, worst ops.
+#[derive(Debug, Clone)]
+pub struct Overview {
+    /// The worst verdict.
+    pub verdict: Verdict,
+    /// The headline.
+    pub headline: String,
+    /// Key facts (paths, counts, exit code), in order.
+    pub facts: Vec<(String, String)>,
+    /// Findings with a title each, in order.
+    pub findings: Vec<(String, Finding)>,
+    /// The worst ops (may be empty).
+    pub worst_ops: Vec<WorstOp>,
+}
+
+/// Lines of a table with the columns to show.
+pub struct Table<'a> {
+    /// Sheet name (or the table's name).
+    pub name: &'static str,
+    /// Columns, in order.
+    pub columns: Vec<&'static Column>,
+    /// Name of the column whose value colours a row in the workbook (`error`, `warning`).
+    pub colour_by: &'static str,
+    /// The lines.
+    pub lines: Box<dyn Iterator<Item = Line<'a>> + 'a>,
+}
 
 /// A report format.
 pub trait ReportWriter: Sync {
     /// The format's name on the command line (`--format`).
     fn format(&self) -> &'static str;
-    /// The file written into the output folder.
-    fn file_name(&self) -> &'static str;
+    /// The file written into the output folder, for documents named `stem`.
+    fn file_name(&self, stem: &str) -> String;
     /// Writes the report to `path` (atomically).
-    fn write(&self, run: &CompareRun, summary: &Summary, path: &Path) -> Result<()>;
+    fn write(&self, doc: &dyn Document, path: &Path) -> Result<()>;
 }
 
 /// All report formats, in the order they are written.

@@ -1,11 +1,10 @@
-//! `compare.parquet`: every line of the column table ([`super::columns`]), matched tensors
-//! and unmatched ones (verdict `unmatched`), for pandas / polars / DuckDB users.
+//! `<stem>.parquet`: the document's full table ([`super::columns`]; for a compare, matched
+//! tensors and unmatched ones with verdict `unmatched`), for pandas / polars / DuckDB users.
 //! Snappy-compressed.
 
-use super::columns::{lines, Cell, Kind, Line, COLUMNS};
-use super::{ReportWriter, Summary};
+use super::columns::{Cell, Column, Kind};
+use super::{Document, ReportWriter, Table};
 use crate::atomic;
-use crate::compare::CompareRun;
 use crate::error::{ProbeError, Result};
 use arrow_array::builder::{BooleanBuilder, Float64Builder, StringBuilder, UInt64Builder};
 use arrow_array::{ArrayRef, RecordBatch};
@@ -16,7 +15,7 @@ use parquet::file::properties::WriterProperties;
 use std::path::Path;
 use std::sync::Arc;
 
-/// `compare.parquet`.
+/// `<stem>.parquet`.
 pub struct ParquetTable;
 
 const BATCH: usize = 65_536;
@@ -64,8 +63,8 @@ impl Builder {
     }
 }
 
-fn schema() -> Arc<Schema> {
-    let fields: Vec<Field> = COLUMNS
+fn schema(columns: &[&Column]) -> Arc<Schema> {
+    let fields: Vec<Field> = columns
         .iter()
         .map(|c| {
             let (t, nullable) = match c.kind {
@@ -81,17 +80,15 @@ fn schema() -> Arc<Schema> {
     Arc::new(Schema::new(fields))
 }
 
-fn write_table<W: std::io::Write + Send>(
-    run: &CompareRun,
-    w: W,
-) -> std::result::Result<(), String> {
-    let schema = schema();
+fn write_table<W: std::io::Write + Send>(table: Table, w: W) -> std::result::Result<(), String> {
+    let schema = schema(&table.columns);
     let props = WriterProperties::builder()
         .set_compression(Compression::SNAPPY)
         .build();
     let mut writer =
         ArrowWriter::try_new(w, schema.clone(), Some(props)).map_err(|e| e.to_string())?;
-    let mut builders: Vec<Builder> = COLUMNS.iter().map(|c| Builder::new(c.kind)).collect();
+    let columns = table.columns;
+    let mut builders: Vec<Builder> = columns.iter().map(|c| Builder::new(c.kind)).collect();
     let mut len = 0usize;
     let mut flush = |builders: &mut Vec<Builder>, len: &mut usize| {
         let cols: Vec<ArrayRef> = builders.iter_mut().map(Builder::finish).collect();
@@ -99,8 +96,10 @@ fn write_table<W: std::io::Write + Send>(
         let batch = RecordBatch::try_new(schema.clone(), cols).map_err(|e| e.to_string())?;
         writer.write(&batch).map_err(|e| e.to_string())
     };
-    for line in lines(&run.units) {
-        push_line(&mut builders, &line);
+    for line in table.lines {
+        for (b, c) in builders.iter_mut().zip(&columns) {
+            b.push((c.value)(&line));
+        }
         len += 1;
         if len >= BATCH {
             flush(&mut builders, &mut len)?;
@@ -113,21 +112,15 @@ fn write_table<W: std::io::Write + Send>(
     Ok(())
 }
 
-fn push_line(builders: &mut [Builder], line: &Line) {
-    for (b, c) in builders.iter_mut().zip(COLUMNS) {
-        b.push((c.value)(line));
-    }
-}
-
 impl ReportWriter for ParquetTable {
     fn format(&self) -> &'static str {
         "parquet"
     }
-    fn file_name(&self) -> &'static str {
-        "compare.parquet"
+    fn file_name(&self, stem: &str) -> String {
+        format!("{stem}.parquet")
     }
-    fn write(&self, run: &CompareRun, _summary: &Summary, path: &Path) -> Result<()> {
-        atomic::write_with(path, |w| write_table(run, w)).map_err(|e| match e {
+    fn write(&self, doc: &dyn Document, path: &Path) -> Result<()> {
+        atomic::write_with(path, |w| write_table(doc.table(), w)).map_err(|e| match e {
             ProbeError::Output { path, msg } => ProbeError::Output {
                 path,
                 msg: format!("parquet: {msg}"),

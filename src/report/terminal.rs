@@ -1,7 +1,69 @@
 //! The short human summary printed on stdout.
 
 use crate::compare::Verdict;
+use crate::scan::ScanSummary;
 use crate::schema::summary::{Finding, Summary};
+
+/// A finding: title, op, explanation, up to 8 lines of evidence, the innermost frame.
+fn show(out: &mut String, title: &str, f: &Finding) {
+    *out += &format!(
+        "{title}: {} ({}/{}, seq {})\n    {}\n",
+        f.op, f.step, f.rank, f.seq, f.explanation
+    );
+    for e in f.evidence.iter().take(8) {
+        *out += &format!("      {e}\n");
+    }
+    if let Some(top) = f.stack.last() {
+        *out += &format!("    at {top}\n");
+    }
+}
+
+/// The short human summary of a scan.
+pub fn scan_terminal_summary(s: &ScanSummary) -> String {
+    let mut out = format!("{}\n", s.headline);
+    let c = &s.counts;
+    out += &format!(
+        "  {} tensors in {} ops ({} step/rank folders): {} with NaN/Inf, {} -inf only, {} at overflow risk, {} underflowed; {} steps skipped by the loss scaler\n",
+        c.tensors, c.ops, c.units, c.nonfinite, c.neg_inf_only, c.overflow_risk, c.underflow, c.loss_scaler_skipped_steps
+    );
+    let list = [
+        (
+            "  NaN/Inf enters from outside (forward)",
+            &s.external_nonfinite.forward,
+        ),
+        (
+            "  first NaN/Inf producer (forward)",
+            &s.first_nonfinite.forward,
+        ),
+        (
+            "  first NaN/Inf producer (backward)",
+            &s.first_nonfinite.backward,
+        ),
+        (
+            "  NaN/Inf enters from outside (backward)",
+            &s.external_nonfinite.backward,
+        ),
+    ];
+    for (title, f) in list {
+        if let Some(f) = f {
+            show(&mut out, title, f);
+        }
+    }
+    if let Some(f) = s
+        .units
+        .iter()
+        .find_map(|u| u.findings.overflow_risk.first())
+    {
+        out += &format!("  first overflow risk: {} ({})\n", f.op, f.reason);
+    }
+    for w in s.warnings.iter().take(5) {
+        out += &format!("  note: {w}\n");
+    }
+    for (k, v) in &s.outputs {
+        out += &format!("  {k}: {v}\n");
+    }
+    out
+}
 
 /// The short human summary printed on stdout.
 pub fn terminal_summary(s: &Summary) -> String {
@@ -12,18 +74,6 @@ pub fn terminal_summary(s: &Summary) -> String {
         "  {} tensors in {} ops ({} step/rank pairs): {} pass, {} warning, {} error; unmatched: {} bench-only, {} cmp-only\n",
         c.tensors, c.ops, c.pairs, c.pass, c.warning, c.error, c.unmatched_bench, c.unmatched_cmp
     );
-    let show = |out: &mut String, title: &str, f: &Finding| {
-        *out += &format!(
-            "{title}: {} ({}/{}, seq {})\n    {}\n",
-            f.op, f.step, f.rank, f.seq, f.explanation
-        );
-        for e in f.evidence.iter().take(8) {
-            *out += &format!("      {e}\n");
-        }
-        if let Some(top) = f.stack.last() {
-            *out += &format!("    at {top}\n");
-        }
-    };
     if let Some(f) = &s.external_source.forward {
         show(&mut out, "  divergence enters from outside (forward)", f);
     }

@@ -1,14 +1,15 @@
-//! `compare.xlsx`: the workbook people open in Excel or WPS.
+//! `<stem>.xlsx`: the workbook people open in Excel or WPS.
 //!
-//! `summary` first (verdict, first divergent ops with evidence and stack, the worst ops),
-//! then `tensors` in execution order with msprobe's familiar columns plus probe's verdict,
-//! reason and tolerance (errors red, warnings yellow, frozen header, autofilter), then
-//! `unmatched`. Sheets are split past Excel's row limit. Written in constant-memory mode.
+//! `summary` first (verdict, headline, facts, findings with evidence and stack, the worst
+//! ops), then the document's sheets (for a compare: `tensors` in execution order with
+//! msprobe's familiar columns plus probe's verdict, reason and tolerance, then `unmatched`),
+//! errors red, warnings yellow, frozen header, autofilter. Sheets are split past Excel's row
+//! limit. Written in constant-memory mode.
 
-use super::columns::{tensor_lines, unmatched_lines, Cell, Column, Line, COLUMNS, UNMATCHED};
-use super::{ReportWriter, Summary};
+use super::columns::{Cell, Column, Line};
+use super::{Document, Overview, ReportWriter, Table};
 use crate::atomic;
-use crate::compare::{CompareRun, Verdict};
+use crate::compare::Verdict;
 use crate::error::{ProbeError, Result};
 use crate::schema::summary::Finding;
 use rust_xlsxwriter::{
@@ -16,7 +17,7 @@ use rust_xlsxwriter::{
 };
 use std::path::Path;
 
-/// `compare.xlsx`.
+/// `<stem>.xlsx`.
 pub struct XlsxWorkbook;
 
 /// Data rows per sheet: Excel's 1,048,576 rows less the header.
@@ -186,7 +187,7 @@ fn finding_rows(
     Ok(())
 }
 
-fn summary_sheet(ws: &mut Worksheet, s: &Summary, fs: &Formats) -> X<()> {
+fn summary_sheet(ws: &mut Worksheet, s: &Overview, fs: &Formats) -> X<()> {
     ws.set_name("summary")?;
     // Printed or exported to PDF, the summary fits the page width.
     ws.set_landscape();
@@ -202,47 +203,14 @@ fn summary_sheet(ws: &mut Worksheet, s: &Summary, fs: &Formats) -> X<()> {
     ws.write_string_with_format(row, 0, "verdict", &fs.bold)?;
     ws.write_string_with_format(row, 1, &s.headline, vf)?;
     row += 1;
-    let c = &s.counts;
-    let kv = [
-        ("exit code", s.exit_code.to_string()),
-        ("benchmark (-b)", s.bench.clone()),
-        ("comparison (-c)", s.cmp.clone()),
-        ("step/rank pairs", c.pairs.to_string()),
-        ("ops (comparison side)", c.ops.to_string()),
-        ("tensors compared", c.tensors.to_string()),
-        (
-            "pass / warning / error",
-            format!("{} / {} / {}", c.pass, c.warning, c.error),
-        ),
-        (
-            "only in bench / only in cmp",
-            format!("{} / {}", c.unmatched_bench, c.unmatched_cmp),
-        ),
-    ];
-    for (k, v) in kv {
+    for (k, v) in &s.facts {
         ws.write_string(row, 0, k)?;
         ws.write_string(row, 1, v)?;
         row += 1;
     }
     row += 1;
-    let fd = [
-        (
-            "divergence enters from outside (forward)",
-            &s.external_source.forward,
-        ),
-        ("first divergent op (forward)", &s.first_divergent.forward),
-        ("first divergent op (backward)", &s.first_divergent.backward),
-        ("first NaN/Inf producer", &s.first_nonfinite),
-        ("earliest failing op (forward)", &s.earliest_failing.forward),
-        (
-            "earliest failing op (backward)",
-            &s.earliest_failing.backward,
-        ),
-    ];
-    for (title, f) in fd {
-        if let Some(f) = f {
-            finding_rows(ws, &mut row, title, f, fs)?;
-        }
+    for (title, f) in &s.findings {
+        finding_rows(ws, &mut row, title, f, fs)?;
     }
     if !s.worst_ops.is_empty() {
         ws.write_string_with_format(row, 0, "worst ops", &fs.bold)?;
@@ -284,6 +252,9 @@ fn verdict_colours(ws: &mut Worksheet, rows: usize, cols: u16, col: &str, fs: &F
         ("warning", &fs.warn),
         ("bench", &fs.warn),
         ("cmp", &fs.warn),
+        ("nan/inf", &fs.err),
+        ("overflow risk", &fs.warn),
+        ("underflow", &fs.warn),
     ] {
         let rule = ConditionalFormatFormula::new()
             .set_rule(format!("=${col}2=\"{word}\"").as_str())
@@ -302,32 +273,31 @@ fn part_name(base: &str, k: usize) -> String {
     }
 }
 
-/// Writes `lines` into sheets named `base`, `base_2`, ... of at most [`MAX_ROWS`] rows;
-/// always at least one (maybe empty) sheet, so the workbook's sheet list is the same for
-/// every compare.
-fn sheets<'a>(
-    wb: &mut Workbook,
-    base: &str,
-    cols: &[&Column],
-    verdict_col: &str,
-    mut lines: impl Iterator<Item = Line<'a>>,
-    fs: &Formats,
-) -> X<()> {
+/// Writes a table into sheets named `name`, `name_2`, ... of at most [`MAX_ROWS`] rows
+/// (the workbook's columns only); always at least one (maybe empty) sheet, so the
+/// workbook's sheet list is the same for every run.
+fn sheets(wb: &mut Workbook, table: Table, fs: &Formats) -> X<()> {
+    let cols: Vec<&Column> = table.columns.into_iter().filter(|c| c.workbook).collect();
+    let colour = cols
+        .iter()
+        .position(|c| c.name == table.colour_by)
+        .unwrap_or(0);
     let widths: Vec<(&str, f64)> = cols.iter().map(|c| (c.header, c.width)).collect();
-    let mut k = 0;
+    let mut lines = table.lines;
     let mut next = lines.next();
+    let mut k = 0;
     loop {
         let ws = wb.add_worksheet_with_constant_memory()?;
-        ws.set_name(part_name(base, k))?;
+        ws.set_name(part_name(table.name, k))?;
         write_header(ws, &widths, &fs.header)?;
         let mut n = 0usize;
         while n < MAX_ROWS {
             let Some(line) = next.take() else { break };
             n += 1;
-            table_row(ws, n as u32, cols, &line)?;
+            table_row(ws, n as u32, &cols, &line)?;
             next = lines.next();
         }
-        verdict_colours(ws, n, cols.len() as u16, verdict_col, fs)?;
+        verdict_colours(ws, n, cols.len() as u16, &letter(colour), fs)?;
         ws.autofilter(0, 0, n.max(1) as u32, cols.len() as u16 - 1)?;
         k += 1;
         if next.is_none() {
@@ -336,27 +306,15 @@ fn sheets<'a>(
     }
 }
 
-fn build(run: &CompareRun, s: &Summary) -> X<Workbook> {
+fn build(doc: &dyn Document) -> X<Workbook> {
     let fs = formats();
     let mut wb = Workbook::new();
     // Level 1 deflate: several times faster than the default on large sheets, files ~20 % larger.
     wb.set_zip_compression_level(1);
-    summary_sheet(wb.add_worksheet(), s, &fs)?;
-    let cols: Vec<&Column> = COLUMNS.iter().filter(|c| c.workbook).collect();
-    let verdict = cols.iter().position(|c| c.name == "verdict").unwrap_or(0);
-    let tensors = tensor_lines(&run.units);
-    sheets(&mut wb, "tensors", &cols, &letter(verdict), tensors, &fs)?;
-    let cols: Vec<&Column> = UNMATCHED.iter().collect();
-    let only_in = cols.iter().position(|c| c.name == "only_in").unwrap_or(0);
-    let unmatched = unmatched_lines(&run.units);
-    sheets(
-        &mut wb,
-        "unmatched",
-        &cols,
-        &letter(only_in),
-        unmatched,
-        &fs,
-    )?;
+    summary_sheet(wb.add_worksheet(), &doc.overview(), &fs)?;
+    for table in doc.sheets() {
+        sheets(&mut wb, table, &fs)?;
+    }
     Ok(wb)
 }
 
@@ -364,15 +322,15 @@ impl ReportWriter for XlsxWorkbook {
     fn format(&self) -> &'static str {
         "xlsx"
     }
-    fn file_name(&self) -> &'static str {
-        "compare.xlsx"
+    fn file_name(&self, stem: &str) -> String {
+        format!("{stem}.xlsx")
     }
-    fn write(&self, run: &CompareRun, summary: &Summary, path: &Path) -> Result<()> {
+    fn write(&self, doc: &dyn Document, path: &Path) -> Result<()> {
         let err = |e: XlsxError| ProbeError::Output {
             path: path.to_path_buf(),
             msg: format!("xlsx: {e}"),
         };
-        let mut wb = build(run, summary).map_err(err)?;
+        let mut wb = build(doc).map_err(err)?;
         atomic::write_with(path, |w| wb.save_to_writer(w).map_err(|e| e.to_string()))
     }
 }

@@ -1,0 +1,193 @@
+//! The kinds of run the reports render: a compare ([`CompareDocument`]) and a scan
+//! ([`ScanDocument`]), each a [`Document`]: its summary, its overview for people and its
+//! tables.
+
+use super::columns::{self, Line, COLUMNS, SCAN, UNMATCHED};
+use super::{Document, Overview, Table};
+use crate::compare::CompareRun;
+use crate::scan::{ScanRun, ScanSummary};
+use crate::schema::summary::{Finding, Summary};
+
+/// A compare and its summary.
+pub struct CompareDocument<'a> {
+    /// The compare.
+    pub run: &'a CompareRun,
+    /// Its summary (outputs filled in).
+    pub summary: &'a Summary,
+}
+
+/// A scan and its summary.
+pub struct ScanDocument<'a> {
+    /// The scan.
+    pub run: &'a ScanRun,
+    /// Its summary (outputs filled in).
+    pub summary: &'a ScanSummary,
+}
+
+fn findings<'a>(
+    list: impl IntoIterator<Item = (&'a str, &'a Option<Finding>)>,
+) -> Vec<(String, Finding)> {
+    list.into_iter()
+        .filter_map(|(t, f)| f.as_ref().map(|f| (t.to_string(), f.clone())))
+        .collect()
+}
+
+impl Document for CompareDocument<'_> {
+    fn stem(&self) -> &'static str {
+        "compare"
+    }
+
+    fn summary_json(&self) -> Result<String, String> {
+        serde_json::to_string_pretty(self.summary).map_err(|e| e.to_string())
+    }
+
+    fn overview(&self) -> Overview {
+        let s = self.summary;
+        let c = &s.counts;
+        let facts = [
+            ("exit code", s.exit_code.to_string()),
+            ("benchmark (-b)", s.bench.clone()),
+            ("comparison (-c)", s.cmp.clone()),
+            ("step/rank pairs", c.pairs.to_string()),
+            ("ops (comparison side)", c.ops.to_string()),
+            ("tensors compared", c.tensors.to_string()),
+            (
+                "pass / warning / error",
+                format!("{} / {} / {}", c.pass, c.warning, c.error),
+            ),
+            (
+                "only in bench / only in cmp",
+                format!("{} / {}", c.unmatched_bench, c.unmatched_cmp),
+            ),
+        ];
+        Overview {
+            verdict: s.verdict,
+            headline: s.headline.clone(),
+            facts: facts.into_iter().map(|(k, v)| (k.to_string(), v)).collect(),
+            findings: findings([
+                (
+                    "divergence enters from outside (forward)",
+                    &s.external_source.forward,
+                ),
+                ("first divergent op (forward)", &s.first_divergent.forward),
+                ("first divergent op (backward)", &s.first_divergent.backward),
+                ("first NaN/Inf producer", &s.first_nonfinite),
+                ("earliest failing op (forward)", &s.earliest_failing.forward),
+                (
+                    "earliest failing op (backward)",
+                    &s.earliest_failing.backward,
+                ),
+            ]),
+            worst_ops: s.worst_ops.clone(),
+        }
+    }
+
+    fn table(&self) -> Table<'_> {
+        Table {
+            name: "tensors",
+            columns: COLUMNS.iter().collect(),
+            colour_by: "verdict",
+            lines: Box::new(columns::lines(&self.run.units)),
+        }
+    }
+
+    fn sheets(&self) -> Vec<Table<'_>> {
+        vec![
+            Table {
+                name: "tensors",
+                columns: COLUMNS.iter().collect(),
+                colour_by: "verdict",
+                lines: Box::new(columns::tensor_lines(&self.run.units)),
+            },
+            Table {
+                name: "unmatched",
+                columns: UNMATCHED.iter().collect(),
+                colour_by: "only_in",
+                lines: Box::new(columns::unmatched_lines(&self.run.units)),
+            },
+        ]
+    }
+}
+
+impl Document for ScanDocument<'_> {
+    fn stem(&self) -> &'static str {
+        "scan"
+    }
+
+    fn summary_json(&self) -> Result<String, String> {
+        serde_json::to_string_pretty(self.summary).map_err(|e| e.to_string())
+    }
+
+    fn overview(&self) -> Overview {
+        let s = self.summary;
+        let c = &s.counts;
+        let facts = [
+            ("exit code", s.exit_code.to_string()),
+            ("dump", s.dump.clone()),
+            ("step/rank folders", c.units.to_string()),
+            ("ops", c.ops.to_string()),
+            ("tensors", c.tensors.to_string()),
+            ("with NaN/Inf", c.nonfinite.to_string()),
+            ("-inf only (masks)", c.neg_inf_only.to_string()),
+            (
+                "overflow risk / underflow",
+                format!("{} / {}", c.overflow_risk, c.underflow),
+            ),
+            (
+                "steps skipped by the loss scaler",
+                c.loss_scaler_skipped_steps.to_string(),
+            ),
+        ];
+        let mut found = findings([
+            (
+                "NaN/Inf enters from outside (forward)",
+                &s.external_nonfinite.forward,
+            ),
+            (
+                "first NaN/Inf producer (forward)",
+                &s.first_nonfinite.forward,
+            ),
+            (
+                "first NaN/Inf producer (backward)",
+                &s.first_nonfinite.backward,
+            ),
+            (
+                "NaN/Inf enters from outside (backward)",
+                &s.external_nonfinite.backward,
+            ),
+        ]);
+        for u in &s.units {
+            for f in u.findings.overflow_risk.iter().take(3) {
+                found.push(("overflow risk".into(), f.clone()));
+            }
+            for f in u.findings.underflow.iter().take(3) {
+                found.push(("underflow".into(), f.clone()));
+            }
+        }
+        Overview {
+            verdict: s.verdict,
+            headline: s.headline.clone(),
+            facts: facts.into_iter().map(|(k, v)| (k.to_string(), v)).collect(),
+            findings: found,
+            worst_ops: vec![],
+        }
+    }
+
+    fn table(&self) -> Table<'_> {
+        let lines = self
+            .run
+            .units
+            .iter()
+            .flat_map(|u| u.rows.iter().map(move |r| Line::Scan(u, r)));
+        Table {
+            name: "tensors",
+            columns: SCAN.iter().collect(),
+            colour_by: "flag",
+            lines: Box::new(lines),
+        }
+    }
+
+    fn sheets(&self) -> Vec<Table<'_>> {
+        vec![self.table()]
+    }
+}

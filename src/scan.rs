@@ -1,0 +1,593 @@
+//! `probe scan`: find where NaN/Inf comes from in one run, with no benchmark.
+//!
+//! Often the only run a user has is the failing one. Per step/rank, in execution order:
+//! - the **first producer** of NaN/+Inf per phase (forward; backward with the optimizer):
+//!   the earliest op whose inputs are all finite and one of whose outputs is not. NaN/Inf in
+//!   an input that no earlier op produced *enters from outside* the captured ops.
+//! - `-inf` alone (max finite, min `-inf`, no NaN) is what attention masks hold: noted as
+//!   `-inf only`, never an error, so that every transformer dump does not fail the gate.
+//! - **overflow risk**: a finite float tensor whose largest |value| is within `margin` of its
+//!   dtype's largest finite value (fp16 65504, bf16/fp32 3.4e38), or a cast to fp16/bf16
+//!   whose input does not fit the output dtype.
+//! - **underflow**: an op whose float inputs are not all zero but whose float outputs are
+//!   all zero (fp16 gradients vanishing), for ops that do not zero by design.
+//! - **loss-scaler skipped steps**, where the scaler's ops were captured: a `found_inf` of
+//!   `_amp_foreach_non_finite_check_and_unscale_` / `_amp_update_scale_` that is set.
+//!
+//! Statistics are enough (every probe and msprobe dump records them); the verdict rules are
+//! all here, the reports reuse [`crate::report`].
+
+use crate::compare::{OpInfo, Verdict};
+use crate::dtype::DType;
+use crate::dump::{self, Direction, OpRec, RankDump, RankLoc, Role, Stats, TensorRec};
+use crate::error::{ProbeError, Result};
+use crate::gate::{FailOn, EXIT_NOTHING_COMPARABLE};
+pub use crate::schema::scan::{ScanCounts, ScanFindings, ScanSummary, UnitScan};
+use crate::schema::summary::{ByDirection, Finding};
+use serde::{Deserialize, Serialize};
+use std::collections::BTreeMap;
+use std::path::{Path, PathBuf};
+
+/// What the scan says about one tensor.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum Flag {
+    /// Finite, nothing to say.
+    Finite,
+    /// Only `-inf` besides finite values: masking (or a negative overflow).
+    NegInfOnly,
+    /// All zero although the op's inputs are not.
+    Underflow,
+    /// Finite, but within the margin of its dtype's range.
+    OverflowRisk,
+    /// Holds NaN or +Inf (or non-finite statistics of unknown sign).
+    NonFinite,
+}
+
+impl Flag {
+    /// The name used in reports.
+    pub fn name(self) -> &'static str {
+        match self {
+            Flag::Finite => "",
+            Flag::NegInfOnly => "-inf only",
+            Flag::Underflow => "underflow",
+            Flag::OverflowRisk => "overflow risk",
+            Flag::NonFinite => "nan/inf",
+        }
+    }
+
+    /// How much a tensor with this flag weighs in the verdict.
+    pub fn verdict(self) -> Verdict {
+        match self {
+            Flag::Finite | Flag::NegInfOnly => Verdict::Pass,
+            Flag::Underflow | Flag::OverflowRisk => Verdict::Warning,
+            Flag::NonFinite => Verdict::Error,
+        }
+    }
+}
+
+/// One scanned tensor.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct ScanRow {
+    /// Its op.
+    pub op: OpInfo,
+    /// Its name.
+    pub name: String,
+    /// Input, output or parameter.
+    pub role: Role,
+    /// Its dtype.
+    pub dtype: crate::dtype::AnyDType,
+    /// Its shape.
+    pub shape: Vec<usize>,
+    /// Recorded statistics.
+    pub stats: Option<Stats>,
+    /// The scan's word on it.
+    pub flag: Flag,
+    /// Why, for a person (empty when finite).
+    pub reason: String,
+}
+
+/// One scanned step/rank.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct ScanUnit {
+    /// Step label.
+    pub step: String,
+    /// Rank label.
+    pub rank: String,
+    /// The rank folder.
+    pub dir: PathBuf,
+    /// Op records.
+    pub ops: usize,
+    /// Every tensor, in execution order.
+    pub rows: Vec<ScanRow>,
+    /// What was found.
+    pub findings: ScanFindings,
+    /// Non-fatal problems met while reading.
+    pub warnings: Vec<String>,
+}
+
+/// A whole scan.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct ScanRun {
+    /// The dump as given.
+    pub dump: PathBuf,
+    /// Every step/rank, in order.
+    pub units: Vec<ScanUnit>,
+    /// Non-fatal problems.
+    pub warnings: Vec<String>,
+}
+
+/// Options of a scan.
+#[derive(Debug, Clone, Copy)]
+pub struct ScanOptions {
+    /// A finite |value| above `dtype max / margin` is an overflow risk.
+    pub margin: f64,
+}
+
+impl Default for ScanOptions {
+    fn default() -> Self {
+        ScanOptions { margin: 16.0 }
+    }
+}
+
+/// The largest finite value of a float dtype.
+fn dtype_max(d: DType) -> Option<f64> {
+    match d {
+        DType::F16 => Some(65504.0),
+        DType::BF16 => Some(3.389_531_389_251_535_5e38),
+        DType::F32 => Some(f32::MAX as f64),
+        DType::F64 => Some(f64::MAX),
+        _ => None,
+    }
+}
+
+/// Non-finite content of a tensor from its statistics.
+fn nonfinite_kind(s: &Stats) -> Flag {
+    let counted = s.nan.zip(s.inf).map(|(n, i)| n + i);
+    let any_stat = [s.max, s.min, s.mean, s.norm]
+        .iter()
+        .flatten()
+        .any(|v| !v.is_finite());
+    if counted == Some(0) || (counted.is_none() && !any_stat) {
+        return Flag::Finite;
+    }
+    let has_nan = s.nan.map_or_else(
+        || [s.max, s.min].iter().flatten().any(|v| v.is_nan()),
+        |n| n > 0,
+    );
+    let neg_inf_only =
+        !has_nan && s.max.is_some_and(f64::is_finite) && s.min == Some(f64::NEG_INFINITY);
+    if neg_inf_only {
+        Flag::NegInfOnly
+    } else {
+        Flag::NonFinite
+    }
+}
+
+fn max_abs(s: &Stats) -> Option<f64> {
+    let m = [s.max, s.min]
+        .iter()
+        .flatten()
+        .map(|v| v.abs())
+        .fold(None, |a: Option<f64>, v| Some(a.map_or(v, |a| a.max(v))));
+    m.filter(|v| v.is_finite())
+}
+
+fn all_zero(s: &Stats) -> bool {
+    s.max == Some(0.0) && s.min == Some(0.0)
+}
+
+fn is_input(t: &TensorRec, op: &OpRec) -> bool {
+    t.role == Role::Input || (t.role == Role::Parameter && op.direction == Direction::Forward)
+}
+
+fn is_float(t: &TensorRec) -> bool {
+    t.dtype.known().is_some_and(DType::is_float)
+}
+
+/// Ops that zero their output by design (not an underflow).
+fn zeroes_by_design(op: &OpRec) -> bool {
+    let k = op.key.base().to_ascii_lowercase();
+    [
+        "zero",
+        "fill",
+        "mask",
+        "dropout",
+        "relu",
+        "threshold",
+        "clamp",
+        "where",
+        "mul",
+        "empty",
+    ]
+    .iter()
+    .any(|w| k.contains(w))
+}
+
+/// The scan's flag and reason for one tensor of `op`.
+fn flag_of(t: &TensorRec, op: &OpRec, inputs_nonzero: bool, margin: f64) -> (Flag, String) {
+    let Some(s) = &t.stats else {
+        return (Flag::Finite, String::new());
+    };
+    match nonfinite_kind(s) {
+        Flag::NonFinite => {
+            let what = match (s.nan, s.inf) {
+                (Some(n), Some(i)) => format!("{n} NaN, {i} Inf"),
+                _ => "non-finite statistics".into(),
+            };
+            return (Flag::NonFinite, what);
+        }
+        Flag::NegInfOnly => return (Flag::NegInfOnly, "-inf only (a mask?)".into()),
+        _ => {}
+    }
+    let d = t.dtype.known();
+    if let (Some(m), Some(lim)) = (max_abs(s), d.and_then(dtype_max)) {
+        if m > lim / margin {
+            let r = format!(
+                "max |x| {m:.4e} within {margin}x of the {} limit {lim:.4e}",
+                t.dtype
+            );
+            return (Flag::OverflowRisk, r);
+        }
+    }
+    let output = !is_input(t, op);
+    if output && is_float(t) && inputs_nonzero && all_zero(s) && !zeroes_by_design(op) {
+        return (Flag::Underflow, "all zero from non-zero inputs".into());
+    }
+    (Flag::Finite, String::new())
+}
+
+/// A cast to a narrower float dtype whose input does not fit it: its (finite) input is an
+/// overflow that the output may not show (saturation on some devices).
+fn cast_overflow(op: &OpRec) -> Option<String> {
+    let out = op.tensors.iter().find(|t| !is_input(t, op))?;
+    let lim = out.dtype.known().and_then(dtype_max)?;
+    let worst = op
+        .tensors
+        .iter()
+        .filter(|t| is_input(t, op) && is_float(t))
+        .filter_map(|t| t.stats.as_ref().and_then(max_abs))
+        .fold(0.0f64, f64::max);
+    (worst > lim).then(|| {
+        format!(
+            "input max |x| {worst:.4e} does not fit {} (limit {lim:.4e})",
+            out.dtype
+        )
+    })
+}
+
+fn finding(
+    unit: &RankLoc,
+    stacks: &BTreeMap<u64, Vec<String>>,
+    rows: &[&ScanRow],
+    focus: &ScanRow,
+    explanation: String,
+) -> Finding {
+    let evidence = rows
+        .iter()
+        .map(|r| {
+            let side = if r.role == Role::Output
+                || (r.role == Role::Parameter && r.op.direction == Direction::Backward)
+            {
+                "out"
+            } else {
+                "in "
+            };
+            let st = r.stats.as_ref().map_or_else(String::new, |s| {
+                let f = |v: Option<f64>| v.map_or("-".into(), |v| format!("{v:.4e}"));
+                format!(
+                    " max={} min={} mean={} norm={}",
+                    f(s.max),
+                    f(s.min),
+                    f(s.mean),
+                    f(s.norm)
+                )
+            });
+            let flag = if r.flag == Flag::Finite {
+                String::new()
+            } else {
+                format!(" [{}]", r.flag.name())
+            };
+            format!("{side} {}{flag}{st}", r.name)
+        })
+        .collect();
+    Finding {
+        op: focus.op.key.to_string(),
+        step: unit.step.clone(),
+        rank: unit.rank.clone(),
+        seq: focus.op.seq,
+        direction: focus.op.direction,
+        tensor: focus.name.clone(),
+        reason: focus.reason.clone(),
+        explanation,
+        evidence,
+        stack: focus
+            .op
+            .stack
+            .and_then(|id| stacks.get(&id).cloned())
+            .unwrap_or_default(),
+    }
+}
+
+/// How many overflow / underflow findings a unit keeps.
+const KEEP: usize = 20;
+
+/// Scans one step/rank.
+pub fn scan_unit(dump: RankDump, opts: &ScanOptions) -> ScanUnit {
+    let RankDump {
+        loc,
+        ops,
+        stacks,
+        warnings,
+        ..
+    } = dump;
+    let first_backward = ops
+        .iter()
+        .find(|o| o.direction == Direction::Backward)
+        .map(|o| o.seq);
+    let mut rows: Vec<ScanRow> = Vec::with_capacity(ops.iter().map(|o| o.tensors.len()).sum());
+    let mut findings = ScanFindings::default();
+    // Where each forward call's rows are: a backward call also consumes what its forward
+    // call saved, so NaN there is inherited, not produced.
+    let mut forward_rows: std::collections::HashMap<&str, std::ops::Range<usize>> =
+        std::collections::HashMap::new();
+    for (oi, op) in ops.iter().enumerate() {
+        let info = OpInfo::of(oi, op);
+        let inputs_nonzero = op.tensors.iter().any(|t| {
+            is_input(t, op) && is_float(t) && t.stats.as_ref().is_some_and(|s| !all_zero(s))
+        }) && op
+            .tensors
+            .iter()
+            .filter(|t| is_input(t, op) && is_float(t))
+            .all(|t| t.stats.as_ref().is_some_and(|s| !all_zero(s)));
+        let start = rows.len();
+        for t in &op.tensors {
+            let (mut flag, mut reason) = flag_of(t, op, inputs_nonzero, opts.margin);
+            if flag == Flag::Finite && !is_input(t, op) {
+                if let Some(r) = cast_overflow(op) {
+                    (flag, reason) = (Flag::OverflowRisk, r);
+                }
+            }
+            rows.push(ScanRow {
+                op: info.clone(),
+                name: t.name.clone(),
+                role: t.role,
+                dtype: t.dtype.clone(),
+                shape: t.shape.clone(),
+                stats: t.stats,
+                flag,
+                reason,
+            });
+        }
+        if op.direction == Direction::Forward {
+            forward_rows.insert(op.key.as_str(), start..rows.len());
+        }
+        let saved_nonfinite = op
+            .key
+            .forward_twin()
+            .and_then(|k| forward_rows.get(k.as_str()))
+            .is_some_and(|r| rows[r.clone()].iter().any(|x| x.flag == Flag::NonFinite));
+        let group: Vec<&ScanRow> = rows[start..].iter().collect();
+        let phase = match first_backward {
+            Some(s) if op.seq > s => Direction::Backward,
+            _ => op.direction,
+        };
+        let ins = |r: &&&ScanRow| {
+            r.role == Role::Input
+                || (r.role == Role::Parameter && r.op.direction == Direction::Forward)
+        };
+        let bad_in = group.iter().filter(ins).find(|r| r.flag == Flag::NonFinite);
+        let bad_out = group
+            .iter()
+            .filter(|r| !ins(r))
+            .find(|r| r.flag == Flag::NonFinite);
+        let unit = &loc;
+        if saved_nonfinite {
+            // Inherited through the forward call's saved tensors, not produced here.
+        } else if let Some(inp) = bad_in {
+            let produced_before = rows[..start].iter().any(|r| r.flag == Flag::NonFinite);
+            let slot = findings.external_nonfinite.slot(phase);
+            let first = findings.first_nonfinite.forward.is_none()
+                && findings.first_nonfinite.backward.is_none();
+            if slot.is_none() && !produced_before && first {
+                let expl = format!(
+                    "input {} holds NaN/Inf and no earlier captured op produced any: it enters \
+                     from outside the captured ops (data, weights, or an uncaptured op)",
+                    inp.name
+                );
+                *slot = Some(finding(unit, &stacks, &group, inp, expl));
+            }
+        } else if let Some(out) = bad_out {
+            let slot = findings.first_nonfinite.slot(phase);
+            if slot.is_none() {
+                let expl = format!(
+                    "all inputs are finite, yet output {} holds {}: the first op producing \
+                     NaN/Inf in this phase",
+                    out.name, out.reason
+                );
+                *slot = Some(finding(unit, &stacks, &group, out, expl));
+            }
+        }
+        if let Some(r) = group.iter().find(|r| r.flag == Flag::OverflowRisk) {
+            if findings.overflow_risk.len() < KEEP {
+                let expl = format!("{}: overflow risk", r.reason);
+                findings
+                    .overflow_risk
+                    .push(finding(unit, &stacks, &group, r, expl));
+            }
+        }
+        if let Some(r) = group.iter().find(|r| r.flag == Flag::Underflow) {
+            if findings.underflow.len() < KEEP {
+                let expl = "non-zero float inputs, all-zero output: underflow".to_string();
+                findings
+                    .underflow
+                    .push(finding(unit, &stacks, &group, r, expl));
+            }
+        }
+        let scaler = op
+            .key
+            .base()
+            .contains("_amp_foreach_non_finite_check_and_unscale_")
+            || op.key.base().contains("_amp_update_scale");
+        if scaler {
+            let found_inf = op.tensors.iter().any(|t| {
+                (t.name.contains("found_inf") || t.shape.iter().product::<usize>() == 1)
+                    && is_float(t)
+                    && t.stats
+                        .as_ref()
+                        .and_then(|s| s.max)
+                        .is_some_and(|m| m > 0.0)
+            });
+            findings.loss_scaler_skipped |= found_inf;
+        }
+    }
+    ScanUnit {
+        step: loc.step.clone(),
+        rank: loc.rank.clone(),
+        dir: loc.dir.clone(),
+        ops: ops.len(),
+        rows,
+        findings,
+        warnings,
+    }
+}
+
+/// Scans every step/rank of a dump.
+pub fn run(dump: &Path, opts: &ScanOptions) -> Result<ScanRun> {
+    let set = dump::discover(dump)?;
+    let mut units = Vec::with_capacity(set.ranks.len());
+    let mut warnings = Vec::new();
+    for loc in &set.ranks {
+        let d = dump::load_rank(loc)?;
+        if d.ops.is_empty() {
+            return Err(ProbeError::EmptyDump(loc.dir.clone()));
+        }
+        let u = scan_unit(d, opts);
+        warnings.extend(u.warnings.iter().cloned());
+        units.push(u);
+    }
+    Ok(ScanRun {
+        dump: dump.to_path_buf(),
+        units,
+        warnings,
+    })
+}
+
+/// The run-wide verdict of a scan: counts, headline, exit code.
+pub fn summarize(run: &ScanRun, fail_on: FailOn) -> ScanSummary {
+    let mut c = ScanCounts {
+        units: run.units.len(),
+        ..ScanCounts::default()
+    };
+    for u in &run.units {
+        c.ops += u.ops;
+        c.tensors += u.rows.len();
+        for r in &u.rows {
+            match r.flag {
+                Flag::NonFinite => c.nonfinite += 1,
+                Flag::NegInfOnly => c.neg_inf_only += 1,
+                Flag::OverflowRisk => c.overflow_risk += 1,
+                Flag::Underflow => c.underflow += 1,
+                Flag::Finite => {}
+            }
+        }
+        c.loss_scaler_skipped_steps += u.findings.loss_scaler_skipped as usize;
+    }
+    let verdict = if c.nonfinite > 0 {
+        Verdict::Error
+    } else if c.overflow_risk + c.underflow > 0 {
+        Verdict::Warning
+    } else {
+        Verdict::Pass
+    };
+    let exit_code = if c.tensors == 0 {
+        EXIT_NOTHING_COMPARABLE
+    } else {
+        fail_on.exit_code(verdict)
+    };
+    let first = |pick: fn(&ScanFindings) -> &ByDirection| {
+        let mut out = ByDirection::default();
+        for u in &run.units {
+            let b = pick(&u.findings);
+            out.forward = out.forward.take().or_else(|| b.forward.clone());
+            out.backward = out.backward.take().or_else(|| b.backward.clone());
+        }
+        out
+    };
+    let first_nonfinite = first(|f| &f.first_nonfinite);
+    let external_nonfinite = first(|f| &f.external_nonfinite);
+    let headline = scan_headline(verdict, &c, run);
+    ScanSummary {
+        format: "probe-scan-summary".into(),
+        version: 1,
+        verdict,
+        fail_on,
+        exit_code,
+        headline,
+        dump: run.dump.display().to_string(),
+        counts: c,
+        first_nonfinite,
+        external_nonfinite,
+        units: run
+            .units
+            .iter()
+            .map(|u| UnitScan {
+                step: u.step.clone(),
+                rank: u.rank.clone(),
+                dir: u.dir.display().to_string(),
+                tensors: u.rows.len(),
+                nonfinite: u.rows.iter().filter(|r| r.flag == Flag::NonFinite).count(),
+                findings: u.findings.clone(),
+            })
+            .collect(),
+        warnings: run.warnings.clone(),
+        outputs: BTreeMap::new(),
+    }
+}
+
+fn scan_headline(verdict: Verdict, c: &ScanCounts, run: &ScanRun) -> String {
+    if c.tensors == 0 {
+        return "NOTHING SCANNED: no tensor in the dump".into();
+    }
+    // The earliest step/rank with NaN/Inf tells the story.
+    for u in &run.units {
+        let f = &u.findings;
+        let cands = [
+            (false, &f.external_nonfinite.forward),
+            (true, &f.first_nonfinite.forward),
+            (true, &f.first_nonfinite.backward),
+            (false, &f.external_nonfinite.backward),
+        ];
+        let best = cands
+            .iter()
+            .filter_map(|(p, x)| x.as_ref().map(|x| (*p, x)))
+            .min_by_key(|(_, x)| x.seq);
+        match best {
+            Some((true, x)) => {
+                return format!(
+                    "NaN/Inf: first produced by {} from finite inputs ({} {}/{}, tensor {})",
+                    x.op,
+                    x.direction.name(),
+                    x.step,
+                    x.rank,
+                    x.tensor
+                )
+            }
+            Some((false, x)) => {
+                return format!(
+                    "NaN/Inf enters from outside the captured ops: {} (input of {}, {}/{})",
+                    x.tensor, x.op, x.step, x.rank
+                )
+            }
+            None => {}
+        }
+    }
+    match verdict {
+        Verdict::Error => format!("NaN/Inf in {} tensors", c.nonfinite),
+        Verdict::Warning => format!(
+            "NO NaN/Inf in {} tensors; {} at overflow risk, {} underflowed",
+            c.tensors, c.overflow_risk, c.underflow
+        ),
+        Verdict::Pass => format!("CLEAN: no NaN/Inf in {} tensors", c.tensors),
+    }
+}

@@ -1,0 +1,332 @@
+//! `probe scan`: where NaN/Inf comes from in one run, on real fixtures and hand-written
+//! op logs (written with the dump format's own record types).
+
+mod common;
+use common::*;
+use probe::schema::dump::{ManifestRecord, OpRecord, Stat, StatsRecord, TensorRecord};
+use std::path::{Path, PathBuf};
+
+fn scan(dump: &Path, out: &Path, extra: &[&str]) -> Out {
+    let mut a = vec!["scan", dump.to_str().unwrap(), "-o", out.to_str().unwrap()];
+    a.extend_from_slice(extra);
+    probe(&a)
+}
+
+fn json(out: &Path) -> serde_json::Value {
+    let text = std::fs::read_to_string(out.join("summary.json")).expect("summary.json");
+    serde_json::from_str(&text).expect("JSON")
+}
+
+/// (max, min, nan, inf) of 100 values.
+fn stats(max: f64, min: f64, nan: u64, inf: u64) -> StatsRecord {
+    let mean = if nan > 0 { f64::NAN } else { (max + min) / 2.0 };
+    StatsRecord {
+        max: Stat(Some(if nan > 0 { f64::NAN } else { max })),
+        min: Stat(Some(if nan > 0 { f64::NAN } else { min })),
+        mean: Stat(Some(mean)),
+        norm: Stat(Some(10.0 * max.abs().max(min.abs()))),
+        nan: Some(nan),
+        inf: Some(inf),
+    }
+}
+
+type T<'a> = (&'a str, &'a str, StatsRecord); // (role, dtype, stats)
+
+/// Writes a one-rank statistics dump of `ops` (key, tensors) under `dir`.
+fn write_dump(dir: &Path, ops: &[(&str, Vec<T>)]) -> PathBuf {
+    let rank = dir.join("step0/rank0");
+    std::fs::create_dir_all(&rank).unwrap();
+    let manifest = ManifestRecord {
+        created: "2026-01-01T00:00:00Z".into(),
+        device: "cpu".into(),
+        format: "probe-dump".into(),
+        framework: "pytorch".into(),
+        framework_version: None,
+        level: "api".into(),
+        mode: "statistics".into(),
+        producer: None,
+        version: 1,
+    };
+    std::fs::write(
+        dir.join("manifest.json"),
+        serde_json::to_string(&manifest).unwrap(),
+    )
+    .unwrap();
+    let mut text = String::new();
+    for (seq, (key, ts)) in ops.iter().enumerate() {
+        let mut n = std::collections::HashMap::new();
+        let tensors = ts
+            .iter()
+            .map(|(role, dtype, st)| {
+                let slot = if *role == "output" { "output" } else { "input" };
+                let k = n.entry(slot).or_insert(0);
+                *k += 1;
+                TensorRecord {
+                    checksum: None,
+                    dtype: dtype.to_string(),
+                    file: None,
+                    id: None,
+                    name: format!("{key}.{slot}.{}", *k - 1),
+                    role: role.to_string(),
+                    shape: vec![100],
+                    src: None,
+                    stats: Some(*st),
+                }
+            })
+            .collect();
+        let r = OpRecord {
+            direction: if key.contains(".backward") {
+                "backward"
+            } else {
+                "forward"
+            }
+            .into(),
+            kind: "api".into(),
+            module: None,
+            op: key.to_string(),
+            recompute: false,
+            seq: seq as u64,
+            stack: None,
+            tensors,
+        };
+        text += &serde_json::to_string(&r).unwrap();
+        text.push('\n');
+    }
+    std::fs::write(rank.join("ops.jsonl"), text).unwrap();
+    dir.to_path_buf()
+}
+
+fn ok() -> StatsRecord {
+    stats(1.0, -1.0, 0, 0)
+}
+
+#[test]
+fn msprobe_dump_names_the_first_nan_producer_and_keeps_masks_quiet() {
+    let t = tempfile::tempdir().unwrap();
+    let td = root().join("testdata/msprobe");
+    let o = scan(&td.join("nonfinite_cmp"), &t.path().join("a"), &[]);
+    assert_eq!(o.code, 1, "{}{}", o.stdout, o.stderr);
+    let s = json(&t.path().join("a"));
+    assert_eq!(s["format"], "probe-scan-summary");
+    assert_eq!(
+        s["first_nonfinite"]["forward"]["op"],
+        "Functional.gelu.0.forward"
+    );
+    assert!(s["headline"]
+        .as_str()
+        .unwrap()
+        .contains("Functional.gelu.0.forward"));
+    for f in ["scan.parquet", "scan.xlsx"] {
+        assert!(t.path().join("a").join(f).is_file(), "{f}");
+    }
+    // The benchmark holds only the attention mask's -inf: clean, exit 0.
+    let o = scan(&td.join("nonfinite_bench"), &t.path().join("b"), &[]);
+    assert_eq!(o.code, 0, "{}", o.stdout);
+    let s = json(&t.path().join("b"));
+    assert_eq!(s["counts"]["nonfinite"], 0);
+    assert_eq!(s["counts"]["neg_inf_only"], 2);
+    // A real bf16 run: no NaN, no false overflow or underflow.
+    let o = scan(
+        &td.join("stats_bf16"),
+        &t.path().join("c"),
+        &["--fail-on", "warning"],
+    );
+    assert_eq!(o.code, 0, "{}", o.stdout);
+}
+
+#[test]
+fn synthetic_probe_dump_with_an_injected_nan() {
+    let t = tempfile::tempdir().unwrap();
+    synth(t.path(), &["--nan", "Functional.gelu.1"]);
+    let o = scan(&t.path().join("cmp"), &t.path().join("o"), &[]);
+    assert_eq!(o.code, 1, "{}", o.stderr);
+    let s = json(&t.path().join("o"));
+    assert_eq!(
+        s["first_nonfinite"]["forward"]["op"],
+        "Functional.gelu.1.forward"
+    );
+    // The backward of a NaN forward is NaN from its first op: inputs already non-finite,
+    // so the backward has no producer of its own.
+    assert!(
+        s["first_nonfinite"]["backward"].is_null(),
+        "{}",
+        s["first_nonfinite"]
+    );
+    let o = scan(&t.path().join("bench"), &t.path().join("p"), &[]);
+    assert_eq!(o.code, 0, "{}", o.stdout);
+    assert!(o.stdout.starts_with("CLEAN"), "{}", o.stdout);
+}
+
+#[test]
+fn nan_entering_through_the_data_is_from_outside() {
+    let t = tempfile::tempdir().unwrap();
+    let d = write_dump(
+        t.path(),
+        &[
+            (
+                "Torch.matmul.0.forward",
+                vec![
+                    ("input", "float32", stats(0.0, 0.0, 3, 0)),
+                    ("output", "float32", stats(0.0, 0.0, 9, 0)),
+                ],
+            ),
+            (
+                "Functional.relu.0.forward",
+                vec![
+                    ("input", "float32", stats(0.0, 0.0, 9, 0)),
+                    ("output", "float32", stats(0.0, 0.0, 9, 0)),
+                ],
+            ),
+        ],
+    );
+    let o = scan(&d, &t.path().join("o"), &[]);
+    assert_eq!(o.code, 1);
+    let s = json(&t.path().join("o"));
+    assert_eq!(
+        s["external_nonfinite"]["forward"]["tensor"],
+        "Torch.matmul.0.forward.input.0"
+    );
+    assert!(s["first_nonfinite"]["forward"].is_null());
+    assert!(s["headline"].as_str().unwrap().contains("outside"));
+}
+
+#[test]
+fn a_nan_born_in_the_backward_is_found_there() {
+    let t = tempfile::tempdir().unwrap();
+    let d = write_dump(
+        t.path(),
+        &[
+            (
+                "Torch.log.0.forward",
+                vec![("input", "float32", ok()), ("output", "float32", ok())],
+            ),
+            (
+                "Torch.log.0.backward",
+                vec![
+                    ("input", "float32", ok()),
+                    ("output", "float32", stats(0.0, 0.0, 0, 4)),
+                ],
+            ),
+            (
+                "Torch.sum.0.backward",
+                vec![
+                    ("input", "float32", stats(0.0, 0.0, 0, 4)),
+                    ("output", "float32", stats(0.0, 0.0, 0, 4)),
+                ],
+            ),
+        ],
+    );
+    let o = scan(&d, &t.path().join("o"), &[]);
+    assert_eq!(o.code, 1);
+    let s = json(&t.path().join("o"));
+    assert!(s["first_nonfinite"]["forward"].is_null());
+    assert_eq!(
+        s["first_nonfinite"]["backward"]["op"],
+        "Torch.log.0.backward"
+    );
+    assert_eq!(s["first_nonfinite"]["backward"]["reason"], "0 NaN, 4 Inf");
+}
+
+#[test]
+fn fp16_overflow_risk_and_underflow_are_warnings() {
+    let t = tempfile::tempdir().unwrap();
+    let d = write_dump(
+        t.path(),
+        &[
+            // 60000 in fp16 is within 16x of 65504; 60000 in fp32 is nothing.
+            (
+                "Torch.matmul.0.forward",
+                vec![
+                    ("input", "float16", ok()),
+                    ("output", "float16", stats(60000.0, -3.0, 0, 0)),
+                ],
+            ),
+            (
+                "Torch.matmul.1.forward",
+                vec![
+                    ("input", "float32", ok()),
+                    ("output", "float32", stats(60000.0, -3.0, 0, 0)),
+                ],
+            ),
+            // Non-zero fp16 inputs, all-zero output: underflow.
+            (
+                "Torch.mm.0.forward",
+                vec![
+                    ("input", "float16", stats(1e-4, -1e-4, 0, 0)),
+                    ("output", "float16", stats(0.0, 0.0, 0, 0)),
+                ],
+            ),
+            // A cast to fp16 of values beyond its range.
+            (
+                "Tensor.half.0.forward",
+                vec![
+                    ("input", "float32", stats(1e5, -1.0, 0, 0)),
+                    ("output", "float16", stats(100.0, -1.0, 0, 0)),
+                ],
+            ),
+        ],
+    );
+    let o = scan(&d, &t.path().join("o"), &[]);
+    assert_eq!(
+        o.code, 0,
+        "warnings do not fail the default gate: {}",
+        o.stdout
+    );
+    let s = json(&t.path().join("o"));
+    assert_eq!(s["verdict"], "warning");
+    let risk: Vec<&str> = s["units"][0]["findings"]["overflow_risk"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|f| f["op"].as_str().unwrap())
+        .collect();
+    assert_eq!(risk, ["Torch.matmul.0.forward", "Tensor.half.0.forward"]);
+    assert_eq!(
+        s["units"][0]["findings"]["underflow"][0]["op"],
+        "Torch.mm.0.forward"
+    );
+    let o = scan(&d, &t.path().join("w"), &["--fail-on", "warning"]);
+    assert_eq!(o.code, 1);
+}
+
+#[test]
+fn a_skipped_loss_scaler_step_is_reported() {
+    let t = tempfile::tempdir().unwrap();
+    let found_inf = StatsRecord {
+        max: Stat(Some(1.0)),
+        min: Stat(Some(1.0)),
+        mean: Stat(Some(1.0)),
+        norm: Stat(Some(1.0)),
+        nan: Some(0),
+        inf: Some(0),
+    };
+    let key = "Torch._amp_foreach_non_finite_check_and_unscale_.0.forward";
+    let d = write_dump(
+        t.path(),
+        &[(
+            key,
+            vec![("input", "float32", ok()), ("input", "float32", found_inf)],
+        )],
+    );
+    // found_inf is a one-element tensor.
+    let p = d.join("step0/rank0/ops.jsonl");
+    let text = std::fs::read_to_string(&p).unwrap();
+    let mut rec: OpRecord = serde_json::from_str(text.trim()).unwrap();
+    rec.tensors[1].shape = vec![1];
+    std::fs::write(&p, serde_json::to_string(&rec).unwrap() + "\n").unwrap();
+    let o = scan(&d, &t.path().join("o"), &[]);
+    let s = json(&t.path().join("o"));
+    assert_eq!(s["counts"]["loss_scaler_skipped_steps"], 1, "{}", o.stdout);
+}
+
+#[test]
+fn bad_input_is_one_line_and_exit_2() {
+    let t = tempfile::tempdir().unwrap();
+    let o = scan(&t.path().join("missing"), &t.path().join("o"), &[]);
+    assert_input_error(&o, 2, "no such file or directory");
+    let d = write_dump(&t.path().join("empty"), &[]);
+    let o = scan(&d, &t.path().join("o"), &[]);
+    assert_input_error(&o, 2, "empty dump");
+    let o = scan(&d, &t.path().join("o"), &["--overflow-margin", "0.5"]);
+    assert_input_error(&o, 2, "--overflow-margin");
+}
