@@ -26,7 +26,7 @@ from typing import Any, Callable, Optional, Union
 
 import torch
 
-from . import __version__
+from ._version import __version__
 from .config import (
     CaptureConfig,
     load_config,
