@@ -35,6 +35,8 @@ import threading
 import zipfile
 from typing import Any, Callable, Dict, Iterable, List, Optional, Tuple
 
+from ._runtime import current_rank, device_kind
+
 FORMAT = "probe-config-pack"
 VERSION = 1
 
@@ -522,23 +524,6 @@ def collect_packages() -> Dict[str, Any]:
     }
 
 
-def device_kind() -> str:
-    torch = sys.modules.get("torch")
-    if torch is None:
-        return "cpu"
-    try:
-        if "torch_npu" in sys.modules and torch.npu.is_available():
-            return "npu"
-    except Exception:  # noqa: BLE001
-        pass
-    try:
-        if torch.cuda.is_available():
-            return "cuda"
-    except Exception:  # noqa: BLE001
-        pass
-    return "cpu"
-
-
 def collect_determinism() -> Dict[str, Any]:
     import torch
 
@@ -611,20 +596,6 @@ def rng_state_hashes() -> Dict[str, str]:
             except Exception:  # noqa: BLE001
                 pass
     return out
-
-
-def current_rank() -> int:
-    torch = sys.modules.get("torch")
-    try:
-        if torch is not None and torch.distributed.is_available():
-            if torch.distributed.is_initialized():
-                return int(torch.distributed.get_rank())
-    except Exception:  # noqa: BLE001
-        pass
-    try:
-        return int(os.environ.get("RANK", "0"))
-    except ValueError:
-        return 0
 
 
 def _optimizer_info(opt: Any) -> Dict[str, Any]:

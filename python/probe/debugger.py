@@ -26,6 +26,7 @@ from typing import Any, Callable, Optional, Union
 
 import torch
 
+from ._runtime import current_rank, model_device
 from ._version import __version__
 from .config import (
     CaptureConfig,
@@ -158,20 +159,6 @@ def seed_all(seed: int = 1234, deterministic: bool = True) -> None:
         torch.backends.cudnn.benchmark = False
 
 
-def _current_rank() -> int:
-    try:
-        import torch.distributed as dist
-
-        if dist.is_available() and dist.is_initialized():
-            return int(dist.get_rank())
-    except Exception:  # noqa: BLE001
-        pass
-    try:
-        return int(os.environ.get("RANK", "0"))
-    except ValueError:
-        return 0
-
-
 class Debugger:
     """Capture agent. Typical use::
 
@@ -213,7 +200,6 @@ class Debugger:
         self._mod_ctx: list[Optional[_Op]] = []
         self._scope_state = 0
         self._session = 0
-        self._device: Optional[str] = None
         # Formatted stacks by frame key, kept across steps (see _stack_id).
         self._stack_cache: dict[tuple[int, ...], tuple[tuple[Any, ...], str]] = {}
         atexit.register(_close_at_exit, weakref.ref(self))
@@ -240,7 +226,7 @@ class Debugger:
         c = self.config
         if c.steps is not None and self.current_step not in c.steps:
             return
-        rank = _current_rank()
+        rank = current_rank()
         if c.ranks is not None and rank not in c.ranks:
             return
         try:
@@ -384,13 +370,7 @@ class Debugger:
 
     def _write_manifest(self) -> None:
         c = self.config
-        device = c.device
-        if device is None and self.model is not None:
-            p = next(self.model.parameters(), None)
-            device = p.device.type if p is not None else None
-        if device not in ("cpu", "cuda", "npu"):
-            device = "cpu"
-        self._device = device
+        device = model_device(c.device, self.model)
         manifest = {
             "format": "probe-dump",
             "version": 1,
