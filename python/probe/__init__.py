@@ -14,7 +14,7 @@ from __future__ import annotations
 from ._version import __version__
 from .config import CaptureConfig, ConfigError, load_config
 from .config_pack import ConfigPack
-from .debugger import Debugger, seed_all
+from .capture import Debugger, seed_all
 
 __all__ = [
     "Debugger",
