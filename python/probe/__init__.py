@@ -12,9 +12,9 @@ Five lines::
 from __future__ import annotations
 
 from ._version import __version__
+from .capture import Debugger, seed_all
 from .config import CaptureConfig, ConfigError, load_config
 from .config_pack import ConfigPack
-from .capture import Debugger, seed_all
 
 __all__ = [
     "Debugger",

@@ -17,7 +17,6 @@ methods use the :func:`guarded` decorator.
 
 from __future__ import annotations
 
-import functools
 from typing import TYPE_CHECKING, Callable, Optional, Protocol, TypeVar
 
 if TYPE_CHECKING:
@@ -70,14 +69,15 @@ def guarded(
     to ``self.guard`` with ``context`` and the method returns None."""
 
     def deco(method: Callable[Concatenate[S, P], R]) -> Callable[Concatenate[S, P], Optional[R]]:
-        @functools.wraps(method)
-        def inner(self: S, *args: P.args, **kwargs: P.kwargs) -> Optional[R]:
+        def inner(self: S, /, *args: P.args, **kwargs: P.kwargs) -> Optional[R]:
             try:
                 return method(self, *args, **kwargs)
             except Exception as exc:  # noqa: BLE001 - must never fail the training run
                 self.guard.fail(exc, context)
                 return None
 
+        inner.__name__ = method.__name__
+        inner.__doc__ = method.__doc__
         return inner
 
     return deco

@@ -35,7 +35,7 @@ from ..config import CaptureConfig, load_config
 from .api import DISPATCH, PATCHER, ApiCapture, tls
 from .backward import BackwardHooks
 from .modules import ModuleHooks
-from .records import Captured, Dataflow, OpRecord, TensorEntry
+from .records import Captured, Dataflow, OpRecord, StatVector, TensorEntry
 from .selection import Selection
 from .stacks import StackTable
 from .stats import STORABLE, checksum, dtype_name, finish_stats, host_copy, null_stats, stat_vector
@@ -299,6 +299,9 @@ class Debugger:
                 rec["checksum"] = same_as["checksum"]
             op.entries.append(TensorEntry(rec, None, None))
             return rec
+        vec: StatVector
+        host: Optional[torch.Tensor]
+        crc: Optional[str]
         if same_as is not None and "stats" in same_as:
             rec["stats"] = same_as["stats"]
             vec, host, crc = None, host_copy(t), None

@@ -7,6 +7,7 @@ knows, as it is when the pack is captured.
 
 from __future__ import annotations
 
+import functools
 import sys
 from typing import Any, Callable
 
@@ -48,10 +49,11 @@ def collect_determinism() -> dict[str, Any]:
     put("torch.backends.mkldnn.enabled", lambda: torch.backends.mkldnn.enabled)
     put("torch.get_num_threads", torch.get_num_threads)
     for dev in ("cpu", "cuda"):
-        put(f"autocast.{dev}.enabled", lambda d=dev: torch.is_autocast_enabled(d))
-        put(f"autocast.{dev}.dtype", lambda d=dev: torch.get_autocast_dtype(d))
+        put(f"autocast.{dev}.enabled", functools.partial(torch.is_autocast_enabled, dev))
+        put(f"autocast.{dev}.dtype", functools.partial(torch.get_autocast_dtype, dev))
     if "torch_npu" in sys.modules:
-        put("torch.npu.matmul.allow_hf32", lambda: torch.npu.matmul.allow_hf32)
-        put("torch.npu.conv.allow_hf32", lambda: torch.npu.conv.allow_hf32)
+        npu: Any = getattr(torch, "npu", None)  # added by torch_npu; a missing flag is skipped
+        put("torch.npu.matmul.allow_hf32", lambda: npu.matmul.allow_hf32)
+        put("torch.npu.conv.allow_hf32", lambda: npu.conv.allow_hf32)
         put("autocast.npu.enabled", lambda: torch.is_autocast_enabled("npu"))
     return {"flags": flags}

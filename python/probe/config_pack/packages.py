@@ -23,8 +23,8 @@ def _read_first(paths: Iterable[str], key: Optional[str] = None) -> Optional[str
         except OSError:
             continue
         if key is None:
-            line = text.strip().splitlines()
-            return line[0].strip() if line else None
+            lines = text.strip().splitlines()
+            return lines[0].strip() if lines else None
         for line in text.splitlines():
             k, sep, v = line.partition("=")
             if sep and k.strip().lower() == key.lower():

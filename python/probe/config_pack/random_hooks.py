@@ -15,7 +15,8 @@ import os
 import random as _random
 import sys
 import threading
-from typing import Any, Callable
+from types import FrameType
+from typing import Any, Callable, Optional
 
 from .._guard import Guard
 from .._patch import Patches
@@ -117,10 +118,10 @@ def call_site(depth: int = 2) -> str:
     """``path:line in function`` of the innermost frame outside probe, torch, numpy and
     the ``random`` module (the user's line), else the immediate caller."""
     try:
-        f = sys._getframe(depth)
+        first = sys._getframe(depth)
     except ValueError:
         return "?"
-    first = f
+    f: Optional[FrameType] = first
     skip = _skip_dirs()
     while f is not None:
         fn = os.path.abspath(f.f_code.co_filename)
