@@ -53,10 +53,10 @@ class Guard:
 
 
 class Guarded(Protocol):
-    """An object whose methods are guarded by its ``guard``."""
+    """An object whose methods are guarded by its ``_guard``."""
 
     @property
-    def guard(self) -> Guard: ...
+    def _guard(self) -> Guard: ...
 
 
 S = TypeVar("S", bound=Guarded)
@@ -66,14 +66,14 @@ def guarded(
     context: str,
 ) -> Callable[[Callable[Concatenate[S, P], R]], Callable[Concatenate[S, P], Optional[R]]]:
     """Decorator for a method of a :class:`Guarded` object: it never raises; a failure goes
-    to ``self.guard`` with ``context`` and the method returns None."""
+    to ``self._guard`` with ``context`` and the method returns None."""
 
     def deco(method: Callable[Concatenate[S, P], R]) -> Callable[Concatenate[S, P], Optional[R]]:
         def inner(self: S, /, *args: P.args, **kwargs: P.kwargs) -> Optional[R]:
             try:
                 return method(self, *args, **kwargs)
             except Exception as exc:  # noqa: BLE001 - must never fail the training run
-                self.guard.fail(exc, context)
+                self._guard.fail(exc, context)
                 return None
 
         inner.__name__ = method.__name__

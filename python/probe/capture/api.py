@@ -95,8 +95,9 @@ def _owners() -> dict[str, Any]:
 
 
 CallHandler = Callable[[Callable[..., Any], str, bool, tuple[Any, ...], dict[str, Any]], Any]
-# Bound before any wrapper exists: the agent's own calls skip the API wrappers.
-_view_as = torch.Tensor.view_as
+# Bound before any wrapper exists: the agent's own aliasing (here and in modules.py) must
+# not be seen by the wrappers.
+view_as = torch.Tensor.view_as
 _graph_task_id: Optional[Callable[[], int]] = getattr(torch._C, "_current_graph_task_id", None)
 
 
@@ -299,7 +300,7 @@ class ApiCapture:
                 and not (inplace and name == "input.0")
                 and not api.startswith("Distributed.")
             ):
-                alias = _view_as(t, t)
+                alias = view_as(t, t)
                 aliases[id(alias)] = t
                 watch(bwd, alias.grad_fn, 0, f"{bkey}.output{name[5:]}", "output")
                 return alias

@@ -35,7 +35,7 @@ from ..config import CaptureConfig, load_config
 from .api import DISPATCH, PATCHER, ApiCapture, tls
 from .backward import BackwardHooks
 from .modules import ModuleHooks
-from .records import Captured, Dataflow, OpRecord, StatVector, TensorEntry
+from .records import Captured, Dataflow, OpRecord, StatVector
 from .selection import Selection
 from .stacks import StackTable
 from .stats import STORABLE, checksum, dtype_name, finish_stats, host_copy, null_stats, stat_vector
@@ -297,7 +297,7 @@ class Debugger:
             rec["stats"] = same_as["stats"]
             if "checksum" in same_as:
                 rec["checksum"] = same_as["checksum"]
-            op.entries.append(TensorEntry(rec, None, None))
+            op.entries.append((rec, None, None))
             return rec
         vec: StatVector
         host: Optional[torch.Tensor]
@@ -313,7 +313,7 @@ class Debugger:
             folder = op.folder or self._files.folder
             assert folder is not None
             rec["file"] = self._files.store(folder, name, host)
-        op.entries.append(TensorEntry(rec, vec, t if vec is not None and len(vec) == 4 else None))
+        op.entries.append((rec, vec, t if vec is not None and len(vec) == 4 else None))
         return rec
 
     def _finish(self, op: OpRecord) -> None:
@@ -325,8 +325,8 @@ class Debugger:
         entries = op.entries
         if op.direction == "backward" and len(entries) > 1:
             # Gradients arrive in autograd order; store them in name order for readers.
-            entries.sort(key=lambda e: (e.record["role"], e.record["name"]))
-        parts = [p for e in entries if e.vec is not None for p in e.vec]
+            entries.sort(key=lambda e: (e[0]["role"], e[0]["name"]))
+        parts = [p for _, vec, _ in entries if vec is not None for p in vec]
         flat: list[float] = []
         if parts:
             # The one device-to-host transfer of this op. No grad-mode switch needed: the
@@ -334,16 +334,15 @@ class Debugger:
             # here cost more than the stack itself).
             flat = _stack(parts).tolist()
         pos = 0
-        for e in entries:
-            rec, vec = e.record, e.vec
+        for rec, vec, t in entries:
             if vec is None:
                 if "stats" not in rec:
                     rec["stats"] = null_stats()
                 continue
             n = len(vec)
-            rec["stats"] = finish_stats(flat[pos : pos + n], max(1, _numel(rec["shape"])), e.tensor)
+            rec["stats"] = finish_stats(flat[pos : pos + n], max(1, _numel(rec["shape"])), t)
             pos += n
-        folder.write_op(op.to_json([e.record for e in entries]))
+        folder.write_op(op.to_json([rec for rec, _, _ in entries]))
         self._files.check()
 
 

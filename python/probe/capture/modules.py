@@ -14,7 +14,7 @@ from typing import TYPE_CHECKING, Any, Callable, Optional
 
 import torch
 
-from .api import in_recompute, tls
+from .api import in_recompute, tls, view_as
 from .records import OpRecord, walk
 
 if TYPE_CHECKING:
@@ -22,9 +22,6 @@ if TYPE_CHECKING:
 
     from .debugger import Debugger
     from .records import TensorRecord
-
-# Bound before any wrapper exists: the agent's own calls skip the API wrappers.
-_view_as = torch.Tensor.view_as
 
 # A selected module call's forward record and backward record (None without autograd).
 _Pending = tuple[OpRecord, Optional[OpRecord]]
@@ -172,7 +169,7 @@ class ModuleHooks:
                 if src is not None:
                     rec["src"] = src
             if bwd is not None and c.outputs and t.requires_grad and t.layout == torch.strided:
-                alias = _view_as(t, t)
+                alias = view_as(t, t)
                 watch(bwd, alias.grad_fn, 0, f"{bwd.key}.output{name[5:]}", "output")
                 changed = True
                 return alias

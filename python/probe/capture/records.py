@@ -4,7 +4,7 @@ An :class:`OpRecord` is built while its op runs (forward) or while autograd deli
 gradients (backward) and written once complete. Each tensor's JSON record is a plain dict
 typed as :class:`TensorRecord`: it is what ``json.dumps`` writes, in the key order the dump
 has always had (docs/format.md), and building it costs no conversion on the hot path. Its
-statistics stay on the device (:class:`TensorEntry`) until the op is finished, so that one
+statistics stay on the device (``TensorEntry``) until the op is finished, so that one
 transfer brings all of them to the host.
 """
 
@@ -52,18 +52,10 @@ Captured = tuple[StatVector, Optional[torch.Tensor], Optional[str]]
 _PRIMITIVES = (int, float, bool, str)
 
 
-class TensorEntry:
-    """One tensor of an op being built: its record, its stats vector and (for NaN/Inf
-    counts taken late) the tensor itself."""
-
-    __slots__ = ("record", "tensor", "vec")
-
-    def __init__(
-        self, record: TensorRecord, vec: StatVector, tensor: Optional[torch.Tensor]
-    ) -> None:
-        self.record = record
-        self.vec = vec
-        self.tensor = tensor
+#: One tensor of an op being built: its record, its stats vector, and the tensor itself when
+#: NaN/Inf counts may have to be taken late. A tuple, not a class: one is made per captured
+#: tensor, and a tuple costs a third of an object's construction on that path.
+TensorEntry = tuple["TensorRecord", StatVector, Optional[torch.Tensor]]
 
 
 class OpRecord:

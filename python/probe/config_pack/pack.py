@@ -58,7 +58,7 @@ class ConfigPack:
         self.autosave = autosave
         self.errors: list[str] = []
         self.saved: Optional[str] = None
-        self.guard = Guard(report_failure, self._note)
+        self._guard = Guard(report_failure, self._note)
         self._step = 0
         self._calls_in_step = 0
         self._by_forward = False
@@ -73,7 +73,7 @@ class ConfigPack:
             random_hooks.listen(self._random)
             atexit.register(self._at_exit)
         except Exception as e:  # noqa: BLE001 - must never fail the training run
-            self.guard.fail(e, "init")
+            self._guard.fail(e, "init")
 
     def _note(self, exc: BaseException, what: str) -> None:
         self.errors.append(f"{what}: {exc!r}")
@@ -105,7 +105,7 @@ class ConfigPack:
             try:
                 self._sections[name] = fn()
             except Exception as e:  # noqa: BLE001 - go on without this section
-                self.guard.fail(e, name)
+                self._guard.fail(e, name)
         self._sections["hyperparameters"] = collect_hyperparameters(
             args, optimizer, scheduler, scaler, dataloader, extra
         )
@@ -113,7 +113,7 @@ class ConfigPack:
             try:
                 record_weights(self._weights, model, 0, self._rank)
             except Exception as e:  # noqa: BLE001 - go on without initial weights
-                self.guard.fail(e, "weights")
+                self._guard.fail(e, "weights")
         if self.steps > 0:
             if model is not None:
                 self._handles.append(
