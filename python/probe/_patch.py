@@ -22,12 +22,16 @@ class Patch:
     __slots__ = ("_delete", "_previous", "name", "owner")
 
     def __init__(self, owner: Any, name: str, new: Any) -> None:
-        inherited = isinstance(owner, type) and name not in owner.__dict__
         self.owner = owner
         self.name = name
-        # The class's own descriptor (staticmethod, ...), not what attribute access makes of it.
-        self._previous = getattr(owner, name) if inherited else _own(owner, name)
-        self._delete = inherited
+        if isinstance(owner, type):
+            # An inherited attribute is restored by deleting the override; an own one from
+            # the class dict (the descriptor itself: staticmethod, ...), not through getattr.
+            self._delete = name not in owner.__dict__
+            self._previous = None if self._delete else owner.__dict__[name]
+        else:
+            self._delete = False
+            self._previous = getattr(owner, name)
         setattr(owner, name, new)
 
     def remove(self) -> None:
@@ -35,10 +39,6 @@ class Patch:
             delattr(self.owner, self.name)
         else:
             setattr(self.owner, self.name, self._previous)
-
-
-def _own(owner: Any, name: str) -> Any:
-    return owner.__dict__[name] if isinstance(owner, type) else getattr(owner, name)
 
 
 class Patches:
