@@ -11,11 +11,10 @@ Five lines::
 
 from __future__ import annotations
 
-__version__ = "0.1.0"
-
-from .config import CaptureConfig, ConfigError, load_config  # noqa: E402
-from .debugger import Debugger, seed_all  # noqa: E402
-from .config_pack import ConfigPack  # noqa: E402
+from ._version import __version__
+from .capture import Debugger, seed_all
+from .config import CaptureConfig, ConfigError, load_config
+from .config_pack import ConfigPack
 
 __all__ = [
     "Debugger",

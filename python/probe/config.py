@@ -11,8 +11,9 @@ from __future__ import annotations
 import fnmatch
 import json
 import os
+from collections.abc import Iterable
 from dataclasses import dataclass, field
-from typing import Any, Iterable, Optional, Union
+from typing import Any, Optional, Union
 
 LEVELS = ("api", "module", "mix")
 MODES = ("statistics", "tensor", "checksum")
@@ -188,7 +189,7 @@ def _from_msprobe(cfg: dict[str, Any]) -> dict[str, Any]:
     if level not in _MSPROBE_LEVELS:
         raise ConfigError(f"level: unknown msprobe level {level!r} (L0, L1, mix)")
     out["level"] = _MSPROBE_LEVELS[level]
-    section = cfg.get(task) if isinstance(cfg.get(task), dict) else {}
+    section: dict[str, Any] = cfg[task] if isinstance(cfg.get(task), dict) else {}
     mode = {"tensor": "tensor", "statistics": "statistics"}.get(task)
     if mode is None:
         raise ConfigError(f"task: {task!r} is not supported (statistics, tensor)")

@@ -480,7 +480,7 @@ def test_direct_shard_writer_matches_the_safetensors_library(tmp_path: Any) -> N
     """write_safetensors: every stored dtype, 0-d and empty; the library's exact bytes."""
     from safetensors.torch import load_file, save_file
 
-    from probe.writer import write_safetensors
+    from probe.capture.writer import write_safetensors
 
     ours, theirs = str(tmp_path / "ours.safetensors"), str(tmp_path / "lib.safetensors")
     write_safetensors(ours, _EVERY_DTYPE)
@@ -497,7 +497,7 @@ def test_streamed_shard_round_trips(tmp_path: Any, reserve: int, duplicate: bool
     the header is padded with spaces to a multiple of 8 and offsets are contiguous."""
     from safetensors.torch import load_file
 
-    from probe.writer import _ShardStream
+    from probe.capture.writer import _ShardStream
 
     path = str(tmp_path / "s.safetensors")
     want = dict(_EVERY_DTYPE)

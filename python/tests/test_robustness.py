@@ -13,7 +13,7 @@ import pytest
 import torch
 
 import probe
-import probe.debugger as pd
+import probe.capture.debugger as pd
 from conftest import REPO, read_ops, train
 
 

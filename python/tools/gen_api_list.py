@@ -205,7 +205,6 @@ SKIP_TENSOR = {
     "unflatten",
     "data",
     "grad",
-    "element_size",
     "smm",
     "sspaddmm",
     "to_dense",

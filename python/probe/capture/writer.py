@@ -1,4 +1,4 @@
-"""Writing a dump: the append-only op log and the background safetensors shard writer.
+"""Writing a dump: the manifest, the append-only op log and the background shard writer.
 
 The op log is appended one line per op and flushed per step, never rewritten (msprobe
 rewrites its whole dump.json on every flush, which is quadratic and loses everything on a
@@ -9,6 +9,7 @@ and the thread streams each tensor into its shard file as it arrives.
 
 from __future__ import annotations
 
+import datetime
 import json
 import logging
 import os
@@ -18,6 +19,11 @@ import threading
 from typing import Any, Callable, Optional
 
 import torch
+
+from .._runtime import model_device
+from .._version import __version__
+from ..config import CaptureConfig
+from .api import tls
 
 log = logging.getLogger("probe")
 
@@ -286,9 +292,6 @@ class RankFolder:
         self.seq += 1
         self._ops.write(json.dumps(record, separators=(",", ":"), allow_nan=False) + "\n")
 
-    def write_stack(self, sid: int, frames: list[str]) -> None:
-        self.write_stack_json(sid, json.dumps(frames))
-
     def write_stack_json(self, sid: int, frames_json: str) -> None:
         """Append one stack whose ``frames`` array is already JSON (cached across steps)."""
         if self._stacks is None:
@@ -331,3 +334,85 @@ class RankFolder:
             self._ops.close()
             if self._stacks is not None:
                 self._stacks.close()
+
+
+class DumpFiles:
+    """The files one Debugger writes: the manifest (once), the ``step<S>/rank<R>`` folder
+    of the step being captured, and the tensor writer (tensor mode)."""
+
+    def __init__(self, config: CaptureConfig) -> None:
+        self._c = config
+        self.folder: Optional[RankFolder] = None
+        self.writer: Optional[TensorWriter] = None
+        self._manifest_done = False
+
+    def open(self, step: int, rank: int, model: Optional[torch.nn.Module]) -> None:
+        """Make sure the manifest, this step's folder and the writer exist."""
+        c = self._c
+        if not self._manifest_done:
+            os.makedirs(c.dump_path, exist_ok=True)
+            self._write_manifest(model)
+            self._manifest_done = True
+        if self.folder is None:
+            path = os.path.join(c.dump_path, f"step{step}", f"rank{rank}")
+            self.folder = RankFolder(path, c.shard_bytes)
+        if c.mode == "tensor" and self.writer is None:
+            self.writer = TensorWriter(c.queue_size, _writer_thread_init)
+
+    def _write_manifest(self, model: Optional[torch.nn.Module]) -> None:
+        c = self._c
+        manifest = {
+            "format": "probe-dump",
+            "version": 1,
+            "framework": "pytorch",
+            "framework_version": torch.__version__.split("+")[0],
+            "device": model_device(c.device, model),
+            "mode": c.mode,
+            "level": c.level,
+            "created": datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ"),
+            "producer": f"probe-agent {__version__}",
+            "config": json.loads(json.dumps(c.raw, default=str)),
+        }
+        atomic_write_text(
+            os.path.join(c.dump_path, "manifest.json"), json.dumps(manifest, indent=2) + "\n"
+        )
+
+    def store(self, folder: RankFolder, key: str, host: torch.Tensor) -> str:
+        """Queue a host copy for the folder's current shard; returns the shard's file name."""
+        writer = self.writer
+        assert writer is not None
+        fname, to_close = folder.shard_for(host.numel() * host.element_size())
+        writer.put(os.path.join(folder.path, fname), key, host)
+        if to_close is not None:
+            writer.close_shard(os.path.join(folder.path, to_close))
+        return fname
+
+    def check(self) -> None:
+        """Raise the tensor writer's error, if it had one."""
+        if self.writer is not None and self.writer.error is not None:
+            raise OSError(f"tensor writer failed: {self.writer.error!r}")
+
+    def sync(self) -> None:
+        """Close the open shard and wait until everything of this step is on disk."""
+        folder = self.folder
+        if folder is None:
+            return
+        if self.writer is not None:
+            shard = folder.take_open_shard()
+            if shard is not None:
+                self.writer.close_shard(os.path.join(folder.path, shard))
+            self.writer.sync()
+            if self.writer.error is not None:
+                raise OSError(f"writing tensors to {folder.path}: {self.writer.error!r}")
+        folder.flush()
+
+    def close_step(self) -> None:
+        """Close this step's folder (the next step opens its own)."""
+        folder, self.folder = self.folder, None
+        if folder is not None:
+            folder.close()
+
+
+def _writer_thread_init() -> None:
+    """The writer thread must never be captured by the wrappers (its own torch calls)."""
+    tls.active = False

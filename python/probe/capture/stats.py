@@ -9,9 +9,12 @@ from __future__ import annotations
 
 import math
 import zlib
-from typing import Any, Optional
+from typing import TYPE_CHECKING, Any, Optional
 
 import torch
+
+if TYPE_CHECKING:
+    from .records import Stats
 
 DTYPE_NAMES: dict[torch.dtype, str] = {
     torch.float64: "float64",
@@ -107,12 +110,12 @@ def _num(v: float) -> Any:
     return "inf" if v > 0 else "-inf"
 
 
-def null_stats() -> dict[str, Any]:
+def null_stats() -> Stats:
     """Stats of an empty or unsupported tensor."""
     return {"max": None, "min": None, "mean": None, "norm": None, "nan": 0, "inf": 0}
 
 
-def finish_stats(values: list[float], numel: int, tensor: Optional[torch.Tensor]) -> dict[str, Any]:
+def finish_stats(values: list[float], numel: int, tensor: Optional[torch.Tensor]) -> Stats:
     """Turn a host-side stat vector ``[max, min, sum, norm(, nan, inf)]`` into ``stats``.
 
     With 4 values, NaN/Inf counts are zero when every value is finite (a NaN or Inf element
@@ -164,4 +167,4 @@ def checksum(t: torch.Tensor) -> str:
 def crc32_of(host: torch.Tensor) -> str:
     """``crc32:xxxxxxxx`` of the raw little-endian C-contiguous bytes of a CPU tensor."""
     raw = host.contiguous().reshape(-1).view(torch.uint8).numpy()
-    return "crc32:%08x" % (zlib.crc32(memoryview(raw)) & 0xFFFFFFFF)
+    return "crc32:%08x" % (zlib.crc32(raw.data) & 0xFFFFFFFF)

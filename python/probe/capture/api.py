@@ -1,0 +1,350 @@
+"""API level: wrap the public callables listed in ``api_list.json`` and capture their calls.
+
+The list is data so that it can be reviewed and edited without touching code. Wrappers are
+installed by ``Debugger.start()`` and removed by ``stop()`` (through one
+:class:`~probe._patch.Patches` group), so steps that are not captured run the original
+functions with zero added cost. Inside an installed wrapper the fast path is one
+thread-local attribute test: only the thread that called ``start()`` captures, and only
+while it is not already inside a captured op (the reentrancy guard that keeps ``F.gelu``
+from also reporting the ``torch`` calls it makes internally). A captured call becomes a
+forward record (inputs before the call, outputs after) and, when autograd is on, a backward
+record fed by gradient hooks (backward.py).
+"""
+
+from __future__ import annotations
+
+import functools
+import importlib
+import json
+import os
+import threading
+from typing import TYPE_CHECKING, Any, Callable, Optional
+
+import torch
+
+from .._patch import Patches
+from .records import OpRecord, json_args, walk
+
+if TYPE_CHECKING:
+    from .debugger import Debugger
+    from .records import TensorRecord
+
+# Data of the probe package (python/probe/api_list.json), not of this subpackage.
+_LIST_PATH = os.path.join(os.path.dirname(os.path.dirname(__file__)), "api_list.json")
+
+
+class _TLS(threading.local):
+    """Per-thread capture flag. Class attribute = default for threads that never set it."""
+
+    active: bool = False
+
+
+tls = _TLS()
+
+# Distributed collectives that write their result into their first argument.
+_DIST_INPLACE = {
+    "all_reduce",
+    "broadcast",
+    "reduce",
+    "all_gather",
+    "all_gather_into_tensor",
+    "reduce_scatter",
+    "reduce_scatter_tensor",
+    "all_to_all",
+    "all_to_all_single",
+    "recv",
+    "irecv",
+    "scatter",
+    "gather",
+}
+
+
+def load_api_list(path: Optional[str] = None) -> dict[str, list[str]]:
+    """Read the hooked API list ({ApiType: [names]})."""
+    with open(path or _LIST_PATH, encoding="utf-8") as fh:
+        data = json.load(fh)
+    return {k: list(v) for k, v in data.items() if not k.startswith("_")}
+
+
+def is_inplace(api_type: str, name: str) -> bool:
+    """In-place ops modify their first argument: its input stats must be taken before the
+    call, and it must not be replaced by an autograd alias."""
+    if api_type == "Distributed":
+        return name in _DIST_INPLACE
+    if name.startswith("__"):
+        return name.startswith("__i") and name not in ("__invert__",) or name == "__setitem__"
+    return name.endswith("_")
+
+
+def _owners() -> dict[str, Any]:
+    import torch.nn.functional as F
+
+    owners: dict[str, Any] = {"Torch": torch, "Functional": F, "Tensor": torch.Tensor}
+    try:
+        import torch.distributed as dist
+
+        if dist.is_available():
+            owners["Distributed"] = dist
+    except Exception:  # noqa: BLE001 - optional
+        pass
+    try:
+        owners["NPU"] = importlib.import_module("torch_npu")
+    except Exception:  # noqa: BLE001 - torch_npu only exists on Ascend hosts
+        pass
+    return owners
+
+
+CallHandler = Callable[[Callable[..., Any], str, bool, tuple[Any, ...], dict[str, Any]], Any]
+# Bound before any wrapper exists: the agent's own aliasing (here and in modules.py) must
+# not be seen by the wrappers.
+view_as = torch.Tensor.view_as
+_graph_task_id: Optional[Callable[[], int]] = getattr(torch._C, "_current_graph_task_id", None)
+
+
+def in_recompute() -> bool:
+    """Whether autograd is running a backward graph now (activation checkpointing)."""
+    return _graph_task_id is not None and _graph_task_id() != -1
+
+
+class ApiPatcher:
+    """Installs and removes the wrappers. ``handler(orig, api, inplace, args, kwargs)`` runs
+    a captured call; it is only reached when ``tls.active`` is set.
+
+    There is one patcher per process (``PATCHER``): wrapping twice would make two agents
+    see each other's calls. The running Debugger's :class:`ApiCapture` registers itself as
+    ``DISPATCH.current``.
+    """
+
+    def __init__(
+        self, handler: CallHandler, api_list: Optional[dict[str, list[str]]] = None
+    ) -> None:
+        self._handler = handler
+        self._api_list = api_list if api_list is not None else load_api_list()
+        self._patches = Patches()
+        self._wrappers: Optional[list[tuple[Any, str, Any]]] = None
+
+    def _build(self) -> list[tuple[Any, str, Any]]:
+        owners = _owners()
+        out: list[tuple[Any, str, Any]] = []
+        handler = self._handler
+        for api_type, names in self._api_list.items():
+            owner = owners.get(api_type)
+            if owner is None:
+                continue
+            for name in names:
+                orig = getattr(owner, name, None)
+                if orig is None or not callable(orig) or isinstance(orig, type):
+                    continue
+                api = f"{api_type}.{name}"
+                out.append(
+                    (owner, name, _make_wrapper(handler, orig, api, is_inplace(api_type, name)))
+                )
+        return out
+
+    def install(self) -> None:
+        if self._patches:
+            return
+        if self._wrappers is None:
+            self._wrappers = self._build()
+        for owner, name, wrapper in self._wrappers:
+            self._patches.replace(owner, name, wrapper)
+
+    def uninstall(self) -> None:
+        self._patches.remove_all()
+
+
+def _make_wrapper(handler: CallHandler, orig: Callable[..., Any], api: str, inplace: bool) -> Any:
+    def wrapper(*args: Any, **kwargs: Any) -> Any:
+        if not tls.active:
+            return orig(*args, **kwargs)
+        return handler(orig, api, inplace, args, kwargs)
+
+    try:
+        functools.update_wrapper(wrapper, orig)
+    except Exception:  # noqa: BLE001 - some builtins lack attributes; cosmetic only
+        pass
+    wrapper.__probe_wrapped__ = orig  # type: ignore[attr-defined]
+    return wrapper
+
+
+class _Dispatch:
+    """Routes captured calls to the Debugger that is running (at most one per process)."""
+
+    current: Optional[ApiCapture] = None
+
+    def __call__(
+        self,
+        orig: Callable[..., Any],
+        api: str,
+        inplace: bool,
+        args: tuple[Any, ...],
+        kwargs: dict[str, Any],
+    ) -> Any:
+        cap = self.current
+        if cap is None:
+            return orig(*args, **kwargs)
+        return cap.call(orig, api, inplace, args, kwargs)
+
+
+DISPATCH = _Dispatch()
+PATCHER = ApiPatcher(DISPATCH)
+
+# What the input side of a captured call hands to the output side: forward record,
+# backward record (None without autograd), the (args, kwargs) that replace the call's own
+# with autograd aliases (None when unchanged), the aliases by id, whether it is in place.
+_Pending = tuple[
+    OpRecord,
+    Optional[OpRecord],
+    Optional[tuple[tuple[Any, ...], dict[str, Any]]],
+    dict[int, torch.Tensor],
+    bool,
+]
+
+
+class ApiCapture:
+    """Captures the calls of hooked APIs for one Debugger (reached only while
+    ``tls.active``)."""
+
+    def __init__(self, dbg: Debugger) -> None:
+        self._dbg = dbg
+        self._c = dbg.config
+        self._select = dbg._select
+        self._files = dbg._files
+        self._modules = dbg._modules
+        self._backward = dbg._backward
+        self._stacks = dbg._stacks
+        self._flow = dbg._flow
+
+    def call(
+        self,
+        orig: Callable[..., Any],
+        api: str,
+        inplace: bool,
+        args: tuple[Any, ...],
+        kwargs: dict[str, Any],
+    ) -> Any:
+        """Run one call of a hooked API, capturing it when selected."""
+        dbg = self._dbg
+        tls.active = False
+        ctx: Optional[_Pending] = None
+        try:
+            with dbg._lock:
+                ctx = self._pre(api, inplace, args, kwargs)
+            if ctx is not None and ctx[2] is not None:
+                args, kwargs = ctx[2]
+        except Exception as exc:  # noqa: BLE001
+            dbg._guard.fail(exc, f"capturing inputs of {api}")
+            ctx = None
+        try:
+            out = orig(*args, **kwargs)
+        finally:
+            tls.active = dbg._api_on
+        if ctx is None:
+            return out
+        tls.active = False
+        try:
+            with dbg._lock:
+                out = self._post(ctx, args, out)
+        except Exception as exc:  # noqa: BLE001
+            dbg._guard.fail(exc, f"capturing outputs of {api}")
+        finally:
+            tls.active = dbg._api_on
+        return out
+
+    def _pre(
+        self, api: str, inplace: bool, args: tuple[Any, ...], kwargs: dict[str, Any]
+    ) -> Optional[_Pending]:
+        mods = self._modules.stack
+        module = mods[-1] if mods else None
+        call = self._select.api_call(api, module)
+        if call is None:
+            return None
+        c = self._c
+        dbg = self._dbg
+        if not inplace and kwargs.get("inplace") is True:
+            inplace = True
+        folder = self._files.folder
+        fwd = OpRecord(f"{api}.{call}.forward", "api", "forward", module, folder)
+        fwd.recompute = in_recompute()
+        bwd: Optional[OpRecord] = None
+        if c.backward and torch.is_grad_enabled():
+            bwd = OpRecord(f"{api}.{call}.backward", "api", "backward", module, folder)
+        if c.stack:
+            fwd.stack = self._stacks.stack_id(folder)
+            if bwd is not None:
+                bwd.stack = fwd.stack
+        aliases: dict[int, torch.Tensor] = {}
+        want_fwd_in = c.forward and c.inputs
+        bkey = bwd.key if bwd is not None else ""
+        flow = self._flow
+        watch = self._backward.watch
+
+        def on_input(name: str, t: torch.Tensor) -> torch.Tensor:
+            if want_fwd_in:
+                src, same = flow.source(t)
+                rec = dbg._add_tensor(
+                    fwd,
+                    f"{fwd.key}.{name}",
+                    "input",
+                    t,
+                    inplace and name == "input.0",
+                    same_as=same,
+                )
+                if src is not None:
+                    rec["src"] = src
+            if (
+                bwd is not None
+                and c.outputs
+                and t.requires_grad
+                and t.layout == torch.strided
+                and not (inplace and name == "input.0")
+                and not api.startswith("Distributed.")
+            ):
+                alias = view_as(t, t)
+                aliases[id(alias)] = t
+                watch(bwd, alias.grad_fn, 0, f"{bkey}.output{name[5:]}", "output")
+                return alias
+            return t
+
+        new_args = walk(args, "input", on_input) if args else args
+        new_kwargs = (
+            {k: walk(v, f"input.{k}", on_input) for k, v in kwargs.items()} if kwargs else kwargs
+        )
+        if want_fwd_in:
+            fwd.args = json_args(args, kwargs)
+        if bwd is not None and bwd.expect:
+            return (fwd, bwd, (tuple(new_args), new_kwargs), aliases, inplace)
+        return (fwd, bwd, None, aliases, inplace)
+
+    def _post(self, ctx: _Pending, args: tuple[Any, ...], out: Any) -> Any:
+        fwd, bwd, _, aliases, inplace = ctx
+        c = self._c
+        dbg = self._dbg
+        folder = self._files.folder
+        flow = self._flow
+        watch = self._backward.watch
+        if aliases and isinstance(out, torch.Tensor) and id(out) in aliases:
+            out = aliases[id(out)]  # identity ops (x.float() on float) return their input
+        result = out
+        if out is None and inplace and args and isinstance(args[0], torch.Tensor):
+            out = args[0]  # __setitem__, collectives: the first argument holds the result
+        want_out = c.forward and c.outputs
+        bkey = bwd.key if bwd is not None else ""
+
+        def on_output(name: str, t: torch.Tensor) -> torch.Tensor:
+            assert folder is not None
+            if want_out:
+                rec: TensorRecord = dbg._add_tensor(fwd, f"{fwd.key}.{name}", "output", t)
+                rec["id"] = flow.register(t, folder, rec)
+            else:
+                flow.register(t, folder)
+            if bwd is not None and c.inputs and t.requires_grad and t.grad_fn is not None:
+                watch(bwd, t.grad_fn, t.output_nr, f"{bkey}.input{name[6:]}", "input")
+            return t
+
+        walk(out if type(out) in (tuple, list) else (out,), "output", on_output)
+        if c.forward:
+            dbg._finish(fwd)
+        if bwd is not None and bwd.expect:
+            self._backward.pending.append(bwd)
+        return result

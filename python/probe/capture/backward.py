@@ -1,0 +1,107 @@
+"""Backward level: gradient hooks that complete the backward records of captured calls.
+
+A captured call's backward record (``X.backward``) receives the gradient w.r.t. each
+forward output as ``input`` and w.r.t. each forward input as ``output`` (msprobe's roles).
+They are taken by autograd node pre-hooks, which see the gradient w.r.t. exactly the tensor
+version the op produced or consumed (tensor hooks cannot guarantee that after in-place
+ops). A record is written once all its gradients arrived, or at ``stop()`` with what
+arrived. Parameter gradients are taken by post-accumulate-grad hooks, kept per module, and
+written at ``stop()`` as ``Module.{path}.{Class}.parameters_grad``: the last accumulated
+value of the step.
+"""
+
+from __future__ import annotations
+
+import weakref
+from typing import TYPE_CHECKING, Any, Callable, Optional
+
+import torch
+
+from .api import tls
+from .records import Captured, OpRecord
+
+if TYPE_CHECKING:
+    from .debugger import Debugger
+
+
+class BackwardHooks:
+    """The gradient hooks of one Debugger, and its backward records still waiting."""
+
+    def __init__(self, dbg: Debugger) -> None:
+        self._dbg = dbg
+        self._ref = weakref.ref(dbg)  # what autograd's hooks hold: never keep it alive
+        #: Backward records with hooked gradients, until they are complete or stop() comes.
+        self.pending: list[OpRecord] = []
+        # Module base name -> parameter name -> (gradient, its captured stats and data).
+        self._param_grads: dict[str, dict[str, tuple[torch.Tensor, Captured]]] = {}
+
+    def watch(self, bwd: OpRecord, node: Any, index: int, name: str, role: str) -> None:
+        """Hook autograd node ``node`` so ``bwd`` receives the gradient at ``index``."""
+        ref = self._ref
+        session = self._dbg._session
+
+        def hook(grad_outputs: tuple[Optional[torch.Tensor], ...]) -> None:
+            dbg = ref()
+            if dbg is None or dbg._guard.failed or bwd.done or dbg._session != session:
+                return None
+            was = tls.active
+            tls.active = False
+            try:
+                with dbg._lock:
+                    g = grad_outputs[index] if index < len(grad_outputs) else None
+                    if g is not None:
+                        dbg._add_tensor(bwd, name, role, g)
+                    bwd.got += 1
+                    if bwd.got >= bwd.expect and not bwd.done:
+                        dbg._finish(bwd)
+            except Exception as exc:  # noqa: BLE001
+                dbg._guard.fail(exc, f"backward hook of {bwd.key}")
+            finally:
+                tls.active = was and dbg._api_on
+            return None
+
+        node.register_prehook(hook)
+        bwd.expect += 1
+
+    def param_grad_hook(self, base: str, pname: str) -> Callable[[torch.Tensor], None]:
+        """A post-accumulate-grad hook keeping parameter ``pname`` of module ``base``'s
+        latest gradient."""
+        dbg = self._dbg
+        session = dbg._session
+
+        def hook(p: torch.Tensor) -> None:
+            if dbg._guard.failed or dbg._session != session or p.grad is None:
+                return
+            was = tls.active
+            tls.active = False
+            try:
+                with dbg._lock, torch.no_grad():
+                    g = p.grad
+                    # Keep the latest (fully accumulated) gradient's stats and data now:
+                    # zero_grad() may clear it before stop() emits the record.
+                    self._param_grads.setdefault(base, {})[pname] = (g, dbg._capture(g, True))
+            except Exception as exc:  # noqa: BLE001
+                dbg._guard.fail(exc, f"gradient hook of {base}.{pname}")
+            finally:
+                tls.active = was and dbg._api_on
+
+        return hook
+
+    def finish_step(self) -> None:
+        """At ``stop()``: write the backward records that got some of their gradients, and
+        one ``parameters_grad`` record per module with gradients."""
+        dbg = self._dbg
+        for op in self.pending:
+            if not op.done and op.got:
+                dbg._finish(op)
+        self.pending.clear()
+        if not self._param_grads:
+            return
+        folder = dbg._files.folder
+        for base, grads in self._param_grads.items():
+            path = base.split(".", 1)[1].rsplit(".", 1)[0]
+            op = OpRecord(f"{base}.parameters_grad", "parameters_grad", "backward", path, folder)
+            for pname, (g, pre) in grads.items():
+                dbg._add_tensor(op, f"{op.key}.{pname}", "parameter", g, True, pre)
+            dbg._finish(op)
+        self._param_grads.clear()

@@ -1,0 +1,363 @@
+"""The capture agent's facade: ``Debugger`` hooks PyTorch and writes a probe dump
+(docs/format.md); ``seed_all`` makes two runs comparable.
+
+Design rules, in order of priority:
+
+1. Never break training. Every entry point from PyTorch into the agent (API wrappers,
+   module hooks, autograd hooks) runs agent code inside ``try``; the first exception is
+   logged once with its context and capture is switched off for the rest of the run
+   (probe/_guard.py).
+2. Cost nothing when not capturing: wrappers and hooks are only installed between
+   ``start()`` and ``stop()`` of a selected step on a selected rank.
+3. Cost little when capturing: statistics stay on the device until one transfer per op,
+   tensors go to a background writer, the op log is appended.
+
+The Debugger owns the step lifecycle and the path every captured tensor takes (record ->
+statistics -> writer: ``_add_tensor``, ``_capture``, ``_finish``); each kind of hook lives
+in its own module (api, modules, backward) and reaches that path through the Debugger.
+"""
+
+from __future__ import annotations
+
+import atexit
+import logging
+import os
+import threading
+import warnings
+import weakref
+from typing import TYPE_CHECKING, Any, Optional, Union
+
+import torch
+
+from .._guard import Guard
+from .._runtime import current_rank
+from ..config import CaptureConfig, load_config
+from .api import DISPATCH, PATCHER, ApiCapture, tls
+from .backward import BackwardHooks
+from .modules import ModuleHooks
+from .records import Captured, Dataflow, OpRecord, StatVector
+from .selection import Selection
+from .stacks import StackTable
+from .stats import STORABLE, checksum, dtype_name, finish_stats, host_copy, null_stats, stat_vector
+from .writer import DumpFiles
+
+if TYPE_CHECKING:
+    from .records import TensorRecord
+
+log = logging.getLogger("probe")
+
+_STRIDED = torch.strided
+# Bound before any wrapper exists: the agent's own calls skip the API wrappers.
+_stack = torch.stack
+
+
+def seed_all(seed: int = 1234, deterministic: bool = True) -> None:
+    """Seed python, numpy, torch (CPU, CUDA, NPU) and ask for deterministic kernels.
+
+    A benchmark/comparison pair is only meaningful when both runs start from the same
+    weights and data and take the same kernel choices.
+    """
+    import random
+
+    os.environ["PYTHONHASHSEED"] = str(seed)
+    random.seed(seed)
+    try:
+        import numpy as np
+
+        np.random.seed(seed)
+    except ImportError:
+        pass
+    torch.manual_seed(seed)
+    if torch.cuda.is_available():
+        torch.cuda.manual_seed_all(seed)
+    npu = getattr(torch, "npu", None)
+    if npu is not None:
+        try:
+            npu.manual_seed_all(seed)
+        except Exception:  # noqa: BLE001 - torch_npu missing or no device
+            pass
+    if deterministic:
+        os.environ.setdefault("CUBLAS_WORKSPACE_CONFIG", ":4096:8")
+        torch.use_deterministic_algorithms(True, warn_only=True)
+        torch.backends.cudnn.deterministic = True
+        torch.backends.cudnn.benchmark = False
+
+
+class Debugger:
+    """Capture agent. Typical use::
+
+        dbg = probe.Debugger("probe.json")      # or Debugger(None, dump_path=..., level=...)
+        for batch in data:
+            dbg.start(model)                    # model needed for module/mix level
+            loss = model(batch).sum(); loss.backward(); opt.step()
+            dbg.stop()
+            dbg.step()
+
+    or ``with dbg: ...`` per step (start on enter; stop and step on exit).
+    """
+
+    def __init__(
+        self,
+        config: Union[str, os.PathLike[str], dict[str, Any], None] = None,
+        model: Optional[torch.nn.Module] = None,
+        **overrides: Any,
+    ) -> None:
+        self.config: CaptureConfig = load_config(config, overrides)
+        self.model = model
+        self.current_step = 0
+        self._running = False
+        self._session = 0  # start() count: hooks of an earlier session do nothing
+        self._lock = threading.RLock()
+        self._guard = Guard(self._report_failure, self._switch_off)
+        self._select = Selection(self.config)
+        self._files = DumpFiles(self.config)
+        self._stacks = StackTable()
+        self._flow = Dataflow()
+        self._modules = ModuleHooks(self)
+        self._backward = BackwardHooks(self)
+        self._api = ApiCapture(self)
+        atexit.register(_close_at_exit, weakref.ref(self))
+
+    # ------------------------------------------------------------------ public API
+
+    def start(self, model: Optional[torch.nn.Module] = None) -> None:
+        """Begin capturing the current step (no-op if the step or rank is not selected)."""
+        if model is not None:
+            self.model = model
+        if self._guard.failed or self._running:
+            return
+        if DISPATCH.current is not None and DISPATCH.current is not self._api:
+            warnings.warn(
+                "probe: another Debugger is capturing; this start() is ignored",
+                RuntimeWarning,
+                stacklevel=2,
+            )
+            return
+        if not self._select.step(self.current_step):
+            return
+        rank = current_rank()
+        if not self._select.rank(rank):
+            return
+        try:
+            self._files.open(self.current_step, rank, self.model)
+            self._session += 1
+            if self.config.api:
+                PATCHER.install()
+            if self.model is not None:
+                self._modules.install(self.model)
+            self._running = True
+            DISPATCH.current = self._api
+            tls.active = self._api_on
+        except Exception as exc:  # noqa: BLE001 - unwritable path, odd model...
+            self._guard.fail(exc, "start()")
+
+    def stop(self) -> None:
+        """Stop capturing; the dump of this step is complete on disk when this returns."""
+        if not self._running:
+            return
+        tls.active = False
+        self._running = False
+        if DISPATCH.current is self._api:
+            DISPATCH.current = None
+        try:
+            if not self._select.step(self.current_step + 1):
+                # Wrappers stay installed (inert: one thread-local test per call) only
+                # while the next step is captured too; reinstalling costs milliseconds.
+                PATCHER.uninstall()
+            self._modules.remove()
+            with self._lock:
+                self._backward.finish_step()
+            self._files.sync()
+        except Exception as exc:  # noqa: BLE001
+            self._guard.fail(exc, "stop()")
+
+    def step(self) -> None:
+        """Advance the step counter (``step<S>`` folder); closes this step's files."""
+        if self._running:
+            self.stop()
+        try:
+            self._files.close_step()
+        except Exception as exc:  # noqa: BLE001
+            self._guard.fail(exc, "step()")
+        self.current_step += 1
+        self._select.new_step()
+        self._flow.clear()
+
+    def close(self) -> None:
+        """Stop, remove every hook and close all files (also done at interpreter exit)."""
+        self.stop()
+        try:
+            if DISPATCH.current is None:
+                PATCHER.uninstall()
+        except Exception:  # noqa: BLE001
+            pass
+        try:
+            self._files.close_step()
+        except Exception:  # noqa: BLE001
+            pass
+
+    @property
+    def _api_on(self) -> bool:
+        """Whether API wrappers should capture on this thread right now."""
+        return self._running and self.config.api
+
+    @property
+    def enabled(self) -> bool:
+        """False once an internal error switched capture off for the rest of the run."""
+        return not self._guard.failed
+
+    def __enter__(self) -> Debugger:
+        self.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.stop()
+        self.step()
+
+    # ------------------------------------------------------------------ failure handling
+
+    def _switch_off(self, exc: BaseException, context: str) -> None:
+        """On any failure: capture off for good, every hook removed, files flushed."""
+        tls.active = False
+        self._running = False
+        if DISPATCH.current is self._api:
+            DISPATCH.current = None
+        try:
+            PATCHER.uninstall()
+            self._modules.remove()
+        except Exception:  # noqa: BLE001
+            pass
+        try:
+            if self._files.folder is not None:
+                self._files.folder.flush()
+        except Exception:  # noqa: BLE001
+            pass
+
+    def _report_failure(self, exc: BaseException, context: str) -> None:
+        """The first failure: logged with its traceback, and a warning; training continues."""
+        log.error(
+            "probe: internal error in %s at step %d; capture is disabled for the rest "
+            "of the run, training continues: %r",
+            context,
+            self.current_step,
+            exc,
+            exc_info=(type(exc), exc, exc.__traceback__),
+        )
+        warnings.warn(
+            f"probe: capture disabled after an internal error in {context}: {exc!r}",
+            RuntimeWarning,
+            stacklevel=3,
+        )
+
+    # ------------------------------------------------------------------ tensor -> record
+
+    def _capture(self, t: torch.Tensor, counts: bool) -> Captured:
+        """Stats vector on the device, plus a host copy (tensor mode) or checksum."""
+        if t.layout is not _STRIDED or t.is_meta:
+            return None, None, None
+        prev = torch.is_grad_enabled()
+        if prev:
+            torch._C._set_grad_enabled(False)
+        try:
+            vec = stat_vector(t, counts)
+            mode = self.config.mode
+            if mode == "statistics" or t.dtype not in STORABLE:
+                return vec, None, None
+            if mode == "checksum":
+                return vec, None, checksum(t)
+            return vec, host_copy(t), None
+        finally:
+            if prev:
+                torch._C._set_grad_enabled(True)
+
+    def _add_tensor(
+        self,
+        op: OpRecord,
+        name: str,
+        role: str,
+        t: torch.Tensor,
+        counts: bool = False,
+        pre: Optional[Captured] = None,
+        same_as: Optional[TensorRecord] = None,
+    ) -> TensorRecord:
+        """Record one tensor: metadata now, stats as a device vector, data to the writer.
+
+        ``counts``: take NaN/Inf counts now (the tensor is about to change in place).
+        ``pre``: what :meth:`_capture` already took of it (parameter gradients).
+        ``same_as``: the finished record of the captured output this tensor *is* (same
+        object, same version); its stats/checksum are reused, only data is stored again.
+        """
+        rec: TensorRecord = {
+            "name": name,
+            "role": role,
+            "dtype": dtype_name(t.dtype),
+            "shape": list(t.shape),
+        }
+        if same_as is not None and "stats" in same_as and self.config.mode != "tensor":
+            rec["stats"] = same_as["stats"]
+            if "checksum" in same_as:
+                rec["checksum"] = same_as["checksum"]
+            op.entries.append((rec, None, None))
+            return rec
+        vec: StatVector
+        host: Optional[torch.Tensor]
+        crc: Optional[str]
+        if same_as is not None and "stats" in same_as:
+            rec["stats"] = same_as["stats"]
+            vec, host, crc = None, host_copy(t), None
+        else:
+            vec, host, crc = pre if pre is not None else self._capture(t, counts)
+        if crc is not None:
+            rec["checksum"] = crc
+        if host is not None:
+            folder = op.folder or self._files.folder
+            assert folder is not None
+            rec["file"] = self._files.store(folder, name, host)
+        op.entries.append((rec, vec, t if vec is not None and len(vec) == 4 else None))
+        return rec
+
+    def _finish(self, op: OpRecord) -> None:
+        """Bring all stats of the op to the host in one transfer and append the record."""
+        op.done = True
+        folder = op.folder or self._files.folder
+        if folder is None or folder is not self._files.folder:
+            return  # the step this op belonged to is already closed
+        entries = op.entries
+        if op.direction == "backward" and len(entries) > 1:
+            # Gradients arrive in autograd order; store them in name order for readers.
+            entries.sort(key=lambda e: (e[0]["role"], e[0]["name"]))
+        parts = [p for _, vec, _ in entries if vec is not None for p in vec]
+        flat: list[float] = []
+        if parts:
+            # The one device-to-host transfer of this op. No grad-mode switch needed: the
+            # parts were made with grad off, so stack records nothing (a no_grad() context
+            # here cost more than the stack itself).
+            flat = _stack(parts).tolist()
+        pos = 0
+        for rec, vec, t in entries:
+            if vec is None:
+                if "stats" not in rec:
+                    rec["stats"] = null_stats()
+                continue
+            n = len(vec)
+            rec["stats"] = finish_stats(flat[pos : pos + n], max(1, _numel(rec["shape"])), t)
+            pos += n
+        folder.write_op(op.to_json([rec for rec, _, _ in entries]))
+        self._files.check()
+
+
+def _close_at_exit(ref: weakref.ReferenceType[Debugger]) -> None:
+    """A run that never calls stop() still leaves complete, flushed files behind."""
+    dbg = ref()
+    if dbg is not None:
+        try:
+            dbg.close()
+        except Exception:  # noqa: BLE001
+            pass
+
+
+def _numel(shape: list[int]) -> int:
+    n = 1
+    for d in shape:
+        n *= d
+    return n

@@ -1,0 +1,207 @@
+"""Module level: forward hooks on every submodule, and the module path API calls run in.
+
+The hooks are installed on every submodule even at api level, where they only keep the
+stack of module paths that ``include_modules``/``exclude_modules`` select API calls by; at
+module and mix level they also record ``Module.{path}.{Class}.forward.{n}`` (inputs,
+parameters, outputs), its backward, and, through parameter gradient hooks (backward.py),
+``Module.{path}.{Class}.parameters_grad``. The root module has no record: its path would
+be empty; its submodules cover it.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Any, Callable, Optional
+
+import torch
+
+from .api import in_recompute, tls, view_as
+from .records import OpRecord, walk
+
+if TYPE_CHECKING:
+    from torch.utils.hooks import RemovableHandle
+
+    from .debugger import Debugger
+    from .records import TensorRecord
+
+# A selected module call's forward record and backward record (None without autograd).
+_Pending = tuple[OpRecord, Optional[OpRecord]]
+
+
+class ModuleHooks:
+    """The module hooks of one Debugger between ``start()`` and ``stop()``."""
+
+    def __init__(self, dbg: Debugger) -> None:
+        self._dbg = dbg
+        self._handles: list[RemovableHandle] = []
+        #: Paths of the modules whose forward is running, innermost last.
+        self.stack: list[str] = []
+        # The pending records of the running selected module calls, innermost last.
+        self._pending: list[Optional[_Pending]] = []
+
+    def install(self, model: torch.nn.Module) -> None:
+        dbg = self._dbg
+        c = dbg.config
+        track_only = not c.module
+        for path, mod in model.named_modules():
+            if not path:
+                continue  # the root: its path would be empty; its submodules cover it
+            cls = type(mod).__name__
+            self._handles.append(
+                mod.register_forward_pre_hook(
+                    self._make_pre_hook(path, cls, track_only), with_kwargs=True
+                )
+            )
+            self._handles.append(
+                mod.register_forward_hook(
+                    self._make_post_hook(path, cls, track_only), with_kwargs=True
+                )
+            )
+            if c.module and c.backward:
+                params = dict(mod.named_parameters(recurse=False))
+                if params and dbg._select.module_parameters(path, cls):
+                    base = f"Module.{path}.{cls}"
+                    for pname, p in params.items():
+                        if p.requires_grad:
+                            self._handles.append(
+                                p.register_post_accumulate_grad_hook(
+                                    dbg._backward.param_grad_hook(base, pname)
+                                )
+                            )
+
+    def remove(self) -> None:
+        self.stack.clear()
+        self._pending.clear()
+        while self._handles:
+            h = self._handles.pop()
+            try:
+                h.remove()
+            except Exception:  # noqa: BLE001
+                pass
+
+    def _make_pre_hook(self, path: str, cls: str, track_only: bool) -> Callable[..., Any]:
+        dbg = self._dbg
+
+        def pre_hook(mod: torch.nn.Module, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
+            if not dbg._running:
+                return None
+            was = tls.active
+            tls.active = False
+            try:
+                self.stack.append(path)
+                if track_only:
+                    return None
+                with dbg._lock:
+                    pending, new = self._pre(mod, path, cls, args, kwargs)
+                self._pending.append(pending)
+                return new
+            except Exception as exc:  # noqa: BLE001
+                dbg._guard.fail(exc, f"forward pre-hook of module {path}")
+                return None
+            finally:
+                tls.active = was and dbg._api_on
+
+        return pre_hook
+
+    def _make_post_hook(self, path: str, cls: str, track_only: bool) -> Callable[..., Any]:
+        dbg = self._dbg
+
+        def post_hook(
+            mod: torch.nn.Module, args: tuple[Any, ...], kwargs: dict[str, Any], output: Any
+        ) -> Any:
+            if not dbg._running:
+                return None
+            was = tls.active
+            tls.active = False
+            try:
+                if self.stack and self.stack[-1] == path:
+                    self.stack.pop()
+                if track_only or not self._pending:
+                    return None
+                pending = self._pending.pop()
+                if pending is not None:
+                    with dbg._lock:
+                        self._post(pending, output)
+                return None
+            except Exception as exc:  # noqa: BLE001
+                dbg._guard.fail(exc, f"forward hook of module {path}")
+                return None
+            finally:
+                tls.active = was and dbg._api_on
+
+        return post_hook
+
+    def _pre(
+        self,
+        mod: torch.nn.Module,
+        path: str,
+        cls: str,
+        args: tuple[Any, ...],
+        kwargs: dict[str, Any],
+    ) -> tuple[Optional[_Pending], Optional[tuple[tuple[Any, ...], dict[str, Any]]]]:
+        """Records the inputs and parameters of a selected module call; returns its
+        pending records and the arguments that replace the call's (autograd aliases)."""
+        dbg = self._dbg
+        base = f"Module.{path}.{cls}"
+        call = dbg._select.module_call(base, path, cls)
+        if call is None:
+            return None, None
+        c = dbg.config
+        folder = dbg._files.folder
+        fwd = OpRecord(f"{base}.forward.{call}", "module", "forward", path, folder)
+        fwd.recompute = in_recompute()
+        bwd: Optional[OpRecord] = None
+        if c.backward and torch.is_grad_enabled():
+            bwd = OpRecord(f"{base}.backward.{call}", "module", "backward", path, folder)
+        if c.stack:
+            fwd.stack = dbg._stacks.stack_id(folder)
+            if bwd is not None:
+                bwd.stack = fwd.stack
+        want_in = c.forward and c.inputs
+        changed = False
+        flow = dbg._flow
+        watch = dbg._backward.watch
+
+        def on_input(name: str, t: torch.Tensor) -> torch.Tensor:
+            nonlocal changed
+            if want_in:
+                src, same = flow.source(t)
+                rec = dbg._add_tensor(fwd, f"{fwd.key}.{name}", "input", t, True, same_as=same)
+                if src is not None:
+                    rec["src"] = src
+            if bwd is not None and c.outputs and t.requires_grad and t.layout == torch.strided:
+                alias = view_as(t, t)
+                watch(bwd, alias.grad_fn, 0, f"{bwd.key}.output{name[5:]}", "output")
+                changed = True
+                return alias
+            return t
+
+        new_args = walk(args, "input", on_input)
+        new_kwargs = {k: walk(v, f"input.{k}", on_input) for k, v in kwargs.items()}
+        if c.forward:
+            for pname, p in mod.named_parameters(recurse=False):
+                dbg._add_tensor(fwd, f"{fwd.key}.parameters.{pname}", "parameter", p)
+        return (fwd, bwd), ((tuple(new_args), new_kwargs) if changed else None)
+
+    def _post(self, pending: _Pending, output: Any) -> None:
+        fwd, bwd = pending
+        dbg = self._dbg
+        c = dbg.config
+        folder = dbg._files.folder
+        want_out = c.forward and c.outputs
+        flow = dbg._flow
+        watch = dbg._backward.watch
+
+        def on_output(name: str, t: torch.Tensor) -> torch.Tensor:
+            if want_out:
+                assert folder is not None
+                rec: TensorRecord = dbg._add_tensor(fwd, f"{fwd.key}.{name}", "output", t)
+                rec["id"] = flow.register(t, folder, rec)
+            if bwd is not None and c.inputs and t.requires_grad and t.grad_fn is not None:
+                watch(bwd, t.grad_fn, t.output_nr, f"{bwd.key}.input{name[6:]}", "input")
+            return t
+
+        walk(output if type(output) in (tuple, list) else (output,), "output", on_output)
+        if c.forward:
+            dbg._finish(fwd)
+        if bwd is not None and bwd.expect:
+            dbg._backward.pending.append(bwd)

@@ -1,0 +1,207 @@
+"""Op records: what one captured call becomes in ``ops.jsonl``, and the dataflow between them.
+
+An :class:`OpRecord` is built while its op runs (forward) or while autograd delivers its
+gradients (backward) and written once complete. Each tensor's JSON record is a plain dict
+typed as :class:`TensorRecord`: it is what ``json.dumps`` writes, in the key order the dump
+has always had (docs/format.md), and building it costs no conversion on the hot path. Its
+statistics stay on the device (``TensorEntry``) until the op is finished, so that one
+transfer brings all of them to the host.
+"""
+
+from __future__ import annotations
+
+import weakref
+from typing import TYPE_CHECKING, Any, Callable, Optional, Union
+
+import torch
+
+if TYPE_CHECKING:
+    from typing_extensions import NotRequired, TypedDict
+
+    from .writer import RankFolder
+
+    Number = Union[float, str, None]  # non-finite values are strings in JSON
+
+    class Stats(TypedDict):
+        max: Number
+        min: Number
+        mean: Number
+        norm: Number
+        nan: int
+        inf: int
+
+    class TensorRecord(TypedDict):
+        """One tensor of an op, as written (keys in this order, optional ones when known)."""
+
+        name: str
+        role: str
+        dtype: str
+        shape: list[int]
+        stats: NotRequired[Stats]  # first when reused from a captured output, else last
+        checksum: NotRequired[str]
+        file: NotRequired[str]
+        src: NotRequired[int]
+        id: NotRequired[int]
+
+
+#: Statistics of one tensor still on its device: ``[max, min, sum, norm(, nan, inf)]``.
+StatVector = Optional[list[torch.Tensor]]
+#: What capturing one tensor gives: stats vector, host copy (tensor mode), checksum.
+Captured = tuple[StatVector, Optional[torch.Tensor], Optional[str]]
+
+_PRIMITIVES = (int, float, bool, str)
+
+
+#: One tensor of an op being built: its record, its stats vector, and the tensor itself when
+#: NaN/Inf counts may have to be taken late. A tuple, not a class: one is made per captured
+#: tensor, and a tuple costs a third of an object's construction on that path.
+TensorEntry = tuple["TensorRecord", StatVector, Optional[torch.Tensor]]
+
+
+class OpRecord:
+    """One op record being built (``ops.jsonl`` line), and its backward bookkeeping."""
+
+    __slots__ = (
+        "args",
+        "direction",
+        "done",
+        "entries",
+        "expect",
+        "folder",
+        "got",
+        "key",
+        "kind",
+        "module",
+        "recompute",
+        "stack",
+    )
+
+    def __init__(
+        self,
+        key: str,
+        kind: str,
+        direction: str,
+        module: Optional[str],
+        folder: Optional[RankFolder],
+    ) -> None:
+        self.key = key
+        self.kind = kind  # api, module, parameters_grad
+        self.direction = direction  # forward, backward
+        self.module = module
+        self.folder = folder  # the step's folder: a late backward of a closed step is dropped
+        self.stack: Optional[int] = None
+        self.recompute = False
+        self.entries: list[TensorEntry] = []
+        self.args: Optional[dict[str, Any]] = None
+        self.expect = 0  # backward: gradients hooked
+        self.got = 0  # backward: gradient hooks that ran
+        self.done = False
+
+    def to_json(self, tensors: list[TensorRecord]) -> dict[str, Any]:
+        """The ``ops.jsonl`` object (``seq`` is set by the folder when written)."""
+        record: dict[str, Any] = {
+            "seq": 0,
+            "op": self.key,
+            "kind": self.kind,
+            "direction": self.direction,
+            "module": self.module,
+            "stack": self.stack,
+            "recompute": self.recompute,
+            "tensors": tensors,
+        }
+        if self.args:
+            record["args"] = self.args
+        return record
+
+
+def walk(obj: Any, prefix: str, fn: Callable[[str, torch.Tensor], torch.Tensor]) -> Any:
+    """Apply ``fn(name, tensor)`` to every tensor in nested lists/tuples/dicts.
+
+    Returns the structure rebuilt with ``fn``'s results, which is how inputs are swapped
+    for autograd aliases. Names follow msprobe: list items ``.i``, dict items ``.key``.
+    """
+    if isinstance(obj, torch.Tensor):
+        return fn(prefix, obj)
+    t = type(obj)
+    if t is tuple or t is list:
+        return t([walk(v, f"{prefix}.{i}", fn) for i, v in enumerate(obj)])
+    if t is dict:
+        return {k: walk(v, f"{prefix}.{k}", fn) for k, v in obj.items()}
+    return obj
+
+
+def json_arg(v: Any) -> Any:
+    """A JSON-safe rendering of a non-tensor argument, or None to leave it out."""
+    if isinstance(v, _PRIMITIVES):
+        if isinstance(v, float) and v != v or v in (float("inf"), float("-inf")):
+            return str(v)
+        return v
+    if isinstance(v, (torch.dtype, torch.device)):
+        return str(v)
+    if type(v) in (tuple, list) and len(v) <= 8 and all(isinstance(x, _PRIMITIVES) for x in v):
+        return list(v)
+    return None
+
+
+def json_args(args: tuple[Any, ...], kwargs: dict[str, Any]) -> Optional[dict[str, Any]]:
+    """The ``args`` of a record: the JSON-safe non-tensor arguments, or None if none."""
+    out: dict[str, Any] = {}
+    for i, a in enumerate(args):
+        if not isinstance(a, torch.Tensor):
+            j = json_arg(a)
+            if j is not None:
+                out[f"input.{i}"] = j
+    for k, a in kwargs.items():
+        if not isinstance(a, torch.Tensor):
+            j = json_arg(a)
+            if j is not None:
+                out[f"input.{k}"] = j
+    return out or None
+
+
+class Dataflow:
+    """Which captured output an input comes from (``src`` -> ``id``), per rank and step.
+
+    An input *is* a captured output when it is the same object at the same version (its
+    record, with stats, can then be reused), or *shares its storage* with one whose
+    version is unchanged (a view made by uncaptured code).
+    """
+
+    def __init__(self) -> None:
+        self._ids: dict[int, tuple[Any, int, int, Optional[TensorRecord]]] = {}
+        self._by_storage: dict[int, tuple[Any, int, int, None]] = {}
+
+    def clear(self) -> None:
+        self._ids.clear()
+        self._by_storage.clear()
+
+    def source(self, t: torch.Tensor) -> tuple[Optional[int], Optional[TensorRecord]]:
+        """The id of the captured output this input value came from, if any, and that
+        output's record when the input is exactly the same tensor (same object and
+        version): its stats and checksum can then be reused instead of recomputed."""
+        e = self._ids.get(id(t))
+        if e is not None and e[0]() is t and e[2] == t._version:
+            return e[1], e[3]
+        try:
+            e2 = self._by_storage.get(t.untyped_storage().data_ptr())
+        except Exception:  # noqa: BLE001 - tensors without storage (meta, sparse)
+            return None, None
+        if e2 is not None and e2[0]() is not None and e2[2] == t._version:
+            return e2[1], None
+        return None, None
+
+    def register(
+        self, t: torch.Tensor, folder: RankFolder, rec: Optional[TensorRecord] = None
+    ) -> int:
+        """Give a captured output the folder's next id, and remember it by object and
+        storage."""
+        tid = folder.next_id
+        folder.next_id += 1
+        ref = weakref.ref(t)
+        ver = t._version
+        self._ids[id(t)] = (ref, tid, ver, rec)
+        try:
+            self._by_storage[t.untyped_storage().data_ptr()] = (ref, tid, ver, None)
+        except Exception:  # noqa: BLE001
+            pass
+        return tid

@@ -1,0 +1,99 @@
+"""What is captured: steps, ranks, op and module filters, the scope window, and call counts.
+
+Selection decides per call, on the hot path, so the common case (no filters) costs one
+counter update: op keys carry a per-step call index (``Functional.gelu.0``), which is also
+what patterns match against. Counters and the scope window restart every step.
+"""
+
+from __future__ import annotations
+
+from typing import Optional
+
+from ..config import (
+    CaptureConfig,
+    module_candidates,
+    module_path_match,
+    op_candidates,
+    pattern_match,
+)
+
+_BEFORE, _INSIDE, _AFTER = 0, 1, 2  # where this step is relative to the scope window
+
+
+class Selection:
+    """The capture configuration's selection, with this step's counters."""
+
+    def __init__(self, config: CaptureConfig) -> None:
+        self._c = config
+        self.filtered = bool(
+            config.include
+            or config.exclude
+            or config.include_modules
+            or config.exclude_modules
+            or config.scope
+        )
+        self._api_calls: dict[str, int] = {}
+        self._module_calls: dict[str, int] = {}
+        self._scope = _BEFORE
+
+    def step(self, step: int) -> bool:
+        """Whether step ``step`` is captured."""
+        return self._c.steps is None or step in self._c.steps
+
+    def rank(self, rank: int) -> bool:
+        """Whether rank ``rank`` captures."""
+        return self._c.ranks is None or rank in self._c.ranks
+
+    def new_step(self) -> None:
+        self._api_calls.clear()
+        self._module_calls.clear()
+        self._scope = _BEFORE
+
+    def api_call(self, api: str, module: Optional[str]) -> Optional[int]:
+        """Count a call of ``api`` (made inside module ``module``); its call index if it
+        is selected, else None."""
+        call = self._api_calls.get(api, 0)
+        self._api_calls[api] = call + 1
+        if self.filtered and not self._selected(op_candidates(api, call), module):
+            return None
+        return call
+
+    def module_call(self, base: str, path: str, cls: str) -> Optional[int]:
+        """Count a call of module ``base`` (``Module.{path}.{cls}``); its call index if it
+        is selected, else None."""
+        call = self._module_calls.get(base, 0)
+        self._module_calls[base] = call + 1
+        if self.filtered and not self._selected(module_candidates(path, cls, call), path):
+            return None
+        return call
+
+    def module_parameters(self, path: str, cls: str) -> bool:
+        """Whether a module's parameter gradients are captured (the filters, no scope)."""
+        return self._filters_ok(module_candidates(path, cls, 0), path)
+
+    def _selected(self, names: tuple[str, ...], module_path: Optional[str]) -> bool:
+        c = self._c
+        if c.scope is not None:
+            first, last = c.scope
+            if self._scope == _BEFORE:
+                if not pattern_match((first,), names):
+                    return False
+                self._scope = _INSIDE
+            if self._scope == _AFTER:
+                return False
+            if last is not None and pattern_match((last,), names):
+                self._scope = _AFTER
+        return self._filters_ok(names, module_path)
+
+    def _filters_ok(self, names: tuple[str, ...], module_path: Optional[str]) -> bool:
+        """The include/exclude filters on op names and module paths (no scope state)."""
+        c = self._c
+        if c.include and not pattern_match(c.include, names):
+            return False
+        if c.exclude and pattern_match(c.exclude, names):
+            return False
+        if c.include_modules and not module_path_match(c.include_modules, module_path):
+            return False
+        if c.exclude_modules and module_path_match(c.exclude_modules, module_path):
+            return False
+        return True
