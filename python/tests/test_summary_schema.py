@@ -54,3 +54,18 @@ def test_demo_dump_follows_the_dump_schemas() -> None:
             jsonschema.validate(json.loads(line), op_schema)
         for line in (rank / "stacks.jsonl").read_text().splitlines():
             jsonschema.validate(json.loads(line), stack_schema)
+
+
+@pytest.mark.parametrize("dump", ["nonfinite_cmp", "nonfinite_bench"])
+def test_scan_summary_follows_its_schema(tmp_path: Path, dump: str) -> None:
+    out = tmp_path / "out"
+    path = Path(REPO) / "testdata" / "msprobe" / dump
+    proc = subprocess.run(
+        [probe_bin(), "scan", str(path), "-o", str(out), "-q"],
+        capture_output=True,
+        text=True,
+    )
+    assert proc.returncode == (1 if dump == "nonfinite_cmp" else 0), proc.stderr
+    summary = json.loads((out / "summary.json").read_text())
+    jsonschema.validate(summary, _schema("probe-scan-summary.v1.schema.json"))
+    assert summary["exit_code"] == proc.returncode
