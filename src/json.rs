@@ -44,6 +44,14 @@ fn next_token(text: &[u8], from: usize, in_string: &mut bool) -> Option<(usize, 
 /// `text` with bare `NaN`, `Infinity` and `-Infinity` tokens (outside strings) written as
 /// the strings `"nan"`, `"inf"`, `"-inf"`. Borrowed, without a copy, when there are none.
 pub fn accept_nonfinite(text: &[u8]) -> Cow<'_, [u8]> {
+    // Most documents hold neither token: a substring search (fast) settles those.
+    let maybe = match std::str::from_utf8(text) {
+        Ok(s) => s.contains("NaN") || s.contains("Infinity"),
+        Err(_) => true,
+    };
+    if !maybe {
+        return Cow::Borrowed(text);
+    }
     let mut in_string = false;
     let Some(mut at) = next_token(text, 0, &mut in_string) else {
         return Cow::Borrowed(text);
