@@ -4,7 +4,7 @@
 mod common;
 use common::*;
 use probe::dump::OpKey;
-use probe::schema::dump::{ManifestRecord, OpRecord, Stat, StatsRecord, TensorRecord};
+use probe::schema::dump::{OpRecord, Stat, StatsRecord, TensorRecord};
 use std::path::Path;
 
 /// An op: key, inputs and outputs as (name suffix, mean value, src id, id).
@@ -45,35 +45,6 @@ fn tensor(
         src,
         stats: Some(stats(v)),
     }
-}
-
-/// Writes one side (manifest and op log) in the probe dump format, records in order.
-fn write_records(dir: &Path, records: Vec<OpRecord>) {
-    let rank = dir.join("step0/rank0");
-    std::fs::create_dir_all(&rank).unwrap();
-    let manifest = ManifestRecord {
-        created: "2026-01-01T00:00:00Z".into(),
-        device: "cpu".into(),
-        format: "probe-dump".into(),
-        framework: "pytorch".into(),
-        framework_version: None,
-        level: "api".into(),
-        mode: "statistics".into(),
-        producer: None,
-        version: 1,
-    };
-    std::fs::write(
-        dir.join("manifest.json"),
-        serde_json::to_string(&manifest).unwrap(),
-    )
-    .unwrap();
-    let mut text = String::new();
-    for (seq, mut r) in records.into_iter().enumerate() {
-        r.seq = seq as u64;
-        text += &serde_json::to_string(&r).unwrap();
-        text.push('\n');
-    }
-    std::fs::write(rank.join("ops.jsonl"), text).unwrap();
 }
 
 fn record(key: &str, tensors: Vec<TensorRecord>) -> OpRecord {
@@ -121,7 +92,7 @@ fn write_side(dir: &Path, ops: &[Op]) {
             record(op.key, tensors)
         })
         .collect();
-    write_records(dir, records);
+    write_op_log(dir, records);
 }
 
 /// A chain a → b → c → d of ops; `vals_b` / `vals_c` give each op's (input, output) value.
@@ -314,7 +285,7 @@ fn write_ops(dir: &Path, ops: &[(&str, Vec<Tn>)]) {
             record(key, tensors)
         })
         .collect();
-    write_records(dir, records);
+    write_op_log(dir, records);
 }
 
 #[test]

@@ -3,7 +3,7 @@
 
 mod common;
 use common::*;
-use probe::schema::dump::{ManifestRecord, OpRecord, Stat, StatsRecord, TensorRecord};
+use probe::schema::dump::{OpRecord, Stat, StatsRecord, TensorRecord};
 use std::path::{Path, PathBuf};
 
 fn scan(dump: &Path, out: &Path, extra: &[&str]) -> Out {
@@ -34,65 +34,47 @@ type T<'a> = (&'a str, &'a str, StatsRecord); // (role, dtype, stats)
 
 /// Writes a one-rank statistics dump of `ops` (key, tensors) under `dir`.
 fn write_dump(dir: &Path, ops: &[(&str, Vec<T>)]) -> PathBuf {
-    let rank = dir.join("step0/rank0");
-    std::fs::create_dir_all(&rank).unwrap();
-    let manifest = ManifestRecord {
-        created: "2026-01-01T00:00:00Z".into(),
-        device: "cpu".into(),
-        format: "probe-dump".into(),
-        framework: "pytorch".into(),
-        framework_version: None,
-        level: "api".into(),
-        mode: "statistics".into(),
-        producer: None,
-        version: 1,
-    };
-    std::fs::write(
-        dir.join("manifest.json"),
-        serde_json::to_string(&manifest).unwrap(),
-    )
-    .unwrap();
-    let mut text = String::new();
-    for (seq, (key, ts)) in ops.iter().enumerate() {
-        let mut n = std::collections::HashMap::new();
-        let tensors = ts
-            .iter()
-            .map(|(role, dtype, st)| {
-                let slot = if *role == "output" { "output" } else { "input" };
-                let k = n.entry(slot).or_insert(0);
-                *k += 1;
-                TensorRecord {
-                    checksum: None,
-                    dtype: dtype.to_string(),
-                    file: None,
-                    id: None,
-                    name: format!("{key}.{slot}.{}", *k - 1),
-                    role: role.to_string(),
-                    shape: vec![100],
-                    src: None,
-                    stats: Some(*st),
+    let records = ops
+        .iter()
+        .map(|(key, ts)| {
+            let mut n = std::collections::HashMap::new();
+            let tensors = ts
+                .iter()
+                .map(|(role, dtype, st)| {
+                    let slot = if *role == "output" { "output" } else { "input" };
+                    let k = n.entry(slot).or_insert(0);
+                    *k += 1;
+                    TensorRecord {
+                        checksum: None,
+                        dtype: dtype.to_string(),
+                        file: None,
+                        id: None,
+                        name: format!("{key}.{slot}.{}", *k - 1),
+                        role: role.to_string(),
+                        shape: vec![100],
+                        src: None,
+                        stats: Some(*st),
+                    }
+                })
+                .collect();
+            OpRecord {
+                direction: if key.contains(".backward") {
+                    "backward"
+                } else {
+                    "forward"
                 }
-            })
-            .collect();
-        let r = OpRecord {
-            direction: if key.contains(".backward") {
-                "backward"
-            } else {
-                "forward"
+                .into(),
+                kind: "api".into(),
+                module: None,
+                op: key.to_string(),
+                recompute: false,
+                seq: 0,
+                stack: None,
+                tensors,
             }
-            .into(),
-            kind: "api".into(),
-            module: None,
-            op: key.to_string(),
-            recompute: false,
-            seq: seq as u64,
-            stack: None,
-            tensors,
-        };
-        text += &serde_json::to_string(&r).unwrap();
-        text.push('\n');
-    }
-    std::fs::write(rank.join("ops.jsonl"), text).unwrap();
+        })
+        .collect();
+    write_op_log(dir, records);
     dir.to_path_buf()
 }
 

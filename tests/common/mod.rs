@@ -1,6 +1,7 @@
 //! Helpers shared by the integration tests: run the real `probe` binary on real files.
 #![allow(dead_code)]
 
+use probe::schema::dump::{ManifestRecord, OpRecord};
 use std::path::{Path, PathBuf};
 use std::process::Command;
 
@@ -102,4 +103,34 @@ pub fn copy_dir(from: &Path, to: &Path) {
             std::fs::copy(&p, to.join(e.file_name())).unwrap();
         }
     }
+}
+
+/// Writes a one-rank statistics dump (manifest and `step0/rank0/ops.jsonl`) from op
+/// records, numbering them in order: the dump format's own types, as every writer uses.
+pub fn write_op_log(dir: &Path, records: Vec<OpRecord>) {
+    let rank = dir.join("step0/rank0");
+    std::fs::create_dir_all(&rank).unwrap();
+    let manifest = ManifestRecord {
+        created: "2026-01-01T00:00:00Z".into(),
+        device: "cpu".into(),
+        format: "probe-dump".into(),
+        framework: "pytorch".into(),
+        framework_version: None,
+        level: "api".into(),
+        mode: "statistics".into(),
+        producer: None,
+        version: 1,
+    };
+    std::fs::write(
+        dir.join("manifest.json"),
+        serde_json::to_string(&manifest).unwrap(),
+    )
+    .unwrap();
+    let mut text = String::new();
+    for (seq, mut r) in records.into_iter().enumerate() {
+        r.seq = seq as u64;
+        text += &serde_json::to_string(&r).unwrap();
+        text.push('\n');
+    }
+    std::fs::write(rank.join("ops.jsonl"), text).unwrap();
 }
