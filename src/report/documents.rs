@@ -24,6 +24,11 @@ pub struct ScanDocument<'a> {
     pub summary: &'a ScanSummary,
 }
 
+/// A summary as `summary.json` holds it.
+fn pretty(summary: &impl serde::Serialize) -> Result<String, String> {
+    serde_json::to_string_pretty(summary).map_err(|e| e.to_string())
+}
+
 fn findings<'a>(
     list: impl IntoIterator<Item = (&'a str, &'a Option<Finding>)>,
 ) -> Vec<(String, Finding)> {
@@ -38,7 +43,7 @@ impl Document for CompareDocument<'_> {
     }
 
     fn summary_json(&self) -> Result<String, String> {
-        serde_json::to_string_pretty(self.summary).map_err(|e| e.to_string())
+        pretty(self.summary)
     }
 
     fn overview(&self) -> Overview {
@@ -115,7 +120,7 @@ impl Document for ScanDocument<'_> {
     }
 
     fn summary_json(&self) -> Result<String, String> {
-        serde_json::to_string_pretty(self.summary).map_err(|e| e.to_string())
+        pretty(self.summary)
     }
 
     fn overview(&self) -> Overview {
