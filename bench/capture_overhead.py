@@ -100,7 +100,7 @@ def main() -> int:
     ap.add_argument("--device", default="cpu")
     ap.add_argument("--steps", type=int, default=10)
     ap.add_argument("--batch", type=int, default=16)
-    ap.add_argument("--modes", default="statistics,tensor,checksum")
+    ap.add_argument("--modes", default="statistics,tensor,checksum,overflow")
     ap.add_argument("--levels", default="api,module,mix")
     ap.add_argument(
         "--threads",
