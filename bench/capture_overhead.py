@@ -2,10 +2,11 @@
 """Overhead benchmark of the probe capture agent (issue 3, item 8). Not a test.
 
 Times one training step of the example model (examples/train_small.py) bare and with the
-agent in each mode (statistics, tensor, checksum) at each level (api, module, mix), and
+agent in each mode (statistics, tensor, checksum, overflow) at each level (api, module, mix), and
 msprobe on the same model when ``msprobe`` (mindstudio-probe) is importable, then prints
-the ratios. Goal: statistics mode at api level <= 3x a bare step on CPU, and at least 5x
-less overhead than msprobe in the same run.
+the ratios. Goals: statistics mode at api level <= 3x a bare step on CPU, and at least 5x
+less overhead than msprobe in the same run; overflow mode (a clean run: every op checked,
+nothing written) <= 1.5x at api level.
 
     python bench/capture_overhead.py [--device cpu] [--steps 5] [--batch 16]
 """
@@ -100,7 +101,7 @@ def main() -> int:
     ap.add_argument("--device", default="cpu")
     ap.add_argument("--steps", type=int, default=10)
     ap.add_argument("--batch", type=int, default=16)
-    ap.add_argument("--modes", default="statistics,tensor,checksum")
+    ap.add_argument("--modes", default="statistics,tensor,checksum,overflow")
     ap.add_argument("--levels", default="api,module,mix")
     ap.add_argument(
         "--threads",

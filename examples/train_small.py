@@ -10,12 +10,18 @@ Why: anyone can produce a benchmark/comparison dump pair in seconds, e.g.
 ``--inject OP`` multiplies the output of one named op by ``1 + --inject-rel`` (default 5 %),
 so compare must name that op as the first divergent one. OP is an msprobe-style name:
 ``Functional.gelu`` (every call) or ``Functional.gelu.0`` (one call per step).
+
+``--inject-inf OP`` / ``--inject-nan OP`` put +inf / NaN into the first element of that op's
+output, and ``--fp16-overflow`` computes the attention scores (the first ``torch.matmul``)
+in float16 from inputs scaled so that the product passes 65504: ``probe scan`` must name the
+op that produced the first NaN/Inf.
 """
 
 from __future__ import annotations
 
 import argparse
 import contextlib
+import math
 import sys
 import time
 from typing import Any, Callable, Optional
@@ -33,6 +39,9 @@ class Block(nn.Module):
     def __init__(self, dim: int, heads: int) -> None:
         super().__init__()
         self.heads = heads
+        #: Set (e.g. 300.0): the attention scores are an fp16 matmul of q and k scaled by
+        #: it, which overflows to inf, as an fp16 model with large activations would.
+        self.fp16_overflow_scale: Optional[float] = None
         self.norm1 = nn.LayerNorm(dim)
         self.qkv = nn.Linear(dim, 3 * dim)
         self.proj = nn.Linear(dim, dim)
@@ -44,7 +53,13 @@ class Block(nn.Module):
         b, n, d = x.shape
         h = self.heads
         q, k, v = self.qkv(self.norm1(x)).reshape(b, n, 3, h, d // h).permute(2, 0, 3, 1, 4)
-        att = torch.matmul(q, k.transpose(-2, -1)) / (d // h) ** 0.5
+        s = self.fp16_overflow_scale
+        if s is None:
+            att = torch.matmul(q, k.transpose(-2, -1))
+        else:
+            # Real float16 arithmetic (also on CPU): |q.k| passes 65504, the matmul gives inf.
+            att = torch.matmul((q * s).half(), (k * s).transpose(-2, -1).half()).float()
+        att = att / (d // h) ** 0.5
         att = F.softmax(att, dim=-1)
         y = torch.matmul(att, v).transpose(1, 2).reshape(b, n, d)
         x = x + self.proj(y)
@@ -82,13 +97,14 @@ _OWNERS: dict[str, Callable[[], Any]] = {
 
 
 class Fault:
-    """Perturb one API's output by a relative amount, for a known-answer comparison.
+    """Perturb one API's output, for a known-answer comparison or scan.
 
-    Installed before the probe agent so the agent records the perturbed output as the op's
-    own output (exactly what a real kernel bug looks like).
+    ``value`` None: multiply the output by ``1 + rel``; else put ``value`` (inf, nan) into
+    its first element. Installed before the probe agent so the agent records the perturbed
+    output as the op's own output (exactly what a real kernel bug looks like).
     """
 
-    def __init__(self, spec: str, rel: float) -> None:
+    def __init__(self, spec: str, rel: float, value: Optional[float] = None) -> None:
         parts = spec.split(".")
         if len(parts) < 2 or parts[0] not in _OWNERS:
             raise SystemExit(
@@ -98,6 +114,7 @@ class Fault:
         self.name = parts[1]
         self.index: Optional[int] = int(parts[2]) if len(parts) > 2 and parts[2].isdigit() else None
         self.rel = rel
+        self.value = value
         self.calls = 0
         self.orig = getattr(self.owner, self.name)
         fault = self
@@ -107,7 +124,13 @@ class Fault:
             hit = fault.index is None or fault.calls == fault.index
             fault.calls += 1
             if hit and isinstance(out, torch.Tensor) and out.is_floating_point():
-                out = out * (1.0 + fault.rel)
+                if fault.value is None:
+                    out = out * (1.0 + fault.rel)
+                else:
+                    # Out of place, so autograd differentiates through it unchanged.
+                    bump = torch.zeros(out.shape, dtype=out.dtype, device=out.device)
+                    bump.view(-1)[0] = fault.value
+                    out = out + bump
             return out
 
         setattr(self.owner, self.name, perturbed)
@@ -154,10 +177,25 @@ def main(argv: Optional[list[str]] = None) -> int:
     ap.add_argument("--dump", default="./probe_dump", help="dump folder")
     ap.add_argument("--no-dump", action="store_true", help="train without the agent")
     ap.add_argument("--level", choices=["api", "module", "mix"], default="api")
-    ap.add_argument("--mode", choices=["statistics", "tensor", "checksum"], default="statistics")
+    ap.add_argument(
+        "--mode", choices=["statistics", "tensor", "checksum", "overflow"], default="statistics"
+    )
     ap.add_argument("--config", default=None, help="probe or msprobe JSON config (overrides flags)")
     ap.add_argument("--inject", default=None, help="op to perturb, e.g. Functional.gelu.0")
     ap.add_argument("--inject-rel", type=float, default=0.05, help="relative perturbation")
+    ap.add_argument("--inject-inf", default=None, help="op whose output gets one +inf element")
+    ap.add_argument("--inject-nan", default=None, help="op whose output gets one NaN element")
+    ap.add_argument(
+        "--fp16-overflow",
+        action="store_true",
+        help="compute the attention scores (Torch.matmul.0) in float16 so that they overflow",
+    )
+    ap.add_argument(
+        "--overflow-nums",
+        type=int,
+        default=1,
+        help="--mode overflow: ops producing NaN/Inf to record (-1: no limit)",
+    )
     ap.add_argument("--data-seed", type=int, default=1234, help="seed of the generated batches")
     ap.add_argument(
         "--config-pack",
@@ -172,20 +210,33 @@ def main(argv: Optional[list[str]] = None) -> int:
     probe.seed_all(args.seed)
     device = resolve_device(args.device)
     model = SmallNet().to(device)
+    if args.fp16_overflow:
+        model.block.fp16_overflow_scale = 300.0
     opt = torch.optim.Adam(model.parameters(), lr=1e-3, foreach=False)
     data = make_data(args.steps, args.batch, device, args.data_seed)
     if pack is not None:
         # Output paths differ between runs by design: they are not hyperparameters.
         hyper = {k: v for k, v in vars(args).items() if k not in ("dump", "config_pack", "quiet")}
         pack.capture(model=model, optimizer=opt, args=hyper)
-    fault = Fault(args.inject, args.inject_rel) if args.inject else None
+    faults = [
+        Fault(spec, args.inject_rel, value)
+        for spec, value in (
+            (args.inject, None),
+            (args.inject_inf, math.inf),
+            (args.inject_nan, math.nan),
+        )
+        if spec
+    ]
 
     dbg: Optional[probe.Debugger] = None
     if not args.no_dump:
         if args.config:
             dbg = probe.Debugger(args.config)
         else:
-            dbg = probe.Debugger(None, dump_path=args.dump, level=args.level, mode=args.mode)
+            extra = {"overflow_nums": args.overflow_nums} if args.mode == "overflow" else {}
+            dbg = probe.Debugger(
+                None, dump_path=args.dump, level=args.level, mode=args.mode, **extra
+            )
 
     amp = (
         torch.autocast(device_type=device.type, dtype=torch.bfloat16)
@@ -194,7 +245,7 @@ def main(argv: Optional[list[str]] = None) -> int:
     )
     t0 = time.perf_counter()
     for step, (x, y) in enumerate(data):
-        if fault is not None:
+        for fault in faults:
             fault.new_step()
         if dbg is not None:
             dbg.start(model)

@@ -16,7 +16,7 @@ from dataclasses import dataclass, field
 from typing import Any, Optional, Union
 
 LEVELS = ("api", "module", "mix")
-MODES = ("statistics", "tensor", "checksum")
+MODES = ("statistics", "tensor", "checksum", "overflow")
 DIRECTIONS = ("forward", "backward")
 DATA = ("inputs", "outputs")
 _MSPROBE_LEVELS = {"L0": "module", "L1": "api", "mix": "mix", "L2": "api"}
@@ -38,6 +38,7 @@ NATIVE_KEYS = {
     "shard_size_mb",
     "queue_size",
     "device",
+    "overflow_nums",
 }
 
 
@@ -144,6 +145,9 @@ class CaptureConfig:
     shard_size_mb: float = 256.0
     queue_size: int = 64
     device: Optional[str] = None
+    #: Overflow mode: how many ops producing NaN/Inf to record before capture stops for
+    #: the rest of the run; -1 = no limit (msprobe's ``overflow_nums``, default 1 there too).
+    overflow_nums: int = 1
     raw: dict[str, Any] = field(default_factory=dict)
 
     @property
@@ -190,13 +194,15 @@ def _from_msprobe(cfg: dict[str, Any]) -> dict[str, Any]:
         raise ConfigError(f"level: unknown msprobe level {level!r} (L0, L1, mix)")
     out["level"] = _MSPROBE_LEVELS[level]
     section: dict[str, Any] = cfg[task] if isinstance(cfg.get(task), dict) else {}
-    mode = {"tensor": "tensor", "statistics": "statistics"}.get(task)
+    mode = {"tensor": "tensor", "statistics": "statistics", "overflow_check": "overflow"}.get(task)
     if mode is None:
-        raise ConfigError(f"task: {task!r} is not supported (statistics, tensor)")
+        raise ConfigError(f"task: {task!r} is not supported (statistics, tensor, overflow_check)")
     summary = section.get("summary_mode", "statistics")
     if mode == "statistics" and summary == "md5":
         mode = "checksum"
     out["mode"] = mode
+    if mode == "overflow" and "overflow_nums" in section:
+        out["overflow_nums"] = section["overflow_nums"]
     scope = section.get("scope") or []
     if scope:
         out["scope"] = scope
@@ -284,4 +290,8 @@ def load_config(
     if dev is not None and dev not in ("cpu", "cuda", "npu"):
         raise ConfigError(f"device: {dev!r} is not one of cpu, cuda, npu")
     c.device = dev
+    nums = cfg.get("overflow_nums", 1)
+    if isinstance(nums, bool) or not isinstance(nums, int) or not (nums >= 1 or nums == -1):
+        raise ConfigError(f"overflow_nums: {nums!r} must be a positive integer or -1 (no limit)")
+    c.overflow_nums = nums
     return c

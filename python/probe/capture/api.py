@@ -269,19 +269,20 @@ class ApiCapture:
         bwd: Optional[OpRecord] = None
         if c.backward and torch.is_grad_enabled():
             bwd = OpRecord(f"{api}.{call}.backward", "api", "backward", module, folder)
-        if c.stack:
+        if dbg._call_stacks:
             fwd.stack = self._stacks.stack_id(folder)
             if bwd is not None:
                 bwd.stack = fwd.stack
         aliases: dict[int, torch.Tensor] = {}
-        want_fwd_in = c.forward and c.inputs
+        # Overflow mode records inputs only once the op is known to have overflowed.
+        want_fwd_in = c.forward and c.inputs and not dbg._overflow
         bkey = bwd.key if bwd is not None else ""
-        flow = self._flow
+        flow = self._flow if dbg._dataflow else None
         watch = self._backward.watch
 
         def on_input(name: str, t: torch.Tensor) -> torch.Tensor:
             if want_fwd_in:
-                src, same = flow.source(t)
+                src, same = flow.source(t) if flow is not None else (None, None)
                 rec = dbg._add_tensor(
                     fwd,
                     f"{fwd.key}.{name}",
@@ -306,11 +307,21 @@ class ApiCapture:
                 return alias
             return t
 
-        new_args = walk(args, "input", on_input) if args else args
-        new_kwargs = (
-            {k: walk(v, f"input.{k}", on_input) for k, v in kwargs.items()} if kwargs else kwargs
-        )
-        if want_fwd_in:
+        if want_fwd_in or bwd is not None:
+            new_args = walk(args, "input", on_input) if args else args
+            new_kwargs = (
+                {k: walk(v, f"input.{k}", on_input) for k, v in kwargs.items()}
+                if kwargs
+                else kwargs
+            )
+        else:
+            new_args, new_kwargs = args, kwargs
+        if dbg._overflow:
+            if inplace and args and isinstance(args[0], torch.Tensor):
+                # The value the op saw, kept in case it overflows (it changes in place).
+                args = (dbg._snapshot(args[0]), *args[1:])
+            fwd.call_args = (args, kwargs)
+        elif want_fwd_in:
             fwd.args = json_args(args, kwargs)
         if bwd is not None and bwd.expect:
             return (fwd, bwd, (tuple(new_args), new_kwargs), aliases, inplace)
@@ -321,28 +332,32 @@ class ApiCapture:
         c = self._c
         dbg = self._dbg
         folder = self._files.folder
-        flow = self._flow
+        flow = self._flow if dbg._dataflow else None
         watch = self._backward.watch
         if aliases and isinstance(out, torch.Tensor) and id(out) in aliases:
             out = aliases[id(out)]  # identity ops (x.float() on float) return their input
         result = out
         if out is None and inplace and args and isinstance(args[0], torch.Tensor):
             out = args[0]  # __setitem__, collectives: the first argument holds the result
-        want_out = c.forward and c.outputs
+        want_out = c.forward and c.outputs and not dbg._overflow
         bkey = bwd.key if bwd is not None else ""
 
         def on_output(name: str, t: torch.Tensor) -> torch.Tensor:
             assert folder is not None
             if want_out:
                 rec: TensorRecord = dbg._add_tensor(fwd, f"{fwd.key}.{name}", "output", t)
-                rec["id"] = flow.register(t, folder, rec)
-            else:
+                if flow is not None:
+                    rec["id"] = flow.register(t, folder, rec)
+            elif flow is not None:
                 flow.register(t, folder)
             if bwd is not None and c.inputs and t.requires_grad and t.grad_fn is not None:
                 watch(bwd, t.grad_fn, t.output_nr, f"{bkey}.input{name[6:]}", "input")
             return t
 
-        walk(out if type(out) in (tuple, list) else (out,), "output", on_output)
+        if want_out or flow is not None or bwd is not None:
+            walk(out if type(out) in (tuple, list) else (out,), "output", on_output)
+        if dbg._overflow:
+            fwd.call_out = out
         if c.forward:
             dbg._finish(fwd)
         if bwd is not None and bwd.expect:

@@ -76,10 +76,9 @@ class BackwardHooks:
             tls.active = False
             try:
                 with dbg._lock, torch.no_grad():
-                    g = p.grad
                     # Keep the latest (fully accumulated) gradient's stats and data now:
                     # zero_grad() may clear it before stop() emits the record.
-                    self._param_grads.setdefault(base, {})[pname] = (g, dbg._capture(g, True))
+                    self._param_grads.setdefault(base, {})[pname] = dbg.keep_gradient(p.grad)
             except Exception as exc:  # noqa: BLE001
                 dbg._guard.fail(exc, f"gradient hook of {base}.{pname}")
             finally:

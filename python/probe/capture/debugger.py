@@ -21,11 +21,12 @@ from __future__ import annotations
 
 import atexit
 import logging
+import math
 import os
 import threading
 import warnings
 import weakref
-from typing import TYPE_CHECKING, Any, Optional, Union
+from typing import TYPE_CHECKING, Any, Callable, Optional, Union
 
 import torch
 
@@ -35,7 +36,7 @@ from ..config import CaptureConfig, load_config
 from .api import DISPATCH, PATCHER, ApiCapture, tls
 from .backward import BackwardHooks
 from .modules import ModuleHooks
-from .records import Captured, Dataflow, OpRecord, StatVector
+from .records import Captured, Dataflow, OpRecord, StatVector, TensorEntry, json_args, walk
 from .selection import Selection
 from .stacks import StackTable
 from .stats import STORABLE, checksum, dtype_name, finish_stats, host_copy, null_stats, stat_vector
@@ -49,6 +50,14 @@ log = logging.getLogger("probe")
 _STRIDED = torch.strided
 # Bound before any wrapper exists: the agent's own calls skip the API wrappers.
 _stack = torch.stack
+_sum = torch.sum
+_isfinite = torch.isfinite
+_all = torch.Tensor.all
+_clone = torch.Tensor.clone
+_detach = torch.Tensor.detach
+_F32 = torch.float32
+_LOW = (torch.float16, torch.bfloat16)
+_FLOATS = frozenset((torch.float64, torch.float32, *_LOW))
 
 
 def seed_all(seed: int = 1234, deterministic: bool = True) -> None:
@@ -103,6 +112,16 @@ class Debugger:
         **overrides: Any,
     ) -> None:
         self.config: CaptureConfig = load_config(config, overrides)
+        # Overflow mode: every captured op is checked for NaN/Inf and only those that
+        # produced some are recorded. What only a recorded op needs (stacks, dataflow ids,
+        # non-tensor arguments, statistics, data) is then taken when it is known to be one.
+        self._overflow = self.config.mode == "overflow"
+        #: Overflow mode: ops producing NaN/Inf still to record (negative: no limit).
+        self._overflow_left = self.config.overflow_nums
+        #: Stacks taken when an op is called (overflow mode: when it is recorded).
+        self._call_stacks = self.config.stack and not self._overflow
+        #: Dataflow ids (``id``/``src``): meaningless when most ops are not recorded.
+        self._dataflow = not self._overflow
         self.model = model
         self.current_step = 0
         self._running = False
@@ -287,7 +306,16 @@ class Debugger:
         ``same_as``: the finished record of the captured output this tensor *is* (same
         object, same version); its stats/checksum are reused, only data is stored again.
         """
-        rec: TensorRecord = {
+        if self._overflow:
+            # Nothing is computed until _finish knows whether the op overflowed (most do
+            # not, and then write nothing; dtype and shape are filled in then); a tensor
+            # about to change in place is kept as a device copy, as the value the op saw.
+            if counts and pre is None:
+                t = self._snapshot(t)
+            rec: TensorRecord = {"name": name, "role": role, "dtype": "", "shape": []}
+            op.entries.append((rec, None, t))
+            return rec
+        rec = {
             "name": name,
             "role": role,
             "dtype": dtype_name(t.dtype),
@@ -316,12 +344,32 @@ class Debugger:
         op.entries.append((rec, vec, t if vec is not None and len(vec) == 4 else None))
         return rec
 
+    @staticmethod
+    def _snapshot(t: torch.Tensor) -> torch.Tensor:
+        """Overflow mode: a device copy of a tensor about to change, which is all that is
+        taken of it unless its op turns out to overflow."""
+        if t.layout is not _STRIDED or t.is_meta:
+            return t
+        return _clone(_detach(t))
+
+    def keep_gradient(self, g: torch.Tensor) -> tuple[torch.Tensor, Captured]:
+        """What a parameter-gradient hook keeps until ``stop()`` writes the record: the
+        gradient and its stats/data taken now (zero_grad may clear it before), or in
+        overflow mode a device copy, checked and recorded at ``stop()``."""
+        if self._overflow:
+            return self._snapshot(g), (None, None, None)
+        return g, self._capture(g, True)
+
     def _finish(self, op: OpRecord) -> None:
         """Bring all stats of the op to the host in one transfer and append the record."""
         op.done = True
         folder = op.folder or self._files.folder
         if folder is None or folder is not self._files.folder:
             return  # the step this op belonged to is already closed
+        if self._overflow:
+            if self._overflow_left == 0 or not _produced_nonfinite(op):
+                return
+            self._take_overflow(op)
         entries = op.entries
         if op.direction == "backward" and len(entries) > 1:
             # Gradients arrive in autograd order; store them in name order for readers.
@@ -345,6 +393,55 @@ class Debugger:
         folder.write_op(op.to_json([rec for rec, _, _ in entries]))
         self._files.check()
 
+    def _take_overflow(self, op: OpRecord) -> None:
+        """Overflow mode: capture an op that produced NaN/Inf as tensor mode would (stats
+        and data of every tensor it kept), and count it against ``overflow_nums``; the last
+        one allowed ends capture for the rest of the run."""
+        folder = op.folder
+        assert folder is not None
+        folder.materialize()  # before the writer thread opens a shard in it
+        c = self.config
+        if op.call_args is not None:
+            # An API forward call: its tensors are recorded now, the inputs first.
+            args, kwargs = op.call_args
+            key = op.key
+
+            def add(role: str) -> Callable[[str, torch.Tensor], torch.Tensor]:
+                def fn(name: str, t: torch.Tensor) -> torch.Tensor:
+                    self._add_tensor(op, f"{key}.{name}", role, t)
+                    return t
+
+                return fn
+
+            if c.inputs:
+                walk(args, "input", add("input"))
+                for k, v in kwargs.items():
+                    walk(v, f"input.{k}", add("input"))
+                op.args = json_args(args, kwargs)
+            if c.outputs:
+                out = op.call_out
+                walk(out if type(out) in (tuple, list) else (out,), "output", add("output"))
+        if c.stack and op.direction == "forward":
+            # Still inside the op's call: the same user frames as when it was called. A
+            # backward record is made in autograd's frames, so it has no stack here.
+            op.stack = self._stacks.stack_id(folder)
+        entries: list[TensorEntry] = []
+        for rec, _, t in op.entries:
+            if t is None:
+                entries.append((rec, None, None))
+                continue
+            rec["dtype"] = dtype_name(t.dtype)
+            rec["shape"] = list(t.shape)
+            vec, host, _ = self._capture(t, True)
+            if host is not None:
+                rec["file"] = self._files.store(folder, rec["name"], host)
+            entries.append((rec, vec, t if vec is not None and len(vec) == 4 else None))
+        op.entries = entries
+        if self._overflow_left > 0:
+            self._overflow_left -= 1
+            if self._overflow_left == 0:
+                self._select.closed = True
+
 
 def _close_at_exit(ref: weakref.ReferenceType[Debugger]) -> None:
     """A run that never calls stop() still leaves complete, flushed files behind."""
@@ -354,6 +451,47 @@ def _close_at_exit(ref: weakref.ReferenceType[Debugger]) -> None:
             dbg.close()
         except Exception:  # noqa: BLE001
             pass
+
+
+def _produced_nonfinite(op: OpRecord) -> bool:
+    """Whether a tensor the op produced (forward outputs; the gradients a backward call
+    produced; parameter gradients) holds NaN or Inf.
+
+    One reduction per tensor and one host read per op: a sum is finite exactly when no
+    element is NaN/Inf, except when finite values sum past the dtype's range, so only a
+    non-finite sum (rare) pays for the exact ``isfinite`` test. Half-precision sums are
+    taken in float32, which also keeps them from overflowing.
+    """
+    out = op.call_out
+    tensors: list[torch.Tensor]
+    if isinstance(out, torch.Tensor):
+        tensors = [out]  # the common case: an API call with one result
+    elif op.call_args is not None:
+        tensors = []
+
+        def collect(_: str, t: torch.Tensor) -> torch.Tensor:
+            tensors.append(t)
+            return t
+
+        walk(out if type(out) in (tuple, list) else (out,), "", collect)
+    else:
+        produced = "parameter" if op.kind == "parameters_grad" else "output"
+        tensors = [t for rec, _, t in op.entries if t is not None and rec["role"] == produced]
+    tensors = [t for t in tensors if t.dtype in _FLOATS and t.layout is _STRIDED and not t.is_meta]
+    if not tensors:
+        return False
+    prev = torch.is_grad_enabled()
+    if prev:
+        torch._C._set_grad_enabled(False)
+    try:
+        parts = [_sum(t, dtype=_F32) if t.dtype in _LOW else _sum(t) for t in tensors]
+        total = parts[0] if len(parts) == 1 else _sum(_stack(parts))
+        if math.isfinite(total.item()):
+            return False
+        return not all(bool(_all(_isfinite(t))) for t in tensors)
+    finally:
+        if prev:
+            torch._C._set_grad_enabled(True)
 
 
 def _numel(shape: list[int]) -> int:

@@ -152,19 +152,19 @@ class ModuleHooks:
         bwd: Optional[OpRecord] = None
         if c.backward and torch.is_grad_enabled():
             bwd = OpRecord(f"{base}.backward.{call}", "module", "backward", path, folder)
-        if c.stack:
+        if dbg._call_stacks:
             fwd.stack = dbg._stacks.stack_id(folder)
             if bwd is not None:
                 bwd.stack = fwd.stack
         want_in = c.forward and c.inputs
         changed = False
-        flow = dbg._flow
+        flow = dbg._flow if dbg._dataflow else None
         watch = dbg._backward.watch
 
         def on_input(name: str, t: torch.Tensor) -> torch.Tensor:
             nonlocal changed
             if want_in:
-                src, same = flow.source(t)
+                src, same = flow.source(t) if flow is not None else (None, None)
                 rec = dbg._add_tensor(fwd, f"{fwd.key}.{name}", "input", t, True, same_as=same)
                 if src is not None:
                     rec["src"] = src
@@ -188,14 +188,15 @@ class ModuleHooks:
         c = dbg.config
         folder = dbg._files.folder
         want_out = c.forward and c.outputs
-        flow = dbg._flow
+        flow = dbg._flow if dbg._dataflow else None
         watch = dbg._backward.watch
 
         def on_output(name: str, t: torch.Tensor) -> torch.Tensor:
             if want_out:
                 assert folder is not None
                 rec: TensorRecord = dbg._add_tensor(fwd, f"{fwd.key}.{name}", "output", t)
-                rec["id"] = flow.register(t, folder, rec)
+                if flow is not None:
+                    rec["id"] = flow.register(t, folder, rec)
             if bwd is not None and c.inputs and t.requires_grad and t.grad_fn is not None:
                 watch(bwd, t.grad_fn, t.output_nr, f"{bwd.key}.input{name[6:]}", "input")
             return t

@@ -63,6 +63,8 @@ class OpRecord:
 
     __slots__ = (
         "args",
+        "call_args",
+        "call_out",
         "direction",
         "done",
         "entries",
@@ -93,6 +95,11 @@ class OpRecord:
         self.recompute = False
         self.entries: list[TensorEntry] = []
         self.args: Optional[dict[str, Any]] = None
+        #: Overflow mode, API forward calls: the arguments (an in-place op's first one as
+        #: it was before the call) and the result, made into tensor records and ``args``
+        #: only if the op is recorded.
+        self.call_args: Optional[tuple[tuple[Any, ...], dict[str, Any]]] = None
+        self.call_out: Any = None
         self.expect = 0  # backward: gradients hooked
         self.got = 0  # backward: gradient hooks that ran
         self.done = False

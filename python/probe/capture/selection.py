@@ -35,10 +35,12 @@ class Selection:
         self._api_calls: dict[str, int] = {}
         self._module_calls: dict[str, int] = {}
         self._scope = _BEFORE
+        #: Nothing more is captured in this run (overflow mode recorded ``overflow_nums``).
+        self.closed = False
 
     def step(self, step: int) -> bool:
         """Whether step ``step`` is captured."""
-        return self._c.steps is None or step in self._c.steps
+        return not self.closed and (self._c.steps is None or step in self._c.steps)
 
     def rank(self, rank: int) -> bool:
         """Whether rank ``rank`` captures."""
@@ -54,6 +56,8 @@ class Selection:
         is selected, else None."""
         call = self._api_calls.get(api, 0)
         self._api_calls[api] = call + 1
+        if self.closed:
+            return None
         if self.filtered and not self._selected(op_candidates(api, call), module):
             return None
         return call
@@ -63,6 +67,8 @@ class Selection:
         is selected, else None."""
         call = self._module_calls.get(base, 0)
         self._module_calls[base] = call + 1
+        if self.closed:
+            return None
         if self.filtered and not self._selected(module_candidates(path, cls, call), path):
             return None
         return call

@@ -261,10 +261,34 @@ class TensorWriter:
 
 
 class RankFolder:
-    """The files of one ``step<S>/rank<R>`` folder: ops.jsonl, stacks.jsonl, shard names."""
+    """The files of one ``step<S>/rank<R>`` folder: ops.jsonl, stacks.jsonl, shard names.
 
-    def __init__(self, path: str, shard_bytes: int) -> None:
+    ``lazy`` (overflow mode): nothing is created on disk until the first op is written, so
+    a step in which no op overflowed leaves no folder at all; stacks seen before that are
+    kept in memory and written then.
+    """
+
+    def __init__(self, path: str, shard_bytes: int, lazy: bool = False) -> None:
         self.path = path
+        self._ops: Optional[Any] = None
+        self._stacks: Optional[Any] = None
+        self._held_stacks: list[str] = []
+        self.seq = 0
+        self.next_id = 0
+        self.shard_index = 0
+        self.shard_used = 0
+        self.shard_bytes = shard_bytes
+        self.stack_ids: dict[tuple[int, ...], int] = {}
+        # Code objects named (by id) in stack_ids' keys, held so that no id is reused.
+        self.stack_codes: list[tuple[Any, ...]] = []
+        if not lazy:
+            self.materialize()
+
+    def materialize(self) -> None:
+        """Create the folder and open its op log (at once, or at the first op if lazy)."""
+        if self._ops is not None:
+            return
+        path = self.path
         os.makedirs(path, exist_ok=True)
         stale = [
             f
@@ -277,26 +301,30 @@ class RankFolder:
             for f in stale:
                 os.remove(os.path.join(path, f))
         self._ops = open(os.path.join(path, "ops.jsonl"), "a", encoding="utf-8", buffering=1 << 20)
-        self._stacks: Optional[Any] = None
-        self.seq = 0
-        self.next_id = 0
-        self.shard_index = 0
-        self.shard_used = 0
-        self.shard_bytes = shard_bytes
-        self.stack_ids: dict[tuple[int, ...], int] = {}
-        # Code objects named (by id) in stack_ids' keys, held so that no id is reused.
-        self.stack_codes: list[tuple[Any, ...]] = []
+        held, self._held_stacks = self._held_stacks, []
+        for line in held:
+            self._write_stack_line(line)
 
     def write_op(self, record: dict[str, Any]) -> None:
+        if self._ops is None:
+            self.materialize()
+            assert self._ops is not None
         record["seq"] = self.seq
         self.seq += 1
         self._ops.write(json.dumps(record, separators=(",", ":"), allow_nan=False) + "\n")
 
     def write_stack_json(self, sid: int, frames_json: str) -> None:
         """Append one stack whose ``frames`` array is already JSON (cached across steps)."""
+        line = '{"id": %d, "frames": %s}\n' % (sid, frames_json)
+        if self._ops is None:
+            self._held_stacks.append(line)
+        else:
+            self._write_stack_line(line)
+
+    def _write_stack_line(self, line: str) -> None:
         if self._stacks is None:
             self._stacks = open(os.path.join(self.path, "stacks.jsonl"), "a", encoding="utf-8")
-        self._stacks.write('{"id": %d, "frames": %s}\n' % (sid, frames_json))
+        self._stacks.write(line)
 
     def shard_for(self, nbytes: int) -> tuple[str, Optional[str]]:
         """Assign a tensor to the current shard; returns (file name, shard to close or None).
@@ -323,7 +351,8 @@ class RankFolder:
         return name
 
     def flush(self) -> None:
-        self._ops.flush()
+        if self._ops is not None:
+            self._ops.flush()
         if self._stacks is not None:
             self._stacks.flush()
 
@@ -331,7 +360,8 @@ class RankFolder:
         try:
             self.flush()
         finally:
-            self._ops.close()
+            if self._ops is not None:
+                self._ops.close()
             if self._stacks is not None:
                 self._stacks.close()
 
@@ -355,24 +385,28 @@ class DumpFiles:
             self._manifest_done = True
         if self.folder is None:
             path = os.path.join(c.dump_path, f"step{step}", f"rank{rank}")
-            self.folder = RankFolder(path, c.shard_bytes)
-        if c.mode == "tensor" and self.writer is None:
+            self.folder = RankFolder(path, c.shard_bytes, lazy=c.mode == "overflow")
+        if c.mode in ("tensor", "overflow") and self.writer is None:
             self.writer = TensorWriter(c.queue_size, _writer_thread_init)
 
     def _write_manifest(self, model: Optional[torch.nn.Module]) -> None:
         c = self._c
-        manifest = {
+        manifest: dict[str, Any] = {
             "format": "probe-dump",
             "version": 1,
             "framework": "pytorch",
             "framework_version": torch.__version__.split("+")[0],
             "device": model_device(c.device, model),
-            "mode": c.mode,
+            # Overflow mode writes what tensor mode writes, for the ops it records.
+            "mode": "tensor" if c.mode == "overflow" else c.mode,
             "level": c.level,
             "created": datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ"),
             "producer": f"probe-agent {__version__}",
             "config": json.loads(json.dumps(c.raw, default=str)),
         }
+        if c.mode == "overflow":
+            # Readers must know that absent ops are finite ones, not missing ones.
+            manifest["overflow"] = {"overflow_nums": c.overflow_nums}
         atomic_write_text(
             os.path.join(c.dump_path, "manifest.json"), json.dumps(manifest, indent=2) + "\n"
         )
