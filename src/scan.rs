@@ -113,6 +113,8 @@ pub struct ScanRun {
     pub dump: PathBuf,
     /// Every step/rank, in order.
     pub units: Vec<ScanUnit>,
+    /// An overflow-mode dump: only ops that produced NaN/Inf were recorded.
+    pub overflow: bool,
     /// Non-fatal problems.
     pub warnings: Vec<String>,
 }
@@ -469,6 +471,7 @@ pub fn run(dump: &Path, opts: &ScanOptions) -> Result<ScanRun> {
     Ok(ScanRun {
         dump: dump.to_path_buf(),
         units,
+        overflow: set.overflow,
         warnings,
     })
 }
@@ -500,7 +503,8 @@ pub fn summarize(run: &ScanRun, fail_on: FailOn) -> ScanSummary {
     } else {
         Verdict::Pass
     };
-    let exit_code = if c.tensors == 0 {
+    // An overflow-mode dump without records is the agent saying nothing overflowed.
+    let exit_code = if c.tensors == 0 && !run.overflow {
         EXIT_NOTHING_COMPARABLE
     } else {
         fail_on.exit_code(verdict)
@@ -547,7 +551,11 @@ pub fn summarize(run: &ScanRun, fail_on: FailOn) -> ScanSummary {
 
 fn scan_headline(verdict: Verdict, c: &ScanCounts, run: &ScanRun) -> String {
     if c.tensors == 0 {
-        return "NOTHING SCANNED: no tensor in the dump".into();
+        return if run.overflow {
+            "CLEAN: nothing overflowed (this overflow-mode dump records only ops that produced NaN/Inf)".into()
+        } else {
+            "NOTHING SCANNED: no tensor in the dump".into()
+        };
     }
     // The earliest step/rank with NaN/Inf tells the story.
     for u in &run.units {

@@ -284,6 +284,7 @@ fn write_manifest(root: &Path, mode: &str) -> Result<()> {
         framework_version: Some(env!("CARGO_PKG_VERSION").into()),
         level: "api".into(),
         mode: mode.into(),
+        overflow: None,
         producer: Some(concat!("probe synth ", env!("CARGO_PKG_VERSION")).into()),
         version: 1,
     };

@@ -312,3 +312,30 @@ fn bad_input_is_one_line_and_exit_2() {
     let o = scan(&d, &t.path().join("o"), &["--overflow-margin", "0.5"]);
     assert_input_error(&o, 2, "--overflow-margin");
 }
+
+#[test]
+fn an_overflow_mode_dump_without_records_is_clean() {
+    // The agent in overflow mode writes no step folder when nothing overflowed.
+    let t = tempfile::tempdir().unwrap();
+    let d = t.path().join("ovf");
+    std::fs::create_dir_all(&d).unwrap();
+    let manifest = r#"{"format": "probe-dump", "version": 1, "framework": "pytorch", "device": "cpu",
+        "mode": "tensor", "level": "api", "created": "2026-01-01T00:00:00Z",
+        "overflow": {"overflow_nums": 1}}"#;
+    std::fs::write(d.join("manifest.json"), manifest).unwrap();
+    let o = scan(&d, &t.path().join("o"), &[]);
+    assert_eq!(o.code, 0, "{}{}", o.stdout, o.stderr);
+    assert!(
+        o.stdout.starts_with("CLEAN: nothing overflowed"),
+        "{}",
+        o.stdout
+    );
+    // Without the overflow field the same folder is no dump at all.
+    std::fs::write(
+        d.join("manifest.json"),
+        manifest.replace(",\n        \"overflow\": {\"overflow_nums\": 1}", ""),
+    )
+    .unwrap();
+    let o = scan(&d, &t.path().join("p"), &[]);
+    assert_input_error(&o, 2, "not a dump");
+}

@@ -107,12 +107,13 @@ def test_overflow_mode_records_only_the_producer(case: str, tmp_path: Any) -> No
 
 
 def test_overflow_mode_clean_run_writes_no_step(tmp_path: Any) -> None:
-    """Nothing overflowed: the manifest and no step folder; scan has nothing to read."""
+    """Nothing overflowed: the manifest and no step folder; scan says so and exits 0."""
     dump = str(tmp_path / "dump")
     _example(dump, "--mode", "overflow")
     assert os.listdir(dump) == ["manifest.json"]
-    code, _ = _scan(dump, str(tmp_path / "scan"))
-    assert code == 2
+    code, summary = _scan(dump, str(tmp_path / "scan"))
+    assert code == 0
+    assert summary["headline"].startswith("CLEAN: nothing overflowed"), summary["headline"]
 
 
 # ---------------------------------------------------------------- in process (Tiny model)

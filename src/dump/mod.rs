@@ -169,8 +169,11 @@ pub struct DumpSet {
     pub path: PathBuf,
     /// The mode its manifest declares (probe dumps).
     pub mode: Option<Mode>,
-    /// Every rank folder found, in step/rank order.
+    /// Every rank folder found, in step/rank order (none for an overflow-mode run in which
+    /// nothing overflowed).
     pub ranks: Vec<RankLoc>,
+    /// Written in overflow mode: only ops that produced NaN/Inf are recorded.
+    pub overflow: bool,
 }
 
 fn rank_format(dir: &Path) -> Option<Format> {
@@ -281,19 +284,24 @@ pub fn discover(path: &Path) -> Result<DumpSet> {
             manifest_dir = Some(path);
         }
     }
-    if ranks.is_empty() {
+    // An overflow-mode run in which nothing overflowed writes its manifest and no step.
+    let manifest_dir = if ranks.is_empty() {
+        Some(path)
+    } else {
+        manifest_dir
+    };
+    let manifest = match manifest_dir.map(|d| d.join("manifest.json")) {
+        Some(m) if m.is_file() => Some(read_manifest(&m)?),
+        _ => None,
+    };
+    let overflow = manifest.as_ref().is_some_and(|m| m.overflow);
+    if ranks.is_empty() && !overflow {
         return Err(ProbeError::NotADump(path.to_path_buf()));
-    }
-    let mut mode = None;
-    if let Some(d) = manifest_dir {
-        let m = d.join("manifest.json");
-        if m.is_file() {
-            mode = Some(read_manifest(&m)?.mode);
-        }
     }
     Ok(DumpSet {
         path: path.to_path_buf(),
-        mode,
+        mode: manifest.map(|m| m.mode),
+        overflow,
         ranks,
     })
 }

@@ -18,6 +18,8 @@ use std::path::Path;
 pub struct Manifest {
     /// What the dump holds per tensor.
     pub mode: Mode,
+    /// Written in overflow mode: only ops that produced NaN/Inf are recorded.
+    pub overflow: bool,
 }
 
 /// Reads and checks `manifest.json`.
@@ -42,7 +44,10 @@ pub fn read_manifest(path: &Path) -> Result<Manifest> {
         )));
     }
     let mode = Mode::parse(&raw.mode).ok_or_else(|| bad(format!("unknown mode {:?}", raw.mode)))?;
-    Ok(Manifest { mode })
+    Ok(Manifest {
+        mode,
+        overflow: raw.overflow.is_some(),
+    })
 }
 
 fn convert_tensor(raw: TensorRecord, dir: &Path) -> std::result::Result<TensorRec, String> {

@@ -27,11 +27,22 @@ pub struct ManifestRecord {
     pub level: String,
     /// What is recorded per tensor: `statistics`, `tensor` or `checksum`.
     pub mode: String,
+    /// Present when the agent ran in overflow mode: only ops that produced NaN/Inf were
+    /// recorded, so a missing op or step was finite, not lost.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub overflow: Option<OverflowRecord>,
     /// The program that wrote the dump.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub producer: Option<String>,
     /// Format version; this probe reads 1.
     pub version: u64,
+}
+
+/// The overflow-mode settings of a dump.
+#[derive(Debug, Clone, Copy, PartialEq, Serialize, Deserialize)]
+pub struct OverflowRecord {
+    /// How many overflowing ops the agent was to record; -1 = no limit.
+    pub overflow_nums: i64,
 }
 
 /// One line of `ops.jsonl`: one op call.

@@ -118,6 +118,7 @@ pub fn write_op_log(dir: &Path, records: Vec<OpRecord>) {
         framework_version: None,
         level: "api".into(),
         mode: "statistics".into(),
+        overflow: None,
         producer: None,
         version: 1,
     };
