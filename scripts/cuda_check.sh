@@ -1,0 +1,35 @@
+#!/usr/bin/env bash
+# The checks that need a GPU (CI has none): run the capture agent on CUDA and read the
+# dumps with the release binary. Prints one line per check; writes logs under $OUT if set.
+#   bash scripts/cuda_check.sh            (needs torch with CUDA, target/release/probe)
+set -uo pipefail
+cd "$(dirname "$0")/.."
+export PYTHONPATH="$PWD/python${PYTHONPATH:+:$PYTHONPATH}"
+P="${PROBE_BIN:-$PWD/target/release/probe}"
+PY="${PYTHON:-python3}"
+T="$(mktemp -d)"
+LOG="${OUT:-$T}"
+"$PY" -c "import torch; assert torch.cuda.is_available(); print('torch', torch.__version__, torch.cuda.get_device_name())" || exit 2
+ex() { "$PY" examples/train_small.py --quiet "$@" >>"$LOG/examples.log" 2>&1; }
+check() { # name, expected exit, command...
+  local name=$1 want=$2; shift 2
+  "$@" >"$LOG/$name.out" 2>&1; local rc=$?
+  local verdict=ok; [ "$rc" = "$want" ] || verdict=UNEXPECTED; [ "$want" = any ] && verdict=info
+  printf '%-40s exit %s (want %s) %s | %s\n' "$name" "$rc" "$want" "$verdict" "$(head -1 "$LOG/$name.out")"
+}
+for mode in statistics tensor; do
+  ex --device cuda --dump "$T/cuda_$mode" --mode "$mode" --level mix
+  ex --device cuda --dump "$T/cuda2_$mode" --mode "$mode" --level mix
+  ex --device cuda --dump "$T/inj_$mode" --mode "$mode" --level mix --inject Functional.gelu.0
+  ex --device cpu --dump "$T/cpu_$mode" --mode "$mode" --level mix
+  check "cuda-vs-cuda-$mode" 0 "$P" compare -q -b "$T/cuda_$mode" -c "$T/cuda2_$mode" -o "$T/o1_$mode"
+  check "cuda-inject-gelu-$mode" 1 "$P" compare -b "$T/cuda_$mode" -c "$T/inj_$mode" -o "$T/o2_$mode"
+  check "cpu-vs-cuda-$mode" any "$P" compare -b "$T/cpu_$mode" -c "$T/cuda_$mode" -o "$T/o3_$mode"
+done
+ex --device cuda --dump "$T/inf" --inject-inf Functional.gelu.0
+check "cuda-scan-inf" 1 "$P" scan "$T/inf" -o "$T/s1"
+ex --device cuda --dump "$T/ovf" --mode overflow --inject-nan Functional.gelu.0
+check "cuda-overflow-mode-nan" 1 "$P" scan "$T/ovf" -o "$T/s2"
+ex --device cuda --dump "$T/ovf_clean" --mode overflow
+check "cuda-overflow-mode-clean" 0 "$P" scan "$T/ovf_clean" -o "$T/s3"
+"$PY" bench/capture_overhead.py --device cuda --steps 10 2>&1 | tee "$LOG/capture_overhead_cuda.txt" | tail -20
