@@ -2,7 +2,7 @@
 //! output paths first, then do the long work, then write every output. `main.rs` only
 //! parses arguments, calls one of these and maps the outcome to an exit code.
 
-use crate::compare::{self, Progress, Tolerances};
+use crate::compare::{self, Level, Progress, Tolerances};
 use crate::error::{ProbeError, Result};
 use crate::gate::FailOn;
 use crate::report::{self, CompareDocument, Document, ReportWriter, ScanDocument};
@@ -30,6 +30,8 @@ pub struct CompareRequest {
     pub formats: Vec<String>,
     /// Worker threads (None: all cores).
     pub threads: Option<usize>,
+    /// Which records to compare.
+    pub level: Level,
 }
 
 /// The chosen report writers, in their standard order; an unknown name is a usage error.
@@ -106,6 +108,7 @@ pub fn compare(req: &CompareRequest, progress: &(dyn Fn(Progress) + Sync)) -> Re
     atomic::prepare_output_dir(&req.out)?;
     let opts = compare::Options {
         tolerances,
+        level: req.level,
         ..compare::Options::default()
     };
     within(pool, || {

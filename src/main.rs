@@ -3,7 +3,7 @@
 //! `--fail-on`, 2 usage or input error, 3 nothing comparable).
 
 use clap::{Parser, Subcommand};
-use probe::compare::Progress;
+use probe::compare::{Level, Progress};
 use probe::gate::{FailOn, EXIT_INPUT, EXIT_PASS};
 use probe::{app, config_check, report, synth, ProbeError};
 use std::io::IsTerminal;
@@ -39,11 +39,18 @@ enum Cmd {
 #[derive(clap::Args)]
 struct ConfigCheckArgs {
     /// Benchmark pack (the trusted environment).
-    #[arg(value_name = "BENCH.zip")]
-    bench: PathBuf,
+    #[arg(value_name = "BENCH.zip", required_unless_present = "compare")]
+    bench: Option<PathBuf>,
     /// Comparison pack (the environment under suspicion).
-    #[arg(value_name = "CMP.zip")]
-    cmp: PathBuf,
+    #[arg(value_name = "CMP.zip", required_unless_present = "compare")]
+    cmp: Option<PathBuf>,
+    /// The two packs, msprobe's way: `-c BENCH.zip CMP.zip` (instead of the positional form).
+    #[arg(short = 'c', long = "compare", num_args = 2, value_names = ["BENCH.zip", "CMP.zip"],
+          conflicts_with_all = ["bench", "cmp"])]
+    compare: Option<Vec<PathBuf>>,
+    /// Framework of the packs (msprobe's `-f`): accepted for pasted command lines; the pack says.
+    #[arg(short = 'f', long = "framework", value_name = "NAME")]
+    framework: Option<String>,
     /// Output folder for config_check.xlsx and config_check.json.
     #[arg(
         short = 'o',
@@ -85,11 +92,29 @@ fn run_config_check(a: ConfigCheckArgs) -> Result<u8, ProbeError> {
         rules,
         fail_on: a.fail_on,
     };
-    let report = config_check::run_and_write(&a.bench, &a.cmp, &a.out, &opts)?;
+    let (bench, cmp) = match (a.compare, a.bench, a.cmp) {
+        (Some(v), _, _) if v.len() == 2 => (v[0].clone(), v[1].clone()),
+        (_, Some(b), Some(c)) => (b, c),
+        _ => {
+            return Err(ProbeError::Usage(
+                "give two packs: BENCH.zip CMP.zip".into(),
+            ))
+        }
+    };
+    note_framework(a.framework.as_deref());
+    let report = config_check::run_and_write(&bench, &cmp, &a.out, &opts)?;
     if !a.quiet {
         print!("{}", config_check::output::terminal_summary(&report));
     }
     Ok(report.exit_code)
+}
+
+/// msprobe's `-f pytorch|mindspore` is accepted so that pasted command lines run: the
+/// dumps and packs say which framework wrote them.
+fn note_framework(f: Option<&str>) {
+    if let Some(f) = f {
+        eprintln!("probe: note: -f {f} ignored: the input says which framework wrote it");
+    }
 }
 
 fn run_config_pack(a: ConfigPackArgs) -> Result<u8, ProbeError> {
@@ -131,6 +156,13 @@ struct CompareArgs {
     /// Worker threads (default: all cores). Results do not depend on it.
     #[arg(long)]
     threads: Option<usize>,
+    /// Compare only API records (`api`), only module records (`module`), or both (`mix`, the
+    /// default); the verdict follows.
+    #[arg(short = 'l', long = "level", default_value = "mix")]
+    level: Level,
+    /// Framework of the dumps (msprobe's `-f`): accepted for pasted command lines; the dumps say.
+    #[arg(short = 'f', long = "framework", value_name = "NAME")]
+    framework: Option<String>,
     /// Print nothing on stdout.
     #[arg(short, long)]
     quiet: bool,
@@ -237,7 +269,9 @@ fn run_compare(a: CompareArgs) -> Result<u8, ProbeError> {
         fail_on: a.fail_on,
         formats: a.format,
         threads: a.threads,
+        level: a.level,
     };
+    note_framework(a.framework.as_deref());
     let show = !a.quiet && std::io::stderr().is_terminal();
     let progress = move |p: Progress| match p {
         Progress::Tensors {

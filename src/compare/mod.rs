@@ -121,10 +121,47 @@ pub enum Progress<'a> {
     },
 }
 
+/// Which op records a compare reads (msprobe's `-l`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum Level {
+    /// API calls only.
+    Api,
+    /// Module calls and parameter gradients only.
+    Module,
+    /// Everything (the default).
+    #[default]
+    Mix,
+}
+
+impl Level {
+    /// Whether records of `kind` are compared at this level.
+    pub fn keeps(self, kind: dump::OpKind) -> bool {
+        match self {
+            Level::Mix => true,
+            Level::Api => kind == dump::OpKind::Api,
+            Level::Module => kind != dump::OpKind::Api,
+        }
+    }
+}
+
+impl std::str::FromStr for Level {
+    type Err = String;
+    fn from_str(s: &str) -> std::result::Result<Level, String> {
+        match s {
+            "api" | "L1" => Ok(Level::Api),
+            "module" | "L0" => Ok(Level::Module),
+            "mix" | "all" => Ok(Level::Mix),
+            _ => Err(format!("{s:?}: expected api, module or mix")),
+        }
+    }
+}
+
 /// Options of one compare.
 pub struct Options {
     /// Thresholds per dtype and op pattern.
     pub tolerances: Tolerances,
+    /// Which op records to compare.
+    pub level: Level,
     /// How tensors of the two sides are paired.
     pub aligner: Box<dyn Aligner>,
 }
@@ -133,6 +170,7 @@ impl Default for Options {
     fn default() -> Self {
         Options {
             tolerances: Tolerances::default(),
+            level: Level::Mix,
             aligner: Box::new(KeyAligner),
         }
     }
@@ -147,6 +185,11 @@ pub fn compare_unit(
     progress: &(dyn Fn(Progress) + Sync),
 ) -> Result<UnitResult> {
     let mut dumps = dumps;
+    if opts.level != Level::Mix {
+        for d in [&mut dumps.bench, &mut dumps.cmp] {
+            d.ops.retain(|op| opts.level.keeps(op.kind));
+        }
+    }
     let mut warnings = std::mem::take(&mut dumps.bench.warnings);
     warnings.append(&mut dumps.cmp.warnings);
     let ops = dumps.cmp.ops.len();

@@ -719,25 +719,23 @@ pub fn compare(b: &Pack, c: &Pack, opts: &CheckOptions) -> CheckReport {
             },
         };
         let mut counts = Counts::default();
-        let verdict = match &got {
-            None => "skipped".to_string(),
-            Some(list) => {
-                for it in list {
-                    counts.add(it.status);
-                }
-                if counts.error > 0 {
-                    "error".into()
-                } else if counts.warning > 0 {
-                    "warning".into()
-                } else {
-                    "pass".into()
-                }
+        let verdict = got.as_ref().map(|list| {
+            for it in list {
+                counts.add(it.status);
             }
-        };
+            if counts.error > 0 {
+                Verdict::Error
+            } else if counts.warning > 0 {
+                Verdict::Warning
+            } else {
+                Verdict::Pass
+            }
+        });
         items.extend(got.unwrap_or_default());
         categories.push(CategorySummary {
             name: cat,
-            verdict,
+            verdict: verdict.map_or("skipped", Verdict::name).to_string(),
+            pass_check: verdict.map(|v| !opts.fail_on.fails(v)),
             counts,
             notes,
         });

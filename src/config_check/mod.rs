@@ -70,6 +70,14 @@ impl Category {
         }
     }
 
+    /// The name msprobe's config_check and its tutorial use (`pip` for packages).
+    pub fn msprobe_name(self) -> &'static str {
+        match self {
+            Category::Packages => "pip",
+            c => c.name(),
+        }
+    }
+
     /// Parses a category name as [`Category::name`] gives it (`pip` for packages too).
     pub fn parse(s: &str) -> Option<Category> {
         Category::ALL
@@ -179,6 +187,8 @@ pub struct CategorySummary {
     pub name: Category,
     /// `pass`, `warning`, `error`, or `skipped` when a side does not have the category.
     pub verdict: String,
+    /// msprobe's `pass_check`: the category passes the gate (`--fail-on`); null when skipped.
+    pub pass_check: Option<bool>,
     /// Its items per status.
     pub counts: Counts,
     /// What was not compared and why (one side missing, steps on one side only, ...).

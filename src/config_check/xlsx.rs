@@ -70,6 +70,8 @@ fn num(ws: &mut Worksheet, r: u32, c: u16, v: Option<f64>, f: &Format) -> X<()> 
 const SUMMARY_COLS: &[(&str, f64)] = &[
     ("category", 18.0),
     ("verdict", 10.0),
+    ("pass_check", 11.0),
+    ("filename (msprobe)", 16.0),
     ("pass", 8.0),
     ("expected", 9.0),
     ("ignored", 9.0),
@@ -114,6 +116,10 @@ fn summary(ws: &mut Worksheet, r: &CheckReport, f: &Formats) -> X<()> {
         let vf = fmt_verdict(&c.verdict, f);
         ws.write_string(row, 0, c.name.name())?;
         ws.write_string_with_format(row, 1, &c.verdict, vf)?;
+        if let Some(p) = c.pass_check {
+            ws.write_boolean_with_format(row, 2, p, vf)?;
+        }
+        ws.write_string(row, 3, c.name.msprobe_name())?;
         for (i, n) in [
             c.counts.pass,
             c.counts.expected,
@@ -124,9 +130,9 @@ fn summary(ws: &mut Worksheet, r: &CheckReport, f: &Formats) -> X<()> {
         .into_iter()
         .enumerate()
         {
-            ws.write_number(row, 2 + i as u16, n as f64)?;
+            ws.write_number(row, 4 + i as u16, n as f64)?;
         }
-        ws.write_string(row, 7, c.notes.join("; "))?;
+        ws.write_string(row, 9, c.notes.join("; "))?;
         row += 1;
     }
     ws.autofilter(0, 0, row - 1, SUMMARY_COLS.len() as u16 - 1)?;

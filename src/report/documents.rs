@@ -3,7 +3,8 @@
 //! tables.
 
 use super::columns::{self, Line, COLUMNS, SCAN, UNMATCHED};
-use super::{Document, Overview, Table};
+use super::xlsx::{part_name, MAX_ROWS};
+use super::{Document, OpLine, Overview, Table};
 use crate::compare::CompareRun;
 use crate::scan::{ScanRun, ScanSummary};
 use crate::schema::summary::{Finding, Summary};
@@ -22,6 +23,69 @@ pub struct ScanDocument<'a> {
     pub run: &'a ScanRun,
     /// Its summary (outputs filled in).
     pub summary: &'a ScanSummary,
+}
+
+/// At most this many ops in the per-op table of the workbook's summary sheet.
+const OP_LINES: usize = 5000;
+
+fn op_count(run: &CompareRun) -> usize {
+    run.units
+        .iter()
+        .map(|u| {
+            let mut n = 0;
+            let mut last = None;
+            for r in &u.rows {
+                if last != Some(r.tensor.op.index) {
+                    n += 1;
+                    last = Some(r.tensor.op.index);
+                }
+            }
+            n
+        })
+        .sum()
+}
+
+/// The first `cap` ops in execution order with their worst cosine, max abs error and
+/// verdict, and the row of their first tensor in the `tensors` sheet(s).
+fn op_lines(run: &CompareRun, cap: usize) -> Vec<OpLine> {
+    let mut out: Vec<OpLine> = Vec::new();
+    let mut line = 0usize; // index among all tensor lines, as the tensors sheets hold them
+    for u in &run.units {
+        let mut last = None;
+        for r in &u.rows {
+            let (t, j) = (&r.tensor, &r.judgement);
+            let cos = t.metrics.and_then(|m| m.cosine);
+            let abs = t.metrics.map(|m| m.max_abs);
+            if last == Some(t.op.index) {
+                if let Some(o) = out.last_mut() {
+                    o.verdict = o.verdict.max(j.verdict);
+                    o.cosine = match (o.cosine, cos) {
+                        (Some(a), Some(b)) => Some(a.min(b)),
+                        (a, b) => a.or(b),
+                    };
+                    o.max_abs = match (o.max_abs, abs) {
+                        (Some(a), Some(b)) => Some(a.max(b)),
+                        (a, b) => a.or(b),
+                    };
+                }
+            } else if out.len() < cap {
+                last = Some(t.op.index);
+                let sheet = part_name("tensors", line / MAX_ROWS);
+                out.push(OpLine {
+                    place: format!("{}/{}", u.step, u.rank),
+                    op: t.op.key.to_string(),
+                    verdict: j.verdict,
+                    cosine: cos,
+                    max_abs: abs,
+                    first_row: (sheet, (line % MAX_ROWS) as u32 + 1),
+                });
+            } else {
+                return out;
+            }
+            line += 1;
+        }
+    }
+    out
 }
 
 /// A summary as `summary.json` holds it.
@@ -84,6 +148,8 @@ impl Document for CompareDocument<'_> {
                 ),
             ]),
             worst_ops: s.worst_ops.clone(),
+            ops: op_lines(self.run, OP_LINES),
+            ops_left_out: op_count(self.run).saturating_sub(OP_LINES),
         }
     }
 
@@ -175,6 +241,8 @@ impl Document for ScanDocument<'_> {
             facts: facts.into_iter().map(|(k, v)| (k.to_string(), v)).collect(),
             findings: found,
             worst_ops: vec![],
+            ops: vec![],
+            ops_left_out: 0,
         }
     }
 

@@ -54,6 +54,27 @@ pub struct Overview {
     pub findings: Vec<(String, Finding)>,
     /// The worst ops (may be empty).
     pub worst_ops: Vec<WorstOp>,
+    /// One line per op in execution order, as msprobe's per-API summary (may be empty).
+    pub ops: Vec<OpLine>,
+    /// Ops left out of `ops` past its cap.
+    pub ops_left_out: usize,
+}
+
+/// An op's line in the per-op table: its worst numbers and where its tensors are.
+#[derive(Debug, Clone)]
+pub struct OpLine {
+    /// `step/rank`.
+    pub place: String,
+    /// The op key.
+    pub op: String,
+    /// The op's worst verdict.
+    pub verdict: Verdict,
+    /// The lowest cosine among its tensors.
+    pub cosine: Option<f64>,
+    /// The largest absolute error among its tensors.
+    pub max_abs: Option<f64>,
+    /// The sheet and 0-based row of its first tensor.
+    pub first_row: (String, u32),
 }
 
 /// Lines of a table with the columns to show.

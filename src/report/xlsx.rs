@@ -13,7 +13,8 @@ use crate::compare::Verdict;
 use crate::error::{ProbeError, Result};
 use crate::schema::summary::Finding;
 use rust_xlsxwriter::{
-    Color, ConditionalFormatFormula, Format, FormatBorder, Workbook, Worksheet, XlsxError,
+    Color, ConditionalFormatFormula, Format, FormatBorder, FormatUnderline, Url, Workbook,
+    Worksheet, XlsxError,
 };
 use std::path::Path;
 
@@ -30,6 +31,7 @@ struct Formats {
     err: Format,
     bold: Format,
     wrap: Format,
+    link: Format,
 }
 
 /// The house style shared by every probe workbook (compare and config-check).
@@ -69,6 +71,9 @@ fn formats() -> Formats {
         err: err_format(),
         bold: Format::new().set_bold(),
         wrap: Format::new().set_text_wrap(),
+        link: Format::new()
+            .set_font_color(Color::RGB(0x0563C1))
+            .set_underline(FormatUnderline::Single),
     }
 }
 
@@ -239,6 +244,43 @@ fn summary_sheet(ws: &mut Worksheet, s: &Overview, fs: &Formats) -> X<()> {
             row += 1;
         }
     }
+    if !s.ops.is_empty() {
+        row += 1;
+        let title = "per op (click an op for its tensors)";
+        ws.write_string_with_format(row, 0, title, &fs.bold)?;
+        row += 1;
+        let cols = [
+            "step/rank",
+            "op",
+            "verdict",
+            "worst cosine",
+            "max abs error",
+        ];
+        for (i, h) in cols.iter().enumerate() {
+            ws.write_string_with_format(row, i as u16, *h, &fs.header)?;
+        }
+        row += 1;
+        for o in &s.ops {
+            let f = match o.verdict {
+                Verdict::Error => &fs.err,
+                Verdict::Warning => &fs.warn,
+                Verdict::Pass => &fs.plain,
+            };
+            ws.write_string(row, 0, &o.place)?;
+            let (sheet, r) = &o.first_row;
+            let target = format!("internal:'{sheet}'!A{}", r + 1);
+            let url = Url::new(target).set_text(&o.op);
+            ws.write_url_with_format(row, 1, &url, &fs.link)?;
+            ws.write_string_with_format(row, 2, o.verdict.name(), f)?;
+            num(ws, row, 3, o.cosine)?;
+            num(ws, row, 4, o.max_abs)?;
+            row += 1;
+        }
+        if s.ops_left_out > 0 {
+            let note = format!("... and {} more ops: see the tensors sheet", s.ops_left_out);
+            ws.write_string(row, 1, note)?;
+        }
+    }
     Ok(())
 }
 
@@ -265,7 +307,7 @@ fn verdict_colours(ws: &mut Worksheet, rows: usize, cols: u16, col: &str, fs: &F
 }
 
 /// The sheet name of part `k` (0-based): `base`, then `base_2`, `base_3`, ...
-fn part_name(base: &str, k: usize) -> String {
+pub(crate) fn part_name(base: &str, k: usize) -> String {
     if k == 0 {
         base.to_string()
     } else {
