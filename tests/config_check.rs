@@ -658,3 +658,21 @@ fn msprobe_own_workbook_has_the_env_columns_swapped() {
     assert_eq!(rows[1][0], "CUDA_LAUNCH_BLOCKING");
     assert_eq!(rows[1][2..4], ["1", "0"]);
 }
+
+#[test]
+fn hostile_duplicate_entry_names() {
+    // Two `env.json` entries: the zip crate would keep one of them silently.
+    let tmp = tempfile::tempdir().unwrap();
+    let p = tmp.path().join("dup.zip");
+    let mut entries = read_zip(&td("base.zip"));
+    let env = entries
+        .iter()
+        .find(|(n, _)| n == "env.json")
+        .unwrap()
+        .1
+        .clone();
+    entries.push(("env.jsoX".into(), env));
+    write_zip(&p, &entries);
+    patch(&p, b"env.jsoX", b"env.json");
+    expect_rejected(&p, &["env.json", "duplicate name"]);
+}

@@ -114,6 +114,42 @@ fn declared_entries(bytes: &[u8]) -> Option<u64> {
     Some(u16::from_le_bytes([rec[10], rec[11]]) as u64)
 }
 
+/// Every entry name in the central directory, in order, read from the bytes themselves:
+/// the zip crate keeps one entry per name, so a second `env.json` would silently replace the
+/// first. None when the directory cannot be walked (the zip reader then says why).
+fn central_names(bytes: &[u8]) -> Option<Vec<Vec<u8>>> {
+    let start = bytes.len().saturating_sub(22 + 65_535);
+    let tail = &bytes[start..];
+    let eocd = start + tail.windows(4).rposition(|w| w == b"PK\x05\x06")?;
+    let rec = bytes.get(eocd..eocd + 22)?;
+    let u16_at = |b: &[u8], i: usize| Some(u16::from_le_bytes([*b.get(i)?, *b.get(i + 1)?]));
+    let u32_at = |b: &[u8], i: usize| {
+        Some(u32::from_le_bytes([
+            *b.get(i)?,
+            *b.get(i + 1)?,
+            *b.get(i + 2)?,
+            *b.get(i + 3)?,
+        ]))
+    };
+    let count = u16_at(rec, 10)? as usize;
+    let mut at = u32_at(rec, 16)? as usize;
+    let mut names = Vec::with_capacity(count);
+    for _ in 0..count {
+        let hdr = bytes.get(at..at + 46)?;
+        if &hdr[..4] != b"PK\x01\x02" {
+            return None;
+        }
+        let (n, extra, comment) = (
+            u16_at(hdr, 28)? as usize,
+            u16_at(hdr, 30)? as usize,
+            u16_at(hdr, 32)? as usize,
+        );
+        names.push(bytes.get(at + 46..at + 46 + n)?.to_vec());
+        at += 46 + n + extra + comment;
+    }
+    Some(names)
+}
+
 /// Reads `path` with the default [`Limits`].
 pub fn read(path: &Path) -> Result<Archive> {
     read_with(path, &Limits::default())
@@ -155,6 +191,15 @@ pub fn read_with(path: &Path, limits: &Limits) -> Result<Archive> {
                     limits.max_entries
                 ),
             ));
+        }
+    }
+    if let Some(names) = central_names(&bytes) {
+        let mut seen = std::collections::HashSet::new();
+        for n in &names {
+            let name = String::from_utf8_lossy(n);
+            if !seen.insert(name.trim_end_matches('/').to_string()) {
+                return Err(hostile(path, format!("entry {name:?}: duplicate name")));
+            }
         }
     }
     let mut zip = zip::ZipArchive::new(Cursor::new(bytes)).map_err(|e| ProbeError::BadPack {
