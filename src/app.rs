@@ -64,15 +64,22 @@ fn output_paths(
         .collect()
 }
 
-/// Writes every report of `doc` into `out`. Formats are independent files: they are
-/// written in parallel, and the first failure is reported.
+/// Writes every report of `doc` into `out`, all or nothing: into a staging folder first
+/// (formats are independent files, written in parallel), moved into place only when every
+/// one was written; on a failure the folder keeps the previous set and gains nothing.
 fn write_reports(writers: &[Box<dyn ReportWriter>], doc: &dyn Document, out: &Path) -> Result<()> {
+    let staging = atomic::Staging::new(out)?;
+    let names: Vec<String> = writers.iter().map(|w| w.file_name(doc.stem())).collect();
     let written: Vec<Result<()>> = writers
         .par_iter()
-        .map(|w| w.write(doc, &out.join(w.file_name(doc.stem()))))
+        .zip(&names)
+        .map(|(w, name)| w.write(doc, &staging.path(name)))
         .collect();
     written.into_iter().collect::<Result<Vec<()>>>()?;
-    Ok(())
+    // summary.json (written first) moves into place last: it names the others.
+    let mut order = names;
+    order.rotate_left(1);
+    staging.commit(&order)
 }
 
 /// A pool of `threads` workers, or None for rayon's global pool (all cores).
@@ -105,6 +112,7 @@ pub fn compare(req: &CompareRequest, progress: &(dyn Fn(Progress) + Sync)) -> Re
     };
     let writers = chosen_writers(&req.formats)?;
     let pool = thread_pool(req.threads)?;
+    atomic::refuse_inside(&req.out, &[&req.bench, &req.cmp])?;
     atomic::prepare_output_dir(&req.out)?;
     let opts = compare::Options {
         tolerances,
@@ -148,6 +156,7 @@ pub fn scan(req: &ScanRequest) -> Result<ScanSummary> {
             "--overflow-margin must be at least 1".into(),
         ));
     }
+    atomic::refuse_inside(&req.out, &[&req.dump])?;
     atomic::prepare_output_dir(&req.out)?;
     let run = scan::run(&req.dump, &req.options)?;
     let mut summary = scan::summarize(&run, req.fail_on);

@@ -283,3 +283,71 @@ fn usage_errors() {
     );
     assert_input_error(&compare(t.path(), &["--threads", "0"]), 2, "--threads");
 }
+
+#[test]
+fn output_inside_an_input_dump_is_refused() {
+    let t = tempfile::tempdir().unwrap();
+    demo(t.path());
+    let inside = t.path().join("cmp/reports");
+    let o = probe(&[
+        "compare",
+        "-b",
+        t.path().join("bench").to_str().unwrap(),
+        "-c",
+        t.path().join("cmp").to_str().unwrap(),
+        "-o",
+        inside.to_str().unwrap(),
+    ]);
+    assert_input_error(&o, 2, "inside the input dump");
+    assert!(!inside.exists(), "nothing written");
+    let o = probe(&[
+        "scan",
+        t.path().join("cmp").to_str().unwrap(),
+        "-o",
+        inside.to_str().unwrap(),
+    ]);
+    assert_input_error(&o, 2, "inside the input dump");
+}
+
+#[test]
+fn a_report_that_cannot_be_written_leaves_the_previous_set_alone() {
+    let t = tempfile::tempdir().unwrap();
+    demo(t.path());
+    let out = t.path().join("out");
+    assert_eq!(compare(t.path(), &[]).code, 1);
+    let before: Vec<(String, Vec<u8>)> = ["summary.json", "compare.parquet", "compare.xlsx"]
+        .iter()
+        .map(|n| (n.to_string(), std::fs::read(out.join(n)).unwrap()))
+        .collect();
+    // The next compare's xlsx cannot be moved into place (a directory stands there); the
+    // summary must not be replaced either, nor any other file.
+    std::fs::remove_file(out.join("compare.xlsx")).unwrap();
+    std::fs::create_dir(out.join("compare.xlsx")).unwrap();
+    let o = compare(t.path(), &["--fail-on", "never"]);
+    assert_input_error(&o, 2, "compare.xlsx");
+    for (n, bytes) in &before[..2] {
+        assert_eq!(&std::fs::read(out.join(n)).unwrap(), bytes, "{n} untouched");
+    }
+    let names: Vec<String> = std::fs::read_dir(&out)
+        .unwrap()
+        .map(|e| e.unwrap().file_name().to_string_lossy().into_owned())
+        .collect();
+    assert!(
+        names.iter().all(|n| !n.starts_with('.')),
+        "no staging left: {names:?}"
+    );
+}
+
+#[test]
+fn every_output_the_summary_lists_exists() {
+    let t = tempfile::tempdir().unwrap();
+    demo(t.path());
+    compare(t.path(), &["--format", "json,parquet"]);
+    let s = summary(t.path());
+    let outputs = s["outputs"].as_object().unwrap();
+    assert_eq!(outputs.len(), 2);
+    for (_, p) in outputs {
+        assert!(Path::new(p.as_str().unwrap()).is_file(), "{p}");
+    }
+    assert!(!t.path().join("out/compare.xlsx").exists());
+}

@@ -291,7 +291,11 @@ pub fn run_and_write(
     report
         .outputs
         .insert("xlsx".into(), xlsx_path.display().to_string());
-    xlsx::write(&report, &xlsx_path)?;
-    output::write_json(&report, &json_path)?;
+    // All or nothing: both files are staged, then moved into place together.
+    let staging = crate::atomic::Staging::new(out)?;
+    xlsx::write(&report, &staging.path("config_check.xlsx"))?;
+    output::write_json(&report, &staging.path("config_check.json"))?;
+    // The summary readers look at moves last.
+    staging.commit(&["config_check.xlsx".into(), "config_check.json".into()])?;
     Ok(report)
 }
