@@ -82,17 +82,26 @@ fn write_reports(writers: &[Box<dyn ReportWriter>], doc: &dyn Document, out: &Pa
     staging.commit(&order)
 }
 
-/// A pool of `threads` workers, or None for rayon's global pool (all cores).
-fn thread_pool(threads: Option<usize>) -> Result<Option<rayon::ThreadPool>> {
-    match threads {
-        Some(0) => Err(ProbeError::Usage("--threads must be at least 1".into())),
-        Some(n) => rayon::ThreadPoolBuilder::new()
-            .num_threads(n)
-            .build()
-            .map(Some)
-            .map_err(|e| ProbeError::Usage(e.to_string())),
-        None => Ok(None),
+/// A pool of `threads` workers, or None for rayon's global pool (all cores). More than
+/// four threads per core only cost memory and can stall the machine: the count is capped,
+/// with a warning for the summary.
+fn thread_pool(threads: Option<usize>) -> Result<(Option<rayon::ThreadPool>, Option<String>)> {
+    let Some(asked) = threads else {
+        return Ok((None, None));
+    };
+    if asked == 0 {
+        return Err(ProbeError::Usage("--threads must be at least 1".into()));
     }
+    let cores = std::thread::available_parallelism().map_or(1, |n| n.get());
+    let n = asked.min(4 * cores);
+    let note = (n < asked).then(|| {
+        format!("--threads {asked} capped at {n} (4 per core on this {cores}-core machine)")
+    });
+    let pool = rayon::ThreadPoolBuilder::new()
+        .num_threads(n)
+        .build()
+        .map_err(|e| ProbeError::Usage(e.to_string()))?;
+    Ok((Some(pool), note))
 }
 
 /// Runs `work` in `pool`, or where it is called.
@@ -111,7 +120,7 @@ pub fn compare(req: &CompareRequest, progress: &(dyn Fn(Progress) + Sync)) -> Re
         None => Tolerances::default(),
     };
     let writers = chosen_writers(&req.formats)?;
-    let pool = thread_pool(req.threads)?;
+    let (pool, threads_note) = thread_pool(req.threads)?;
     atomic::refuse_inside(&req.out, &[&req.bench, &req.cmp])?;
     atomic::prepare_output_dir(&req.out)?;
     let opts = compare::Options {
@@ -122,6 +131,7 @@ pub fn compare(req: &CompareRequest, progress: &(dyn Fn(Progress) + Sync)) -> Re
     within(pool, || {
         let run = compare::run(&req.bench, &req.cmp, &opts, progress)?;
         let mut summary = verdict::summarize(&run, req.fail_on);
+        summary.warnings.extend(threads_note);
         summary.outputs = output_paths(&writers, "compare", &req.out);
         let doc = CompareDocument {
             run: &run,

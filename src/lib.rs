@@ -13,6 +13,7 @@ pub mod app;
 pub mod atomic;
 pub mod compare;
 pub mod config_check;
+pub mod config_file;
 pub mod dtype;
 pub mod dump;
 pub mod error;

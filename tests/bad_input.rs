@@ -351,3 +351,55 @@ fn every_output_the_summary_lists_exists() {
     }
     assert!(!t.path().join("out/compare.xlsx").exists());
 }
+
+#[test]
+fn an_endless_config_file_is_refused() {
+    let t = tempfile::tempdir().unwrap();
+    demo(t.path());
+    let o = compare(t.path(), &["--config", "/dev/zero"]);
+    assert_input_error(&o, 2, "larger than 1048576 bytes");
+    let rules = probe(&[
+        "config-check",
+        root()
+            .join("testdata/config_check/base.zip")
+            .to_str()
+            .unwrap(),
+        root()
+            .join("testdata/config_check/env.zip")
+            .to_str()
+            .unwrap(),
+        "-o",
+        t.path().join("cc").to_str().unwrap(),
+        "--config",
+        "/dev/zero",
+    ]);
+    assert_input_error(&rules, 2, "larger than 1048576 bytes");
+}
+
+#[test]
+fn thread_counts_are_capped_with_a_note() {
+    let t = tempfile::tempdir().unwrap();
+    demo(t.path());
+    let o = compare(t.path(), &["--threads", "100000", "--format", "json"]);
+    assert_eq!(o.code, 1, "{}", o.stderr);
+    assert!(
+        o.stderr.contains("--threads 100000 capped at"),
+        "{}",
+        o.stderr
+    );
+}
+
+#[test]
+fn control_characters_in_a_bad_config_are_not_echoed() {
+    let t = tempfile::tempdir().unwrap();
+    demo(t.path());
+    let cfg = t.path().join("tol.toml");
+    std::fs::write(&cfg, "[dtype.float32]\nwarning = \"\x1b[31mred\x07\"\n").unwrap();
+    let o = compare(t.path(), &["--config", cfg.to_str().unwrap()]);
+    assert_input_error(&o, 2, "bad config");
+    assert!(
+        !o.stderr.contains('\x1b') && !o.stderr.contains('\x07'),
+        "{:?}",
+        o.stderr
+    );
+}

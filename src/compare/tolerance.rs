@@ -163,8 +163,9 @@ impl Tolerances {
             path: path.to_path_buf(),
             msg,
         };
-        let text = std::fs::read_to_string(path).map_err(|e| ProbeError::io(path, e))?;
-        let raw: RawConfig = toml::from_str(&text).map_err(|e| bad(e.message().to_string()))?;
+        let text = crate::config_file::read(path)?;
+        let raw: RawConfig =
+            toml::from_str(&text).map_err(|e| bad(crate::config_file::printable(e.message())))?;
         let mut t = Tolerances::default();
         for (name, p) in &raw.dtype {
             let d = DType::parse(name).ok_or_else(|| bad(format!("unknown dtype {name:?}")))?;

@@ -288,10 +288,10 @@ impl Default for Rules {
 impl Rules {
     /// Reads a rules TOML file (`--config`) and builds the rules from it.
     pub fn from_file(path: &Path) -> Result<Rules> {
-        let text = std::fs::read_to_string(path).map_err(|e| ProbeError::io(path, e))?;
+        let text = crate::config_file::read(path)?;
         let cfg: ConfigFile = toml::from_str(&text).map_err(|e| ProbeError::BadConfig {
             path: path.to_path_buf(),
-            msg: e.to_string().trim().replace('\n', " "),
+            msg: crate::config_file::printable(&e.to_string().trim().replace('\n', " ")),
         })?;
         Rules::build(&cfg, Some(path))
     }

@@ -108,6 +108,9 @@ const RECORD_COLS: &[(&str, f64)] = &[
     ("max relative diff", 12.0),
 ];
 
+/// Data rows per item sheet: Excel's limit less the header.
+const ROWS_PER_SHEET: usize = style::MAX_ROWS;
+
 fn summary(ws: &mut Worksheet, r: &CheckReport, f: &Formats) -> X<()> {
     ws.set_name("summary")?;
     header(ws, SUMMARY_COLS, f)?;
@@ -164,8 +167,14 @@ fn summary(ws: &mut Worksheet, r: &CheckReport, f: &Formats) -> X<()> {
     Ok(())
 }
 
-fn item_sheet(ws: &mut Worksheet, cat: Category, items: &[&Item], f: &Formats) -> X<()> {
-    ws.set_name(cat.name())?;
+fn item_sheet(
+    ws: &mut Worksheet,
+    name: &str,
+    cat: Category,
+    items: &[&Item],
+    f: &Formats,
+) -> X<()> {
+    ws.set_name(name)?;
     let records = matches!(cat, Category::Dataset | Category::Weights);
     let cols = if records { RECORD_COLS } else { ITEM_COLS };
     header(ws, cols, f)?;
@@ -200,22 +209,58 @@ fn item_sheet(ws: &mut Worksheet, cat: Category, items: &[&Item], f: &Formats) -
     Ok(())
 }
 
-fn build(r: &CheckReport) -> X<Workbook> {
+fn build(r: &CheckReport, rows_per_sheet: usize) -> X<Workbook> {
     let f = formats();
     let mut wb = Workbook::new();
     summary(wb.add_worksheet(), r, &f)?;
     for cat in Category::ALL {
         let items: Vec<&Item> = r.items.iter().filter(|i| i.category == cat).collect();
-        item_sheet(wb.add_worksheet(), cat, &items, &f)?;
+        // Past Excel's row limit a category continues on `env_2`, `env_3`, ...
+        let parts: Vec<&[&Item]> = if items.is_empty() {
+            vec![&items[..]]
+        } else {
+            items.chunks(rows_per_sheet).collect()
+        };
+        for (k, part) in parts.into_iter().enumerate() {
+            let name = style::part_name(cat.name(), k);
+            item_sheet(wb.add_worksheet(), &name, cat, part, &f)?;
+        }
     }
     Ok(wb)
 }
 
 /// Writes the workbook atomically.
 pub fn write(r: &CheckReport, path: &Path) -> Result<()> {
-    let mut wb = build(r).map_err(|e| ProbeError::Output {
+    let mut wb = build(r, ROWS_PER_SHEET).map_err(|e| ProbeError::Output {
         path: path.to_path_buf(),
         msg: e.to_string(),
     })?;
     atomic::write_with(path, |w| wb.save_to_writer(w).map_err(|e| e.to_string()))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_category_past_the_row_limit_continues_on_more_sheets() {
+        let td = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("testdata/config_check");
+        let (a, b) = (td.join("base.zip"), td.join("env.zip"));
+        let opts = super::super::CheckOptions {
+            rules: super::super::rules::Rules::default(),
+            fail_on: crate::gate::FailOn::Error,
+        };
+        let report = super::super::run(&a, &b, &opts).unwrap();
+        let env_items = report
+            .items
+            .iter()
+            .filter(|i| i.category == Category::Env)
+            .count();
+        assert!(env_items >= 7, "{env_items}");
+        let mut wb = build(&report, 3).unwrap();
+        let names: Vec<String> = wb.worksheets().iter().map(|w| w.name()).collect();
+        let env_sheets = names.iter().filter(|n| n.starts_with("env")).count();
+        assert_eq!(env_sheets, env_items.div_ceil(3), "{names:?}");
+        assert!(names.contains(&"env_2".to_string()), "{names:?}");
+    }
 }
