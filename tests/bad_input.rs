@@ -403,3 +403,31 @@ fn control_characters_in_a_bad_config_are_not_echoed() {
         o.stderr
     );
 }
+
+#[test]
+fn an_op_log_that_is_not_a_file_is_named_not_called_not_a_dump() {
+    let t = tempfile::tempdir().unwrap();
+    demo(t.path());
+    let log = rank(t.path(), "cmp").join("ops.jsonl");
+    std::fs::remove_file(&log).unwrap();
+    std::fs::create_dir(&log).unwrap();
+    assert_input_error(
+        &compare(t.path(), &[]),
+        2,
+        "ops.jsonl: unsupported: not a regular file",
+    );
+}
+
+#[test]
+fn a_tensor_file_that_is_not_a_file_is_an_error_not_a_quiet_fallback() {
+    let t = tempfile::tempdir().unwrap();
+    let src = root().join("testdata/msprobe/tensor_bench");
+    copy_dir(&src, &t.path().join("bench"));
+    copy_dir(&src, &t.path().join("cmp"));
+    let pt = t
+        .path()
+        .join("cmp/step0/proc23596/dump_tensor_data/Functional.conv2d.0.forward.input.0.pt");
+    std::fs::remove_file(&pt).unwrap();
+    std::fs::create_dir(&pt).unwrap();
+    assert_input_error(&compare(t.path(), &[]), 2, "is not a regular file");
+}

@@ -176,14 +176,24 @@ pub struct DumpSet {
     pub overflow: bool,
 }
 
-fn rank_format(dir: &Path) -> Option<Format> {
-    if dir.join("ops.jsonl").is_file() {
-        Some(Format::Probe)
-    } else if dir.join("dump.json").is_file() {
-        Some(Format::Msprobe)
-    } else {
-        None
+/// The format of a rank folder from the op log it holds; an op log that is there but
+/// cannot be read (no permission, not a regular file) is an error, not "not a dump".
+fn rank_format(dir: &Path) -> Result<Option<Format>> {
+    for (name, format) in [("ops.jsonl", Format::Probe), ("dump.json", Format::Msprobe)] {
+        let p = dir.join(name);
+        match std::fs::metadata(&p) {
+            Ok(m) if m.is_file() => return Ok(Some(format)),
+            Ok(_) => {
+                return Err(ProbeError::Unsupported {
+                    path: p,
+                    msg: "not a regular file".into(),
+                })
+            }
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => {}
+            Err(e) => return Err(ProbeError::io(p, e)),
+        }
     }
+    Ok(None)
 }
 
 /// Sort key for `step12`, `rank3`, `proc456`: the number, then the name.
@@ -219,7 +229,7 @@ fn dir_name(p: &Path) -> String {
 fn ranks_of_step(step: &str, dir: &Path) -> Result<Vec<RankLoc>> {
     let mut out = Vec::new();
     for (rank, rdir) in subdirs(dir, &["rank", "proc"])? {
-        if let Some(format) = rank_format(&rdir) {
+        if let Some(format) = rank_format(&rdir)? {
             out.push(RankLoc {
                 step: step.to_string(),
                 rank,
@@ -230,7 +240,7 @@ fn ranks_of_step(step: &str, dir: &Path) -> Result<Vec<RankLoc>> {
     }
     // msprobe writes dump.json straight into stepN/ when it runs without rank folders.
     if out.is_empty() {
-        if let Some(format) = rank_format(dir) {
+        if let Some(format) = rank_format(dir)? {
             out.push(RankLoc {
                 step: step.to_string(),
                 rank: "rank0".into(),
@@ -252,7 +262,7 @@ pub fn discover(path: &Path) -> Result<DumpSet> {
     }
     let mut ranks = Vec::new();
     let manifest_dir;
-    if let Some(format) = rank_format(path) {
+    if let Some(format) = rank_format(path)? {
         let parent = path.parent();
         let step = parent.map(dir_name).filter(|n| n.starts_with("step"));
         ranks.push(RankLoc {

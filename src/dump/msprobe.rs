@@ -211,15 +211,22 @@ fn tensor_rec(
     // A tensor of a dtype probe cannot decode (FP8, complex, ...) is compared by statistics.
     if let (Some(J::Str(f)), Some(_)) = (v.get("data_name"), dtype.known()) {
         if let Some(d) = tensor_file(ctx.dir, f) {
-            let exists = match &d {
-                Data::Pt(p) | Data::Npy(p) => p.is_file(),
-                _ => false,
+            let file = match &d {
+                Data::Pt(p) | Data::Npy(p) => Some(p),
+                _ => None,
             };
-            if exists {
-                data = d;
-            } else {
-                ctx.missing += 1;
-                ctx.first_missing.get_or_insert_with(|| f.clone());
+            // Missing: compared by statistics (with a warning). There but not a readable
+            // regular file: an error, never a quiet fallback.
+            match file.map(std::fs::metadata) {
+                Some(Ok(m)) if m.is_file() => data = d,
+                Some(Ok(_)) => return Err(format!("tensor {name}: {f} is not a regular file")),
+                Some(Err(e)) if e.kind() != std::io::ErrorKind::NotFound => {
+                    return Err(format!("tensor {name}: {f}: {e}"))
+                }
+                _ => {
+                    ctx.missing += 1;
+                    ctx.first_missing.get_or_insert_with(|| f.clone());
+                }
             }
         }
     }
