@@ -143,7 +143,7 @@ fn synthetic_probe_dump_with_an_injected_nan() {
 fn nan_entering_through_the_data_is_from_outside() {
     let t = tempfile::tempdir().unwrap();
     let d = write_dump(
-        t.path(),
+        &t.path().join("dump"),
         &[
             (
                 "Torch.matmul.0.forward",
@@ -176,7 +176,7 @@ fn nan_entering_through_the_data_is_from_outside() {
 fn a_nan_born_in_the_backward_is_found_there() {
     let t = tempfile::tempdir().unwrap();
     let d = write_dump(
-        t.path(),
+        &t.path().join("dump"),
         &[
             (
                 "Torch.log.0.forward",
@@ -213,7 +213,7 @@ fn a_nan_born_in_the_backward_is_found_there() {
 fn fp16_overflow_risk_and_underflow_are_warnings() {
     let t = tempfile::tempdir().unwrap();
     let d = write_dump(
-        t.path(),
+        &t.path().join("dump"),
         &[
             // 60000 in fp16 is within 16x of 65504; 60000 in fp32 is nothing.
             (
@@ -284,7 +284,7 @@ fn a_skipped_loss_scaler_step_is_reported() {
     };
     let key = "Torch._amp_foreach_non_finite_check_and_unscale_.0.forward";
     let d = write_dump(
-        t.path(),
+        &t.path().join("dump"),
         &[(
             key,
             vec![("input", "float32", ok()), ("input", "float32", found_inf)],
