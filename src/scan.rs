@@ -87,6 +87,14 @@ pub struct ScanRow {
     pub reason: String,
 }
 
+impl ScanRow {
+    /// Whether the op consumed this tensor (an input, or a parameter of a forward call).
+    pub fn consumed(&self) -> bool {
+        self.role == Role::Input
+            || (self.role == Role::Parameter && self.op.direction == Direction::Forward)
+    }
+}
+
 /// One scanned step/rank.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub struct ScanUnit {
@@ -268,13 +276,7 @@ fn finding(
     let evidence = rows
         .iter()
         .map(|r| {
-            let side = if r.role == Role::Output
-                || (r.role == Role::Parameter && r.op.direction == Direction::Backward)
-            {
-                "out"
-            } else {
-                "in "
-            };
+            let side = if r.consumed() { "in " } else { "out" };
             let st = r.stats.as_ref().map_or_else(String::new, |s| {
                 let f = |v: Option<f64>| v.map_or("-".into(), |v| format!("{v:.4e}"));
                 format!(
@@ -335,13 +337,15 @@ pub fn scan_unit(dump: RankDump, opts: &ScanOptions) -> ScanUnit {
         std::collections::HashMap::new();
     for (oi, op) in ops.iter().enumerate() {
         let info = OpInfo::of(oi, op);
-        let inputs_nonzero = op.tensors.iter().any(|t| {
-            is_input(t, op) && is_float(t) && t.stats.as_ref().is_some_and(|s| !all_zero(s))
-        }) && op
+        let float_inputs: Vec<&TensorRec> = op
             .tensors
             .iter()
             .filter(|t| is_input(t, op) && is_float(t))
-            .all(|t| t.stats.as_ref().is_some_and(|s| !all_zero(s)));
+            .collect();
+        let inputs_nonzero = !float_inputs.is_empty()
+            && float_inputs
+                .iter()
+                .all(|t| t.stats.as_ref().is_some_and(|s| !all_zero(s)));
         let start = rows.len();
         for t in &op.tensors {
             let (mut flag, mut reason) = flag_of(t, op, inputs_nonzero, opts.margin);
@@ -374,15 +378,12 @@ pub fn scan_unit(dump: RankDump, opts: &ScanOptions) -> ScanUnit {
             Some(s) if op.seq > s => Direction::Backward,
             _ => op.direction,
         };
-        let ins = |r: &&&ScanRow| {
-            r.role == Role::Input
-                || (r.role == Role::Parameter && r.op.direction == Direction::Forward)
+        let bad = |consumed: bool| {
+            group
+                .iter()
+                .find(|r| r.consumed() == consumed && r.flag == Flag::NonFinite)
         };
-        let bad_in = group.iter().filter(ins).find(|r| r.flag == Flag::NonFinite);
-        let bad_out = group
-            .iter()
-            .filter(|r| !ins(r))
-            .find(|r| r.flag == Flag::NonFinite);
+        let (bad_in, bad_out) = (bad(true), bad(false));
         let unit = &loc;
         if saved_nonfinite {
             // Inherited through the forward call's saved tensors, not produced here.
