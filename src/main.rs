@@ -81,6 +81,10 @@ struct ConfigPackArgs {
     /// safetensors weight files to fingerprint.
     #[arg(long, value_name = "FILE", num_args = 1..)]
     weights: Vec<PathBuf>,
+    /// What replaces secret values: hash (`<redacted:sha256:8 hex>`, equal secrets compare
+    /// equal; a short secret can be guessed from it) or drop (`<redacted>`).
+    #[arg(long, value_name = "MODE", default_value = "hash")]
+    redact: config_check::secrets::RedactMode,
 }
 
 fn run_config_check(a: ConfigCheckArgs) -> Result<u8, ProbeError> {
@@ -122,6 +126,7 @@ fn run_config_pack(a: ConfigPackArgs) -> Result<u8, ProbeError> {
         out: a.out,
         python: a.python,
         weights: a.weights,
+        redact: a.redact,
     };
     let path = config_check::make::make_pack(&opts)?;
     eprintln!("probe: wrote {}", path.display());

@@ -675,4 +675,219 @@ fn hostile_duplicate_entry_names() {
     write_zip(&p, &entries);
     patch(&p, b"env.jsoX", b"env.json");
     expect_rejected(&p, &["env.json", "duplicate name"]);
+/// Secrets planted in `probe config-pack`'s environment: (variable, value, what must not
+/// appear anywhere in the pack).
+const PLANTED_ENV: &[(&str, &str, &str)] = &[
+    ("DATABASE_URL", "postgres://u:PlantedPw1@h/db", "PlantedPw1"),
+    (
+        "PIP_INDEX_URL",
+        "https://user:PlantedTok2@pypi.example/simple",
+        "PlantedTok2",
+    ),
+    (
+        "REDIS_URL",
+        "redis://:PlantedRedis3@redis:6379/0",
+        "PlantedRedis3",
+    ),
+    (
+        "MLFLOW_TRACKING_URI",
+        "https://ml:PlantedMl4@mlflow.example",
+        "PlantedMl4",
+    ),
+    (
+        "GITHUB_PAT",
+        "github_pat_11PLANTED0fakeFAKEfake0123456789",
+        "PLANTED0fake",
+    ),
+    (
+        "SLACK_WEBHOOK",
+        "https://hooks.slack.com/services/T0/B0/PlantedHook5",
+        "PlantedHook5",
+    ),
+    (
+        "ALERTS",
+        "https://hooks.slack.com/services/T1/B1/PlantedHook6",
+        "PlantedHook6",
+    ),
+    (
+        "SOME_NOTE",
+        "ghp_PLANTEDfake0123456789FAKEfake01234567",
+        "PLANTEDfake01",
+    ),
+    ("HF_TOKEN", "PlantedHf7", "PlantedHf7"),
+];
+
+#[test]
+fn config_pack_keeps_no_planted_secret() {
+    for mode in ["hash", "drop"] {
+        let tmp = tempfile::tempdir().unwrap();
+        let pack = tmp.path().join("pack.zip");
+        let mut cmd = Command::new(env!("CARGO_BIN_EXE_probe"));
+        cmd.args(["config-pack", "--redact", mode, "-o"]).arg(&pack);
+        for (k, v, _) in PLANTED_ENV {
+            cmd.env(k, v);
+        }
+        let o = cmd.output().unwrap();
+        assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
+        let entries = read_zip(&pack);
+        assert!(entries.iter().any(|(n, _)| n == "env.json"));
+        for (name, bytes) in &entries {
+            let text = String::from_utf8_lossy(bytes);
+            for (_, _, s) in PLANTED_ENV {
+                assert!(!text.contains(s), "{s} in {name} ({mode})");
+            }
+            if mode == "drop" {
+                assert!(!text.contains("<redacted:sha256:"), "{name}");
+            }
+        }
+        let env: Value =
+            serde_json::from_slice(&entries.iter().find(|(n, _)| n == "env.json").unwrap().1)
+                .unwrap();
+        let redacted: Vec<&str> = env["redacted"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .filter_map(|v| v.as_str())
+            .collect();
+        for (k, _, _) in PLANTED_ENV {
+            assert!(redacted.contains(k), "{k} not listed as redacted ({mode})");
+        }
+        let want = match mode {
+            "hash" => probe::config_check::pack::redact("PlantedPw1"),
+            _ => "<redacted>".into(),
+        };
+        assert_eq!(
+            env["vars"]["DATABASE_URL"],
+            format!("postgres://u:{want}@h/db")
+        );
+    }
+    let o = Command::new(env!("CARGO_BIN_EXE_probe"))
+        .args(["config-pack", "--redact", "none", "-o", "x.zip"])
+        .output()
+        .unwrap();
+    assert_eq!(o.status.code(), Some(2));
+    assert!(String::from_utf8_lossy(&o.stderr).contains("expected hash or drop"));
+}
+
+/// Raw secrets as an msprobe pack (or a pack from an older probe) carries them.
+const RAW: &[&str] = &[
+    "RawPw1",
+    "RawTok2",
+    "RAWfake0123456789",
+    "RawHook3",
+    "RawArg4",
+    "RawArg5",
+    "RawArgs6",
+    "RawArgs7",
+    "RawMs8",
+    "RawMs9",
+    "RawMsEnv10",
+];
+
+fn assert_no_raw(r: &Run, what: &str) {
+    let mut texts = vec![
+        ("stdout".to_string(), r.stdout.clone()),
+        ("stderr".to_string(), r.stderr.clone()),
+        (
+            "config_check.json".to_string(),
+            std::fs::read_to_string(r.out.join("config_check.json")).unwrap(),
+        ),
+    ];
+    for (n, b) in read_zip(&r.out.join("config_check.xlsx")) {
+        texts.push((
+            format!("config_check.xlsx:{n}"),
+            String::from_utf8_lossy(&b).into(),
+        ));
+    }
+    for (name, text) in &texts {
+        for s in RAW {
+            assert!(!text.contains(s), "{s} in {name} ({what})");
+        }
+    }
+}
+
+#[test]
+fn config_check_redacts_raw_secrets() {
+    let tmp = tempfile::tempdir().unwrap();
+    // A probe pack holding raw secrets in env, argv and args (as an older probe wrote).
+    let raw_probe = tmp.path().join("raw_probe.zip");
+    let mut entries = read_zip(&td("base.zip"));
+    edit_json(&mut entries, "env.json", |e| {
+        let v = &mut e["vars"];
+        v["DATABASE_URL"] = "postgres://u:RawPw1@h/db".into();
+        v["PIP_INDEX_URL"] = "https://user:RawTok2@pypi.example/simple".into();
+        v["SOME_NOTE"] = "ghp_RAWfake0123456789FAKEfake0123456789ab".into();
+        v["SLACK_WEBHOOK"] = "https://hooks.slack.com/services/T0/B0/RawHook3".into();
+        // Legacy digest of the same value base.zip holds: must still compare equal.
+        v["LEGACY_TOKEN"] = format!(
+            "sha256:{}",
+            probe::config_check::pack::sha256_hex(b"RawLegacy")
+        )
+        .into();
+    });
+    edit_json(&mut entries, "hyperparameters.json", |h| {
+        h["argv"] = serde_json::json!(["train.py", "--token", "RawArg4", "--password=RawArg5"]);
+        h["args"]["hf_token"] = "RawArgs6".into();
+        h["args"]["db"] = serde_json::json!({"url": "mysql://root:RawArgs7@db/x"});
+    });
+    write_zip(&raw_probe, &entries);
+    // The same legacy variable, raw, on the other side.
+    let base2 = tmp.path().join("base2.zip");
+    let mut entries = read_zip(&td("base.zip"));
+    edit_json(&mut entries, "env.json", |e| {
+        e["vars"]["LEGACY_TOKEN"] = "RawLegacy".into();
+    });
+    write_zip(&base2, &entries);
+    let r = check(&base2, &raw_probe, &[]);
+    assert!(r.code == 0 || r.code == 1, "{}{}", r.stdout, r.stderr);
+    assert_no_raw(&r, "probe pack");
+    assert!(!r.stdout.contains("RawLegacy"));
+    let j = r.json();
+    let item = |cat: &str, name: &str| -> Value {
+        j["items"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .find(|i| i["category"] == cat && i["item"] == name)
+            .unwrap_or_else(|| panic!("{cat} {name}"))
+            .clone()
+    };
+    assert_eq!(item("env", "LEGACY_TOKEN")["status"], "pass");
+    let m = probe::config_check::pack::redact;
+    assert_eq!(
+        item("env", "DATABASE_URL")["cmp"],
+        format!("postgres://u:{}@h/db", m("RawPw1"))
+    );
+    assert_eq!(
+        item("hyperparameters", "args.hf_token")["cmp"],
+        m("RawArgs6")
+    );
+    assert!(item("hyperparameters", "argv")["cmp"]
+        .as_str()
+        .unwrap()
+        .contains(&m("RawArg4")));
+
+    // An msprobe pack with raw secrets in env and hyperparameters.
+    let raw_ms = tmp.path().join("raw_ms.zip");
+    let mut entries = read_zip(&td("msprobe/A_bench.zip"));
+    edit_json(&mut entries, "env", |e| {
+        e["HF_TOKEN"] = "RawMsEnv10".into();
+        e["DATABASE_URL"] = "postgres://u:RawPw1@h/db".into();
+    });
+    edit_json(
+        &mut entries,
+        "hyperparameters/hyperparameters_static.json",
+        |h| {
+            h["api_key"] = "RawMs8".into();
+            h["push_to"] = "https://x:RawMs9@github.com/o/r".into();
+        },
+    );
+    write_zip(&raw_ms, &entries);
+    for (b, c) in [(&raw_ms, &td("msprobe/A_bench.zip")), (&raw_ms, &raw_probe)] {
+        let r = check(b, c, &[]);
+        assert!(r.code == 0 || r.code == 1, "{}{}", r.stdout, r.stderr);
+        assert_no_raw(&r, "msprobe pack");
+    }
+    let r = check(&raw_ms, &td("msprobe/A_bench.zip"), &[]);
+    assert!(r.stdout.contains("<redacted:sha256:"), "{}", r.stdout);
 }

@@ -170,3 +170,65 @@ def test_rust_reads_python_pack(tmp_path: Path) -> None:
     jsonschema = pytest.importorskip("jsonschema")
     schema = json.loads((ROOT / "schemas" / "probe-config-check.v1.schema.json").read_text())
     jsonschema.validate(report, schema)
+
+
+PLANTED_ENV = {
+    "DATABASE_URL": ("postgres://u:PlantedPw1@h/db", "PlantedPw1"),
+    "PIP_INDEX_URL": ("https://user:PlantedTok2@pypi.example/simple", "PlantedTok2"),
+    "REDIS_URL": ("redis://:PlantedRedis3@redis:6379/0", "PlantedRedis3"),
+    "MLFLOW_TRACKING_URI": ("https://ml:PlantedMl4@mlflow.example", "PlantedMl4"),
+    "GITHUB_PAT": ("github_pat_11PLANTED0fakeFAKEfake0123456789", "PLANTED0fake"),
+    "SLACK_WEBHOOK": ("https://hooks.slack.com/services/T0/B0/PlantedHook5", "PlantedHook5"),
+    "ALERTS": ("https://hooks.slack.com/services/T1/B1/PlantedHook6", "PlantedHook6"),
+    "SOME_NOTE": ("ghp_PLANTEDfake0123456789FAKEfake01234567", "PLANTEDfake01"),
+    "HF_TOKEN": ("PlantedHf7", "PlantedHf7"),
+}
+PLANTED_ARGV = ["--token", "PlantedArgv8", "--password=PlantedArgv9", "db.password=PlantedArgv10"]
+PLANTED_ARGS = {
+    "lr": 0.1,
+    "hf_token": "PlantedArgs11",
+    "db": {"password": "PlantedArgs12", "host": "db.example"},
+    "url": "postgres://u:PlantedArgs13@h/db",
+}
+PLANTED_EXTRA = {"api_key": "PlantedExtra14", "note": "xoxb-123456789012-PlantedExtra15xyz"}
+
+
+@pytest.mark.parametrize("mode", ["hash", "drop"])
+def test_planted_secrets_never_reach_the_pack(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, mode: str
+) -> None:
+    for name, (value, _) in PLANTED_ENV.items():
+        monkeypatch.setenv(name, value)
+    monkeypatch.setattr("sys.argv", ["train.py", *PLANTED_ARGV, "--lr", "0.1"])
+    pack = probe.ConfigPack(str(tmp_path / "p.zip"), steps=0, redact=mode)
+    pack.capture(args=PLANTED_ARGS, extra=PLANTED_EXTRA)
+    assert pack.saved and pack.errors == []
+    secrets = [s for _, s in PLANTED_ENV.values()] + [
+        f"PlantedArgv{i}" for i in (8, 9, 10)
+    ] + [f"PlantedArgs{i}" for i in (11, 12, 13)] + ["PlantedExtra14", "PlantedExtra15"]
+    with zipfile.ZipFile(pack.saved) as z:
+        for entry in z.namelist():
+            data = z.read(entry).decode()
+            for s in secrets:
+                assert s not in data, f"{s} in {entry}"
+            if mode == "drop":
+                assert "<redacted:sha256:" not in data
+    docs = load(pack.saved)
+    env, hp = docs["env"], docs["hyperparameters"]
+    assert set(env["redacted"]) == set(PLANTED_ENV)
+    marker = config_pack.redact("PlantedHf7", mode)
+    assert env["vars"]["HF_TOKEN"] == marker
+    assert env["vars"]["DATABASE_URL"] == "postgres://u:" + config_pack.redact("PlantedPw1", mode) + "@h/db"
+    assert hp["argv"][:3] == ["train.py", "--token", config_pack.redact("PlantedArgv8", mode)]
+    assert hp["argv"][-2:] == ["--lr", "0.1"]
+    assert hp["args"]["lr"] == 0.1 and hp["args"]["db"]["host"] == "db.example"
+    assert hp["args"]["hf_token"] == config_pack.redact("PlantedArgs11", mode)
+
+
+def test_bad_redact_mode_falls_back_to_hash(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("HF_TOKEN", "PlantedHf7")
+    pack = probe.ConfigPack(str(tmp_path / "p.zip"), steps=0, redact="none")
+    pack.capture()
+    assert pack.redact == "hash"
+    assert pack.errors and "redact" in pack.errors[0]
+    assert load(str(pack.saved))["env"]["vars"]["HF_TOKEN"] == config_pack.redact("PlantedHf7")

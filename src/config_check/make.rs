@@ -5,6 +5,7 @@
 use super::pack::{
     self, EnvDoc, Fingerprint, ManifestDoc, PackagesDoc, RecordDoc, RecordsDoc, Stat,
 };
+use super::secrets::{self, RedactMode};
 use crate::atomic;
 use crate::dtype::DType;
 use crate::error::{ProbeError, Result};
@@ -23,6 +24,8 @@ pub struct MakeOptions {
     pub python: Option<PathBuf>,
     /// safetensors files fingerprinted as step 0, rank 0.
     pub weights: Vec<PathBuf>,
+    /// What replaces secret values in `env.json` (`--redact`).
+    pub redact: RedactMode,
 }
 
 const LIST_SCRIPT: &str = r#"
@@ -254,16 +257,15 @@ pub fn make_pack(opts: &MakeOptions) -> Result<PathBuf> {
             )
         })
         .collect();
-    let redacted = pack::redacted_names(&vars);
+    let mut redacted = vec![];
     let vars = vars
         .into_iter()
         .map(|(k, v)| {
-            if pack::is_secret_name(&k) {
-                let r = pack::redact(&v);
-                (k, r)
-            } else {
-                (k, v)
+            let r = secrets::redact_named(&k, &v, opts.redact);
+            if r != v {
+                redacted.push(k.clone());
             }
+            (k, r)
         })
         .collect();
     let env = EnvDoc { vars, redacted };

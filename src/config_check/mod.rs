@@ -18,6 +18,8 @@ pub mod output;
 pub mod pack;
 /// Ignore lists, equivalences and severities, built in or from `--config`.
 pub mod rules;
+/// Secrets never leave the machine: redaction by name and by value.
+pub mod secrets;
 mod xlsx;
 
 use crate::error::Result;

@@ -7,11 +7,13 @@
 //!   `dataset/step{S}/rank{R}/dataset.json`, `weights/…/weight.json`, `random/rank{R}.json`).
 
 use super::archive::Archive;
+pub use super::secrets::is_secret_name;
+use super::secrets::{self as sec, RedactMode};
 use crate::error::{ProbeError, Result};
 use serde::{Deserialize, Serialize};
 use serde_json::Value;
 use sha2::{Digest, Sha256};
-use std::collections::{BTreeMap, BTreeSet};
+use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
 
 /// Value of `format` in a probe pack's `manifest.json`.
@@ -281,26 +283,6 @@ impl Pack {
     }
 }
 
-/// Name parts that mark an environment variable's value as secret (case-insensitive).
-pub const SECRET_MARKERS: &[&str] = &[
-    "TOKEN",
-    "SECRET",
-    "PASSW",
-    "CREDENTIAL",
-    "ACCESS",
-    "AUTH",
-    "PRIVATE",
-    "COOKIE",
-    "SESSION",
-    "KEY",
-];
-
-/// Whether an environment variable's name marks its value as secret ([`SECRET_MARKERS`]).
-pub fn is_secret_name(name: &str) -> bool {
-    let up = name.to_ascii_uppercase();
-    SECRET_MARKERS.iter().any(|m| up.contains(m))
-}
-
 /// Lowercase hex sha256 of `bytes`.
 pub fn sha256_hex(bytes: &[u8]) -> String {
     let d = Sha256::digest(bytes);
@@ -311,24 +293,51 @@ pub fn sha256_hex(bytes: &[u8]) -> String {
     s
 }
 
-/// The digest that replaces a secret value.
+/// The marker that replaces a secret value (`<redacted:sha256:XXXXXXXX>`).
 pub fn redact(value: &str) -> String {
-    format!("sha256:{}", sha256_hex(value.as_bytes()))
+    sec::marker(value, RedactMode::Hash)
 }
 
-/// Secret-looking names get digests (msprobe packs carry raw values; they must not reach
-/// probe's reports).
+/// Earlier probe packs replaced secret values by `sha256:<64 hex>` of the value: the first 8
+/// hex digits are today's marker of the same value, so old and new packs still compare.
+fn legacy_marker(v: &str) -> Option<String> {
+    let h = v.strip_prefix("sha256:")?;
+    (h.len() == 64 && h.bytes().all(|c| matches!(c, b'0'..=b'9' | b'a'..=b'f')))
+        .then(|| format!("<redacted:sha256:{}>", &h[..8]))
+}
+
+/// Environment variables as config-check shows them: any secret a pack still holds raw
+/// (msprobe packs, packs from older probes) is redacted by the rules of [`sec`].
 fn redact_env(vars: BTreeMap<String, String>) -> BTreeMap<String, String> {
     vars.into_iter()
         .map(|(k, v)| {
-            if is_secret_name(&k) && !v.starts_with("sha256:") {
-                let r = redact(&v);
-                (k, r)
-            } else {
-                (k, v)
-            }
+            let r =
+                legacy_marker(&v).unwrap_or_else(|| sec::redact_named(&k, &v, RedactMode::Hash));
+            (k, r)
         })
         .collect()
+}
+
+/// Hyperparameters as config-check shows them: `argv` joined after redaction, `args`,
+/// `extra` (probe) and msprobe's trees redacted by the rules of [`sec`], then flattened.
+fn hyperparameters_of(mut v: Value, out: &mut BTreeMap<String, String>) {
+    if let Some(argv) = v.get("argv").and_then(|a| a.as_array()) {
+        let argv: Vec<String> = argv.iter().map(value_text).collect();
+        out.insert(
+            "argv".to_string(),
+            sec::redact_argv(&argv, RedactMode::Hash).join(" "),
+        );
+    }
+    if let Some(o) = v.as_object_mut() {
+        o.remove("argv");
+        for key in ["args", "extra"] {
+            if let Some(x) = o.get_mut(key) {
+                sec::redact_tree(x, key, RedactMode::Hash);
+            }
+        }
+    }
+    flatten("", &v, out);
+    out.remove("");
 }
 
 /// PEP 503 normalisation: lowercase, runs of `-_.` become `-`.
@@ -527,16 +536,7 @@ fn load_probe(ar: &Archive) -> Result<Pack> {
                 return Err(ar.bad("hyperparameters.json", "expected a JSON object"));
             }
             let mut out = BTreeMap::new();
-            let mut v = v;
-            if let Some(argv) = v.get("argv").and_then(|a| a.as_array()) {
-                let joined = argv.iter().map(value_text).collect::<Vec<_>>().join(" ");
-                out.insert("argv".to_string(), joined);
-            }
-            if let Some(o) = v.as_object_mut() {
-                o.remove("argv");
-            }
-            flatten("", &v, &mut out);
-            out.remove("");
+            hyperparameters_of(v, &mut out);
             Some(out)
         }
     };
@@ -658,10 +658,11 @@ fn load_msprobe(ar: &Archive) -> Result<Pack> {
         ("hyperparameters/hyperparameters_static.json", "args"),
         ("hyperparameters/hyperparameters_dynamic.json", "dynamic"),
     ] {
-        if let Some(v) = ar.json::<Value>(entry)? {
+        if let Some(mut v) = ar.json::<Value>(entry)? {
             if !v.is_object() {
                 return Err(ar.bad(entry, "expected a JSON object"));
             }
+            sec::redact_tree(&mut v, prefix, RedactMode::Hash);
             flatten(prefix, &v, hyper.get_or_insert_with(BTreeMap::new));
         }
     }
@@ -738,12 +739,6 @@ fn load_msprobe(ar: &Archive) -> Result<Pack> {
     })
 }
 
-/// The set of redacted names a probe env entry would list.
-pub fn redacted_names(vars: &BTreeMap<String, String>) -> Vec<String> {
-    let set: BTreeSet<&String> = vars.keys().filter(|k| is_secret_name(k)).collect();
-    set.into_iter().cloned().collect()
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -773,7 +768,10 @@ mod tests {
         assert!(is_secret_name("aws_secret_access_key"));
         assert!(!is_secret_name("PATH"));
         assert!(!is_secret_name("PWD"));
-        assert_eq!(redact("x").len(), 7 + 64);
+        assert_eq!(redact("x").len(), "<redacted:sha256:>".len() + 8);
+        let old = format!("sha256:{}", sha256_hex(b"x"));
+        assert_eq!(legacy_marker(&old), Some(redact("x")));
+        assert_eq!(legacy_marker("sha256:xyz"), None);
     }
 
     #[test]

@@ -1,52 +1,39 @@
-"""Environment variables, with secrets replaced by digests.
+"""Environment variables, with secrets redacted.
 
 Stray variables (``CUBLAS_WORKSPACE_CONFIG``, ``NCCL_*``, ``HCCL_*``, thread counts) change
-numerics; a pack keeps every variable so a difference can be seen. Values of variables whose
-names look secret never leave the machine: they are replaced by a digest, so two packs with
-the same token still compare equal.
+numerics; a pack keeps every variable so a difference can be seen. Secrets never leave the
+machine: values of secret-named variables, and secrets found inside any value (URL
+passwords, token-shaped or high-entropy words), are replaced by a short digest (or dropped);
+the rules are in :mod:`.redaction`.
 """
 
 from __future__ import annotations
 
-import hashlib
 import os
 from typing import Any, Optional
 
-#: Parts of an environment variable name that mark its value as a secret (case-insensitive).
-SECRET_MARKERS: tuple[str, ...] = (
-    "TOKEN",
-    "SECRET",
-    "PASSW",
-    "CREDENTIAL",
-    "ACCESS",
-    "AUTH",
-    "PRIVATE",
-    "COOKIE",
-    "SESSION",
-    "KEY",
-)
+from .redaction import NAME_PARTS, is_secret_name, marker, redact_named
+
+#: Name parts that mark a variable's value as a secret (case-insensitive, whole parts).
+SECRET_MARKERS: tuple[str, ...] = tuple(sorted(NAME_PARTS))
+
+__all__ = ["SECRET_MARKERS", "collect_env", "is_secret_name", "redact"]
 
 
-def is_secret_name(name: str) -> bool:
-    """True when the variable's value must not leave the machine (compared by digest)."""
-    upper = name.upper()
-    return any(m in upper for m in SECRET_MARKERS)
+def redact(value: str, mode: str = "hash") -> str:
+    """The marker that replaces a secret value: equal values give equal markers."""
+    return marker(value, mode)
 
 
-def redact(value: str) -> str:
-    """The digest that replaces a secret value: equal values stay equal."""
-    return "sha256:" + hashlib.sha256(value.encode("utf-8", "surrogateescape")).hexdigest()
-
-
-def collect_env(environ: Optional[dict[str, str]] = None) -> dict[str, Any]:
-    """The ``env`` section: every variable by name, secrets redacted and listed."""
+def collect_env(environ: Optional[dict[str, str]] = None, mode: str = "hash") -> dict[str, Any]:
+    """The ``env`` section: every variable by name, secrets redacted; ``redacted`` lists
+    the variables whose value was changed."""
     env = dict(os.environ if environ is None else environ)
     out: dict[str, str] = {}
     redacted: list[str] = []
     for k in sorted(env):
-        if is_secret_name(k):
-            out[k] = redact(env[k])
+        v = redact_named(k, env[k], mode)
+        out[k] = v
+        if v != env[k]:
             redacted.append(k)
-        else:
-            out[k] = env[k]
     return {"vars": out, "redacted": redacted}

@@ -4,6 +4,9 @@ A different learning rate, epsilon, loss-scale schedule or batch size explains m
 "diverging" runs by itself; a pack records what the objects say about themselves (param
 group settings, scheduler state, scaler settings, loader settings) rather than what the
 script meant to pass them.
+
+``argv``, ``args`` and ``extra`` are user text and may hold secrets (``--token X``,
+``hf_token``, a database URL): they are redacted by the rules of :mod:`.redaction`.
 """
 
 from __future__ import annotations
@@ -12,6 +15,7 @@ import sys
 from typing import Any, Optional
 
 from .fingerprint import jsonable
+from .redaction import redact_argv, redact_tree
 
 
 def collect_hyperparameters(
@@ -21,11 +25,14 @@ def collect_hyperparameters(
     scaler: Any = None,
     dataloader: Any = None,
     extra: Optional[dict[str, Any]] = None,
+    mode: str = "hash",
 ) -> dict[str, Any]:
-    """The ``hyperparameters`` section: ``argv`` plus a summary of each object given."""
-    hp: dict[str, Any] = {"argv": list(sys.argv)}
+    """The ``hyperparameters`` section: ``argv`` plus a summary of each object given;
+    secrets in ``argv``, ``args`` and ``extra`` redacted (``mode``: ``hash`` or ``drop``)."""
+    hp: dict[str, Any] = {"argv": redact_argv([str(a) for a in sys.argv], mode)}
     if args is not None:
-        hp["args"] = jsonable(vars(args) if hasattr(args, "__dict__") else args)
+        raw = jsonable(vars(args) if hasattr(args, "__dict__") else args)
+        hp["args"] = redact_tree(raw, "args", mode)
     if optimizer is not None:
         hp["optimizer"] = _optimizer_info(optimizer)
     if scheduler is not None:
@@ -35,7 +42,7 @@ def collect_hyperparameters(
     if dataloader is not None:
         hp["dataloader"] = _dataloader_info(dataloader)
     if extra:
-        hp["extra"] = jsonable(extra)
+        hp["extra"] = redact_tree(jsonable(extra), "extra", mode)
     return hp
 
 

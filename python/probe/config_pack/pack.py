@@ -27,6 +27,7 @@ from .env import collect_env
 from .fingerprint import add_tensor_records
 from .hyperparameters import collect_hyperparameters
 from .packages import collect_packages
+from .redaction import MODES, redact_value
 from .weights import record_weights
 
 FORMAT = "probe-config-pack"
@@ -43,6 +44,12 @@ class ConfigPack:
 
     Nothing here fails the training run: every failure is noted in ``errors`` (and in the
     pack's manifest), the first one is also logged, and the pack goes on with what works.
+
+    Secrets never leave the machine (docs/config-check.md, "Secrets"): with ``redact="hash"``
+    (the default) secret values in ``env``, ``argv``, ``args`` and ``extra`` become
+    ``<redacted:sha256:XXXXXXXX>`` (equal secrets stay equal across packs, but a short or
+    common secret can be guessed from its digest); ``redact="drop"`` writes ``<redacted>``
+    and keeps nothing of the value.
     """
 
     def __init__(
@@ -51,6 +58,7 @@ class ConfigPack:
         steps: int = 3,
         weights_after: bool = False,
         autosave: bool = True,
+        redact: str = "hash",
     ) -> None:
         self.path = str(path)
         self.steps = max(0, int(steps))
@@ -69,11 +77,19 @@ class ConfigPack:
         self._handles: list[Any] = []
         self._model: Any = None
         self._rank = 0
+        self.redact = redact if redact in MODES else "hash"
+        if redact not in MODES:
+            self._guard.fail(
+                ValueError(f"redact={redact!r} is not one of {MODES}; using hash"), "init"
+            )
         try:
             random_hooks.listen(self._random)
             atexit.register(self._at_exit)
         except Exception as e:  # noqa: BLE001 - must never fail the training run
             self._guard.fail(e, "init")
+
+    def _collect_env(self) -> dict[str, Any]:
+        return collect_env(mode=self.redact)
 
     def _note(self, exc: BaseException, what: str) -> None:
         self.errors.append(f"{what}: {exc!r}")
@@ -98,7 +114,7 @@ class ConfigPack:
         self._rank = current_rank()
         self._model = model
         for name, fn in (
-            ("env", collect_env),
+            ("env", self._collect_env),
             ("packages", collect_packages),
             ("determinism", collect_determinism),
         ):
@@ -107,7 +123,7 @@ class ConfigPack:
             except Exception as e:  # noqa: BLE001 - go on without this section
                 self._guard.fail(e, name)
         self._sections["hyperparameters"] = collect_hyperparameters(
-            args, optimizer, scheduler, scaler, dataloader, extra
+            args, optimizer, scheduler, scaler, dataloader, extra, self.redact
         )
         if model is not None:
             try:
@@ -190,7 +206,7 @@ class ConfigPack:
                 "device": device_kind(),
                 "rank": self._rank,
                 "steps": min(self._step, self.steps) if self._model is not None else 0,
-                "errors": list(self.errors),
+                "errors": [redact_value(e, self.redact) for e in self.errors],
             },
             **self._sections,
             "random": random_section,
