@@ -675,6 +675,8 @@ fn hostile_duplicate_entry_names() {
     write_zip(&p, &entries);
     patch(&p, b"env.jsoX", b"env.json");
     expect_rejected(&p, &["env.json", "duplicate name"]);
+}
+
 /// Secrets planted in `probe config-pack`'s environment: (variable, value, what must not
 /// appear anywhere in the pack).
 const PLANTED_ENV: &[(&str, &str, &str)] = &[
