@@ -443,6 +443,7 @@ pub fn load(loc: &RankLoc) -> Result<RankDump> {
         stacks,
         has_dataflow: false,
         warnings,
+        incomplete: Vec::new(),
     })
 }
 
