@@ -139,6 +139,33 @@ class Fault:
         self.calls = 0
 
 
+def install_crash(after_ops: Optional[int], after_bytes: Optional[int]) -> None:
+    """Make the process kill itself (SIGKILL) at a deterministic point of the capture."""
+    import json
+    import os
+    import signal
+
+    from probe.capture.writer import RankFolder
+
+    real = RankFolder.write_op
+    seen = {"ops": 0, "bytes": 0}
+
+    def write_op(self: RankFolder, record: dict[str, Any]) -> None:
+        if after_bytes is not None and self._ops is not None:
+            line = json.dumps({**record, "seq": self.seq}, separators=(",", ":")) + "\n"
+            if seen["bytes"] + len(line) > after_bytes:
+                self._ops.write(line[: max(0, after_bytes - seen["bytes"])])
+                self._ops.flush()
+                os.kill(os.getpid(), signal.SIGKILL)
+            seen["bytes"] += len(line)
+        real(self, record)
+        seen["ops"] += 1
+        if after_ops is not None and seen["ops"] >= after_ops:
+            os.kill(os.getpid(), signal.SIGKILL)
+
+    RankFolder.write_op = write_op  # type: ignore[method-assign]
+
+
 def make_data(
     steps: int, batch: int, device: torch.device, seed: int = 1234
 ) -> list[tuple[torch.Tensor, torch.Tensor]]:
@@ -203,7 +230,14 @@ def main(argv: Optional[list[str]] = None) -> int:
         help="also write a config-check pack (zip) of this run: env, packages, seeds, data, weights",
     )
     ap.add_argument("--quiet", action="store_true")
+    # Hidden, for the crash tests: die by SIGKILL (no cleanup, as a killed job) after N
+    # captured op records, or once the op log reaches N bytes (the bytes that fit are
+    # written and flushed first: a buffer spill cut mid-record, then the kill).
+    ap.add_argument("--crash-after-ops", type=int, default=None, help=argparse.SUPPRESS)
+    ap.add_argument("--crash-after-bytes", type=int, default=None, help=argparse.SUPPRESS)
     args = ap.parse_args(argv)
+    if args.crash_after_ops is not None or args.crash_after_bytes is not None:
+        install_crash(args.crash_after_ops, args.crash_after_bytes)
 
     # The pack is created before seeding, so that it records the seed calls.
     pack = probe.ConfigPack(args.config_pack, steps=args.steps) if args.config_pack else None

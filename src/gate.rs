@@ -13,6 +13,10 @@ pub const EXIT_FAIL: u8 = 1;
 pub const EXIT_INPUT: u8 = 2;
 /// Nothing could be compared.
 pub const EXIT_NOTHING_COMPARABLE: u8 = 3;
+/// Compared, but incomplete: some step/rank pairs or records are missing on one side (a
+/// crashed or full-disk run), and nothing diverged in what could be compared (a
+/// divergence still exits [`EXIT_FAIL`]).
+pub const EXIT_INCOMPLETE: u8 = 4;
 
 /// When the gate fails.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]

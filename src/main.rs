@@ -1,6 +1,6 @@
 //! The `probe` command line. Thin: parse, call one library function, map the outcome to
 //! an exit code ([`probe::gate`] names them: 0 pass, 1 divergence at or above
-//! `--fail-on`, 2 usage or input error, 3 nothing comparable).
+//! `--fail-on`, 2 usage or input error, 3 nothing comparable, 4 compared but incomplete).
 
 use clap::{Parser, Subcommand};
 use probe::compare::{Level, Progress};

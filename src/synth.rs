@@ -176,6 +176,7 @@ impl RankWriter {
                 checksum: None,
                 dtype: t.dtype.name().to_string(),
                 file: None,
+                data_offsets: None,
                 id: t.id,
                 name: t.name.clone(),
                 role: t.role.to_string(),

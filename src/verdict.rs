@@ -5,9 +5,9 @@
 //! compared apart.
 
 use crate::compare::{CompareRun, Row, Side, UnitResult, Verdict};
-use crate::gate::{FailOn, EXIT_NOTHING_COMPARABLE};
+use crate::gate::{FailOn, EXIT_FAIL, EXIT_INCOMPLETE, EXIT_NOTHING_COMPARABLE, EXIT_PASS};
 use crate::schema::summary::{
-    ByDirection, Counts, Finding, Findings, PairSummary, Summary, WorstOp,
+    ByDirection, Counts, Finding, Findings, IncompleteUnit, PairSummary, Summary, WorstOp,
 };
 use std::collections::BTreeMap;
 
@@ -89,20 +89,29 @@ pub fn summarize(run: &CompareRun, fail_on: FailOn) -> Summary {
     } else {
         Verdict::Pass
     };
+    let incomplete = incomplete_units(run);
     let exit_code = if c.tensors == 0 {
         EXIT_NOTHING_COMPARABLE
+    } else if fail_on.fails(verdict) {
+        EXIT_FAIL
+    } else if !incomplete.is_empty() {
+        EXIT_INCOMPLETE
     } else {
-        fail_on.exit_code(verdict)
+        EXIT_PASS
     };
     let findings = || run.units.iter().map(|u| &u.findings);
     let pairs: Vec<PairSummary> = run.units.iter().map(pair_summary).collect();
+    let mut headline = headline(verdict, &c, &pairs);
+    if !incomplete.is_empty() {
+        headline = incomplete_headline(headline, verdict, &c, &incomplete);
+    }
     Summary {
         format: "probe-compare-summary".into(),
         version: 1,
         verdict,
         fail_on,
         exit_code,
-        headline: headline(verdict, &c, &pairs),
+        headline,
         bench: run.bench.display().to_string(),
         cmp: run.cmp.display().to_string(),
         first_divergent: first_of(findings(), |f| &f.first_divergent),
@@ -113,8 +122,64 @@ pub fn summarize(run: &CompareRun, fail_on: FailOn) -> Summary {
         pairs,
         worst_ops: worst_ops(run, WORST_OPS),
         warnings: run.warnings.clone(),
+        partial: !incomplete.is_empty(),
+        incomplete_units: incomplete,
         outputs: BTreeMap::new(),
     }
+}
+
+/// Sort key of a `step12` / `rank3` label: its number, then the name.
+fn label_key(s: &str) -> (u64, &str) {
+    let digits: String = s.chars().filter(|c| c.is_ascii_digit()).collect();
+    (digits.parse().unwrap_or(u64::MAX), s)
+}
+
+/// Every pair not compared in full, in step/rank order: the run's (not compared at all)
+/// and the compared units' (cut short by a crash).
+fn incomplete_units(run: &CompareRun) -> Vec<IncompleteUnit> {
+    let mut v: Vec<IncompleteUnit> = run
+        .incomplete
+        .iter()
+        .chain(run.units.iter().filter_map(|u| u.incomplete.as_ref()))
+        .cloned()
+        .collect();
+    v.sort_by(|a, b| {
+        (label_key(&a.step), label_key(&a.rank)).cmp(&(label_key(&b.step), label_key(&b.rank)))
+    });
+    v
+}
+
+/// The headline of a partial comparison: it says so first, unless something diverged.
+fn incomplete_headline(
+    headline: String,
+    verdict: Verdict,
+    c: &Counts,
+    incomplete: &[IncompleteUnit],
+) -> String {
+    const SHOWN: usize = 3;
+    let mut list = incomplete
+        .iter()
+        .take(SHOWN)
+        .map(|u| format!("{}/{} ({})", u.step, u.rank, u.reason))
+        .collect::<Vec<_>>()
+        .join(", ");
+    if incomplete.len() > SHOWN {
+        list += &format!(" and {} more", incomplete.len() - SHOWN);
+    }
+    let n = incomplete.len();
+    if c.tensors == 0 || verdict == Verdict::Error {
+        return format!("{headline}; comparison incomplete, {n} step/rank pair(s): {list}");
+    }
+    let what = if verdict == Verdict::Pass {
+        format!("all {} compared tensors within tolerance", c.tensors)
+    } else {
+        format!(
+            "no compared tensor out of tolerance; {} warnings, {} unmatched tensors",
+            c.warning,
+            c.unmatched_bench + c.unmatched_cmp
+        )
+    };
+    format!("INCOMPLETE: {what}; {n} step/rank pair(s) not compared in full: {list}")
 }
 
 /// What a headline finding says, in order of preference at the same op.

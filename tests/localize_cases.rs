@@ -38,6 +38,7 @@ fn tensor(
         checksum: None,
         dtype: dtype.into(),
         file: None,
+        data_offsets: None,
         id,
         name,
         role: role.into(),

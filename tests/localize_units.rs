@@ -83,6 +83,7 @@ impl Log {
             stacks: Default::default(),
             has_dataflow: true,
             warnings: vec![],
+            incomplete: vec![],
         }
     }
 }

@@ -48,6 +48,7 @@ fn write_dump(dir: &Path, ops: &[(&str, Vec<T>)]) -> PathBuf {
                         checksum: None,
                         dtype: dtype.to_string(),
                         file: None,
+                        data_offsets: None,
                         id: None,
                         name: format!("{key}.{slot}.{}", *k - 1),
                         role: role.to_string(),

@@ -89,6 +89,7 @@ fn mix_dump(dir: &Path, off: f64) {
         checksum: None,
         dtype: "float32".into(),
         file: None,
+        data_offsets: None,
         id: None,
         name,
         role: role.into(),

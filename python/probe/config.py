@@ -19,7 +19,7 @@ LEVELS = ("api", "module", "mix")
 MODES = ("statistics", "tensor", "checksum", "overflow")
 DIRECTIONS = ("forward", "backward")
 DATA = ("inputs", "outputs")
-_MSPROBE_LEVELS = {"L0": "module", "L1": "api", "mix": "mix", "L2": "api"}
+_MSPROBE_LEVELS = {"L0": "module", "L1": "api", "mix": "mix"}
 
 NATIVE_KEYS = {
     "dump_path",
@@ -191,7 +191,12 @@ def _from_msprobe(cfg: dict[str, Any]) -> dict[str, Any]:
         out["ranks"] = cfg["rank"]
     level = cfg.get("level", "L1")
     if level not in _MSPROBE_LEVELS:
-        raise ConfigError(f"level: unknown msprobe level {level!r} (L0, L1, mix)")
+        raise ConfigError(
+            f"level: {level!r} is not supported (msprobe's L0, L1 or mix; probe has no "
+            "kernel-level L2 dump)"
+            if level == "L2"
+            else f"level: unknown msprobe level {level!r} (L0, L1, mix)"
+        )
     out["level"] = _MSPROBE_LEVELS[level]
     section: dict[str, Any] = cfg[task] if isinstance(cfg.get(task), dict) else {}
     mode = {"tensor": "tensor", "statistics": "statistics", "overflow_check": "overflow"}.get(task)
@@ -250,9 +255,12 @@ def load_config(
     c.steps = parse_selection(cfg.get("steps"), "steps")
     c.ranks = parse_selection(cfg.get("ranks"), "ranks")
     level = cfg.get("level", "api")
-    level = _MSPROBE_LEVELS.get(level, level)
+    given_level = level
+    level = _MSPROBE_LEVELS.get(level, level) if isinstance(level, str) else level
     if level not in LEVELS:
-        raise ConfigError(f"level: {level!r} is not one of {LEVELS}")
+        raise ConfigError(
+            f"level: {given_level!r} is not one of {LEVELS} (or msprobe's L0, L1, mix)"
+        )
     c.level = level
     mode = cfg.get("mode", "statistics")
     if mode == "md5":
@@ -264,11 +272,12 @@ def load_config(
     if not dirs or any(d not in DIRECTIONS for d in dirs):
         raise ConfigError(f"directions: {dirs!r} must be a non-empty subset of {DIRECTIONS}")
     c.directions = tuple(dirs)
-    data = [
-        d if d.endswith("s") else d + "s" for d in _list_of_str(cfg.get("data", list(DATA)), "data")
-    ]
+    given_data = _list_of_str(cfg.get("data", list(DATA)), "data")
+    data = [d if d.endswith("s") else d + "s" for d in given_data]
     if not data or any(d not in DATA for d in data):
-        raise ConfigError(f"data: {data!r} must be a non-empty subset of {DATA}")
+        raise ConfigError(
+            f"data: {given_data!r} must be a non-empty subset of {DATA} (or input, output)"
+        )
     c.data = tuple(data)
     c.include = _list_of_str(cfg.get("include"), "include")
     c.exclude = _list_of_str(cfg.get("exclude"), "exclude")

@@ -518,3 +518,27 @@ def test_streamed_shard_round_trips(tmp_path: Any, reserve: int, duplicate: bool
     spans = sorted(tuple(e["data_offsets"]) for e in header.values())
     assert spans[0][0] == 0 and spans[-1][1] == len(raw) - 8 - n
     assert all(a[1] == b[0] for a, b in zip(spans, spans[1:]))
+
+
+def test_unfinished_stream_locates_its_data(tmp_path: Any) -> None:
+    """What a crash leaves of a shard being streamed: a provisional header saying where
+    the data starts, then each tensor at the offsets the writer handed out (data_offsets)."""
+    from probe.capture.writer import RankFolder, _raw_bytes, _ShardStream
+
+    folder = RankFolder(str(tmp_path / "r"), shard_bytes=1 << 30)
+    shard = _ShardStream(str(tmp_path / "s.safetensors"), 64 * 1024)
+    spans = {}
+    for k, v in _EVERY_DTYPE.items():
+        _, lo, _ = folder.shard_for(v.numel() * v.element_size())
+        spans[k] = (lo, lo + v.numel() * v.element_size())
+        shard.add(k, v)
+    shard.fh.flush()  # as far as a killed process's data gets: no header, no rename
+    with open(shard.tmp, "rb") as fh:
+        raw = fh.read()
+    n = int.from_bytes(raw[:8], "little")
+    assert json.loads(raw[8 : 8 + n]) == {"__metadata__": {"probe": "streaming"}}
+    for k, v in _EVERY_DTYPE.items():
+        lo, hi = spans[k]
+        assert raw[8 + n + lo : 8 + n + hi] == _raw_bytes(v.contiguous()).tobytes(), k
+    shard.abandon()
+    folder.close()

@@ -75,6 +75,43 @@ def test_unwritable_dump_path(tmp_path: Any) -> None:
     assert any("capture disabled" in str(x.message) for x in w)
 
 
+def test_unusable_dump_path_is_one_line_naming_it(
+    tmp_path: Any, caplog: pytest.LogCaptureFixture
+) -> None:
+    blocker = tmp_path / "somefile"
+    blocker.write_text("a regular file, so nothing can be created under it")
+    path = str(blocker / "dump")
+    dbg = probe.Debugger(None, dump_path=path)
+    with warnings.catch_warnings(record=True) as w:
+        warnings.simplefilter("always")
+        train(dbg, steps=1)
+    msgs = [str(x.message) for x in w if "probe:" in str(x.message)]
+    assert len(msgs) == 1, msgs
+    assert "\n" not in msgs[0] and "cannot write the dump at" in msgs[0], msgs
+    assert str(blocker) in msgs[0] and "internal error" not in msgs[0], msgs
+    probe_logs = [r for r in caplog.records if r.name == "probe"]
+    assert len(probe_logs) == 1 and probe_logs[0].exc_info is None  # no traceback
+    assert "internal error" not in probe_logs[0].getMessage()
+
+
+@pytest.mark.parametrize("given", ["L2", "L3", "kernel"])
+def test_unknown_level_is_a_config_error_naming_it(given: str, tmp_path: Any) -> None:
+    with pytest.raises(probe.ConfigError, match=repr(given)):
+        probe.Debugger(None, dump_path=str(tmp_path), level=given)
+
+
+def test_msprobe_level_l2_is_a_config_error(tmp_path: Any) -> None:
+    cfg = {"task": "statistics", "level": "L2", "dump_path": str(tmp_path)}
+    with pytest.raises(probe.ConfigError, match="'L2'"):
+        probe.Debugger(cfg)
+
+
+def test_bad_data_reports_the_value_given(tmp_path: Any) -> None:
+    with pytest.raises(probe.ConfigError) as e:
+        probe.Debugger(None, dump_path=str(tmp_path), data=["in"])
+    assert "['in']" in str(e.value) and "ins" not in str(e.value).replace("inputs", "")
+
+
 def test_truncated_ops_jsonl_still_parses(dump: str) -> None:
     train(probe.Debugger(None, dump_path=dump))
     path = os.path.join(dump, "step0", "rank0", "ops.jsonl")

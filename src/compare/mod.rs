@@ -21,7 +21,7 @@ pub mod tolerance;
 
 use crate::dump;
 use crate::error::{ProbeError, Result};
-use crate::schema::summary::Findings;
+use crate::schema::summary::{Findings, IncompleteUnit};
 use crate::tensor::ShardCache;
 pub use align::{Aligner, Alignment, KeyAligner, OpInfo, Side, TensorMatch, TensorRef, Unmatched};
 pub use judge::{Judgement, Row};
@@ -90,6 +90,10 @@ pub struct UnitResult {
     pub findings: Findings,
     /// Non-fatal problems met while reading this unit.
     pub warnings: Vec<String>,
+    /// Set when a side of this unit is incomplete (a crashed run): what was compared is
+    /// what both sides hold, up to the incomplete side's last record.
+    #[serde(default)]
+    pub incomplete: Option<IncompleteUnit>,
 }
 
 /// A whole compare: every unit, in step/rank order.
@@ -103,6 +107,10 @@ pub struct CompareRun {
     pub units: Vec<UnitResult>,
     /// Non-fatal problems: unpaired ranks, truncated logs, missing tensor files.
     pub warnings: Vec<String>,
+    /// Step/rank pairs not compared at all: present on one side only, or without op
+    /// records on a side (compared units that are incomplete say so in their result).
+    #[serde(default)]
+    pub incomplete: Vec<IncompleteUnit>,
 }
 
 /// Progress of a running compare, for a caller that shows it.
@@ -192,6 +200,7 @@ pub fn compare_unit(
     }
     let mut warnings = std::mem::take(&mut dumps.bench.warnings);
     warnings.append(&mut dumps.cmp.warnings);
+    let incomplete = cut_to_shorter(unit, &mut dumps);
     let ops = dumps.cmp.ops.len();
     let stacks = std::mem::take(&mut dumps.cmp.stacks);
     let alignment = opts.aligner.align(dumps);
@@ -215,6 +224,59 @@ pub fn compare_unit(
         unmatched,
         findings,
         warnings,
+        incomplete,
+    })
+}
+
+/// Which side of a unit is incomplete: `bench`, `cmp` or `both`.
+fn side_name(bench: bool, cmp: bool) -> &'static str {
+    match (bench, cmp) {
+        (true, true) => "both",
+        (true, false) => "bench",
+        _ => "cmp",
+    }
+}
+
+/// A unit with an incomplete side (a crashed run) is compared up to that side's last
+/// record: the complete side's ops after the op with the same key are left out (they were
+/// never reached, not unmatched). Returns what is incomplete, if anything.
+fn cut_to_shorter(unit: &Unit, dumps: &mut Sides<dump::RankDump>) -> Option<IncompleteUnit> {
+    let (b, c) = (&dumps.bench.incomplete, &dumps.cmp.incomplete);
+    if b.is_empty() && c.is_empty() {
+        return None;
+    }
+    let mut reason: Vec<String> = Vec::new();
+    for (name, why) in [("bench", b), ("cmp", c)] {
+        if !why.is_empty() {
+            reason.push(format!("{name}: {}", why.join(", ")));
+        }
+    }
+    let side = side_name(!b.is_empty(), !c.is_empty());
+    if side != "both" {
+        let (short, full, full_name) = if side == "bench" {
+            (&dumps.bench, &mut dumps.cmp, "cmp")
+        } else {
+            (&dumps.cmp, &mut dumps.bench, "bench")
+        };
+        if let Some(last) = short.ops.last() {
+            if let Some(pos) = full.ops.iter().position(|o| o.key == last.key) {
+                let dropped = full.ops.len() - pos - 1;
+                if dropped > 0 {
+                    full.ops.truncate(pos + 1);
+                    reason.push(format!(
+                        "{dropped} {full_name} op(s) after {} not compared",
+                        last.key
+                    ));
+                }
+            }
+        }
+    }
+    Some(IncompleteUnit {
+        step: unit.step.clone(),
+        rank: unit.rank.clone(),
+        side: side.to_string(),
+        compared: true,
+        reason: reason.join("; "),
     })
 }
 
@@ -236,6 +298,21 @@ pub fn run(
     let caches = Sides::<ShardCache>::default();
     let mut units = Vec::with_capacity(plan.units.len());
     let mut warnings = plan.warnings;
+    let mut incomplete: Vec<IncompleteUnit> = plan
+        .unpaired
+        .iter()
+        .map(|(side, l)| IncompleteUnit {
+            step: l.step.clone(),
+            rank: l.rank.clone(),
+            side: match side {
+                Side::Bench => "cmp",
+                Side::Cmp => "bench",
+            }
+            .to_string(),
+            compared: false,
+            reason: format!("in the {} only", side.name()),
+        })
+        .collect();
     for unit in &plan.units {
         // The two sides are independent: read them at the same time.
         let (b, c) = rayon::join(
@@ -243,13 +320,30 @@ pub fn run(
             || dump::load_rank(&unit.locs.cmp),
         );
         let dumps = Sides::new(b?, c?);
-        for (d, loc) in [
-            (&dumps.bench, &unit.locs.bench),
-            (&dumps.cmp, &unit.locs.cmp),
-        ] {
-            if d.ops.is_empty() {
-                return Err(ProbeError::EmptyDump(loc.dir.clone()));
-            }
+        // A side without a single record (a run killed before its first flush): the pair
+        // is listed as incomplete and the other pairs are compared.
+        let (be, ce) = (dumps.bench.ops.is_empty(), dumps.cmp.ops.is_empty());
+        if be || ce {
+            let side = side_name(be, ce);
+            let dirs: Vec<String> = [(be, &unit.locs.bench), (ce, &unit.locs.cmp)]
+                .iter()
+                .filter(|(e, _)| *e)
+                .map(|(_, l)| l.dir.display().to_string())
+                .collect();
+            warnings.push(format!(
+                "{}: no op records (crashed run?); {}/{} not compared",
+                dirs.join(", "),
+                unit.step,
+                unit.rank
+            ));
+            incomplete.push(IncompleteUnit {
+                step: unit.step.clone(),
+                rank: unit.rank.clone(),
+                side: side.to_string(),
+                compared: false,
+                reason: format!("no op records in {side}"),
+            });
+            continue;
         }
         let u = compare_unit(unit, dumps, opts, &caches, progress)?;
         warnings.extend(u.warnings.iter().cloned());
@@ -260,5 +354,6 @@ pub fn run(
         cmp: cmp.to_path_buf(),
         units,
         warnings,
+        incomplete,
     })
 }

@@ -3,7 +3,7 @@
 //! A unit is one step/rank of the benchmark paired with one of the comparison run. Units
 //! are independent: each is read, aligned, measured, judged and analysed on its own.
 
-use super::Sides;
+use super::{Side, Sides};
 use crate::dump::{self, DumpSet, RankLoc};
 use crate::error::Result;
 use std::collections::HashMap;
@@ -27,13 +27,15 @@ pub struct Plan {
     pub units: Vec<Unit>,
     /// Step/rank folders present on one side only, and pairings by position.
     pub warnings: Vec<String>,
+    /// The step/rank folders present on one side only, with that side.
+    pub unpaired: Vec<(Side, RankLoc)>,
 }
 
 /// Discovers both dumps and pairs their ranks.
 pub fn plan(bench: &Path, cmp: &Path) -> Result<Plan> {
     let b = dump::discover(bench)?;
     let c = dump::discover(cmp)?;
-    let (pairs, warnings) = pair_ranks(&b, &c);
+    let (pairs, warnings, unpaired) = pair_ranks(&b, &c);
     let units = pairs
         .into_iter()
         .map(|(bl, cl)| Unit {
@@ -42,17 +44,28 @@ pub fn plan(bench: &Path, cmp: &Path) -> Result<Plan> {
             locs: Sides::new(bl, cl),
         })
         .collect();
-    Ok(Plan { units, warnings })
+    Ok(Plan {
+        units,
+        warnings,
+        unpaired,
+    })
 }
+
+/// Step/rank folders of one side that no folder of the other pairs with.
+pub type Unpaired = Vec<(Side, RankLoc)>;
 
 /// Pairs ranks of the two sides: by (step, rank) name, or the only rank of each side.
 ///
 /// msprobe names a folder `proc<PID>` when it knows no rank, and the PID differs between
 /// runs: within a step, folders left unpaired by name are paired by sorted position when
 /// either side uses `proc` names (msprobe's own rule).
-pub fn pair_ranks(b: &DumpSet, c: &DumpSet) -> (Vec<(RankLoc, RankLoc)>, Vec<String>) {
+pub fn pair_ranks(b: &DumpSet, c: &DumpSet) -> (Vec<(RankLoc, RankLoc)>, Vec<String>, Unpaired) {
     if b.ranks.len() == 1 && c.ranks.len() == 1 {
-        return (vec![(b.ranks[0].clone(), c.ranks[0].clone())], vec![]);
+        return (
+            vec![(b.ranks[0].clone(), c.ranks[0].clone())],
+            vec![],
+            vec![],
+        );
     }
     let key = |l: &RankLoc| (l.step.clone(), l.rank.clone());
     let cmap: HashMap<_, _> = c
@@ -114,12 +127,15 @@ pub fn pair_ranks(b: &DumpSet, c: &DumpSet) -> (Vec<(RankLoc, RankLoc)>, Vec<Str
             }
         }
     }
+    let mut unpaired = Vec::new();
+    b_unpaired.sort_unstable();
     for i in b_unpaired {
         let l = &b.ranks[i];
         warnings.push(format!(
             "{}/{} is in the benchmark only; not compared",
             l.step, l.rank
         ));
+        unpaired.push((Side::Bench, l.clone()));
     }
     for (j, l) in c.ranks.iter().enumerate() {
         if !c_used[j] {
@@ -127,6 +143,7 @@ pub fn pair_ranks(b: &DumpSet, c: &DumpSet) -> (Vec<(RankLoc, RankLoc)>, Vec<Str
                 "{}/{} is in the comparison only; not compared",
                 l.step, l.rank
             ));
+            unpaired.push((Side::Cmp, l.clone()));
         }
     }
     pairs.sort_unstable();
@@ -134,5 +151,5 @@ pub fn pair_ranks(b: &DumpSet, c: &DumpSet) -> (Vec<(RankLoc, RankLoc)>, Vec<Str
         .into_iter()
         .map(|(i, j)| (b.ranks[i].clone(), c.ranks[j].clone()))
         .collect();
-    (pairs, warnings)
+    (pairs, warnings, unpaired)
 }

@@ -138,6 +138,9 @@ pub struct RankDump {
     pub has_dataflow: bool,
     /// Non-fatal problems met while reading (a truncated last line, ...).
     pub warnings: Vec<String>,
+    /// Why this rank is incomplete (a crashed or full-disk run: its op log cut short,
+    /// tensor data missing); empty for a complete one. Each entry is one short reason.
+    pub incomplete: Vec<String>,
 }
 
 /// The dump format of a rank folder.

@@ -450,6 +450,7 @@ pub fn load(loc: &RankLoc) -> Result<RankDump> {
         stacks,
         has_dataflow: false,
         warnings,
+        incomplete: Vec::new(),
     })
 }
 

@@ -9,8 +9,8 @@ use crate::dtype::AnyDType;
 use crate::error::{ProbeError, Result};
 use crate::schema::dump::{ManifestRecord, OpRecord, StackRecord, TensorRecord};
 use crate::tensor::Data;
-use std::collections::{BTreeMap, HashSet};
-use std::io::{BufRead, BufReader};
+use std::collections::{BTreeMap, HashMap, HashSet};
+use std::io::{BufRead, BufReader, Read};
 use std::path::Path;
 
 /// What compare needs from `manifest.json`.
@@ -109,36 +109,76 @@ fn convert_op(raw: OpRecord, dir: &Path) -> std::result::Result<OpRec, String> {
     })
 }
 
+/// The longest op-log (or stacks) line read: a longer one is a bad record naming its file
+/// and line, not an attempt to hold it in memory.
+pub const MAX_LINE: usize = 64 << 20;
+
 /// Reads a JSON Lines file, calling `each(line_no, text)` for every complete line, and
 /// returns a warning if the last line was cut short (no trailing newline and not JSON).
-fn read_jsonl<F>(path: &Path, mut each: F) -> Result<Option<String>>
+fn read_jsonl<F>(path: &Path, each: F) -> Result<Option<String>>
+where
+    F: FnMut(usize, &str) -> std::result::Result<(), String>,
+{
+    read_jsonl_capped(path, MAX_LINE, each)
+}
+
+/// [`read_jsonl`] with a line cap of `cap` bytes (newline excluded).
+fn read_jsonl_capped<F>(path: &Path, cap: usize, mut each: F) -> Result<Option<String>>
 where
     F: FnMut(usize, &str) -> std::result::Result<(), String>,
 {
     let file = std::fs::File::open(path).map_err(|e| ProbeError::io(path, e))?;
     let mut reader = BufReader::with_capacity(1 << 20, file);
-    let mut line = String::new();
+    let mut buf: Vec<u8> = Vec::new();
     let mut no = 0usize;
+    let limit = u64::try_from(cap).unwrap_or(u64::MAX).saturating_add(1);
     loop {
-        line.clear();
-        let n = reader
-            .read_line(&mut line)
+        buf.clear();
+        let n = (&mut reader)
+            .take(limit)
+            .read_until(b'\n', &mut buf)
             .map_err(|e| ProbeError::io(path, e))?;
         if n == 0 {
             return Ok(None);
         }
         no += 1;
-        let complete = line.ends_with('\n');
-        let text = line.trim();
+        let complete = buf.last() == Some(&b'\n');
+        let len = buf.len() - usize::from(complete);
+        if len > cap {
+            let size = if cap.is_multiple_of(1 << 20) {
+                format!("{} MiB", cap >> 20)
+            } else {
+                format!("{cap} bytes")
+            };
+            return Err(ProbeError::BadRecord {
+                path: path.to_path_buf(),
+                line: no,
+                msg: format!("line longer than {size}: not a record probe reads"),
+            });
+        }
+        let cut = |msg: String| {
+            format!(
+                "{}:{no}: last line is incomplete (crashed run?); ignored: {msg}",
+                path.display()
+            )
+        };
+        let text = match std::str::from_utf8(&buf[..len]) {
+            Ok(t) => t.trim(),
+            Err(e) if !complete => return Ok(Some(cut(e.to_string()))),
+            Err(e) => {
+                return Err(ProbeError::BadRecord {
+                    path: path.to_path_buf(),
+                    line: no,
+                    msg: format!("not UTF-8: {e}"),
+                })
+            }
+        };
         if text.is_empty() {
             continue;
         }
         if let Err(msg) = each(no, text) {
             if !complete {
-                return Ok(Some(format!(
-                    "{}:{no}: last line is incomplete (crashed run?); ignored: {msg}",
-                    path.display()
-                )));
+                return Ok(Some(cut(msg)));
             }
             return Err(ProbeError::BadRecord {
                 path: path.to_path_buf(),
@@ -149,15 +189,169 @@ where
     }
 }
 
+/// What is on disk for a shard the op log names.
+enum ShardState {
+    /// The finished shard: its header locates every tensor.
+    Complete,
+    /// Only `<shard>.stream.tmp`, left by a crash: the data section starts at `start`
+    /// (`None`: no readable provisional header) and the file holds `len` bytes.
+    Stream {
+        tmp: std::path::PathBuf,
+        start: Option<u64>,
+        len: u64,
+    },
+    /// Neither (the writer never got to it, or gave it up on a full disk).
+    Missing,
+}
+
+fn shard_state(shard: &Path) -> ShardState {
+    if shard.is_file() {
+        return ShardState::Complete;
+    }
+    let mut tmp = shard.as_os_str().to_owned();
+    tmp.push(".stream.tmp");
+    let tmp = std::path::PathBuf::from(tmp);
+    let Ok(mut f) = std::fs::File::open(&tmp) else {
+        return ShardState::Missing;
+    };
+    let len = f.metadata().map(|m| m.len()).unwrap_or(0);
+    let mut head = [0u8; 8];
+    let start = match f.read_exact(&mut head) {
+        Ok(()) => {
+            let n = u64::from_le_bytes(head);
+            (n > 0).then(|| n.saturating_add(8)).filter(|&s| s <= len)
+        }
+        Err(_) => None,
+    };
+    ShardState::Stream { tmp, start, len }
+}
+
+/// What became of the tensors of one shard that is not complete.
+#[derive(Default)]
+struct Salvage {
+    stream: bool,
+    recovered: usize,
+    missing: Vec<String>,
+}
+
+/// Points tensors of shards a crash (or a full disk) left unfinished or absent at what is
+/// readable: data inside a `.stream.tmp` by the records' `data_offsets`, checked against
+/// the file's length; the rest lose their data and are compared by statistics. One warning
+/// per such shard names its tensors without data.
+fn salvage_shards(
+    dir: &Path,
+    ops: &mut [OpRec],
+    offsets: &HashMap<String, [u64; 2]>,
+    warnings: &mut Vec<String>,
+    incomplete: &mut Vec<String>,
+) {
+    let mut states: HashMap<std::path::PathBuf, ShardState> = HashMap::new();
+    let mut salvage: BTreeMap<String, Salvage> = BTreeMap::new();
+    for t in ops.iter_mut().flat_map(|o| o.tensors.iter_mut()) {
+        let Data::Safetensors { shard, .. } = &t.data else {
+            continue;
+        };
+        let state = states
+            .entry(shard.clone())
+            .or_insert_with(|| shard_state(shard));
+        let file = shard
+            .file_name()
+            .map(|n| n.to_string_lossy().into_owned())
+            .unwrap_or_default();
+        let found = match state {
+            ShardState::Complete => continue,
+            ShardState::Stream { tmp, start, len } => {
+                let size = t
+                    .dtype
+                    .known()
+                    .and_then(|d| t.numel().checked_mul(d.size()))
+                    .and_then(|n| u64::try_from(n).ok());
+                match (*start, offsets.get(&t.name), size) {
+                    (Some(start), Some(&[lo, hi]), Some(size))
+                        if hi >= lo
+                            && hi - lo == size
+                            && start.checked_add(hi).is_some_and(|end| end <= *len) =>
+                    {
+                        Some(Data::Stream {
+                            file: tmp.clone(),
+                            offset: start + lo,
+                        })
+                    }
+                    _ => None,
+                }
+            }
+            ShardState::Missing => None,
+        };
+        let s = salvage.entry(file).or_default();
+        s.stream = matches!(state, ShardState::Stream { .. });
+        match found {
+            Some(d) => {
+                t.data = d;
+                s.recovered += 1;
+            }
+            None => {
+                t.data = Data::None;
+                s.missing.push(t.name.clone());
+            }
+        }
+    }
+    for (file, s) in salvage {
+        let names = |v: &[String]| {
+            const SHOWN: usize = 3;
+            let mut out = v.iter().take(SHOWN).cloned().collect::<Vec<_>>().join(", ");
+            if v.len() > SHOWN {
+                out += &format!(" and {} more", v.len() - SHOWN);
+            }
+            out
+        };
+        let path = dir.join(&file);
+        let what = if s.stream {
+            format!(
+                "{}: shard left unfinished (only {file}.stream.tmp: crashed run?); {} tensor(s) read from it",
+                path.display(),
+                s.recovered
+            )
+        } else {
+            format!(
+                "{}: shard missing (crashed or full-disk run?)",
+                path.display()
+            )
+        };
+        if s.missing.is_empty() {
+            warnings.push(what);
+            incomplete.push(format!("{file} unfinished"));
+        } else {
+            warnings.push(format!(
+                "{what}; {} tensor(s) without data, compared by statistics: {}",
+                s.missing.len(),
+                names(&s.missing)
+            ));
+            incomplete.push(format!(
+                "{}: {} tensor(s) without data",
+                file,
+                s.missing.len()
+            ));
+        }
+    }
+}
+
 pub fn load(loc: &RankLoc) -> Result<RankDump> {
     let ops_path = loc.dir.join("ops.jsonl");
     let mut ops: Vec<OpRec> = Vec::new();
     let mut names: HashSet<String> = HashSet::new();
     let mut warnings = Vec::new();
     let mut has_dataflow = false;
+    let mut offsets: HashMap<String, [u64; 2]> = HashMap::new();
+    let mut op_offsets: Vec<(String, [u64; 2])> = Vec::new();
     let warn = read_jsonl(&ops_path, |_, text| {
         let text = crate::json::accept_nonfinite_str(text);
         let raw: OpRecord = serde_json::from_str(&text).map_err(|e| e.to_string())?;
+        op_offsets.clear();
+        op_offsets.extend(
+            raw.tensors
+                .iter()
+                .filter_map(|t| Some((t.name.clone(), t.data_offsets?))),
+        );
         let op = convert_op(raw, &loc.dir)?;
         if let Some(prev) = ops.last() {
             if op.seq <= prev.seq {
@@ -174,9 +368,15 @@ pub fn load(loc: &RankLoc) -> Result<RankDump> {
             has_dataflow |= t.id.is_some();
         }
         ops.push(op);
+        offsets.extend(op_offsets.drain(..));
         Ok(())
     })?;
-    warnings.extend(warn);
+    let mut incomplete = Vec::new();
+    if let Some(w) = warn {
+        warnings.push(w);
+        incomplete.push("op log cut short".to_string());
+    }
+    salvage_shards(&loc.dir, &mut ops, &offsets, &mut warnings, &mut incomplete);
     let mut stacks = BTreeMap::new();
     let stacks_path = loc.dir.join("stacks.jsonl");
     if stacks_path.is_file() {
@@ -193,5 +393,60 @@ pub fn load(loc: &RankLoc) -> Result<RankDump> {
         stacks,
         has_dataflow,
         warnings,
+        incomplete,
     })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn read(text: &[u8], cap: usize) -> (Result<Option<String>>, Vec<String>) {
+        let dir = tempfile::tempdir().unwrap();
+        let p = dir.path().join("ops.jsonl");
+        std::fs::write(&p, text).unwrap();
+        let mut seen = Vec::new();
+        let r = read_jsonl_capped(&p, cap, |_, t| {
+            serde_json::from_str::<serde_json::Value>(t).map_err(|e| e.to_string())?;
+            seen.push(t.to_string());
+            Ok(())
+        });
+        (r, seen)
+    }
+
+    #[test]
+    fn a_line_over_the_cap_is_a_bad_record_naming_file_and_line() {
+        let long = format!("{{\"a\":\"{}\"}}", "x".repeat(100));
+        let text = format!("{{\"a\":1}}\n{long}\n{{\"a\":2}}\n");
+        let (r, seen) = read(text.as_bytes(), 64);
+        let e = r.unwrap_err().to_string();
+        assert!(e.contains("ops.jsonl:2: bad op record"), "{e}");
+        assert!(e.contains("longer than 64 bytes"), "{e}");
+        assert_eq!(seen.len(), 1);
+        // Under the cap (the newline excluded), the same line is read.
+        let (r, seen) = read(text.as_bytes(), long.len());
+        assert!(r.unwrap().is_none());
+        assert_eq!(seen.len(), 3);
+    }
+
+    #[test]
+    fn the_default_cap_is_64_mib() {
+        assert_eq!(MAX_LINE, 64 << 20);
+    }
+
+    #[test]
+    fn a_cut_last_line_is_one_warning_even_mid_character() {
+        let mut text = b"{\"a\":1}\n{\"a\":\"\xc3\xa9".to_vec();
+        text.pop(); // half of a two-byte character
+        let (r, seen) = read(&text, MAX_LINE);
+        assert!(r.unwrap().unwrap().contains("last line is incomplete"));
+        assert_eq!(seen.len(), 1);
+    }
+
+    #[test]
+    fn a_line_that_is_not_utf8_in_the_middle_is_a_bad_record() {
+        let (r, _) = read(b"{\"a\":1}\n\xff\xfe\n{\"a\":2}\n", MAX_LINE);
+        let e = r.unwrap_err().to_string();
+        assert!(e.contains(":2: bad op record: not UTF-8"), "{e}");
+    }
 }

@@ -80,6 +80,10 @@ pub struct TensorRecord {
     /// The safetensors shard (next to `ops.jsonl`) holding the data, in tensor mode.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub file: Option<String>,
+    /// Byte range of the data within the shard's data section as the agent streamed it;
+    /// only used to recover a shard a crash left as `<file>.stream.tmp`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub data_offsets: Option<[u64; 2]>,
     /// Dataflow id of an output.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub id: Option<u64>,

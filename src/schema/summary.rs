@@ -133,6 +133,22 @@ pub struct WorstOp {
     pub reason: String,
 }
 
+/// A step/rank pair that was not compared in full: present on one side only, empty on one
+/// side, or cut short by a crash (docs/compare.md, "What is guaranteed after a crash").
+#[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]
+pub struct IncompleteUnit {
+    /// Step label.
+    pub step: String,
+    /// Rank label.
+    pub rank: String,
+    /// The side that lacks something: `bench`, `cmp` or `both`.
+    pub side: String,
+    /// Whether what both sides hold was compared (false: nothing of this pair was).
+    pub compared: bool,
+    /// What is missing, in a few words.
+    pub reason: String,
+}
+
 /// The content of `summary.json`.
 #[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]
 pub struct Summary {
@@ -168,6 +184,12 @@ pub struct Summary {
     pub worst_ops: Vec<WorstOp>,
     /// Non-fatal problems.
     pub warnings: Vec<String>,
+    /// True when some step/rank pairs were not compared in full (`incomplete_units`).
+    #[serde(default)]
+    pub partial: bool,
+    /// The pairs not compared in full, in step/rank order.
+    #[serde(default)]
+    pub incomplete_units: Vec<IncompleteUnit>,
     /// Report files written, by format.
     pub outputs: BTreeMap<String, String>,
 }

@@ -31,6 +31,14 @@ pub enum Data {
         /// The tensor's key in it.
         key: String,
     },
+    /// Raw bytes at a known offset of a shard a crash left unfinished (`*.stream.tmp`),
+    /// range already checked against the file.
+    Stream {
+        /// The unfinished shard file.
+        file: PathBuf,
+        /// Absolute byte offset of the data in the file.
+        offset: u64,
+    },
     /// A `torch.save` file holding one tensor (msprobe, PyTorch).
     Pt(PathBuf),
     /// A `.npy` file (msprobe, MindSpore).
@@ -179,6 +187,15 @@ impl ShardCache {
             Data::None => return Ok(None),
             Data::Safetensors { shard, key } => {
                 return self.tensor(shard, key, declared, shape).map(Some)
+            }
+            Data::Stream { file, offset } => {
+                let dtype = declared.known().ok_or_else(|| ProbeError::BadTensor {
+                    path: file.clone(),
+                    name: name.to_string(),
+                    msg: format!("unsupported dtype {declared} in the op log"),
+                })?;
+                let numel = shape.iter().product();
+                return TensorData::in_file(file, *offset, numel, dtype).map(Some);
             }
             Data::Pt(p) => {
                 let t = pt::read(p, declared.known())?;

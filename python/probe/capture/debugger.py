@@ -253,7 +253,21 @@ class Debugger:
             pass
 
     def _report_failure(self, exc: BaseException, context: str) -> None:
-        """The first failure: logged with its traceback, and a warning; training continues."""
+        """The first failure: logged with its traceback, and a warning; training continues.
+
+        A file-system error (an unusable ``dump_path``, a full or read-only disk) is the
+        environment's, not the agent's: one line naming the path, no traceback.
+        """
+        if isinstance(exc, OSError):
+            path = exc.filename if exc.filename is not None else self.config.dump_path
+            reason = exc.strerror or str(exc)
+            msg = (
+                f"probe: cannot write the dump at {path}: {reason}; capture disabled "
+                f"for the rest of the run (step {self.current_step}), training continues"
+            )
+            log.error("%s", msg)
+            warnings.warn(msg, RuntimeWarning, stacklevel=3)
+            return
         log.error(
             "probe: internal error in %s at step %d; capture is disabled for the rest "
             "of the run, training continues: %r",
@@ -340,7 +354,7 @@ class Debugger:
         if host is not None:
             folder = op.folder or self._files.folder
             assert folder is not None
-            rec["file"] = self._files.store(folder, name, host)
+            rec["file"], rec["data_offsets"] = self._files.store(folder, name, host)
         op.entries.append((rec, vec, t if vec is not None and len(vec) == 4 else None))
         return rec
 
@@ -434,7 +448,7 @@ class Debugger:
             rec["shape"] = list(t.shape)
             vec, host, _ = self._capture(t, True)
             if host is not None:
-                rec["file"] = self._files.store(folder, rec["name"], host)
+                rec["file"], rec["data_offsets"] = self._files.store(folder, rec["name"], host)
             entries.append((rec, vec, t if vec is not None and len(vec) == 4 else None))
         op.entries = entries
         if self._overflow_left > 0:

@@ -40,6 +40,7 @@ if TYPE_CHECKING:
         stats: NotRequired[Stats]  # first when reused from a captured output, else last
         checksum: NotRequired[str]
         file: NotRequired[str]
+        data_offsets: NotRequired[list[int]]
         src: NotRequired[int]
         id: NotRequired[int]
 

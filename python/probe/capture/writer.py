@@ -133,7 +133,16 @@ class _ShardStream:
         self.offset = 0
         self.duplicate = False
         self.fh = open(self.tmp, "wb", buffering=1 << 20)
-        self.fh.seek(reserve)
+        # A provisional header first (no tensors, padded to the reserved room), so that a
+        # shard a crash leaves as ``.stream.tmp`` still says where its data starts: the
+        # op records' ``data_offsets`` then locate each tensor (docs/format.md, "After a
+        # crash"). The file is written strictly in order, so any data on disk comes after it.
+        head = b'{"__metadata__":{"probe":"streaming"}}'
+        if reserve >= 8 + len(head):
+            self.fh.write((reserve - 8).to_bytes(8, "little"))
+            self.fh.write(head + b" " * (reserve - 8 - len(head)))
+        else:  # too small to say anything (never, with the writer's reserves): length 0
+            self.fh.write(bytes(reserve))
 
     def add(self, key: str, tensor: torch.Tensor) -> None:
         raw = _raw_bytes(tensor)
@@ -277,6 +286,7 @@ class RankFolder:
         self.next_id = 0
         self.shard_index = 0
         self.shard_used = 0
+        self.shard_data = 0  # exact bytes streamed into the current shard so far
         self.shard_bytes = shard_bytes
         self.stack_ids: dict[tuple[int, ...], int] = {}
         # Code objects named (by id) in stack_ids' keys, held so that no id is reused.
@@ -326,20 +336,26 @@ class RankFolder:
             self._stacks = open(os.path.join(self.path, "stacks.jsonl"), "a", encoding="utf-8")
         self._stacks.write(line)
 
-    def shard_for(self, nbytes: int) -> tuple[str, Optional[str]]:
-        """Assign a tensor to the current shard; returns (file name, shard to close or None).
+    def shard_for(self, nbytes: int) -> tuple[str, int, Optional[str]]:
+        """Assign a tensor to the current shard; returns (file name, offset of its data in
+        the shard's data as streamed, shard to close or None).
 
         Shard assignment happens here, in the training thread, so the op record can name
-        its ``file`` immediately; a shard is closed once it passes the size limit.
+        its ``file`` (and ``data_offsets``) immediately; the writer thread streams tensors
+        of a shard in the same order, so the offsets are those of the ``.stream.tmp``. A
+        shard is closed once it passes the size limit.
         """
         name = "tensors-%05d.safetensors" % self.shard_index
+        offset = self.shard_data
+        self.shard_data += nbytes
         self.shard_used += max(nbytes, 1)
         to_close = None
         if self.shard_used >= self.shard_bytes:
             to_close = name
             self.shard_index += 1
             self.shard_used = 0
-        return name, to_close
+            self.shard_data = 0
+        return name, offset, to_close
 
     def take_open_shard(self) -> Optional[str]:
         """Close the shard being filled (at stop/step end); the next tensor starts a new one."""
@@ -348,6 +364,7 @@ class RankFolder:
         name = "tensors-%05d.safetensors" % self.shard_index
         self.shard_index += 1
         self.shard_used = 0
+        self.shard_data = 0
         return name
 
     def flush(self) -> None:
@@ -411,20 +428,26 @@ class DumpFiles:
             os.path.join(c.dump_path, "manifest.json"), json.dumps(manifest, indent=2) + "\n"
         )
 
-    def store(self, folder: RankFolder, key: str, host: torch.Tensor) -> str:
-        """Queue a host copy for the folder's current shard; returns the shard's file name."""
+    def store(self, folder: RankFolder, key: str, host: torch.Tensor) -> tuple[str, list[int]]:
+        """Queue a host copy for the folder's current shard; returns the shard's file name
+        and the tensor's ``data_offsets`` in it (as streamed)."""
         writer = self.writer
         assert writer is not None
-        fname, to_close = folder.shard_for(host.numel() * host.element_size())
+        nbytes = host.numel() * host.element_size()
+        fname, offset, to_close = folder.shard_for(nbytes)
         writer.put(os.path.join(folder.path, fname), key, host)
         if to_close is not None:
             writer.close_shard(os.path.join(folder.path, to_close))
-        return fname
+        return fname, [offset, offset + nbytes]
 
     def check(self) -> None:
-        """Raise the tensor writer's error, if it had one."""
+        """Raise the tensor writer's error, if it had one (a file-system error as itself,
+        so that it is reported with the file it names)."""
         if self.writer is not None and self.writer.error is not None:
-            raise OSError(f"tensor writer failed: {self.writer.error!r}")
+            err = self.writer.error
+            if isinstance(err, OSError):
+                raise err
+            raise OSError(f"tensor writer failed: {err!r}")
 
     def sync(self) -> None:
         """Close the open shard and wait until everything of this step is on disk."""
@@ -437,7 +460,14 @@ class DumpFiles:
                 self.writer.close_shard(os.path.join(folder.path, shard))
             self.writer.sync()
             if self.writer.error is not None:
-                raise OSError(f"writing tensors to {folder.path}: {self.writer.error!r}")
+                # The op log is flushed first: its records are readable without the data.
+                try:
+                    folder.flush()
+                finally:
+                    err = self.writer.error
+                    if isinstance(err, OSError):
+                        raise err
+                    raise OSError(f"writing tensors to {folder.path}: {err!r}")
         folder.flush()
 
     def close_step(self) -> None:
