@@ -389,6 +389,12 @@ class DumpFiles:
         if c.mode in ("tensor", "overflow") and self.writer is None:
             self.writer = TensorWriter(c.queue_size, _writer_thread_init)
 
+    def model_known(self, model: torch.nn.Module) -> None:
+        """The model became known after the manifest was written (ApiProfiler finds it at
+        its first forward): write the manifest again, for the model's device."""
+        if self._manifest_done:
+            self._write_manifest(model)
+
     def _write_manifest(self, model: Optional[torch.nn.Module]) -> None:
         c = self._c
         manifest: dict[str, Any] = {
