@@ -203,13 +203,17 @@ class Debugger:
         """Advance the step counter (``step<S>`` folder); closes this step's files.
 
         Explicit calls take precedence: the first one turns automatic iteration counting
-        (ApiProfiler) off for the rest of the run, so an iteration is never counted twice.
+        (ApiProfiler) off for the rest of the run, so an iteration is never counted twice;
+        if the counter has just ended an iteration (no forward of the model since), this
+        call is taken as that same end (iterations.py).
         """
         self._explicit_steps = True
         if self._auto is not None:
             auto, self._auto = self._auto, None
             auto.remove()
             log.info("probe: explicit step(): automatic iteration counting is off")
+            if auto.fresh:
+                return
         self._next_step()
 
     def _next_step(self) -> None:
@@ -465,7 +469,6 @@ class Debugger:
         one allowed ends capture for the rest of the run."""
         folder = op.folder
         assert folder is not None
-        folder.materialize()  # before the writer thread opens a shard in it
         c = self.config
         if op.call_args is not None:
             # An API forward call: its tensors are recorded now, the inputs first.

@@ -15,7 +15,10 @@ The model is the one given to the Debugger, or else the first module called afte
 ``start()`` (a training loop calls its model first); its module hooks are installed then.
 
 An explicit ``Debugger.step()`` removes this counter for good (explicit calls take
-precedence). Every hook is guarded: a failure switches capture off, never training. The
+precedence). The first one, when it comes right after a boundary of this counter (no
+forward of the model since: ``step()`` at the end of the loop, after ``optimizer.step()``,
+as msprobe users write it), is taken as that same boundary, so the numbering does not
+shift by one. Every hook is guarded: a failure switches capture off, never training. The
 optimizer hook is never removed from inside an optimizer step (torch iterates its hooks
 then, and removing one would break that step): it goes inert, and is removed by the next
 :meth:`IterationCounter.remove` made outside one.
@@ -55,6 +58,8 @@ class IterationCounter:
         #: Installed and counting; False: the hooks, if still there, do nothing.
         self._on = False
         self._in_optimizer_hook = False
+        #: An iteration was just ended here, and the model has not run since.
+        self.fresh = False
 
     def install(self) -> None:
         if self._on:
@@ -62,12 +67,11 @@ class IterationCounter:
         self._on = True
         if self._optimizer_hook is None:
             self._optimizer_hook = register_optimizer_step_post_hook(self._on_optimizer_step)
-        if self._optimizer is None:
-            model = self._dbg.model
-            if model is None:
-                self._forward_hook = register_module_forward_pre_hook(self._on_first_module)
-            else:
-                self._forward_hook = model.register_forward_pre_hook(self._on_model_forward)
+        model = self._dbg.model
+        if model is None:
+            self._forward_hook = register_module_forward_pre_hook(self._on_first_module)
+        else:
+            self._forward_hook = model.register_forward_pre_hook(self._on_model_forward)
 
     def remove(self) -> None:
         """Stop counting and remove the hooks (never raises: also called while capture is
@@ -88,16 +92,16 @@ class IterationCounter:
 
     def _on_first_module(self, module: torch.nn.Module, args: Any) -> None:
         """The global forward pre-hook, until the first module call: that module is the
-        model. Later forwards are watched on it alone (no cost for other modules)."""
+        model. Later forwards are watched on it alone (no cost for other modules); they
+        count iterations only until an optimizer step is seen."""
         if not self._on:
             return
         try:
             self._drop_forward_hook()
             self._dbg._adopt_model(module)
-            if self._optimizer is None:
-                self._forward_hook = module.register_forward_pre_hook(self._on_model_forward)
-                # The hook just registered does not run for the call already under way.
-                self._count_forward()
+            self._forward_hook = module.register_forward_pre_hook(self._on_model_forward)
+            # The hook just registered does not run for the call already under way.
+            self._count_forward()
         except Exception as exc:  # noqa: BLE001 - never fail the training run
             self._dbg._guard.fail(exc, "iteration counting (first forward)")
 
@@ -110,6 +114,7 @@ class IterationCounter:
             self._dbg._guard.fail(exc, "iteration counting (forward)")
 
     def _count_forward(self) -> None:
+        self.fresh = False
         if self._optimizer is not None:
             return
         if self._forwards > 0:
@@ -126,7 +131,6 @@ class IterationCounter:
             if first is None:
                 # The first optimizer seen (or a new one after the first was freed).
                 self._optimizer = weakref.ref(optimizer)
-                self._drop_forward_hook()
                 if self._by_forward:
                     self._report_forward_counting()
             elif first is not optimizer:
@@ -143,6 +147,7 @@ class IterationCounter:
         dbg.stop()
         dbg._next_step()
         dbg.start()
+        self.fresh = True
 
     def _report_forward_counting(self) -> None:
         msg = (

@@ -46,6 +46,7 @@ class ApiProfiler:
             if not os.path.isfile(config):
                 raise ConfigError(f"{CONFIG_ENV}={config!r} is not a file")
         self.debugger = Debugger(config, model=model, **overrides)
+        self.debugger._files.lazy = True
         self._counter = IterationCounter(self.debugger)
         self._active = False
 

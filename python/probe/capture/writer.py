@@ -375,6 +375,10 @@ class DumpFiles:
         self.folder: Optional[RankFolder] = None
         self.writer: Optional[TensorWriter] = None
         self._manifest_done = False
+        #: Step folders appear at their first written op, as in overflow mode. Set when the
+        #: agent counts iterations (ApiProfiler): the iteration opened by the last optimizer
+        #: step may never run, and must not leave an empty folder behind.
+        self.lazy = False
 
     def open(self, step: int, rank: int, model: Optional[torch.nn.Module]) -> None:
         """Make sure the manifest, this step's folder and the writer exist."""
@@ -385,7 +389,7 @@ class DumpFiles:
             self._manifest_done = True
         if self.folder is None:
             path = os.path.join(c.dump_path, f"step{step}", f"rank{rank}")
-            self.folder = RankFolder(path, c.shard_bytes, lazy=c.mode == "overflow")
+            self.folder = RankFolder(path, c.shard_bytes, lazy=self.lazy or c.mode == "overflow")
         if c.mode in ("tensor", "overflow") and self.writer is None:
             self.writer = TensorWriter(c.queue_size, _writer_thread_init)
 
@@ -421,6 +425,7 @@ class DumpFiles:
         """Queue a host copy for the folder's current shard; returns the shard's file name."""
         writer = self.writer
         assert writer is not None
+        folder.materialize()  # a lazy folder, before the writer thread opens a shard in it
         fname, to_close = folder.shard_for(host.numel() * host.element_size())
         writer.put(os.path.join(folder.path, fname), key, host)
         if to_close is not None:
