@@ -307,3 +307,19 @@ def test_entries_that_select_nothing_are_reported(dump: str) -> None:
         _loop(prof, iterations=1)
     text = " ".join(str(w.message) for w in caught)
     assert "torch.nn.functional.gelux" in text and "model.blok (no such module" in text
+
+
+def test_config_schema_covers_the_tutorial_shape() -> None:
+    jsonschema = pytest.importorskip("jsonschema")
+    from conftest import SCHEMAS
+
+    schema = json.loads(Path(SCHEMAS, "probe-capture-config.v1.schema.json").read_text())
+    jsonschema.validate(json.loads(strip_line_comments(CONFIG % "./d")), schema)
+    jsonschema.validate({"level": "module", "api_list": [{"name": "block.fc1"}]}, schema)
+    for bad in (
+        {"dump": {"common_dump_settings": {"dump_level": "api"}}},
+        {"dump": {"common_dump_settings": {"dump_iter": "1,2"}}},
+        {"api_list": [{"name": "torch.relu", "api_type": "both"}]},
+    ):
+        with pytest.raises(jsonschema.ValidationError):
+            jsonschema.validate(bad, schema)
