@@ -160,7 +160,11 @@ class Debugger:
             )
             return
         if self.config.api_list:
-            self._check_api_list()
+            try:
+                self._check_api_list()
+            except Exception as exc:  # noqa: BLE001 - an odd model's named_modules()
+                self._guard.fail(exc, "checking the api_list")
+                return
         if not self._select.step(self.current_step):
             return
         rank = current_rank()
