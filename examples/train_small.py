@@ -207,7 +207,7 @@ def main(argv: Optional[list[str]] = None) -> int:
     ap.add_argument(
         "--mode", choices=["statistics", "tensor", "checksum", "overflow"], default="statistics"
     )
-    ap.add_argument("--config", default=None, help="probe or msprobe JSON config (overrides flags)")
+    ap.add_argument("--config", default=None, help="probe, msprobe or migration-tutorial JSON config (overrides flags)")
     ap.add_argument("--inject", default=None, help="op to perturb, e.g. Functional.gelu.0")
     ap.add_argument("--inject-rel", type=float, default=0.05, help="relative perturbation")
     ap.add_argument("--inject-inf", default=None, help="op whose output gets one +inf element")

@@ -7,19 +7,24 @@ Five lines::
     dbg.start(model)
     ...                                    # forward, backward, optimizer step
     dbg.stop(); dbg.step()
+
+The migration tutorial's names work too (docs/tutorial.md): ``ConfigChecker`` (config
+check) and ``ApiProfiler`` (dump, iterations counted by the agent).
 """
 
 from __future__ import annotations
 
 from ._version import __version__
-from .capture import Debugger, seed_all
+from .capture import ApiProfiler, Debugger, seed_all
 from .config import CaptureConfig, ConfigError, load_config
-from .config_pack import ConfigPack
+from .config_pack import ConfigChecker, ConfigPack
 
 __all__ = [
     "Debugger",
+    "ApiProfiler",
     "seed_all",
     "ConfigPack",
+    "ConfigChecker",
     "CaptureConfig",
     "ConfigError",
     "load_config",

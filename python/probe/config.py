@@ -1,9 +1,11 @@
-"""Capture configuration: probe's own JSON keys, msprobe's config.json keys, overrides.
+"""Capture configuration: probe's own JSON keys, msprobe's config.json keys, the migration
+tutorial's ``{"dump": {...}}`` file, overrides.
 
-Users come from msprobe with a config.json they trust, so those keys are accepted and
-translated; probe's own keys (schemas/probe-capture-config.v1.schema.json) say the same
-things more directly. Everything is validated up front so a typo fails at construction,
-before hours of training, rather than silently capturing nothing.
+Users come from msprobe with a config.json they trust, or paste the tutorial's dump config,
+so those shapes are accepted and translated; probe's own keys
+(schemas/probe-capture-config.v1.schema.json) say the same things more directly. Everything
+is validated up front so a typo fails at construction, before hours of training, rather
+than silently capturing nothing.
 """
 
 from __future__ import annotations
@@ -39,7 +41,23 @@ NATIVE_KEYS = {
     "queue_size",
     "device",
     "overflow_nums",
+    "api_list",
 }
+
+#: The tutorial's ``common_dump_settings`` keys, and the probe keys they stand for (giving
+#: both is refused: which one would win is not obvious).
+_TUTORIAL_SETTINGS = {"dump_mode": "level", "dump_path": "dump_path", "dump_iter": "steps"}
+
+#: Full PyTorch names (``torch.nn.functional.conv2d``) -> the agent's API types
+#: (``Functional.conv2d``); longest prefix first, ``torch.`` last.
+_API_PREFIXES = (
+    ("torch.nn.functional.", "Functional"),
+    ("torch.Tensor.", "Tensor"),
+    ("torch.distributed.", "Distributed"),
+    ("torch_npu.", "NPU"),
+    ("torch.", "Torch"),
+)
+_API_TYPES = ("Functional", "Tensor", "Distributed", "NPU", "Torch")
 
 
 class ConfigError(ValueError):
@@ -97,6 +115,72 @@ def op_candidates(api: str, call: int, direction: str = "forward") -> tuple[str,
     return (short, api, f"{api}.{call}", f"{api}.{call}.{direction}")
 
 
+@dataclass(frozen=True)
+class ListEntry:
+    """One ``api_list`` entry: an API (``api``, the agent's name, ``Functional.conv2d``) or a
+    module path (``module``, as given: a leading model variable name is resolved once the
+    model is known), and the directions it selects."""
+
+    name: str
+    api: Optional[str]
+    module: Optional[str]
+    forward: bool
+    backward: bool
+
+
+def api_name(name: str) -> Optional[str]:
+    """The agent's name of an API (``torch.nn.functional.conv2d`` -> ``Functional.conv2d``,
+    ``torch.matmul`` -> ``Torch.matmul``, ``torch.Tensor.add`` -> ``Tensor.add``; the
+    agent's own names pass through), or None when ``name`` is not an API name (then it is
+    a module path)."""
+    for prefix, api_type in _API_PREFIXES:
+        if name.startswith(prefix) and len(name) > len(prefix):
+            return f"{api_type}.{name[len(prefix) :]}"
+    head, _, rest = name.partition(".")
+    if head in _API_TYPES and rest and "." not in rest:
+        return name
+    return None
+
+
+def parse_api_list(value: Any) -> tuple[ListEntry, ...]:
+    """Parse ``[{"name": "torch.nn.functional.conv2d", "api_type": "forward"}, ...]``.
+
+    ``api_type`` is ``forward`` or ``backward``; without it an entry selects both. A name
+    that is not an API name (:func:`api_name`) is a module path as ``print(model)`` shows
+    it."""
+    if value is None:
+        return ()
+    if not isinstance(value, list):
+        raise ConfigError(f"api_list: expected a list of {{name, api_type}} objects, got {value!r}")
+    out: list[ListEntry] = []
+    for i, item in enumerate(value):
+        if not isinstance(item, dict):
+            raise ConfigError(f"api_list[{i}]: expected {{name, api_type}}, got {item!r}")
+        unknown = sorted(set(item) - {"name", "api_type"})
+        if unknown:
+            raise ConfigError(f"api_list[{i}]: unknown key {unknown[0]!r} (name, api_type)")
+        name = item.get("name")
+        if not isinstance(name, str) or not name.strip():
+            raise ConfigError(f"api_list[{i}]: name must be a non-empty string, got {name!r}")
+        name = name.strip()
+        kind = item.get("api_type")
+        if kind is not None and kind not in DIRECTIONS:
+            raise ConfigError(
+                f"api_list[{i}] ({name}): api_type {kind!r} is not forward or backward"
+            )
+        api = api_name(name)
+        out.append(
+            ListEntry(
+                name=name,
+                api=api,
+                module=None if api is not None else name,
+                forward=kind in (None, "forward"),
+                backward=kind in (None, "backward"),
+            )
+        )
+    return tuple(out)
+
+
 def module_candidates(path: str, cls: str, call: int) -> tuple[str, ...]:
     """Names a pattern may match for a module call (msprobe keys included)."""
     base = f"Module.{path}.{cls}"
@@ -148,6 +232,9 @@ class CaptureConfig:
     #: Overflow mode: how many ops producing NaN/Inf to record before capture stops for
     #: the rest of the run; -1 = no limit (msprobe's ``overflow_nums``, default 1 there too).
     overflow_nums: int = 1
+    #: APIs and module paths to capture, each in its own directions (the tutorial's
+    #: ``api_list``); empty = no such filter.
+    api_list: tuple[ListEntry, ...] = ()
     raw: dict[str, Any] = field(default_factory=dict)
 
     @property
@@ -226,22 +313,111 @@ def _from_msprobe(cfg: dict[str, Any]) -> dict[str, Any]:
     return out
 
 
+def _from_tutorial(cfg: dict[str, Any]) -> dict[str, Any]:
+    """Translate the migration tutorial's ``{"dump": {"common_dump_settings": {...},
+    "api_list": [...]}}`` into probe's keys.
+
+    ``dump_mode`` is the level, ``dump_iter`` (``"10|20"``, 0-based like msprobe's
+    ``step``) the steps; probe's own keys (``mode``, ``ranks``, ...) are accepted in
+    ``common_dump_settings`` too, which is how the tutorial shape asks for tensor mode."""
+    extra = sorted(set(cfg) - {"dump", "$schema", "version"})
+    if extra:
+        raise ConfigError(f"unknown configuration key {extra[0]!r} beside 'dump'")
+    dump = cfg["dump"]
+    if not isinstance(dump, dict):
+        raise ConfigError(f"dump: expected an object, got {dump!r}")
+    unknown = sorted(set(dump) - {"common_dump_settings", "api_list"})
+    if unknown:
+        raise ConfigError(f"dump: unknown key {unknown[0]!r} (common_dump_settings, api_list)")
+    settings = dump.get("common_dump_settings") or {}
+    if not isinstance(settings, dict):
+        raise ConfigError(f"dump.common_dump_settings: expected an object, got {settings!r}")
+    out: dict[str, Any] = {}
+    for key, value in settings.items():
+        if key in _TUTORIAL_SETTINGS:
+            out[_TUTORIAL_SETTINGS[key]] = value
+        elif key in NATIVE_KEYS - {"api_list"} - set(_TUTORIAL_SETTINGS.values()):
+            out[key] = value
+        else:
+            raise ConfigError(
+                f"dump.common_dump_settings: unknown key {key!r} (dump_mode, dump_path, "
+                "dump_iter, or a probe key such as mode; docs/capture.md)"
+            )
+    if "level" in out and out["level"] not in ("api", "module", "mix"):
+        raise ConfigError(f"dump_mode: {out['level']!r} is not api, module or mix")
+    it = out.get("steps")
+    if isinstance(it, str):
+        out["steps"] = [p for p in (s.strip() for s in it.split("|")) if p]
+    if "api_list" in dump:
+        out["api_list"] = dump["api_list"]
+    return out
+
+
+def strip_line_comments(text: str) -> str:
+    """Blank out ``//`` comments outside JSON strings, keeping every line and column in place
+    (so a JSON error still points at the right spot): the tutorial writes its config with
+    such comments. Block comments are not JSON and stay an error."""
+    out: list[str] = []
+    i, n = 0, len(text)
+    in_string = False
+    while i < n:
+        ch = text[i]
+        if in_string:
+            out.append(ch)
+            if ch == "\\" and i + 1 < n:
+                out.append(text[i + 1])
+                i += 1
+            elif ch == '"':
+                in_string = False
+        elif ch == '"':
+            in_string = True
+            out.append(ch)
+        elif ch == "/" and text.startswith("//", i):
+            end = text.find("\n", i)
+            end = n if end < 0 else end
+            out.append(" " * (end - i))
+            i = end
+            continue
+        else:
+            out.append(ch)
+        i += 1
+    return "".join(out)
+
+
+def read_config_file(path: Union[str, os.PathLike[str]]) -> dict[str, Any]:
+    """Read a JSON configuration file (``//`` line comments allowed) as an object."""
+    with open(path, encoding="utf-8") as fh:
+        text = fh.read()
+    try:
+        raw = json.loads(strip_line_comments(text))
+    except json.JSONDecodeError as e:
+        raise ConfigError(f"{os.fspath(path)}: not valid JSON: {e}") from None
+    if not isinstance(raw, dict):
+        raise ConfigError(f"{os.fspath(path)}: the configuration must be a JSON object")
+    return raw
+
+
 def load_config(
     source: Union[str, os.PathLike[str], dict[str, Any], None], overrides: dict[str, Any]
 ) -> CaptureConfig:
-    """Build a CaptureConfig from a JSON file path, a dict or None, plus keyword overrides."""
+    """Build a CaptureConfig from a JSON file path, a dict or None, plus keyword overrides.
+
+    Three shapes: probe's own keys, msprobe's config.json (a ``task`` key), the tutorial's
+    ``{"dump": {...}}``."""
     if source is None:
         raw: dict[str, Any] = {}
     elif isinstance(source, dict):
         raw = dict(source)
     else:
-        with open(source, encoding="utf-8") as fh:
-            raw = json.load(fh)
-        if not isinstance(raw, dict):
-            raise ConfigError(f"{source}: the configuration must be a JSON object")
+        raw = read_config_file(source)
     given = dict(raw)
     given.update(overrides)
-    cfg = _from_msprobe(raw) if "task" in raw else dict(raw)
+    if "task" in raw:
+        cfg = _from_msprobe(raw)
+    elif "dump" in raw:
+        cfg = _from_tutorial(raw)
+    else:
+        cfg = dict(raw)
     for k in list(cfg):
         if k.startswith("$") or k == "version":
             cfg.pop(k)
@@ -303,4 +479,5 @@ def load_config(
     if isinstance(nums, bool) or not isinstance(nums, int) or not (nums >= 1 or nums == -1):
         raise ConfigError(f"overflow_nums: {nums!r} must be a positive integer or -1 (no limit)")
     c.overflow_nums = nums
+    c.api_list = parse_api_list(cfg.get("api_list"))
     return c

@@ -4,7 +4,10 @@ One module per concern:
 
 - ``debugger``: the ``Debugger`` facade (step lifecycle, failure switch, the path of a
   captured tensor: record -> statistics -> writer) and ``seed_all``;
-- ``selection``: steps, ranks, op/module filters, scope window, per-step call counters;
+- ``profiler``: ``ApiProfiler``, the tutorial's start/stop/save facade over a Debugger;
+- ``iterations``: automatic iteration counting (optimizer steps, else model forwards);
+- ``selection``: steps, ranks, op/module filters, api_list, scope window, per-step call
+  counters;
 - ``api``: the hooked API list, its wrappers (installed through ``probe._patch``) and the
   capture of one API call;
 - ``modules``: forward hooks on submodules (module records, the module path of API calls);
@@ -18,5 +21,6 @@ One module per concern:
 from __future__ import annotations
 
 from .debugger import Debugger, seed_all
+from .profiler import ApiProfiler
 
-__all__ = ["Debugger", "seed_all"]
+__all__ = ["ApiProfiler", "Debugger", "seed_all"]

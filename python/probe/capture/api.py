@@ -141,6 +141,15 @@ class ApiPatcher:
                 )
         return out
 
+    def hooks(self, api: str) -> bool:
+        """Whether calls of ``api`` (``Functional.conv2d``) can be captured: it is in the
+        list and exists in this PyTorch."""
+        api_type, _, name = api.partition(".")
+        if name not in self._api_list.get(api_type, ()):
+            return False
+        owner = _owners().get(api_type)
+        return owner is not None and callable(getattr(owner, name, None))
+
     def install(self) -> None:
         if self._patches:
             return
@@ -191,12 +200,14 @@ PATCHER = ApiPatcher(DISPATCH)
 
 # What the input side of a captured call hands to the output side: forward record,
 # backward record (None without autograd), the (args, kwargs) that replace the call's own
-# with autograd aliases (None when unchanged), the aliases by id, whether it is in place.
+# with autograd aliases (None when unchanged), the aliases by id, whether it is in place,
+# whether its forward record is written (an api_list entry may select the backward only).
 _Pending = tuple[
     OpRecord,
     Optional[OpRecord],
     Optional[tuple[tuple[Any, ...], dict[str, Any]]],
     dict[int, torch.Tensor],
+    bool,
     bool,
 ]
 
@@ -261,13 +272,17 @@ class ApiCapture:
             return None
         c = self._c
         dbg = self._dbg
+        forward, backward = c.forward, c.backward
+        if self._select.listed:
+            f, b = self._select.list_directions(api, module)
+            forward, backward = forward and f, backward and b
         if not inplace and kwargs.get("inplace") is True:
             inplace = True
         folder = self._files.folder
         fwd = OpRecord(f"{api}.{call}.forward", "api", "forward", module, folder)
         fwd.recompute = in_recompute()
         bwd: Optional[OpRecord] = None
-        if c.backward and torch.is_grad_enabled():
+        if backward and torch.is_grad_enabled():
             bwd = OpRecord(f"{api}.{call}.backward", "api", "backward", module, folder)
         if dbg._call_stacks:
             fwd.stack = self._stacks.stack_id(folder)
@@ -275,7 +290,7 @@ class ApiCapture:
                 bwd.stack = fwd.stack
         aliases: dict[int, torch.Tensor] = {}
         # Overflow mode records inputs only once the op is known to have overflowed.
-        want_fwd_in = c.forward and c.inputs and not dbg._overflow
+        want_fwd_in = forward and c.inputs and not dbg._overflow
         bkey = bwd.key if bwd is not None else ""
         flow = self._flow if dbg._dataflow else None
         watch = self._backward.watch
@@ -324,11 +339,11 @@ class ApiCapture:
         elif want_fwd_in:
             fwd.args = json_args(args, kwargs)
         if bwd is not None and bwd.expect:
-            return (fwd, bwd, (tuple(new_args), new_kwargs), aliases, inplace)
-        return (fwd, bwd, None, aliases, inplace)
+            return (fwd, bwd, (tuple(new_args), new_kwargs), aliases, inplace, forward)
+        return (fwd, bwd, None, aliases, inplace, forward)
 
     def _post(self, ctx: _Pending, args: tuple[Any, ...], out: Any) -> Any:
-        fwd, bwd, _, aliases, inplace = ctx
+        fwd, bwd, _, aliases, inplace, forward = ctx
         c = self._c
         dbg = self._dbg
         folder = self._files.folder
@@ -339,7 +354,7 @@ class ApiCapture:
         result = out
         if out is None and inplace and args and isinstance(args[0], torch.Tensor):
             out = args[0]  # __setitem__, collectives: the first argument holds the result
-        want_out = c.forward and c.outputs and not dbg._overflow
+        want_out = forward and c.outputs and not dbg._overflow
         bkey = bwd.key if bwd is not None else ""
 
         def on_output(name: str, t: torch.Tensor) -> torch.Tensor:
@@ -358,7 +373,7 @@ class ApiCapture:
             walk(out if type(out) in (tuple, list) else (out,), "output", on_output)
         if dbg._overflow:
             fwd.call_out = out
-        if c.forward:
+        if forward:
             dbg._finish(fwd)
         if bwd is not None and bwd.expect:
             self._backward.pending.append(bwd)

@@ -43,6 +43,7 @@ from .stats import STORABLE, checksum, dtype_name, finish_stats, host_copy, null
 from .writer import DumpFiles
 
 if TYPE_CHECKING:
+    from .iterations import IterationCounter
     from .records import TensorRecord
 
 log = logging.getLogger("probe")
@@ -135,6 +136,12 @@ class Debugger:
         self._modules = ModuleHooks(self)
         self._backward = BackwardHooks(self)
         self._api = ApiCapture(self)
+        #: Automatic iteration counting (ApiProfiler); an explicit step() turns it off.
+        self._auto: Optional[IterationCounter] = None
+        self._explicit_steps = False
+        #: Whether the api_list was checked against the hooked APIs / the model's modules.
+        self._apis_checked = False
+        self._modules_checked = False
         atexit.register(_close_at_exit, weakref.ref(self))
 
     # ------------------------------------------------------------------ public API
@@ -152,6 +159,12 @@ class Debugger:
                 stacklevel=2,
             )
             return
+        if self.config.api_list:
+            try:
+                self._check_api_list()
+            except Exception as exc:  # noqa: BLE001 - an odd model's named_modules()
+                self._guard.fail(exc, "checking the api_list")
+                return
         if not self._select.step(self.current_step):
             return
         rank = current_rank()
@@ -191,7 +204,24 @@ class Debugger:
             self._guard.fail(exc, "stop()")
 
     def step(self) -> None:
-        """Advance the step counter (``step<S>`` folder); closes this step's files."""
+        """Advance the step counter (``step<S>`` folder); closes this step's files.
+
+        Explicit calls take precedence: the first one turns automatic iteration counting
+        (ApiProfiler) off for the rest of the run, so an iteration is never counted twice;
+        if the counter has just ended an iteration (no forward of the model since), this
+        call is taken as that same end (iterations.py).
+        """
+        self._explicit_steps = True
+        if self._auto is not None:
+            auto, self._auto = self._auto, None
+            auto.remove()
+            log.info("probe: explicit step(): automatic iteration counting is off")
+            if auto.fresh:
+                return
+        self._next_step()
+
+    def _next_step(self) -> None:
+        """What :meth:`step` does, also for the automatic iteration counter."""
         if self._running:
             self.stop()
         try:
@@ -215,6 +245,47 @@ class Debugger:
         except Exception:  # noqa: BLE001
             pass
 
+    def _adopt_model(self, model: torch.nn.Module) -> None:
+        """The model, found by the iteration counter at its first forward when none was
+        given: module hooks from now on, as :meth:`start` installs them, and the
+        api_list's module paths checked against it."""
+        if self.model is not None:
+            return
+        self.model = model
+        try:
+            self._check_api_list()
+            self._files.model_known(model)
+            if self._running:
+                self._modules.install(model)
+        except Exception as exc:  # noqa: BLE001
+            self._guard.fail(exc, "taking the model at its first forward")
+
+    def _check_api_list(self) -> None:
+        """Report, once, the api_list entries that can select nothing (an API the agent does
+        not hook, an API at module level, a module path the model lacks): a typo must not
+        silently dump nothing. Module paths are checked once the model is known; a
+        leading model variable name is resolved then (Selection.resolve_modules)."""
+        c = self.config
+        bad: list[str] = []
+        if not self._apis_checked:
+            self._apis_checked = True
+            for e in c.api_list:
+                if e.api is None:
+                    continue
+                if not c.api:
+                    bad.append(f"{e.name} (an API: at module level only module paths select)")
+                elif not PATCHER.hooks(e.api):
+                    bad.append(f"{e.name} ({e.api} is not a hooked API)")
+        if not self._modules_checked and self.model is not None:
+            self._modules_checked = True
+            paths = {p for p, _ in self.model.named_modules() if p}
+            for name in self._select.resolve_modules(paths):
+                bad.append(f"{name} (no such module in the model)")
+        if bad:
+            msg = "probe: api_list entries that select nothing: " + "; ".join(bad)
+            log.warning(msg)
+            warnings.warn(msg, RuntimeWarning, stacklevel=3)
+
     @property
     def _api_on(self) -> bool:
         """Whether API wrappers should capture on this thread right now."""
@@ -237,6 +308,9 @@ class Debugger:
 
     def _switch_off(self, exc: BaseException, context: str) -> None:
         """On any failure: capture off for good, every hook removed, files flushed."""
+        if self._auto is not None:
+            auto, self._auto = self._auto, None
+            auto.remove()
         tls.active = False
         self._running = False
         if DISPATCH.current is self._api:
@@ -413,7 +487,6 @@ class Debugger:
         one allowed ends capture for the rest of the run."""
         folder = op.folder
         assert folder is not None
-        folder.materialize()  # before the writer thread opens a shard in it
         c = self.config
         if op.call_args is not None:
             # An API forward call: its tensors are recorded now, the inputs first.

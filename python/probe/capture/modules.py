@@ -23,8 +23,9 @@ if TYPE_CHECKING:
     from .debugger import Debugger
     from .records import TensorRecord
 
-# A selected module call's forward record and backward record (None without autograd).
-_Pending = tuple[OpRecord, Optional[OpRecord]]
+# A selected module call's forward record, backward record (None without autograd), and
+# whether the forward record is written (an api_list entry may select the backward only).
+_Pending = tuple[OpRecord, Optional[OpRecord], bool]
 
 
 class ModuleHooks:
@@ -146,17 +147,21 @@ class ModuleHooks:
         if call is None:
             return None, None
         c = dbg.config
+        forward, backward = c.forward, c.backward
+        if dbg._select.listed:
+            f, b = dbg._select.list_directions(None, path)
+            forward, backward = forward and f, backward and b
         folder = dbg._files.folder
         fwd = OpRecord(f"{base}.forward.{call}", "module", "forward", path, folder)
         fwd.recompute = in_recompute()
         bwd: Optional[OpRecord] = None
-        if c.backward and torch.is_grad_enabled():
+        if backward and torch.is_grad_enabled():
             bwd = OpRecord(f"{base}.backward.{call}", "module", "backward", path, folder)
         if dbg._call_stacks:
             fwd.stack = dbg._stacks.stack_id(folder)
             if bwd is not None:
                 bwd.stack = fwd.stack
-        want_in = c.forward and c.inputs
+        want_in = forward and c.inputs
         changed = False
         flow = dbg._flow if dbg._dataflow else None
         watch = dbg._backward.watch
@@ -177,17 +182,17 @@ class ModuleHooks:
 
         new_args = walk(args, "input", on_input)
         new_kwargs = {k: walk(v, f"input.{k}", on_input) for k, v in kwargs.items()}
-        if c.forward:
+        if forward:
             for pname, p in mod.named_parameters(recurse=False):
                 dbg._add_tensor(fwd, f"{fwd.key}.parameters.{pname}", "parameter", p)
-        return (fwd, bwd), ((tuple(new_args), new_kwargs) if changed else None)
+        return (fwd, bwd, forward), ((tuple(new_args), new_kwargs) if changed else None)
 
     def _post(self, pending: _Pending, output: Any) -> None:
-        fwd, bwd = pending
+        fwd, bwd, forward = pending
         dbg = self._dbg
         c = dbg.config
         folder = dbg._files.folder
-        want_out = c.forward and c.outputs
+        want_out = forward and c.outputs
         flow = dbg._flow if dbg._dataflow else None
         watch = dbg._backward.watch
 
@@ -202,7 +207,7 @@ class ModuleHooks:
             return t
 
         walk(output if type(output) in (tuple, list) else (output,), "output", on_output)
-        if c.forward:
+        if forward:
             dbg._finish(fwd)
         if bwd is not None and bwd.expect:
             dbg._backward.pending.append(bwd)

@@ -392,6 +392,10 @@ class DumpFiles:
         self.folder: Optional[RankFolder] = None
         self.writer: Optional[TensorWriter] = None
         self._manifest_done = False
+        #: Step folders appear at their first written op, as in overflow mode. Set when the
+        #: agent counts iterations (ApiProfiler): the iteration opened by the last optimizer
+        #: step may never run, and must not leave an empty folder behind.
+        self.lazy = False
 
     def open(self, step: int, rank: int, model: Optional[torch.nn.Module]) -> None:
         """Make sure the manifest, this step's folder and the writer exist."""
@@ -402,9 +406,15 @@ class DumpFiles:
             self._manifest_done = True
         if self.folder is None:
             path = os.path.join(c.dump_path, f"step{step}", f"rank{rank}")
-            self.folder = RankFolder(path, c.shard_bytes, lazy=c.mode == "overflow")
+            self.folder = RankFolder(path, c.shard_bytes, lazy=self.lazy or c.mode == "overflow")
         if c.mode in ("tensor", "overflow") and self.writer is None:
             self.writer = TensorWriter(c.queue_size, _writer_thread_init)
+
+    def model_known(self, model: torch.nn.Module) -> None:
+        """The model became known after the manifest was written (ApiProfiler finds it at
+        its first forward): write the manifest again, for the model's device."""
+        if self._manifest_done:
+            self._write_manifest(model)
 
     def _write_manifest(self, model: Optional[torch.nn.Module]) -> None:
         c = self._c
@@ -433,6 +443,7 @@ class DumpFiles:
         and the tensor's ``data_offsets`` in it (as streamed)."""
         writer = self.writer
         assert writer is not None
+        folder.materialize()  # a lazy folder, before the writer thread opens a shard in it
         nbytes = host.numel() * host.element_size()
         fname, offset, to_close = folder.shard_for(nbytes)
         writer.put(os.path.join(folder.path, fname), key, host)

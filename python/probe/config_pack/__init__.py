@@ -20,7 +20,8 @@ and carries on; a pack that cannot be written is reported and skipped.
 One module per section: ``env``, ``packages``, ``determinism``, ``random_hooks`` (seed calls,
 draws, generator states), ``dataset`` (model inputs), ``weights``, ``hyperparameters``;
 ``fingerprint`` (JSON-safe values, tensor digests) serves them all, and ``pack`` holds the
-:class:`ConfigPack` facade and the zip writer.
+:class:`ConfigPack` facade and the zip writer; ``checker`` the tutorial's ``ConfigChecker``
+over it.
 """
 
 from __future__ import annotations
@@ -30,6 +31,7 @@ from __future__ import annotations
 import hashlib  # noqa: F401
 
 from .._runtime import current_rank, device_kind
+from .checker import ConfigChecker
 from .determinism import collect_determinism
 from .env import SECRET_MARKERS, collect_env, is_secret_name, redact
 from .fingerprint import jsonable, tensor_fingerprint
@@ -41,6 +43,7 @@ __all__ = [
     "FORMAT",
     "SECRET_MARKERS",
     "VERSION",
+    "ConfigChecker",
     "ConfigPack",
     "call_site",
     "cann_version",

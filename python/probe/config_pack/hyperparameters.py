@@ -34,7 +34,7 @@ def collect_hyperparameters(
         raw = jsonable(vars(args) if hasattr(args, "__dict__") else args)
         hp["args"] = redact_tree(raw, "args", mode)
     if optimizer is not None:
-        hp["optimizer"] = _optimizer_info(optimizer)
+        hp["optimizer"] = optimizer_info(optimizer)
     if scheduler is not None:
         hp["scheduler"] = _scheduler_info(scheduler)
     if scaler is not None:
@@ -46,7 +46,7 @@ def collect_hyperparameters(
     return hp
 
 
-def _optimizer_info(opt: Any) -> dict[str, Any]:
+def optimizer_info(opt: Any) -> dict[str, Any]:
     groups = []
     for g in getattr(opt, "param_groups", []):
         d = {k: jsonable(v) for k, v in g.items() if k != "params"}

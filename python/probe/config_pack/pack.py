@@ -25,7 +25,7 @@ from .dataset import record_forward_inputs
 from .determinism import collect_determinism
 from .env import collect_env
 from .fingerprint import add_tensor_records
-from .hyperparameters import collect_hyperparameters
+from .hyperparameters import collect_hyperparameters, optimizer_info
 from .packages import collect_packages
 from .redaction import MODES, redact_value
 from .weights import record_weights
@@ -54,13 +54,15 @@ class ConfigPack:
 
     def __init__(
         self,
-        path: str,
+        path: Optional[str],
         steps: int = 3,
         weights_after: bool = False,
         autosave: bool = True,
         redact: str = "hash",
     ) -> None:
-        self.path = str(path)
+        #: None: not known yet (ConfigChecker.apply_patches listens before the tutorial
+        #: names the zip); a pack without a path is not written, not even at exit.
+        self.path = str(path) if path is not None else None
         self.steps = max(0, int(steps))
         self.weights_after = weights_after
         self.autosave = autosave
@@ -149,6 +151,17 @@ class ConfigPack:
         if self._random.counting:
             add_tensor_records(self._dataset, batch, name, self._step, self._rank)
 
+    @guarded("use_optimizer")
+    def use_optimizer(self, optimizer: Any) -> None:
+        """An optimizer first known after :meth:`capture` (ConfigChecker sees it at its
+        first step): its hyperparameters are recorded, and steps end at :meth:`step` calls
+        from now on, no longer at forwards. The caller calls :meth:`step` per optimizer
+        step (hooking the optimizer here could not be undone from inside its own step)."""
+        hyper = self._sections.get("hyperparameters")
+        if isinstance(hyper, dict):
+            hyper["optimizer"] = optimizer_info(optimizer)
+        self._by_forward = False
+
     @guarded("step")
     def step(self) -> None:
         """Ends a step by hand (when no optimizer was given to :meth:`capture`)."""
@@ -227,7 +240,10 @@ class ConfigPack:
 
     def _write(self, path: Optional[str]) -> str:
         self._stop_counting()
-        target = (path or self.path).replace("{rank}", str(self._rank))
+        where = path or self.path
+        if where is None:
+            raise ValueError("the pack has no path yet")
+        target = where.replace("{rank}", str(self._rank))
         docs = self.contents()
         docs["manifest"]["entries"] = sorted(f"{k}.json" for k in docs)
         _write_zip(target, docs)
@@ -235,7 +251,7 @@ class ConfigPack:
         return target
 
     def _at_exit(self) -> None:
-        if self.saved is None and random_hooks.is_listening(self._random):
+        if self.saved is None and self.path is not None and random_hooks.is_listening(self._random):
             self.save()
 
 
