@@ -120,8 +120,9 @@ def test_config_packs_are_written_and_checked(runs: Path) -> None:
     gpu, npu = runs / "gpu_config_pack.zip", runs / "npu_config_pack.zip"
     assert gpu.is_file() and npu.is_file()
     out = runs / "config_diff_result"
+    # The tutorial's command line, as pasted: -c with both packs.
     proc = subprocess.run(
-        [probe_bin(), "config-check", str(gpu), str(npu), "-o", str(out)],
+        [probe_bin(), "config-check", "-c", str(gpu), str(npu), "-o", str(out)],
         capture_output=True,
         text=True,
     )
@@ -130,6 +131,9 @@ def test_config_packs_are_written_and_checked(runs: Path) -> None:
     result = json.loads((out / "config_check.json").read_text())
     verdicts = {c["name"]: c["verdict"] for c in result["categories"]}
     assert verdicts["weights"] == verdicts["dataset"] == verdicts["random"] == "pass"
+    # The tutorial's pass_check column, per category.
+    passed = {c["name"]: c["pass_check"] for c in result["categories"]}
+    assert passed["weights"] is True and passed["random"] is True
     # The optimizer was found by its first step: its hyperparameters are in the pack.
     assert "optimizer" in _pack_entry(gpu, "hyperparameters")
 
@@ -143,8 +147,20 @@ def _pack_entry(pack: Path, name: str) -> Any:
 
 def test_compare_names_the_injected_op(runs: Path) -> None:
     out = runs / "precision_compare_result"
+    # The tutorial's command line: -l api.
     proc = subprocess.run(
-        [probe_bin(), "compare", "-b", str(runs / "gpu_dump"), "-c", str(runs / "npu_dump"), "-o", str(out)],
+        [
+            probe_bin(),
+            "compare",
+            "-b",
+            str(runs / "gpu_dump"),
+            "-c",
+            str(runs / "npu_dump"),
+            "-l",
+            "api",
+            "-o",
+            str(out),
+        ],
         capture_output=True,
         text=True,
     )
@@ -152,6 +168,12 @@ def test_compare_names_the_injected_op(runs: Path) -> None:
     summary = json.loads((out / "summary.json").read_text())
     first = summary["first_divergent"]["forward"]
     assert (first["op"], first["step"]) == (f"{FAULT}.0.forward", "step0"), first
+    # The per-API table of the workbook's summary sheet links the culprit to its tensors.
+    import zipfile
+
+    with zipfile.ZipFile(out / "compare.xlsx") as z:
+        sheet = z.read("xl/worksheets/sheet1.xml").decode()
+    assert f'display="{FAULT}.0.forward"' in sheet and "location=\"'tensors'!A" in sheet
 
 
 def test_auto_counting_matches_explicit_steps(runs: Path, tmp_path: Path) -> None:
