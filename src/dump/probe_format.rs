@@ -6,7 +6,7 @@
 
 use super::{Direction, Mode, OpKey, OpKind, OpRec, RankDump, RankLoc, Role, Stats, TensorRec};
 use crate::dtype::AnyDType;
-use crate::error::{ProbeError, Result};
+use crate::error::{one_line, ProbeError, Result};
 use crate::schema::dump::{ManifestRecord, OpRecord, StackRecord, TensorRecord};
 use crate::tensor::Data;
 use std::collections::{BTreeMap, HashSet};
@@ -53,6 +53,12 @@ pub fn read_manifest(path: &Path) -> Result<Manifest> {
 fn convert_tensor(raw: TensorRecord, dir: &Path) -> std::result::Result<TensorRec, String> {
     let role = Role::parse(&raw.role)
         .ok_or_else(|| format!("tensor {}: unknown role {:?}", raw.name, raw.role))?;
+    if super::checked_numel(&raw.shape).is_none() {
+        return Err(format!(
+            "tensor {}: shape {:?} has more elements than can be addressed",
+            raw.name, raw.shape
+        ));
+    }
     let stats = raw.stats.map(|s| Stats {
         max: s.max.0,
         min: s.min.0,
@@ -109,14 +115,14 @@ fn convert_op(raw: OpRecord, dir: &Path) -> std::result::Result<OpRec, String> {
     })
 }
 
-/// Reads a JSON Lines file, calling `each(line_no, text)` for every complete line, and
-/// returns a warning if the last line was cut short (no trailing newline and not JSON).
-fn read_jsonl<F>(path: &Path, mut each: F) -> Result<Option<String>>
+/// Reads JSON Lines from `reader` (the file at `path`, named in errors), calling
+/// `each(line_no, text)` for every complete line, and returns a warning if the last line
+/// was cut short (no trailing newline and not JSON).
+fn read_jsonl<R, F>(mut reader: R, path: &Path, mut each: F) -> Result<Option<String>>
 where
+    R: BufRead,
     F: FnMut(usize, &str) -> std::result::Result<(), String>,
 {
-    let file = std::fs::File::open(path).map_err(|e| ProbeError::io(path, e))?;
-    let mut reader = BufReader::with_capacity(1 << 20, file);
     let mut line = String::new();
     let mut no = 0usize;
     loop {
@@ -149,38 +155,73 @@ where
     }
 }
 
-pub fn load(loc: &RankLoc) -> Result<RankDump> {
-    let ops_path = loc.dir.join("ops.jsonl");
+fn open_jsonl(path: &Path) -> Result<BufReader<std::fs::File>> {
+    let file = std::fs::File::open(path).map_err(|e| ProbeError::io(path, e))?;
+    Ok(BufReader::with_capacity(1 << 20, file))
+}
+
+/// Parses one line of `ops.jsonl` (Python's bare `NaN`/`Infinity` accepted) into an op
+/// record; `dir` is the rank folder its shard file names are resolved against. The error
+/// is one line, without the file and line number.
+pub fn parse_op_record(text: &str, dir: &Path) -> std::result::Result<OpRec, String> {
+    let text = crate::json::accept_nonfinite_str(text);
+    let raw: OpRecord = serde_json::from_str(&text).map_err(|e| one_line(e.to_string()))?;
+    convert_op(raw, dir).map_err(one_line)
+}
+
+/// The op records of one `ops.jsonl`, checked.
+#[derive(Debug, Clone)]
+pub struct OpLog {
+    /// Op records in file order (`seq` strictly increasing).
+    pub ops: Vec<OpRec>,
+    /// Some tensor carries a dataflow id.
+    pub has_dataflow: bool,
+    /// Set when a cut-short last line was skipped.
+    pub warning: Option<String>,
+}
+
+/// Reads an op log from `reader`: every line through [`parse_op_record`], `seq` strictly
+/// increasing, tensor names unique. `path` names the file in errors ([`ProbeError::BadRecord`]
+/// with its line number); `dir` is the rank folder. [`load`] reads `ops.jsonl` through this.
+pub fn parse_op_log(reader: impl BufRead, path: &Path, dir: &Path) -> Result<OpLog> {
     let mut ops: Vec<OpRec> = Vec::new();
     let mut names: HashSet<String> = HashSet::new();
-    let mut warnings = Vec::new();
     let mut has_dataflow = false;
-    let warn = read_jsonl(&ops_path, |_, text| {
-        let text = crate::json::accept_nonfinite_str(text);
-        let raw: OpRecord = serde_json::from_str(&text).map_err(|e| e.to_string())?;
-        let op = convert_op(raw, &loc.dir)?;
+    let warning = read_jsonl(reader, path, |_, text| {
+        let op = parse_op_record(text, dir)?;
         if let Some(prev) = ops.last() {
             if op.seq <= prev.seq {
-                return Err(format!(
+                return Err(one_line(format!(
                     "op {}: seq {} does not increase (previous {})",
                     op.key, op.seq, prev.seq
-                ));
+                )));
             }
         }
         for t in &op.tensors {
             if !names.insert(t.name.clone()) {
-                return Err(format!("duplicate tensor name {}", t.name));
+                return Err(one_line(format!("duplicate tensor name {}", t.name)));
             }
             has_dataflow |= t.id.is_some();
         }
         ops.push(op);
         Ok(())
     })?;
-    warnings.extend(warn);
+    Ok(OpLog {
+        ops,
+        has_dataflow,
+        warning,
+    })
+}
+
+/// Reads one rank folder of a probe dump: `ops.jsonl`, and `stacks.jsonl` when present.
+pub fn load(loc: &RankLoc) -> Result<RankDump> {
+    let ops_path = loc.dir.join("ops.jsonl");
+    let log = parse_op_log(open_jsonl(&ops_path)?, &ops_path, &loc.dir)?;
+    let mut warnings: Vec<String> = log.warning.into_iter().collect();
     let mut stacks = BTreeMap::new();
     let stacks_path = loc.dir.join("stacks.jsonl");
     if stacks_path.is_file() {
-        let warn = read_jsonl(&stacks_path, |_, text| {
+        let warn = read_jsonl(open_jsonl(&stacks_path)?, &stacks_path, |_, text| {
             let s: StackRecord = serde_json::from_str(text).map_err(|e| e.to_string())?;
             stacks.insert(s.id, s.frames);
             Ok(())
@@ -189,9 +230,9 @@ pub fn load(loc: &RankLoc) -> Result<RankDump> {
     }
     Ok(RankDump {
         loc: loc.clone(),
-        ops,
+        ops: log.ops,
         stacks,
-        has_dataflow,
+        has_dataflow: log.has_dataflow,
         warnings,
     })
 }
