@@ -159,12 +159,18 @@ fn check(t: &PartialTol) -> std::result::Result<(), String> {
 impl Tolerances {
     /// Reads a TOML tolerance file on top of the defaults.
     pub fn from_file(path: &Path) -> Result<Tolerances> {
+        let text = std::fs::read_to_string(path).map_err(|e| ProbeError::io(path, e))?;
+        Tolerances::from_toml(&text, path)
+    }
+
+    /// Parses the text of a TOML tolerance file on top of the defaults (`path` only names
+    /// it in errors). [`Tolerances::from_file`] reads the file and calls this.
+    pub fn from_toml(text: &str, path: &Path) -> Result<Tolerances> {
         let bad = |msg: String| ProbeError::BadConfig {
             path: path.to_path_buf(),
             msg,
         };
-        let text = std::fs::read_to_string(path).map_err(|e| ProbeError::io(path, e))?;
-        let raw: RawConfig = toml::from_str(&text).map_err(|e| bad(e.message().to_string()))?;
+        let raw: RawConfig = toml::from_str(text).map_err(|e| bad(e.message().to_string()))?;
         let mut t = Tolerances::default();
         for (name, p) in &raw.dtype {
             let d = DType::parse(name).ok_or_else(|| bad(format!("unknown dtype {name:?}")))?;
