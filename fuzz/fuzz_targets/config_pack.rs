@@ -6,8 +6,12 @@ use probe::config_check::{archive, pack};
 use std::path::Path;
 
 fuzz_target!(|data: &[u8]| {
-    let r = archive::from_bytes(Path::new("fuzz.zip"), data.to_vec(), &archive::Limits::default())
-        .and_then(|ar| pack::from_archive(&ar));
+    let r = archive::from_bytes(
+        Path::new("fuzz.zip"),
+        data.to_vec(),
+        &archive::Limits::default(),
+    )
+    .and_then(|ar| pack::from_archive(&ar));
     if let Err(e) = r {
         assert!(!e.to_string().contains('\n'), "{e}");
     }
