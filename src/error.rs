@@ -34,7 +34,7 @@ pub enum ProbeError {
     #[error("{}: empty dump: no op records", .0.display())]
     EmptyDump(PathBuf),
     /// A manifest that does not follow the format.
-    #[error("{}: bad manifest: {msg}", path.display())]
+    #[error("{}: bad manifest: {}", path.display(), OneLine(msg))]
     BadManifest {
         /// The manifest file.
         path: PathBuf,
@@ -42,7 +42,7 @@ pub enum ProbeError {
         msg: String,
     },
     /// A line of an op log that is not a valid record.
-    #[error("{}:{line}: bad op record: {msg}", path.display())]
+    #[error("{}:{line}: bad op record: {}", path.display(), OneLine(msg))]
     BadRecord {
         /// The op log file.
         path: PathBuf,
@@ -52,7 +52,7 @@ pub enum ProbeError {
         msg: String,
     },
     /// A tensor whose data cannot be used (missing key, size does not match its shape, ...).
-    #[error("{}: tensor {name}: {msg}", path.display())]
+    #[error("{}: tensor {}: {}", path.display(), OneLine(name), OneLine(msg))]
     BadTensor {
         /// The file holding (or meant to hold) the tensor.
         path: PathBuf,
@@ -62,7 +62,7 @@ pub enum ProbeError {
         msg: String,
     },
     /// A safetensors shard that is truncated or corrupt.
-    #[error("{}: corrupt safetensors shard: {msg}", path.display())]
+    #[error("{}: corrupt safetensors shard: {}", path.display(), OneLine(msg))]
     BadShard {
         /// The shard file.
         path: PathBuf,
@@ -70,7 +70,7 @@ pub enum ProbeError {
         msg: String,
     },
     /// A `.pt` or `.npy` tensor file (msprobe dumps) that is truncated or corrupt.
-    #[error("{}: bad tensor file: {msg}", path.display())]
+    #[error("{}: bad tensor file: {}", path.display(), OneLine(msg))]
     BadTensorFile {
         /// The `.pt` or `.npy` file.
         path: PathBuf,
@@ -78,7 +78,7 @@ pub enum ProbeError {
         msg: String,
     },
     /// An msprobe `dump.json` (or `stack.json`) that does not follow msprobe's format.
-    #[error("{}: bad msprobe dump: {msg}", path.display())]
+    #[error("{}: bad msprobe dump: {}", path.display(), OneLine(msg))]
     BadMsprobe {
         /// The `dump.json` or `stack.json` file.
         path: PathBuf,
@@ -86,7 +86,7 @@ pub enum ProbeError {
         msg: String,
     },
     /// Input in a format or variant this version cannot read.
-    #[error("{}: unsupported: {msg}", path.display())]
+    #[error("{}: unsupported: {}", path.display(), OneLine(msg))]
     Unsupported {
         /// The input file or folder.
         path: PathBuf,
@@ -94,7 +94,7 @@ pub enum ProbeError {
         msg: String,
     },
     /// A compare configuration (TOML) that cannot be used.
-    #[error("{}: bad config: {msg}", path.display())]
+    #[error("{}: bad config: {}", path.display(), OneLine(msg))]
     BadConfig {
         /// The config file.
         path: PathBuf,
@@ -111,7 +111,7 @@ pub enum ProbeError {
     },
     /// A zip archive refused as hostile or unsafe (path traversal, absolute path, symlink,
     /// too many entries, zip bomb); the message names the entry.
-    #[error("{}: rejected archive: {msg}", path.display())]
+    #[error("{}: rejected archive: {}", path.display(), OneLine(msg))]
     HostileZip {
         /// The pack zip.
         path: PathBuf,
@@ -119,7 +119,7 @@ pub enum ProbeError {
         msg: String,
     },
     /// A config pack that is not a pack, or one of whose entries is malformed.
-    #[error("{}: {entry}: {msg}", path.display())]
+    #[error("{}: {}: {}", path.display(), OneLine(entry), OneLine(msg))]
     BadPack {
         /// The pack zip.
         path: PathBuf,
@@ -139,6 +139,35 @@ pub enum ProbeError {
     /// The two sides have nothing in common to compare.
     #[error("nothing comparable: {0}")]
     NothingComparable(String),
+}
+
+/// Displays input-derived text on one line: control characters (a newline inside a JSON
+/// string, a zip entry name, a pickle string) are written escaped (`\n`), so that every
+/// error message stays one line whatever the input holds.
+struct OneLine<'a>(&'a str);
+
+impl std::fmt::Display for OneLine<'_> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        use std::fmt::Write;
+        for c in self.0.chars() {
+            if c.is_control() {
+                write!(f, "{}", c.escape_default())?;
+            } else {
+                f.write_char(c)?;
+            }
+        }
+        Ok(())
+    }
+}
+
+/// `msg` with its control characters escaped, as [`ProbeError`] displays it: for the
+/// readers' public entry points that return a bare message.
+pub(crate) fn one_line(msg: String) -> String {
+    if msg.chars().any(char::is_control) {
+        OneLine(&msg).to_string()
+    } else {
+        msg
+    }
 }
 
 impl ProbeError {

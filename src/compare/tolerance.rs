@@ -159,13 +159,19 @@ fn check(t: &PartialTol) -> std::result::Result<(), String> {
 impl Tolerances {
     /// Reads a TOML tolerance file on top of the defaults.
     pub fn from_file(path: &Path) -> Result<Tolerances> {
+        let text = crate::config_file::read(path)?;
+        Tolerances::from_toml(&text, path)
+    }
+
+    /// Parses the text of a TOML tolerance file on top of the defaults (`path` only names
+    /// it in errors). [`Tolerances::from_file`] reads the file and calls this.
+    pub fn from_toml(text: &str, path: &Path) -> Result<Tolerances> {
         let bad = |msg: String| ProbeError::BadConfig {
             path: path.to_path_buf(),
             msg,
         };
-        let text = crate::config_file::read(path)?;
         let raw: RawConfig =
-            toml::from_str(&text).map_err(|e| bad(crate::config_file::printable(e.message())))?;
+            toml::from_str(text).map_err(|e| bad(crate::config_file::printable(e.message())))?;
         let mut t = Tolerances::default();
         for (name, p) in &raw.dtype {
             let d = DType::parse(name).ok_or_else(|| bad(format!("unknown dtype {name:?}")))?;

@@ -182,6 +182,22 @@ pub fn read_with(path: &Path, limits: &Limits) -> Result<Archive> {
     if bytes.len() as u64 > limits.max_file_bytes {
         return Err(hostile(path, "file grew past the size limit".into()));
     }
+    from_bytes(path, bytes, limits)
+}
+
+/// Reads a pack zip already in memory (`path` only names it in errors), refusing anything
+/// unsafe. [`read_with`] reads the file and calls this; public for tools and fuzzing.
+pub fn from_bytes(path: &Path, bytes: Vec<u8>, limits: &Limits) -> Result<Archive> {
+    if bytes.len() as u64 > limits.max_file_bytes {
+        return Err(hostile(
+            path,
+            format!(
+                "file is {} bytes, more than the {} allowed for a pack",
+                bytes.len(),
+                limits.max_file_bytes
+            ),
+        ));
+    }
     if let Some(n) = declared_entries(&bytes) {
         if n > limits.max_entries as u64 {
             return Err(hostile(

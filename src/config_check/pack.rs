@@ -426,9 +426,14 @@ fn basename(p: &str) -> &str {
 
 /// Reads a pack of either kind.
 pub fn load(path: &Path) -> Result<Pack> {
-    let ar = super::archive::read(path)?;
+    from_archive(&super::archive::read(path)?)
+}
+
+/// Reads a pack of either kind from its archive, already read safely
+/// ([`super::archive::read`], or [`super::archive::from_bytes`] for bytes in memory).
+pub fn from_archive(ar: &Archive) -> Result<Pack> {
     if ar.get("manifest.json").is_some() {
-        load_probe(&ar)
+        load_probe(ar)
     } else if ar.get("env").is_some()
         || ar.get("pip").is_some()
         || ar.entries.keys().any(|k| {
@@ -438,7 +443,7 @@ pub fn load(path: &Path) -> Result<Pack> {
                 || k.starts_with("hyperparameters/")
         })
     {
-        load_msprobe(&ar)
+        load_msprobe(ar)
     } else {
         Err(ar.bad(
             "-",

@@ -289,7 +289,13 @@ impl Rules {
     /// Reads a rules TOML file (`--config`) and builds the rules from it.
     pub fn from_file(path: &Path) -> Result<Rules> {
         let text = crate::config_file::read(path)?;
-        let cfg: ConfigFile = toml::from_str(&text).map_err(|e| ProbeError::BadConfig {
+        Rules::from_toml(&text, path)
+    }
+
+    /// Parses the text of a rules TOML file (`path` only names it in errors) and builds the
+    /// rules from it. [`Rules::from_file`] reads the file and calls this.
+    pub fn from_toml(text: &str, path: &Path) -> Result<Rules> {
+        let cfg: ConfigFile = toml::from_str(text).map_err(|e| ProbeError::BadConfig {
             path: path.to_path_buf(),
             msg: crate::config_file::printable(&e.to_string().trim().replace('\n', " ")),
         })?;

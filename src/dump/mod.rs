@@ -14,7 +14,7 @@ use crate::tensor::Data;
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
 
-pub use probe_format::read_manifest;
+pub use probe_format::{parse_op_log, parse_op_record, read_manifest, OpLog};
 
 /// What a dump holds per tensor.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, serde::Serialize)]
@@ -97,10 +97,15 @@ pub struct TensorRec {
 }
 
 impl TensorRec {
-    /// Number of elements.
+    /// Number of elements (saturating; readers refuse shapes whose count overflows).
     pub fn numel(&self) -> usize {
-        self.shape.iter().product()
+        checked_numel(&self.shape).unwrap_or(usize::MAX)
     }
+}
+
+/// The product of `shape`, `None` when it overflows `usize`.
+pub(crate) fn checked_numel(shape: &[usize]) -> Option<usize> {
+    shape.iter().try_fold(1usize, |a, &d| a.checked_mul(d))
 }
 
 /// One op call of a rank's op log.

@@ -9,7 +9,7 @@
 
 use super::{OpKey, OpKind, OpRec, RankDump, RankLoc, Role, Stats, TensorRec};
 use crate::dtype::AnyDType;
-use crate::error::{ProbeError, Result};
+use crate::error::{one_line, ProbeError, Result};
 use crate::schema::dump::parse_stat;
 use crate::tensor::Data;
 use serde::de::{Deserialize, Deserializer, MapAccess, SeqAccess, Visitor};
@@ -186,6 +186,11 @@ fn tensor_rec(
         Some(J::Null) | None => vec![],
         Some(o) => return Err(format!("tensor {name}: shape is {}", o.kind())),
     };
+    if super::checked_numel(&shape).is_none() {
+        return Err(format!(
+            "tensor {name}: shape {shape:?} has more elements than can be addressed"
+        ));
+    }
     let s = |k: &str| stat(v.get(k)).map_err(|m| format!("tensor {name}: {k}: {m}"));
     let stats = Stats {
         max: s("Max")?,
@@ -324,21 +329,19 @@ fn convert_op(ctx: &mut Ctx, key: &str, entry: &J) -> std::result::Result<OpRec,
 
 /// `stack.json`: `{"0": [[op, ...], [frame, ...]]}`, or the older `{op: [frame, ...]}`.
 /// Stacks by id, and the stack id of each op.
-type Stacks = (BTreeMap<u64, Vec<String>>, HashMap<String, u64>);
+pub type Stacks = (BTreeMap<u64, Vec<String>>, HashMap<String, u64>);
 
-fn read_stacks(path: &Path) -> Result<Stacks> {
+/// Parses the text of a `stack.json` (either layout): stacks by id, and the stack id of
+/// each op. Public for tools and fuzzing; the error is one line.
+pub fn parse_stacks(text: &[u8]) -> std::result::Result<Stacks, String> {
+    stack_maps(text).map_err(one_line)
+}
+
+fn stack_maps(text: &[u8]) -> std::result::Result<Stacks, String> {
     let mut stacks = BTreeMap::new();
     let mut by_op = HashMap::new();
-    if !path.is_file() {
-        return Ok((stacks, by_op));
-    }
-    let bad = |msg: String| ProbeError::BadMsprobe {
-        path: path.to_path_buf(),
-        msg,
-    };
-    let text = std::fs::read(path).map_err(|e| ProbeError::io(path, e))?;
-    let J::Obj(entries) = parse_json(&text).map_err(bad)? else {
-        return Err(bad("not a JSON object".into()));
+    let J::Obj(entries) = parse_json(text)? else {
+        return Err("not a JSON object".into());
     };
     let strings = |v: &J| -> Vec<String> {
         match v {
@@ -369,6 +372,17 @@ fn read_stacks(path: &Path) -> Result<Stacks> {
     Ok((stacks, by_op))
 }
 
+fn read_stacks(path: &Path) -> Result<Stacks> {
+    if !path.is_file() {
+        return Ok(Default::default());
+    }
+    let text = std::fs::read(path).map_err(|e| ProbeError::io(path, e))?;
+    parse_stacks(&text).map_err(|msg| ProbeError::BadMsprobe {
+        path: path.to_path_buf(),
+        msg,
+    })
+}
+
 /// `construct.json`: node → parent module (or null).
 fn read_construct(path: &Path) -> Result<HashMap<String, String>> {
     let mut out = HashMap::new();
@@ -390,21 +404,30 @@ fn read_construct(path: &Path) -> Result<HashMap<String, String>> {
     Ok(out)
 }
 
-/// Reads one msprobe rank folder.
-pub fn load(loc: &RankLoc) -> Result<RankDump> {
-    let path = loc.dir.join("dump.json");
-    let bad = |msg: String| ProbeError::BadMsprobe {
-        path: path.clone(),
-        msg,
-    };
-    let text = std::fs::read(&path).map_err(|e| ProbeError::io(&path, e))?;
-    let root = parse_json(&text).map_err(&bad)?;
-    drop(text);
+/// The op records of one `dump.json`, in file order.
+#[derive(Debug, Clone)]
+pub struct DumpJson {
+    /// One record per op entry (`seq` is its position; no stacks or modules yet).
+    pub ops: Vec<OpRec>,
+    /// The `task` msprobe recorded (`statistics`, `tensor`, ...).
+    pub task: Option<String>,
+    /// Tensor files named but absent from `dump_tensor_data/`.
+    pub missing: usize,
+    /// The first of them.
+    pub first_missing: Option<String>,
+}
+
+/// Parses the text of a `dump.json` whose rank folder is `dir` (tensor files are looked up
+/// under `dir/dump_tensor_data/`). [`load`] reads `dump.json` through this; public for
+/// tools and fuzzing. The error is one line, without the file name.
+pub fn parse_dump(text: &[u8], dir: &Path) -> std::result::Result<DumpJson, String> {
+    dump_ops(text, dir).map_err(one_line)
+}
+
+fn dump_ops(text: &[u8], dir: &Path) -> std::result::Result<DumpJson, String> {
+    let root = parse_json(text)?;
     let J::Obj(top) = root else {
-        return Err(bad(format!(
-            "top level is {}, expected an object",
-            root.kind()
-        )));
+        return Err(format!("top level is {}, expected an object", root.kind()));
     };
     let mut data = None;
     let mut task = None;
@@ -417,31 +440,51 @@ pub fn load(loc: &RankLoc) -> Result<RankDump> {
     }
     let data = match data {
         Some(J::Obj(d)) => d,
-        Some(o) => return Err(bad(format!("\"data\" is {}, expected an object", o.kind()))),
-        None => return Err(bad("no \"data\" object".into())),
+        Some(o) => return Err(format!("\"data\" is {}, expected an object", o.kind())),
+        None => return Err("no \"data\" object".into()),
     };
-    let (stacks, stack_of) = read_stacks(&loc.dir.join("stack.json"))?;
-    let parents = read_construct(&loc.dir.join("construct.json"))?;
     let mut ctx = Ctx {
-        dir: &loc.dir,
+        dir,
         missing: 0,
         first_missing: None,
     };
     let mut ops = Vec::with_capacity(data.len());
     for (i, (key, entry)) in data.iter().enumerate() {
-        let mut op = convert_op(&mut ctx, key, entry).map_err(&bad)?;
+        let mut op = convert_op(&mut ctx, key, entry)?;
         op.seq = i as u64;
-        op.stack = stack_of.get(key).copied();
-        op.module = parents.get(key).cloned();
         ops.push(op);
     }
+    Ok(DumpJson {
+        ops,
+        task,
+        missing: ctx.missing,
+        first_missing: ctx.first_missing,
+    })
+}
+
+/// Reads one msprobe rank folder.
+pub fn load(loc: &RankLoc) -> Result<RankDump> {
+    let path = loc.dir.join("dump.json");
+    let text = std::fs::read(&path).map_err(|e| ProbeError::io(&path, e))?;
+    let dump = parse_dump(&text, &loc.dir).map_err(|msg| ProbeError::BadMsprobe {
+        path: path.clone(),
+        msg,
+    })?;
+    drop(text);
+    let (stacks, stack_of) = read_stacks(&loc.dir.join("stack.json"))?;
+    let parents = read_construct(&loc.dir.join("construct.json"))?;
+    let mut ops = dump.ops;
+    for op in &mut ops {
+        op.stack = stack_of.get(op.key.as_str()).copied();
+        op.module = parents.get(op.key.as_str()).cloned();
+    }
     let mut warnings = Vec::new();
-    if ctx.missing > 0 && task.as_deref() == Some("tensor") {
+    if dump.missing > 0 && dump.task.as_deref() == Some("tensor") {
         warnings.push(format!(
             "{}: {} tensor file(s) named in dump.json are missing (first: {}); those tensors are compared by statistics",
             loc.dir.display(),
-            ctx.missing,
-            ctx.first_missing.unwrap_or_default()
+            dump.missing,
+            dump.first_missing.unwrap_or_default()
         ));
     }
     Ok(RankDump {

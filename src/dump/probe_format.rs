@@ -6,7 +6,7 @@
 
 use super::{Direction, Mode, OpKey, OpKind, OpRec, RankDump, RankLoc, Role, Stats, TensorRec};
 use crate::dtype::AnyDType;
-use crate::error::{ProbeError, Result};
+use crate::error::{one_line, ProbeError, Result};
 use crate::schema::dump::{ManifestRecord, OpRecord, StackRecord, TensorRecord};
 use crate::tensor::Data;
 use std::collections::{BTreeMap, HashMap, HashSet};
@@ -53,6 +53,12 @@ pub fn read_manifest(path: &Path) -> Result<Manifest> {
 fn convert_tensor(raw: TensorRecord, dir: &Path) -> std::result::Result<TensorRec, String> {
     let role = Role::parse(&raw.role)
         .ok_or_else(|| format!("tensor {}: unknown role {:?}", raw.name, raw.role))?;
+    if super::checked_numel(&raw.shape).is_none() {
+        return Err(format!(
+            "tensor {}: shape {:?} has more elements than can be addressed",
+            raw.name, raw.shape
+        ));
+    }
     let stats = raw.stats.map(|s| Stats {
         max: s.max.0,
         min: s.min.0,
@@ -113,22 +119,28 @@ fn convert_op(raw: OpRecord, dir: &Path) -> std::result::Result<OpRec, String> {
 /// and line, not an attempt to hold it in memory.
 pub const MAX_LINE: usize = 64 << 20;
 
-/// Reads a JSON Lines file, calling `each(line_no, text)` for every complete line, and
-/// returns a warning if the last line was cut short (no trailing newline and not JSON).
-fn read_jsonl<F>(path: &Path, each: F) -> Result<Option<String>>
+/// Reads JSON Lines from `reader` (the file at `path`, named in errors), calling
+/// `each(line_no, text)` for every complete line, and returns a warning if the last line
+/// was cut short (no trailing newline and not JSON).
+fn read_jsonl<R, F>(reader: R, path: &Path, each: F) -> Result<Option<String>>
 where
+    R: BufRead,
     F: FnMut(usize, &str) -> std::result::Result<(), String>,
 {
-    read_jsonl_capped(path, MAX_LINE, each)
+    read_jsonl_capped(reader, path, MAX_LINE, each)
 }
 
 /// [`read_jsonl`] with a line cap of `cap` bytes (newline excluded).
-fn read_jsonl_capped<F>(path: &Path, cap: usize, mut each: F) -> Result<Option<String>>
+fn read_jsonl_capped<R, F>(
+    mut reader: R,
+    path: &Path,
+    cap: usize,
+    mut each: F,
+) -> Result<Option<String>>
 where
+    R: BufRead,
     F: FnMut(usize, &str) -> std::result::Result<(), String>,
 {
-    let file = std::fs::File::open(path).map_err(|e| ProbeError::io(path, e))?;
-    let mut reader = BufReader::with_capacity(1 << 20, file);
     let mut buf: Vec<u8> = Vec::new();
     let mut no = 0usize;
     let limit = u64::try_from(cap).unwrap_or(u64::MAX).saturating_add(1);
@@ -335,35 +347,70 @@ fn salvage_shards(
     }
 }
 
-pub fn load(loc: &RankLoc) -> Result<RankDump> {
-    let ops_path = loc.dir.join("ops.jsonl");
+fn open_jsonl(path: &Path) -> Result<BufReader<std::fs::File>> {
+    let file = std::fs::File::open(path).map_err(|e| ProbeError::io(path, e))?;
+    Ok(BufReader::with_capacity(1 << 20, file))
+}
+
+/// Tensor name → `data_offsets`, as an op record declares them.
+type Declared = Vec<(String, [u64; 2])>;
+
+/// Parses one line into an op record and the `data_offsets` its tensors declare.
+fn parse_record(text: &str, dir: &Path) -> std::result::Result<(OpRec, Declared), String> {
+    let text = crate::json::accept_nonfinite_str(text);
+    let raw: OpRecord = serde_json::from_str(&text).map_err(|e| one_line(e.to_string()))?;
+    let offsets = raw
+        .tensors
+        .iter()
+        .filter_map(|t| Some((t.name.clone(), t.data_offsets?)))
+        .collect();
+    Ok((convert_op(raw, dir).map_err(one_line)?, offsets))
+}
+
+/// Parses one line of `ops.jsonl` (Python's bare `NaN`/`Infinity` accepted) into an op
+/// record; `dir` is the rank folder its shard file names are resolved against. The error
+/// is one line, without the file and line number.
+pub fn parse_op_record(text: &str, dir: &Path) -> std::result::Result<OpRec, String> {
+    parse_record(text, dir).map(|(op, _)| op)
+}
+
+/// The op records of one `ops.jsonl`, checked.
+#[derive(Debug, Clone)]
+pub struct OpLog {
+    /// Op records in file order (`seq` strictly increasing).
+    pub ops: Vec<OpRec>,
+    /// Some tensor carries a dataflow id.
+    pub has_dataflow: bool,
+    /// Set when a cut-short last line was skipped.
+    pub warning: Option<String>,
+    /// Where each tensor's bytes sit in its shard's data section, as the writer declared
+    /// (what a crashed run's unfinished `.stream.tmp` is read by).
+    pub offsets: HashMap<String, [u64; 2]>,
+}
+
+/// Reads an op log from `reader`: every line through [`parse_op_record`], `seq` strictly
+/// increasing, tensor names unique. `path` names the file in errors ([`ProbeError::BadRecord`]
+/// with its line number); `dir` is the rank folder. [`load`] reads `ops.jsonl` through this.
+pub fn parse_op_log(reader: impl BufRead, path: &Path, dir: &Path) -> Result<OpLog> {
     let mut ops: Vec<OpRec> = Vec::new();
     let mut names: HashSet<String> = HashSet::new();
-    let mut warnings = Vec::new();
     let mut has_dataflow = false;
     let mut offsets: HashMap<String, [u64; 2]> = HashMap::new();
-    let mut op_offsets: Vec<(String, [u64; 2])> = Vec::new();
-    let warn = read_jsonl(&ops_path, |_, text| {
-        let text = crate::json::accept_nonfinite_str(text);
-        let raw: OpRecord = serde_json::from_str(&text).map_err(|e| e.to_string())?;
-        op_offsets.clear();
-        op_offsets.extend(
-            raw.tensors
-                .iter()
-                .filter_map(|t| Some((t.name.clone(), t.data_offsets?))),
-        );
-        let op = convert_op(raw, &loc.dir)?;
+    let mut op_offsets: Declared = Vec::new();
+    let warning = read_jsonl(reader, path, |_, text| {
+        let (op, declared) = parse_record(text, dir)?;
+        op_offsets = declared;
         if let Some(prev) = ops.last() {
             if op.seq <= prev.seq {
-                return Err(format!(
+                return Err(one_line(format!(
                     "op {}: seq {} does not increase (previous {})",
                     op.key, op.seq, prev.seq
-                ));
+                )));
             }
         }
         for t in &op.tensors {
             if !names.insert(t.name.clone()) {
-                return Err(format!("duplicate tensor name {}", t.name));
+                return Err(one_line(format!("duplicate tensor name {}", t.name)));
             }
             has_dataflow |= t.id.is_some();
         }
@@ -371,16 +418,36 @@ pub fn load(loc: &RankLoc) -> Result<RankDump> {
         offsets.extend(op_offsets.drain(..));
         Ok(())
     })?;
+    Ok(OpLog {
+        ops,
+        has_dataflow,
+        warning,
+        offsets,
+    })
+}
+
+/// Reads one rank folder of a probe dump: `ops.jsonl`, and `stacks.jsonl` when present.
+/// Shards a crash left unfinished or absent are salvaged (see `salvage_shards`).
+pub fn load(loc: &RankLoc) -> Result<RankDump> {
+    let ops_path = loc.dir.join("ops.jsonl");
+    let mut log = parse_op_log(open_jsonl(&ops_path)?, &ops_path, &loc.dir)?;
+    let mut warnings = Vec::new();
     let mut incomplete = Vec::new();
-    if let Some(w) = warn {
+    if let Some(w) = log.warning.take() {
         warnings.push(w);
         incomplete.push("op log cut short".to_string());
     }
-    salvage_shards(&loc.dir, &mut ops, &offsets, &mut warnings, &mut incomplete);
+    salvage_shards(
+        &loc.dir,
+        &mut log.ops,
+        &log.offsets,
+        &mut warnings,
+        &mut incomplete,
+    );
     let mut stacks = BTreeMap::new();
     let stacks_path = loc.dir.join("stacks.jsonl");
     if stacks_path.is_file() {
-        let warn = read_jsonl(&stacks_path, |_, text| {
+        let warn = read_jsonl(open_jsonl(&stacks_path)?, &stacks_path, |_, text| {
             let s: StackRecord = serde_json::from_str(text).map_err(|e| e.to_string())?;
             stacks.insert(s.id, s.frames);
             Ok(())
@@ -389,9 +456,9 @@ pub fn load(loc: &RankLoc) -> Result<RankDump> {
     }
     Ok(RankDump {
         loc: loc.clone(),
-        ops,
+        ops: log.ops,
         stacks,
-        has_dataflow,
+        has_dataflow: log.has_dataflow,
         warnings,
         incomplete,
     })
@@ -406,7 +473,7 @@ mod tests {
         let p = dir.path().join("ops.jsonl");
         std::fs::write(&p, text).unwrap();
         let mut seen = Vec::new();
-        let r = read_jsonl_capped(&p, cap, |_, t| {
+        let r = read_jsonl_capped(open_jsonl(&p).unwrap(), &p, cap, |_, t| {
             serde_json::from_str::<serde_json::Value>(t).map_err(|e| e.to_string())?;
             seen.push(t.to_string());
             Ok(())

@@ -56,6 +56,56 @@ struct Entry {
     len: usize,
 }
 
+/// The parsed and validated header of a safetensors shard: its tensors and where their
+/// bytes lie.
+#[derive(Debug, Clone, Default)]
+pub struct ShardIndex {
+    entries: HashMap<String, Entry>,
+}
+
+impl ShardIndex {
+    /// Parses and validates the header of a shard from the shard's bytes (the whole file:
+    /// the `safetensors` crate checks that the data the header declares fills it exactly).
+    /// [`Shard::open`] reads every shard through this; the error is one line.
+    pub fn parse(bytes: &[u8]) -> std::result::Result<ShardIndex, String> {
+        let (n, meta) = safetensors::SafeTensors::read_metadata(bytes)
+            .map_err(|e| crate::error::one_line(e.to_string()))?;
+        let base = 8 + n as u64;
+        let entries = meta
+            .tensors()
+            .into_iter()
+            .map(|(name, info)| {
+                let dtype_name = format!("{:?}", info.dtype);
+                let (start, end) = info.data_offsets;
+                let entry = Entry {
+                    dtype: DType::parse(&dtype_name),
+                    dtype_name,
+                    shape: info.shape.clone(),
+                    offset: base + start as u64,
+                    len: end.saturating_sub(start),
+                };
+                (name, entry)
+            })
+            .collect();
+        Ok(ShardIndex { entries })
+    }
+
+    /// Number of tensors in the shard.
+    pub fn len(&self) -> usize {
+        self.entries.len()
+    }
+
+    /// Whether the shard holds no tensor.
+    pub fn is_empty(&self) -> bool {
+        self.entries.is_empty()
+    }
+
+    /// The tensors' names, in no particular order.
+    pub fn names(&self) -> impl Iterator<Item = &str> {
+        self.entries.keys().map(String::as_str)
+    }
+}
+
 /// The parsed header of one shard, with the open file.
 #[derive(Debug)]
 pub struct Shard {
@@ -65,37 +115,20 @@ pub struct Shard {
 }
 
 impl Shard {
-    /// Opens a safetensors shard and parses and validates its header.
+    /// Opens a safetensors shard and parses and validates its header ([`ShardIndex::parse`]).
     pub fn open(path: &Path) -> Result<Shard> {
         let file = File::open(path).map_err(|e| ProbeError::io(path, e))?;
         // SAFETY: the map is read-only and only used for header validation below; a file
         // truncated by another process while mapped would fault, which dump files are not.
         let map = unsafe { MmapOptions::new().map(&file) }.map_err(|e| ProbeError::io(path, e))?;
-        let (n, meta) =
-            safetensors::SafeTensors::read_metadata(&map).map_err(|e| ProbeError::BadShard {
-                path: path.to_path_buf(),
-                msg: e.to_string(),
-            })?;
-        let base = 8 + n as u64;
-        let entries = meta
-            .tensors()
-            .into_iter()
-            .map(|(name, info)| {
-                let dtype_name = format!("{:?}", info.dtype);
-                let entry = Entry {
-                    dtype: DType::parse(&dtype_name),
-                    dtype_name,
-                    shape: info.shape.clone(),
-                    offset: base + info.data_offsets.0 as u64,
-                    len: info.data_offsets.1 - info.data_offsets.0,
-                };
-                (name, entry)
-            })
-            .collect();
+        let index = ShardIndex::parse(&map).map_err(|msg| ProbeError::BadShard {
+            path: path.to_path_buf(),
+            msg,
+        })?;
         Ok(Shard {
             path: path.to_path_buf(),
             file,
-            entries,
+            entries: index.entries,
         })
     }
 }

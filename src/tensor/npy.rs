@@ -100,12 +100,35 @@ pub fn parse_header(bytes: &[u8]) -> std::result::Result<(DType, Vec<usize>, u64
     Ok((dtype, shape, end as u64))
 }
 
-/// Reads the header of the `.npy` file at `path` and checks the file holds all its data.
+/// Locates the tensor of a `.npy` file from its first bytes (`head`: at least the whole
+/// header; [`read`] passes up to 64 KiB) and the file's length, checking that the file
+/// holds all the data the header declares. The error is one line, without the file name.
+pub fn locate(head: &[u8], file_len: u64) -> std::result::Result<NpyTensor, String> {
+    let (dtype, shape, offset) = parse_header(head).map_err(crate::error::one_line)?;
+    let numel = shape
+        .iter()
+        .try_fold(1usize, |a, &d| a.checked_mul(d))
+        .ok_or_else(|| format!("shape {shape:?} overflows"))?;
+    let need = (numel as u64)
+        .checked_mul(dtype.size() as u64)
+        .and_then(|n| n.checked_add(offset))
+        .ok_or("size overflows")?;
+    if need > file_len {
+        return Err(format!(
+            "{file_len} bytes cannot hold {numel} {dtype} elements after a {offset}-byte header"
+        ));
+    }
+    Ok(NpyTensor {
+        dtype,
+        shape,
+        numel,
+        offset,
+    })
+}
+
+/// Reads the header of the `.npy` file at `path` and checks the file holds all its data
+/// ([`locate`]).
 pub fn read(path: &Path) -> Result<NpyTensor> {
-    let bad = |msg: String| ProbeError::BadTensorFile {
-        path: path.to_path_buf(),
-        msg,
-    };
     let mut f = std::fs::File::open(path).map_err(|e| ProbeError::io(path, e))?;
     let len = f.metadata().map_err(|e| ProbeError::io(path, e))?.len();
     let mut head = Vec::new();
@@ -113,25 +136,9 @@ pub fn read(path: &Path) -> Result<NpyTensor> {
         .take(1 << 16)
         .read_to_end(&mut head)
         .map_err(|e| ProbeError::io(path, e))?;
-    let (dtype, shape, offset) = parse_header(&head).map_err(bad)?;
-    let numel = shape
-        .iter()
-        .try_fold(1usize, |a, &d| a.checked_mul(d))
-        .ok_or_else(|| bad(format!("shape {shape:?} overflows")))?;
-    let need = (numel as u64)
-        .checked_mul(dtype.size() as u64)
-        .and_then(|n| n.checked_add(offset))
-        .ok_or_else(|| bad("size overflows".into()))?;
-    if need > len {
-        return Err(bad(format!(
-            "{len} bytes cannot hold {numel} {dtype} elements after a {offset}-byte header"
-        )));
-    }
-    Ok(NpyTensor {
-        dtype,
-        shape,
-        numel,
-        offset,
+    locate(&head, len).map_err(|msg| ProbeError::BadTensorFile {
+        path: path.to_path_buf(),
+        msg,
     })
 }
 

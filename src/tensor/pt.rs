@@ -13,7 +13,7 @@ use crate::dtype::DType;
 use crate::error::{ProbeError, Result};
 use std::cell::RefCell;
 use std::collections::HashMap;
-use std::io::Read;
+use std::io::{Read, Seek};
 use std::path::Path;
 use std::rc::Rc;
 
@@ -22,6 +22,10 @@ const MAX_PICKLE: u64 = 16 << 20;
 /// Largest number of opcodes run, and deepest stack, before giving up.
 const MAX_OPS: usize = 1 << 20;
 const MAX_STACK: usize = 1 << 16;
+/// Most dimensions a tensor may have (PyTorch's own limit is far below).
+const MAX_DIMS: usize = 64;
+/// Longest storage key (torch.save writes "0", "1", ...).
+const MAX_KEY: usize = 64;
 
 /// Element type of a storage class (`None` for `UntypedStorage`: bytes of unknown type).
 fn storage_dtype(module: &str, name: &str) -> Option<Option<DType>> {
@@ -121,6 +125,43 @@ enum V {
 
 type Val = Rc<V>;
 
+impl Drop for V {
+    /// A pickle nests values as deep as it likes (a million TUPLE1 opcodes nest a million
+    /// tuples): they are taken apart here with a work list, as recursive drops would
+    /// overflow the thread's stack.
+    fn drop(&mut self) {
+        let mut work = Vec::new();
+        take_children(self, &mut work);
+        while let Some(v) = work.pop() {
+            // A value still shared elsewhere is taken apart when its last holder is.
+            if let Ok(mut v) = Rc::try_unwrap(v) {
+                take_children(&mut v, &mut work);
+            }
+        }
+    }
+}
+
+/// Moves the values `v` holds (if `v` is their only holder) into `work`.
+fn take_children(v: &mut V, work: &mut Vec<Val>) {
+    match v {
+        V::Tuple(items) => work.append(items),
+        V::List(l) => {
+            if let Some(cell) = Rc::get_mut(l) {
+                work.append(cell.get_mut());
+            }
+        }
+        V::Dict(d) => {
+            if let Some(cell) = Rc::get_mut(d) {
+                for (k, x) in cell.get_mut().drain(..) {
+                    work.push(k);
+                    work.push(x);
+                }
+            }
+        }
+        _ => {}
+    }
+}
+
 impl V {
     fn kind(&self) -> &'static str {
         match self {
@@ -190,6 +231,14 @@ fn as_int(v: &V, what: &str) -> std::result::Result<i64, String> {
 }
 
 fn int_tuple(v: &V, what: &str) -> std::result::Result<Vec<i64>, String> {
+    let n = match v {
+        V::Tuple(items) => items.len(),
+        V::List(items) => items.borrow().len(),
+        _ => 0,
+    };
+    if n > MAX_DIMS {
+        return Err(format!("{what} has {n} dimensions, more than {MAX_DIMS}"));
+    }
     match v {
         V::Tuple(items) => items.iter().map(|x| as_int(x, what)).collect(),
         V::List(items) => items.borrow().iter().map(|x| as_int(x, what)).collect(),
@@ -224,13 +273,17 @@ fn persistent_load(pid: &V) -> std::result::Result<V, String> {
         }
     };
     let key = match &*items[2] {
-        V::Str(s) => s.clone(),
+        V::Str(s) => s,
         o => return Err(format!("storage key is a {}, expected a str", o.kind())),
     };
+    if key.len() > MAX_KEY {
+        return Err(format!("storage key of {} bytes is too long", key.len()));
+    }
     // A key is a file name inside the archive: refuse anything that could name another entry.
     if key.is_empty() || !key.chars().all(|c| c.is_ascii_alphanumeric() || c == '_') {
         return Err(format!("storage key {key:?} is not a plain name"));
     }
+    let key = key.clone();
     let numel = as_int(&items[4], "storage size")?;
     let numel = u64::try_from(numel).map_err(|_| format!("storage size {numel} is negative"))?;
     Ok(V::Storage(StorageRef { dtype, key, numel }))
@@ -314,6 +367,10 @@ fn pop_mark(stack: &mut Vec<Val>) -> std::result::Result<Vec<Val>, String> {
 
 /// Runs the restricted pickle machine over `data.pkl` and returns the tensor it builds.
 pub fn parse_pickle(bytes: &[u8]) -> std::result::Result<PickledTensor, String> {
+    run_pickle(bytes).map_err(crate::error::one_line)
+}
+
+fn run_pickle(bytes: &[u8]) -> std::result::Result<PickledTensor, String> {
     let mut r = Reader { b: bytes, pos: 0 };
     let mut stack: Vec<Val> = Vec::new();
     let mut memo: HashMap<u32, Val> = HashMap::new();
@@ -578,6 +635,20 @@ fn contiguous(shape: &[usize], stride: &[i64]) -> bool {
 /// `dtype_hint` is the dtype the dump records: used only for an untyped storage, whose
 /// element type the file does not say.
 pub fn read(path: &Path, dtype_hint: Option<DType>) -> Result<PtTensor> {
+    let file = std::fs::File::open(path).map_err(|e| ProbeError::io(path, e))?;
+    let file_len = file.metadata().map_err(|e| ProbeError::io(path, e))?.len();
+    read_from(std::io::BufReader::new(file), file_len, path, dtype_hint)
+}
+
+/// [`read`] over any seekable reader holding the whole `.pt` file (`file_len` bytes):
+/// the zip directory, `data.pkl` through [`parse_pickle`], the storage entry. `path` only
+/// names the file in errors. Public for tools and fuzzing (a `Cursor` over bytes).
+pub fn read_from<R: Read + Seek>(
+    reader: R,
+    file_len: u64,
+    path: &Path,
+    dtype_hint: Option<DType>,
+) -> Result<PtTensor> {
     let bad = |msg: String| ProbeError::BadTensorFile {
         path: path.to_path_buf(),
         msg,
@@ -586,14 +657,11 @@ pub fn read(path: &Path, dtype_hint: Option<DType>) -> Result<PtTensor> {
         path: path.to_path_buf(),
         msg,
     };
-    let file = std::fs::File::open(path).map_err(|e| ProbeError::io(path, e))?;
-    let file_len = file.metadata().map_err(|e| ProbeError::io(path, e))?.len();
     // torch.save archives start at offset 0: saying so spares zip's search for the
     // archive start, which reads most of the file in small pieces.
     let config = zip::read::Config {
         archive_offset: zip::read::ArchiveOffset::Known(0),
     };
-    let reader = std::io::BufReader::new(file);
     let mut zip = zip::ZipArchive::with_config(config, reader).map_err(|e| {
         bad(format!(
             "not a torch.save zip archive ({e}); legacy (pre-1.6) .pt files are not supported"
