@@ -455,19 +455,29 @@ pub fn scan_unit(dump: RankDump, opts: &ScanOptions) -> ScanUnit {
     }
 }
 
-/// Scans every step/rank of a dump.
+/// Scans every step/rank of a dump. A step/rank without op records (a run that crashed
+/// before writing any) is skipped with a warning; when none has any, nothing was scanned.
 pub fn run(dump: &Path, opts: &ScanOptions) -> Result<ScanRun> {
     let set = dump::discover(dump)?;
     let mut units = Vec::with_capacity(set.ranks.len());
     let mut warnings = Vec::new();
     for loc in &set.ranks {
         let d = dump::load_rank(loc)?;
+        warnings.extend(d.warnings.iter().cloned());
         if d.ops.is_empty() {
-            return Err(ProbeError::EmptyDump(loc.dir.clone()));
+            warnings.push(format!(
+                "{}: no op records (crashed run?); not scanned",
+                loc.dir.display()
+            ));
+            continue;
         }
-        let u = scan_unit(d, opts);
-        warnings.extend(u.warnings.iter().cloned());
-        units.push(u);
+        units.push(scan_unit(d, opts));
+    }
+    if units.is_empty() && !set.ranks.is_empty() {
+        return Err(ProbeError::NothingComparable(format!(
+            "{}: no step/rank holds op records",
+            dump.display()
+        )));
     }
     Ok(ScanRun {
         dump: dump.to_path_buf(),

@@ -309,7 +309,7 @@ fn bad_input_is_one_line_and_exit_2() {
     assert_input_error(&o, 2, "no such file or directory");
     let d = write_dump(&t.path().join("empty"), &[]);
     let o = scan(&d, &t.path().join("o"), &[]);
-    assert_input_error(&o, 2, "empty dump");
+    assert_input_error(&o, 3, "no step/rank holds op records");
     let o = scan(&d, &t.path().join("o"), &["--overflow-margin", "0.5"]);
     assert_input_error(&o, 2, "--overflow-margin");
 }
@@ -339,4 +339,33 @@ fn an_overflow_mode_dump_without_records_is_clean() {
     .unwrap();
     let o = scan(&d, &t.path().join("p"), &[]);
     assert_input_error(&o, 2, "not a dump");
+}
+
+#[test]
+fn a_step_left_empty_by_a_crash_is_skipped_with_a_warning() {
+    let t = tempfile::tempdir().unwrap();
+    let d = write_dump(
+        &t.path().join("dump"),
+        &[(
+            "Torch.exp.0.forward",
+            vec![
+                ("input", "float32", ok()),
+                ("output", "float32", stats(0.0, 0.0, 2, 0)),
+            ],
+        )],
+    );
+    let crashed = d.join("step1/rank0");
+    std::fs::create_dir_all(&crashed).unwrap();
+    std::fs::write(crashed.join("ops.jsonl"), "").unwrap();
+    let o = scan(&d, &t.path().join("o"), &[]);
+    assert_eq!(o.code, 1, "{}{}", o.stdout, o.stderr);
+    assert!(
+        o.stderr.contains("no op records (crashed run?)"),
+        "{}",
+        o.stderr
+    );
+    assert_eq!(
+        json(&t.path().join("o"))["first_nonfinite"]["forward"]["op"],
+        "Torch.exp.0.forward"
+    );
 }
