@@ -24,6 +24,7 @@ import torch
 
 from .._patch import Patches
 from .records import OpRecord, json_args, walk
+from .stats import nonfinite_result
 
 if TYPE_CHECKING:
     from .debugger import Debugger
@@ -236,6 +237,8 @@ class ApiCapture:
     ) -> Any:
         """Run one call of a hooked API, capturing it when selected."""
         dbg = self._dbg
+        if dbg._overflow and not (self._c.backward and torch.is_grad_enabled()):
+            return self._call_checked(orig, api, inplace, args, kwargs)
         tls.active = False
         ctx: Optional[_Pending] = None
         try:
@@ -260,6 +263,71 @@ class ApiCapture:
             dbg._guard.fail(exc, f"capturing outputs of {api}")
         finally:
             tls.active = dbg._api_on
+        return out
+
+    def _call_checked(
+        self,
+        orig: Callable[..., Any],
+        api: str,
+        inplace: bool,
+        args: tuple[Any, ...],
+        kwargs: dict[str, Any],
+    ) -> Any:
+        """Overflow mode, a call without a backward record (grad off, as in optimizer
+        steps, or no backward direction): run it, check what it produced, and only build
+        its record when that holds NaN/Inf. Most calls of a step take this path, so it
+        allocates nothing but an in-place op's snapshot of its first argument."""
+        dbg = self._dbg
+        c = self._c
+        tls.active = False
+        call: Optional[int] = None
+        try:
+            with dbg._lock:
+                mods = self._modules.stack
+                module = mods[-1] if mods else None
+                call = self._select.api_call(api, module)
+                if call is not None:
+                    if not self._c.forward or (
+                        self._select.listed and not self._select.list_directions(api, module)[0]
+                    ):
+                        call = None
+                    elif not inplace and kwargs.get("inplace") is True:
+                        inplace = True
+                folder = self._files.folder
+                seen = args
+                if call is not None and inplace and args and isinstance(args[0], torch.Tensor):
+                    # The value the op saw, kept in case it overflows (it changes in place).
+                    seen = (dbg._snapshot(args[0]), *args[1:])
+        except Exception as exc:  # noqa: BLE001
+            dbg._guard.fail(exc, f"capturing inputs of {api}")
+            call = None
+        try:
+            out = orig(*args, **kwargs)
+        finally:
+            tls.active = dbg._running and c.api
+        if call is None:
+            return out
+        tls.active = False
+        try:
+            with dbg._lock:
+                produced = out
+                if produced is None and inplace and args and isinstance(args[0], torch.Tensor):
+                    produced = args[0]  # __setitem__: the first argument holds the result
+                if (
+                    folder is not None
+                    and folder is self._files.folder
+                    and dbg._overflow_left != 0
+                    and nonfinite_result(produced)
+                ):
+                    fwd = OpRecord(f"{api}.{call}.forward", "api", "forward", module, folder)
+                    fwd.recompute = in_recompute()
+                    fwd.call_args = (seen, kwargs)
+                    fwd.call_out = produced
+                    dbg._finish(fwd)
+        except Exception as exc:  # noqa: BLE001
+            dbg._guard.fail(exc, f"capturing outputs of {api}")
+        finally:
+            tls.active = dbg._running and c.api
         return out
 
     def _pre(

@@ -21,7 +21,6 @@ from __future__ import annotations
 
 import atexit
 import logging
-import math
 import os
 import threading
 import warnings
@@ -39,7 +38,17 @@ from .modules import ModuleHooks
 from .records import Captured, Dataflow, OpRecord, StatVector, TensorEntry, json_args, walk
 from .selection import Selection
 from .stacks import StackTable
-from .stats import STORABLE, checksum, dtype_name, finish_stats, host_copy, null_stats, stat_vector
+from .stats import (
+    STORABLE,
+    any_nonfinite,
+    checksum,
+    dtype_name,
+    finish_stats,
+    host_copy,
+    nonfinite_result,
+    null_stats,
+    stat_vector,
+)
 from .writer import DumpFiles
 
 if TYPE_CHECKING:
@@ -51,14 +60,8 @@ log = logging.getLogger("probe")
 _STRIDED = torch.strided
 # Bound before any wrapper exists: the agent's own calls skip the API wrappers.
 _stack = torch.stack
-_sum = torch.sum
-_isfinite = torch.isfinite
-_all = torch.Tensor.all
 _clone = torch.Tensor.clone
 _detach = torch.Tensor.detach
-_F32 = torch.float32
-_LOW = (torch.float16, torch.bfloat16)
-_FLOATS = frozenset((torch.float64, torch.float32, *_LOW))
 
 
 def seed_all(seed: int = 1234, deterministic: bool = True) -> None:
@@ -542,43 +545,13 @@ def _close_at_exit(ref: weakref.ReferenceType[Debugger]) -> None:
 
 def _produced_nonfinite(op: OpRecord) -> bool:
     """Whether a tensor the op produced (forward outputs; the gradients a backward call
-    produced; parameter gradients) holds NaN or Inf.
-
-    One reduction per tensor and one host read per op: a sum is finite exactly when no
-    element is NaN/Inf, except when finite values sum past the dtype's range, so only a
-    non-finite sum (rare) pays for the exact ``isfinite`` test. Half-precision sums are
-    taken in float32, which also keeps them from overflowing.
-    """
-    out = op.call_out
-    tensors: list[torch.Tensor]
-    if isinstance(out, torch.Tensor):
-        tensors = [out]  # the common case: an API call with one result
-    elif op.call_args is not None:
-        tensors = []
-
-        def collect(_: str, t: torch.Tensor) -> torch.Tensor:
-            tensors.append(t)
-            return t
-
-        walk(out if type(out) in (tuple, list) else (out,), "", collect)
-    else:
-        produced = "parameter" if op.kind == "parameters_grad" else "output"
-        tensors = [t for rec, _, t in op.entries if t is not None and rec["role"] == produced]
-    tensors = [t for t in tensors if t.dtype in _FLOATS and t.layout is _STRIDED and not t.is_meta]
-    if not tensors:
-        return False
-    prev = torch.is_grad_enabled()
-    if prev:
-        torch._C._set_grad_enabled(False)
-    try:
-        parts = [_sum(t, dtype=_F32) if t.dtype in _LOW else _sum(t) for t in tensors]
-        total = parts[0] if len(parts) == 1 else _sum(_stack(parts))
-        if math.isfinite(total.item()):
-            return False
-        return not all(bool(_all(_isfinite(t))) for t in tensors)
-    finally:
-        if prev:
-            torch._C._set_grad_enabled(True)
+    produced; parameter gradients) holds NaN or Inf."""
+    if op.call_args is not None:
+        return nonfinite_result(op.call_out)
+    produced = "parameter" if op.kind == "parameters_grad" else "output"
+    return any_nonfinite(
+        [t for rec, _, t in op.entries if t is not None and rec["role"] == produced]
+    )
 
 
 def _numel(shape: list[int]) -> int:

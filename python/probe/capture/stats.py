@@ -168,3 +168,68 @@ def crc32_of(host: torch.Tensor) -> str:
     """``crc32:xxxxxxxx`` of the raw little-endian C-contiguous bytes of a CPU tensor."""
     raw = host.contiguous().reshape(-1).view(torch.uint8).numpy()
     return "crc32:%08x" % (zlib.crc32(raw.data) & 0xFFFFFFFF)
+
+
+_isfinite = torch.isfinite
+_all = torch.Tensor.all
+_stack = torch.stack
+_STRIDED = torch.strided
+_LOW = (_F16, _BF16)
+_FLOATS = frozenset((_F64, _F32, *_LOW))
+
+
+def any_nonfinite(tensors: list[torch.Tensor]) -> bool:
+    """Whether any floating-point tensor of ``tensors`` holds NaN or Inf (overflow mode).
+
+    One reduction per tensor and one host read: a sum is finite exactly when no element is
+    NaN/Inf, except when finite values sum past the dtype's range, so only a non-finite sum
+    (rare) pays for the exact ``isfinite`` test. Half-precision sums are taken in float32,
+    which also keeps them from overflowing.
+    """
+    tensors = [t for t in tensors if t.dtype in _FLOATS and t.layout is _STRIDED and not t.is_meta]
+    if not tensors:
+        return False
+    prev = torch.is_grad_enabled()
+    if prev:
+        torch._C._set_grad_enabled(False)
+    try:
+        parts = [_sum(t, dtype=_F32) if t.dtype in _LOW else _sum(t) for t in tensors]
+        total = parts[0] if len(parts) == 1 else _sum(_stack(parts))
+        if math.isfinite(total.item()):
+            return False
+        return not all(bool(_all(_isfinite(t))) for t in tensors)
+    finally:
+        if prev:
+            torch._C._set_grad_enabled(True)
+
+
+def nonfinite_result(out: Any) -> bool:
+    """Whether the result of a call (a tensor, or tensors nested in tuples, lists and
+    dicts) holds NaN or Inf. A single float32 tensor outside autograd, the common case,
+    is checked here without building a list or switching grad mode."""
+    if isinstance(out, torch.Tensor):
+        if (
+            out.dtype is _F32
+            and out.layout is _STRIDED
+            and not out.requires_grad
+            and not out.is_meta
+        ):
+            if math.isfinite(_sum(out).item()):
+                return False
+        return any_nonfinite([out])
+    tensors: list[torch.Tensor] = []
+    _collect(out, tensors)
+    return any_nonfinite(tensors) if tensors else False
+
+
+def _collect(obj: Any, into: list[torch.Tensor]) -> None:
+    if isinstance(obj, torch.Tensor):
+        into.append(obj)
+        return
+    t = type(obj)
+    if t is tuple or t is list:
+        for v in obj:
+            _collect(v, into)
+    elif t is dict:
+        for v in obj.values():
+            _collect(v, into)
