@@ -98,11 +98,6 @@ impl Measured {
             None => nonfinite(&self.sides.cmp.stats) > 0,
         }
     }
-
-    /// Whether both sides have the same shape.
-    pub fn same_shape(&self) -> bool {
-        self.sides.bench.shape == self.sides.cmp.shape
-    }
 }
 
 /// Non-finite element count from recorded statistics (0 when unknown).

@@ -28,27 +28,12 @@ pub struct ScanDocument<'a> {
 /// At most this many ops in the per-op table of the workbook's summary sheet.
 const OP_LINES: usize = 5000;
 
-fn op_count(run: &CompareRun) -> usize {
-    run.units
-        .iter()
-        .map(|u| {
-            let mut n = 0;
-            let mut last = None;
-            for r in &u.rows {
-                if last != Some(r.tensor.op.index) {
-                    n += 1;
-                    last = Some(r.tensor.op.index);
-                }
-            }
-            n
-        })
-        .sum()
-}
-
 /// The first `cap` ops in execution order with their worst cosine, max abs error and
-/// verdict, and the row of their first tensor in the `tensors` sheet(s).
-fn op_lines(run: &CompareRun, cap: usize) -> Vec<OpLine> {
+/// verdict, and the row of their first tensor in the `tensors` sheet(s); and how many ops
+/// were left out past the cap.
+fn op_lines(run: &CompareRun, cap: usize) -> (Vec<OpLine>, usize) {
     let mut out: Vec<OpLine> = Vec::new();
+    let mut left_out = 0usize;
     let mut line = 0usize; // index among all tensor lines, as the tensors sheets hold them
     for u in &run.units {
         let mut last = None;
@@ -57,7 +42,8 @@ fn op_lines(run: &CompareRun, cap: usize) -> Vec<OpLine> {
             let cos = t.metrics.and_then(|m| m.cosine);
             let abs = t.metrics.map(|m| m.max_abs);
             if last == Some(t.op.index) {
-                if let Some(o) = out.last_mut() {
+                // Another tensor of the op just seen: merge it, unless that op was left out.
+                if let Some(o) = out.last_mut().filter(|_| left_out == 0) {
                     o.verdict = o.verdict.max(j.verdict);
                     o.cosine = match (o.cosine, cos) {
                         (Some(a), Some(b)) => Some(a.min(b)),
@@ -80,12 +66,13 @@ fn op_lines(run: &CompareRun, cap: usize) -> Vec<OpLine> {
                     first_row: (sheet, (line % MAX_ROWS) as u32 + 1),
                 });
             } else {
-                return out;
+                left_out += 1;
+                last = Some(t.op.index);
             }
             line += 1;
         }
     }
-    out
+    (out, left_out)
 }
 
 /// A summary as `summary.json` holds it.
@@ -111,6 +98,7 @@ impl Document for CompareDocument<'_> {
     }
 
     fn overview(&self) -> Overview {
+        let (ops, ops_left_out) = op_lines(self.run, OP_LINES);
         let s = self.summary;
         let c = &s.counts;
         let facts = [
@@ -148,8 +136,8 @@ impl Document for CompareDocument<'_> {
                 ),
             ]),
             worst_ops: s.worst_ops.clone(),
-            ops: op_lines(self.run, OP_LINES),
-            ops_left_out: op_count(self.run).saturating_sub(OP_LINES),
+            ops,
+            ops_left_out,
         }
     }
 
