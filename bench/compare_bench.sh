@@ -3,7 +3,8 @@
 #   - tensor dump of SIZE_GB per side: probe's wall time, the time to `cat` both dumps to
 #     /dev/null (page-cached), their ratio, GB/s of dump read, peak RSS;
 #   - start-up time (`probe --version`);
-#   - statistics-only dump of STATS_TENSORS tensors: compare time including the xlsx.
+#   - statistics-only dump of STATS_TENSORS tensors: compare time including the xlsx, with
+#     the structural aligner and with `--align name`, and their ratio (alignment cost).
 # Usage: bash bench/compare_bench.sh            (SIZE_GB=2 STATS_TENSORS=100000 by default)
 #        PROBE_BIN=/path/to/other/probe bash bench/compare_bench.sh   (measure another build)
 set -euo pipefail
@@ -53,8 +54,17 @@ if [ ! -f "$WORK/stats/cmp/step0/rank0/ops.jsonl" ] || [ "$(cat "$WORK/stats/.co
   "$P" synth -o "$WORK/stats" --mode statistics --bulk "$STATS_TENSORS" --bulk-elems 64 --noise 1e-6 2>/dev/null
   echo "$STATS_TENSORS" > "$WORK/stats/.count"
 fi
-/usr/bin/time -f "%e %M" -o "$WORK/time.txt" "$P" compare -q -b "$WORK/stats/bench" -c "$WORK/stats/cmp" -o "$WORK/out-stats" || true
-read -r STATS_T STATS_RSS < "$WORK/time.txt"
+stats_run() {
+  /usr/bin/time -f "%e %M" -o "$WORK/time.txt" "$P" compare -q -b "$WORK/stats/bench" -c "$WORK/stats/cmp" -o "$WORK/out-stats" "$@" || true
+  cat "$WORK/time.txt"
+}
+# Alignment cost: the structural aligner (default) against msprobe's pairing by name, same
+# run, best of 3 each (the goal: within 1.2x in time and peak RSS).
+best() { sort -n -k1,1 | head -1; }
+read -r STATS_T STATS_RSS < <(for _ in 1 2 3; do stats_run; done | best)
+read -r NAME_T NAME_RSS < <(for _ in 1 2 3; do stats_run --align name; done | best)
+ALIGN_T=$(awk -v a="$STATS_T" -v b="$NAME_T" 'BEGIN { printf "%.2f", a / b }')
+ALIGN_RSS=$(awk -v a="$STATS_RSS" -v b="$NAME_RSS" 'BEGIN { printf "%.2f", a / b }')
 
 echo "probe compare benchmark ($(nproc) cores, $(uname -m))"
 echo "tensor dump: $(awk -v b="$BYTES" 'BEGIN { printf "%.2f", b / 1e9 }') GB read (both sides, page-cached), $COUNT tensor pairs of 64 MiB"
@@ -64,3 +74,5 @@ echo "  probe compare, all reports  : ${PROBE_ALL} s  peak RSS $((RSS_ALL_KB / 1
 echo "  ratio probe / cat           : ${RATIO}"
 echo "start-up (probe --version)    : ${START_MS} ms"
 echo "statistics dump, $STATS_TENSORS tensors, json+parquet+xlsx: ${STATS_T} s  peak RSS $((STATS_RSS / 1024)) MB"
+echo "  same with --align name      : ${NAME_T} s  peak RSS $((NAME_RSS / 1024)) MB"
+echo "  structural / name           : time ${ALIGN_T}x  peak RSS ${ALIGN_RSS}x  (goal <= 1.2x)"

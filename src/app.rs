@@ -32,6 +32,8 @@ pub struct CompareRequest {
     pub threads: Option<usize>,
     /// Which records to compare.
     pub level: Level,
+    /// How calls are paired.
+    pub align: compare::AlignRule,
 }
 
 /// The chosen report writers, in their standard order; an unknown name is a usage error.
@@ -126,7 +128,7 @@ pub fn compare(req: &CompareRequest, progress: &(dyn Fn(Progress) + Sync)) -> Re
     let opts = compare::Options {
         tolerances,
         level: req.level,
-        ..compare::Options::default()
+        aligner: req.align.aligner(compare::mapping::Mapping::builtin()),
     };
     within(pool, || {
         let run = compare::run(&req.bench, &req.cmp, &opts, progress)?;

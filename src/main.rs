@@ -3,7 +3,7 @@
 //! `--fail-on`, 2 usage or input error, 3 nothing comparable, 4 compared but incomplete).
 
 use clap::{Parser, Subcommand};
-use probe::compare::{Level, Progress};
+use probe::compare::{AlignRule, Level, Progress};
 use probe::gate::{FailOn, EXIT_INPUT, EXIT_PASS};
 use probe::{app, config_check, report, synth, ProbeError};
 use std::io::IsTerminal;
@@ -165,6 +165,10 @@ struct CompareArgs {
     /// default); the verdict follows.
     #[arg(short = 'l', long = "level", default_value = "mix")]
     level: Level,
+    /// How calls are paired: `structural` (within module calls, by signature, with fused-op
+    /// mapping and module fallback; the default) or `name` (msprobe's flattened names).
+    #[arg(long, default_value = "structural", value_name = "RULE")]
+    align: AlignRule,
     /// Framework of the dumps (msprobe's `-f`): accepted for pasted command lines; the dumps say.
     #[arg(short = 'f', long = "framework", value_name = "NAME")]
     framework: Option<String>,
@@ -275,6 +279,7 @@ fn run_compare(a: CompareArgs) -> Result<u8, ProbeError> {
         formats: a.format,
         threads: a.threads,
         level: a.level,
+        align: a.align,
     };
     note_framework(a.framework.as_deref());
     let show = !a.quiet && std::io::stderr().is_terminal();

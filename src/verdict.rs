@@ -4,7 +4,7 @@
 //! Reads [`UnitResult`]s only, never tensors, so the same verdict can be built from units
 //! compared apart.
 
-use crate::compare::{CompareRun, Row, Side, UnitResult, Verdict};
+use crate::compare::{CompareRun, Row, Side, UnitResult, Verdict, Why};
 use crate::gate::{FailOn, EXIT_FAIL, EXIT_INCOMPLETE, EXIT_NOTHING_COMPARABLE, EXIT_PASS};
 use crate::schema::summary::{
     ByDirection, Counts, Finding, Findings, IncompleteUnit, PairSummary, Summary, WorstOp,
@@ -53,11 +53,16 @@ fn counts(run: &CompareRun) -> Counts {
             *c.compared_by
                 .entry(r.tensor.kind.name().to_string())
                 .or_default() += 1;
+            *c.matched_by
+                .entry(r.tensor.matched_by.name().to_string())
+                .or_default() += 1;
         }
         for x in &u.unmatched {
-            match x.side {
-                Side::Bench => c.unmatched_bench += 1,
-                Side::Cmp => c.unmatched_cmp += 1,
+            match (x.why, x.side) {
+                (Why::Recompute, _) => c.recompute += 1,
+                (Why::Inside, _) => c.inside += 1,
+                (_, Side::Bench) => c.unmatched_bench += 1,
+                (_, Side::Cmp) => c.unmatched_cmp += 1,
             }
         }
     }
@@ -76,6 +81,7 @@ fn pair_summary(u: &UnitResult) -> PairSummary {
         warnings: count(Verdict::Warning),
         unmatched: u.unmatched.len(),
         findings: u.findings.clone(),
+        regions: u.regions.clone(),
     }
 }
 

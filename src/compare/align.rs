@@ -1,9 +1,8 @@
 //! Align: pair the tensors of the two sides of a unit.
 //!
-//! Behind the [`Aligner`] trait so that other pairing rules (sequence alignment of op
-//! signatures, fused-op mapping, module fallback) plug in without touching the stages
-//! around it. [`KeyAligner`] is the rule of msprobe's compare: tensors are paired by
-//! flattened name, with backward calls renumbered by occurrence.
+//! Behind the [`Aligner`] trait so that pairing rules plug in without touching the stages
+//! around it. The types here say what an alignment is (which tensors pair up, how each
+//! pair was found, what was left over and why); [`super::structural`] is the rule.
 
 use super::Sides;
 use crate::dtype::AnyDType;
@@ -49,6 +48,38 @@ pub struct TensorRef {
     pub tensor: usize,
 }
 
+/// How a pair of tensors was found (the `matched_by` column of every report).
+#[derive(
+    Debug, Clone, Copy, Default, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize, Deserialize,
+)]
+#[serde(rename_all = "lowercase")]
+pub enum MatchedBy {
+    /// Same op key (backward calls renumbered by occurrence) in the same module call.
+    #[default]
+    Exact,
+    /// Paired by sequence alignment of op signatures: same API and shapes in the same
+    /// module call, but another call counter (a call inserted or removed earlier).
+    Aligned,
+    /// The boundary of a region a mapping rule declares equivalent (a fused kernel and the
+    /// composition it replaces).
+    Mapped,
+    /// The boundary of a region whose API calls could not be aligned: compared at the
+    /// module call's boundary tensors (module fallback).
+    Module,
+}
+
+impl MatchedBy {
+    /// The name used in reports.
+    pub fn name(self) -> &'static str {
+        match self {
+            MatchedBy::Exact => "exact",
+            MatchedBy::Aligned => "aligned",
+            MatchedBy::Mapped => "mapped",
+            MatchedBy::Module => "module",
+        }
+    }
+}
+
 /// A tensor present on both sides: where it is on each. Small on purpose: a unit can hold
 /// millions of pairs, and the records themselves stay in the dumps until the judge moves
 /// them into rows.
@@ -58,6 +89,12 @@ pub struct TensorMatch {
     pub refs: Sides<TensorRef>,
     /// An input that no captured op produced (weight, data, random tensor).
     pub external: bool,
+    /// How the pair was found.
+    pub by: MatchedBy,
+    /// The comparison-side op the row is reported under: the tensor's own op, or for a
+    /// region compared at its boundary the region's last op (so that the localiser sees
+    /// the region's inputs and outputs as one op's).
+    pub at: usize,
 }
 
 /// Which side a tensor was found on.
@@ -80,6 +117,40 @@ impl Side {
     }
 }
 
+/// Why a tensor has no counterpart.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum Why {
+    /// Nothing on the other side corresponds to it.
+    #[default]
+    Unmatched,
+    /// The other side calls the same API here with other shapes: the code paths differ
+    /// (a matching finding, never a numerical one).
+    ShapeMismatch,
+    /// A forward re-run by activation checkpointing that the other side does not re-run.
+    Recompute,
+    /// Inside a region compared at its boundary (mapped or module fallback).
+    Inside,
+}
+
+impl Why {
+    /// The name used in reports.
+    pub fn name(self) -> &'static str {
+        match self {
+            Why::Unmatched => "unmatched",
+            Why::ShapeMismatch => "shape_mismatch",
+            Why::Recompute => "recompute",
+            Why::Inside => "inside",
+        }
+    }
+
+    /// Whether the tensor counts as missing from the comparison (the `--max-unmatched`
+    /// gate): recomputation and region interiors are accounted for elsewhere.
+    pub fn missing(self) -> bool {
+        matches!(self, Why::Unmatched | Why::ShapeMismatch)
+    }
+}
+
 /// A tensor found on one side only.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub struct Unmatched {
@@ -95,6 +166,29 @@ pub struct Unmatched {
     pub dtype: AnyDType,
     /// Its shape.
     pub shape: Vec<usize>,
+    /// Why it has no counterpart.
+    #[serde(default)]
+    pub why: Why,
+}
+
+/// A stretch of op calls inside one module call whose two sides differ, compared at its
+/// boundary tensors.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct Region {
+    /// The module path the calls happened in (`""`: top level or unknown).
+    pub module: String,
+    /// Forward or backward.
+    pub direction: Direction,
+    /// `mapped` (a rule says the runs are equivalent) or `module` (fallback).
+    pub by: MatchedBy,
+    /// The mapping rule, when mapped.
+    pub rule: Option<String>,
+    /// The API calls of each side, in order (op keys).
+    pub calls: Sides<Vec<String>>,
+    /// The comparison-side op its rows are reported under.
+    pub at: OpInfo,
+    /// Boundary tensor pairs compared.
+    pub boundary: usize,
 }
 
 /// The result of aligning one unit: both op logs and how their tensors pair up.
@@ -107,6 +201,8 @@ pub struct Alignment {
     /// Tensors of either side left unpaired: comparison-only in execution order, then
     /// benchmark-only in execution order.
     pub unmatched: Vec<Unmatched>,
+    /// Regions compared at their boundary, in the comparison run's execution order.
+    pub regions: Vec<Region>,
 }
 
 impl Alignment {
@@ -126,11 +222,11 @@ pub trait Aligner: Sync {
     fn align(&self, dumps: Sides<RankDump>) -> Alignment;
 }
 
-/// Pairs tensors by flattened name, backward calls renumbered by occurrence per op, so that
-/// recomputation (activation checkpointing) or a different number of forward calls does
-/// not shift them.
+/// msprobe's rule (`--align name`): tensors pair by flattened name, backward calls
+/// renumbered by occurrence per op. Right when both runs execute the same code; kept for
+/// msprobe-identical results and as the baseline of the alignment benchmark.
 #[derive(Debug, Clone, Copy, Default)]
-pub struct KeyAligner;
+pub struct NameAligner;
 
 /// Per op, the key its tensors are matched under when it differs from the op's own key:
 /// backward calls renumbered by their occurrence among backward calls of the same API or
@@ -154,6 +250,25 @@ pub fn match_keys(ops: &[OpRec]) -> Vec<Option<String>> {
         .collect()
 }
 
+/// A tensor left over on `side`.
+pub(crate) fn unmatched(
+    side: Side,
+    index: usize,
+    op: &OpRec,
+    t: &TensorRec,
+    why: Why,
+) -> Unmatched {
+    Unmatched {
+        side,
+        op: OpInfo::of(index, op),
+        name: t.name.clone(),
+        role: t.role,
+        dtype: t.dtype.clone(),
+        shape: t.shape.clone(),
+        why,
+    }
+}
+
 /// A tensor's name under its op's match key.
 fn match_name<'a>(op: &OpRec, match_key: &Option<String>, t: &'a TensorRec) -> Cow<'a, str> {
     match match_key {
@@ -162,18 +277,7 @@ fn match_name<'a>(op: &OpRec, match_key: &Option<String>, t: &'a TensorRec) -> C
     }
 }
 
-fn unmatched(side: Side, index: usize, op: &OpRec, t: &TensorRec) -> Unmatched {
-    Unmatched {
-        side,
-        op: OpInfo::of(index, op),
-        name: t.name.clone(),
-        role: t.role,
-        dtype: t.dtype.clone(),
-        shape: t.shape.clone(),
-    }
-}
-
-impl Aligner for KeyAligner {
+impl Aligner for NameAligner {
     fn align(&self, dumps: Sides<RankDump>) -> Alignment {
         let (bd, cd) = dumps.pair();
         let bkeys = match_keys(&bd.ops);
@@ -203,7 +307,7 @@ impl Aligner for KeyAligner {
                     .copied()
                     .filter(|b| !taken[first[b.op] + b.tensor]);
                 let Some(b) = found else {
-                    only.push(unmatched(Side::Cmp, oi, op, t));
+                    only.push(unmatched(Side::Cmp, oi, op, t, Why::Unmatched));
                     continue;
                 };
                 taken[first[b.op] + b.tensor] = true;
@@ -217,13 +321,15 @@ impl Aligner for KeyAligner {
                 matches.push(TensorMatch {
                     refs: Sides::new(b, TensorRef { op: oi, tensor: ti }),
                     external,
+                    by: MatchedBy::Exact,
+                    at: oi,
                 });
             }
         }
         for (oi, op) in bd.ops.iter().enumerate() {
             for (ti, t) in op.tensors.iter().enumerate() {
                 if !taken[first[oi] + ti] {
-                    only.push(unmatched(Side::Bench, oi, op, t));
+                    only.push(unmatched(Side::Bench, oi, op, t, Why::Unmatched));
                 }
             }
         }
@@ -232,9 +338,11 @@ impl Aligner for KeyAligner {
             dumps,
             matches,
             unmatched: only,
+            regions: Vec::new(),
         }
     }
 }
+
 #[cfg(test)]
 mod tests {
     use super::*;

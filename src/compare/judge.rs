@@ -270,6 +270,7 @@ pub fn judge_all(
         mut dumps,
         matches,
         unmatched,
+        ..
     } = a;
     let rows = matches
         .iter()
@@ -277,7 +278,7 @@ pub fn judge_all(
         .zip(judgements)
         .map(|((m, x), judgement)| {
             let (b, c) = (m.refs.bench, m.refs.cmp);
-            let op = OpInfo::of(c.op, &dumps.cmp.ops[c.op]);
+            let op = OpInfo::of(m.at, &dumps.cmp.ops[m.at]);
             let Sides {
                 bench: bdump,
                 cmp: cdump,

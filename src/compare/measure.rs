@@ -4,7 +4,7 @@
 //! statistics get their differences, computed once here (reports and verdicts read them);
 //! checksums get compared. Nothing here depends on tolerances: that is the judge's job.
 
-use super::align::OpInfo;
+use super::align::{MatchedBy, OpInfo};
 use super::{Alignment, Sides, TensorMatch};
 use crate::dtype::AnyDType;
 use crate::dump::{Role, Stats, TensorRec};
@@ -66,6 +66,12 @@ pub struct Measured {
     pub op: OpInfo,
     /// The comparison side's tensor name.
     pub name: String,
+    /// The benchmark's tensor name, when it differs.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub bench_name: Option<String>,
+    /// How the pair was found.
+    #[serde(default)]
+    pub matched_by: MatchedBy,
     /// Input, output or parameter.
     pub role: Role,
     /// An input that no captured op produced (weight, data, random tensor).
@@ -177,9 +183,12 @@ impl Measured {
             shape: std::mem::take(&mut t.shape),
             stats: t.stats.take(),
         };
+        let bench_name = (b.name != c.name).then(|| std::mem::take(&mut b.name));
         Measured {
             op,
             name: std::mem::take(&mut c.name),
+            bench_name,
+            matched_by: m.by,
             role: c.role,
             external: m.external,
             sides: Sides::new(side(b), side(c)),

@@ -15,21 +15,27 @@
 pub mod align;
 pub mod analyze;
 pub mod judge;
+pub mod mapping;
 pub mod measure;
 pub mod plan;
+pub mod structural;
 pub mod tolerance;
 
 use crate::dump;
 use crate::error::{ProbeError, Result};
 use crate::schema::summary::{Findings, IncompleteUnit};
 use crate::tensor::ShardCache;
-pub use align::{Aligner, Alignment, KeyAligner, OpInfo, Side, TensorMatch, TensorRef, Unmatched};
+pub use align::{
+    Aligner, Alignment, MatchedBy, NameAligner, OpInfo, Region, Side, TensorMatch, TensorRef,
+    Unmatched, Why,
+};
 pub use judge::{Judgement, Row};
 pub use measure::{CompareKind, Measured, Measurement, TensorSide};
 pub use plan::{Plan, Unit};
 use serde::{Deserialize, Serialize};
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
+pub use structural::StructuralAligner;
 pub use tolerance::{Tolerances, Verdict};
 
 /// A value for each side of a compare: the benchmark (trusted) and the comparison run.
@@ -86,6 +92,9 @@ pub struct UnitResult {
     pub rows: Vec<Row>,
     /// Tensors present on one side only (never dropped, never a pass).
     pub unmatched: Vec<Unmatched>,
+    /// Stretches whose code paths differ, compared at their boundary tensors.
+    #[serde(default)]
+    pub regions: Vec<Region>,
     /// What the localiser found.
     pub findings: Findings,
     /// Non-fatal problems met while reading this unit.
@@ -164,6 +173,37 @@ impl std::str::FromStr for Level {
     }
 }
 
+/// How the calls of the two sides are paired (`--align`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum AlignRule {
+    /// Within module calls, by signature, with mapped and module regions (the default).
+    #[default]
+    Structural,
+    /// By flattened name, as msprobe does (right only when both runs call the same ops).
+    Name,
+}
+
+impl std::str::FromStr for AlignRule {
+    type Err = String;
+    fn from_str(s: &str) -> std::result::Result<AlignRule, String> {
+        match s {
+            "structural" => Ok(AlignRule::Structural),
+            "name" => Ok(AlignRule::Name),
+            _ => Err(format!("{s:?}: expected structural or name")),
+        }
+    }
+}
+
+impl AlignRule {
+    /// The aligner of this rule.
+    pub fn aligner(self, mapping: mapping::Mapping) -> Box<dyn Aligner> {
+        match self {
+            AlignRule::Structural => Box::new(StructuralAligner::new(mapping)),
+            AlignRule::Name => Box::new(NameAligner),
+        }
+    }
+}
+
 /// Options of one compare.
 pub struct Options {
     /// Thresholds per dtype and op pattern.
@@ -179,7 +219,7 @@ impl Default for Options {
         Options {
             tolerances: Tolerances::default(),
             level: Level::Mix,
-            aligner: Box::new(KeyAligner),
+            aligner: Box::new(StructuralAligner::default()),
         }
     }
 }
@@ -204,6 +244,7 @@ pub fn compare_unit(
     let ops = dumps.cmp.ops.len();
     let stacks = std::mem::take(&mut dumps.cmp.stacks);
     let alignment = opts.aligner.align(dumps);
+    let regions = alignment.regions.clone();
     let measurements = measure::measure_all(&alignment, caches, &|done, total| {
         progress(Progress::Tensors {
             step: &unit.step,
@@ -222,6 +263,7 @@ pub fn compare_unit(
         stacks,
         rows,
         unmatched,
+        regions,
         findings,
         warnings,
         incomplete,

@@ -236,6 +236,12 @@ pub const COLUMNS: &[Column] = &[
     col!("direction", "Direction", 10.0, Text, direction),
     col!("role", "Role", 9.0, Text, role),
     col!("tensor", "Tensor", 48.0, Text, tensor),
+    col!("bench_tensor", "Bench Tensor", 48.0, OptText, |l| opt(l
+        .row()
+        .and_then(|r| r.tensor.bench_name.as_deref()))),
+    col!("matched_by", "Matched By", 10.0, OptText, |l| opt(l
+        .row()
+        .map(|r| r.tensor.matched_by.name()))),
     col!("dtype_bench", "Bench Dtype", 12.0, OptText, |l| side_text(
         l, true, false
     )),
@@ -256,10 +262,7 @@ pub const COLUMNS: &[Column] = &[
     )),
     col!("reason", "Reason", 44.0, Text, |l| match *l {
         Line::Tensor(_, r) => text(&r.judgement.reason),
-        Line::Unmatched(_, u) => text(match u.side {
-            crate::compare::Side::Bench => "only in bench",
-            crate::compare::Side::Cmp => "only in cmp",
-        }),
+        Line::Unmatched(_, u) => text(unmatched_reason(u)),
         Line::Scan(_, r) => text(&r.reason),
     }),
     // msprobe's metric columns first, then probe's.
@@ -409,7 +412,33 @@ pub const UNMATCHED: &[Column] = &[
     col!("role", "Role", 9.0, Text, role),
     col!("dtype", "Dtype", 12.0, Text, dtype),
     col!("shape", "Shape", 16.0, Text, one_shape),
+    col!("why", "Why", 40.0, Text, |l| match l {
+        Line::Unmatched(_, u) => text(unmatched_reason(u)),
+        _ => text(""),
+    }),
 ];
+
+/// Why a tensor is on one side only, for a person.
+fn unmatched_reason(u: &Unmatched) -> &'static str {
+    use crate::compare::{Side, Why};
+    match (u.side, u.why) {
+        (Side::Bench, Why::Unmatched) => "only in bench",
+        (Side::Cmp, Why::Unmatched) => "only in cmp",
+        (Side::Bench, Why::ShapeMismatch) => {
+            "only in bench: cmp calls this API here with other shapes (code paths differ)"
+        }
+        (Side::Cmp, Why::ShapeMismatch) => {
+            "only in cmp: bench calls this API here with other shapes (code paths differ)"
+        }
+        (Side::Bench, Why::Recompute) => {
+            "only in bench: a recomputation (activation checkpointing)"
+        }
+        (Side::Cmp, Why::Recompute) => "only in cmp: a recomputation (activation checkpointing)",
+        (_, Why::Inside) => {
+            "inside a region compared at its boundary tensors (matched_by mapped/module)"
+        }
+    }
+}
 
 /// Dtype of a tensor known on one side (unmatched, scanned).
 fn dtype<'a>(l: &Line<'a>) -> Cell<'a> {

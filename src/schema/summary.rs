@@ -87,6 +87,17 @@ pub struct Counts {
     pub unmatched_cmp: usize,
     /// Tensors by how they were compared (tensor, statistics, checksum, none).
     pub compared_by: BTreeMap<String, usize>,
+    /// Tensors by how they were paired (exact, aligned, mapped, module).
+    #[serde(default)]
+    pub matched_by: BTreeMap<String, usize>,
+    /// Tensors of recomputed calls (activation checkpointing) only one side made: neither
+    /// compared nor missing.
+    #[serde(default)]
+    pub recompute: usize,
+    /// Tensors inside regions compared at their boundary (mapped or module): neither
+    /// compared nor missing.
+    #[serde(default)]
+    pub inside: usize,
 }
 
 /// One step/rank pair in the summary.
@@ -110,6 +121,9 @@ pub struct PairSummary {
     pub unmatched: usize,
     /// What the localiser found.
     pub findings: Findings,
+    /// Stretches whose code paths differ, compared at their boundary tensors.
+    #[serde(default)]
+    pub regions: Vec<crate::compare::Region>,
 }
 
 /// One of the worst ops of the compare.

@@ -1,0 +1,1461 @@
+//! Structural alignment: pair the op calls of two runs whose code paths differ.
+//!
+//! Global call counters (`Functional.linear.7`) shift as soon as one side calls an API
+//! once more or once less anywhere before: pairing by name then compares the wrong calls.
+//! Here calls are paired within their module call instead, in four passes:
+//!
+//! 1. **Groups.** Each side's calls are grouped by (phase, module path): forward,
+//!    recomputed forward and backward apart, and within them the module the call was made
+//!    in (when both sides know it). A call inserted in one module cannot shift another's.
+//! 2. **Anchors.** In a group, the n-th call of an API on both sides with the same
+//!    signature (API, input and output shapes) is a candidate; the longest chain of
+//!    candidates in the same order on both sides is kept (a longest increasing subsequence,
+//!    `O(n log n)`). On identical code paths every call is an anchor and nothing else runs.
+//! 3. **Gaps.** Between two anchors, the calls left are aligned by a longest common
+//!    subsequence over signatures (quadratic, but only inside one gap of one module call;
+//!    a gap too large for it is paired greedily in order). Same API with other shapes is
+//!    never a pair.
+//! 4. **Regions.** What is still left on both sides between two pairs is a region: the two
+//!    code paths differ there. It is compared at its boundary tensors: the inputs it reads
+//!    from outside and the outputs read after it, paired through the dataflow links of
+//!    what was already paired (by shape and order without links). A mapping rule that
+//!    declares the two runs equivalent (a fused kernel and its composition) marks the rows
+//!    `mapped`, else `module`. The backward calls of a forward region are compared at the
+//!    gradients of its boundary tensors.
+//!
+//! What is left after that is unmatched, with the reason: other shapes for the same API,
+//! a recomputation only one side does, or nothing on the other side.
+
+use super::align::{
+    match_keys, unmatched, Aligner, Alignment, MatchedBy, OpInfo, Region, Side, TensorMatch,
+    TensorRef, Unmatched, Why,
+};
+use super::mapping::Mapping;
+use super::Sides;
+use crate::dump::{Direction, OpKind, OpRec, RankDump, Role};
+use std::borrow::Cow;
+use std::collections::{BTreeMap, HashMap, HashSet};
+use std::hash::{Hash, Hasher};
+
+/// Largest gap (calls × calls) aligned by the quadratic longest common subsequence.
+const MAX_DP_CELLS: usize = 1 << 20;
+
+/// The structural aligner (the default), with the mapping table it consults.
+#[derive(Debug, Clone)]
+pub struct StructuralAligner {
+    /// Equivalences and renames between the sides.
+    pub mapping: Mapping,
+}
+
+impl Default for StructuralAligner {
+    /// With the built-in mapping table.
+    fn default() -> Self {
+        StructuralAligner::new(Mapping::builtin())
+    }
+}
+
+impl StructuralAligner {
+    /// An aligner consulting `mapping`.
+    pub fn new(mapping: Mapping) -> Self {
+        StructuralAligner { mapping }
+    }
+}
+
+/// Forward, recomputed forward, backward.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash)]
+enum Phase {
+    Forward,
+    Recompute,
+    Backward,
+}
+
+type GroupKey = (Phase, String);
+
+/// What the aligner knows of one side.
+struct SideView<'a> {
+    dump: &'a RankDump,
+    /// API name per op (the bench name for the comparison side).
+    api: Vec<Cow<'a, str>>,
+    /// Signature per op.
+    sig: Vec<u64>,
+    /// Match key per op (backward counters renumbered), for the `exact` label.
+    key: Vec<Option<String>>,
+    groups: BTreeMap<GroupKey, Vec<usize>>,
+    /// Producer of each dataflow id: (op, tensor).
+    producer: HashMap<u64, TensorRef>,
+    /// Readers of each dataflow id: (op, tensor).
+    readers: HashMap<u64, Vec<TensorRef>>,
+    /// Op index by op key, for backward → forward twins.
+    by_key: HashMap<&'a str, usize>,
+}
+
+fn module_path(op: &OpRec) -> Option<String> {
+    let m = op.module.as_deref()?;
+    // msprobe's construct.json names the parent module call (`Module.a.b.Class.forward.0`).
+    if let Some(rest) = m
+        .strip_prefix("Module.")
+        .or_else(|| m.strip_prefix("Cell."))
+    {
+        let parts: Vec<&str> = rest.split('.').collect();
+        if parts.len() >= 4 {
+            return Some(parts[..parts.len() - 3].join("."));
+        }
+    }
+    Some(m.to_string())
+}
+
+fn phase(op: &OpRec) -> Phase {
+    match (op.direction, op.recompute) {
+        (Direction::Backward, _) => Phase::Backward,
+        (Direction::Forward, true) => Phase::Recompute,
+        (Direction::Forward, false) => Phase::Forward,
+    }
+}
+
+/// API name (module records: the module key base) and its input/output shapes. dtypes
+/// are left out on purpose: autocast changes them, not what the call computes.
+fn signature(api: &str, op: &OpRec) -> u64 {
+    let mut h = std::collections::hash_map::DefaultHasher::new();
+    api.hash(&mut h);
+    op.direction.name().hash(&mut h);
+    let mut inputs: Vec<&[usize]> = Vec::new();
+    for t in &op.tensors {
+        match t.role {
+            Role::Output => {
+                1u8.hash(&mut h);
+                t.shape.hash(&mut h);
+            }
+            Role::Input | Role::Parameter => inputs.push(&t.shape),
+        }
+    }
+    // Inputs as a multiset: dumpers disagree on keyword vs positional slots.
+    inputs.sort_unstable();
+    inputs.hash(&mut h);
+    h.finish()
+}
+
+impl<'a> SideView<'a> {
+    fn new(dump: &'a RankDump, mapping: Option<&'a Mapping>, modules: bool) -> Self {
+        let ops = &dump.ops;
+        let api: Vec<Cow<str>> = ops
+            .iter()
+            .map(|op| {
+                let base = op.key.base();
+                match mapping {
+                    Some(m) => Cow::Borrowed(m.bench_api(base)),
+                    None => Cow::Borrowed(base),
+                }
+            })
+            .collect();
+        let sig = ops
+            .iter()
+            .zip(&api)
+            .map(|(op, a)| signature(a, op))
+            .collect();
+        let mut groups: BTreeMap<GroupKey, Vec<usize>> = BTreeMap::new();
+        for (i, op) in ops.iter().enumerate() {
+            let module = if modules {
+                let m = module_path(op).unwrap_or_default();
+                match mapping {
+                    Some(map) => map.bench_module(&m).into_owned(),
+                    None => m,
+                }
+            } else {
+                String::new()
+            };
+            groups.entry((phase(op), module)).or_default().push(i);
+        }
+        let mut producer = HashMap::new();
+        let mut readers: HashMap<u64, Vec<TensorRef>> = HashMap::new();
+        if dump.has_dataflow {
+            for (oi, op) in ops.iter().enumerate() {
+                for (ti, t) in op.tensors.iter().enumerate() {
+                    let r = TensorRef { op: oi, tensor: ti };
+                    if let Some(id) = t.id.filter(|_| t.role == Role::Output) {
+                        producer.insert(id, r);
+                    }
+                    if let Some(src) = t.src {
+                        readers.entry(src).or_default().push(r);
+                    }
+                }
+            }
+        }
+        let by_key = ops
+            .iter()
+            .enumerate()
+            .map(|(i, op)| (op.key.as_str(), i))
+            .collect();
+        SideView {
+            dump,
+            api,
+            sig,
+            key: match_keys(ops),
+            groups,
+            producer,
+            readers,
+            by_key,
+        }
+    }
+
+    fn ops(&self) -> &'a [OpRec] {
+        &self.dump.ops
+    }
+
+    fn match_key(&self, op: usize) -> &str {
+        self.key[op]
+            .as_deref()
+            .unwrap_or(self.dump.ops[op].key.as_str())
+    }
+
+    /// The forward op a backward op belongs to.
+    fn twin(&self, op: usize) -> Option<usize> {
+        let k = self.dump.ops[op].key.forward_twin()?;
+        self.by_key.get(k.as_str()).copied()
+    }
+}
+
+/// Whether both sides say which module each call was made in.
+fn has_modules(d: &RankDump) -> bool {
+    d.ops.iter().any(|op| op.module.is_some())
+}
+
+/// Indices (into `seq`) of a longest strictly increasing subsequence.
+fn lis(seq: &[usize]) -> Vec<usize> {
+    let mut tails: Vec<usize> = Vec::new(); // index into seq of the tail of each length
+    let mut prev: Vec<Option<usize>> = vec![None; seq.len()];
+    for (i, &v) in seq.iter().enumerate() {
+        let pos = tails.partition_point(|&t| seq[t] < v);
+        prev[i] = pos.checked_sub(1).map(|p| tails[p]);
+        if pos == tails.len() {
+            tails.push(i);
+        } else {
+            tails[pos] = i;
+        }
+    }
+    let mut out = Vec::with_capacity(tails.len());
+    let mut cur = tails.last().copied();
+    while let Some(i) = cur {
+        out.push(i);
+        cur = prev[i];
+    }
+    out.reverse();
+    out
+}
+
+/// Pairs of positions (into `b`, `c`) of a maximum-weight common subsequence of equal
+/// signatures; a pair with the same match key weighs more, so ties go to the same call.
+fn lcs(b: &[usize], c: &[usize], bv: &SideView, cv: &SideView) -> Vec<(usize, usize)> {
+    let (n, m) = (b.len(), c.len());
+    if n == 0 || m == 0 {
+        return vec![];
+    }
+    let w = |i: usize, j: usize| -> u32 {
+        if bv.sig[b[i]] != cv.sig[c[j]] {
+            0
+        } else if bv.match_key(b[i]) == cv.match_key(c[j]) {
+            3
+        } else {
+            2
+        }
+    };
+    if n.saturating_mul(m) > MAX_DP_CELLS {
+        // Greedy in order: each comparison call takes the next bench call with its
+        // signature. Linear; exact when the gap holds only insertions on one side.
+        let mut next: HashMap<u64, std::collections::VecDeque<usize>> = HashMap::new();
+        for (i, &op) in b.iter().enumerate() {
+            next.entry(bv.sig[op]).or_default().push_back(i);
+        }
+        let mut last = 0usize;
+        let mut out = Vec::new();
+        for (j, &op) in c.iter().enumerate() {
+            if let Some(q) = next.get_mut(&cv.sig[op]) {
+                while q.front().is_some_and(|&i| i < last) {
+                    q.pop_front();
+                }
+                if let Some(i) = q.pop_front() {
+                    out.push((i, j));
+                    last = i + 1;
+                }
+            }
+        }
+        return out;
+    }
+    let width = m + 1;
+    let mut t = vec![0u32; (n + 1) * width];
+    for i in (0..n).rev() {
+        for j in (0..m).rev() {
+            let diag = match w(i, j) {
+                0 => 0,
+                x => x + t[(i + 1) * width + j + 1],
+            };
+            t[i * width + j] = diag.max(t[(i + 1) * width + j]).max(t[i * width + j + 1]);
+        }
+    }
+    let (mut i, mut j) = (0, 0);
+    let mut out = Vec::new();
+    while i < n && j < m {
+        let here = t[i * width + j];
+        let x = w(i, j);
+        if x > 0 && here == x + t[(i + 1) * width + j + 1] {
+            out.push((i, j));
+            i += 1;
+            j += 1;
+        } else if here == t[(i + 1) * width + j] {
+            i += 1;
+        } else {
+            j += 1;
+        }
+    }
+    out
+}
+
+/// Op pairs of one group, and the stretches between them where both sides have calls
+/// left (the regions) or one side has (insertions).
+struct GroupAlignment {
+    pairs: Vec<(usize, usize)>,
+    gaps: Vec<(Vec<usize>, Vec<usize>)>,
+}
+
+fn align_group(b: &[usize], c: &[usize], bv: &SideView, cv: &SideView) -> GroupAlignment {
+    // Anchors: the n-th call of an API in this group on both sides, same signature.
+    let occurrences = |ops: &[usize], v: &SideView| -> Vec<u32> {
+        let mut seen: HashMap<&str, u32> = HashMap::new();
+        ops.iter()
+            .map(|&op| {
+                let k = seen.entry(v.api[op].as_ref()).or_insert(0);
+                *k += 1;
+                *k
+            })
+            .collect()
+    };
+    let bocc = occurrences(b, bv);
+    let cocc = occurrences(c, cv);
+    let index: HashMap<(&str, u32), usize> = b
+        .iter()
+        .zip(&bocc)
+        .enumerate()
+        .map(|(i, (&op, &k))| ((bv.api[op].as_ref(), k), i))
+        .collect();
+    let mut cand: Vec<(usize, usize)> = Vec::new(); // (b pos, c pos), c ascending
+    for (j, (&op, &k)) in c.iter().zip(&cocc).enumerate() {
+        if let Some(&i) = index.get(&(cv.api[op].as_ref(), k)) {
+            if bv.sig[b[i]] == cv.sig[op] {
+                cand.push((i, j));
+            }
+        }
+    }
+    let bpos: Vec<usize> = cand.iter().map(|&(i, _)| i).collect();
+    let anchors: Vec<(usize, usize)> = lis(&bpos).into_iter().map(|k| cand[k]).collect();
+    let mut pairs = Vec::with_capacity(c.len().min(b.len()));
+    let mut gaps = Vec::new();
+    let (mut pi, mut pj) = (0usize, 0usize);
+    let mut close =
+        |ei: usize, ej: usize, pairs: &mut Vec<(usize, usize)>, pi: usize, pj: usize| {
+            let (gb, gc) = (&b[pi..ei], &c[pj..ej]);
+            if gb.is_empty() && gc.is_empty() {
+                return;
+            }
+            let (mut si, mut sj) = (0usize, 0usize);
+            let inner = lcs(gb, gc, bv, cv);
+            for &(i, j) in inner.iter().chain(std::iter::once(&(gb.len(), gc.len()))) {
+                if si < i || sj < j {
+                    gaps.push((gb[si..i].to_vec(), gc[sj..j].to_vec()));
+                }
+                if i < gb.len() {
+                    pairs.push((gb[i], gc[j]));
+                }
+                si = i + 1;
+                sj = j + 1;
+            }
+        };
+    for &(i, j) in &anchors {
+        close(i, j, &mut pairs, pi, pj);
+        pairs.push((b[i], c[j]));
+        pi = i + 1;
+        pj = j + 1;
+    }
+    close(b.len(), c.len(), &mut pairs, pi, pj);
+    GroupAlignment { pairs, gaps }
+}
+
+/// Builds the alignment of one unit, pass by pass (see the module doc).
+struct Builder<'a> {
+    bv: SideView<'a>,
+    cv: SideView<'a>,
+    mapping: &'a Mapping,
+    /// Taken tensors per side, flat (`first[op] + tensor`).
+    first: Sides<Vec<usize>>,
+    taken: Sides<Vec<bool>>,
+    /// The bench partner of each comparison tensor (flat), once paired.
+    partner: Vec<Option<TensorRef>>,
+    /// Why a left-over tensor's op is left over, when not simply unmatched.
+    why: Sides<Vec<Why>>,
+    matches: Vec<(TensorMatch, u8)>,
+    /// Paired ops, comparison index → bench index.
+    op_pair: HashMap<usize, usize>,
+    regions: Vec<Region>,
+    /// Forward ops inside a region, per side: op → region index.
+    in_region: Sides<HashMap<usize, usize>>,
+    /// Boundary pairs of each forward region: (bench ref, cmp ref).
+    boundaries: Vec<Vec<Sides<TensorRef>>>,
+}
+
+fn offsets(d: &RankDump) -> (Vec<usize>, usize) {
+    let mut first = Vec::with_capacity(d.ops.len());
+    let mut n = 0usize;
+    for op in &d.ops {
+        first.push(n);
+        n += op.tensors.len();
+    }
+    (first, n)
+}
+
+impl<'a> Builder<'a> {
+    fn side(&self, s: Side) -> &SideView<'a> {
+        match s {
+            Side::Bench => &self.bv,
+            Side::Cmp => &self.cv,
+        }
+    }
+
+    fn is_taken(&self, s: Side, r: TensorRef) -> bool {
+        match s {
+            Side::Bench => self.taken.bench[self.first.bench[r.op] + r.tensor],
+            Side::Cmp => self.taken.cmp[self.first.cmp[r.op] + r.tensor],
+        }
+    }
+
+    fn push(&mut self, b: TensorRef, c: TensorRef, by: MatchedBy, at: usize, late: u8) {
+        let bi = self.first.bench[b.op] + b.tensor;
+        let ci = self.first.cmp[c.op] + c.tensor;
+        if self.taken.bench[bi] || self.taken.cmp[ci] {
+            return;
+        }
+        self.taken.bench[bi] = true;
+        self.taken.cmp[ci] = true;
+        self.partner[ci] = Some(b);
+        let op = &self.cv.dump.ops[c.op];
+        let t = &op.tensors[c.tensor];
+        let external = match t.role {
+            Role::Parameter => op.direction == Direction::Forward,
+            Role::Input => {
+                self.cv.dump.has_dataflow && t.src.is_none() && op.direction == Direction::Forward
+            }
+            Role::Output => false,
+        };
+        self.matches.push((
+            TensorMatch {
+                refs: Sides::new(b, c),
+                external,
+                by,
+                at,
+            },
+            late,
+        ));
+    }
+
+    /// Pairs the tensors of two paired ops by slot (`input.0`, `output.1`, `input.weight`:
+    /// probe and msprobe name them alike); a slot on one side only stays unmatched.
+    fn pair_ops(&mut self, b: usize, c: usize) {
+        self.op_pair.insert(c, b);
+        let by = if self.bv.match_key(b) == self.cv.match_key(c) {
+            MatchedBy::Exact
+        } else {
+            MatchedBy::Aligned
+        };
+        let (bop, cop) = (&self.bv.dump.ops[b], &self.cv.dump.ops[c]);
+        let slots: HashMap<&str, usize> = bop
+            .tensors
+            .iter()
+            .enumerate()
+            .map(|(i, t)| (bop.key.slot(&t.name).unwrap_or(&t.name), i))
+            .collect();
+        for (j, t) in cop.tensors.iter().enumerate() {
+            // A name outside the op's key (not the grammar) pairs by the whole name.
+            let slot = cop.key.slot(&t.name).unwrap_or(&t.name);
+            let found = slots.get(slot).copied();
+            if let Some(i) = found {
+                let u = &bop.tensors[i];
+                if u.shape == t.shape && u.role == t.role {
+                    let (bt, ct) = (
+                        TensorRef { op: b, tensor: i },
+                        TensorRef { op: c, tensor: j },
+                    );
+                    self.push(bt, ct, by, c, 0);
+                }
+            }
+        }
+    }
+
+    fn mark(&mut self, side: Side, ops: &[usize], why: Why) {
+        let w = match side {
+            Side::Bench => &mut self.why.bench,
+            Side::Cmp => &mut self.why.cmp,
+        };
+        for &op in ops {
+            w[op] = why;
+        }
+    }
+
+    /// Boundary tensors of a region on one side: inputs read from outside it, outputs
+    /// read after it (with dataflow); else the first call's inputs and the last's outputs.
+    fn boundary(&self, s: Side, ops: &[usize]) -> (Vec<TensorRef>, Vec<TensorRef>) {
+        let v = self.side(s);
+        let all = v.ops();
+        let inside: HashSet<usize> = ops.iter().copied().collect();
+        let (mut ins, mut outs) = (Vec::new(), Vec::new());
+        let forward = ops
+            .first()
+            .is_some_and(|&o| all[o].direction == Direction::Forward);
+        if v.dump.has_dataflow && forward {
+            for &o in ops {
+                for (ti, t) in all[o].tensors.iter().enumerate() {
+                    let r = TensorRef { op: o, tensor: ti };
+                    match t.role {
+                        Role::Input | Role::Parameter => {
+                            let from_inside = t
+                                .src
+                                .and_then(|s| v.producer.get(&s))
+                                .is_some_and(|p| inside.contains(&p.op));
+                            if !from_inside {
+                                ins.push(r);
+                            }
+                        }
+                        Role::Output => {
+                            let read = t.id.and_then(|id| v.readers.get(&id));
+                            let read_outside =
+                                read.is_some_and(|rs| rs.iter().any(|x| !inside.contains(&x.op)));
+                            let last = Some(&o) == ops.last();
+                            if read_outside || (read.is_none() && last) {
+                                outs.push(r);
+                            }
+                        }
+                    }
+                }
+            }
+        } else {
+            if let Some(&o) = ops.first() {
+                for (ti, t) in all[o].tensors.iter().enumerate() {
+                    if t.role != Role::Output {
+                        ins.push(TensorRef { op: o, tensor: ti });
+                    }
+                }
+            }
+            if let Some(&o) = ops.last() {
+                for (ti, t) in all[o].tensors.iter().enumerate() {
+                    if t.role == Role::Output {
+                        outs.push(TensorRef { op: o, tensor: ti });
+                    }
+                }
+            }
+        }
+        (ins, outs)
+    }
+
+    fn tensor(&self, s: Side, r: TensorRef) -> &'a crate::dump::TensorRec {
+        &self.side(s).ops()[r.op].tensors[r.tensor]
+    }
+
+    /// Pairs two boundary lists: first where the dataflow links say both hold the same
+    /// value (`target` gives the bench dataflow id a comparison tensor corresponds to,
+    /// `own` a bench tensor's id), then by role, shape and order.
+    fn pair_lists(
+        &self,
+        b: &[TensorRef],
+        c: &[TensorRef],
+        target: impl Fn(TensorRef) -> Option<u64>,
+        own: impl Fn(TensorRef) -> Option<u64>,
+    ) -> Vec<Sides<TensorRef>> {
+        let mut used = vec![false; b.len()];
+        let mut out = Vec::new();
+        let mut rest = Vec::new();
+        for &cr in c {
+            let want = target(cr);
+            let hit = want.and_then(|w| (0..b.len()).find(|&i| !used[i] && own(b[i]) == Some(w)));
+            match hit {
+                Some(i) => {
+                    used[i] = true;
+                    out.push(Sides::new(b[i], cr));
+                }
+                None => rest.push(cr),
+            }
+        }
+        for cr in rest {
+            let ct = self.tensor(Side::Cmp, cr);
+            let hit = (0..b.len()).find(|&i| {
+                let bt = self.tensor(Side::Bench, b[i]);
+                !used[i] && bt.role == ct.role && bt.shape == ct.shape
+            });
+            if let Some(i) = hit {
+                used[i] = true;
+                out.push(Sides::new(b[i], cr));
+            }
+        }
+        out
+    }
+
+    /// The bench dataflow id of the value a comparison input reads: the id of the bench
+    /// partner of the comparison output it was produced as.
+    fn input_target(&self, cr: TensorRef) -> Option<u64> {
+        let src = self.tensor(Side::Cmp, cr).src?;
+        let cp = *self.cv.producer.get(&src)?;
+        let partner = self.partner[self.first.cmp[cp.op] + cp.tensor]?;
+        self.tensor(Side::Bench, partner).id
+    }
+
+    /// The bench dataflow id a comparison output corresponds to: the value the bench
+    /// partner of the op reading it reads in the same slot.
+    fn output_target(&self, cr: TensorRef) -> Option<u64> {
+        let id = self.tensor(Side::Cmp, cr).id?;
+        let reader = self.cv.readers.get(&id)?.first().copied()?;
+        let bop = *self.op_pair.get(&reader.op)?;
+        let rop = &self.cv.ops()[reader.op];
+        let slot = rop.key.slot(&rop.tensors[reader.tensor].name)?;
+        let bo = &self.bv.ops()[bop];
+        bo.tensors
+            .iter()
+            .find(|t| bo.key.slot(&t.name) == Some(slot))?
+            .src
+    }
+
+    /// Compares a stretch where both sides have calls left: a region. Returns whether
+    /// any boundary pair was found.
+    fn region(&mut self, module: &str, b: &[usize], c: &[usize], bounded: bool) -> bool {
+        let bapis: Vec<&str> = b.iter().map(|&o| self.bv.api[o].as_ref()).collect();
+        let capis: Vec<&str> = c.iter().map(|&o| self.cv.api[o].as_ref()).collect();
+        if bapis == capis {
+            // The same calls with other shapes: a shape mismatch, not another code path.
+            return false;
+        }
+        let rule = self
+            .mapping
+            .rule_for(&bapis, &capis)
+            .map(|r| r.name.clone());
+        if rule.is_none() && !bounded {
+            // Module fallback only between two points both sides agree on: calls that
+            // share nothing with anything paired are not guessed at.
+            return false;
+        }
+        let by = if rule.is_some() {
+            MatchedBy::Mapped
+        } else {
+            MatchedBy::Module
+        };
+        let (bin, bout) = self.boundary(Side::Bench, b);
+        let (cin, cout) = self.boundary(Side::Cmp, c);
+        let inputs = self.pair_lists(
+            &bin,
+            &cin,
+            |cr| self.input_target(cr),
+            |br| self.tensor(Side::Bench, br).src,
+        );
+        let outputs = self.pair_lists(
+            &bout,
+            &cout,
+            |cr| self.output_target(cr),
+            |br| self.tensor(Side::Bench, br).id,
+        );
+        if outputs.is_empty() {
+            return false;
+        }
+        let at = *c.last().unwrap_or(&0);
+        let direction = self.cv.ops()[at].direction;
+        for p in inputs.iter() {
+            self.push(p.bench, p.cmp, by, at, 0);
+        }
+        for p in outputs.iter() {
+            self.push(p.bench, p.cmp, by, at, 1);
+        }
+        let boundary: Vec<Sides<TensorRef>> = inputs.iter().chain(&outputs).copied().collect();
+        let id = self.regions.len();
+        self.regions.push(Region {
+            module: module.to_string(),
+            direction,
+            by,
+            rule,
+            calls: Sides::new(
+                b.iter()
+                    .map(|&o| self.bv.ops()[o].key.as_str().to_string())
+                    .collect(),
+                c.iter()
+                    .map(|&o| self.cv.ops()[o].key.as_str().to_string())
+                    .collect(),
+            ),
+            at: OpInfo::of(at, &self.cv.ops()[at]),
+            boundary: boundary.len(),
+        });
+        if direction == Direction::Forward {
+            for &o in b {
+                self.in_region.bench.insert(o, id);
+            }
+            for &o in c {
+                self.in_region.cmp.insert(o, id);
+            }
+            self.boundaries.push(boundary);
+        } else {
+            self.boundaries.push(Vec::new());
+        }
+        self.mark(Side::Bench, b, Why::Inside);
+        self.mark(Side::Cmp, c, Why::Inside);
+        true
+    }
+
+    /// The backward calls of forward regions: compared at the gradients of the region's
+    /// boundary tensors (a forward input's gradient is its backward call's output in the
+    /// same slot, a forward output's gradient its backward call's input).
+    fn mirror(&mut self, bwd: Sides<Vec<usize>>) -> Sides<Vec<usize>> {
+        // Backward ops whose forward twin lies in a region: by region.
+        let mut members: BTreeMap<usize, Sides<Vec<usize>>> = BTreeMap::new();
+        let mut rest = Sides::new(Vec::new(), Vec::new());
+        for (s, ops) in [(Side::Bench, &bwd.bench), (Side::Cmp, &bwd.cmp)] {
+            for &o in ops {
+                let v = self.side(s);
+                let reg = v.twin(o).and_then(|f| match s {
+                    Side::Bench => self.in_region.bench.get(&f),
+                    Side::Cmp => self.in_region.cmp.get(&f),
+                });
+                match (reg, s) {
+                    (Some(&r), Side::Bench) => members.entry(r).or_default().bench.push(o),
+                    (Some(&r), Side::Cmp) => members.entry(r).or_default().cmp.push(o),
+                    (None, Side::Bench) => rest.bench.push(o),
+                    (None, Side::Cmp) => rest.cmp.push(o),
+                }
+            }
+        }
+        for (r, ops) in members {
+            let twin_of = |v: &SideView, list: &[usize]| -> HashMap<usize, usize> {
+                list.iter()
+                    .filter_map(|&o| v.twin(o).map(|f| (f, o)))
+                    .collect()
+            };
+            let (bt, ct) = (twin_of(&self.bv, &ops.bench), twin_of(&self.cv, &ops.cmp));
+            let at = ops.cmp.iter().copied().max();
+            let mut pairs = Vec::new();
+            for p in &self.boundaries[r] {
+                let (Some(&bb), Some(&cb)) = (bt.get(&p.bench.op), ct.get(&p.cmp.op)) else {
+                    continue;
+                };
+                let grad = |v: &SideView, fwd: TensorRef, bop: usize| -> Option<usize> {
+                    let f = &v.ops()[fwd.op];
+                    let slot = f.key.slot(&f.tensors[fwd.tensor].name)?;
+                    let want = if let Some(i) = slot.strip_prefix("input.") {
+                        format!("output.{i}")
+                    } else if let Some(i) = slot.strip_prefix("output.") {
+                        format!("input.{i}")
+                    } else {
+                        return None;
+                    };
+                    let b = &v.ops()[bop];
+                    b.tensors
+                        .iter()
+                        .position(|t| b.key.slot(&t.name) == Some(want.as_str()))
+                };
+                if let (Some(x), Some(y)) = (grad(&self.bv, p.bench, bb), grad(&self.cv, p.cmp, cb))
+                {
+                    let bo = &self.bv.ops()[bb].tensors[x];
+                    let co = &self.cv.ops()[cb].tensors[y];
+                    if bo.shape == co.shape {
+                        let late = u8::from(co.role == Role::Output);
+                        pairs.push((
+                            TensorRef { op: bb, tensor: x },
+                            TensorRef { op: cb, tensor: y },
+                            late,
+                        ));
+                    }
+                }
+            }
+            let Some(at) = at else {
+                rest.bench.extend(&ops.bench);
+                continue;
+            };
+            if pairs.is_empty() || ops.bench.is_empty() {
+                rest.bench.extend(&ops.bench);
+                rest.cmp.extend(&ops.cmp);
+                continue;
+            }
+            let by = self.regions[r].by;
+            for (b, c, late) in &pairs {
+                self.push(*b, *c, by, at, *late);
+            }
+            let fwd = &self.regions[r];
+            let region = Region {
+                module: fwd.module.clone(),
+                direction: Direction::Backward,
+                by,
+                rule: fwd.rule.clone(),
+                calls: Sides::new(
+                    ops.bench
+                        .iter()
+                        .map(|&o| self.bv.ops()[o].key.as_str().to_string())
+                        .collect(),
+                    ops.cmp
+                        .iter()
+                        .map(|&o| self.cv.ops()[o].key.as_str().to_string())
+                        .collect(),
+                ),
+                at: OpInfo::of(at, &self.cv.ops()[at]),
+                boundary: pairs.len(),
+            };
+            self.regions.push(region);
+            self.boundaries.push(Vec::new());
+            self.mark(Side::Bench, &ops.bench, Why::Inside);
+            self.mark(Side::Cmp, &ops.cmp, Why::Inside);
+        }
+        rest.bench.sort_unstable();
+        rest.cmp.sort_unstable();
+        rest
+    }
+
+    /// A stretch left on both sides that no region could be made of: other shapes for the
+    /// same API are a shape mismatch, the rest unmatched.
+    fn leftover(&mut self, b: &[usize], c: &[usize]) {
+        let bapis: HashSet<&str> = b.iter().map(|&o| self.bv.api[o].as_ref()).collect();
+        let capis: HashSet<&str> = c.iter().map(|&o| self.cv.api[o].as_ref()).collect();
+        let shared: HashSet<String> = bapis.intersection(&capis).map(|s| s.to_string()).collect();
+        let bw: Vec<usize> = b
+            .iter()
+            .copied()
+            .filter(|&o| shared.contains(self.bv.api[o].as_ref()))
+            .collect();
+        let cw: Vec<usize> = c
+            .iter()
+            .copied()
+            .filter(|&o| shared.contains(self.cv.api[o].as_ref()))
+            .collect();
+        self.mark(Side::Bench, &bw, Why::ShapeMismatch);
+        self.mark(Side::Cmp, &cw, Why::ShapeMismatch);
+    }
+}
+
+impl Aligner for StructuralAligner {
+    fn align(&self, dumps: Sides<RankDump>) -> Alignment {
+        let modules = has_modules(&dumps.bench) && has_modules(&dumps.cmp);
+        let (regions, matches, unmatched) = {
+            let bv = SideView::new(&dumps.bench, None, modules);
+            let cv = SideView::new(&dumps.cmp, Some(&self.mapping), modules);
+            let (bf, bn) = offsets(&dumps.bench);
+            let (cf, cn) = offsets(&dumps.cmp);
+            let mut bld = Builder {
+                why: Sides::new(
+                    vec![Why::Unmatched; dumps.bench.ops.len()],
+                    vec![Why::Unmatched; dumps.cmp.ops.len()],
+                ),
+                bv,
+                cv,
+                mapping: &self.mapping,
+                first: Sides::new(bf, cf),
+                taken: Sides::new(vec![false; bn], vec![false; cn]),
+                partner: vec![None; cn],
+                matches: Vec::new(),
+                op_pair: HashMap::new(),
+                regions: Vec::new(),
+                in_region: Sides::default(),
+                boundaries: Vec::new(),
+            };
+            let keys: Vec<GroupKey> = {
+                let mut k: Vec<GroupKey> = bld.bv.groups.keys().cloned().collect();
+                k.extend(bld.cv.groups.keys().cloned());
+                k.sort();
+                k.dedup();
+                k
+            };
+            let empty = Vec::new();
+            // Forward and recompute groups first: backward regions mirror forward ones.
+            let mut gaps: Vec<(GroupKey, Vec<usize>, Vec<usize>)> = Vec::new();
+            for key in keys.iter().filter(|k| k.0 != Phase::Backward) {
+                let b = bld.bv.groups.get(key).unwrap_or(&empty).clone();
+                let c = bld.cv.groups.get(key).unwrap_or(&empty).clone();
+                if key.0 == Phase::Recompute && (b.is_empty() || c.is_empty()) {
+                    bld.mark(Side::Bench, &b, Why::Recompute);
+                    bld.mark(Side::Cmp, &c, Why::Recompute);
+                    continue;
+                }
+                let g = align_group(&b, &c, &bld.bv, &bld.cv);
+                for (x, y) in g.pairs {
+                    bld.pair_ops(x, y);
+                }
+                gaps.extend(g.gaps.into_iter().map(|(x, y)| (key.clone(), x, y)));
+            }
+            bld.regions_of(&gaps);
+            let mut bwd_gaps = Vec::new();
+            for key in keys.iter().filter(|k| k.0 == Phase::Backward) {
+                let b = bld.bv.groups.get(key).unwrap_or(&empty).clone();
+                let c = bld.cv.groups.get(key).unwrap_or(&empty).clone();
+                // Calls whose forward twin is inside a region go to that region's
+                // backward; the rest is aligned like forward calls.
+                let rest = bld.mirror(Sides::new(b, c));
+                let g = align_group(&rest.bench, &rest.cmp, &bld.bv, &bld.cv);
+                for (x, y) in g.pairs {
+                    bld.pair_ops(x, y);
+                }
+                bwd_gaps.extend(g.gaps.into_iter().map(|(x, y)| (key.clone(), x, y)));
+            }
+            bld.regions_of(&bwd_gaps);
+            bld.pair_named(&self.mapping);
+            bld.finish()
+        };
+        Alignment {
+            dumps,
+            matches,
+            unmatched,
+            regions,
+        }
+    }
+}
+
+/// Whether a stretch lies between two paired ops (one before it, one after it, on both
+/// sides), from the op pairs sorted by comparison index.
+struct Bounds {
+    /// (cmp, bench) pairs sorted by cmp.
+    pairs: Vec<(usize, usize)>,
+    /// Smallest bench index among pairs[..=i].
+    prefix_min: Vec<usize>,
+    /// Largest bench index among pairs[i..].
+    suffix_max: Vec<usize>,
+}
+
+impl Bounds {
+    fn new(op_pair: &HashMap<usize, usize>) -> Bounds {
+        let mut pairs: Vec<(usize, usize)> = op_pair.iter().map(|(&c, &b)| (c, b)).collect();
+        pairs.sort_unstable();
+        let mut prefix_min = Vec::with_capacity(pairs.len());
+        let mut m = usize::MAX;
+        for &(_, b) in &pairs {
+            m = m.min(b);
+            prefix_min.push(m);
+        }
+        let mut suffix_max = vec![0; pairs.len()];
+        let mut x = 0;
+        for (i, &(_, b)) in pairs.iter().enumerate().rev() {
+            x = x.max(b);
+            suffix_max[i] = x;
+        }
+        Bounds {
+            pairs,
+            prefix_min,
+            suffix_max,
+        }
+    }
+
+    fn encloses(&self, b: &[usize], c: &[usize]) -> bool {
+        let (Some(bmin), Some(bmax)) = (b.iter().min(), b.iter().max()) else {
+            return false;
+        };
+        let (Some(cmin), Some(cmax)) = (c.iter().min(), c.iter().max()) else {
+            return false;
+        };
+        let lo = self.pairs.partition_point(|&(x, _)| x < *cmin);
+        let hi = self.pairs.partition_point(|&(x, _)| x <= *cmax);
+        let before = lo > 0 && self.prefix_min[lo - 1] < *bmin;
+        let after = hi < self.pairs.len() && self.suffix_max[hi] > *bmax;
+        before && after
+    }
+}
+
+impl Builder<'_> {
+    /// Makes regions of the stretches left on both sides, or marks them left over.
+    fn regions_of(&mut self, gaps: &[(GroupKey, Vec<usize>, Vec<usize>)]) {
+        let bounds = Bounds::new(&self.op_pair);
+        for (key, b, c) in gaps {
+            if b.is_empty() || c.is_empty() {
+                continue;
+            }
+            let bounded = bounds.encloses(b, c);
+            if !self.region(&key.1, b, c, bounded) {
+                self.leftover(b, c);
+            }
+        }
+    }
+
+    /// Explicit tensor pairs of the mapping (msprobe's data mapping), among what is left.
+    fn pair_named(&mut self, mapping: &Mapping) {
+        if mapping.tensor_pairs.is_empty() {
+            return;
+        }
+        let mut bench: HashMap<&str, TensorRef> = HashMap::new();
+        for (oi, op) in self.bv.ops().iter().enumerate() {
+            for (ti, t) in op.tensors.iter().enumerate() {
+                let r = TensorRef { op: oi, tensor: ti };
+                if !self.is_taken(Side::Bench, r) {
+                    bench.insert(t.name.as_str(), r);
+                }
+            }
+        }
+        let wanted: HashMap<&str, &str> = mapping
+            .tensor_pairs
+            .iter()
+            .map(|(c, b)| (c.as_str(), b.as_str()))
+            .collect();
+        let mut found = Vec::new();
+        for (oi, op) in self.cv.ops().iter().enumerate() {
+            for (ti, t) in op.tensors.iter().enumerate() {
+                let r = TensorRef { op: oi, tensor: ti };
+                if self.is_taken(Side::Cmp, r) {
+                    continue;
+                }
+                if let Some(b) = wanted.get(t.name.as_str()).and_then(|n| bench.get(n)) {
+                    found.push((*b, r));
+                }
+            }
+        }
+        for (b, c) in found {
+            self.push(b, c, MatchedBy::Mapped, c.op, 0);
+        }
+    }
+
+    fn finish(self) -> (Vec<Region>, Vec<TensorMatch>, Vec<Unmatched>) {
+        let mut matches = self.matches;
+        // Comparison execution order; a region's rows under its last call, inputs first.
+        matches.sort_by_key(|(m, late)| (m.at, *late, m.refs.cmp.op, m.refs.cmp.tensor));
+        let matches: Vec<TensorMatch> = matches.into_iter().map(|(m, _)| m).collect();
+        let mut only = Vec::new();
+        for (side, v, taken, first, why) in [
+            (
+                Side::Cmp,
+                &self.cv,
+                &self.taken.cmp,
+                &self.first.cmp,
+                &self.why.cmp,
+            ),
+            (
+                Side::Bench,
+                &self.bv,
+                &self.taken.bench,
+                &self.first.bench,
+                &self.why.bench,
+            ),
+        ] {
+            for (oi, op) in v.ops().iter().enumerate() {
+                for (ti, t) in op.tensors.iter().enumerate() {
+                    if !taken[first[oi] + ti] {
+                        let w = if op.kind == OpKind::ParametersGrad && why[oi] == Why::Inside {
+                            Why::Unmatched
+                        } else {
+                            why[oi]
+                        };
+                        only.push(unmatched(side, oi, op, t, w));
+                    }
+                }
+            }
+        }
+        let mut regions = self.regions;
+        regions.sort_by_key(|r| r.at.index);
+        (regions, matches, only)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::dtype::AnyDType;
+    use crate::dump::{Format, OpKey, RankLoc, TensorRec};
+    use crate::tensor::Data;
+
+    /// An op: key, module, (role, shape, id, src) per tensor.
+    type T = (Role, &'static [usize], Option<u64>, Option<u64>);
+
+    fn op(key: &str, module: &str, tensors: &[T]) -> OpRec {
+        let k = OpKey::parse(key);
+        let mut counts = HashMap::new();
+        let tensors = tensors
+            .iter()
+            .map(|&(role, shape, id, src)| {
+                let n = counts.entry(role.name()).or_insert(0);
+                let name = format!("{key}.{}.{}", role.name(), n);
+                *n += 1;
+                TensorRec {
+                    name,
+                    role,
+                    dtype: AnyDType::parse("float32"),
+                    shape: shape.to_vec(),
+                    stats: None,
+                    checksum: None,
+                    id,
+                    src,
+                    data: Data::None,
+                }
+            })
+            .collect();
+        OpRec {
+            seq: 0,
+            kind: k.kind(),
+            direction: k.direction(),
+            key: k,
+            module: (!module.is_empty()).then(|| module.to_string()),
+            stack: None,
+            recompute: false,
+            tensors,
+        }
+    }
+
+    /// A unary API call in `module`: input [n], output [n].
+    fn unary(key: &str, module: &str, n: &'static [usize]) -> OpRec {
+        op(
+            key,
+            module,
+            &[(Role::Input, n, None, None), (Role::Output, n, None, None)],
+        )
+    }
+
+    fn dump(ops: Vec<OpRec>, dataflow: bool) -> RankDump {
+        let ops = ops
+            .into_iter()
+            .enumerate()
+            .map(|(i, mut o)| {
+                o.seq = i as u64;
+                o
+            })
+            .collect();
+        RankDump {
+            loc: RankLoc {
+                step: "step0".into(),
+                rank: "rank0".into(),
+                dir: "x".into(),
+                format: Format::Probe,
+            },
+            ops,
+            stacks: BTreeMap::new(),
+            has_dataflow: dataflow,
+            warnings: vec![],
+            incomplete: vec![],
+        }
+    }
+
+    fn align(b: Vec<OpRec>, c: Vec<OpRec>, dataflow: bool) -> Alignment {
+        StructuralAligner::default().align(Sides::new(dump(b, dataflow), dump(c, dataflow)))
+    }
+
+    /// (bench tensor name, cmp tensor name, matched_by) of every pair.
+    fn pairs(a: &Alignment) -> Vec<(String, String, &'static str)> {
+        a.matches
+            .iter()
+            .map(|m| {
+                let r = a.records(m);
+                (r.bench.name.clone(), r.cmp.name.clone(), m.by.name())
+            })
+            .collect()
+    }
+
+    const N: &[usize] = &[4];
+    const M: &[usize] = &[8];
+
+    #[test]
+    fn identical_runs_pair_everything_exactly() {
+        let ops = || {
+            vec![
+                unary("Functional.relu.0.forward", "a", N),
+                unary("Tensor.to.0.forward", "a", N),
+                unary("Functional.relu.1.forward", "b", N),
+            ]
+        };
+        let a = align(ops(), ops(), false);
+        assert_eq!(a.matches.len(), 6);
+        assert!(a.matches.iter().all(|m| m.by == MatchedBy::Exact));
+        assert!(a.unmatched.is_empty());
+    }
+
+    #[test]
+    fn an_inserted_call_shifts_nothing_else() {
+        // The comparison run casts once more in module `a`: the later casts keep their
+        // partners (other counters), the extra one is left over, module `b` is untouched.
+        let b = vec![
+            unary("Tensor.to.0.forward", "a", N),
+            unary("Functional.relu.0.forward", "a", N),
+            unary("Tensor.to.1.forward", "a", M),
+            unary("Tensor.to.2.forward", "b", N),
+        ];
+        let c = vec![
+            unary("Tensor.to.0.forward", "a", N),
+            unary("Tensor.to.1.forward", "a", N),
+            unary("Functional.relu.0.forward", "a", N),
+            unary("Tensor.to.2.forward", "a", M),
+            unary("Tensor.to.3.forward", "b", N),
+        ];
+        let a = align(b, c, false);
+        let p = pairs(&a);
+        assert!(p.contains(&(
+            "Tensor.to.1.forward.output.0".into(),
+            "Tensor.to.2.forward.output.0".into(),
+            "aligned"
+        )));
+        assert!(p.contains(&(
+            "Tensor.to.2.forward.output.0".into(),
+            "Tensor.to.3.forward.output.0".into(),
+            "aligned"
+        )));
+        assert!(p.contains(&(
+            "Functional.relu.0.forward.input.0".into(),
+            "Functional.relu.0.forward.input.0".into(),
+            "exact"
+        )));
+        let left: Vec<&str> = a.unmatched.iter().map(|u| u.name.as_str()).collect();
+        assert_eq!(left.len(), 2, "{left:?}");
+        assert!(a
+            .unmatched
+            .iter()
+            .all(|u| u.side == Side::Cmp && u.why == Why::Unmatched));
+        // Which of the two identical leading casts is "extra" is a tie; one of them is.
+        assert!(left
+            .iter()
+            .all(|n| n.starts_with("Tensor.to.0.") || n.starts_with("Tensor.to.1.")));
+    }
+
+    #[test]
+    fn a_deleted_call_is_left_over_on_the_bench() {
+        let b = vec![
+            unary("Functional.gelu.0.forward", "m", N),
+            unary("Tensor.float.0.forward", "m", N),
+            unary("Functional.gelu.1.forward", "m", N),
+        ];
+        let c = vec![
+            unary("Functional.gelu.0.forward", "m", N),
+            unary("Functional.gelu.1.forward", "m", N),
+        ];
+        let a = align(b, c, false);
+        assert_eq!(a.matches.len(), 4);
+        assert!(a.matches.iter().all(|m| m.by == MatchedBy::Exact));
+        assert_eq!(a.unmatched.len(), 2);
+        assert!(a
+            .unmatched
+            .iter()
+            .all(|u| u.side == Side::Bench && u.name.starts_with("Tensor.float.0.")));
+    }
+
+    #[test]
+    fn renumbered_calls_in_repeated_layers_pair_by_layer() {
+        // Four identical layers; the comparison run calls linear twice in layers.1 (an
+        // extra projection), so every later layer's counters are one higher.
+        let layer = |i: usize, extra: bool, base: usize| -> Vec<OpRec> {
+            let m = format!("layers.{i}");
+            let mut v = vec![unary(&format!("Functional.linear.{base}.forward"), &m, N)];
+            if extra {
+                v.push(unary(
+                    &format!("Functional.linear.{}.forward", base + 1),
+                    &m,
+                    M,
+                ));
+            }
+            v.push(unary(&format!("Functional.gelu.{i}.forward"), &m, N));
+            v
+        };
+        let b: Vec<OpRec> = (0..4).flat_map(|i| layer(i, false, i)).collect();
+        let c: Vec<OpRec> = (0..4)
+            .flat_map(|i| layer(i, i == 1, if i <= 1 { i } else { i + 1 }))
+            .collect();
+        let a = align(b, c, false);
+        let p = pairs(&a);
+        assert!(p.contains(&(
+            "Functional.linear.3.forward.output.0".into(),
+            "Functional.linear.4.forward.output.0".into(),
+            "aligned"
+        )));
+        assert!(p.contains(&(
+            "Functional.linear.1.forward.output.0".into(),
+            "Functional.linear.1.forward.output.0".into(),
+            "exact"
+        )));
+        assert_eq!(a.unmatched.len(), 2, "{:?}", a.unmatched);
+        assert!(a
+            .unmatched
+            .iter()
+            .all(|u| u.name.starts_with("Functional.linear.2.")));
+        assert_eq!(a.matches.len(), 16);
+    }
+
+    #[test]
+    fn same_api_with_other_shapes_is_a_shape_mismatch_not_a_pair() {
+        let b = vec![
+            unary("Functional.relu.0.forward", "", N),
+            unary("Tensor.sum.0.forward", "", N),
+            unary("Functional.relu.1.forward", "", N),
+        ];
+        let c = vec![
+            unary("Functional.relu.0.forward", "", N),
+            unary("Tensor.sum.0.forward", "", M),
+            unary("Functional.relu.1.forward", "", N),
+        ];
+        let a = align(b, c, false);
+        assert_eq!(a.matches.len(), 4);
+        assert_eq!(a.unmatched.len(), 4);
+        assert!(a.unmatched.iter().all(|u| u.why == Why::ShapeMismatch));
+        assert!(a.regions.is_empty());
+    }
+
+    /// q, k, v from a split, then attention, then a projection; `fused` uses SDPA.
+    fn attention(fused: bool) -> Vec<OpRec> {
+        use Role::{Input as I, Output as O};
+        const S: &[usize] = &[2, 4, 4];
+        const T: &[usize] = &[2, 4, 4];
+        let mut v = vec![op(
+            "Tensor.unbind.0.forward",
+            "attn",
+            &[
+                (I, &[3, 2, 4, 4], None, None),
+                (O, S, Some(1), None),
+                (O, S, Some(2), None),
+                (O, S, Some(3), None),
+            ],
+        )];
+        if fused {
+            v.push(op(
+                "Functional.scaled_dot_product_attention.0.forward",
+                "attn",
+                &[
+                    (I, S, None, Some(1)),
+                    (I, S, None, Some(2)),
+                    (I, S, None, Some(3)),
+                    (O, S, Some(9), None),
+                ],
+            ));
+        } else {
+            // k is transposed first: the composition reads q, k, v in another order.
+            v.push(op(
+                "Tensor.transpose.0.forward",
+                "attn",
+                &[(I, S, None, Some(2)), (O, T, Some(4), None)],
+            ));
+            v.push(op(
+                "Torch.matmul.0.forward",
+                "attn",
+                &[
+                    (I, S, None, Some(1)),
+                    (I, T, None, Some(4)),
+                    (O, &[2, 4, 4], Some(5), None),
+                ],
+            ));
+            v.push(op(
+                "Functional.softmax.0.forward",
+                "attn",
+                &[
+                    (I, &[2, 4, 4], None, Some(5)),
+                    (O, &[2, 4, 4], Some(6), None),
+                ],
+            ));
+            v.push(op(
+                "Torch.matmul.1.forward",
+                "attn",
+                &[
+                    (I, &[2, 4, 4], None, Some(6)),
+                    (I, S, None, Some(3)),
+                    (O, S, Some(9), None),
+                ],
+            ));
+        }
+        v.push(op(
+            "Functional.linear.0.forward",
+            "attn",
+            &[(I, S, None, Some(9)), (O, S, Some(10), None)],
+        ));
+        v
+    }
+
+    #[test]
+    fn a_fused_kernel_is_compared_at_its_boundary_through_dataflow() {
+        let a = align(attention(false), attention(true), true);
+        assert_eq!(a.regions.len(), 1);
+        let r = &a.regions[0];
+        assert_eq!(
+            (r.by, r.rule.as_deref()),
+            (MatchedBy::Mapped, Some("attention"))
+        );
+        let p = pairs(&a);
+        // q, k and v pair by the value they hold, not by position (k comes first on the
+        // bench, through the transpose).
+        for (b, c) in [
+            (
+                "Torch.matmul.0.forward.input.0",
+                "Functional.scaled_dot_product_attention.0.forward.input.0",
+            ),
+            (
+                "Tensor.transpose.0.forward.input.0",
+                "Functional.scaled_dot_product_attention.0.forward.input.1",
+            ),
+            (
+                "Torch.matmul.1.forward.input.1",
+                "Functional.scaled_dot_product_attention.0.forward.input.2",
+            ),
+            (
+                "Torch.matmul.1.forward.output.0",
+                "Functional.scaled_dot_product_attention.0.forward.output.0",
+            ),
+        ] {
+            assert!(
+                p.contains(&(b.into(), c.into(), "mapped")),
+                "{b} <-> {c} in {p:?}"
+            );
+        }
+        // Rows of the region are reported under the fused call, inputs first.
+        let sdpa = 1;
+        let region_rows: Vec<&TensorMatch> = a
+            .matches
+            .iter()
+            .filter(|m| m.by == MatchedBy::Mapped)
+            .collect();
+        assert!(region_rows.iter().all(|m| m.at == sdpa));
+        assert!(a
+            .unmatched
+            .iter()
+            .all(|u| u.why == Why::Inside && u.side == Side::Bench));
+    }
+
+    #[test]
+    fn unknown_code_paths_between_agreed_points_fall_back_to_the_module() {
+        let b = attention(false);
+        let mut c = attention(true);
+        // No rule knows this kernel.
+        c[1].key = OpKey::parse("NPU.npu_my_attention.0.forward");
+        for t in &mut c[1].tensors {
+            t.name = t.name.replace(
+                "Functional.scaled_dot_product_attention",
+                "NPU.npu_my_attention",
+            );
+        }
+        let a = align(b, c, true);
+        assert_eq!(a.regions.len(), 1);
+        assert_eq!(a.regions[0].by, MatchedBy::Module);
+        assert_eq!(a.regions[0].module, "attn");
+        assert_eq!(
+            a.matches
+                .iter()
+                .filter(|m| m.by == MatchedBy::Module)
+                .count(),
+            4
+        );
+    }
+
+    #[test]
+    fn nothing_in_common_is_not_guessed_at() {
+        let b = vec![
+            unary("Functional.relu.0.forward", "", N),
+            unary("Functional.gelu.0.forward", "", N),
+        ];
+        let c = vec![
+            unary("Other.relu.0.forward", "", N),
+            unary("Other.gelu.0.forward", "", N),
+        ];
+        let a = align(b, c, false);
+        assert!(a.matches.is_empty());
+        assert_eq!(a.unmatched.len(), 8);
+    }
+
+    #[test]
+    fn recomputation_on_one_side_is_reported_as_such() {
+        let b = vec![unary("Functional.relu.0.forward", "blk", N)];
+        let mut again = unary("Functional.relu.1.forward", "blk", N);
+        again.recompute = true;
+        let c = vec![unary("Functional.relu.0.forward", "blk", N), again];
+        let a = align(b, c, false);
+        assert_eq!(a.matches.len(), 2);
+        assert_eq!(a.unmatched.len(), 2);
+        assert!(a.unmatched.iter().all(|u| u.why == Why::Recompute));
+    }
+
+    #[test]
+    fn lis_is_longest_and_increasing() {
+        let seq = [3, 1, 4, 1, 5, 9, 2, 6];
+        let idx = lis(&seq);
+        let vals: Vec<usize> = idx.iter().map(|&i| seq[i]).collect();
+        assert_eq!(vals.len(), 4);
+        assert!(vals.windows(2).all(|w| w[0] < w[1]));
+    }
+}
