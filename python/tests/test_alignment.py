@@ -253,6 +253,11 @@ def test_variant_dumps_record_other_operators(runs: Runs) -> None:
     recomputed = [o for o in ops["checkpoint"] if o.get("recompute")]
     assert recomputed and all(o["direction"] == "forward" for o in recomputed)
     assert not any(o.get("recompute") for o in ops["fp32"])
+    # The recompute ends early (by an exception in the block): later calls are outside it.
+    assert all(o["module"].startswith("block") for o in recomputed)
+    for name in ("fp32", "checkpoint"):
+        adam = [o for o in ops[name] if o["op"].startswith("Tensor.addcdiv_.")]
+        assert adam and {o["module"] for o in adam} == {None}, name
     block = [o for o in ops["sdpa_mix"] if o["op"].startswith("Module.block.Block.")]
     assert [o["direction"] for o in block] == ["forward", "backward"]
 
