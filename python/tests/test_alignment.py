@@ -212,6 +212,7 @@ def _example() -> Any:
         ({"norm": "rms-fused"}, {"norm": "rms-manual"}),
         ({"norm": "rms-fused"}, {"norm": "rms-manual", "attention": "sdpa", "checkpoint": True}),
     ],
+    ids=["sdpa", "manual-ln", "checkpoint", "rms-manual", "rms-manual-sdpa-checkpoint"],
 )
 def test_variants_share_weights_and_agree(base: dict[str, Any], variant: dict[str, Any]) -> None:
     """Same seed, same state_dict (names and values); outputs and gradients equal up to
