@@ -15,6 +15,27 @@ so compare must name that op as the first divergent one. OP is an msprobe-style 
 output, and ``--fp16-overflow`` computes the attention scores (the first ``torch.matmul``)
 in float16 from inputs scaled so that the product passes 65504: ``probe scan`` must name the
 op that produced the first NaN/Inf.
+
+Variants that run other operators for the same mathematics (issue 16: aligning runs whose
+code paths differ). Parameter names and initial weights do not depend on them (same seed,
+same ``state_dict``; the two RMSNorm variants share theirs), so two runs that differ only by
+one of these flags are equal up to rounding:
+
+- ``--attention eager|sdpa``: attention written out (``matmul``, ``/``, ``softmax``,
+  ``matmul``; the default) or one ``F.scaled_dot_product_attention`` call.
+- ``--layer-norm fused|manual|rms-fused|rms-manual``: every norm is ``nn.LayerNorm``
+  (``F.layer_norm``; the default), the same LayerNorm computed by hand (``mean``, ``var``,
+  ``rsqrt``, ...; the class is named ``LayerNorm`` too, so module keys stay the same), or an
+  RMSNorm by ``F.rms_norm`` or by hand (``x * rsqrt(mean(x^2) + eps) * weight``).
+- ``--checkpoint``: the transformer block runs under ``torch.utils.checkpoint`` (non-reentrant),
+  so its forward is recomputed during backward (records with ``recompute: true``).
+
+``--stop-capture-after N`` (hidden) emulates an agent that switched itself off mid-run (an
+internal error, or code it cannot see such as a ``torch.compile``d region): after the N-th op
+record of the first captured step, an exception is raised inside the agent's record path, where
+the agent's never-fail guard catches it, logs it and turns capture off for the rest of the run.
+Training goes on; the dump stays valid, just short (N records in the first captured step, no
+later steps).
 """
 
 from __future__ import annotations
@@ -29,23 +50,77 @@ from typing import Any, Callable, Optional
 import torch
 import torch.nn as nn
 import torch.nn.functional as F
+import torch.utils.checkpoint
 
 import probe
 
+ATTENTION = ("eager", "sdpa")
+NORMS = ("fused", "manual", "rms-fused", "rms-manual")
+
+
+class LayerNorm(nn.LayerNorm):
+    """``nn.LayerNorm`` computed by hand with torch ops, as a model without a fused kernel
+    would (``--layer-norm manual``). Same parameters (``weight``, ``bias``), same class name
+    (so module records keep their keys: ``Module.block.norm1.LayerNorm``)."""
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        dims = tuple(range(-len(self.normalized_shape), 0))
+        mean = x.mean(dim=dims, keepdim=True)
+        var = x.var(dim=dims, unbiased=False, keepdim=True)
+        y = (x - mean) * torch.rsqrt(var + self.eps)
+        if self.weight is not None:
+            y = y * self.weight
+        if self.bias is not None:
+            y = y + self.bias
+        return y
+
+
+class RMSNorm(nn.Module):
+    """RMSNorm over the last dimension, by ``F.rms_norm`` (``fused``) or by hand. One class for
+    both, so parameter names, initial weights and module keys are the same."""
+
+    def __init__(self, dim: int, fused: bool, eps: float = 1e-6) -> None:
+        super().__init__()
+        self.dim = dim
+        self.fused = fused
+        self.eps = eps
+        self.weight = nn.Parameter(torch.ones(dim))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        if self.fused:
+            return F.rms_norm(x, (self.dim,), self.weight, self.eps)
+        return x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + self.eps) * self.weight
+
+
+def make_norm(kind: str, dim: int) -> nn.Module:
+    """The normalisation layer of ``--layer-norm kind``."""
+    if kind == "fused":
+        return nn.LayerNorm(dim)
+    if kind == "manual":
+        return LayerNorm(dim)
+    if kind in ("rms-fused", "rms-manual"):
+        if kind == "rms-fused" and not hasattr(F, "rms_norm"):
+            raise SystemExit("--layer-norm rms-fused needs torch>=2.4 (F.rms_norm)")
+        return RMSNorm(dim, fused=kind == "rms-fused")
+    raise ValueError(f"unknown norm {kind!r}")
+
 
 class Block(nn.Module):
-    """A pre-norm transformer block: attention written out so its ops are visible."""
+    """A pre-norm transformer block: attention written out so its ops are visible (or, with
+    ``attention="sdpa"``, one ``F.scaled_dot_product_attention`` call)."""
 
-    def __init__(self, dim: int, heads: int) -> None:
+    def __init__(self, dim: int, heads: int, attention: str = "eager", norm: str = "fused") -> None:
         super().__init__()
         self.heads = heads
+        #: ``eager`` (matmul, divide, softmax, matmul) or ``sdpa`` (one fused call).
+        self.attention = attention
         #: Set (e.g. 300.0): the attention scores are an fp16 matmul of q and k scaled by
         #: it, which overflows to inf, as an fp16 model with large activations would.
         self.fp16_overflow_scale: Optional[float] = None
-        self.norm1 = nn.LayerNorm(dim)
+        self.norm1 = make_norm(norm, dim)
         self.qkv = nn.Linear(dim, 3 * dim)
         self.proj = nn.Linear(dim, dim)
-        self.norm2 = nn.LayerNorm(dim)
+        self.norm2 = make_norm(norm, dim)
         self.fc1 = nn.Linear(dim, 4 * dim)
         self.fc2 = nn.Linear(4 * dim, dim)
 
@@ -54,14 +129,18 @@ class Block(nn.Module):
         h = self.heads
         q, k, v = self.qkv(self.norm1(x)).reshape(b, n, 3, h, d // h).permute(2, 0, 3, 1, 4)
         s = self.fp16_overflow_scale
-        if s is None:
-            att = torch.matmul(q, k.transpose(-2, -1))
+        if self.attention == "sdpa":
+            # The same scale (1/sqrt(head dim)) as the eager path, in one call.
+            y = F.scaled_dot_product_attention(q, k, v).transpose(1, 2).reshape(b, n, d)
         else:
-            # Real float16 arithmetic (also on CPU): |q.k| passes 65504, the matmul gives inf.
-            att = torch.matmul((q * s).half(), (k * s).transpose(-2, -1).half()).float()
-        att = att / (d // h) ** 0.5
-        att = F.softmax(att, dim=-1)
-        y = torch.matmul(att, v).transpose(1, 2).reshape(b, n, d)
+            if s is None:
+                att = torch.matmul(q, k.transpose(-2, -1))
+            else:
+                # Real float16 arithmetic (also on CPU): |q.k| passes 65504, the matmul gives inf.
+                att = torch.matmul((q * s).half(), (k * s).transpose(-2, -1).half()).float()
+            att = att / (d // h) ** 0.5
+            att = F.softmax(att, dim=-1)
+            y = torch.matmul(att, v).transpose(1, 2).reshape(b, n, d)
         x = x + self.proj(y)
         x = x + self.fc2(F.gelu(self.fc1(self.norm2(x))))
         return x
@@ -70,13 +149,23 @@ class Block(nn.Module):
 class SmallNet(nn.Module):
     """Conv stem -> tokens -> one transformer block -> classifier."""
 
-    def __init__(self, channels: int = 32, dim: int = 64, classes: int = 10) -> None:
+    def __init__(
+        self,
+        channels: int = 32,
+        dim: int = 64,
+        classes: int = 10,
+        attention: str = "eager",
+        norm: str = "fused",
+        checkpoint: bool = False,
+    ) -> None:
         super().__init__()
+        #: Run the block under activation checkpointing (recomputed in backward).
+        self.checkpoint = checkpoint
         self.conv1 = nn.Conv2d(3, channels, 3, padding=1)
         self.bn1 = nn.BatchNorm2d(channels)
         self.conv2 = nn.Conv2d(channels, dim, 3, padding=1)
-        self.block = Block(dim, heads=4)
-        self.norm = nn.LayerNorm(dim)
+        self.block = Block(dim, heads=4, attention=attention, norm=norm)
+        self.norm = make_norm(norm, dim)
         self.head = nn.Linear(dim, classes)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
@@ -84,7 +173,10 @@ class SmallNet(nn.Module):
         x = F.relu(self.conv2(x))
         x = F.adaptive_avg_pool2d(x, 4)  # (b, dim, 4, 4)
         x = x.flatten(2).transpose(1, 2)  # (b, 16 tokens, dim)
-        x = self.block(x)
+        if self.checkpoint:
+            x = torch.utils.checkpoint.checkpoint(self.block, x, use_reentrant=False)
+        else:
+            x = self.block(x)
         x = self.norm(x).mean(dim=1)
         return self.head(x)
 
@@ -166,6 +258,34 @@ def install_crash(after_ops: Optional[int], after_bytes: Optional[int]) -> None:
     RankFolder.write_op = write_op  # type: ignore[method-assign]
 
 
+class CaptureStopped(RuntimeError):
+    """Raised inside the agent by ``--stop-capture-after``: its guard switches capture off."""
+
+
+def install_capture_stop(after_records: int) -> None:
+    """Make the agent switch itself off once ``after_records`` op records are written.
+
+    The exception is raised inside the agent's own record path (after the record reached the
+    op log), so the agent's never-fail guard handles it exactly as any internal failure:
+    reported once, every hook removed, capture off for the rest of the run, training goes on.
+    The step's op log is closed normally at ``step()``, so the dump is valid, just short.
+    """
+    from probe.capture.writer import RankFolder
+
+    real = RankFolder.write_op
+    seen = {"ops": 0}
+
+    def write_op(self: RankFolder, record: dict[str, Any]) -> None:
+        real(self, record)
+        seen["ops"] += 1
+        if seen["ops"] == after_records:
+            raise CaptureStopped(
+                f"--stop-capture-after {after_records}: capture switched off (emulated)"
+            )
+
+    RankFolder.write_op = write_op  # type: ignore[method-assign]
+
+
 def make_data(
     steps: int, batch: int, device: torch.device, seed: int = 1234
 ) -> list[tuple[torch.Tensor, torch.Tensor]]:
@@ -223,6 +343,24 @@ def main(argv: Optional[list[str]] = None) -> int:
         default=1,
         help="--mode overflow: ops producing NaN/Inf to record (-1: no limit)",
     )
+    ap.add_argument(
+        "--attention",
+        choices=ATTENTION,
+        default="eager",
+        help="eager: matmul/div/softmax/matmul; sdpa: F.scaled_dot_product_attention",
+    )
+    ap.add_argument(
+        "--layer-norm",
+        choices=NORMS,
+        default="fused",
+        help="every norm: nn.LayerNorm (fused), LayerNorm by hand (manual), RMSNorm by "
+        "F.rms_norm (rms-fused) or by hand (rms-manual)",
+    )
+    ap.add_argument(
+        "--checkpoint",
+        action="store_true",
+        help="run the transformer block under activation checkpointing (non-reentrant)",
+    )
     ap.add_argument("--data-seed", type=int, default=1234, help="seed of the generated batches")
     ap.add_argument(
         "--config-pack",
@@ -235,7 +373,16 @@ def main(argv: Optional[list[str]] = None) -> int:
     # written and flushed first: a buffer spill cut mid-record, then the kill).
     ap.add_argument("--crash-after-ops", type=int, default=None, help=argparse.SUPPRESS)
     ap.add_argument("--crash-after-bytes", type=int, default=None, help=argparse.SUPPRESS)
+    # Hidden, for the alignment tests: the agent switches itself off after N op records
+    # (see the module docstring).
+    ap.add_argument("--stop-capture-after", type=int, default=None, help=argparse.SUPPRESS)
     args = ap.parse_args(argv)
+    if args.fp16_overflow and args.attention != "eager":
+        ap.error("--fp16-overflow needs --attention eager (it overflows the explicit matmul)")
+    if args.stop_capture_after is not None:
+        if args.stop_capture_after < 1:
+            ap.error("--stop-capture-after: expected N >= 1")
+        install_capture_stop(args.stop_capture_after)
     if args.crash_after_ops is not None or args.crash_after_bytes is not None:
         install_crash(args.crash_after_ops, args.crash_after_bytes)
 
@@ -243,7 +390,8 @@ def main(argv: Optional[list[str]] = None) -> int:
     pack = probe.ConfigPack(args.config_pack, steps=args.steps) if args.config_pack else None
     probe.seed_all(args.seed)
     device = resolve_device(args.device)
-    model = SmallNet().to(device)
+    net = SmallNet(attention=args.attention, norm=args.layer_norm, checkpoint=args.checkpoint)
+    model = net.to(device)
     if args.fp16_overflow:
         model.block.fp16_overflow_scale = 300.0
     opt = torch.optim.Adam(model.parameters(), lr=1e-3, foreach=False)

@@ -295,6 +295,42 @@ def test_recompute_marked(dump: str) -> None:
     ]
 
 
+@pytest.mark.parametrize("level", ["api", "mix"])
+def test_recompute_stopped_early_leaves_its_modules(dump: str, level: str) -> None:
+    """Non-reentrant checkpointing ends a recompute by raising inside the module's forward
+    once it has the tensors it needs: the module (and the one it ran in) must be left, so
+    that calls after it are not attributed to them, and the cut-short call has no record."""
+    from torch.utils.checkpoint import checkpoint
+
+    torch.manual_seed(0)
+    model = torch.nn.Module()
+    model.block = torch.nn.Sequential(
+        torch.nn.Linear(4, 4), torch.nn.GELU(), torch.nn.Linear(4, 4)
+    )
+    x = torch.randn(2, 4, requires_grad=True)
+    dbg = probe.Debugger(None, dump_path=dump, level=level, directions=["forward"])
+    dbg.start(model)
+    y = checkpoint(model.block, x, use_reentrant=False)
+    y.sum().backward()
+    z = torch.mul(x.detach(), 2.0)  # after the recompute, outside every module
+    dbg.stop()
+    dbg.close()
+    assert z.shape == x.shape
+    ops = read_ops(os.path.join(dump, "step0", "rank0"))
+    recomputed = [o for o in ops if o["recompute"]]
+    assert recomputed, _keys(ops)
+    assert all(o["module"] and o["module"].startswith("block") for o in recomputed)
+    (mul,) = [o for o in ops if o["op"] == "Torch.mul.0.forward"]
+    assert mul["module"] is None
+    if level == "mix":
+        # The block's recompute was cut short: its first forward only is recorded.
+        block = [o["op"] for o in ops if o["op"].startswith("Module.block.Sequential.")]
+        assert block == ["Module.block.Sequential.forward.0"]
+        for o in ops:
+            if o["kind"] == "module":
+                assert {t["role"] for t in o["tensors"]} >= {"input", "output"}, o["op"]
+
+
 def test_schema_validation(dump: str) -> None:
     jsonschema = pytest.importorskip("jsonschema")
     train(probe.Debugger(None, dump_path=dump, level="mix", mode="checksum"))

@@ -6,10 +6,15 @@ module and mix level they also record ``Module.{path}.{Class}.forward.{n}`` (inp
 parameters, outputs), its backward, and, through parameter gradient hooks (backward.py),
 ``Module.{path}.{Class}.parameters_grad``. The root module has no record: its path would
 be empty; its submodules cover it.
+
+A forward that raises (activation checkpointing stops a recompute that way once it has what
+it needs) still leaves its module: the post hook is always called, pops the module path and
+drops the call's pending records, so later calls are not attributed to it.
 """
 
 from __future__ import annotations
 
+import sys
 from typing import TYPE_CHECKING, Any, Callable, Optional
 
 import torch
@@ -53,9 +58,7 @@ class ModuleHooks:
                 )
             )
             self._handles.append(
-                mod.register_forward_hook(
-                    self._make_post_hook(path, cls, track_only), with_kwargs=True
-                )
+                _register_post_hook(mod, self._make_post_hook(path, cls, track_only))
             )
             if c.module and c.backward:
                 params = dict(mod.named_parameters(recurse=False))
@@ -119,6 +122,8 @@ class ModuleHooks:
                 if track_only or not self._pending:
                     return None
                 pending = self._pending.pop()
+                if output is None and sys.exc_info()[1] is not None:
+                    return None  # the forward raised: no output to record
                 if pending is not None:
                     with dbg._lock:
                         self._post(pending, output)
@@ -211,3 +216,13 @@ class ModuleHooks:
             dbg._finish(fwd)
         if bwd is not None and bwd.expect:
             dbg._backward.pending.append(bwd)
+
+
+def _register_post_hook(mod: torch.nn.Module, hook: Callable[..., Any]) -> RemovableHandle:
+    """``hook`` as a forward hook with kwargs that also runs when the forward raises
+    (``always_call``, PyTorch >= 2.1; without it a raising forward leaves its path on the
+    stack)."""
+    try:
+        return mod.register_forward_hook(hook, with_kwargs=True, always_call=True)
+    except TypeError:
+        return mod.register_forward_hook(hook, with_kwargs=True)
