@@ -4,7 +4,7 @@
 //! Reads [`UnitResult`]s only, never tensors, so the same verdict can be built from units
 //! compared apart.
 
-use crate::compare::{CompareRun, Row, Side, UnitResult, Verdict, Why};
+use crate::compare::{CompareRun, MatchedBy, Row, Side, UnitResult, Verdict, Why};
 use crate::gate::{FailOn, EXIT_FAIL, EXIT_INCOMPLETE, EXIT_NOTHING_COMPARABLE, EXIT_PASS};
 use crate::schema::summary::{
     ByDirection, Counts, Finding, Findings, IncompleteUnit, PairSummary, Summary, WorstOp,
@@ -40,6 +40,16 @@ fn counts(run: &CompareRun) -> Counts {
     let mut c = Counts {
         pairs: run.units.len(),
         ops: run.units.iter().map(|u| u.ops).sum(),
+        // Every way of pairing is listed, zeros included.
+        matched_by: [
+            MatchedBy::Exact,
+            MatchedBy::Aligned,
+            MatchedBy::Mapped,
+            MatchedBy::Module,
+        ]
+        .iter()
+        .map(|m| (m.name().to_string(), 0))
+        .collect(),
         ..Counts::default()
     };
     for u in &run.units {
