@@ -15,6 +15,7 @@
 pub mod align;
 pub mod analyze;
 pub mod judge;
+pub mod mapping;
 pub mod measure;
 pub mod plan;
 pub mod tolerance;
@@ -25,6 +26,7 @@ use crate::schema::summary::{Findings, IncompleteUnit};
 use crate::tensor::ShardCache;
 pub use align::{Aligner, Alignment, KeyAligner, OpInfo, Side, TensorMatch, TensorRef, Unmatched};
 pub use judge::{Judgement, Row};
+pub use mapping::{MapRule, Mapping, MappingError};
 pub use measure::{CompareKind, Measured, Measurement, TensorSide};
 pub use plan::{Plan, Unit};
 use serde::{Deserialize, Serialize};
@@ -172,6 +174,9 @@ pub struct Options {
     pub level: Level,
     /// How tensors of the two sides are paired.
     pub aligner: Box<dyn Aligner>,
+    /// Known equivalences between op runs and names of the two sides (built-in table, then
+    /// `--mapping` files), for aligners that look past names.
+    pub mapping: Mapping,
 }
 
 impl Default for Options {
@@ -180,6 +185,7 @@ impl Default for Options {
             tolerances: Tolerances::default(),
             level: Level::Mix,
             aligner: Box::new(KeyAligner),
+            mapping: Mapping::builtin(),
         }
     }
 }
