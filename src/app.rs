@@ -32,6 +32,9 @@ pub struct CompareRequest {
     pub threads: Option<usize>,
     /// Which records to compare.
     pub level: Level,
+    /// Mapping files (`--mapping`), in the order given: earlier ones take precedence, all
+    /// of them over the built-in table.
+    pub mappings: Vec<PathBuf>,
 }
 
 /// The chosen report writers, in their standard order; an unknown name is a usage error.
@@ -119,6 +122,7 @@ pub fn compare(req: &CompareRequest, progress: &(dyn Fn(Progress) + Sync)) -> Re
         Some(p) => Tolerances::from_file(p)?,
         None => Tolerances::default(),
     };
+    let mapping = compare::Mapping::with_files(&req.mappings)?;
     let writers = chosen_writers(&req.formats)?;
     let (pool, threads_note) = thread_pool(req.threads)?;
     atomic::refuse_inside(&req.out, &[&req.bench, &req.cmp])?;
@@ -126,6 +130,7 @@ pub fn compare(req: &CompareRequest, progress: &(dyn Fn(Progress) + Sync)) -> Re
     let opts = compare::Options {
         tolerances,
         level: req.level,
+        mapping,
         ..compare::Options::default()
     };
     within(pool, || {
