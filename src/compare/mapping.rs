@@ -208,7 +208,7 @@ impl Mapping {
                 .map(|r| MapRule {
                     name: r.name.to_string(),
                     fused: own(r.fused),
-                    composition: own(r.composition),
+                    composition: r.composition.iter().flat_map(|g| own(g)).collect(),
                     source: "built-in".to_string(),
                 })
                 .collect(),
