@@ -34,6 +34,9 @@ pub struct CompareRequest {
     pub level: Level,
     /// How calls are paired.
     pub align: compare::AlignRule,
+    /// Mapping files (`--mapping`), in the order given: earlier ones take precedence, all
+    /// of them over the built-in table.
+    pub mappings: Vec<PathBuf>,
 }
 
 /// The chosen report writers, in their standard order; an unknown name is a usage error.
@@ -121,6 +124,7 @@ pub fn compare(req: &CompareRequest, progress: &(dyn Fn(Progress) + Sync)) -> Re
         Some(p) => Tolerances::from_file(p)?,
         None => Tolerances::default(),
     };
+    let mapping = compare::Mapping::with_files(&req.mappings)?;
     let writers = chosen_writers(&req.formats)?;
     let (pool, threads_note) = thread_pool(req.threads)?;
     atomic::refuse_inside(&req.out, &[&req.bench, &req.cmp])?;
@@ -128,7 +132,7 @@ pub fn compare(req: &CompareRequest, progress: &(dyn Fn(Progress) + Sync)) -> Re
     let opts = compare::Options {
         tolerances,
         level: req.level,
-        aligner: req.align.aligner(compare::mapping::Mapping::builtin()),
+        aligner: req.align.aligner(mapping),
     };
     within(pool, || {
         let run = compare::run(&req.bench, &req.cmp, &opts, progress)?;

@@ -101,6 +101,10 @@ pub enum ProbeError {
         /// What is wrong with it.
         msg: String,
     },
+    /// A mapping file (`probe compare --mapping`) that cannot be used; the message names the
+    /// file and line.
+    #[error("bad mapping file: {0}")]
+    BadMapping(#[from] crate::compare::mapping::MappingError),
     /// An output that cannot be written.
     #[error("cannot write {}: {msg}", path.display())]
     Output {

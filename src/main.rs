@@ -172,6 +172,11 @@ struct CompareArgs {
     /// Framework of the dumps (msprobe's `-f`): accepted for pasted command lines; the dumps say.
     #[arg(short = 'f', long = "framework", value_name = "NAME")]
     framework: Option<String>,
+    /// Mapping file (repeatable): probe's TOML, or msprobe's API/data/cell/layer mapping
+    /// YAML. Earlier files take precedence over later ones and over the built-in table.
+    /// See docs/compare.md, "Mapping files".
+    #[arg(long = "mapping", value_name = "FILE")]
+    mapping: Vec<PathBuf>,
     /// Print nothing on stdout.
     #[arg(short, long)]
     quiet: bool,
@@ -280,6 +285,7 @@ fn run_compare(a: CompareArgs) -> Result<u8, ProbeError> {
         threads: a.threads,
         level: a.level,
         align: a.align,
+        mappings: a.mapping,
     };
     note_framework(a.framework.as_deref());
     let show = !a.quiet && std::io::stderr().is_terminal();

@@ -18,6 +18,7 @@
 //! Failing inputs found this way become regression cases in `regressions()` below.
 
 use probe::compare::tolerance::Tolerances;
+use probe::compare::Mapping;
 use probe::config_check::{archive, pack, rules::Rules};
 use probe::dtype::DType;
 use probe::dump::{msprobe, parse_op_log, parse_op_record};
@@ -687,6 +688,38 @@ fn toml_configs() {
             budget: Duration::from_secs(10),
         },
         12,
+    );
+}
+
+#[test]
+fn mapping_files() {
+    run(
+        Reader {
+            name: "probe mapping TOML",
+            seeds: files("mapping", "toml"),
+            per_seed: 3000,
+            parse: |b| {
+                Mapping::from_toml(&String::from_utf8_lossy(b), Path::new("map.toml"))
+                    .err()
+                    .and_then(err_line)
+            },
+            budget: Duration::from_secs(10),
+        },
+        13,
+    );
+    run(
+        Reader {
+            name: "msprobe mapping YAML",
+            seeds: files("mapping", "yaml"),
+            per_seed: 1500,
+            parse: |b| {
+                Mapping::from_yaml(&String::from_utf8_lossy(b), Path::new("map.yaml"))
+                    .err()
+                    .and_then(err_line)
+            },
+            budget: Duration::from_secs(10),
+        },
+        14,
     );
 }
 

@@ -30,6 +30,7 @@ pub use align::{
     Unmatched, Why,
 };
 pub use judge::{Judgement, Row};
+pub use mapping::{MapRule, Mapping, MappingError};
 pub use measure::{CompareKind, Measured, Measurement, TensorSide};
 pub use plan::{Plan, Unit};
 use serde::{Deserialize, Serialize};
@@ -210,7 +211,8 @@ pub struct Options {
     pub tolerances: Tolerances,
     /// Which op records to compare.
     pub level: Level,
-    /// How tensors of the two sides are paired.
+    /// How tensors of the two sides are paired (the structural aligner holds the mapping
+    /// table: built-in, then `--mapping` files).
     pub aligner: Box<dyn Aligner>,
 }
 

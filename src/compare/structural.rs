@@ -152,12 +152,25 @@ impl<'a> SideView<'a> {
             .zip(&api)
             .map(|(op, a)| signature(a, op))
             .collect();
+        // Module classes by path, from module records (`Module.path.Class.forward.0`), for
+        // msprobe's class-scoped layer mapping.
+        let classes: HashMap<&str, &str> = ops
+            .iter()
+            .filter(|op| op.kind == OpKind::Module)
+            .filter_map(|op| {
+                let base = op.key.base();
+                let (path, class) = base.strip_prefix("Module.")?.rsplit_once('.')?;
+                Some((path, class))
+            })
+            .collect();
         let mut groups: BTreeMap<GroupKey, Vec<usize>> = BTreeMap::new();
         for (i, op) in ops.iter().enumerate() {
             let module = if modules {
                 let m = module_path(op).unwrap_or_default();
                 match mapping {
-                    Some(map) => map.bench_module(&m).into_owned(),
+                    Some(map) => map
+                        .bench_module_in(&m, |p| classes.get(p).copied())
+                        .into_owned(),
                     None => m,
                 }
             } else {
