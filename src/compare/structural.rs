@@ -409,7 +409,7 @@ struct Builder<'a> {
     regions: Vec<Region>,
     /// Forward ops inside a region, per side: op → region index.
     in_region: Sides<HashMap<usize, usize>>,
-    /// Boundary pairs of each forward region: (bench ref, cmp ref).
+    /// Boundary pairs of each forward region whose gradients a backward record holds.
     boundaries: Vec<Vec<Sides<TensorRef>>>,
 }
 
@@ -704,7 +704,26 @@ impl<'a> Builder<'a> {
             for &o in c {
                 self.in_region.cmp.insert(o, id);
             }
-            self.boundaries.push(boundary);
+            // A boundary input read by several calls of the region has its gradient summed
+            // over them: no single backward record holds it, so it is not mirrored.
+            let once = |s: Side, ops: &[usize], r: TensorRef| -> bool {
+                let v = self.side(s);
+                let Some(src) = v.ops()[r.op].tensors[r.tensor].src else {
+                    return true;
+                };
+                let inside = v
+                    .readers
+                    .get(&src)
+                    .map_or(0, |rs| rs.iter().filter(|x| ops.contains(&x.op)).count());
+                inside <= 1
+            };
+            let mirrored: Vec<Sides<TensorRef>> = inputs
+                .iter()
+                .filter(|p| once(Side::Bench, b, p.bench) && once(Side::Cmp, c, p.cmp))
+                .chain(&outputs)
+                .copied()
+                .collect();
+            self.boundaries.push(mirrored);
         } else {
             self.boundaries.push(Vec::new());
         }
