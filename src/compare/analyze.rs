@@ -4,7 +4,8 @@
 //! The first row that fails is usually downstream of the real cause. An op is *locally
 //! divergent* when its outputs break tolerance while everything it consumed agrees:
 //! - all of its inputs (tensors it consumed, weights included) are within tolerance, and
-//! - an output is an error, or its inputs are identical and an output is past the warning
+//! - an output is an error, or its inputs are equal (bitwise, or every statistic in
+//!   statistics mode: [`super::judge::Equality`]) and an output is past the warning
 //!   threshold (with equal inputs even a small difference is far beyond rounding), and
 //! - its output error is more than `local_gain` times its largest input error (otherwise it
 //!   only carries or mildly amplifies inherited error).
@@ -19,6 +20,7 @@
 //! captured ops (weights, data, random draws): reported as such. The first NaN/Inf producer
 //! is the earliest op with finite inputs and new non-finite outputs.
 
+use super::judge::Equality;
 use super::{Row, Tolerances, Verdict};
 use crate::dump::{Direction, Role};
 use crate::schema::summary::{Finding, Findings};
@@ -64,8 +66,12 @@ pub fn evidence_line(r: &Row) -> String {
     } else if t.stat_diff.is_some() {
         s += &format!(" stat_err={:.3e}", j.err);
     }
-    if j.err == 0.0 && j.verdict == Verdict::Pass {
-        s += " (identical)";
+    // "identical" only where the data was seen to be equal: a pass within atol, or equal
+    // statistics, is not.
+    match r.equality() {
+        Some(Equality::Bitwise) => s += " (identical)",
+        Some(Equality::Statistics) => s += " (statistics equal)",
+        None => {}
     }
     if !j.reason.is_empty() {
         s += &format!(": {}", j.reason);
@@ -190,8 +196,14 @@ pub fn localize(
                 .forward_twin()
                 .and_then(|k| by_key.get(k.as_str()))
                 .map_or(&[], |fg| fg.as_slice());
-            let identical =
-                inputs.iter().all(|r| r.identical()) && saved.iter().all(|r| r.identical());
+            // The weakest equality among everything it consumed (None: some differ).
+            let equal = inputs
+                .iter()
+                .copied()
+                .chain(saved.iter())
+                .map(|r| r.equality())
+                .try_fold(Equality::Bitwise, |acc, e| e.map(|e| acc.min(e)));
+            let identical = equal.is_some();
             let Some(out) = worst(outputs.iter().copied()) else {
                 continue;
             };
@@ -228,8 +240,13 @@ pub fn localize(
                     out.tensor.name
                 )
             } else if identical {
+                let how = if equal == Some(Equality::Bitwise) {
+                    "are identical on both sides"
+                } else {
+                    "have equal statistics on both sides"
+                };
                 format!(
-                    "all {consumed} are identical on both sides, yet output {} differs \
+                    "all {consumed} {how}, yet output {} differs \
                      (error {:.3e}): the error is local to this op",
                     out.tensor.name, out.judgement.err
                 )

@@ -75,10 +75,42 @@ pub struct Row {
     pub judgement: Judgement,
 }
 
+/// How far the two sides of a pair are known to agree, when no difference was measured at
+/// all. The words differ because the evidence does: equal statistics say nothing about the
+/// elements (a permutation, or a sign flip that cancels in the mean, keeps them).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord)]
+pub enum Equality {
+    /// Every recorded statistic is equal; the elements themselves were not compared.
+    Statistics,
+    /// The data is equal: every element (tensor mode) or the checksums.
+    Bitwise,
+}
+
 impl Row {
-    /// Bitwise (or statistically) identical on both sides.
+    /// Whether, and how surely, the two sides are equal. None when any difference was
+    /// measured, even one within tolerance (`atol` forgives a difference, it does not make
+    /// the data equal: a pass with `rel_l2 = 2e-3` is not "identical").
+    pub fn equality(&self) -> Option<Equality> {
+        let (t, j) = (&self.tensor, &self.judgement);
+        if j.verdict != Verdict::Pass {
+            return None;
+        }
+        match t.kind {
+            CompareKind::Tensor => t
+                .metrics
+                .filter(|m| m.euclid == 0.0 && m.nonfinite_mismatch == 0)
+                .map(|_| Equality::Bitwise),
+            CompareKind::Checksum if t.checksum_equal == Some(true) => Some(Equality::Bitwise),
+            CompareKind::Checksum | CompareKind::Statistics => {
+                (j.raw_err == 0.0).then_some(Equality::Statistics)
+            }
+            CompareKind::None => None,
+        }
+    }
+
+    /// Bitwise equal on both sides: every element, or the checksums.
     pub fn identical(&self) -> bool {
-        self.judgement.raw_err == 0.0 && self.judgement.verdict == Verdict::Pass
+        self.equality() == Some(Equality::Bitwise)
     }
 }
 

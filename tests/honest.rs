@@ -1,0 +1,115 @@
+//! Honest verdicts (issue 16): the real binary on hand-written dumps, each case one way a
+//! verdict could claim more than the data shows.
+
+mod common;
+use common::*;
+use std::path::Path;
+
+/// One op: inputs 0 and 1, output 0, as (slot, role, values).
+fn mul_op(in0: &[f32], in1: &[f32], out: &[f32]) -> Vec<Tensor<'static>> {
+    vec![
+        ("input.0", "input", in0.to_vec()),
+        ("input.1", "input", in1.to_vec()),
+        ("output.0", "output", out.to_vec()),
+    ]
+}
+
+const IN0: [f32; 4] = [1.0, 2.0, 3.0, 4.0];
+/// Small values: a difference of 2e-7 per element is far inside atol (1e-5) yet a
+/// relative L2 error of ~1e-3.
+const IN1: [f32; 4] = [1e-4, 2e-4, -1e-4, 3e-4];
+
+fn line<'a>(lines: &'a [String], tensor: &str) -> &'a str {
+    lines
+        .iter()
+        .find(|l| l.contains(&format!("{tensor} ")))
+        .unwrap_or_else(|| panic!("no evidence line for {tensor}: {lines:#?}"))
+}
+
+/// Tensor mode: "(identical)" only next to data seen equal, never next to a pass that
+/// atol forgave (the issue: `rel_l2=2.1e-3 (identical)`).
+#[test]
+fn identical_means_bitwise_equal_data() {
+    let t = tempfile::tempdir().unwrap();
+    let cmp_in1: Vec<f32> = IN1.iter().map(|x| x + 2e-7).collect();
+    let out_b = [1.0f32, 2.0, 3.0, 4.0];
+    let out_c: Vec<f32> = out_b.iter().map(|x| x * 1.1).collect();
+    write_tensor_log(
+        &t.path().join("bench"),
+        &[("Torch.mul.0.forward", mul_op(&IN0, &IN1, &out_b))],
+    );
+    write_tensor_log(
+        &t.path().join("cmp"),
+        &[("Torch.mul.0.forward", mul_op(&IN0, &cmp_in1, &out_c))],
+    );
+    let o = compare(t.path(), &[]);
+    assert_eq!(o.code, 1, "{}{}", o.stdout, o.stderr);
+    let s = summary(t.path());
+    let f = &s["first_divergent"]["forward"];
+    assert_eq!(f["op"], "Torch.mul.0.forward", "{s:#}");
+    let lines: Vec<String> = f["evidence"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|l| l.as_str().unwrap().to_string())
+        .collect();
+    let equal = line(&lines, "Torch.mul.0.forward.input.0");
+    assert!(equal.ends_with("(identical)"), "{equal}");
+    let forgiven = line(&lines, "Torch.mul.0.forward.input.1");
+    assert!(forgiven.contains("[pass]"), "{forgiven}");
+    assert!(!forgiven.contains("rel_l2=0.000e0"), "{forgiven}");
+    assert!(!forgiven.contains("identical"), "{forgiven}");
+    for l in evidence_lines(&s) {
+        if l.contains("(identical)") {
+            assert!(l.contains("rel_l2=0.000e0 max_abs=0.000e0"), "{l}");
+        }
+    }
+    // The terminal prints the same lines.
+    assert!(o.stdout.contains(forgiven), "{}", o.stdout);
+    assert!(!o.stdout.contains("e-3 max_abs=2.000e-7 (identical)"));
+}
+
+fn stats_pair(
+    dir: &Path,
+    bench: Vec<probe::schema::dump::OpRecord>,
+    cmp: Vec<probe::schema::dump::OpRecord>,
+) {
+    write_op_log(&dir.join("bench"), bench);
+    write_op_log(&dir.join("cmp"), cmp);
+}
+
+/// Statistics mode: equal statistics are "statistics equal", never "identical" (the
+/// elements were not compared), in the evidence and in the explanation.
+#[test]
+fn equal_statistics_are_not_called_identical() {
+    let t = tempfile::tempdir().unwrap();
+    let out_c: Vec<f32> = IN0.iter().map(|x| x * 1.1).collect();
+    let op = |out: &[f32]| {
+        op_record(
+            "Torch.mul.0.forward",
+            &[
+                ("input.0", "input", IN0.to_vec()),
+                ("output.0", "output", out.to_vec()),
+            ],
+        )
+    };
+    stats_pair(t.path(), vec![op(&IN0)], vec![op(&out_c)]);
+    let o = compare(t.path(), &[]);
+    assert_eq!(o.code, 1, "{}{}", o.stdout, o.stderr);
+    let s = summary(t.path());
+    let f = &s["first_divergent"]["forward"];
+    assert_eq!(f["op"], "Torch.mul.0.forward", "{s:#}");
+    let expl = f["explanation"].as_str().unwrap();
+    assert!(
+        expl.contains("have equal statistics on both sides"),
+        "{expl}"
+    );
+    assert!(!expl.contains("identical"), "{expl}");
+    let lines = evidence_lines(&s);
+    assert!(lines.iter().all(|l| !l.contains("identical")), "{lines:#?}");
+    assert!(
+        line(&lines, "Torch.mul.0.forward.input.0").ends_with("(statistics equal)"),
+        "{lines:#?}"
+    );
+    assert!(!o.stdout.contains("identical"), "{}", o.stdout);
+}
