@@ -7,14 +7,16 @@
 use crate::compare::{CompareRun, Row, Side, UnitResult, Verdict};
 use crate::gate::{FailOn, EXIT_FAIL, EXIT_INCOMPLETE, EXIT_NOTHING_COMPARABLE, EXIT_PASS};
 use crate::schema::summary::{
-    ByDirection, Counts, Finding, Findings, IncompleteUnit, PairSummary, Summary, WorstOp,
+    label_key, ByDirection, Counts, Finding, Findings, IncompleteUnit, PairSummary, Summary,
+    WorstOp,
 };
 use std::collections::BTreeMap;
 
 /// How many ops `worst_ops` lists.
 const WORST_OPS: usize = 20;
 
-/// The first finding over units (units are in step, rank order).
+/// The earliest finding over units, per direction, in causal order
+/// ([`Finding::causal_key`]: step, then execution order, then rank).
 fn first_of<'a>(
     findings: impl Iterator<Item = &'a Findings>,
     pick: impl Fn(&Findings) -> &ByDirection,
@@ -22,14 +24,26 @@ fn first_of<'a>(
     let mut out = ByDirection::default();
     for f in findings {
         let b = pick(f);
-        if out.forward.is_none() {
-            out.forward = b.forward.clone();
-        }
-        if out.backward.is_none() {
-            out.backward = b.backward.clone();
+        for (slot, new) in [
+            (&mut out.forward, &b.forward),
+            (&mut out.backward, &b.backward),
+        ] {
+            if let Some(n) = new {
+                if slot
+                    .as_ref()
+                    .is_none_or(|o| n.causal_key() < o.causal_key())
+                {
+                    *slot = Some(n.clone());
+                }
+            }
         }
     }
     out
+}
+
+/// The earliest of some findings in causal order.
+fn earliest<'a>(fs: impl Iterator<Item = &'a Finding>) -> Option<&'a Finding> {
+    fs.min_by(|a, b| a.causal_key().cmp(&b.causal_key()))
 }
 
 fn finite(v: f64) -> Option<f64> {
@@ -117,7 +131,7 @@ pub fn summarize(run: &CompareRun, fail_on: FailOn) -> Summary {
         first_divergent: first_of(findings(), |f| &f.first_divergent),
         earliest_failing: first_of(findings(), |f| &f.earliest_failing),
         external_source: first_of(findings(), |f| &f.external_source),
-        first_nonfinite: findings().find_map(|f| f.first_nonfinite.clone()),
+        first_nonfinite: earliest(findings().filter_map(|f| f.first_nonfinite.as_ref())).cloned(),
         counts: c,
         pairs,
         worst_ops: worst_ops(run, WORST_OPS),
@@ -126,12 +140,6 @@ pub fn summarize(run: &CompareRun, fail_on: FailOn) -> Summary {
         incomplete_units: incomplete,
         outputs: BTreeMap::new(),
     }
-}
-
-/// Sort key of a `step12` / `rank3` label: its number, then the name.
-fn label_key(s: &str) -> (u64, &str) {
-    let digits: String = s.chars().filter(|c| c.is_ascii_digit()).collect();
-    (digits.parse().unwrap_or(u64::MAX), s)
 }
 
 /// Every pair not compared in full, in step/rank order: the run's (not compared at all)
@@ -205,24 +213,43 @@ fn headline(verdict: Verdict, c: &Counts, pairs: &[PairSummary]) -> String {
             c.unmatched_bench + c.unmatched_cmp
         ),
         Verdict::Error => {
-            // The earliest step/rank with an error tells the story; later steps inherit it
-            // (a diverged update in step 0 is "different weights" in step 1).
-            let Some(p) = pairs.iter().find(|p| p.errors > 0) else {
+            // The earliest step with an error tells the story; later steps inherit it (a
+            // diverged update in step 0 is "different weights" in step 1). Within it, every
+            // rank's findings, in execution order (ranks run the same program).
+            let Some(step) = pairs
+                .iter()
+                .filter(|p| p.errors > 0)
+                .map(|p| label_key(&p.step))
+                .min()
+            else {
                 return format!("DIVERGENCE: {} tensors out of tolerance", c.error);
             };
-            let f = &p.findings;
+            let in_step: Vec<&PairSummary> = pairs
+                .iter()
+                .filter(|p| p.errors > 0 && label_key(&p.step) == step)
+                .collect();
+            let p = in_step[0];
             // The earliest finding tells the story; at the same op, NaN/Inf says most.
-            let mut cands: Vec<(Story, &Finding)> = [
-                (Story::Outside, &f.external_source.forward),
-                (Story::Local, &f.first_divergent.forward),
-                (Story::Local, &f.first_divergent.backward),
-                (Story::Outside, &f.external_source.backward),
-                (Story::NonFinite, &f.first_nonfinite),
-            ]
-            .into_iter()
-            .filter_map(|(k, x)| x.as_ref().map(|x| (k, x)))
-            .collect();
-            cands.sort_by_key(|(k, x)| (x.seq, *k));
+            let mut cands: Vec<(Story, &Finding)> = in_step
+                .iter()
+                .flat_map(|p| {
+                    let f = &p.findings;
+                    [
+                        (Story::Outside, &f.external_source.forward),
+                        (Story::Local, &f.first_divergent.forward),
+                        (Story::Local, &f.first_divergent.backward),
+                        (Story::Outside, &f.external_source.backward),
+                        (Story::NonFinite, &f.first_nonfinite),
+                    ]
+                })
+                .filter_map(|(k, x)| x.as_ref().map(|x| (k, x)))
+                .collect();
+            cands.sort_by(|(k, x), (l, y)| {
+                let (xs, _, xr) = x.causal_key();
+                let (ys, _, yr) = y.causal_key();
+                (xs, x.seq, *k, xr).cmp(&(ys, y.seq, *l, yr))
+            });
+            let f = &p.findings;
             match cands.first() {
                 Some((Story::NonFinite, x)) => format!(
                     "DIVERGENCE: NaN/Inf first produced by {} from finite inputs ({} {}/{}, tensor {})",

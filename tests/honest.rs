@@ -113,3 +113,100 @@ fn equal_statistics_are_not_called_identical() {
     );
     assert!(!o.stdout.contains("identical"), "{}", o.stdout);
 }
+
+const FORWARD: [&str; 3] = [
+    "Torch.matmul.0.forward",
+    "Functional.gelu.0.forward",
+    "Torch.sum.0.forward",
+];
+const TRAIN: [&str; 6] = [
+    "Torch.matmul.0.forward",
+    "Functional.gelu.0.forward",
+    "Torch.sum.0.forward",
+    "Torch.sum.0.backward",
+    "Functional.gelu.0.backward",
+    "Torch.matmul.0.backward",
+];
+
+/// Writes one step/rank of both sides (statistics): a chain of `keys`, one input and one
+/// output each; in the comparison run the op at `culprit` returns 10 % more, and
+/// everything after it carries that.
+fn write_unit(dir: &Path, step: &str, rank: &str, keys: &[&str], culprit: Option<usize>) {
+    for side in ["bench", "cmp"] {
+        let records = keys
+            .iter()
+            .enumerate()
+            .map(|(i, key)| {
+                let base: Vec<f32> = IN0.iter().map(|x| x + i as f32).collect();
+                let off = |after: bool| {
+                    if side == "cmp" && culprit.is_some_and(|c| i > c || (after && i == c)) {
+                        1.1
+                    } else {
+                        1.0
+                    }
+                };
+                let input: Vec<f32> = base.iter().map(|x| x * off(false)).collect();
+                let output: Vec<f32> = base.iter().map(|x| (x + 1.0) * off(true)).collect();
+                op_record(
+                    key,
+                    &[("input.0", "input", input), ("output.0", "output", output)],
+                )
+            })
+            .collect();
+        write_op_log_at(&dir.join(side), step, rank, "statistics", records);
+    }
+}
+
+/// Step 2's backward culprit comes before step 10's forward one: in the headline, in the
+/// terminal, and numeric step order (step2 < step10, which sorts after it as text).
+#[test]
+fn findings_are_told_in_causal_order() {
+    let t = tempfile::tempdir().unwrap();
+    write_unit(t.path(), "step2", "rank0", &TRAIN, Some(4));
+    write_unit(t.path(), "step10", "rank0", &TRAIN, Some(0));
+    let o = compare(t.path(), &[]);
+    assert_eq!(o.code, 1, "{}{}", o.stdout, o.stderr);
+    let s = summary(t.path());
+    assert_eq!(s["first_divergent"]["backward"]["step"], "step2", "{s:#}");
+    assert_eq!(s["first_divergent"]["backward"]["op"], TRAIN[4]);
+    assert_eq!(s["first_divergent"]["forward"]["step"], "step10");
+    let h = s["headline"].as_str().unwrap();
+    assert!(h.contains(TRAIN[4]) && h.contains("step2/rank0"), "{h}");
+    let at = |needle: &str| {
+        o.stdout
+            .find(needle)
+            .unwrap_or_else(|| panic!("{needle:?} not in {}", o.stdout))
+    };
+    assert!(
+        at("first divergent op (backward): Functional.gelu.0.backward (step2/rank0")
+            < at("first divergent op (forward): Torch.matmul.0.forward (step10/rank0"),
+        "{}",
+        o.stdout
+    );
+}
+
+/// Within a step, findings of all ranks in execution order, then by numeric rank.
+#[test]
+fn ranks_within_a_step_follow_execution_order_then_rank_number() {
+    let t = tempfile::tempdir().unwrap();
+    write_unit(t.path(), "step0", "rank2", &FORWARD, Some(2));
+    write_unit(t.path(), "step0", "rank10", &FORWARD, Some(1));
+    let o = compare(t.path(), &[]);
+    assert_eq!(o.code, 1, "{}{}", o.stdout, o.stderr);
+    let s = summary(t.path());
+    let f = &s["first_divergent"]["forward"];
+    assert_eq!(
+        (&f["rank"], &f["op"]),
+        (&"rank10".into(), &FORWARD[1].into())
+    );
+    let h = s["headline"].as_str().unwrap();
+    assert!(h.contains(FORWARD[1]) && h.contains("step0/rank10"), "{h}");
+    // Same op on both: the lower rank number (rank2, though "rank10" sorts first as text).
+    let t = tempfile::tempdir().unwrap();
+    write_unit(t.path(), "step0", "rank2", &FORWARD, Some(1));
+    write_unit(t.path(), "step0", "rank10", &FORWARD, Some(1));
+    compare(t.path(), &[]);
+    let s = summary(t.path());
+    assert_eq!(s["first_divergent"]["forward"]["rank"], "rank2");
+    assert!(s["headline"].as_str().unwrap().contains("step0/rank2"));
+}

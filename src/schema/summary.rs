@@ -32,6 +32,26 @@ pub struct Finding {
     pub stack: Vec<String>,
 }
 
+/// Sort key of a `step12` / `rank3` / `proc456` label: its number, then the name (so that
+/// `step2` comes before `step10`).
+pub fn label_key(s: &str) -> (u64, &str) {
+    let digits: String = s.chars().filter(|c| c.is_ascii_digit()).collect();
+    (digits.parse().unwrap_or(u64::MAX), s)
+}
+
+/// The causal order of findings over units: earlier step first (a later step inherits an
+/// earlier step's divergence: its weights were updated from it), then execution order
+/// within the step, then rank. Ranks run the same program, so the same sequence number is
+/// about the same moment on each.
+pub type CausalKey<'a> = ((u64, &'a str), u64, (u64, &'a str));
+
+impl Finding {
+    /// Where this finding sits in the causal order ([`CausalKey`]).
+    pub fn causal_key(&self) -> CausalKey<'_> {
+        (label_key(&self.step), self.seq, label_key(&self.rank))
+    }
+}
+
 /// Per-direction findings.
 #[derive(Debug, Clone, Serialize, Deserialize, Default, PartialEq)]
 pub struct ByDirection {
