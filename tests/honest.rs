@@ -210,3 +210,62 @@ fn ranks_within_a_step_follow_execution_order_then_rank_number() {
     assert_eq!(s["first_divergent"]["forward"]["rank"], "rank2");
     assert!(s["headline"].as_str().unwrap().contains("step0/rank2"));
 }
+
+/// A `parameters_grad` record consumes nothing on record: its differing gradient is not
+/// named locally divergent (the backward ops before it computed it), unless asked for.
+#[test]
+fn a_record_without_inputs_is_not_a_local_culprit_by_default() {
+    let t = tempfile::tempdir().unwrap();
+    for side in ["bench", "cmp"] {
+        let grad: Vec<f32> = IN0
+            .iter()
+            .map(|x| if side == "cmp" { x * 1.1 } else { *x })
+            .collect();
+        let clean = |key| {
+            op_record(
+                key,
+                &[
+                    ("input.0", "input", IN0.to_vec()),
+                    ("output.0", "output", IN0.to_vec()),
+                ],
+            )
+        };
+        let mut pg = op_record(
+            "Module.fc.Linear.parameters_grad",
+            &[("weight", "parameter", grad)],
+        );
+        pg.kind = "parameters_grad".into();
+        write_op_log(
+            &t.path().join(side),
+            vec![
+                clean("Torch.matmul.0.forward"),
+                clean("Torch.matmul.0.backward"),
+                pg,
+            ],
+        );
+    }
+    let o = compare(t.path(), &[]);
+    assert_eq!(o.code, 1, "{}{}", o.stdout, o.stderr);
+    let s = summary(t.path());
+    assert!(s["first_divergent"]["backward"].is_null(), "{s:#}");
+    assert_eq!(
+        s["earliest_failing"]["backward"]["op"],
+        "Module.fc.Linear.parameters_grad"
+    );
+    assert_eq!(s["pairs"][0]["findings"]["drift"][0], "backward");
+    let h = s["headline"].as_str().unwrap();
+    assert!(h.contains("no single op is locally divergent"), "{h}");
+
+    // Asked for: named, saying why.
+    let cfg = t.path().join("tol.toml");
+    std::fs::write(&cfg, "blame_without_inputs = true\n").unwrap();
+    let o = compare(t.path(), &["--config", cfg.to_str().unwrap()]);
+    assert_eq!(o.code, 1);
+    let s = summary(t.path());
+    let f = &s["first_divergent"]["backward"];
+    assert_eq!(f["op"], "Module.fc.Linear.parameters_grad", "{s:#}");
+    assert!(f["explanation"]
+        .as_str()
+        .unwrap()
+        .contains("no recorded inputs"));
+}
