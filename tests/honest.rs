@@ -269,3 +269,159 @@ fn a_record_without_inputs_is_not_a_local_culprit_by_default() {
         .unwrap()
         .contains("no recorded inputs"));
 }
+
+/// Keeps the first `n` lines of a rank's op log: a valid, shorter dump (a capture that
+/// stopped, not a crash: every line is complete).
+fn keep_ops(rank_dir: &Path, n: usize) -> Vec<String> {
+    let p = rank_dir.join("ops.jsonl");
+    let text = std::fs::read_to_string(&p).unwrap();
+    let kept: Vec<String> = text.lines().take(n).map(String::from).collect();
+    assert!(text.lines().count() > 10 * n);
+    std::fs::write(&p, kept.join("\n") + "\n").unwrap();
+    kept
+}
+
+fn op_key_of(line: &str) -> String {
+    let v: serde_json::Value = serde_json::from_str(line).unwrap();
+    v["op"].as_str().unwrap().to_string()
+}
+
+/// The case: the comparison run's capture stopped after two ops; the two ops it
+/// has agree with the benchmark. That used to exit 0.
+#[test]
+fn a_capture_that_stopped_early_is_incomplete_not_a_pass() {
+    let t = tempfile::tempdir().unwrap();
+    synth(t.path(), &["--mode", "statistics", "--blocks", "8"]);
+    let kept = keep_ops(&t.path().join("cmp/step0/rank0"), 2);
+    let o = compare(t.path(), &[]);
+    assert_eq!(o.code, 4, "{}{}", o.stdout, o.stderr);
+    let s = summary(t.path());
+    assert_eq!(s["verdict"], "incomplete");
+    assert_eq!(s["exit_code"], 4);
+    assert_eq!(s["partial"], true);
+    let missing = s["counts"]["unmatched_bench"].as_u64().unwrap();
+    let compared = s["counts"]["tensors"].as_u64().unwrap();
+    assert!(compared > 0 && missing > 10 * compared, "{s:#}");
+    let h = s["headline"].as_str().unwrap();
+    let expect = format!(
+        "INCOMPLETE: step0/rank0: the comparison run's capture stopped after op 2 ({}); {missing} bench tensors have no counterpart",
+        op_key_of(&kept[1])
+    );
+    assert!(h.starts_with(&expect), "{h}\n{expect}");
+    assert!(o.stdout.starts_with(&expect), "{}", o.stdout);
+    let frac = missing as f64 / (missing + compared) as f64;
+    assert!((s["unmatched_fraction"]["bench"].as_f64().unwrap() - frac).abs() < 1e-12);
+    assert_eq!(s["unmatched_fraction"]["cmp"], 0.0);
+    assert_eq!(s["pairs"][0]["unmatched_fraction"], s["unmatched_fraction"]);
+    assert_eq!(s["max_unmatched"], 0.05);
+    let u = &s["incomplete_units"][0];
+    assert_eq!((&u["side"], &u["compared"]), (&"cmp".into(), &true.into()));
+
+    // Allowed to miss everything: a warning (unmatched tensors), exit 0; with --fail-on
+    // warning the gate fails on them first (exit 1 before 4).
+    let o = compare(t.path(), &["--max-unmatched", "100%"]);
+    assert_eq!(o.code, 0, "{}", o.stdout);
+    assert_eq!(summary(t.path())["verdict"], "warning");
+    assert_eq!(compare(t.path(), &["--fail-on", "warning"]).code, 1);
+    assert_eq!(compare(t.path(), &["--fail-on", "never"]).code, 4);
+}
+
+/// The benchmark's capture stopped instead: named the same way, from the other side.
+#[test]
+fn a_benchmark_that_stopped_early_is_named_as_such() {
+    let t = tempfile::tempdir().unwrap();
+    synth(t.path(), &["--mode", "statistics", "--blocks", "8"]);
+    let kept = keep_ops(&t.path().join("bench/step0/rank0"), 3);
+    let o = compare(t.path(), &[]);
+    assert_eq!(o.code, 4, "{}{}", o.stdout, o.stderr);
+    let s = summary(t.path());
+    let h = s["headline"].as_str().unwrap();
+    assert!(
+        h.contains(&format!(
+            "the benchmark run's capture stopped after op 3 ({})",
+            op_key_of(&kept[2])
+        )) && h.contains("cmp tensors have no counterpart"),
+        "{h}"
+    );
+    assert_eq!(s["incomplete_units"][0]["side"], "bench");
+}
+
+/// Ops missing in the middle, not at the end: no capture stopped; the share is named.
+/// And a divergence in what was compared still exits 1 (precedence).
+#[test]
+fn too_many_unmatched_tensors_make_the_comparison_incomplete() {
+    let t = tempfile::tempdir().unwrap();
+    synth(t.path(), &["--mode", "statistics", "--blocks", "8"]);
+    let p = t.path().join("cmp/step0/rank0/ops.jsonl");
+    let text = std::fs::read_to_string(&p).unwrap();
+    let lines: Vec<&str> = text.lines().collect();
+    let (n, cut) = (lines.len(), lines.len() / 4);
+    let kept: Vec<&str> = lines[..cut]
+        .iter()
+        .chain(&lines[2 * cut..])
+        .copied()
+        .collect();
+    std::fs::write(&p, kept.join("\n") + "\n").unwrap();
+    assert!(n > 8);
+    let o = compare(t.path(), &[]);
+    assert_eq!(o.code, 4, "{}{}", o.stdout, o.stderr);
+    let s = summary(t.path());
+    let h = s["headline"].as_str().unwrap();
+    assert!(!h.contains("stopped"), "{h}");
+    let (missing, compared) = (
+        s["counts"]["unmatched_bench"].as_u64().unwrap(),
+        s["counts"]["tensors"].as_u64().unwrap(),
+    );
+    let pct = 100.0 * missing as f64 / (missing + compared) as f64;
+    let expect = format!(
+        "{missing} of {} bench tensors ({pct:.1}%) have no counterpart in cmp",
+        missing + compared
+    );
+    assert!(h.contains(&expect), "{h}\n{expect}");
+    // A threshold above the share: complete (a warning for the unmatched tensors).
+    let above = format!("{}", pct / 100.0 + 0.01);
+    assert_eq!(compare(t.path(), &["--max-unmatched", &above]).code, 0);
+
+    // A divergence among the compared tensors: exit 1, the headline says both.
+    let t = tempfile::tempdir().unwrap();
+    synth(
+        t.path(),
+        &[
+            "--mode",
+            "statistics",
+            "--blocks",
+            "8",
+            "--inject",
+            "Functional.linear.0",
+        ],
+    );
+    keep_ops(&t.path().join("cmp/step0/rank0"), 3);
+    let o = compare(t.path(), &[]);
+    assert_eq!(o.code, 1, "{}{}", o.stdout, o.stderr);
+    let s = summary(t.path());
+    assert_eq!(s["verdict"], "error");
+    let h = s["headline"].as_str().unwrap();
+    assert!(
+        h.starts_with("DIVERGENCE") && h.contains("comparison incomplete"),
+        "{h}"
+    );
+}
+
+/// `--max-unmatched` is read and checked before any dump is.
+#[test]
+fn max_unmatched_must_be_a_fraction() {
+    for bad in ["1.5", "-1", "120%", "lots"] {
+        let arg = format!("--max-unmatched={bad}");
+        let o = probe(&[
+            "compare",
+            "-b",
+            "/nonexistent/b",
+            "-c",
+            "/nonexistent/c",
+            &arg,
+        ]);
+        assert_eq!(o.code, 2, "{bad}: {}", o.stderr);
+        assert!(o.stderr.contains("--max-unmatched"), "{}", o.stderr);
+        assert!(!o.stderr.contains("nonexistent"), "{}", o.stderr);
+    }
+}

@@ -14,6 +14,7 @@
 
 pub mod align;
 pub mod analyze;
+pub mod coverage;
 pub mod judge;
 pub mod measure;
 pub mod plan;
@@ -94,6 +95,9 @@ pub struct UnitResult {
     /// what both sides hold, up to the incomplete side's last record.
     #[serde(default)]
     pub incomplete: Option<IncompleteUnit>,
+    /// How much of each side found a counterpart (`--max-unmatched`).
+    #[serde(default)]
+    pub coverage: Sides<coverage::SideCoverage>,
 }
 
 /// A whole compare: every unit, in step/rank order.
@@ -204,6 +208,7 @@ pub fn compare_unit(
     let ops = dumps.cmp.ops.len();
     let stacks = std::mem::take(&mut dumps.cmp.stacks);
     let alignment = opts.aligner.align(dumps);
+    let coverage = coverage::of(&alignment);
     let measurements = measure::measure_all(&alignment, caches, &|done, total| {
         progress(Progress::Tensors {
             step: &unit.step,
@@ -225,6 +230,7 @@ pub fn compare_unit(
         findings,
         warnings,
         incomplete,
+        coverage,
     })
 }
 

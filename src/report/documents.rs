@@ -114,11 +114,18 @@ impl Document for CompareDocument<'_> {
             ),
             (
                 "only in bench / only in cmp",
-                format!("{} / {}", c.unmatched_bench, c.unmatched_cmp),
+                format!(
+                    "{} / {} ({:.1}% / {:.1}% of each side's tensors; at most {:.1}% allowed)",
+                    c.unmatched_bench,
+                    c.unmatched_cmp,
+                    100.0 * s.unmatched_fraction.bench,
+                    100.0 * s.unmatched_fraction.cmp,
+                    100.0 * s.max_unmatched
+                ),
             ),
         ];
         Overview {
-            verdict: s.verdict,
+            verdict: s.verdict.severity(),
             headline: s.headline.clone(),
             facts: facts.into_iter().map(|(k, v)| (k.to_string(), v)).collect(),
             findings: findings([

@@ -1,8 +1,7 @@
 //! The short human summary printed on stdout.
 
-use crate::compare::Verdict;
 use crate::scan::ScanSummary;
-use crate::schema::summary::{Finding, Summary};
+use crate::schema::summary::{Finding, RunVerdict, Summary};
 
 /// A finding: title, op, explanation, up to 8 lines of evidence, the innermost frame.
 fn show(out: &mut String, title: &str, f: &Finding) {
@@ -99,7 +98,7 @@ pub fn terminal_summary(s: &Summary) -> String {
     for (title, f) in list {
         show(&mut out, title, f);
     }
-    if s.verdict == Verdict::Error && s.first_divergent.forward.is_none() {
+    if s.verdict == RunVerdict::Error && s.first_divergent.forward.is_none() {
         if let Some(f) = &s.earliest_failing.forward {
             out += &format!("  earliest failing op (forward): {} ({})\n", f.op, f.reason);
         }

@@ -1,11 +1,49 @@
-//! `summary.json` of a compare (`schemas/probe-compare-summary.v1.schema.json`): the
+//! `summary.json` of a compare (`schemas/probe-compare-summary.v2.schema.json`): the
 //! machine-readable verdict CI gates on, and the findings of the localiser it contains.
 
-use crate::compare::Verdict;
+use crate::compare::{Sides, Verdict};
 use crate::gate::FailOn;
 use crate::op_key::Direction;
 use serde::{Deserialize, Serialize};
 use std::collections::BTreeMap;
+
+/// The verdict of a whole compare: the worst tensor verdict, or `incomplete` when what was
+/// compared does not cover the runs (docs/compare.md, "Exit codes").
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum RunVerdict {
+    /// Every compared tensor within tolerance, and the comparison complete.
+    Pass,
+    /// Warnings or unmatched tensors, nothing out of tolerance, the comparison complete.
+    Warning,
+    /// Some tensor out of tolerance (whether or not the comparison is complete).
+    Error,
+    /// Nothing out of tolerance in what was compared, but the comparison is incomplete:
+    /// step/rank pairs not compared in full, or more than `--max-unmatched` of a side's
+    /// tensors without a counterpart.
+    Incomplete,
+}
+
+impl RunVerdict {
+    /// The name used in reports.
+    pub fn name(self) -> &'static str {
+        match self {
+            RunVerdict::Pass => "pass",
+            RunVerdict::Warning => "warning",
+            RunVerdict::Error => "error",
+            RunVerdict::Incomplete => "incomplete",
+        }
+    }
+
+    /// How a report colours it: an incomplete comparison is a warning, not a pass.
+    pub fn severity(self) -> Verdict {
+        match self {
+            RunVerdict::Pass => Verdict::Pass,
+            RunVerdict::Warning | RunVerdict::Incomplete => Verdict::Warning,
+            RunVerdict::Error => Verdict::Error,
+        }
+    }
+}
 
 /// A named op with the evidence for naming it.
 #[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]
@@ -128,6 +166,8 @@ pub struct PairSummary {
     pub warnings: usize,
     /// Tensors on one side only.
     pub unmatched: usize,
+    /// Per side, the share of its tensors in this pair without a counterpart.
+    pub unmatched_fraction: Sides<f64>,
     /// What the localiser found.
     pub findings: Findings,
 }
@@ -174,12 +214,17 @@ pub struct IncompleteUnit {
 pub struct Summary {
     /// Always `probe-compare-summary`.
     pub format: String,
-    /// Schema version: 1.
+    /// Schema version: 2 (1 had no `incomplete` verdict and no unmatched fractions).
     pub version: u32,
-    /// The worst verdict of the compare.
-    pub verdict: Verdict,
+    /// The verdict of the compare.
+    pub verdict: RunVerdict,
     /// The level at which the gate fails.
     pub fail_on: FailOn,
+    /// The largest share of a side's tensors (in the whole compare, or in one step/rank
+    /// pair) that may lack a counterpart before the comparison is incomplete.
+    pub max_unmatched: f64,
+    /// Per side, the share of its compared pairs' tensors without a counterpart.
+    pub unmatched_fraction: Sides<f64>,
     /// The exit status of `probe compare`.
     pub exit_code: u8,
     /// One line that tells the story.

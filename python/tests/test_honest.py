@@ -1,0 +1,69 @@
+"""Honest verdicts on real training runs (issue 16): examples/train_small.py, then probe compare.
+
+Each case is one way a verdict could claim more than the dumps show: a capture that stopped
+early passing, a bf16 run's carried rounding blamed on an op, a different dropout mask blamed
+on a kernel.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any
+
+from conftest import REPO, probe_bin
+
+EXIT_FAIL = 1
+EXIT_INCOMPLETE = 4
+
+
+def _train(dump: Path, *extra: str) -> None:
+    cmd = [sys.executable, os.path.join(REPO, "examples", "train_small.py"), "--dump", str(dump), "--quiet", *extra]
+    r = subprocess.run(cmd, capture_output=True, text=True, timeout=300)
+    assert r.returncode == 0, r.stderr
+
+
+def _compare(bench: Path, cmp_: Path, out: Path, *extra: str) -> tuple[subprocess.CompletedProcess[str], Any]:
+    r = subprocess.run(
+        [probe_bin(), "compare", "-b", str(bench), "-c", str(cmp_), "-o", str(out), "--format", "json", *extra],
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    assert "panicked" not in r.stderr, r.stderr
+    with open(out / "summary.json", encoding="utf-8") as fh:
+        return r, json.load(fh)
+
+
+def test_capture_stopped_after_two_ops_is_incomplete(tmp_path: Path) -> None:
+    bench, cmp_ = tmp_path / "bench", tmp_path / "cmp"
+    _train(bench, "--steps", "1")
+    _train(cmp_, "--steps", "1")
+    # A valid, shorter op log: two complete records, as a capture that stopped (not a crash:
+    # no line is cut, the op log ends at a record boundary).
+    log = cmp_ / "step0" / "rank0" / "ops.jsonl"
+    lines = log.read_text(encoding="utf-8").splitlines()
+    assert len(lines) > 100
+    log.write_text("\n".join(lines[:2]) + "\n", encoding="utf-8")
+    second = json.loads(lines[1])["op"]
+
+    r, s = _compare(bench, cmp_, tmp_path / "out")
+    assert r.returncode == EXIT_INCOMPLETE, r.stdout + r.stderr
+    assert s["verdict"] == "incomplete" and s["exit_code"] == EXIT_INCOMPLETE
+    missing = s["counts"]["unmatched_bench"]
+    assert s["counts"]["error"] == 0 and missing > 100
+    shown = f"{missing:,}"
+    assert f"the comparison run's capture stopped after op 2 ({second}); {shown} bench tensors have no counterpart" in (
+        s["headline"]
+    ), s["headline"]
+    assert s["unmatched_fraction"]["bench"] > 0.9 and s["unmatched_fraction"]["cmp"] == 0.0
+
+    # The same pair in full compares clean.
+    full = tmp_path / "full"
+    _train(full, "--steps", "1")
+    r, s = _compare(bench, full, tmp_path / "out2")
+    assert r.returncode == 0, r.stdout
+    assert s["verdict"] == "pass" and s["unmatched_fraction"] == {"bench": 0.0, "cmp": 0.0}
