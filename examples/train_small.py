@@ -11,6 +11,10 @@ Why: anyone can produce a benchmark/comparison dump pair in seconds, e.g.
 so compare must name that op as the first divergent one. OP is an msprobe-style name:
 ``Functional.gelu`` (every call) or ``Functional.gelu.0`` (one call per step).
 
+``--dropout P`` adds a dropout after the block (0, the default, adds no op); with
+``--dropout-seed S`` the masks come from another generator seed while weights and data stay
+equal, so compare must report a different random draw, not a faulty dropout.
+
 ``--inject-inf OP`` / ``--inject-nan OP`` put +inf / NaN into the first element of that op's
 output, and ``--fp16-overflow`` computes the attention scores (the first ``torch.matmul``)
 in float16 from inputs scaled so that the product passes 65504: ``probe scan`` must name the
@@ -70,6 +74,9 @@ class Block(nn.Module):
 class SmallNet(nn.Module):
     """Conv stem -> tokens -> one transformer block -> classifier."""
 
+    #: Dropout after the block (``--dropout``); 0 adds no op, so dumps stay as they were.
+    dropout: float = 0.0
+
     def __init__(self, channels: int = 32, dim: int = 64, classes: int = 10) -> None:
         super().__init__()
         self.conv1 = nn.Conv2d(3, channels, 3, padding=1)
@@ -85,6 +92,8 @@ class SmallNet(nn.Module):
         x = F.adaptive_avg_pool2d(x, 4)  # (b, dim, 4, 4)
         x = x.flatten(2).transpose(1, 2)  # (b, 16 tokens, dim)
         x = self.block(x)
+        if self.dropout:
+            x = F.dropout(x, self.dropout, self.training)
         x = self.norm(x).mean(dim=1)
         return self.head(x)
 
@@ -224,6 +233,13 @@ def main(argv: Optional[list[str]] = None) -> int:
         help="--mode overflow: ops producing NaN/Inf to record (-1: no limit)",
     )
     ap.add_argument("--data-seed", type=int, default=1234, help="seed of the generated batches")
+    ap.add_argument("--dropout", type=float, default=0.0, help="dropout probability after the block (0: none)")
+    ap.add_argument(
+        "--dropout-seed",
+        type=int,
+        default=None,
+        help="reseed torch after the model is built: the dropout masks differ, the weights do not",
+    )
     ap.add_argument(
         "--config-pack",
         default=None,
@@ -244,6 +260,9 @@ def main(argv: Optional[list[str]] = None) -> int:
     probe.seed_all(args.seed)
     device = resolve_device(args.device)
     model = SmallNet().to(device)
+    model.dropout = args.dropout
+    if args.dropout_seed is not None:
+        torch.manual_seed(args.dropout_seed)
     if args.fp16_overflow:
         model.block.fp16_overflow_scale = 300.0
     opt = torch.optim.Adam(model.parameters(), lr=1e-3, foreach=False)

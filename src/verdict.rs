@@ -7,6 +7,7 @@
 use crate::compare::coverage::SideCoverage;
 use crate::compare::{CompareRun, Row, Side, Sides, UnitResult, Verdict};
 use crate::gate::{FailOn, EXIT_FAIL, EXIT_INCOMPLETE, EXIT_NOTHING_COMPARABLE, EXIT_PASS};
+use crate::op_key::{OpKey, Randomness};
 use crate::schema::summary::{
     label_key, ByDirection, Counts, Finding, Findings, IncompleteUnit, PairSummary, RunVerdict,
     Summary, WorstOp,
@@ -163,6 +164,7 @@ pub fn summarize(run: &CompareRun, fail_on: FailOn, max_unmatched: f64) -> Summa
         earliest_failing: first_of(findings(), |f| &f.earliest_failing),
         external_source: first_of(findings(), |f| &f.external_source),
         first_nonfinite: earliest(findings().filter_map(|f| f.first_nonfinite.as_ref())).cloned(),
+        random_draw: first_of(findings(), |f| &f.random_draw),
         counts: c,
         pairs,
         worst_ops: worst_ops(run, WORST_OPS),
@@ -313,6 +315,8 @@ fn incomplete_headline(
 enum Story {
     /// NaN/Inf produced from finite inputs.
     NonFinite,
+    /// A random op whose inputs agree: a different random draw.
+    Random,
     /// A failing input no captured op produced.
     Outside,
     /// A locally divergent op.
@@ -358,6 +362,8 @@ fn headline(verdict: Verdict, c: &Counts, pairs: &[PairSummary]) -> String {
                         (Story::Local, &f.first_divergent.backward),
                         (Story::Outside, &f.external_source.backward),
                         (Story::NonFinite, &f.first_nonfinite),
+                        (Story::Random, &f.random_draw.forward),
+                        (Story::Random, &f.random_draw.backward),
                     ]
                 })
                 .filter_map(|(k, x)| x.as_ref().map(|x| (k, x)))
@@ -377,6 +383,25 @@ fn headline(verdict: Verdict, c: &Counts, pairs: &[PairSummary]) -> String {
                     x.rank,
                     x.tensor
                 ),
+                Some((Story::Random, x)) => {
+                    let what = if OpKey::parse(&x.op).randomness()
+                        == Randomness::WhenDropoutActive
+                    {
+                        "a different random draw if its dropout is active (else a faulty kernel)"
+                    } else {
+                        "a different random draw, not a faulty kernel"
+                    };
+                    format!(
+                        "DIVERGENCE from random numbers: {} ({} {}/{}, tensor {}) gets agreeing \
+                         inputs and returns different outputs: {what}; check config-check's \
+                         random category (seeds, generator states) and deterministic algorithms",
+                        x.op,
+                        x.direction.name(),
+                        x.step,
+                        x.rank,
+                        x.tensor
+                    )
+                }
                 Some((Story::Outside, e)) => format!(
                     "DIVERGENCE enters from outside the captured ops: {} (input of {}, {}/{})",
                     e.tensor, e.op, e.step, e.rank

@@ -425,3 +425,95 @@ fn max_unmatched_must_be_a_fraction() {
         assert!(!o.stderr.contains("nonexistent"), "{}", o.stderr);
     }
 }
+
+/// A dropout whose input agrees and whose output differs is a different random draw, told
+/// as such; the ops after it (inputs off) are nobody's fault; `first_divergent` stays
+/// empty.
+#[test]
+fn a_different_dropout_mask_is_a_random_draw_not_a_culprit() {
+    let keys = [
+        "Torch.matmul.0.forward",
+        "Functional.dropout.0.forward",
+        "Torch.sum.0.forward",
+    ];
+    let t = tempfile::tempdir().unwrap();
+    write_unit(t.path(), "step0", "rank0", &keys, Some(1));
+    let o = compare(t.path(), &[]);
+    assert_eq!(o.code, 1, "{}{}", o.stdout, o.stderr);
+    let s = summary(t.path());
+    assert!(s["first_divergent"]["forward"].is_null(), "{s:#}");
+    let r = &s["random_draw"]["forward"];
+    assert_eq!(r["op"], keys[1]);
+    let expl = r["explanation"].as_str().unwrap();
+    assert!(
+        expl.contains("different random draw") && expl.contains("config-check's random category"),
+        "{expl}"
+    );
+    assert_eq!(s["pairs"][0]["findings"]["random_draw"], s["random_draw"]);
+    assert!(s["pairs"][0]["findings"]["drift"]
+        .as_array()
+        .unwrap()
+        .is_empty());
+    let h = s["headline"].as_str().unwrap();
+    assert!(
+        h.starts_with(&format!("DIVERGENCE from random numbers: {}", keys[1]))
+            && h.contains("not a faulty kernel"),
+        "{h}"
+    );
+    assert!(o
+        .stdout
+        .contains("different random draw (forward): Functional.dropout.0.forward"));
+
+    // The same difference in a deterministic op is that op's fault.
+    let keys = [
+        "Torch.matmul.0.forward",
+        "Functional.gelu.0.forward",
+        "Torch.sum.0.forward",
+    ];
+    let t = tempfile::tempdir().unwrap();
+    write_unit(t.path(), "step0", "rank0", &keys, Some(1));
+    compare(t.path(), &[]);
+    let s = summary(t.path());
+    assert_eq!(s["first_divergent"]["forward"]["op"], keys[1]);
+    assert!(s["random_draw"]["forward"].is_null());
+}
+
+/// A real culprit before a dropout is still the story (the dropout's input then differs:
+/// no random draw is claimed); after a random draw, a deterministic op with agreeing
+/// inputs is still found.
+#[test]
+fn random_draws_and_culprits_keep_their_order() {
+    let keys = [
+        "Torch.matmul.0.forward",
+        "Functional.dropout.0.forward",
+        "Torch.sum.0.forward",
+    ];
+    let t = tempfile::tempdir().unwrap();
+    write_unit(t.path(), "step0", "rank0", &keys, Some(0));
+    compare(t.path(), &[]);
+    let s = summary(t.path());
+    assert_eq!(s["first_divergent"]["forward"]["op"], keys[0], "{s:#}");
+    assert!(s["random_draw"]["forward"].is_null());
+    assert!(s["headline"]
+        .as_str()
+        .unwrap()
+        .starts_with("DIVERGENCE: first divergent op Torch.matmul.0.forward"));
+
+    // Fused attention draws only when its dropout is on: the dump cannot tell, and the
+    // words say both.
+    let keys = [
+        "Torch.matmul.0.forward",
+        "Functional.scaled_dot_product_attention.0.forward",
+        "Torch.sum.0.forward",
+    ];
+    let t = tempfile::tempdir().unwrap();
+    write_unit(t.path(), "step0", "rank0", &keys, Some(1));
+    compare(t.path(), &[]);
+    let s = summary(t.path());
+    assert_eq!(s["random_draw"]["forward"]["op"], keys[1], "{s:#}");
+    let h = s["headline"].as_str().unwrap();
+    assert!(
+        h.contains("if its dropout is active (else a faulty kernel)"),
+        "{h}"
+    );
+}

@@ -67,3 +67,36 @@ def test_capture_stopped_after_two_ops_is_incomplete(tmp_path: Path) -> None:
     r, s = _compare(bench, full, tmp_path / "out2")
     assert r.returncode == 0, r.stdout
     assert s["verdict"] == "pass" and s["unmatched_fraction"] == {"bench": 0.0, "cmp": 0.0}
+
+
+def test_different_dropout_masks_are_a_random_draw(tmp_path: Path) -> None:
+    # Same seed (same weights, same data), dropout masks from different generator seeds.
+    bench, cmp_, same = tmp_path / "bench", tmp_path / "cmp", tmp_path / "same"
+    _train(bench, "--steps", "1", "--dropout", "0.1", "--dropout-seed", "1")
+    _train(cmp_, "--steps", "1", "--dropout", "0.1", "--dropout-seed", "2")
+    _train(same, "--steps", "1", "--dropout", "0.1", "--dropout-seed", "1")
+
+    r, s = _compare(bench, cmp_, tmp_path / "out")
+    assert r.returncode == EXIT_FAIL, r.stdout
+    draw = s["random_draw"]["forward"]
+    assert draw is not None and draw["op"] == "Functional.dropout.0.forward", json.dumps(s["random_draw"])
+    assert s["first_divergent"]["forward"] is None
+    assert s["external_source"]["forward"] is None
+    assert s["headline"].startswith("DIVERGENCE from random numbers: Functional.dropout.0.forward"), s["headline"]
+    assert "config-check's random category" in draw["explanation"]
+
+    # The same dropout seed: the masks agree, the runs compare clean.
+    r, s = _compare(bench, same, tmp_path / "out2")
+    assert r.returncode == 0, r.stdout
+    assert s["random_draw"] == {"forward": None, "backward": None}
+
+
+def test_dropout_flag_off_leaves_the_dump_as_it_was(tmp_path: Path) -> None:
+    plain, off = tmp_path / "plain", tmp_path / "off"
+    _train(plain, "--steps", "1")
+    _train(off, "--steps", "1", "--dropout", "0")
+    for name in ("ops.jsonl", "stacks.jsonl"):
+        a = (plain / "step0" / "rank0" / name).read_text(encoding="utf-8")
+        b = (off / "step0" / "rank0" / name).read_text(encoding="utf-8")
+        assert a == b, name
+    assert "dropout" not in (plain / "step0" / "rank0" / "ops.jsonl").read_text(encoding="utf-8")

@@ -23,6 +23,7 @@
 use super::judge::Equality;
 use super::{Row, Tolerances, Verdict};
 use crate::dump::{Direction, Role};
+use crate::op_key::Randomness;
 use crate::schema::summary::{Finding, Findings};
 use std::collections::{BTreeMap, HashMap};
 
@@ -107,6 +108,26 @@ fn worst<'a>(rows: impl Iterator<Item = &'a &'a Row>) -> Option<&'a Row> {
             .then(x.err.total_cmp(&y.err))
             .then(b.tensor.op.seq.cmp(&a.tensor.op.seq))
     })
+}
+
+/// Why a random op whose inputs agree and whose outputs differ is no culprit.
+fn random_explanation(r: Randomness, consumed: &str) -> String {
+    let check = "check config-check's random category (seeds, generator states) and \
+                 deterministic algorithms (torch.use_deterministic_algorithms), or compare \
+                 with the random op off";
+    match r {
+        Randomness::WhenDropoutActive => format!(
+            "what it consumed agrees on both sides ({consumed}), yet its outputs differ. It draws random \
+             numbers when its dropout is active (dropout_p > 0, keep_prob < 1; the dump does \
+             not record which): then this is a different random draw, not a faulty kernel — \
+             {check}; with dropout off, the error is local to this op"
+        ),
+        _ => format!(
+            "what it consumed agrees on both sides ({consumed}), yet its outputs differ: it draws random \
+             numbers, so this is a different random draw (another seed or generator state), \
+             not a faulty kernel — {check}"
+        ),
+    }
 }
 
 /// Localises one unit. `rows` must be in execution order (as the judge hands them on).
@@ -204,11 +225,6 @@ pub fn localize(
                 .map(|r| r.equality())
                 .try_fold(Equality::Bitwise, |acc, e| e.map(|e| acc.min(e)));
             let identical = equal.is_some();
-            // Nothing it consumed is on record (a parameters_grad record): nothing shows
-            // that the difference starts here rather than in what computed it.
-            if inputs.is_empty() && saved.is_empty() && !tols.blame_without_inputs {
-                continue;
-            }
             let Some(out) = worst(outputs.iter().copied()) else {
                 continue;
             };
@@ -239,6 +255,26 @@ pub fn localize(
                     saved.len()
                 )
             };
+            let randomness = g[0].tensor.op.key.randomness();
+            if randomness != Randomness::None {
+                // Agreeing inputs, differing outputs, and the op draws random numbers: a
+                // different draw, not a faulty kernel. Not the culprit; look on.
+                let slot = f.random_draw.slot(dir);
+                if slot.is_none() {
+                    *slot = Some(finding(
+                        &at,
+                        g,
+                        out,
+                        random_explanation(randomness, &consumed),
+                    ));
+                }
+                continue;
+            }
+            // Nothing it consumed is on record (a parameters_grad record): nothing shows
+            // that the difference starts here rather than in what computed it.
+            if inputs.is_empty() && saved.is_empty() && !tols.blame_without_inputs {
+                continue;
+            }
             let expl = if inputs.is_empty() && saved.is_empty() {
                 format!(
                     "its output {} is out of tolerance and it has no recorded inputs \
@@ -275,7 +311,11 @@ pub fn localize(
             found = true;
             break;
         }
-        if !found && !inherited && f.external_source.slot(dir).is_none() {
+        if !found
+            && !inherited
+            && f.external_source.slot(dir).is_none()
+            && f.random_draw.slot(dir).is_none()
+        {
             f.drift.push(dir);
         }
     }

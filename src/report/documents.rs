@@ -136,6 +136,8 @@ impl Document for CompareDocument<'_> {
                 ("first divergent op (forward)", &s.first_divergent.forward),
                 ("first divergent op (backward)", &s.first_divergent.backward),
                 ("first NaN/Inf producer", &s.first_nonfinite),
+                ("different random draw (forward)", &s.random_draw.forward),
+                ("different random draw (backward)", &s.random_draw.backward),
                 ("earliest failing op (forward)", &s.earliest_failing.forward),
                 (
                     "earliest failing op (backward)",

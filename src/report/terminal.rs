@@ -90,6 +90,11 @@ pub fn terminal_summary(s: &Summary) -> String {
             &s.external_source.backward,
         ),
         ("  first NaN/Inf producer", &s.first_nonfinite),
+        ("  different random draw (forward)", &s.random_draw.forward),
+        (
+            "  different random draw (backward)",
+            &s.random_draw.backward,
+        ),
     ]
     .into_iter()
     .filter_map(|(t, f)| f.as_ref().map(|f| (t, f)))

@@ -122,6 +122,11 @@ pub struct Findings {
     pub first_nonfinite: Option<Finding>,
     /// Errors exist in this direction but no op is locally divergent: accumulated drift.
     pub drift: Vec<Direction>,
+    /// The first op that draws random numbers (dropout, `rand*`, ...) whose inputs agree
+    /// and whose outputs differ, per phase: a different random draw, never named in
+    /// `first_divergent`.
+    #[serde(default)]
+    pub random_draw: ByDirection,
 }
 
 /// Tensor counts over the whole compare.
@@ -243,6 +248,8 @@ pub struct Summary {
     pub external_source: ByDirection,
     /// The first NaN/Inf producer.
     pub first_nonfinite: Option<Finding>,
+    /// The first op whose different output is a different random draw, per phase.
+    pub random_draw: ByDirection,
     /// Every pair with its findings.
     pub pairs: Vec<PairSummary>,
     /// The ops with the worst verdicts and errors.
