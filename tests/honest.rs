@@ -517,3 +517,209 @@ fn random_draws_and_culprits_keep_their_order() {
         "{h}"
     );
 }
+
+/// One op record whose tensors are all of `dtype` on this side.
+fn with_dtype(mut r: probe::schema::dump::OpRecord, dtype: &str) -> probe::schema::dump::OpRecord {
+    for t in &mut r.tensors {
+        t.dtype = dtype.into();
+    }
+    r
+}
+
+/// Writes one step/rank of both sides: a forward matmul whose weight (input.1) is 1 %
+/// larger in the comparison run (as after an update), then, when `backward`, its backward
+/// call, computed in bfloat16 in the comparison run when `bf16`.
+fn write_step(dir: &Path, step: &str, rank: &str, weight_off: bool, backward: bool, bf16: bool) {
+    for side in ["bench", "cmp"] {
+        let cmp = side == "cmp";
+        let w: Vec<f32> = IN0
+            .iter()
+            .map(|x| if cmp && weight_off { x * 1.01 } else { *x })
+            .collect();
+        let fwd = op_record(
+            "Torch.matmul.0.forward",
+            &[
+                ("input.0", "input", IN0.to_vec()),
+                ("input.1", "input", w.clone()),
+                ("output.0", "output", w),
+            ],
+        );
+        let mut ops = vec![if cmp && bf16 && !backward {
+            with_dtype(fwd, "bfloat16")
+        } else {
+            fwd
+        }];
+        if backward {
+            let bwd = op_record(
+                "Torch.matmul.0.backward",
+                &[
+                    ("input.0", "input", IN0.to_vec()),
+                    ("output.0", "output", IN0.to_vec()),
+                ],
+            );
+            ops.push(if cmp && bf16 {
+                with_dtype(bwd, "bfloat16")
+            } else {
+                bwd
+            });
+        }
+        write_op_log_at(&dir.join(side), step, rank, "statistics", ops);
+    }
+}
+
+/// A rank whose step 0 ran its backward in bf16 carries bf16 precision into step 1: a
+/// weight 1 % off there is bf16 rounding of the update, not an outside divergence. A rank
+/// that stayed in float32, or whose bf16 step had no backward (no update), does not.
+#[test]
+fn a_bf16_update_carries_its_precision_into_the_next_step() {
+    let t = tempfile::tempdir().unwrap();
+    write_step(t.path(), "step0", "rank0", false, true, true);
+    write_step(t.path(), "step1", "rank0", true, true, false);
+    write_step(t.path(), "step0", "rank1", false, true, false);
+    write_step(t.path(), "step1", "rank1", true, true, false);
+    write_step(t.path(), "step0", "rank2", false, false, true);
+    write_step(t.path(), "step1", "rank2", true, false, false);
+    let o = compare(t.path(), &[]);
+    assert_eq!(o.code, 1, "{}{}", o.stdout, o.stderr);
+    let s = summary(t.path());
+    let pair = |step: &str, rank: &str| {
+        s["pairs"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .find(|p| p["step"] == step && p["rank"] == rank)
+            .unwrap_or_else(|| panic!("no {step}/{rank}"))
+            .clone()
+    };
+    let carried = pair("step1", "rank0");
+    assert_eq!(carried["errors"], 0, "{carried:#}");
+    assert!(carried["findings"]["external_source"]["forward"].is_null());
+    for rank in ["rank1", "rank2"] {
+        let p = pair("step1", rank);
+        assert!(p["errors"].as_u64().unwrap() > 0, "{p:#}");
+        assert_eq!(
+            p["findings"]["external_source"]["forward"]["tensor"], "Torch.matmul.0.forward.input.1",
+            "{rank}"
+        );
+    }
+}
+
+/// The fixture: msprobe's L1 statistics dumps, bf16 autocast against float32 over
+/// three steps. Step 1's conv bias is judged at bf16 (its update came from bf16
+/// gradients), and the bias gradient that is rounding noise names no culprit.
+#[test]
+fn bf16_against_fp32_over_steps_names_no_false_culprit() {
+    let t = tempfile::tempdir().unwrap();
+    let td = root().join("testdata/msprobe");
+    let out = t.path().join("out");
+    let o = probe(&[
+        "compare",
+        "-b",
+        td.join("stats_bench").to_str().unwrap(),
+        "-c",
+        td.join("stats_bf16").to_str().unwrap(),
+        "-o",
+        out.to_str().unwrap(),
+        "--format",
+        "json",
+    ]);
+    let s: serde_json::Value =
+        serde_json::from_str(&std::fs::read_to_string(out.join("summary.json")).unwrap()).unwrap();
+    assert_eq!(s["counts"]["pairs"], 3, "{}", o.stderr);
+    for p in s["pairs"].as_array().unwrap() {
+        let f = &p["findings"];
+        for k in ["first_divergent", "external_source"] {
+            for d in ["forward", "backward"] {
+                assert!(f[k][d].is_null(), "{} {k} {d}: {:#}", p["step"], f[k][d]);
+            }
+        }
+        assert_eq!(f["drift"], serde_json::json!(["backward"]), "{}", p["step"]);
+    }
+    let h = s["headline"].as_str().unwrap();
+    assert!(
+        h.contains("step0/") && h.contains("accumulated drift"),
+        "{h}"
+    );
+    assert!(!h.contains("outside"), "{h}");
+    // The row itself says why it got bf16 tolerance.
+    let run = probe::compare::run(
+        &td.join("stats_bench"),
+        &td.join("stats_bf16"),
+        &Default::default(),
+        &|_| {},
+    )
+    .unwrap();
+    let bias = run.units[1]
+        .rows
+        .iter()
+        .find(|r| r.tensor.name == "Functional.conv2d.0.forward.input.2")
+        .unwrap();
+    assert_eq!(bias.judgement.precision, Some(probe::dtype::DType::BF16));
+    assert!(
+        bias.judgement.verdict < probe::compare::Verdict::Error,
+        "{bias:?}"
+    );
+    let step2 = run.units[2]
+        .rows
+        .iter()
+        .find(|r| r.tensor.name == "Functional.conv2d.0.forward.input.2")
+        .unwrap();
+    assert!(
+        step2
+            .judgement
+            .reason
+            .contains("(float32, after bfloat16 updates in an earlier step)"),
+        "{:?}",
+        step2.judgement
+    );
+}
+
+/// A conv bias gradient before a normalisation is mathematically zero: ~1e-8 in float32,
+/// ~1e-4 in bf16 from the same incoming gradient. Its huge relative error is rounding
+/// noise of the inputs, not a local error; a difference as large as the inputs is one.
+#[test]
+fn a_gradient_that_is_rounding_noise_names_no_culprit() {
+    let grad: Vec<f32> = (0..512)
+        .map(|i| ((i * 7919 % 1013) as f32 / 1013.0 - 0.5) * 0.094)
+        .collect();
+    let bias_b = vec![2.6e-8f32, -2.98e-8, 1.0e-8, 5.0e-9];
+    let run = |dir: &Path, bias_c: Vec<f32>, dtype: &str| {
+        for (side, bias) in [("bench", bias_b.clone()), ("cmp", bias_c)] {
+            let fwd = op_record(
+                "Functional.conv2d.0.forward",
+                &[
+                    ("input.0", "input", grad.clone()),
+                    ("output.0", "output", grad.clone()),
+                ],
+            );
+            let mut bwd = op_record(
+                "Functional.conv2d.0.backward",
+                &[
+                    ("input.0", "input", grad.clone()),
+                    ("output.2", "output", bias),
+                ],
+            );
+            if side == "cmp" {
+                bwd.tensors[1].dtype = dtype.into();
+            }
+            write_op_log(&dir.join(side), vec![fwd, bwd]);
+        }
+        compare(dir, &[]);
+        summary(dir)
+    };
+    let t = tempfile::tempdir().unwrap();
+    let s = run(t.path(), vec![1.66e-4, -1.0e-4, 7.4e-5, 1.0e-4], "bfloat16");
+    assert_eq!(s["counts"]["error"], 1, "{s:#}");
+    assert!(s["first_divergent"]["backward"].is_null(), "{s:#}");
+    assert_eq!(
+        s["earliest_failing"]["backward"]["tensor"],
+        "Functional.conv2d.0.backward.output.2"
+    );
+    // Garbage the size of the inputs where the benchmark has zero: that op's fault.
+    let t = tempfile::tempdir().unwrap();
+    let s = run(t.path(), vec![0.03, -0.04, 0.02, 0.01], "float32");
+    assert_eq!(
+        s["first_divergent"]["backward"]["op"], "Functional.conv2d.0.backward",
+        "{s:#}"
+    );
+}

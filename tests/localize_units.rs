@@ -111,6 +111,7 @@ fn run(bench: Log, cmp: Log) -> UnitResult {
         &Options::default(),
         &caches,
         &|_| {},
+        None,
     )
     .expect("in-memory unit compares")
 }

@@ -100,3 +100,31 @@ def test_dropout_flag_off_leaves_the_dump_as_it_was(tmp_path: Path) -> None:
         b = (off / "step0" / "rank0" / name).read_text(encoding="utf-8")
         assert a == b, name
     assert "dropout" not in (plain / "step0" / "rank0" / "ops.jsonl").read_text(encoding="utf-8")
+
+
+def test_bf16_against_fp32_over_two_steps_names_no_false_culprit(tmp_path: Path) -> None:
+    # Step 0's update in the bf16 run came from bf16 gradients: step 1's weights differ by
+    # bf16 rounding. Judged at float32 they "entered from outside"; they must not.
+    bench, cmp_ = tmp_path / "fp32", tmp_path / "bf16"
+    _train(bench, "--steps", "2")
+    _train(cmp_, "--steps", "2", "--dtype", "bfloat16")
+    r, s = _compare(bench, cmp_, tmp_path / "out")
+    assert [p["step"] for p in s["pairs"]] == ["step0", "step1"]
+    step1 = s["pairs"][1]["findings"]
+    for key in ("first_divergent", "external_source", "random_draw"):
+        assert step1[key] == {"forward": None, "backward": None}, (key, json.dumps(step1[key], indent=1))
+    assert s["first_divergent"] == {"forward": None, "backward": None}, json.dumps(s["first_divergent"], indent=1)
+    assert "outside" not in s["headline"] and "first divergent op" not in s["headline"], s["headline"]
+    # Statistics mode never saw the elements: nothing is called "identical".
+    lines = _evidence(s)
+    assert lines and not any("(identical)" in line for line in lines), lines
+
+
+def _evidence(v: Any) -> list[str]:
+    """Every evidence line of every finding in a summary."""
+    if isinstance(v, dict):
+        own = v.get("evidence", []) if isinstance(v.get("evidence"), list) else []
+        return own + [line for x in v.values() for line in _evidence(x)]
+    if isinstance(v, list):
+        return [line for x in v for line in _evidence(x)]
+    return []

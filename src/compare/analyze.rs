@@ -21,6 +21,7 @@
 //! is the earliest op with finite inputs and new non-finite outputs.
 
 use super::judge::Equality;
+use super::tolerance::loosest;
 use super::{Row, Tolerances, Verdict};
 use crate::dump::{Direction, Role};
 use crate::op_key::Randomness;
@@ -108,6 +109,85 @@ fn worst<'a>(rows: impl Iterator<Item = &'a &'a Row>) -> Option<&'a Row> {
             .then(x.err.total_cmp(&y.err))
             .then(b.tensor.op.seq.cmp(&a.tensor.op.seq))
     })
+}
+
+/// The benchmark side's scale of a tensor: max(|max|, |min|, norm/√n) from its statistics,
+/// else ‖b‖/√n from the metrics of full tensors.
+fn bench_scale(r: &Row) -> Option<f64> {
+    let t = &r.tensor;
+    let root_n = (t.sides.bench.numel().max(1) as f64).sqrt();
+    if let Some(s) = &t.sides.bench.stats {
+        let v = [
+            s.max.map(f64::abs),
+            s.min.map(f64::abs),
+            s.norm.map(|n| n / root_n),
+        ]
+        .into_iter()
+        .flatten()
+        .filter(|v| v.is_finite())
+        .reduce(f64::max);
+        if v.is_some() {
+            return v;
+        }
+    }
+    t.metrics.map(|m| m.norm_b / root_n)
+}
+
+/// The largest absolute difference of a pair that was measured: max|c − b| of full
+/// tensors, else the largest difference of max, min, mean and norm/√n.
+fn abs_diff(r: &Row) -> Option<f64> {
+    let t = &r.tensor;
+    if let Some(m) = &t.metrics {
+        return Some(m.max_abs);
+    }
+    let d = t.stat_diff.as_ref()?;
+    let root_n = (t.sides.bench.numel().max(1) as f64).sqrt();
+    [
+        d.max_diff,
+        d.min_diff,
+        d.mean_diff,
+        d.norm_diff.map(|x| x / root_n),
+    ]
+    .into_iter()
+    .flatten()
+    .map(f64::abs)
+    .reduce(f64::max)
+}
+
+/// Whether an output is rounding noise of the op's inputs: the benchmark's own value is no
+/// larger than the rounding its precision leaves of a sum over the inputs
+/// (k·ε_bench·s_in, with s_in the largest input scale and k the input elements per output
+/// element), and the difference no larger than that at the judged precision. Such a
+/// tensor is mathematically zero — the bias gradient of a convolution followed by a
+/// normalisation — and its relative error (1e-4 against 3e-8 is "5e3") says nothing about
+/// the op: it is never the output that names a culprit.
+fn rounding_noise(out: &Row, inputs: &[&&Row]) -> bool {
+    let t = &out.tensor;
+    let float = |d: &crate::dtype::AnyDType| d.known().filter(|d| d.is_float());
+    let Some(bench) = float(&t.sides.bench.dtype) else {
+        return false;
+    };
+    let judged = [float(&t.sides.cmp.dtype), out.judgement.precision]
+        .into_iter()
+        .flatten()
+        .fold(bench, loosest);
+    let (Some(eb), Some(ej)) = (bench.epsilon(), judged.epsilon()) else {
+        return false;
+    };
+    let s_in = inputs
+        .iter()
+        .filter_map(|r| bench_scale(r))
+        .fold(0.0f64, f64::max);
+    let n_in = inputs
+        .iter()
+        .map(|r| r.tensor.sides.bench.numel())
+        .max()
+        .unwrap_or(0);
+    let k = (n_in as f64 / t.sides.bench.numel().max(1) as f64).max(1.0);
+    let (Some(scale), Some(diff)) = (bench_scale(out), abs_diff(out)) else {
+        return false;
+    };
+    s_in > 0.0 && scale <= k * eb * s_in && diff <= k * ej * s_in
 }
 
 /// Why a random op whose inputs agree and whose outputs differ is no culprit.
@@ -205,7 +285,11 @@ pub fn localize(
                 break;
             }
             let inputs: Vec<&&Row> = g.iter().filter(|r| is_input(r)).collect();
-            let outputs: Vec<&&Row> = g.iter().filter(|r| is_output(r)).collect();
+            // Outputs that are rounding noise of the inputs cannot show a local error.
+            let outputs: Vec<&&Row> = g
+                .iter()
+                .filter(|r| is_output(r) && !rounding_noise(r, &inputs))
+                .collect();
             if outputs.is_empty() || inputs.iter().any(|r| fails(r)) {
                 continue;
             }

@@ -20,6 +20,7 @@ pub mod measure;
 pub mod plan;
 pub mod tolerance;
 
+use crate::dtype::DType;
 use crate::dump;
 use crate::error::{ProbeError, Result};
 use crate::schema::summary::{Findings, IncompleteUnit};
@@ -29,7 +30,7 @@ pub use judge::{Judgement, Row};
 pub use measure::{CompareKind, Measured, Measurement, TensorSide};
 pub use plan::{Plan, Unit};
 use serde::{Deserialize, Serialize};
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, HashMap};
 use std::path::{Path, PathBuf};
 pub use tolerance::{Tolerances, Verdict};
 
@@ -98,6 +99,9 @@ pub struct UnitResult {
     /// How much of each side found a counterpart (`--max-unmatched`).
     #[serde(default)]
     pub coverage: Sides<coverage::SideCoverage>,
+    /// The precision floor this unit leaves to the rank's next step (judge.rs).
+    #[serde(default)]
+    pub floor: Option<DType>,
 }
 
 /// A whole compare: every unit, in step/rank order.
@@ -189,12 +193,15 @@ impl Default for Options {
 }
 
 /// Compares one unit from its two op logs (already read): align, measure, judge, analyze.
+/// `floor` is the precision floor the rank's earlier steps left (`UnitResult::floor` of
+/// the previous step; None for a first step).
 pub fn compare_unit(
     unit: &Unit,
     dumps: Sides<dump::RankDump>,
     opts: &Options,
     caches: &Sides<ShardCache>,
     progress: &(dyn Fn(Progress) + Sync),
+    floor: Option<DType>,
 ) -> Result<UnitResult> {
     let mut dumps = dumps;
     if opts.level != Level::Mix {
@@ -217,7 +224,8 @@ pub fn compare_unit(
             total,
         })
     })?;
-    let (rows, unmatched) = judge::judge_all(alignment, measurements, &opts.tolerances);
+    let (rows, unmatched, floor) =
+        judge::judge_all(alignment, measurements, &opts.tolerances, floor);
     let findings = analyze::localize(&rows, &stacks, &unit.step, &unit.rank, &opts.tolerances);
     Ok(UnitResult {
         step: unit.step.clone(),
@@ -231,6 +239,7 @@ pub fn compare_unit(
         warnings,
         incomplete,
         coverage,
+        floor,
     })
 }
 
@@ -319,6 +328,7 @@ pub fn run(
             reason: format!("in the {} only", side.name()),
         })
         .collect();
+    let mut floors: HashMap<String, Option<DType>> = HashMap::new();
     for unit in &plan.units {
         // The two sides are independent: read them at the same time.
         let (b, c) = rayon::join(
@@ -351,7 +361,10 @@ pub fn run(
             });
             continue;
         }
-        let u = compare_unit(unit, dumps, opts, &caches, progress)?;
+        // Each rank's precision floor carries into its next step (units are in step order).
+        let carried = floors.get(&unit.rank).copied().flatten();
+        let u = compare_unit(unit, dumps, opts, &caches, progress, carried)?;
+        floors.insert(unit.rank.clone(), u.floor);
         warnings.extend(u.warnings.iter().cloned());
         units.push(u);
     }
