@@ -183,6 +183,17 @@ fn findings_are_told_in_causal_order() {
         "{}",
         o.stdout
     );
+    // The workbook's summary sheet tells them in the same order.
+    use calamine::{open_workbook, Reader, Xlsx};
+    let mut wb: Xlsx<_> = open_workbook(t.path().join("out/compare.xlsx")).unwrap();
+    let sheet = wb.worksheet_range("summary").unwrap();
+    let row_of = |needle: &str| {
+        sheet
+            .rows()
+            .position(|r| r.iter().any(|c| c.to_string().starts_with(needle)))
+            .unwrap_or_else(|| panic!("{needle:?} not in the summary sheet"))
+    };
+    assert!(row_of("first divergent op (backward)") < row_of("first divergent op (forward)"));
 }
 
 /// Within a step, findings of all ranks in execution order, then by numeric rank.

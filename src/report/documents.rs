@@ -88,6 +88,13 @@ fn findings<'a>(
         .collect()
 }
 
+/// Findings in causal order (step, execution order, rank; the listed order at the same
+/// place): a later step's consequence never comes before an earlier step's cause.
+fn causal(mut v: Vec<(String, Finding)>) -> Vec<(String, Finding)> {
+    v.sort_by(|(_, a), (_, b)| a.causal_key().cmp(&b.causal_key()));
+    v
+}
+
 impl Document for CompareDocument<'_> {
     fn stem(&self) -> &'static str {
         "compare"
@@ -128,13 +135,17 @@ impl Document for CompareDocument<'_> {
             verdict: s.verdict.severity(),
             headline: s.headline.clone(),
             facts: facts.into_iter().map(|(k, v)| (k.to_string(), v)).collect(),
-            findings: findings([
+            findings: causal(findings([
                 (
                     "divergence enters from outside (forward)",
                     &s.external_source.forward,
                 ),
                 ("first divergent op (forward)", &s.first_divergent.forward),
                 ("first divergent op (backward)", &s.first_divergent.backward),
+                (
+                    "divergence enters from outside (backward)",
+                    &s.external_source.backward,
+                ),
                 ("first NaN/Inf producer", &s.first_nonfinite),
                 ("different random draw (forward)", &s.random_draw.forward),
                 ("different random draw (backward)", &s.random_draw.backward),
@@ -143,7 +154,7 @@ impl Document for CompareDocument<'_> {
                     "earliest failing op (backward)",
                     &s.earliest_failing.backward,
                 ),
-            ]),
+            ])),
             worst_ops: s.worst_ops.clone(),
             ops,
             ops_left_out,
