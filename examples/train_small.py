@@ -11,6 +11,10 @@ Why: anyone can produce a benchmark/comparison dump pair in seconds, e.g.
 so compare must name that op as the first divergent one. OP is an msprobe-style name:
 ``Functional.gelu`` (every call) or ``Functional.gelu.0`` (one call per step).
 
+``--dropout P`` adds a dropout after the block (0, the default, adds no op); with
+``--dropout-seed S`` the masks come from another generator seed while weights and data stay
+equal, so compare must report a different random draw, not a faulty dropout.
+
 ``--inject-inf OP`` / ``--inject-nan OP`` put +inf / NaN into the first element of that op's
 output, and ``--fp16-overflow`` computes the attention scores (the first ``torch.matmul``)
 in float16 from inputs scaled so that the product passes 65504: ``probe scan`` must name the
@@ -149,6 +153,9 @@ class Block(nn.Module):
 class SmallNet(nn.Module):
     """Conv stem -> tokens -> one transformer block -> classifier."""
 
+    #: Dropout after the block (``--dropout``); 0 adds no op, so dumps stay as they were.
+    dropout: float = 0.0
+
     def __init__(
         self,
         channels: int = 32,
@@ -177,6 +184,8 @@ class SmallNet(nn.Module):
             x = torch.utils.checkpoint.checkpoint(self.block, x, use_reentrant=False)
         else:
             x = self.block(x)
+        if self.dropout:
+            x = F.dropout(x, self.dropout, self.training)
         x = self.norm(x).mean(dim=1)
         return self.head(x)
 
@@ -362,6 +371,13 @@ def main(argv: Optional[list[str]] = None) -> int:
         help="run the transformer block under activation checkpointing (non-reentrant)",
     )
     ap.add_argument("--data-seed", type=int, default=1234, help="seed of the generated batches")
+    ap.add_argument("--dropout", type=float, default=0.0, help="dropout probability after the block (0: none)")
+    ap.add_argument(
+        "--dropout-seed",
+        type=int,
+        default=None,
+        help="reseed torch after the model is built: the dropout masks differ, the weights do not",
+    )
     ap.add_argument(
         "--config-pack",
         default=None,
@@ -392,6 +408,9 @@ def main(argv: Optional[list[str]] = None) -> int:
     device = resolve_device(args.device)
     net = SmallNet(attention=args.attention, norm=args.layer_norm, checkpoint=args.checkpoint)
     model = net.to(device)
+    model.dropout = args.dropout
+    if args.dropout_seed is not None:
+        torch.manual_seed(args.dropout_seed)
     if args.fp16_overflow:
         model.block.fp16_overflow_scale = 300.0
     opt = torch.optim.Adam(model.parameters(), lr=1e-3, foreach=False)

@@ -4,7 +4,7 @@
 
 use crate::compare::{self, Level, Progress, Tolerances};
 use crate::error::{ProbeError, Result};
-use crate::gate::FailOn;
+use crate::gate::{self, FailOn};
 use crate::report::{self, CompareDocument, Document, ReportWriter, ScanDocument};
 use crate::scan::{self, ScanOptions, ScanSummary};
 use crate::schema::summary::Summary;
@@ -37,6 +37,9 @@ pub struct CompareRequest {
     /// Mapping files (`--mapping`), in the order given: earlier ones take precedence, all
     /// of them over the built-in table.
     pub mappings: Vec<PathBuf>,
+    /// The largest share of a side's tensors in a step/rank pair that may lack a
+    /// counterpart before the comparison is incomplete (0 to 1).
+    pub max_unmatched: f64,
 }
 
 /// The chosen report writers, in their standard order; an unknown name is a usage error.
@@ -126,6 +129,8 @@ pub fn compare(req: &CompareRequest, progress: &(dyn Fn(Progress) + Sync)) -> Re
     };
     let mapping = compare::Mapping::with_files(&req.mappings)?;
     let writers = chosen_writers(&req.formats)?;
+    gate::check_fraction(req.max_unmatched)
+        .map_err(|e| ProbeError::Usage(format!("--max-unmatched {}: {e}", req.max_unmatched)))?;
     let (pool, threads_note) = thread_pool(req.threads)?;
     atomic::refuse_inside(&req.out, &[&req.bench, &req.cmp])?;
     atomic::prepare_output_dir(&req.out)?;
@@ -136,7 +141,7 @@ pub fn compare(req: &CompareRequest, progress: &(dyn Fn(Progress) + Sync)) -> Re
     };
     within(pool, || {
         let run = compare::run(&req.bench, &req.cmp, &opts, progress)?;
-        let mut summary = verdict::summarize(&run, req.fail_on);
+        let mut summary = verdict::summarize(&run, req.fail_on, req.max_unmatched);
         summary.warnings.extend(threads_note);
         summary.outputs = output_paths(&writers, "compare", &req.out);
         let doc = CompareDocument {

@@ -85,6 +85,18 @@ impl DType {
         matches!(self, DType::F64 | DType::F32 | DType::F16 | DType::BF16)
     }
 
+    /// The gap between 1 and the next larger value of a float type (torch.finfo(...).eps):
+    /// the relative rounding of one operation. None for integers and bool.
+    pub fn epsilon(self) -> Option<f64> {
+        match self {
+            DType::F64 => Some(f64::EPSILON),
+            DType::F32 => Some(f32::EPSILON as f64),
+            DType::F16 => Some(half::f16::EPSILON.to_f64()),
+            DType::BF16 => Some(half::bf16::EPSILON.to_f64()),
+            _ => None,
+        }
+    }
+
     /// Machine epsilon used by msprobe's relative error at positions where the benchmark
     /// is zero: float32's when the data is at most float32, else float64's.
     pub fn rel_eps(self) -> f64 {

@@ -14,9 +14,37 @@ pub const EXIT_INPUT: u8 = 2;
 /// Nothing could be compared.
 pub const EXIT_NOTHING_COMPARABLE: u8 = 3;
 /// Compared, but incomplete: some step/rank pairs or records are missing on one side (a
-/// crashed or full-disk run), and nothing diverged in what could be compared (a
-/// divergence still exits [`EXIT_FAIL`]).
+/// crashed or full-disk run), or more than `--max-unmatched` of a side's tensors have no
+/// counterpart (a capture that stopped early), and nothing failed the gate in what could
+/// be compared (a divergence still exits [`EXIT_FAIL`]).
 pub const EXIT_INCOMPLETE: u8 = 4;
+
+/// The default of `probe compare --max-unmatched`: more than 5 % of a side's tensors
+/// without a counterpart makes a comparison incomplete.
+pub const DEFAULT_MAX_UNMATCHED: f64 = 0.05;
+
+/// Reads a fraction given as `0.05` or `5%`, between 0 and 1 inclusive (`--max-unmatched`).
+pub fn parse_fraction(s: &str) -> Result<f64, String> {
+    let t = s.trim();
+    let (num, scale) = match t.strip_suffix('%') {
+        Some(p) => (p.trim(), 100.0),
+        None => (t, 1.0),
+    };
+    let v = num
+        .parse::<f64>()
+        .map_err(|_| format!("{s:?}: expected a fraction such as 0.05 or 5%"))?
+        / scale;
+    check_fraction(v).map_err(|e| format!("{s:?}: {e}"))
+}
+
+/// A fraction is a number from 0 to 1 inclusive.
+pub fn check_fraction(v: f64) -> Result<f64, String> {
+    if (0.0..=1.0).contains(&v) {
+        Ok(v)
+    } else {
+        Err("must be between 0 and 1 (0% and 100%)".into())
+    }
+}
 
 /// When the gate fails.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
@@ -58,6 +86,22 @@ impl FromStr for FailOn {
             "warning" => Ok(FailOn::Warning),
             "never" => Ok(FailOn::Never),
             _ => Err(format!("{s:?}: expected error, warning or never")),
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn fractions_read_as_numbers_or_percentages_within_0_and_1() {
+        assert_eq!(parse_fraction("0.05"), Ok(0.05));
+        assert_eq!(parse_fraction("5%"), Ok(0.05));
+        assert_eq!(parse_fraction(" 100 % "), Ok(1.0));
+        assert_eq!(parse_fraction("0"), Ok(0.0));
+        for bad in ["1.5", "-0.1", "150%", "NaN", "inf", "five", "%", ""] {
+            assert!(parse_fraction(bad).is_err(), "{bad}");
         }
     }
 }

@@ -4,7 +4,7 @@
 
 use clap::{Parser, Subcommand};
 use probe::compare::{AlignRule, Level, Progress};
-use probe::gate::{FailOn, EXIT_INPUT, EXIT_PASS};
+use probe::gate::{self, FailOn, EXIT_INPUT, EXIT_PASS};
 use probe::{app, config_check, report, synth, ProbeError};
 use std::io::IsTerminal;
 use std::path::PathBuf;
@@ -155,6 +155,10 @@ struct CompareArgs {
     /// Exit 1 when the verdict reaches this level: error, warning or never.
     #[arg(long, default_value = "error")]
     fail_on: FailOn,
+    /// The comparison is incomplete (exit 4) when more than this share of either side's
+    /// tensors in a step/rank pair has no counterpart: 0.05 or 5%.
+    #[arg(long, value_name = "FRACTION", default_value = "0.05", value_parser = gate::parse_fraction)]
+    max_unmatched: f64,
     /// Report formats to write (comma separated).
     #[arg(long, value_delimiter = ',', default_value = "json,parquet,xlsx")]
     format: Vec<String>,
@@ -286,6 +290,7 @@ fn run_compare(a: CompareArgs) -> Result<u8, ProbeError> {
         level: a.level,
         align: a.align,
         mappings: a.mapping,
+        max_unmatched: a.max_unmatched,
     };
     note_framework(a.framework.as_deref());
     let show = !a.quiet && std::io::stderr().is_terminal();

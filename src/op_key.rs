@@ -304,6 +304,119 @@ impl OpKey {
     }
 }
 
+/// Whether an op draws random numbers: then different outputs from agreeing inputs are a
+/// different random draw (seeds, generator state), not a faulty kernel.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Randomness {
+    /// Deterministic (as far as its name tells).
+    None,
+    /// Always draws: dropout, `rand*`, `bernoulli`, `normal_`, ...
+    Always,
+    /// Draws only when its dropout is active (fused attention with `dropout_p > 0` or
+    /// `keep_prob < 1`); the dumps do not record the argument.
+    WhenDropoutActive,
+}
+
+/// The APIs that draw random numbers, as `Type.api` with `*` for any characters: the one
+/// list the localiser reads (docs/compare.md, "Random ops"). Forward calls only: a backward
+/// call reuses its forward call's mask.
+pub const RANDOM_APIS: &[&str] = &[
+    "Functional.*dropout*",
+    "Functional.rrelu*",
+    "Functional.gumbel_softmax",
+    "Torch.rand*",
+    "Torch.*dropout*",
+    "Torch.bernoulli",
+    "Torch.binomial",
+    "Torch.multinomial",
+    "Torch.normal",
+    "Torch.poisson",
+    "Torch.rrelu*",
+    "Tensor.bernoulli*",
+    "Tensor.multinomial",
+    "Tensor.normal_",
+    "Tensor.uniform_",
+    "Tensor.random_",
+    "Tensor.exponential_",
+    "Tensor.cauchy_",
+    "Tensor.log_normal_",
+    "Tensor.geometric_",
+    "Aten.*dropout*",
+    "Aten.rand*",
+    "Aten.bernoulli*",
+    "Aten.normal*",
+    "Aten.uniform*",
+    "Aten.multinomial",
+    "Aten.exponential*",
+    "NPU.*dropout*",
+];
+
+/// Module classes that draw random numbers (`Module.drop.Dropout.forward.0`).
+pub const RANDOM_MODULES: &[&str] = &[
+    "Dropout",
+    "Dropout1d",
+    "Dropout2d",
+    "Dropout3d",
+    "AlphaDropout",
+    "FeatureAlphaDropout",
+    "RReLU",
+];
+
+/// APIs and module classes that draw random numbers only when their dropout is active.
+pub const DROPOUT_WHEN_ACTIVE: &[&str] = &[
+    "Functional.scaled_dot_product_attention",
+    "Functional.multi_head_attention_forward",
+    "Torch._scaled_dot_product_*attention*",
+    "Aten._scaled_dot_product_*attention*",
+    "NPU.npu_fusion_attention*",
+    "NPU.npu_flash_attention*",
+    "MultiheadAttention",
+];
+
+/// `*` matches any run of characters (none included); everything else literally.
+fn wildcard(pattern: &str, s: &str) -> bool {
+    let mut parts = pattern.split('*');
+    let first = parts.next().unwrap_or("");
+    let Some(mut rest) = s.strip_prefix(first) else {
+        return false;
+    };
+    let parts: Vec<&str> = parts.collect();
+    let Some((last, middle)) = parts.split_last() else {
+        return rest.is_empty();
+    };
+    for p in middle {
+        match rest.find(p) {
+            Some(i) => rest = &rest[i + p.len()..],
+            None => return false,
+        }
+    }
+    rest.len() >= last.len() && rest.ends_with(last)
+}
+
+impl OpKey {
+    /// Whether this op draws random numbers ([`RANDOM_APIS`], [`RANDOM_MODULES`],
+    /// [`DROPOUT_WHEN_ACTIVE`]).
+    pub fn randomness(&self) -> Randomness {
+        if self.direction != Direction::Forward {
+            return Randomness::None;
+        }
+        let name = match self.form {
+            Form::Api => self.base(),
+            // The class: the last part of `Module.path.Class`.
+            Form::Module => self.base().rsplit('.').next().unwrap_or(""),
+            Form::ParametersGrad | Form::Other => return Randomness::None,
+        };
+        let any = |list: &[&str]| list.iter().any(|p| wildcard(p, name));
+        if any(RANDOM_APIS) || (self.form == Form::Module && RANDOM_MODULES.contains(&name)) {
+            Randomness::Always
+        } else if any(DROPOUT_WHEN_ACTIVE) {
+            Randomness::WhenDropoutActive
+        } else {
+            Randomness::None
+        }
+    }
+}
+
 impl fmt::Display for OpKey {
     fn fmt(&self, f: &mut fmt::Formatter) -> fmt::Result {
         f.write_str(&self.raw)
@@ -325,6 +438,59 @@ impl<'de> Deserialize<'de> for OpKey {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn random_ops_are_known_by_name() {
+        let always = [
+            "Functional.dropout.0.forward",
+            "Functional.dropout2d.3.forward",
+            "Functional.feature_alpha_dropout.0.forward",
+            "Functional.rrelu.0.forward",
+            "Functional.gumbel_softmax.1.forward",
+            "Torch.rand.0.forward",
+            "Torch.randn_like.2.forward",
+            "Torch.randint.0.forward",
+            "Torch.randperm.0.forward",
+            "Torch.bernoulli.0.forward",
+            "Torch.multinomial.0.forward",
+            "Torch.normal.0.forward",
+            "Torch.native_dropout.0.forward",
+            "Tensor.bernoulli_.0.forward",
+            "Tensor.normal_.4.forward",
+            "Tensor.uniform_.0.forward",
+            "Tensor.random_.0.forward",
+            "Tensor.exponential_.0.forward",
+            "NPU.npu_dropout.0.forward",
+            "NPU.npu_dropout_with_add_softmax.0.forward",
+            "Module.block.drop.Dropout.forward.0",
+        ];
+        for k in always {
+            assert_eq!(OpKey::parse(k).randomness(), Randomness::Always, "{k}");
+        }
+        let maybe = [
+            "Functional.scaled_dot_product_attention.0.forward",
+            "NPU.npu_fusion_attention.1.forward",
+            "Module.attn.MultiheadAttention.forward.0",
+        ];
+        for k in maybe {
+            let r = OpKey::parse(k).randomness();
+            assert_eq!(r, Randomness::WhenDropoutActive, "{k}");
+        }
+        let not = [
+            "Functional.dropout.0.backward",
+            "Module.block.drop.Dropout.backward.0",
+            "Torch.range.0.forward",
+            "Torch.matmul.0.forward",
+            "Tensor.normal.0.forward",
+            "Functional.linear.0.forward",
+            "Module.dropout.Linear.forward.0",
+            "Module.fc.Linear.parameters_grad",
+            "random",
+        ];
+        for k in not {
+            assert_eq!(OpKey::parse(k).randomness(), Randomness::None, "{k}");
+        }
+    }
 
     #[test]
     fn api_keys() {

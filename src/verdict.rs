@@ -4,17 +4,21 @@
 //! Reads [`UnitResult`]s only, never tensors, so the same verdict can be built from units
 //! compared apart.
 
-use crate::compare::{CompareRun, MatchedBy, Row, Side, UnitResult, Verdict, Why};
+use crate::compare::coverage::SideCoverage;
+use crate::compare::{CompareRun, MatchedBy, Row, Side, Sides, UnitResult, Verdict, Why};
 use crate::gate::{FailOn, EXIT_FAIL, EXIT_INCOMPLETE, EXIT_NOTHING_COMPARABLE, EXIT_PASS};
+use crate::op_key::{OpKey, Randomness};
 use crate::schema::summary::{
-    ByDirection, Counts, Finding, Findings, IncompleteUnit, PairSummary, Summary, WorstOp,
+    label_key, ByDirection, Counts, Finding, Findings, IncompleteUnit, PairSummary, RunVerdict,
+    Summary, WorstOp,
 };
 use std::collections::BTreeMap;
 
 /// How many ops `worst_ops` lists.
 const WORST_OPS: usize = 20;
 
-/// The first finding over units (units are in step, rank order).
+/// The earliest finding over units, per direction, in causal order
+/// ([`Finding::causal_key`]: step, then execution order, then rank).
 fn first_of<'a>(
     findings: impl Iterator<Item = &'a Findings>,
     pick: impl Fn(&Findings) -> &ByDirection,
@@ -22,14 +26,26 @@ fn first_of<'a>(
     let mut out = ByDirection::default();
     for f in findings {
         let b = pick(f);
-        if out.forward.is_none() {
-            out.forward = b.forward.clone();
-        }
-        if out.backward.is_none() {
-            out.backward = b.backward.clone();
+        for (slot, new) in [
+            (&mut out.forward, &b.forward),
+            (&mut out.backward, &b.backward),
+        ] {
+            if let Some(n) = new {
+                if slot
+                    .as_ref()
+                    .is_none_or(|o| n.causal_key() < o.causal_key())
+                {
+                    *slot = Some(n.clone());
+                }
+            }
         }
     }
     out
+}
+
+/// The earliest of some findings in causal order.
+fn earliest<'a>(fs: impl Iterator<Item = &'a Finding>) -> Option<&'a Finding> {
+    fs.min_by(|a, b| a.causal_key().cmp(&b.causal_key()))
 }
 
 fn finite(v: f64) -> Option<f64> {
@@ -90,42 +106,72 @@ fn pair_summary(u: &UnitResult) -> PairSummary {
         errors: count(Verdict::Error),
         warnings: count(Verdict::Warning),
         unmatched: u.unmatched.len(),
+        unmatched_fraction: u.coverage.as_ref().map(|c| c.unmatched_fraction()),
         findings: u.findings.clone(),
         regions: u.regions.clone(),
     }
 }
 
+/// Per side, the share of the compared pairs' tensors without a counterpart.
+fn unmatched_fraction(run: &CompareRun) -> Sides<f64> {
+    let mut total = Sides::new(SideCoverage::default(), SideCoverage::default());
+    for u in &run.units {
+        for (t, c) in [
+            (&mut total.bench, &u.coverage.bench),
+            (&mut total.cmp, &u.coverage.cmp),
+        ] {
+            t.tensors += c.tensors;
+            t.unmatched += c.unmatched;
+        }
+    }
+    total.map(|c| c.unmatched_fraction())
+}
+
 /// Builds the summary of a compare; `outputs` is left empty for the caller to fill.
-pub fn summarize(run: &CompareRun, fail_on: FailOn) -> Summary {
+/// `max_unmatched` is the largest share of a side's tensors in a step/rank pair that may
+/// lack a counterpart before the comparison counts as incomplete.
+pub fn summarize(run: &CompareRun, fail_on: FailOn, max_unmatched: f64) -> Summary {
     let c = counts(run);
-    let verdict = if c.error > 0 {
+    // The worst verdict of what was compared (unmatched tensors are a warning).
+    let compared = if c.error > 0 {
         Verdict::Error
     } else if c.warning > 0 || c.unmatched_bench + c.unmatched_cmp > 0 {
         Verdict::Warning
     } else {
         Verdict::Pass
     };
-    let incomplete = incomplete_units(run);
+    let incomplete = incomplete_units(run, max_unmatched);
+    // Precedence (docs/compare.md, "Exit codes"): nothing comparable, then the gate on
+    // what was compared (a divergence is reported however little was compared), then an
+    // incomplete comparison, then a pass.
     let exit_code = if c.tensors == 0 {
         EXIT_NOTHING_COMPARABLE
-    } else if fail_on.fails(verdict) {
+    } else if fail_on.fails(compared) {
         EXIT_FAIL
     } else if !incomplete.is_empty() {
         EXIT_INCOMPLETE
     } else {
         EXIT_PASS
     };
+    let verdict = match compared {
+        Verdict::Error => RunVerdict::Error,
+        _ if !incomplete.is_empty() => RunVerdict::Incomplete,
+        Verdict::Warning => RunVerdict::Warning,
+        Verdict::Pass => RunVerdict::Pass,
+    };
     let findings = || run.units.iter().map(|u| &u.findings);
     let pairs: Vec<PairSummary> = run.units.iter().map(pair_summary).collect();
-    let mut headline = headline(verdict, &c, &pairs);
+    let mut headline = headline(compared, &c, &pairs);
     if !incomplete.is_empty() {
-        headline = incomplete_headline(headline, verdict, &c, &incomplete);
+        headline = incomplete_headline(headline, compared, &c, &incomplete);
     }
     Summary {
         format: "probe-compare-summary".into(),
-        version: 1,
+        version: 2,
         verdict,
         fail_on,
+        max_unmatched,
+        unmatched_fraction: unmatched_fraction(run),
         exit_code,
         headline,
         bench: run.bench.display().to_string(),
@@ -133,7 +179,8 @@ pub fn summarize(run: &CompareRun, fail_on: FailOn) -> Summary {
         first_divergent: first_of(findings(), |f| &f.first_divergent),
         earliest_failing: first_of(findings(), |f| &f.earliest_failing),
         external_source: first_of(findings(), |f| &f.external_source),
-        first_nonfinite: findings().find_map(|f| f.first_nonfinite.clone()),
+        first_nonfinite: earliest(findings().filter_map(|f| f.first_nonfinite.as_ref())).cloned(),
+        random_draw: first_of(findings(), |f| &f.random_draw),
         counts: c,
         pairs,
         worst_ops: worst_ops(run, WORST_OPS),
@@ -144,21 +191,98 @@ pub fn summarize(run: &CompareRun, fail_on: FailOn) -> Summary {
     }
 }
 
-/// Sort key of a `step12` / `rank3` label: its number, then the name.
-fn label_key(s: &str) -> (u64, &str) {
-    let digits: String = s.chars().filter(|c| c.is_ascii_digit()).collect();
-    (digits.parse().unwrap_or(u64::MAX), s)
+/// `n` with thousands separators (2,501).
+fn thousands(n: usize) -> String {
+    let digits = n.to_string();
+    let mut out = String::new();
+    for (i, ch) in digits.chars().enumerate() {
+        if i > 0 && (digits.len() - i).is_multiple_of(3) {
+            out.push(',');
+        }
+        out.push(ch);
+    }
+    out
+}
+
+/// The run a side names, for a headline.
+fn run_name(side: Side) -> &'static str {
+    match side {
+        Side::Bench => "the benchmark run",
+        Side::Cmp => "the comparison run",
+    }
+}
+
+/// Why a compared unit covers too little, if it does: per side whose unmatched share
+/// passes `max`, what the other side lacks. The other side *stopped early* when its records
+/// end while this side's unmatched tensors form a long tail after its last matched op
+/// (the tail alone passes `max`, and is ten times the other side's own tail): a capture
+/// that stopped, not ops that differ. Returns the side lacking something and the reason.
+fn coverage_gap(u: &UnitResult, max: f64) -> Option<(&'static str, String)> {
+    let cov = &u.coverage;
+    let mut reasons = Vec::new();
+    let mut lacking = Vec::new();
+    for (have, other) in [(Side::Bench, Side::Cmp), (Side::Cmp, Side::Bench)] {
+        let (h, o) = match have {
+            Side::Bench => (&cov.bench, &cov.cmp),
+            Side::Cmp => (&cov.cmp, &cov.bench),
+        };
+        if h.unmatched_fraction() <= max {
+            continue;
+        }
+        lacking.push(other);
+        let stopped = o.ops > 0
+            && h.tail_unmatched as f64 > max * h.tensors as f64
+            && o.tail_unmatched.saturating_mul(10) <= h.tail_unmatched;
+        reasons.push(match (&o.last_op, stopped) {
+            (Some(last), true) => format!(
+                "{}'s capture stopped after op {} ({last}); {} {} tensors have no counterpart",
+                run_name(other),
+                thousands(o.ops),
+                thousands(h.unmatched),
+                have.name()
+            ),
+            _ => format!(
+                "{} of {} {} tensors ({:.1}%) have no counterpart in {}",
+                thousands(h.unmatched),
+                thousands(h.tensors),
+                have.name(),
+                100.0 * h.unmatched_fraction(),
+                other.name()
+            ),
+        });
+    }
+    let side = match lacking.as_slice() {
+        [] => return None,
+        [one] => one.name(),
+        _ => "both",
+    };
+    Some((side, reasons.join("; ")))
 }
 
 /// Every pair not compared in full, in step/rank order: the run's (not compared at all)
-/// and the compared units' (cut short by a crash).
-fn incomplete_units(run: &CompareRun) -> Vec<IncompleteUnit> {
-    let mut v: Vec<IncompleteUnit> = run
-        .incomplete
-        .iter()
-        .chain(run.units.iter().filter_map(|u| u.incomplete.as_ref()))
-        .cloned()
-        .collect();
+/// and the compared units' (cut short by a crash, or covering too little: more than
+/// `max_unmatched` of a side's tensors without a counterpart).
+fn incomplete_units(run: &CompareRun, max_unmatched: f64) -> Vec<IncompleteUnit> {
+    let mut v: Vec<IncompleteUnit> = run.incomplete.clone();
+    for u in &run.units {
+        let gap = coverage_gap(u, max_unmatched);
+        v.extend(match (&u.incomplete, gap) {
+            (None, None) => None,
+            (Some(i), None) => Some(i.clone()),
+            (None, Some((side, reason))) => Some(IncompleteUnit {
+                step: u.step.clone(),
+                rank: u.rank.clone(),
+                side: side.to_string(),
+                compared: true,
+                reason,
+            }),
+            (Some(i), Some((side, reason))) => Some(IncompleteUnit {
+                side: if i.side == side { side } else { "both" }.to_string(),
+                reason: format!("{}; {reason}", i.reason),
+                ..i.clone()
+            }),
+        });
+    }
     v.sort_by(|a, b| {
         (label_key(&a.step), label_key(&a.rank)).cmp(&(label_key(&b.step), label_key(&b.rank)))
     });
@@ -195,7 +319,11 @@ fn incomplete_headline(
             c.unmatched_bench + c.unmatched_cmp
         )
     };
-    format!("INCOMPLETE: {what}; {n} step/rank pair(s) not compared in full: {list}")
+    // One pair: what it lacks comes first (the capture that stopped, say).
+    if let [u] = incomplete {
+        return format!("INCOMPLETE: {}/{}: {}; {what}", u.step, u.rank, u.reason);
+    }
+    format!("INCOMPLETE: {n} step/rank pair(s) not compared in full: {list}; {what}")
 }
 
 /// What a headline finding says, in order of preference at the same op.
@@ -203,6 +331,8 @@ fn incomplete_headline(
 enum Story {
     /// NaN/Inf produced from finite inputs.
     NonFinite,
+    /// A random op whose inputs agree: a different random draw.
+    Random,
     /// A failing input no captured op produced.
     Outside,
     /// A locally divergent op.
@@ -221,24 +351,45 @@ fn headline(verdict: Verdict, c: &Counts, pairs: &[PairSummary]) -> String {
             c.unmatched_bench + c.unmatched_cmp
         ),
         Verdict::Error => {
-            // The earliest step/rank with an error tells the story; later steps inherit it
-            // (a diverged update in step 0 is "different weights" in step 1).
-            let Some(p) = pairs.iter().find(|p| p.errors > 0) else {
+            // The earliest step with an error tells the story; later steps inherit it (a
+            // diverged update in step 0 is "different weights" in step 1). Within it, every
+            // rank's findings, in execution order (ranks run the same program).
+            let Some(step) = pairs
+                .iter()
+                .filter(|p| p.errors > 0)
+                .map(|p| label_key(&p.step))
+                .min()
+            else {
                 return format!("DIVERGENCE: {} tensors out of tolerance", c.error);
             };
-            let f = &p.findings;
+            let in_step: Vec<&PairSummary> = pairs
+                .iter()
+                .filter(|p| p.errors > 0 && label_key(&p.step) == step)
+                .collect();
+            let p = in_step[0];
             // The earliest finding tells the story; at the same op, NaN/Inf says most.
-            let mut cands: Vec<(Story, &Finding)> = [
-                (Story::Outside, &f.external_source.forward),
-                (Story::Local, &f.first_divergent.forward),
-                (Story::Local, &f.first_divergent.backward),
-                (Story::Outside, &f.external_source.backward),
-                (Story::NonFinite, &f.first_nonfinite),
-            ]
-            .into_iter()
-            .filter_map(|(k, x)| x.as_ref().map(|x| (k, x)))
-            .collect();
-            cands.sort_by_key(|(k, x)| (x.seq, *k));
+            let mut cands: Vec<(Story, &Finding)> = in_step
+                .iter()
+                .flat_map(|p| {
+                    let f = &p.findings;
+                    [
+                        (Story::Outside, &f.external_source.forward),
+                        (Story::Local, &f.first_divergent.forward),
+                        (Story::Local, &f.first_divergent.backward),
+                        (Story::Outside, &f.external_source.backward),
+                        (Story::NonFinite, &f.first_nonfinite),
+                        (Story::Random, &f.random_draw.forward),
+                        (Story::Random, &f.random_draw.backward),
+                    ]
+                })
+                .filter_map(|(k, x)| x.as_ref().map(|x| (k, x)))
+                .collect();
+            cands.sort_by(|(k, x), (l, y)| {
+                let (xs, _, xr) = x.causal_key();
+                let (ys, _, yr) = y.causal_key();
+                (xs, x.seq, *k, xr).cmp(&(ys, y.seq, *l, yr))
+            });
+            let f = &p.findings;
             match cands.first() {
                 Some((Story::NonFinite, x)) => format!(
                     "DIVERGENCE: NaN/Inf first produced by {} from finite inputs ({} {}/{}, tensor {})",
@@ -248,6 +399,25 @@ fn headline(verdict: Verdict, c: &Counts, pairs: &[PairSummary]) -> String {
                     x.rank,
                     x.tensor
                 ),
+                Some((Story::Random, x)) => {
+                    let what = if OpKey::parse(&x.op).randomness()
+                        == Randomness::WhenDropoutActive
+                    {
+                        "a different random draw if its dropout is active (else a faulty kernel)"
+                    } else {
+                        "a different random draw, not a faulty kernel"
+                    };
+                    format!(
+                        "DIVERGENCE from random numbers: {} ({} {}/{}, tensor {}) gets agreeing \
+                         inputs and returns different outputs: {what}; check config-check's \
+                         random category (seeds, generator states) and deterministic algorithms",
+                        x.op,
+                        x.direction.name(),
+                        x.step,
+                        x.rank,
+                        x.tensor
+                    )
+                }
                 Some((Story::Outside, e)) => format!(
                     "DIVERGENCE enters from outside the captured ops: {} (input of {}, {}/{})",
                     e.tensor, e.op, e.step, e.rank
@@ -319,4 +489,23 @@ fn worst_ops(run: &CompareRun, k: usize) -> Vec<WorstOp> {
             reason: r.judgement.reason.clone(),
         })
         .collect()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::thousands;
+
+    #[test]
+    fn counts_are_written_with_thousands_separators() {
+        let cases = [
+            (0, "0"),
+            (999, "999"),
+            (1000, "1,000"),
+            (2501, "2,501"),
+            (1234567, "1,234,567"),
+        ];
+        for (n, s) in cases {
+            assert_eq!(thousands(n), s);
+        }
+    }
 }

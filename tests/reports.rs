@@ -138,7 +138,7 @@ fn summary_json_has_the_schema_fields() {
     let t = run_demo();
     let s = summary(t.path());
     let schema: serde_json::Value = serde_json::from_str(
-        &std::fs::read_to_string(root().join("schemas/probe-compare-summary.v1.schema.json"))
+        &std::fs::read_to_string(root().join("schemas/probe-compare-summary.v2.schema.json"))
             .unwrap(),
     )
     .unwrap();
@@ -149,7 +149,7 @@ fn summary_json_has_the_schema_fields() {
         );
     }
     assert_eq!(s["format"], "probe-compare-summary");
-    assert_eq!(s["version"], 1);
+    assert_eq!(s["version"], 2);
     for k in schema["properties"]["counts"]["required"]
         .as_array()
         .unwrap()

@@ -98,7 +98,7 @@ def _compare(bench: str, cmp_: str, out: str) -> tuple[subprocess.CompletedProce
         import jsonschema
     except ImportError:
         return r, summary
-    with open(os.path.join(REPO, "schemas", "probe-compare-summary.v1.schema.json")) as fh:
+    with open(os.path.join(REPO, "schemas", "probe-compare-summary.v2.schema.json")) as fh:
         jsonschema.validate(summary, json.load(fh))
     return r, summary
 

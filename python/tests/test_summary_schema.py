@@ -1,7 +1,7 @@
 """The JSON contracts of `probe compare`, validated with a real JSON Schema validator.
 
 Runs the Rust binary on the bundled demo pair and on an identical pair, and checks that
-`summary.json` follows `schemas/probe-compare-summary.v1.schema.json`, and that the demo's
+`summary.json` follows `schemas/probe-compare-summary.v2.schema.json`, and that the demo's
 dump files follow the dump schemas.
 """
 
@@ -36,7 +36,7 @@ def test_summary_follows_its_schema(tmp_path: Path, cmp_side: str) -> None:
     )
     assert proc.returncode == (1 if cmp_side == "cmp" else 0), proc.stderr
     summary = json.loads((out / "summary.json").read_text())
-    jsonschema.validate(summary, _schema("probe-compare-summary.v1.schema.json"))
+    jsonschema.validate(summary, _schema("probe-compare-summary.v2.schema.json"))
     assert summary["exit_code"] == proc.returncode
 
 

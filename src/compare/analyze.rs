@@ -4,7 +4,8 @@
 //! The first row that fails is usually downstream of the real cause. An op is *locally
 //! divergent* when its outputs break tolerance while everything it consumed agrees:
 //! - all of its inputs (tensors it consumed, weights included) are within tolerance, and
-//! - an output is an error, or its inputs are identical and an output is past the warning
+//! - an output is an error, or its inputs are equal (bitwise, or every statistic in
+//!   statistics mode: [`super::judge::Equality`]) and an output is past the warning
 //!   threshold (with equal inputs even a small difference is far beyond rounding), and
 //! - its output error is more than `local_gain` times its largest input error (otherwise it
 //!   only carries or mildly amplifies inherited error).
@@ -19,8 +20,11 @@
 //! captured ops (weights, data, random draws): reported as such. The first NaN/Inf producer
 //! is the earliest op with finite inputs and new non-finite outputs.
 
+use super::judge::Equality;
+use super::tolerance::loosest;
 use super::{Row, Tolerances, Verdict};
 use crate::dump::{Direction, Role};
+use crate::op_key::Randomness;
 use crate::schema::summary::{Finding, Findings};
 use std::collections::{BTreeMap, HashMap};
 
@@ -64,8 +68,12 @@ pub fn evidence_line(r: &Row) -> String {
     } else if t.stat_diff.is_some() {
         s += &format!(" stat_err={:.3e}", j.err);
     }
-    if j.err == 0.0 && j.verdict == Verdict::Pass {
-        s += " (identical)";
+    // "identical" only where the data was seen to be equal: a pass within atol, or equal
+    // statistics, is not.
+    match r.equality() {
+        Some(Equality::Bitwise) => s += " (identical)",
+        Some(Equality::Statistics) => s += " (statistics equal)",
+        None => {}
     }
     if !j.reason.is_empty() {
         s += &format!(": {}", j.reason);
@@ -101,6 +109,105 @@ fn worst<'a>(rows: impl Iterator<Item = &'a &'a Row>) -> Option<&'a Row> {
             .then(x.err.total_cmp(&y.err))
             .then(b.tensor.op.seq.cmp(&a.tensor.op.seq))
     })
+}
+
+/// The benchmark side's scale of a tensor: max(|max|, |min|, norm/√n) from its statistics,
+/// else ‖b‖/√n from the metrics of full tensors.
+fn bench_scale(r: &Row) -> Option<f64> {
+    let t = &r.tensor;
+    let root_n = (t.sides.bench.numel().max(1) as f64).sqrt();
+    if let Some(s) = &t.sides.bench.stats {
+        let v = [
+            s.max.map(f64::abs),
+            s.min.map(f64::abs),
+            s.norm.map(|n| n / root_n),
+        ]
+        .into_iter()
+        .flatten()
+        .filter(|v| v.is_finite())
+        .reduce(f64::max);
+        if v.is_some() {
+            return v;
+        }
+    }
+    t.metrics.map(|m| m.norm_b / root_n)
+}
+
+/// The largest absolute difference of a pair that was measured: max|c − b| of full
+/// tensors, else the largest difference of max, min, mean and norm/√n.
+fn abs_diff(r: &Row) -> Option<f64> {
+    let t = &r.tensor;
+    if let Some(m) = &t.metrics {
+        return Some(m.max_abs);
+    }
+    let d = t.stat_diff.as_ref()?;
+    let root_n = (t.sides.bench.numel().max(1) as f64).sqrt();
+    [
+        d.max_diff,
+        d.min_diff,
+        d.mean_diff,
+        d.norm_diff.map(|x| x / root_n),
+    ]
+    .into_iter()
+    .flatten()
+    .map(f64::abs)
+    .reduce(f64::max)
+}
+
+/// Whether an output is rounding noise of the op's inputs: the benchmark's own value is no
+/// larger than the rounding its precision leaves of a sum over the inputs
+/// (k·ε_bench·s_in, with s_in the largest input scale and k the input elements per output
+/// element), and the difference no larger than that at the judged precision. Such a
+/// tensor is mathematically zero — the bias gradient of a convolution followed by a
+/// normalisation — and its relative error (1e-4 against 3e-8 is "5e3") says nothing about
+/// the op: it is never the output that names a culprit.
+fn rounding_noise(out: &Row, inputs: &[&&Row]) -> bool {
+    let t = &out.tensor;
+    let float = |d: &crate::dtype::AnyDType| d.known().filter(|d| d.is_float());
+    let Some(bench) = float(&t.sides.bench.dtype) else {
+        return false;
+    };
+    let judged = [float(&t.sides.cmp.dtype), out.judgement.precision]
+        .into_iter()
+        .flatten()
+        .fold(bench, loosest);
+    let (Some(eb), Some(ej)) = (bench.epsilon(), judged.epsilon()) else {
+        return false;
+    };
+    let s_in = inputs
+        .iter()
+        .filter_map(|r| bench_scale(r))
+        .fold(0.0f64, f64::max);
+    let n_in = inputs
+        .iter()
+        .map(|r| r.tensor.sides.bench.numel())
+        .max()
+        .unwrap_or(0);
+    let k = (n_in as f64 / t.sides.bench.numel().max(1) as f64).max(1.0);
+    let (Some(scale), Some(diff)) = (bench_scale(out), abs_diff(out)) else {
+        return false;
+    };
+    s_in > 0.0 && scale <= k * eb * s_in && diff <= k * ej * s_in
+}
+
+/// Why a random op whose inputs agree and whose outputs differ is no culprit.
+fn random_explanation(r: Randomness, consumed: &str) -> String {
+    let check = "check config-check's random category (seeds, generator states) and \
+                 deterministic algorithms (torch.use_deterministic_algorithms), or compare \
+                 with the random op off";
+    match r {
+        Randomness::WhenDropoutActive => format!(
+            "what it consumed agrees on both sides ({consumed}), yet its outputs differ. It draws random \
+             numbers when its dropout is active (dropout_p > 0, keep_prob < 1; the dump does \
+             not record which): then this is a different random draw, not a faulty kernel — \
+             {check}; with dropout off, the error is local to this op"
+        ),
+        _ => format!(
+            "what it consumed agrees on both sides ({consumed}), yet its outputs differ: it draws random \
+             numbers, so this is a different random draw (another seed or generator state), \
+             not a faulty kernel — {check}"
+        ),
+    }
 }
 
 /// Localises one unit. `rows` must be in execution order (as the judge hands them on).
@@ -178,7 +285,11 @@ pub fn localize(
                 break;
             }
             let inputs: Vec<&&Row> = g.iter().filter(|r| is_input(r)).collect();
-            let outputs: Vec<&&Row> = g.iter().filter(|r| is_output(r)).collect();
+            // Outputs that are rounding noise of the inputs cannot show a local error.
+            let outputs: Vec<&&Row> = g
+                .iter()
+                .filter(|r| is_output(r) && !rounding_noise(r, &inputs))
+                .collect();
             if outputs.is_empty() || inputs.iter().any(|r| fails(r)) {
                 continue;
             }
@@ -190,8 +301,14 @@ pub fn localize(
                 .forward_twin()
                 .and_then(|k| by_key.get(k.as_str()))
                 .map_or(&[], |fg| fg.as_slice());
-            let identical =
-                inputs.iter().all(|r| r.identical()) && saved.iter().all(|r| r.identical());
+            // The weakest equality among everything it consumed (None: some differ).
+            let equal = inputs
+                .iter()
+                .copied()
+                .chain(saved.iter())
+                .map(|r| r.equality())
+                .try_fold(Equality::Bitwise, |acc, e| e.map(|e| acc.min(e)));
+            let identical = equal.is_some();
             let Some(out) = worst(outputs.iter().copied()) else {
                 continue;
             };
@@ -222,14 +339,40 @@ pub fn localize(
                     saved.len()
                 )
             };
+            let randomness = g[0].tensor.op.key.randomness();
+            if randomness != Randomness::None {
+                // Agreeing inputs, differing outputs, and the op draws random numbers: a
+                // different draw, not a faulty kernel. Not the culprit; look on.
+                let slot = f.random_draw.slot(dir);
+                if slot.is_none() {
+                    *slot = Some(finding(
+                        &at,
+                        g,
+                        out,
+                        random_explanation(randomness, &consumed),
+                    ));
+                }
+                continue;
+            }
+            // Nothing it consumed is on record (a parameters_grad record): nothing shows
+            // that the difference starts here rather than in what computed it.
+            if inputs.is_empty() && saved.is_empty() && !tols.blame_without_inputs {
+                continue;
+            }
             let expl = if inputs.is_empty() && saved.is_empty() {
                 format!(
-                    "its output {} is out of tolerance and it has no recorded inputs",
+                    "its output {} is out of tolerance and it has no recorded inputs \
+                     (named because blame_without_inputs is set)",
                     out.tensor.name
                 )
             } else if identical {
+                let how = if equal == Some(Equality::Bitwise) {
+                    "are identical on both sides"
+                } else {
+                    "have equal statistics on both sides"
+                };
                 format!(
-                    "all {consumed} are identical on both sides, yet output {} differs \
+                    "all {consumed} {how}, yet output {} differs \
                      (error {:.3e}): the error is local to this op",
                     out.tensor.name, out.judgement.err
                 )
@@ -252,7 +395,11 @@ pub fn localize(
             found = true;
             break;
         }
-        if !found && !inherited && f.external_source.slot(dir).is_none() {
+        if !found
+            && !inherited
+            && f.external_source.slot(dir).is_none()
+            && f.random_draw.slot(dir).is_none()
+        {
             f.drift.push(dir);
         }
     }

@@ -1,8 +1,9 @@
 //! Judge: every verdict rule on one page.
 //!
 //! - **Which tolerance**: the less precise float of the two dtypes, loosened further by the
-//!   *precision floor*: the least precise float dtype met so far in the unit's execution
-//!   order (tensors computed after a bf16 op carry bf16 rounding whatever their own dtype).
+//!   *precision floor*: the least precise float dtype met so far in the rank's execution
+//!   order (tensors computed after a bf16 op carry bf16 rounding whatever their own dtype),
+//!   earlier steps' backward phases included (their updates carry it into the weights).
 //!   Per-op overrides come from the tolerance table ([`super::tolerance`]).
 //! - **Full tensors** are judged by their relative L2 error (‖c − b‖ − atol·√n) / ‖b‖
 //!   (robust to the reordering of float sums that any two devices do; forgiving `atol` per
@@ -20,7 +21,7 @@ use super::measure::{CompareKind, Measured, Measurement};
 use super::tolerance::{loosest, Tol, Tolerances};
 use super::Sides;
 use crate::dtype::DType;
-use crate::dump::{Stats, TensorRec};
+use crate::dump::{Direction, Stats, TensorRec};
 use rayon::prelude::*;
 use serde::{Deserialize, Serialize};
 
@@ -75,10 +76,42 @@ pub struct Row {
     pub judgement: Judgement,
 }
 
+/// How far the two sides of a pair are known to agree, when no difference was measured at
+/// all. The words differ because the evidence does: equal statistics say nothing about the
+/// elements (a permutation, or a sign flip that cancels in the mean, keeps them).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord)]
+pub enum Equality {
+    /// Every recorded statistic is equal; the elements themselves were not compared.
+    Statistics,
+    /// The data is equal: every element (tensor mode) or the checksums.
+    Bitwise,
+}
+
 impl Row {
-    /// Bitwise (or statistically) identical on both sides.
+    /// Whether, and how surely, the two sides are equal. None when any difference was
+    /// measured, even one within tolerance (`atol` forgives a difference, it does not make
+    /// the data equal: a pass with `rel_l2 = 2e-3` is not "identical").
+    pub fn equality(&self) -> Option<Equality> {
+        let (t, j) = (&self.tensor, &self.judgement);
+        if j.verdict != Verdict::Pass {
+            return None;
+        }
+        match t.kind {
+            CompareKind::Tensor => t
+                .metrics
+                .filter(|m| m.euclid == 0.0 && m.nonfinite_mismatch == 0)
+                .map(|_| Equality::Bitwise),
+            CompareKind::Checksum if t.checksum_equal == Some(true) => Some(Equality::Bitwise),
+            CompareKind::Checksum | CompareKind::Statistics => {
+                (j.raw_err == 0.0).then_some(Equality::Statistics)
+            }
+            CompareKind::None => None,
+        }
+    }
+
+    /// Bitwise equal on both sides: every element, or the checksums.
     pub fn identical(&self) -> bool {
-        self.judgement.raw_err == 0.0 && self.judgement.verdict == Verdict::Pass
+        self.equality() == Some(Equality::Bitwise)
     }
 }
 
@@ -106,23 +139,33 @@ fn grade(err: f64, max_abs_scaled: f64, tol: &Tol, what: &str, dtype: &str) -> (
 }
 
 /// The precision floor: the least precise float dtype of either side met so far in the
-/// unit's execution order (forward first, then backward, which reuses the forward's
-/// activations).
+/// rank's execution order (forward first, then backward, which reuses the forward's
+/// activations), starting from the floor an earlier step of the same rank left: its
+/// weights and optimizer state were updated from gradients of that precision.
 #[derive(Debug, Clone, Copy, Default, PartialEq)]
-struct PrecisionFloor(Option<DType>);
+struct PrecisionFloor {
+    /// The floor in force.
+    floor: Option<DType>,
+    /// The floor this unit's own tensors set (None: only the carried floor so far).
+    own: Option<DType>,
+}
 
 impl PrecisionFloor {
-    /// The floor after `m`, which is also the floor `m` is judged under.
-    fn after(&mut self, t: Sides<&TensorRec>) -> Option<DType> {
+    /// The floor after `m`, which is also the floor `m` is judged under, and whether it
+    /// comes from an earlier step only.
+    fn after(&mut self, t: Sides<&TensorRec>) -> (Option<DType>, bool) {
         let (b, c) = (t.bench, t.cmp);
         for d in [b.dtype.known(), c.dtype.known()]
             .into_iter()
             .flatten()
             .filter(|d| d.is_float())
         {
-            self.0 = Some(self.0.map_or(d, |f| loosest(f, d)));
+            self.floor = Some(self.floor.map_or(d, |f| loosest(f, d)));
+            self.own = Some(self.own.map_or(d, |f| loosest(f, d)));
         }
-        self.0
+        // The floor is the looser of the carried one and this unit's own: when it differs
+        // from the own, it came from an earlier step.
+        (self.floor, self.floor.is_some() && self.floor != self.own)
     }
 }
 
@@ -146,12 +189,14 @@ fn nonfinite_mismatch(b: Option<&Stats>, c: Option<&Stats>) -> Option<String> {
 }
 
 /// Judges one pair, read from its two records (`op` and `name` are the comparison
-/// side's), under the precision floor `precision`.
+/// side's), under the precision floor `precision` (`carried`: set by an earlier step of
+/// the rank, not by this one's ops).
 pub fn judge(
     op: &str,
     t: Sides<&TensorRec>,
     m: &Measurement,
     precision: Option<DType>,
+    carried: bool,
     tols: &Tolerances,
 ) -> Judgement {
     let (sb, sc) = (t.bench, t.cmp);
@@ -162,7 +207,11 @@ pub fn judge(
         if o.is_float() && loosest(o, p) != o {
             db = db.map(|d| loosest(d, p));
             dc = dc.map(|d| loosest(d, p));
-            dname = format!("{o}, after {p} ops");
+            dname = if carried {
+                format!("{o}, after {p} updates in an earlier step")
+            } else {
+                format!("{o}, after {p} ops")
+            };
         }
     }
     let tol = tols.lookup(op, &sc.name, db, dc);
@@ -242,28 +291,40 @@ pub fn judge(
     }
 }
 
-/// Judges a unit's measured pairs (in execution order, in parallel), keeping their order.
-/// The records then move from the alignment's dumps into the rows; the unmatched tensors
-/// come along.
+/// Judges a unit's measured pairs (in execution order, in parallel), keeping their order,
+/// starting from the precision floor `carried` that the rank's earlier steps left. The
+/// records then move from the alignment's dumps into the rows; the unmatched tensors come
+/// along. Also returns the floor to carry into the rank's next step: the floor at the end
+/// of this unit when it has a backward phase (its update used gradients of that
+/// precision), else `carried` (a forward-only step changes no weight).
 pub fn judge_all(
     a: Alignment,
     measurements: Vec<Measurement>,
     tols: &Tolerances,
-) -> (Vec<Row>, Vec<Unmatched>) {
-    let mut floor = PrecisionFloor::default();
-    let floors: Vec<Option<DType>> = a
+    carried: Option<DType>,
+) -> (Vec<Row>, Vec<Unmatched>, Option<DType>) {
+    let mut floor = PrecisionFloor {
+        floor: carried,
+        own: None,
+    };
+    let floors: Vec<(Option<DType>, bool)> = a
         .matches
         .iter()
         .map(|m| floor.after(a.records(m)))
         .collect();
+    let trained = a
+        .matches
+        .iter()
+        .any(|m| a.dumps.cmp.ops[m.refs.cmp.op].direction == Direction::Backward);
+    let carry_out = if trained { floor.floor } else { carried };
     let judgements: Vec<Judgement> = a
         .matches
         .par_iter()
         .zip(&measurements)
         .zip(floors)
-        .map(|((m, x), p)| {
+        .map(|((m, x), (p, from_earlier))| {
             let op = a.dumps.cmp.ops[m.refs.cmp.op].key.as_str();
-            judge(op, a.records(m), x, p, tols)
+            judge(op, a.records(m), x, p, from_earlier, tols)
         })
         .collect();
     let Alignment {
@@ -294,5 +355,5 @@ pub fn judge_all(
     // What is left of the op logs is ~a million small allocations: free them off the
     // critical path.
     rayon::spawn(move || drop(dumps));
-    (rows, unmatched)
+    (rows, unmatched, carry_out)
 }

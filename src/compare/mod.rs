@@ -14,6 +14,7 @@
 
 pub mod align;
 pub mod analyze;
+pub mod coverage;
 pub mod judge;
 pub mod mapping;
 pub mod measure;
@@ -21,6 +22,7 @@ pub mod plan;
 pub mod structural;
 pub mod tolerance;
 
+use crate::dtype::DType;
 use crate::dump;
 use crate::error::{ProbeError, Result};
 use crate::schema::summary::{Findings, IncompleteUnit};
@@ -34,7 +36,7 @@ pub use mapping::{MapRule, Mapping, MappingError};
 pub use measure::{CompareKind, Measured, Measurement, TensorSide};
 pub use plan::{Plan, Unit};
 use serde::{Deserialize, Serialize};
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, HashMap};
 use std::path::{Path, PathBuf};
 pub use structural::StructuralAligner;
 pub use tolerance::{Tolerances, Verdict};
@@ -104,6 +106,12 @@ pub struct UnitResult {
     /// what both sides hold, up to the incomplete side's last record.
     #[serde(default)]
     pub incomplete: Option<IncompleteUnit>,
+    /// How much of each side found a counterpart (`--max-unmatched`).
+    #[serde(default)]
+    pub coverage: Sides<coverage::SideCoverage>,
+    /// The precision floor this unit leaves to the rank's next step (judge.rs).
+    #[serde(default)]
+    pub floor: Option<DType>,
 }
 
 /// A whole compare: every unit, in step/rank order.
@@ -227,12 +235,15 @@ impl Default for Options {
 }
 
 /// Compares one unit from its two op logs (already read): align, measure, judge, analyze.
+/// `floor` is the precision floor the rank's earlier steps left (`UnitResult::floor` of
+/// the previous step; None for a first step).
 pub fn compare_unit(
     unit: &Unit,
     dumps: Sides<dump::RankDump>,
     opts: &Options,
     caches: &Sides<ShardCache>,
     progress: &(dyn Fn(Progress) + Sync),
+    floor: Option<DType>,
 ) -> Result<UnitResult> {
     let mut dumps = dumps;
     if opts.level != Level::Mix {
@@ -247,6 +258,7 @@ pub fn compare_unit(
     let stacks = std::mem::take(&mut dumps.cmp.stacks);
     let alignment = opts.aligner.align(dumps);
     let regions = alignment.regions.clone();
+    let coverage = coverage::of(&alignment);
     let measurements = measure::measure_all(&alignment, caches, &|done, total| {
         progress(Progress::Tensors {
             step: &unit.step,
@@ -255,7 +267,8 @@ pub fn compare_unit(
             total,
         })
     })?;
-    let (rows, unmatched) = judge::judge_all(alignment, measurements, &opts.tolerances);
+    let (rows, unmatched, floor) =
+        judge::judge_all(alignment, measurements, &opts.tolerances, floor);
     let findings = analyze::localize(&rows, &stacks, &unit.step, &unit.rank, &opts.tolerances);
     Ok(UnitResult {
         step: unit.step.clone(),
@@ -269,6 +282,8 @@ pub fn compare_unit(
         findings,
         warnings,
         incomplete,
+        coverage,
+        floor,
     })
 }
 
@@ -357,6 +372,7 @@ pub fn run(
             reason: format!("in the {} only", side.name()),
         })
         .collect();
+    let mut floors: HashMap<String, Option<DType>> = HashMap::new();
     for unit in &plan.units {
         // The two sides are independent: read them at the same time.
         let (b, c) = rayon::join(
@@ -389,7 +405,10 @@ pub fn run(
             });
             continue;
         }
-        let u = compare_unit(unit, dumps, opts, &caches, progress)?;
+        // Each rank's precision floor carries into its next step (units are in step order).
+        let carried = floors.get(&unit.rank).copied().flatten();
+        let u = compare_unit(unit, dumps, opts, &caches, progress, carried)?;
+        floors.insert(unit.rank.clone(), u.floor);
         warnings.extend(u.warnings.iter().cloned());
         units.push(u);
     }

@@ -58,6 +58,7 @@ struct RawConfig {
     #[serde(default)]
     op: Vec<OpRule>,
     local_gain: Option<f64>,
+    blame_without_inputs: Option<bool>,
 }
 
 /// The tolerance table in force for a compare.
@@ -68,6 +69,11 @@ pub struct Tolerances {
     /// An op whose inputs differ is blamed only if its output error exceeds this many times
     /// its largest input error: otherwise it is carrying (or mildly amplifying) inherited error.
     pub local_gain: f64,
+    /// Whether an op with no recorded inputs (a `parameters_grad` record, a tensor
+    /// creation) can be named locally divergent. Off by default: with nothing it consumed
+    /// on record, nothing shows that the difference starts there (a parameter's gradient
+    /// is computed by the backward ops before it).
+    pub blame_without_inputs: bool,
 }
 
 fn default_tol(d: DType) -> Tol {
@@ -125,6 +131,7 @@ impl Default for Tolerances {
             by_dtype: ALL_DTYPES.iter().map(|&d| (d, default_tol(d))).collect(),
             rules: Vec::new(),
             local_gain: 10.0,
+            blame_without_inputs: false,
         }
     }
 }
@@ -191,6 +198,9 @@ impl Tolerances {
                 return Err(bad(format!("local_gain {g} must be at least 1")));
             }
             t.local_gain = g;
+        }
+        if let Some(b) = raw.blame_without_inputs {
+            t.blame_without_inputs = b;
         }
         Ok(t)
     }

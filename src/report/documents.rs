@@ -88,6 +88,13 @@ fn findings<'a>(
         .collect()
 }
 
+/// Findings in causal order (step, execution order, rank; the listed order at the same
+/// place): a later step's consequence never comes before an earlier step's cause.
+fn causal(mut v: Vec<(String, Finding)>) -> Vec<(String, Finding)> {
+    v.sort_by(|(_, a), (_, b)| a.causal_key().cmp(&b.causal_key()));
+    v
+}
+
 impl Document for CompareDocument<'_> {
     fn stem(&self) -> &'static str {
         "compare"
@@ -114,27 +121,40 @@ impl Document for CompareDocument<'_> {
             ),
             (
                 "only in bench / only in cmp",
-                format!("{} / {}", c.unmatched_bench, c.unmatched_cmp),
+                format!(
+                    "{} / {} ({:.1}% / {:.1}% of each side's tensors; at most {:.1}% allowed)",
+                    c.unmatched_bench,
+                    c.unmatched_cmp,
+                    100.0 * s.unmatched_fraction.bench,
+                    100.0 * s.unmatched_fraction.cmp,
+                    100.0 * s.max_unmatched
+                ),
             ),
         ];
         Overview {
-            verdict: s.verdict,
+            verdict: s.verdict.severity(),
             headline: s.headline.clone(),
             facts: facts.into_iter().map(|(k, v)| (k.to_string(), v)).collect(),
-            findings: findings([
+            findings: causal(findings([
                 (
                     "divergence enters from outside (forward)",
                     &s.external_source.forward,
                 ),
                 ("first divergent op (forward)", &s.first_divergent.forward),
                 ("first divergent op (backward)", &s.first_divergent.backward),
+                (
+                    "divergence enters from outside (backward)",
+                    &s.external_source.backward,
+                ),
                 ("first NaN/Inf producer", &s.first_nonfinite),
+                ("different random draw (forward)", &s.random_draw.forward),
+                ("different random draw (backward)", &s.random_draw.backward),
                 ("earliest failing op (forward)", &s.earliest_failing.forward),
                 (
                     "earliest failing op (backward)",
                     &s.earliest_failing.backward,
                 ),
-            ]),
+            ])),
             worst_ops: s.worst_ops.clone(),
             ops,
             ops_left_out,

@@ -1,8 +1,7 @@
 //! The short human summary printed on stdout.
 
-use crate::compare::Verdict;
 use crate::scan::ScanSummary;
-use crate::schema::summary::{Finding, Summary};
+use crate::schema::summary::{Finding, RunVerdict, Summary};
 
 /// A finding: title, op, explanation, up to 8 lines of evidence, the innermost frame.
 fn show(out: &mut String, title: &str, f: &Finding) {
@@ -74,19 +73,37 @@ pub fn terminal_summary(s: &Summary) -> String {
         "  {} tensors in {} ops ({} step/rank pairs): {} pass, {} warning, {} error; unmatched: {} bench-only, {} cmp-only\n",
         c.tensors, c.ops, c.pairs, c.pass, c.warning, c.error, c.unmatched_bench, c.unmatched_cmp
     );
-    if let Some(f) = &s.external_source.forward {
-        show(&mut out, "  divergence enters from outside (forward)", f);
+    // In causal order (step, execution order, rank): a later step's consequences never
+    // come before an earlier step's cause. At the same place, in the order listed.
+    let mut list: Vec<(&str, &Finding)> = [
+        (
+            "  divergence enters from outside (forward)",
+            &s.external_source.forward,
+        ),
+        ("  first divergent op (forward)", &s.first_divergent.forward),
+        (
+            "  first divergent op (backward)",
+            &s.first_divergent.backward,
+        ),
+        (
+            "  divergence enters from outside (backward)",
+            &s.external_source.backward,
+        ),
+        ("  first NaN/Inf producer", &s.first_nonfinite),
+        ("  different random draw (forward)", &s.random_draw.forward),
+        (
+            "  different random draw (backward)",
+            &s.random_draw.backward,
+        ),
+    ]
+    .into_iter()
+    .filter_map(|(t, f)| f.as_ref().map(|f| (t, f)))
+    .collect();
+    list.sort_by(|(_, a), (_, b)| a.causal_key().cmp(&b.causal_key()));
+    for (title, f) in list {
+        show(&mut out, title, f);
     }
-    if let Some(f) = &s.first_divergent.forward {
-        show(&mut out, "  first divergent op (forward)", f);
-    }
-    if let Some(f) = &s.first_divergent.backward {
-        show(&mut out, "  first divergent op (backward)", f);
-    }
-    if let Some(f) = &s.first_nonfinite {
-        show(&mut out, "  first NaN/Inf producer", f);
-    }
-    if s.verdict == Verdict::Error && s.first_divergent.forward.is_none() {
+    if s.verdict == RunVerdict::Error && s.first_divergent.forward.is_none() {
         if let Some(f) = &s.earliest_failing.forward {
             out += &format!("  earliest failing op (forward): {} ({})\n", f.op, f.reason);
         }

@@ -4,7 +4,7 @@
 //!
 //! - [`dump`]: the probe dump format v1 (`manifest.json`, `ops.jsonl`, `stacks.jsonl`;
 //!   `schemas/probe-dump-*.v1.schema.json`).
-//! - [`summary`]: `summary.json` of a compare (`schemas/probe-compare-summary.v1.schema.json`).
+//! - [`summary`]: `summary.json` of a compare (`schemas/probe-compare-summary.v2.schema.json`).
 //! - [`scan`]: `summary.json` of a scan (`schemas/probe-scan-summary.v1.schema.json`).
 
 pub mod dump;

@@ -1,11 +1,49 @@
-//! `summary.json` of a compare (`schemas/probe-compare-summary.v1.schema.json`): the
+//! `summary.json` of a compare (`schemas/probe-compare-summary.v2.schema.json`): the
 //! machine-readable verdict CI gates on, and the findings of the localiser it contains.
 
-use crate::compare::Verdict;
+use crate::compare::{Sides, Verdict};
 use crate::gate::FailOn;
 use crate::op_key::Direction;
 use serde::{Deserialize, Serialize};
 use std::collections::BTreeMap;
+
+/// The verdict of a whole compare: the worst tensor verdict, or `incomplete` when what was
+/// compared does not cover the runs (docs/compare.md, "Exit codes").
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum RunVerdict {
+    /// Every compared tensor within tolerance, and the comparison complete.
+    Pass,
+    /// Warnings or unmatched tensors, nothing out of tolerance, the comparison complete.
+    Warning,
+    /// Some tensor out of tolerance (whether or not the comparison is complete).
+    Error,
+    /// Nothing out of tolerance in what was compared, but the comparison is incomplete:
+    /// step/rank pairs not compared in full, or more than `--max-unmatched` of a side's
+    /// tensors without a counterpart.
+    Incomplete,
+}
+
+impl RunVerdict {
+    /// The name used in reports.
+    pub fn name(self) -> &'static str {
+        match self {
+            RunVerdict::Pass => "pass",
+            RunVerdict::Warning => "warning",
+            RunVerdict::Error => "error",
+            RunVerdict::Incomplete => "incomplete",
+        }
+    }
+
+    /// How a report colours it: an incomplete comparison is a warning, not a pass.
+    pub fn severity(self) -> Verdict {
+        match self {
+            RunVerdict::Pass => Verdict::Pass,
+            RunVerdict::Warning | RunVerdict::Incomplete => Verdict::Warning,
+            RunVerdict::Error => Verdict::Error,
+        }
+    }
+}
 
 /// A named op with the evidence for naming it.
 #[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]
@@ -30,6 +68,26 @@ pub struct Finding {
     pub evidence: Vec<String>,
     /// The op's call stack, outermost frame first.
     pub stack: Vec<String>,
+}
+
+/// Sort key of a `step12` / `rank3` / `proc456` label: its number, then the name (so that
+/// `step2` comes before `step10`).
+pub fn label_key(s: &str) -> (u64, &str) {
+    let digits: String = s.chars().filter(|c| c.is_ascii_digit()).collect();
+    (digits.parse().unwrap_or(u64::MAX), s)
+}
+
+/// The causal order of findings over units: earlier step first (a later step inherits an
+/// earlier step's divergence: its weights were updated from it), then execution order
+/// within the step, then rank. Ranks run the same program, so the same sequence number is
+/// about the same moment on each.
+pub type CausalKey<'a> = ((u64, &'a str), u64, (u64, &'a str));
+
+impl Finding {
+    /// Where this finding sits in the causal order ([`CausalKey`]).
+    pub fn causal_key(&self) -> CausalKey<'_> {
+        (label_key(&self.step), self.seq, label_key(&self.rank))
+    }
 }
 
 /// Per-direction findings.
@@ -64,6 +122,11 @@ pub struct Findings {
     pub first_nonfinite: Option<Finding>,
     /// Errors exist in this direction but no op is locally divergent: accumulated drift.
     pub drift: Vec<Direction>,
+    /// The first op that draws random numbers (dropout, `rand*`, ...) whose inputs agree
+    /// and whose outputs differ, per phase: a different random draw, never named in
+    /// `first_divergent`.
+    #[serde(default)]
+    pub random_draw: ByDirection,
 }
 
 /// Tensor counts over the whole compare.
@@ -119,6 +182,8 @@ pub struct PairSummary {
     pub warnings: usize,
     /// Tensors on one side only.
     pub unmatched: usize,
+    /// Per side, the share of its tensors in this pair without a counterpart.
+    pub unmatched_fraction: Sides<f64>,
     /// What the localiser found.
     pub findings: Findings,
     /// Stretches whose code paths differ, compared at their boundary tensors.
@@ -168,12 +233,17 @@ pub struct IncompleteUnit {
 pub struct Summary {
     /// Always `probe-compare-summary`.
     pub format: String,
-    /// Schema version: 1.
+    /// Schema version: 2 (1 had no `incomplete` verdict and no unmatched fractions).
     pub version: u32,
-    /// The worst verdict of the compare.
-    pub verdict: Verdict,
+    /// The verdict of the compare.
+    pub verdict: RunVerdict,
     /// The level at which the gate fails.
     pub fail_on: FailOn,
+    /// The largest share of a side's tensors (in the whole compare, or in one step/rank
+    /// pair) that may lack a counterpart before the comparison is incomplete.
+    pub max_unmatched: f64,
+    /// Per side, the share of its compared pairs' tensors without a counterpart.
+    pub unmatched_fraction: Sides<f64>,
     /// The exit status of `probe compare`.
     pub exit_code: u8,
     /// One line that tells the story.
@@ -192,6 +262,8 @@ pub struct Summary {
     pub external_source: ByDirection,
     /// The first NaN/Inf producer.
     pub first_nonfinite: Option<Finding>,
+    /// The first op whose different output is a different random draw, per phase.
+    pub random_draw: ByDirection,
     /// Every pair with its findings.
     pub pairs: Vec<PairSummary>,
     /// The ops with the worst verdicts and errors.

@@ -1,7 +1,8 @@
 //! Helpers shared by the integration tests: run the real `probe` binary on real files.
 #![allow(dead_code)]
 
-use probe::schema::dump::{ManifestRecord, OpRecord};
+use probe::dump::OpKey;
+use probe::schema::dump::{ManifestRecord, OpRecord, Stat, StatsRecord, TensorRecord};
 use std::path::{Path, PathBuf};
 use std::process::Command;
 
@@ -108,7 +109,13 @@ pub fn copy_dir(from: &Path, to: &Path) {
 /// Writes a one-rank statistics dump (manifest and `step0/rank0/ops.jsonl`) from op
 /// records, numbering them in order: the dump format's own types, as every writer uses.
 pub fn write_op_log(dir: &Path, records: Vec<OpRecord>) {
-    let rank = dir.join("step0/rank0");
+    write_op_log_at(dir, "step0", "rank0", "statistics", records);
+}
+
+/// Writes `dir/manifest.json` (mode `mode`) and `dir/<step>/<rank>/ops.jsonl` from op
+/// records, numbering them in order.
+pub fn write_op_log_at(dir: &Path, step: &str, rank: &str, mode: &str, records: Vec<OpRecord>) {
+    let rank = dir.join(step).join(rank);
     std::fs::create_dir_all(&rank).unwrap();
     let manifest = ManifestRecord {
         created: "2026-01-01T00:00:00Z".into(),
@@ -117,7 +124,7 @@ pub fn write_op_log(dir: &Path, records: Vec<OpRecord>) {
         framework: "pytorch".into(),
         framework_version: None,
         level: "api".into(),
-        mode: "statistics".into(),
+        mode: mode.into(),
         overflow: None,
         producer: None,
         version: 1,
@@ -134,4 +141,99 @@ pub fn write_op_log(dir: &Path, records: Vec<OpRecord>) {
         text.push('\n');
     }
     std::fs::write(rank.join("ops.jsonl"), text).unwrap();
+}
+
+/// Statistics of float values as the agent records them (max, min, mean, L2 norm).
+pub fn stats_of(values: &[f32]) -> StatsRecord {
+    let v: Vec<f64> = values.iter().map(|&x| x as f64).collect();
+    let n = v.len().max(1) as f64;
+    StatsRecord {
+        max: Stat(v.iter().copied().reduce(f64::max)),
+        min: Stat(v.iter().copied().reduce(f64::min)),
+        mean: Stat(Some(v.iter().sum::<f64>() / n)),
+        norm: Stat(Some(v.iter().map(|x| x * x).sum::<f64>().sqrt())),
+        nan: Some(0),
+        inf: Some(0),
+    }
+}
+
+/// A float32 tensor of an op: (slot, role, values), e.g. `("input.0", "input", vec![1.0])`.
+pub type Tensor<'a> = (&'a str, &'a str, Vec<f32>);
+
+/// An API op record of `key` (direction from the key) with float32 [`Tensor`]s: statistics
+/// computed from the values, no data (see [`write_tensor_log`] for data).
+pub fn op_record(key: &str, tensors: &[Tensor]) -> OpRecord {
+    OpRecord {
+        direction: OpKey::parse(key).direction().name().into(),
+        kind: "api".into(),
+        module: None,
+        op: key.into(),
+        recompute: false,
+        seq: 0,
+        stack: None,
+        tensors: tensors
+            .iter()
+            .map(|(slot, role, values)| TensorRecord {
+                checksum: None,
+                dtype: "float32".into(),
+                file: None,
+                data_offsets: None,
+                id: None,
+                name: format!("{key}.{slot}"),
+                role: (*role).into(),
+                shape: vec![values.len()],
+                src: None,
+                stats: Some(stats_of(values)),
+            })
+            .collect(),
+    }
+}
+
+/// A tensor-mode dump of one rank: every float32 tensor of `ops` (built by [`op_record`]
+/// from the same values) gets its data in `tensors-00000.safetensors`.
+pub fn write_tensor_log(dir: &Path, ops: &[(&str, Vec<Tensor>)]) {
+    let shard = "tensors-00000.safetensors";
+    let mut data: Vec<(String, Vec<u8>, Vec<usize>)> = Vec::new();
+    let records = ops
+        .iter()
+        .map(|(key, ts)| {
+            let mut r = op_record(key, ts);
+            for (t, (_, _, values)) in r.tensors.iter_mut().zip(ts) {
+                t.file = Some(shard.into());
+                let bytes = values.iter().flat_map(|x| x.to_le_bytes()).collect();
+                data.push((t.name.clone(), bytes, t.shape.clone()));
+            }
+            r
+        })
+        .collect();
+    write_op_log_at(dir, "step0", "rank0", "tensor", records);
+    let views: Vec<(String, safetensors::tensor::TensorView)> = data
+        .iter()
+        .map(|(n, b, s)| {
+            let v = safetensors::tensor::TensorView::new(safetensors::Dtype::F32, s.clone(), b)
+                .unwrap();
+            (n.clone(), v)
+        })
+        .collect();
+    let bytes = safetensors::serialize(views, None).unwrap();
+    std::fs::write(dir.join("step0/rank0").join(shard), bytes).unwrap();
+}
+
+/// Every evidence line of every finding in a summary (top level and per pair).
+pub fn evidence_lines(s: &serde_json::Value) -> Vec<String> {
+    let mut out = Vec::new();
+    let mut walk = vec![s];
+    while let Some(v) = walk.pop() {
+        match v {
+            serde_json::Value::Object(m) => {
+                if let Some(serde_json::Value::Array(ev)) = m.get("evidence") {
+                    out.extend(ev.iter().filter_map(|e| e.as_str().map(String::from)));
+                }
+                walk.extend(m.values());
+            }
+            serde_json::Value::Array(a) => walk.extend(a.iter()),
+            _ => {}
+        }
+    }
+    out
 }

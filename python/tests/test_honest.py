@@ -1,0 +1,130 @@
+"""Honest verdicts on real training runs (issue 16): examples/train_small.py, then probe compare.
+
+Each case is one way a verdict could claim more than the dumps show: a capture that stopped
+early passing, a bf16 run's carried rounding blamed on an op, a different dropout mask blamed
+on a kernel.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any
+
+from conftest import REPO, probe_bin
+
+EXIT_FAIL = 1
+EXIT_INCOMPLETE = 4
+
+
+def _train(dump: Path, *extra: str) -> None:
+    cmd = [sys.executable, os.path.join(REPO, "examples", "train_small.py"), "--dump", str(dump), "--quiet", *extra]
+    r = subprocess.run(cmd, capture_output=True, text=True, timeout=300)
+    assert r.returncode == 0, r.stderr
+
+
+def _compare(bench: Path, cmp_: Path, out: Path, *extra: str) -> tuple[subprocess.CompletedProcess[str], Any]:
+    r = subprocess.run(
+        [probe_bin(), "compare", "-b", str(bench), "-c", str(cmp_), "-o", str(out), "--format", "json", *extra],
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    assert "panicked" not in r.stderr, r.stderr
+    with open(out / "summary.json", encoding="utf-8") as fh:
+        return r, json.load(fh)
+
+
+def test_capture_stopped_after_two_ops_is_incomplete(tmp_path: Path) -> None:
+    bench, cmp_ = tmp_path / "bench", tmp_path / "cmp"
+    _train(bench, "--steps", "1")
+    _train(cmp_, "--steps", "1")
+    # A valid, shorter op log: two complete records, as a capture that stopped (not a crash:
+    # no line is cut, the op log ends at a record boundary).
+    log = cmp_ / "step0" / "rank0" / "ops.jsonl"
+    lines = log.read_text(encoding="utf-8").splitlines()
+    assert len(lines) > 100
+    log.write_text("\n".join(lines[:2]) + "\n", encoding="utf-8")
+    second = json.loads(lines[1])["op"]
+
+    r, s = _compare(bench, cmp_, tmp_path / "out")
+    assert r.returncode == EXIT_INCOMPLETE, r.stdout + r.stderr
+    assert s["verdict"] == "incomplete" and s["exit_code"] == EXIT_INCOMPLETE
+    missing = s["counts"]["unmatched_bench"]
+    assert s["counts"]["error"] == 0 and missing > 100
+    shown = f"{missing:,}"
+    assert f"the comparison run's capture stopped after op 2 ({second}); {shown} bench tensors have no counterpart" in (
+        s["headline"]
+    ), s["headline"]
+    assert s["unmatched_fraction"]["bench"] > 0.9 and s["unmatched_fraction"]["cmp"] == 0.0
+
+    # The same pair in full compares clean.
+    full = tmp_path / "full"
+    _train(full, "--steps", "1")
+    r, s = _compare(bench, full, tmp_path / "out2")
+    assert r.returncode == 0, r.stdout
+    assert s["verdict"] == "pass" and s["unmatched_fraction"] == {"bench": 0.0, "cmp": 0.0}
+
+
+def test_different_dropout_masks_are_a_random_draw(tmp_path: Path) -> None:
+    # Same seed (same weights, same data), dropout masks from different generator seeds.
+    bench, cmp_, same = tmp_path / "bench", tmp_path / "cmp", tmp_path / "same"
+    _train(bench, "--steps", "1", "--dropout", "0.1", "--dropout-seed", "1")
+    _train(cmp_, "--steps", "1", "--dropout", "0.1", "--dropout-seed", "2")
+    _train(same, "--steps", "1", "--dropout", "0.1", "--dropout-seed", "1")
+
+    r, s = _compare(bench, cmp_, tmp_path / "out")
+    assert r.returncode == EXIT_FAIL, r.stdout
+    draw = s["random_draw"]["forward"]
+    assert draw is not None and draw["op"] == "Functional.dropout.0.forward", json.dumps(s["random_draw"])
+    assert s["first_divergent"]["forward"] is None
+    assert s["external_source"]["forward"] is None
+    assert s["headline"].startswith("DIVERGENCE from random numbers: Functional.dropout.0.forward"), s["headline"]
+    assert "config-check's random category" in draw["explanation"]
+
+    # The same dropout seed: the masks agree, the runs compare clean.
+    r, s = _compare(bench, same, tmp_path / "out2")
+    assert r.returncode == 0, r.stdout
+    assert s["random_draw"] == {"forward": None, "backward": None}
+
+
+def test_dropout_flag_off_leaves_the_dump_as_it_was(tmp_path: Path) -> None:
+    plain, off = tmp_path / "plain", tmp_path / "off"
+    _train(plain, "--steps", "1")
+    _train(off, "--steps", "1", "--dropout", "0")
+    for name in ("ops.jsonl", "stacks.jsonl"):
+        a = (plain / "step0" / "rank0" / name).read_text(encoding="utf-8")
+        b = (off / "step0" / "rank0" / name).read_text(encoding="utf-8")
+        assert a == b, name
+    assert "dropout" not in (plain / "step0" / "rank0" / "ops.jsonl").read_text(encoding="utf-8")
+
+
+def test_bf16_against_fp32_over_two_steps_names_no_false_culprit(tmp_path: Path) -> None:
+    # Step 0's update in the bf16 run came from bf16 gradients: step 1's weights differ by
+    # bf16 rounding. Judged at float32 they "entered from outside"; they must not.
+    bench, cmp_ = tmp_path / "fp32", tmp_path / "bf16"
+    _train(bench, "--steps", "2")
+    _train(cmp_, "--steps", "2", "--dtype", "bfloat16")
+    r, s = _compare(bench, cmp_, tmp_path / "out")
+    assert [p["step"] for p in s["pairs"]] == ["step0", "step1"]
+    step1 = s["pairs"][1]["findings"]
+    for key in ("first_divergent", "external_source", "random_draw"):
+        assert step1[key] == {"forward": None, "backward": None}, (key, json.dumps(step1[key], indent=1))
+    assert s["first_divergent"] == {"forward": None, "backward": None}, json.dumps(s["first_divergent"], indent=1)
+    assert "outside" not in s["headline"] and "first divergent op" not in s["headline"], s["headline"]
+    # Statistics mode never saw the elements: nothing is called "identical".
+    lines = _evidence(s)
+    assert lines and not any("(identical)" in line for line in lines), lines
+
+
+def _evidence(v: Any) -> list[str]:
+    """Every evidence line of every finding in a summary."""
+    if isinstance(v, dict):
+        own = v.get("evidence", []) if isinstance(v.get("evidence"), list) else []
+        return own + [line for x in v.values() for line in _evidence(x)]
+    if isinstance(v, list):
+        return [line for x in v for line in _evidence(x)]
+    return []

@@ -1,0 +1,68 @@
+//! Coverage: how much of each side of a unit found a counterpart, and where a side's
+//! records end. The verdict reads it to refuse a comparison that covered too little
+//! (`--max-unmatched`): a capture that stopped after two ops must not pass because the two
+//! ops it has agree.
+
+use super::align::{Alignment, Side};
+use super::Sides;
+use serde::{Deserialize, Serialize};
+
+/// The coverage of one side of a unit.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct SideCoverage {
+    /// Tensors of this side that were aligned (after `-l` and a crash's cut).
+    pub tensors: usize,
+    /// Of which without a counterpart on the other side (missing: not a one-sided
+    /// recomputation, not inside a region compared at its boundary).
+    pub unmatched: usize,
+    /// Op records of this side.
+    pub ops: usize,
+    /// The key of this side's last op record.
+    pub last_op: Option<String>,
+    /// Unmatched tensors of this side in ops after its last op holding a matched tensor:
+    /// the tail the other side never reached, if the other side stopped.
+    pub tail_unmatched: usize,
+}
+
+impl SideCoverage {
+    /// The share of this side's tensors without a counterpart (0 for a side without
+    /// tensors).
+    pub fn unmatched_fraction(&self) -> f64 {
+        if self.tensors == 0 {
+            0.0
+        } else {
+            self.unmatched as f64 / self.tensors as f64
+        }
+    }
+}
+
+/// The coverage of both sides of a unit, read from its alignment (before the judge takes
+/// the records).
+pub fn of(a: &Alignment) -> Sides<SideCoverage> {
+    let mut last_matched: Sides<Option<usize>> = Sides::default();
+    for m in &a.matches {
+        let (b, c) = (m.refs.bench.op, m.refs.cmp.op);
+        last_matched.bench = last_matched.bench.max(Some(b));
+        last_matched.cmp = last_matched.cmp.max(Some(c));
+    }
+    let side = |d: &crate::dump::RankDump, who: Side, last: Option<usize>| {
+        // Recomputation and region interiors are accounted for, not missing.
+        let unmatched = a
+            .unmatched
+            .iter()
+            .filter(|u| u.side == who && u.why.missing());
+        SideCoverage {
+            tensors: d.ops.iter().map(|o| o.tensors.len()).sum(),
+            unmatched: unmatched.clone().count(),
+            ops: d.ops.len(),
+            last_op: d.ops.last().map(|o| o.key.to_string()),
+            tail_unmatched: unmatched
+                .filter(|u| last.is_none_or(|l| u.op.index > l))
+                .count(),
+        }
+    };
+    Sides::new(
+        side(&a.dumps.bench, Side::Bench, last_matched.bench),
+        side(&a.dumps.cmp, Side::Cmp, last_matched.cmp),
+    )
+}

@@ -1,0 +1,736 @@
+//! Honest verdicts (issue 16): the real binary on hand-written dumps, each case one way a
+//! verdict could claim more than the data shows.
+
+mod common;
+use common::*;
+use std::path::Path;
+
+/// One op: inputs 0 and 1, output 0, as (slot, role, values).
+fn mul_op(in0: &[f32], in1: &[f32], out: &[f32]) -> Vec<Tensor<'static>> {
+    vec![
+        ("input.0", "input", in0.to_vec()),
+        ("input.1", "input", in1.to_vec()),
+        ("output.0", "output", out.to_vec()),
+    ]
+}
+
+const IN0: [f32; 4] = [1.0, 2.0, 3.0, 4.0];
+/// Small values: a difference of 2e-7 per element is far inside atol (1e-5) yet a
+/// relative L2 error of ~1e-3.
+const IN1: [f32; 4] = [1e-4, 2e-4, -1e-4, 3e-4];
+
+fn line<'a>(lines: &'a [String], tensor: &str) -> &'a str {
+    lines
+        .iter()
+        .find(|l| l.contains(&format!("{tensor} ")))
+        .unwrap_or_else(|| panic!("no evidence line for {tensor}: {lines:#?}"))
+}
+
+/// Tensor mode: "(identical)" only next to data seen equal, never next to a pass that
+/// atol forgave (the issue: `rel_l2=2.1e-3 (identical)`).
+#[test]
+fn identical_means_bitwise_equal_data() {
+    let t = tempfile::tempdir().unwrap();
+    let cmp_in1: Vec<f32> = IN1.iter().map(|x| x + 2e-7).collect();
+    let out_b = [1.0f32, 2.0, 3.0, 4.0];
+    let out_c: Vec<f32> = out_b.iter().map(|x| x * 1.1).collect();
+    write_tensor_log(
+        &t.path().join("bench"),
+        &[("Torch.mul.0.forward", mul_op(&IN0, &IN1, &out_b))],
+    );
+    write_tensor_log(
+        &t.path().join("cmp"),
+        &[("Torch.mul.0.forward", mul_op(&IN0, &cmp_in1, &out_c))],
+    );
+    let o = compare(t.path(), &[]);
+    assert_eq!(o.code, 1, "{}{}", o.stdout, o.stderr);
+    let s = summary(t.path());
+    let f = &s["first_divergent"]["forward"];
+    assert_eq!(f["op"], "Torch.mul.0.forward", "{s:#}");
+    let lines: Vec<String> = f["evidence"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|l| l.as_str().unwrap().to_string())
+        .collect();
+    let equal = line(&lines, "Torch.mul.0.forward.input.0");
+    assert!(equal.ends_with("(identical)"), "{equal}");
+    let forgiven = line(&lines, "Torch.mul.0.forward.input.1");
+    assert!(forgiven.contains("[pass]"), "{forgiven}");
+    assert!(!forgiven.contains("rel_l2=0.000e0"), "{forgiven}");
+    assert!(!forgiven.contains("identical"), "{forgiven}");
+    for l in evidence_lines(&s) {
+        if l.contains("(identical)") {
+            assert!(l.contains("rel_l2=0.000e0 max_abs=0.000e0"), "{l}");
+        }
+    }
+    // The terminal prints the same lines.
+    assert!(o.stdout.contains(forgiven), "{}", o.stdout);
+    assert!(!o.stdout.contains("e-3 max_abs=2.000e-7 (identical)"));
+}
+
+fn stats_pair(
+    dir: &Path,
+    bench: Vec<probe::schema::dump::OpRecord>,
+    cmp: Vec<probe::schema::dump::OpRecord>,
+) {
+    write_op_log(&dir.join("bench"), bench);
+    write_op_log(&dir.join("cmp"), cmp);
+}
+
+/// Statistics mode: equal statistics are "statistics equal", never "identical" (the
+/// elements were not compared), in the evidence and in the explanation.
+#[test]
+fn equal_statistics_are_not_called_identical() {
+    let t = tempfile::tempdir().unwrap();
+    let out_c: Vec<f32> = IN0.iter().map(|x| x * 1.1).collect();
+    let op = |out: &[f32]| {
+        op_record(
+            "Torch.mul.0.forward",
+            &[
+                ("input.0", "input", IN0.to_vec()),
+                ("output.0", "output", out.to_vec()),
+            ],
+        )
+    };
+    stats_pair(t.path(), vec![op(&IN0)], vec![op(&out_c)]);
+    let o = compare(t.path(), &[]);
+    assert_eq!(o.code, 1, "{}{}", o.stdout, o.stderr);
+    let s = summary(t.path());
+    let f = &s["first_divergent"]["forward"];
+    assert_eq!(f["op"], "Torch.mul.0.forward", "{s:#}");
+    let expl = f["explanation"].as_str().unwrap();
+    assert!(
+        expl.contains("have equal statistics on both sides"),
+        "{expl}"
+    );
+    assert!(!expl.contains("identical"), "{expl}");
+    let lines = evidence_lines(&s);
+    assert!(lines.iter().all(|l| !l.contains("identical")), "{lines:#?}");
+    assert!(
+        line(&lines, "Torch.mul.0.forward.input.0").ends_with("(statistics equal)"),
+        "{lines:#?}"
+    );
+    assert!(!o.stdout.contains("identical"), "{}", o.stdout);
+}
+
+const FORWARD: [&str; 3] = [
+    "Torch.matmul.0.forward",
+    "Functional.gelu.0.forward",
+    "Torch.sum.0.forward",
+];
+const TRAIN: [&str; 6] = [
+    "Torch.matmul.0.forward",
+    "Functional.gelu.0.forward",
+    "Torch.sum.0.forward",
+    "Torch.sum.0.backward",
+    "Functional.gelu.0.backward",
+    "Torch.matmul.0.backward",
+];
+
+/// Writes one step/rank of both sides (statistics): a chain of `keys`, one input and one
+/// output each; in the comparison run the op at `culprit` returns 10 % more, and
+/// everything after it carries that.
+fn write_unit(dir: &Path, step: &str, rank: &str, keys: &[&str], culprit: Option<usize>) {
+    for side in ["bench", "cmp"] {
+        let records = keys
+            .iter()
+            .enumerate()
+            .map(|(i, key)| {
+                let base: Vec<f32> = IN0.iter().map(|x| x + i as f32).collect();
+                let off = |after: bool| {
+                    if side == "cmp" && culprit.is_some_and(|c| i > c || (after && i == c)) {
+                        1.1
+                    } else {
+                        1.0
+                    }
+                };
+                let input: Vec<f32> = base.iter().map(|x| x * off(false)).collect();
+                let output: Vec<f32> = base.iter().map(|x| (x + 1.0) * off(true)).collect();
+                op_record(
+                    key,
+                    &[("input.0", "input", input), ("output.0", "output", output)],
+                )
+            })
+            .collect();
+        write_op_log_at(&dir.join(side), step, rank, "statistics", records);
+    }
+}
+
+/// Step 2's backward culprit comes before step 10's forward one: in the headline, in the
+/// terminal, and numeric step order (step2 < step10, which sorts after it as text).
+#[test]
+fn findings_are_told_in_causal_order() {
+    let t = tempfile::tempdir().unwrap();
+    write_unit(t.path(), "step2", "rank0", &TRAIN, Some(4));
+    write_unit(t.path(), "step10", "rank0", &TRAIN, Some(0));
+    let o = compare(t.path(), &[]);
+    assert_eq!(o.code, 1, "{}{}", o.stdout, o.stderr);
+    let s = summary(t.path());
+    assert_eq!(s["first_divergent"]["backward"]["step"], "step2", "{s:#}");
+    assert_eq!(s["first_divergent"]["backward"]["op"], TRAIN[4]);
+    assert_eq!(s["first_divergent"]["forward"]["step"], "step10");
+    let h = s["headline"].as_str().unwrap();
+    assert!(h.contains(TRAIN[4]) && h.contains("step2/rank0"), "{h}");
+    let at = |needle: &str| {
+        o.stdout
+            .find(needle)
+            .unwrap_or_else(|| panic!("{needle:?} not in {}", o.stdout))
+    };
+    assert!(
+        at("first divergent op (backward): Functional.gelu.0.backward (step2/rank0")
+            < at("first divergent op (forward): Torch.matmul.0.forward (step10/rank0"),
+        "{}",
+        o.stdout
+    );
+    // The workbook's summary sheet tells them in the same order.
+    use calamine::{open_workbook, Reader, Xlsx};
+    let mut wb: Xlsx<_> = open_workbook(t.path().join("out/compare.xlsx")).unwrap();
+    let sheet = wb.worksheet_range("summary").unwrap();
+    let row_of = |needle: &str| {
+        sheet
+            .rows()
+            .position(|r| r.iter().any(|c| c.to_string().starts_with(needle)))
+            .unwrap_or_else(|| panic!("{needle:?} not in the summary sheet"))
+    };
+    assert!(row_of("first divergent op (backward)") < row_of("first divergent op (forward)"));
+}
+
+/// Within a step, findings of all ranks in execution order, then by numeric rank.
+#[test]
+fn ranks_within_a_step_follow_execution_order_then_rank_number() {
+    let t = tempfile::tempdir().unwrap();
+    write_unit(t.path(), "step0", "rank2", &FORWARD, Some(2));
+    write_unit(t.path(), "step0", "rank10", &FORWARD, Some(1));
+    let o = compare(t.path(), &[]);
+    assert_eq!(o.code, 1, "{}{}", o.stdout, o.stderr);
+    let s = summary(t.path());
+    let f = &s["first_divergent"]["forward"];
+    assert_eq!(
+        (&f["rank"], &f["op"]),
+        (&"rank10".into(), &FORWARD[1].into())
+    );
+    let h = s["headline"].as_str().unwrap();
+    assert!(h.contains(FORWARD[1]) && h.contains("step0/rank10"), "{h}");
+    // Same op on both: the lower rank number (rank2, though "rank10" sorts first as text).
+    let t = tempfile::tempdir().unwrap();
+    write_unit(t.path(), "step0", "rank2", &FORWARD, Some(1));
+    write_unit(t.path(), "step0", "rank10", &FORWARD, Some(1));
+    compare(t.path(), &[]);
+    let s = summary(t.path());
+    assert_eq!(s["first_divergent"]["forward"]["rank"], "rank2");
+    assert!(s["headline"].as_str().unwrap().contains("step0/rank2"));
+}
+
+/// A `parameters_grad` record consumes nothing on record: its differing gradient is not
+/// named locally divergent (the backward ops before it computed it), unless asked for.
+#[test]
+fn a_record_without_inputs_is_not_a_local_culprit_by_default() {
+    let t = tempfile::tempdir().unwrap();
+    for side in ["bench", "cmp"] {
+        let grad: Vec<f32> = IN0
+            .iter()
+            .map(|x| if side == "cmp" { x * 1.1 } else { *x })
+            .collect();
+        let clean = |key| {
+            op_record(
+                key,
+                &[
+                    ("input.0", "input", IN0.to_vec()),
+                    ("output.0", "output", IN0.to_vec()),
+                ],
+            )
+        };
+        let mut pg = op_record(
+            "Module.fc.Linear.parameters_grad",
+            &[("weight", "parameter", grad)],
+        );
+        pg.kind = "parameters_grad".into();
+        write_op_log(
+            &t.path().join(side),
+            vec![
+                clean("Torch.matmul.0.forward"),
+                clean("Torch.matmul.0.backward"),
+                pg,
+            ],
+        );
+    }
+    let o = compare(t.path(), &[]);
+    assert_eq!(o.code, 1, "{}{}", o.stdout, o.stderr);
+    let s = summary(t.path());
+    assert!(s["first_divergent"]["backward"].is_null(), "{s:#}");
+    assert_eq!(
+        s["earliest_failing"]["backward"]["op"],
+        "Module.fc.Linear.parameters_grad"
+    );
+    assert_eq!(s["pairs"][0]["findings"]["drift"][0], "backward");
+    let h = s["headline"].as_str().unwrap();
+    assert!(h.contains("no single op is locally divergent"), "{h}");
+
+    // Asked for: named, saying why.
+    let cfg = t.path().join("tol.toml");
+    std::fs::write(&cfg, "blame_without_inputs = true\n").unwrap();
+    let o = compare(t.path(), &["--config", cfg.to_str().unwrap()]);
+    assert_eq!(o.code, 1);
+    let s = summary(t.path());
+    let f = &s["first_divergent"]["backward"];
+    assert_eq!(f["op"], "Module.fc.Linear.parameters_grad", "{s:#}");
+    assert!(f["explanation"]
+        .as_str()
+        .unwrap()
+        .contains("no recorded inputs"));
+}
+
+/// Keeps the first `n` lines of a rank's op log: a valid, shorter dump (a capture that
+/// stopped, not a crash: every line is complete).
+fn keep_ops(rank_dir: &Path, n: usize) -> Vec<String> {
+    let p = rank_dir.join("ops.jsonl");
+    let text = std::fs::read_to_string(&p).unwrap();
+    let kept: Vec<String> = text.lines().take(n).map(String::from).collect();
+    assert!(text.lines().count() > 10 * n);
+    std::fs::write(&p, kept.join("\n") + "\n").unwrap();
+    kept
+}
+
+fn op_key_of(line: &str) -> String {
+    let v: serde_json::Value = serde_json::from_str(line).unwrap();
+    v["op"].as_str().unwrap().to_string()
+}
+
+/// The issue's case: the comparison run's capture stopped after two ops; the two ops it
+/// has agree with the benchmark. That used to exit 0.
+#[test]
+fn a_capture_that_stopped_early_is_incomplete_not_a_pass() {
+    let t = tempfile::tempdir().unwrap();
+    synth(t.path(), &["--mode", "statistics", "--blocks", "8"]);
+    let kept = keep_ops(&t.path().join("cmp/step0/rank0"), 2);
+    let o = compare(t.path(), &[]);
+    assert_eq!(o.code, 4, "{}{}", o.stdout, o.stderr);
+    let s = summary(t.path());
+    assert_eq!(s["verdict"], "incomplete");
+    assert_eq!(s["exit_code"], 4);
+    assert_eq!(s["partial"], true);
+    let missing = s["counts"]["unmatched_bench"].as_u64().unwrap();
+    let compared = s["counts"]["tensors"].as_u64().unwrap();
+    assert!(compared > 0 && missing > 10 * compared, "{s:#}");
+    let h = s["headline"].as_str().unwrap();
+    let expect = format!(
+        "INCOMPLETE: step0/rank0: the comparison run's capture stopped after op 2 ({}); {missing} bench tensors have no counterpart",
+        op_key_of(&kept[1])
+    );
+    assert!(h.starts_with(&expect), "{h}\n{expect}");
+    assert!(o.stdout.starts_with(&expect), "{}", o.stdout);
+    let frac = missing as f64 / (missing + compared) as f64;
+    assert!((s["unmatched_fraction"]["bench"].as_f64().unwrap() - frac).abs() < 1e-12);
+    assert_eq!(s["unmatched_fraction"]["cmp"], 0.0);
+    assert_eq!(s["pairs"][0]["unmatched_fraction"], s["unmatched_fraction"]);
+    assert_eq!(s["max_unmatched"], 0.05);
+    let u = &s["incomplete_units"][0];
+    assert_eq!((&u["side"], &u["compared"]), (&"cmp".into(), &true.into()));
+
+    // Allowed to miss everything: a warning (unmatched tensors), exit 0; with --fail-on
+    // warning the gate fails on them first (exit 1 before 4).
+    let o = compare(t.path(), &["--max-unmatched", "100%"]);
+    assert_eq!(o.code, 0, "{}", o.stdout);
+    assert_eq!(summary(t.path())["verdict"], "warning");
+    assert_eq!(compare(t.path(), &["--fail-on", "warning"]).code, 1);
+    assert_eq!(compare(t.path(), &["--fail-on", "never"]).code, 4);
+}
+
+/// The benchmark's capture stopped instead: named the same way, from the other side.
+#[test]
+fn a_benchmark_that_stopped_early_is_named_as_such() {
+    let t = tempfile::tempdir().unwrap();
+    synth(t.path(), &["--mode", "statistics", "--blocks", "8"]);
+    let kept = keep_ops(&t.path().join("bench/step0/rank0"), 3);
+    let o = compare(t.path(), &[]);
+    assert_eq!(o.code, 4, "{}{}", o.stdout, o.stderr);
+    let s = summary(t.path());
+    let h = s["headline"].as_str().unwrap();
+    assert!(
+        h.contains(&format!(
+            "the benchmark run's capture stopped after op 3 ({})",
+            op_key_of(&kept[2])
+        )) && h.contains("cmp tensors have no counterpart"),
+        "{h}"
+    );
+    assert_eq!(s["incomplete_units"][0]["side"], "bench");
+}
+
+/// Ops missing in the middle, not at the end: no capture stopped; the share is named.
+/// And a divergence in what was compared still exits 1 (precedence).
+#[test]
+fn too_many_unmatched_tensors_make_the_comparison_incomplete() {
+    let t = tempfile::tempdir().unwrap();
+    synth(t.path(), &["--mode", "statistics", "--blocks", "8"]);
+    let p = t.path().join("cmp/step0/rank0/ops.jsonl");
+    let text = std::fs::read_to_string(&p).unwrap();
+    let lines: Vec<&str> = text.lines().collect();
+    let (n, cut) = (lines.len(), lines.len() / 4);
+    let kept: Vec<&str> = lines[..cut]
+        .iter()
+        .chain(&lines[2 * cut..])
+        .copied()
+        .collect();
+    std::fs::write(&p, kept.join("\n") + "\n").unwrap();
+    assert!(n > 8);
+    let o = compare(t.path(), &[]);
+    assert_eq!(o.code, 4, "{}{}", o.stdout, o.stderr);
+    let s = summary(t.path());
+    let h = s["headline"].as_str().unwrap();
+    assert!(!h.contains("stopped"), "{h}");
+    let (missing, compared) = (
+        s["counts"]["unmatched_bench"].as_u64().unwrap(),
+        s["counts"]["tensors"].as_u64().unwrap(),
+    );
+    let pct = 100.0 * missing as f64 / (missing + compared) as f64;
+    let expect = format!(
+        "{missing} of {} bench tensors ({pct:.1}%) have no counterpart in cmp",
+        missing + compared
+    );
+    assert!(h.contains(&expect), "{h}\n{expect}");
+    // A threshold above the share: complete (a warning for the unmatched tensors).
+    let above = format!("{}", pct / 100.0 + 0.01);
+    assert_eq!(compare(t.path(), &["--max-unmatched", &above]).code, 0);
+
+    // A divergence among the compared tensors: exit 1, the headline says both.
+    let t = tempfile::tempdir().unwrap();
+    synth(
+        t.path(),
+        &[
+            "--mode",
+            "statistics",
+            "--blocks",
+            "8",
+            "--inject",
+            "Functional.linear.0",
+        ],
+    );
+    keep_ops(&t.path().join("cmp/step0/rank0"), 3);
+    let o = compare(t.path(), &[]);
+    assert_eq!(o.code, 1, "{}{}", o.stdout, o.stderr);
+    let s = summary(t.path());
+    assert_eq!(s["verdict"], "error");
+    let h = s["headline"].as_str().unwrap();
+    assert!(
+        h.starts_with("DIVERGENCE") && h.contains("comparison incomplete"),
+        "{h}"
+    );
+}
+
+/// `--max-unmatched` is read and checked before any dump is.
+#[test]
+fn max_unmatched_must_be_a_fraction() {
+    for bad in ["1.5", "-1", "120%", "lots"] {
+        let arg = format!("--max-unmatched={bad}");
+        let o = probe(&[
+            "compare",
+            "-b",
+            "/nonexistent/b",
+            "-c",
+            "/nonexistent/c",
+            &arg,
+        ]);
+        assert_eq!(o.code, 2, "{bad}: {}", o.stderr);
+        assert!(o.stderr.contains("--max-unmatched"), "{}", o.stderr);
+        assert!(!o.stderr.contains("nonexistent"), "{}", o.stderr);
+    }
+}
+
+/// A dropout whose input agrees and whose output differs is a different random draw, told
+/// as such; the ops after it (inputs off) are nobody's fault; `first_divergent` stays
+/// empty.
+#[test]
+fn a_different_dropout_mask_is_a_random_draw_not_a_culprit() {
+    let keys = [
+        "Torch.matmul.0.forward",
+        "Functional.dropout.0.forward",
+        "Torch.sum.0.forward",
+    ];
+    let t = tempfile::tempdir().unwrap();
+    write_unit(t.path(), "step0", "rank0", &keys, Some(1));
+    let o = compare(t.path(), &[]);
+    assert_eq!(o.code, 1, "{}{}", o.stdout, o.stderr);
+    let s = summary(t.path());
+    assert!(s["first_divergent"]["forward"].is_null(), "{s:#}");
+    let r = &s["random_draw"]["forward"];
+    assert_eq!(r["op"], keys[1]);
+    let expl = r["explanation"].as_str().unwrap();
+    assert!(
+        expl.contains("different random draw") && expl.contains("config-check's random category"),
+        "{expl}"
+    );
+    assert_eq!(s["pairs"][0]["findings"]["random_draw"], s["random_draw"]);
+    assert!(s["pairs"][0]["findings"]["drift"]
+        .as_array()
+        .unwrap()
+        .is_empty());
+    let h = s["headline"].as_str().unwrap();
+    assert!(
+        h.starts_with(&format!("DIVERGENCE from random numbers: {}", keys[1]))
+            && h.contains("not a faulty kernel"),
+        "{h}"
+    );
+    assert!(o
+        .stdout
+        .contains("different random draw (forward): Functional.dropout.0.forward"));
+
+    // The same difference in a deterministic op is that op's fault.
+    let keys = [
+        "Torch.matmul.0.forward",
+        "Functional.gelu.0.forward",
+        "Torch.sum.0.forward",
+    ];
+    let t = tempfile::tempdir().unwrap();
+    write_unit(t.path(), "step0", "rank0", &keys, Some(1));
+    compare(t.path(), &[]);
+    let s = summary(t.path());
+    assert_eq!(s["first_divergent"]["forward"]["op"], keys[1]);
+    assert!(s["random_draw"]["forward"].is_null());
+}
+
+/// A real culprit before a dropout is still the story (the dropout's input then differs:
+/// no random draw is claimed); after a random draw, a deterministic op with agreeing
+/// inputs is still found.
+#[test]
+fn random_draws_and_culprits_keep_their_order() {
+    let keys = [
+        "Torch.matmul.0.forward",
+        "Functional.dropout.0.forward",
+        "Torch.sum.0.forward",
+    ];
+    let t = tempfile::tempdir().unwrap();
+    write_unit(t.path(), "step0", "rank0", &keys, Some(0));
+    compare(t.path(), &[]);
+    let s = summary(t.path());
+    assert_eq!(s["first_divergent"]["forward"]["op"], keys[0], "{s:#}");
+    assert!(s["random_draw"]["forward"].is_null());
+    assert!(s["headline"]
+        .as_str()
+        .unwrap()
+        .starts_with("DIVERGENCE: first divergent op Torch.matmul.0.forward"));
+
+    // Fused attention draws only when its dropout is on: the dump cannot tell, and the
+    // words say both.
+    let keys = [
+        "Torch.matmul.0.forward",
+        "Functional.scaled_dot_product_attention.0.forward",
+        "Torch.sum.0.forward",
+    ];
+    let t = tempfile::tempdir().unwrap();
+    write_unit(t.path(), "step0", "rank0", &keys, Some(1));
+    compare(t.path(), &[]);
+    let s = summary(t.path());
+    assert_eq!(s["random_draw"]["forward"]["op"], keys[1], "{s:#}");
+    let h = s["headline"].as_str().unwrap();
+    assert!(
+        h.contains("if its dropout is active (else a faulty kernel)"),
+        "{h}"
+    );
+}
+
+/// One op record whose tensors are all of `dtype` on this side.
+fn with_dtype(mut r: probe::schema::dump::OpRecord, dtype: &str) -> probe::schema::dump::OpRecord {
+    for t in &mut r.tensors {
+        t.dtype = dtype.into();
+    }
+    r
+}
+
+/// Writes one step/rank of both sides: a forward matmul whose weight (input.1) is 1 %
+/// larger in the comparison run (as after an update), then, when `backward`, its backward
+/// call, computed in bfloat16 in the comparison run when `bf16`.
+fn write_step(dir: &Path, step: &str, rank: &str, weight_off: bool, backward: bool, bf16: bool) {
+    for side in ["bench", "cmp"] {
+        let cmp = side == "cmp";
+        let w: Vec<f32> = IN0
+            .iter()
+            .map(|x| if cmp && weight_off { x * 1.01 } else { *x })
+            .collect();
+        let fwd = op_record(
+            "Torch.matmul.0.forward",
+            &[
+                ("input.0", "input", IN0.to_vec()),
+                ("input.1", "input", w.clone()),
+                ("output.0", "output", w),
+            ],
+        );
+        let mut ops = vec![if cmp && bf16 && !backward {
+            with_dtype(fwd, "bfloat16")
+        } else {
+            fwd
+        }];
+        if backward {
+            let bwd = op_record(
+                "Torch.matmul.0.backward",
+                &[
+                    ("input.0", "input", IN0.to_vec()),
+                    ("output.0", "output", IN0.to_vec()),
+                ],
+            );
+            ops.push(if cmp && bf16 {
+                with_dtype(bwd, "bfloat16")
+            } else {
+                bwd
+            });
+        }
+        write_op_log_at(&dir.join(side), step, rank, "statistics", ops);
+    }
+}
+
+/// A rank whose step 0 ran its backward in bf16 carries bf16 precision into step 1: a
+/// weight 1 % off there is bf16 rounding of the update, not an outside divergence. A rank
+/// that stayed in float32, or whose bf16 step had no backward (no update), does not.
+#[test]
+fn a_bf16_update_carries_its_precision_into_the_next_step() {
+    let t = tempfile::tempdir().unwrap();
+    write_step(t.path(), "step0", "rank0", false, true, true);
+    write_step(t.path(), "step1", "rank0", true, true, false);
+    write_step(t.path(), "step0", "rank1", false, true, false);
+    write_step(t.path(), "step1", "rank1", true, true, false);
+    write_step(t.path(), "step0", "rank2", false, false, true);
+    write_step(t.path(), "step1", "rank2", true, false, false);
+    let o = compare(t.path(), &[]);
+    assert_eq!(o.code, 1, "{}{}", o.stdout, o.stderr);
+    let s = summary(t.path());
+    let pair = |step: &str, rank: &str| {
+        s["pairs"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .find(|p| p["step"] == step && p["rank"] == rank)
+            .unwrap_or_else(|| panic!("no {step}/{rank}"))
+            .clone()
+    };
+    let carried = pair("step1", "rank0");
+    assert_eq!(carried["errors"], 0, "{carried:#}");
+    assert!(carried["findings"]["external_source"]["forward"].is_null());
+    for rank in ["rank1", "rank2"] {
+        let p = pair("step1", rank);
+        assert!(p["errors"].as_u64().unwrap() > 0, "{p:#}");
+        assert_eq!(
+            p["findings"]["external_source"]["forward"]["tensor"], "Torch.matmul.0.forward.input.1",
+            "{rank}"
+        );
+    }
+}
+
+/// The issue's fixture: msprobe's L1 statistics dumps, bf16 autocast against float32 over
+/// three steps. Step 1's conv bias is judged at bf16 (its update came from bf16
+/// gradients), and the bias gradient that is rounding noise names no culprit.
+#[test]
+fn bf16_against_fp32_over_steps_names_no_false_culprit() {
+    let t = tempfile::tempdir().unwrap();
+    let td = root().join("testdata/msprobe");
+    let out = t.path().join("out");
+    let o = probe(&[
+        "compare",
+        "-b",
+        td.join("stats_bench").to_str().unwrap(),
+        "-c",
+        td.join("stats_bf16").to_str().unwrap(),
+        "-o",
+        out.to_str().unwrap(),
+        "--format",
+        "json",
+    ]);
+    let s: serde_json::Value =
+        serde_json::from_str(&std::fs::read_to_string(out.join("summary.json")).unwrap()).unwrap();
+    assert_eq!(s["counts"]["pairs"], 3, "{}", o.stderr);
+    for p in s["pairs"].as_array().unwrap() {
+        let f = &p["findings"];
+        for k in ["first_divergent", "external_source"] {
+            for d in ["forward", "backward"] {
+                assert!(f[k][d].is_null(), "{} {k} {d}: {:#}", p["step"], f[k][d]);
+            }
+        }
+        assert_eq!(f["drift"], serde_json::json!(["backward"]), "{}", p["step"]);
+    }
+    let h = s["headline"].as_str().unwrap();
+    assert!(
+        h.contains("step0/") && h.contains("accumulated drift"),
+        "{h}"
+    );
+    assert!(!h.contains("outside"), "{h}");
+    // The row itself says why it got bf16 tolerance.
+    let run = probe::compare::run(
+        &td.join("stats_bench"),
+        &td.join("stats_bf16"),
+        &Default::default(),
+        &|_| {},
+    )
+    .unwrap();
+    let bias = run.units[1]
+        .rows
+        .iter()
+        .find(|r| r.tensor.name == "Functional.conv2d.0.forward.input.2")
+        .unwrap();
+    assert_eq!(bias.judgement.precision, Some(probe::dtype::DType::BF16));
+    assert!(
+        bias.judgement.verdict < probe::compare::Verdict::Error,
+        "{bias:?}"
+    );
+    let step2 = run.units[2]
+        .rows
+        .iter()
+        .find(|r| r.tensor.name == "Functional.conv2d.0.forward.input.2")
+        .unwrap();
+    assert!(
+        step2
+            .judgement
+            .reason
+            .contains("(float32, after bfloat16 updates in an earlier step)"),
+        "{:?}",
+        step2.judgement
+    );
+}
+
+/// A conv bias gradient before a normalisation is mathematically zero: ~1e-8 in float32,
+/// ~1e-4 in bf16 from the same incoming gradient. Its huge relative error is rounding
+/// noise of the inputs, not a local error; a difference as large as the inputs is one.
+#[test]
+fn a_gradient_that_is_rounding_noise_names_no_culprit() {
+    let grad: Vec<f32> = (0..512)
+        .map(|i| ((i * 7919 % 1013) as f32 / 1013.0 - 0.5) * 0.094)
+        .collect();
+    let bias_b = vec![2.6e-8f32, -2.98e-8, 1.0e-8, 5.0e-9];
+    let run = |dir: &Path, bias_c: Vec<f32>, dtype: &str| {
+        for (side, bias) in [("bench", bias_b.clone()), ("cmp", bias_c)] {
+            let fwd = op_record(
+                "Functional.conv2d.0.forward",
+                &[
+                    ("input.0", "input", grad.clone()),
+                    ("output.0", "output", grad.clone()),
+                ],
+            );
+            let mut bwd = op_record(
+                "Functional.conv2d.0.backward",
+                &[
+                    ("input.0", "input", grad.clone()),
+                    ("output.2", "output", bias),
+                ],
+            );
+            if side == "cmp" {
+                bwd.tensors[1].dtype = dtype.into();
+            }
+            write_op_log(&dir.join(side), vec![fwd, bwd]);
+        }
+        compare(dir, &[]);
+        summary(dir)
+    };
+    let t = tempfile::tempdir().unwrap();
+    let s = run(t.path(), vec![1.66e-4, -1.0e-4, 7.4e-5, 1.0e-4], "bfloat16");
+    assert_eq!(s["counts"]["error"], 1, "{s:#}");
+    assert!(s["first_divergent"]["backward"].is_null(), "{s:#}");
+    assert_eq!(
+        s["earliest_failing"]["backward"]["tensor"],
+        "Functional.conv2d.0.backward.output.2"
+    );
+    // Garbage the size of the inputs where the benchmark has zero: that op's fault.
+    let t = tempfile::tempdir().unwrap();
+    let s = run(t.path(), vec![0.03, -0.04, 0.02, 0.01], "float32");
+    assert_eq!(
+        s["first_divergent"]["backward"]["op"], "Functional.conv2d.0.backward",
+        "{s:#}"
+    );
+}
