@@ -109,13 +109,35 @@ def make_norm(kind: str, dim: int) -> nn.Module:
     raise ValueError(f"unknown norm {kind!r}")
 
 
+def _mish_manual(x: torch.Tensor) -> torch.Tensor:
+    return x * torch.tanh(F.softplus(x))
+
+
+_ACTIVATIONS: dict[str, Callable[[torch.Tensor], torch.Tensor]] = {
+    "gelu": lambda x: F.gelu(x),
+    "mish": lambda x: F.mish(x),
+    "mish-manual": _mish_manual,
+}
+
+
 class Block(nn.Module):
     """A pre-norm transformer block: attention written out so its ops are visible (or, with
     ``attention="sdpa"``, one ``F.scaled_dot_product_attention`` call)."""
 
-    def __init__(self, dim: int, heads: int, attention: str = "eager", norm: str = "fused") -> None:
+    def __init__(
+        self,
+        dim: int,
+        heads: int,
+        attention: str = "eager",
+        norm: str = "fused",
+        activation: str = "gelu",
+    ) -> None:
         super().__init__()
         self.heads = heads
+        #: The MLP's activation: ``gelu``, ``mish`` (F.mish) or ``mish-manual``
+        #: (x * tanh(softplus(x)): a composition no mapping rule knows, so compare falls
+        #: back to comparing it at its boundary).
+        self.activation = activation
         #: ``eager`` (matmul, divide, softmax, matmul) or ``sdpa`` (one fused call).
         self.attention = attention
         #: Set (e.g. 300.0): the attention scores are an fp16 matmul of q and k scaled by
@@ -128,10 +150,15 @@ class Block(nn.Module):
         self.fc1 = nn.Linear(dim, 4 * dim)
         self.fc2 = nn.Linear(4 * dim, dim)
 
+    def act(self, x: torch.Tensor) -> torch.Tensor:
+        return _ACTIVATIONS[self.activation](x)
+
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         b, n, d = x.shape
         h = self.heads
-        q, k, v = self.qkv(self.norm1(x)).reshape(b, n, 3, h, d // h).permute(2, 0, 3, 1, 4)
+        q, k, v = (
+            self.qkv(self.norm1(x)).reshape(b, n, 3, h, d // h).permute(2, 0, 3, 1, 4)
+        )
         s = self.fp16_overflow_scale
         if self.attention == "sdpa":
             # The same scale (1/sqrt(head dim)) as the eager path, in one call.
@@ -141,12 +168,14 @@ class Block(nn.Module):
                 att = torch.matmul(q, k.transpose(-2, -1))
             else:
                 # Real float16 arithmetic (also on CPU): |q.k| passes 65504, the matmul gives inf.
-                att = torch.matmul((q * s).half(), (k * s).transpose(-2, -1).half()).float()
+                att = torch.matmul(
+                    (q * s).half(), (k * s).transpose(-2, -1).half()
+                ).float()
             att = att / (d // h) ** 0.5
             att = F.softmax(att, dim=-1)
             y = torch.matmul(att, v).transpose(1, 2).reshape(b, n, d)
         x = x + self.proj(y)
-        x = x + self.fc2(F.gelu(self.fc1(self.norm2(x))))
+        x = x + self.fc2(self.act(self.fc1(self.norm2(x))))
         return x
 
 
@@ -163,6 +192,7 @@ class SmallNet(nn.Module):
         classes: int = 10,
         attention: str = "eager",
         norm: str = "fused",
+        activation: str = "gelu",
         checkpoint: bool = False,
     ) -> None:
         super().__init__()
@@ -171,7 +201,9 @@ class SmallNet(nn.Module):
         self.conv1 = nn.Conv2d(3, channels, 3, padding=1)
         self.bn1 = nn.BatchNorm2d(channels)
         self.conv2 = nn.Conv2d(channels, dim, 3, padding=1)
-        self.block = Block(dim, heads=4, attention=attention, norm=norm)
+        self.block = Block(
+            dim, heads=4, attention=attention, norm=norm, activation=activation
+        )
         self.norm = make_norm(norm, dim)
         self.head = nn.Linear(dim, classes)
 
@@ -213,7 +245,9 @@ class Fault:
             )
         self.owner = _OWNERS[parts[0]]()
         self.name = parts[1]
-        self.index: Optional[int] = int(parts[2]) if len(parts) > 2 and parts[2].isdigit() else None
+        self.index: Optional[int] = (
+            int(parts[2]) if len(parts) > 2 and parts[2].isdigit() else None
+        )
         self.rel = rel
         self.value = value
         self.calls = 0
@@ -334,13 +368,27 @@ def main(argv: Optional[list[str]] = None) -> int:
     ap.add_argument("--no-dump", action="store_true", help="train without the agent")
     ap.add_argument("--level", choices=["api", "module", "mix"], default="api")
     ap.add_argument(
-        "--mode", choices=["statistics", "tensor", "checksum", "overflow"], default="statistics"
+        "--mode",
+        choices=["statistics", "tensor", "checksum", "overflow"],
+        default="statistics",
     )
-    ap.add_argument("--config", default=None, help="probe, msprobe or migration-tutorial JSON config (overrides flags)")
-    ap.add_argument("--inject", default=None, help="op to perturb, e.g. Functional.gelu.0")
-    ap.add_argument("--inject-rel", type=float, default=0.05, help="relative perturbation")
-    ap.add_argument("--inject-inf", default=None, help="op whose output gets one +inf element")
-    ap.add_argument("--inject-nan", default=None, help="op whose output gets one NaN element")
+    ap.add_argument(
+        "--config",
+        default=None,
+        help="probe, msprobe or migration-tutorial JSON config (overrides flags)",
+    )
+    ap.add_argument(
+        "--inject", default=None, help="op to perturb, e.g. Functional.gelu.0"
+    )
+    ap.add_argument(
+        "--inject-rel", type=float, default=0.05, help="relative perturbation"
+    )
+    ap.add_argument(
+        "--inject-inf", default=None, help="op whose output gets one +inf element"
+    )
+    ap.add_argument(
+        "--inject-nan", default=None, help="op whose output gets one NaN element"
+    )
     ap.add_argument(
         "--fp16-overflow",
         action="store_true",
@@ -366,12 +414,26 @@ def main(argv: Optional[list[str]] = None) -> int:
         "F.rms_norm (rms-fused) or by hand (rms-manual)",
     )
     ap.add_argument(
+        "--activation",
+        choices=sorted(_ACTIVATIONS),
+        default="gelu",
+        help="the MLP's activation: gelu, mish (F.mish) or mish-manual (x*tanh(softplus(x)), "
+        "a composition no mapping rule knows: compare falls back to its boundary)",
+    )
+    ap.add_argument(
         "--checkpoint",
         action="store_true",
         help="run the transformer block under activation checkpointing (non-reentrant)",
     )
-    ap.add_argument("--data-seed", type=int, default=1234, help="seed of the generated batches")
-    ap.add_argument("--dropout", type=float, default=0.0, help="dropout probability after the block (0: none)")
+    ap.add_argument(
+        "--data-seed", type=int, default=1234, help="seed of the generated batches"
+    )
+    ap.add_argument(
+        "--dropout",
+        type=float,
+        default=0.0,
+        help="dropout probability after the block (0: none)",
+    )
     ap.add_argument(
         "--dropout-seed",
         type=int,
@@ -388,13 +450,19 @@ def main(argv: Optional[list[str]] = None) -> int:
     # captured op records, or once the op log reaches N bytes (the bytes that fit are
     # written and flushed first: a buffer spill cut mid-record, then the kill).
     ap.add_argument("--crash-after-ops", type=int, default=None, help=argparse.SUPPRESS)
-    ap.add_argument("--crash-after-bytes", type=int, default=None, help=argparse.SUPPRESS)
+    ap.add_argument(
+        "--crash-after-bytes", type=int, default=None, help=argparse.SUPPRESS
+    )
     # Hidden, for the alignment tests: the agent switches itself off after N op records
     # (see the module docstring).
-    ap.add_argument("--stop-capture-after", type=int, default=None, help=argparse.SUPPRESS)
+    ap.add_argument(
+        "--stop-capture-after", type=int, default=None, help=argparse.SUPPRESS
+    )
     args = ap.parse_args(argv)
     if args.fp16_overflow and args.attention != "eager":
-        ap.error("--fp16-overflow needs --attention eager (it overflows the explicit matmul)")
+        ap.error(
+            "--fp16-overflow needs --attention eager (it overflows the explicit matmul)"
+        )
     if args.stop_capture_after is not None:
         if args.stop_capture_after < 1:
             ap.error("--stop-capture-after: expected N >= 1")
@@ -403,10 +471,19 @@ def main(argv: Optional[list[str]] = None) -> int:
         install_crash(args.crash_after_ops, args.crash_after_bytes)
 
     # The pack is created before seeding, so that it records the seed calls.
-    pack = probe.ConfigPack(args.config_pack, steps=args.steps) if args.config_pack else None
+    pack = (
+        probe.ConfigPack(args.config_pack, steps=args.steps)
+        if args.config_pack
+        else None
+    )
     probe.seed_all(args.seed)
     device = resolve_device(args.device)
-    net = SmallNet(attention=args.attention, norm=args.layer_norm, checkpoint=args.checkpoint)
+    net = SmallNet(
+        attention=args.attention,
+        norm=args.layer_norm,
+        checkpoint=args.checkpoint,
+        activation=args.activation,
+    )
     model = net.to(device)
     model.dropout = args.dropout
     if args.dropout_seed is not None:
@@ -417,7 +494,11 @@ def main(argv: Optional[list[str]] = None) -> int:
     data = make_data(args.steps, args.batch, device, args.data_seed)
     if pack is not None:
         # Output paths differ between runs by design: they are not hyperparameters.
-        hyper = {k: v for k, v in vars(args).items() if k not in ("dump", "config_pack", "quiet")}
+        hyper = {
+            k: v
+            for k, v in vars(args).items()
+            if k not in ("dump", "config_pack", "quiet")
+        }
         pack.capture(model=model, optimizer=opt, args=hyper)
     faults = [
         Fault(spec, args.inject_rel, value)
@@ -434,7 +515,9 @@ def main(argv: Optional[list[str]] = None) -> int:
         if args.config:
             dbg = probe.Debugger(args.config)
         else:
-            extra = {"overflow_nums": args.overflow_nums} if args.mode == "overflow" else {}
+            extra = (
+                {"overflow_nums": args.overflow_nums} if args.mode == "overflow" else {}
+            )
             dbg = probe.Debugger(
                 None, dump_path=args.dump, level=args.level, mode=args.mode, **extra
             )

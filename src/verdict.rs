@@ -5,7 +5,8 @@
 //! compared apart.
 
 use crate::compare::coverage::SideCoverage;
-use crate::compare::{CompareRun, MatchedBy, Row, Side, Sides, UnitResult, Verdict, Why};
+use crate::compare::{CompareRun, MatchedBy, Region, Row, Side, Sides, UnitResult, Verdict, Why};
+use crate::dump::Direction;
 use crate::gate::{FailOn, EXIT_FAIL, EXIT_INCOMPLETE, EXIT_NOTHING_COMPARABLE, EXIT_PASS};
 use crate::op_key::{OpKey, Randomness};
 use crate::schema::summary::{
@@ -343,10 +344,11 @@ fn headline(verdict: Verdict, c: &Counts, pairs: &[PairSummary]) -> String {
     if c.tensors == 0 {
         return "NOTHING COMPARABLE: no tensor is present on both sides".into();
     }
+    let note = regions_note(pairs);
     match verdict {
-        Verdict::Pass => format!("PASS: all {} tensors within tolerance", c.tensors),
+        Verdict::Pass => format!("PASS: all {} tensors within tolerance{note}", c.tensors),
         Verdict::Warning => format!(
-            "WARNING: no tensor out of tolerance; {} warnings, {} unmatched tensors",
+            "WARNING: no tensor out of tolerance; {} warnings, {} unmatched tensors{note}",
             c.warning,
             c.unmatched_bench + c.unmatched_cmp
         ),
@@ -422,14 +424,30 @@ fn headline(verdict: Verdict, c: &Counts, pairs: &[PairSummary]) -> String {
                     "DIVERGENCE enters from outside the captured ops: {} (input of {}, {}/{})",
                     e.tensor, e.op, e.step, e.rank
                 ),
-                Some((Story::Local, x)) => format!(
-                    "DIVERGENCE: first divergent op {} ({} {}/{}, tensor {})",
-                    x.op,
-                    x.direction.name(),
-                    x.step,
-                    x.rank,
-                    x.tensor
-                ),
+                Some((Story::Local, x)) => match region_of(pairs, x) {
+                    Some(r) => format!(
+                        "DIVERGENCE: code paths differ inside {} ({} vs {} API calls{}) and its \
+                         outputs diverge: first divergent region, reported under {} ({} {}/{}, \
+                         tensor {})",
+                        module_name(&r.module),
+                        r.calls.bench.len(),
+                        r.calls.cmp.len(),
+                        how(r),
+                        x.op,
+                        x.direction.name(),
+                        x.step,
+                        x.rank,
+                        x.tensor
+                    ),
+                    None => format!(
+                        "DIVERGENCE: first divergent op {} ({} {}/{}, tensor {})",
+                        x.op,
+                        x.direction.name(),
+                        x.step,
+                        x.rank,
+                        x.tensor
+                    ),
+                },
                 None => {
                     let first = f
                         .earliest_failing
@@ -447,6 +465,70 @@ fn headline(verdict: Verdict, c: &Counts, pairs: &[PairSummary]) -> String {
             }
         }
     }
+}
+
+/// A module path as the headline names it.
+fn module_name(m: &str) -> String {
+    if m.is_empty() {
+        "the top level".into()
+    } else {
+        format!("`{m}`")
+    }
+}
+
+/// How a region was compared, for a headline.
+fn how(r: &Region) -> String {
+    match &r.rule {
+        Some(rule) => format!(", mapped as {rule}"),
+        None => ", compared at the module's boundary".into(),
+    }
+}
+
+/// The region a finding is reported under, if any.
+fn region_of<'a>(pairs: &'a [PairSummary], x: &Finding) -> Option<&'a Region> {
+    pairs
+        .iter()
+        .filter(|p| p.step == x.step && p.rank == x.rank)
+        .flat_map(|p| &p.regions)
+        .find(|r| r.at.seq == x.seq && r.at.key.as_str() == x.op)
+}
+
+/// What a passing headline adds when code paths differ: where, and how it was compared.
+fn regions_note(pairs: &[PairSummary]) -> String {
+    // Forward regions of the first pair that has any (ranks run the same program; the
+    // backward of each is compared with it).
+    let Some(p) = pairs.iter().find(|p| !p.regions.is_empty()) else {
+        return String::new();
+    };
+    let fwd: Vec<&Region> = p
+        .regions
+        .iter()
+        .filter(|r| r.direction == Direction::Forward)
+        .collect();
+    let regions = if fwd.is_empty() {
+        p.regions.iter().collect()
+    } else {
+        fwd
+    };
+    let mut parts: Vec<String> = Vec::new();
+    for r in regions.iter().take(3) {
+        parts.push(format!(
+            "inside {} ({} vs {} API calls{})",
+            module_name(&r.module),
+            r.calls.bench.len(),
+            r.calls.cmp.len(),
+            how(r)
+        ));
+    }
+    if regions.len() > 3 {
+        parts.push(format!("{} more", regions.len() - 3));
+    }
+    format!(
+        "; code paths differ in {}/{} {}; their outputs agree within tolerance",
+        p.step,
+        p.rank,
+        parts.join(", ")
+    )
 }
 
 /// The ops with the worst verdicts and errors, for people who start reading at the top.
