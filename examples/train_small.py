@@ -156,9 +156,7 @@ class Block(nn.Module):
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         b, n, d = x.shape
         h = self.heads
-        q, k, v = (
-            self.qkv(self.norm1(x)).reshape(b, n, 3, h, d // h).permute(2, 0, 3, 1, 4)
-        )
+        q, k, v = self.qkv(self.norm1(x)).reshape(b, n, 3, h, d // h).permute(2, 0, 3, 1, 4)
         s = self.fp16_overflow_scale
         if self.attention == "sdpa":
             # The same scale (1/sqrt(head dim)) as the eager path, in one call.
@@ -168,9 +166,7 @@ class Block(nn.Module):
                 att = torch.matmul(q, k.transpose(-2, -1))
             else:
                 # Real float16 arithmetic (also on CPU): |q.k| passes 65504, the matmul gives inf.
-                att = torch.matmul(
-                    (q * s).half(), (k * s).transpose(-2, -1).half()
-                ).float()
+                att = torch.matmul((q * s).half(), (k * s).transpose(-2, -1).half()).float()
             att = att / (d // h) ** 0.5
             att = F.softmax(att, dim=-1)
             y = torch.matmul(att, v).transpose(1, 2).reshape(b, n, d)
@@ -201,9 +197,7 @@ class SmallNet(nn.Module):
         self.conv1 = nn.Conv2d(3, channels, 3, padding=1)
         self.bn1 = nn.BatchNorm2d(channels)
         self.conv2 = nn.Conv2d(channels, dim, 3, padding=1)
-        self.block = Block(
-            dim, heads=4, attention=attention, norm=norm, activation=activation
-        )
+        self.block = Block(dim, heads=4, attention=attention, norm=norm, activation=activation)
         self.norm = make_norm(norm, dim)
         self.head = nn.Linear(dim, classes)
 
@@ -245,9 +239,7 @@ class Fault:
             )
         self.owner = _OWNERS[parts[0]]()
         self.name = parts[1]
-        self.index: Optional[int] = (
-            int(parts[2]) if len(parts) > 2 and parts[2].isdigit() else None
-        )
+        self.index: Optional[int] = int(parts[2]) if len(parts) > 2 and parts[2].isdigit() else None
         self.rel = rel
         self.value = value
         self.calls = 0
@@ -377,18 +369,10 @@ def main(argv: Optional[list[str]] = None) -> int:
         default=None,
         help="probe, msprobe or migration-tutorial JSON config (overrides flags)",
     )
-    ap.add_argument(
-        "--inject", default=None, help="op to perturb, e.g. Functional.gelu.0"
-    )
-    ap.add_argument(
-        "--inject-rel", type=float, default=0.05, help="relative perturbation"
-    )
-    ap.add_argument(
-        "--inject-inf", default=None, help="op whose output gets one +inf element"
-    )
-    ap.add_argument(
-        "--inject-nan", default=None, help="op whose output gets one NaN element"
-    )
+    ap.add_argument("--inject", default=None, help="op to perturb, e.g. Functional.gelu.0")
+    ap.add_argument("--inject-rel", type=float, default=0.05, help="relative perturbation")
+    ap.add_argument("--inject-inf", default=None, help="op whose output gets one +inf element")
+    ap.add_argument("--inject-nan", default=None, help="op whose output gets one NaN element")
     ap.add_argument(
         "--fp16-overflow",
         action="store_true",
@@ -425,9 +409,7 @@ def main(argv: Optional[list[str]] = None) -> int:
         action="store_true",
         help="run the transformer block under activation checkpointing (non-reentrant)",
     )
-    ap.add_argument(
-        "--data-seed", type=int, default=1234, help="seed of the generated batches"
-    )
+    ap.add_argument("--data-seed", type=int, default=1234, help="seed of the generated batches")
     ap.add_argument(
         "--dropout",
         type=float,
@@ -450,19 +432,13 @@ def main(argv: Optional[list[str]] = None) -> int:
     # captured op records, or once the op log reaches N bytes (the bytes that fit are
     # written and flushed first: a buffer spill cut mid-record, then the kill).
     ap.add_argument("--crash-after-ops", type=int, default=None, help=argparse.SUPPRESS)
-    ap.add_argument(
-        "--crash-after-bytes", type=int, default=None, help=argparse.SUPPRESS
-    )
+    ap.add_argument("--crash-after-bytes", type=int, default=None, help=argparse.SUPPRESS)
     # Hidden, for the alignment tests: the agent switches itself off after N op records
     # (see the module docstring).
-    ap.add_argument(
-        "--stop-capture-after", type=int, default=None, help=argparse.SUPPRESS
-    )
+    ap.add_argument("--stop-capture-after", type=int, default=None, help=argparse.SUPPRESS)
     args = ap.parse_args(argv)
     if args.fp16_overflow and args.attention != "eager":
-        ap.error(
-            "--fp16-overflow needs --attention eager (it overflows the explicit matmul)"
-        )
+        ap.error("--fp16-overflow needs --attention eager (it overflows the explicit matmul)")
     if args.stop_capture_after is not None:
         if args.stop_capture_after < 1:
             ap.error("--stop-capture-after: expected N >= 1")
@@ -471,11 +447,7 @@ def main(argv: Optional[list[str]] = None) -> int:
         install_crash(args.crash_after_ops, args.crash_after_bytes)
 
     # The pack is created before seeding, so that it records the seed calls.
-    pack = (
-        probe.ConfigPack(args.config_pack, steps=args.steps)
-        if args.config_pack
-        else None
-    )
+    pack = probe.ConfigPack(args.config_pack, steps=args.steps) if args.config_pack else None
     probe.seed_all(args.seed)
     device = resolve_device(args.device)
     net = SmallNet(
@@ -494,11 +466,7 @@ def main(argv: Optional[list[str]] = None) -> int:
     data = make_data(args.steps, args.batch, device, args.data_seed)
     if pack is not None:
         # Output paths differ between runs by design: they are not hyperparameters.
-        hyper = {
-            k: v
-            for k, v in vars(args).items()
-            if k not in ("dump", "config_pack", "quiet")
-        }
+        hyper = {k: v for k, v in vars(args).items() if k not in ("dump", "config_pack", "quiet")}
         pack.capture(model=model, optimizer=opt, args=hyper)
     faults = [
         Fault(spec, args.inject_rel, value)
@@ -515,9 +483,7 @@ def main(argv: Optional[list[str]] = None) -> int:
         if args.config:
             dbg = probe.Debugger(args.config)
         else:
-            extra = (
-                {"overflow_nums": args.overflow_nums} if args.mode == "overflow" else {}
-            )
+            extra = {"overflow_nums": args.overflow_nums} if args.mode == "overflow" else {}
             dbg = probe.Debugger(
                 None, dump_path=args.dump, level=args.level, mode=args.mode, **extra
             )
