@@ -417,9 +417,27 @@ def test_unknown_composition_falls_back_to_the_module(runs: Runs, tmp_path: Any)
     assert "inside `block` (1 vs 3 API calls, compared at the module's boundary)" in head, head
 
 
-def test_a_fault_inside_an_unknown_composition_names_the_region(
+def test_a_user_mapping_rule_turns_the_fallback_into_a_mapped_region(
     runs: Runs, tmp_path: Any
 ) -> None:
+    """A mapping file (probe's TOML) that declares F.mish equivalent to its composition:
+    the same stretch is now ``mapped`` under the user's rule name, not a module fallback."""
+    bench, cmp_ = runs.get("mish", "mish_manual")
+    rules = tmp_path / "mish.toml"
+    rules.write_text(
+        '[[rule]]\nname = "mish"\nfused = ["Functional.mish"]\n'
+        'composition = ["Functional.softplus", "Torch.tanh", "Tensor.__mul__"]\n',
+        encoding="utf-8",
+    )
+    c = compare(bench, cmp_, _out(tmp_path), "--mapping", str(rules))
+    assert c.code == EXIT_PASS, c.show()
+    mb = c.matched_by()
+    assert mb["module"] == 0 and mb["mapped"] > 0, mb
+    assert all(r["rule"] == "mish" for r in c.summary["pairs"][0]["regions"]), c.show()
+    assert "mapped as mish" in c.summary["headline"], c.show()
+
+
+def test_a_fault_inside_an_unknown_composition_names_the_region(runs: Runs, tmp_path: Any) -> None:
     """The same, with the hand-written mish's tanh 5 % off: the region's outputs diverge
     while its inputs agree, so the region is the first divergent place, and the headline
     says the code paths differ there."""
