@@ -88,6 +88,7 @@ fn counts(run: &CompareRun) -> Counts {
             match (x.why, x.side) {
                 (Why::Recompute, _) => c.recompute += 1,
                 (Why::Inside, _) => c.inside += 1,
+                (Why::Unhooked, _) => c.unhooked += 1,
                 (_, Side::Bench) => c.unmatched_bench += 1,
                 (_, Side::Cmp) => c.unmatched_cmp += 1,
             }

@@ -61,12 +61,6 @@ def runs(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
 def _compare(bench: Path, cmp_: Path, out: Path) -> tuple[int, dict[str, Any], str]:
     exe = probe_bin()
     extra: list[str] = []
-    help_text = subprocess.run(
-        [exe, "compare", "--help"], capture_output=True, text=True, timeout=60
-    ).stdout
-    if "--max-unmatched" in help_text:
-        # The dropped view ops can exceed the default 5 % unmatched gate: that is expected here.
-        extra = ["--max-unmatched", "1"]
     r = subprocess.run(
         [exe, "compare", "-b", str(bench), "-c", str(cmp_), "-o", str(out), *extra],
         capture_output=True,
@@ -153,8 +147,10 @@ def test_clean_probe_vs_msprobe_no_false_divergence(runs: dict[str, Path]) -> No
     assert summary["first_divergent"] == {"forward": None, "backward": None}
     counts = summary["counts"]
     assert counts["error"] == 0, summary["headline"]
-    assert counts["unmatched_cmp"] == 0
-    assert counts["unmatched_bench"] == dropped, summary["headline"]
+    # The views msprobe does not hook are accounted for, not missing (so the default
+    # --max-unmatched gate of 5 % holds although they are about 6 % of probe's tensors).
+    assert counts["unmatched_cmp"] == counts["unmatched_bench"] == 0, summary["headline"]
+    assert counts["unhooked"] == dropped, summary["headline"]
     assert len(_msprobe_keys(ms)) > 0
 
 

@@ -131,6 +131,10 @@ pub enum Why {
     Recompute,
     /// Inside a region compared at its boundary (mapped or module fallback).
     Inside,
+    /// A view, layout change or cast (a passthrough op) of an API the other run records no
+    /// call of at all: its dumper does not hook it (msprobe and probe hook different API
+    /// sets). It computes nothing new.
+    Unhooked,
 }
 
 impl Why {
@@ -141,11 +145,13 @@ impl Why {
             Why::ShapeMismatch => "shape_mismatch",
             Why::Recompute => "recompute",
             Why::Inside => "inside",
+            Why::Unhooked => "unhooked",
         }
     }
 
     /// Whether the tensor counts as missing from the comparison (the `--max-unmatched`
-    /// gate): recomputation and region interiors are accounted for elsewhere.
+    /// gate): recomputation, region interiors and views the other dumper does not hook are
+    /// accounted for elsewhere.
     pub fn missing(self) -> bool {
         matches!(self, Why::Unmatched | Why::ShapeMismatch)
     }

@@ -373,9 +373,10 @@ fn noise_level(r: &Row) -> bool {
 
 /// An op fed by an input at noise level (a gradient that is mathematically zero) may turn
 /// that noise into a visible difference: Adam normalises the update, so a zero gradient's
-/// rounding noise becomes ±lr. Its failing outputs are warnings, not errors: the op did
-/// what it should with what it was given, and the inputs' agreement is too weak to pin
-/// anything on it.
+/// rounding noise becomes ±lr. Its failing outputs that are no further off (scale-free)
+/// than that input are warnings, not errors: the op did what it should with what it was
+/// given, and the inputs' agreement is too weak to pin anything on it. An output further
+/// off than its noisiest input is the op's own error.
 fn amplified_noise(rows: &mut [Row]) {
     let mut start = 0;
     while start < rows.len() {
@@ -385,13 +386,19 @@ fn amplified_noise(rows: &mut [Row]) {
                 .iter()
                 .take_while(|r| r.tensor.op.index == op)
                 .count();
+        // The noisiest such input: an output no further off (scale-free) than it is within
+        // what that noise explains; one further off is the op's own error.
         let noisy = rows[start..end]
             .iter()
-            .find(|r| noise_level(r))
+            .filter(|r| noise_level(r))
+            .max_by(|a, b| a.judgement.raw_err.total_cmp(&b.judgement.raw_err))
             .map(|r| (r.tensor.name.clone(), r.judgement.raw_err));
         if let Some((name, raw)) = noisy {
             for r in &mut rows[start..end] {
-                if r.tensor.role == Role::Output && r.judgement.verdict == Verdict::Error {
+                if r.tensor.role == Role::Output
+                    && r.judgement.verdict == Verdict::Error
+                    && r.judgement.raw_err <= raw
+                {
                     r.judgement.verdict = Verdict::Warning;
                     r.judgement.reason = format!(
                         "{}; input {name} agrees only within atol (values at rounding-noise \

@@ -1035,7 +1035,28 @@ impl Builder<'_> {
         }
     }
 
-    fn finish(self) -> (Vec<Region>, Vec<TensorMatch>, Vec<Unmatched>) {
+    /// Left-over views and casts of APIs the other side never calls: not hooked there.
+    fn unhooked(&mut self) {
+        let apis =
+            |v: &SideView| -> HashSet<String> { v.api.iter().map(|a| a.to_string()).collect() };
+        let (ba, ca) = (apis(&self.bv), apis(&self.cv));
+        for (side, own, other) in [(Side::Bench, &self.bv, &ca), (Side::Cmp, &self.cv, &ba)] {
+            let why = match side {
+                Side::Bench => &mut self.why.bench,
+                Side::Cmp => &mut self.why.cmp,
+            };
+            for (op, w) in why.iter_mut().enumerate() {
+                let api = own.api[op].as_ref();
+                if *w == Why::Unmatched && !other.contains(api) && self.mapping.is_passthrough(api)
+                {
+                    *w = Why::Unhooked;
+                }
+            }
+        }
+    }
+
+    fn finish(mut self) -> (Vec<Region>, Vec<TensorMatch>, Vec<Unmatched>) {
+        self.unhooked();
         let mut matches = self.matches;
         // Comparison execution order; a region's rows under its last call, inputs first.
         matches.sort_by_key(|(m, late)| (m.at, *late, m.refs.cmp.op, m.refs.cmp.tensor));
@@ -1060,12 +1081,7 @@ impl Builder<'_> {
             for (oi, op) in v.ops().iter().enumerate() {
                 for (ti, t) in op.tensors.iter().enumerate() {
                     if !taken[first[oi] + ti] {
-                        let w = if op.kind == OpKind::ParametersGrad && why[oi] == Why::Inside {
-                            Why::Unmatched
-                        } else {
-                            why[oi]
-                        };
-                        only.push(unmatched(side, oi, op, t, w));
+                        only.push(unmatched(side, oi, op, t, why[oi]));
                     }
                 }
             }

@@ -437,6 +437,12 @@ fn unmatched_reason(u: &Unmatched) -> &'static str {
         (_, Why::Inside) => {
             "inside a region compared at its boundary tensors (matched_by mapped/module)"
         }
+        (Side::Bench, Why::Unhooked) => {
+            "only in bench: a view or cast of an API the cmp run records no call of (not hooked by its dumper)"
+        }
+        (Side::Cmp, Why::Unhooked) => {
+            "only in cmp: a view or cast of an API the bench run records no call of (not hooked by its dumper)"
+        }
     }
 }
 

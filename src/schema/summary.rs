@@ -161,6 +161,10 @@ pub struct Counts {
     /// compared nor missing.
     #[serde(default)]
     pub inside: usize,
+    /// Tensors of views and casts of APIs the other run records no call of (its dumper
+    /// does not hook them): neither compared nor missing.
+    #[serde(default)]
+    pub unhooked: usize,
 }
 
 /// One step/rank pair in the summary.
