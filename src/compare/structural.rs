@@ -1499,6 +1499,34 @@ mod tests {
     }
 
     #[test]
+    fn views_the_other_dumper_never_records_are_unhooked_not_missing() {
+        // msprobe does not hook Tensor.reshape; a reshape the other side does call but
+        // not here is a plain left-over.
+        let b = vec![
+            unary("Functional.relu.0.forward", "", N),
+            unary("Tensor.reshape.0.forward", "", N),
+            unary("Tensor.transpose.0.forward", "", N),
+            unary("Functional.relu.1.forward", "", N),
+        ];
+        let c = vec![
+            unary("Functional.relu.0.forward", "", N),
+            unary("Functional.relu.1.forward", "", N),
+            unary("Tensor.transpose.0.forward", "", M),
+        ];
+        let a = align(b, c, false);
+        let why = |name: &str| a.unmatched.iter().find(|u| u.name == name).map(|u| u.why);
+        assert_eq!(
+            why("Tensor.reshape.0.forward.output.0"),
+            Some(Why::Unhooked)
+        );
+        assert_eq!(
+            why("Tensor.transpose.0.forward.output.0"),
+            Some(Why::Unmatched)
+        );
+        assert!(!Why::Unhooked.missing());
+    }
+
+    #[test]
     fn lis_is_longest_and_increasing() {
         let seq = [3, 1, 4, 1, 5, 9, 2, 6];
         let idx = lis(&seq);
