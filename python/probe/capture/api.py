@@ -244,6 +244,10 @@ class ApiCapture:
         try:
             with dbg._lock:
                 ctx = self._pre(api, inplace, args, kwargs)
+                if api.startswith("Distributed."):
+                    meta = dbg._collectives.meta(api, orig, args, kwargs)
+                    if ctx is not None and meta is not None:
+                        ctx[0].group, ctx[0].coll_seq = meta
             if ctx is not None and ctx[2] is not None:
                 args, kwargs = ctx[2]
         except Exception as exc:  # noqa: BLE001
@@ -281,8 +285,11 @@ class ApiCapture:
         c = self._c
         tls.active = False
         call: Optional[int] = None
+        meta: Optional[tuple[list[int], int]] = None
         try:
             with dbg._lock:
+                if api.startswith("Distributed."):
+                    meta = dbg._collectives.meta(api, orig, args, kwargs)
                 mods = self._modules.stack
                 module = mods[-1] if mods else None
                 call = self._select.api_call(api, module)
@@ -321,6 +328,8 @@ class ApiCapture:
                 ):
                     fwd = OpRecord(f"{api}.{call}.forward", "api", "forward", module, folder)
                     fwd.recompute = in_recompute()
+                    if meta is not None:
+                        fwd.group, fwd.coll_seq = meta
                     fwd.call_args = (seen, kwargs)
                     fwd.call_out = produced
                     dbg._finish(fwd)

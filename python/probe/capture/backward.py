@@ -34,6 +34,9 @@ class BackwardHooks:
         self.pending: list[OpRecord] = []
         # Module base name -> parameter name -> (gradient, its captured stats and data).
         self._param_grads: dict[str, dict[str, tuple[torch.Tensor, Captured]]] = {}
+        # Module base name -> parameter name -> parameter whose gradient was kept (DDP
+        # takes them again once reduced: retake_param_grads).
+        self._params: dict[str, dict[str, torch.Tensor]] = {}
 
     def watch(self, bwd: OpRecord, node: Any, index: int, name: str, role: str) -> None:
         """Hook autograd node ``node`` so ``bwd`` receives the gradient at ``index``."""
@@ -79,12 +82,23 @@ class BackwardHooks:
                     # Keep the latest (fully accumulated) gradient's stats and data now:
                     # zero_grad() may clear it before stop() emits the record.
                     self._param_grads.setdefault(base, {})[pname] = dbg.keep_gradient(p.grad)
+                    self._params.setdefault(base, {})[pname] = p
             except Exception as exc:  # noqa: BLE001
                 dbg._guard.fail(exc, f"gradient hook of {base}.{pname}")
             finally:
                 tls.active = was and dbg._api_on
 
         return hook
+
+    def retake_param_grads(self) -> None:
+        """Under DDP, at the end of backward: keep the reduced gradients of the parameters
+        seen so far instead of the local ones (distributed.py)."""
+        dbg = self._dbg
+        for base, params in self._params.items():
+            grads = self._param_grads.setdefault(base, {})
+            for pname, p in params.items():
+                if p.grad is not None:
+                    grads[pname] = dbg.keep_gradient(p.grad)
 
     def finish_step(self) -> None:
         """At ``stop()``: write the backward records that got some of their gradients, and
@@ -94,6 +108,7 @@ class BackwardHooks:
             if not op.done and op.got:
                 dbg._finish(op)
         self.pending.clear()
+        self._params.clear()
         if not self._param_grads:
             return
         folder = dbg._files.folder

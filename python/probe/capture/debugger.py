@@ -34,6 +34,7 @@ from .._runtime import current_rank
 from ..config import CaptureConfig, load_config
 from .api import DISPATCH, PATCHER, ApiCapture, tls
 from .backward import BackwardHooks
+from .distributed import Collectives, DdpHooks, is_ddp
 from .modules import ModuleHooks
 from .records import Captured, Dataflow, OpRecord, StatVector, TensorEntry, json_args, walk
 from .selection import Selection
@@ -139,6 +140,9 @@ class Debugger:
         self._modules = ModuleHooks(self)
         self._backward = BackwardHooks(self)
         self._api = ApiCapture(self)
+        #: Per-step sequence numbers of collectives (``coll_seq``), and DDP's comm hook.
+        self._collectives = Collectives()
+        self._ddp = DdpHooks(self)
         #: Automatic iteration counting (ApiProfiler); an explicit step() turns it off.
         self._auto: Optional[IterationCounter] = None
         self._explicit_steps = False
@@ -155,6 +159,7 @@ class Debugger:
             self.model = model
         if self._guard.failed or self._running:
             return
+        self._attach_ddp()
         if DISPATCH.current is not None and DISPATCH.current is not self._api:
             warnings.warn(
                 "probe: another Debugger is capturing; this start() is ignored",
@@ -234,6 +239,18 @@ class Debugger:
         self.current_step += 1
         self._select.new_step()
         self._flow.clear()
+        self._collectives.new_step()
+
+    def _attach_ddp(self) -> None:
+        """A DistributedDataParallel model gets the bucket-recording communication hook,
+        once (distributed.py). Registering it never stops training: a failure only
+        switches capture off."""
+        if self.model is None or not is_ddp(self.model):
+            return
+        try:
+            self._ddp.attach(self.model)
+        except Exception as exc:  # noqa: BLE001
+            self._guard.fail(exc, "registering the DDP communication hook")
 
     def close(self) -> None:
         """Stop, remove every hook and close all files (also done at interpreter exit)."""
@@ -255,6 +272,7 @@ class Debugger:
         if self.model is not None:
             return
         self.model = model
+        self._attach_ddp()
         try:
             self._check_api_list()
             self._files.model_known(model)

@@ -66,12 +66,14 @@ class OpRecord:
         "args",
         "call_args",
         "call_out",
+        "coll_seq",
         "direction",
         "done",
         "entries",
         "expect",
         "folder",
         "got",
+        "group",
         "key",
         "kind",
         "module",
@@ -104,6 +106,10 @@ class OpRecord:
         self.expect = 0  # backward: gradients hooked
         self.got = 0  # backward: gradient hooks that ran
         self.done = False
+        #: Collectives (``Distributed.*``): global ranks of the process group, and the
+        #: collective's position among that group's collectives in the step.
+        self.group: Optional[list[int]] = None
+        self.coll_seq: Optional[int] = None
 
     def to_json(self, tensors: list[TensorRecord]) -> dict[str, Any]:
         """The ``ops.jsonl`` object (``seq`` is set by the folder when written)."""
@@ -115,8 +121,11 @@ class OpRecord:
             "module": self.module,
             "stack": self.stack,
             "recompute": self.recompute,
-            "tensors": tensors,
         }
+        if self.group is not None:
+            record["group"] = self.group
+            record["coll_seq"] = self.coll_seq
+        record["tensors"] = tensors
         if self.args:
             record["args"] = self.args
         return record

@@ -1,0 +1,172 @@
+#!/usr/bin/env python3
+"""The example model of train_small.py under DistributedDataParallel (gloo, CPU), dumped
+with probe on every rank (``DUMP/step<S>/rank<R>/``). Launch with torchrun:
+
+    python -m torch.distributed.run --standalone --nproc_per_node 2 \\
+        examples/train_ddp.py --dump /tmp/ddp_bench --level mix
+    python -m torch.distributed.run --standalone --nproc_per_node 2 \\
+        examples/train_ddp.py --dump /tmp/ddp_cmp --level mix --inject Functional.gelu.0 --inject-rank 1
+    probe compare -b /tmp/ddp_bench -c /tmp/ddp_cmp -o /tmp/out
+
+Each rank trains on its own slice of the batch. Every step, besides DDP's gradient
+all-reduce (``Distributed.ddp_bucket_allreduce.<bucket>``), the loop makes a few explicit
+collectives so that their records can be checked: an ``all_reduce`` of the loss (default
+group), with 4+ ranks an ``all_reduce`` in a pair group ({0,1}, {2,3}, ...), a ring exchange
+(``isend`` to the next rank, ``irecv`` from the previous) and a ``barrier``.
+
+``--inject OP --inject-rank R`` multiplies the output of OP (as train_small.py's ``--inject``)
+on rank R only. ``--inject-collective NAME --inject-rank R`` multiplies the result of a
+collective on rank R only, as a faulty communication library would: ``ddp_bucket_allreduce``
+(every bucket; ``ddp_bucket_allreduce.0``: bucket 0) or ``all_reduce`` (the loss all-reduce).
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+from typing import Any, Optional
+
+import torch
+import torch.distributed as dist
+import torch.nn.functional as F
+from torch.nn.parallel import DistributedDataParallel
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+
+from train_small import Fault, SmallNet, make_data  # noqa: E402
+
+import probe  # noqa: E402
+
+
+def perturb_collective(spec: str, rel: float) -> None:
+    """Make collective ``spec`` return a result multiplied by ``1 + rel`` on this rank."""
+    name, _, index = spec.partition(".")
+    which = int(index) if index.isdigit() else None
+    if name == "ddp_bucket_allreduce":
+        from torch.distributed.algorithms.ddp_comm_hooks import default_hooks
+
+        orig_hook = default_hooks.allreduce_hook
+
+        def hook(state: Any, bucket: Any) -> torch.futures.Future[torch.Tensor]:
+            fut = orig_hook(state, bucket)
+            if which is not None and bucket.index() != which:
+                return fut
+
+            def bump(f: torch.futures.Future[torch.Tensor]) -> torch.Tensor:
+                out = f.value()
+                out.mul_(1.0 + rel)
+                return out
+
+            return fut.then(bump)
+
+        default_hooks.allreduce_hook = hook  # type: ignore[assignment]
+    elif name == "all_reduce":
+        orig = dist.all_reduce
+        calls = {"n": 0}
+
+        def all_reduce(tensor: torch.Tensor, *args: Any, **kwargs: Any) -> Any:
+            out = orig(tensor, *args, **kwargs)
+            if tensor.dim() != 0:
+                return out  # DDP's own bucket all-reduces: only the loss's is perturbed
+            if which is None or calls["n"] == which:
+                tensor.mul_(1.0 + rel)
+            calls["n"] += 1
+            return out
+
+        dist.all_reduce = all_reduce
+    else:
+        raise SystemExit(
+            f"--inject-collective: ddp_bucket_allreduce[.N] or all_reduce, not {spec!r}"
+        )
+
+
+def main(argv: Optional[list[str]] = None) -> int:
+    ap = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
+    ap.add_argument("--steps", type=int, default=2)
+    ap.add_argument("--batch", type=int, default=8, help="per rank")
+    ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--dump", default="./probe_dump")
+    ap.add_argument("--no-dump", action="store_true")
+    ap.add_argument("--level", choices=["api", "module", "mix"], default="mix")
+    ap.add_argument("--mode", choices=["statistics", "tensor", "checksum"], default="statistics")
+    ap.add_argument("--inject", default=None, help="op to perturb, e.g. Functional.gelu.0")
+    ap.add_argument(
+        "--inject-collective", default=None, help="ddp_bucket_allreduce[.N] | all_reduce"
+    )
+    ap.add_argument("--inject-rank", type=int, default=0, help="the rank that is perturbed")
+    ap.add_argument("--inject-rel", type=float, default=0.05)
+    ap.add_argument(
+        "--bucket-cap-mb",
+        type=float,
+        default=0.05,
+        help="DDP bucket size (small: several buckets from step 1 on, once DDP rebuilt them)",
+    )
+    ap.add_argument("--quiet", action="store_true")
+    args = ap.parse_args(argv)
+
+    dist.init_process_group("gloo")
+    rank, world = dist.get_rank(), dist.get_world_size()
+    # Pair groups ({0,1}, {2,3}, ...): every rank creates every group, in the same order.
+    pairs = [dist.new_group([r, r + 1]) for r in range(0, world - 1, 2)] if world >= 4 else []
+    my_pair = pairs[rank // 2] if rank // 2 < len(pairs) else None
+
+    probe.seed_all(args.seed)
+    model = DistributedDataParallel(SmallNet(), bucket_cap_mb=args.bucket_cap_mb)
+    opt = torch.optim.Adam(model.parameters(), lr=1e-3, foreach=False)
+    data = [
+        (
+            x[rank * args.batch : (rank + 1) * args.batch],
+            y[rank * args.batch : (rank + 1) * args.batch],
+        )
+        for x, y in make_data(args.steps, args.batch * world, torch.device("cpu"))
+    ]
+    faults = []
+    if rank == args.inject_rank:
+        if args.inject:
+            faults.append(Fault(args.inject, args.inject_rel))
+        if args.inject_collective:
+            perturb_collective(args.inject_collective, args.inject_rel)
+
+    dbg = (
+        None
+        if args.no_dump
+        else probe.Debugger(None, dump_path=args.dump, level=args.level, mode=args.mode)
+    )
+    for step, (x, y) in enumerate(data):
+        for fault in faults:
+            fault.new_step()
+        if dbg is not None:
+            dbg.start(model)
+        opt.zero_grad(set_to_none=True)
+        loss = F.cross_entropy(model(x), y)
+        loss.backward()
+        opt.step()
+        with torch.no_grad():
+            total = loss.detach().clone()
+            dist.all_reduce(total)
+            if my_pair is not None:
+                dist.all_reduce(loss.detach().clone(), group=my_pair)
+            got = torch.zeros(1)
+            reqs = [
+                dist.isend(loss.detach().reshape(1), (rank + 1) % world),
+                dist.irecv(got, (rank - 1) % world),
+            ]
+            for r in reqs:
+                r.wait()
+        dist.barrier()
+        if dbg is not None:
+            dbg.stop()
+            dbg.step()
+        if not args.quiet and rank == 0:
+            print(f"step {step}: mean loss {total.item() / world:.6f}")
+    if dbg is not None:
+        dbg.close()
+    dist.destroy_process_group()
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,278 @@
+"""Distributed runs, for real: examples/train_ddp.py under torchrun (gloo, CPU, 2 and 4
+processes). Collective metadata (``group``/``coll_seq``) agrees across ranks, DDP's bucket
+all-reduces are recorded, ``parameters_grad`` are the reduced gradients, and a fault on one
+rank shows where it should."""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+import subprocess
+import sys
+from typing import Any, Optional
+
+import pytest
+
+from conftest import REPO, SCHEMAS, probe_bin
+
+dist = pytest.importorskip("torch.distributed")
+if not dist.is_available() or not dist.is_gloo_available():
+    pytest.skip("torch.distributed with gloo is not available", allow_module_level=True)
+
+EXAMPLE = os.path.join(REPO, "examples", "train_ddp.py")
+TIMEOUT = 90  # seconds per torchrun (a run takes ~10 s with 2 ranks on 2 cores)
+
+Ops = dict[tuple[int, int], list[dict[str, Any]]]  # (step, rank) -> records
+
+
+def torchrun(dump: str, nproc: int, *args: str, steps: int = 2) -> Ops:
+    env = dict(os.environ, OMP_NUM_THREADS="1")
+    env["PYTHONPATH"] = os.pathsep.join(
+        [os.path.join(REPO, "python"), env.get("PYTHONPATH", "")]
+    ).rstrip(os.pathsep)
+    cmd = [
+        sys.executable,
+        "-m",
+        "torch.distributed.run",
+        "--standalone",
+        "--nproc_per_node",
+        str(nproc),
+        EXAMPLE,
+        "--dump",
+        dump,
+        "--steps",
+        str(steps),
+        "--quiet",
+        *args,
+    ]
+    try:
+        res = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=TIMEOUT)
+    except subprocess.TimeoutExpired:
+        pytest.fail(f"torchrun timed out after {TIMEOUT} s: {' '.join(cmd)}")
+    assert res.returncode == 0, res.stdout[-3000:] + res.stderr[-3000:]
+    assert "probe: internal error" not in res.stderr, res.stderr[-3000:]
+    ops: Ops = {}
+    for step in range(steps):
+        for rank in range(nproc):
+            path = os.path.join(dump, f"step{step}", f"rank{rank}", "ops.jsonl")
+            assert os.path.isfile(path), f"missing {path}"
+            with open(path, encoding="utf-8") as fh:
+                ops[(step, rank)] = [json.loads(line) for line in fh]
+    return ops
+
+
+@pytest.fixture(scope="module")
+def clean(tmp_path_factory: pytest.TempPathFactory) -> tuple[str, Ops]:
+    d = str(tmp_path_factory.mktemp("ddp") / "clean")
+    return d, torchrun(d, 2)
+
+
+@pytest.fixture(scope="module")
+def op_fault(tmp_path_factory: pytest.TempPathFactory) -> tuple[str, Ops]:
+    d = str(tmp_path_factory.mktemp("ddp") / "op")
+    return d, torchrun(d, 2, "--inject", "Functional.gelu.0", "--inject-rank", "1")
+
+
+def by_op(recs: list[dict[str, Any]], prefix: str) -> dict[str, dict[str, Any]]:
+    return {r["op"]: r for r in recs if r["op"].startswith(prefix)}
+
+
+def stats(rec: dict[str, Any], role: str) -> list[dict[str, Any]]:
+    return [t["stats"] for t in rec["tensors"] if t["role"] == role]
+
+
+def close(a: dict[str, Any], b: dict[str, Any], rel: float = 1e-6) -> bool:
+    return all(
+        math.isclose(float(a[k]), float(b[k]), rel_tol=rel, abs_tol=1e-9)
+        for k in ("max", "min", "mean", "norm")
+    )
+
+
+def grads(recs: list[dict[str, Any]]) -> dict[str, dict[str, Any]]:
+    return {t["name"]: t["stats"] for r in recs if r["kind"] == "parameters_grad" for t in r["tensors"]}
+
+
+def check_collectives(ops: Ops, nproc: int, steps: int) -> int:
+    """Same (group, coll_seq) <-> same collective and shapes on every rank of the group;
+    returns the number of collective records checked."""
+    n = 0
+    for step in range(steps):
+        seen: dict[tuple[bool, tuple[int, ...], int], dict[int, tuple[str, list[Any]]]] = {}
+        for rank in range(nproc):
+            for r in ops[(step, rank)]:
+                if not r["op"].startswith("Distributed."):
+                    assert "group" not in r
+                    continue
+                group, seq = r["group"], r["coll_seq"]
+                assert rank in group and isinstance(seq, int) and seq >= 0, r["op"]
+                name = r["op"].split(".")[1]
+                if name in ("isend", "irecv", "send", "recv"):
+                    sender = name in ("isend", "send")
+                    assert len(group) == 2 and group[0 if sender else 1] == rank, r
+                    name = "p2p"
+                shapes = [t["shape"] for t in r["tensors"] if t["role"] == "input"]
+                # Point-to-point sequences are their own namespace (the op name tells).
+                slot = seen.setdefault((name == "p2p", tuple(group), seq), {})
+                assert rank not in slot, f"two records with {group} seq {seq} on rank {rank}"
+                slot[rank] = (name, shapes)
+                n += 1
+        for (_, group, seq), per_rank in seen.items():
+            assert set(per_rank) == set(group), f"step {step} group {group} seq {seq}: {per_rank}"
+            assert len(set(json.dumps(v) for v in per_rank.values())) == 1, per_rank
+        for p2p, group in {(p, g) for p, g, _ in seen}:
+            seqs = sorted(s for p, g, s in seen if (p, g) == (p2p, group))
+            assert seqs == list(range(len(seqs))), (group, seqs)
+    return n
+
+
+def test_every_rank_dumps_valid_records(clean: tuple[str, Ops]) -> None:
+    jsonschema = pytest.importorskip("jsonschema")
+    with open(os.path.join(SCHEMAS, "probe-dump-op.v1.schema.json"), encoding="utf-8") as fh:
+        schema = json.load(fh)
+    _, ops = clean
+    for recs in ops.values():
+        assert recs
+        # jsonschema is slow: the collective records, and a sample of the others.
+        for r in recs[:20] + [r for r in recs if "group" in r or r["kind"] == "parameters_grad"]:
+            jsonschema.validate(r, schema)
+
+
+def test_collective_metadata_agrees_across_ranks(clean: tuple[str, Ops]) -> None:
+    _, ops = clean
+    assert check_collectives(ops, 2, 2) >= 2 * 2 * 5
+    names = {r["op"] for r in ops[(0, 0)] if r["op"].startswith("Distributed.")}
+    for want in ("all_reduce.0", "isend.0", "irecv.0", "barrier.0", "ddp_bucket_allreduce.0"):
+        assert f"Distributed.{want}.forward" in names
+    barrier = by_op(ops[(0, 1)], "Distributed.barrier")["Distributed.barrier.0.forward"]
+    assert barrier["group"] == [0, 1]
+
+
+def test_ddp_buckets_reduce_local_gradients(clean: tuple[str, Ops]) -> None:
+    _, ops = clean
+    for step in (0, 1):
+        b0 = by_op(ops[(step, 0)], "Distributed.ddp_bucket_allreduce")
+        b1 = by_op(ops[(step, 1)], "Distributed.ddp_bucket_allreduce")
+        assert b0 and b0.keys() == b1.keys()
+        for key in b0:
+            assert b0[key]["group"] == [0, 1]
+            (i0,), (o0,) = stats(b0[key], "input"), stats(b0[key], "output")
+            (i1,), (o1,) = stats(b1[key], "input"), stats(b1[key], "output")
+            assert not close(i0, i1)  # each rank's own data: local gradients differ
+            assert close(o0, o1)  # the reduced bucket is the same everywhere
+            assert not close(i0, o0)
+    # DDP rebuilds its buckets after the first iteration: several from step 1 on.
+    assert len(by_op(ops[(1, 0)], "Distributed.ddp_bucket_allreduce")) > 1
+
+
+def test_parameters_grad_are_reduced(clean: tuple[str, Ops]) -> None:
+    _, ops = clean
+    for step in (0, 1):
+        g0, g1 = grads(ops[(step, 0)]), grads(ops[(step, 1)])
+        assert g0 and g0.keys() == g1.keys()
+        for name in g0:
+            assert close(g0[name], g1[name]), name
+
+
+def test_op_fault_on_one_rank(clean: tuple[str, Ops], op_fault: tuple[str, Ops]) -> None:
+    _, c = clean
+    _, f = op_fault
+    key = "Functional.gelu.0.forward"
+    for rank, hit in ((0, False), (1, True)):
+        (out_c,) = stats(by_op(c[(0, rank)], key)[key], "output")
+        (out_f,) = stats(by_op(f[(0, rank)], key)[key], "output")
+        assert close(out_c, out_f) != hit, rank
+    # Rank 0 computed its step-0 gradients unperturbed; the all-reduce brings rank 1's in.
+    bucket = "Distributed.ddp_bucket_allreduce.0.forward"
+    b_c, b_f = by_op(c[(0, 0)], bucket)[bucket], by_op(f[(0, 0)], bucket)[bucket]
+    assert close(stats(b_c, "input")[0], stats(b_f, "input")[0])
+    assert not close(stats(b_c, "output")[0], stats(b_f, "output")[0])
+    g_c, g_f = grads(c[(0, 0)]), grads(f[(0, 0)])
+    assert any(not close(g_c[n], g_f[n]) for n in g_c)
+    # ... and the reduced gradients still agree across the faulty run's ranks.
+    g_f1 = grads(f[(0, 1)])
+    assert all(close(g_f[n], g_f1[n]) for n in g_f)
+
+
+def test_collective_fault_on_one_rank(tmp_path: Any, clean: tuple[str, Ops]) -> None:
+    _, c = clean
+    f = torchrun(
+        str(tmp_path / "coll"),
+        2,
+        "--inject-collective",
+        "ddp_bucket_allreduce",
+        "--inject-rank",
+        "1",
+        steps=1,
+    )
+    bucket = "Distributed.ddp_bucket_allreduce.0.forward"
+    b0, b1 = by_op(f[(0, 0)], bucket)[bucket], by_op(f[(0, 1)], bucket)[bucket]
+    # Same local gradients as the clean run on both ranks; only rank 1's result is off.
+    for rank, rec in ((0, b0), (1, b1)):
+        clean_rec = by_op(c[(0, rank)], bucket)[bucket]
+        assert close(stats(rec, "input")[0], stats(clean_rec, "input")[0])
+        assert close(stats(rec, "output")[0], stats(clean_rec, "output")[0]) == (rank == 0)
+    g0, g1 = grads(f[(0, 0)]), grads(f[(0, 1)])
+    assert any(not close(g0[n], g1[n]) for n in g0)
+
+
+def test_probe_compare_names_a_divergence(clean: tuple[str, Ops], op_fault: tuple[str, Ops], tmp_path: Any) -> None:
+    exe = probe_bin()
+    res = subprocess.run(
+        [exe, "compare", "-b", clean[0], "-c", op_fault[0], "-o", str(tmp_path / "out")],
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert res.returncode == 1, res.stdout[-2000:] + res.stderr[-2000:]
+    # Rank 1's own op is where it diverged (no assertion on the cross-rank headline).
+    assert "Functional.gelu.0.forward" in res.stdout + res.stderr
+
+
+def test_four_ranks_with_pair_groups(tmp_path: Any) -> None:
+    ops = torchrun(str(tmp_path / "four"), 4, "--level", "api", steps=1)
+    assert check_collectives(ops, 4, 1) > 0
+    for rank in range(4):
+        reduces = by_op(ops[(0, rank)], "Distributed.all_reduce")
+        groups = sorted(r["group"] for r in reduces.values())
+        pair = [0, 1] if rank < 2 else [2, 3]
+        assert groups == sorted([[0, 1, 2, 3], pair]), groups
+
+
+def _run_own_hook(tmp_path: Any) -> Optional[str]:
+    script = tmp_path / "own_hook.py"
+    script.write_text(
+        "import torch, torch.distributed as dist, warnings\n"
+        "import probe\n"
+        "from torch.distributed.algorithms.ddp_comm_hooks import default_hooks\n"
+        "dist.init_process_group('gloo')\n"
+        "m = torch.nn.parallel.DistributedDataParallel(torch.nn.Linear(4, 2))\n"
+        "m.register_comm_hook(None, default_hooks.allreduce_hook)\n"
+        f"dbg = probe.Debugger(None, dump_path={str(tmp_path / 'd')!r}, level='mix')\n"
+        "with warnings.catch_warnings(record=True) as w:\n"
+        "    warnings.simplefilter('always')\n"
+        "    for _ in range(2):\n"
+        "        dbg.start(m); m(torch.randn(3, 4)).sum().backward(); dbg.stop(); dbg.step()\n"
+        "assert dbg.enabled\n"
+        "print('WARN', sum('communication hook' in str(x.message) for x in w))\n"
+        "dist.destroy_process_group()\n"
+    )
+    env = dict(os.environ, OMP_NUM_THREADS="1")
+    env["PYTHONPATH"] = os.path.join(REPO, "python")
+    res = subprocess.run(
+        [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node", "1", str(script)],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=TIMEOUT,
+    )
+    assert res.returncode == 0, res.stdout[-2000:] + res.stderr[-2000:]
+    return res.stdout
+
+
+def test_user_comm_hook_is_kept_with_one_warning(tmp_path: Any) -> None:
+    out = _run_own_hook(tmp_path)
+    assert out is not None and "WARN 1" in out, out
+    with open(tmp_path / "d" / "step0" / "rank0" / "ops.jsonl", encoding="utf-8") as fh:
+        recs = [json.loads(line) for line in fh]
+    assert recs and not any("ddp_bucket" in r["op"] for r in recs)
