@@ -165,6 +165,10 @@ class DdpHooks:
         def hook(state: Any, bucket: Any) -> torch.futures.Future[torch.Tensor]:
             dbg = ref()
             op: Optional[OpRecord] = None
+            was = tls.active
+            # The agent's own work, and the default hook's div_ and all_reduce (DDP's, not
+            # the user's calls), are not captured as API calls.
+            tls.active = False
             if dbg is not None and dbg._running and not dbg._guard.failed:
                 try:
                     with dbg._lock:
@@ -172,8 +176,6 @@ class DdpHooks:
                 except Exception as exc:  # noqa: BLE001
                     dbg._guard.fail(exc, "recording a DDP bucket")
                     op = None
-            was = tls.active
-            tls.active = False  # the default hook's div_ and all_reduce are DDP's, not the user's
             try:
                 # Looked up at call time: the module's function, whatever it is now.
                 fut = default_hooks.allreduce_hook(state, bucket)
@@ -187,12 +189,16 @@ class DdpHooks:
                 out = f.value()
                 d = ref()
                 if d is not None and not d._guard.failed:
+                    active = tls.active  # inline when the future was already complete
+                    tls.active = False
                     try:
                         with d._lock:
                             d._add_tensor(rec, f"{rec.key}.output.0", "output", out, True)
                             d._finish(rec)
                     except Exception as exc:  # noqa: BLE001
                         d._guard.fail(exc, "recording a reduced DDP bucket")
+                    finally:
+                        tls.active = active
                 return out
 
             return fut.then(done)
