@@ -163,6 +163,13 @@ def test_ddp_buckets_reduce_local_gradients(clean: tuple[str, Ops]) -> None:
             assert not close(i0, o0)
     # DDP rebuilds its buckets after the first iteration: several from step 1 on.
     assert len(by_op(ops[(1, 0)], "Distributed.ddp_bucket_allreduce")) > 1
+    # Written in launch order (bucket index, coll_seq), whichever future completed first:
+    # two equal runs give the same op log.
+    for recs in ops.values():
+        buckets = [r for r in recs if r["op"].startswith("Distributed.ddp_bucket_allreduce.")]
+        assert [r["args"]["bucket"] for r in buckets] == list(range(len(buckets)))
+        assert [r["coll_seq"] for r in buckets] == sorted(r["coll_seq"] for r in buckets)
+        assert buckets[-1]["args"]["last"]
 
 
 def test_parameters_grad_are_reduced(clean: tuple[str, Ops]) -> None:

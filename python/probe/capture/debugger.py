@@ -206,6 +206,7 @@ class Debugger:
                 PATCHER.uninstall()
             self._modules.remove()
             with self._lock:
+                self._ddp.flush(self)
                 self._backward.finish_step()
             self._files.sync()
         except Exception as exc:  # noqa: BLE001

@@ -136,8 +136,9 @@ class DdpHooks:
     def __init__(self, dbg: Debugger) -> None:
         self._ref = weakref.ref(dbg)
         self._seen: weakref.WeakSet[torch.nn.Module] = weakref.WeakSet()
-        #: Step (Debugger session) whose reduced-gradient callback is already queued.
-        self._queued_session = -1
+        #: This backward's bucket records, in launch order, written together once DDP has
+        #: waited for all of them (futures complete in any order, on gloo/NCCL threads).
+        self.inflight: list[OpRecord] = []
 
     def attach(self, model: torch.nn.Module) -> None:
         """Register the recording hook on a DDP model, once. A model that already has a
@@ -194,7 +195,6 @@ class DdpHooks:
                     try:
                         with d._lock:
                             d._add_tensor(rec, f"{rec.key}.output.0", "output", out, True)
-                            d._finish(rec)
                     except Exception as exc:  # noqa: BLE001
                         d._guard.fail(exc, "recording a reduced DDP bucket")
                     finally:
@@ -221,8 +221,8 @@ class DdpHooks:
         call = dbg._select.api_call(api, None)
         ranks = group_ranks(state)
         seq = dbg._collectives.next_seq(("group", *ranks)) if ranks is not None else None
-        if dbg.config.module and dbg.config.backward and self._queued_session != dbg._session:
-            self._queued_session = dbg._session
+        if index == 0:
+            # DDP launches its buckets in index order: bucket 0 opens each backward.
             _queue_after_backward(dbg)
         if call is None or not dbg.config.forward:
             return None
@@ -233,11 +233,22 @@ class DdpHooks:
         if dbg.config.inputs:
             # Stats now: the default hook divides the buffer in place, then reduces it.
             dbg._add_tensor(op, f"{op.key}.input.0", "input", bucket.buffer(), True)
+        self.inflight.append(op)
         return op
+
+    def flush(self, dbg: Debugger) -> None:
+        """Write this backward's bucket records, in launch order (at the end of backward;
+        at ``stop()`` whatever is left, e.g. a future that never completed)."""
+        ops, self.inflight = self.inflight, []
+        for op in ops:
+            if not op.done:
+                dbg._finish(op)
 
 
 def _queue_after_backward(dbg: Debugger) -> None:
-    """Have ``parameters_grad`` taken again once this backward is over.
+    """Once this backward is over: write its bucket records (in launch order, so that the
+    op log's order does not depend on which future completed first) and have
+    ``parameters_grad`` taken again.
 
     Why there: DDP's reducer queues its end-of-backward callback (finalize_backward: wait for
     every bucket's future, copy the reduced buckets into ``param.grad``) on the autograd
@@ -260,7 +271,9 @@ def _queue_after_backward(dbg: Debugger) -> None:
         tls.active = False
         try:
             with d._lock, torch.no_grad():
-                d._backward.retake_param_grads()
+                d._ddp.flush(d)
+                if d.config.module and d.config.backward:
+                    d._backward.retake_param_grads()
         except Exception as exc:  # noqa: BLE001
             d._guard.fail(exc, "taking reduced DDP gradients")
         finally:
