@@ -232,8 +232,14 @@ def test_probe_compare_names_a_divergence(clean: tuple[str, Ops], op_fault: tupl
         timeout=120,
     )
     assert res.returncode == 1, res.stdout[-2000:] + res.stderr[-2000:]
-    # Rank 1's own op is where it diverged (no assertion on the cross-rank headline).
+    # Rank 1's own op is where it diverged (no assertion on the cross-rank headline);
+    # rank 0's forward of step 0 is clean: only its reduced gradients differ.
     assert "Functional.gelu.0.forward" in res.stdout + res.stderr
+    with open(tmp_path / "out" / "summary.json", encoding="utf-8") as fh:
+        pairs = {(p["step"], p["rank"]): p for p in json.load(fh)["pairs"]}
+    first = pairs[("step0", "rank1")]["findings"]["first_divergent"]["forward"]
+    assert first["op"] == "Functional.gelu.0.forward"
+    assert pairs[("step0", "rank0")]["findings"]["first_divergent"]["forward"] is None
 
 
 def test_four_ranks_with_pair_groups(tmp_path: Any) -> None:
