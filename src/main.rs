@@ -270,6 +270,18 @@ struct SynthArgs {
     /// Put a NaN into the forward output of this op in the comparison run.
     #[arg(long, value_name = "OP")]
     nan: Option<String>,
+    /// Data-parallel ranks; more than one adds collectives (all_reduce, DDP buckets).
+    #[arg(long, default_value_t = 1)]
+    ranks: usize,
+    /// The rank of the comparison run that --perturb-op / --perturb-collective perturb.
+    #[arg(long, value_name = "RANK")]
+    perturb_rank: Option<usize>,
+    /// Perturb the output of this op on --perturb-rank only (e.g. Functional.gelu.1).
+    #[arg(long, value_name = "OP")]
+    perturb_op: Option<String>,
+    /// Perturb the forward all_reduce's output on --perturb-rank (inputs agree everywhere).
+    #[arg(long)]
+    perturb_collective: bool,
     /// Benchmark data instead of the model: this many tensors ...
     #[arg(long, value_name = "N")]
     bulk: Option<usize>,
@@ -335,6 +347,10 @@ fn run_synth(a: SynthArgs) -> Result<u8, ProbeError> {
                 perturb_weight: a.perturb_weight,
                 nan: a.nan,
                 steps: a.steps,
+                ranks: a.ranks,
+                perturb_rank: a.perturb_rank,
+                perturb_op: a.perturb_op,
+                perturb_collective: a.perturb_collective,
             };
             synth::write_pair(&a.out, &o)?;
         }

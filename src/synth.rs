@@ -42,6 +42,18 @@ pub struct SynthOptions {
     pub nan: Option<String>,
     /// Training steps (`step0`, `step1`, ...); weights are updated between steps.
     pub steps: usize,
+    /// Data-parallel ranks (`rank0`, `rank1`, ...). More than one adds collectives: an
+    /// all_reduce of the model output after the forward (its sum feeds the backward) and a
+    /// DDP bucket all-reduce of each block's weight gradients in the backward.
+    pub ranks: usize,
+    /// The rank of the comparison run that `perturb_op` (or `perturb_collective`) perturbs.
+    pub perturb_rank: Option<usize>,
+    /// Op (e.g. `Functional.gelu.1` or `Functional.gelu.1.backward`) whose output is
+    /// perturbed on `perturb_rank` only.
+    pub perturb_op: Option<String>,
+    /// Perturb the output of the forward all_reduce on `perturb_rank` (default rank 0):
+    /// inputs agree on every rank, one output differs (faulty communication).
+    pub perturb_collective: bool,
 }
 
 impl Default for SynthOptions {
@@ -59,6 +71,10 @@ impl Default for SynthOptions {
             perturb_weight: None,
             nan: None,
             steps: 1,
+            ranks: 1,
+            perturb_rank: None,
+            perturb_op: None,
+            perturb_collective: false,
         }
     }
 }
@@ -148,6 +164,8 @@ struct RankWriter {
     shard: Vec<(String, DType, Vec<usize>, Vec<u8>)>,
     shard_bytes: usize,
     shard_idx: usize,
+    /// Group and sequence of the next op record, when it is a collective.
+    next_coll: Option<(Vec<u32>, u64)>,
 }
 
 const SHARD_BYTES: usize = 256 << 20;
@@ -166,6 +184,7 @@ impl RankWriter {
             shard: Vec::new(),
             shard_bytes: 0,
             shard_idx: 0,
+            next_coll: None,
         })
     }
 
@@ -208,6 +227,8 @@ impl RankWriter {
             module: Some(module.to_string()),
             op: key.to_string(),
             recompute: false,
+            group: self.next_coll.as_ref().map(|c| c.0.clone()),
+            coll_seq: self.next_coll.take().map(|c| c.1),
             seq: self.seq,
             stack: Some(self.seq % 3),
             tensors: records,
@@ -322,6 +343,9 @@ fn linear(x: &[f32], w: &[f32], batch: usize, n: usize) -> Vec<f32> {
 struct Run<'a> {
     o: &'a SynthOptions,
     cmp: bool,
+    /// The op whose output the comparison run perturbs (`SynthOptions::inject`, or on one
+    /// rank `perturb_op`).
+    inject: Option<String>,
     rng: Rng,
     next_id: u64,
 }
@@ -355,7 +379,7 @@ impl Run<'_> {
                 *x *= 1.0 + self.o.noise * (2.0 * self.rng.uniform() - 1.0);
             }
         }
-        if self.o.inject.as_deref() == Some(op) {
+        if self.inject.as_deref() == Some(op) {
             for x in v.iter_mut() {
                 *x *= 1.0 + self.o.inject_scale * (2.0 * self.rng.uniform() - 1.0);
             }
@@ -391,11 +415,33 @@ impl Run<'_> {
     }
 
     fn step(&mut self, w: &mut RankWriter, weights_seed: u64) -> Result<()> {
+        let (_, _, tapes) = self.forward(w, weights_seed, None)?;
+        // Backward from a fixed output gradient.
+        let (n, bsz) = (self.o.width, self.o.batch);
+        let mut gr = Rng(weights_seed ^ 0xD1B5_4A32_D192_ED03);
+        let mut gx = gr.vec(bsz * n, 1.0 / (bsz * n) as f32);
+        for i in (0..self.o.blocks).rev() {
+            gx = self.backward_block(w, i, &tapes[i], &gx)?.0;
+        }
+        Ok(())
+    }
+
+    /// The forward pass; `data` (a seed) replaces the input batch (another rank's data,
+    /// the same weights). Returns the output, its dataflow id and the tapes.
+    fn forward(
+        &mut self,
+        w: &mut RankWriter,
+        weights_seed: u64,
+        data: Option<u64>,
+    ) -> Result<(Vec<f32>, Option<u64>, Vec<Tape>)> {
         let (n, bsz) = (self.o.width, self.o.batch);
         let shape = [bsz, n];
         let wshape = [n, n];
         let mut wr = Rng(weights_seed);
         let mut x = wr.vec(bsz * n, 1.0);
+        if let Some(d) = data {
+            x = Rng(d).vec(bsz * n, 1.0);
+        }
         let mut x_id: Option<u64> = None;
         let mut tapes = Vec::new();
         for i in 0..self.o.blocks {
@@ -497,66 +543,76 @@ impl Run<'_> {
             x = xn;
             x_id = Some(xid);
         }
-        // Backward from a fixed output gradient.
-        let mut gr = Rng(weights_seed ^ 0xD1B5_4A32_D192_ED03);
-        let mut gx = gr.vec(bsz * n, 1.0 / (bsz * n) as f32);
-        for i in (0..self.o.blocks).rev() {
-            let tp = &tapes[i];
-            let module = format!("blocks.{i}");
-            // layer_norm backward
-            let k = format!("Functional.layer_norm.{i}.backward");
-            let mut gy = vec![0.0f32; bsz * n];
-            for b in 0..bsz {
-                let (mu, sigma) = tp.mu_sigma[b];
-                let r = &tp.y[b * n..(b + 1) * n];
-                let gb = &gx[b * n..(b + 1) * n];
-                let xh: Vec<f32> = r.iter().map(|v| (v - mu) / sigma).collect();
-                let mg = gb.iter().sum::<f32>() / n as f32;
-                let mgx = gb.iter().zip(&xh).map(|(a, c)| a * c).sum::<f32>() / n as f32;
-                for j in 0..n {
-                    gy[b * n + j] = (gb[j] - mg - xh[j] * mgx) / sigma;
-                }
+        Ok((x, x_id, tapes))
+    }
+
+    /// The backward of block `i` from the gradient `gx` of its output: the gradient of its
+    /// input and of its two weights.
+    #[allow(clippy::type_complexity)]
+    fn backward_block(
+        &mut self,
+        w: &mut RankWriter,
+        i: usize,
+        tp: &Tape,
+        gx: &[f32],
+    ) -> Result<(Vec<f32>, Vec<f32>, Vec<f32>)> {
+        let (n, bsz) = (self.o.width, self.o.batch);
+        let shape = [bsz, n];
+        let wshape = [n, n];
+        let module = format!("blocks.{i}");
+        // layer_norm backward
+        let k = format!("Functional.layer_norm.{i}.backward");
+        let mut gy = vec![0.0f32; bsz * n];
+        for b in 0..bsz {
+            let (mu, sigma) = tp.mu_sigma[b];
+            let r = &tp.y[b * n..(b + 1) * n];
+            let gb = &gx[b * n..(b + 1) * n];
+            let xh: Vec<f32> = r.iter().map(|v| (v - mu) / sigma).collect();
+            let mg = gb.iter().sum::<f32>() / n as f32;
+            let mgx = gb.iter().zip(&xh).map(|(a, c)| a * c).sum::<f32>() / n as f32;
+            for j in 0..n {
+                gy[b * n + j] = (gb[j] - mg - xh[j] * mgx) / sigma;
             }
-            let gy = self.post(&k, gy);
-            let a = self.t(format!("{k}.input.0"), "input", &shape, &gx);
-            let b = self.t(format!("{k}.output.0"), "output", &shape, &gy);
-            w.op(&k, "backward", &module, vec![a, b])?;
-            // add backward: both inputs get gy
-            let k = format!("Torch.add.{i}.backward");
-            let a = self.t(format!("{k}.input.0"), "input", &shape, &gy);
-            let b0 = self.t(format!("{k}.output.0"), "output", &shape, &gy);
-            let b1 = self.t(format!("{k}.output.1"), "output", &shape, &gy);
-            w.op(&k, "backward", &module, vec![a, b0, b1])?;
-            // linear(g, wb) backward: dg = gy @ wb, dwb = gy^T g
-            let k = format!("Functional.linear.{}.backward", 2 * i + 1);
-            let (dg, dwb) = linear_backward(&gy, &tp.g, &tp.wb, bsz, n);
-            let dg = self.post(&k, dg);
-            let a = self.t(format!("{k}.input.0"), "input", &shape, &gy);
-            let b0 = self.t(format!("{k}.output.0"), "output", &shape, &dg);
-            let b1 = self.t(format!("{k}.output.1"), "output", &wshape, &dwb);
-            w.op(&k, "backward", &module, vec![a, b0, b1])?;
-            // gelu backward
-            let k = format!("Functional.gelu.{i}.backward");
-            let dh: Vec<f32> = dg
-                .iter()
-                .zip(&tp.h)
-                .map(|(d, h)| d * gelu_grad(*h))
-                .collect();
-            let dh = self.post(&k, dh);
-            let a = self.t(format!("{k}.input.0"), "input", &shape, &dg);
-            let b0 = self.t(format!("{k}.output.0"), "output", &shape, &dh);
-            w.op(&k, "backward", &module, vec![a, b0])?;
-            // linear(x, wa) backward
-            let k = format!("Functional.linear.{}.backward", 2 * i);
-            let (dx, dwa) = linear_backward(&dh, &tp.x, &tp.wa, bsz, n);
-            let dx = self.post(&k, dx);
-            let a = self.t(format!("{k}.input.0"), "input", &shape, &dh);
-            let b0 = self.t(format!("{k}.output.0"), "output", &shape, &dx);
-            let b1 = self.t(format!("{k}.output.1"), "output", &wshape, &dwa);
-            w.op(&k, "backward", &module, vec![a, b0, b1])?;
-            gx = dx.iter().zip(&gy).map(|(a, b)| a + b).collect();
         }
-        Ok(())
+        let gy = self.post(&k, gy);
+        let a = self.t(format!("{k}.input.0"), "input", &shape, gx);
+        let b = self.t(format!("{k}.output.0"), "output", &shape, &gy);
+        w.op(&k, "backward", &module, vec![a, b])?;
+        // add backward: both inputs get gy
+        let k = format!("Torch.add.{i}.backward");
+        let a = self.t(format!("{k}.input.0"), "input", &shape, &gy);
+        let b0 = self.t(format!("{k}.output.0"), "output", &shape, &gy);
+        let b1 = self.t(format!("{k}.output.1"), "output", &shape, &gy);
+        w.op(&k, "backward", &module, vec![a, b0, b1])?;
+        // linear(g, wb) backward: dg = gy @ wb, dwb = gy^T g
+        let k = format!("Functional.linear.{}.backward", 2 * i + 1);
+        let (dg, dwb) = linear_backward(&gy, &tp.g, &tp.wb, bsz, n);
+        let dg = self.post(&k, dg);
+        let a = self.t(format!("{k}.input.0"), "input", &shape, &gy);
+        let b0 = self.t(format!("{k}.output.0"), "output", &shape, &dg);
+        let b1 = self.t(format!("{k}.output.1"), "output", &wshape, &dwb);
+        w.op(&k, "backward", &module, vec![a, b0, b1])?;
+        // gelu backward
+        let k = format!("Functional.gelu.{i}.backward");
+        let dh: Vec<f32> = dg
+            .iter()
+            .zip(&tp.h)
+            .map(|(d, h)| d * gelu_grad(*h))
+            .collect();
+        let dh = self.post(&k, dh);
+        let a = self.t(format!("{k}.input.0"), "input", &shape, &dg);
+        let b0 = self.t(format!("{k}.output.0"), "output", &shape, &dh);
+        w.op(&k, "backward", &module, vec![a, b0])?;
+        // linear(x, wa) backward
+        let k = format!("Functional.linear.{}.backward", 2 * i);
+        let (dx, dwa) = linear_backward(&dh, &tp.x, &tp.wa, bsz, n);
+        let dx = self.post(&k, dx);
+        let a = self.t(format!("{k}.input.0"), "input", &shape, &dh);
+        let b0 = self.t(format!("{k}.output.0"), "output", &shape, &dx);
+        let b1 = self.t(format!("{k}.output.1"), "output", &wshape, &dwa);
+        w.op(&k, "backward", &module, vec![a, b0, b1])?;
+        let gx = dx.iter().zip(&gy).map(|(a, b)| a + b).collect();
+        Ok((gx, dwa, dwb))
     }
 }
 
@@ -589,6 +645,23 @@ pub fn write_pair(out: &Path, o: &SynthOptions) -> Result<()> {
             "blocks, width, batch and steps must be at least 1".into(),
         ));
     }
+    if o.ranks == 0 {
+        return Err(ProbeError::Usage("ranks must be at least 1".into()));
+    }
+    if o.perturb_rank.is_some_and(|r| r >= o.ranks) {
+        return Err(ProbeError::Usage(format!(
+            "--perturb-rank must be below --ranks ({})",
+            o.ranks
+        )));
+    }
+    if o.ranks > 1 || o.perturb_op.is_some() || o.perturb_collective {
+        if o.ranks < 2 {
+            return Err(ProbeError::Usage(
+                "--perturb-op and --perturb-collective need --ranks 2 or more".into(),
+            ));
+        }
+        return write_distributed(out, o);
+    }
     for (side, cmp) in [("bench", false), ("cmp", true)] {
         let root = out.join(side);
         std::fs::create_dir_all(&root).map_err(|e| ProbeError::Output {
@@ -601,11 +674,125 @@ pub fn write_pair(out: &Path, o: &SynthOptions) -> Result<()> {
             let mut run = Run {
                 o,
                 cmp,
+                inject: o.inject.clone(),
                 rng: Rng(o.seed ^ 0xA5A5 ^ s as u64),
                 next_id: 0,
             };
             run.step(&mut w, o.seed.wrapping_add(s as u64))?;
             w.finish()?;
+        }
+    }
+    Ok(())
+}
+
+/// Writes the data-parallel pair of `write_pair` (`o.ranks` > 1): every rank runs the same
+/// weights on its own batch; after the forward, an all_reduce (sum) of the model output
+/// whose result feeds every rank's backward; after each block's backward, a DDP bucket
+/// all-reduce (mean) of its weight gradients. Collectives carry `group` and `coll_seq`.
+fn write_distributed(out: &Path, o: &SynthOptions) -> Result<()> {
+    let (n, bsz) = (o.width, o.batch);
+    let group: Vec<u32> = (0..o.ranks as u32).collect();
+    let perturbed = o.perturb_rank.unwrap_or(0);
+    let op = o
+        .perturb_op
+        .as_deref()
+        .map(|k| k.strip_suffix(".forward").unwrap_or(k).to_string());
+    for (side, cmp) in [("bench", false), ("cmp", true)] {
+        let root = out.join(side);
+        std::fs::create_dir_all(&root).map_err(|e| ProbeError::Output {
+            path: root.clone(),
+            msg: e.to_string(),
+        })?;
+        write_manifest(&root, &o.mode)?;
+        for s in 0..o.steps {
+            let weights_seed = o.seed.wrapping_add(s as u64);
+            let mut ws = Vec::with_capacity(o.ranks);
+            let mut runs = Vec::with_capacity(o.ranks);
+            for r in 0..o.ranks {
+                let dir = root.join(format!("step{s}")).join(format!("rank{r}"));
+                ws.push(RankWriter::new(dir, &o.mode)?);
+                runs.push(Run {
+                    o,
+                    cmp,
+                    inject: if cmp && r == perturbed {
+                        op.clone()
+                    } else {
+                        None
+                    },
+                    rng: Rng(o.seed ^ 0xA5A5 ^ s as u64 ^ ((r as u64) << 32)),
+                    next_id: 0,
+                });
+            }
+            // Forward on every rank, each on its own batch.
+            let mut fwd = Vec::with_capacity(o.ranks);
+            for (r, (run, w)) in runs.iter_mut().zip(ws.iter_mut()).enumerate() {
+                let data = weights_seed ^ 0x9E37_79B9_u64.wrapping_mul(r as u64 + 1);
+                fwd.push(run.forward(w, weights_seed, Some(data))?);
+            }
+            let mut sum = vec![0.0f32; bsz * n];
+            for (x, _, _) in &fwd {
+                for (a, b) in sum.iter_mut().zip(x) {
+                    *a += b;
+                }
+            }
+            let shape = [bsz, n];
+            let fixed =
+                Rng(weights_seed ^ 0xD1B5_4A32_D192_ED03).vec(bsz * n, 1.0 / (bsz * n) as f32);
+            let mut gxs = Vec::with_capacity(o.ranks);
+            let mut tapes = Vec::with_capacity(o.ranks);
+            for (r, ((run, w), (x, x_id, tape))) in
+                runs.iter_mut().zip(ws.iter_mut()).zip(fwd).enumerate()
+            {
+                let mut reduced = sum.clone();
+                if cmp && o.perturb_collective && r == perturbed {
+                    for v in reduced.iter_mut() {
+                        *v *= 1.0 + o.inject_scale * (2.0 * run.rng.uniform() - 1.0);
+                    }
+                }
+                let key = "Distributed.all_reduce.0.forward";
+                let mut ins = run.t(format!("{key}.input.0"), "input", &shape, &x);
+                ins.src = x_id;
+                let mut outs = run.t(format!("{key}.output.0"), "output", &shape, &reduced);
+                outs.id = Some(run.id());
+                w.next_coll = Some((group.clone(), 0));
+                w.op(key, "forward", "", vec![ins, outs])?;
+                let scale = 1.0 / (bsz * n) as f32;
+                gxs.push(
+                    fixed
+                        .iter()
+                        .zip(&reduced)
+                        .map(|(g, v)| g + v * scale)
+                        .collect::<Vec<f32>>(),
+                );
+                tapes.push(tape);
+            }
+            // Backward, one DDP bucket per block.
+            for (bucket, i) in (0..o.blocks).rev().enumerate() {
+                let mut local = Vec::with_capacity(o.ranks);
+                for r in 0..o.ranks {
+                    let (gx, dwa, dwb) =
+                        runs[r].backward_block(&mut ws[r], i, &tapes[r][i], &gxs[r])?;
+                    gxs[r] = gx;
+                    local.push([dwa, dwb].concat());
+                }
+                let mut mean = vec![0.0f32; 2 * n * n];
+                for l in &local {
+                    for (a, b) in mean.iter_mut().zip(l) {
+                        *a += b / o.ranks as f32;
+                    }
+                }
+                let key = format!("Distributed.ddp_bucket_allreduce.{bucket}.forward");
+                for r in 0..o.ranks {
+                    let run = &runs[r];
+                    let ins = run.t(format!("{key}.input.0"), "input", &[2 * n * n], &local[r]);
+                    let outs = run.t(format!("{key}.output.0"), "output", &[2 * n * n], &mean);
+                    ws[r].next_coll = Some((group.clone(), 1 + bucket as u64));
+                    ws[r].op(&key, "forward", "ddp", vec![ins, outs])?;
+                }
+            }
+            for w in ws {
+                w.finish()?;
+            }
         }
     }
     Ok(())

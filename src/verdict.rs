@@ -5,7 +5,9 @@
 //! compared apart.
 
 use crate::compare::coverage::SideCoverage;
-use crate::compare::{CompareRun, MatchedBy, Region, Row, Side, Sides, UnitResult, Verdict, Why};
+use crate::compare::{
+    cross_rank, CompareRun, MatchedBy, Region, Row, Side, Sides, UnitResult, Verdict, Why,
+};
 use crate::dump::Direction;
 use crate::gate::{FailOn, EXIT_FAIL, EXIT_INCOMPLETE, EXIT_NOTHING_COMPARABLE, EXIT_PASS};
 use crate::op_key::{OpKey, Randomness};
@@ -163,7 +165,15 @@ pub fn summarize(run: &CompareRun, fail_on: FailOn, max_unmatched: f64) -> Summa
     };
     let findings = || run.units.iter().map(|u| &u.findings);
     let pairs: Vec<PairSummary> = run.units.iter().map(pair_summary).collect();
-    let mut headline = headline(compared, &c, &pairs);
+    let cross = if compared == Verdict::Error {
+        cross_rank::analyze(&run.units)
+    } else {
+        None
+    };
+    let mut headline = match &cross {
+        Some(x) => cross_rank::headline(x),
+        None => headline(compared, &c, &pairs),
+    };
     if !incomplete.is_empty() {
         headline = incomplete_headline(headline, compared, &c, &incomplete);
     }
@@ -190,6 +200,8 @@ pub fn summarize(run: &CompareRun, fail_on: FailOn, max_unmatched: f64) -> Summa
         partial: !incomplete.is_empty(),
         incomplete_units: incomplete,
         outputs: BTreeMap::new(),
+        origin: cross.as_ref().map(|x| x.origin.clone()),
+        propagation: cross.map(|x| x.propagation).unwrap_or_default(),
     }
 }
 

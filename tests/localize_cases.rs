@@ -55,6 +55,8 @@ fn record(key: &str, tensors: Vec<TensorRecord>) -> OpRecord {
         module: None,
         op: key.into(),
         recompute: false,
+        group: None,
+        coll_seq: None,
         seq: 0,
         stack: None,
         tensors,

@@ -73,6 +73,7 @@ impl Log {
             stack: None,
             recompute: false,
             tensors,
+            collective: None,
         });
         self
     }

@@ -69,6 +69,8 @@ fn write_dump(dir: &Path, ops: &[(&str, Vec<T>)]) -> PathBuf {
                 module: None,
                 op: key.to_string(),
                 recompute: false,
+                group: None,
+                coll_seq: None,
                 seq: 0,
                 stack: None,
                 tensors,

@@ -103,6 +103,8 @@ fn mix_dump(dir: &Path, off: f64) {
         module: Some("block".into()),
         op: key.into(),
         recompute: false,
+        group: None,
+        coll_seq: None,
         seq: 0,
         stack: None,
         tensors: vec![

@@ -364,6 +364,7 @@ mod tests {
             stack: None,
             recompute: false,
             tensors: vec![],
+            collective: None,
         }
     }
 

@@ -15,6 +15,7 @@
 pub mod align;
 pub mod analyze;
 pub mod coverage;
+pub mod cross_rank;
 pub mod judge;
 pub mod mapping;
 pub mod measure;
@@ -112,6 +113,10 @@ pub struct UnitResult {
     /// The precision floor this unit leaves to the rank's next step (judge.rs).
     #[serde(default)]
     pub floor: Option<DType>,
+    /// The comparison side's collectives that name their group and sequence, in
+    /// execution order, with what the compare found at each (cross-rank analysis).
+    #[serde(default)]
+    pub collectives: Vec<cross_rank::CollectiveCall>,
 }
 
 /// A whole compare: every unit, in step/rank order.
@@ -255,6 +260,7 @@ pub fn compare_unit(
     warnings.append(&mut dumps.cmp.warnings);
     let incomplete = cut_to_shorter(unit, &mut dumps);
     let ops = dumps.cmp.ops.len();
+    let calls = cross_rank::calls_of(&dumps.cmp.ops);
     let stacks = std::mem::take(&mut dumps.cmp.stacks);
     let alignment = opts.aligner.align(dumps);
     let regions = alignment.regions.clone();
@@ -270,6 +276,7 @@ pub fn compare_unit(
     let (rows, unmatched, floor) =
         judge::judge_all(alignment, measurements, &opts.tolerances, floor);
     let findings = analyze::localize(&rows, &stacks, &unit.step, &unit.rank, &opts.tolerances);
+    let collectives = cross_rank::judge_calls(calls, &rows);
     Ok(UnitResult {
         step: unit.step.clone(),
         rank: unit.rank.clone(),
@@ -284,6 +291,7 @@ pub fn compare_unit(
         incomplete,
         coverage,
         floor,
+        collectives,
     })
 }
 

@@ -61,11 +61,19 @@ pub type Unpaired = Vec<(Side, RankLoc)>;
 /// either side uses `proc` names (msprobe's own rule).
 pub fn pair_ranks(b: &DumpSet, c: &DumpSet) -> (Vec<(RankLoc, RankLoc)>, Vec<String>, Unpaired) {
     if b.ranks.len() == 1 && c.ranks.len() == 1 {
-        return (
-            vec![(b.ranks[0].clone(), c.ranks[0].clone())],
-            vec![],
-            vec![],
-        );
+        let (bl, cl) = (&b.ranks[0], &c.ranks[0]);
+        // Two `rank<N>` folders of different N hold different data (another batch, another
+        // shard): every tensor may differ without anything being wrong. `proc<PID>` names
+        // differ between runs anyway.
+        let mut warnings = Vec::new();
+        if bl.rank != cl.rank && bl.rank.starts_with("rank") && cl.rank.starts_with("rank") {
+            warnings.push(format!(
+                "comparing {} of the benchmark with {} of the comparison run: different ranks \
+                 (their data and shards differ; compare the same rank of each run)",
+                bl.rank, cl.rank
+            ));
+        }
+        return (vec![(bl.clone(), cl.clone())], warnings, vec![]);
     }
     let key = |l: &RankLoc| (l.step.clone(), l.rank.clone());
     let cmap: HashMap<_, _> = c

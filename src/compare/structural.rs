@@ -1133,6 +1133,7 @@ mod tests {
             stack: None,
             recompute: false,
             tensors,
+            collective: None,
         }
     }
 

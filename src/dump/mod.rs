@@ -127,6 +127,19 @@ pub struct OpRec {
     pub recompute: bool,
     /// The op's tensors, in slot order.
     pub tensors: Vec<TensorRec>,
+    /// Set on a collective (`Distributed.*`) whose record names its group and sequence.
+    pub collective: Option<Collective>,
+}
+
+/// Which collective call an op record is, the same on every rank of its group.
+#[derive(
+    Debug, Clone, PartialEq, Eq, Hash, PartialOrd, Ord, serde::Serialize, serde::Deserialize,
+)]
+pub struct Collective {
+    /// The global ranks of the process group, as recorded.
+    pub group: Vec<u32>,
+    /// The collective's sequence number within the group and step.
+    pub seq: u64,
 }
 
 /// One `step<S>/rank<R>` of one side, fully read except tensor data.

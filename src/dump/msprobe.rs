@@ -324,6 +324,7 @@ fn convert_op(ctx: &mut Ctx, key: &str, entry: &J) -> std::result::Result<OpRec,
         stack: None,
         recompute,
         tensors,
+        collective: None,
     })
 }
 

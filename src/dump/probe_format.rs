@@ -4,7 +4,9 @@
 //! that may be cut short: that one line is skipped with a warning, any other bad line is
 //! an error naming the file and line.
 
-use super::{Direction, Mode, OpKey, OpKind, OpRec, RankDump, RankLoc, Role, Stats, TensorRec};
+use super::{
+    Collective, Direction, Mode, OpKey, OpKind, OpRec, RankDump, RankLoc, Role, Stats, TensorRec,
+};
 use crate::dtype::AnyDType;
 use crate::error::{one_line, ProbeError, Result};
 use crate::schema::dump::{ManifestRecord, OpRecord, StackRecord, TensorRecord};
@@ -98,6 +100,12 @@ fn convert_op(raw: OpRecord, dir: &Path) -> std::result::Result<OpRec, String> {
         .ok_or_else(|| format!("op {}: unknown kind {:?}", raw.op, raw.kind))?;
     let direction = Direction::parse(&raw.direction)
         .ok_or_else(|| format!("op {}: unknown direction {:?}", raw.op, raw.direction))?;
+    let collective = match (raw.group, raw.coll_seq) {
+        (None, None) => None,
+        (Some(group), Some(seq)) => Some(Collective { group, seq }),
+        (Some(_), None) => return Err(format!("op {}: group without coll_seq", raw.op)),
+        (None, Some(_)) => return Err(format!("op {}: coll_seq without group", raw.op)),
+    };
     let tensors = raw
         .tensors
         .into_iter()
@@ -112,6 +120,7 @@ fn convert_op(raw: OpRecord, dir: &Path) -> std::result::Result<OpRec, String> {
         stack: raw.stack,
         recompute: raw.recompute,
         tensors,
+        collective,
     })
 }
 

@@ -60,6 +60,13 @@ pub struct OpRecord {
     /// The call was a recomputation (activation checkpointing).
     #[serde(default, skip_serializing_if = "std::ops::Not::not")]
     pub recompute: bool,
+    /// A collective (`Distributed.*`): the global ranks of its process group.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub group: Option<Vec<u32>>,
+    /// A collective: its sequence number within the group and step (the same on every rank
+    /// for the same collective).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub coll_seq: Option<u64>,
     /// Execution order within the rank, strictly increasing.
     pub seq: u64,
     /// Id of the call stack in `stacks.jsonl`.

@@ -282,4 +282,65 @@ pub struct Summary {
     pub incomplete_units: Vec<IncompleteUnit>,
     /// Report files written, by format.
     pub outputs: BTreeMap<String, String>,
+    /// Distributed runs: the rank where the divergence began, on the timeline of
+    /// collectives (docs/compare.md, "Distributed runs"); absent when no divergence crossed
+    /// ranks through a recorded collective.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub origin: Option<Origin>,
+    /// Distributed runs: the ranks that inherited the divergence, and through which
+    /// collective.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub propagation: Vec<Propagation>,
+}
+
+/// One collective call as the cross-rank analysis names it.
+#[derive(Debug, Clone, Serialize, Deserialize, PartialEq, Eq)]
+pub struct Via {
+    /// The collective's op key.
+    pub op: String,
+    /// The global ranks of its process group.
+    pub group: Vec<u32>,
+    /// Its sequence number within the group and step.
+    pub coll_seq: u64,
+}
+
+/// Where a distributed divergence began.
+#[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]
+pub struct Origin {
+    /// Step label.
+    pub step: String,
+    /// Rank label.
+    pub rank: String,
+    /// `op`: a rank's own op diverged first; `collective`: a collective whose inputs agree
+    /// on every rank of its group returned a different output (faulty communication).
+    pub kind: String,
+    /// The op key (for `collective`, the collective's).
+    pub op: String,
+    /// Its sequence number on that rank.
+    pub seq: u64,
+    /// Collectives on that rank before the op (ops of the same epoch run concurrently
+    /// across ranks).
+    pub epoch: u64,
+    /// Forward or backward.
+    pub direction: Direction,
+    /// The tensor the finding is about.
+    pub tensor: String,
+    /// For `collective`: the collective call.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub collective: Option<Via>,
+}
+
+/// A rank that inherited a divergence through a collective.
+#[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]
+pub struct Propagation {
+    /// Step label.
+    pub step: String,
+    /// Rank label.
+    pub rank: String,
+    /// The collective whose output is the rank's first divergence while its local inputs
+    /// agree.
+    pub via: Via,
+    /// The ranks of the group whose input to the same collective differed (empty: the
+    /// collective itself returned a different output).
+    pub from_ranks: Vec<u32>,
 }

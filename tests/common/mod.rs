@@ -169,6 +169,8 @@ pub fn op_record(key: &str, tensors: &[Tensor]) -> OpRecord {
         module: None,
         op: key.into(),
         recompute: false,
+        group: None,
+        coll_seq: None,
         seq: 0,
         stack: None,
         tensors: tensors

@@ -1,0 +1,379 @@
+//! Cross-rank analysis of a distributed run (docs/compare.md, "Distributed runs").
+//!
+//! Each rank's localiser names its own first divergent op; in a distributed run that op may
+//! be a collective whose local inputs agree and whose output differs: the rank *inherited*
+//! a divergence from another rank of the group. This module puts every rank's first
+//! divergence of a step on a common timeline, the *collective epoch* (how many collectives
+//! the rank ran before the op: ops between the same two collectives run concurrently across
+//! ranks), names the rank where it began, and how the others inherited it.
+//!
+//! It reads [`UnitResult`]s only: the collectives each unit recorded
+//! ([`UnitResult::collectives`]) and its findings.
+
+use super::{Row, UnitResult, Verdict};
+use crate::dump::{Collective, Direction, OpRec, Role};
+use crate::schema::summary::{label_key, Finding, Origin, Propagation, Via};
+use serde::{Deserialize, Serialize};
+use std::collections::{BTreeMap, HashMap};
+
+/// One collective call of a rank (the comparison side's record) with the compare's
+/// findings at it.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct CollectiveCall {
+    /// The op's sequence number on its rank.
+    pub seq: u64,
+    /// The op key.
+    pub op: String,
+    /// Its process group and sequence within it.
+    pub collective: Collective,
+    /// Some input of the call is out of tolerance.
+    pub inputs_differ: bool,
+    /// Some output of the call is out of tolerance.
+    pub output_differs: bool,
+}
+
+/// The collectives of an op log, in execution order, before they are judged.
+pub fn calls_of(ops: &[OpRec]) -> Vec<(u64, String, Collective)> {
+    ops.iter()
+        .filter_map(|o| Some((o.seq, o.key.to_string(), o.collective.clone()?)))
+        .collect()
+}
+
+/// Marks each collective call with whether its inputs and outputs are out of tolerance.
+pub fn judge_calls(calls: Vec<(u64, String, Collective)>, rows: &[Row]) -> Vec<CollectiveCall> {
+    if calls.is_empty() {
+        return Vec::new();
+    }
+    // seq -> (an input fails, an output fails)
+    let mut at: HashMap<u64, (bool, bool)> = calls.iter().map(|c| (c.0, (false, false))).collect();
+    for r in rows {
+        let t = &r.tensor;
+        let Some(e) = at.get_mut(&t.op.seq) else {
+            continue;
+        };
+        if r.judgement.verdict != Verdict::Error {
+            continue;
+        }
+        let input = t.role == Role::Input
+            || (t.role == Role::Parameter && t.op.direction == Direction::Forward);
+        if input {
+            e.0 = true;
+        } else {
+            e.1 = true;
+        }
+    }
+    calls
+        .into_iter()
+        .map(|(seq, op, collective)| {
+            let (inputs_differ, output_differs) = at[&seq];
+            CollectiveCall {
+                seq,
+                op,
+                collective,
+                inputs_differ,
+                output_differs,
+            }
+        })
+        .collect()
+}
+
+/// The collective epoch of the op at `seq`: how many of the rank's collectives (sorted by
+/// sequence number) ran before it.
+pub fn epoch(calls: &[CollectiveCall], seq: u64) -> u64 {
+    calls.partition_point(|c| c.seq < seq) as u64
+}
+
+/// The rank number of a `rank3` label (a `proc<PID>` label has none).
+pub fn rank_number(label: &str) -> Option<u32> {
+    label.strip_prefix("rank")?.parse().ok()
+}
+
+/// A collective call across ranks: its group and sequence within it.
+type CallId<'a> = (&'a [u32], u64);
+
+/// What the cross-rank analysis found.
+#[derive(Debug, Clone, PartialEq)]
+pub struct CrossRank {
+    /// Where the divergence began.
+    pub origin: Origin,
+    /// The ranks that inherited it.
+    pub propagation: Vec<Propagation>,
+    /// The origin's finding (the headline quotes its direction and tensor).
+    pub finding: Finding,
+}
+
+/// A rank's first divergence, as the timeline sees it.
+enum First<'a> {
+    /// Its own op.
+    Local(&'a Finding),
+    /// A collective whose local inputs agree.
+    Inherited(&'a Finding, &'a CollectiveCall),
+}
+
+/// The earliest first-divergent finding of a unit, either phase.
+fn first_divergent(u: &UnitResult) -> Option<&Finding> {
+    let f = &u.findings.first_divergent;
+    [f.forward.as_ref(), f.backward.as_ref()]
+        .into_iter()
+        .flatten()
+        .min_by_key(|x| x.seq)
+}
+
+fn via(c: &CollectiveCall) -> Via {
+    Via {
+        op: c.op.clone(),
+        group: c.collective.group.clone(),
+        coll_seq: c.collective.seq,
+    }
+}
+
+/// The cross-rank story of the earliest step with an error, when a divergence crossed
+/// ranks through a recorded collective (or a collective is itself the culprit); `None`
+/// otherwise (single-rank dumps, dumps without collective records, ranks that diverged
+/// each on their own).
+pub fn analyze(units: &[UnitResult]) -> Option<CrossRank> {
+    let failing = |u: &UnitResult| u.rows.iter().any(|r| r.judgement.verdict == Verdict::Error);
+    let step = units
+        .iter()
+        .filter(|u| failing(u))
+        .map(|u| label_key(&u.step))
+        .min()?;
+    let in_step: Vec<&UnitResult> = units
+        .iter()
+        .filter(|u| label_key(&u.step) == step && !u.collectives.is_empty())
+        .collect();
+    if in_step.len() < 2 {
+        return None;
+    }
+    // Every call of the step by (group, coll_seq): (rank number, call).
+    let mut table: HashMap<CallId, Vec<(u32, &CollectiveCall)>> = HashMap::new();
+    for u in &in_step {
+        let Some(n) = rank_number(&u.rank) else {
+            continue;
+        };
+        for c in &u.collectives {
+            table
+                .entry((c.collective.group.as_slice(), c.collective.seq))
+                .or_default()
+                .push((n, c));
+        }
+    }
+    let differing = |c: &CollectiveCall| -> Vec<u32> {
+        let mut v: Vec<u32> = table
+            .get(&(c.collective.group.as_slice(), c.collective.seq))
+            .into_iter()
+            .flatten()
+            .filter(|(_, x)| x.inputs_differ)
+            .map(|(n, _)| *n)
+            .collect();
+        v.sort_unstable();
+        v.dedup();
+        v
+    };
+    // Each rank's first divergence on the timeline: (epoch, 0 local / 1 collective, rank).
+    type Key<'k> = (u64, u8, (u64, &'k str));
+    let mut firsts: Vec<(Key, &UnitResult, First)> = Vec::new();
+    for u in &in_step {
+        let Some(f) = first_divergent(u) else {
+            continue;
+        };
+        let e = epoch(&u.collectives, f.seq);
+        let call = u
+            .collectives
+            .iter()
+            .find(|c| c.seq == f.seq && !c.inputs_differ);
+        let (kind, first) = match call {
+            Some(c) => (1, First::Inherited(f, c)),
+            None => (0, First::Local(f)),
+        };
+        firsts.push(((e, kind, label_key(&u.rank)), u, first));
+    }
+    // The origin: the earliest local divergence or faulty collective (inputs agree on every
+    // rank of the group) on the timeline.
+    firsts.sort_by(|a, b| a.0.cmp(&b.0));
+    let (_, ou, of) = firsts.iter().find(|(_, _, f)| match f {
+        First::Local(_) => true,
+        First::Inherited(_, c) => differing(c).is_empty(),
+    })?;
+    let (finding, collective) = match of {
+        First::Local(f) => (*f, None),
+        First::Inherited(f, c) => (*f, Some(via(c))),
+    };
+    let origin = Origin {
+        step: ou.step.clone(),
+        rank: ou.rank.clone(),
+        kind: if collective.is_some() {
+            "collective"
+        } else {
+            "op"
+        }
+        .into(),
+        op: finding.op.clone(),
+        seq: finding.seq,
+        epoch: epoch(&ou.collectives, finding.seq),
+        direction: finding.direction,
+        tensor: finding.tensor.clone(),
+        collective,
+    };
+    let mut propagation = Vec::new();
+    for (_, u, f) in &firsts {
+        if u.rank == ou.rank {
+            continue;
+        }
+        if let First::Inherited(_, c) = f {
+            propagation.push(Propagation {
+                step: u.step.clone(),
+                rank: u.rank.clone(),
+                via: via(c),
+                from_ranks: differing(c),
+            });
+        }
+    }
+    propagation.sort_by(|a, b| label_key(&a.rank).cmp(&label_key(&b.rank)));
+    if propagation.is_empty() && origin.kind == "op" {
+        return None;
+    }
+    Some(CrossRank {
+        origin,
+        propagation,
+        finding: finding.clone(),
+    })
+}
+
+/// `[0, 1, 2]`.
+pub fn group_text(g: &[u32]) -> String {
+    let v: Vec<String> = g.iter().map(|n| n.to_string()).collect();
+    format!("[{}]", v.join(", "))
+}
+
+/// A rank label as a headline names it: `rank 1` (a `proc` label as is).
+pub fn rank_text(label: &str) -> String {
+    rank_number(label).map_or_else(|| label.to_string(), |n| format!("rank {n}"))
+}
+
+/// The headline of a cross-rank divergence.
+pub fn headline(x: &CrossRank) -> String {
+    let o = &x.origin;
+    let f = &x.finding;
+    let mut out = match &o.collective {
+        None => format!(
+            "DIVERGENCE: {} diverged first: first divergent op {} ({} {}/{}, tensor {})",
+            rank_text(&o.rank),
+            o.op,
+            f.direction.name(),
+            o.step,
+            o.rank,
+            f.tensor
+        ),
+        Some(c) => format!(
+            "DIVERGENCE: collective {} (coll #{}, group {}) got agreeing inputs on every rank \
+             of its group and returned a different output on {} ({} {}/{}, tensor {}): faulty \
+             communication",
+            c.op,
+            c.coll_seq,
+            group_text(&c.group),
+            rank_text(&o.rank),
+            f.direction.name(),
+            o.step,
+            o.rank,
+            f.tensor
+        ),
+    };
+    // Ranks grouped by the collective they inherited through, in order of first rank.
+    let mut by_via: BTreeMap<(u64, String), (Vec<String>, &Via)> = BTreeMap::new();
+    let mut order: Vec<(u64, String)> = Vec::new();
+    for p in &x.propagation {
+        let k = (p.via.coll_seq, p.via.op.clone());
+        if !by_via.contains_key(&k) {
+            order.push(k.clone());
+        }
+        by_via
+            .entry(k)
+            .or_insert_with(|| (Vec::new(), &p.via))
+            .0
+            .push(rank_number(&p.rank).map_or_else(|| p.rank.clone(), |n| n.to_string()));
+    }
+    const SHOWN: usize = 8;
+    for k in order.iter().take(3) {
+        let (ranks, v) = &by_via[k];
+        let who = if ranks.len() == 1 {
+            format!("rank {}", ranks[0])
+        } else if ranks.len() <= SHOWN {
+            format!("ranks {}", ranks.join(", "))
+        } else {
+            format!(
+                "ranks {} and {} more",
+                ranks[..SHOWN].join(", "),
+                ranks.len() - SHOWN
+            )
+        };
+        out += &format!(
+            "; {who} inherited it through {} (coll #{}, group {})",
+            v.op,
+            v.coll_seq,
+            group_text(&v.group)
+        );
+    }
+    if order.len() > 3 {
+        out += &format!("; {} more collectives", order.len() - 3);
+    }
+    out
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn call(seq: u64, coll: u64) -> CollectiveCall {
+        CollectiveCall {
+            seq,
+            op: format!("Distributed.all_reduce.{coll}.forward"),
+            collective: Collective {
+                group: vec![0, 1],
+                seq: coll,
+            },
+            inputs_differ: false,
+            output_differs: false,
+        }
+    }
+
+    #[test]
+    fn an_op_before_the_first_collective_is_in_epoch_zero() {
+        let calls = [call(5, 0), call(9, 1)];
+        assert_eq!(epoch(&calls, 0), 0);
+        assert_eq!(epoch(&calls, 4), 0);
+    }
+
+    #[test]
+    fn a_collective_is_in_the_epoch_of_the_ops_before_it() {
+        let calls = [call(5, 0), call(9, 1)];
+        assert_eq!(epoch(&calls, 5), 0);
+        assert_eq!(epoch(&calls, 6), 1);
+        assert_eq!(epoch(&calls, 9), 1);
+        assert_eq!(epoch(&calls, 10), 2);
+    }
+
+    #[test]
+    fn ranks_with_different_op_counts_meet_at_the_same_epoch() {
+        // Rank 0 runs 3 ops before its all_reduce, rank 1 runs 7: seq 8 on rank 1 and
+        // seq 4 on rank 0 are both just after the same collective.
+        let r0 = [call(3, 0)];
+        let r1 = [call(7, 0)];
+        assert_eq!(epoch(&r0, 4), epoch(&r1, 8));
+        assert!(epoch(&r1, 6) < epoch(&r0, 4));
+    }
+
+    #[test]
+    fn without_collectives_every_op_is_in_epoch_zero() {
+        assert_eq!(epoch(&[], 1_000), 0);
+    }
+
+    #[test]
+    fn rank_labels_and_groups_print_as_the_headline_names_them() {
+        assert_eq!(rank_number("rank12"), Some(12));
+        assert_eq!(rank_number("proc123"), None);
+        assert_eq!(rank_text("rank1"), "rank 1");
+        assert_eq!(rank_text("proc7"), "proc7");
+        assert_eq!(group_text(&[0, 1, 2]), "[0, 1, 2]");
+    }
+}
