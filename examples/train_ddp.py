@@ -25,6 +25,7 @@ from __future__ import annotations
 import argparse
 import os
 import sys
+import time
 from typing import Any, Optional
 
 import torch
@@ -105,6 +106,14 @@ def main(argv: Optional[list[str]] = None) -> int:
         help="DDP bucket size (small: several buckets from step 1 on, once DDP rebuilt them)",
     )
     ap.add_argument("--quiet", action="store_true")
+    ap.add_argument(
+        "--no-collectives",
+        action="store_true",
+        help="capture everything but Distributed.* records (bench/distributed_capture.sh)",
+    )
+    ap.add_argument(
+        "--time", action="store_true", help="rank 0 prints the mean step time after step 0"
+    )
     args = ap.parse_args(argv)
 
     dist.init_process_group("gloo")
@@ -133,9 +142,18 @@ def main(argv: Optional[list[str]] = None) -> int:
     dbg = (
         None
         if args.no_dump
-        else probe.Debugger(None, dump_path=args.dump, level=args.level, mode=args.mode)
+        else probe.Debugger(
+            None,
+            dump_path=args.dump,
+            level=args.level,
+            mode=args.mode,
+            **({"exclude": ["Distributed.*"]} if args.no_collectives else {}),
+        )
     )
+    t0 = 0.0
     for step, (x, y) in enumerate(data):
+        if step == 1:
+            t0 = time.perf_counter()
         for fault in faults:
             fault.new_step()
         if dbg is not None:
@@ -162,6 +180,9 @@ def main(argv: Optional[list[str]] = None) -> int:
             dbg.step()
         if not args.quiet and rank == 0:
             print(f"step {step}: mean loss {total.item() / world:.6f}")
+    if args.time and rank == 0 and len(data) > 1:
+        ms = (time.perf_counter() - t0) * 1e3 / (len(data) - 1)
+        print(f"ms/step {ms:.2f}")
     if dbg is not None:
         dbg.close()
     dist.destroy_process_group()

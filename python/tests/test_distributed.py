@@ -90,7 +90,9 @@ def close(a: dict[str, Any], b: dict[str, Any], rel: float = 1e-6) -> bool:
 
 
 def grads(recs: list[dict[str, Any]]) -> dict[str, dict[str, Any]]:
-    return {t["name"]: t["stats"] for r in recs if r["kind"] == "parameters_grad" for t in r["tensors"]}
+    return {
+        t["name"]: t["stats"] for r in recs if r["kind"] == "parameters_grad" for t in r["tensors"]
+    }
 
 
 def check_collectives(ops: Ops, nproc: int, steps: int) -> int:
@@ -223,7 +225,9 @@ def test_collective_fault_on_one_rank(tmp_path: Any, clean: tuple[str, Ops]) -> 
     assert any(not close(g0[n], g1[n]) for n in g0)
 
 
-def test_probe_compare_names_a_divergence(clean: tuple[str, Ops], op_fault: tuple[str, Ops], tmp_path: Any) -> None:
+def test_probe_compare_names_a_divergence(
+    clean: tuple[str, Ops], op_fault: tuple[str, Ops], tmp_path: Any
+) -> None:
     exe = probe_bin()
     res = subprocess.run(
         [exe, "compare", "-b", clean[0], "-c", op_fault[0], "-o", str(tmp_path / "out")],
@@ -240,6 +244,62 @@ def test_probe_compare_names_a_divergence(clean: tuple[str, Ops], op_fault: tupl
     first = pairs[("step0", "rank1")]["findings"]["first_divergent"]["forward"]
     assert first["op"] == "Functional.gelu.0.forward"
     assert pairs[("step0", "rank0")]["findings"]["first_divergent"]["forward"] is None
+    # The cross-rank verdict: rank 1 is the origin, rank 0 inherited it through DDP's
+    # gradient all-reduce.
+    with open(tmp_path / "out" / "summary.json", encoding="utf-8") as fh:
+        s = json.load(fh)
+    head = s["headline"]
+    assert head.startswith("DIVERGENCE: rank 1 diverged first"), head
+    assert "Functional.gelu.0.forward" in head, head
+    assert "rank 0 inherited it through Distributed.ddp_bucket_allreduce" in head, head
+    assert (s["origin"]["rank"], s["origin"]["op"]) == ("rank1", "Functional.gelu.0.forward")
+    assert [p["rank"] for p in s["propagation"]] == ["rank0"], s["propagation"]
+
+
+def _compare(bench: str, cmp_: str, out: Any) -> tuple[int, dict[str, Any]]:
+    res = subprocess.run(
+        [probe_bin(), "compare", "-b", bench, "-c", cmp_, "-o", str(out)],
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    with open(os.path.join(str(out), "summary.json"), encoding="utf-8") as fh:
+        return res.returncode, json.load(fh)
+
+
+def test_identical_ddp_runs_pass(clean: tuple[str, Ops], tmp_path: Any) -> None:
+    code, s = _compare(clean[0], clean[0], tmp_path / "out")
+    assert code == 0, s["headline"]
+    assert "origin" not in s or s["origin"] is None, s
+
+
+def test_probe_compare_names_a_faulty_collective(clean: tuple[str, Ops], tmp_path: Any) -> None:
+    """The all-reduce of the loss returns a wrong value on rank 1 while every rank's input
+    agrees: the collective itself is named, as faulty communication."""
+    d = str(tmp_path / "coll")
+    torchrun(d, 2, "--inject-collective", "all_reduce", "--inject-rank", "1", steps=1)
+    bench = os.path.join(clean[0], "step0")
+    code, s = _compare(bench, os.path.join(d, "step0"), tmp_path / "out")
+    assert code == 1, s["headline"]
+    head = s["headline"]
+    assert head.startswith("DIVERGENCE: collective Distributed.all_reduce."), head
+    assert "faulty communication" in head and "rank 1" in head, head
+    assert s["origin"]["kind"] == "collective", s["origin"]
+
+
+def test_four_ranks_one_perturbed_rank_is_the_origin(tmp_path: Any) -> None:
+    """4 ranks, gelu perturbed on rank 2 only: rank 2 is the origin, every other rank
+    inherited it through DDP's gradient all-reduce."""
+    b, c = str(tmp_path / "b4"), str(tmp_path / "c4")
+    torchrun(b, 4, "--level", "api", steps=1)
+    torchrun(c, 4, "--level", "api", "--inject", "Functional.gelu.0", "--inject-rank", "2", steps=1)
+    code, s = _compare(b, c, tmp_path / "out")
+    assert code == 1, s["headline"]
+    head = s["headline"]
+    assert head.startswith("DIVERGENCE: rank 2 diverged first"), head
+    assert "Functional.gelu.0.forward" in head, head
+    assert "ranks 0, 1, 3 inherited it" in head, head
+    assert sorted(p["rank"] for p in s["propagation"]) == ["rank0", "rank1", "rank3"]
 
 
 def test_four_ranks_with_pair_groups(tmp_path: Any) -> None:
@@ -273,7 +333,15 @@ def _run_own_hook(tmp_path: Any) -> Optional[str]:
     env = dict(os.environ, OMP_NUM_THREADS="1")
     env["PYTHONPATH"] = os.path.join(REPO, "python")
     res = subprocess.run(
-        [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node", "1", str(script)],
+        [
+            sys.executable,
+            "-m",
+            "torch.distributed.run",
+            "--standalone",
+            "--nproc_per_node",
+            "1",
+            str(script),
+        ],
         env=env,
         capture_output=True,
         text=True,
