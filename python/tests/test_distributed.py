@@ -357,3 +357,45 @@ def test_user_comm_hook_is_kept_with_one_warning(tmp_path: Any) -> None:
     with open(tmp_path / "d" / "step0" / "rank0" / "ops.jsonl", encoding="utf-8") as fh:
         recs = [json.loads(line) for line in fh]
     assert recs and not any("ddp_bucket" in r["op"] for r in recs)
+
+
+COALESCED = """
+import sys, torch, torch.distributed as dist
+import probe
+dist.init_process_group("gloo")
+r = dist.get_rank()
+dbg = probe.Debugger(None, dump_path=sys.argv[1], level="api", mode="statistics")
+dbg.start(torch.nn.Linear(2, 2))
+a, b = torch.ones(3) * (r + 1), torch.ones(2) * (r + 2)
+dist.all_reduce_coalesced([a, b])
+outs = [[torch.zeros(3)] for _ in range(dist.get_world_size())]
+dist.all_gather_coalesced(outs, [a])
+dbg.stop(); dbg.step(); dbg.close()
+dist.destroy_process_group()
+"""
+
+
+def test_coalesced_collectives_record_inputs_and_outputs(tmp_path: Any) -> None:
+    """The _coalesced variants write their results into the lists they are given: both the
+    values before (inputs) and after (outputs) are recorded, with group and coll_seq."""
+    script = tmp_path / "coalesced.py"
+    script.write_text(COALESCED, encoding="utf-8")
+    env = dict(os.environ, OMP_NUM_THREADS="1", PYTHONPATH=os.path.join(REPO, "python"))
+    cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone"]
+    cmd += ["--nproc_per_node", "2", str(script), str(tmp_path / "d")]
+    res = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=TIMEOUT)
+    assert res.returncode == 0, res.stderr[-3000:]
+    for rank in (0, 1):
+        with open(tmp_path / "d" / "step0" / f"rank{rank}" / "ops.jsonl", encoding="utf-8") as fh:
+            recs = {r["op"]: r for r in map(json.loads, fh) if r["op"].startswith("Distributed.")}
+        red = recs["Distributed.all_reduce_coalesced.0.forward"]
+        assert (red["group"], red["coll_seq"]) == ([0, 1], 0)
+        means = {t["name"].rsplit(".forward.", 1)[1]: t["stats"]["mean"] for t in red["tensors"]}
+        # Rank r contributes r+1 and r+2: the sums are 3 and 5 on every rank.
+        assert means["input.0.0"] == rank + 1 and means["input.0.1"] == rank + 2
+        assert means["output.0"] == 3.0 and means["output.1"] == 5.0
+        gat = recs["Distributed.all_gather_coalesced.0.forward"]
+        assert (gat["group"], gat["coll_seq"]) == ([0, 1], 1)
+        outs = [t for t in gat["tensors"] if t["role"] == "output"]
+        # `a` was reduced in place to 3 on every rank before it was gathered.
+        assert [t["stats"]["mean"] for t in outs] == [3.0, 3.0], outs

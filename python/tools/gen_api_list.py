@@ -223,7 +223,9 @@ SKIP_TENSOR = {
 }
 DISTRIBUTED = [
     "all_reduce",
+    "all_reduce_coalesced",
     "all_gather",
+    "all_gather_coalesced",
     "all_gather_into_tensor",
     "all_gather_object",
     "reduce_scatter",

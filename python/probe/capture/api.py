@@ -45,6 +45,8 @@ tls = _TLS()
 # Distributed collectives that write their result into their first argument.
 _DIST_INPLACE = {
     "all_reduce",
+    "all_reduce_coalesced",
+    "all_gather_coalesced",
     "broadcast",
     "reduce",
     "all_gather",
@@ -58,6 +60,17 @@ _DIST_INPLACE = {
     "scatter",
     "gather",
 }
+
+
+def _holds_result(first: Any) -> bool:
+    """Whether an in-place call's first argument can hold its result: a tensor, or a list
+    of tensors (or of lists of tensors: all_gather_coalesced)."""
+    if isinstance(first, torch.Tensor):
+        return True
+    return isinstance(first, (list, tuple)) and bool(first) and all(
+        isinstance(x, torch.Tensor) or (isinstance(x, (list, tuple)) and _holds_result(x))
+        for x in first
+    )
 
 
 def load_api_list(path: Optional[str] = None) -> dict[str, list[str]]:
@@ -318,7 +331,7 @@ class ApiCapture:
         try:
             with dbg._lock:
                 produced = out
-                if produced is None and inplace and args and isinstance(args[0], torch.Tensor):
+                if produced is None and inplace and args and _holds_result(args[0]):
                     produced = args[0]  # __setitem__: the first argument holds the result
                 if (
                     folder is not None
@@ -429,8 +442,10 @@ class ApiCapture:
         if aliases and isinstance(out, torch.Tensor) and id(out) in aliases:
             out = aliases[id(out)]  # identity ops (x.float() on float) return their input
         result = out
-        if out is None and inplace and args and isinstance(args[0], torch.Tensor):
-            out = args[0]  # __setitem__, collectives: the first argument holds the result
+        if out is None and inplace and args and _holds_result(args[0]):
+            # __setitem__, collectives: the first argument holds the result (a list of
+            # tensors for all_gather and the _coalesced variants).
+            out = args[0]
         want_out = forward and c.outputs and not dbg._overflow
         bkey = bwd.key if bwd is not None else ""
 
