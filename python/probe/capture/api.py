@@ -67,9 +67,13 @@ def _holds_result(first: Any) -> bool:
     of tensors (or of lists of tensors: all_gather_coalesced)."""
     if isinstance(first, torch.Tensor):
         return True
-    return isinstance(first, (list, tuple)) and bool(first) and all(
-        isinstance(x, torch.Tensor) or (isinstance(x, (list, tuple)) and _holds_result(x))
-        for x in first
+    return (
+        isinstance(first, (list, tuple))
+        and bool(first)
+        and all(
+            isinstance(x, torch.Tensor) or (isinstance(x, (list, tuple)) and _holds_result(x))
+            for x in first
+        )
     )
 
 
