@@ -565,6 +565,14 @@ impl<'a> Builder<'a> {
         (ins, outs)
     }
 
+    /// The op keys of a region's calls on each side.
+    fn calls(&self, b: &[usize], c: &[usize]) -> Sides<Vec<String>> {
+        let keys = |v: &SideView, ops: &[usize]| -> Vec<String> {
+            ops.iter().map(|&o| v.ops()[o].key.to_string()).collect()
+        };
+        Sides::new(keys(&self.bv, b), keys(&self.cv, c))
+    }
+
     fn tensor(&self, s: Side, r: TensorRef) -> &'a crate::dump::TensorRec {
         &self.side(s).ops()[r.op].tensors[r.tensor]
     }
@@ -686,14 +694,7 @@ impl<'a> Builder<'a> {
             direction,
             by,
             rule,
-            calls: Sides::new(
-                b.iter()
-                    .map(|&o| self.bv.ops()[o].key.as_str().to_string())
-                    .collect(),
-                c.iter()
-                    .map(|&o| self.cv.ops()[o].key.as_str().to_string())
-                    .collect(),
-            ),
+            calls: self.calls(b, c),
             at: OpInfo::of(at, &self.cv.ops()[at]),
             boundary: boundary.len(),
         });
@@ -815,16 +816,7 @@ impl<'a> Builder<'a> {
                 direction: Direction::Backward,
                 by,
                 rule: fwd.rule.clone(),
-                calls: Sides::new(
-                    ops.bench
-                        .iter()
-                        .map(|&o| self.bv.ops()[o].key.as_str().to_string())
-                        .collect(),
-                    ops.cmp
-                        .iter()
-                        .map(|&o| self.cv.ops()[o].key.as_str().to_string())
-                        .collect(),
-                ),
+                calls: self.calls(&ops.bench, &ops.cmp),
                 at: OpInfo::of(at, &self.cv.ops()[at]),
                 boundary: pairs.len(),
             };
