@@ -333,7 +333,7 @@ pub fn judge_all(
         unmatched,
         ..
     } = a;
-    let rows = matches
+    let mut rows: Vec<Row> = matches
         .iter()
         .zip(measurements)
         .zip(judgements)
@@ -355,7 +355,6 @@ pub fn judge_all(
     // What is left of the op logs is ~a million small allocations: free them off the
     // critical path.
     rayon::spawn(move || drop(dumps));
-    let mut rows: Vec<Row> = rows;
     amplified_noise(&mut rows);
     (rows, unmatched, carry_out)
 }

@@ -737,6 +737,10 @@ impl<'a> Builder<'a> {
     /// boundary tensors (a forward input's gradient is its backward call's output in the
     /// same slot, a forward output's gradient its backward call's input).
     fn mirror(&mut self, bwd: Sides<Vec<usize>>) -> Sides<Vec<usize>> {
+        if self.in_region.bench.is_empty() && self.in_region.cmp.is_empty() {
+            // No forward region (identical code paths): no twin lookup per backward call.
+            return bwd;
+        }
         // Backward ops whose forward twin lies in a region: by region.
         let mut members: BTreeMap<usize, Sides<Vec<usize>>> = BTreeMap::new();
         let mut rest = Sides::new(Vec::new(), Vec::new());
