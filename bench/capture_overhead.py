@@ -8,7 +8,14 @@ the ratios. Goals: statistics mode at api level <= 3x a bare step on CPU, and at
 less overhead than msprobe in the same run; overflow mode (a clean run: every op checked,
 nothing written) <= 1.5x at api level.
 
+``--model transformer`` times a realistic model instead: a 4-layer transformer encoder
+(d_model 512, 8 heads, feed-forward 2048, sequence 256, batch 8 by default) with a
+token-classification head. For tensor mode the bench also reports the bytes a step dumps and
+the time ``dd`` takes to write the same bytes to the same disk (page cache, like the dump), so
+the capture can be set against the disk's own speed.
+
     python bench/capture_overhead.py [--device cpu] [--steps 5] [--batch 16]
+    python bench/capture_overhead.py --model transformer --modes statistics,tensor --levels mix
 """
 
 from __future__ import annotations
@@ -18,6 +25,7 @@ import importlib.util
 import os
 import shutil
 import statistics
+import subprocess
 import sys
 import tempfile
 import time
@@ -48,6 +56,68 @@ def _sync(device: torch.device) -> None:
         torch.npu.synchronize()  # type: ignore[attr-defined]
 
 
+#: Marker for ``--model transformer`` where the example module is expected.
+TRANSFORMER = object()
+
+
+class Transformer(torch.nn.Module):
+    """4 encoder layers, d_model 512, 8 heads, feed-forward 2048, a 1,000-class token head."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        layer = torch.nn.TransformerEncoderLayer(
+            d_model=512, nhead=8, dim_feedforward=2048, dropout=0.0, batch_first=True
+        )
+        self.encoder = torch.nn.TransformerEncoder(layer, num_layers=4, enable_nested_tensor=False)
+        self.head = torch.nn.Linear(512, 1000)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.head(self.encoder(x))
+
+
+def transformer_data(
+    batch: int, device: torch.device, seq: int = 256
+) -> list[tuple[torch.Tensor, torch.Tensor]]:
+    g = torch.Generator().manual_seed(1234)
+    return [
+        (
+            torch.randn(batch, seq, 512, generator=g).to(device),
+            torch.randint(0, 1000, (batch, seq), generator=g).to(device),
+        )
+        for _ in range(2)
+    ]
+
+
+def _dir_bytes(path: str) -> int:
+    total = 0
+    for root, _, files in os.walk(path):
+        for f in files:
+            try:
+                total += os.path.getsize(os.path.join(root, f))
+            except OSError:
+                pass
+    return total
+
+
+def _dd_seconds(folder: str, nbytes: int) -> float:
+    """Time to write ``nbytes`` to a file in ``folder`` with dd (1 MiB blocks, page cache,
+    as the dump writes), median of 3."""
+    count = max(1, nbytes >> 20)
+    target = os.path.join(folder, "dd.bin")
+    times = []
+    for _ in range(3):
+        t0 = time.perf_counter()
+        subprocess.run(
+            ["dd", "if=/dev/zero", f"of={target}", "bs=1M", f"count={count}"],
+            check=True,
+            stdout=subprocess.DEVNULL,
+            stderr=subprocess.DEVNULL,
+        )
+        times.append(time.perf_counter() - t0)
+        os.remove(target)
+    return statistics.median(times)
+
+
 class Runner:
     """One configuration's model, optimizer and data, stepped one step at a time.
 
@@ -67,9 +137,13 @@ class Runner:
 
         probe.seed_all(0)
         self.device = device
-        self.model = ex.SmallNet().to(device)
+        if ex is TRANSFORMER:
+            self.model = Transformer().to(device)
+            self.data = transformer_data(batch, device)
+        else:
+            self.model = ex.SmallNet().to(device)
+            self.data = ex.make_data(2, batch, device)
         self.opt = torch.optim.Adam(self.model.parameters(), lr=1e-3, foreach=False)
-        self.data = ex.make_data(2, batch, device)
         self.start = start
         self.stop = stop
         self.times: list[float] = []
@@ -81,7 +155,8 @@ class Runner:
         if self.start is not None:
             self.start(self.model)
         self.opt.zero_grad(set_to_none=True)
-        loss = F.cross_entropy(self.model(x), y)
+        out = self.model(x)
+        loss = F.cross_entropy(out.reshape(-1, out.shape[-1]), y.reshape(-1))
         loss.backward()
         self.opt.step()
         if self.stop is not None:
@@ -100,7 +175,8 @@ def main() -> int:
     )
     ap.add_argument("--device", default="cpu")
     ap.add_argument("--steps", type=int, default=10)
-    ap.add_argument("--batch", type=int, default=16)
+    ap.add_argument("--batch", type=int, default=0, help="default: 16 (small), 8 (transformer)")
+    ap.add_argument("--model", choices=["small", "transformer"], default="small")
     ap.add_argument("--modes", default="statistics,tensor,checksum,overflow")
     ap.add_argument("--levels", default="api,module,mix")
     ap.add_argument(
@@ -115,8 +191,11 @@ def main() -> int:
 
     import probe
 
-    ex = _load_example()
-    device = ex.resolve_device(args.device)
+    example = _load_example()
+    device = example.resolve_device(args.device)
+    ex: Any = TRANSFORMER if args.model == "transformer" else example
+    if args.batch <= 0:
+        args.batch = 8 if args.model == "transformer" else 16
     tmp = tempfile.mkdtemp(prefix="probe-bench-")
     rows: list[tuple[str, float]] = []
     runners: list[tuple[str, Runner]] = [("bare", Runner(ex, device, args.batch, None, None))]
@@ -141,6 +220,7 @@ def main() -> int:
         ms = _msprobe_runner(ex, device, args, tmp)
         if ms is not None:
             runners.append(("msprobe statistics L1", ms))
+        dumped: dict[str, int] = {}  # dump folder -> bytes of one step
         for i in range(args.steps + 1):  # the first round warms caches and allocators
             for _, r in runners:
                 r.step(record=i > 0)
@@ -150,24 +230,39 @@ def main() -> int:
                     if os.path.isdir(os.path.join(tmp, name)):
                         for sub in os.listdir(os.path.join(tmp, name)):
                             if sub.startswith("step"):
-                                shutil.rmtree(os.path.join(tmp, name, sub), ignore_errors=True)
+                                step_dir = os.path.join(tmp, name, sub)
+                                dumped[name] = max(dumped.get(name, 0), _dir_bytes(step_dir))
+                                shutil.rmtree(step_dir, ignore_errors=True)
         for dbg in debuggers:
             dbg.close()
             if not dbg.enabled:
                 print("warning: a probe configuration disabled itself", file=sys.stderr)
         rows = [(name, r.median()) for name, r in runners]
         bare = rows[0][1]
+        tensor_dumps = {k: v for k, v in dumped.items() if k.startswith("tensor-")}
+        disk = {k: (v, _dd_seconds(tmp, v)) for k, v in tensor_dumps.items()}
     finally:
         shutil.rmtree(tmp, ignore_errors=True)
 
     print(
-        f"device {device}, torch {torch.__version__}, threads {torch.get_num_threads()}, "
+        f"model {args.model}, device {device}, torch {torch.__version__}, "
+        f"threads {torch.get_num_threads()}, "
         f"batch {args.batch}, median of {args.steps} interleaved steps, "
         f"agent {os.path.dirname(probe.__file__)}"
     )
     print(f"{'configuration':<28} {'ms/step':>9} {'ratio':>7}")
     for name, t in rows:
         print(f"{name:<28} {t * 1e3:9.1f} {t / bare:7.2f}x")
+    for folder, (nbytes, dd) in sorted(disk.items()):
+        mode_level = folder.replace("-", " ")
+        overhead = next(
+            (t - bare for n, t in rows if " ".join(n.split()[1:]) == mode_level), float("nan")
+        )
+        print(
+            f"{mode_level}: {nbytes / 1e6:.0f} MB a step; capture overhead {overhead * 1e3:.0f} ms "
+            f"= {overhead / dd:.2f}x the {dd * 1e3:.0f} ms dd takes to write the same bytes "
+            f"({nbytes / dd / 1e9:.2f} GB/s)"
+        )
     ms_rows = [t for n, t in rows if n.startswith("msprobe")]
     stat_api = [
         t for n, t in rows if n.startswith("probe statistics") and n.rstrip().endswith("api")

@@ -5,7 +5,10 @@
 #   - start-up time (`probe --version`);
 #   - statistics-only dump of STATS_TENSORS tensors: compare time including the xlsx, with
 #     the structural aligner and with `--align name`, and their ratio (alignment cost).
-# Usage: bash bench/compare_bench.sh            (SIZE_GB=2 STATS_TENSORS=100000 by default)
+#   Tensor figures are the best of RUNS (3) runs each, with CPU time (user + sys, from
+#   /usr/bin/time) next to wall time: on a shared machine CPU time is the steadier measure.
+# Usage: bash bench/compare_bench.sh            (SIZE_GB=2 STATS_TENSORS=100000 RUNS=3 by default)
+#        SKIP_STATS=1 bash bench/compare_bench.sh   (the tensor dump and start-up only)
 #        PROBE_BIN=/path/to/other/probe bash bench/compare_bench.sh   (measure another build)
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -31,24 +34,36 @@ if [ ! -f "$WORK/tensor/cmp/step0/rank0/ops.jsonl" ] || [ "$(cat "$WORK/tensor/.
   echo "$COUNT" > "$WORK/tensor/.count"
 fi
 BYTES=$(du -cb "$WORK"/tensor/{bench,cmp}/step0/rank0/*.safetensors | tail -1 | cut -f1)
-# Warm the page cache, then time cat.
-cat "$WORK"/tensor/{bench,cmp}/step0/rank0/*.safetensors > /dev/null
-t0=$(now); cat "$WORK"/tensor/{bench,cmp}/step0/rank0/*.safetensors > /dev/null; t1=$(now)
-CAT=$(elapsed "$t0" "$t1")
-run_probe() {
-  /usr/bin/time -f "%e %M" -o "$WORK/time.txt" "$P" compare -q -b "$WORK/tensor/bench" -c "$WORK/tensor/cmp" -o "$WORK/out" "$@" || true
-  cat "$WORK/time.txt"
+# Wall and CPU time (user + sys) of a command, best of RUNS: "wall cpu maxrss_kb" with the
+# fastest wall and the smallest CPU (each the least disturbed by other jobs on the machine).
+RUNS=${RUNS:-3}
+timed() {
+  /usr/bin/time -f "%e %U %S %M" -o "$WORK/time.txt" "$@" > /dev/null || true
+  awk '{ printf "%s %.2f %s\n", $1, $2 + $3, $4 }' "$WORK/time.txt"
 }
-run_probe --format json > /dev/null  # warm
-read -r PROBE RSS_KB < <(run_probe --format json)
-read -r PROBE_ALL RSS_ALL_KB < <(run_probe)
-GBS=$(awk -v b="$BYTES" -v t="$PROBE" 'BEGIN { printf "%.2f", b / t / 1e9 }')
-CAT_GBS=$(awk -v b="$BYTES" -v t="$CAT" 'BEGIN { printf "%.2f", b / t / 1e9 }')
-RATIO=$(awk -v p="$PROBE" -v c="$CAT" 'BEGIN { printf "%.2f", p / c }')
+best_of() {
+  for _ in $(seq "$RUNS"); do timed "$@"; done |
+    awk 'NR == 1 || $1 < w { w = $1 } NR == 1 || $2 < c { c = $2 } $3 > m { m = $3 }
+         END { printf "%s %s %s\n", w, c, m }'
+}
+# Warm the page cache, then time cat: the cost of just reading the bytes.
+FILES=("$WORK"/tensor/{bench,cmp}/step0/rank0/*.safetensors)
+cat "${FILES[@]}" > /dev/null
+read -r CAT CAT_CPU _ < <(best_of cat "${FILES[@]}")
+CMP=("$P" compare -q -b "$WORK/tensor/bench" -c "$WORK/tensor/cmp" -o "$WORK/out")
+timed "${CMP[@]}" --format json > /dev/null  # warm
+read -r PROBE PROBE_CPU RSS_KB < <(best_of "${CMP[@]}" --format json)
+read -r PROBE_ALL _ RSS_ALL_KB < <(RUNS=1 best_of "${CMP[@]}")
+gbs() { awk -v b="$BYTES" -v t="$1" 'BEGIN { printf "%.2f", (t > 0 ? b / t / 1e9 : 0) }'; }
+div() { awk -v a="$1" -v b="$2" 'BEGIN { printf "%.2f", (b > 0 ? a / b : 0) }'; }
+GBS=$(gbs "$PROBE"); CAT_GBS=$(gbs "$CAT")
+CORE_GBS=$(gbs "$PROBE_CPU"); CAT_CORE_GBS=$(gbs "$CAT_CPU")
+RATIO=$(div "$PROBE" "$CAT"); SPEED=$(div "$CAT" "$PROBE"); CPU_RATIO=$(div "$PROBE_CPU" "$CAT_CPU")
 
 t0=$(now); for _ in $(seq 20); do "$P" --version > /dev/null; done; t1=$(now)
 START_MS=$(awk -v a="$t0" -v b="$t1" 'BEGIN { printf "%.1f", (b - a) * 1000 / 20 }')
 
+if [ -z "${SKIP_STATS:-}" ]; then
 if [ ! -f "$WORK/stats/cmp/step0/rank0/ops.jsonl" ] || [ "$(cat "$WORK/stats/.count" 2>/dev/null)" != "$STATS_TENSORS" ]; then
   rm -rf "$WORK/stats"
   "$P" synth -o "$WORK/stats" --mode statistics --bulk "$STATS_TENSORS" --bulk-elems 64 --noise 1e-6 2>/dev/null
@@ -65,14 +80,18 @@ read -r STATS_T STATS_RSS < <(for _ in 1 2 3; do stats_run; done | best)
 read -r NAME_T NAME_RSS < <(for _ in 1 2 3; do stats_run --align name; done | best)
 ALIGN_T=$(awk -v a="$STATS_T" -v b="$NAME_T" 'BEGIN { printf "%.2f", a / b }')
 ALIGN_RSS=$(awk -v a="$STATS_RSS" -v b="$NAME_RSS" 'BEGIN { printf "%.2f", a / b }')
+fi
 
 echo "probe compare benchmark ($(nproc) cores, $(uname -m))"
 echo "tensor dump: $(awk -v b="$BYTES" 'BEGIN { printf "%.2f", b / 1e9 }') GB read (both sides, page-cached), $COUNT tensor pairs of 64 MiB"
-echo "  cat both dumps > /dev/null : ${CAT} s  (${CAT_GBS} GB/s)"
-echo "  probe compare, json only    : ${PROBE} s  (${GBS} GB/s)  peak RSS $((RSS_KB / 1024)) MB"
+echo "  (best of $RUNS; CPU = user + sys; per-core GB/s = bytes / CPU seconds)"
+echo "  cat both dumps > /dev/null : ${CAT} s  (${CAT_GBS} GB/s)  CPU ${CAT_CPU} s  (${CAT_CORE_GBS} GB/s per core)"
+echo "  probe compare, json only    : ${PROBE} s  (${GBS} GB/s)  CPU ${PROBE_CPU} s  (${CORE_GBS} GB/s per core)  peak RSS $((RSS_KB / 1024)) MB"
 echo "  probe compare, all reports  : ${PROBE_ALL} s  peak RSS $((RSS_ALL_KB / 1024)) MB"
-echo "  ratio probe / cat           : ${RATIO}"
+echo "  wall probe / cat            : ${RATIO}  (speed ${SPEED}x cat's; goal >= 0.8x)"
+echo "  CPU  probe / cat            : ${CPU_RATIO}  (goal <= 2x)"
 echo "start-up (probe --version)    : ${START_MS} ms"
+[ -n "${SKIP_STATS:-}" ] && exit 0
 echo "statistics dump, $STATS_TENSORS tensors, json+parquet+xlsx: ${STATS_T} s  peak RSS $((STATS_RSS / 1024)) MB"
 echo "  same with --align name      : ${NAME_T} s  peak RSS $((NAME_RSS / 1024)) MB"
 echo "  structural / name           : time ${ALIGN_T}x  peak RSS ${ALIGN_RSS}x  (goal <= 1.2x)"

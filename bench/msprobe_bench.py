@@ -13,6 +13,7 @@ input in the same run, and prints the ratio. Page caches are warmed first for bo
 Usage: python3 bench/msprobe_bench.py [--stats-tensors N] [--tensor-gb G] [--no-build] [--probe BIN]
 Needs python3 with torch (to write the .pt files).
 """
+
 import argparse
 import json
 import os
@@ -29,9 +30,15 @@ def write_dump(rank_dir, task, ops):
     """ops: list of (key, {slot: [leaf, ...]}) in execution order."""
     os.makedirs(rank_dir, exist_ok=True)
     with open(os.path.join(rank_dir, "dump.json"), "w") as f:
-        f.write('{\n "task": "%s",\n "level": "L1",\n "framework": "pytorch",\n "dump_data_dir": null,\n "data": {\n' % task)
+        f.write(
+            '{\n "task": "%s",\n "level": "L1",\n "framework": "pytorch",\n "dump_data_dir": null,\n "data": {\n'
+            % task
+        )
         for i, (key, entry) in enumerate(ops):
-            f.write("  %s: %s%s\n" % (json.dumps(key), json.dumps(entry), "," if i + 1 < len(ops) else ""))
+            f.write(
+                "  %s: %s%s\n"
+                % (json.dumps(key), json.dumps(entry), "," if i + 1 < len(ops) else "")
+            )
         f.write(" }\n}\n")
     stacks = {"0": [[k for k, _ in ops], ["File train.py, line 1, in <module>, \n main()"]]}
     with open(os.path.join(rank_dir, "stack.json"), "w") as f:
@@ -41,8 +48,16 @@ def write_dump(rank_dir, task, ops):
 
 
 def leaf(shape, mx, mn, mean, norm, data_name=None):
-    d = {"type": "torch.Tensor", "dtype": "torch.float32", "shape": shape,
-         "Max": mx, "Min": mn, "Mean": mean, "Norm": norm, "requires_grad": False}
+    d = {
+        "type": "torch.Tensor",
+        "dtype": "torch.float32",
+        "shape": shape,
+        "Max": mx,
+        "Min": mn,
+        "Mean": mean,
+        "Norm": norm,
+        "requires_grad": False,
+    }
     if data_name:
         d["data_name"] = data_name
     return d
@@ -54,9 +69,18 @@ def gen_stats(work, n_tensors):
     if os.path.exists(stamp) and open(stamp).read() == str(n_tensors):
         return root
     shutil.rmtree(root, ignore_errors=True)
-    print(f"generating an msprobe statistics dump of {n_tensors} tensors per side ...", file=sys.stderr)
+    print(
+        f"generating an msprobe statistics dump of {n_tensors} tensors per side ...",
+        file=sys.stderr,
+    )
     rng = random.Random(1)
-    apis = ["Functional.linear", "Torch.matmul", "Tensor.add", "Functional.gelu", "Functional.layer_norm"]
+    apis = [
+        "Functional.linear",
+        "Torch.matmul",
+        "Tensor.add",
+        "Functional.gelu",
+        "Functional.layer_norm",
+    ]
     counters = {}
     sides = {"bench": [], "cmp": []}
     made = 0
@@ -65,8 +89,10 @@ def gen_stats(work, n_tensors):
         c = counters.get(api, 0)
         counters[api] = c + 1
         key = f"{api}.{c}.forward"
-        entries = {"bench": {"input_args": [], "input_kwargs": {}, "output": []},
-                   "cmp": {"input_args": [], "input_kwargs": {}, "output": []}}
+        entries = {
+            "bench": {"input_args": [], "input_kwargs": {}, "output": []},
+            "cmp": {"input_args": [], "input_kwargs": {}, "output": []},
+        }
         for slot, k in (("input_args", 2), ("output", 1)):
             for _ in range(k):
                 shape = [4, 1024]
@@ -94,7 +120,9 @@ def gen_tensor(work, gib):
     shutil.rmtree(root, ignore_errors=True)
     elems = 1 << 20  # 4 MiB per float32 tensor
     n = max(2, int(gib * (1 << 30)) // (elems * 4))
-    print(f"generating an msprobe tensor dump of {n} x 4 MiB .pt files per side ...", file=sys.stderr)
+    print(
+        f"generating an msprobe tensor dump of {n} x 4 MiB .pt files per side ...", file=sys.stderr
+    )
     g = torch.Generator().manual_seed(1)
     sides = {"bench": [], "cmp": []}
     dirs = {s: os.path.join(root, s, "step0", "rank0") for s in sides}
@@ -109,8 +137,16 @@ def gen_tensor(work, gib):
             for s, t in (("bench", b), ("cmp", c)):
                 fname = f"{key}.{name}.pt"
                 torch.save(t, os.path.join(dirs[s], "dump_tensor_data", fname))
-                entry[s][slot].append(leaf([elems], t.max().item(), t.min().item(), t.mean().item(),
-                                           t.norm().item(), fname))
+                entry[s][slot].append(
+                    leaf(
+                        [elems],
+                        t.max().item(),
+                        t.min().item(),
+                        t.mean().item(),
+                        t.norm().item(),
+                        fname,
+                    )
+                )
         for s in sides:
             sides[s].append((key, entry[s]))
     for s, ops in sides.items():
@@ -153,7 +189,11 @@ def main():
     ap.add_argument("--stats-tensors", type=int, default=100_000)
     ap.add_argument("--tensor-gb", type=float, default=1.0)
     ap.add_argument("--no-build", action="store_true")
-    ap.add_argument("--probe", default=os.environ.get("PROBE"), help="probe binary (default: build and use target/release/probe)")
+    ap.add_argument(
+        "--probe",
+        default=os.environ.get("PROBE"),
+        help="probe binary (default: build and use target/release/probe)",
+    )
     ap.add_argument("--msprobe-timeout", type=int, default=3600)
     a = ap.parse_args()
     os.makedirs(a.work, exist_ok=True)
@@ -162,27 +202,49 @@ def main():
     probe = a.probe or os.path.join(ROOT, "target", "release", "probe")
     msprobe = find_msprobe()
     results = []
-    for kind, root in (("statistics", gen_stats(a.work, a.stats_tensors)),
-                       ("tensor", gen_tensor(a.work, a.tensor_gb))):
+    for kind, root in (
+        ("statistics", gen_stats(a.work, a.stats_tensors)),
+        ("tensor", gen_tensor(a.work, a.tensor_gb)),
+    ):
         b, c = os.path.join(root, "bench"), os.path.join(root, "cmp")
         size = du(b) + du(c)
         warm(b)
         warm(c)
         out = os.path.join(a.work, "out-probe-" + kind)
         shutil.rmtree(out, ignore_errors=True)
-        timed([probe, "compare", "-q", "-b", b, "-c", c, "-o", out, "--format", "json"], out + ".log")  # warm-up
-        t_json, rc = timed([probe, "compare", "-q", "-b", b, "-c", c, "-o", out, "--format", "json"], out + ".log")
+        timed(
+            [probe, "compare", "-q", "-b", b, "-c", c, "-o", out, "--format", "json"], out + ".log"
+        )  # warm-up
+        t_json, rc = timed(
+            [probe, "compare", "-q", "-b", b, "-c", c, "-o", out, "--format", "json"], out + ".log"
+        )
         t_all, _ = timed([probe, "compare", "-q", "-b", b, "-c", c, "-o", out], out + ".log")
-        row = {"kind": kind, "bytes": size, "probe_json_s": t_json, "probe_all_reports_s": t_all, "probe_exit": rc}
+        row = {
+            "kind": kind,
+            "bytes": size,
+            "probe_json_s": t_json,
+            "probe_all_reports_s": t_all,
+            "probe_exit": rc,
+        }
         if msprobe:
             mout = os.path.join(a.work, "out-msprobe-" + kind)
             shutil.rmtree(mout, ignore_errors=True)
             os.makedirs(mout)
-            cmd = msprobe + ["compare", "-tp", os.path.join(c, "step0"), "-gp", os.path.join(b, "step0"), "-o", mout]
+            cmd = msprobe + [
+                "compare",
+                "-tp",
+                os.path.join(c, "step0"),
+                "-gp",
+                os.path.join(b, "step0"),
+                "-o",
+                mout,
+            ]
             try:
                 t0 = time.perf_counter()
                 with open(mout + ".log", "w") as f:
-                    rc = subprocess.call(cmd, stdout=f, stderr=subprocess.STDOUT, timeout=a.msprobe_timeout)
+                    rc = subprocess.call(
+                        cmd, stdout=f, stderr=subprocess.STDOUT, timeout=a.msprobe_timeout
+                    )
                 row["msprobe_s"] = time.perf_counter() - t0
                 row["msprobe_exit"] = rc
                 row["ratio_vs_probe_all_reports"] = row["msprobe_s"] / t_all

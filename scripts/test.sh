@@ -2,8 +2,8 @@
 # The one command that runs every test: Rust (format, lints, unit, integration) and the
 # Python capture agent (including the end-to-end dump -> probe compare test).
 # Installs what it needs itself: a virtualenv in .venv with torch (CPU use), safetensors,
-# numpy, pytest, jsonschema, ruff, mypy, and the agent from ./python. pip caches the torch
-# wheel.
+# numpy, pytest, jsonschema, ruff, mypy, maturin, and the wheel of this checkout (the probe
+# command and the agent: pyproject.toml). pip caches the torch wheel, cargo the release build.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 export CARGO_TERM_COLOR=never
@@ -20,14 +20,27 @@ if [ ! -x .venv/bin/python ]; then
   python3 -m venv --system-site-packages .venv
 fi
 PY=.venv/bin/python
-"$PY" -m pip install --quiet --disable-pip-version-check "torch>=2.1" numpy safetensors pytest jsonschema ruff mypy
-# Always the checkout's agent, even when an older copy with the same version is installed.
-"$PY" -m pip install --quiet --disable-pip-version-check --no-build-isolation --no-deps --force-reinstall ./python
+"$PY" -m pip install --quiet --disable-pip-version-check "torch>=2.1" numpy safetensors pytest jsonschema ruff mypy "maturin>=1.5,<2"
 
-echo "== python: ruff, mypy (python/pyproject.toml)"
-(cd python && "../$PY" -m ruff check . ../examples ../bench && "../$PY" -m ruff format --check . && "../$PY" -m mypy)
+echo "== python: ruff, mypy (pyproject.toml)"
+"$PY" -m ruff check python examples bench
+"$PY" -m ruff format --check python examples bench
+"$PY" -m mypy
 
-echo "== python: tests"
-cargo build --quiet
-export PROBE_BIN="$PWD/target/debug/probe"
+echo "== wheel: pip wheel . (maturin: the probe command + the agent), installed into .venv"
+# The user's `pip install .` path (PEP 517 through maturin, release build; cargo caches it in
+# target/). Always this checkout's build, even when the same version is installed.
+rm -rf target/wheels
+# (maturin's PEP 517 hook runs the `maturin` command: the venv's bin must be on PATH.)
+PATH="$PWD/.venv/bin:$PATH" "$PY" -m pip wheel --quiet --disable-pip-version-check --no-build-isolation --no-deps -w target/wheels .
+PROBE_WHEEL="$(ls "$PWD"/target/wheels/probe_dl-*.whl)"
+export PROBE_WHEEL
+"$PY" -m pip uninstall --quiet --disable-pip-version-check -y probe-agent 2>/dev/null || true  # the old agent-only name
+"$PY" -m pip install --quiet --disable-pip-version-check --no-deps --force-reinstall "$PROBE_WHEEL"
+
+echo "== python: tests (the installed probe command; test_install.py checks a fresh venv)"
+unset PROBE_BIN
 "$PY" -m pytest python/tests -q -p no:cacheprovider
+
+echo "== html: the reports in headless Chromium (skips without chromium; CI as root installs it)"
+PROBE_BIN="$PWD/.venv/bin/probe" bash scripts/check_html.sh

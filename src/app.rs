@@ -2,10 +2,13 @@
 //! output paths first, then do the long work, then write every output. `main.rs` only
 //! parses arguments, calls one of these and maps the outcome to an exit code.
 
-use crate::compare::{self, Level, Progress, Tolerances};
+use crate::compare::shard::{self, RunIdentity};
+use crate::compare::{self, Level, Shard, Tolerances};
+use crate::dump::Selection;
 use crate::error::{ProbeError, Result};
 use crate::gate::{self, FailOn};
-use crate::report::{self, CompareDocument, Document, ReportWriter, ScanDocument};
+use crate::progress::{Count, Progress};
+use crate::report::{self, CompareDocument, Document, ReportWriter, ScanDocument, XlsxRows};
 use crate::scan::{self, ScanOptions, ScanSummary};
 use crate::schema::summary::Summary;
 use crate::{atomic, verdict};
@@ -26,7 +29,7 @@ pub struct CompareRequest {
     pub config: Option<PathBuf>,
     /// When the gate fails.
     pub fail_on: FailOn,
-    /// Report formats to write (`json`, `parquet`, `xlsx`).
+    /// Report formats to write (`json`, `parquet`, `xlsx`, `html`).
     pub formats: Vec<String>,
     /// Worker threads (None: all cores).
     pub threads: Option<usize>,
@@ -40,18 +43,57 @@ pub struct CompareRequest {
     /// The largest share of a side's tensors in a step/rank pair that may lack a
     /// counterpart before the comparison is incomplete (0 to 1).
     pub max_unmatched: f64,
+    /// The steps and ranks to compare.
+    pub selection: Selection,
+    /// Compare only this part and write a shard result for `probe merge` (instead of the
+    /// reports).
+    pub shard: Option<Shard>,
+    /// How many tensor rows the workbook holds.
+    pub xlsx_rows: XlsxRows,
+}
+
+/// What `probe compare --shard` wrote.
+#[derive(Debug, Clone)]
+pub struct ShardReport {
+    /// Which part.
+    pub shard: Shard,
+    /// Step/rank pairs compared (or skipped as empty) by this shard.
+    pub units: usize,
+    /// Step/rank pairs the plan holds in all.
+    pub planned: usize,
+    /// The shard result's folder.
+    pub out: PathBuf,
+    /// Warnings of the shard's units.
+    pub warnings: Vec<String>,
+}
+
+/// What `probe merge` was asked to do.
+#[derive(Debug, Clone)]
+pub struct MergeRequest {
+    /// The shard results' folders.
+    pub shards: Vec<PathBuf>,
+    /// Output folder for the reports.
+    pub out: PathBuf,
+    /// When the gate fails.
+    pub fail_on: FailOn,
+    /// As `CompareRequest::max_unmatched`.
+    pub max_unmatched: f64,
+    /// Report formats to write.
+    pub formats: Vec<String>,
+    /// How many tensor rows the workbook holds.
+    pub xlsx_rows: XlsxRows,
 }
 
 /// The chosen report writers, in their standard order; an unknown name is a usage error.
-fn chosen_writers(formats: &[String]) -> Result<Vec<Box<dyn ReportWriter>>> {
+fn chosen_writers(formats: &[String], xlsx_rows: XlsxRows) -> Result<Vec<Box<dyn ReportWriter>>> {
     for f in formats {
-        if !report::writers().iter().any(|w| w.format() == f) {
+        if !report::writers(xlsx_rows).iter().any(|w| w.format() == f) {
             return Err(ProbeError::Usage(format!(
-                "unknown report format {f:?} (json, parquet, xlsx)"
+                "unknown report format {f:?} (json, parquet, xlsx, html)"
             )));
         }
     }
-    Ok(report::writers()
+    Ok(report::writers(xlsx_rows)
         .into_iter()
         .filter(|w| formats.iter().any(|f| f == w.format()))
         .collect())
@@ -75,14 +117,26 @@ fn output_paths(
 /// Writes every report of `doc` into `out`, all or nothing: into a staging folder first
 /// (formats are independent files, written in parallel), moved into place only when every
 /// one was written; on a failure the folder keeps the previous set and gains nothing.
-fn write_reports(writers: &[Box<dyn ReportWriter>], doc: &dyn Document, out: &Path) -> Result<()> {
+fn write_reports(
+    writers: &[Box<dyn ReportWriter>],
+    doc: &dyn Document,
+    out: &Path,
+    progress: &Progress,
+) -> Result<()> {
     let staging = atomic::Staging::new(out)?;
     let names: Vec<String> = writers.iter().map(|w| w.file_name(doc.stem())).collect();
+    let stage = progress.stage("reports", writers.len() as u64, Count::Items);
+    stage.note(names.join(", "));
     let written: Vec<Result<()>> = writers
         .par_iter()
         .zip(&names)
-        .map(|(w, name)| w.write(doc, &staging.path(name)))
+        .map(|(w, name)| {
+            let r = w.write(doc, &staging.path(name));
+            stage.inc(1);
+            r
+        })
         .collect();
+    drop(stage);
     written.into_iter().collect::<Result<Vec<()>>>()?;
     // summary.json (written first) moves into place last: it names the others.
     let mut order = names;
@@ -120,37 +174,149 @@ fn within<T: Send>(pool: Option<rayon::ThreadPool>, work: impl FnOnce() -> T + S
     }
 }
 
-/// Runs `probe compare`: reads both dumps, compares, writes every chosen report. Returns
-/// the summary, whose `exit_code` is the gate's answer.
-pub fn compare(req: &CompareRequest, progress: &(dyn Fn(Progress) + Sync)) -> Result<Summary> {
+/// The compare options of a request, validated, and the worker pool.
+fn prepare(
+    req: &CompareRequest,
+) -> Result<(compare::Options, Option<rayon::ThreadPool>, Option<String>)> {
     let tolerances = match &req.config {
         Some(p) => Tolerances::from_file(p)?,
         None => Tolerances::default(),
     };
     let mapping = compare::Mapping::with_files(&req.mappings)?;
-    let writers = chosen_writers(&req.formats)?;
-    gate::check_fraction(req.max_unmatched)
-        .map_err(|e| ProbeError::Usage(format!("--max-unmatched {}: {e}", req.max_unmatched)))?;
+    check_max_unmatched(req.max_unmatched)?;
     let (pool, threads_note) = thread_pool(req.threads)?;
     atomic::refuse_inside(&req.out, &[&req.bench, &req.cmp])?;
-    atomic::prepare_output_dir(&req.out)?;
     let opts = compare::Options {
         tolerances,
         level: req.level,
         aligner: req.align.aligner(mapping),
+        selection: req.selection.clone(),
     };
+    Ok((opts, pool, threads_note))
+}
+
+/// Runs `probe compare`: reads both dumps, compares, writes every chosen report. Returns
+/// the summary, whose `exit_code` is the gate's answer. `progress` shows how far it got
+/// (see [`crate::progress`]; [`Progress::hidden`] for none).
+pub fn compare(req: &CompareRequest, progress: &Progress) -> Result<Summary> {
+    let writers = chosen_writers(&req.formats, req.xlsx_rows)?;
+    let (opts, pool, threads_note) = prepare(req)?;
+    atomic::prepare_output_dir(&req.out)?;
     within(pool, || {
         let run = compare::run(&req.bench, &req.cmp, &opts, progress)?;
-        let mut summary = verdict::summarize(&run, req.fail_on, req.max_unmatched);
-        summary.warnings.extend(threads_note);
-        summary.outputs = output_paths(&writers, "compare", &req.out);
+        let gate = (req.fail_on, req.max_unmatched);
+        report_run(&run, gate, threads_note, &writers, &req.out, progress)
+    })
+}
+
+/// `--max-unmatched` checked before any work.
+fn check_max_unmatched(f: f64) -> Result<()> {
+    gate::check_fraction(f)
+        .map(|_| ())
+        .map_err(|e| ProbeError::Usage(format!("--max-unmatched {f}: {e}")))
+}
+
+/// The summary of a finished run (gated by `--fail-on`, `--max-unmatched`) and every
+/// chosen report of it: the last step of `probe compare` and of `probe merge`.
+fn report_run(
+    run: &compare::CompareRun,
+    (fail_on, max_unmatched): (FailOn, f64),
+    note: Option<String>,
+    writers: &[Box<dyn ReportWriter>],
+    out: &Path,
+    progress: &Progress,
+) -> Result<Summary> {
+    let mut summary = verdict::summarize(run, fail_on, max_unmatched);
+    summary.warnings.extend(note);
+    summary.outputs = output_paths(writers, "compare", out);
+    let doc = CompareDocument {
+        run,
+        summary: &summary,
+    };
+    write_reports(writers, &doc, out, progress)?;
+    Ok(summary)
+}
+
+/// What makes shards of one run: every option that changes a unit's result. The gate's
+/// options (`--fail-on`, `--max-unmatched`) are not among them: `probe merge` takes them.
+fn run_identity(req: &CompareRequest) -> Result<RunIdentity> {
+    let mut options = BTreeMap::new();
+    options.insert("level".into(), format!("{:?}", req.level));
+    options.insert("align".into(), format!("{:?}", req.align));
+    let tolerances = match &req.config {
+        Some(p) => shard::file_digest(p)?,
+        None => "default".into(),
+    };
+    options.insert("tolerances".into(), tolerances);
+    let mappings: Vec<String> = req
+        .mappings
+        .iter()
+        .map(|p| shard::file_digest(p))
+        .collect::<Result<_>>()?;
+    options.insert("mappings".into(), mappings.join(","));
+    options.insert("selection".into(), req.selection.to_string());
+    Ok(RunIdentity {
+        probe: env!("CARGO_PKG_VERSION").into(),
+        options,
+    })
+}
+
+/// Runs `probe compare --shard`: compares the shard's step/rank pairs and writes its shard
+/// result (`shard.json`, `units.msgpack`) and its rows (`compare.parquet`), all or nothing.
+pub fn compare_shard(
+    req: &CompareRequest,
+    shard: Shard,
+    progress: &Progress,
+) -> Result<ShardReport> {
+    let (opts, pool, _) = prepare(req)?;
+    let identity = run_identity(req)?;
+    atomic::prepare_output_dir(&req.out)?;
+    within(pool, || {
+        let part = compare::run_part(&req.bench, &req.cmp, &opts, shard, progress)?;
+        let planned = part.frame.units.len();
+        let units = part.outcomes.len();
+        let staging = atomic::Staging::new(&req.out)?;
+        let mut names = shard::stage(&staging, shard, &identity, &part)?;
+        let run = part.assemble();
+        let summary = verdict::summarize(&run, req.fail_on, req.max_unmatched);
         let doc = CompareDocument {
             run: &run,
             summary: &summary,
         };
-        write_reports(&writers, &doc, &req.out)?;
-        Ok(summary)
+        let table = report::ParquetTable;
+        let name = table.file_name(doc.stem());
+        table.write(&doc, &staging.path(&name))?;
+        names.insert(0, name);
+        staging.commit(&names)?;
+        Ok(ShardReport {
+            shard,
+            units,
+            planned,
+            out: req.out.clone(),
+            warnings: run.warnings,
+        })
     })
+}
+
+/// Runs `probe merge`: reads the shard results, checks they make one run, and writes the
+/// reports an unsharded compare writes (the same `summary.json`), without reading a tensor.
+pub fn merge(req: &MergeRequest, progress: &Progress) -> Result<Summary> {
+    let writers = chosen_writers(&req.formats, req.xlsx_rows)?;
+    check_max_unmatched(req.max_unmatched)?;
+    if req.shards.is_empty() {
+        return Err(ProbeError::Usage("give the shard folders to merge".into()));
+    }
+    let inputs: Vec<&Path> = req.shards.iter().map(PathBuf::as_path).collect();
+    atomic::refuse_inside(&req.out, &inputs)?;
+    atomic::prepare_output_dir(&req.out)?;
+    let shards = req
+        .shards
+        .par_iter()
+        .map(|d| shard::read(d))
+        .collect::<Result<Vec<_>>>()?;
+    let run = shard::combine(shards)?;
+    let gate = (req.fail_on, req.max_unmatched);
+    report_run(&run, gate, None, &writers, &req.out, progress)
 }
 
 /// What `probe scan` was asked to do.
@@ -170,8 +336,8 @@ pub struct ScanRequest {
 
 /// Runs `probe scan`: reads one dump, finds where NaN/Inf comes from, writes every chosen
 /// report. Returns the summary, whose `exit_code` is the gate's answer.
-pub fn scan(req: &ScanRequest) -> Result<ScanSummary> {
-    let writers = chosen_writers(&req.formats)?;
+pub fn scan(req: &ScanRequest, progress: &Progress) -> Result<ScanSummary> {
+    let writers = chosen_writers(&req.formats, XlsxRows::All)?;
     if req.options.margin.is_nan() || req.options.margin < 1.0 {
         return Err(ProbeError::Usage(
             "--overflow-margin must be at least 1".into(),
@@ -179,13 +345,13 @@ pub fn scan(req: &ScanRequest) -> Result<ScanSummary> {
     }
     atomic::refuse_inside(&req.out, &[&req.dump])?;
     atomic::prepare_output_dir(&req.out)?;
-    let run = scan::run(&req.dump, &req.options)?;
+    let run = scan::run(&req.dump, &req.options, progress)?;
     let mut summary = scan::summarize(&run, req.fail_on);
     summary.outputs = output_paths(&writers, "scan", &req.out);
     let doc = ScanDocument {
         run: &run,
         summary: &summary,
     };
-    write_reports(&writers, &doc, &req.out)?;
+    write_reports(&writers, &doc, &req.out, progress)?;
     Ok(summary)
 }

@@ -1,7 +1,8 @@
 //! Element types of dumped tensors and their decoding to f64.
 //!
 //! Both sides of a compare may hold different dtypes (a bf16 NPU run against an fp32 GPU
-//! run), so every kernel works on f64 values decoded block by block from little-endian bytes.
+//! run), so the float64 kernels work on f64 values decoded block by block from little-endian
+//! bytes (the float32 metrics kernel widens f32/f16/bf16 itself: `metrics::chunk_f32`).
 //! Decoding from bytes (not casting pointers) keeps unaligned mmap slices safe.
 
 use std::fmt;

@@ -140,6 +140,17 @@ pub enum ProbeError {
         /// How it failed.
         msg: String,
     },
+    /// A shard result (`probe compare --shard`, read by `probe merge`) that cannot be read.
+    #[error("{}: bad shard result: {}", path.display(), OneLine(msg))]
+    BadShardResult {
+        /// The shard result's folder or file.
+        path: PathBuf,
+        /// What is wrong with it.
+        msg: String,
+    },
+    /// Shard results that do not make one run (another run, overlapping or missing parts).
+    #[error("shards do not make one run: {0}")]
+    ShardMismatch(String),
     /// The two sides have nothing in common to compare.
     #[error("nothing comparable: {0}")]
     NothingComparable(String),

@@ -6,7 +6,8 @@
 //! (the run-wide summary) → [`report`] (xlsx, parquet, JSON, terminal) → [`gate`] (exit
 //! code). [`app`] strings them together for the command line; [`config_check`] compares
 //! config packs; [`synth`] writes deterministic synthetic dumps for tests, demos and
-//! benchmarks. [`schema`] holds the on-disk record types shared by readers and writers.
+//! benchmarks. [`schema`] holds the on-disk record types shared by readers and writers;
+//! [`progress`] draws progress bars on stderr for the long stages.
 #![warn(missing_docs)]
 
 pub mod app;
@@ -21,6 +22,7 @@ pub mod gate;
 pub mod json;
 pub mod metrics;
 pub mod op_key;
+pub mod progress;
 pub mod report;
 pub mod scan;
 pub mod schema;

@@ -3,12 +3,20 @@
 //! `--fail-on`, 2 usage or input error, 3 nothing comparable, 4 compared but incomplete).
 
 use clap::{Parser, Subcommand};
-use probe::compare::{AlignRule, Level, Progress};
+use probe::compare::{AlignRule, Level, Shard};
+use probe::dump::{Numbers, Selection};
 use probe::gate::{self, FailOn, EXIT_INPUT, EXIT_PASS};
+use probe::progress::Progress;
+use probe::report::XlsxRows;
 use probe::{app, config_check, report, synth, ProbeError};
-use std::io::IsTerminal;
 use std::path::PathBuf;
 use std::process::ExitCode;
+
+/// mimalloc instead of the system allocator: a compare allocates and frees millions of small
+/// records (op records, tensor names, rows), and glibc's malloc spent ~20 % of a statistics
+/// compare in malloc/free and page faults (`perf`, 100,000 tensors).
+#[global_allocator]
+static ALLOC: mimalloc::MiMalloc = mimalloc::MiMalloc;
 
 #[derive(Parser)]
 #[command(
@@ -30,6 +38,9 @@ enum Cmd {
     Scan(ScanArgs),
     /// Write a deterministic synthetic benchmark/comparison dump pair (for tests and demos).
     Synth(SynthArgs),
+    /// Combine the shard results of `probe compare --shard` into the reports of the whole
+    /// run (the same summary.json as one unsharded compare), without reading a tensor.
+    Merge(MergeArgs),
     /// Compare two config packs (probe's or msprobe's config_check_pack.zip, either side).
     ConfigCheck(ConfigCheckArgs),
     /// Make a config pack without Python: env, a Python's packages, weight fingerprints.
@@ -51,7 +62,7 @@ struct ConfigCheckArgs {
     /// Framework of the packs (msprobe's `-f`): accepted for pasted command lines; the pack says.
     #[arg(short = 'f', long = "framework", value_name = "NAME")]
     framework: Option<String>,
-    /// Output folder for config_check.xlsx and config_check.json.
+    /// Output folder for config_check.xlsx, config_check.html and config_check.json.
     #[arg(
         short = 'o',
         long = "out",
@@ -65,7 +76,7 @@ struct ConfigCheckArgs {
     /// Exit 1 when a difference reaches this level: error, warning or never.
     #[arg(long, default_value = "error")]
     fail_on: FailOn,
-    /// Print nothing on stdout.
+    /// Print nothing on stdout, and no progress bars on stderr.
     #[arg(short, long)]
     quiet: bool,
 }
@@ -85,6 +96,9 @@ struct ConfigPackArgs {
     /// equal; a short secret can be guessed from it) or drop (`<redacted>`).
     #[arg(long, value_name = "MODE", default_value = "hash")]
     redact: config_check::secrets::RedactMode,
+    /// No progress bar on stderr (there is none when stderr is not a terminal).
+    #[arg(short, long)]
+    quiet: bool,
 }
 
 fn run_config_check(a: ConfigCheckArgs) -> Result<u8, ProbeError> {
@@ -106,7 +120,8 @@ fn run_config_check(a: ConfigCheckArgs) -> Result<u8, ProbeError> {
         }
     };
     note_framework(a.framework.as_deref());
-    let report = config_check::run_and_write(&bench, &cmp, &a.out, &opts)?;
+    let progress = Progress::for_stderr(a.quiet);
+    let report = config_check::run_and_write(&bench, &cmp, &a.out, &opts, &progress)?;
     if !a.quiet {
         print!("{}", config_check::output::terminal_summary(&report));
     }
@@ -128,9 +143,28 @@ fn run_config_pack(a: ConfigPackArgs) -> Result<u8, ProbeError> {
         weights: a.weights,
         redact: a.redact,
     };
-    let path = config_check::make::make_pack(&opts)?;
+    let path = config_check::make::make_pack(&opts, &Progress::for_stderr(a.quiet))?;
     eprintln!("probe: wrote {}", path.display());
     Ok(EXIT_PASS)
+}
+
+/// What `probe compare` and `probe merge` share: the gate and the reports.
+#[derive(clap::Args)]
+struct VerdictArgs {
+    /// Exit 1 when the verdict reaches this level: error, warning or never.
+    #[arg(long, default_value = "error")]
+    fail_on: FailOn,
+    /// The comparison is incomplete (exit 4) when more than this share of either side's
+    /// tensors in a step/rank pair has no counterpart: 0.05 or 5%.
+    #[arg(long, value_name = "FRACTION", default_value = "0.05", value_parser = gate::parse_fraction)]
+    max_unmatched: f64,
+    /// Report formats to write (comma separated): json, parquet, xlsx, html.
+    #[arg(long, value_delimiter = ',', default_value = "json,parquet,xlsx,html")]
+    format: Vec<String>,
+    /// Tensor rows in compare.xlsx: all, or N (default 20000): the first N rows, then every
+    /// warning and error with 2 rows either side (compare.parquet always has every row).
+    #[arg(long, value_name = "N|all", default_value = "20000")]
+    xlsx_rows: XlsxRows,
 }
 
 #[derive(clap::Args)]
@@ -141,7 +175,7 @@ struct CompareArgs {
     /// Comparison dump (the run under suspicion).
     #[arg(short = 'c', long = "cmp", value_name = "DUMP")]
     cmp: PathBuf,
-    /// Output folder for compare.xlsx, compare.parquet and summary.json.
+    /// Output folder for compare.html, compare.xlsx, compare.parquet and summary.json.
     #[arg(
         short = 'o',
         long = "out",
@@ -152,16 +186,8 @@ struct CompareArgs {
     /// Tolerance overrides (TOML): per dtype and per op pattern. See docs/compare.md.
     #[arg(long, value_name = "FILE")]
     config: Option<PathBuf>,
-    /// Exit 1 when the verdict reaches this level: error, warning or never.
-    #[arg(long, default_value = "error")]
-    fail_on: FailOn,
-    /// The comparison is incomplete (exit 4) when more than this share of either side's
-    /// tensors in a step/rank pair has no counterpart: 0.05 or 5%.
-    #[arg(long, value_name = "FRACTION", default_value = "0.05", value_parser = gate::parse_fraction)]
-    max_unmatched: f64,
-    /// Report formats to write (comma separated).
-    #[arg(long, value_delimiter = ',', default_value = "json,parquet,xlsx")]
-    format: Vec<String>,
+    #[command(flatten)]
+    verdict: VerdictArgs,
     /// Worker threads (default: all cores). Results do not depend on it.
     #[arg(long)]
     threads: Option<usize>,
@@ -176,14 +202,69 @@ struct CompareArgs {
     /// Framework of the dumps (msprobe's `-f`): accepted for pasted command lines; the dumps say.
     #[arg(short = 'f', long = "framework", value_name = "NAME")]
     framework: Option<String>,
+    /// Only these steps: numbers and ranges of the `step<N>` folders (`0,2,5-9`).
+    #[arg(long, value_name = "LIST")]
+    steps: Option<Numbers>,
+    /// Only these ranks: numbers and ranges of the `rank<N>` folders (`0-7`).
+    #[arg(long, value_name = "LIST")]
+    ranks: Option<Numbers>,
+    /// Compare only part I of N (`0/4` .. `3/4`: whole ranks, in contiguous blocks), or
+    /// `all` pairs found here (node-local dumps), and write a shard result into -o for
+    /// `probe merge` instead of the reports. See docs/scale.md.
+    #[arg(long, value_name = "I/N")]
+    shard: Option<Shard>,
     /// Mapping file (repeatable): probe's TOML, or msprobe's API/data/cell/layer mapping
     /// YAML. Earlier files take precedence over later ones and over the built-in table.
     /// See docs/compare.md, "Mapping files".
     #[arg(long = "mapping", value_name = "FILE")]
     mapping: Vec<PathBuf>,
+    /// Print nothing on stdout, and no progress bars on stderr.
+    #[arg(short, long)]
+    quiet: bool,
+}
+
+#[derive(clap::Args)]
+struct MergeArgs {
+    /// The shard results: the -o folders of `probe compare --shard`.
+    #[arg(value_name = "SHARD_OUT", required = true)]
+    shards: Vec<PathBuf>,
+    /// Output folder for the reports.
+    #[arg(
+        short = 'o',
+        long = "out",
+        value_name = "DIR",
+        default_value = "probe-out"
+    )]
+    out: PathBuf,
+    #[command(flatten)]
+    verdict: VerdictArgs,
     /// Print nothing on stdout.
     #[arg(short, long)]
     quiet: bool,
+}
+
+/// A compare's (or merge's) warnings on stderr, its summary on stdout; its exit code.
+fn print_compare(summary: &probe::schema::summary::Summary, quiet: bool) -> u8 {
+    for w in &summary.warnings {
+        eprintln!("probe: warning: {w}");
+    }
+    if !quiet {
+        print!("{}", report::terminal_summary(summary));
+    }
+    summary.exit_code
+}
+
+fn run_merge(a: MergeArgs) -> Result<u8, ProbeError> {
+    let req = app::MergeRequest {
+        shards: a.shards,
+        out: a.out,
+        fail_on: a.verdict.fail_on,
+        max_unmatched: a.verdict.max_unmatched,
+        formats: a.verdict.format,
+        xlsx_rows: a.verdict.xlsx_rows,
+    };
+    let summary = app::merge(&req, &Progress::for_stderr(a.quiet))?;
+    Ok(print_compare(&summary, a.quiet))
 }
 
 #[derive(clap::Args)]
@@ -191,7 +272,7 @@ struct ScanArgs {
     /// The dump to scan: a dump root, a step<S> or a rank<R> folder (probe or msprobe).
     #[arg(value_name = "DUMP")]
     dump: PathBuf,
-    /// Output folder for scan.xlsx, scan.parquet and summary.json.
+    /// Output folder for scan.html, scan.xlsx, scan.parquet and summary.json.
     #[arg(
         short = 'o',
         long = "out",
@@ -203,13 +284,19 @@ struct ScanArgs {
     /// underflow) or never.
     #[arg(long, default_value = "error")]
     fail_on: FailOn,
-    /// Report formats to write (comma separated).
-    #[arg(long, value_delimiter = ',', default_value = "json,parquet,xlsx")]
+    /// Report formats to write (comma separated): json, parquet, xlsx, html.
+    #[arg(long, value_delimiter = ',', default_value = "json,parquet,xlsx,html")]
     format: Vec<String>,
+    /// Only these steps: numbers and ranges of the `step<N>` folders (`0,2,5-9`).
+    #[arg(long, value_name = "LIST")]
+    steps: Option<Numbers>,
+    /// Only these ranks: numbers and ranges of the `rank<N>` folders (`0-7`).
+    #[arg(long, value_name = "LIST")]
+    ranks: Option<Numbers>,
     /// A finite |value| above the dtype's largest value divided by this is an overflow risk.
     #[arg(long, default_value_t = 16.0)]
     overflow_margin: f64,
-    /// Print nothing on stdout.
+    /// Print nothing on stdout, and no progress bars on stderr.
     #[arg(short, long)]
     quiet: bool,
 }
@@ -222,9 +309,13 @@ fn run_scan(a: ScanArgs) -> Result<u8, ProbeError> {
         formats: a.format,
         options: probe::scan::ScanOptions {
             margin: a.overflow_margin,
+            selection: Selection {
+                steps: a.steps,
+                ranks: a.ranks,
+            },
         },
     };
-    let summary = app::scan(&req)?;
+    let summary = app::scan(&req, &Progress::for_stderr(a.quiet))?;
     for w in &summary.warnings {
         eprintln!("probe: warning: {w}");
     }
@@ -296,38 +387,40 @@ fn run_compare(a: CompareArgs) -> Result<u8, ProbeError> {
         cmp: a.cmp,
         out: a.out,
         config: a.config,
-        fail_on: a.fail_on,
-        formats: a.format,
+        fail_on: a.verdict.fail_on,
+        formats: a.verdict.format,
         threads: a.threads,
         level: a.level,
         align: a.align,
         mappings: a.mapping,
-        max_unmatched: a.max_unmatched,
+        max_unmatched: a.verdict.max_unmatched,
+        selection: Selection {
+            steps: a.steps,
+            ranks: a.ranks,
+        },
+        shard: a.shard,
+        xlsx_rows: a.verdict.xlsx_rows,
     };
     note_framework(a.framework.as_deref());
-    let show = !a.quiet && std::io::stderr().is_terminal();
-    let progress = move |p: Progress| match p {
-        Progress::Tensors {
-            step,
-            rank,
-            done,
-            total,
-        } if show => {
-            eprint!("\rprobe: {step}/{rank}: compared {done}/{total} tensors");
-            if done == total {
-                eprintln!();
-            }
+    let progress = Progress::for_stderr(a.quiet);
+    if let Some(shard) = req.shard {
+        let r = app::compare_shard(&req, shard, &progress)?;
+        for w in &r.warnings {
+            eprintln!("probe: warning: {w}");
         }
-        _ => {}
-    };
+        if !a.quiet {
+            println!(
+                "shard {}: {} of {} step/rank pairs compared; shard result in {} (combine the shards with probe merge)",
+                r.shard,
+                r.units,
+                r.planned,
+                r.out.display()
+            );
+        }
+        return Ok(EXIT_PASS);
+    }
     let summary = app::compare(&req, &progress)?;
-    for w in &summary.warnings {
-        eprintln!("probe: warning: {w}");
-    }
-    if !a.quiet {
-        print!("{}", report::terminal_summary(&summary));
-    }
-    Ok(summary.exit_code)
+    Ok(print_compare(&summary, a.quiet))
 }
 
 fn run_synth(a: SynthArgs) -> Result<u8, ProbeError> {
@@ -378,6 +471,7 @@ fn main() -> ExitCode {
     };
     let outcome = match cli.cmd {
         Cmd::Compare(a) => run_compare(a),
+        Cmd::Merge(a) => run_merge(a),
         Cmd::Scan(a) => run_scan(a),
         Cmd::Synth(a) => run_synth(a),
         Cmd::ConfigCheck(a) => run_config_check(a),

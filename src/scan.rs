@@ -19,9 +19,10 @@
 
 use crate::compare::{OpInfo, Verdict};
 use crate::dtype::DType;
-use crate::dump::{self, Direction, OpRec, RankDump, RankLoc, Role, Stats, TensorRec};
+use crate::dump::{self, Direction, OpRec, RankDump, RankLoc, Role, Selection, Stats, TensorRec};
 use crate::error::{ProbeError, Result};
 use crate::gate::{FailOn, EXIT_NOTHING_COMPARABLE};
+use crate::progress::{Count, Progress};
 pub use crate::schema::scan::{ScanCounts, ScanFindings, ScanSummary, UnitScan};
 use crate::schema::summary::{ByDirection, Finding};
 use serde::{Deserialize, Serialize};
@@ -128,15 +129,20 @@ pub struct ScanRun {
 }
 
 /// Options of a scan.
-#[derive(Debug, Clone, Copy)]
+#[derive(Debug, Clone)]
 pub struct ScanOptions {
     /// A finite |value| above `dtype max / margin` is an overflow risk.
     pub margin: f64,
+    /// The steps and ranks to scan (`--steps`, `--ranks`).
+    pub selection: Selection,
 }
 
 impl Default for ScanOptions {
     fn default() -> Self {
-        ScanOptions { margin: 16.0 }
+        ScanOptions {
+            margin: 16.0,
+            selection: Selection::default(),
+        }
     }
 }
 
@@ -457,12 +463,15 @@ pub fn scan_unit(dump: RankDump, opts: &ScanOptions) -> ScanUnit {
 
 /// Scans every step/rank of a dump. A step/rank without op records (a run that crashed
 /// before writing any) is skipped with a warning; when none has any, nothing was scanned.
-pub fn run(dump: &Path, opts: &ScanOptions) -> Result<ScanRun> {
-    let set = dump::discover(dump)?;
+pub fn run(dump: &Path, opts: &ScanOptions, progress: &Progress) -> Result<ScanRun> {
+    let set = opts.selection.apply(dump::discover(dump)?)?;
     let mut units = Vec::with_capacity(set.ranks.len());
     let mut warnings = Vec::new();
+    let stage = progress.stage("scan", set.ranks.len() as u64, Count::Items);
     for loc in &set.ranks {
+        stage.note(loc.dir.display().to_string());
         let d = dump::load_rank(loc)?;
+        stage.inc(1);
         warnings.extend(d.warnings.iter().cloned());
         if d.ops.is_empty() {
             warnings.push(format!(

@@ -206,7 +206,7 @@ pub fn summarize(run: &CompareRun, fail_on: FailOn, max_unmatched: f64) -> Summa
 }
 
 /// `n` with thousands separators (2,501).
-fn thousands(n: usize) -> String {
+pub(crate) fn thousands(n: usize) -> String {
     let digits = n.to_string();
     let mut out = String::new();
     for (i, ch) in digits.chars().enumerate() {
@@ -353,6 +353,65 @@ enum Story {
     Local,
 }
 
+/// The pairs of the earliest step with an error, which tells the story; later steps
+/// inherit it (a diverged update in step 0 is "different weights" in step 1).
+fn error_step(pairs: &[PairSummary]) -> Vec<&PairSummary> {
+    let Some(step) = pairs
+        .iter()
+        .filter(|p| p.errors > 0)
+        .map(|p| label_key(&p.step))
+        .min()
+    else {
+        return vec![];
+    };
+    pairs
+        .iter()
+        .filter(|p| p.errors > 0 && label_key(&p.step) == step)
+        .collect()
+}
+
+/// The finding a headline tells, among every rank's findings of `in_step` (ranks run the
+/// same program): the earliest in execution order; at the same op, NaN/Inf says most.
+fn story<'a>(in_step: &[&'a PairSummary]) -> Option<(Story, &'a Finding)> {
+    let mut cands: Vec<(Story, &Finding)> = in_step
+        .iter()
+        .flat_map(|p| {
+            let f = &p.findings;
+            [
+                (Story::Outside, &f.external_source.forward),
+                (Story::Local, &f.first_divergent.forward),
+                (Story::Local, &f.first_divergent.backward),
+                (Story::Outside, &f.external_source.backward),
+                (Story::NonFinite, &f.first_nonfinite),
+                (Story::Random, &f.random_draw.forward),
+                (Story::Random, &f.random_draw.backward),
+            ]
+        })
+        .filter_map(|(k, x)| x.as_ref().map(|x| (k, x)))
+        .collect();
+    cands.sort_by(|(k, x), (l, y)| {
+        let (xs, _, xr) = x.causal_key();
+        let (ys, _, yr) = y.causal_key();
+        (xs, x.seq, *k, xr).cmp(&(ys, y.seq, *l, yr))
+    });
+    cands.first().copied()
+}
+
+/// The op a divergence's headline names (the reports label it as the culprit): the
+/// headline's finding, or with no single divergent op (accumulated drift) the earliest
+/// failing op. None when no tensor is out of tolerance.
+pub fn culprit(s: &Summary) -> Option<&Finding> {
+    let in_step = error_step(&s.pairs);
+    if let Some((_, f)) = story(&in_step) {
+        return Some(f);
+    }
+    let f = &in_step.first()?.findings;
+    f.earliest_failing
+        .forward
+        .as_ref()
+        .or(f.earliest_failing.backward.as_ref())
+}
+
 fn headline(verdict: Verdict, c: &Counts, pairs: &[PairSummary]) -> String {
     if c.tensors == 0 {
         return "NOTHING COMPARABLE: no tensor is present on both sides".into();
@@ -366,46 +425,13 @@ fn headline(verdict: Verdict, c: &Counts, pairs: &[PairSummary]) -> String {
             c.unmatched_bench + c.unmatched_cmp
         ),
         Verdict::Error => {
-            // The earliest step with an error tells the story; later steps inherit it (a
-            // diverged update in step 0 is "different weights" in step 1). Within it, every
-            // rank's findings, in execution order (ranks run the same program).
-            let Some(step) = pairs
-                .iter()
-                .filter(|p| p.errors > 0)
-                .map(|p| label_key(&p.step))
-                .min()
-            else {
+            let in_step = error_step(pairs);
+            let Some(p) = in_step.first().copied() else {
                 return format!("DIVERGENCE: {} tensors out of tolerance", c.error);
             };
-            let in_step: Vec<&PairSummary> = pairs
-                .iter()
-                .filter(|p| p.errors > 0 && label_key(&p.step) == step)
-                .collect();
-            let p = in_step[0];
-            // The earliest finding tells the story; at the same op, NaN/Inf says most.
-            let mut cands: Vec<(Story, &Finding)> = in_step
-                .iter()
-                .flat_map(|p| {
-                    let f = &p.findings;
-                    [
-                        (Story::Outside, &f.external_source.forward),
-                        (Story::Local, &f.first_divergent.forward),
-                        (Story::Local, &f.first_divergent.backward),
-                        (Story::Outside, &f.external_source.backward),
-                        (Story::NonFinite, &f.first_nonfinite),
-                        (Story::Random, &f.random_draw.forward),
-                        (Story::Random, &f.random_draw.backward),
-                    ]
-                })
-                .filter_map(|(k, x)| x.as_ref().map(|x| (k, x)))
-                .collect();
-            cands.sort_by(|(k, x), (l, y)| {
-                let (xs, _, xr) = x.causal_key();
-                let (ys, _, yr) = y.causal_key();
-                (xs, x.seq, *k, xr).cmp(&(ys, y.seq, *l, yr))
-            });
+            let told = story(&in_step);
             let f = &p.findings;
-            match cands.first() {
+            match told {
                 Some((Story::NonFinite, x)) => format!(
                     "DIVERGENCE: NaN/Inf first produced by {} from finite inputs ({} {}/{}, tensor {})",
                     x.op,

@@ -657,7 +657,7 @@ fn bf16_against_fp32_over_steps_names_no_false_culprit() {
         &td.join("stats_bench"),
         &td.join("stats_bf16"),
         &Default::default(),
-        &|_| {},
+        &probe::progress::Progress::hidden(),
     )
     .unwrap();
     let bias = run.units[1]

@@ -111,7 +111,7 @@ fn run(bench: Log, cmp: Log) -> UnitResult {
         Sides::new(bench.dump(), cmp.dump()),
         &Options::default(),
         &caches,
-        &|_| {},
+        &probe::progress::Progress::hidden(),
         None,
     )
     .expect("in-memory unit compares")

@@ -20,7 +20,13 @@ fn td(p: &str) -> PathBuf {
 }
 
 fn run(b: &str, c: &str) -> compare::CompareRun {
-    compare::run(&td(b), &td(c), &Options::default(), &|_| {}).expect("compare runs")
+    compare::run(
+        &td(b),
+        &td(c),
+        &Options::default(),
+        &probe::progress::Progress::hidden(),
+    )
+    .expect("compare runs")
 }
 
 /// One sheet of an msprobe workbook: rows as header → cell text.

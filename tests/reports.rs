@@ -42,7 +42,10 @@ fn workbook_has_summary_tensors_unmatched_in_order() {
     let t = run_demo();
     let s = summary(t.path());
     let mut wb: Xlsx<_> = open_workbook(t.path().join("out/compare.xlsx")).unwrap();
-    assert_eq!(wb.sheet_names(), vec!["summary", "tensors", "unmatched"]);
+    assert_eq!(
+        wb.sheet_names(),
+        vec!["summary", "tensors", "unmatched", "plot"]
+    );
     let sum = wb.worksheet_range("summary").unwrap();
     let cells: Vec<String> = sum
         .rows()

@@ -6,6 +6,7 @@ import json
 import os
 from typing import Any, Iterator
 
+import probe
 import pytest
 import torch
 import torch.nn as nn
@@ -16,15 +17,17 @@ SCHEMAS = os.path.join(REPO, "schemas")
 
 
 def probe_bin() -> str:
-    """The Rust `probe` binary: $PROBE_BIN, else a cargo build of this checkout; skips if none."""
-    env = os.environ.get("PROBE_BIN")
-    if env:
-        return env
+    """The `probe` command: $PROBE_BIN, else the one installed with the agent (the wheel that
+    scripts/test.sh builds and installs), else a cargo build of this checkout; skips if none."""
+    try:
+        return probe.binary()
+    except probe.BinaryNotFound:
+        pass
     for rel in ("target/debug/probe", "target/release/probe"):
         path = os.path.join(REPO, rel)
         if os.path.isfile(path) and os.access(path, os.X_OK):
             return path
-    pytest.skip("probe binary not found: set PROBE_BIN or build it (cargo build)")
+    pytest.skip("probe binary not found: install the wheel (pip install .), set PROBE_BIN or cargo build")
     raise AssertionError  # unreachable
 
 

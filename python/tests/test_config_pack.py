@@ -18,6 +18,7 @@ import torch.nn as nn
 
 import probe
 from probe import config_pack
+from conftest import probe_bin
 
 ROOT = Path(__file__).resolve().parents[2]
 SCHEMA = ROOT / "schemas" / "probe-config-pack.v1.schema.json"
@@ -150,16 +151,13 @@ def test_never_fails_the_run(tmp_path: Path, capsys: pytest.CaptureFixture[str])
     assert not hasattr(torch.manual_seed, "_probe_wrapper")
 
 
-@pytest.mark.skipif(shutil.which("cargo") is None, reason="needs the probe binary")
 def test_rust_reads_python_pack(tmp_path: Path) -> None:
-    exe = ROOT / "target" / "debug" / "probe"
-    if not exe.exists():
-        pytest.skip("probe binary not built")
+    exe = probe_bin()
     a = train(tmp_path / "a").saved
     b = train(tmp_path / "b").saved
     assert a and b
     r = subprocess.run(
-        [str(exe), "config-check", a, b, "-o", str(tmp_path / "out")],
+        [exe, "config-check", a, b, "-o", str(tmp_path / "out")],
         capture_output=True,
         text=True,
         env={**os.environ},

@@ -69,3 +69,21 @@ def test_scan_summary_follows_its_schema(tmp_path: Path, dump: str) -> None:
     summary = json.loads((out / "summary.json").read_text())
     jsonschema.validate(summary, _schema("probe-scan-summary.v1.schema.json"))
     assert summary["exit_code"] == proc.returncode
+
+
+@pytest.mark.parametrize("shard", ["0/2", "1/2", "all"])
+def test_shard_result_follows_its_schema(tmp_path: Path, shard: str) -> None:
+    demo = Path(REPO) / "testdata" / "demo"
+    out = tmp_path / "shard"
+    proc = subprocess.run(
+        [probe_bin(), "compare", "-b", str(demo / "bench"), "-c", str(demo / "cmp"), "-o", str(out), "-q", "--shard", shard],
+        capture_output=True,
+        text=True,
+    )
+    assert proc.returncode == 0, proc.stderr
+    header = json.loads((out / "shard.json").read_text())
+    jsonschema.validate(header, _schema("probe-compare-shard.v1.schema.json"))
+    assert header["shard"] == shard
+    # The demo has one rank: part 0 (and all) holds it, part 1 of 2 is empty.
+    assert [u["unit"] for u in header["units"]] == ([] if shard == "1/2" else ["step0/rank0"])
+    assert (out / header["results"]).is_file() and (out / "compare.parquet").is_file()

@@ -24,6 +24,10 @@ pub struct OpInfo {
     pub direction: Direction,
     /// Id of the op's call stack.
     pub stack: Option<u64>,
+    /// The module path the call happened in, when the dump says (the html report's module
+    /// bands and tree). Not serialised: nothing downstream of the reports needs it.
+    #[serde(skip)]
+    pub module: Option<String>,
 }
 
 impl OpInfo {
@@ -35,6 +39,7 @@ impl OpInfo {
             key: op.key.clone(),
             direction: op.direction,
             stack: op.stack,
+            module: op.module.clone(),
         }
     }
 }

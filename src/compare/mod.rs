@@ -20,12 +20,14 @@ pub mod judge;
 pub mod mapping;
 pub mod measure;
 pub mod plan;
+pub mod shard;
 pub mod structural;
 pub mod tolerance;
 
 use crate::dtype::DType;
-use crate::dump;
+use crate::dump::{self, Selection};
 use crate::error::{ProbeError, Result};
+use crate::progress::{Count, Progress};
 use crate::schema::summary::{Findings, IncompleteUnit};
 use crate::tensor::ShardCache;
 pub use align::{
@@ -37,6 +39,7 @@ pub use mapping::{MapRule, Mapping, MappingError};
 pub use measure::{CompareKind, Measured, Measurement, TensorSide};
 pub use plan::{Plan, Unit};
 use serde::{Deserialize, Serialize};
+pub use shard::{Frame, Outcome, RunPart, Shard};
 use std::collections::{BTreeMap, HashMap};
 use std::path::{Path, PathBuf};
 pub use structural::StructuralAligner;
@@ -136,22 +139,6 @@ pub struct CompareRun {
     pub incomplete: Vec<IncompleteUnit>,
 }
 
-/// Progress of a running compare, for a caller that shows it.
-#[derive(Debug, Clone, Copy)]
-pub enum Progress<'a> {
-    /// Tensors measured so far in a unit.
-    Tensors {
-        /// The unit's step.
-        step: &'a str,
-        /// The unit's rank.
-        rank: &'a str,
-        /// Tensors done.
-        done: usize,
-        /// Tensors in the unit.
-        total: usize,
-    },
-}
-
 /// Which op records a compare reads (msprobe's `-l`).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
 pub enum Level {
@@ -227,6 +214,8 @@ pub struct Options {
     /// How tensors of the two sides are paired (the structural aligner holds the mapping
     /// table: built-in, then `--mapping` files).
     pub aligner: Box<dyn Aligner>,
+    /// The steps and ranks to compare (`--steps`, `--ranks`).
+    pub selection: Selection,
 }
 
 impl Default for Options {
@@ -235,6 +224,7 @@ impl Default for Options {
             tolerances: Tolerances::default(),
             level: Level::Mix,
             aligner: Box::new(StructuralAligner::default()),
+            selection: Selection::default(),
         }
     }
 }
@@ -247,7 +237,7 @@ pub fn compare_unit(
     dumps: Sides<dump::RankDump>,
     opts: &Options,
     caches: &Sides<ShardCache>,
-    progress: &(dyn Fn(Progress) + Sync),
+    progress: &Progress,
     floor: Option<DType>,
 ) -> Result<UnitResult> {
     let mut dumps = dumps;
@@ -265,14 +255,10 @@ pub fn compare_unit(
     let alignment = opts.aligner.align(dumps);
     let regions = alignment.regions.clone();
     let coverage = coverage::of(&alignment);
-    let measurements = measure::measure_all(&alignment, caches, &|done, total| {
-        progress(Progress::Tensors {
-            step: &unit.step,
-            rank: &unit.rank,
-            done,
-            total,
-        })
-    })?;
+    let name = format!("{}/{} tensors", unit.step, unit.rank);
+    let bar = progress.stage(&name, alignment.matches.len() as u64, Count::Items);
+    let measurements = measure::measure_all(&alignment, caches, &|done, _| bar.set(done as u64))?;
+    drop(bar);
     let (rows, unmatched, floor) =
         judge::judge_all(alignment, measurements, &opts.tolerances, floor);
     let findings = analyze::localize(&rows, &stacks, &unit.step, &unit.rank, &opts.tolerances);
@@ -347,14 +333,22 @@ fn cut_to_shorter(unit: &Unit, dumps: &mut Sides<dump::RankDump>) -> Option<Inco
     })
 }
 
-/// Runs the whole compare: plan the units, then compare them one by one.
-pub fn run(
+/// Compares every step/rank pair of the two dumps: the whole run.
+pub fn run(bench: &Path, cmp: &Path, opts: &Options, progress: &Progress) -> Result<CompareRun> {
+    Ok(run_part(bench, cmp, opts, Shard::All, progress)?.assemble())
+}
+
+/// Compares the step/rank pairs of `shard` (each rank's steps in order: the precision floor
+/// carries from step to step) and returns them with the plan's frame, for
+/// [`RunPart::assemble`] here or for `probe merge` after the other shards.
+pub fn run_part(
     bench: &Path,
     cmp: &Path,
     opts: &Options,
-    progress: &(dyn Fn(Progress) + Sync),
-) -> Result<CompareRun> {
-    let plan = plan::plan(bench, cmp)?;
+    shard: Shard,
+    progress: &Progress,
+) -> Result<RunPart> {
+    let plan = plan::plan(bench, cmp, &opts.selection)?;
     if plan.units.is_empty() {
         return Err(ProbeError::NothingComparable(format!(
             "no step/rank of {} matches one of {}",
@@ -362,10 +356,7 @@ pub fn run(
             cmp.display()
         )));
     }
-    let caches = Sides::<ShardCache>::default();
-    let mut units = Vec::with_capacity(plan.units.len());
-    let mut warnings = plan.warnings;
-    let mut incomplete: Vec<IncompleteUnit> = plan
+    let unpaired = plan
         .unpaired
         .iter()
         .map(|(side, l)| IncompleteUnit {
@@ -380,8 +371,25 @@ pub fn run(
             reason: format!("in the {} only", side.name()),
         })
         .collect();
+    let frame = Frame {
+        bench: bench.to_path_buf(),
+        cmp: cmp.to_path_buf(),
+        units: plan
+            .units
+            .iter()
+            .map(|u| format!("{}/{}", u.step, u.rank))
+            .collect(),
+        warnings: plan.warnings,
+        unpaired,
+    };
+    let caches = Sides::<ShardCache>::default();
+    let mut outcomes = Vec::new();
     let mut floors: HashMap<String, Option<DType>> = HashMap::new();
-    for unit in &plan.units {
+    let chosen = shard.take(&plan.units);
+    let stage = progress.stage("compare", chosen.len() as u64, Count::Items);
+    for index in chosen {
+        let unit = &plan.units[index];
+        stage.note(format!("{}/{}: reading", unit.step, unit.rank));
         // The two sides are independent: read them at the same time.
         let (b, c) = rayon::join(
             || dump::load_rank(&unit.locs.bench),
@@ -398,33 +406,36 @@ pub fn run(
                 .filter(|(e, _)| *e)
                 .map(|(_, l)| l.dir.display().to_string())
                 .collect();
-            warnings.push(format!(
+            let warning = format!(
                 "{}: no op records (crashed run?); {}/{} not compared",
                 dirs.join(", "),
                 unit.step,
                 unit.rank
-            ));
-            incomplete.push(IncompleteUnit {
+            );
+            let incomplete = IncompleteUnit {
                 step: unit.step.clone(),
                 rank: unit.rank.clone(),
                 side: side.to_string(),
                 compared: false,
                 reason: format!("no op records in {side}"),
-            });
+            };
+            outcomes.push((
+                index,
+                Outcome::Skipped {
+                    warning,
+                    incomplete,
+                },
+            ));
+            stage.inc(1);
             continue;
         }
         // Each rank's precision floor carries into its next step (units are in step order).
         let carried = floors.get(&unit.rank).copied().flatten();
+        stage.note(format!("{}/{}: aligning, measuring", unit.step, unit.rank));
         let u = compare_unit(unit, dumps, opts, &caches, progress, carried)?;
+        stage.inc(1);
         floors.insert(unit.rank.clone(), u.floor);
-        warnings.extend(u.warnings.iter().cloned());
-        units.push(u);
+        outcomes.push((index, Outcome::Compared(Box::new(u))));
     }
-    Ok(CompareRun {
-        bench: bench.to_path_buf(),
-        cmp: cmp.to_path_buf(),
-        units,
-        warnings,
-        incomplete,
-    })
+    Ok(RunPart { frame, outcomes })
 }

@@ -4,7 +4,7 @@
 //! are independent: each is read, aligned, measured, judged and analysed on its own.
 
 use super::{Side, Sides};
-use crate::dump::{self, DumpSet, RankLoc};
+use crate::dump::{self, DumpSet, RankLoc, Selection};
 use crate::error::Result;
 use std::collections::HashMap;
 use std::path::Path;
@@ -32,9 +32,10 @@ pub struct Plan {
 }
 
 /// Discovers both dumps and pairs their ranks.
-pub fn plan(bench: &Path, cmp: &Path) -> Result<Plan> {
-    let b = dump::discover(bench)?;
-    let c = dump::discover(cmp)?;
+/// Only the folders `selection` keeps take part (on both sides).
+pub fn plan(bench: &Path, cmp: &Path, selection: &Selection) -> Result<Plan> {
+    let b = selection.apply(dump::discover(bench)?)?;
+    let c = selection.apply(dump::discover(cmp)?)?;
     let (pairs, warnings, unpaired) = pair_ranks(&b, &c);
     let units = pairs
         .into_iter()

@@ -9,6 +9,7 @@ use super::secrets::{self, RedactMode};
 use crate::atomic;
 use crate::dtype::DType;
 use crate::error::{ProbeError, Result};
+use crate::progress::{Count, Progress};
 use serde::Serialize;
 use serde_json::{json, Value};
 use std::collections::BTreeMap;
@@ -173,10 +174,19 @@ pub fn fingerprint_bytes(dtype: &str, shape: &[usize], data: &[u8]) -> Fingerpri
     fp
 }
 
-fn weight_records(files: &[PathBuf]) -> Result<Vec<RecordDoc>> {
+/// Fingerprints every tensor of `files`; `progress` counts the bytes hashed (the files'
+/// sizes in all: a safetensors header is passed over as its file ends).
+fn weight_records(files: &[PathBuf], progress: &Progress) -> Result<Vec<RecordDoc>> {
     let mut out: Vec<RecordDoc> = vec![];
     let multi = files.len() > 1;
-    for path in files {
+    let sizes: Vec<u64> = files
+        .iter()
+        .map(|p| std::fs::metadata(p).map_or(0, |m| m.len()))
+        .collect();
+    let stage = progress.stage("hash weights", sizes.iter().sum(), Count::Bytes);
+    let mut done = 0u64;
+    for (path, size) in files.iter().zip(&sizes) {
+        stage.note(path.display().to_string());
         let file = std::fs::File::open(path).map_err(|e| ProbeError::io(path, e))?;
         // SAFETY: read-only map of a file we do not modify; a concurrent writer could only
         // change the bytes we hash, not memory safety of the slice reads.
@@ -194,6 +204,7 @@ fn weight_records(files: &[PathBuf]) -> Result<Vec<RecordDoc>> {
                 msg: format!("{name}: {e}"),
             })?;
             let fp = fingerprint_bytes(&format!("{:?}", t.dtype()), t.shape(), t.data());
+            stage.inc(t.data().len() as u64);
             let stem = path.file_name().map(|f| f.to_string_lossy().into_owned());
             let full = match (multi, stem) {
                 (true, Some(s)) if out.iter().any(|r| r.name == name) => format!("{s}:{name}"),
@@ -206,6 +217,8 @@ fn weight_records(files: &[PathBuf]) -> Result<Vec<RecordDoc>> {
                 fingerprint: fp,
             });
         }
+        done += size;
+        stage.set(done);
     }
     Ok(out)
 }
@@ -247,8 +260,9 @@ fn created_now() -> String {
     )
 }
 
-/// Writes a probe config pack to `opts.out` (atomically) and returns its path.
-pub fn make_pack(opts: &MakeOptions) -> Result<PathBuf> {
+/// Writes a probe config pack to `opts.out` (atomically) and returns its path. `progress`
+/// shows the weight hashing (see [`crate::progress`]).
+pub fn make_pack(opts: &MakeOptions, progress: &Progress) -> Result<PathBuf> {
     let vars: BTreeMap<String, String> = std::env::vars_os()
         .map(|(k, v)| {
             (
@@ -291,7 +305,7 @@ pub fn make_pack(opts: &MakeOptions) -> Result<PathBuf> {
         packages.distributions = dists;
     }
     packages.accelerator = Some(acc);
-    let weights = weight_records(&opts.weights)?;
+    let weights = weight_records(&opts.weights, progress)?;
     let device = if packages
         .distributions
         .keys()

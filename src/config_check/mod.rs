@@ -2,14 +2,16 @@
 //!
 //! Data flow: [`pack::load`] reads either kind of pack (probe's, msprobe's
 //! `config_check_pack.zip`) safely ([`archive`]) into one model → [`check`] compares it
-//! category by category under [`rules`] → [`output`] writes `config_check.json`, the
-//! terminal summary and `config_check.xlsx`. [`make`] builds a pack without Python.
+//! category by category under [`rules`] → [`output`] writes `config_check.json` and the
+//! terminal summary, beside `config_check.xlsx` and `config_check.html` ([`html`]). [`make`] builds a pack without Python.
 //! Format and rules: docs/config-check.md.
 
 /// Reading a pack zip safely, in memory.
 pub mod archive;
 /// Comparing two loaded packs category by category.
 pub mod check;
+/// `config_check.html`: the differences by category, one self-contained page.
+pub mod html;
 /// `probe config-pack`: building a pack without Python.
 pub mod make;
 /// `config_check.json` and the terminal summary.
@@ -24,6 +26,7 @@ mod xlsx;
 
 use crate::error::Result;
 use crate::gate::FailOn;
+use crate::progress::{Count, Progress};
 use serde::Serialize;
 use std::path::{Path, PathBuf};
 
@@ -255,7 +258,7 @@ pub struct CheckReport {
     pub categories: Vec<CategorySummary>,
     /// Every compared item.
     pub items: Vec<Item>,
-    /// Files written (`json`, `xlsx`) → their paths.
+    /// Files written (`json`, `xlsx`, `html`) → their paths.
     pub outputs: std::collections::BTreeMap<String, String>,
 }
 
@@ -275,29 +278,51 @@ pub fn run(bench: &Path, cmp: &Path, opts: &CheckOptions) -> Result<CheckReport>
     Ok(check::compare(&b, &c, opts))
 }
 
-/// `probe config-check`: compare, write `config_check.json` and `config_check.xlsx` into
-/// `out` (atomically), return the report (the caller prints the terminal summary).
+/// `probe config-check`: compare, write `config_check.json`, `config_check.xlsx` and
+/// `config_check.html` into `out` (atomically, all or nothing), return the report (the
+/// caller prints the terminal summary). `progress` shows the packs read and the reports
+/// written (see [`crate::progress`]).
 pub fn run_and_write(
     bench: &Path,
     cmp: &Path,
     out: &Path,
     opts: &CheckOptions,
+    progress: &Progress,
 ) -> Result<CheckReport> {
     crate::atomic::prepare_output_dir(out)?;
-    let mut report = run(bench, cmp, opts)?;
-    let json_path: PathBuf = out.join("config_check.json");
-    let xlsx_path: PathBuf = out.join("config_check.xlsx");
-    report
-        .outputs
-        .insert("json".into(), json_path.display().to_string());
-    report
-        .outputs
-        .insert("xlsx".into(), xlsx_path.display().to_string());
-    // All or nothing: both files are staged, then moved into place together.
+    let stage = progress.stage("config-check", 4, Count::Items);
+    stage.note(format!("reading {}", bench.display()));
+    let b = pack::load(bench)?;
+    stage.inc(1);
+    stage.note(format!("reading {}", cmp.display()));
+    let c = pack::load(cmp)?;
+    stage.inc(1);
+    stage.note("comparing");
+    let mut report = check::compare(&b, &c, opts);
+    stage.inc(1);
+    stage.note("writing config_check.xlsx, .json, .html");
+    let files = [
+        ("json", "config_check.json"),
+        ("xlsx", "config_check.xlsx"),
+        ("html", "config_check.html"),
+    ];
+    for (format, name) in files {
+        let path: PathBuf = out.join(name);
+        report
+            .outputs
+            .insert(format.into(), path.display().to_string());
+    }
+    // All or nothing: every file is staged, then moved into place together.
     let staging = crate::atomic::Staging::new(out)?;
     xlsx::write(&report, &staging.path("config_check.xlsx"))?;
+    html::write(&report, &staging.path("config_check.html"))?;
     output::write_json(&report, &staging.path("config_check.json"))?;
     // The summary readers look at moves last.
-    staging.commit(&["config_check.xlsx".into(), "config_check.json".into()])?;
+    staging.commit(&[
+        "config_check.xlsx".into(),
+        "config_check.html".into(),
+        "config_check.json".into(),
+    ])?;
+    stage.inc(1);
     Ok(report)
 }

@@ -7,7 +7,7 @@
 //!
 //! A redacted value becomes `<redacted:sha256:XXXXXXXX>` (the first 8 hex digits of the
 //! sha256 of the secret's UTF-8 bytes), so the same secret on both sides still compares
-//! equal, or `<redacted>` in [`RedactMode::Drop`], which keeps nothing of the value.
+//! equal, or `<redacted>` in `RedactMode::Drop`, which keeps nothing of the value.
 //! Every function is idempotent: markers are left as they are.
 
 use serde_json::Value;

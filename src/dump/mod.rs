@@ -6,15 +6,18 @@
 
 pub mod msprobe;
 mod probe_format;
+mod select;
 
 use crate::dtype::AnyDType;
 use crate::error::{ProbeError, Result};
 pub use crate::op_key::{Direction, OpKey, OpKind, Role};
+use crate::schema::summary::label_key;
 use crate::tensor::Data;
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
 
 pub use probe_format::{parse_op_log, parse_op_record, read_manifest, OpLog};
+pub use select::{Numbers, Selection};
 
 /// What a dump holds per tensor.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, serde::Serialize)]
@@ -171,7 +174,7 @@ pub enum Format {
 }
 
 /// Where one rank of one step lives.
-#[derive(Debug, Clone)]
+#[derive(Debug, Clone, PartialEq)]
 pub struct RankLoc {
     /// Step label (`step0`).
     pub step: String,
@@ -217,12 +220,6 @@ fn rank_format(dir: &Path) -> Result<Option<Format>> {
     Ok(None)
 }
 
-/// Sort key for `step12`, `rank3`, `proc456`: the number, then the name.
-fn label_key(name: &str) -> (u64, String) {
-    let digits: String = name.chars().filter(|c| c.is_ascii_digit()).collect();
-    (digits.parse().unwrap_or(u64::MAX), name.to_string())
-}
-
 fn subdirs(dir: &Path, prefixes: &[&str]) -> Result<Vec<(String, PathBuf)>> {
     let rd = std::fs::read_dir(dir).map_err(|e| ProbeError::io(dir, e))?;
     let mut out = Vec::new();
@@ -237,7 +234,7 @@ fn subdirs(dir: &Path, prefixes: &[&str]) -> Result<Vec<(String, PathBuf)>> {
             out.push((name, ent.path()));
         }
     }
-    out.sort_by_key(|(n, _)| label_key(n));
+    out.sort_by(|(a, _), (b, _)| label_key(a).cmp(&label_key(b)));
     Ok(out)
 }
 

@@ -399,7 +399,7 @@ pub struct OpLog {
 
 /// Reads an op log from `reader`: every line through [`parse_op_record`], `seq` strictly
 /// increasing, tensor names unique. `path` names the file in errors ([`ProbeError::BadRecord`]
-/// with its line number); `dir` is the rank folder. [`load`] reads `ops.jsonl` through this.
+/// with its line number); `dir` is the rank folder. `load` reads `ops.jsonl` through this.
 pub fn parse_op_log(reader: impl BufRead, path: &Path, dir: &Path) -> Result<OpLog> {
     let mut ops: Vec<OpRec> = Vec::new();
     let mut names: HashSet<String> = HashSet::new();

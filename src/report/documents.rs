@@ -3,11 +3,12 @@
 //! tables.
 
 use super::columns::{self, Line, COLUMNS, SCAN, UNMATCHED};
-use super::xlsx::{part_name, MAX_ROWS};
-use super::{Document, OpLine, Overview, Table};
-use crate::compare::CompareRun;
+use super::plot;
+use super::{Document, OpLine, Overview, Point, Table};
+use crate::compare::{CompareRun, Verdict};
 use crate::scan::{ScanRun, ScanSummary};
 use crate::schema::summary::{Finding, Summary};
+use crate::verdict;
 
 /// A compare and its summary.
 pub struct CompareDocument<'a> {
@@ -34,7 +35,7 @@ const OP_LINES: usize = 5000;
 fn op_lines(run: &CompareRun, cap: usize) -> (Vec<OpLine>, usize) {
     let mut out: Vec<OpLine> = Vec::new();
     let mut left_out = 0usize;
-    let mut line = 0usize; // index among all tensor lines, as the tensors sheets hold them
+    let mut line = 0usize; // index among all tensor lines, as the tensors table holds them
     for u in &run.units {
         let mut last = None;
         for r in &u.rows {
@@ -53,17 +54,17 @@ fn op_lines(run: &CompareRun, cap: usize) -> (Vec<OpLine>, usize) {
                         (Some(a), Some(b)) => Some(a.max(b)),
                         (a, b) => a.or(b),
                     };
+                    o.lines.end = line + 1;
                 }
             } else if out.len() < cap {
                 last = Some(t.op.index);
-                let sheet = part_name("tensors", line / MAX_ROWS);
                 out.push(OpLine {
                     place: format!("{}/{}", u.step, u.rank),
                     op: t.op.key.to_string(),
                     verdict: j.verdict,
                     cosine: cos,
                     max_abs: abs,
-                    first_row: (sheet, (line % MAX_ROWS) as u32 + 1),
+                    lines: line..line + 1,
                 });
             } else {
                 left_out += 1;
@@ -131,30 +132,34 @@ impl Document for CompareDocument<'_> {
                 ),
             ),
         ];
+        let found = causal(findings([
+            (
+                "divergence enters from outside (forward)",
+                &s.external_source.forward,
+            ),
+            ("first divergent op (forward)", &s.first_divergent.forward),
+            ("first divergent op (backward)", &s.first_divergent.backward),
+            (
+                "divergence enters from outside (backward)",
+                &s.external_source.backward,
+            ),
+            ("first NaN/Inf producer", &s.first_nonfinite),
+            ("different random draw (forward)", &s.random_draw.forward),
+            ("different random draw (backward)", &s.random_draw.backward),
+            ("earliest failing op (forward)", &s.earliest_failing.forward),
+            (
+                "earliest failing op (backward)",
+                &s.earliest_failing.backward,
+            ),
+        ]));
+        // The culprit the chart labels: the op the headline names.
+        let plot = plot::of(self.run, verdict::culprit(s), plot::MAX_POINTS);
         Overview {
             verdict: s.verdict.severity(),
             headline: s.headline.clone(),
             facts: facts.into_iter().map(|(k, v)| (k.to_string(), v)).collect(),
-            findings: causal(findings([
-                (
-                    "divergence enters from outside (forward)",
-                    &s.external_source.forward,
-                ),
-                ("first divergent op (forward)", &s.first_divergent.forward),
-                ("first divergent op (backward)", &s.first_divergent.backward),
-                (
-                    "divergence enters from outside (backward)",
-                    &s.external_source.backward,
-                ),
-                ("first NaN/Inf producer", &s.first_nonfinite),
-                ("different random draw (forward)", &s.random_draw.forward),
-                ("different random draw (backward)", &s.random_draw.backward),
-                ("earliest failing op (forward)", &s.earliest_failing.forward),
-                (
-                    "earliest failing op (backward)",
-                    &s.earliest_failing.backward,
-                ),
-            ])),
+            findings: found,
+            plot: Some(plot),
             worst_ops: s.worst_ops.clone(),
             ops,
             ops_left_out,
@@ -167,6 +172,7 @@ impl Document for CompareDocument<'_> {
             columns: COLUMNS.iter().collect(),
             colour_by: "verdict",
             lines: Box::new(columns::lines(&self.run.units)),
+            flagged: None,
         }
     }
 
@@ -177,14 +183,40 @@ impl Document for CompareDocument<'_> {
                 columns: COLUMNS.iter().collect(),
                 colour_by: "verdict",
                 lines: Box::new(columns::tensor_lines(&self.run.units)),
+                flagged: Some(
+                    |l| matches!(l, Line::Tensor(_, r) if r.judgement.verdict != Verdict::Pass),
+                ),
             },
             Table {
                 name: "unmatched",
                 columns: UNMATCHED.iter().collect(),
                 colour_by: "only_in",
                 lines: Box::new(columns::unmatched_lines(&self.run.units)),
+                flagged: None,
             },
         ]
+    }
+
+    fn points(&self) -> Box<dyn Iterator<Item = Point<'_>> + '_> {
+        Box::new(self.run.units.iter().flat_map(|u| {
+            u.rows.iter().map(move |r| {
+                let (t, j) = (&r.tensor, &r.judgement);
+                Point {
+                    step: &u.step,
+                    rank: &u.rank,
+                    seq: t.op.seq,
+                    op: t.op.key.as_str(),
+                    tensor: &t.name,
+                    direction: t.op.direction,
+                    module: t.op.module.as_deref(),
+                    verdict: j.verdict,
+                    err: j.err,
+                    tolerance: j.tolerance,
+                    cosine: t.metrics.and_then(|m| m.cosine),
+                    max_rel: t.metrics.map(|m| m.max_rel),
+                }
+            })
+        }))
     }
 }
 
@@ -251,6 +283,7 @@ impl Document for ScanDocument<'_> {
             worst_ops: vec![],
             ops: vec![],
             ops_left_out: 0,
+            plot: None,
         }
     }
 
@@ -265,6 +298,7 @@ impl Document for ScanDocument<'_> {
             columns: SCAN.iter().collect(),
             colour_by: "flag",
             lines: Box::new(lines),
+            flagged: None,
         }
     }
 

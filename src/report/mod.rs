@@ -1,5 +1,5 @@
 //! Reports of a compare or a scan: the JSON summary (the CI contract, `schemas/`), the
-//! parquet table, the xlsx workbook and the terminal summary. Rendering only: every number
+//! parquet table, the xlsx workbook, the self-contained html page and the terminal summary. Rendering only: every number
 //! comes from a [`Document`] (a finished run with its summary); the tabular formats render
 //! the column tables of [`columns`].
 //!
@@ -9,8 +9,10 @@
 
 pub mod columns;
 pub mod documents;
+pub(crate) mod html;
 mod json;
 mod parquet;
+pub mod plot;
 mod terminal;
 pub(crate) mod xlsx;
 
@@ -22,10 +24,11 @@ use std::path::Path;
 
 pub use documents::{CompareDocument, ScanDocument};
 
+pub use html::{HtmlReport, Point};
 pub use json::JsonSummary;
 pub use parquet::ParquetTable;
 pub use terminal::{scan_terminal_summary, terminal_summary};
-pub use xlsx::XlsxWorkbook;
+pub use xlsx::{XlsxRows, XlsxWorkbook};
 
 /// A finished run, as every report format sees it.
 pub trait Document: Sync {
@@ -39,6 +42,12 @@ pub trait Document: Sync {
     fn table(&self) -> Table<'_>;
     /// The workbook's sheets after the summary.
     fn sheets(&self) -> Vec<Table<'_>>;
+    /// The compared tensors in execution order, as the html report plots them (none: the
+    /// page has no error plot). Called more than once: the plot is downsampled in two passes
+    /// rather than holding a million rows.
+    fn points(&self) -> Box<dyn Iterator<Item = Point<'_>> + '_> {
+        Box::new(std::iter::empty())
+    }
 }
 
 /// The summary of a run for people: verdict, headline, facts, findings, worst ops.
@@ -58,6 +67,8 @@ pub struct Overview {
     pub ops: Vec<OpLine>,
     /// Ops left out of `ops` past its cap.
     pub ops_left_out: usize,
+    /// The error-per-op chart (a compare's; None for a scan).
+    pub plot: Option<plot::Plot>,
 }
 
 /// An op's line in the per-op table: its worst numbers and where its tensors are.
@@ -73,8 +84,9 @@ pub struct OpLine {
     pub cosine: Option<f64>,
     /// The largest absolute error among its tensors.
     pub max_abs: Option<f64>,
-    /// The sheet and 0-based row of its first tensor.
-    pub first_row: (String, u32),
+    /// Its tensors' positions among the lines of the `tensors` table (0-based, end
+    /// exclusive); the workbook links the op to the first of them it shows.
+    pub lines: std::ops::Range<usize>,
 }
 
 /// Lines of a table with the columns to show.
@@ -87,6 +99,9 @@ pub struct Table<'a> {
     pub colour_by: &'static str,
     /// The lines.
     pub lines: Box<dyn Iterator<Item = Line<'a>> + 'a>,
+    /// Which lines matter most (warnings, errors): a workbook past `--xlsx-rows` keeps
+    /// these and a few lines around them; None keeps every line.
+    pub flagged: Option<fn(&Line) -> bool>,
 }
 
 /// A report format.
@@ -99,11 +114,13 @@ pub trait ReportWriter: Sync {
     fn write(&self, doc: &dyn Document, path: &Path) -> Result<()>;
 }
 
-/// All report formats, in the order they are written.
-pub fn writers() -> Vec<Box<dyn ReportWriter>> {
+/// All report formats, in the order they are written; `xlsx_rows` bounds the workbook's
+/// long tables (`--xlsx-rows`).
+pub fn writers(xlsx_rows: XlsxRows) -> Vec<Box<dyn ReportWriter>> {
     vec![
         Box::new(JsonSummary),
         Box::new(ParquetTable),
-        Box::new(XlsxWorkbook),
+        Box::new(XlsxWorkbook { rows: xlsx_rows }),
+        Box::new(HtmlReport),
     ]
 }

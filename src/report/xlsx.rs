@@ -5,21 +5,149 @@
 //! msprobe's familiar columns plus probe's verdict, reason and tolerance, then `unmatched`),
 //! errors red, warnings yellow, frozen header, autofilter. Sheets are split past Excel's row
 //! limit. Written in constant-memory mode.
+//!
+//! A compare's summary sheet also has a native chart (Excel, WPS and LibreOffice draw it):
+//! the error of each op along execution order on a log scale, forward and backward apart,
+//! the tolerance line and the culprit labelled. A chart draws cell ranges, so its points
+//! are written to a last sheet, `plot` (an ordinary sheet: a few thousand rows at most,
+//! see [`super::plot`]).
 
 use super::columns::{Cell, Column, Line};
+use super::plot::{self, Plot};
 use super::{Document, Overview, ReportWriter, Table};
 use crate::atomic;
 use crate::compare::Verdict;
+use crate::dump::Direction;
 use crate::error::{ProbeError, Result};
 use crate::schema::summary::Finding;
+use crate::verdict::thousands;
 use rust_xlsxwriter::{
-    Color, ConditionalFormatFormula, Format, FormatBorder, FormatUnderline, Url, Workbook,
-    Worksheet, XlsxError,
+    Chart, ChartAxisCrossing, ChartDataLabel, ChartDataLabelPosition, ChartEmptyCells, ChartFormat,
+    ChartLegendPosition, ChartLine, ChartLineDashType, ChartMarker, ChartMarkerType,
+    ChartSolidFill, ChartType, Color, ConditionalFormatFormula, Format, FormatBorder,
+    FormatUnderline, Url, Workbook, Worksheet, XlsxError,
 };
 use std::path::Path;
 
 /// `<stem>.xlsx`.
-pub struct XlsxWorkbook;
+#[derive(Debug, Clone, Copy, Default)]
+pub struct XlsxWorkbook {
+    /// How many lines of a long table the workbook holds (`--xlsx-rows`).
+    pub rows: XlsxRows,
+}
+
+/// How many lines of a table with flagged lines (the compare's `tensors`) the workbook
+/// holds. Why: writing a cell costs about as much as comparing a statistics tensor, so a
+/// 100,000-tensor workbook took longer than the compare itself; people read the failing
+/// rows, and the parquet table has every row.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum XlsxRows {
+    /// Every line.
+    All,
+    /// The first `n` lines, then every flagged line with `CONTEXT` lines either side.
+    First(usize),
+}
+
+/// Lines kept before and after a flagged line past the first `n`.
+pub const CONTEXT: usize = 2;
+
+/// The default of `--xlsx-rows`.
+pub const DEFAULT_ROWS: usize = 20_000;
+
+impl Default for XlsxRows {
+    fn default() -> Self {
+        XlsxRows::First(DEFAULT_ROWS)
+    }
+}
+
+impl std::str::FromStr for XlsxRows {
+    type Err = String;
+
+    fn from_str(s: &str) -> std::result::Result<Self, String> {
+        if s == "all" {
+            return Ok(XlsxRows::All);
+        }
+        s.parse()
+            .map(XlsxRows::First)
+            .map_err(|_| format!("{s:?}: a number of rows, or all"))
+    }
+}
+
+/// Which lines to write, given which are flagged: every line, or with `First(n)` the first
+/// `n` and each flagged line with [`CONTEXT`] lines either side.
+pub fn keep_lines(flagged: &[bool], rows: XlsxRows) -> Vec<bool> {
+    let n = match rows {
+        XlsxRows::All => return vec![true; flagged.len()],
+        XlsxRows::First(n) => n,
+    };
+    let mut keep: Vec<bool> = (0..flagged.len()).map(|i| i < n).collect();
+    for (i, _) in flagged.iter().enumerate().filter(|(_, f)| **f) {
+        let lo = i.saturating_sub(CONTEXT);
+        let hi = (i + CONTEXT + 1).min(flagged.len());
+        keep[lo..hi].iter_mut().for_each(|k| *k = true);
+    }
+    keep
+}
+
+/// The lines of a table the workbook shows, as a mask over the table's lines, with a
+/// sentence for the summary sheet when some are left out.
+struct Shown {
+    keep: Vec<bool>,
+    /// 0-based position in the sheets of each kept line (by line index; usize::MAX when
+    /// left out).
+    position: Vec<usize>,
+    note: Option<String>,
+}
+
+impl Shown {
+    fn of(table: Table, rows: XlsxRows) -> Option<Shown> {
+        let is_flagged = table.flagged?;
+        let flagged: Vec<bool> = table.lines.map(|l| is_flagged(&l)).collect();
+        let keep = keep_lines(&flagged, rows);
+        let mut next = 0usize;
+        let position = keep
+            .iter()
+            .map(|&k| {
+                if k {
+                    next += 1;
+                    next - 1
+                } else {
+                    usize::MAX
+                }
+            })
+            .collect();
+        let note = (next < keep.len()).then(|| {
+            let n = match rows {
+                XlsxRows::First(n) => n,
+                XlsxRows::All => keep.len(),
+            };
+            format!(
+                "{} of {} rows: the first {}, then every warning and error with {CONTEXT} rows \
+                 either side; compare.parquet has every row (--xlsx-rows all puts them all here)",
+                thousands(next),
+                thousands(keep.len()),
+                thousands(n)
+            )
+        });
+        Some(Shown {
+            keep,
+            position,
+            note,
+        })
+    }
+
+    /// The sheet and 1-based row of the first shown line in `lines`.
+    fn first_row(&self, lines: &std::ops::Range<usize>) -> Option<(String, u32)> {
+        let p = lines
+            .clone()
+            .filter_map(|i| self.position.get(i).copied())
+            .find(|&p| p != usize::MAX)?;
+        Some((
+            part_name("tensors", p / MAX_ROWS),
+            (p % MAX_ROWS) as u32 + 1,
+        ))
+    }
+}
 
 /// Data rows per sheet: Excel's 1,048,576 rows less the header.
 pub const MAX_ROWS: usize = 1_048_575;
@@ -192,7 +320,7 @@ fn finding_rows(
     Ok(())
 }
 
-fn summary_sheet(ws: &mut Worksheet, s: &Overview, fs: &Formats) -> X<()> {
+fn summary_sheet(ws: &mut Worksheet, s: &Overview, shown: Option<&Shown>, fs: &Formats) -> X<()> {
     ws.set_name("summary")?;
     // Printed or exported to PDF, the summary fits the page width.
     ws.set_landscape();
@@ -211,6 +339,11 @@ fn summary_sheet(ws: &mut Worksheet, s: &Overview, fs: &Formats) -> X<()> {
     for (k, v) in &s.facts {
         ws.write_string(row, 0, k)?;
         ws.write_string(row, 1, v)?;
+        row += 1;
+    }
+    if let Some(note) = shown.and_then(|s| s.note.as_ref()) {
+        ws.write_string(row, 0, "tensors sheet")?;
+        ws.write_string(row, 1, note)?;
         row += 1;
     }
     row += 1;
@@ -244,6 +377,14 @@ fn summary_sheet(ws: &mut Worksheet, s: &Overview, fs: &Formats) -> X<()> {
             row += 1;
         }
     }
+    if let Some(p) = s.plot.as_ref().filter(|p| !p.points.is_empty()) {
+        row += 1;
+        let title = format!("error per op (the chart's points: sheet {PLOT_SHEET})");
+        ws.write_string_with_format(row, 0, title, &fs.bold)?;
+        row += 1;
+        ws.insert_chart(row, 0, &chart(p))?;
+        row += CHART_ROWS;
+    }
     if !s.ops.is_empty() {
         row += 1;
         let title = "per op (click an op for its tensors)";
@@ -267,10 +408,17 @@ fn summary_sheet(ws: &mut Worksheet, s: &Overview, fs: &Formats) -> X<()> {
                 Verdict::Pass => &fs.plain,
             };
             ws.write_string(row, 0, &o.place)?;
-            let (sheet, r) = &o.first_row;
-            let target = format!("internal:'{sheet}'!A{}", r + 1);
-            let url = Url::new(target).set_text(&o.op);
-            ws.write_url_with_format(row, 1, &url, &fs.link)?;
+            match shown.and_then(|s| s.first_row(&o.lines)) {
+                Some((sheet, r)) => {
+                    let target = format!("internal:'{sheet}'!A{}", r + 1);
+                    let url = Url::new(target).set_text(&o.op);
+                    ws.write_url_with_format(row, 1, &url, &fs.link)?;
+                }
+                // Its tensors all pass and are past --xlsx-rows: in compare.parquet only.
+                None => {
+                    ws.write_string(row, 1, &o.op)?;
+                }
+            }
             ws.write_string_with_format(row, 2, o.verdict.name(), f)?;
             num(ws, row, 3, o.cosine)?;
             num(ws, row, 4, o.max_abs)?;
@@ -282,6 +430,173 @@ fn summary_sheet(ws: &mut Worksheet, s: &Overview, fs: &Formats) -> X<()> {
         }
     }
     Ok(())
+}
+
+/// The sheet the chart's points are written to.
+const PLOT_SHEET: &str = "plot";
+
+/// Rows of the summary sheet the chart covers (at the default row height), and its size
+/// in pixels: as wide as the summary's first two columns.
+const CHART_ROWS: u32 = 22;
+const CHART_SIZE: (u32, u32) = (960, 420);
+
+/// Columns of the plot sheet: what each point is, then the values the chart draws.
+const PLOT_COLS: [(&str, f64); 11] = [
+    ("x (execution order)", 10.0),
+    ("step/rank", 12.0),
+    ("op", 40.0),
+    ("direction", 10.0),
+    ("verdict", 9.0),
+    ("error", 12.0),
+    ("tolerance", 12.0),
+    ("forward (drawn)", 12.0),
+    ("backward (drawn)", 12.0),
+    ("tolerance (drawn)", 12.0),
+    ("culprit (drawn)", 12.0),
+];
+const COL_X: u16 = 0;
+const COL_FORWARD: u16 = 7;
+const COL_BACKWARD: u16 = 8;
+const COL_TOLERANCE: u16 = 9;
+const COL_CULPRIT: u16 = 10;
+
+/// A custom data label is a literal unless it reads as a cell reference (`Sheet!A1`): an op
+/// key with a `!` gets a look-alike instead, so the label always shows the text.
+fn literal_label(s: &str) -> String {
+    s.replace('!', "\u{01C3}")
+}
+
+/// The plot sheet: one row per point (see [`PLOT_COLS`]); a series has a value only on its
+/// own rows (blank elsewhere, drawn as gaps).
+fn plot_sheet(ws: &mut Worksheet, p: &Plot, fs: &Formats) -> X<()> {
+    ws.set_name(PLOT_SHEET)?;
+    write_header(ws, &PLOT_COLS, &fs.header)?;
+    for (i, pt) in p.points.iter().enumerate() {
+        let r = i as u32 + 1;
+        ws.write_number(r, COL_X, pt.x as f64)?;
+        ws.write_string(r, 1, &pt.place)?;
+        ws.write_string(r, 2, &pt.op)?;
+        ws.write_string(r, 3, pt.direction.name())?;
+        ws.write_string(r, 4, pt.verdict.name())?;
+        num(ws, r, 5, Some(pt.err))?;
+        num(ws, r, 6, Some(pt.tolerance))?;
+        let col = match pt.direction {
+            Direction::Forward => COL_FORWARD,
+            Direction::Backward => COL_BACKWARD,
+        };
+        ws.write_number(r, col, p.drawn(pt.err))?;
+        ws.write_number(r, COL_TOLERANCE, p.drawn(pt.tolerance))?;
+        if p.culprit == Some(i) {
+            ws.write_number(r, COL_CULPRIT, p.drawn(pt.err))?;
+        }
+    }
+    let shown = if p.downsampled() {
+        let kept = if p.all_failing {
+            "every failing op and the culprit, and the worst op (furthest past its tolerance) \
+             of each run of consecutive passing ops"
+        } else {
+            "the culprit, and the worst op (furthest past its tolerance) of each run of \
+             consecutive ops"
+        };
+        format!("{} of {} ops shown: {kept}", p.points.len(), p.ops)
+    } else {
+        format!("all {} ops shown", p.ops)
+    };
+    let notes = [
+        shown,
+        format!(
+            "drawn on a log scale: an error of 0 at {:e}, a non-finite error at the top of \
+             the chart",
+            plot::FLOOR
+        ),
+    ];
+    for (i, n) in notes.iter().enumerate() {
+        ws.write_string(i as u32 + 1, PLOT_COLS.len() as u16 + 1, n)?;
+    }
+    Ok(())
+}
+
+/// A markers-only series of the plot sheet's column `col`.
+fn point_series(chart: &mut Chart, name: &str, col: u16, last: u32, marker: ChartMarker) {
+    chart
+        .add_series()
+        .set_name(name)
+        .set_categories((PLOT_SHEET, 1, COL_X, last, COL_X))
+        .set_values((PLOT_SHEET, 1, col, last, col))
+        .set_marker(&marker)
+        .set_format(ChartFormat::new().set_no_line());
+}
+
+fn marker(kind: ChartMarkerType, size: u8, rgb: u32) -> ChartMarker {
+    let mut m = ChartMarker::new();
+    m.set_type(kind).set_size(size).set_format(
+        ChartFormat::new()
+            .set_solid_fill(ChartSolidFill::new().set_color(Color::RGB(rgb)))
+            .set_line(ChartLine::new().set_color(Color::RGB(rgb))),
+    );
+    m
+}
+
+/// The error-per-op chart over the plot sheet.
+fn chart(p: &Plot) -> Chart {
+    let last = p.points.len() as u32;
+    let mut chart = Chart::new(ChartType::Scatter);
+    chart.title().set_name("Error per op along execution order");
+    let has = |d: Direction| p.points.iter().any(|pt| pt.direction == d);
+    if has(Direction::Forward) {
+        let m = marker(ChartMarkerType::Circle, 4, 0x4472C4);
+        point_series(&mut chart, "forward", COL_FORWARD, last, m);
+    }
+    if has(Direction::Backward) {
+        let m = marker(ChartMarkerType::Triangle, 4, 0xED7D31);
+        point_series(&mut chart, "backward", COL_BACKWARD, last, m);
+    }
+    let mut none = ChartMarker::new();
+    none.set_none();
+    chart
+        .add_series()
+        .set_name("tolerance")
+        .set_categories((PLOT_SHEET, 1, COL_X, last, COL_X))
+        .set_values((PLOT_SHEET, 1, COL_TOLERANCE, last, COL_TOLERANCE))
+        .set_marker(&none)
+        .set_format(
+            ChartFormat::new().set_line(
+                ChartLine::new()
+                    .set_color(Color::RGB(0xC00000))
+                    .set_width(1.25)
+                    .set_dash_type(ChartLineDashType::Dash),
+            ),
+        );
+    if let Some(i) = p.culprit {
+        let (r, pt) = (i as u32 + 1, &p.points[i]);
+        let label = ChartDataLabel::new()
+            .set_value(literal_label(&pt.op).as_str())
+            .set_position(ChartDataLabelPosition::Right)
+            .to_owned();
+        chart
+            .add_series()
+            .set_name("culprit")
+            .set_categories((PLOT_SHEET, r, COL_X, r, COL_X))
+            .set_values((PLOT_SHEET, r, COL_CULPRIT, r, COL_CULPRIT))
+            .set_marker(&marker(ChartMarkerType::Diamond, 10, 0xC00000))
+            .set_format(ChartFormat::new().set_no_line())
+            .set_custom_data_labels(&[label]);
+    }
+    chart
+        .x_axis()
+        .set_name("op, in execution order")
+        .set_min(0)
+        .set_max(p.points.last().map_or(1, |pt| pt.x) as f64);
+    chart
+        .y_axis()
+        .set_name("error (log scale)")
+        .set_log_base(10)
+        .set_num_format("0E+00")
+        .set_crossing(ChartAxisCrossing::Min);
+    chart.legend().set_position(ChartLegendPosition::Bottom);
+    chart.show_empty_cells_as(ChartEmptyCells::Gaps);
+    chart.set_width(CHART_SIZE.0).set_height(CHART_SIZE.1);
+    chart
 }
 
 /// Colours whole rows red (error) or yellow (warning) from the Verdict column `col`.
@@ -318,14 +633,22 @@ pub(crate) fn part_name(base: &str, k: usize) -> String {
 /// Writes a table into sheets named `name`, `name_2`, ... of at most [`MAX_ROWS`] rows
 /// (the workbook's columns only); always at least one (maybe empty) sheet, so the
 /// workbook's sheet list is the same for every run.
-fn sheets(wb: &mut Workbook, table: Table, fs: &Formats) -> X<()> {
+fn sheets(wb: &mut Workbook, table: Table, shown: Option<&Shown>, fs: &Formats) -> X<()> {
     let cols: Vec<&Column> = table.columns.into_iter().filter(|c| c.workbook).collect();
     let colour = cols
         .iter()
         .position(|c| c.name == table.colour_by)
         .unwrap_or(0);
     let widths: Vec<(&str, f64)> = cols.iter().map(|c| (c.header, c.width)).collect();
-    let mut lines = table.lines;
+    let mut lines: Box<dyn Iterator<Item = Line>> = match shown {
+        Some(s) => Box::new(
+            table
+                .lines
+                .zip(s.keep.iter())
+                .filter_map(|(l, &k)| k.then_some(l)),
+        ),
+        None => table.lines,
+    };
     let mut next = lines.next();
     let mut k = 0;
     loop {
@@ -348,14 +671,26 @@ fn sheets(wb: &mut Workbook, table: Table, fs: &Formats) -> X<()> {
     }
 }
 
-fn build(doc: &dyn Document) -> X<Workbook> {
+fn build(doc: &dyn Document, rows: XlsxRows) -> X<Workbook> {
     let fs = formats();
     let mut wb = Workbook::new();
     // Level 1 deflate: several times faster than the default on large sheets, files ~20 % larger.
     wb.set_zip_compression_level(1);
-    summary_sheet(wb.add_worksheet(), &doc.overview(), &fs)?;
-    for table in doc.sheets() {
-        sheets(&mut wb, table, &fs)?;
+    let overview = doc.overview();
+    // Which lines of each table are shown: one pass over the flags before any sheet (the
+    // summary's links point into the tensors sheet).
+    let shown: Vec<Option<Shown>> = doc
+        .sheets()
+        .into_iter()
+        .map(|t| Shown::of(t, rows))
+        .collect();
+    let tensors = shown.first().and_then(Option::as_ref);
+    summary_sheet(wb.add_worksheet(), &overview, tensors, &fs)?;
+    for (table, shown) in doc.sheets().into_iter().zip(&shown) {
+        sheets(&mut wb, table, shown.as_ref(), &fs)?;
+    }
+    if let Some(p) = overview.plot.as_ref().filter(|p| !p.points.is_empty()) {
+        plot_sheet(wb.add_worksheet(), p, &fs)?;
     }
     Ok(wb)
 }
@@ -372,7 +707,7 @@ impl ReportWriter for XlsxWorkbook {
             path: path.to_path_buf(),
             msg: format!("xlsx: {e}"),
         };
-        let mut wb = build(doc).map_err(err)?;
+        let mut wb = build(doc, self.rows).map_err(err)?;
         atomic::write_with(path, |w| wb.save_to_writer(w).map_err(|e| e.to_string()))
     }
 }
@@ -395,5 +730,34 @@ mod tests {
             .map(|&k| letter(k))
             .collect();
         assert_eq!(l, ["A", "M", "Z", "AA", "AB", "AZ", "BA"]);
+    }
+
+    #[test]
+    fn the_row_window_keeps_the_first_rows_and_context_around_flags() {
+        let f = |s: &str| s.chars().map(|c| c == 'x').collect::<Vec<bool>>();
+        let shown = |s: &str, rows| -> String {
+            keep_lines(&f(s), rows)
+                .iter()
+                .map(|&k| if k { '1' } else { '0' })
+                .collect()
+        };
+        assert_eq!(shown("..........", XlsxRows::First(3)), "1110000000");
+        assert_eq!(shown(".......x..", XlsxRows::First(2)), "1100011111");
+        assert_eq!(shown("x........x", XlsxRows::First(0)), "1110000111");
+        assert_eq!(shown("....x.....", XlsxRows::All), "1111111111");
+        assert_eq!(shown("", XlsxRows::First(5)), "");
+        assert_eq!("all".parse(), Ok(XlsxRows::All));
+        assert_eq!("10".parse(), Ok(XlsxRows::First(10)));
+        assert!("ten".parse::<XlsxRows>().is_err());
+    }
+
+    #[test]
+    fn a_chart_label_never_reads_as_a_cell_reference() {
+        let label = literal_label("Module.x!A1.forward");
+        assert_eq!(label, "Module.x\u{01C3}A1.forward");
+        assert_eq!(
+            literal_label("Functional.gelu.1.forward"),
+            "Functional.gelu.1.forward"
+        );
     }
 }

@@ -13,7 +13,13 @@ pub struct Out {
 }
 
 pub fn probe(args: &[&str]) -> Out {
+    probe_in(Path::new("."), args)
+}
+
+/// Runs probe in `cwd` (relative dump paths, as a job on each node would give them).
+pub fn probe_in(cwd: &Path, args: &[&str]) -> Out {
     let o = Command::new(env!("CARGO_BIN_EXE_probe"))
+        .current_dir(cwd)
         .args(args)
         .output()
         .expect("run probe");
@@ -53,9 +59,14 @@ pub fn synth(dir: &Path, args: &[&str]) {
 
 /// `probe compare -b dir/bench -c dir/cmp -o dir/out extra...`
 pub fn compare(dir: &Path, extra: &[&str]) -> Out {
+    compare_to(dir, "out", extra)
+}
+
+/// `probe compare -b dir/bench -c dir/cmp -o dir/OUT extra...`
+pub fn compare_to(dir: &Path, out: &str, extra: &[&str]) -> Out {
     let b = dir.join("bench");
     let c = dir.join("cmp");
-    let out = dir.join("out");
+    let out = dir.join(out);
     let mut a = vec![
         "compare",
         "-b",

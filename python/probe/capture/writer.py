@@ -47,6 +47,8 @@ _ST_DTYPES: dict[torch.dtype, tuple[str, int]] = {
 # Bound at import, before the API wrappers exist: the writer's own tensor calls must not
 # pay for (or be seen by) the wrappers installed while a step is captured.
 _view = torch.Tensor.view
+# One encoder for every op record: json.dumps with options builds a new one per call.
+_encode_record = json.JSONEncoder(separators=(",", ":"), allow_nan=False).encode
 _numpy = torch.Tensor.numpy
 
 
@@ -321,7 +323,7 @@ class RankFolder:
             assert self._ops is not None
         record["seq"] = self.seq
         self.seq += 1
-        self._ops.write(json.dumps(record, separators=(",", ":"), allow_nan=False) + "\n")
+        self._ops.write(_encode_record(record) + "\n")
 
     def write_stack_json(self, sid: int, frames_json: str) -> None:
         """Append one stack whose ``frames`` array is already JSON (cached across steps)."""

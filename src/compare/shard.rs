@@ -1,0 +1,550 @@
+//! Sharding: one compare split over many processes (a Slurm job array, a Kubernetes Indexed
+//! Job, one process per node), combined afterwards without re-reading a tensor.
+//!
+//! Why it works: a [`UnitResult`] depends on nothing outside its step/rank pair but the
+//! precision floor its rank's previous step left, and every run-wide verdict (cross-rank
+//! origin, headline, counts) is computed from unit results only. So a shard takes whole
+//! ranks (every step of them, in order, so the floor chain stays inside the shard), compares
+//! them, and saves what it found; `probe merge` puts the units back in plan order and runs
+//! the same summary and reports as an unsharded compare: the same `summary.json`.
+//!
+//! A shard result is a folder: `shard.json` (public, `schemas/probe-compare-shard.v1.schema.json`:
+//! which run, which part, which units), `units.msgpack` (the unit results, MessagePack:
+//! exact floats, NaN included; read back only by the same probe version) and
+//! `compare.parquet` (the shard's rows: the interchange for DuckDB, Spark, polars).
+
+use super::plan::Unit;
+use super::{CompareRun, UnitResult};
+use crate::atomic;
+use crate::error::{ProbeError, Result};
+use crate::schema::summary::{label_key, IncompleteUnit};
+use serde::{Deserialize, Serialize};
+use sha2::{Digest, Sha256};
+use std::collections::{BTreeMap, HashMap};
+use std::fmt;
+use std::path::{Path, PathBuf};
+use std::str::FromStr;
+
+/// Which part of the step/rank pairs a process compares. Written as on the command line
+/// (`"1/4"`, `"all"`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(into = "String", try_from = "String")]
+pub enum Shard {
+    /// Part `index` (0-based) of `count`: the ranks are split into `count` contiguous,
+    /// balanced blocks in rank order (ranks 0–7 and 8–15 for 2 of 16 ranks).
+    Part {
+        /// 0-based part number.
+        index: u32,
+        /// How many parts.
+        count: u32,
+    },
+    /// Every pair this process finds (one process per node over node-local disks: each
+    /// node's dump holds its own ranks).
+    All,
+}
+
+impl FromStr for Shard {
+    type Err = String;
+
+    fn from_str(s: &str) -> std::result::Result<Self, String> {
+        if s == "all" {
+            return Ok(Shard::All);
+        }
+        let bad = || format!("{s:?}: write i/N (0 ≤ i < N, e.g. 0/4) or all");
+        let (i, n) = s.split_once('/').ok_or_else(bad)?;
+        let (index, count): (u32, u32) = (
+            i.trim().parse().map_err(|_| bad())?,
+            n.trim().parse().map_err(|_| bad())?,
+        );
+        if count == 0 || index >= count {
+            return Err(bad());
+        }
+        Ok(Shard::Part { index, count })
+    }
+}
+
+impl From<Shard> for String {
+    fn from(s: Shard) -> String {
+        s.to_string()
+    }
+}
+
+impl TryFrom<String> for Shard {
+    type Error = String;
+
+    fn try_from(s: String) -> std::result::Result<Self, String> {
+        s.parse()
+    }
+}
+
+impl fmt::Display for Shard {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            Shard::Part { index, count } => write!(f, "{index}/{count}"),
+            Shard::All => f.write_str("all"),
+        }
+    }
+}
+
+impl Shard {
+    /// The plan indices of the units this shard compares, in plan order.
+    pub fn take(&self, units: &[Unit]) -> Vec<usize> {
+        let Shard::Part { index, count } = *self else {
+            return (0..units.len()).collect();
+        };
+        let mut ranks: Vec<&str> = units.iter().map(|u| u.rank.as_str()).collect();
+        ranks.sort_by(|a, b| label_key(a).cmp(&label_key(b)));
+        ranks.dedup();
+        let n = ranks.len() as u64;
+        let part_of: HashMap<&str, u64> = ranks
+            .iter()
+            .enumerate()
+            .map(|(k, r)| (*r, k as u64 * u64::from(count) / n.max(1)))
+            .collect();
+        (0..units.len())
+            .filter(|&i| part_of.get(units[i].rank.as_str()) == Some(&u64::from(index)))
+            .collect()
+    }
+}
+
+/// What the plan of a run says besides its units: the same in every shard of one run over
+/// a shared file system.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct Frame {
+    /// The benchmark path as given.
+    pub bench: PathBuf,
+    /// The comparison path as given.
+    pub cmp: PathBuf,
+    /// Every planned step/rank pair (`step0/rank3`), in plan order.
+    pub units: Vec<String>,
+    /// Warnings of the plan (unpaired folders, pairing by position).
+    pub warnings: Vec<String>,
+    /// Pairs present on one side only.
+    pub unpaired: Vec<IncompleteUnit>,
+}
+
+/// What became of one planned unit.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+pub enum Outcome {
+    /// Compared.
+    Compared(Box<UnitResult>),
+    /// Not compared: a side holds no op records (a crashed run).
+    Skipped {
+        /// The warning it gave.
+        warning: String,
+        /// The pair, as listed in `incomplete_units`.
+        incomplete: IncompleteUnit,
+    },
+}
+
+impl Outcome {
+    fn label(&self) -> String {
+        match self {
+            Outcome::Compared(u) => format!("{}/{}", u.step, u.rank),
+            Outcome::Skipped { incomplete: i, .. } => format!("{}/{}", i.step, i.rank),
+        }
+    }
+}
+
+/// The units a process compared, with the frame of their run.
+#[derive(Debug, Clone)]
+pub struct RunPart {
+    /// The plan's frame.
+    pub frame: Frame,
+    /// (plan index, outcome), in plan order.
+    pub outcomes: Vec<(usize, Outcome)>,
+}
+
+impl RunPart {
+    /// The run these units make, warnings and incomplete pairs in the order an unsharded
+    /// compare gives them: the plan's, then each unit's in unit order.
+    pub fn assemble(self) -> CompareRun {
+        let mut warnings = self.frame.warnings;
+        let mut incomplete = self.frame.unpaired;
+        let mut units = Vec::new();
+        for (_, outcome) in self.outcomes {
+            match outcome {
+                Outcome::Compared(u) => {
+                    warnings.extend(u.warnings.iter().cloned());
+                    units.push(*u);
+                }
+                Outcome::Skipped {
+                    warning,
+                    incomplete: i,
+                } => {
+                    warnings.push(warning);
+                    incomplete.push(i);
+                }
+            }
+        }
+        CompareRun {
+            bench: self.frame.bench,
+            cmp: self.frame.cmp,
+            units,
+            warnings,
+            incomplete,
+        }
+    }
+}
+
+/// What makes two shards parts of one run: same probe, same inputs, same options. Written
+/// by the caller (`app`), compared field by field at merge.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct RunIdentity {
+    /// The probe version that wrote the shard (unit results are read back by the same).
+    pub probe: String,
+    /// Options that change results, by name (`level`, `align`, `tolerances` (SHA-256 of the
+    /// file or `default`), `mappings`, `fail_on`, `max_unmatched`, `selection`).
+    pub options: BTreeMap<String, String>,
+}
+
+/// SHA-256 of a file's bytes, hex: how an options file enters a [`RunIdentity`].
+pub fn file_digest(path: &Path) -> Result<String> {
+    let bytes = std::fs::read(path).map_err(|e| ProbeError::io(path, e))?;
+    Ok(format!("{:x}", Sha256::digest(&bytes)))
+}
+
+/// `shard.json`: the public part of a shard result.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+struct Header {
+    format: String,
+    version: u32,
+    shard: Shard,
+    run: RunIdentity,
+    frame: Frame,
+    /// The units of this shard: (plan index, `step/rank`, compared).
+    units: Vec<HeaderUnit>,
+    /// The file holding the unit results, and its SHA-256.
+    results: String,
+    results_sha256: String,
+}
+
+#[derive(Debug, Clone, Serialize, Deserialize)]
+struct HeaderUnit {
+    index: usize,
+    unit: String,
+    compared: bool,
+}
+
+const FORMAT: &str = "probe-compare-shard";
+const VERSION: u32 = 1;
+/// The shard result's public file.
+pub const HEADER_FILE: &str = "shard.json";
+const RESULTS_FILE: &str = "units.msgpack";
+
+/// A shard result read back.
+#[derive(Debug, Clone)]
+pub struct ShardResult {
+    /// The folder it was read from.
+    pub dir: PathBuf,
+    /// Which part.
+    pub shard: Shard,
+    /// Which run.
+    pub run: RunIdentity,
+    /// Its units and frame.
+    pub part: RunPart,
+}
+
+/// Writes `part` as a shard result into the staging folder (`shard.json` and
+/// `units.msgpack`); returns the file names, `shard.json` last (it names the other).
+pub fn stage(
+    staging: &atomic::Staging,
+    shard: Shard,
+    run: &RunIdentity,
+    part: &RunPart,
+) -> Result<Vec<String>> {
+    let results = rmp_serde::to_vec_named(&part.outcomes).map_err(|e| ProbeError::Output {
+        path: staging.path(RESULTS_FILE),
+        msg: e.to_string(),
+    })?;
+    atomic::write_bytes(&staging.path(RESULTS_FILE), &results)?;
+    let header = Header {
+        format: FORMAT.into(),
+        version: VERSION,
+        shard,
+        run: run.clone(),
+        frame: part.frame.clone(),
+        units: part
+            .outcomes
+            .iter()
+            .map(|(i, o)| HeaderUnit {
+                index: *i,
+                unit: o.label(),
+                compared: matches!(o, Outcome::Compared(_)),
+            })
+            .collect(),
+        results: RESULTS_FILE.into(),
+        results_sha256: format!("{:x}", Sha256::digest(&results)),
+    };
+    let text = serde_json::to_string_pretty(&header).map_err(|e| ProbeError::Output {
+        path: staging.path(HEADER_FILE),
+        msg: e.to_string(),
+    })?;
+    atomic::write_bytes(&staging.path(HEADER_FILE), (text + "\n").as_bytes())?;
+    Ok(vec![RESULTS_FILE.into(), HEADER_FILE.into()])
+}
+
+/// Reads the shard result in `dir` (the folder `probe compare --shard` wrote).
+pub fn read(dir: &Path) -> Result<ShardResult> {
+    let bad = |msg: String| ProbeError::BadShardResult {
+        path: dir.to_path_buf(),
+        msg,
+    };
+    let header_path = dir.join(HEADER_FILE);
+    let text = std::fs::read(&header_path).map_err(|e| match e.kind() {
+        std::io::ErrorKind::NotFound => bad(format!(
+            "no {HEADER_FILE} (not the output folder of `probe compare --shard`)"
+        )),
+        _ => ProbeError::io(&header_path, e),
+    })?;
+    let header: Header =
+        serde_json::from_slice(&text).map_err(|e| bad(format!("{HEADER_FILE}: {e}")))?;
+    if header.format != FORMAT || header.version != VERSION {
+        return Err(bad(format!(
+            "{HEADER_FILE} is {} version {}, not {FORMAT} version {VERSION}",
+            header.format, header.version
+        )));
+    }
+    let here = env!("CARGO_PKG_VERSION");
+    if header.run.probe != here {
+        return Err(bad(format!(
+            "written by probe {}; this is probe {here}: merge with the version that compared",
+            header.run.probe
+        )));
+    }
+    if header.results.contains(['/', '\\']) || header.results.starts_with('.') {
+        return Err(bad(format!(
+            "results file {:?} is not a plain name",
+            header.results
+        )));
+    }
+    let results_path = dir.join(&header.results);
+    let results = std::fs::read(&results_path).map_err(|e| ProbeError::io(&results_path, e))?;
+    if format!("{:x}", Sha256::digest(&results)) != header.results_sha256 {
+        return Err(bad(format!(
+            "{} does not match the checksum in {HEADER_FILE} (truncated or replaced)",
+            header.results
+        )));
+    }
+    let outcomes: Vec<(usize, Outcome)> =
+        rmp_serde::from_slice(&results).map_err(|e| bad(format!("{}: {e}", header.results)))?;
+    let listed: Vec<(usize, String)> = header
+        .units
+        .iter()
+        .map(|u| (u.index, u.unit.clone()))
+        .collect();
+    let held: Vec<(usize, String)> = outcomes.iter().map(|(i, o)| (*i, o.label())).collect();
+    if listed != held {
+        return Err(bad(format!(
+            "{HEADER_FILE} lists other units than {} holds",
+            header.results
+        )));
+    }
+    Ok(ShardResult {
+        dir: dir.to_path_buf(),
+        shard: header.shard,
+        run: header.run,
+        part: RunPart {
+            frame: header.frame,
+            outcomes,
+        },
+    })
+}
+
+/// Combines shard results into the run they are parts of, refusing shards of different
+/// runs, overlapping shards and incomplete sets of parts.
+pub fn combine(shards: Vec<ShardResult>) -> Result<CompareRun> {
+    let Some(first) = shards.first() else {
+        return Err(ProbeError::Usage(
+            "probe merge needs at least one shard".into(),
+        ));
+    };
+    for s in &shards[1..] {
+        if let Some(why) = differs(&first.run, &first.part.frame, &s.run, &s.part.frame) {
+            return Err(ProbeError::ShardMismatch(format!(
+                "{} and {} are of different runs ({why})",
+                first.dir.display(),
+                s.dir.display()
+            )));
+        }
+    }
+    check_parts(&shards)?;
+    // A unit in two shards would be counted twice.
+    let mut seen: HashMap<String, &Path> = HashMap::new();
+    for s in &shards {
+        for (_, o) in &s.part.outcomes {
+            if let Some(other) = seen.insert(o.label(), &s.dir) {
+                return Err(ProbeError::ShardMismatch(format!(
+                    "{} is in both {} and {} (overlapping shards)",
+                    o.label(),
+                    other.display(),
+                    s.dir.display()
+                )));
+            }
+        }
+    }
+    let same_plan = shards.iter().all(|s| s.part.frame == first.part.frame);
+    let mut frame = first.part.frame.clone();
+    if !same_plan {
+        // Node-local dumps: each shard planned what its node holds.
+        frame.units.clear();
+        frame.warnings.clear();
+        frame.unpaired.clear();
+        for s in &shards {
+            let f = &s.part.frame;
+            for w in &f.warnings {
+                if !frame.warnings.contains(w) {
+                    frame.warnings.push(w.clone());
+                }
+            }
+            frame.unpaired.extend(f.unpaired.iter().cloned());
+        }
+    }
+    let mut outcomes: Vec<(usize, Outcome)> =
+        shards.into_iter().flat_map(|s| s.part.outcomes).collect();
+    if same_plan {
+        outcomes.sort_by_key(|(i, _)| *i);
+    } else {
+        let key = |o: &Outcome| {
+            let label = o.label();
+            let (step, rank) = label.split_once('/').unwrap_or((label.as_str(), ""));
+            let ((s, sn), (r, rn)) = (label_key(step), label_key(rank));
+            (s, sn.to_string(), r, rn.to_string())
+        };
+        outcomes.sort_by_cached_key(|(_, o)| key(o));
+        frame.units = outcomes.iter().map(|(_, o)| o.label()).collect();
+    }
+    Ok(RunPart { frame, outcomes }.assemble())
+}
+
+/// Why two shards are not of one run, if they are not.
+fn differs(a: &RunIdentity, fa: &Frame, b: &RunIdentity, fb: &Frame) -> Option<String> {
+    if fa.bench != fb.bench {
+        return Some(format!(
+            "benchmark {} vs {}",
+            fa.bench.display(),
+            fb.bench.display()
+        ));
+    }
+    if fa.cmp != fb.cmp {
+        return Some(format!(
+            "comparison {} vs {}",
+            fa.cmp.display(),
+            fb.cmp.display()
+        ));
+    }
+    if a.probe != b.probe {
+        return Some(format!("probe {} vs {}", a.probe, b.probe));
+    }
+    let keys: std::collections::BTreeSet<&String> =
+        a.options.keys().chain(b.options.keys()).collect();
+    keys.into_iter().find_map(|k| {
+        let (x, y) = (a.options.get(k), b.options.get(k));
+        (x != y).then(|| {
+            let show = |v: Option<&String>| v.map_or("(none)".to_string(), |s| s.clone());
+            format!("{k} {} vs {}", show(x), show(y))
+        })
+    })
+}
+
+/// Parts of a split (`i/N`) must all be there, once each, all of the same N.
+fn check_parts(shards: &[ShardResult]) -> Result<()> {
+    let mut count = None;
+    let mut have: BTreeMap<u32, &Path> = BTreeMap::new();
+    for s in shards {
+        let Shard::Part { index, count: n } = s.shard else {
+            continue;
+        };
+        if *count.get_or_insert(n) != n {
+            return Err(ProbeError::ShardMismatch(format!(
+                "{} is part {} of a {n}-way split, the others of a {}-way split",
+                s.dir.display(),
+                s.shard,
+                count.unwrap_or(n)
+            )));
+        }
+        if let Some(other) = have.insert(index, &s.dir) {
+            return Err(ProbeError::ShardMismatch(format!(
+                "{} and {} are both shard {} (overlapping shards)",
+                other.display(),
+                s.dir.display(),
+                s.shard
+            )));
+        }
+    }
+    if let Some(n) = count {
+        if let Some(missing) = (0..n).find(|i| !have.contains_key(i)) {
+            return Err(ProbeError::ShardMismatch(format!(
+                "shard {missing}/{n} is missing ({} of {n} given)",
+                have.len()
+            )));
+        }
+    }
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::compare::Sides;
+    use crate::dump::{Format, RankLoc};
+
+    fn unit(step: &str, rank: &str) -> Unit {
+        let loc = RankLoc {
+            step: step.into(),
+            rank: rank.into(),
+            dir: PathBuf::from("x"),
+            format: Format::Probe,
+        };
+        Unit {
+            step: step.into(),
+            rank: rank.into(),
+            locs: Sides::new(loc.clone(), loc),
+        }
+    }
+
+    #[test]
+    fn parses_parts() {
+        assert_eq!("1/4".parse(), Ok(Shard::Part { index: 1, count: 4 }));
+        assert_eq!("all".parse(), Ok(Shard::All));
+        for bad in ["4/4", "1/0", "1", "a/2", "-1/2", "1/2/3", ""] {
+            assert!(bad.parse::<Shard>().is_err(), "{bad:?}");
+        }
+        assert_eq!(Shard::Part { index: 2, count: 3 }.to_string(), "2/3");
+    }
+
+    #[test]
+    fn parts_take_whole_ranks_in_contiguous_blocks_and_cover_every_unit_once() {
+        // 2 steps x 10 ranks, listed step-major as the plan lists them.
+        let units: Vec<Unit> = (0..2)
+            .flat_map(|s| (0..10).map(move |r| unit(&format!("step{s}"), &format!("rank{r}"))))
+            .collect();
+        let mut owner = vec![None; units.len()];
+        for index in 0..4 {
+            let part = Shard::Part { index, count: 4 };
+            let taken = part.take(&units);
+            let ranks: std::collections::BTreeSet<u32> = taken
+                .iter()
+                .map(|&i| units[i].rank[4..].parse().unwrap())
+                .collect();
+            // Contiguous and balanced: 10 ranks over 4 parts is 2 or 3 each.
+            let (lo, hi) = (*ranks.first().unwrap(), *ranks.last().unwrap());
+            assert_eq!(ranks.len() as u32, hi - lo + 1);
+            assert!((2..=3).contains(&ranks.len()), "{ranks:?}");
+            // Every step of a rank goes to the same part (the precision floor chain).
+            assert_eq!(taken.len(), 2 * ranks.len());
+            for i in taken {
+                assert!(owner[i].is_none());
+                owner[i] = Some(index);
+            }
+        }
+        assert!(owner.iter().all(Option::is_some));
+        // More parts than ranks: the extra parts are empty, nothing is lost.
+        let few = vec![unit("step0", "rank0"), unit("step0", "rank1")];
+        let total: usize = (0..4)
+            .map(|index| Shard::Part { index, count: 4 }.take(&few).len())
+            .sum();
+        assert_eq!(total, 2);
+        assert_eq!(Shard::All.take(&few), vec![0, 1]);
+    }
+}

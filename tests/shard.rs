@@ -1,0 +1,201 @@
+//! `probe compare --shard i/N` + `probe merge`: a compare split over processes and combined
+//! without re-reading tensors equals the unsharded compare (summary.json byte for byte apart
+//! from the output paths; the same rows); merge refuses shards that do not make one run.
+
+mod common;
+use common::*;
+use std::path::Path;
+
+/// summary.json with the output folder's name replaced, so two runs written to different
+/// folders compare byte for byte.
+fn summary_text(cwd: &Path, out: &str) -> String {
+    std::fs::read_to_string(cwd.join(out).join("summary.json"))
+        .expect("summary.json")
+        .replace(&format!("\"{out}/"), "\"OUT/")
+}
+
+/// Asserts two summaries are equal without printing two whole documents when they differ.
+fn same_summary(cwd: &Path, a: &str, b: &str) {
+    let (x, y) = (summary_text(cwd, a), summary_text(cwd, b));
+    if x != y {
+        let line = x.lines().zip(y.lines()).position(|(p, q)| p != q);
+        panic!("{a}/summary.json differs from {b}/summary.json at line {line:?}");
+    }
+}
+
+fn parquet_rows(path: &Path) -> i64 {
+    use parquet::file::reader::{FileReader, SerializedFileReader};
+    let f = std::fs::File::open(path).unwrap();
+    SerializedFileReader::new(f)
+        .unwrap()
+        .metadata()
+        .file_metadata()
+        .num_rows()
+}
+
+fn shard_and_merge(cwd: &Path, n: u32, extra: &[&str]) -> Out {
+    let mut outs = Vec::new();
+    for i in 0..n {
+        let out = format!("s{i}");
+        let part = format!("{i}/{n}");
+        let mut a = vec!["compare", "-b", "bench", "-c", "cmp", "-o", &out, "-q"];
+        a.extend(["--shard", &part]);
+        a.extend_from_slice(extra);
+        let o = probe_in(cwd, &a);
+        assert_eq!(o.code, 0, "shard {part}: {}", o.stderr);
+        outs.push(out);
+    }
+    let mut a = vec!["merge", "-o", "merged", "-q"];
+    a.extend(outs.iter().map(String::as_str));
+    probe_in(cwd, &a)
+}
+
+#[test]
+fn four_shards_merged_equal_the_unsharded_compare() {
+    let t = tempfile::tempdir().unwrap();
+    let cwd = t.path();
+    // 4 ranks x 2 steps, a fault on rank 2: the cross-rank story needs every rank.
+    synth(
+        cwd,
+        &["--ranks", "4", "--steps", "2", "--blocks", "2"]
+            .into_iter()
+            .chain(["--perturb-rank", "2", "--perturb-op", "Functional.gelu.1"])
+            .collect::<Vec<_>>(),
+    );
+    let full = probe_in(
+        cwd,
+        &["compare", "-b", "bench", "-c", "cmp", "-o", "full", "-q"],
+    );
+    assert_eq!(full.code, 1, "{}", full.stderr);
+    let merged = shard_and_merge(cwd, 4, &[]);
+    assert_eq!(merged.code, full.code, "{}", merged.stderr);
+    same_summary(cwd, "merged", "full");
+    let s: serde_json::Value = serde_json::from_str(&summary_text(cwd, "merged")).unwrap();
+    assert!(s["headline"]
+        .as_str()
+        .unwrap()
+        .contains("rank 2 diverged first"));
+    // The shards' parquet tables hold the whole run's rows between them.
+    let shard_rows: i64 = (0..4)
+        .map(|i| parquet_rows(&cwd.join(format!("s{i}/compare.parquet"))))
+        .sum();
+    assert_eq!(shard_rows, parquet_rows(&cwd.join("full/compare.parquet")));
+    assert_eq!(
+        parquet_rows(&cwd.join("merged/compare.parquet")),
+        parquet_rows(&cwd.join("full/compare.parquet"))
+    );
+    // More shards than ranks: the extra shards are empty, the merge is the same.
+    let more = shard_and_merge(cwd, 6, &[]);
+    assert_eq!(more.code, full.code, "{}", more.stderr);
+    same_summary(cwd, "merged", "full");
+}
+
+#[test]
+fn node_local_shards_merge_into_the_whole_run() {
+    // Each "node" holds its own ranks at the same relative path and compares all it holds.
+    let t = tempfile::tempdir().unwrap();
+    let whole = t.path().join("whole");
+    synth(&whole, &["--ranks", "4", "--noise", "1e-3"]);
+    for (node, ranks) in [("node0", ["rank0", "rank1"]), ("node1", ["rank2", "rank3"])] {
+        for side in ["bench", "cmp"] {
+            let from = whole.join(side);
+            let to = t.path().join(node).join(side);
+            std::fs::create_dir_all(to.join("step0")).unwrap();
+            std::fs::copy(from.join("manifest.json"), to.join("manifest.json")).unwrap();
+            for r in ranks {
+                copy_dir(&from.join("step0").join(r), &to.join("step0").join(r));
+            }
+        }
+        let o = probe_in(
+            &t.path().join(node),
+            &[
+                "compare", "-b", "bench", "-c", "cmp", "-o", "shard", "--shard", "all", "-q",
+            ],
+        );
+        assert_eq!(o.code, 0, "{node}: {}", o.stderr);
+    }
+    let full = probe_in(
+        &whole,
+        &["compare", "-b", "bench", "-c", "cmp", "-o", "full", "-q"],
+    );
+    let merged = probe_in(
+        &whole,
+        &[
+            "merge",
+            "../node1/shard",
+            "../node0/shard",
+            "-o",
+            "merged",
+            "-q",
+        ],
+    );
+    assert_eq!(merged.code, full.code, "{}", merged.stderr);
+    same_summary(&whole, "merged", "full");
+}
+
+#[test]
+fn merge_refuses_shards_that_do_not_make_one_run() {
+    let t = tempfile::tempdir().unwrap();
+    let cwd = t.path();
+    synth(cwd, &["--ranks", "4"]);
+    let shard = |out: &str, part: &str, extra: &[&str]| {
+        let mut a = vec![
+            "compare", "-b", "bench", "-c", "cmp", "-o", out, "-q", "--shard", part,
+        ];
+        a.extend_from_slice(extra);
+        let o = probe_in(cwd, &a);
+        assert_eq!(o.code, 0, "{}", o.stderr);
+    };
+    shard("a0", "0/2", &[]);
+    shard("a1", "1/2", &[]);
+    shard("api1", "1/2", &["-l", "api"]);
+    shard("b0", "0/4", &[]);
+    shard("all", "all", &[]);
+    let merge = |args: &[&str]| {
+        let mut a = vec!["merge", "-o", "m", "-q"];
+        a.extend_from_slice(args);
+        let o = probe_in(cwd, &a);
+        assert!(
+            !cwd.join("m/summary.json").exists(),
+            "wrote a summary: {}",
+            o.stderr
+        );
+        o
+    };
+    assert_input_error(
+        &merge(&["a0", "api1"]),
+        2,
+        "different runs (level Mix vs Api)",
+    );
+    assert_input_error(
+        &merge(&["a0", "a0"]),
+        2,
+        "are both shard 0/2 (overlapping shards)",
+    );
+    assert_input_error(&merge(&["a0"]), 2, "shard 1/2 is missing");
+    assert_input_error(&merge(&["a0", "a1", "b0"]), 2, "4-way split");
+    assert_input_error(&merge(&["a0", "a1", "all"]), 2, "overlapping shards");
+    assert_input_error(&merge(&["bench"]), 2, "no shard.json");
+    // A results file cut short (a full disk while copying shards around).
+    let results = cwd.join("a1/units.msgpack");
+    let bytes = std::fs::read(&results).unwrap();
+    std::fs::write(&results, &bytes[..bytes.len() / 2]).unwrap();
+    assert_input_error(&merge(&["a0", "a1"]), 2, "does not match the checksum");
+    // The good pair still merges.
+    std::fs::write(&results, &bytes).unwrap();
+    let ok = probe_in(cwd, &["merge", "a0", "a1", "-o", "m", "-q"]);
+    assert_eq!(ok.code, 0, "{}", ok.stderr);
+}
+
+#[test]
+fn bad_shard_arguments_are_usage_errors() {
+    let t = tempfile::tempdir().unwrap();
+    synth(t.path(), &[]);
+    for bad in ["4/4", "1/0", "x", "1"] {
+        let o = compare(t.path(), &["-q", "--shard", bad]);
+        assert_eq!(o.code, 2, "{bad}: {}", o.stderr);
+        assert!(!o.stderr.contains("panicked"));
+    }
+    let o = probe(&["merge", "-o", t.path().join("m").to_str().unwrap()]);
+    assert_eq!(o.code, 2, "{}", o.stderr);
+}
