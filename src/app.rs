@@ -50,6 +50,9 @@ pub struct CompareRequest {
     pub shard: Option<Shard>,
     /// How many tensor rows the workbook holds.
     pub xlsx_rows: XlsxRows,
+    /// Megabytes of rows held in memory before the rest waits in a temporary file in `out`
+    /// (`--row-memory`).
+    pub row_memory_mb: u64,
 }
 
 /// What `probe compare --shard` wrote.
@@ -191,6 +194,11 @@ fn prepare(
         level: req.level,
         aligner: req.align.aligner(mapping),
         selection: req.selection.clone(),
+        row_memory: compare::RowMemory {
+            budget: usize::try_from(req.row_memory_mb.saturating_mul(1 << 20))
+                .unwrap_or(usize::MAX),
+            dir: Some(req.out.clone()),
+        },
     };
     Ok((opts, pool, threads_note))
 }

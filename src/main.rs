@@ -218,6 +218,11 @@ struct CompareArgs {
     /// See docs/compare.md, "Mapping files".
     #[arg(long = "mapping", value_name = "FILE")]
     mapping: Vec<PathBuf>,
+    /// Megabytes of compared rows held in memory until the reports are written; past it
+    /// each step/rank pair's rows wait in a temporary file in the output folder (removed
+    /// when done), so memory stays flat whatever the number of ranks. 0: every pair's.
+    #[arg(long, value_name = "MB", default_value = "256")]
+    row_memory: u64,
     /// Print nothing on stdout, and no progress bars on stderr.
     #[arg(short, long)]
     quiet: bool,
@@ -400,6 +405,7 @@ fn run_compare(a: CompareArgs) -> Result<u8, ProbeError> {
         },
         shard: a.shard,
         xlsx_rows: a.verdict.xlsx_rows,
+        row_memory_mb: a.row_memory,
     };
     note_framework(a.framework.as_deref());
     let progress = Progress::for_stderr(a.quiet);

@@ -1,12 +1,13 @@
 //! The run-wide verdict: counts, the headline that tells the story, the worst ops and the
 //! exit code, built from every unit's result into a [`Summary`] (`summary.json`).
 //!
-//! Reads [`UnitResult`]s only, never tensors, so the same verdict can be built from units
+//! Reads [`UnitSummary`]s only, never rows or tensors, so the same verdict can be built from units
 //! compared apart.
 
 use crate::compare::coverage::SideCoverage;
 use crate::compare::{
-    cross_rank, CompareRun, MatchedBy, Region, Row, Side, Sides, UnitResult, Verdict, Why,
+    cross_rank, CompareRun, MatchedBy, Region, Side, Sides, UnitSummary, Verdict, WorstCandidate,
+    WORST_OPS,
 };
 use crate::dump::Direction;
 use crate::gate::{FailOn, EXIT_FAIL, EXIT_INCOMPLETE, EXIT_NOTHING_COMPARABLE, EXIT_PASS};
@@ -16,9 +17,6 @@ use crate::schema::summary::{
     Summary, WorstOp,
 };
 use std::collections::BTreeMap;
-
-/// How many ops `worst_ops` lists.
-const WORST_OPS: usize = 20;
 
 /// The earliest finding over units, per direction, in causal order
 /// ([`Finding::causal_key`]: step, then execution order, then rank).
@@ -51,10 +49,6 @@ fn earliest<'a>(fs: impl Iterator<Item = &'a Finding>) -> Option<&'a Finding> {
     fs.min_by(|a, b| a.causal_key().cmp(&b.causal_key()))
 }
 
-fn finite(v: f64) -> Option<f64> {
-    v.is_finite().then_some(v)
-}
-
 fn counts(run: &CompareRun) -> Counts {
     let mut c = Counts {
         pairs: run.units.len(),
@@ -72,44 +66,39 @@ fn counts(run: &CompareRun) -> Counts {
         ..Counts::default()
     };
     for u in &run.units {
-        c.tensors += u.rows.len();
-        for r in &u.rows {
-            match r.judgement.verdict {
-                Verdict::Pass => c.pass += 1,
-                Verdict::Warning => c.warning += 1,
-                Verdict::Error => c.error += 1,
-            }
-            *c.compared_by
-                .entry(r.tensor.kind.name().to_string())
-                .or_default() += 1;
-            *c.matched_by
-                .entry(r.tensor.matched_by.name().to_string())
-                .or_default() += 1;
-        }
-        for x in &u.unmatched {
-            match (x.why, x.side) {
-                (Why::Recompute, _) => c.recompute += 1,
-                (Why::Inside, _) => c.inside += 1,
-                (Why::Unhooked, _) => c.unhooked += 1,
-                (_, Side::Bench) => c.unmatched_bench += 1,
-                (_, Side::Cmp) => c.unmatched_cmp += 1,
+        let x = &u.counts;
+        c.tensors += x.tensors;
+        c.pass += x.pass;
+        c.warning += x.warning;
+        c.error += x.error;
+        c.unmatched_bench += x.unmatched_bench;
+        c.unmatched_cmp += x.unmatched_cmp;
+        c.recompute += x.recompute;
+        c.inside += x.inside;
+        c.unhooked += x.unhooked;
+        for (into, from) in [
+            (&mut c.compared_by, &x.compared_by),
+            (&mut c.matched_by, &x.matched_by),
+        ] {
+            for (k, n) in from {
+                *into.entry(k.clone()).or_default() += n;
             }
         }
     }
     c
 }
 
-fn pair_summary(u: &UnitResult) -> PairSummary {
-    let count = |v: Verdict| u.rows.iter().filter(|r| r.judgement.verdict == v).count();
+fn pair_summary(u: &UnitSummary) -> PairSummary {
+    let c = &u.counts;
     PairSummary {
         step: u.step.clone(),
         rank: u.rank.clone(),
         bench: u.dirs.bench.display().to_string(),
         cmp: u.dirs.cmp.display().to_string(),
-        tensors: u.rows.len(),
-        errors: count(Verdict::Error),
-        warnings: count(Verdict::Warning),
-        unmatched: u.unmatched.len(),
+        tensors: c.tensors,
+        errors: c.error,
+        warnings: c.warning,
+        unmatched: c.unmatched_bench + c.unmatched_cmp + c.recompute + c.inside + c.unhooked,
         unmatched_fraction: u.coverage.as_ref().map(|c| c.unmatched_fraction()),
         findings: u.findings.clone(),
         regions: u.regions.clone(),
@@ -231,7 +220,7 @@ fn run_name(side: Side) -> &'static str {
 /// end while this side's unmatched tensors form a long tail after its last matched op
 /// (the tail alone passes `max`, and is ten times the other side's own tail): a capture
 /// that stopped, not ops that differ. Returns the side lacking something and the reason.
-fn coverage_gap(u: &UnitResult, max: f64) -> Option<(&'static str, String)> {
+fn coverage_gap(u: &UnitSummary, max: f64) -> Option<(&'static str, String)> {
     let cov = &u.coverage;
     let mut reasons = Vec::new();
     let mut lacking = Vec::new();
@@ -570,46 +559,19 @@ fn regions_note(pairs: &[PairSummary]) -> String {
     )
 }
 
-/// The ops with the worst verdicts and errors, for people who start reading at the top.
+/// The ops with the worst verdicts and errors, for people who start reading at the top:
+/// the worst of every unit's worst ops (ties in unit, then op order).
 fn worst_ops(run: &CompareRun, k: usize) -> Vec<WorstOp> {
-    // The worst row of each (unit, op).
-    type Entry<'a> = ((usize, usize), (&'a UnitResult, &'a Row));
-    let mut best: BTreeMap<(usize, usize), (&UnitResult, &Row)> = BTreeMap::new();
-    for (ui, u) in run.units.iter().enumerate() {
-        for r in &u.rows {
-            if r.judgement.verdict == Verdict::Pass {
-                continue;
-            }
-            let e = best.entry((ui, r.tensor.op.index)).or_insert((u, r));
-            let (j, cur) = (&r.judgement, &e.1.judgement);
-            if j.verdict.cmp(&cur.verdict).then(j.err.total_cmp(&cur.err))
-                == std::cmp::Ordering::Greater
-            {
-                *e = (u, r);
-            }
-        }
-    }
-    let mut v: Vec<Entry> = best.into_iter().collect();
-    v.sort_by(|(ka, (_, a)), (kb, (_, b))| {
-        let (x, y) = (&a.judgement, &b.judgement);
-        y.verdict
-            .cmp(&x.verdict)
-            .then(y.err.total_cmp(&x.err))
-            .then((ka.0, a.tensor.op.seq).cmp(&(kb.0, b.tensor.op.seq)))
+    let mut v: Vec<(usize, &WorstCandidate)> = run
+        .units
+        .iter()
+        .enumerate()
+        .flat_map(|(ui, u)| u.worst.iter().map(move |w| (ui, w)))
+        .collect();
+    v.sort_by(|(ua, a), (ub, b)| {
+        WorstCandidate::order(a, b).then((ua, a.op.seq).cmp(&(ub, b.op.seq)))
     });
-    v.into_iter()
-        .take(k)
-        .map(|(_, (u, r))| WorstOp {
-            step: u.step.clone(),
-            rank: u.rank.clone(),
-            seq: r.tensor.op.seq,
-            op: r.tensor.op.key.to_string(),
-            verdict: r.judgement.verdict,
-            err: finite(r.judgement.err),
-            tensor: r.tensor.name.clone(),
-            reason: r.judgement.reason.clone(),
-        })
-        .collect()
+    v.into_iter().take(k).map(|(_, w)| w.op.clone()).collect()
 }
 
 #[cfg(test)]

@@ -75,22 +75,28 @@ fn close(probe: f64, ms: f64, decimals: i32) -> bool {
     (probe - ms).abs() <= 1e-6 * ms.abs() + rounding
 }
 
-fn rows_by_name(res: &compare::CompareRun) -> HashMap<String, &Row> {
-    res.units
-        .iter()
-        .flat_map(|u| {
-            u.rows
-                .iter()
-                .map(move |r| (format!("{}/{}", u.step, r.tensor.name), r))
+fn rows_by_name(res: &compare::CompareRun) -> HashMap<String, Row> {
+    let mut out = HashMap::new();
+    res.tables
+        .visit(|i, t| {
+            for r in &t.rows {
+                out.insert(
+                    format!("{}/{}", res.units[i].step, r.tensor.name),
+                    r.clone(),
+                );
+            }
+            Ok(())
         })
-        .collect()
+        .unwrap();
+    out
 }
 
 #[test]
 fn tensor_metrics_match_msprobe_workbook() {
     let res = run("tensor_bench", "tensor_bf16");
     assert_eq!(res.units.len(), 1);
-    let unmatched = &res.units[0].unmatched;
+    let table = res.tables.get(0).unwrap();
+    let unmatched = &table.unmatched;
     assert!(unmatched.is_empty(), "{:?}", unmatched.first());
     let rows = rows_by_name(&res);
     let ws = workbook("tensor_step0.xlsx");

@@ -90,6 +90,77 @@ fn four_shards_merged_equal_the_unsharded_compare() {
     same_summary(cwd, "merged", "full");
 }
 
+/// The cells of a workbook's sheet, as text.
+fn sheet_cells(path: &Path, sheet: &str) -> Vec<Vec<String>> {
+    use calamine::{open_workbook, Reader, Xlsx};
+    let mut wb: Xlsx<_> = open_workbook(path).unwrap();
+    let range = wb.worksheet_range(sheet).unwrap();
+    range
+        .rows()
+        .map(|r| r.iter().map(|c| c.to_string()).collect())
+        .collect()
+}
+
+/// No temporary rows file is left in an output folder.
+fn no_parked_rows_left(dir: &Path) {
+    let left: Vec<String> = std::fs::read_dir(dir)
+        .unwrap()
+        .map(|e| e.unwrap().file_name().to_string_lossy().into_owned())
+        .filter(|n| n.starts_with(".probe"))
+        .collect();
+    assert!(left.is_empty(), "{left:?} left in {}", dir.display());
+}
+
+#[test]
+fn rows_parked_in_a_file_give_the_same_reports_as_rows_in_memory() {
+    let t = tempfile::tempdir().unwrap();
+    let cwd = t.path();
+    synth(
+        cwd,
+        &["--ranks", "3", "--steps", "2", "--blocks", "2"]
+            .into_iter()
+            .chain(["--perturb-rank", "1", "--perturb-op", "Functional.gelu.1"])
+            .collect::<Vec<_>>(),
+    );
+    let run = |out: &str, extra: &[&str]| {
+        let mut a = vec!["compare", "-b", "bench", "-c", "cmp", "-o", out, "-q"];
+        a.extend_from_slice(extra);
+        let o = probe_in(cwd, &a);
+        assert_eq!(o.code, 1, "{out}: {}", o.stderr);
+        no_parked_rows_left(&cwd.join(out));
+    };
+    run("memory", &[]);
+    // 0 MB: every pair's rows go to the file and are read back unit by unit by each report.
+    run("parked", &["--row-memory", "0"]);
+    same_summary(cwd, "parked", "memory");
+    for file in ["compare.parquet", "compare.html"] {
+        let (a, b) = (
+            std::fs::read(cwd.join("memory").join(file)).unwrap(),
+            std::fs::read(cwd.join("parked").join(file)).unwrap(),
+        );
+        assert!(a == b, "{file} differs");
+    }
+    for sheet in ["summary", "tensors", "unmatched", "plot"] {
+        assert_eq!(
+            sheet_cells(&cwd.join("memory/compare.xlsx"), sheet),
+            sheet_cells(&cwd.join("parked/compare.xlsx"), sheet),
+            "sheet {sheet}"
+        );
+    }
+    // Shards whose rows were parked merge into the same run.
+    let merged = shard_and_merge(cwd, 2, &["--row-memory", "0"]);
+    assert_eq!(merged.code, 1, "{}", merged.stderr);
+    same_summary(cwd, "merged", "memory");
+    let (a, b) = (
+        std::fs::read(cwd.join("memory/compare.parquet")).unwrap(),
+        std::fs::read(cwd.join("merged/compare.parquet")).unwrap(),
+    );
+    assert!(a == b, "the merged parquet table differs");
+    for d in ["s0", "s1", "merged"] {
+        no_parked_rows_left(&cwd.join(d));
+    }
+}
+
 #[test]
 fn node_local_shards_merge_into_the_whole_run() {
     // Each "node" holds its own ranks at the same relative path and compares all it holds.
@@ -181,8 +252,18 @@ fn merge_refuses_shards_that_do_not_make_one_run() {
     let bytes = std::fs::read(&results).unwrap();
     std::fs::write(&results, &bytes[..bytes.len() / 2]).unwrap();
     assert_input_error(&merge(&["a0", "a1"]), 2, "does not match the checksum");
-    // The good pair still merges.
     std::fs::write(&results, &bytes).unwrap();
+    // The same for the rows file.
+    let rows = cwd.join("a1/rows.msgpack");
+    let bytes = std::fs::read(&rows).unwrap();
+    std::fs::write(&rows, &bytes[..bytes.len() / 2]).unwrap();
+    assert_input_error(
+        &merge(&["a0", "a1"]),
+        2,
+        "rows.msgpack does not match the checksum",
+    );
+    // The good pair still merges.
+    std::fs::write(&rows, &bytes).unwrap();
     let ok = probe_in(cwd, &["merge", "a0", "a1", "-o", "m", "-q"]);
     assert_eq!(ok.code, 0, "{}", ok.stderr);
 }

@@ -25,8 +25,8 @@ pub struct OpInfo {
     /// Id of the op's call stack.
     pub stack: Option<u64>,
     /// The module path the call happened in, when the dump says (the html report's module
-    /// bands and tree). Not serialised: nothing downstream of the reports needs it.
-    #[serde(skip)]
+    /// bands and tree; kept when rows are parked or merged from shards).
+    #[serde(default)]
     pub module: Option<String>,
 }
 

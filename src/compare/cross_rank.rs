@@ -7,10 +7,10 @@
 //! the rank ran before the op: ops between the same two collectives run concurrently across
 //! ranks), names the rank where it began, and how the others inherited it.
 //!
-//! It reads [`UnitResult`]s only: the collectives each unit recorded
-//! ([`UnitResult::collectives`]) and its findings.
+//! It reads [`UnitSummary`]s only: the collectives each unit recorded
+//! ([`UnitSummary::collectives`]) and its findings.
 
-use super::{Row, UnitResult, Verdict};
+use super::{Row, UnitSummary, Verdict};
 use crate::dump::{Collective, Direction, OpRec, Role};
 use crate::schema::summary::{label_key, Finding, Origin, Propagation, Via};
 use serde::{Deserialize, Serialize};
@@ -111,7 +111,7 @@ enum First<'a> {
 }
 
 /// The earliest first-divergent finding of a unit, either phase.
-fn first_divergent(u: &UnitResult) -> Option<&Finding> {
+fn first_divergent(u: &UnitSummary) -> Option<&Finding> {
     let f = &u.findings.first_divergent;
     [f.forward.as_ref(), f.backward.as_ref()]
         .into_iter()
@@ -131,14 +131,14 @@ fn via(c: &CollectiveCall) -> Via {
 /// ranks through a recorded collective (or a collective is itself the culprit); `None`
 /// otherwise (single-rank dumps, dumps without collective records, ranks that diverged
 /// each on their own).
-pub fn analyze(units: &[UnitResult]) -> Option<CrossRank> {
-    let failing = |u: &UnitResult| u.rows.iter().any(|r| r.judgement.verdict == Verdict::Error);
+pub fn analyze(units: &[UnitSummary]) -> Option<CrossRank> {
+    let failing = |u: &UnitSummary| u.counts.error > 0;
     let step = units
         .iter()
         .filter(|u| failing(u))
         .map(|u| label_key(&u.step))
         .min()?;
-    let in_step: Vec<&UnitResult> = units
+    let in_step: Vec<&UnitSummary> = units
         .iter()
         .filter(|u| label_key(&u.step) == step && !u.collectives.is_empty())
         .collect();
@@ -172,7 +172,7 @@ pub fn analyze(units: &[UnitResult]) -> Option<CrossRank> {
     };
     // Each rank's first divergence on the timeline: (epoch, 0 local / 1 collective, rank).
     type Key<'k> = (u64, u8, (u64, &'k str));
-    let mut firsts: Vec<(Key, &UnitResult, First)> = Vec::new();
+    let mut firsts: Vec<(Key, &UnitSummary, First)> = Vec::new();
     for u in &in_step {
         let Some(f) = first_divergent(u) else {
             continue;

@@ -6,11 +6,13 @@
 //! measure  TensorMatch               -> Measured  (metrics / statistics differences, parallel)
 //! judge    [Measured]                -> [Row]     (verdict, reason, tolerance, precision)
 //! analyze  [Row]                     -> Findings  (first divergent op, outside source, NaN)
-//!          every unit                -> UnitResult; all units -> CompareRun
+//!          every unit                -> UnitResult -> UnitSummary + parked UnitTable
+//!          all units                 -> CompareRun { units: [UnitSummary], tables }
 //! ```
 //! The run-wide verdict ([`crate::verdict`]) and the reports ([`crate::report`]) read a
 //! [`CompareRun`] only; a [`UnitResult`] is self-contained, so units can be compared apart
-//! (sharded) and their results combined.
+//! (sharded) and their results combined. Its rows are parked ([`tables`]) so that a run's
+//! memory does not grow with its number of units.
 
 pub mod align;
 pub mod analyze;
@@ -22,13 +24,14 @@ pub mod measure;
 pub mod plan;
 pub mod shard;
 pub mod structural;
+pub mod tables;
 pub mod tolerance;
 
 use crate::dtype::DType;
 use crate::dump::{self, Selection};
 use crate::error::{ProbeError, Result};
 use crate::progress::{Count, Progress};
-use crate::schema::summary::{Findings, IncompleteUnit};
+use crate::schema::summary::{Counts, Findings, IncompleteUnit, WorstOp};
 use crate::tensor::ShardCache;
 pub use align::{
     Aligner, Alignment, MatchedBy, NameAligner, OpInfo, Region, Side, TensorMatch, TensorRef,
@@ -43,6 +46,7 @@ pub use shard::{Frame, Outcome, RunPart, Shard};
 use std::collections::{BTreeMap, HashMap};
 use std::path::{Path, PathBuf};
 pub use structural::StructuralAligner;
+pub use tables::{Parked, Parking, RowMemory, Tables, UnitTable};
 pub use tolerance::{Tolerances, Verdict};
 
 /// A value for each side of a compare: the benchmark (trusted) and the comparison run.
@@ -122,20 +126,174 @@ pub struct UnitResult {
     pub collectives: Vec<cross_rank::CollectiveCall>,
 }
 
-/// A whole compare: every unit, in step/rank order.
+/// What a unit found, without its rows: small, held for every unit of a run; all the
+/// run-wide verdict reads (its rows are in the run's [`Tables`]).
 #[derive(Debug, Clone, Serialize, Deserialize)]
+pub struct UnitSummary {
+    /// Step label (`step0`), as on the comparison side.
+    pub step: String,
+    /// Rank label (`rank0`, `proc123`), as on the comparison side.
+    pub rank: String,
+    /// The two rank folders.
+    pub dirs: Sides<PathBuf>,
+    /// Op records of the comparison side.
+    pub ops: usize,
+    /// Stretches whose code paths differ, compared at their boundary tensors.
+    pub regions: Vec<Region>,
+    /// What the localiser found.
+    pub findings: Findings,
+    /// Non-fatal problems met while reading this unit.
+    pub warnings: Vec<String>,
+    /// Set when a side of this unit is incomplete (a crashed run).
+    pub incomplete: Option<IncompleteUnit>,
+    /// How much of each side found a counterpart (`--max-unmatched`).
+    pub coverage: Sides<coverage::SideCoverage>,
+    /// The precision floor this unit leaves to the rank's next step (judge.rs).
+    pub floor: Option<DType>,
+    /// The comparison side's collectives (cross-rank analysis).
+    pub collectives: Vec<cross_rank::CollectiveCall>,
+    /// Tensor counts of this unit (`pairs` 1, `ops` as above).
+    pub counts: Counts,
+    /// The unit's worst ops, worst first, at most [`WORST_OPS`]: the run's worst ops are
+    /// the worst of these.
+    pub worst: Vec<WorstCandidate>,
+}
+
+/// How many worst ops a unit keeps, and the summary lists.
+pub const WORST_OPS: usize = 20;
+
+/// An op among the worst: its line in `worst_ops`, and its judged error as measured (the
+/// line's `err` is null when infinite; ordering needs the value).
+#[derive(Debug, Clone, Serialize, Deserialize)]
+pub struct WorstCandidate {
+    /// The line.
+    pub op: WorstOp,
+    /// The judged error of the op's worst tensor.
+    pub err: f64,
+}
+
+impl WorstCandidate {
+    /// Worst first: verdict, then error (NaN above everything, `total_cmp`).
+    pub fn order(a: &WorstCandidate, b: &WorstCandidate) -> std::cmp::Ordering {
+        b.op.verdict
+            .cmp(&a.op.verdict)
+            .then(b.err.total_cmp(&a.err))
+    }
+}
+
+impl UnitResult {
+    /// The unit's summary and its table (see [`tables`]).
+    pub fn split(self) -> (UnitSummary, UnitTable) {
+        let counts = unit_counts(&self);
+        let worst = unit_worst(&self);
+        let summary = UnitSummary {
+            step: self.step,
+            rank: self.rank,
+            dirs: self.dirs,
+            ops: self.ops,
+            regions: self.regions,
+            findings: self.findings,
+            warnings: self.warnings,
+            incomplete: self.incomplete,
+            coverage: self.coverage,
+            floor: self.floor,
+            collectives: self.collectives,
+            counts,
+            worst,
+        };
+        let table = UnitTable {
+            rows: self.rows,
+            unmatched: self.unmatched,
+        };
+        (summary, table)
+    }
+}
+
+/// The counts of one unit.
+fn unit_counts(u: &UnitResult) -> Counts {
+    let mut c = Counts {
+        pairs: 1,
+        ops: u.ops,
+        tensors: u.rows.len(),
+        ..Counts::default()
+    };
+    for r in &u.rows {
+        match r.judgement.verdict {
+            Verdict::Pass => c.pass += 1,
+            Verdict::Warning => c.warning += 1,
+            Verdict::Error => c.error += 1,
+        }
+        *c.compared_by
+            .entry(r.tensor.kind.name().to_string())
+            .or_default() += 1;
+        *c.matched_by
+            .entry(r.tensor.matched_by.name().to_string())
+            .or_default() += 1;
+    }
+    for x in &u.unmatched {
+        match (x.why, x.side) {
+            (Why::Recompute, _) => c.recompute += 1,
+            (Why::Inside, _) => c.inside += 1,
+            (Why::Unhooked, _) => c.unhooked += 1,
+            (_, Side::Bench) => c.unmatched_bench += 1,
+            (_, Side::Cmp) => c.unmatched_cmp += 1,
+        }
+    }
+    c
+}
+
+/// The unit's [`WORST_OPS`] worst ops (not passing), worst first; ties in op order.
+fn unit_worst(u: &UnitResult) -> Vec<WorstCandidate> {
+    // The worst row of each op (the first of equals).
+    let mut best: BTreeMap<usize, &Row> = BTreeMap::new();
+    for r in &u.rows {
+        if r.judgement.verdict == Verdict::Pass {
+            continue;
+        }
+        let e = best.entry(r.tensor.op.index).or_insert(r);
+        let (j, cur) = (&r.judgement, &e.judgement);
+        if j.verdict.cmp(&cur.verdict).then(j.err.total_cmp(&cur.err))
+            == std::cmp::Ordering::Greater
+        {
+            *e = r;
+        }
+    }
+    let mut v: Vec<WorstCandidate> = best
+        .into_values()
+        .map(|r| WorstCandidate {
+            op: WorstOp {
+                step: u.step.clone(),
+                rank: u.rank.clone(),
+                seq: r.tensor.op.seq,
+                op: r.tensor.op.key.to_string(),
+                verdict: r.judgement.verdict,
+                err: r.judgement.err.is_finite().then_some(r.judgement.err),
+                tensor: r.tensor.name.clone(),
+                reason: r.judgement.reason.clone(),
+            },
+            err: r.judgement.err,
+        })
+        .collect();
+    v.sort_by(|a, b| WorstCandidate::order(a, b).then(a.op.seq.cmp(&b.op.seq)));
+    v.truncate(WORST_OPS);
+    v
+}
+
+/// A whole compare: every unit, in step/rank order, and their rows.
+#[derive(Debug)]
 pub struct CompareRun {
     /// The benchmark path as given.
     pub bench: PathBuf,
     /// The comparison path as given.
     pub cmp: PathBuf,
-    /// One result per compared step/rank pair.
-    pub units: Vec<UnitResult>,
+    /// One summary per compared step/rank pair.
+    pub units: Vec<UnitSummary>,
+    /// Their rows: `tables.get(i)` is unit `i`'s.
+    pub tables: Tables,
     /// Non-fatal problems: unpaired ranks, truncated logs, missing tensor files.
     pub warnings: Vec<String>,
     /// Step/rank pairs not compared at all: present on one side only, or without op
     /// records on a side (compared units that are incomplete say so in their result).
-    #[serde(default)]
     pub incomplete: Vec<IncompleteUnit>,
 }
 
@@ -216,6 +374,8 @@ pub struct Options {
     pub aligner: Box<dyn Aligner>,
     /// The steps and ranks to compare (`--steps`, `--ranks`).
     pub selection: Selection,
+    /// How many rows stay in memory until the reports (`--row-memory`).
+    pub row_memory: RowMemory,
 }
 
 impl Default for Options {
@@ -225,6 +385,7 @@ impl Default for Options {
             level: Level::Mix,
             aligner: Box::new(StructuralAligner::default()),
             selection: Selection::default(),
+            row_memory: RowMemory::default(),
         }
     }
 }
@@ -383,6 +544,7 @@ pub fn run_part(
         unpaired,
     };
     let caches = Sides::<ShardCache>::default();
+    let mut parking = Parking::new(opts.row_memory.clone());
     let mut outcomes = Vec::new();
     let mut floors: HashMap<String, Option<DType>> = HashMap::new();
     let chosen = shard.take(&plan.units);
@@ -435,7 +597,10 @@ pub fn run_part(
         let u = compare_unit(unit, dumps, opts, &caches, progress, carried)?;
         stage.inc(1);
         floors.insert(unit.rank.clone(), u.floor);
-        outcomes.push((index, Outcome::Compared(Box::new(u))));
+        let (summary, table) = u.split();
+        let table = parking.park(table)?;
+        outcomes.push((index, Outcome::Compared(Box::new(summary), table)));
     }
+    parking.finish()?;
     Ok(RunPart { frame, outcomes })
 }

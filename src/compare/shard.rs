@@ -9,12 +9,15 @@
 //! the same summary and reports as an unsharded compare: the same `summary.json`.
 //!
 //! A shard result is a folder: `shard.json` (public, `schemas/probe-compare-shard.v1.schema.json`:
-//! which run, which part, which units), `units.msgpack` (the unit results, MessagePack:
-//! exact floats, NaN included; read back only by the same probe version) and
-//! `compare.parquet` (the shard's rows: the interchange for DuckDB, Spark, polars).
+//! which run, which part, which units), `units.msgpack` (the unit summaries, MessagePack:
+//! exact floats, NaN included; read back only by the same probe version), `rows.msgpack`
+//! (the units' rows, one MessagePack table per unit at the places `units.msgpack` gives:
+//! `probe merge` reads them one unit at a time, where they lie) and `compare.parquet` (the
+//! shard's rows: the interchange for DuckDB, Spark, polars).
 
 use super::plan::Unit;
-use super::{CompareRun, UnitResult};
+use super::tables::{self, Parked, Tables};
+use super::{CompareRun, UnitSummary};
 use crate::atomic;
 use crate::error::{ProbeError, Result};
 use crate::schema::summary::{label_key, IncompleteUnit};
@@ -124,10 +127,10 @@ pub struct Frame {
 }
 
 /// What became of one planned unit.
-#[derive(Debug, Clone, Serialize, Deserialize)]
+#[derive(Debug)]
 pub enum Outcome {
-    /// Compared.
-    Compared(Box<UnitResult>),
+    /// Compared: what it found, and its rows.
+    Compared(Box<UnitSummary>, Parked),
     /// Not compared: a side holds no op records (a crashed run).
     Skipped {
         /// The warning it gave.
@@ -140,14 +143,14 @@ pub enum Outcome {
 impl Outcome {
     fn label(&self) -> String {
         match self {
-            Outcome::Compared(u) => format!("{}/{}", u.step, u.rank),
+            Outcome::Compared(u, _) => format!("{}/{}", u.step, u.rank),
             Outcome::Skipped { incomplete: i, .. } => format!("{}/{}", i.step, i.rank),
         }
     }
 }
 
 /// The units a process compared, with the frame of their run.
-#[derive(Debug, Clone)]
+#[derive(Debug)]
 pub struct RunPart {
     /// The plan's frame.
     pub frame: Frame,
@@ -162,11 +165,13 @@ impl RunPart {
         let mut warnings = self.frame.warnings;
         let mut incomplete = self.frame.unpaired;
         let mut units = Vec::new();
+        let mut tables = Vec::new();
         for (_, outcome) in self.outcomes {
             match outcome {
-                Outcome::Compared(u) => {
+                Outcome::Compared(u, t) => {
                     warnings.extend(u.warnings.iter().cloned());
                     units.push(*u);
+                    tables.push(t);
                 }
                 Outcome::Skipped {
                     warning,
@@ -181,6 +186,7 @@ impl RunPart {
             bench: self.frame.bench,
             cmp: self.frame.cmp,
             units,
+            tables: Tables::from(tables),
             warnings,
             incomplete,
         }
@@ -214,9 +220,12 @@ struct Header {
     frame: Frame,
     /// The units of this shard: (plan index, `step/rank`, compared).
     units: Vec<HeaderUnit>,
-    /// The file holding the unit results, and its SHA-256.
+    /// The file holding the unit summaries, and its SHA-256.
     results: String,
     results_sha256: String,
+    /// The file holding the units' rows, and its SHA-256.
+    rows: String,
+    rows_sha256: String,
 }
 
 #[derive(Debug, Clone, Serialize, Deserialize)]
@@ -231,9 +240,24 @@ const VERSION: u32 = 1;
 /// The shard result's public file.
 pub const HEADER_FILE: &str = "shard.json";
 const RESULTS_FILE: &str = "units.msgpack";
+const ROWS_FILE: &str = "rows.msgpack";
+
+/// A unit as `units.msgpack` holds it: its summary and where its rows are in
+/// `rows.msgpack`, or why it was not compared.
+#[derive(Debug, Serialize, Deserialize)]
+enum Stored {
+    Compared {
+        unit: Box<UnitSummary>,
+        rows: (u64, u64),
+    },
+    Skipped {
+        warning: String,
+        incomplete: IncompleteUnit,
+    },
+}
 
 /// A shard result read back.
-#[derive(Debug, Clone)]
+#[derive(Debug)]
 pub struct ShardResult {
     /// The folder it was read from.
     pub dir: PathBuf,
@@ -245,15 +269,42 @@ pub struct ShardResult {
     pub part: RunPart,
 }
 
-/// Writes `part` as a shard result into the staging folder (`shard.json` and
-/// `units.msgpack`); returns the file names, `shard.json` last (it names the other).
+/// Writes `part` as a shard result into the staging folder (`rows.msgpack`,
+/// `units.msgpack` and `shard.json`); returns the file names, `shard.json` last (it names
+/// the others).
 pub fn stage(
     staging: &atomic::Staging,
     shard: Shard,
     run: &RunIdentity,
     part: &RunPart,
 ) -> Result<Vec<String>> {
-    let results = rmp_serde::to_vec_named(&part.outcomes).map_err(|e| ProbeError::Output {
+    let parked = part.outcomes.iter().filter_map(|(_, o)| match o {
+        Outcome::Compared(_, t) => Some(t),
+        Outcome::Skipped { .. } => None,
+    });
+    let (mut places, rows_sha256) = tables::write_file(parked, &staging.path(ROWS_FILE))?;
+    places.reverse();
+    let stored: Vec<(usize, Stored)> = part
+        .outcomes
+        .iter()
+        .map(|(i, o)| {
+            let s = match o {
+                Outcome::Compared(u, _) => Stored::Compared {
+                    unit: u.clone(),
+                    rows: places.pop().unwrap_or_default(),
+                },
+                Outcome::Skipped {
+                    warning,
+                    incomplete,
+                } => Stored::Skipped {
+                    warning: warning.clone(),
+                    incomplete: incomplete.clone(),
+                },
+            };
+            (*i, s)
+        })
+        .collect();
+    let results = rmp_serde::to_vec_named(&stored).map_err(|e| ProbeError::Output {
         path: staging.path(RESULTS_FILE),
         msg: e.to_string(),
     })?;
@@ -270,18 +321,40 @@ pub fn stage(
             .map(|(i, o)| HeaderUnit {
                 index: *i,
                 unit: o.label(),
-                compared: matches!(o, Outcome::Compared(_)),
+                compared: matches!(o, Outcome::Compared(..)),
             })
             .collect(),
         results: RESULTS_FILE.into(),
         results_sha256: format!("{:x}", Sha256::digest(&results)),
+        rows: ROWS_FILE.into(),
+        rows_sha256,
     };
     let text = serde_json::to_string_pretty(&header).map_err(|e| ProbeError::Output {
         path: staging.path(HEADER_FILE),
         msg: e.to_string(),
     })?;
     atomic::write_bytes(&staging.path(HEADER_FILE), (text + "\n").as_bytes())?;
-    Ok(vec![RESULTS_FILE.into(), HEADER_FILE.into()])
+    Ok(vec![
+        ROWS_FILE.into(),
+        RESULTS_FILE.into(),
+        HEADER_FILE.into(),
+    ])
+}
+
+/// SHA-256 of a file, read in pieces (a rows file may be larger than memory).
+fn sha256_of(path: &Path) -> Result<String> {
+    use std::io::Read;
+    let mut f = std::fs::File::open(path).map_err(|e| ProbeError::io(path, e))?;
+    let mut hash = Sha256::new();
+    let mut buf = vec![0u8; 1 << 20];
+    loop {
+        let n = f.read(&mut buf).map_err(|e| ProbeError::io(path, e))?;
+        if n == 0 {
+            break;
+        }
+        hash.update(&buf[..n]);
+    }
+    Ok(format!("{:x}", hash.finalize()))
 }
 
 /// Reads the shard result in `dir` (the folder `probe compare --shard` wrote).
@@ -312,11 +385,10 @@ pub fn read(dir: &Path) -> Result<ShardResult> {
             header.run.probe
         )));
     }
-    if header.results.contains(['/', '\\']) || header.results.starts_with('.') {
-        return Err(bad(format!(
-            "results file {:?} is not a plain name",
-            header.results
-        )));
+    for name in [&header.results, &header.rows] {
+        if name.contains(['/', '\\']) || name.starts_with('.') {
+            return Err(bad(format!("file name {name:?} is not a plain name")));
+        }
     }
     let results_path = dir.join(&header.results);
     let results = std::fs::read(&results_path).map_err(|e| ProbeError::io(&results_path, e))?;
@@ -326,8 +398,42 @@ pub fn read(dir: &Path) -> Result<ShardResult> {
             header.results
         )));
     }
-    let outcomes: Vec<(usize, Outcome)> =
+    let stored: Vec<(usize, Stored)> =
         rmp_serde::from_slice(&results).map_err(|e| bad(format!("{}: {e}", header.results)))?;
+    let rows_path = dir.join(&header.rows);
+    if sha256_of(&rows_path)? != header.rows_sha256 {
+        return Err(bad(format!(
+            "{} does not match the checksum in {HEADER_FILE} (truncated or replaced)",
+            header.rows
+        )));
+    }
+    let places: Vec<(u64, u64)> = stored
+        .iter()
+        .filter_map(|(_, s)| match s {
+            Stored::Compared { rows, .. } => Some(*rows),
+            Stored::Skipped { .. } => None,
+        })
+        .collect();
+    let mut parked = Tables::in_file(&rows_path, &places).into_iter();
+    let outcomes: Vec<(usize, Outcome)> = stored
+        .into_iter()
+        .map(|(i, s)| {
+            let o = match s {
+                Stored::Compared { unit, .. } => match parked.next() {
+                    Some(t) => Outcome::Compared(unit, t),
+                    None => unreachable!("one place per compared unit"),
+                },
+                Stored::Skipped {
+                    warning,
+                    incomplete,
+                } => Outcome::Skipped {
+                    warning,
+                    incomplete,
+                },
+            };
+            (i, o)
+        })
+        .collect();
     let listed: Vec<(usize, String)> = header
         .units
         .iter()

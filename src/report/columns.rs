@@ -5,8 +5,9 @@
 //! tensor ([`Line`]); unmatched lines leave the metric columns empty and say `unmatched`.
 //! [`COLUMNS`] and [`UNMATCHED`] are the compare's tables, [`SCAN`] the scan's.
 
-use crate::compare::{Row, UnitResult, Unmatched};
+use crate::compare::{CompareRun, Row, UnitSummary, Unmatched};
 use crate::dump::Stats;
+use crate::error::Result;
 use crate::scan::{ScanRow, ScanUnit};
 use std::borrow::Cow;
 
@@ -14,9 +15,9 @@ use std::borrow::Cow;
 #[derive(Clone, Copy)]
 pub enum Line<'a> {
     /// A tensor present on both sides.
-    Tensor(&'a UnitResult, &'a Row),
+    Tensor(&'a UnitSummary, &'a Row),
     /// A tensor present on one side only.
-    Unmatched(&'a UnitResult, &'a Unmatched),
+    Unmatched(&'a UnitSummary, &'a Unmatched),
     /// A tensor of a scanned run.
     Scan(&'a ScanUnit, &'a ScanRow),
 }
@@ -498,22 +499,27 @@ pub const SCAN: &[Column] = &[
         .map(|n| n as f64))),
 ];
 
-/// Every line of a compare in report order: all matched tensors of every unit, then all
-/// unmatched ones.
-pub fn lines(units: &[UnitResult]) -> impl Iterator<Item = Line<'_>> {
-    tensor_lines(units).chain(unmatched_lines(units))
+/// Calls `f` with every line of a compare in report order: all matched tensors of every
+/// unit, then all unmatched ones.
+pub fn lines(run: &CompareRun, f: &mut dyn FnMut(Line<'_>) -> Result<()>) -> Result<()> {
+    tensor_lines(run, f)?;
+    unmatched_lines(run, f)
 }
 
-/// The unmatched lines of a compare.
-pub fn unmatched_lines(units: &[UnitResult]) -> impl Iterator<Item = Line<'_>> {
-    units
-        .iter()
-        .flat_map(|u| u.unmatched.iter().map(move |x| Line::Unmatched(u, x)))
+/// Calls `f` with the unmatched lines of a compare.
+pub fn unmatched_lines(run: &CompareRun, f: &mut dyn FnMut(Line<'_>) -> Result<()>) -> Result<()> {
+    run.tables.visit(|i, t| {
+        let u = &run.units[i];
+        t.unmatched
+            .iter()
+            .try_for_each(|x| f(Line::Unmatched(u, x)))
+    })
 }
 
-/// The matched lines of a compare.
-pub fn tensor_lines(units: &[UnitResult]) -> impl Iterator<Item = Line<'_>> {
-    units
-        .iter()
-        .flat_map(|u| u.rows.iter().map(move |r| Line::Tensor(u, r)))
+/// Calls `f` with the matched lines of a compare.
+pub fn tensor_lines(run: &CompareRun, f: &mut dyn FnMut(Line<'_>) -> Result<()>) -> Result<()> {
+    run.tables.visit(|i, t| {
+        let u = &run.units[i];
+        t.rows.iter().try_for_each(|r| f(Line::Tensor(u, r)))
+    })
 }

@@ -6,6 +6,7 @@ use super::columns::{self, Line, COLUMNS, SCAN, UNMATCHED};
 use super::plot;
 use super::{Document, OpLine, Overview, Point, Table};
 use crate::compare::{CompareRun, Verdict};
+use crate::error::Result as ProbeResult;
 use crate::scan::{ScanRun, ScanSummary};
 use crate::schema::summary::{Finding, Summary};
 use crate::verdict;
@@ -32,13 +33,14 @@ const OP_LINES: usize = 5000;
 /// The first `cap` ops in execution order with their worst cosine, max abs error and
 /// verdict, and the row of their first tensor in the `tensors` sheet(s); and how many ops
 /// were left out past the cap.
-fn op_lines(run: &CompareRun, cap: usize) -> (Vec<OpLine>, usize) {
+fn op_lines(run: &CompareRun, cap: usize) -> ProbeResult<(Vec<OpLine>, usize)> {
     let mut out: Vec<OpLine> = Vec::new();
     let mut left_out = 0usize;
     let mut line = 0usize; // index among all tensor lines, as the tensors table holds them
-    for u in &run.units {
+    run.tables.visit(|i, table| {
+        let u = &run.units[i];
         let mut last = None;
-        for r in &u.rows {
+        for r in &table.rows {
             let (t, j) = (&r.tensor, &r.judgement);
             let cos = t.metrics.and_then(|m| m.cosine);
             let abs = t.metrics.map(|m| m.max_abs);
@@ -72,8 +74,9 @@ fn op_lines(run: &CompareRun, cap: usize) -> (Vec<OpLine>, usize) {
             }
             line += 1;
         }
-    }
-    (out, left_out)
+        Ok(())
+    })?;
+    Ok((out, left_out))
 }
 
 /// A summary as `summary.json` holds it.
@@ -105,8 +108,8 @@ impl Document for CompareDocument<'_> {
         pretty(self.summary)
     }
 
-    fn overview(&self) -> Overview {
-        let (ops, ops_left_out) = op_lines(self.run, OP_LINES);
+    fn overview(&self) -> ProbeResult<Overview> {
+        let (ops, ops_left_out) = op_lines(self.run, OP_LINES)?;
         let s = self.summary;
         let c = &s.counts;
         let facts = [
@@ -153,8 +156,8 @@ impl Document for CompareDocument<'_> {
             ),
         ]));
         // The culprit the chart labels: the op the headline names.
-        let plot = plot::of(self.run, verdict::culprit(s), plot::MAX_POINTS);
-        Overview {
+        let plot = plot::of(self.run, verdict::culprit(s), plot::MAX_POINTS)?;
+        Ok(Overview {
             verdict: s.verdict.severity(),
             headline: s.headline.clone(),
             facts: facts.into_iter().map(|(k, v)| (k.to_string(), v)).collect(),
@@ -163,7 +166,7 @@ impl Document for CompareDocument<'_> {
             worst_ops: s.worst_ops.clone(),
             ops,
             ops_left_out,
-        }
+        })
     }
 
     fn table(&self) -> Table<'_> {
@@ -171,7 +174,7 @@ impl Document for CompareDocument<'_> {
             name: "tensors",
             columns: COLUMNS.iter().collect(),
             colour_by: "verdict",
-            lines: Box::new(columns::lines(&self.run.units)),
+            lines: Box::new(|f| columns::lines(self.run, f)),
             flagged: None,
         }
     }
@@ -182,7 +185,7 @@ impl Document for CompareDocument<'_> {
                 name: "tensors",
                 columns: COLUMNS.iter().collect(),
                 colour_by: "verdict",
-                lines: Box::new(columns::tensor_lines(&self.run.units)),
+                lines: Box::new(|f| columns::tensor_lines(self.run, f)),
                 flagged: Some(
                     |l| matches!(l, Line::Tensor(_, r) if r.judgement.verdict != Verdict::Pass),
                 ),
@@ -191,17 +194,18 @@ impl Document for CompareDocument<'_> {
                 name: "unmatched",
                 columns: UNMATCHED.iter().collect(),
                 colour_by: "only_in",
-                lines: Box::new(columns::unmatched_lines(&self.run.units)),
+                lines: Box::new(|f| columns::unmatched_lines(self.run, f)),
                 flagged: None,
             },
         ]
     }
 
-    fn points(&self) -> Box<dyn Iterator<Item = Point<'_>> + '_> {
-        Box::new(self.run.units.iter().flat_map(|u| {
-            u.rows.iter().map(move |r| {
+    fn points(&self, f: &mut dyn FnMut(Point<'_>) -> ProbeResult<()>) -> ProbeResult<()> {
+        self.run.tables.visit(|i, table| {
+            let u = &self.run.units[i];
+            table.rows.iter().try_for_each(|r| {
                 let (t, j) = (&r.tensor, &r.judgement);
-                Point {
+                f(Point {
                     step: &u.step,
                     rank: &u.rank,
                     seq: t.op.seq,
@@ -214,9 +218,9 @@ impl Document for CompareDocument<'_> {
                     tolerance: j.tolerance,
                     cosine: t.metrics.and_then(|m| m.cosine),
                     max_rel: t.metrics.map(|m| m.max_rel),
-                }
+                })
             })
-        }))
+        })
     }
 }
 
@@ -229,7 +233,7 @@ impl Document for ScanDocument<'_> {
         pretty(self.summary)
     }
 
-    fn overview(&self) -> Overview {
+    fn overview(&self) -> ProbeResult<Overview> {
         let s = self.summary;
         let c = &s.counts;
         let facts = [
@@ -275,7 +279,7 @@ impl Document for ScanDocument<'_> {
                 found.push(("underflow".into(), f.clone()));
             }
         }
-        Overview {
+        Ok(Overview {
             verdict: s.verdict,
             headline: s.headline.clone(),
             facts: facts.into_iter().map(|(k, v)| (k.to_string(), v)).collect(),
@@ -284,20 +288,20 @@ impl Document for ScanDocument<'_> {
             ops: vec![],
             ops_left_out: 0,
             plot: None,
-        }
+        })
     }
 
     fn table(&self) -> Table<'_> {
-        let lines = self
-            .run
-            .units
-            .iter()
-            .flat_map(|u| u.rows.iter().map(move |r| Line::Scan(u, r)));
+        let run = self.run;
         Table {
             name: "tensors",
             columns: SCAN.iter().collect(),
             colour_by: "flag",
-            lines: Box::new(lines),
+            lines: Box::new(move |f| {
+                run.units
+                    .iter()
+                    .try_for_each(|u| u.rows.iter().try_for_each(|r| f(Line::Scan(u, r))))
+            }),
             flagged: None,
         }
     }

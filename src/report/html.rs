@@ -34,7 +34,7 @@ impl ReportWriter for HtmlReport {
         format!("{stem}.html")
     }
     fn write(&self, doc: &dyn Document, path: &Path) -> Result<()> {
-        let page = render(doc);
+        let page = render(doc)?;
         atomic::write_bytes(path, page.as_bytes())
     }
 }
@@ -166,8 +166,8 @@ fn verdict_class(v: Verdict) -> &'static str {
 }
 
 /// The whole page of a document.
-pub fn render(doc: &dyn Document) -> String {
-    let ov = doc.overview();
+pub fn render(doc: &dyn Document) -> Result<String> {
+    let ov = doc.overview()?;
     let mut out = String::new();
     open_page(
         &mut out,
@@ -183,7 +183,7 @@ pub fn render(doc: &dyn Document) -> String {
         esc(&ov.headline)
     );
     let marks = marks(&ov);
-    let plot = Plot::build(|| doc.points(), &marks);
+    let plot = Plot::build(&|f| doc.points(f), &marks)?;
     if let Some(p) = &plot {
         out.push_str("<h2>Error along execution order</h2>\n");
         p.svg(&mut out, &marks);
@@ -196,7 +196,7 @@ pub fn render(doc: &dyn Document) -> String {
     worst_ops(&mut out, &ov);
     facts(&mut out, &ov);
     close_page(&mut out);
-    out
+    Ok(out)
 }
 
 /// A finding to mark on the plot: its title and the op it names.
@@ -274,20 +274,39 @@ impl Agg {
     }
 }
 
-/// A drawn point: where it lies, what it is, which series run it belongs to.
-#[derive(Clone, Copy)]
-struct Drawn<'a> {
+/// A drawn point: where it lies, what it is (its tooltip), which series run it belongs to.
+#[derive(Clone)]
+struct Drawn {
     index: usize,
     run: usize,
-    p: Point<'a>,
+    direction: Direction,
+    verdict: Verdict,
+    err: f64,
+    tooltip: String,
 }
 
+impl Drawn {
+    fn of(index: usize, run: usize, p: &Point) -> Drawn {
+        Drawn {
+            index,
+            run,
+            direction: p.direction,
+            verdict: p.verdict,
+            err: p.err,
+            tooltip: tooltip(p),
+        }
+    }
+}
+
+/// The points of a document, handed one at a time to a function (see `Document::points`).
+type Points<'a> = dyn Fn(&mut dyn FnMut(Point<'_>) -> Result<()>) -> Result<()> + 'a;
+
 /// The downsampled plot and what the page says about the run's modules.
-struct Plot<'a> {
+struct Plot {
     /// Tensors in the run.
     n: usize,
     /// Points drawn, in execution order.
-    drawn: Vec<Drawn<'a>>,
+    drawn: Vec<Drawn>,
     /// Of the drawn points, the ones standing for a bucket.
     bucketed_into: usize,
     /// Points represented by a bucket rather than drawn.
@@ -312,13 +331,10 @@ struct Plot<'a> {
     modules_left_out: usize,
 }
 
-impl<'a> Plot<'a> {
+impl Plot {
     /// Two passes over the points: the first sizes the axes and gathers the modules, the
     /// second keeps the points to draw. None when there is nothing to plot.
-    fn build<I>(points: impl Fn() -> I, marks: &[Mark]) -> Option<Plot<'a>>
-    where
-        I: Iterator<Item = Point<'a>>,
-    {
+    fn build(points: &Points, marks: &[Mark]) -> Result<Option<Plot>> {
         let mut n = 0usize;
         let (mut min_pos, mut max_fin) = (f64::INFINITY, 0.0f64);
         let mut runs: Vec<(usize, String)> = Vec::new();
@@ -327,11 +343,14 @@ impl<'a> Plot<'a> {
         let mut modules: BTreeMap<String, Agg> = BTreeMap::new();
         let mut modules_left_out = 0usize;
         let mut marked: Vec<Option<usize>> = vec![None; marks.len()];
-        let mut last_phase: Option<(&str, &str, Direction)> = None;
+        // The step/rank of the previous point and its direction.
+        let mut last_unit: Option<(String, String)> = None;
+        let mut last_dir: Option<Direction> = None;
         let mut seen_backward = false;
         let mut failing = 0usize;
         let mut nonfinite = false;
-        for (i, p) in points().enumerate() {
+        points(&mut |p| {
+            let i = n;
             n += 1;
             nonfinite |= !p.err.is_finite();
             for v in [p.err, p.tolerance] {
@@ -344,10 +363,12 @@ impl<'a> Plot<'a> {
             failing += usize::from(fails);
             // A rule where a step/rank starts and where its backward pass starts (collectives
             // recorded as forward calls inside the backward pass do not start a phase).
-            let unit_changed = last_phase.is_none_or(|(s, r, _)| (s, r) != (p.step, p.rank));
+            let unit_changed = last_unit
+                .as_ref()
+                .is_none_or(|(s, r)| (s.as_str(), r.as_str()) != (p.step, p.rank));
             let backward_starts = !unit_changed
                 && p.direction == Direction::Backward
-                && last_phase.is_some_and(|(_, _, d)| d == Direction::Forward)
+                && last_dir == Some(Direction::Forward)
                 && !seen_backward;
             if unit_changed || backward_starts {
                 let label = if unit_changed {
@@ -361,7 +382,10 @@ impl<'a> Plot<'a> {
                     phases.push((i, label));
                 }
             }
-            last_phase = Some((p.step, p.rank, p.direction));
+            if unit_changed {
+                last_unit = Some((p.step.to_string(), p.rank.to_string()));
+            }
+            last_dir = Some(p.direction);
             let module = p.module.unwrap_or("");
             if runs.last().is_none_or(|(_, m)| m != module) {
                 if runs.len() < MAX_RUNS {
@@ -387,9 +411,10 @@ impl<'a> Plot<'a> {
                     *slot = Some(i);
                 }
             }
-        }
+            Ok(())
+        })?;
         if n == 0 {
-            return None;
+            return Ok(None);
         }
         if !min_pos.is_finite() {
             (min_pos, max_fin) = (1e-8, 1.0);
@@ -403,49 +428,59 @@ impl<'a> Plot<'a> {
         // and direction the point of largest error among the rest.
         let col_of = |i: usize| ((i as u128 * COLUMNS as u128) / n as u128) as usize;
         let mut tolerance: Vec<Option<f64>> = vec![None; COLUMNS];
-        let mut singles: Vec<Drawn<'a>> = Vec::new();
-        let mut buckets: BTreeMap<(usize, u8), (Drawn<'a>, usize)> = BTreeMap::new();
+        let mut singles: Vec<Drawn> = Vec::new();
+        let mut buckets: BTreeMap<(usize, u8), (Drawn, usize)> = BTreeMap::new();
         let mut run = 0usize;
-        let mut last: Option<(&str, &str, Direction)> = None;
+        let mut last: Option<(String, String, Direction)> = None;
         let mut kept_failing = 0usize;
-        for (i, p) in points().enumerate().take(n) {
-            let phase = (p.step, p.rank, p.direction);
-            if last.is_some_and(|l| l != phase) {
-                run += 1;
+        let mut i = 0usize;
+        points(&mut |p| {
+            let here = i;
+            i += 1;
+            if here >= n {
+                return Ok(());
             }
-            last = Some(phase);
-            let c = col_of(i).min(COLUMNS - 1);
+            let same = last.as_ref().is_some_and(|(s, r, d)| {
+                (s.as_str(), r.as_str(), *d) == (p.step, p.rank, p.direction)
+            });
+            if !same {
+                if last.is_some() {
+                    run += 1;
+                }
+                last = Some((p.step.to_string(), p.rank.to_string(), p.direction));
+            }
+            let c = col_of(here).min(COLUMNS - 1);
             if p.tolerance.is_finite() && p.tolerance > 0.0 {
                 let t = &mut tolerance[c];
                 *t = Some(t.map_or(p.tolerance, |x| x.min(p.tolerance)));
             }
-            let d = Drawn { index: i, run, p };
-            let is_marked = marked.contains(&Some(i));
+            let is_marked = marked.contains(&Some(here));
             let fails = p.verdict == Verdict::Error;
             if is_marked || (fails && kept_failing < MAX_FAILING) || n <= COLUMNS {
                 kept_failing += usize::from(fails && !is_marked);
-                singles.push(d);
-                continue;
+                singles.push(Drawn::of(here, run, &p));
+                return Ok(());
             }
             let key = (c, p.direction as u8);
             match buckets.get_mut(&key) {
                 Some((b, count)) => {
                     *count += 1;
-                    if badness(p.err) > badness(b.p.err) {
-                        *b = d;
+                    if badness(p.err) > badness(b.err) {
+                        *b = Drawn::of(here, run, &p);
                     }
                 }
                 None => {
-                    buckets.insert(key, (d, 1));
+                    buckets.insert(key, (Drawn::of(here, run, &p), 1));
                 }
             }
-        }
+            Ok(())
+        })?;
         let bucketed: usize = buckets.values().map(|(_, c)| c).sum();
         let bucketed_into = buckets.len();
         let mut drawn = singles;
         drawn.extend(buckets.into_values().map(|(d, _)| d));
         drawn.sort_by_key(|d| d.index);
-        Some(Plot {
+        Ok(Some(Plot {
             n,
             drawn,
             bucketed_into,
@@ -461,7 +496,7 @@ impl<'a> Plot<'a> {
             marked,
             modules,
             modules_left_out,
-        })
+        }))
     }
 
     fn x(&self, i: usize) -> f64 {
@@ -604,10 +639,10 @@ viewBox=\"0 0 {WIDTH} {HEIGHT}\" role=\"img\" aria-label=\"error per tensor alon
         for dir in [Direction::Forward, Direction::Backward] {
             let mut d = String::new();
             let mut last_run = None;
-            let on_line = |p: &&Drawn| p.p.direction == dir && p.p.err != 0.0;
+            let on_line = |p: &&Drawn| p.direction == dir && p.err != 0.0;
             for p in self.drawn.iter().filter(on_line) {
                 let cmd = if last_run == Some(p.run) { 'L' } else { 'M' };
-                let _ = write!(d, "{cmd}{:.1} {:.1}", self.x(p.index), self.y(p.p.err));
+                let _ = write!(d, "{cmd}{:.1} {:.1}", self.x(p.index), self.y(p.err));
                 last_run = Some(p.run);
             }
             if !d.is_empty() {
@@ -620,7 +655,7 @@ viewBox=\"0 0 {WIDTH} {HEIGHT}\" role=\"img\" aria-label=\"error per tensor alon
         }
         // The points, each with its tooltip.
         for p in &self.drawn {
-            let fails = p.p.verdict == Verdict::Error;
+            let fails = p.verdict == Verdict::Error;
             let (r, stroke) = if fails {
                 (3.6, format!(" stroke=\"{FAIL}\" stroke-width=\"1.6\""))
             } else {
@@ -629,11 +664,11 @@ viewBox=\"0 0 {WIDTH} {HEIGHT}\" role=\"img\" aria-label=\"error per tensor alon
             let _ = writeln!(
                 out,
                 "<circle class=\"pt {}\" cx=\"{:.1}\" cy=\"{:.1}\" r=\"{r}\" fill=\"{}\"{stroke}><title>{}</title></circle>",
-                p.p.direction.name(),
+                p.direction.name(),
                 self.x(p.index),
-                self.y(p.p.err),
-                colour(p.p.direction),
-                esc(&tooltip(&p.p))
+                self.y(p.err),
+                colour(p.direction),
+                esc(&p.tooltip)
             );
         }
         // The culprit(s): a rule, a ring and a label each.
@@ -642,7 +677,7 @@ viewBox=\"0 0 {WIDTH} {HEIGHT}\" role=\"img\" aria-label=\"error per tensor alon
             let Some(p) = self.drawn.iter().find(|d| d.index == i) else {
                 continue;
             };
-            let (x, y) = (self.x(i), self.y(p.p.err));
+            let (x, y) = (self.x(i), self.y(p.err));
             let ly = 16.0 + 14.0 * (k % 3) as f64; // three rows above the plot
             let anchor = if x > (x0 + x1) / 2.0 { "end" } else { "start" };
             let tx = if anchor == "end" { x + 4.0 } else { x - 4.0 };
@@ -981,7 +1016,9 @@ mod tests {
         let n = 1_000_000;
         // Every 100th tensor fails: 10k failing, past the cap.
         let err = |i: usize| if i.is_multiple_of(100) { 0.5 } else { 1e-6 };
-        let plot = Plot::build(|| (0..n).map(|i| point(i, err(i))), &[]).expect("a plot");
+        let plot = Plot::build(&|f| (0..n).try_for_each(|i| f(point(i, err(i)))), &[])
+            .expect("readable")
+            .expect("a plot");
         assert_eq!(plot.n, n);
         assert!(
             plot.drawn.len() <= MAX_FAILING + 2 * COLUMNS,
@@ -1021,7 +1058,9 @@ mod tests {
             7 => f64::NAN,
             _ => 1e-4,
         };
-        let plot = Plot::build(|| (0..n).map(|i| point(i, err(i))), &marks).expect("a plot");
+        let plot = Plot::build(&|f| (0..n).try_for_each(|i| f(point(i, err(i)))), &marks)
+            .expect("readable")
+            .expect("a plot");
         assert_eq!(plot.marked, vec![Some(123_457)]);
         assert!(plot.drawn.iter().any(|d| d.index == 123_457));
         assert!(plot.nonfinite);
@@ -1035,7 +1074,9 @@ mod tests {
 
     #[test]
     fn small_runs_draw_every_point() {
-        let plot = Plot::build(|| (0..50).map(|i| point(i, 1e-5)), &[]).expect("a plot");
+        let plot = Plot::build(&|f| (0..50).try_for_each(|i| f(point(i, 1e-5))), &[])
+            .expect("readable")
+            .expect("a plot");
         assert_eq!(plot.drawn.len(), 50);
         assert_eq!(plot.bucketed, 0);
     }

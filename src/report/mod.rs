@@ -36,19 +36,26 @@ pub trait Document: Sync {
     fn stem(&self) -> &'static str;
     /// The content of `summary.json`.
     fn summary_json(&self) -> std::result::Result<String, String>;
-    /// What the workbook's summary sheet shows.
-    fn overview(&self) -> Overview;
+    /// What the workbook's summary sheet shows (an error when parked rows cannot be read
+    /// back).
+    fn overview(&self) -> Result<Overview>;
     /// The full table (one line per tensor).
     fn table(&self) -> Table<'_>;
     /// The workbook's sheets after the summary.
     fn sheets(&self) -> Vec<Table<'_>>;
-    /// The compared tensors in execution order, as the html report plots them (none: the
-    /// page has no error plot). Called more than once: the plot is downsampled in two passes
-    /// rather than holding a million rows.
-    fn points(&self) -> Box<dyn Iterator<Item = Point<'_>> + '_> {
-        Box::new(std::iter::empty())
+    /// Calls `f` with the compared tensors in execution order, as the html report plots
+    /// them (none: the page has no error plot); stops at the first error. Called more than
+    /// once: the plot is downsampled in two passes rather than holding a million rows.
+    fn points(&self, f: &mut dyn FnMut(Point<'_>) -> Result<()>) -> Result<()> {
+        let _ = f;
+        Ok(())
     }
 }
+
+/// The lines of a table, handed one at a time to the function it is called with, in order
+/// (rows may be read back from a file unit by unit, so a line lives only for its call);
+/// stops at the first error. Callable more than once.
+pub type Lines<'a> = Box<dyn Fn(&mut dyn FnMut(Line<'_>) -> Result<()>) -> Result<()> + 'a>;
 
 /// The summary of a run for people: verdict, headline, facts, findings, worst ops.
 #[derive(Debug, Clone)]
@@ -98,7 +105,7 @@ pub struct Table<'a> {
     /// Name of the column whose value colours a row in the workbook (`error`, `warning`).
     pub colour_by: &'static str,
     /// The lines.
-    pub lines: Box<dyn Iterator<Item = Line<'a>> + 'a>,
+    pub lines: Lines<'a>,
     /// Which lines matter most (warnings, errors): a workbook past `--xlsx-rows` keeps
     /// these and a few lines around them; None keeps every line.
     pub flagged: Option<fn(&Line) -> bool>,

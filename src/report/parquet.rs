@@ -80,23 +80,27 @@ fn schema(columns: &[&Column]) -> Arc<Schema> {
     Arc::new(Schema::new(fields))
 }
 
-fn write_table<W: std::io::Write + Send>(table: Table, w: W) -> std::result::Result<(), String> {
+fn write_table<W: std::io::Write + Send>(table: Table, w: W, path: &Path) -> Result<()> {
+    let out = |msg: String| ProbeError::Output {
+        path: path.to_path_buf(),
+        msg: format!("parquet: {msg}"),
+    };
     let schema = schema(&table.columns);
     let props = WriterProperties::builder()
         .set_compression(Compression::SNAPPY)
         .build();
     let mut writer =
-        ArrowWriter::try_new(w, schema.clone(), Some(props)).map_err(|e| e.to_string())?;
+        ArrowWriter::try_new(w, schema.clone(), Some(props)).map_err(|e| out(e.to_string()))?;
     let columns = table.columns;
     let mut builders: Vec<Builder> = columns.iter().map(|c| Builder::new(c.kind)).collect();
     let mut len = 0usize;
     let mut flush = |builders: &mut Vec<Builder>, len: &mut usize| {
         let cols: Vec<ArrayRef> = builders.iter_mut().map(Builder::finish).collect();
         *len = 0;
-        let batch = RecordBatch::try_new(schema.clone(), cols).map_err(|e| e.to_string())?;
-        writer.write(&batch).map_err(|e| e.to_string())
+        let batch = RecordBatch::try_new(schema.clone(), cols).map_err(|e| out(e.to_string()))?;
+        writer.write(&batch).map_err(|e| out(e.to_string()))
     };
-    for line in table.lines {
+    (table.lines)(&mut |line| {
         for (b, c) in builders.iter_mut().zip(&columns) {
             b.push((c.value)(&line));
         }
@@ -104,11 +108,12 @@ fn write_table<W: std::io::Write + Send>(table: Table, w: W) -> std::result::Res
         if len >= BATCH {
             flush(&mut builders, &mut len)?;
         }
-    }
+        Ok(())
+    })?;
     if len > 0 {
         flush(&mut builders, &mut len)?;
     }
-    writer.close().map_err(|e| e.to_string())?;
+    writer.close().map_err(|e| out(e.to_string()))?;
     Ok(())
 }
 
@@ -120,12 +125,23 @@ impl ReportWriter for ParquetTable {
         format!("{stem}.parquet")
     }
     fn write(&self, doc: &dyn Document, path: &Path) -> Result<()> {
-        atomic::write_with(path, |w| write_table(doc.table(), w)).map_err(|e| match e {
-            ProbeError::Output { path, msg } => ProbeError::Output {
+        // The table's own error (an unreadable parked row, a parquet failure) is the one
+        // reported; write_with only carries its text.
+        let mut failed = None;
+        let written = atomic::write_with(path, |w| {
+            write_table(doc.table(), w, path).map_err(|e| {
+                let msg = e.to_string();
+                failed = Some(e);
+                msg
+            })
+        });
+        match (written, failed) {
+            (Err(_), Some(e)) => Err(e),
+            (Err(ProbeError::Output { path, msg }), None) => Err(ProbeError::Output {
                 path,
                 msg: format!("parquet: {msg}"),
-            },
-            other => other,
-        })
+            }),
+            (r, _) => r,
+        }
     }
 }

@@ -10,6 +10,7 @@
 
 use crate::compare::{CompareRun, Verdict};
 use crate::dump::Direction;
+use crate::error::Result;
 use crate::schema::summary::Finding;
 
 /// At most about this many points on the chart (more only when more ops fail).
@@ -101,12 +102,13 @@ fn severity(err: f64, tolerance: f64) -> f64 {
 
 /// The chart of `run`, with `culprit` (the headline's op) marked when it is one of its
 /// ops; at most about `cap` points.
-pub fn of(run: &CompareRun, culprit: Option<&Finding>, cap: usize) -> Plot {
+pub fn of(run: &CompareRun, culprit: Option<&Finding>, cap: usize) -> Result<Plot> {
     let mut points: Vec<Point> = Vec::new();
     let mut culprit_at = None;
-    for u in &run.units {
+    run.tables.visit(|i, table| {
+        let u = &run.units[i];
         let mut last = None;
-        for r in &u.rows {
+        for r in &table.rows {
             let (t, j) = (&r.tensor, &r.judgement);
             if last == Some(t.op.index) {
                 if let Some(p) = points.last_mut() {
@@ -135,16 +137,17 @@ pub fn of(run: &CompareRun, culprit: Option<&Finding>, cap: usize) -> Plot {
                 verdict: j.verdict,
             });
         }
-    }
+        Ok(())
+    })?;
     let ops = points.len();
     let (points, culprit, all_failing) = downsample(points, culprit_at, cap);
-    Plot {
+    Ok(Plot {
         top: top(&points),
         all_failing,
         points,
         culprit,
         ops,
-    }
+    })
 }
 
 /// Keeps every failing point and the culprit; cuts the other points into buckets of

@@ -100,9 +100,15 @@ struct Shown {
 }
 
 impl Shown {
-    fn of(table: Table, rows: XlsxRows) -> Option<Shown> {
-        let is_flagged = table.flagged?;
-        let flagged: Vec<bool> = table.lines.map(|l| is_flagged(&l)).collect();
+    fn of(table: Table, rows: XlsxRows) -> Result<Option<Shown>> {
+        let Some(is_flagged) = table.flagged else {
+            return Ok(None);
+        };
+        let mut flagged: Vec<bool> = Vec::new();
+        (table.lines)(&mut |l| {
+            flagged.push(is_flagged(&l));
+            Ok(())
+        })?;
         let keep = keep_lines(&flagged, rows);
         let mut next = 0usize;
         let position = keep
@@ -129,11 +135,11 @@ impl Shown {
                 thousands(n)
             )
         });
-        Some(Shown {
+        Ok(Some(Shown {
             keep,
             position,
             note,
-        })
+        }))
     }
 
     /// The sheet and 1-based row of the first shown line in `lines`.
@@ -633,64 +639,77 @@ pub(crate) fn part_name(base: &str, k: usize) -> String {
 /// Writes a table into sheets named `name`, `name_2`, ... of at most [`MAX_ROWS`] rows
 /// (the workbook's columns only); always at least one (maybe empty) sheet, so the
 /// workbook's sheet list is the same for every run.
-fn sheets(wb: &mut Workbook, table: Table, shown: Option<&Shown>, fs: &Formats) -> X<()> {
+fn sheets(
+    wb: &mut Workbook,
+    table: Table,
+    shown: Option<&Shown>,
+    fs: &Formats,
+    err: &dyn Fn(XlsxError) -> ProbeError,
+) -> Result<()> {
     let cols: Vec<&Column> = table.columns.into_iter().filter(|c| c.workbook).collect();
     let colour = cols
         .iter()
         .position(|c| c.name == table.colour_by)
         .unwrap_or(0);
     let widths: Vec<(&str, f64)> = cols.iter().map(|c| (c.header, c.width)).collect();
-    let mut lines: Box<dyn Iterator<Item = Line>> = match shown {
-        Some(s) => Box::new(
-            table
-                .lines
-                .zip(s.keep.iter())
-                .filter_map(|(l, &k)| k.then_some(l)),
-        ),
-        None => table.lines,
-    };
-    let mut next = lines.next();
-    let mut k = 0;
-    loop {
+    let open = |wb: &mut Workbook, k: usize| -> X<usize> {
         let ws = wb.add_worksheet_with_constant_memory()?;
         ws.set_name(part_name(table.name, k))?;
         write_header(ws, &widths, &fs.header)?;
-        let mut n = 0usize;
-        while n < MAX_ROWS {
-            let Some(line) = next.take() else { break };
-            n += 1;
-            table_row(ws, n as u32, &cols, &line)?;
-            next = lines.next();
-        }
+        Ok(wb.worksheets_mut().len() - 1)
+    };
+    let close = |ws: &mut Worksheet, n: usize| -> X<()> {
         verdict_colours(ws, n, cols.len() as u16, &letter(colour), fs)?;
         ws.autofilter(0, 0, n.max(1) as u32, cols.len() as u16 - 1)?;
-        k += 1;
-        if next.is_none() {
+        Ok(())
+    };
+    // The sheet being written (its index in the workbook), its part number and its rows.
+    let mut sheet = open(wb, 0).map_err(err)?;
+    let (mut k, mut n) = (0usize, 0usize);
+    let mut index = 0usize;
+    (table.lines)(&mut |line| {
+        let kept = shown.is_none_or(|s| s.keep.get(index).copied().unwrap_or(false));
+        index += 1;
+        if !kept {
             return Ok(());
         }
-    }
+        if n == MAX_ROWS {
+            close(wb.worksheet_from_index(sheet).map_err(err)?, n).map_err(err)?;
+            k += 1;
+            sheet = open(wb, k).map_err(err)?;
+            n = 0;
+        }
+        n += 1;
+        let ws = wb.worksheet_from_index(sheet).map_err(err)?;
+        table_row(ws, n as u32, &cols, &line).map_err(err)
+    })?;
+    close(wb.worksheet_from_index(sheet).map_err(err)?, n).map_err(err)
 }
 
-fn build(doc: &dyn Document, rows: XlsxRows) -> X<Workbook> {
+fn build(doc: &dyn Document, rows: XlsxRows, path: &Path) -> Result<Workbook> {
+    let err = |e: XlsxError| ProbeError::Output {
+        path: path.to_path_buf(),
+        msg: format!("xlsx: {e}"),
+    };
     let fs = formats();
     let mut wb = Workbook::new();
     // Level 1 deflate: several times faster than the default on large sheets, files ~20 % larger.
     wb.set_zip_compression_level(1);
-    let overview = doc.overview();
+    let overview = doc.overview()?;
     // Which lines of each table are shown: one pass over the flags before any sheet (the
     // summary's links point into the tensors sheet).
     let shown: Vec<Option<Shown>> = doc
         .sheets()
         .into_iter()
         .map(|t| Shown::of(t, rows))
-        .collect();
+        .collect::<Result<_>>()?;
     let tensors = shown.first().and_then(Option::as_ref);
-    summary_sheet(wb.add_worksheet(), &overview, tensors, &fs)?;
+    summary_sheet(wb.add_worksheet(), &overview, tensors, &fs).map_err(err)?;
     for (table, shown) in doc.sheets().into_iter().zip(&shown) {
-        sheets(&mut wb, table, shown.as_ref(), &fs)?;
+        sheets(&mut wb, table, shown.as_ref(), &fs, &err)?;
     }
     if let Some(p) = overview.plot.as_ref().filter(|p| !p.points.is_empty()) {
-        plot_sheet(wb.add_worksheet(), p, &fs)?;
+        plot_sheet(wb.add_worksheet(), p, &fs).map_err(err)?;
     }
     Ok(wb)
 }
@@ -703,11 +722,7 @@ impl ReportWriter for XlsxWorkbook {
         format!("{stem}.xlsx")
     }
     fn write(&self, doc: &dyn Document, path: &Path) -> Result<()> {
-        let err = |e: XlsxError| ProbeError::Output {
-            path: path.to_path_buf(),
-            msg: format!("xlsx: {e}"),
-        };
-        let mut wb = build(doc, self.rows).map_err(err)?;
+        let mut wb = build(doc, self.rows, path)?;
         atomic::write_with(path, |w| wb.save_to_writer(w).map_err(|e| e.to_string()))
     }
 }

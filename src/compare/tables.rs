@@ -1,0 +1,362 @@
+//! Where a run's rows wait between the compare and the reports.
+//!
+//! Why: the reports need every row of the run (the parquet table, the workbook, the html
+//! plot), but a 1,000-rank job has tens of millions of them, about 1.1 KB each in memory;
+//! held until the end they grow with the number of ranks. So each unit's result is split
+//! in two ([`super::UnitResult::split`]): its [`super::UnitSummary`] (counts, findings,
+//! coverage, its worst ops: small, held for every unit, all the verdict needs) and its
+//! [`UnitTable`] (rows and unmatched tensors), which is *parked*: kept in memory while the
+//! run's parked rows fit a budget (`--row-memory`), appended to a temporary file in the
+//! output folder past it. Readers visit the tables one unit at a time ([`Tables::visit`]),
+//! so peak memory is the budget plus one unit, whatever the number of units.
+//!
+//! A shard result's rows file is such a file too: `probe merge` visits the shards' tables
+//! where they lie ([`Tables::in_file`]) and never holds them all.
+
+use super::{Row, Unmatched};
+use crate::error::{ProbeError, Result};
+use serde::{Deserialize, Serialize};
+use std::borrow::Cow;
+use std::fs::File;
+use std::io::{BufWriter, Read, Seek, SeekFrom, Write};
+use std::path::{Path, PathBuf};
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::Arc;
+
+/// The bulk of a unit's result: every tensor row, in the comparison run's execution order,
+/// and every tensor found on one side only.
+#[derive(Debug, Clone, Default, Serialize, Deserialize)]
+pub struct UnitTable {
+    /// Matched tensors.
+    pub rows: Vec<Row>,
+    /// Tensors present on one side only.
+    pub unmatched: Vec<Unmatched>,
+}
+
+/// Memory a row takes, heap included, as measured on statistics and tensor dumps (the
+/// scaling bench): what the budget counts.
+const ROW_BYTES: usize = 1100;
+
+impl UnitTable {
+    /// About how many bytes the table holds in memory.
+    fn weight(&self) -> usize {
+        (self.rows.len() + self.unmatched.len()).saturating_mul(ROW_BYTES)
+    }
+}
+
+/// How many bytes of rows a run keeps in memory before it parks the rest in a file
+/// (`--row-memory`), and the folder for that file (None: never park in a file).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct RowMemory {
+    /// Bytes of rows held in memory at most (about: [`ROW_BYTES`] a row); 0 parks every
+    /// table in the file.
+    pub budget: usize,
+    /// Where the temporary file goes (the output folder: it is as large as the parquet
+    /// table, and `/tmp` may be a small RAM disk).
+    pub dir: Option<PathBuf>,
+}
+
+impl Default for RowMemory {
+    fn default() -> RowMemory {
+        RowMemory {
+            budget: usize::MAX,
+            dir: None,
+        }
+    }
+}
+
+/// A file holding parked tables: a temporary one is removed when the last table in it is
+/// dropped.
+#[derive(Debug)]
+struct TableFile {
+    path: PathBuf,
+    temporary: bool,
+}
+
+impl Drop for TableFile {
+    fn drop(&mut self) {
+        if self.temporary {
+            let _ = std::fs::remove_file(&self.path);
+        }
+    }
+}
+
+/// Where one unit's table is: in memory, or at a place in a file.
+#[derive(Debug)]
+pub struct Parked(Place);
+
+#[derive(Debug)]
+enum Place {
+    Memory(UnitTable),
+    File {
+        file: Arc<TableFile>,
+        offset: u64,
+        len: u64,
+    },
+}
+
+impl Parked {
+    /// A table kept in memory.
+    pub fn memory(table: UnitTable) -> Parked {
+        Parked(Place::Memory(table))
+    }
+
+    /// The table, borrowed or read back from its file.
+    pub fn get(&self) -> Result<Cow<'_, UnitTable>> {
+        match &self.0 {
+            Place::Memory(t) => Ok(Cow::Borrowed(t)),
+            Place::File { file, offset, len } => {
+                read_table(&file.path, *offset, *len).map(Cow::Owned)
+            }
+        }
+    }
+
+    /// The table's encoded bytes (what a rows file holds).
+    fn bytes(&self) -> Result<Vec<u8>> {
+        match &self.0 {
+            Place::Memory(t) => encode(t, Path::new("(memory)")),
+            Place::File { file, offset, len } => read_bytes(&file.path, *offset, *len),
+        }
+    }
+}
+
+fn encode(t: &UnitTable, path: &Path) -> Result<Vec<u8>> {
+    rmp_serde::to_vec_named(t).map_err(|e| ProbeError::Output {
+        path: path.to_path_buf(),
+        msg: format!("encoding rows: {e}"),
+    })
+}
+
+fn read_bytes(path: &Path, offset: u64, len: u64) -> Result<Vec<u8>> {
+    let size = std::fs::metadata(path)
+        .map_err(|e| ProbeError::io(path, e))?
+        .len();
+    if offset.checked_add(len).is_none_or(|end| end > size) {
+        return Err(ProbeError::BadShardResult {
+            path: path.to_path_buf(),
+            msg: format!(
+                "rows at {offset}+{len} lie past the file's end ({size} bytes): truncated"
+            ),
+        });
+    }
+    let mut f = File::open(path).map_err(|e| ProbeError::io(path, e))?;
+    f.seek(SeekFrom::Start(offset))
+        .map_err(|e| ProbeError::io(path, e))?;
+    let mut buf = vec![0u8; len as usize];
+    f.read_exact(&mut buf)
+        .map_err(|e| ProbeError::io(path, e))?;
+    Ok(buf)
+}
+
+fn read_table(path: &Path, offset: u64, len: u64) -> Result<UnitTable> {
+    let bytes = read_bytes(path, offset, len)?;
+    rmp_serde::from_slice(&bytes).map_err(|e| ProbeError::BadShardResult {
+        path: path.to_path_buf(),
+        msg: format!("rows at {offset}: {e}"),
+    })
+}
+
+/// The tables of a run's units, in unit order.
+#[derive(Debug, Default)]
+pub struct Tables(Vec<Parked>);
+
+impl From<Vec<Parked>> for Tables {
+    fn from(v: Vec<Parked>) -> Tables {
+        Tables(v)
+    }
+}
+
+impl Tables {
+    /// Tables held in memory.
+    pub fn in_memory(tables: Vec<UnitTable>) -> Tables {
+        Tables(tables.into_iter().map(Parked::memory).collect())
+    }
+
+    /// Tables at `(offset, len)` places of `path` (a shard's rows file, kept).
+    pub fn in_file(path: &Path, places: &[(u64, u64)]) -> Vec<Parked> {
+        let file = Arc::new(TableFile {
+            path: path.to_path_buf(),
+            temporary: false,
+        });
+        places
+            .iter()
+            .map(|&(offset, len)| {
+                Parked(Place::File {
+                    file: file.clone(),
+                    offset,
+                    len,
+                })
+            })
+            .collect()
+    }
+
+    /// How many units.
+    pub fn len(&self) -> usize {
+        self.0.len()
+    }
+
+    /// Whether there are none.
+    pub fn is_empty(&self) -> bool {
+        self.0.is_empty()
+    }
+
+    /// The table of unit `i` (borrowed, or read back from its file). Panics past the end,
+    /// as indexing does.
+    pub fn get(&self, i: usize) -> Result<Cow<'_, UnitTable>> {
+        self.0[i].get()
+    }
+
+    /// Calls `f` with each unit's index and table, in order, one table in memory at a time
+    /// (beyond those kept in memory); stops at the first error.
+    pub fn visit(&self, mut f: impl FnMut(usize, &UnitTable) -> Result<()>) -> Result<()> {
+        for (i, p) in self.0.iter().enumerate() {
+            let t = p.get()?;
+            f(i, &t)?;
+        }
+        Ok(())
+    }
+}
+
+/// Writes the tables, in order, into `path` (a shard's rows file, atomically); returns the
+/// `(offset, len)` of each and the SHA-256 of the file.
+pub fn write_file<'a>(
+    tables: impl Iterator<Item = &'a Parked>,
+    path: &Path,
+) -> Result<(Vec<(u64, u64)>, String)> {
+    use sha2::{Digest, Sha256};
+    let mut places = Vec::new();
+    let mut hash = Sha256::new();
+    let mut offset = 0u64;
+    crate::atomic::write_with(path, |w| {
+        for p in tables {
+            let bytes = p.bytes().map_err(|e| e.to_string())?;
+            w.write_all(&bytes).map_err(|e| e.to_string())?;
+            hash.update(&bytes);
+            places.push((offset, bytes.len() as u64));
+            offset += bytes.len() as u64;
+        }
+        Ok(())
+    })?;
+    Ok((places, format!("{:x}", hash.finalize())))
+}
+
+/// Parks the tables of a run as its units finish: in memory up to the budget, then in one
+/// temporary file.
+pub struct Parking {
+    memory: RowMemory,
+    held: usize,
+    file: Option<Spill>,
+}
+
+struct Spill {
+    file: Arc<TableFile>,
+    out: BufWriter<File>,
+    end: u64,
+    parked: Vec<(u64, u64)>,
+}
+
+/// Numbers the temporary files of one process.
+static SPILLS: AtomicU64 = AtomicU64::new(0);
+
+impl Parking {
+    /// Parks under `memory`'s budget.
+    pub fn new(memory: RowMemory) -> Parking {
+        Parking {
+            memory,
+            held: 0,
+            file: None,
+        }
+    }
+
+    /// Parks one unit's table; the returned handle is readable once [`Parking::finish`]
+    /// returned.
+    pub fn park(&mut self, table: UnitTable) -> Result<Parked> {
+        let weight = table.weight();
+        let over = self.memory.budget == 0 || self.held.saturating_add(weight) > self.memory.budget;
+        let dir = match &self.memory.dir {
+            Some(d) if over => d,
+            _ => {
+                self.held = self.held.saturating_add(weight);
+                return Ok(Parked::memory(table));
+            }
+        };
+        if self.file.is_none() {
+            let n = SPILLS.fetch_add(1, Ordering::Relaxed);
+            let path = dir.join(format!(".probe-rows-{}-{n}.msgpack", std::process::id()));
+            let f = File::create(&path).map_err(|e| ProbeError::Output {
+                path: path.clone(),
+                msg: e.to_string(),
+            })?;
+            self.file = Some(Spill {
+                file: Arc::new(TableFile {
+                    path,
+                    temporary: true,
+                }),
+                out: BufWriter::with_capacity(1 << 20, f),
+                end: 0,
+                parked: Vec::new(),
+            });
+        }
+        let Some(s) = self.file.as_mut() else {
+            unreachable!("created above")
+        };
+        let bytes = encode(&table, &s.file.path)?;
+        s.out.write_all(&bytes).map_err(|e| ProbeError::Output {
+            path: s.file.path.clone(),
+            msg: e.to_string(),
+        })?;
+        let len = bytes.len() as u64;
+        s.parked.push((s.end, len));
+        let place = Place::File {
+            file: s.file.clone(),
+            offset: s.end,
+            len,
+        };
+        s.end += len;
+        Ok(Parked(place))
+    }
+
+    /// Flushes the file (if any): every handle parked so far is readable after this.
+    pub fn finish(self) -> Result<()> {
+        if let Some(mut s) = self.file {
+            s.out.flush().map_err(|e| ProbeError::Output {
+                path: s.file.path.clone(),
+                msg: e.to_string(),
+            })?;
+        }
+        Ok(())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn tables_past_the_budget_go_to_a_file_that_is_removed_with_them() {
+        let dir = std::env::temp_dir().join(format!("probe-tables-test-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        let mut parking = Parking::new(RowMemory {
+            budget: 0,
+            dir: Some(dir.clone()),
+        });
+        let a = parking.park(UnitTable::default()).unwrap();
+        let b = parking.park(UnitTable::default()).unwrap();
+        assert!(matches!(b.0, Place::File { offset, .. } if offset > 0));
+        parking.finish().unwrap();
+        let tables = Tables::from(vec![a, b]);
+        let mut seen = 0;
+        tables
+            .visit(|_, t| {
+                assert!(t.rows.is_empty());
+                seen += 1;
+                Ok(())
+            })
+            .unwrap();
+        assert_eq!(seen, 2);
+        drop(tables);
+        let left: Vec<_> = std::fs::read_dir(&dir).unwrap().collect();
+        assert!(left.is_empty(), "the temporary file is removed");
+        std::fs::remove_dir_all(&dir).unwrap();
+    }
+}
