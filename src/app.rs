@@ -237,10 +237,7 @@ fn report_run(
     let mut summary = verdict::summarize(run, fail_on, max_unmatched);
     summary.warnings.extend(note);
     summary.outputs = output_paths(writers, "compare", out);
-    let doc = CompareDocument {
-        run,
-        summary: &summary,
-    };
+    let doc = CompareDocument::new(run, &summary);
     write_reports(writers, &doc, out, progress)?;
     Ok(summary)
 }
@@ -287,10 +284,7 @@ pub fn compare_shard(
         let mut names = shard::stage(&staging, shard, &identity, &part)?;
         let run = part.assemble();
         let summary = verdict::summarize(&run, req.fail_on, req.max_unmatched);
-        let doc = CompareDocument {
-            run: &run,
-            summary: &summary,
-        };
+        let doc = CompareDocument::new(&run, &summary);
         let table = report::ParquetTable;
         let name = table.file_name(doc.stem());
         table.write(&doc, &staging.path(&name))?;

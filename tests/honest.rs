@@ -660,9 +660,8 @@ fn bf16_against_fp32_over_steps_names_no_false_culprit() {
         &probe::progress::Progress::hidden(),
     )
     .unwrap();
-    let step1 = run.tables.get(1).unwrap();
+    let step1 = run.tables.rows(1).unwrap();
     let bias = step1
-        .rows
         .iter()
         .find(|r| r.tensor.name == "Functional.conv2d.0.forward.input.2")
         .unwrap();
@@ -671,9 +670,8 @@ fn bf16_against_fp32_over_steps_names_no_false_culprit() {
         bias.judgement.verdict < probe::compare::Verdict::Error,
         "{bias:?}"
     );
-    let step2 = run.tables.get(2).unwrap();
+    let step2 = run.tables.rows(2).unwrap();
     let step2 = step2
-        .rows
         .iter()
         .find(|r| r.tensor.name == "Functional.conv2d.0.forward.input.2")
         .unwrap();

@@ -78,8 +78,8 @@ fn close(probe: f64, ms: f64, decimals: i32) -> bool {
 fn rows_by_name(res: &compare::CompareRun) -> HashMap<String, Row> {
     let mut out = HashMap::new();
     res.tables
-        .visit(|i, t| {
-            for r in &t.rows {
+        .visit_rows(|i, rows| {
+            for r in rows {
                 out.insert(
                     format!("{}/{}", res.units[i].step, r.tensor.name),
                     r.clone(),
@@ -95,8 +95,7 @@ fn rows_by_name(res: &compare::CompareRun) -> HashMap<String, Row> {
 fn tensor_metrics_match_msprobe_workbook() {
     let res = run("tensor_bench", "tensor_bf16");
     assert_eq!(res.units.len(), 1);
-    let table = res.tables.get(0).unwrap();
-    let unmatched = &table.unmatched;
+    let unmatched = res.tables.unmatched(0).unwrap();
     assert!(unmatched.is_empty(), "{:?}", unmatched.first());
     let rows = rows_by_name(&res);
     let ws = workbook("tensor_step0.xlsx");

@@ -67,7 +67,7 @@ pub struct Measured {
     /// The comparison side's tensor name.
     pub name: String,
     /// The benchmark's tensor name, when it differs.
-    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[serde(default)]
     pub bench_name: Option<String>,
     /// How the pair was found.
     #[serde(default)]

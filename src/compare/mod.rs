@@ -157,6 +157,43 @@ pub struct UnitSummary {
     /// The unit's worst ops, worst first, at most [`WORST_OPS`]: the run's worst ops are
     /// the worst of these.
     pub worst: Vec<WorstCandidate>,
+    /// Ops with compared tensors, and how many of them fail: the error chart's size, known
+    /// before its one pass over the rows.
+    pub chart: ChartCounts,
+}
+
+/// How many ops a unit's rows hold (consecutive rows of one op) and how many of them have
+/// an out-of-tolerance tensor.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct ChartCounts {
+    /// Ops.
+    pub ops: usize,
+    /// Of which failing.
+    pub failing: usize,
+}
+
+impl ChartCounts {
+    fn of(rows: &[Row]) -> ChartCounts {
+        let mut c = ChartCounts::default();
+        let mut last: Option<(usize, Verdict)> = None;
+        for r in rows {
+            let (index, verdict) = (r.tensor.op.index, r.judgement.verdict);
+            match &mut last {
+                Some((i, v)) if *i == index => *v = (*v).max(verdict),
+                _ => {
+                    if let Some((_, v)) = last {
+                        c.failing += usize::from(v == Verdict::Error);
+                    }
+                    c.ops += 1;
+                    last = Some((index, verdict));
+                }
+            }
+        }
+        if let Some((_, v)) = last {
+            c.failing += usize::from(v == Verdict::Error);
+        }
+        c
+    }
 }
 
 /// How many worst ops a unit keeps, and the summary lists.
@@ -186,6 +223,7 @@ impl UnitResult {
     pub fn split(self) -> (UnitSummary, UnitTable) {
         let counts = unit_counts(&self);
         let worst = unit_worst(&self);
+        let chart = ChartCounts::of(&self.rows);
         let summary = UnitSummary {
             step: self.step,
             rank: self.rank,
@@ -200,6 +238,7 @@ impl UnitResult {
             collectives: self.collectives,
             counts,
             worst,
+            chart,
         };
         let table = UnitTable {
             rows: self.rows,

@@ -16,7 +16,7 @@
 //! shard's rows: the interchange for DuckDB, Spark, polars).
 
 use super::plan::Unit;
-use super::tables::{self, Parked, Tables};
+use super::tables::{self, Parked, Span, Tables};
 use super::{CompareRun, UnitSummary};
 use crate::atomic;
 use crate::error::{ProbeError, Result};
@@ -248,7 +248,7 @@ const ROWS_FILE: &str = "rows.msgpack";
 enum Stored {
     Compared {
         unit: Box<UnitSummary>,
-        rows: (u64, u64),
+        rows: (Span, Span),
     },
     Skipped {
         warning: String,
@@ -407,7 +407,7 @@ pub fn read(dir: &Path) -> Result<ShardResult> {
             header.rows
         )));
     }
-    let places: Vec<(u64, u64)> = stored
+    let places: Vec<(Span, Span)> = stored
         .iter()
         .filter_map(|(_, s)| match s {
             Stored::Compared { rows, .. } => Some(*rows),

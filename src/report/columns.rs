@@ -508,18 +508,16 @@ pub fn lines(run: &CompareRun, f: &mut dyn FnMut(Line<'_>) -> Result<()>) -> Res
 
 /// Calls `f` with the unmatched lines of a compare.
 pub fn unmatched_lines(run: &CompareRun, f: &mut dyn FnMut(Line<'_>) -> Result<()>) -> Result<()> {
-    run.tables.visit(|i, t| {
+    run.tables.visit_unmatched(|i, unmatched| {
         let u = &run.units[i];
-        t.unmatched
-            .iter()
-            .try_for_each(|x| f(Line::Unmatched(u, x)))
+        unmatched.iter().try_for_each(|x| f(Line::Unmatched(u, x)))
     })
 }
 
 /// Calls `f` with the matched lines of a compare.
 pub fn tensor_lines(run: &CompareRun, f: &mut dyn FnMut(Line<'_>) -> Result<()>) -> Result<()> {
-    run.tables.visit(|i, t| {
+    run.tables.visit_rows(|i, rows| {
         let u = &run.units[i];
-        t.rows.iter().try_for_each(|r| f(Line::Tensor(u, r)))
+        rows.iter().try_for_each(|r| f(Line::Tensor(u, r)))
     })
 }

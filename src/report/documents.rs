@@ -5,11 +5,12 @@
 use super::columns::{self, Line, COLUMNS, SCAN, UNMATCHED};
 use super::plot;
 use super::{Document, OpLine, Overview, Point, Table};
-use crate::compare::{CompareRun, Verdict};
+use crate::compare::{CompareRun, Row, UnitSummary, Verdict};
 use crate::error::Result as ProbeResult;
 use crate::scan::{ScanRun, ScanSummary};
 use crate::schema::summary::{Finding, Summary};
 use crate::verdict;
+use std::sync::Mutex;
 
 /// A compare and its summary.
 pub struct CompareDocument<'a> {
@@ -17,99 +18,21 @@ pub struct CompareDocument<'a> {
     pub run: &'a CompareRun,
     /// Its summary (outputs filled in).
     pub summary: &'a Summary,
+    /// The overview, made once for every writer that asks (a pass over every row).
+    overview: Mutex<Option<Overview>>,
 }
 
-/// A scan and its summary.
-pub struct ScanDocument<'a> {
-    /// The scan.
-    pub run: &'a ScanRun,
-    /// Its summary (outputs filled in).
-    pub summary: &'a ScanSummary,
-}
-
-/// At most this many ops in the per-op table of the workbook's summary sheet.
-const OP_LINES: usize = 5000;
-
-/// The first `cap` ops in execution order with their worst cosine, max abs error and
-/// verdict, and the row of their first tensor in the `tensors` sheet(s); and how many ops
-/// were left out past the cap.
-fn op_lines(run: &CompareRun, cap: usize) -> ProbeResult<(Vec<OpLine>, usize)> {
-    let mut out: Vec<OpLine> = Vec::new();
-    let mut left_out = 0usize;
-    let mut line = 0usize; // index among all tensor lines, as the tensors table holds them
-    run.tables.visit(|i, table| {
-        let u = &run.units[i];
-        let mut last = None;
-        for r in &table.rows {
-            let (t, j) = (&r.tensor, &r.judgement);
-            let cos = t.metrics.and_then(|m| m.cosine);
-            let abs = t.metrics.map(|m| m.max_abs);
-            if last == Some(t.op.index) {
-                // Another tensor of the op just seen: merge it, unless that op was left out.
-                if let Some(o) = out.last_mut().filter(|_| left_out == 0) {
-                    o.verdict = o.verdict.max(j.verdict);
-                    o.cosine = match (o.cosine, cos) {
-                        (Some(a), Some(b)) => Some(a.min(b)),
-                        (a, b) => a.or(b),
-                    };
-                    o.max_abs = match (o.max_abs, abs) {
-                        (Some(a), Some(b)) => Some(a.max(b)),
-                        (a, b) => a.or(b),
-                    };
-                    o.lines.end = line + 1;
-                }
-            } else if out.len() < cap {
-                last = Some(t.op.index);
-                out.push(OpLine {
-                    place: format!("{}/{}", u.step, u.rank),
-                    op: t.op.key.to_string(),
-                    verdict: j.verdict,
-                    cosine: cos,
-                    max_abs: abs,
-                    lines: line..line + 1,
-                });
-            } else {
-                left_out += 1;
-                last = Some(t.op.index);
-            }
-            line += 1;
+impl<'a> CompareDocument<'a> {
+    /// The document of `run` with its summary.
+    pub fn new(run: &'a CompareRun, summary: &'a Summary) -> CompareDocument<'a> {
+        CompareDocument {
+            run,
+            summary,
+            overview: Mutex::new(None),
         }
-        Ok(())
-    })?;
-    Ok((out, left_out))
-}
-
-/// A summary as `summary.json` holds it.
-fn pretty(summary: &impl serde::Serialize) -> Result<String, String> {
-    serde_json::to_string_pretty(summary).map_err(|e| e.to_string())
-}
-
-fn findings<'a>(
-    list: impl IntoIterator<Item = (&'a str, &'a Option<Finding>)>,
-) -> Vec<(String, Finding)> {
-    list.into_iter()
-        .filter_map(|(t, f)| f.as_ref().map(|f| (t.to_string(), f.clone())))
-        .collect()
-}
-
-/// Findings in causal order (step, execution order, rank; the listed order at the same
-/// place): a later step's consequence never comes before an earlier step's cause.
-fn causal(mut v: Vec<(String, Finding)>) -> Vec<(String, Finding)> {
-    v.sort_by(|(_, a), (_, b)| a.causal_key().cmp(&b.causal_key()));
-    v
-}
-
-impl Document for CompareDocument<'_> {
-    fn stem(&self) -> &'static str {
-        "compare"
     }
 
-    fn summary_json(&self) -> Result<String, String> {
-        pretty(self.summary)
-    }
-
-    fn overview(&self) -> ProbeResult<Overview> {
-        let (ops, ops_left_out) = op_lines(self.run, OP_LINES)?;
+    fn make_overview(&self) -> ProbeResult<Overview> {
         let s = self.summary;
         let c = &s.counts;
         let facts = [
@@ -155,8 +78,17 @@ impl Document for CompareDocument<'_> {
                 &s.earliest_failing.backward,
             ),
         ]));
-        // The culprit the chart labels: the op the headline names.
-        let plot = plot::of(self.run, verdict::culprit(s), plot::MAX_POINTS)?;
+        // One pass over the rows for the per-op table and the chart, whose culprit is the
+        // op the headline names.
+        let mut ops = OpLines::new(OP_LINES);
+        let mut chart = plot::Gather::new(self.run, verdict::culprit(s), plot::MAX_POINTS);
+        self.run.tables.visit_rows(|i, rows| {
+            let u = &self.run.units[i];
+            ops.unit(u, rows);
+            chart.unit(u, rows);
+            Ok(())
+        })?;
+        let plot = chart.finish();
         Ok(Overview {
             verdict: s.verdict.severity(),
             headline: s.headline.clone(),
@@ -164,9 +96,123 @@ impl Document for CompareDocument<'_> {
             findings: found,
             plot: Some(plot),
             worst_ops: s.worst_ops.clone(),
-            ops,
-            ops_left_out,
+            ops: ops.out,
+            ops_left_out: ops.left_out,
         })
+    }
+}
+
+/// A scan and its summary.
+pub struct ScanDocument<'a> {
+    /// The scan.
+    pub run: &'a ScanRun,
+    /// Its summary (outputs filled in).
+    pub summary: &'a ScanSummary,
+}
+
+/// At most this many ops in the per-op table of the workbook's summary sheet.
+const OP_LINES: usize = 5000;
+
+/// The first `cap` ops in execution order with their worst cosine, max abs error and
+/// verdict, and the row of their first tensor in the `tensors` sheet(s); and how many ops
+/// were left out past the cap. Gathered unit by unit.
+struct OpLines {
+    out: Vec<OpLine>,
+    left_out: usize,
+    /// Index among all tensor lines, as the tensors table holds them.
+    line: usize,
+    cap: usize,
+}
+
+impl OpLines {
+    fn new(cap: usize) -> OpLines {
+        OpLines {
+            out: Vec::new(),
+            left_out: 0,
+            line: 0,
+            cap,
+        }
+    }
+
+    fn unit(&mut self, u: &UnitSummary, rows: &[Row]) {
+        let mut last = None;
+        for r in rows {
+            let (t, j) = (&r.tensor, &r.judgement);
+            let cos = t.metrics.and_then(|m| m.cosine);
+            let abs = t.metrics.map(|m| m.max_abs);
+            let line = self.line;
+            self.line += 1;
+            if last == Some(t.op.index) {
+                // Another tensor of the op just seen: merge it, unless that op was left out.
+                if let Some(o) = self.out.last_mut().filter(|_| self.left_out == 0) {
+                    o.verdict = o.verdict.max(j.verdict);
+                    o.cosine = match (o.cosine, cos) {
+                        (Some(a), Some(b)) => Some(a.min(b)),
+                        (a, b) => a.or(b),
+                    };
+                    o.max_abs = match (o.max_abs, abs) {
+                        (Some(a), Some(b)) => Some(a.max(b)),
+                        (a, b) => a.or(b),
+                    };
+                    o.lines.end = line + 1;
+                }
+            } else if self.out.len() < self.cap {
+                last = Some(t.op.index);
+                self.out.push(OpLine {
+                    place: format!("{}/{}", u.step, u.rank),
+                    op: t.op.key.to_string(),
+                    verdict: j.verdict,
+                    cosine: cos,
+                    max_abs: abs,
+                    lines: line..line + 1,
+                });
+            } else {
+                self.left_out += 1;
+                last = Some(t.op.index);
+            }
+        }
+    }
+}
+
+/// A summary as `summary.json` holds it.
+fn pretty(summary: &impl serde::Serialize) -> Result<String, String> {
+    serde_json::to_string_pretty(summary).map_err(|e| e.to_string())
+}
+
+fn findings<'a>(
+    list: impl IntoIterator<Item = (&'a str, &'a Option<Finding>)>,
+) -> Vec<(String, Finding)> {
+    list.into_iter()
+        .filter_map(|(t, f)| f.as_ref().map(|f| (t.to_string(), f.clone())))
+        .collect()
+}
+
+/// Findings in causal order (step, execution order, rank; the listed order at the same
+/// place): a later step's consequence never comes before an earlier step's cause.
+fn causal(mut v: Vec<(String, Finding)>) -> Vec<(String, Finding)> {
+    v.sort_by(|(_, a), (_, b)| a.causal_key().cmp(&b.causal_key()));
+    v
+}
+
+impl Document for CompareDocument<'_> {
+    fn stem(&self) -> &'static str {
+        "compare"
+    }
+
+    fn summary_json(&self) -> Result<String, String> {
+        pretty(self.summary)
+    }
+
+    fn overview(&self) -> ProbeResult<Overview> {
+        // One writer makes it while the others wait; a failure is not kept (the next asks
+        // again and meets it too).
+        let mut cached = self.overview.lock().unwrap_or_else(|p| p.into_inner());
+        if let Some(o) = cached.as_ref() {
+            return Ok(o.clone());
+        }
+        let o = self.make_overview()?;
+        *cached = Some(o.clone());
+        Ok(o)
     }
 
     fn table(&self) -> Table<'_> {
@@ -201,9 +247,9 @@ impl Document for CompareDocument<'_> {
     }
 
     fn points(&self, f: &mut dyn FnMut(Point<'_>) -> ProbeResult<()>) -> ProbeResult<()> {
-        self.run.tables.visit(|i, table| {
+        self.run.tables.visit_rows(|i, rows| {
             let u = &self.run.units[i];
-            table.rows.iter().try_for_each(|r| {
+            rows.iter().try_for_each(|r| {
                 let (t, j) = (&r.tensor, &r.judgement);
                 f(Point {
                     step: &u.step,

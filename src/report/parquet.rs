@@ -86,8 +86,11 @@ fn write_table<W: std::io::Write + Send>(table: Table, w: W, path: &Path) -> Res
         msg: format!("parquet: {msg}"),
     };
     let schema = schema(&table.columns);
+    // Row groups of one batch: the writer holds a row group's encoded columns until it is
+    // full, so its memory stays bounded (the default, a million rows, grew with the run).
     let props = WriterProperties::builder()
         .set_compression(Compression::SNAPPY)
+        .set_max_row_group_row_count(Some(BATCH))
         .build();
     let mut writer =
         ArrowWriter::try_new(w, schema.clone(), Some(props)).map_err(|e| out(e.to_string()))?;

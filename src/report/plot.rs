@@ -8,7 +8,7 @@
 //! bucket keeps its worst op (a spike is never averaged away). Where most ops fail, the
 //! failing ones are bucketed too: the chart never holds many more than [`MAX_POINTS`].
 
-use crate::compare::{CompareRun, Verdict};
+use crate::compare::{CompareRun, Row, UnitSummary, Verdict};
 use crate::dump::Direction;
 use crate::error::Result;
 use crate::schema::summary::Finding;
@@ -103,119 +103,196 @@ fn severity(err: f64, tolerance: f64) -> f64 {
 /// The chart of `run`, with `culprit` (the headline's op) marked when it is one of its
 /// ops; at most about `cap` points.
 pub fn of(run: &CompareRun, culprit: Option<&Finding>, cap: usize) -> Result<Plot> {
-    let mut points: Vec<Point> = Vec::new();
-    let mut culprit_at = None;
-    run.tables.visit(|i, table| {
-        let u = &run.units[i];
-        let mut last = None;
-        for r in &table.rows {
+    let mut g = Gather::new(run, culprit, cap);
+    run.tables.visit_rows(|i, rows| {
+        g.unit(&run.units[i], rows);
+        Ok(())
+    })?;
+    Ok(g.finish())
+}
+
+/// The chart's points gathered unit by unit, in one pass over the rows that other readers
+/// share ([`of`] is the pass on its own), downsampled as they come (see [`Downsampler`]):
+/// memory is bounded by the cap, not by the run's number of ops.
+pub struct Gather<'f> {
+    culprit: Option<&'f Finding>,
+    /// The op being gathered (its tensors merge into one point): its index, whether it is
+    /// the culprit, its point.
+    current: Option<(usize, bool, Point)>,
+    found_culprit: bool,
+    x: u64,
+    sampler: Downsampler,
+}
+
+impl<'f> Gather<'f> {
+    /// Nothing gathered yet; `culprit` is the op to mark, `cap` about the most points. The
+    /// units' summaries say how many ops and failing ops there are, which sizes the buckets
+    /// before the first point.
+    pub fn new(run: &CompareRun, culprit: Option<&'f Finding>, cap: usize) -> Gather<'f> {
+        let ops = run.units.iter().map(|u| u.chart.ops).sum();
+        let failing = run.units.iter().map(|u| u.chart.failing).sum();
+        Gather {
+            culprit,
+            current: None,
+            found_culprit: false,
+            x: 0,
+            sampler: Downsampler::new(ops, failing, culprit.is_some(), cap),
+        }
+    }
+
+    /// Adds the ops of the next unit.
+    pub fn unit(&mut self, u: &UnitSummary, rows: &[Row]) {
+        for r in rows {
             let (t, j) = (&r.tensor, &r.judgement);
-            if last == Some(t.op.index) {
-                if let Some(p) = points.last_mut() {
-                    p.verdict = p.verdict.max(j.verdict);
-                    if severity(j.err, j.tolerance) > severity(p.err, p.tolerance) {
-                        p.err = j.err;
-                        p.tolerance = j.tolerance;
-                    }
+            if let Some((_, _, p)) = self.current.as_mut().filter(|(i, ..)| *i == t.op.index) {
+                p.verdict = p.verdict.max(j.verdict);
+                if severity(j.err, j.tolerance) > severity(p.err, p.tolerance) {
+                    p.err = j.err;
+                    p.tolerance = j.tolerance;
                 }
                 continue;
             }
-            last = Some(t.op.index);
-            if let Some(f) = culprit {
-                if culprit_at.is_none() && f.step == u.step && f.rank == u.rank && f.seq == t.op.seq
-                {
-                    culprit_at = Some(points.len());
-                }
-            }
-            points.push(Point {
-                x: points.len() as u64 + 1,
+            self.flush();
+            self.x += 1;
+            let is_culprit = !self.found_culprit
+                && self
+                    .culprit
+                    .is_some_and(|f| f.step == u.step && f.rank == u.rank && f.seq == t.op.seq);
+            self.found_culprit |= is_culprit;
+            let point = Point {
+                x: self.x,
                 place: format!("{}/{}", u.step, u.rank),
                 op: t.op.key.to_string(),
                 direction: t.op.direction,
                 err: j.err,
                 tolerance: j.tolerance,
                 verdict: j.verdict,
-            });
+            };
+            self.current = Some((t.op.index, is_culprit, point));
         }
-        Ok(())
-    })?;
-    let ops = points.len();
-    let (points, culprit, all_failing) = downsample(points, culprit_at, cap);
-    Ok(Plot {
-        top: top(&points),
-        all_failing,
-        points,
-        culprit,
-        ops,
-    })
+        // An op never spans units.
+        self.flush();
+    }
+
+    fn flush(&mut self) {
+        if let Some((_, is_culprit, p)) = self.current.take() {
+            self.sampler.push(p, is_culprit);
+        }
+    }
+
+    /// The chart.
+    pub fn finish(mut self) -> Plot {
+        self.flush();
+        let ops = self.sampler.ops;
+        let (points, culprit, all_failing) = self.sampler.finish();
+        Plot {
+            top: top(&points),
+            all_failing,
+            points,
+            culprit,
+            ops,
+        }
+    }
 }
 
-/// Keeps every failing point and the culprit; cuts the other points into buckets of
-/// consecutive points so that about `cap` points remain, and keeps the worst of each. When
-/// the failing points alone would fill more than three quarters of `cap` (a divergence
-/// spreads to every later op), they are bucketed too: only the culprit is always kept.
-/// Returns the points, the culprit's index among them and whether every failing point was
-/// kept.
-fn downsample(
-    points: Vec<Point>,
-    culprit: Option<usize>,
-    cap: usize,
-) -> (Vec<Point>, Option<usize>, bool) {
-    if points.len() <= cap {
-        return (points, culprit, true);
-    }
-    let failing = points
-        .iter()
-        .filter(|p| p.verdict == Verdict::Error)
-        .count();
-    let keep_failing = failing <= cap / 4 * 3;
-    let keep =
-        |i: usize, p: &Point| (keep_failing && p.verdict == Verdict::Error) || Some(i) == culprit;
-    let kept = points
-        .iter()
-        .enumerate()
-        .filter(|(i, p)| keep(*i, p))
-        .count();
-    let others = points.len() - kept;
-    let room = cap.saturating_sub(kept).max(1);
-    let bucket = others.div_ceil(room).max(1);
-    let mut out: Vec<Point> = Vec::with_capacity(cap.min(points.len()));
-    let mut culprit_out = None;
-    let mut best: Option<Point> = None;
-    let mut in_bucket = 0usize;
-    for (i, p) in points.into_iter().enumerate() {
-        if keep(i, &p) {
-            if Some(i) == culprit {
-                culprit_out = Some(out.len());
-            }
-            out.push(p);
-            continue;
+/// Downsamples points as they come, given how many there will be: keeps every failing
+/// point and the culprit; cuts the other points into buckets of consecutive points so that
+/// about `cap` points remain, and keeps the worst of each. When the failing points alone
+/// would fill more than three quarters of `cap` (a divergence spreads to every later op),
+/// they are bucketed too: only the culprit is always kept.
+pub struct Downsampler {
+    ops: usize,
+    keep_failing: bool,
+    /// Points per bucket; 1 keeps every point.
+    bucket: usize,
+    out: Vec<Point>,
+    best: Option<Point>,
+    in_bucket: usize,
+    culprit_x: Option<u64>,
+}
+
+impl Downsampler {
+    /// For `ops` points of which `failing` fail, and a culprit among them when `culprit`.
+    pub fn new(ops: usize, failing: usize, culprit: bool, cap: usize) -> Downsampler {
+        let (keep_failing, bucket) = if ops <= cap {
+            (true, 1)
+        } else {
+            let keep_failing = failing <= cap / 4 * 3;
+            // The culprit is one of the failing points when those are kept.
+            let kept =
+                if keep_failing { failing } else { 0 } + usize::from(culprit && !keep_failing);
+            let others = ops.saturating_sub(kept);
+            let room = cap.saturating_sub(kept).max(1);
+            (keep_failing, others.div_ceil(room).max(1))
+        };
+        Downsampler {
+            ops,
+            keep_failing,
+            bucket,
+            out: Vec::new(),
+            best: None,
+            in_bucket: 0,
+            culprit_x: None,
         }
-        let worse = match &best {
+    }
+
+    /// The next point in execution order.
+    pub fn push(&mut self, p: Point, is_culprit: bool) {
+        if is_culprit {
+            self.culprit_x = Some(p.x);
+        }
+        if is_culprit || self.bucket == 1 || (self.keep_failing && p.verdict == Verdict::Error) {
+            self.out.push(p);
+            return;
+        }
+        let worse = match &self.best {
             Some(b) => severity(p.err, p.tolerance) > severity(b.err, b.tolerance),
             None => true,
         };
         if worse {
-            best = Some(p);
+            self.best = Some(p);
         }
-        in_bucket += 1;
-        if in_bucket == bucket {
-            out.extend(best.take());
-            in_bucket = 0;
+        self.in_bucket += 1;
+        if self.in_bucket == self.bucket {
+            self.out.extend(self.best.take());
+            self.in_bucket = 0;
         }
     }
-    out.extend(best);
-    // Kept points went out as they came; a bucket's worst went out at the bucket's end:
-    // restore execution order (the culprit's index follows it).
-    let culprit_x = culprit_out.map(|i| out[i].x);
-    out.sort_by_key(|p| p.x);
-    let culprit = culprit_x.and_then(|x| out.iter().position(|p| p.x == x));
-    (out, culprit, keep_failing)
+
+    /// The points kept, in execution order; the culprit's index among them; whether every
+    /// failing point was kept.
+    pub fn finish(self) -> (Vec<Point>, Option<usize>, bool) {
+        let mut out = self.out;
+        out.extend(self.best);
+        // Kept points went out as they came; a bucket's worst went out at the bucket's end.
+        out.sort_by_key(|p| p.x);
+        let culprit = self
+            .culprit_x
+            .and_then(|x| out.iter().position(|p| p.x == x));
+        (out, culprit, self.keep_failing)
+    }
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// Downsamples `points` (in order), the one at index `culprit` marked.
+    fn downsample(
+        points: Vec<Point>,
+        culprit: Option<usize>,
+        cap: usize,
+    ) -> (Vec<Point>, Option<usize>, bool) {
+        let failing = points
+            .iter()
+            .filter(|p| p.verdict == Verdict::Error)
+            .count();
+        let mut d = Downsampler::new(points.len(), failing, culprit.is_some(), cap);
+        for (i, p) in points.into_iter().enumerate() {
+            d.push(p, Some(i) == culprit);
+        }
+        d.finish()
+    }
 
     fn point(x: u64, err: f64, verdict: Verdict) -> Point {
         Point {

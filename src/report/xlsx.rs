@@ -73,29 +73,82 @@ impl std::str::FromStr for XlsxRows {
     }
 }
 
-/// Which lines to write, given which are flagged: every line, or with `First(n)` the first
-/// `n` and each flagged line with [`CONTEXT`] lines either side.
-pub fn keep_lines(flagged: &[bool], rows: XlsxRows) -> Vec<bool> {
-    let n = match rows {
-        XlsxRows::All => return vec![true; flagged.len()],
-        XlsxRows::First(n) => n,
-    };
-    let mut keep: Vec<bool> = (0..flagged.len()).map(|i| i < n).collect();
-    for (i, _) in flagged.iter().enumerate().filter(|(_, f)| **f) {
-        let lo = i.saturating_sub(CONTEXT);
-        let hi = (i + CONTEXT + 1).min(flagged.len());
-        keep[lo..hi].iter_mut().for_each(|k| *k = true);
-    }
-    keep
+/// Which lines of a table the workbook shows: one bit a line, built as the lines come
+/// (every line, or with `First(n)` the first `n` and each flagged line with [`CONTEXT`]
+/// lines either side), with the count of shown lines before every 64 (a shown line's
+/// position among the sheets' rows). A few bits a line: a run of millions of rows keeps it.
+#[derive(Debug, Default)]
+struct Kept {
+    bits: Vec<u64>,
+    /// Shown lines before word `k` of `bits`.
+    before: Vec<usize>,
+    len: usize,
+    shown: usize,
+    /// Show the first `first` lines (`usize::MAX`: all).
+    first: usize,
+    /// The last flagged line so far.
+    last_flag: Option<usize>,
 }
 
-/// The lines of a table the workbook shows, as a mask over the table's lines, with a
-/// sentence for the summary sheet when some are left out.
+impl Kept {
+    fn new(rows: XlsxRows) -> Kept {
+        Kept {
+            first: match rows {
+                XlsxRows::All => usize::MAX,
+                XlsxRows::First(n) => n,
+            },
+            ..Kept::default()
+        }
+    }
+
+    fn get(&self, i: usize) -> bool {
+        i < self.len && self.bits[i / 64] & (1 << (i % 64)) != 0
+    }
+
+    fn set(&mut self, i: usize) {
+        if !self.get(i) {
+            self.bits[i / 64] |= 1 << (i % 64);
+            self.shown += 1;
+            for b in &mut self.before[i / 64 + 1..] {
+                *b += 1;
+            }
+        }
+    }
+
+    /// The next line, flagged or not.
+    fn push(&mut self, flagged: bool) {
+        let i = self.len;
+        if i.is_multiple_of(64) {
+            self.bits.push(0);
+            self.before.push(self.shown);
+        }
+        self.len += 1;
+        if flagged {
+            // The lines before it (at most CONTEXT, all in the last two words).
+            for j in i.saturating_sub(CONTEXT)..i {
+                self.set(j);
+            }
+            self.last_flag = Some(i);
+        }
+        if i < self.first || self.last_flag.is_some_and(|f| i <= f + CONTEXT) {
+            self.set(i);
+        }
+    }
+
+    /// The 0-based position among the shown lines of line `i`, if it is shown.
+    fn position(&self, i: usize) -> Option<usize> {
+        if !self.get(i) {
+            return None;
+        }
+        let word = self.bits[i / 64] & ((1u64 << (i % 64)) - 1);
+        Some(self.before[i / 64] + word.count_ones() as usize)
+    }
+}
+
+/// The lines of a table the workbook shows, with a sentence for the summary sheet when
+/// some are left out.
 struct Shown {
-    keep: Vec<bool>,
-    /// 0-based position in the sheets of each kept line (by line index; usize::MAX when
-    /// left out).
-    position: Vec<usize>,
+    keep: Kept,
     note: Option<String>,
 }
 
@@ -104,50 +157,30 @@ impl Shown {
         let Some(is_flagged) = table.flagged else {
             return Ok(None);
         };
-        let mut flagged: Vec<bool> = Vec::new();
+        let mut keep = Kept::new(rows);
         (table.lines)(&mut |l| {
-            flagged.push(is_flagged(&l));
+            keep.push(is_flagged(&l));
             Ok(())
         })?;
-        let keep = keep_lines(&flagged, rows);
-        let mut next = 0usize;
-        let position = keep
-            .iter()
-            .map(|&k| {
-                if k {
-                    next += 1;
-                    next - 1
-                } else {
-                    usize::MAX
-                }
-            })
-            .collect();
-        let note = (next < keep.len()).then(|| {
+        let note = (keep.shown < keep.len).then(|| {
             let n = match rows {
                 XlsxRows::First(n) => n,
-                XlsxRows::All => keep.len(),
+                XlsxRows::All => keep.len,
             };
             format!(
                 "{} of {} rows: the first {}, then every warning and error with {CONTEXT} rows \
                  either side; compare.parquet has every row (--xlsx-rows all puts them all here)",
-                thousands(next),
-                thousands(keep.len()),
+                thousands(keep.shown),
+                thousands(keep.len),
                 thousands(n)
             )
         });
-        Ok(Some(Shown {
-            keep,
-            position,
-            note,
-        }))
+        Ok(Some(Shown { keep, note }))
     }
 
     /// The sheet and 1-based row of the first shown line in `lines`.
     fn first_row(&self, lines: &std::ops::Range<usize>) -> Option<(String, u32)> {
-        let p = lines
-            .clone()
-            .filter_map(|i| self.position.get(i).copied())
-            .find(|&p| p != usize::MAX)?;
+        let p = lines.clone().find_map(|i| self.keep.position(i))?;
         Some((
             part_name("tensors", p / MAX_ROWS),
             (p % MAX_ROWS) as u32 + 1,
@@ -668,7 +701,7 @@ fn sheets(
     let (mut k, mut n) = (0usize, 0usize);
     let mut index = 0usize;
     (table.lines)(&mut |line| {
-        let kept = shown.is_none_or(|s| s.keep.get(index).copied().unwrap_or(false));
+        let kept = shown.is_none_or(|s| s.keep.get(index));
         index += 1;
         if !kept {
             return Ok(());
@@ -730,6 +763,30 @@ impl ReportWriter for XlsxWorkbook {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// Which lines are written, given which are flagged.
+    fn keep_lines(flagged: &[bool], rows: XlsxRows) -> Vec<bool> {
+        let mut k = Kept::new(rows);
+        flagged.iter().for_each(|&f| k.push(f));
+        (0..flagged.len()).map(|i| k.get(i)).collect()
+    }
+
+    #[test]
+    fn positions_count_the_shown_lines_before() {
+        // 300 lines, the first 10 shown, then lines flagged here and there (some at word
+        // boundaries, so context lines land in the previous word).
+        let flags = [64usize, 127, 128, 200, 299];
+        let flagged: Vec<bool> = (0..300).map(|i| flags.contains(&i)).collect();
+        let mut k = Kept::new(XlsxRows::First(10));
+        flagged.iter().for_each(|&f| k.push(f));
+        let expect = keep_lines(&flagged, XlsxRows::First(10));
+        let mut next = 0;
+        for (i, &shown) in expect.iter().enumerate() {
+            assert_eq!(k.position(i), shown.then_some(next), "line {i}");
+            next += usize::from(shown);
+        }
+        assert_eq!(k.shown, next);
+    }
 
     #[test]
     fn sheet_names_and_column_letters() {
