@@ -5,15 +5,21 @@
 # compare's wall time, CPU time and peak RSS with every report written, and each figure's
 # ratio to the smallest rank count's:
 #   - wall time per rank should stay flat (time linear in the ranks);
-#   - peak RSS should stay flat (issue 14's goal: 64 ranks within 10 % of 8), which it does
-#     only once units are streamed instead of held until the reports are written.
+#   - peak RSS should stay flat (issue 14's goal: 64 ranks within 10 % of 8): rows past
+#     --row-memory (ROW_MEMORY, MB, default probe's 256) wait in a file, so RSS stops growing
+#     once the budget is full; ROW_MEMORY=0 parks every pair's rows.
 # Usage: bash bench/scale_bench.sh      (RANK_COUNTS="8 16 32 64" by default)
+#        ROW_MEMORY=0 bash bench/scale_bench.sh
 #        PROBE_BIN=/path/to/other/probe bash bench/scale_bench.sh
 set -euo pipefail
 cd "$(dirname "$0")/.."
 RANK_COUNTS=${RANK_COUNTS:-"8 16 32 64"}
 BLOCKS=${BLOCKS:-714}
 WORK=${BENCH_DIR:-/tmp/probe-bench-scale}
+ROW_MEMORY_ARGS=()
+if [ -n "${ROW_MEMORY:-}" ]; then
+  ROW_MEMORY_ARGS=(--row-memory "$ROW_MEMORY")
+fi
 if [ -n "${PROBE_BIN:-}" ]; then
   P="$PROBE_BIN"
 else
@@ -32,7 +38,7 @@ for r in $RANK_COUNTS; do
     touch "$d/.done"
   fi
   cat "$d"/bench/step0/rank*/ops.jsonl "$d"/cmp/step0/rank*/ops.jsonl > /dev/null  # page cache
-  /usr/bin/time -f "%e %U %S %M" -o "$WORK/time.txt" "$P" compare -q -b "$d/bench" -c "$d/cmp" -o "$d/out" > /dev/null 2>&1 || true
+  /usr/bin/time -f "%e %U %S %M" -o "$WORK/time.txt" "$P" compare -q -b "$d/bench" -c "$d/cmp" -o "$d/out" "${ROW_MEMORY_ARGS[@]}" > /dev/null 2>&1 || true
   read -r wall user sys rss < <(tail -1 "$WORK/time.txt")
   tensors=$(python3 -c "import json,sys; print(json.load(open(sys.argv[1]))['counts']['tensors'])" "$d/out/summary.json")
   wpr=$(awk -v w="$wall" -v r="$r" 'BEGIN { printf "%.4f", w / r }')
