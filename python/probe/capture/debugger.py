@@ -34,6 +34,7 @@ from .._runtime import current_rank
 from ..config import CaptureConfig, load_config
 from .api import DISPATCH, PATCHER, ApiCapture, tls
 from .backward import BackwardHooks
+from .buffer import Fill, StatsBuffer
 from .distributed import Collectives, DdpHooks, is_ddp
 from .modules import ModuleHooks
 from .records import Captured, Dataflow, OpRecord, StatVector, TensorEntry, json_args, walk
@@ -44,8 +45,6 @@ from .stats import (
     any_nonfinite,
     checksum,
     dtype_name,
-    finish_stats,
-    host_copy,
     nonfinite_result,
     null_stats,
     stat_vector,
@@ -137,6 +136,8 @@ class Debugger:
         self._files = DumpFiles(self.config)
         self._stacks = StackTable()
         self._flow = Dataflow()
+        #: Finished records whose statistics are still on the device (buffer.py).
+        self._pending = StatsBuffer()
         self._modules = ModuleHooks(self)
         self._backward = BackwardHooks(self)
         self._api = ApiCapture(self)
@@ -208,7 +209,10 @@ class Debugger:
             with self._lock:
                 self._ddp.flush(self)
                 self._backward.finish_step()
+                self._flush_records()
             self._files.sync()
+            if not self._select.step(self.current_step + 1):
+                self._files.pool.clear()  # no host buffers held between captured steps
         except Exception as exc:  # noqa: BLE001
             self._guard.fail(exc, "stop()")
 
@@ -234,6 +238,8 @@ class Debugger:
         if self._running:
             self.stop()
         try:
+            with self._lock:
+                self._flush_records()  # records finished after stop() (late gradients)
             self._files.close_step()
         except Exception as exc:  # noqa: BLE001
             self._guard.fail(exc, "step()")
@@ -262,6 +268,8 @@ class Debugger:
         except Exception:  # noqa: BLE001
             pass
         try:
+            with self._lock:
+                self._flush_records()
             self._files.close_step()
         except Exception:  # noqa: BLE001
             pass
@@ -343,6 +351,11 @@ class Debugger:
         except Exception:  # noqa: BLE001
             pass
         try:
+            # Records finished before the failure are complete: write them, then flush.
+            self._flush_records()
+        except Exception:  # noqa: BLE001
+            self._pending.discard()
+        try:
             if self._files.folder is not None:
                 self._files.folder.flush()
         except Exception:  # noqa: BLE001
@@ -394,7 +407,7 @@ class Debugger:
                 return vec, None, None
             if mode == "checksum":
                 return vec, None, checksum(t)
-            return vec, host_copy(t), None
+            return vec, self._files.pool.copy(t), None
         finally:
             if prev:
                 torch._C._set_grad_enabled(True)
@@ -442,7 +455,7 @@ class Debugger:
         crc: Optional[str]
         if same_as is not None and "stats" in same_as:
             rec["stats"] = same_as["stats"]
-            vec, host, crc = None, host_copy(t), None
+            vec, host, crc = None, self._files.pool.copy(t), None
         else:
             vec, host, crc = pre if pre is not None else self._capture(t, counts)
         if crc is not None:
@@ -451,7 +464,7 @@ class Debugger:
             folder = op.folder or self._files.folder
             assert folder is not None
             rec["file"], rec["data_offsets"] = self._files.store(folder, name, host)
-        op.entries.append((rec, vec, t if vec is not None and len(vec) == 4 else None))
+        op.entries.append((rec, vec, None))
         return rec
 
     @staticmethod
@@ -471,7 +484,9 @@ class Debugger:
         return g, self._capture(g, True)
 
     def _finish(self, op: OpRecord) -> None:
-        """Bring all stats of the op to the host in one transfer and append the record."""
+        """Stack all stats of the op into one vector on its device and hand the record to
+        the stats buffer, which brings the vectors of many ops to the host in one transfer
+        and writes the records in order (buffer.py): no host read per op."""
         op.done = True
         folder = op.folder or self._files.folder
         if folder is None or folder is not self._files.folder:
@@ -484,24 +499,31 @@ class Debugger:
         if op.direction == "backward" and len(entries) > 1:
             # Gradients arrive in autograd order; store them in name order for readers.
             entries.sort(key=lambda e: (e[0]["role"], e[0]["name"]))
-        parts = [p for _, vec, _ in entries if vec is not None for p in vec]
-        flat: list[float] = []
-        if parts:
-            # The one device-to-host transfer of this op. No grad-mode switch needed: the
-            # parts were made with grad off, so stack records nothing (a no_grad() context
-            # here cost more than the stack itself).
-            flat = _stack(parts).tolist()
-        pos = 0
-        for rec, vec, t in entries:
+        parts: list[torch.Tensor] = []
+        fills: list[Fill] = []
+        tensors: list[TensorRecord] = []
+        for rec, vec, _ in entries:
+            tensors.append(rec)
             if vec is None:
                 if "stats" not in rec:
                     rec["stats"] = null_stats()
                 continue
-            n = len(vec)
-            rec["stats"] = finish_stats(flat[pos : pos + n], max(1, _numel(rec["shape"])), t)
-            pos += n
-        folder.write_op(op.to_json([rec for rec, _, _ in entries]))
+            # Filled when the buffer reads the numbers; in place now, so that the key order
+            # is the dump's, and so that an input reusing this output's stats shares them.
+            stats: Any = {}
+            rec["stats"] = stats
+            parts += vec
+            fills.append((stats, len(vec), max(1, _numel(rec["shape"]))))
+        # The op's one stacked vector. No grad-mode switch needed: the parts were made with
+        # grad off, so stack records nothing (a no_grad() context cost more than the stack).
+        vec_all = _stack(parts) if parts else None
+        self._pending.add(folder, op.to_json(tensors), fills, vec_all)
+        self._files.push()
         self._files.check()
+
+    def _flush_records(self) -> None:
+        """Write every finished record (at ``stop()``: the step's op log is complete)."""
+        self._pending.flush(wait=True)
 
     def _take_overflow(self, op: OpRecord) -> None:
         """Overflow mode: capture an op that produced NaN/Inf as tensor mode would (stats
@@ -544,7 +566,7 @@ class Debugger:
             vec, host, _ = self._capture(t, True)
             if host is not None:
                 rec["file"], rec["data_offsets"] = self._files.store(folder, rec["name"], host)
-            entries.append((rec, vec, t if vec is not None and len(vec) == 4 else None))
+            entries.append((rec, vec, None))
         op.entries = entries
         if self._overflow_left > 0:
             self._overflow_left -= 1

@@ -59,18 +59,20 @@ def dtype_name(dtype: torch.dtype) -> str:
     return name
 
 
-def stat_vector(t: torch.Tensor, counts: bool) -> Optional[list[torch.Tensor]]:
+def stat_vector(t: torch.Tensor, counts: bool = False) -> Optional[list[torch.Tensor]]:
     """Return ``[max, min, sum, norm(, nan, inf)]`` as 0-d tensors on ``t``'s device.
 
     Three reductions per tensor (``aminmax``, ``sum``, ``vector_norm``; ``var_mean`` would
-    save one but is an order of magnitude slower on CPU). The caller stacks the parts of every tensor of
-    an op and transfers them at once (stack promotes dtypes). ``counts`` asks for NaN/Inf
-    counts taken now (the tensor is about to change in place); otherwise they are computed
-    only when a value is non-finite (rare). On CPU the sum can be read for free (no device
-    sync), so a finite sum -- which proves there is no NaN/Inf -- skips the two count passes,
-    which cost several times the three reductions; non-CPU devices count eagerly so that an
-    op keeps its single host transfer. Returns None for empty tensors and dtypes without
-    meaningful statistics. Run with grad mode off.
+    save one but is an order of magnitude slower on CPU). The caller stacks the parts of every
+    tensor of an op into one small vector (stack promotes dtypes) and reads it later, with the
+    vectors of other ops (:class:`StatsBuffer`), so the tensor itself is never read again:
+    NaN/Inf counts are taken now whenever they can be non-zero. On CPU the sum is read at once
+    (a 0-d CPU read costs a fraction of a microsecond and syncs nothing), and a finite sum --
+    which proves there is no NaN/Inf -- skips the two count passes, which cost several times
+    the three reductions. On an accelerator nothing is read here (no host sync): floating-point
+    tensors get their two counts on the device. ``counts`` is kept for callers that say the
+    tensor is about to change in place; the counts are eager for every tensor now. Returns None
+    for empty tensors and dtypes without meaningful statistics. Run with grad mode off.
     """
     dt = t.dtype
     if dt not in STORABLE or t.numel() == 0:
@@ -84,28 +86,22 @@ def stat_vector(t: torch.Tensor, counts: bool) -> Optional[list[torch.Tensor]]:
         tf = _to(t, _F32 if dt is _BOOL else _F64)
     mn, mx = _aminmax(tf)
     total = _sum(tf)
-    parts = [mx, mn, total, _vector_norm(tf)]
-    if counts:
-        floating = t.is_floating_point()
-        if t.is_cpu:
-            # A finite sum means no NaN/Inf: 4 values, finish_stats reads zero counts.
-            if floating and not math.isfinite(total.item()):
-                parts.append(_sum(_isnan(t)))
-                parts.append(_sum(_isinf(t)))
-        elif floating:
-            parts.append(_sum(_isnan(t)))
-            parts.append(_sum(_isinf(t)))
-        else:
-            parts.append(torch.zeros((), dtype=torch.int64, device=t.device))
-            parts.append(torch.zeros((), dtype=torch.int64, device=t.device))
-    return parts
+    if t.is_cpu:
+        # A finite sum means no NaN/Inf: 4 values, finish_stats reads zero counts.
+        if tf is t or dt is _F16 or dt is _BF16:
+            if not math.isfinite(total.item()):
+                return [mx, mn, total, _vector_norm(tf), _sum(_isnan(t)), _sum(_isinf(t))]
+        return [mx, mn, total, _vector_norm(tf)]
+    if t.is_floating_point():
+        return [mx, mn, total, _vector_norm(tf), _sum(_isnan(t)), _sum(_isinf(t))]
+    return [mx, mn, total, _vector_norm(tf)]  # integers and bools are always finite
 
 
 def _num(v: float) -> Any:
     """JSON has no non-finite numbers: docs/format.md spells them as strings."""
-    if math.isfinite(v):
+    if v - v == 0.0:  # finite (inf - inf and nan - nan are nan)
         return v
-    if math.isnan(v):
+    if v != v:
         return "nan"
     return "inf" if v > 0 else "-inf"
 
@@ -119,12 +115,28 @@ def finish_stats(values: list[float], numel: int, tensor: Optional[torch.Tensor]
     """Turn a host-side stat vector ``[max, min, sum, norm(, nan, inf)]`` into ``stats``.
 
     With 4 values, NaN/Inf counts are zero when every value is finite (a NaN or Inf element
-    makes max, min or the sum non-finite); otherwise they are counted now from ``tensor``.
+    makes max, min or the sum non-finite); otherwise they are counted now from ``tensor``
+    (``stat_vector`` takes them eagerly, so this is only a fallback for other callers).
     """
-    mx, mn, total, norm = values[0], values[1], values[2], values[3]
-    if len(values) >= 6:
-        n_nan, n_inf = int(values[4]), int(values[5])
-    elif math.isfinite(mx) and math.isfinite(mn) and math.isfinite(total):
+    out: Stats = {"max": None, "min": None, "mean": None, "norm": None, "nan": 0, "inf": 0}
+    fill_stats(out, values, 0, len(values), numel, tensor)
+    return out
+
+
+def fill_stats(
+    out: Any,
+    flat: list[float],
+    pos: int,
+    n: int,
+    numel: int,
+    tensor: Optional[torch.Tensor] = None,
+) -> None:
+    """Fill the (empty, or null-valued) stats dict ``out`` from ``flat[pos:pos + n]``, in the
+    dump's key order: what :func:`finish_stats` returns, without slicing a list per tensor."""
+    mx, mn, total, norm = flat[pos], flat[pos + 1], flat[pos + 2], flat[pos + 3]
+    if n >= 6:
+        n_nan, n_inf = int(flat[pos + 4]), int(flat[pos + 5])
+    elif mx - mx == 0.0 and mn - mn == 0.0 and total - total == 0.0:
         n_nan = n_inf = 0
     elif tensor is not None and tensor.is_floating_point():
         with torch.no_grad():
@@ -132,14 +144,13 @@ def finish_stats(values: list[float], numel: int, tensor: Optional[torch.Tensor]
             n_inf = int(torch.isinf(tensor).sum().item())
     else:
         n_nan = n_inf = 0
-    return {
-        "max": _num(mx),
-        "min": _num(mn),
-        "mean": _num(total / numel),
-        "norm": _num(norm),
-        "nan": n_nan,
-        "inf": n_inf,
-    }
+    mean = total / numel
+    out["max"] = mx if mx - mx == 0.0 else _num(mx)
+    out["min"] = mn if mn - mn == 0.0 else _num(mn)
+    out["mean"] = mean if mean - mean == 0.0 else _num(mean)
+    out["norm"] = norm if norm - norm == 0.0 else _num(norm)
+    out["nan"] = n_nan
+    out["inf"] = n_inf
 
 
 def host_copy(t: torch.Tensor) -> torch.Tensor:

@@ -47,8 +47,16 @@ _ST_DTYPES: dict[torch.dtype, tuple[str, int]] = {
 # Bound at import, before the API wrappers exist: the writer's own tensor calls must not
 # pay for (or be seen by) the wrappers installed while a step is captured.
 _view = torch.Tensor.view
-# One encoder for every op record: json.dumps with options builds a new one per call.
-_encode_record = json.JSONEncoder(separators=(",", ":"), allow_nan=False).encode
+_detach = torch.Tensor.detach
+_copy = torch.Tensor.copy_
+_empty = torch.empty
+#: Host copies up to this size are queued per op, not one by one (DumpFiles.push).
+_SMALL = 64 * 1024
+# One encoder for every op record: json.dumps with options builds a new one per call. No
+# circular-reference check: records are trees the agent builds (the check cost ~30 %).
+_encode_record = json.JSONEncoder(
+    separators=(",", ":"), allow_nan=False, check_circular=False
+).encode
 _numpy = torch.Tensor.numpy
 
 
@@ -202,6 +210,62 @@ class _ShardStream:
                 os.remove(self.tmp)
 
 
+class HostPool:
+    """Host buffers for tensor mode's copies, handed back by the writer thread once written.
+
+    A fresh host copy of a large tensor costs an order of magnitude more than the copy itself:
+    its pages are new, so each one faults and is zeroed by the kernel (a 2 MB tensor: ~0.7 ms
+    fresh, ~0.05 ms into a buffer that was used before). A training step dumps the same shapes
+    every step, so buffers of the same byte size come back and are reused. Free buffers are
+    bounded by ``cap`` bytes (more are dropped, to the allocator); buffers for accelerator
+    tensors are pinned, which speeds the device-to-host copy.
+    """
+
+    def __init__(self, cap: int) -> None:
+        self.cap = cap
+        self._free: dict[tuple[int, bool], list[torch.Tensor]] = {}
+        self._bytes = 0
+        self._any_pinned = False
+        self._lock = threading.Lock()
+
+    def copy(self, t: torch.Tensor) -> torch.Tensor:
+        """A contiguous CPU copy of ``t`` (detached), a view of a pooled buffer (its
+        ``_base``), which :meth:`give` takes back."""
+        d = _detach(t)
+        nbytes = d.numel() * d.element_size()
+        pinned = not d.is_cpu and torch.cuda.is_available() and d.device.type == "cuda"
+        buf: Optional[torch.Tensor] = None
+        with self._lock:
+            free = self._free.get((nbytes, pinned))
+            if free:
+                buf = free.pop()
+                self._bytes -= nbytes
+        if buf is None:
+            buf = _empty(nbytes, dtype=torch.uint8, pin_memory=pinned)
+            self._any_pinned = self._any_pinned or pinned
+        host = _view(_view(buf, d.dtype), d.shape) if nbytes else _empty(d.shape, dtype=d.dtype)
+        _copy(host, d)
+        return host
+
+    def give(self, host: torch.Tensor) -> None:
+        """A copy whose data is on disk (writer thread): its buffer is kept for reuse if
+        under the cap. Copies not made by :meth:`copy` (no uint8 base) are left alone."""
+        buf = host._base
+        if buf is None or buf.dtype is not torch.uint8 or buf.dim() != 1:
+            return
+        nbytes = buf.numel()
+        with self._lock:
+            if self._bytes + nbytes <= self.cap:
+                pinned = self._any_pinned and buf.is_pinned()
+                self._free.setdefault((nbytes, pinned), []).append(buf)
+                self._bytes += nbytes
+
+    def clear(self) -> None:
+        with self._lock:
+            self._free.clear()
+            self._bytes = 0
+
+
 class TensorWriter:
     """One background thread writing safetensors shards.
 
@@ -217,8 +281,14 @@ class TensorWriter:
     # Header room reserved in a new shard; grows to what shards needed (steps repeat).
     _MIN_RESERVE = 64 * 1024
 
-    def __init__(self, queue_size: int, on_thread_start: Callable[[], None]) -> None:
+    def __init__(
+        self,
+        queue_size: int,
+        on_thread_start: Callable[[], None],
+        pool: Optional[HostPool] = None,
+    ) -> None:
         self._q: queue.Queue[tuple[Any, ...]] = queue.Queue(maxsize=queue_size)
+        self._pool = pool
         self._open: dict[str, _ShardStream] = {}
         self._reserve = self._MIN_RESERVE
         self.error: Optional[BaseException] = None
@@ -227,6 +297,8 @@ class TensorWriter:
         self._thread.start()
 
     def put(self, shard_path: str, key: str, tensor: torch.Tensor) -> None:
+        """Queue ``tensor`` for the shard; a pooled copy's buffer is handed back to the pool
+        once its data is written."""
         self._q.put(("t", shard_path, key, tensor))
 
     def close_shard(self, shard_path: str) -> None:
@@ -238,6 +310,11 @@ class TensorWriter:
         self._q.put(("s", done))
         done.wait(timeout)
 
+    def put_many(self, items: list[tuple[Any, ...]]) -> None:
+        """Queue several ``("t", shard_path, key, tensor)`` items as one (small tensors of
+        one op: one queue transfer instead of one each)."""
+        self._q.put(("m", items))
+
     def _run(self) -> None:
         self._on_thread_start()
         while True:
@@ -245,11 +322,10 @@ class TensorWriter:
             try:
                 kind = item[0]
                 if kind == "t":
-                    if self.error is None:
-                        shard = self._open.get(item[1])
-                        if shard is None:
-                            shard = self._open[item[1]] = _ShardStream(item[1], self._reserve)
-                        shard.add(item[2], item[3])
+                    self._tensor(item)
+                elif kind == "m":
+                    for sub in item[1]:
+                        self._tensor(sub)
                 elif kind == "c":
                     shard = self._open.pop(item[1], None)
                     if shard is not None and self.error is None:
@@ -269,6 +345,15 @@ class TensorWriter:
                 self._open.clear()
             finally:
                 self._q.task_done()
+
+    def _tensor(self, item: tuple[Any, ...]) -> None:
+        if self.error is None:
+            shard = self._open.get(item[1])
+            if shard is None:
+                shard = self._open[item[1]] = _ShardStream(item[1], self._reserve)
+            shard.add(item[2], item[3])
+        if self._pool is not None:
+            self._pool.give(item[3])
 
 
 class RankFolder:
@@ -393,6 +478,10 @@ class DumpFiles:
         self._c = config
         self.folder: Optional[RankFolder] = None
         self.writer: Optional[TensorWriter] = None
+        #: Reused host buffers of tensor mode (bounded by one shard's size, 64-512 MiB).
+        self.pool = HostPool(min(max(config.shard_bytes, 64 << 20), 512 << 20))
+        #: Small host copies of the op being captured, queued together (:meth:`push`).
+        self._outbox: list[tuple[Any, ...]] = []
         self._manifest_done = False
         #: Step folders appear at their first written op, as in overflow mode. Set when the
         #: agent counts iterations (ApiProfiler): the iteration opened by the last optimizer
@@ -410,7 +499,7 @@ class DumpFiles:
             path = os.path.join(c.dump_path, f"step{step}", f"rank{rank}")
             self.folder = RankFolder(path, c.shard_bytes, lazy=self.lazy or c.mode == "overflow")
         if c.mode in ("tensor", "overflow") and self.writer is None:
-            self.writer = TensorWriter(c.queue_size, _writer_thread_init)
+            self.writer = TensorWriter(c.queue_size, _writer_thread_init, self.pool)
 
     def model_known(self, model: torch.nn.Module) -> None:
         """The model became known after the manifest was written (ApiProfiler finds it at
@@ -441,17 +530,32 @@ class DumpFiles:
         )
 
     def store(self, folder: RankFolder, key: str, host: torch.Tensor) -> tuple[str, list[int]]:
-        """Queue a host copy for the folder's current shard; returns the shard's file name
-        and the tensor's ``data_offsets`` in it (as streamed)."""
+        """Queue a host copy (:meth:`HostPool.copy`) for the folder's current shard; returns
+        the shard's file name and the tensor's ``data_offsets`` in it (as streamed)."""
         writer = self.writer
         assert writer is not None
         folder.materialize()  # a lazy folder, before the writer thread opens a shard in it
         nbytes = host.numel() * host.element_size()
         fname, offset, to_close = folder.shard_for(nbytes)
-        writer.put(os.path.join(folder.path, fname), key, host)
+        path = os.path.join(folder.path, fname)
+        if nbytes <= _SMALL:
+            self._outbox.append(("t", path, key, host))
+        else:
+            if self._outbox:
+                self.push()
+            writer.put(path, key, host)
         if to_close is not None:
+            self.push()
             writer.close_shard(os.path.join(folder.path, to_close))
         return fname, [offset, offset + nbytes]
+
+    def push(self) -> None:
+        """Queue the small host copies held back by :meth:`store` (at the end of each op,
+        and before anything else is queued: the writer sees every item in order)."""
+        if self._outbox:
+            items, self._outbox = self._outbox, []
+            assert self.writer is not None
+            self.writer.put_many(items)
 
     def check(self) -> None:
         """Raise the tensor writer's error, if it had one (a file-system error as itself,
@@ -468,6 +572,7 @@ class DumpFiles:
         if folder is None:
             return
         if self.writer is not None:
+            self.push()
             shard = folder.take_open_shard()
             if shard is not None:
                 self.writer.close_shard(os.path.join(folder.path, shard))

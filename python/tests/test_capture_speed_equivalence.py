@@ -1,0 +1,210 @@
+"""The buffered statistics path (capture/buffer.py) loses, reorders and misreads nothing.
+
+Statistics are stacked per op on the device and read in batches (every ``limit`` ops and at
+``stop()``), so a record is written long after its op ran. These tests drive op sequences
+through several flushes, with tensors modified in place right after being captured, and check
+every record against values computed independently here at the time of the call.
+"""
+
+from __future__ import annotations
+
+import math
+import os
+from typing import Any, Optional
+
+import pytest
+import torch
+
+import probe
+from conftest import read_ops
+from probe.capture.buffer import StatsBuffer
+
+
+def _expected(t: torch.Tensor) -> dict[str, Any]:
+    """The stats a record must hold for ``t`` as it is now (same reductions as the agent)."""
+    with torch.no_grad():
+        t = t.detach().clone()
+        tf = t if t.dtype in (torch.float32, torch.float64) else t.to(torch.float64)
+        mn, mx = torch.aminmax(tf)
+        total = torch.sum(tf)
+        norm = torch.linalg.vector_norm(tf)
+        nan = int(torch.isnan(t).sum()) if t.is_floating_point() else 0
+        inf = int(torch.isinf(t).sum()) if t.is_floating_point() else 0
+
+    def num(v: float) -> Any:
+        if math.isnan(v):
+            return "nan"
+        if math.isinf(v):
+            return "inf" if v > 0 else "-inf"
+        return v
+
+    return {
+        "max": num(mx.item()),
+        "min": num(mn.item()),
+        "mean": num(total.item() / max(1, t.numel())),
+        "norm": num(norm.item()),
+        "nan": nan,
+        "inf": inf,
+    }
+
+
+def _run(dump: str, limit: int) -> tuple[list[dict[str, Any]], list[tuple[str, str, Any]]]:
+    """An op sequence with in-place changes right after each capture; returns the records
+    and, per captured tensor, (op key prefix, tensor name suffix, expected stats)."""
+    dbg = probe.Debugger(None, dump_path=dump, level="api", stack=False)
+    dbg._pending.limit = limit
+    expected: list[tuple[str, str, Any]] = []
+    g = torch.Generator().manual_seed(7)
+    x = torch.randn(64, generator=g)
+    dbg.start()
+    counts: dict[str, int] = {}
+
+    def key(api: str) -> str:
+        n = counts.get(api, 0)
+        counts[api] = n + 1
+        return f"{api}.{n}.forward"
+
+    for i in range(40):
+        # y is a fresh output; its stats must be those before the in-place ops below.
+        before = _expected(x)
+        y = torch.mul(x, 1.5)
+        k = key("Torch.mul")
+        expected.append((k, "input.0", before))
+        expected.append((k, "output.0", _expected(y)))
+        # In place right after: input.0 is y as mul made it, output.0 as add_ leaves it.
+        pre = _expected(y)
+        y.add_(float(i))
+        k = key("Tensor.add_")
+        expected.append((k, "input.0", pre))
+        expected.append((k, "output.0", _expected(y)))
+        if i % 7 == 3:
+            # NaN and Inf written in place, then cleaned in place: the counts of each version.
+            y[0] = float("nan")
+            k_set = key("Tensor.__setitem__")
+            y[1] = float("inf")
+            k_set2 = key("Tensor.__setitem__")
+            pre = _expected(y)
+            expected.append((k_set2, "output.0", pre))
+            y.nan_to_num_(nan=0.0, posinf=1.0)
+            k = key("Tensor.nan_to_num_")
+            expected.append((k, "input.0", pre))
+            expected.append((k, "output.0", _expected(y)))
+            assert pre["nan"] == 1 and pre["inf"] == 1
+            del k_set
+        x = torch.tanh(y)
+        k = key("Torch.tanh")
+        expected.append((k, "output.0", _expected(x)))
+    dbg.stop()
+    dbg.step()
+    dbg.close()
+    return read_ops(os.path.join(dump, "step0", "rank0")), expected
+
+
+@pytest.mark.parametrize("limit", [1, 3, 7, 256])
+def test_buffered_records_are_complete_ordered_and_taken_before_inplace_changes(
+    tmp_path: Any, limit: int
+) -> None:
+    ops, expected = _run(str(tmp_path / f"dump{limit}"), limit)
+    # Every op, in call order, numbered without gaps.
+    assert [op["seq"] for op in ops] == list(range(len(ops)))
+    keys = [op["op"] for op in ops]
+    order = []
+    for k, _, _ in expected:
+        if k not in order:
+            order.append(k)
+    assert [k for k in keys if k in set(order)] == order
+    by_name = {t["name"]: t for op in ops for t in op["tensors"]}
+    for k, suffix, stats in expected:
+        got = by_name[f"{k}.{suffix}"]["stats"]
+        assert got == stats, (k, suffix, got, stats)
+
+
+def test_flush_limit_does_not_change_the_dump(tmp_path: Any) -> None:
+    """A flush every op and one per step write byte-identical op logs."""
+    texts = []
+    for limit in (1, 5, 100000):
+        d = str(tmp_path / f"d{limit}")
+        _run(d, limit)
+        with open(os.path.join(d, "step0", "rank0", "ops.jsonl"), "rb") as fh:
+            texts.append(fh.read())
+    assert texts[0] == texts[1] == texts[2]
+
+
+class _Folder:
+    """Stands in for a RankFolder: collects what is written, can fail at one record."""
+
+    def __init__(self, fail_at: Optional[int] = None) -> None:
+        self.written: list[dict[str, Any]] = []
+        self.fail_at = fail_at
+
+    def write_op(self, record: dict[str, Any]) -> None:
+        if self.fail_at is not None and len(self.written) == self.fail_at:
+            raise OSError(28, "No space left on device")
+        self.written.append(record)
+
+
+def _item(folder: Any, i: int) -> tuple[Any, dict[str, Any], list[Any], Optional[torch.Tensor]]:
+    stats: dict[str, Any] = {}
+    rec = {"seq": 0, "op": f"op{i}", "tensors": [{"stats": stats}]}
+    vec = torch.tensor([float(i), -float(i), 2.0 * i, float(i) + 0.5])
+    if i % 2:
+        vec = vec.to(torch.float64)  # mixed dtypes across ops promote losslessly
+    return folder, rec, [(stats, 4, 2)], vec
+
+
+def test_stats_buffer_writes_in_order_with_one_batch_in_flight() -> None:
+    folder = _Folder()
+    buf = StatsBuffer(limit=4)
+    for i in range(10):
+        buf.add(*_item(folder, i))
+        # At most one full batch waits for the next flush, besides the open one.
+        assert len(buf) <= 8
+    assert len(folder.written) == 4  # batch 0-3 written when batch 4-7 was launched
+    buf.flush()
+    assert [r["op"] for r in folder.written] == [f"op{i}" for i in range(10)]
+    for i, r in enumerate(folder.written):
+        assert r["tensors"][0]["stats"] == {
+            "max": float(i),
+            "min": -float(i),
+            "mean": float(i),
+            "norm": float(i) + 0.5,
+            "nan": 0,
+            "inf": 0,
+        }
+    assert len(buf) == 0
+
+
+def test_stats_buffer_drops_what_follows_a_failed_write() -> None:
+    folder = _Folder(fail_at=5)
+    buf = StatsBuffer(limit=4)
+    for i in range(7):
+        buf.add(*_item(folder, i))
+    with pytest.raises(OSError):
+        buf.flush()
+    assert [r["op"] for r in folder.written] == [f"op{i}" for i in range(5)]
+    assert len(buf) == 0
+    buf.flush()  # nothing left, nothing raised
+    assert len(folder.written) == 5
+
+
+def test_late_gradient_after_stop_is_written(tmp_path: Any) -> None:
+    """A backward that runs after stop() (before step()) still reaches the op log."""
+    dump = str(tmp_path / "late")
+    dbg = probe.Debugger(None, dump_path=dump, level="api", stack=False)
+    w = torch.randn(4, requires_grad=True)
+    dbg.start()
+    loss = torch.mul(w, 2.0).sum()
+    dbg.stop()
+    loss.backward()
+    dbg.step()
+    dbg.close()
+    ops = read_ops(os.path.join(dump, "step0", "rank0"))
+    assert [op["seq"] for op in ops] == list(range(len(ops)))
+    assert [op["op"] for op in ops] == [
+        "Torch.mul.0.forward",
+        "Tensor.sum.0.forward",
+        "Tensor.sum.0.backward",
+        "Torch.mul.0.backward",
+    ]
+    grad = {t["name"]: t for t in ops[3]["tensors"]}["Torch.mul.0.backward.output.0"]
+    assert grad["stats"] == _expected(torch.full((4,), 2.0))
