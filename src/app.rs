@@ -85,6 +85,14 @@ pub struct MergeRequest {
     pub formats: Vec<String>,
     /// How many tensor rows the workbook holds.
     pub xlsx_rows: XlsxRows,
+    /// Megabytes of the shards' rows read into memory once (the rest are read from the
+    /// shards by each report that needs them).
+    pub row_memory_mb: u64,
+}
+
+/// `--row-memory MB` in bytes.
+fn megabytes(mb: u64) -> usize {
+    usize::try_from(mb.saturating_mul(1 << 20)).unwrap_or(usize::MAX)
 }
 
 /// The chosen report writers, in their standard order; an unknown name is a usage error.
@@ -317,6 +325,10 @@ pub fn merge(req: &MergeRequest, progress: &Progress) -> Result<Summary> {
         .map(|d| shard::read(d))
         .collect::<Result<Vec<_>>>()?;
     let run = shard::combine(shards)?;
+    // Rows that fit the budget are read from the shards once, not once per report.
+    let weights: Vec<usize> = run.units.iter().map(|u| u.weight()).collect();
+    let tables = run.tables.loaded(&weights, megabytes(req.row_memory_mb))?;
+    let run = compare::CompareRun { tables, ..run };
     let gate = (req.fail_on, req.max_unmatched);
     report_run(&run, gate, None, &writers, &req.out, progress)
 }

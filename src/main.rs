@@ -165,6 +165,12 @@ struct VerdictArgs {
     /// warning and error with 2 rows either side (compare.parquet always has every row).
     #[arg(long, value_name = "N|all", default_value = "20000")]
     xlsx_rows: XlsxRows,
+    /// Megabytes of compared rows held in memory until the reports are written; past it
+    /// each step/rank pair's rows wait in a temporary file in the output folder (merge:
+    /// are read from the shards as needed), so memory stays flat whatever the number of
+    /// ranks. 0: every pair's.
+    #[arg(long, value_name = "MB", default_value = "256")]
+    row_memory: u64,
 }
 
 #[derive(clap::Args)]
@@ -218,11 +224,6 @@ struct CompareArgs {
     /// See docs/compare.md, "Mapping files".
     #[arg(long = "mapping", value_name = "FILE")]
     mapping: Vec<PathBuf>,
-    /// Megabytes of compared rows held in memory until the reports are written; past it
-    /// each step/rank pair's rows wait in a temporary file in the output folder (removed
-    /// when done), so memory stays flat whatever the number of ranks. 0: every pair's.
-    #[arg(long, value_name = "MB", default_value = "256")]
-    row_memory: u64,
     /// Print nothing on stdout, and no progress bars on stderr.
     #[arg(short, long)]
     quiet: bool,
@@ -267,6 +268,7 @@ fn run_merge(a: MergeArgs) -> Result<u8, ProbeError> {
         max_unmatched: a.verdict.max_unmatched,
         formats: a.verdict.format,
         xlsx_rows: a.verdict.xlsx_rows,
+        row_memory_mb: a.verdict.row_memory,
     };
     let summary = app::merge(&req, &Progress::for_stderr(a.quiet))?;
     Ok(print_compare(&summary, a.quiet))
@@ -405,7 +407,7 @@ fn run_compare(a: CompareArgs) -> Result<u8, ProbeError> {
         },
         shard: a.shard,
         xlsx_rows: a.verdict.xlsx_rows,
-        row_memory_mb: a.row_memory,
+        row_memory_mb: a.verdict.row_memory,
     };
     note_framework(a.framework.as_deref());
     let progress = Progress::for_stderr(a.quiet);

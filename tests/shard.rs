@@ -156,7 +156,30 @@ fn rows_parked_in_a_file_give_the_same_reports_as_rows_in_memory() {
         std::fs::read(cwd.join("merged/compare.parquet")).unwrap(),
     );
     assert!(a == b, "the merged parquet table differs");
-    for d in ["s0", "s1", "merged"] {
+    // A merge that reads the shards' rows for each report (nothing held) writes the same.
+    let o = probe_in(
+        cwd,
+        &[
+            "merge",
+            "s0",
+            "s1",
+            "-o",
+            "merged0",
+            "-q",
+            "--row-memory",
+            "0",
+        ],
+    );
+    assert_eq!(o.code, 1, "{}", o.stderr);
+    same_summary(cwd, "merged0", "memory");
+    for file in ["compare.parquet", "compare.html"] {
+        let (a, b) = (
+            std::fs::read(cwd.join("merged").join(file)).unwrap(),
+            std::fs::read(cwd.join("merged0").join(file)).unwrap(),
+        );
+        assert!(a == b, "merged {file} differs with --row-memory 0");
+    }
+    for d in ["s0", "s1", "merged", "merged0"] {
         no_parked_rows_left(&cwd.join(d));
     }
 }

@@ -218,6 +218,16 @@ impl WorstCandidate {
     }
 }
 
+impl UnitSummary {
+    /// About how many bytes its table takes in memory (what `--row-memory` counts).
+    pub fn weight(&self) -> usize {
+        let c = &self.counts;
+        let lines =
+            c.tensors + c.unmatched_bench + c.unmatched_cmp + c.recompute + c.inside + c.unhooked;
+        tables::weight(lines)
+    }
+}
+
 impl UnitResult {
     /// The unit's summary and its table (see [`tables`]).
     pub fn split(self) -> (UnitSummary, UnitTable) {

@@ -37,10 +37,15 @@ pub struct UnitTable {
 /// scaling bench): what the budget counts.
 const ROW_BYTES: usize = 1100;
 
+/// About how many bytes a table of `lines` rows and unmatched tensors holds in memory.
+pub fn weight(lines: usize) -> usize {
+    lines.saturating_mul(ROW_BYTES)
+}
+
 impl UnitTable {
     /// About how many bytes the table holds in memory.
     fn weight(&self) -> usize {
-        (self.rows.len() + self.unmatched.len()).saturating_mul(ROW_BYTES)
+        weight(self.rows.len() + self.unmatched.len())
     }
 }
 
@@ -214,6 +219,28 @@ impl Tables {
                 })
             })
             .collect()
+    }
+
+    /// The same tables, those in a file read into memory in unit order while their
+    /// `weights` (bytes each) add up to at most `budget`: read once, rather than once by
+    /// every report.
+    pub fn loaded(self, weights: &[usize], budget: usize) -> Result<Tables> {
+        let mut held = 0usize;
+        let mut out = Vec::with_capacity(self.0.len());
+        for (p, &w) in self.0.into_iter().zip(weights) {
+            let fits = held.saturating_add(w) <= budget;
+            out.push(match p.0 {
+                Place::File { .. } if fits => {
+                    held += w;
+                    Parked::memory(UnitTable {
+                        rows: p.rows()?.into_owned(),
+                        unmatched: p.unmatched()?.into_owned(),
+                    })
+                }
+                _ => p,
+            });
+        }
+        Ok(Tables(out))
     }
 
     /// How many units.
