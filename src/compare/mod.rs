@@ -598,6 +598,7 @@ pub fn run_part(
     let mut floors: HashMap<String, Option<DType>> = HashMap::new();
     let chosen = shard.take(&plan.units);
     let stage = progress.stage("compare", chosen.len() as u64, Count::Items);
+    let last = chosen.last().copied();
     for index in chosen {
         let unit = &plan.units[index];
         stage.note(format!("{}/{}: reading", unit.step, unit.rank));
@@ -647,7 +648,7 @@ pub fn run_part(
         stage.inc(1);
         floors.insert(unit.rank.clone(), u.floor);
         let (summary, table) = u.split();
-        let table = parking.park(table)?;
+        let table = parking.park(table, Some(index) == last)?;
         outcomes.push((index, Outcome::Compared(Box::new(summary), table)));
     }
     parking.finish()?;

@@ -342,10 +342,13 @@ impl Parking {
     }
 
     /// Parks one unit's table; the returned handle is readable once [`Parking::finish`]
-    /// returned.
-    pub fn park(&mut self, table: UnitTable) -> Result<Parked> {
+    /// returned. The run's `last` unit stays in memory whatever the budget: nothing comes
+    /// after it to make room for, and reading it back once per report would only add copies
+    /// (a run of one huge pair would hold it several times over).
+    pub fn park(&mut self, table: UnitTable, last: bool) -> Result<Parked> {
         let weight = table.weight();
-        let over = self.memory.budget == 0 || self.held.saturating_add(weight) > self.memory.budget;
+        let over = !last
+            && (self.memory.budget == 0 || self.held.saturating_add(weight) > self.memory.budget);
         let dir = match &self.memory.dir {
             Some(d) if over => d,
             _ => {
@@ -414,11 +417,16 @@ mod tests {
             budget: 0,
             dir: Some(dir.clone()),
         });
-        let a = parking.park(UnitTable::default()).unwrap();
-        let b = parking.park(UnitTable::default()).unwrap();
+        let a = parking.park(UnitTable::default(), false).unwrap();
+        let b = parking.park(UnitTable::default(), false).unwrap();
         assert!(matches!(b.0, Place::File { rows, .. } if rows.0 > 0));
+        let c = parking.park(UnitTable::default(), true).unwrap();
+        assert!(
+            matches!(c.0, Place::Memory(_)),
+            "the last unit stays in memory"
+        );
         parking.finish().unwrap();
-        let tables = Tables::from(vec![a, b]);
+        let tables = Tables::from(vec![a, b, c]);
         let mut seen = 0;
         tables
             .visit_rows(|_, rows| {
@@ -427,7 +435,7 @@ mod tests {
                 Ok(())
             })
             .unwrap();
-        assert_eq!(seen, 2);
+        assert_eq!(seen, 3);
         drop(tables);
         let left: Vec<_> = std::fs::read_dir(&dir).unwrap().collect();
         assert!(left.is_empty(), "the temporary file is removed");
