@@ -315,6 +315,8 @@ fn convert_op(ctx: &mut Ctx, key: &str, entry: &J) -> std::result::Result<OpRec,
         name.push_str(suffix);
         walk(ctx, v, &mut name, role, &mut tensors)?;
     }
+    // Pushes grew it to at least 4 records; most ops hold one or two.
+    tensors.shrink_to_fit();
     Ok(OpRec {
         seq: 0,
         key,
