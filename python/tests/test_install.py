@@ -160,3 +160,30 @@ def test_missing_binary_is_one_clear_line(tmp_path: Path) -> None:
     assert out.returncode == 2
     assert out.stderr.strip().count("\n") == 0 and "PROBE_BIN" in out.stderr
     assert "Traceback" not in out.stderr
+
+
+def test_the_sdist_holds_what_a_build_from_source_needs(tmp_path: Path) -> None:
+    # Where no wheel fits (an aarch64 host without a prebuilt wheel), pip builds the sdist:
+    # it must carry the crate (manifest, lock file, sources) and the agent, and nothing of the
+    # repository's tests or data. Building it compiles nothing; installing it would (a full
+    # release build, which the wheel test above already covers).
+    maturin = Path(sys.executable).with_name("maturin")
+    if not maturin.exists():
+        pytest.skip("maturin is not installed in this environment")
+    r = subprocess.run(
+        [str(maturin), "sdist", "--out", str(tmp_path)],
+        cwd=REPO,
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    assert r.returncode == 0, r.stderr
+    (sdist,) = tmp_path.glob("probe_dl-*.tar.gz")
+    import tarfile
+
+    with tarfile.open(sdist) as tar:
+        names = {n.split("/", 1)[1] for n in tar.getnames() if "/" in n}
+    for need in ("Cargo.toml", "Cargo.lock", "pyproject.toml", "src/main.rs", "src/lib.rs"):
+        assert need in names, need
+    assert "python/probe/__init__.py" in names and "python/probe/capture/api.py" in names
+    assert not any(n.startswith(("tests/", "testdata/", "python/tests/", "bench/")) for n in names)
