@@ -161,8 +161,9 @@ struct VerdictArgs {
     /// Report formats to write (comma separated): json, parquet, xlsx, html.
     #[arg(long, value_delimiter = ',', default_value = "json,parquet,xlsx,html")]
     format: Vec<String>,
-    /// Tensor rows in compare.xlsx: all, or N (default 20000): the first N rows, then every
-    /// warning and error with 2 rows either side (compare.parquet always has every row).
+    /// Tensor rows in compare.xlsx: all, or N (default 20000): the first N rows, then
+    /// warnings and errors with 2 rows either side, up to about max(N, 1000) more rows
+    /// (compare.parquet always has every row).
     #[arg(long, value_name = "N|all", default_value = "20000")]
     xlsx_rows: XlsxRows,
     /// Megabytes of compared rows held in memory until the reports are written; past it

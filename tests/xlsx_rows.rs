@@ -112,3 +112,49 @@ fn a_run_within_the_bound_keeps_every_row_and_says_nothing() {
     let bad = compare(t.path(), &["-q", "--xlsx-rows", "some"]);
     assert_eq!(bad.code, 2, "{}", bad.stderr);
 }
+
+#[test]
+fn a_run_failing_everywhere_keeps_the_first_failing_rows_and_says_how_many_more() {
+    let t = tempfile::tempdir().unwrap();
+    // Every tensor out of tolerance: 3,000 failing rows.
+    synth(
+        t.path(),
+        &[
+            "--mode",
+            "statistics",
+            "--bulk",
+            "3000",
+            "--bulk-elems",
+            "16",
+        ]
+        .into_iter()
+        .chain(["--noise", "1e-1"])
+        .collect::<Vec<_>>(),
+    );
+    let n = 10;
+    let out = run(t.path(), "out", &["--xlsx-rows", &n.to_string()]);
+    let lines = parquet_lines(&out);
+    assert_eq!(lines.len(), 3000);
+    assert!(lines.iter().all(|(_, v)| v == "error"));
+    let (names, summary) = sheet_tensors(&out);
+    // The first n, then failing rows while fewer than n + max(n, 1000) are shown, the last
+    // one's 2 rows of context after it completing: the first 1,012 rows.
+    let limit = n + n.max(1000) + 2;
+    let want: Vec<String> = lines[..limit]
+        .iter()
+        .map(|(name, _)| name.clone())
+        .collect();
+    assert_eq!(names, want);
+    let note = summary
+        .iter()
+        .find(|r| r[0] == "tensors sheet")
+        .map(|r| r[1].to_string())
+        .expect("the summary says rows were left out");
+    assert!(
+        note.starts_with(
+            "1,012 of 3,000 rows: the first 10, then the first 1,012 warnings and errors \
+             (1,988 more are only in compare.parquet)"
+        ),
+        "{note}"
+    );
+}

@@ -39,14 +39,20 @@ pub struct XlsxWorkbook {
 /// How many lines of a table with flagged lines (the compare's `tensors`) the workbook
 /// holds. Why: writing a cell costs about as much as comparing a statistics tensor, so a
 /// 100,000-tensor workbook took longer than the compare itself; people read the failing
-/// rows, and the parquet table has every row.
+/// rows (the first of them: after a divergence every later op fails, as a consequence), and
+/// the parquet table has every row.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum XlsxRows {
     /// Every line.
     All,
-    /// The first `n` lines, then every flagged line with `CONTEXT` lines either side.
+    /// The first `n` lines, then flagged lines with `CONTEXT` lines either side while fewer
+    /// than `n + max(n, FLAGGED_MIN)` lines are shown: at most about that many lines,
+    /// whatever the run's size.
     First(usize),
 }
+
+/// Flagged lines past the first `n` are shown up to `max(n, FLAGGED_MIN)` more lines.
+pub const FLAGGED_MIN: usize = 1000;
 
 /// Lines kept before and after a flagged line past the first `n`.
 pub const CONTEXT: usize = 2;
@@ -86,17 +92,24 @@ struct Kept {
     shown: usize,
     /// Show the first `first` lines (`usize::MAX`: all).
     first: usize,
-    /// The last flagged line so far.
+    /// Add flagged lines while fewer than this many are shown.
+    limit: usize,
+    /// The last flagged line shown so far.
     last_flag: Option<usize>,
+    /// Flagged lines, and how many of them are shown.
+    flagged: usize,
+    flagged_shown: usize,
 }
 
 impl Kept {
     fn new(rows: XlsxRows) -> Kept {
+        let (first, limit) = match rows {
+            XlsxRows::All => (usize::MAX, usize::MAX),
+            XlsxRows::First(n) => (n, n.saturating_add(n.max(FLAGGED_MIN))),
+        };
         Kept {
-            first: match rows {
-                XlsxRows::All => usize::MAX,
-                XlsxRows::First(n) => n,
-            },
+            first,
+            limit,
             ..Kept::default()
         }
     }
@@ -123,7 +136,8 @@ impl Kept {
             self.before.push(self.shown);
         }
         self.len += 1;
-        if flagged {
+        self.flagged += usize::from(flagged);
+        if flagged && (i < self.first || self.shown < self.limit) {
             // The lines before it (at most CONTEXT, all in the last two words).
             for j in i.saturating_sub(CONTEXT)..i {
                 self.set(j);
@@ -133,6 +147,8 @@ impl Kept {
         if i < self.first || self.last_flag.is_some_and(|f| i <= f + CONTEXT) {
             self.set(i);
         }
+        // (A flagged line shown as the context after the last one added counts too.)
+        self.flagged_shown += usize::from(flagged && self.get(i));
     }
 
     /// The 0-based position among the shown lines of line `i`, if it is shown.
@@ -167,9 +183,17 @@ impl Shown {
                 XlsxRows::First(n) => n,
                 XlsxRows::All => keep.len,
             };
+            let failing = match keep.flagged - keep.flagged_shown {
+                0 => "every warning and error".to_string(),
+                left => format!(
+                    "the first {} warnings and errors ({} more are only in compare.parquet)",
+                    thousands(keep.flagged_shown),
+                    thousands(left)
+                ),
+            };
             format!(
-                "{} of {} rows: the first {}, then every warning and error with {CONTEXT} rows \
-                 either side; compare.parquet has every row (--xlsx-rows all puts them all here)",
+                "{} of {} rows: the first {}, then {failing} with {CONTEXT} rows either side; \
+                 compare.parquet has every row (--xlsx-rows all puts them all here)",
                 thousands(keep.shown),
                 thousands(keep.len),
                 thousands(n)
@@ -818,6 +842,14 @@ mod tests {
         assert_eq!(shown("x........x", XlsxRows::First(0)), "1110000111");
         assert_eq!(shown("....x.....", XlsxRows::All), "1111111111");
         assert_eq!(shown("", XlsxRows::First(5)), "");
+        // Flagged lines are added while fewer than n + max(n, FLAGGED_MIN) lines are shown
+        // (the context after the last one completes); the rest are left out.
+        let n = FLAGGED_MIN + 100;
+        let flags: Vec<bool> = (0..4 * n).map(|i| i % 2 == 1).collect();
+        let keep = keep_lines(&flags, XlsxRows::First(n));
+        let shown = keep.iter().filter(|&&k| k).count();
+        assert!((2 * n..=2 * n + 2 * CONTEXT).contains(&shown), "{shown}");
+        assert!(keep[..2 * n].iter().all(|&k| k) && !keep[4 * n - 1]);
         assert_eq!("all".parse(), Ok(XlsxRows::All));
         assert_eq!("10".parse(), Ok(XlsxRows::First(10)));
         assert!("ten".parse::<XlsxRows>().is_err());
