@@ -726,6 +726,60 @@ fn mapping_files() {
 // ------------------------------------------------------------------ regressions
 
 /// Inputs that once crashed, hung or blew up a reader; each must now be a one-line error.
+/// A shard result of the demo pair (the binary writes it, as a user's `--shard` does).
+fn demo_shard() -> PathBuf {
+    let out = std::env::temp_dir().join(format!("probe-mutation-shard-{}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&out);
+    let status = std::process::Command::new(env!("CARGO_BIN_EXE_probe"))
+        .args(["compare", "-q", "--shard", "all", "-o"])
+        .arg(&out)
+        .arg("-b")
+        .arg(td("demo/bench"))
+        .arg("-c")
+        .arg(td("demo/cmp"))
+        .status()
+        .unwrap();
+    assert!(status.success());
+    out
+}
+
+#[test]
+fn shard_results() {
+    // The files `probe merge` reads from shard folders copied around a cluster.
+    let dir = demo_shard();
+    let units = std::fs::read(dir.join("units.msgpack")).unwrap();
+    let compared = probe::compare::run(
+        &td("demo/bench"),
+        &td("demo/cmp"),
+        &Default::default(),
+        &probe::progress::Progress::hidden(),
+    )
+    .unwrap();
+    let rows = compared.tables.rows(0).unwrap();
+    let part = probe::compare::tables::encode_rows(&rows[..rows.len().min(12)]).unwrap();
+    let _ = std::fs::remove_dir_all(&dir);
+    run(
+        Reader {
+            name: "shard units.msgpack",
+            seeds: vec![units],
+            per_seed: 1500,
+            parse: |b| err_line(probe::compare::shard::parse_units(b).err()?),
+            budget: Duration::from_secs(20),
+        },
+        11,
+    );
+    run(
+        Reader {
+            name: "shard rows.msgpack part",
+            seeds: vec![part],
+            per_seed: 1500,
+            parse: |b| err_line(probe::compare::tables::parse_rows(b).err()?),
+            budget: Duration::from_secs(20),
+        },
+        12,
+    );
+}
+
 #[test]
 fn regressions() {
     // A million TUPLE1 opcodes nest a million tuples: dropping them recursively overflowed

@@ -341,6 +341,14 @@ pub fn stage(
     ])
 }
 
+/// The units of a shard's `units.msgpack` (read by [`read`] through this; the entry point
+/// of the mutation test): how many there are, or why they do not read.
+pub fn parse_units(bytes: &[u8]) -> std::result::Result<usize, String> {
+    let stored: Vec<(usize, Stored)> =
+        rmp_serde::from_slice(bytes).map_err(|e| crate::error::one_line(e.to_string()))?;
+    Ok(stored.len())
+}
+
 /// SHA-256 of a file, read in pieces (a rows file may be larger than memory).
 fn sha256_of(path: &Path) -> Result<String> {
     use std::io::Read;

@@ -187,6 +187,17 @@ fn decode<T: serde::de::DeserializeOwned>(path: &Path, span: Span) -> Result<T> 
     })
 }
 
+/// One unit's rows as a rows file holds them (a shard's `rows.msgpack` is read through
+/// this; the entry point of the mutation test and the fuzz harness).
+pub fn parse_rows(bytes: &[u8]) -> std::result::Result<Vec<Row>, String> {
+    rmp_serde::from_slice(bytes).map_err(|e| crate::error::one_line(e.to_string()))
+}
+
+/// One unit's rows, encoded as a rows file holds them.
+pub fn encode_rows(rows: &[Row]) -> Result<Vec<u8>> {
+    encode(rows, Path::new("(memory)"))
+}
+
 /// The tables of a run's units, in unit order.
 #[derive(Debug, Default)]
 pub struct Tables(Vec<Parked>);
