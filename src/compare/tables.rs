@@ -7,8 +7,9 @@
 //! coverage, its worst ops: small, held for every unit, all the verdict needs) and its
 //! [`UnitTable`] (rows and unmatched tensors), which is *parked*: kept in memory while the
 //! run's parked rows fit a budget (`--row-memory`), appended to a temporary file in the
-//! output folder past it. Readers visit the tables one unit at a time ([`Tables::visit`]),
-//! so peak memory is the budget plus one unit, whatever the number of units.
+//! output folder past it (the run's last unit excepted: nothing comes after it to make room
+//! for). Readers visit the tables one unit at a time ([`Tables::visit_rows`]), so peak
+//! memory is the budget plus a few units, whatever the number of units.
 //!
 //! A shard result's rows file is such a file too: `probe merge` visits the shards' tables
 //! where they lie ([`Tables::in_file`]) and never holds them all.
@@ -53,11 +54,11 @@ impl UnitTable {
 /// (`--row-memory`), and the folder for that file (None: never park in a file).
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct RowMemory {
-    /// Bytes of rows held in memory at most (about: [`ROW_BYTES`] a row); 0 parks every
-    /// table in the file.
+    /// Bytes of rows held in memory at most (about 1.1 KB a row); 0 parks every
+    /// table but the run's last in the file.
     pub budget: usize,
-    /// Where the temporary file goes (the output folder: it is as large as the parquet
-    /// table, and `/tmp` may be a small RAM disk).
+    /// Where the temporary file goes (the output folder: it is several times the size of
+    /// the parquet table, and `/tmp` may be a small RAM disk).
     pub dir: Option<PathBuf>,
 }
 
@@ -209,11 +210,6 @@ impl From<Vec<Parked>> for Tables {
 }
 
 impl Tables {
-    /// Tables held in memory.
-    pub fn in_memory(tables: Vec<UnitTable>) -> Tables {
-        Tables(tables.into_iter().map(Parked::memory).collect())
-    }
-
     /// Tables at `(rows, unmatched)` places of `path` (a shard's rows file, kept).
     pub fn in_file(path: &Path, places: &[(Span, Span)]) -> Vec<Parked> {
         let file = Arc::new(TableFile {
