@@ -169,7 +169,7 @@ struct VerdictArgs {
     /// Megabytes of compared rows held in memory until the reports are written; past it
     /// each step/rank pair's rows wait in a temporary file in the output folder (merge:
     /// are read from the shards as needed), so memory stays flat whatever the number of
-    /// ranks. 0: every pair's.
+    /// ranks. 0: every pair's but the last.
     #[arg(long, value_name = "MB", default_value = "256")]
     row_memory: u64,
 }
