@@ -50,10 +50,8 @@ fn earliest<'a>(fs: impl Iterator<Item = &'a Finding>) -> Option<&'a Finding> {
 }
 
 fn counts(run: &CompareRun) -> Counts {
+    // Every way of pairing is listed, zeros included.
     let mut c = Counts {
-        pairs: run.units.len(),
-        ops: run.units.iter().map(|u| u.ops).sum(),
-        // Every way of pairing is listed, zeros included.
         matched_by: [
             MatchedBy::Exact,
             MatchedBy::Aligned,
@@ -66,24 +64,7 @@ fn counts(run: &CompareRun) -> Counts {
         ..Counts::default()
     };
     for u in &run.units {
-        let x = &u.counts;
-        c.tensors += x.tensors;
-        c.pass += x.pass;
-        c.warning += x.warning;
-        c.error += x.error;
-        c.unmatched_bench += x.unmatched_bench;
-        c.unmatched_cmp += x.unmatched_cmp;
-        c.recompute += x.recompute;
-        c.inside += x.inside;
-        c.unhooked += x.unhooked;
-        for (into, from) in [
-            (&mut c.compared_by, &x.compared_by),
-            (&mut c.matched_by, &x.matched_by),
-        ] {
-            for (k, n) in from {
-                *into.entry(k.clone()).or_default() += n;
-            }
-        }
+        c.add(&u.counts);
     }
     c
 }
@@ -98,7 +79,7 @@ fn pair_summary(u: &UnitSummary) -> PairSummary {
         tensors: c.tensors,
         errors: c.error,
         warnings: c.warning,
-        unmatched: c.unmatched_bench + c.unmatched_cmp + c.recompute + c.inside + c.unhooked,
+        unmatched: c.one_sided(),
         unmatched_fraction: u.coverage.as_ref().map(|c| c.unmatched_fraction()),
         findings: u.findings.clone(),
         regions: u.regions.clone(),

@@ -174,26 +174,18 @@ pub struct ChartCounts {
 
 impl ChartCounts {
     fn of(rows: &[Row]) -> ChartCounts {
-        let mut c = ChartCounts::default();
-        let mut last: Option<(usize, Verdict)> = None;
-        for r in rows {
-            let (index, verdict) = (r.tensor.op.index, r.judgement.verdict);
-            match &mut last {
-                Some((i, v)) if *i == index => *v = (*v).max(verdict),
-                _ => {
-                    if let Some((_, v)) = last {
-                        c.failing += usize::from(v == Verdict::Error);
-                    }
-                    c.ops += 1;
-                    last = Some((index, verdict));
-                }
-            }
-        }
-        if let Some((_, v)) = last {
-            c.failing += usize::from(v == Verdict::Error);
-        }
-        c
+        op_groups(rows).fold(ChartCounts::default(), |c, op| ChartCounts {
+            ops: c.ops + 1,
+            failing: c.failing
+                + usize::from(op.iter().any(|r| r.judgement.verdict == Verdict::Error)),
+        })
     }
+}
+
+/// Consecutive rows of one op (an op's tensors are adjacent in a unit's rows): the ops the
+/// chart and the per-op table show.
+pub fn op_groups(rows: &[Row]) -> impl Iterator<Item = &[Row]> {
+    rows.chunk_by(|a, b| a.tensor.op.index == b.tensor.op.index)
 }
 
 /// How many worst ops a unit keeps, and the summary lists.
@@ -221,10 +213,7 @@ impl WorstCandidate {
 impl UnitSummary {
     /// About how many bytes its table takes in memory (what `--row-memory` counts).
     pub fn weight(&self) -> usize {
-        let c = &self.counts;
-        let lines =
-            c.tensors + c.unmatched_bench + c.unmatched_cmp + c.recompute + c.inside + c.unhooked;
-        tables::weight(lines)
+        tables::weight(self.counts.tensors + self.counts.one_sided())
     }
 }
 

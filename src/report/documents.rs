@@ -5,8 +5,9 @@
 use super::columns::{self, Line, COLUMNS, SCAN, UNMATCHED};
 use super::plot;
 use super::{Document, OpLine, Overview, Point, Table};
-use crate::compare::{CompareRun, Row, UnitSummary, Verdict};
+use crate::compare::{op_groups, CompareRun, Row, UnitSummary, Verdict};
 use crate::error::Result as ProbeResult;
+use crate::metrics::Metrics;
 use crate::scan::{ScanRun, ScanSummary};
 use crate::schema::summary::{Finding, Summary};
 use crate::verdict;
@@ -135,41 +136,31 @@ impl OpLines {
     }
 
     fn unit(&mut self, u: &UnitSummary, rows: &[Row]) {
-        let mut last = None;
-        for r in rows {
-            let (t, j) = (&r.tensor, &r.judgement);
-            let cos = t.metrics.and_then(|m| m.cosine);
-            let abs = t.metrics.map(|m| m.max_abs);
-            let line = self.line;
-            self.line += 1;
-            if last == Some(t.op.index) {
-                // Another tensor of the op just seen: merge it, unless that op was left out.
-                if let Some(o) = self.out.last_mut().filter(|_| self.left_out == 0) {
-                    o.verdict = o.verdict.max(j.verdict);
-                    o.cosine = match (o.cosine, cos) {
-                        (Some(a), Some(b)) => Some(a.min(b)),
-                        (a, b) => a.or(b),
-                    };
-                    o.max_abs = match (o.max_abs, abs) {
-                        (Some(a), Some(b)) => Some(a.max(b)),
-                        (a, b) => a.or(b),
-                    };
-                    o.lines.end = line + 1;
-                }
-            } else if self.out.len() < self.cap {
-                last = Some(t.op.index);
-                self.out.push(OpLine {
-                    place: format!("{}/{}", u.step, u.rank),
-                    op: t.op.key.to_string(),
-                    verdict: j.verdict,
-                    cosine: cos,
-                    max_abs: abs,
-                    lines: line..line + 1,
-                });
-            } else {
+        for op in op_groups(rows) {
+            let lines = self.line..self.line + op.len();
+            self.line += op.len();
+            let Some(first) = op.first() else { continue };
+            if self.out.len() >= self.cap {
                 self.left_out += 1;
-                last = Some(t.op.index);
+                continue;
             }
+            // The op's lowest cosine and largest absolute error among its tensors.
+            let metric = |get: fn(&Metrics) -> Option<f64>, pick: fn(f64, f64) -> f64| {
+                op.iter()
+                    .filter_map(|r| r.tensor.metrics.as_ref().and_then(get))
+                    .reduce(pick)
+            };
+            self.out.push(OpLine {
+                place: format!("{}/{}", u.step, u.rank),
+                op: first.tensor.op.key.to_string(),
+                verdict: op
+                    .iter()
+                    .map(|r| r.judgement.verdict)
+                    .fold(first.judgement.verdict, Verdict::max),
+                cosine: metric(|m| m.cosine, f64::min),
+                max_abs: metric(|m| Some(m.max_abs), f64::max),
+                lines,
+            });
         }
     }
 }

@@ -8,7 +8,7 @@
 //! bucket keeps its worst op (a spike is never averaged away). Where most ops fail, the
 //! failing ones are bucketed too: the chart never holds many more than [`MAX_POINTS`].
 
-use crate::compare::{CompareRun, Row, UnitSummary, Verdict};
+use crate::compare::{op_groups, CompareRun, Row, UnitSummary, Verdict};
 use crate::dump::Direction;
 use crate::error::Result;
 use crate::schema::summary::Finding;
@@ -116,9 +116,6 @@ pub fn of(run: &CompareRun, culprit: Option<&Finding>, cap: usize) -> Result<Plo
 /// memory is bounded by the cap, not by the run's number of ops.
 pub struct Gather<'f> {
     culprit: Option<&'f Finding>,
-    /// The op being gathered (its tensors merge into one point): its index, whether it is
-    /// the culprit, its point.
-    current: Option<(usize, bool, Point)>,
     found_culprit: bool,
     x: u64,
     sampler: Downsampler,
@@ -133,7 +130,6 @@ impl<'f> Gather<'f> {
         let failing = run.units.iter().map(|u| u.chart.failing).sum();
         Gather {
             culprit,
-            current: None,
             found_culprit: false,
             x: 0,
             sampler: Downsampler::new(ops, failing, culprit.is_some(), cap),
@@ -142,17 +138,20 @@ impl<'f> Gather<'f> {
 
     /// Adds the ops of the next unit.
     pub fn unit(&mut self, u: &UnitSummary, rows: &[Row]) {
-        for r in rows {
-            let (t, j) = (&r.tensor, &r.judgement);
-            if let Some((_, _, p)) = self.current.as_mut().filter(|(i, ..)| *i == t.op.index) {
-                p.verdict = p.verdict.max(j.verdict);
-                if severity(j.err, j.tolerance) > severity(p.err, p.tolerance) {
-                    p.err = j.err;
-                    p.tolerance = j.tolerance;
-                }
-                continue;
-            }
-            self.flush();
+        for op in op_groups(rows) {
+            let Some(first) = op.first() else { continue };
+            // The op's worst tensor: the one furthest past its tolerance (the first of equals).
+            let worst = op
+                .iter()
+                .map(|r| &r.judgement)
+                .fold(&first.judgement, |w, j| {
+                    if severity(j.err, j.tolerance) > severity(w.err, w.tolerance) {
+                        j
+                    } else {
+                        w
+                    }
+                });
+            let t = &first.tensor;
             self.x += 1;
             let is_culprit = !self.found_culprit
                 && self
@@ -164,25 +163,19 @@ impl<'f> Gather<'f> {
                 place: format!("{}/{}", u.step, u.rank),
                 op: t.op.key.to_string(),
                 direction: t.op.direction,
-                err: j.err,
-                tolerance: j.tolerance,
-                verdict: j.verdict,
+                err: worst.err,
+                tolerance: worst.tolerance,
+                verdict: op
+                    .iter()
+                    .map(|r| r.judgement.verdict)
+                    .fold(first.judgement.verdict, Verdict::max),
             };
-            self.current = Some((t.op.index, is_culprit, point));
-        }
-        // An op never spans units.
-        self.flush();
-    }
-
-    fn flush(&mut self) {
-        if let Some((_, is_culprit, p)) = self.current.take() {
-            self.sampler.push(p, is_culprit);
+            self.sampler.push(point, is_culprit);
         }
     }
 
     /// The chart.
-    pub fn finish(mut self) -> Plot {
-        self.flush();
+    pub fn finish(self) -> Plot {
         let ops = self.sampler.ops;
         let (points, culprit, all_failing) = self.sampler.finish();
         Plot {

@@ -167,6 +167,37 @@ pub struct Counts {
     pub unhooked: usize,
 }
 
+impl Counts {
+    /// Adds another part's counts (a unit's to the run's).
+    pub fn add(&mut self, o: &Counts) {
+        self.pairs += o.pairs;
+        self.ops += o.ops;
+        self.tensors += o.tensors;
+        self.pass += o.pass;
+        self.warning += o.warning;
+        self.error += o.error;
+        self.unmatched_bench += o.unmatched_bench;
+        self.unmatched_cmp += o.unmatched_cmp;
+        self.recompute += o.recompute;
+        self.inside += o.inside;
+        self.unhooked += o.unhooked;
+        for (into, from) in [
+            (&mut self.compared_by, &o.compared_by),
+            (&mut self.matched_by, &o.matched_by),
+        ] {
+            for (k, n) in from {
+                *into.entry(k.clone()).or_default() += n;
+            }
+        }
+    }
+
+    /// Tensors found on one side only, whatever the reason (missing, recomputed, inside a
+    /// region, unhooked).
+    pub fn one_sided(&self) -> usize {
+        self.unmatched_bench + self.unmatched_cmp + self.recompute + self.inside + self.unhooked
+    }
+}
+
 /// One step/rank pair in the summary.
 #[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]
 pub struct PairSummary {
