@@ -14,17 +14,7 @@ use std::path::Path;
 /// Compares the bundled demo pair (one injected fault) into `out`.
 fn compare_demo(out: &Path) {
     let demo = root().join("testdata/demo");
-    let (b, c) = (demo.join("bench"), demo.join("cmp"));
-    let o = probe(&[
-        "compare",
-        "-b",
-        b.to_str().unwrap(),
-        "-c",
-        c.to_str().unwrap(),
-        "-o",
-        out.to_str().unwrap(),
-        "-q",
-    ]);
+    let o = compare_paths(&demo.join("bench"), &demo.join("cmp"), out, &["-q"]);
     assert_eq!(o.code, 1, "{}", o.stderr);
 }
 

@@ -51,18 +51,7 @@ fn demo_page_shows_the_plot_the_culprit_and_the_modules() {
     }
     // Deterministic: the same compare into another folder gives the same bytes.
     let again = t.path().join("again");
-    let b = t.path().join("bench");
-    let c = t.path().join("cmp");
-    let o = probe(&[
-        "compare",
-        "-b",
-        b.to_str().unwrap(),
-        "-c",
-        c.to_str().unwrap(),
-        "-o",
-        again.to_str().unwrap(),
-        "-q",
-    ]);
+    let o = compare_to(t.path(), "again", &["-q"]);
     assert_eq!(o.code, 1);
     assert_eq!(
         std::fs::read_to_string(again.join("compare.html")).unwrap(),

@@ -53,6 +53,15 @@ fn sheet_tensors(out: &Path) -> (Vec<String>, Vec<Vec<Data>>) {
     (names, summary.rows().map(|r| r.to_vec()).collect())
 }
 
+/// What the summary sheet says of the tensors rows left out.
+fn left_out_note(summary: &[Vec<Data>]) -> String {
+    summary
+        .iter()
+        .find(|r| r[0] == "tensors sheet")
+        .map(|r| r[1].to_string())
+        .expect("the summary says rows were left out")
+}
+
 fn run(dir: &Path, out: &str, extra: &[&str]) -> std::path::PathBuf {
     let mut a = vec!["-q", "--format", "parquet,xlsx"];
     a.extend_from_slice(extra);
@@ -89,11 +98,7 @@ fn a_bounded_workbook_keeps_the_first_rows_and_every_failing_one_with_context() 
     let (names, summary) = sheet_tensors(&few);
     assert_eq!(names, want);
     assert!(names.len() < lines.len());
-    let note = summary
-        .iter()
-        .find(|r| r[0] == "tensors sheet")
-        .map(|r| r[1].to_string())
-        .expect("the summary says rows were left out");
+    let note = left_out_note(&summary);
     assert!(
         note.starts_with(&format!("{} of {} rows", want.len(), lines.len())),
         "{note}"
@@ -145,11 +150,7 @@ fn a_run_failing_everywhere_keeps_the_first_failing_rows_and_says_how_many_more(
         .map(|(name, _)| name.clone())
         .collect();
     assert_eq!(names, want);
-    let note = summary
-        .iter()
-        .find(|r| r[0] == "tensors sheet")
-        .map(|r| r[1].to_string())
-        .expect("the summary says rows were left out");
+    let note = left_out_note(&summary);
     assert!(
         note.starts_with(
             "1,012 of 3,000 rows: the first 10, then the first 1,012 warnings and errors \

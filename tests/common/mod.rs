@@ -64,9 +64,11 @@ pub fn compare(dir: &Path, extra: &[&str]) -> Out {
 
 /// `probe compare -b dir/bench -c dir/cmp -o dir/OUT extra...`
 pub fn compare_to(dir: &Path, out: &str, extra: &[&str]) -> Out {
-    let b = dir.join("bench");
-    let c = dir.join("cmp");
-    let out = dir.join(out);
+    compare_paths(&dir.join("bench"), &dir.join("cmp"), &dir.join(out), extra)
+}
+
+/// `probe compare -b B -c C -o OUT extra...`
+pub fn compare_paths(b: &Path, c: &Path, out: &Path, extra: &[&str]) -> Out {
     let mut a = vec![
         "compare",
         "-b",
