@@ -86,8 +86,9 @@ impl<T> Sides<T> {
     }
 }
 
-/// Everything compared in one unit (one step/rank pair), with its findings.
-#[derive(Debug, Clone, Serialize, Deserialize)]
+/// Everything compared in one unit (one step/rank pair), with its findings; split into a
+/// [`UnitSummary`] and a [`UnitTable`] once done.
+#[derive(Debug, Clone)]
 pub struct UnitResult {
     /// Step label (`step0`), as on the comparison side.
     pub step: String,
@@ -97,14 +98,11 @@ pub struct UnitResult {
     pub dirs: Sides<PathBuf>,
     /// Op records of the comparison side.
     pub ops: usize,
-    /// Stacks of the comparison side, by id.
-    pub stacks: BTreeMap<u64, Vec<String>>,
     /// Matched tensors in the comparison run's execution order.
     pub rows: Vec<Row>,
     /// Tensors present on one side only (never dropped, never a pass).
     pub unmatched: Vec<Unmatched>,
     /// Stretches whose code paths differ, compared at their boundary tensors.
-    #[serde(default)]
     pub regions: Vec<Region>,
     /// What the localiser found.
     pub findings: Findings,
@@ -112,17 +110,13 @@ pub struct UnitResult {
     pub warnings: Vec<String>,
     /// Set when a side of this unit is incomplete (a crashed run): what was compared is
     /// what both sides hold, up to the incomplete side's last record.
-    #[serde(default)]
     pub incomplete: Option<IncompleteUnit>,
     /// How much of each side found a counterpart (`--max-unmatched`).
-    #[serde(default)]
     pub coverage: Sides<coverage::SideCoverage>,
     /// The precision floor this unit leaves to the rank's next step (judge.rs).
-    #[serde(default)]
     pub floor: Option<DType>,
     /// The comparison side's collectives that name their group and sequence, in
     /// execution order, with what the compare found at each (cross-rank analysis).
-    #[serde(default)]
     pub collectives: Vec<cross_rank::CollectiveCall>,
 }
 
@@ -467,7 +461,6 @@ pub fn compare_unit(
         rank: unit.rank.clone(),
         dirs: unit.locs.as_ref().map(|l| l.dir.clone()),
         ops,
-        stacks,
         rows,
         unmatched,
         regions,
