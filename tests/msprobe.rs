@@ -114,6 +114,7 @@ fn tensor_metrics_match_msprobe_workbook() {
         let m = r
             .tensor
             .metrics
+            .as_deref()
             .unwrap_or_else(|| panic!("{name}: no metrics"));
         let checks: [(&str, Option<f64>, i32); 6] = [
             ("Cosine", m.cosine, 6),
@@ -178,7 +179,7 @@ fn statistics_diffs_match_msprobe_workbooks() {
             assert_eq!(r.tensor.kind, CompareKind::Statistics);
             let d = r
                 .tensor
-                .stat_diff
+                .stat_diff()
                 .unwrap_or_else(|| panic!("{name}: no statistics diff"));
             for (col, p) in [
                 ("Max diff", d.max_diff),

@@ -65,7 +65,7 @@ pub fn evidence_line(r: &Row) -> String {
             " cos={cos} rel_l2={:.3e} max_abs={:.3e}",
             m.rel_l2, m.max_abs
         );
-    } else if t.stat_diff.is_some() {
+    } else if t.stat_diff().is_some() {
         s += &format!(" stat_err={:.3e}", j.err);
     }
     // "identical" only where the data was seen to be equal: a pass within atol, or equal
@@ -130,7 +130,7 @@ fn bench_scale(r: &Row) -> Option<f64> {
             return v;
         }
     }
-    t.metrics.map(|m| m.norm_b / root_n)
+    t.metrics.as_ref().map(|m| m.norm_b / root_n)
 }
 
 /// The largest absolute difference of a pair that was measured: max|c − b| of full
@@ -140,7 +140,7 @@ fn abs_diff(r: &Row) -> Option<f64> {
     if let Some(m) = &t.metrics {
         return Some(m.max_abs);
     }
-    let d = t.stat_diff.as_ref()?;
+    let d = t.stat_diff()?;
     let root_n = (t.sides.bench.numel().max(1) as f64).sqrt();
     [
         d.max_diff,

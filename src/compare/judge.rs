@@ -99,6 +99,7 @@ impl Row {
         match t.kind {
             CompareKind::Tensor => t
                 .metrics
+                .as_ref()
                 .filter(|m| m.euclid == 0.0 && m.nonfinite_mismatch == 0)
                 .map(|_| Equality::Bitwise),
             CompareKind::Checksum if t.checksum_equal == Some(true) => Some(Equality::Bitwise),
@@ -230,7 +231,7 @@ pub fn judge(
     }
     match m.kind {
         CompareKind::Tensor => {
-            let Some(x) = m.metrics else {
+            let Some(x) = m.metrics.as_deref() else {
                 return verdict(Verdict::Pass, String::new(), 0.0, 0.0);
             };
             if x.nonfinite_mismatch > 0 {
@@ -261,7 +262,7 @@ pub fn judge(
         }
         CompareKind::Checksum | CompareKind::Statistics => {
             let equal = m.checksum_equal == Some(true);
-            let (Some(sd), Some(bstats)) = (&m.stat_diff, &sb.stats) else {
+            let (Some(bstats), Some(cstats)) = (&sb.stats, &sc.stats) else {
                 // Checksums without statistics.
                 return if equal {
                     verdict(Verdict::Pass, String::new(), 0.0, 0.0)
@@ -276,6 +277,7 @@ pub fn judge(
                 return verdict(Verdict::Error, r, inf, inf);
             }
             let numel = sc.numel();
+            let sd = crate::metrics::stat_diff(bstats, cstats);
             let err = sd.scaled_err(bstats, numel, tol.atol);
             let (mut v, mut r) = grade(err, 0.0, &tol, "statistics error", &dname);
             if m.checksum_equal == Some(false) && v == Verdict::Pass {
@@ -333,6 +335,14 @@ pub fn judge_all(
         unmatched,
         ..
     } = a;
+    // How many pairs still read each op's records: an op's tensor list is freed as soon
+    // as its last pair has its row, so the records of a large pair shrink while its rows
+    // grow instead of both being held whole at once.
+    let mut pending = dumps.as_ref().map(|d| vec![0u32; d.ops.len()]);
+    for m in &matches {
+        pending.bench[m.refs.bench.op] += 1;
+        pending.cmp[m.refs.cmp.op] += 1;
+    }
     let mut rows: Vec<Row> = matches
         .iter()
         .zip(measurements)
@@ -349,6 +359,15 @@ pub fn judge_all(
                 &mut cdump.ops[c.op].tensors[c.tensor],
             );
             let tensor = Measured::new(m, op, records, x);
+            for (ops, left, r) in [
+                (&mut bdump.ops, &mut pending.bench, b),
+                (&mut cdump.ops, &mut pending.cmp, c),
+            ] {
+                left[r.op] -= 1;
+                if left[r.op] == 0 {
+                    ops[r.op].tensors = Vec::new();
+                }
+            }
             Row { tensor, judgement }
         })
         .collect();

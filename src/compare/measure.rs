@@ -80,15 +80,24 @@ pub struct Measured {
     pub sides: Sides<TensorSide>,
     /// How the pair was compared.
     pub kind: CompareKind,
-    /// Metrics of full tensors.
-    pub metrics: Option<Metrics>,
+    /// Metrics of full tensors (boxed: most rows of a large compare are statistics rows,
+    /// which would otherwise each carry the room for them).
+    pub metrics: Option<Box<Metrics>>,
     /// Whether the checksums agree, when both sides have one.
     pub checksum_equal: Option<bool>,
-    /// Differences of the recorded statistics, when both sides have them.
-    pub stat_diff: Option<StatDiff>,
 }
 
 impl Measured {
+    /// Differences of the recorded statistics, when both sides have them: derived from
+    /// the two sides' statistics when asked for rather than stored in every row.
+    pub fn stat_diff(&self) -> Option<StatDiff> {
+        let s = &self.sides;
+        Some(metrics::stat_diff(
+            s.bench.stats.as_ref()?,
+            s.cmp.stats.as_ref()?,
+        ))
+    }
+
     /// Whether the comparison side holds NaN/Inf that the benchmark does not.
     pub fn new_nonfinite(&self) -> bool {
         if let Some(m) = &self.metrics {
@@ -132,14 +141,13 @@ pub struct Measurement {
     /// How the pair was compared.
     pub kind: CompareKind,
     /// Metrics of full tensors.
-    pub metrics: Option<Metrics>,
+    pub metrics: Option<Box<Metrics>>,
     /// Whether the checksums agree, when both sides have one.
     pub checksum_equal: Option<bool>,
-    /// Differences of the recorded statistics, when both sides have them.
-    pub stat_diff: Option<StatDiff>,
 }
 
-/// Measures one pair.
+/// Measures one pair (statistics differences are the judge's to derive, see
+/// [`Measured::stat_diff`]).
 pub fn measure(t: Sides<&TensorRec>, caches: &Sides<ShardCache>) -> Result<Measurement> {
     let kind = kind_of(&t);
     let (b, c) = (t.bench, t.cmp);
@@ -147,7 +155,7 @@ pub fn measure(t: Sides<&TensorRec>, caches: &Sides<ShardCache>) -> Result<Measu
         let bt = caches.bench.open(&b.data, &c.name, &b.dtype, &b.shape)?;
         let ct = caches.cmp.open(&c.data, &c.name, &c.dtype, &c.shape)?;
         match (bt, ct) {
-            (Some(bt), Some(ct)) => Some(metrics::compare_tensors(&bt, &ct)?),
+            (Some(bt), Some(ct)) => Some(Box::new(metrics::compare_tensors(&bt, &ct)?)),
             _ => None,
         }
     } else {
@@ -157,15 +165,10 @@ pub fn measure(t: Sides<&TensorRec>, caches: &Sides<ShardCache>) -> Result<Measu
         (Some(x), Some(y)) => Some(x == y),
         _ => None,
     };
-    let stat_diff = match (&b.stats, &c.stats) {
-        (Some(sb), Some(sc)) => Some(metrics::stat_diff(sb, sc)),
-        _ => None,
-    };
     Ok(Measurement {
         kind,
         metrics,
         checksum_equal,
-        stat_diff,
     })
 }
 
@@ -195,7 +198,6 @@ impl Measured {
             kind: x.kind,
             metrics: x.metrics,
             checksum_equal: x.checksum_equal,
-            stat_diff: x.stat_diff,
         }
     }
 }

@@ -108,15 +108,19 @@ fn opt(s: Option<&str>) -> Cell<'_> {
 
 /// A metric of full tensors.
 fn metric(l: &Line, f: fn(&crate::metrics::Metrics) -> Option<f64>) -> Cell<'static> {
-    Cell::Number(l.row().and_then(|r| r.tensor.metrics.as_ref()).and_then(f))
+    Cell::Number(
+        l.row()
+            .and_then(|r| r.tensor.metrics.as_deref())
+            .and_then(f),
+    )
 }
 
 /// A statistics difference.
 fn diff(l: &Line, f: fn(&crate::metrics::StatDiff) -> Option<f64>) -> Cell<'static> {
     Cell::Number(
         l.row()
-            .and_then(|r| r.tensor.stat_diff.as_ref())
-            .and_then(f),
+            .and_then(|r| r.tensor.stat_diff())
+            .and_then(|d| f(&d)),
     )
 }
 
@@ -388,7 +392,7 @@ pub const COLUMNS: &[Column] = &[
     ),
     col!(parquet only: "nan_inf_agree", "NaN/Inf Agree", Flag, |l| Cell::Flag(
         l.row()
-            .and_then(|r| r.tensor.metrics)
+            .and_then(|r| r.tensor.metrics.as_ref())
             .map(|m| m.nan_inf_agree())
     )),
     col!("checksum_equal", "Checksum Equal", 9.0, Flag, |l| {

@@ -147,7 +147,7 @@ impl OpLines {
             // The op's lowest cosine and largest absolute error among its tensors.
             let metric = |get: fn(&Metrics) -> Option<f64>, pick: fn(f64, f64) -> f64| {
                 op.iter()
-                    .filter_map(|r| r.tensor.metrics.as_ref().and_then(get))
+                    .filter_map(|r| r.tensor.metrics.as_deref().and_then(get))
                     .reduce(pick)
             };
             self.out.push(OpLine {
@@ -253,8 +253,8 @@ impl Document for CompareDocument<'_> {
                     verdict: j.verdict,
                     err: j.err,
                     tolerance: j.tolerance,
-                    cosine: t.metrics.and_then(|m| m.cosine),
-                    max_rel: t.metrics.map(|m| m.max_rel),
+                    cosine: t.metrics.as_ref().and_then(|m| m.cosine),
+                    max_rel: t.metrics.as_ref().map(|m| m.max_rel),
                 })
             })
         })
