@@ -7,9 +7,9 @@
 use super::Sides;
 use crate::dtype::AnyDType;
 use crate::dump::{Direction, OpKey, OpKind, OpRec, RankDump, Role, TensorRec};
+use foldhash::{HashMap, HashMapExt};
 use serde::{Deserialize, Serialize};
 use std::borrow::Cow;
-use std::collections::HashMap;
 
 /// The op a tensor belongs to, as reports and the localiser need it.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]

@@ -26,7 +26,8 @@ use super::{Row, Tolerances, Verdict};
 use crate::dump::{Direction, Role};
 use crate::op_key::Randomness;
 use crate::schema::summary::{Finding, Findings};
-use std::collections::{BTreeMap, HashMap};
+use foldhash::HashMap;
+use std::collections::BTreeMap;
 
 /// The rows of one op, in slot order.
 type OpRows<'a> = Vec<&'a Row>;

@@ -13,8 +13,9 @@
 use super::{Row, UnitSummary, Verdict};
 use crate::dump::{Collective, Direction, OpRec, Role};
 use crate::schema::summary::{label_key, Finding, Origin, Propagation, Via};
+use foldhash::{HashMap, HashMapExt};
 use serde::{Deserialize, Serialize};
-use std::collections::{BTreeMap, HashMap};
+use std::collections::BTreeMap;
 
 /// One collective call of a rank (the comparison side's record) with the compare's
 /// findings at it.

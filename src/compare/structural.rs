@@ -33,8 +33,9 @@ use super::align::{
 use super::mapping::Mapping;
 use super::Sides;
 use crate::dump::{Direction, OpKind, OpRec, RankDump, Role};
+use foldhash::{HashMap, HashMapExt, HashSet};
 use std::borrow::Cow;
-use std::collections::{BTreeMap, HashMap, HashSet};
+use std::collections::BTreeMap;
 use std::hash::{Hash, Hasher};
 
 /// Largest gap (calls × calls) aligned by the quadratic longest common subsequence.

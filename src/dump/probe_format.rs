@@ -11,7 +11,8 @@ use crate::dtype::AnyDType;
 use crate::error::{one_line, ProbeError, Result};
 use crate::schema::dump::{ManifestRecord, OpRecord, StackRecord, TensorRecord};
 use crate::tensor::Data;
-use std::collections::{BTreeMap, HashMap, HashSet};
+use std::collections::{BTreeMap, HashMap};
+use std::hash::BuildHasher;
 use std::io::{BufRead, BufReader, Read};
 use std::path::Path;
 
@@ -404,8 +405,25 @@ pub struct OpLog {
 /// increasing, tensor names unique. `path` names the file in errors ([`ProbeError::BadRecord`]
 /// with its line number); `dir` is the rank folder. `load` reads `ops.jsonl` through this.
 pub fn parse_op_log(reader: impl BufRead, path: &Path, dir: &Path) -> Result<OpLog> {
-    let mut ops: Vec<OpRec> = Vec::new();
-    let mut names: HashSet<String> = HashSet::new();
+    parse_op_log_sized(reader, path, dir, 0)
+}
+
+/// The shortest op record line expected in practice (one tensor with its statistics takes
+/// about 250 bytes): a log's size over this is room for its records reserved up front.
+const TYPICAL_MIN_LINE: u64 = 192;
+
+/// [`parse_op_log`] of a log of `bytes` bytes: the record list is reserved once for the
+/// records it can hold (memory not written stays untouched), instead of growing by doubling
+/// and being shrunk at the end, which copied and page-faulted a million-op log's records
+/// about three times over.
+fn parse_op_log_sized(reader: impl BufRead, path: &Path, dir: &Path, bytes: u64) -> Result<OpLog> {
+    let expected = usize::try_from(bytes / TYPICAL_MIN_LINE).unwrap_or(0);
+    let mut ops: Vec<OpRec> = Vec::with_capacity(expected);
+    // Tensor names seen so far, by hash: copying every name into a set held a second copy
+    // of each while a million-tensor log was read. A hash met twice is checked against
+    // the names themselves, so a collision is never taken for a duplicate.
+    let hasher = foldhash::fast::RandomState::default();
+    let mut names: foldhash::HashSet<u64> = foldhash::HashSetExt::new();
     let mut has_dataflow = false;
     let mut offsets: HashMap<String, [u64; 2]> = HashMap::new();
     let mut op_offsets: Declared = Vec::new();
@@ -420,9 +438,12 @@ pub fn parse_op_log(reader: impl BufRead, path: &Path, dir: &Path) -> Result<OpL
                 )));
             }
         }
-        for t in &op.tensors {
-            if !names.insert(t.name.clone()) {
-                return Err(one_line(format!("duplicate tensor name {}", t.name)));
+        for (i, t) in op.tensors.iter().enumerate() {
+            if !names.insert(hasher.hash_one(t.name.as_str())) {
+                let earlier = ops.iter().flat_map(|o| &o.tensors);
+                if earlier.chain(&op.tensors[..i]).any(|e| e.name == t.name) {
+                    return Err(one_line(format!("duplicate tensor name {}", t.name)));
+                }
             }
             has_dataflow |= t.id.is_some();
         }
@@ -430,7 +451,10 @@ pub fn parse_op_log(reader: impl BufRead, path: &Path, dir: &Path) -> Result<OpL
         offsets.extend(op_offsets.drain(..));
         Ok(())
     })?;
-    ops.shrink_to_fit();
+    // Only a far smaller log than its size suggested gives its room back.
+    if ops.len() < ops.capacity() / 2 {
+        ops.shrink_to_fit();
+    }
     Ok(OpLog {
         ops,
         has_dataflow,
@@ -443,7 +467,9 @@ pub fn parse_op_log(reader: impl BufRead, path: &Path, dir: &Path) -> Result<OpL
 /// Shards a crash left unfinished or absent are salvaged (see `salvage_shards`).
 pub fn load(loc: &RankLoc) -> Result<RankDump> {
     let ops_path = loc.dir.join("ops.jsonl");
-    let mut log = parse_op_log(open_jsonl(&ops_path)?, &ops_path, &loc.dir)?;
+    let reader = open_jsonl(&ops_path)?;
+    let bytes = reader.get_ref().metadata().map_or(0, |m| m.len());
+    let mut log = parse_op_log_sized(reader, &ops_path, &loc.dir, bytes)?;
     let mut warnings = Vec::new();
     let mut incomplete = Vec::new();
     if let Some(w) = log.warning.take() {
