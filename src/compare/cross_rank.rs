@@ -25,12 +25,40 @@ pub struct CollectiveCall {
     pub seq: u64,
     /// The op key.
     pub op: String,
-    /// Its process group and sequence within it.
-    pub collective: Collective,
+    /// Its process group: an index into [`Collectives::groups`].
+    pub group: u32,
+    /// Its sequence number within the group and step.
+    pub coll_seq: u64,
     /// Some input of the call is out of tolerance.
     pub inputs_differ: bool,
     /// Some output of the call is out of tolerance.
     pub output_differs: bool,
+}
+
+/// A unit's collective calls, in execution order, and the distinct process groups they
+/// name. Every rank of a run keeps its calls until the cross-rank analysis; a group is a
+/// list of up to world-size ranks, so it is held once per unit, not once per call (which
+/// grew with ranks × calls × world size: gigabytes at a thousand ranks).
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Collectives {
+    /// The distinct groups, in order of first call.
+    pub groups: Vec<Vec<u32>>,
+    /// The calls.
+    pub calls: Vec<CollectiveCall>,
+}
+
+impl Collectives {
+    /// The group of a call of this unit.
+    pub fn group(&self, c: &CollectiveCall) -> &[u32] {
+        self.groups
+            .get(c.group as usize)
+            .map_or(&[], |g| g.as_slice())
+    }
+
+    /// Whether the unit recorded no collective.
+    pub fn is_empty(&self) -> bool {
+        self.calls.is_empty()
+    }
 }
 
 /// The collectives of an op log, in execution order, before they are judged.
@@ -41,9 +69,9 @@ pub fn calls_of(ops: &[OpRec]) -> Vec<(u64, String, Collective)> {
 }
 
 /// Marks each collective call with whether its inputs and outputs are out of tolerance.
-pub fn judge_calls(calls: Vec<(u64, String, Collective)>, rows: &[Row]) -> Vec<CollectiveCall> {
+pub fn judge_calls(calls: Vec<(u64, String, Collective)>, rows: &[Row]) -> Collectives {
     if calls.is_empty() {
-        return Vec::new();
+        return Collectives::default();
     }
     // seq -> (an input fails, an output fails)
     let mut at: HashMap<u64, (bool, bool)> = calls.iter().map(|c| (c.0, (false, false))).collect();
@@ -63,19 +91,29 @@ pub fn judge_calls(calls: Vec<(u64, String, Collective)>, rows: &[Row]) -> Vec<C
             e.1 = true;
         }
     }
-    calls
+    let mut groups: Vec<Vec<u32>> = Vec::new();
+    let calls = calls
         .into_iter()
         .map(|(seq, op, collective)| {
             let (inputs_differ, output_differs) = at[&seq];
+            let group = match groups.iter().position(|g| *g == collective.group) {
+                Some(i) => i,
+                None => {
+                    groups.push(collective.group);
+                    groups.len() - 1
+                }
+            };
             CollectiveCall {
                 seq,
                 op,
-                collective,
+                group: group as u32,
+                coll_seq: collective.seq,
                 inputs_differ,
                 output_differs,
             }
         })
-        .collect()
+        .collect();
+    Collectives { groups, calls }
 }
 
 /// The collective epoch of the op at `seq`: how many of the rank's collectives (sorted by
@@ -120,11 +158,11 @@ fn first_divergent(u: &UnitSummary) -> Option<&Finding> {
         .min_by_key(|x| x.seq)
 }
 
-fn via(c: &CollectiveCall) -> Via {
+fn via(u: &UnitSummary, c: &CollectiveCall) -> Via {
     Via {
         op: c.op.clone(),
-        group: c.collective.group.clone(),
-        coll_seq: c.collective.seq,
+        group: u.collectives.group(c).to_vec(),
+        coll_seq: c.coll_seq,
     }
 }
 
@@ -152,16 +190,16 @@ pub fn analyze(units: &[UnitSummary]) -> Option<CrossRank> {
         let Some(n) = rank_number(&u.rank) else {
             continue;
         };
-        for c in &u.collectives {
+        for c in &u.collectives.calls {
             table
-                .entry((c.collective.group.as_slice(), c.collective.seq))
+                .entry((u.collectives.group(c), c.coll_seq))
                 .or_default()
                 .push((n, c));
         }
     }
-    let differing = |c: &CollectiveCall| -> Vec<u32> {
+    let differing = |u: &UnitSummary, c: &CollectiveCall| -> Vec<u32> {
         let mut v: Vec<u32> = table
-            .get(&(c.collective.group.as_slice(), c.collective.seq))
+            .get(&(u.collectives.group(c), c.coll_seq))
             .into_iter()
             .flatten()
             .filter(|(_, x)| x.inputs_differ)
@@ -178,9 +216,10 @@ pub fn analyze(units: &[UnitSummary]) -> Option<CrossRank> {
         let Some(f) = first_divergent(u) else {
             continue;
         };
-        let e = epoch(&u.collectives, f.seq);
+        let e = epoch(&u.collectives.calls, f.seq);
         let call = u
             .collectives
+            .calls
             .iter()
             .find(|c| c.seq == f.seq && !c.inputs_differ);
         let (kind, first) = match call {
@@ -192,13 +231,13 @@ pub fn analyze(units: &[UnitSummary]) -> Option<CrossRank> {
     // The origin: the earliest local divergence or faulty collective (inputs agree on every
     // rank of the group) on the timeline.
     firsts.sort_by(|a, b| a.0.cmp(&b.0));
-    let (_, ou, of) = firsts.iter().find(|(_, _, f)| match f {
+    let (_, ou, of) = firsts.iter().find(|(_, u, f)| match f {
         First::Local(_) => true,
-        First::Inherited(_, c) => differing(c).is_empty(),
+        First::Inherited(_, c) => differing(u, c).is_empty(),
     })?;
     let (finding, collective) = match of {
         First::Local(f) => (*f, None),
-        First::Inherited(f, c) => (*f, Some(via(c))),
+        First::Inherited(f, c) => (*f, Some(via(ou, c))),
     };
     let origin = Origin {
         step: ou.step.clone(),
@@ -211,7 +250,7 @@ pub fn analyze(units: &[UnitSummary]) -> Option<CrossRank> {
         .into(),
         op: finding.op.clone(),
         seq: finding.seq,
-        epoch: epoch(&ou.collectives, finding.seq),
+        epoch: epoch(&ou.collectives.calls, finding.seq),
         direction: finding.direction,
         tensor: finding.tensor.clone(),
         collective,
@@ -225,8 +264,8 @@ pub fn analyze(units: &[UnitSummary]) -> Option<CrossRank> {
             propagation.push(Propagation {
                 step: u.step.clone(),
                 rank: u.rank.clone(),
-                via: via(c),
-                from_ranks: differing(c),
+                via: via(u, c),
+                from_ranks: differing(u, c),
             });
         }
     }
@@ -329,13 +368,39 @@ mod tests {
         CollectiveCall {
             seq,
             op: format!("Distributed.all_reduce.{coll}.forward"),
-            collective: Collective {
-                group: vec![0, 1],
-                seq: coll,
-            },
+            group: 0,
+            coll_seq: coll,
             inputs_differ: false,
             output_differs: false,
         }
+    }
+
+    #[test]
+    fn a_units_calls_hold_each_group_once() {
+        let coll = |group: Vec<u32>, seq| Collective { group, seq };
+        let calls = vec![
+            (
+                3,
+                "Distributed.all_reduce.0.forward".into(),
+                coll(vec![0, 1, 2, 3], 0),
+            ),
+            (
+                5,
+                "Distributed.broadcast.0.forward".into(),
+                coll(vec![0, 2], 0),
+            ),
+            (
+                9,
+                "Distributed.all_reduce.1.forward".into(),
+                coll(vec![0, 1, 2, 3], 1),
+            ),
+        ];
+        let c = judge_calls(calls, &[]);
+        assert_eq!(c.groups, vec![vec![0, 1, 2, 3], vec![0, 2]]);
+        let groups: Vec<&[u32]> = c.calls.iter().map(|x| c.group(x)).collect();
+        assert_eq!(groups, [&[0, 1, 2, 3][..], &[0, 2], &[0, 1, 2, 3]]);
+        let seqs: Vec<(u64, u64)> = c.calls.iter().map(|x| (x.seq, x.coll_seq)).collect();
+        assert_eq!(seqs, [(3, 0), (5, 0), (9, 1)]);
     }
 
     #[test]

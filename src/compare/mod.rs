@@ -117,7 +117,7 @@ pub struct UnitResult {
     pub floor: Option<DType>,
     /// The comparison side's collectives that name their group and sequence, in
     /// execution order, with what the compare found at each (cross-rank analysis).
-    pub collectives: Vec<cross_rank::CollectiveCall>,
+    pub collectives: cross_rank::Collectives,
 }
 
 /// What a unit found, without its rows: small, held for every unit of a run; all the
@@ -145,7 +145,7 @@ pub struct UnitSummary {
     /// The precision floor this unit leaves to the rank's next step (judge.rs).
     pub floor: Option<DType>,
     /// The comparison side's collectives (cross-rank analysis).
-    pub collectives: Vec<cross_rank::CollectiveCall>,
+    pub collectives: cross_rank::Collectives,
     /// Tensor counts of this unit (`pairs` 1, `ops` as above).
     pub counts: Counts,
     /// The unit's worst ops, worst first, at most [`WORST_OPS`]: the run's worst ops are
