@@ -125,6 +125,23 @@ fn corrupt_line_in_the_middle_of_the_op_log() {
 }
 
 #[test]
+fn op_log_with_a_huge_hole() {
+    // A corrupt op log whose size says gigabytes (a sparse file: valid records, then a
+    // hole of zero bytes). The reader sizes its record list from the file (tens of
+    // millions of records here) and reads on line by line: the hole is a bad record, found
+    // without reading the gigabytes or holding them.
+    let t = tempfile::tempdir().unwrap();
+    demo(t.path());
+    let p = rank(t.path(), "cmp").join("ops.jsonl");
+    let lines = std::fs::read_to_string(&p).unwrap().lines().count();
+    let f = std::fs::OpenOptions::new().write(true).open(&p).unwrap();
+    f.set_len(8 << 30).unwrap();
+    drop(f);
+    let o = compare(t.path(), &[]);
+    assert_input_error(&o, 2, &format!("ops.jsonl:{}: bad op record", lines + 1));
+}
+
+#[test]
 fn truncated_last_line_of_a_crashed_run_is_skipped_with_a_warning() {
     let t = tempfile::tempdir().unwrap();
     demo(t.path());

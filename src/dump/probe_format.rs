@@ -418,7 +418,10 @@ const TYPICAL_MIN_LINE: u64 = 192;
 /// about three times over.
 fn parse_op_log_sized(reader: impl BufRead, path: &Path, dir: &Path, bytes: u64) -> Result<OpLog> {
     let expected = usize::try_from(bytes / TYPICAL_MIN_LINE).unwrap_or(0);
-    let mut ops: Vec<OpRec> = Vec::with_capacity(expected);
+    let mut ops: Vec<OpRec> = Vec::new();
+    // A size no memory can hold (a corrupt or sparse file) reserves nothing: the list then
+    // grows as records are read, and such a file fails on its first bad line.
+    let _ = ops.try_reserve_exact(expected);
     // Tensor names seen so far, by hash: copying every name into a set held a second copy
     // of each while a million-tensor log was read. A hash met twice is checked against
     // the names themselves, so a collision is never taken for a duplicate.
