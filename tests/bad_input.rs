@@ -348,23 +348,11 @@ fn output_inside_an_input_dump_is_refused() {
     let t = tempfile::tempdir().unwrap();
     demo(t.path());
     let inside = t.path().join("cmp/reports");
-    let o = probe(&[
-        "compare",
-        "-b",
-        t.path().join("bench").to_str().unwrap(),
-        "-c",
-        t.path().join("cmp").to_str().unwrap(),
-        "-o",
-        inside.to_str().unwrap(),
-    ]);
+    let (bench, cmp) = (t.path().join("bench"), t.path().join("cmp"));
+    let o = compare_paths(&bench, &cmp, &inside, &[]);
     assert_input_error(&o, 2, "inside the input dump");
     assert!(!inside.exists(), "nothing written");
-    let o = probe(&[
-        "scan",
-        t.path().join("cmp").to_str().unwrap(),
-        "-o",
-        inside.to_str().unwrap(),
-    ]);
+    let o = scan(&cmp, &inside, &[]);
     assert_input_error(&o, 2, "inside the input dump");
 }
 

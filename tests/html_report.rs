@@ -137,13 +137,7 @@ fn scan_writes_a_page_too() {
     synth(t.path(), &["--nan", "Functional.gelu.1"]);
     let cmp = t.path().join("cmp");
     let out = t.path().join("out");
-    let o = probe(&[
-        "scan",
-        cmp.to_str().unwrap(),
-        "-o",
-        out.to_str().unwrap(),
-        "-q",
-    ]);
+    let o = scan(&cmp, &out, &["-q"]);
     assert_eq!(o.code, 1, "{}", o.stderr);
     let html = page(t.path(), "scan.html");
     assert_self_contained(&html);

@@ -6,12 +6,6 @@ use common::*;
 use probe::schema::dump::{OpRecord, Stat, StatsRecord, TensorRecord};
 use std::path::{Path, PathBuf};
 
-fn scan(dump: &Path, out: &Path, extra: &[&str]) -> Out {
-    let mut a = vec!["scan", dump.to_str().unwrap(), "-o", out.to_str().unwrap()];
-    a.extend_from_slice(extra);
-    probe(&a)
-}
-
 fn json(out: &Path) -> serde_json::Value {
     let text = std::fs::read_to_string(out.join("summary.json")).expect("summary.json");
     serde_json::from_str(&text).expect("JSON")

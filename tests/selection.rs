@@ -97,19 +97,11 @@ fn scan_reads_only_the_selection() {
     );
     let cmp = t.path().join("cmp");
     let out = t.path().join("scan");
-    let o = probe(&[
-        "scan",
-        cmp.to_str().unwrap(),
-        "-o",
-        out.to_str().unwrap(),
-        "-q",
-        "--format",
-        "json",
-        "--steps",
-        "1",
-        "--ranks",
-        "1",
-    ]);
+    let o = scan(
+        &cmp,
+        &out,
+        &["-q", "--format", "json", "--steps", "1", "--ranks", "1"],
+    );
     assert_eq!(o.code, 1, "{}", o.stderr);
     let s: Value =
         serde_json::from_str(&std::fs::read_to_string(out.join("summary.json")).unwrap()).unwrap();

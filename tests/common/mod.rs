@@ -67,6 +67,13 @@ pub fn compare_to(dir: &Path, out: &str, extra: &[&str]) -> Out {
     compare_paths(&dir.join("bench"), &dir.join("cmp"), &dir.join(out), extra)
 }
 
+/// `probe scan DUMP -o OUT extra...`
+pub fn scan(dump: &Path, out: &Path, extra: &[&str]) -> Out {
+    let mut a = vec!["scan", dump.to_str().unwrap(), "-o", out.to_str().unwrap()];
+    a.extend_from_slice(extra);
+    probe(&a)
+}
+
 /// `probe compare -b B -c C -o OUT extra...`
 pub fn compare_paths(b: &Path, c: &Path, out: &Path, extra: &[&str]) -> Out {
     let mut a = vec![
