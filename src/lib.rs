@@ -30,7 +30,7 @@ pub mod synth;
 pub mod tensor;
 pub mod verdict;
 
-pub use compare::{CompareRun, Options, Sides, UnitResult};
+pub use compare::{CompareRun, Options, Sides, UnitSummary};
 pub use error::{ProbeError, Result};
 pub use gate::FailOn;
 pub use schema::summary::Summary;

@@ -3,7 +3,7 @@
 //! one way a naive "first failing row" verdict goes wrong (docs/compare.md).
 
 use probe::compare::judge::Equality;
-use probe::compare::{self, Options, Sides, Unit, UnitResult, Verdict};
+use probe::compare::{self, Options, Sides, Unit, Verdict};
 use probe::dtype::{AnyDType, DType};
 use probe::dump::{Direction, Format, OpKey, OpRec, RankDump, RankLoc, Role, Stats, TensorRec};
 use probe::tensor::{Data, ShardCache};
@@ -99,14 +99,21 @@ fn loc() -> RankLoc {
     }
 }
 
-fn run(bench: Log, cmp: Log) -> UnitResult {
+/// What the tests read of a compared unit: its rows, its unmatched tensors, its findings.
+struct Compared {
+    rows: Vec<compare::Row>,
+    unmatched: Vec<compare::Unmatched>,
+    findings: probe::schema::summary::Findings,
+}
+
+fn run(bench: Log, cmp: Log) -> Compared {
     let unit = Unit {
         step: "step0".into(),
         rank: "rank0".into(),
         locs: Sides::new(loc(), loc()),
     };
     let caches = Sides::<ShardCache>::default();
-    compare::compare_unit(
+    let (summary, table) = compare::compare_unit(
         &unit,
         Sides::new(bench.dump(), cmp.dump()),
         &Options::default(),
@@ -114,7 +121,12 @@ fn run(bench: Log, cmp: Log) -> UnitResult {
         &probe::progress::Progress::hidden(),
         None,
     )
-    .expect("in-memory unit compares")
+    .expect("in-memory unit compares");
+    Compared {
+        rows: table.rows,
+        unmatched: table.unmatched,
+        findings: summary.findings,
+    }
 }
 
 const CHAIN: [&str; 4] = [

@@ -6,11 +6,11 @@
 //! measure  TensorMatch               -> Measured  (metrics / statistics differences, parallel)
 //! judge    [Measured]                -> [Row]     (verdict, reason, tolerance, precision)
 //! analyze  [Row]                     -> Findings  (first divergent op, outside source, NaN)
-//!          every unit                -> UnitResult -> UnitSummary + parked UnitTable
+//!          every unit                -> UnitSummary + parked UnitTable
 //!          all units                 -> CompareRun { units: [UnitSummary], tables }
 //! ```
 //! The run-wide verdict ([`crate::verdict`]) and the reports ([`crate::report`]) read a
-//! [`CompareRun`] only; a [`UnitResult`] is self-contained, so units can be compared apart
+//! [`CompareRun`] only; a unit's result is self-contained, so units can be compared apart
 //! (sharded) and their results combined. Its rows are parked ([`tables`]) so that a run's
 //! memory does not grow with its number of units.
 
@@ -84,40 +84,6 @@ impl<T> Sides<T> {
     pub fn pair(&self) -> (&T, &T) {
         (&self.bench, &self.cmp)
     }
-}
-
-/// Everything compared in one unit (one step/rank pair), with its findings; split into a
-/// [`UnitSummary`] and a [`UnitTable`] once done.
-#[derive(Debug, Clone)]
-pub struct UnitResult {
-    /// Step label (`step0`), as on the comparison side.
-    pub step: String,
-    /// Rank label (`rank0`, `proc123`), as on the comparison side.
-    pub rank: String,
-    /// The two rank folders.
-    pub dirs: Sides<PathBuf>,
-    /// Op records of the comparison side.
-    pub ops: usize,
-    /// Matched tensors in the comparison run's execution order.
-    pub rows: Vec<Row>,
-    /// Tensors present on one side only (never dropped, never a pass).
-    pub unmatched: Vec<Unmatched>,
-    /// Stretches whose code paths differ, compared at their boundary tensors.
-    pub regions: Vec<Region>,
-    /// What the localiser found.
-    pub findings: Findings,
-    /// Non-fatal problems met while reading this unit.
-    pub warnings: Vec<String>,
-    /// Set when a side of this unit is incomplete (a crashed run): what was compared is
-    /// what both sides hold, up to the incomplete side's last record.
-    pub incomplete: Option<IncompleteUnit>,
-    /// How much of each side found a counterpart (`--max-unmatched`).
-    pub coverage: Sides<coverage::SideCoverage>,
-    /// The precision floor this unit leaves to the rank's next step (judge.rs).
-    pub floor: Option<DType>,
-    /// The comparison side's collectives that name their group and sequence, in
-    /// execution order, with what the compare found at each (cross-rank analysis).
-    pub collectives: cross_rank::Collectives,
 }
 
 /// What a unit found, without its rows: small, held for every unit of a run; all the
@@ -211,45 +177,15 @@ impl UnitSummary {
     }
 }
 
-impl UnitResult {
-    /// The unit's summary and its table (see [`tables`]).
-    pub fn split(self) -> (UnitSummary, UnitTable) {
-        let counts = unit_counts(&self);
-        let worst = unit_worst(&self);
-        let chart = ChartCounts::of(&self.rows);
-        let summary = UnitSummary {
-            step: self.step,
-            rank: self.rank,
-            dirs: self.dirs,
-            ops: self.ops,
-            regions: self.regions,
-            findings: self.findings,
-            warnings: self.warnings,
-            incomplete: self.incomplete,
-            coverage: self.coverage,
-            floor: self.floor,
-            collectives: self.collectives,
-            counts,
-            worst,
-            chart,
-        };
-        let table = UnitTable {
-            rows: self.rows,
-            unmatched: self.unmatched,
-        };
-        (summary, table)
-    }
-}
-
-/// The counts of one unit.
-fn unit_counts(u: &UnitResult) -> Counts {
+/// The counts of one unit of `ops` op records (comparison side).
+fn unit_counts(ops: usize, t: &UnitTable) -> Counts {
     let mut c = Counts {
         pairs: 1,
-        ops: u.ops,
-        tensors: u.rows.len(),
+        ops,
+        tensors: t.rows.len(),
         ..Counts::default()
     };
-    for r in &u.rows {
+    for r in &t.rows {
         match r.judgement.verdict {
             Verdict::Pass => c.pass += 1,
             Verdict::Warning => c.warning += 1,
@@ -262,7 +198,7 @@ fn unit_counts(u: &UnitResult) -> Counts {
             .entry(r.tensor.matched_by.name().to_string())
             .or_default() += 1;
     }
-    for x in &u.unmatched {
+    for x in &t.unmatched {
         match (x.why, x.side) {
             (Why::Recompute, _) => c.recompute += 1,
             (Why::Inside, _) => c.inside += 1,
@@ -275,10 +211,10 @@ fn unit_counts(u: &UnitResult) -> Counts {
 }
 
 /// The unit's [`WORST_OPS`] worst ops (not passing), worst first; ties in op order.
-fn unit_worst(u: &UnitResult) -> Vec<WorstCandidate> {
+fn unit_worst(unit: &Unit, rows: &[Row]) -> Vec<WorstCandidate> {
     // The worst row of each op (the first of equals).
     let mut best: BTreeMap<usize, &Row> = BTreeMap::new();
-    for r in &u.rows {
+    for r in rows {
         if r.judgement.verdict == Verdict::Pass {
             continue;
         }
@@ -294,8 +230,8 @@ fn unit_worst(u: &UnitResult) -> Vec<WorstCandidate> {
         .into_values()
         .map(|r| WorstCandidate {
             op: WorstOp {
-                step: u.step.clone(),
-                rank: u.rank.clone(),
+                step: unit.step.clone(),
+                rank: unit.rank.clone(),
                 seq: r.tensor.op.seq,
                 op: r.tensor.op.key.to_string(),
                 verdict: r.judgement.verdict,
@@ -423,8 +359,9 @@ impl Default for Options {
 }
 
 /// Compares one unit from its two op logs (already read): align, measure, judge, analyze.
-/// `floor` is the precision floor the rank's earlier steps left (`UnitResult::floor` of
-/// the previous step; None for a first step).
+/// Returns what it found (small, held for the whole run) and its rows (parked until the
+/// reports). `floor` is the precision floor the rank's earlier steps left
+/// (`UnitSummary::floor` of the previous step; None for a first step).
 pub fn compare_unit(
     unit: &Unit,
     dumps: Sides<dump::RankDump>,
@@ -432,7 +369,7 @@ pub fn compare_unit(
     caches: &Sides<ShardCache>,
     progress: &Progress,
     floor: Option<DType>,
-) -> Result<UnitResult> {
+) -> Result<(UnitSummary, UnitTable)> {
     let mut dumps = dumps;
     if opts.level != Level::Mix {
         for d in [&mut dumps.bench, &mut dumps.cmp] {
@@ -456,13 +393,12 @@ pub fn compare_unit(
         judge::judge_all(alignment, measurements, &opts.tolerances, floor);
     let findings = analyze::localize(&rows, &stacks, &unit.step, &unit.rank, &opts.tolerances);
     let collectives = cross_rank::judge_calls(calls, &rows);
-    Ok(UnitResult {
+    let table = UnitTable { rows, unmatched };
+    let summary = UnitSummary {
         step: unit.step.clone(),
         rank: unit.rank.clone(),
         dirs: unit.locs.as_ref().map(|l| l.dir.clone()),
         ops,
-        rows,
-        unmatched,
         regions,
         findings,
         warnings,
@@ -470,7 +406,11 @@ pub fn compare_unit(
         coverage,
         floor,
         collectives,
-    })
+        counts: unit_counts(ops, &table),
+        worst: unit_worst(unit, &table.rows),
+        chart: ChartCounts::of(&table.rows),
+    };
+    Ok((summary, table))
 }
 
 /// Which side of a unit is incomplete: `bench`, `cmp` or `both`.
@@ -626,10 +566,9 @@ pub fn run_part(
         // Each rank's precision floor carries into its next step (units are in step order).
         let carried = floors.get(&unit.rank).copied().flatten();
         stage.note(format!("{}/{}: aligning, measuring", unit.step, unit.rank));
-        let u = compare_unit(unit, dumps, opts, &caches, progress, carried)?;
+        let (summary, table) = compare_unit(unit, dumps, opts, &caches, progress, carried)?;
         stage.inc(1);
-        floors.insert(unit.rank.clone(), u.floor);
-        let (summary, table) = u.split();
+        floors.insert(unit.rank.clone(), summary.floor);
         let table = parking.park(table, Some(index) == last)?;
         outcomes.push((index, Outcome::Compared(Box::new(summary), table)));
     }

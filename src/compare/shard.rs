@@ -1,7 +1,7 @@
 //! Sharding: one compare split over many processes (a Slurm job array, a Kubernetes Indexed
 //! Job, one process per node), combined afterwards without re-reading a tensor.
 //!
-//! Why it works: a [`super::UnitResult`] depends on nothing outside its step/rank pair but the
+//! Why it works: a unit's result depends on nothing outside its step/rank pair but the
 //! precision floor its rank's previous step left, and every run-wide verdict (cross-rank
 //! origin, headline, counts) is computed from unit results only. So a shard takes whole
 //! ranks (every step of them, in order, so the floor chain stays inside the shard), compares

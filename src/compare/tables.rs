@@ -2,8 +2,8 @@
 //!
 //! Why: the reports need every row of the run (the parquet table, the workbook, the html
 //! plot), but a 1,000-rank job has tens of millions of them, about 1.1 KB each in memory;
-//! held until the end they grow with the number of ranks. So each unit's result is split
-//! in two ([`super::UnitResult::split`]): its [`super::UnitSummary`] (counts, findings,
+//! held until the end they grow with the number of ranks. So each unit's result comes
+//! in two ([`super::compare_unit`]): its [`super::UnitSummary`] (counts, findings,
 //! coverage, its worst ops: small, held for every unit, all the verdict needs) and its
 //! [`UnitTable`] (rows and unmatched tensors), which is *parked*: kept in memory while the
 //! run's parked rows fit a budget (`--row-memory`), appended to a temporary file in the
