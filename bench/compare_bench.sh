@@ -16,12 +16,7 @@ SIZE_GB=${SIZE_GB:-2}
 STATS_TENSORS=${STATS_TENSORS:-100000}
 WORK=${BENCH_DIR:-/tmp/probe-bench}
 mkdir -p "$WORK"
-if [ -n "${PROBE_BIN:-}" ]; then
-  P="$PROBE_BIN"
-else
-  cargo build --release --quiet
-  P="$PWD/target/release/probe"
-fi
+source bench/probe_bin.sh
 now() { date +%s.%N; }
 elapsed() { awk -v a="$1" -v b="$2" 'BEGIN { printf "%.3f", b - a }'; }
 

@@ -15,12 +15,7 @@ WIDTH=${WIDTH:-32}
 REPS=${REPS:-5}
 MODE=${MODE:-statistics}
 WORK=${BENCH_DIR:-/tmp/probe-bench-dist}
-if [ -n "${PROBE_BIN:-}" ]; then
-  P="$PROBE_BIN"
-else
-  cargo build --release --quiet
-  P="$PWD/target/release/probe"
-fi
+source bench/probe_bin.sh
 rm -rf "$WORK"
 mkdir -p "$WORK"
 "$P" synth -o "$WORK/with" --mode "$MODE" --ranks "$RANKS" --blocks "$BLOCKS" --width "$WIDTH" \

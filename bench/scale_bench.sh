@@ -20,12 +20,7 @@ ROW_MEMORY_ARGS=()
 if [ -n "${ROW_MEMORY:-}" ]; then
   ROW_MEMORY_ARGS=(--row-memory "$ROW_MEMORY")
 fi
-if [ -n "${PROBE_BIN:-}" ]; then
-  P="$PROBE_BIN"
-else
-  cargo build --release --quiet
-  P="$PWD/target/release/probe"
-fi
+source bench/probe_bin.sh
 mkdir -p "$WORK"
 printf "%-6s %10s %10s %10s %10s %12s %10s\n" ranks tensors wall_s cpu_s rss_MB wall/rank_x rss_x
 base_wall_per_rank=""

@@ -21,12 +21,7 @@ SHARDS=${SHARDS:-4}
 MODE=${MODE:-statistics}
 ROUNDS=${ROUNDS:-3}
 WORK=${BENCH_DIR:-/tmp/probe-bench-shard}
-if [ -n "${PROBE_BIN:-}" ]; then
-  P="$PROBE_BIN"
-else
-  cargo build --release --quiet
-  P="$PWD/target/release/probe"
-fi
+source bench/probe_bin.sh
 rm -rf "$WORK"
 mkdir -p "$WORK"
 cd "$WORK"
