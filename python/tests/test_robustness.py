@@ -24,11 +24,11 @@ def test_survives_exception_inside_hook(
     calls = {"n": 0}
     real = pd.stat_vector
 
-    def flaky(t: torch.Tensor, counts: bool) -> Any:
+    def flaky(t: torch.Tensor) -> Any:
         calls["n"] += 1
         if calls["n"] == 5:
             raise RuntimeError("boom inside a hook")
-        return real(t, counts)
+        return real(t)
 
     monkeypatch.setattr(pd, "stat_vector", flaky)
     dbg = probe.Debugger(None, dump_path=dump, level="mix")

@@ -393,7 +393,7 @@ class Debugger:
 
     # ------------------------------------------------------------------ tensor -> record
 
-    def _capture(self, t: torch.Tensor, counts: bool) -> Captured:
+    def _capture(self, t: torch.Tensor) -> Captured:
         """Stats vector on the device, plus a host copy (tensor mode) or checksum."""
         if t.layout is not _STRIDED or t.is_meta:
             return None, None, None
@@ -401,7 +401,7 @@ class Debugger:
         if prev:
             torch._C._set_grad_enabled(False)
         try:
-            vec = stat_vector(t, counts)
+            vec = stat_vector(t)
             mode = self.config.mode
             if mode == "statistics" or t.dtype not in STORABLE:
                 return vec, None, None
@@ -424,7 +424,8 @@ class Debugger:
     ) -> TensorRecord:
         """Record one tensor: metadata now, stats as a device vector, data to the writer.
 
-        ``counts``: take NaN/Inf counts now (the tensor is about to change in place).
+        ``counts``: the tensor is about to change in place (overflow mode then keeps a copy
+        of it as the op saw it; the statistics take their NaN/Inf counts now in every case).
         ``pre``: what :meth:`_capture` already took of it (parameter gradients).
         ``same_as``: the finished record of the captured output this tensor *is* (same
         object, same version); its stats/checksum are reused, only data is stored again.
@@ -457,7 +458,7 @@ class Debugger:
             rec["stats"] = same_as["stats"]
             vec, host, crc = None, self._files.pool.copy(t), None
         else:
-            vec, host, crc = pre if pre is not None else self._capture(t, counts)
+            vec, host, crc = pre if pre is not None else self._capture(t)
         if crc is not None:
             rec["checksum"] = crc
         if host is not None:
@@ -481,7 +482,7 @@ class Debugger:
         overflow mode a device copy, checked and recorded at ``stop()``."""
         if self._overflow:
             return self._snapshot(g), (None, None, None)
-        return g, self._capture(g, True)
+        return g, self._capture(g)
 
     def _finish(self, op: OpRecord) -> None:
         """Stack all stats of the op into one vector on its device and hand the record to
@@ -563,7 +564,7 @@ class Debugger:
                 continue
             rec["dtype"] = dtype_name(t.dtype)
             rec["shape"] = list(t.shape)
-            vec, host, _ = self._capture(t, True)
+            vec, host, _ = self._capture(t)
             if host is not None:
                 rec["file"], rec["data_offsets"] = self._files.store(folder, rec["name"], host)
             entries.append((rec, vec, None))

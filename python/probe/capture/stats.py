@@ -59,7 +59,7 @@ def dtype_name(dtype: torch.dtype) -> str:
     return name
 
 
-def stat_vector(t: torch.Tensor, counts: bool = False) -> Optional[list[torch.Tensor]]:
+def stat_vector(t: torch.Tensor) -> Optional[list[torch.Tensor]]:
     """Return ``[max, min, sum, norm(, nan, inf)]`` as 0-d tensors on ``t``'s device.
 
     Three reductions per tensor (``aminmax``, ``sum``, ``vector_norm``; ``var_mean`` would
@@ -70,8 +70,8 @@ def stat_vector(t: torch.Tensor, counts: bool = False) -> Optional[list[torch.Te
     (a 0-d CPU read costs a fraction of a microsecond and syncs nothing), and a finite sum --
     which proves there is no NaN/Inf -- skips the two count passes, which cost several times
     the three reductions. On an accelerator nothing is read here (no host sync): floating-point
-    tensors get their two counts on the device. ``counts`` is kept for callers that say the
-    tensor is about to change in place; the counts are eager for every tensor now. Returns None
+    tensors get their two counts on the device. So a tensor about to change in place needs
+    nothing more than any other. Returns None
     for empty tensors and dtypes without meaningful statistics. Run with grad mode off.
     """
     dt = t.dtype
