@@ -40,14 +40,13 @@ Pending = tuple["RankFolder", dict[str, Any], list[Fill], Optional[torch.Tensor]
 class _Batch:
     """Ops of one flush, with their statistics on the way to the host."""
 
-    __slots__ = ("event", "host", "items", "sizes")
+    __slots__ = ("event", "host", "items")
 
     def __init__(self, items: list[Pending]) -> None:
         self.items = items
         #: Per device: host tensor (or the vector itself on CPU), event to wait for (CUDA).
         self.host: dict[Any, torch.Tensor] = {}
         self.event: dict[Any, Any] = {}
-        self.sizes: dict[Any, int] = {}
 
 
 class StatsBuffer:
@@ -117,7 +116,6 @@ class StatsBuffer:
             # One concatenation per device (dtypes promote losslessly: float32 values
             # widen exactly to float64), then one copy to the host.
             flat = vecs[0] if len(vecs) == 1 else _cat(vecs)
-            batch.sizes[dev] = len(vecs)
             if dev.type == "cpu":
                 batch.host[dev] = flat
             elif dev.type == "cuda":
