@@ -125,6 +125,29 @@ fn corrupt_line_in_the_middle_of_the_op_log() {
 }
 
 #[test]
+fn a_tensor_name_recorded_twice() {
+    // A later op's tensor carries the name of an earlier op's: names must be unique in an
+    // op log (they are the tensors' keys), so the log is refused naming the line and name.
+    let t = tempfile::tempdir().unwrap();
+    demo(t.path());
+    let p = rank(t.path(), "cmp").join("ops.jsonl");
+    let text = std::fs::read_to_string(&p).unwrap();
+    let mut lines: Vec<serde_json::Value> = text
+        .lines()
+        .map(|l| serde_json::from_str(l).unwrap())
+        .collect();
+    let first = lines[0]["tensors"][0]["name"].clone();
+    lines[3]["tensors"][0]["name"] = first.clone();
+    let out: Vec<String> = lines.iter().map(|v| v.to_string()).collect();
+    std::fs::write(&p, out.join("\n") + "\n").unwrap();
+    let needle = format!(
+        "ops.jsonl:4: bad op record: duplicate tensor name {}",
+        first.as_str().unwrap()
+    );
+    assert_input_error(&compare(t.path(), &[]), 2, &needle);
+}
+
+#[test]
 fn op_log_with_a_huge_hole() {
     // A corrupt op log whose size says gigabytes (a sparse file: valid records, then a
     // hole of zero bytes). The reader sizes its record list from the file (tens of
