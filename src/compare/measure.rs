@@ -1,8 +1,9 @@
 //! Measure: the numbers of every paired tensor, in parallel.
 //!
 //! Full tensors get every metric ([`crate::metrics`], read window by window from disk);
-//! statistics get their differences, computed once here (reports and verdicts read them);
-//! checksums get compared. Nothing here depends on tolerances: that is the judge's job.
+//! checksums get compared. Statistics differences are not stored: they follow from the two
+//! sides' statistics a row holds ([`Measured::stat_diff`]), and a stored copy made every row
+//! 128 bytes larger. Nothing here depends on tolerances: that is the judge's job.
 
 use super::align::{MatchedBy, OpInfo};
 use super::{Alignment, Sides, TensorMatch};
