@@ -219,12 +219,17 @@ pub struct Alignment {
 impl Alignment {
     /// The records of a pair.
     pub fn records(&self, m: &TensorMatch) -> Sides<&TensorRec> {
-        let (b, c) = (m.refs.bench, m.refs.cmp);
-        Sides::new(
-            &self.dumps.bench.ops[b.op].tensors[b.tensor],
-            &self.dumps.cmp.ops[c.op].tensors[c.tensor],
-        )
+        records(&self.dumps, m)
     }
+}
+
+/// The records of a pair in the two op logs it was found in.
+pub fn records<'a>(dumps: &'a Sides<RankDump>, m: &TensorMatch) -> Sides<&'a TensorRec> {
+    let (b, c) = (m.refs.bench, m.refs.cmp);
+    Sides::new(
+        &dumps.bench.ops[b.op].tensors[b.tensor],
+        &dumps.cmp.ops[c.op].tensors[c.tensor],
+    )
 }
 
 /// A rule that pairs the tensors of two op logs of one unit.

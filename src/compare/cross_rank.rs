@@ -64,7 +64,7 @@ impl Collectives {
 /// The collectives of an op log, in execution order, before they are judged.
 pub fn calls_of(ops: &[OpRec]) -> Vec<(u64, String, Collective)> {
     ops.iter()
-        .filter_map(|o| Some((o.seq, o.key.to_string(), o.collective.clone()?)))
+        .filter_map(|o| Some((o.seq, o.key.to_string(), *o.collective.clone()?)))
         .collect()
 }
 

@@ -16,7 +16,7 @@
 //!   are within tolerance (then a warning).
 //! - A shape mismatch or NaN/Inf at different positions is an error.
 
-use super::align::{Alignment, OpInfo, Unmatched};
+use super::align::{records, Alignment, OpInfo, Unmatched};
 use super::measure::{CompareKind, Measured, Measurement};
 use super::tolerance::{loosest, Tol, Tolerances};
 use super::Sides;
@@ -293,48 +293,36 @@ pub fn judge(
     }
 }
 
-/// Judges a unit's measured pairs (in execution order, in parallel), keeping their order,
-/// starting from the precision floor `carried` that the rank's earlier steps left. The
-/// records then move from the alignment's dumps into the rows; the unmatched tensors come
-/// along. Also returns the floor to carry into the rank's next step: the floor at the end
-/// of this unit when it has a backward phase (its update used gradients of that
-/// precision), else `carried` (a forward-only step changes no weight).
+/// Pairs judged at a time: the judgements of one block are made in parallel and turned into
+/// rows before the next block is judged, so a million-pair unit never holds its judgements
+/// and precision floors (72 bytes a pair) beside its rows.
+const JUDGE_BLOCK: usize = 1 << 14;
+
+/// Judges a unit's measured pairs (in execution order, in parallel a block at a time),
+/// keeping their order, starting from the precision floor `carried` that the rank's earlier
+/// steps left. The records then move from the alignment's dumps into the rows; the
+/// unmatched tensors come along. Also returns the floor to carry into the rank's next step:
+/// the floor at the end of this unit when it has a backward phase (its update used
+/// gradients of that precision), else `carried` (a forward-only step changes no weight).
 pub fn judge_all(
     a: Alignment,
     measurements: Vec<Measurement>,
     tols: &Tolerances,
     carried: Option<DType>,
 ) -> (Vec<Row>, Vec<Unmatched>, Option<DType>) {
-    let mut floor = PrecisionFloor {
-        floor: carried,
-        own: None,
-    };
-    let floors: Vec<(Option<DType>, bool)> = a
-        .matches
-        .iter()
-        .map(|m| floor.after(a.records(m)))
-        .collect();
-    let trained = a
-        .matches
-        .iter()
-        .any(|m| a.dumps.cmp.ops[m.refs.cmp.op].direction == Direction::Backward);
-    let carry_out = if trained { floor.floor } else { carried };
-    let judgements: Vec<Judgement> = a
-        .matches
-        .par_iter()
-        .zip(&measurements)
-        .zip(floors)
-        .map(|((m, x), (p, from_earlier))| {
-            let op = a.dumps.cmp.ops[m.refs.cmp.op].key.as_str();
-            judge(op, a.records(m), x, p, from_earlier, tols)
-        })
-        .collect();
     let Alignment {
         mut dumps,
         matches,
         unmatched,
         ..
     } = a;
+    let trained = matches
+        .iter()
+        .any(|m| dumps.cmp.ops[m.refs.cmp.op].direction == Direction::Backward);
+    let mut floor = PrecisionFloor {
+        floor: carried,
+        own: None,
+    };
     // How many pairs still read each op's records: an op's tensor list is freed as soon
     // as its last pair has its row, so the records of a large pair shrink while its rows
     // grow instead of both being held whole at once.
@@ -343,11 +331,24 @@ pub fn judge_all(
         pending.bench[m.refs.bench.op] += 1;
         pending.cmp[m.refs.cmp.op] += 1;
     }
-    let mut rows: Vec<Row> = matches
-        .iter()
-        .zip(measurements)
-        .zip(judgements)
-        .map(|((m, x), judgement)| {
+    let mut rows: Vec<Row> = Vec::with_capacity(matches.len());
+    let mut measurements = measurements.into_iter();
+    for block in matches.chunks(JUDGE_BLOCK) {
+        let floors: Vec<(Option<DType>, bool)> = block
+            .iter()
+            .map(|m| floor.after(records(&dumps, m)))
+            .collect();
+        let xs: Vec<Measurement> = measurements.by_ref().take(block.len()).collect();
+        let judgements: Vec<Judgement> = block
+            .par_iter()
+            .zip(&xs)
+            .zip(floors)
+            .map(|((m, x), (p, from_earlier))| {
+                let op = dumps.cmp.ops[m.refs.cmp.op].key.as_str();
+                judge(op, records(&dumps, m), x, p, from_earlier, tols)
+            })
+            .collect();
+        for ((m, x), judgement) in block.iter().zip(xs).zip(judgements) {
             let (b, c) = (m.refs.bench, m.refs.cmp);
             let op = OpInfo::of(m.at, &dumps.cmp.ops[m.at]);
             let Sides {
@@ -368,9 +369,10 @@ pub fn judge_all(
                     ops[r.op].tensors = Vec::new();
                 }
             }
-            Row { tensor, judgement }
-        })
-        .collect();
+            rows.push(Row { tensor, judgement });
+        }
+    }
+    let carry_out = if trained { floor.floor } else { carried };
     // What is left of the op logs is ~a million small allocations: free them off the
     // critical path.
     rayon::spawn(move || drop(dumps));

@@ -130,8 +130,9 @@ pub struct OpRec {
     pub recompute: bool,
     /// The op's tensors, in slot order.
     pub tensors: Vec<TensorRec>,
-    /// Set on a collective (`Distributed.*`) whose record names its group and sequence.
-    pub collective: Option<Collective>,
+    /// Set on a collective (`Distributed.*`) whose record names its group and sequence
+    /// (boxed: most ops are not collectives, and a million-op log would carry the room).
+    pub collective: Option<Box<Collective>>,
 }
 
 /// Which collective call an op record is, the same on every rank of its group.

@@ -105,7 +105,7 @@ fn convert_op(raw: OpRecord, dir: &Path) -> std::result::Result<OpRec, String> {
         .ok_or_else(|| format!("op {}: unknown direction {:?}", raw.op, raw.direction))?;
     let collective = match (raw.group, raw.coll_seq) {
         (None, None) => None,
-        (Some(group), Some(seq)) => Some(Collective { group, seq }),
+        (Some(group), Some(seq)) => Some(Box::new(Collective { group, seq })),
         (Some(_), None) => return Err(format!("op {}: group without coll_seq", raw.op)),
         (None, Some(_)) => return Err(format!("op {}: coll_seq without group", raw.op)),
     };
