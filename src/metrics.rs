@@ -761,20 +761,20 @@ pub fn stat_diff(b: &Stats, c: &Stats) -> StatDiff {
         _ => None,
     };
     let (dmax, dmin, dmean, dnorm) = (
-        diff(b.max, c.max),
-        diff(b.min, c.min),
-        diff(b.mean, c.mean),
-        diff(b.norm, c.norm),
+        diff(b.max(), c.max()),
+        diff(b.min(), c.min()),
+        diff(b.mean(), c.mean()),
+        diff(b.norm(), c.norm()),
     );
     StatDiff {
         max_diff: dmax,
         min_diff: dmin,
         mean_diff: dmean,
         norm_diff: dnorm,
-        max_rel_pct: pct(dmax, b.max),
-        min_rel_pct: pct(dmin, b.min),
-        mean_rel_pct: pct(dmean, b.mean),
-        norm_rel_pct: pct(dnorm, b.norm),
+        max_rel_pct: pct(dmax, b.max()),
+        min_rel_pct: pct(dmin, b.min()),
+        mean_rel_pct: pct(dmean, b.mean()),
+        norm_rel_pct: pct(dnorm, b.norm()),
     }
 }
 
@@ -786,8 +786,8 @@ impl StatDiff {
     /// that are zero up to rounding compare as equal.
     pub fn scaled_err(&self, b: &Stats, numel: usize, atol: f64) -> f64 {
         let root_n = (numel.max(1) as f64).sqrt();
-        let rms = b.norm.map(|n| n / root_n);
-        let scale = [b.max.map(f64::abs), b.min.map(f64::abs), rms]
+        let rms = b.norm().map(|n| n / root_n);
+        let scale = [b.max().map(f64::abs), b.min().map(f64::abs), rms]
             .into_iter()
             .flatten()
             .filter(|v| v.is_finite())
@@ -803,7 +803,7 @@ impl StatDiff {
             .max(rel(self.mean_diff, scale, atol))
             .max(rel(
                 self.norm_diff,
-                b.norm.map(f64::abs).unwrap_or(0.0),
+                b.norm().map(f64::abs).unwrap_or(0.0),
                 atol * root_n,
             ))
     }

@@ -159,20 +159,20 @@ fn dtype_max(d: DType) -> Option<f64> {
 
 /// Non-finite content of a tensor from its statistics.
 fn nonfinite_kind(s: &Stats) -> Flag {
-    let counted = s.nan.zip(s.inf).map(|(n, i)| n + i);
-    let any_stat = [s.max, s.min, s.mean, s.norm]
+    let counted = s.nan().zip(s.inf()).map(|(n, i)| n + i);
+    let any_stat = [s.max(), s.min(), s.mean(), s.norm()]
         .iter()
         .flatten()
         .any(|v| !v.is_finite());
     if counted == Some(0) || (counted.is_none() && !any_stat) {
         return Flag::Finite;
     }
-    let has_nan = s.nan.map_or_else(
-        || [s.max, s.min].iter().flatten().any(|v| v.is_nan()),
+    let has_nan = s.nan().map_or_else(
+        || [s.max(), s.min()].iter().flatten().any(|v| v.is_nan()),
         |n| n > 0,
     );
     let neg_inf_only =
-        !has_nan && s.max.is_some_and(f64::is_finite) && s.min == Some(f64::NEG_INFINITY);
+        !has_nan && s.max().is_some_and(f64::is_finite) && s.min() == Some(f64::NEG_INFINITY);
     if neg_inf_only {
         Flag::NegInfOnly
     } else {
@@ -181,7 +181,7 @@ fn nonfinite_kind(s: &Stats) -> Flag {
 }
 
 fn max_abs(s: &Stats) -> Option<f64> {
-    let m = [s.max, s.min]
+    let m = [s.max(), s.min()]
         .iter()
         .flatten()
         .map(|v| v.abs())
@@ -190,7 +190,7 @@ fn max_abs(s: &Stats) -> Option<f64> {
 }
 
 fn all_zero(s: &Stats) -> bool {
-    s.max == Some(0.0) && s.min == Some(0.0)
+    s.max() == Some(0.0) && s.min() == Some(0.0)
 }
 
 fn is_input(t: &TensorRec, op: &OpRec) -> bool {
@@ -227,7 +227,7 @@ fn flag_of(t: &TensorRec, op: &OpRec, inputs_nonzero: bool, margin: f64) -> (Fla
     };
     match nonfinite_kind(s) {
         Flag::NonFinite => {
-            let what = match (s.nan, s.inf) {
+            let what = match (s.nan(), s.inf()) {
                 (Some(n), Some(i)) => format!("{n} NaN, {i} Inf"),
                 _ => "non-finite statistics".into(),
             };
@@ -287,10 +287,10 @@ fn finding(
                 let f = |v: Option<f64>| v.map_or("-".into(), |v| format!("{v:.4e}"));
                 format!(
                     " max={} min={} mean={} norm={}",
-                    f(s.max),
-                    f(s.min),
-                    f(s.mean),
-                    f(s.norm)
+                    f(s.max()),
+                    f(s.min()),
+                    f(s.mean()),
+                    f(s.norm())
                 )
             });
             let flag = if r.flag == Flag::Finite {
@@ -444,7 +444,7 @@ pub fn scan_unit(dump: RankDump, opts: &ScanOptions) -> ScanUnit {
                     && is_float(t)
                     && t.stats
                         .as_ref()
-                        .and_then(|s| s.max)
+                        .and_then(|s| s.max())
                         .is_some_and(|m| m > 0.0)
             });
             findings.loss_scaler_skipped |= found_inf;

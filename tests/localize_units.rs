@@ -5,13 +5,15 @@
 use probe::compare::judge::Equality;
 use probe::compare::{self, Options, Sides, Unit, Verdict};
 use probe::dtype::{AnyDType, DType};
-use probe::dump::{Direction, Format, OpKey, OpRec, RankDump, RankLoc, Role, Stats, TensorRec};
+use probe::dump::{
+    Direction, Format, OpKey, OpRec, RankDump, RankLoc, Role, Stats, StatsFields, TensorRec,
+};
 use probe::tensor::{Data, ShardCache};
 use std::path::PathBuf;
 
 /// Statistics of 100 equal values `v`: max = min = mean = v, norm = 10|v|, `nan` NaNs.
 fn stats(v: f64, nan: u64) -> Stats {
-    Stats {
+    StatsFields {
         max: Some(v),
         min: Some(v),
         mean: Some(v),
@@ -19,6 +21,7 @@ fn stats(v: f64, nan: u64) -> Stats {
         nan: Some(nan),
         inf: Some(0),
     }
+    .into()
 }
 
 /// Builds one side's op log, op by op.

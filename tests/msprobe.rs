@@ -142,7 +142,7 @@ fn tensor_metrics_match_msprobe_workbook() {
         }
         // The statistics columns are the dump's own.
         let sc = r.tensor.sides.cmp.stats.unwrap();
-        if let (Some(ms), Some(p)) = (num(&w["NPU max"]), sc.max) {
+        if let (Some(ms), Some(p)) = (num(&w["NPU max"]), sc.max()) {
             assert!(close(p, ms, 15), "{name} NPU max");
         }
         checked += 1;
@@ -204,10 +204,10 @@ fn statistics_diffs_match_msprobe_workbooks() {
                     (Some(ms), None) => {
                         let pick = |st: Option<probe::dump::Stats>| {
                             st.and_then(|st| match &col[..2] {
-                                "Ma" => st.max,
-                                "Mi" => st.min,
-                                "Me" => st.mean,
-                                _ => st.norm,
+                                "Ma" => st.max(),
+                                "Mi" => st.min(),
+                                "Me" => st.mean(),
+                                _ => st.norm(),
                             })
                         };
                         assert!(

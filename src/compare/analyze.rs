@@ -119,9 +119,9 @@ fn bench_scale(r: &Row) -> Option<f64> {
     let root_n = (t.sides.bench.numel().max(1) as f64).sqrt();
     if let Some(s) = &t.sides.bench.stats {
         let v = [
-            s.max.map(f64::abs),
-            s.min.map(f64::abs),
-            s.norm.map(|n| n / root_n),
+            s.max().map(f64::abs),
+            s.min().map(f64::abs),
+            s.norm().map(|n| n / root_n),
         ]
         .into_iter()
         .flatten()

@@ -174,7 +174,7 @@ impl PrecisionFloor {
 /// recorded them (probe dumps), else which side has non-finite statistics (msprobe).
 fn nonfinite_mismatch(b: Option<&Stats>, c: Option<&Stats>) -> Option<String> {
     let (b, c) = (b?, c?);
-    let counted = |s: &Stats| s.nan.zip(s.inf).map(|(n, i)| n + i);
+    let counted = |s: &Stats| s.nan().zip(s.inf()).map(|(n, i)| n + i);
     if let (Some(nb), Some(nc)) = (counted(b), counted(c)) {
         return (nb != nc).then(|| format!("NaN/Inf count {nb} in bench, {nc} in cmp"));
     }

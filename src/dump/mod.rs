@@ -44,8 +44,25 @@ impl Mode {
 }
 
 /// Summary statistics recorded at capture time. Non-finite values are kept as numbers.
-#[derive(Debug, Clone, Copy, Default, PartialEq, serde::Serialize, serde::Deserialize)]
+///
+/// Packed: every tensor record, and both sides of every row, carry one, and six
+/// `Option`s took 96 bytes where the values and a presence mask take 56 (`Option<Stats>`
+/// too, the mask's set high bit being the niche). On disk (rows files, shard results) it is
+/// the record of six optional numbers it always was ([`StatsFields`]).
+#[derive(Clone, Copy, PartialEq, serde::Serialize, serde::Deserialize)]
+#[serde(from = "StatsFields", into = "StatsFields")]
 pub struct Stats {
+    /// max, min, mean, norm.
+    values: [f64; 4],
+    /// NaN count, Inf count.
+    counts: [u64; 2],
+    /// Bit i set: field i recorded (values first, then counts); the high bit always set.
+    present: std::num::NonZeroU8,
+}
+
+/// [`Stats`] as six optional fields: how they are written and read.
+#[derive(Debug, Clone, Copy, Default, PartialEq, serde::Serialize, serde::Deserialize)]
+pub struct StatsFields {
     /// Largest element (bool: any).
     pub max: Option<f64>,
     /// Smallest element (bool: all).
@@ -60,13 +77,102 @@ pub struct Stats {
     pub inf: Option<u64>,
 }
 
+impl From<StatsFields> for Stats {
+    fn from(r: StatsFields) -> Stats {
+        let mut present = 0x80u8;
+        let mut values = [0.0; 4];
+        for (i, v) in [r.max, r.min, r.mean, r.norm].into_iter().enumerate() {
+            if let Some(v) = v {
+                values[i] = v;
+                present |= 1 << i;
+            }
+        }
+        let mut counts = [0; 2];
+        for (i, c) in [r.nan, r.inf].into_iter().enumerate() {
+            if let Some(c) = c {
+                counts[i] = c;
+                present |= 1 << (4 + i);
+            }
+        }
+        Stats {
+            values,
+            counts,
+            present: std::num::NonZeroU8::new(present).unwrap_or(std::num::NonZeroU8::MIN),
+        }
+    }
+}
+
+impl From<Stats> for StatsFields {
+    fn from(s: Stats) -> StatsFields {
+        StatsFields {
+            max: s.max(),
+            min: s.min(),
+            mean: s.mean(),
+            norm: s.norm(),
+            nan: s.nan(),
+            inf: s.inf(),
+        }
+    }
+}
+
+impl Default for Stats {
+    /// Nothing recorded.
+    fn default() -> Stats {
+        StatsFields::default().into()
+    }
+}
+
+impl std::fmt::Debug for Stats {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        StatsFields::from(*self).fmt(f)
+    }
+}
+
 impl Stats {
+    fn value(&self, i: usize) -> Option<f64> {
+        (self.present.get() & (1 << i) != 0).then_some(self.values[i])
+    }
+
+    fn count(&self, i: usize) -> Option<u64> {
+        (self.present.get() & (1 << (4 + i)) != 0).then_some(self.counts[i])
+    }
+
+    /// Largest element (bool: any).
+    pub fn max(&self) -> Option<f64> {
+        self.value(0)
+    }
+
+    /// Smallest element (bool: all).
+    pub fn min(&self) -> Option<f64> {
+        self.value(1)
+    }
+
+    /// Mean.
+    pub fn mean(&self) -> Option<f64> {
+        self.value(2)
+    }
+
+    /// L2 norm.
+    pub fn norm(&self) -> Option<f64> {
+        self.value(3)
+    }
+
+    /// NaN count, when recorded.
+    pub fn nan(&self) -> Option<u64> {
+        self.count(0)
+    }
+
+    /// Infinity count, when recorded.
+    pub fn inf(&self) -> Option<u64> {
+        self.count(1)
+    }
+
     /// Non-finite element count when known: the recorded counts, or a non-finite statistic.
     pub fn nonfinite(&self) -> Option<u64> {
-        match (self.nan, self.inf) {
+        match (self.nan(), self.inf()) {
             (Some(a), Some(b)) => Some(a + b),
             _ => {
-                let any = [self.max, self.min, self.mean, self.norm]
+                let any = [self.max(), self.min(), self.mean(), self.norm()]
                     .iter()
                     .flatten()
                     .any(|v| !v.is_finite());
@@ -340,5 +446,51 @@ pub fn load_rank(loc: &RankLoc) -> Result<RankDump> {
     match loc.format {
         Format::Probe => probe_format::load(loc),
         Format::Msprobe => msprobe::load(loc),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// Every combination of recorded and missing fields, NaN and infinities among them.
+    fn all_fields() -> Vec<StatsFields> {
+        let vals = [f64::NAN, f64::NEG_INFINITY, -0.0, 1.5e300];
+        (0u32..64)
+            .map(|mask| {
+                let v = |i: usize| (mask & (1 << i) != 0).then_some(vals[i]);
+                let c = |i: usize| (mask & (1 << (4 + i)) != 0).then_some(7 + i as u64);
+                StatsFields {
+                    max: v(0),
+                    min: v(1),
+                    mean: v(2),
+                    norm: v(3),
+                    nan: c(0),
+                    inf: c(1),
+                }
+            })
+            .collect()
+    }
+
+    #[test]
+    fn packed_stats_keep_every_field_and_write_what_the_fields_write() {
+        let bits = |f: &StatsFields| {
+            let v = [f.max, f.min, f.mean, f.norm].map(|x| x.map(f64::to_bits));
+            (v, f.nan, f.inf)
+        };
+        for f in all_fields() {
+            let s = Stats::from(f);
+            assert_eq!(bits(&StatsFields::from(s)), bits(&f), "{f:?}");
+            // Rows files and shard results hold the six optional fields, as before packing.
+            let packed = rmp_serde::to_vec(&Some(s)).unwrap();
+            assert_eq!(packed, rmp_serde::to_vec(&Some(f)).unwrap(), "{f:?}");
+            let back: Option<Stats> = rmp_serde::from_slice(&packed).unwrap();
+            assert_eq!(bits(&StatsFields::from(back.unwrap())), bits(&f));
+            assert_eq!(
+                serde_json::to_string(&s).unwrap(),
+                serde_json::to_string(&f).unwrap()
+            );
+        }
+        assert_eq!(std::mem::size_of::<Option<Stats>>(), 56);
     }
 }

@@ -7,7 +7,7 @@
 //! `<op>.parameters.weight`). Non-tensor leaves (ints, floats, `None`, ...) are skipped.
 //! msprobe records no dataflow, so `has_dataflow` is false.
 
-use super::{OpKey, OpKind, OpRec, RankDump, RankLoc, Role, Stats, TensorRec};
+use super::{OpKey, OpKind, OpRec, RankDump, RankLoc, Role, Stats, StatsFields, TensorRec};
 use crate::dtype::AnyDType;
 use crate::error::{one_line, ProbeError, Result};
 use crate::schema::dump::parse_stat;
@@ -192,15 +192,16 @@ fn tensor_rec(
         ));
     }
     let s = |k: &str| stat(v.get(k)).map_err(|m| format!("tensor {name}: {k}: {m}"));
-    let stats = Stats {
+    let stats: Stats = StatsFields {
         max: s("Max")?,
         min: s("Min")?,
         mean: s("Mean")?,
         norm: s("Norm")?,
         nan: None,
         inf: None,
-    };
-    let any_stat = [stats.max, stats.min, stats.mean, stats.norm]
+    }
+    .into();
+    let any_stat = [stats.max(), stats.min(), stats.mean(), stats.norm()]
         .iter()
         .any(Option::is_some);
     // msprobe's "md5" is an 8-hex-digit CRC-32 of the raw bytes: the same checksum probe
@@ -532,7 +533,7 @@ mod tests {
             ]
         );
         assert_eq!(op.tensors[0].checksum.as_deref(), Some("crc32:1a2b3c4d"));
-        assert_eq!(op.tensors[1].stats.unwrap().max, Some(f64::INFINITY));
+        assert_eq!(op.tensors[1].stats.unwrap().max(), Some(f64::INFINITY));
         assert_eq!(op.tensors[3].role, Role::Output);
         assert_eq!(op.tensors[4].role, Role::Parameter);
         assert!(op.tensors[2].stats.is_none());

@@ -5,7 +5,8 @@
 //! an error naming the file and line.
 
 use super::{
-    Collective, Direction, Mode, OpKey, OpKind, OpRec, RankDump, RankLoc, Role, Stats, TensorRec,
+    Collective, Direction, Mode, OpKey, OpKind, OpRec, RankDump, RankLoc, Role, Stats, StatsFields,
+    TensorRec,
 };
 use crate::dtype::AnyDType;
 use crate::error::{one_line, ProbeError, Result};
@@ -62,13 +63,15 @@ fn convert_tensor(raw: TensorRecord, dir: &Path) -> std::result::Result<TensorRe
             raw.name, raw.shape
         ));
     }
-    let stats = raw.stats.map(|s| Stats {
-        max: s.max.0,
-        min: s.min.0,
-        mean: s.mean.0,
-        norm: s.norm.0,
-        nan: s.nan,
-        inf: s.inf,
+    let stats = raw.stats.map(|s| {
+        Stats::from(StatsFields {
+            max: s.max.0,
+            min: s.min.0,
+            mean: s.mean.0,
+            norm: s.norm.0,
+            nan: s.nan,
+            inf: s.inf,
+        })
     });
     let data = match raw.file {
         None => Data::None,

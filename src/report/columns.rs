@@ -325,42 +325,42 @@ pub const COLUMNS: &[Column] = &[
     col!("bench_max", "Bench Max", 11.0, Number, |l| stat(
         l,
         true,
-        |s| s.max
+        |s| s.max()
     )),
     col!("bench_min", "Bench Min", 11.0, Number, |l| stat(
         l,
         true,
-        |s| s.min
+        |s| s.min()
     )),
     col!("bench_mean", "Bench Mean", 11.0, Number, |l| stat(
         l,
         true,
-        |s| s.mean
+        |s| s.mean()
     )),
     col!("bench_norm", "Bench L2norm", 11.0, Number, |l| stat(
         l,
         true,
-        |s| s.norm
+        |s| s.norm()
     )),
     col!("cmp_max", "Cmp Max", 11.0, Number, |l| stat(
         l,
         false,
-        |s| s.max
+        |s| s.max()
     )),
     col!("cmp_min", "Cmp Min", 11.0, Number, |l| stat(
         l,
         false,
-        |s| s.min
+        |s| s.min()
     )),
     col!("cmp_mean", "Cmp Mean", 11.0, Number, |l| stat(
         l,
         false,
-        |s| s.mean
+        |s| s.mean()
     )),
     col!("cmp_norm", "Cmp L2norm", 11.0, Number, |l| stat(
         l,
         false,
-        |s| s.norm
+        |s| s.norm()
     )),
     col!("max_diff", "Max diff", 11.0, Number, |l| diff(l, |d| d
         .max_diff)),
@@ -491,15 +491,16 @@ pub const SCAN: &[Column] = &[
     col!("reason", "Reason", 44.0, Text, |l| text(
         l.scanned().map_or("", |r| &r.reason)
     )),
-    col!("max", "Max", 11.0, Number, |l| scan_stat(l, |s| s.max)),
-    col!("min", "Min", 11.0, Number, |l| scan_stat(l, |s| s.min)),
-    col!("mean", "Mean", 11.0, Number, |l| scan_stat(l, |s| s.mean)),
-    col!("norm", "L2norm", 11.0, Number, |l| scan_stat(l, |s| s.norm)),
+    col!("max", "Max", 11.0, Number, |l| scan_stat(l, |s| s.max())),
+    col!("min", "Min", 11.0, Number, |l| scan_stat(l, |s| s.min())),
+    col!("mean", "Mean", 11.0, Number, |l| scan_stat(l, |s| s.mean())),
+    col!("norm", "L2norm", 11.0, Number, |l| scan_stat(l, |s| s
+        .norm())),
     col!("nan", "NaN count", 9.0, Number, |l| scan_stat(l, |s| s
-        .nan
+        .nan()
         .map(|n| n as f64))),
     col!("inf", "Inf count", 9.0, Number, |l| scan_stat(l, |s| s
-        .inf
+        .inf()
         .map(|n| n as f64))),
 ];
 
