@@ -8,7 +8,7 @@ use probe::dtype::{AnyDType, DType};
 use probe::dump::{
     Direction, Format, OpKey, OpRec, RankDump, RankLoc, Role, Stats, StatsFields, TensorRec,
 };
-use probe::tensor::{Data, ShardCache};
+use probe::tensor::ShardCache;
 use std::path::PathBuf;
 
 /// Statistics of 100 equal values `v`: max = min = mean = v, norm = 10|v|, `nan` NaNs.
@@ -54,7 +54,7 @@ impl Log {
             checksum: None,
             id,
             src,
-            data: Data::None,
+            data: None,
         };
         let mut tensors: Vec<TensorRec> = inputs
             .iter()

@@ -260,7 +260,7 @@ fn op_records_follow_msprobe_naming_and_order() {
         .any(|t| t.name.contains(".backward.input.0")));
     let t = &d.ops[0].tensors[0];
     assert!(
-        matches!(&t.data, Data::Pt(p) if p.ends_with("dump_tensor_data/Functional.conv2d.0.forward.input.0.pt"))
+        matches!(t.data.as_deref(), Some(Data::Pt(p)) if p.ends_with("dump_tensor_data/Functional.conv2d.0.forward.input.0.pt"))
     );
     assert_eq!(t.dtype, AnyDType::Known(DType::F32));
     assert_eq!(t.shape, vec![2, 3, 8, 8]);
@@ -268,7 +268,7 @@ fn op_records_follow_msprobe_naming_and_order() {
     let set = probe::dump::discover(&td("stats_bench/step1")).unwrap();
     let d = probe::dump::load_rank(&set.ranks[0]).unwrap();
     assert_eq!(set.ranks[0].step, "step1");
-    assert!(d.ops[0].tensors.iter().all(|t| t.data == Data::None));
+    assert!(d.ops[0].tensors.iter().all(|t| t.data.is_none()));
     assert!(d.ops[0].tensors[0].stats.is_some());
 }
 

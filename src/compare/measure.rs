@@ -11,7 +11,7 @@ use crate::dtype::AnyDType;
 use crate::dump::{Role, Stats, TensorRec};
 use crate::error::{ProbeError, Result};
 use crate::metrics::{self, Metrics, StatDiff};
-use crate::tensor::{Data, ShardCache};
+use crate::tensor::ShardCache;
 use rayon::prelude::*;
 use serde::{Deserialize, Serialize};
 use std::sync::atomic::{AtomicUsize, Ordering};
@@ -124,8 +124,7 @@ pub fn nonfinite(s: &Option<Stats>) -> u64 {
 /// How a matched pair can be compared, from what both sides recorded.
 fn kind_of(t: &Sides<&TensorRec>) -> CompareKind {
     let (b, c) = (t.bench, t.cmp);
-    let has_data = |x: &Data| !matches!(x, Data::None);
-    if b.shape == c.shape && has_data(&b.data) && has_data(&c.data) {
+    if b.shape == c.shape && b.data.is_some() && c.data.is_some() {
         CompareKind::Tensor
     } else if b.checksum.is_some() && c.checksum.is_some() {
         CompareKind::Checksum
@@ -152,15 +151,13 @@ pub struct Measurement {
 pub fn measure(t: Sides<&TensorRec>, caches: &Sides<ShardCache>) -> Result<Measurement> {
     let kind = kind_of(&t);
     let (b, c) = (t.bench, t.cmp);
-    let metrics = if kind == CompareKind::Tensor {
-        let bt = caches.bench.open(&b.data, &c.name, &b.dtype, &b.shape)?;
-        let ct = caches.cmp.open(&c.data, &c.name, &c.dtype, &c.shape)?;
-        match (bt, ct) {
-            (Some(bt), Some(ct)) => Some(Box::new(metrics::compare_tensors(&bt, &ct)?)),
-            _ => None,
+    let metrics = match (&b.data, &c.data) {
+        (Some(bd), Some(cd)) if kind == CompareKind::Tensor => {
+            let bt = caches.bench.open(bd, &c.name, &b.dtype, &b.shape)?;
+            let ct = caches.cmp.open(cd, &c.name, &c.dtype, &c.shape)?;
+            Some(Box::new(metrics::compare_tensors(&bt, &ct)?))
         }
-    } else {
-        None
+        _ => None,
     };
     let checksum_equal = match (&b.checksum, &c.checksum) {
         (Some(x), Some(y)) => Some(x == y),

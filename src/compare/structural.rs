@@ -1094,7 +1094,6 @@ mod tests {
     use super::*;
     use crate::dtype::AnyDType;
     use crate::dump::{Format, OpKey, RankLoc, TensorRec};
-    use crate::tensor::Data;
 
     /// An op: key, module, (role, shape, id, src) per tensor.
     type T = (Role, &'static [usize], Option<u64>, Option<u64>);
@@ -1117,7 +1116,7 @@ mod tests {
                     checksum: None,
                     id,
                     src,
-                    data: Data::None,
+                    data: None,
                 }
             })
             .collect();

@@ -201,8 +201,9 @@ pub struct TensorRec {
     pub id: Option<u64>,
     /// Dataflow id of the captured output an input came from.
     pub src: Option<u64>,
-    /// Where the values are, if dumped.
-    pub data: Data,
+    /// Where the values are, if dumped (boxed: statistics and checksum dumps have none,
+    /// and a million records would each carry the room).
+    pub data: Option<Box<Data>>,
 }
 
 impl TensorRec {

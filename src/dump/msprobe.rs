@@ -213,7 +213,7 @@ fn tensor_rec(
         Some(J::Str(h)) if !h.is_empty() => Some(format!("md5:{}", h.to_ascii_lowercase())),
         _ => None,
     };
-    let mut data = Data::None;
+    let mut data = None;
     // A tensor of a dtype probe cannot decode (FP8, complex, ...) is compared by statistics.
     if let (Some(J::Str(f)), Some(_)) = (v.get("data_name"), dtype.known()) {
         if let Some(d) = tensor_file(ctx.dir, f) {
@@ -224,7 +224,7 @@ fn tensor_rec(
             // Missing: compared by statistics (with a warning). There but not a readable
             // regular file: an error, never a quiet fallback.
             match file.map(std::fs::metadata) {
-                Some(Ok(m)) if m.is_file() => data = d,
+                Some(Ok(m)) if m.is_file() => data = Some(Box::new(d)),
                 Some(Ok(_)) => return Err(format!("tensor {name}: {f} is not a regular file")),
                 Some(Err(e)) if e.kind() != std::io::ErrorKind::NotFound => {
                     return Err(format!("tensor {name}: {f}: {e}"))

@@ -74,16 +74,16 @@ fn convert_tensor(raw: TensorRecord, dir: &Path) -> std::result::Result<TensorRe
         })
     });
     let data = match raw.file {
-        None => Data::None,
+        None => None,
         Some(f) => {
             // Shards live next to the op log; refuse anything that could escape the folder.
             if f.is_empty() || f.contains('/') || f.contains('\\') || f.starts_with('.') {
                 return Err(format!("tensor {}: bad shard file name {f:?}", raw.name));
             }
-            Data::Safetensors {
+            Some(Box::new(Data::Safetensors {
                 shard: dir.join(f),
                 key: raw.name.clone(),
-            }
+            }))
         }
     };
     let mut shape = raw.shape;
@@ -276,7 +276,7 @@ fn salvage_shards(
     let mut states: HashMap<std::path::PathBuf, ShardState> = HashMap::new();
     let mut salvage: BTreeMap<String, Salvage> = BTreeMap::new();
     for t in ops.iter_mut().flat_map(|o| o.tensors.iter_mut()) {
-        let Data::Safetensors { shard, .. } = &t.data else {
+        let Some(Data::Safetensors { shard, .. }) = t.data.as_deref() else {
             continue;
         };
         let state = states
@@ -314,11 +314,11 @@ fn salvage_shards(
         s.stream = matches!(state, ShardState::Stream { .. });
         match found {
             Some(d) => {
-                t.data = d;
+                t.data = Some(Box::new(d));
                 s.recovered += 1;
             }
             None => {
-                t.data = Data::None;
+                t.data = None;
                 s.missing.push(t.name.clone());
             }
         }

@@ -22,8 +22,6 @@ use std::sync::{Arc, Mutex};
 /// Where a tensor's values can be read.
 #[derive(Debug, Clone, PartialEq)]
 pub enum Data {
-    /// Not dumped (statistics or checksum mode).
-    None,
     /// A key in a safetensors shard.
     Safetensors {
         /// The shard file.
@@ -207,20 +205,16 @@ impl ShardCache {
 
 impl ShardCache {
     /// Resolves a tensor wherever it is stored (safetensors shard, `.pt`, `.npy`) and
-    /// checks it against the dtype and shape the op log records. `None` when there is no
-    /// data.
+    /// checks it against the dtype and shape the op log records.
     pub fn open(
         &self,
         data: &Data,
         name: &str,
         declared: &AnyDType,
         shape: &[usize],
-    ) -> Result<Option<TensorData>> {
+    ) -> Result<TensorData> {
         let (path, dtype, file_shape, numel, offset) = match data {
-            Data::None => return Ok(None),
-            Data::Safetensors { shard, key } => {
-                return self.tensor(shard, key, declared, shape).map(Some)
-            }
+            Data::Safetensors { shard, key } => return self.tensor(shard, key, declared, shape),
             Data::Stream { file, offset } => {
                 let dtype = declared.known().ok_or_else(|| ProbeError::BadTensor {
                     path: file.clone(),
@@ -228,7 +222,7 @@ impl ShardCache {
                     msg: format!("unsupported dtype {declared} in the op log"),
                 })?;
                 let numel = shape.iter().product();
-                return TensorData::in_file(file, *offset, numel, dtype).map(Some);
+                return TensorData::in_file(file, *offset, numel, dtype);
             }
             Data::Pt(p) => {
                 let t = pt::read(p, declared.known())?;
@@ -254,7 +248,7 @@ impl ShardCache {
                 "dump says shape {shape:?}, file holds {file_shape:?}"
             )));
         }
-        Ok(Some(TensorData::in_file(path, offset, numel, dtype)?))
+        TensorData::in_file(path, offset, numel, dtype)
     }
 }
 
