@@ -10,6 +10,7 @@ use crate::dump::{Direction, OpKey, OpKind, OpRec, RankDump, Role, TensorRec};
 use foldhash::{HashMap, HashMapExt};
 use serde::{Deserialize, Serialize};
 use std::borrow::Cow;
+use std::sync::Arc;
 
 /// The op a tensor belongs to, as reports and the localiser need it.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
@@ -27,7 +28,7 @@ pub struct OpInfo {
     /// The module path the call happened in, when the dump says (the html report's module
     /// bands and tree; kept when rows are parked or merged from shards).
     #[serde(default)]
-    pub module: Option<String>,
+    pub module: Option<Arc<str>>,
 }
 
 impl OpInfo {

@@ -1125,7 +1125,7 @@ mod tests {
             kind: k.kind(),
             direction: k.direction(),
             key: k,
-            module: (!module.is_empty()).then(|| module.to_string()),
+            module: (!module.is_empty()).then(|| module.into()),
             stack: None,
             recompute: false,
             tensors,

@@ -16,6 +16,7 @@ use serde::de::{Deserialize, Deserializer, MapAccess, SeqAccess, Visitor};
 use std::collections::{BTreeMap, HashMap};
 use std::fmt;
 use std::path::Path;
+use std::sync::Arc;
 
 /// A JSON value whose objects keep their order (dump.json's op order is execution order).
 #[derive(Debug, Clone, PartialEq)]
@@ -388,8 +389,10 @@ fn read_stacks(path: &Path) -> Result<Stacks> {
 }
 
 /// `construct.json`: node → parent module (or null).
-fn read_construct(path: &Path) -> Result<HashMap<String, String>> {
+fn read_construct(path: &Path) -> Result<HashMap<String, Arc<str>>> {
     let mut out = HashMap::new();
+    // Each parent held once, however many ops it has.
+    let mut parents: HashMap<String, Arc<str>> = HashMap::new();
     if !path.is_file() {
         return Ok(out);
     }
@@ -401,7 +404,8 @@ fn read_construct(path: &Path) -> Result<HashMap<String, String>> {
     if let J::Obj(kv) = j {
         for (k, v) in kv {
             if let J::Str(p) = v {
-                out.insert(k, p);
+                let parent = parents.entry(p).or_insert_with_key(|p| p.as_str().into());
+                out.insert(k, parent.clone());
             }
         }
     }

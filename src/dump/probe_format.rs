@@ -16,6 +16,7 @@ use std::collections::{BTreeMap, HashMap};
 use std::hash::BuildHasher;
 use std::io::{BufRead, BufReader, Read};
 use std::path::Path;
+use std::sync::Arc;
 
 /// What compare needs from `manifest.json`.
 #[derive(Debug, Clone)]
@@ -101,7 +102,14 @@ fn convert_tensor(raw: TensorRecord, dir: &Path) -> std::result::Result<TensorRe
     })
 }
 
-fn convert_op(raw: OpRecord, dir: &Path) -> std::result::Result<OpRec, String> {
+/// The module paths of one op log, each held once.
+type Modules = foldhash::HashSet<Arc<str>>;
+
+fn convert_op(
+    raw: OpRecord,
+    dir: &Path,
+    modules: &mut Modules,
+) -> std::result::Result<OpRec, String> {
     let kind = OpKind::parse(&raw.kind)
         .ok_or_else(|| format!("op {}: unknown kind {:?}", raw.op, raw.kind))?;
     let direction = Direction::parse(&raw.direction)
@@ -123,7 +131,14 @@ fn convert_op(raw: OpRecord, dir: &Path) -> std::result::Result<OpRec, String> {
         key: OpKey::from_string(raw.op),
         kind,
         direction,
-        module: raw.module,
+        module: raw.module.map(|m| match modules.get(m.as_str()) {
+            Some(known) => known.clone(),
+            None => {
+                let m: Arc<str> = m.into();
+                modules.insert(m.clone());
+                m
+            }
+        }),
         stack: raw.stack,
         recompute: raw.recompute,
         tensors,
@@ -372,7 +387,11 @@ fn open_jsonl(path: &Path) -> Result<BufReader<std::fs::File>> {
 type Declared = Vec<(String, [u64; 2])>;
 
 /// Parses one line into an op record and the `data_offsets` its tensors declare.
-fn parse_record(text: &str, dir: &Path) -> std::result::Result<(OpRec, Declared), String> {
+fn parse_record(
+    text: &str,
+    dir: &Path,
+    modules: &mut Modules,
+) -> std::result::Result<(OpRec, Declared), String> {
     let text = crate::json::accept_nonfinite_str(text);
     let raw: OpRecord = serde_json::from_str(&text).map_err(|e| one_line(e.to_string()))?;
     let offsets = raw
@@ -380,14 +399,14 @@ fn parse_record(text: &str, dir: &Path) -> std::result::Result<(OpRec, Declared)
         .iter()
         .filter_map(|t| Some((t.name.clone(), t.data_offsets?)))
         .collect();
-    Ok((convert_op(raw, dir).map_err(one_line)?, offsets))
+    Ok((convert_op(raw, dir, modules).map_err(one_line)?, offsets))
 }
 
 /// Parses one line of `ops.jsonl` (Python's bare `NaN`/`Infinity` accepted) into an op
 /// record; `dir` is the rank folder its shard file names are resolved against. The error
 /// is one line, without the file and line number.
 pub fn parse_op_record(text: &str, dir: &Path) -> std::result::Result<OpRec, String> {
-    parse_record(text, dir).map(|(op, _)| op)
+    parse_record(text, dir, &mut Modules::default()).map(|(op, _)| op)
 }
 
 /// The op records of one `ops.jsonl`, checked.
@@ -433,8 +452,9 @@ fn parse_op_log_sized(reader: impl BufRead, path: &Path, dir: &Path, bytes: u64)
     let mut has_dataflow = false;
     let mut offsets: HashMap<String, [u64; 2]> = HashMap::new();
     let mut op_offsets: Declared = Vec::new();
+    let mut modules = Modules::default();
     let warning = read_jsonl(reader, path, |_, text| {
-        let (op, declared) = parse_record(text, dir)?;
+        let (op, declared) = parse_record(text, dir, &mut modules)?;
         op_offsets = declared;
         if let Some(prev) = ops.last() {
             if op.seq <= prev.seq {
