@@ -36,7 +36,7 @@ use crate::dump::{Direction, OpKind, OpRec, RankDump, Role};
 use foldhash::{HashMap, HashMapExt, HashSet};
 use std::borrow::Cow;
 use std::collections::BTreeMap;
-use std::hash::{Hash, Hasher};
+use std::hash::{BuildHasher, Hash, Hasher};
 
 /// Largest gap (calls × calls) aligned by the quadratic longest common subsequence.
 const MAX_DP_CELLS: usize = 1 << 20;
@@ -114,24 +114,38 @@ fn phase(op: &OpRec) -> Phase {
 }
 
 /// API name (module records: the module key base) and its input/output shapes. dtypes
-/// are left out on purpose: autocast changes them, not what the call computes.
+/// are left out on purpose: autocast changes them, not what the call computes. Signatures
+/// are only ever compared for equality within one process, so any well-mixed 64-bit hash
+/// does (foldhash with a fixed seed: SipHash took 7 % of a million-op compare).
 fn signature(api: &str, op: &OpRec) -> u64 {
-    let mut h = std::collections::hash_map::DefaultHasher::new();
+    let mut h = foldhash::quality::FixedState::with_seed(0).build_hasher();
     api.hash(&mut h);
     op.direction.name().hash(&mut h);
-    let mut inputs: Vec<&[usize]> = Vec::new();
-    for t in &op.tensors {
-        match t.role {
-            Role::Output => {
-                1u8.hash(&mut h);
-                t.shape.hash(&mut h);
-            }
-            Role::Input | Role::Parameter => inputs.push(&t.shape),
-        }
+    let inputs = || {
+        op.tensors
+            .iter()
+            .filter(|t| t.role != Role::Output)
+            .map(|t| t.shape.as_slice())
+    };
+    for t in op.tensors.iter().filter(|t| t.role == Role::Output) {
+        1u8.hash(&mut h);
+        t.shape.hash(&mut h);
     }
-    // Inputs as a multiset: dumpers disagree on keyword vs positional slots.
-    inputs.sort_unstable();
-    inputs.hash(&mut h);
+    // Inputs as a multiset: dumpers disagree on keyword vs positional slots. Most ops have
+    // a handful, sorted in place on the stack.
+    let mut few: [&[usize]; 8] = [&[]; 8];
+    let n = inputs().count();
+    if n <= few.len() {
+        for (slot, s) in few.iter_mut().zip(inputs()) {
+            *slot = s;
+        }
+        few[..n].sort_unstable();
+        few[..n].hash(&mut h);
+    } else {
+        let mut all: Vec<&[usize]> = inputs().collect();
+        all.sort_unstable();
+        all.hash(&mut h);
+    }
     h.finish()
 }
 
@@ -478,16 +492,28 @@ impl<'a> Builder<'a> {
             MatchedBy::Aligned
         };
         let (bop, cop) = (&self.bv.dump.ops[b], &self.cv.dump.ops[c]);
-        let slots: HashMap<&str, usize> = bop
-            .tensors
-            .iter()
-            .enumerate()
-            .map(|(i, t)| (bop.key.slot(&t.name).unwrap_or(&t.name), i))
-            .collect();
+        // A name outside the op's key (not the grammar) pairs by the whole name.
+        let bslot = |i: usize| {
+            bop.key
+                .slot(&bop.tensors[i].name)
+                .unwrap_or(&bop.tensors[i].name)
+        };
+        // Most ops have a few tensors: a scan beats building a map per op pair (a
+        // million-op unit built a million maps).
+        const SCAN: usize = 16;
+        let slots: HashMap<&str, usize> = if bop.tensors.len() > SCAN {
+            (0..bop.tensors.len()).map(|i| (bslot(i), i)).collect()
+        } else {
+            HashMap::new()
+        };
         for (j, t) in cop.tensors.iter().enumerate() {
-            // A name outside the op's key (not the grammar) pairs by the whole name.
             let slot = cop.key.slot(&t.name).unwrap_or(&t.name);
-            let found = slots.get(slot).copied();
+            let found = if bop.tensors.len() > SCAN {
+                slots.get(slot).copied()
+            } else {
+                // The last with that slot, as the map keeps.
+                (0..bop.tensors.len()).rev().find(|&i| bslot(i) == slot)
+            };
             if let Some(i) = found {
                 let u = &bop.tensors[i];
                 if u.shape == t.shape && u.role == t.role {
@@ -860,8 +886,10 @@ impl Aligner for StructuralAligner {
     fn align(&self, dumps: Sides<RankDump>) -> Alignment {
         let modules = has_modules(&dumps.bench) && has_modules(&dumps.cmp);
         let (regions, matches, unmatched) = {
-            let bv = SideView::new(&dumps.bench, None, modules);
-            let cv = SideView::new(&dumps.cmp, Some(&self.mapping), modules);
+            let (bv, cv) = rayon::join(
+                || SideView::new(&dumps.bench, None, modules),
+                || SideView::new(&dumps.cmp, Some(&self.mapping), modules),
+            );
             let (bf, bn) = offsets(&dumps.bench);
             let (cf, cn) = offsets(&dumps.cmp);
             let mut bld = Builder {
