@@ -34,7 +34,6 @@ use super::mapping::Mapping;
 use super::Sides;
 use crate::dump::{Direction, OpKind, OpRec, RankDump, Role};
 use foldhash::{HashMap, HashMapExt, HashSet};
-use std::borrow::Cow;
 use std::collections::BTreeMap;
 use std::hash::{BuildHasher, Hash, Hasher};
 
@@ -76,7 +75,7 @@ type GroupKey = (Phase, String);
 struct SideView<'a> {
     dump: &'a RankDump,
     /// API name per op (the bench name for the comparison side).
-    api: Vec<Cow<'a, str>>,
+    api: Vec<&'a str>,
     /// Signature per op.
     sig: Vec<u64>,
     /// Match key per op (backward counters renumbered), for the `exact` label.
@@ -152,13 +151,13 @@ fn signature(api: &str, op: &OpRec) -> u64 {
 impl<'a> SideView<'a> {
     fn new(dump: &'a RankDump, mapping: Option<&'a Mapping>, modules: bool) -> Self {
         let ops = &dump.ops;
-        let api: Vec<Cow<str>> = ops
+        let api: Vec<&str> = ops
             .iter()
             .map(|op| {
                 let base = op.key.base();
                 match mapping {
-                    Some(m) => Cow::Borrowed(m.bench_api(base)),
-                    None => Cow::Borrowed(base),
+                    Some(m) => m.bench_api(base),
+                    None => base,
                 }
             })
             .collect();
@@ -350,7 +349,7 @@ fn align_group(b: &[usize], c: &[usize], bv: &SideView, cv: &SideView) -> GroupA
         let mut seen: HashMap<&str, u32> = HashMap::new();
         ops.iter()
             .map(|&op| {
-                let k = seen.entry(v.api[op].as_ref()).or_insert(0);
+                let k = seen.entry(v.api[op]).or_insert(0);
                 *k += 1;
                 *k
             })
@@ -362,11 +361,11 @@ fn align_group(b: &[usize], c: &[usize], bv: &SideView, cv: &SideView) -> GroupA
         .iter()
         .zip(&bocc)
         .enumerate()
-        .map(|(i, (&op, &k))| ((bv.api[op].as_ref(), k), i))
+        .map(|(i, (&op, &k))| ((bv.api[op], k), i))
         .collect();
     let mut cand: Vec<(usize, usize)> = Vec::new(); // (b pos, c pos), c ascending
     for (j, (&op, &k)) in c.iter().zip(&cocc).enumerate() {
-        if let Some(&i) = index.get(&(cv.api[op].as_ref(), k)) {
+        if let Some(&i) = index.get(&(cv.api[op], k)) {
             if bv.sig[b[i]] == cv.sig[op] {
                 cand.push((i, j));
             }
@@ -420,7 +419,7 @@ struct Builder<'a> {
     why: Sides<Vec<Why>>,
     matches: Vec<(TensorMatch, u8)>,
     /// Paired ops, comparison index → bench index.
-    op_pair: HashMap<usize, usize>,
+    op_pair: Vec<Option<usize>>,
     regions: Vec<Region>,
     /// Forward ops inside a region, per side: op → region index.
     in_region: Sides<HashMap<usize, usize>>,
@@ -485,7 +484,7 @@ impl<'a> Builder<'a> {
     /// Pairs the tensors of two paired ops by slot (`input.0`, `output.1`, `input.weight`:
     /// probe and msprobe name them alike); a slot on one side only stays unmatched.
     fn pair_ops(&mut self, b: usize, c: usize) {
-        self.op_pair.insert(c, b);
+        self.op_pair[c] = Some(b);
         let by = if self.bv.match_key(b) == self.cv.match_key(c) {
             MatchedBy::Exact
         } else {
@@ -656,7 +655,7 @@ impl<'a> Builder<'a> {
     fn output_target(&self, cr: TensorRef) -> Option<u64> {
         let id = self.tensor(Side::Cmp, cr).id?;
         let reader = self.cv.readers.get(&id)?.first().copied()?;
-        let bop = *self.op_pair.get(&reader.op)?;
+        let bop = self.op_pair[reader.op]?;
         let rop = &self.cv.ops()[reader.op];
         let slot = rop.key.slot(&rop.tensors[reader.tensor].name)?;
         let bo = &self.bv.ops()[bop];
@@ -669,8 +668,8 @@ impl<'a> Builder<'a> {
     /// Compares a stretch where both sides have calls left: a region. Returns whether
     /// any boundary pair was found.
     fn region(&mut self, module: &str, b: &[usize], c: &[usize], bounded: bool) -> bool {
-        let bapis: Vec<&str> = b.iter().map(|&o| self.bv.api[o].as_ref()).collect();
-        let capis: Vec<&str> = c.iter().map(|&o| self.cv.api[o].as_ref()).collect();
+        let bapis: Vec<&str> = b.iter().map(|&o| self.bv.api[o]).collect();
+        let capis: Vec<&str> = c.iter().map(|&o| self.cv.api[o]).collect();
         if bapis == capis {
             // The same calls with other shapes: a shape mismatch, not another code path.
             return false;
@@ -864,18 +863,18 @@ impl<'a> Builder<'a> {
     /// A stretch left on both sides that no region could be made of: other shapes for the
     /// same API are a shape mismatch, the rest unmatched.
     fn leftover(&mut self, b: &[usize], c: &[usize]) {
-        let bapis: HashSet<&str> = b.iter().map(|&o| self.bv.api[o].as_ref()).collect();
-        let capis: HashSet<&str> = c.iter().map(|&o| self.cv.api[o].as_ref()).collect();
+        let bapis: HashSet<&str> = b.iter().map(|&o| self.bv.api[o]).collect();
+        let capis: HashSet<&str> = c.iter().map(|&o| self.cv.api[o]).collect();
         let shared: HashSet<String> = bapis.intersection(&capis).map(|s| s.to_string()).collect();
         let bw: Vec<usize> = b
             .iter()
             .copied()
-            .filter(|&o| shared.contains(self.bv.api[o].as_ref()))
+            .filter(|&o| shared.contains(self.bv.api[o]))
             .collect();
         let cw: Vec<usize> = c
             .iter()
             .copied()
-            .filter(|&o| shared.contains(self.cv.api[o].as_ref()))
+            .filter(|&o| shared.contains(self.cv.api[o]))
             .collect();
         self.mark(Side::Bench, &bw, Why::ShapeMismatch);
         self.mark(Side::Cmp, &cw, Why::ShapeMismatch);
@@ -903,8 +902,10 @@ impl Aligner for StructuralAligner {
                 first: Sides::new(bf, cf),
                 taken: Sides::new(vec![false; bn], vec![false; cn]),
                 partner: vec![None; cn],
-                matches: Vec::new(),
-                op_pair: HashMap::new(),
+                // At most one match per comparison tensor: reserved once rather than grown
+                // by doubling (memory never written stays untouched).
+                matches: Vec::with_capacity(cn),
+                op_pair: vec![None; dumps.cmp.ops.len()],
                 regions: Vec::new(),
                 in_region: Sides::default(),
                 boundaries: Vec::new(),
@@ -972,9 +973,12 @@ struct Bounds {
 }
 
 impl Bounds {
-    fn new(op_pair: &HashMap<usize, usize>) -> Bounds {
-        let mut pairs: Vec<(usize, usize)> = op_pair.iter().map(|(&c, &b)| (c, b)).collect();
-        pairs.sort_unstable();
+    fn new(op_pair: &[Option<usize>]) -> Bounds {
+        let pairs: Vec<(usize, usize)> = op_pair
+            .iter()
+            .enumerate()
+            .filter_map(|(c, b)| Some((c, (*b)?)))
+            .collect();
         let mut prefix_min = Vec::with_capacity(pairs.len());
         let mut m = usize::MAX;
         for &(_, b) in &pairs {
@@ -1071,7 +1075,7 @@ impl Builder<'_> {
                 Side::Cmp => &mut self.why.cmp,
             };
             for (op, w) in why.iter_mut().enumerate() {
-                let api = own.api[op].as_ref();
+                let api = own.api[op];
                 if *w == Why::Unmatched && !other.contains(api) && self.mapping.is_passthrough(api)
                 {
                     *w = Why::Unhooked;
@@ -1084,7 +1088,9 @@ impl Builder<'_> {
         self.unhooked();
         let mut matches = self.matches;
         // Comparison execution order; a region's rows under its last call, inputs first.
-        matches.sort_by_key(|(m, late)| (m.at, *late, m.refs.cmp.op, m.refs.cmp.tensor));
+        // The key is unique (a comparison tensor has one match): an unstable sort gives the
+        // same order without a scratch copy.
+        matches.sort_unstable_by_key(|(m, late)| (m.at, *late, m.refs.cmp.op, m.refs.cmp.tensor));
         let matches: Vec<TensorMatch> = matches.into_iter().map(|(m, _)| m).collect();
         let mut only = Vec::new();
         for (side, v, taken, first, why) in [
