@@ -127,13 +127,15 @@ enum Form {
 }
 
 /// A parsed op key. Cheap to clone; [`OpKey::as_str`] gives the key exactly as written.
+/// Compact (40 bytes): every op record and every row holds one.
 #[derive(Debug, Clone, PartialEq, Eq, Hash)]
 pub struct OpKey {
-    raw: String,
+    raw: Box<str>,
     form: Form,
     /// Length of the part before the call counter and the direction
-    /// (`Functional.gelu`, `Module.fc.Linear`).
-    base_len: usize,
+    /// (`Functional.gelu`, `Module.fc.Linear`); a key is a line of a file read with a
+    /// 64 MiB cap, so it fits (a longer one would keep its first 4 GiB as base).
+    base_len: u32,
     call: Option<u64>,
     direction: Direction,
 }
@@ -209,9 +211,9 @@ impl OpKey {
             (Form::Other, raw.len(), None, d)
         };
         OpKey {
-            raw,
+            base_len: u32::try_from(base_len).unwrap_or(u32::MAX),
+            raw: raw.into_boxed_str(),
             form,
-            base_len,
             call,
             direction,
         }
@@ -249,7 +251,8 @@ impl OpKey {
 
     /// The key without call counter and direction: `Functional.gelu`, `Module.fc.Linear`.
     pub fn base(&self) -> &str {
-        &self.raw[..self.base_len]
+        let end = (self.base_len as usize).min(self.raw.len());
+        self.raw.get(..end).unwrap_or(&self.raw)
     }
 
     /// The per-process call counter, when the key has one.
@@ -292,7 +295,7 @@ impl OpKey {
     /// The slot of a tensor of this op (`input.0`, `output.1`), when `tensor` starts with
     /// this key.
     pub fn slot<'a>(&self, tensor: &'a str) -> Option<&'a str> {
-        tensor.strip_prefix(self.raw.as_str())?.strip_prefix('.')
+        tensor.strip_prefix(&*self.raw)?.strip_prefix('.')
     }
 
     /// A tensor name of this op moved under another key of the same op (renumbering).
