@@ -142,14 +142,15 @@ impl DType {
 pub enum AnyDType {
     /// A dtype probe decodes.
     Known(DType),
-    /// Any other dtype, as written (empty when the dump gave none).
-    Other(String),
+    /// Any other dtype, as written (empty when the dump gave none); boxed, as every tensor
+    /// record and both sides of every row hold a dtype.
+    Other(Box<str>),
 }
 
 impl Default for AnyDType {
     /// No dtype (what a record without one reads as).
     fn default() -> Self {
-        AnyDType::Other(String::new())
+        AnyDType::Other(Box::default())
     }
 }
 
@@ -158,7 +159,7 @@ impl AnyDType {
     pub fn parse(name: &str) -> AnyDType {
         match DType::parse(name) {
             Some(d) => AnyDType::Known(d),
-            None => AnyDType::Other(name.to_string()),
+            None => AnyDType::Other(name.into()),
         }
     }
 

@@ -362,7 +362,7 @@ pub fn scan_unit(dump: RankDump, opts: &ScanOptions) -> ScanUnit {
             }
             rows.push(ScanRow {
                 op: info.clone(),
-                name: t.name.clone(),
+                name: t.name.to_string(),
                 role: t.role,
                 dtype: t.dtype.clone(),
                 shape: t.shape.clone(),

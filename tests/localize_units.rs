@@ -46,7 +46,7 @@ impl Log {
     ) -> Log {
         let k = OpKey::parse(key);
         let t = |slot: &str, i: usize, role, v, nan, id, src| TensorRec {
-            name: format!("{key}.{slot}.{i}"),
+            name: format!("{key}.{slot}.{i}").into(),
             role,
             dtype: AnyDType::Known(dtype),
             shape: vec![100],

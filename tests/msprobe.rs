@@ -236,7 +236,7 @@ fn op_records_follow_msprobe_naming_and_order() {
     assert_eq!(d.ops[0].key.as_str(), "Functional.conv2d.0.forward");
     assert_eq!(d.ops[1].key.as_str(), "Tensor.add_.0.forward");
     assert!(d.ops.windows(2).all(|w| w[0].seq < w[1].seq));
-    let names: Vec<&str> = d.ops[0].tensors.iter().map(|t| t.name.as_str()).collect();
+    let names: Vec<&str> = d.ops[0].tensors.iter().map(|t| &*t.name).collect();
     assert_eq!(
         names,
         [

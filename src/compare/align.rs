@@ -278,7 +278,7 @@ pub(crate) fn unmatched(
     Unmatched {
         side,
         op: OpInfo::of(index, op),
-        name: t.name.clone(),
+        name: t.name.to_string(),
         role: t.role,
         dtype: t.dtype.clone(),
         shape: t.shape.clone(),

@@ -184,10 +184,10 @@ impl Measured {
             shape: std::mem::take(&mut t.shape),
             stats: t.stats.take(),
         };
-        let bench_name = (b.name != c.name).then(|| std::mem::take(&mut b.name));
+        let bench_name = (b.name != c.name).then(|| std::mem::take(&mut b.name).into_string());
         Measured {
             op,
-            name: std::mem::take(&mut c.name),
+            name: std::mem::take(&mut c.name).into_string(),
             bench_name,
             matched_by: m.by,
             role: c.role,

@@ -1038,7 +1038,7 @@ impl Builder<'_> {
             for (ti, t) in op.tensors.iter().enumerate() {
                 let r = TensorRef { op: oi, tensor: ti };
                 if !self.is_taken(Side::Bench, r) {
-                    bench.insert(t.name.as_str(), r);
+                    bench.insert(&*t.name, r);
                 }
             }
         }
@@ -1054,7 +1054,7 @@ impl Builder<'_> {
                 if self.is_taken(Side::Cmp, r) {
                     continue;
                 }
-                if let Some(b) = wanted.get(t.name.as_str()).and_then(|n| bench.get(n)) {
+                if let Some(b) = wanted.get(&*t.name).and_then(|n| bench.get(n)) {
                     found.push((*b, r));
                 }
             }
@@ -1142,7 +1142,7 @@ mod tests {
                 let name = format!("{key}.{}.{}", role.name(), n);
                 *n += 1;
                 TensorRec {
-                    name,
+                    name: name.into(),
                     role,
                     dtype: AnyDType::parse("float32"),
                     shape: shape.to_vec(),
@@ -1210,7 +1210,11 @@ mod tests {
             .iter()
             .map(|m| {
                 let r = a.records(m);
-                (r.bench.name.clone(), r.cmp.name.clone(), m.by.name())
+                (
+                    r.bench.name.to_string(),
+                    r.cmp.name.to_string(),
+                    m.by.name(),
+                )
             })
             .collect()
     }
@@ -1484,10 +1488,13 @@ mod tests {
         // No rule knows this kernel.
         c[1].key = OpKey::parse("NPU.npu_my_attention.0.forward");
         for t in &mut c[1].tensors {
-            t.name = t.name.replace(
-                "Functional.scaled_dot_product_attention",
-                "NPU.npu_my_attention",
-            );
+            t.name = t
+                .name
+                .replace(
+                    "Functional.scaled_dot_product_attention",
+                    "NPU.npu_my_attention",
+                )
+                .into();
         }
         let a = align(b, c, true);
         assert_eq!(a.regions.len(), 1);

@@ -187,7 +187,7 @@ impl Stats {
 #[derive(Debug, Clone)]
 pub struct TensorRec {
     /// Flattened name: op key + slot.
-    pub name: String,
+    pub name: Box<str>,
     /// Input, output or parameter.
     pub role: Role,
     /// The element type, parsed once.
@@ -197,7 +197,7 @@ pub struct TensorRec {
     /// Statistics recorded at capture time.
     pub stats: Option<Stats>,
     /// A checksum of the raw bytes (`crc32:<hex>`, `md5:<hex>`).
-    pub checksum: Option<String>,
+    pub checksum: Option<Box<str>>,
     /// Dataflow id of an output.
     pub id: Option<u64>,
     /// Dataflow id of the captured output an input came from.

@@ -174,7 +174,7 @@ fn tensor_rec(
     let dtype = match v.get("dtype") {
         Some(J::Str(s)) => AnyDType::parse(s),
         Some(o) => return Err(format!("tensor {name}: dtype is {}", o.kind())),
-        None => AnyDType::Other(String::new()),
+        None => AnyDType::default(),
     };
     let shape = match v.get("shape") {
         Some(J::Arr(a)) => a
@@ -238,12 +238,12 @@ fn tensor_rec(
         }
     }
     Ok(TensorRec {
-        name: name.to_string(),
+        name: name.into(),
         role,
         dtype,
         shape,
         stats: any_stat.then_some(stats),
-        checksum,
+        checksum: checksum.map(String::into_boxed_str),
         id: None,
         src: None,
         data,
@@ -525,7 +525,7 @@ mod tests {
             first_missing: None,
         };
         let op = convert_op(&mut ctx, "Functional.f.0.forward", &j).unwrap();
-        let names: Vec<_> = op.tensors.iter().map(|t| t.name.as_str()).collect();
+        let names: Vec<_> = op.tensors.iter().map(|t| &*t.name).collect();
         assert_eq!(
             names,
             [

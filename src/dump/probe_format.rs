@@ -91,11 +91,11 @@ fn convert_tensor(raw: TensorRecord, dir: &Path) -> std::result::Result<TensorRe
     shape.shrink_to_fit();
     Ok(TensorRec {
         dtype: AnyDType::parse(&raw.dtype),
-        name: raw.name,
+        name: raw.name.into_boxed_str(),
         role,
         shape,
         stats,
-        checksum: raw.checksum,
+        checksum: raw.checksum.map(String::into_boxed_str),
         id: raw.id,
         src: raw.src,
         data,
@@ -309,7 +309,7 @@ fn salvage_shards(
                     .known()
                     .and_then(|d| t.numel().checked_mul(d.size()))
                     .and_then(|n| u64::try_from(n).ok());
-                match (*start, offsets.get(&t.name), size) {
+                match (*start, offsets.get(&*t.name), size) {
                     (Some(start), Some(&[lo, hi]), Some(size))
                         if hi >= lo
                             && hi - lo == size
@@ -334,7 +334,7 @@ fn salvage_shards(
             }
             None => {
                 t.data = None;
-                s.missing.push(t.name.clone());
+                s.missing.push(t.name.to_string());
             }
         }
     }
@@ -465,7 +465,7 @@ fn parse_op_log_sized(reader: impl BufRead, path: &Path, dir: &Path, bytes: u64)
             }
         }
         for (i, t) in op.tensors.iter().enumerate() {
-            if !names.insert(hasher.hash_one(t.name.as_str())) {
+            if !names.insert(hasher.hash_one(&*t.name)) {
                 let earlier = ops.iter().flat_map(|o| &o.tensors);
                 if earlier.chain(&op.tensors[..i]).any(|e| e.name == t.name) {
                     return Err(one_line(format!("duplicate tensor name {}", t.name)));
