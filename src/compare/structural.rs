@@ -1223,6 +1223,26 @@ mod tests {
     const M: &[usize] = &[8];
 
     #[test]
+    fn tensors_of_a_paired_op_pair_by_slot_whatever_their_order_and_number() {
+        // Small ops are searched by a scan, large ones (more than 16 tensors) through a map:
+        // both pair input.i with input.i when the comparison side lists them in another order.
+        for inputs in [3usize, 40] {
+            let tensors: Vec<T> = (0..inputs)
+                .map(|_| (Role::Input, N, None, None))
+                .chain([(Role::Output, M, None, None)])
+                .collect();
+            let b = op("Torch.cat.0.forward", "m", &tensors);
+            let mut c = op("Torch.cat.0.forward", "m", &tensors);
+            c.tensors.reverse();
+            let a = align(vec![b], vec![c], false);
+            let p = pairs(&a);
+            assert_eq!(p.len(), inputs + 1, "{inputs} inputs");
+            assert!(p.iter().all(|(b, c, by)| b == c && *by == "exact"), "{p:?}");
+            assert!(a.unmatched.is_empty());
+        }
+    }
+
+    #[test]
     fn identical_runs_pair_everything_exactly() {
         let ops = || {
             vec![
