@@ -1,7 +1,7 @@
 //! Where a run's rows wait between the compare and the reports.
 //!
 //! Why: the reports need every row of the run (the parquet table, the workbook, the html
-//! plot), but a 1,000-rank job has tens of millions of them, about 1.1 KB each in memory;
+//! plot), but a 1,000-rank job has tens of millions of them, about 0.5–0.65 KB each in memory;
 //! held until the end they grow with the number of ranks. So each unit's result comes
 //! in two ([`super::compare_unit`]): its [`super::UnitSummary`] (counts, findings,
 //! coverage, its worst ops: small, held for every unit, all the verdict needs) and its
@@ -34,11 +34,12 @@ pub struct UnitTable {
     pub unmatched: Vec<Unmatched>,
 }
 
-/// Memory a row takes, heap included, as measured on statistics and tensor dumps (the
-/// scaling bench): what the budget counts. Measured before rows shrank (a statistics row
-/// is now about 0.5 KB with its strings): a run keeps fewer rows in memory than its budget
-/// would allow, never more.
-const ROW_BYTES: usize = 1100;
+/// Memory a row takes, heap included: what the budget counts. Measured on the scaling
+/// bench's 64 ranks × 20,000 statistics tensors (peak RSS with every row in memory minus
+/// with every row parked, over the rows): 516 bytes; a tensor-mode row adds its metrics
+/// (128 bytes with the allocator's rounding). The larger figure, so a run never holds more
+/// than its budget.
+const ROW_BYTES: usize = 650;
 
 /// About how many bytes a table of `lines` rows and unmatched tensors holds in memory.
 pub fn weight(lines: usize) -> usize {
@@ -56,7 +57,7 @@ impl UnitTable {
 /// (`--row-memory`), and the folder for that file (None: never park in a file).
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct RowMemory {
-    /// Bytes of rows held in memory at most (about 1.1 KB a row); 0 parks every
+    /// Bytes of rows held in memory at most (about 0.65 KB a row); 0 parks every
     /// table but the run's last in the file.
     pub budget: usize,
     /// Where the temporary file goes (the output folder: it is several times the size of
