@@ -344,28 +344,40 @@ struct GroupAlignment {
 }
 
 fn align_group(b: &[usize], c: &[usize], bv: &SideView, cv: &SideView) -> GroupAlignment {
-    // Anchors: the n-th call of an API in this group on both sides, same signature.
-    let occurrences = |ops: &[usize], v: &SideView| -> Vec<u32> {
-        let mut seen: HashMap<&str, u32> = HashMap::new();
-        ops.iter()
-            .map(|&op| {
-                let k = seen.entry(v.api[op]).or_insert(0);
-                *k += 1;
-                *k
-            })
-            .collect()
+    // Anchors: the n-th call of an API in this group on both sides, same signature. Each
+    // API is hashed once per call into a small id; the benchmark's calls are then listed per
+    // id in call order (one flat table), so the n-th call of an API is an index, not a
+    // lookup of (name, n) in a map of every call.
+    let mut ids: HashMap<&str, usize> = HashMap::new();
+    let mut id_of = |api| {
+        let next = ids.len();
+        *ids.entry(api).or_insert(next)
     };
-    let bocc = occurrences(b, bv);
-    let cocc = occurrences(c, cv);
-    let index: HashMap<(&str, u32), usize> = b
-        .iter()
-        .zip(&bocc)
-        .enumerate()
-        .map(|(i, (&op, &k))| ((bv.api[op], k), i))
-        .collect();
+    let bid: Vec<usize> = b.iter().map(|&op| id_of(bv.api[op])).collect();
+    let cid: Vec<usize> = c.iter().map(|&op| id_of(cv.api[op])).collect();
+    // start[a]..start[a + 1]: where the positions in `b` of API a's calls are in `calls`.
+    let mut start = vec![0usize; ids.len() + 1];
+    for &a in &bid {
+        start[a + 1] += 1;
+    }
+    for a in 0..ids.len() {
+        start[a + 1] += start[a];
+    }
+    let mut calls = vec![0usize; b.len()];
+    let mut fill = start.clone();
+    for (i, &a) in bid.iter().enumerate() {
+        calls[fill[a]] = i;
+        fill[a] += 1;
+    }
+    // Reused: how many calls of each API the comparison side has made so far.
+    let seen = &mut fill;
+    seen.fill(0);
     let mut cand: Vec<(usize, usize)> = Vec::new(); // (b pos, c pos), c ascending
-    for (j, (&op, &k)) in c.iter().zip(&cocc).enumerate() {
-        if let Some(&i) = index.get(&(cv.api[op], k)) {
+    for (j, (&op, &a)) in c.iter().zip(&cid).enumerate() {
+        let at = start[a] + seen[a];
+        seen[a] += 1;
+        if at < start[a + 1] {
+            let i = calls[at];
             if bv.sig[b[i]] == cv.sig[op] {
                 cand.push((i, j));
             }
