@@ -85,7 +85,8 @@ struct SideView<'a> {
     producer: HashMap<u64, TensorRef>,
     /// Readers of each dataflow id: (op, tensor).
     readers: HashMap<u64, Vec<TensorRef>>,
-    /// Op index by op key, for backward → forward twins.
+    /// Op index by op key, for backward → forward twins (empty on a side without backward
+    /// calls).
     by_key: HashMap<&'a str, usize>,
 }
 
@@ -207,11 +208,16 @@ impl<'a> SideView<'a> {
                 }
             }
         }
-        let by_key = ops
-            .iter()
-            .enumerate()
-            .map(|(i, op)| (op.key.as_str(), i))
-            .collect();
+        // Only backward calls look up their forward twin: a side without any (an inference
+        // dump, a forward-only capture) needs no map of every op key.
+        let by_key = if ops.iter().any(|op| phase(op) == Phase::Backward) {
+            ops.iter()
+                .enumerate()
+                .map(|(i, op)| (op.key.as_str(), i))
+                .collect()
+        } else {
+            HashMap::new()
+        };
         SideView {
             dump,
             api,
