@@ -219,6 +219,23 @@ pub(crate) fn checked_numel(shape: &[usize]) -> Option<usize> {
     shape.iter().try_fold(1usize, |a, &d| a.checked_mul(d))
 }
 
+/// Module paths each held once while a rank is read: every op of a module shares its path
+/// ([`OpRec::module`]).
+#[derive(Debug, Default)]
+pub(crate) struct ModulePaths(foldhash::HashSet<Arc<str>>);
+
+impl ModulePaths {
+    /// The shared copy of `path`.
+    pub(crate) fn get(&mut self, path: &str) -> Arc<str> {
+        if let Some(known) = self.0.get(path) {
+            return known.clone();
+        }
+        let new: Arc<str> = path.into();
+        self.0.insert(new.clone());
+        new
+    }
+}
+
 /// One op call of a rank's op log.
 #[derive(Debug, Clone)]
 pub struct OpRec {

@@ -7,7 +7,9 @@
 //! `<op>.parameters.weight`). Non-tensor leaves (ints, floats, `None`, ...) are skipped.
 //! msprobe records no dataflow, so `has_dataflow` is false.
 
-use super::{OpKey, OpKind, OpRec, RankDump, RankLoc, Role, Stats, StatsFields, TensorRec};
+use super::{
+    ModulePaths, OpKey, OpKind, OpRec, RankDump, RankLoc, Role, Stats, StatsFields, TensorRec,
+};
 use crate::dtype::AnyDType;
 use crate::error::{one_line, ProbeError, Result};
 use crate::schema::dump::parse_stat;
@@ -392,7 +394,7 @@ fn read_stacks(path: &Path) -> Result<Stacks> {
 fn read_construct(path: &Path) -> Result<HashMap<String, Arc<str>>> {
     let mut out = HashMap::new();
     // Each parent held once, however many ops it has.
-    let mut parents: HashMap<String, Arc<str>> = HashMap::new();
+    let mut parents = ModulePaths::default();
     if !path.is_file() {
         return Ok(out);
     }
@@ -404,8 +406,7 @@ fn read_construct(path: &Path) -> Result<HashMap<String, Arc<str>>> {
     if let J::Obj(kv) = j {
         for (k, v) in kv {
             if let J::Str(p) = v {
-                let parent = parents.entry(p).or_insert_with_key(|p| p.as_str().into());
-                out.insert(k, parent.clone());
+                out.insert(k, parents.get(&p));
             }
         }
     }

@@ -5,8 +5,8 @@
 //! an error naming the file and line.
 
 use super::{
-    Collective, Direction, Mode, OpKey, OpKind, OpRec, RankDump, RankLoc, Role, Stats, StatsFields,
-    TensorRec,
+    Collective, Direction, Mode, ModulePaths, OpKey, OpKind, OpRec, RankDump, RankLoc, Role, Stats,
+    StatsFields, TensorRec,
 };
 use crate::dtype::AnyDType;
 use crate::error::{one_line, ProbeError, Result};
@@ -16,7 +16,6 @@ use std::collections::{BTreeMap, HashMap};
 use std::hash::BuildHasher;
 use std::io::{BufRead, BufReader, Read};
 use std::path::Path;
-use std::sync::Arc;
 
 /// What compare needs from `manifest.json`.
 #[derive(Debug, Clone)]
@@ -102,13 +101,10 @@ fn convert_tensor(raw: TensorRecord, dir: &Path) -> std::result::Result<TensorRe
     })
 }
 
-/// The module paths of one op log, each held once.
-type Modules = foldhash::HashSet<Arc<str>>;
-
 fn convert_op(
     raw: OpRecord,
     dir: &Path,
-    modules: &mut Modules,
+    modules: &mut ModulePaths,
 ) -> std::result::Result<OpRec, String> {
     let kind = OpKind::parse(&raw.kind)
         .ok_or_else(|| format!("op {}: unknown kind {:?}", raw.op, raw.kind))?;
@@ -131,14 +127,7 @@ fn convert_op(
         key: OpKey::from_string(raw.op),
         kind,
         direction,
-        module: raw.module.map(|m| match modules.get(m.as_str()) {
-            Some(known) => known.clone(),
-            None => {
-                let m: Arc<str> = m.into();
-                modules.insert(m.clone());
-                m
-            }
-        }),
+        module: raw.module.map(|m| modules.get(&m)),
         stack: raw.stack,
         recompute: raw.recompute,
         tensors,
@@ -390,7 +379,7 @@ type Declared = Vec<(String, [u64; 2])>;
 fn parse_record(
     text: &str,
     dir: &Path,
-    modules: &mut Modules,
+    modules: &mut ModulePaths,
 ) -> std::result::Result<(OpRec, Declared), String> {
     let text = crate::json::accept_nonfinite_str(text);
     let raw: OpRecord = serde_json::from_str(&text).map_err(|e| one_line(e.to_string()))?;
@@ -406,7 +395,7 @@ fn parse_record(
 /// record; `dir` is the rank folder its shard file names are resolved against. The error
 /// is one line, without the file and line number.
 pub fn parse_op_record(text: &str, dir: &Path) -> std::result::Result<OpRec, String> {
-    parse_record(text, dir, &mut Modules::default()).map(|(op, _)| op)
+    parse_record(text, dir, &mut ModulePaths::default()).map(|(op, _)| op)
 }
 
 /// The op records of one `ops.jsonl`, checked.
@@ -452,7 +441,7 @@ fn parse_op_log_sized(reader: impl BufRead, path: &Path, dir: &Path, bytes: u64)
     let mut has_dataflow = false;
     let mut offsets: HashMap<String, [u64; 2]> = HashMap::new();
     let mut op_offsets: Declared = Vec::new();
-    let mut modules = Modules::default();
+    let mut modules = ModulePaths::default();
     let warning = read_jsonl(reader, path, |_, text| {
         let (op, declared) = parse_record(text, dir, &mut modules)?;
         op_offsets = declared;
