@@ -518,18 +518,15 @@ impl<'a> Builder<'a> {
         // Most ops have a few tensors: a scan beats building a map per op pair (a
         // million-op unit built a million maps).
         const SCAN: usize = 16;
-        let slots: HashMap<&str, usize> = if bop.tensors.len() > SCAN {
-            (0..bop.tensors.len()).map(|i| (bslot(i), i)).collect()
-        } else {
-            HashMap::new()
-        };
+        let n = bop.tensors.len();
+        let slots: Option<HashMap<&str, usize>> =
+            (n > SCAN).then(|| (0..n).map(|i| (bslot(i), i)).collect());
         for (j, t) in cop.tensors.iter().enumerate() {
             let slot = cop.key.slot(&t.name).unwrap_or(&t.name);
-            let found = if bop.tensors.len() > SCAN {
-                slots.get(slot).copied()
-            } else {
+            let found = match &slots {
+                Some(map) => map.get(slot).copied(),
                 // The last with that slot, as the map keeps.
-                (0..bop.tensors.len()).rev().find(|&i| bslot(i) == slot)
+                None => (0..n).rev().find(|&i| bslot(i) == slot),
             };
             if let Some(i) = found {
                 let u = &bop.tensors[i];
