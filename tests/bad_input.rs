@@ -23,6 +23,15 @@ fn edit_first_op(t: &Path, from: &str, to: &str) {
     }
 }
 
+/// Rewrites the comparison side's op log line by line.
+fn edit_cmp_lines(t: &Path, edit: impl FnOnce(&mut Vec<String>)) {
+    let p = rank(t, "cmp").join("ops.jsonl");
+    let text = std::fs::read_to_string(&p).unwrap();
+    let mut lines: Vec<String> = text.lines().map(String::from).collect();
+    edit(&mut lines);
+    std::fs::write(&p, lines.join("\n") + "\n").unwrap();
+}
+
 #[test]
 fn missing_directory() {
     let t = tempfile::tempdir().unwrap();
@@ -116,11 +125,7 @@ fn unknown_dtype_with_data() {
 fn corrupt_line_in_the_middle_of_the_op_log() {
     let t = tempfile::tempdir().unwrap();
     demo(t.path());
-    let p = rank(t.path(), "cmp").join("ops.jsonl");
-    let text = std::fs::read_to_string(&p).unwrap();
-    let mut lines: Vec<String> = text.lines().map(String::from).collect();
-    lines[2] = lines[2][..40].to_string();
-    std::fs::write(&p, lines.join("\n") + "\n").unwrap();
+    edit_cmp_lines(t.path(), |lines| lines[2] = lines[2][..40].to_string());
     assert_input_error(&compare(t.path(), &[]), 2, "ops.jsonl:3: bad op record");
 }
 
@@ -130,16 +135,14 @@ fn a_tensor_name_recorded_twice() {
     // op log (they are the tensors' keys), so the log is refused naming the line and name.
     let t = tempfile::tempdir().unwrap();
     demo(t.path());
-    let p = rank(t.path(), "cmp").join("ops.jsonl");
-    let text = std::fs::read_to_string(&p).unwrap();
-    let mut lines: Vec<serde_json::Value> = text
-        .lines()
-        .map(|l| serde_json::from_str(l).unwrap())
-        .collect();
-    let first = lines[0]["tensors"][0]["name"].clone();
-    lines[3]["tensors"][0]["name"] = first.clone();
-    let out: Vec<String> = lines.iter().map(|v| v.to_string()).collect();
-    std::fs::write(&p, out.join("\n") + "\n").unwrap();
+    let mut first = serde_json::Value::Null;
+    edit_cmp_lines(t.path(), |lines| {
+        let op = |l: &str| serde_json::from_str::<serde_json::Value>(l).unwrap();
+        first = op(&lines[0])["tensors"][0]["name"].clone();
+        let mut fourth = op(&lines[3]);
+        fourth["tensors"][0]["name"] = first.clone();
+        lines[3] = fourth.to_string();
+    });
     let needle = format!(
         "ops.jsonl:4: bad op record: duplicate tensor name {}",
         first.as_str().unwrap()
