@@ -20,7 +20,7 @@ if [ ! -x .venv/bin/python ]; then
   python3 -m venv --system-site-packages .venv
 fi
 PY=.venv/bin/python
-"$PY" -m pip install --quiet --disable-pip-version-check "torch>=2.1" numpy safetensors pytest jsonschema ruff mypy "maturin>=1.5,<2"
+"$PY" -m pip install --quiet --disable-pip-version-check "torch>=2.1" numpy safetensors orjson pytest jsonschema ruff mypy "maturin>=1.5,<2"
 
 echo "== python: ruff, mypy (pyproject.toml)"
 "$PY" -m ruff check python examples bench

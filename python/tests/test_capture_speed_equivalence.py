@@ -208,3 +208,42 @@ def test_late_gradient_after_stop_is_written(tmp_path: Any) -> None:
     ]
     grad = {t["name"]: t for t in ops[3]["tensors"]}["Torch.mul.0.backward.output.0"]
     assert grad["stats"] == _expected(torch.full((4,), 2.0))
+
+
+def test_op_log_reads_the_same_with_and_without_orjson(tmp_path: Any, monkeypatch: Any) -> None:
+    """orjson (the fast encoder) and the json module write numbers differently (``0.00001``
+    / ``1e-05``) but every record must read back to the same values; without orjson the
+    agent falls back to json."""
+    from probe.capture import writer
+
+    dumps = writer._orjson_dumps
+    assert dumps is not None, "orjson is a dependency of the agent"
+    calls = []
+
+    def counted(record: Any, option: int = 0) -> bytes:
+        calls.append(1)
+        return dumps(record, option=option)
+
+    monkeypatch.setattr(writer, "_orjson_dumps", counted)
+    fast, expected = _run(str(tmp_path / "fast"), 7)
+    assert len(calls) == len(fast) > 100
+    monkeypatch.setattr(writer, "_orjson_dumps", None)
+    slow, _ = _run(str(tmp_path / "slow"), 7)
+    assert fast == slow
+    by_name = {t["name"]: t for op in fast for t in op["tensors"]}
+    for k, suffix, stats in expected:
+        assert by_name[f"{k}.{suffix}"]["stats"] == stats
+
+
+def test_record_orjson_refuses_is_written_by_json() -> None:
+    """An integer argument beyond 64 bits (orjson's limit) still gets its line."""
+    import json
+
+    from probe.capture import writer
+
+    record = {"seq": 3, "op": "Torch.full.0.forward", "args": {"input.1": 2**70, "input.2": 1e-05}}
+    line = writer._encode_record(record)
+    assert line.endswith(b"\n") and line.count(b"\n") == 1
+    assert json.loads(line) == record
+    small = {"seq": 1, "op": "é", "args": {"input.1": 1e-05, "input.2": [1, 2]}}
+    assert json.loads(writer._encode_record(small)) == small
