@@ -247,3 +247,36 @@ def test_record_orjson_refuses_is_written_by_json() -> None:
     assert json.loads(line) == record
     small = {"seq": 1, "op": "é", "args": {"input.1": 1e-05, "input.2": [1, 2]}}
     assert json.loads(writer._encode_record(small)) == small
+
+
+@pytest.mark.parametrize(
+    "shape,view,dtype",
+    [
+        ((16, 64, 8, 8), lambda b: b.permute(0, 2, 3, 1), torch.float32),  # channels-last
+        ((4, 32, 8, 16), lambda b: b.transpose(1, 2), torch.float32),  # attention heads
+        ((16, 16, 3, 4, 8), lambda b: b.permute(2, 0, 3, 1, 4)[1], torch.float32),  # not dense
+        ((64, 64), lambda b: b[::3, 1::2], torch.float64),
+        ((8, 8), lambda b: b.t(), torch.float16),
+    ],
+)
+def test_stats_of_non_contiguous_tensors_match_their_contiguous_copy(
+    shape: tuple[int, ...], view: Any, dtype: torch.dtype
+) -> None:
+    """Non-contiguous tensors take amax/amin instead of aminmax (which walks them element by
+    element); max and min must be those of the same values laid out contiguously, and NaN
+    and Inf must still be counted."""
+    from probe.capture.stats import finish_stats, stat_vector
+
+    for poison in (None, float("nan"), float("-inf")):
+        base = torch.randn(*shape, generator=torch.Generator().manual_seed(3)).to(dtype)
+        if poison is not None:
+            base.view(-1)[base.numel() // 2 + 1] = poison
+        t = view(base)
+        assert not t.is_contiguous()
+        vec = stat_vector(t)
+        assert vec is not None
+        got = finish_stats([float(v) for v in vec], t.numel(), t)
+        want = _expected(t.contiguous())
+        assert got["max"] == want["max"] and got["min"] == want["min"], (got, want)
+        assert (got["nan"], got["inf"]) == (want["nan"], want["inf"])
+        assert got["nan"] + got["inf"] == (0 if poison is None else 1) or t.numel() < base.numel()

@@ -35,6 +35,8 @@ STORABLE = frozenset(DTYPE_NAMES)
 # The originals, bound at import (before any wrapper is installed): the agent's own calls
 # must not pay for, or be seen by, the API wrappers that are installed while it captures.
 _aminmax = torch.aminmax
+_amax = torch.amax
+_amin = torch.amin
 _sum = torch.sum
 _vector_norm = torch.linalg.vector_norm
 _isnan = torch.isnan
@@ -84,7 +86,14 @@ def stat_vector(t: torch.Tensor) -> Optional[list[torch.Tensor]]:
     else:
         # bool: max = any, min = all (as 1/0); integers: exact in float64 up to 2**53.
         tf = _to(t, _F32 if dt is _BOOL else _F64)
-    mn, mx = _aminmax(tf)
+    if tf.is_contiguous():
+        mn, mx = _aminmax(tf)
+    else:
+        # aminmax walks a non-contiguous tensor element by element: 4-30x slower than on
+        # the same data contiguous (3.8 ms for a 1M-element channels-last activation, 0.6 ms
+        # for a transposed attention tensor). amax and amin take the strided fast path,
+        # exact like aminmax (only a tie between -0.0 and 0.0 may pick the other zero).
+        mx, mn = _amax(tf), _amin(tf)
     total = _sum(tf)
     if t.is_cpu:
         # A finite sum means no NaN/Inf: 4 values, finish_stats reads zero counts.
