@@ -53,7 +53,14 @@ class StatsBuffer:
     """Pending op records of one Debugger, written in order (at most ``limit`` ops held
     before a flush, plus one batch in flight)."""
 
-    def __init__(self, limit: int = 256) -> None:
+    #: Ops per batch. Enough to spread one host read (and on an accelerator one transfer)
+    #: over many ops, and few enough that a pending record dies young: records held for 256
+    #: ops outlived Python's younger GC generations, and the full collections they brought on
+    #: (each walks every object of torch and the model, ~100 ms in the example's process)
+    #: cost ~15 us a captured call; at 32 about 2 us (docs/capture.md, "Overhead").
+    LIMIT = 32
+
+    def __init__(self, limit: int = LIMIT) -> None:
         self.limit = limit
         self._items: list[Pending] = []
         self._inflight: Optional[_Batch] = None
