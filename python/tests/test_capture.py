@@ -391,6 +391,52 @@ def test_tensor_mode_shards_hold_every_file(dump: str) -> None:
         assert n == sum(len(list(opened[s].keys())) for s in shards)
 
 
+def test_tensor_mode_reuses_host_buffers_across_steps(
+    dump: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Host copies land in buffers handed back by the writer thread: after the first step,
+    steps of the same shapes take their copies from the pool (a fresh buffer faults in every
+    page). How many buffers one step needs depends on how far the writer thread lags, so a
+    later step may still add a few; before the pool worked, every copy of every step was a
+    new buffer. The data the reused buffers carry is checked by the shard test above."""
+    from probe.capture import writer
+
+    fresh: list[int] = []
+    copies: list[int] = []
+    empty = writer._empty
+    copy = writer.HostPool.copy
+
+    def counting(*args: Any, **kwargs: Any) -> torch.Tensor:
+        if args and isinstance(args[0], int):  # HostPool's 1-D buffers
+            fresh.append(args[0])
+        return empty(*args, **kwargs)
+
+    def counted_copy(self: Any, t: torch.Tensor) -> torch.Tensor:
+        copies.append(1)
+        return copy(self, t)
+
+    monkeypatch.setattr(writer, "_empty", counting)
+    monkeypatch.setattr(writer.HostPool, "copy", counted_copy)
+    dbg = probe.Debugger(None, dump_path=dump, level="mix", mode="tensor")
+    torch.manual_seed(0)
+    model = Tiny()
+    opt = torch.optim.SGD(model.parameters(), lr=0.1)
+    per_step = []
+    for _ in range(6):
+        before = len(fresh)
+        dbg.start(model)
+        opt.zero_grad()
+        F.cross_entropy(model(torch.randn(4, 8)), torch.randint(0, 4, (4,))).backward()
+        opt.step()
+        dbg.stop()
+        dbg.step()
+        per_step.append(len(fresh) - before)
+    dbg.close()
+    per_copy_step = len(copies) // 6
+    assert per_copy_step > 20 and 0 < per_step[0] <= per_copy_step
+    assert sum(per_step[1:]) < per_copy_step, (per_step, per_copy_step)
+
+
 def test_msprobe_config_keys(tmp_path: Any) -> None:
     cfg = {
         "task": "tensor",

@@ -248,41 +248,49 @@ class HostPool:
 
     def __init__(self, cap: int) -> None:
         self.cap = cap
-        self._free: dict[tuple[int, bool], list[torch.Tensor]] = {}
+        self._free: dict[tuple[int, torch.dtype, bool], list[torch.Tensor]] = {}
         self._bytes = 0
         self._any_pinned = False
         self._lock = threading.Lock()
 
     def copy(self, t: torch.Tensor) -> torch.Tensor:
-        """A contiguous CPU copy of ``t`` (detached), a view of a pooled buffer (its
-        ``_base``), which :meth:`give` takes back."""
+        """A contiguous CPU copy of ``t`` (detached): a view of a pooled 1-D buffer of the
+        same dtype (its ``_base``), which :meth:`give` takes back.
+
+        Buffers are keyed by byte size *and dtype*: a buffer viewed as another dtype is a
+        new base for autograd's view tracking (its ``_base`` is not the buffer), so such
+        copies could never be recognised and handed back."""
         d = _detach(t)
-        nbytes = d.numel() * d.element_size()
+        n = d.numel()
+        if n == 0:
+            return _empty(d.shape, dtype=d.dtype)
         pinned = not d.is_cpu and torch.cuda.is_available() and d.device.type == "cuda"
+        key = (n * d.element_size(), d.dtype, pinned)
         buf: Optional[torch.Tensor] = None
         with self._lock:
-            free = self._free.get((nbytes, pinned))
+            free = self._free.get(key)
             if free:
                 buf = free.pop()
-                self._bytes -= nbytes
+                self._bytes -= key[0]
         if buf is None:
-            buf = _empty(nbytes, dtype=torch.uint8, pin_memory=pinned)
+            buf = _empty(n, dtype=d.dtype, pin_memory=pinned)
             self._any_pinned = self._any_pinned or pinned
-        host = _view(_view(buf, d.dtype), d.shape) if nbytes else _empty(d.shape, dtype=d.dtype)
+        host = _view(buf, d.shape)
         _copy(host, d)
         return host
 
     def give(self, host: torch.Tensor) -> None:
         """A copy whose data is on disk (writer thread): its buffer is kept for reuse if
-        under the cap. Copies not made by :meth:`copy` (no uint8 base) are left alone."""
+        under the cap. Copies not made by :meth:`copy` (no 1-D base of their size) are left
+        alone."""
         buf = host._base
-        if buf is None or buf.dtype is not torch.uint8 or buf.dim() != 1:
+        if buf is None or buf.dim() != 1 or buf.numel() != host.numel():
             return
-        nbytes = buf.numel()
+        nbytes = buf.numel() * buf.element_size()
         with self._lock:
             if self._bytes + nbytes <= self.cap:
-                pinned = self._any_pinned and buf.is_pinned()
-                self._free.setdefault((nbytes, pinned), []).append(buf)
+                key = (nbytes, buf.dtype, buf.is_pinned() if self._any_pinned else False)
+                self._free.setdefault(key, []).append(buf)
                 self._bytes += nbytes
 
     def clear(self) -> None:
