@@ -57,7 +57,7 @@ try:  # a declared dependency (pyproject.toml); json below if an environment lac
 
     _orjson_dumps: Optional[Callable[..., bytes]] = orjson.dumps
     _ORJSON_OPTS = orjson.OPT_APPEND_NEWLINE
-except ImportError:  # pragma: no cover - exercised by test_writer's fallback test
+except ImportError:  # pragma: no cover - the fallback is tested by setting _orjson_dumps to None
     _orjson_dumps = None
     _ORJSON_OPTS = 0
 # The standard library's encoder, made once (json.dumps with options builds one per call),
