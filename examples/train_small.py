@@ -268,18 +268,17 @@ class Fault:
 
 def install_crash(after_ops: Optional[int], after_bytes: Optional[int]) -> None:
     """Make the process kill itself (SIGKILL) at a deterministic point of the capture."""
-    import json
     import os
     import signal
 
-    from probe.capture.writer import RankFolder
+    from probe.capture.writer import RankFolder, _encode_record
 
     real = RankFolder.write_op
     seen = {"ops": 0, "bytes": 0}
 
     def write_op(self: RankFolder, record: dict[str, Any]) -> None:
         if after_bytes is not None and self._ops is not None:
-            line = json.dumps({**record, "seq": self.seq}, separators=(",", ":")) + "\n"
+            line = _encode_record({**record, "seq": self.seq})  # the bytes it would write
             if seen["bytes"] + len(line) > after_bytes:
                 self._ops.write(line[: max(0, after_bytes - seen["bytes"])])
                 self._ops.flush()
