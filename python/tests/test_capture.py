@@ -304,9 +304,7 @@ def test_recompute_stopped_early_leaves_its_modules(dump: str, level: str) -> No
 
     torch.manual_seed(0)
     model = torch.nn.Module()
-    model.block = torch.nn.Sequential(
-        torch.nn.Linear(4, 4), torch.nn.GELU(), torch.nn.Linear(4, 4)
-    )
+    model.block = torch.nn.Sequential(torch.nn.Linear(4, 4), torch.nn.GELU(), torch.nn.Linear(4, 4))
     x = torch.randn(2, 4, requires_grad=True)
     dbg = probe.Debugger(None, dump_path=dump, level=level, directions=["forward"])
     dbg.start(model)
@@ -435,6 +433,44 @@ def test_tensor_mode_reuses_host_buffers_across_steps(
     per_copy_step = len(copies) // 6
     assert per_copy_step > 20 and 0 < per_step[0] <= per_copy_step
     assert sum(per_step[1:]) < per_copy_step, (per_step, per_copy_step)
+
+
+def test_tensor_mode_queues_small_copies_in_batches(
+    dump: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Small copies reach the writer thread in batches, not one queue item per op (each
+    item wakes the thread, which then competes with training for the GIL), and every
+    tensor still lands in the shards with its values."""
+    from safetensors import safe_open
+
+    from probe.capture import writer
+
+    batches: list[int] = []
+    put_many = writer.TensorWriter.put_many
+
+    def counted(self: Any, items: list[Any]) -> None:
+        batches.append(len(items))
+        put_many(self, items)
+
+    monkeypatch.setattr(writer.TensorWriter, "put_many", counted)
+    dbg = probe.Debugger(None, dump_path=dump, level="api", mode="tensor", stack=False)
+    x = torch.arange(16, dtype=torch.float32)
+    dbg.start()
+    ys = [torch.mul(x, float(i)) for i in range(200)]
+    dbg.stop()
+    want = {f"Torch.mul.{i}.forward.output.0": y for i, y in enumerate(ys)}
+    dbg.step()
+    dbg.close()
+    assert sum(batches) >= 400 and len(batches) <= 400 // writer._OUTBOX_ITEMS + 2, batches
+    folder = os.path.join(dump, "step0", "rank0")
+    got = {}
+    for op in read_ops(folder):
+        for t in op["tensors"]:
+            with safe_open(os.path.join(folder, t["file"]), "pt") as f:
+                got[t["name"]] = f.get_tensor(t["name"])
+    assert len(got) == 400
+    for name, y in want.items():
+        assert torch.equal(got[name], y), name
 
 
 def test_msprobe_config_keys(tmp_path: Any) -> None:

@@ -519,7 +519,7 @@ class Debugger:
         # grad off, so stack records nothing (a no_grad() context cost more than the stack).
         vec_all = _stack(parts) if parts else None
         self._pending.add(folder, op.to_json(tensors), fills, vec_all)
-        self._files.push()
+        self._files.push(full_only=True)
         self._files.check()
 
     def _flush_records(self) -> None:

@@ -50,8 +50,11 @@ _view = torch.Tensor.view
 _detach = torch.Tensor.detach
 _copy = torch.Tensor.copy_
 _empty = torch.empty
-#: Host copies up to this size are queued per op, not one by one (DumpFiles.push).
+#: Host copies up to this size are queued in batches, not one by one (DumpFiles.push)...
 _SMALL = 64 * 1024
+#: ...of this many copies or bytes, whichever comes first (at most ~4 MiB held back).
+_OUTBOX_ITEMS = 64
+_OUTBOX_BYTES = 1 << 20
 try:  # a declared dependency (pyproject.toml); json below if an environment lacks it
     import orjson
 
@@ -513,8 +516,9 @@ class DumpFiles:
         self.writer: Optional[TensorWriter] = None
         #: Reused host buffers of tensor mode (bounded by one shard's size, 64-512 MiB).
         self.pool = HostPool(min(max(config.shard_bytes, 64 << 20), 512 << 20))
-        #: Small host copies of the op being captured, queued together (:meth:`push`).
+        #: Small host copies held back and queued together (:meth:`push`).
         self._outbox: list[tuple[Any, ...]] = []
+        self._outbox_bytes = 0
         self._manifest_done = False
         #: Step folders appear at their first written op, as in overflow mode. Set when the
         #: agent counts iterations (ApiProfiler): the iteration opened by the last optimizer
@@ -573,6 +577,7 @@ class DumpFiles:
         path = os.path.join(folder.path, fname)
         if nbytes <= _SMALL:
             self._outbox.append(("t", path, key, host))
+            self._outbox_bytes += nbytes
         else:
             if self._outbox:
                 self.push()
@@ -582,11 +587,19 @@ class DumpFiles:
             writer.close_shard(os.path.join(folder.path, to_close))
         return fname, [offset, offset + nbytes]
 
-    def push(self) -> None:
-        """Queue the small host copies held back by :meth:`store` (at the end of each op,
-        and before anything else is queued: the writer sees every item in order)."""
-        if self._outbox:
+    def push(self, full_only: bool = False) -> None:
+        """Queue the small host copies held back by :meth:`store`: before anything else is
+        queued (the writer sees every item in order), at ``sync()``, and at the end of an op
+        once they add up to a batch (``full_only``: :data:`_OUTBOX_ITEMS` copies or
+        :data:`_OUTBOX_BYTES`). Each queue item wakes the writer thread, whose Python then
+        competes with training for the GIL; one item per op cost more than the copies."""
+        if self._outbox and (
+            not full_only
+            or len(self._outbox) >= _OUTBOX_ITEMS
+            or self._outbox_bytes >= _OUTBOX_BYTES
+        ):
             items, self._outbox = self._outbox, []
+            self._outbox_bytes = 0
             assert self.writer is not None
             self.writer.put_many(items)
 
