@@ -52,7 +52,7 @@ _copy = torch.Tensor.copy_
 _empty = torch.empty
 #: Host copies up to this size are queued in batches, not one by one (DumpFiles.push)...
 _SMALL = 64 * 1024
-#: ...of this many copies or bytes, whichever comes first (at most ~4 MiB held back).
+#: ...of this many copies or bytes, whichever comes first, checked at the end of each op.
 _OUTBOX_ITEMS = 64
 _OUTBOX_BYTES = 1 << 20
 try:  # a declared dependency (pyproject.toml); json below if an environment lacks it
