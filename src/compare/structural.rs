@@ -880,7 +880,7 @@ impl<'a> Builder<'a> {
     fn leftover(&mut self, b: &[usize], c: &[usize]) {
         let bapis: HashSet<&str> = b.iter().map(|&o| self.bv.api[o]).collect();
         let capis: HashSet<&str> = c.iter().map(|&o| self.cv.api[o]).collect();
-        let shared: HashSet<String> = bapis.intersection(&capis).map(|s| s.to_string()).collect();
+        let shared: HashSet<&str> = bapis.intersection(&capis).copied().collect();
         let bw: Vec<usize> = b
             .iter()
             .copied()
