@@ -1,7 +1,9 @@
 """The buffered statistics path (capture/buffer.py) loses, reorders and misreads nothing.
 
-Statistics are stacked per op on the device and read in batches (every ``limit`` ops and at
-``stop()``), so a record is written long after its op ran. These tests drive op sequences
+An accelerator's statistics are stacked on the device and read in batches (every ``limit``
+ops and at ``stop()``), so a record is written long after its op ran; CPU statistics are
+read at once and their records written in the same batches. ``READ_ON_CPU`` off runs the
+accelerator's path on CPU. These tests drive op sequences
 through several flushes, with tensors modified in place right after being captured, and check
 every record against values computed independently here at the time of the call.
 """
@@ -17,6 +19,7 @@ import torch
 
 import probe
 from conftest import read_ops
+from probe.capture import stats as stats_mod
 from probe.capture.buffer import StatsBuffer
 
 
@@ -100,10 +103,13 @@ def _run(dump: str, limit: int) -> tuple[list[dict[str, Any]], list[tuple[str, s
     return read_ops(os.path.join(dump, "step0", "rank0")), expected
 
 
+@pytest.mark.parametrize("read_on_cpu", [True, False])
 @pytest.mark.parametrize("limit", [1, 3, 7, 256])
 def test_buffered_records_are_complete_ordered_and_taken_before_inplace_changes(
-    tmp_path: Any, limit: int
+    tmp_path: Any, limit: int, read_on_cpu: bool, monkeypatch: Any
 ) -> None:
+    # Off: CPU statistics take the accelerator's path (stacked and read per batch).
+    monkeypatch.setattr(stats_mod, "READ_ON_CPU", read_on_cpu)
     ops, expected = _run(str(tmp_path / f"dump{limit}"), limit)
     # Every op, in call order, numbered without gaps.
     assert [op["seq"] for op in ops] == list(range(len(ops)))
@@ -119,15 +125,18 @@ def test_buffered_records_are_complete_ordered_and_taken_before_inplace_changes(
         assert got == stats, (k, suffix, got, stats)
 
 
-def test_flush_limit_does_not_change_the_dump(tmp_path: Any) -> None:
-    """A flush every op and one per step write byte-identical op logs."""
+def test_flush_limit_and_read_path_do_not_change_the_dump(tmp_path: Any, monkeypatch: Any) -> None:
+    """A flush every op and one per step write byte-identical op logs, whether CPU
+    statistics are read at once or stacked and read per batch like an accelerator's."""
     texts = []
-    for limit in (1, 5, 100000):
-        d = str(tmp_path / f"d{limit}")
-        _run(d, limit)
-        with open(os.path.join(d, "step0", "rank0", "ops.jsonl"), "rb") as fh:
-            texts.append(fh.read())
-    assert texts[0] == texts[1] == texts[2]
+    for read_on_cpu in (True, False):
+        monkeypatch.setattr(stats_mod, "READ_ON_CPU", read_on_cpu)
+        for limit in (1, 5, 100000):
+            d = str(tmp_path / f"d{limit}{read_on_cpu}")
+            _run(d, limit)
+            with open(os.path.join(d, "step0", "rank0", "ops.jsonl"), "rb") as fh:
+                texts.append(fh.read())
+    assert len(texts) == 6 and all(t == texts[0] for t in texts)
 
 
 class _Folder:
@@ -143,13 +152,13 @@ class _Folder:
         self.written.append(record)
 
 
-def _item(folder: Any, i: int) -> tuple[Any, dict[str, Any], list[Any], Optional[torch.Tensor]]:
+def _item(folder: Any, i: int) -> tuple[Any, dict[str, Any], list[Any], list[torch.Tensor]]:
     stats: dict[str, Any] = {}
     rec = {"seq": 0, "op": f"op{i}", "tensors": [{"stats": stats}]}
     vec = torch.tensor([float(i), -float(i), 2.0 * i, float(i) + 0.5])
     if i % 2:
         vec = vec.to(torch.float64)  # mixed dtypes across ops promote losslessly
-    return folder, rec, [(stats, 4, 2)], vec
+    return folder, rec, [(stats, 4, 2, vec.device)], list(vec.unbind())
 
 
 def test_stats_buffer_writes_in_order_with_one_batch_in_flight() -> None:
@@ -172,6 +181,39 @@ def test_stats_buffer_writes_in_order_with_one_batch_in_flight() -> None:
             "inf": 0,
         }
     assert len(buf) == 0
+
+
+class _Dev:
+    """A device key of its own (the buffer groups parts by device), read like the CPU."""
+
+    type = "cpu"
+
+
+def test_stats_buffer_groups_the_parts_of_an_op_across_devices() -> None:
+    """An op whose tensors lie on two devices (a copy between them) has its parts stacked
+    with each device's, and every tensor still gets its own numbers."""
+    folder = _Folder()
+    buf = StatsBuffer(limit=3)
+    other = _Dev()
+    expect = []
+    for i in range(7):
+        a: dict[str, Any] = {}
+        b: dict[str, Any] = {}
+        va = [float(i), -1.0 - i, 4.0 * i, 10.0 + i]
+        vb = [100.0 + i, 50.0, 300.0, 7.0 * i, 0.0, 2.0]
+        parts = [torch.tensor(v) for v in va + vb]
+        dev_b = other if i % 2 else torch.device("cpu")
+        rec = {"op": f"op{i}", "tensors": [{"stats": a}, {"stats": b}]}
+        buf.add(folder, rec, [(a, 4, 2, torch.device("cpu")), (b, 6, 3, dev_b)], parts)
+        expect.append(
+            (
+                {"max": va[0], "min": va[1], "mean": va[2] / 2, "norm": va[3], "nan": 0, "inf": 0},
+                {"max": vb[0], "min": 50.0, "mean": 100.0, "norm": vb[3], "nan": 0, "inf": 2},
+            )
+        )
+    buf.flush()
+    got = [(r["tensors"][0]["stats"], r["tensors"][1]["stats"]) for r in folder.written]
+    assert got == expect
 
 
 def test_stats_buffer_drops_what_follows_a_failed_write() -> None:

@@ -1,15 +1,17 @@
 """Finished op records whose statistics are still on the device, written in batches.
 
 Each finished op hands over its record (a dict, complete but for the numbers of its
-``stats``, which are empty dicts already in place so that the JSON key order is the one the
-dump always had) and one small vector per op: the statistics of all its tensors stacked on
-their device. Every ``limit`` ops (and at ``stop()``) the vectors of the batch are
-concatenated per device and copied to the host in one transfer. On an accelerator the copy is
-non-blocking into pinned memory and the batch is only *completed* (numbers filled in, records
-encoded and written) at the next flush, by when the copy has long landed: capture adds no
-host sync per op, one per ``limit`` ops at most, and none that waits for the device except at
-``stop()``. On CPU the same path runs (the copy is the concatenation itself), so the ordering
-and filling logic is exercised everywhere.
+accelerator tensors' ``stats``, which are empty dicts already in place so that the JSON key
+order is the one the dump always had) and those tensors' statistics: 0-d tensors on their
+devices. Every ``limit`` ops (and at ``stop()``) the statistics of the whole batch are
+stacked per device, one call for all its ops, and copied to the host in one transfer. On an
+accelerator the copy is non-blocking into pinned memory and the batch is only *completed*
+(numbers filled in, records encoded and written) at the next flush, by when the copy has
+long landed: capture adds no host sync per op, one per ``limit`` ops at most, and none that
+waits for the device except at ``stop()``. CPU tensors' numbers are read at once
+(``stats.stat_vector``: cheaper than stacking them), so their records come complete and the
+buffer only keeps them in order and writes them in batches; tests run the accelerator path
+on CPU (``stats.READ_ON_CPU`` off).
 
 Nothing in a pending record refers to a tensor of the model: statistics are computed when the
 tensor is captured (an in-place op that changes it later cannot change them), and NaN/Inf
@@ -28,13 +30,15 @@ if TYPE_CHECKING:
     from .writer import RankFolder
 
 # Bound before any wrapper exists: the agent's own torch calls skip the API wrappers.
-_cat = torch.cat
+_stack = torch.stack
 _empty = torch.empty
 
-#: One tensor's place in its op vector: the stats dict to fill, values taken, element count.
-Fill = tuple[dict[str, Any], int, int]
-#: A finished op: its folder, its record, its fills, its stacked statistics (None: no stats).
-Pending = tuple["RankFolder", dict[str, Any], list[Fill], Optional[torch.Tensor]]
+#: One tensor's statistics: the stats dict to fill, how many values were taken (its next
+#: ``n`` parts of the op's), its element count, and the device the values are on.
+Fill = tuple[dict[str, Any], int, int, Any]
+#: A finished op: its folder, its record, its fills, and its parts (the 0-d statistics of
+#: its tensors in fill order; empty when it has none).
+Pending = tuple["RankFolder", dict[str, Any], list[Fill], list[torch.Tensor]]
 
 
 class _Batch:
@@ -73,10 +77,10 @@ class StatsBuffer:
         folder: RankFolder,
         record: dict[str, Any],
         fills: list[Fill],
-        vec: Optional[torch.Tensor],
+        parts: list[torch.Tensor],
     ) -> None:
         items = self._items
-        items.append((folder, record, fills, vec))
+        items.append((folder, record, fills, parts))
         if len(items) >= self.limit:
             self.flush(wait=False)
 
@@ -111,18 +115,26 @@ class StatsBuffer:
     def _launch(items: list[Pending]) -> _Batch:
         batch = _Batch(items)
         per_device: dict[Any, list[torch.Tensor]] = {}
-        for _, _, _, vec in items:
-            if vec is not None:
-                dev = vec.device
+        for _, _, fills, parts in items:
+            if not parts:
+                continue
+            dev = fills[0][3]
+            if all(f[3] == dev for f in fills):
                 vecs = per_device.get(dev)
                 if vecs is None:
-                    per_device[dev] = [vec]
+                    per_device[dev] = list(parts)
                 else:
-                    vecs.append(vec)
+                    vecs += parts
+                continue
+            # An op whose tensors lie on several devices (a copy between them).
+            p = 0
+            for _, n, _, dev in fills:
+                per_device.setdefault(dev, []).extend(parts[p : p + n])
+                p += n
         for dev, vecs in per_device.items():
-            # One concatenation per device (dtypes promote losslessly: float32 values
-            # widen exactly to float64), then one copy to the host.
-            flat = vecs[0] if len(vecs) == 1 else _cat(vecs)
+            # One stack per device (dtypes promote losslessly: float32 values widen exactly
+            # to float64, counts are exact to 2**53), then one copy to the host.
+            flat = _stack(vecs)
             if dev.type == "cpu":
                 batch.host[dev] = flat
             elif dev.type == "cuda":
@@ -145,13 +157,9 @@ class StatsBuffer:
                 event.synchronize()
             values[dev] = host.tolist()
         pos: dict[Any, int] = dict.fromkeys(values, 0)
-        for folder, record, fills, vec in batch.items:
-            if vec is not None:
-                dev = vec.device
-                flat = values[dev]
+        for folder, record, fills, _ in batch.items:
+            for stats, n, numel, dev in fills:
                 p = pos[dev]
-                for stats, n, numel in fills:
-                    fill_stats(stats, flat, p, n, numel)
-                    p += n
-                pos[dev] = p
+                fill_stats(stats, values[dev], p, n, numel)
+                pos[dev] = p + n
             folder.write_op(record)

@@ -45,6 +45,7 @@ from .stats import (
     any_nonfinite,
     checksum,
     dtype_name,
+    fill_stats,
     nonfinite_result,
     null_stats,
     stat_vector,
@@ -59,7 +60,6 @@ log = logging.getLogger("probe")
 
 _STRIDED = torch.strided
 # Bound before any wrapper exists: the agent's own calls skip the API wrappers.
-_stack = torch.stack
 _clone = torch.Tensor.clone
 _detach = torch.Tensor.detach
 
@@ -485,9 +485,9 @@ class Debugger:
         return g, self._capture(g)
 
     def _finish(self, op: OpRecord) -> None:
-        """Stack all stats of the op into one vector on its device and hand the record to
-        the stats buffer, which brings the vectors of many ops to the host in one transfer
-        and writes the records in order (buffer.py): no host read per op."""
+        """Hand the record and its tensors' statistics (still on their devices) to the stats
+        buffer, which brings those of many ops to the host in one transfer and writes the
+        records in order (buffer.py): no host read per op."""
         op.done = True
         folder = op.folder or self._files.folder
         if folder is None or folder is not self._files.folder:
@@ -509,16 +509,20 @@ class Debugger:
                 if "stats" not in rec:
                     rec["stats"] = null_stats()
                 continue
-            # Filled when the buffer reads the numbers; in place now, so that the key order
-            # is the dump's, and so that an input reusing this output's stats shares them.
+            # In place now, so that the key order is the dump's, and so that an input
+            # reusing this output's stats shares them.
             stats: Any = {}
             rec["stats"] = stats
+            numel = max(1, _numel(rec["shape"]))
+            if type(vec[0]) is float:  # numbers read on the host already (a CPU tensor)
+                fill_stats(stats, vec, 0, len(vec), numel)
+                continue
+            # Filled when the buffer reads the numbers: the parts are stacked with the rest
+            # of their batch's (buffer.py). No grad-mode switch needed there: they were made
+            # with grad off, so stack records nothing.
             parts += vec
-            fills.append((stats, len(vec), max(1, _numel(rec["shape"]))))
-        # The op's one stacked vector. No grad-mode switch needed: the parts were made with
-        # grad off, so stack records nothing (a no_grad() context cost more than the stack).
-        vec_all = _stack(parts) if parts else None
-        self._pending.add(folder, op.to_json(tensors), fills, vec_all)
+            fills.append((stats, len(vec), numel, vec[0].device))
+        self._pending.add(folder, op.to_json(tensors), fills, parts)
         self._files.push(full_only=True)
         self._files.check()
 

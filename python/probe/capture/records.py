@@ -45,8 +45,9 @@ if TYPE_CHECKING:
         id: NotRequired[int]
 
 
-#: Statistics of one tensor still on its device: ``[max, min, sum, norm(, nan, inf)]``.
-StatVector = Optional[list[torch.Tensor]]
+#: Statistics of one tensor, ``[max, min, sum, norm(, nan, inf)]``: numbers read on the
+#: host (CPU tensors), or 0-d tensors still on an accelerator (``stats.stat_vector``).
+StatVector = Optional[list[Any]]
 #: What capturing one tensor gives: stats vector, host copy (tensor mode), checksum.
 Captured = tuple[StatVector, Optional[torch.Tensor], Optional[str]]
 

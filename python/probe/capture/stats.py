@@ -61,20 +61,27 @@ def dtype_name(dtype: torch.dtype) -> str:
     return name
 
 
-def stat_vector(t: torch.Tensor) -> Optional[list[torch.Tensor]]:
-    """Return ``[max, min, sum, norm(, nan, inf)]`` as 0-d tensors on ``t``'s device.
+#: Whether statistics of CPU tensors are read on the host at once (the fast path). Tests
+#: turn it off to run the accelerator path (0-d tensors stacked and read per batch) on CPU.
+READ_ON_CPU = True
+
+
+def stat_vector(t: torch.Tensor) -> Optional[list[Any]]:
+    """Return ``[max, min, sum, norm(, nan, inf)]``: Python numbers for a CPU tensor, 0-d
+    tensors on ``t``'s device for an accelerator's.
 
     Three reductions per tensor (``aminmax``, ``sum``, ``vector_norm``; ``var_mean`` would
-    save one but is an order of magnitude slower on CPU). The caller stacks the parts of every
-    tensor of an op into one small vector (stack promotes dtypes) and reads it later, with the
-    vectors of other ops (:class:`StatsBuffer`), so the tensor itself is never read again:
-    NaN/Inf counts are taken now whenever they can be non-zero. On CPU the sum is read at once
-    (a 0-d CPU read costs a fraction of a microsecond and syncs nothing), and a finite sum --
-    which proves there is no NaN/Inf -- skips the two count passes, which cost several times
-    the three reductions. On an accelerator nothing is read here (no host sync): floating-point
-    tensors get their two counts on the device. So a tensor about to change in place needs
-    nothing more than any other. Returns None
-    for empty tensors and dtypes without meaningful statistics. Run with grad mode off.
+    save one but is an order of magnitude slower on CPU). NaN/Inf counts are taken now
+    whenever they can be non-zero, so the tensor itself is never read again. On CPU the
+    values are read at once: a 0-d CPU read costs ~0.3 us and syncs nothing, less than
+    stacking the 0-d tensors with the others of their batch (~0.4 us each) and reading them
+    back; and a finite sum -- which proves there is no NaN/Inf -- skips the two count passes,
+    which cost several times the three reductions. On an accelerator nothing is read here
+    (no host sync): floating-point tensors get their two counts on the device, and the
+    caller hands the 0-d tensors to :class:`~probe.capture.buffer.StatsBuffer`, which
+    stacks those of many ops (stack promotes dtypes) and reads them in one transfer. So a
+    tensor about to change in place needs nothing more than any other. Returns None for
+    empty tensors and dtypes without meaningful statistics. Run with grad mode off.
     """
     dt = t.dtype
     if dt not in STORABLE or t.numel() == 0:
@@ -96,11 +103,24 @@ def stat_vector(t: torch.Tensor) -> Optional[list[torch.Tensor]]:
         mx, mn = _amax(tf), _amin(tf)
     total = _sum(tf)
     if t.is_cpu:
-        # A finite sum means no NaN/Inf: 4 values, finish_stats reads zero counts.
-        if tf is t or dt is _F16 or dt is _BF16:
-            if not math.isfinite(total.item()):
+        # A finite sum means no NaN/Inf: 4 values, fill_stats reads zero counts. Integers
+        # and bools (converted, so tf is not t) are always finite.
+        s = total.item()
+        counts = not math.isfinite(s) and (tf is t or dt is _F16 or dt is _BF16)
+        if not READ_ON_CPU:
+            if counts:
                 return [mx, mn, total, _vector_norm(tf), _sum(_isnan(t)), _sum(_isinf(t))]
-        return [mx, mn, total, _vector_norm(tf)]
+            return [mx, mn, total, _vector_norm(tf)]
+        if counts:
+            return [
+                mx.item(),
+                mn.item(),
+                s,
+                _vector_norm(tf).item(),
+                _sum(_isnan(t)).item(),
+                _sum(_isinf(t)).item(),
+            ]
+        return [mx.item(), mn.item(), s, _vector_norm(tf).item()]
     if t.is_floating_point():
         return [mx, mn, total, _vector_norm(tf), _sum(_isnan(t)), _sum(_isinf(t))]
     return [mx, mn, total, _vector_norm(tf)]  # integers and bools are always finite
