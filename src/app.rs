@@ -8,7 +8,9 @@ use crate::dump::Selection;
 use crate::error::{ProbeError, Result};
 use crate::gate::{self, FailOn};
 use crate::progress::{Count, Progress};
-use crate::report::{self, CompareDocument, Document, ReportWriter, ScanDocument, XlsxRows};
+use crate::report::{
+    self, CompareDocument, CopyPlan, Document, ReportWriter, ScanDocument, XlsxRows,
+};
 use crate::scan::{self, ScanOptions, ScanSummary};
 use crate::schema::summary::Summary;
 use crate::{atomic, verdict};
@@ -221,7 +223,14 @@ pub fn compare(req: &CompareRequest, progress: &Progress) -> Result<Summary> {
     within(pool, || {
         let run = compare::run(&req.bench, &req.cmp, &opts, progress)?;
         let gate = (req.fail_on, req.max_unmatched);
-        report_run(&run, gate, threads_note, &writers, &req.out, progress)
+        report_run(
+            &run,
+            gate,
+            threads_note,
+            (&writers, None),
+            &req.out,
+            progress,
+        )
     })
 }
 
@@ -238,14 +247,14 @@ fn report_run(
     run: &compare::CompareRun,
     (fail_on, max_unmatched): (FailOn, f64),
     note: Option<String>,
-    writers: &[Box<dyn ReportWriter>],
+    (writers, copy): (&[Box<dyn ReportWriter>], Option<CopyPlan>),
     out: &Path,
     progress: &Progress,
 ) -> Result<Summary> {
     let mut summary = verdict::summarize(run, fail_on, max_unmatched);
     summary.warnings.extend(note);
     summary.outputs = output_paths(writers, "compare", out);
-    let doc = CompareDocument::new(run, &summary);
+    let doc = CompareDocument::new(run, &summary).with_parquet_copy(copy);
     write_reports(writers, &doc, out, progress)?;
     Ok(summary)
 }
@@ -324,13 +333,46 @@ pub fn merge(req: &MergeRequest, progress: &Progress) -> Result<Summary> {
         .par_iter()
         .map(|d| shard::read(d))
         .collect::<Result<Vec<_>>>()?;
+    let parts = shard::table_parts(&shards);
     let run = shard::combine(shards)?;
-    // Rows that fit the budget are read from the shards once, not once per report.
-    let weights: Vec<usize> = run.units.iter().map(|u| u.weight()).collect();
-    let tables = run.tables.loaded(&weights, megabytes(req.row_memory_mb))?;
-    let run = compare::CompareRun { tables, ..run };
+    // The parquet table is the shards' row groups copied in order, when they are all there
+    // and fall on the run's parts; else its lines are encoded again, as a compare does, and
+    // the summary says why.
+    let (copy, note) = if writers.iter().any(|w| w.format() == "parquet") {
+        let units: Vec<&compare::UnitSummary> = run.units.iter().collect();
+        let order: Vec<_> = shard::parts_of(&units)
+            .into_iter()
+            .map(|(p, _)| p)
+            .collect();
+        let columns: Vec<_> = report::columns::COLUMNS.iter().collect();
+        match CopyPlan::new(&columns, &parts, &order) {
+            Ok(plan) => (Some(plan), None),
+            Err(why) => (
+                None,
+                Some(format!(
+                    "the parquet table was encoded again, not copied from the shards' ({why})"
+                )),
+            ),
+        }
+    } else {
+        (None, None)
+    };
+    // Rows that fit the budget are read from the shards once, not once per report, and not
+    // at all when no report reads them.
+    let reads_rows = writers.iter().any(|w| match w.format() {
+        "json" => false,
+        "parquet" => copy.is_none(),
+        _ => true,
+    });
+    let run = if reads_rows {
+        let weights: Vec<usize> = run.units.iter().map(|u| u.weight()).collect();
+        let tables = run.tables.loaded(&weights, megabytes(req.row_memory_mb))?;
+        compare::CompareRun { tables, ..run }
+    } else {
+        run
+    };
     let gate = (req.fail_on, req.max_unmatched);
-    report_run(&run, gate, None, &writers, &req.out, progress)
+    report_run(&run, gate, note, (&writers, copy), &req.out, progress)
 }
 
 /// What `probe scan` was asked to do.

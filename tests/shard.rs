@@ -33,6 +33,53 @@ fn parquet_rows(path: &Path) -> i64 {
         .num_rows()
 }
 
+/// Checks that every row group of a compare's table holds one part of it (one step/rank
+/// pair's matched tensors, or its unmatched ones) and each part one row group, read from
+/// the rows themselves; returns how many there are.
+fn row_groups_by_part(path: &Path) -> usize {
+    use arrow_array::{Array, StringArray};
+    use parquet::arrow::arrow_reader::ParquetRecordBatchReaderBuilder;
+    let b = ParquetRecordBatchReaderBuilder::try_new(std::fs::File::open(path).unwrap()).unwrap();
+    let sizes: Vec<usize> = b
+        .metadata()
+        .row_groups()
+        .iter()
+        .map(|g| g.num_rows() as usize)
+        .collect();
+    let mut parts: Vec<(String, usize)> = Vec::new();
+    for batch in b.build().unwrap() {
+        let batch = batch.unwrap();
+        let col = |name: &str| {
+            batch
+                .column_by_name(name)
+                .unwrap()
+                .as_any()
+                .downcast_ref::<StringArray>()
+                .unwrap()
+                .clone()
+        };
+        let (step, rank, verdict) = (col("step"), col("rank"), col("verdict"));
+        for i in 0..batch.num_rows() {
+            let part = format!(
+                "{}/{} {}",
+                step.value(i),
+                rank.value(i),
+                verdict.value(i) == "unmatched"
+            );
+            match parts.last_mut() {
+                Some((p, n)) if *p == part => *n += 1,
+                _ => parts.push((part, 1)),
+            }
+        }
+    }
+    let lines: Vec<usize> = parts.iter().map(|(_, n)| *n).collect();
+    assert_eq!(
+        sizes, lines,
+        "row groups do not fall on the parts {parts:?}"
+    );
+    sizes.len()
+}
+
 fn shard_and_merge(cwd: &Path, n: u32, extra: &[&str]) -> Out {
     let mut outs = Vec::new();
     for i in 0..n {
@@ -84,6 +131,15 @@ fn four_shards_merged_equal_the_unsharded_compare() {
         parquet_rows(&cwd.join("merged/compare.parquet")),
         parquet_rows(&cwd.join("full/compare.parquet"))
     );
+    // The merged table is the shards' row groups copied in order: the unsharded table's
+    // bytes.
+    assert!(
+        std::fs::read(cwd.join("merged/compare.parquet")).unwrap()
+            == std::fs::read(cwd.join("full/compare.parquet")).unwrap(),
+        "the merged parquet table differs"
+    );
+    // 4 ranks x 2 steps, every tensor matched.
+    assert_eq!(row_groups_by_part(&cwd.join("full/compare.parquet")), 8);
     // More shards than ranks: the extra shards are empty, the merge is the same.
     let more = shard_and_merge(cwd, 6, &[]);
     assert_eq!(more.code, full.code, "{}", more.stderr);
@@ -181,6 +237,61 @@ fn rows_parked_in_a_file_give_the_same_reports_as_rows_in_memory() {
     }
     for d in ["s0", "s1", "merged", "merged0"] {
         no_parked_rows_left(&cwd.join(d));
+    }
+}
+
+#[test]
+fn merge_encodes_the_table_again_when_a_shards_table_is_unusable() {
+    let t = tempfile::tempdir().unwrap();
+    let cwd = t.path();
+    synth(
+        cwd,
+        &[
+            "--ranks",
+            "2",
+            "--steps",
+            "2",
+            "--blocks",
+            "2",
+            "--perturb-rank",
+            "1",
+        ]
+        .into_iter()
+        .chain(["--perturb-op", "Functional.gelu.1"])
+        .collect::<Vec<_>>(),
+    );
+    let full = probe_in(
+        cwd,
+        &["compare", "-b", "bench", "-c", "cmp", "-o", "full", "-q"],
+    );
+    assert_eq!(full.code, 1, "{}", full.stderr);
+    let merged = shard_and_merge(cwd, 2, &[]);
+    assert_eq!(merged.code, 1, "{}", merged.stderr);
+    same_summary(cwd, "merged", "full");
+    let table = std::fs::read(cwd.join("full/compare.parquet")).unwrap();
+    let shard_table = cwd.join("s1/compare.parquet");
+    let good = std::fs::read(&shard_table).unwrap();
+    // A cut table, another run's table (one row group too many or too few), none at all.
+    let other = std::fs::read(cwd.join("s0/compare.parquet")).unwrap();
+    for (case, bytes) in [
+        ("cut", Some(good[..good.len() / 2].to_vec())),
+        ("foreign", Some(other)),
+        ("missing", None),
+    ] {
+        match &bytes {
+            Some(b) => std::fs::write(&shard_table, b).unwrap(),
+            None => std::fs::remove_file(&shard_table).unwrap(),
+        }
+        let out = format!("m-{case}");
+        let o = probe_in(cwd, &["merge", "s0", "s1", "-o", &out, "-q"]);
+        assert_eq!(o.code, 1, "{case}: {}", o.stderr);
+        // The same table, encoded from the shards' rows; the summary says why.
+        let again = std::fs::read(cwd.join(&out).join("compare.parquet")).unwrap();
+        assert!(again == table, "{case}: the parquet table differs");
+        let s: serde_json::Value = serde_json::from_str(&summary_text(cwd, &out)).unwrap();
+        let warnings = s["warnings"].to_string();
+        assert!(warnings.contains("encoded again"), "{case}: {warnings}");
+        std::fs::write(&shard_table, &good).unwrap();
     }
 }
 

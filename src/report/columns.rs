@@ -80,6 +80,16 @@ impl<'a> Line<'a> {
             Line::Scan(u, _) => &u.rank,
         }
     }
+    /// The part of its table a line belongs to: its unit (by address, valid while the table
+    /// is visited) and its kind (matched, unmatched, scanned). The parquet table gives each
+    /// part its own row groups, which `probe merge` copies from the shards' tables.
+    pub fn part(&self) -> (usize, u8) {
+        match *self {
+            Line::Tensor(u, _) => (std::ptr::from_ref(u) as usize, 0),
+            Line::Unmatched(u, _) => (std::ptr::from_ref(u) as usize, 1),
+            Line::Scan(u, _) => (std::ptr::from_ref(u) as usize, 2),
+        }
+    }
     fn row(&self) -> Option<&'a Row> {
         match *self {
             Line::Tensor(_, r) => Some(r),

@@ -4,7 +4,7 @@
 
 use super::columns::{self, Line, COLUMNS, SCAN, UNMATCHED};
 use super::plot;
-use super::{Document, OpLine, Overview, Point, Table};
+use super::{CopyPlan, Document, OpLine, Overview, Point, Table};
 use crate::compare::{op_groups, CompareRun, Row, UnitSummary, Verdict};
 use crate::error::Result as ProbeResult;
 use crate::metrics::Metrics;
@@ -21,6 +21,8 @@ pub struct CompareDocument<'a> {
     pub summary: &'a Summary,
     /// The overview, made once for every writer that asks (a pass over every row).
     overview: Mutex<Option<Overview>>,
+    /// Where the parquet table's row groups already are (a merge's shards), if anywhere.
+    copy: Option<CopyPlan>,
 }
 
 impl<'a> CompareDocument<'a> {
@@ -30,7 +32,13 @@ impl<'a> CompareDocument<'a> {
             run,
             summary,
             overview: Mutex::new(None),
+            copy: None,
         }
+    }
+
+    /// The same document, whose parquet table is copied from the row groups of `plan`.
+    pub fn with_parquet_copy(self, plan: Option<CopyPlan>) -> CompareDocument<'a> {
+        CompareDocument { copy: plan, ..self }
     }
 
     fn make_overview(&self) -> ProbeResult<Overview> {
@@ -214,6 +222,10 @@ impl Document for CompareDocument<'_> {
             lines: Box::new(|f| columns::lines(self.run, f)),
             flagged: None,
         }
+    }
+
+    fn parquet_copy(&self) -> Option<&CopyPlan> {
+        self.copy.as_ref()
     }
 
     fn sheets(&self) -> Vec<Table<'_>> {

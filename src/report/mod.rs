@@ -26,7 +26,7 @@ pub use documents::{CompareDocument, ScanDocument};
 
 pub use html::{HtmlReport, Point};
 pub use json::JsonSummary;
-pub use parquet::ParquetTable;
+pub use parquet::{CopyPlan, ParquetTable, TablePart};
 pub use terminal::{scan_terminal_summary, terminal_summary};
 pub use xlsx::{XlsxRows, XlsxWorkbook};
 
@@ -49,6 +49,11 @@ pub trait Document: Sync {
     fn points(&self, f: &mut dyn FnMut(Point<'_>) -> Result<()>) -> Result<()> {
         let _ = f;
         Ok(())
+    }
+    /// Row groups of existing tables that make [`Document::table`] when copied (a merge's
+    /// shards'), for the parquet writer; None: encode the lines.
+    fn parquet_copy(&self) -> Option<&CopyPlan> {
+        None
     }
 }
 

@@ -1,6 +1,12 @@
 //! `<stem>.parquet`: the document's full table ([`super::columns`]; for a compare, matched
 //! tensors and unmatched ones with verdict `unmatched`), for pandas / polars / DuckDB users.
 //! Snappy-compressed.
+//!
+//! Each part of the table (a step/rank pair's matched tensors, its unmatched ones, a scanned
+//! unit's tensors) has row groups of its own. So a reader can skip pairs by the row groups'
+//! step and rank statistics, and `probe merge` writes the run's table by copying the row
+//! groups of the shards' tables in order ([`CopyPlan`]) instead of encoding every row again:
+//! the same bytes as an unsharded compare's table.
 
 use super::columns::{Cell, Column, Kind};
 use super::{Document, ReportWriter, Table};
@@ -9,10 +15,15 @@ use crate::error::{ProbeError, Result};
 use arrow_array::builder::{BooleanBuilder, Float64Builder, StringBuilder, UInt64Builder};
 use arrow_array::{ArrayRef, RecordBatch};
 use arrow_schema::{DataType, Field, Schema};
-use parquet::arrow::ArrowWriter;
+use parquet::arrow::{ArrowSchemaConverter, ArrowWriter};
 use parquet::basic::Compression;
+use parquet::column::writer::ColumnCloseResult;
+use parquet::file::metadata::{
+    PageIndexPolicy, ParquetMetaData, ParquetMetaDataOptions, ParquetMetaDataReader,
+};
 use parquet::file::properties::WriterProperties;
-use std::path::Path;
+use std::collections::HashMap;
+use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
 /// `<stem>.parquet`.
@@ -80,43 +91,236 @@ fn schema(columns: &[&Column]) -> Arc<Schema> {
     Arc::new(Schema::new(fields))
 }
 
-fn write_table<W: std::io::Write + Send>(table: Table, w: W, path: &Path) -> Result<()> {
-    let out = |msg: String| ProbeError::Output {
-        path: path.to_path_buf(),
-        msg: format!("parquet: {msg}"),
-    };
-    let schema = schema(&table.columns);
-    // Row groups of one batch: the writer holds a row group's encoded columns until it is
-    // full, so its memory stays bounded (the default, a million rows, grew with the run).
+/// The writer every table is written with (the copy too, so that its file metadata is
+/// the encoder's).
+fn arrow_writer<W: std::io::Write + Send>(
+    columns: &[&Column],
+    w: W,
+    path: &Path,
+) -> Result<(ArrowWriter<W>, Arc<Schema>)> {
+    let schema = schema(columns);
+    // Row groups of at most one batch: the writer holds a row group's encoded columns until
+    // it is full, so its memory stays bounded (the default, a million rows, grew with the run).
     let props = WriterProperties::builder()
         .set_compression(Compression::SNAPPY)
         .set_max_row_group_row_count(Some(BATCH))
         .build();
-    let mut writer =
-        ArrowWriter::try_new(w, schema.clone(), Some(props)).map_err(|e| out(e.to_string()))?;
+    let writer =
+        ArrowWriter::try_new(w, schema.clone(), Some(props)).map_err(|e| parquet_error(path, e))?;
+    Ok((writer, schema))
+}
+
+fn parquet_error(path: &Path, e: impl std::fmt::Display) -> ProbeError {
+    ProbeError::Output {
+        path: path.to_path_buf(),
+        msg: format!("parquet: {e}"),
+    }
+}
+
+fn write_table<W: std::io::Write + Send>(table: Table, w: W, path: &Path) -> Result<()> {
     let columns = table.columns;
+    let (mut writer, schema) = arrow_writer(&columns, w, path)?;
     let mut builders: Vec<Builder> = columns.iter().map(|c| Builder::new(c.kind)).collect();
     let mut len = 0usize;
-    let mut flush = |builders: &mut Vec<Builder>, len: &mut usize| {
+    let flush = |writer: &mut ArrowWriter<W>, builders: &mut Vec<Builder>, len: &mut usize| {
         let cols: Vec<ArrayRef> = builders.iter_mut().map(Builder::finish).collect();
         *len = 0;
-        let batch = RecordBatch::try_new(schema.clone(), cols).map_err(|e| out(e.to_string()))?;
-        writer.write(&batch).map_err(|e| out(e.to_string()))
+        let batch =
+            RecordBatch::try_new(schema.clone(), cols).map_err(|e| parquet_error(path, e))?;
+        writer.write(&batch).map_err(|e| parquet_error(path, e))
     };
+    let mut part = None;
     (table.lines)(&mut |line| {
+        let p = line.part();
+        if part != Some(p) {
+            // A new part starts a row group.
+            if len > 0 {
+                flush(&mut writer, &mut builders, &mut len)?;
+            }
+            writer.flush().map_err(|e| parquet_error(path, e))?;
+            part = Some(p);
+        }
         for (b, c) in builders.iter_mut().zip(&columns) {
             b.push((c.value)(&line));
         }
         len += 1;
         if len >= BATCH {
-            flush(&mut builders, &mut len)?;
+            flush(&mut writer, &mut builders, &mut len)?;
         }
         Ok(())
     })?;
     if len > 0 {
-        flush(&mut builders, &mut len)?;
+        flush(&mut writer, &mut builders, &mut len)?;
     }
-    writer.close().map_err(|e| out(e.to_string()))?;
+    writer.close().map_err(|e| parquet_error(path, e))?;
+    Ok(())
+}
+
+/// A part of a compare's table: one step/rank pair's matched tensors, or its unmatched ones.
+#[derive(Debug, Clone, PartialEq, Eq, Hash)]
+pub struct TablePart {
+    /// The pair's step label.
+    pub step: String,
+    /// The pair's rank label.
+    pub rank: String,
+    /// Its unmatched tensors (else its matched ones).
+    pub unmatched: bool,
+}
+
+/// Row groups of compare tables this writer wrote (the shards' `compare.parquet`) that make
+/// a run's table when copied in order: what `probe merge` writes instead of encoding its
+/// rows again. Made by [`CopyPlan::new`], which checks the files first.
+#[derive(Debug)]
+pub struct CopyPlan {
+    files: Vec<PathBuf>,
+    /// (file, row group), in the table's order.
+    groups: Vec<(usize, usize)>,
+}
+
+impl CopyPlan {
+    /// The plan for a table of `columns` whose parts come in `order`, from `files`: each a
+    /// path and the parts it holds in its order, with their line counts (parts without lines
+    /// have no row group). Why not, when a file is missing or unreadable, was written with
+    /// other columns, or its row groups are not the parts it should hold: a table written
+    /// before parts had row groups of their own, or another shard's (each row group's step
+    /// and rank statistics must name its part, and its `matched_by` cells be all empty for
+    /// unmatched tensors and all set for matched ones).
+    pub fn new(
+        columns: &[&Column],
+        files: &[(PathBuf, Vec<(TablePart, usize)>)],
+        order: &[TablePart],
+    ) -> std::result::Result<CopyPlan, String> {
+        let expected = ArrowSchemaConverter::new()
+            .convert(&schema(columns))
+            .map_err(|e| e.to_string())?;
+        let column = |name: &str| {
+            expected
+                .columns()
+                .iter()
+                .position(|c| c.name() == name)
+                .ok_or_else(|| format!("no {name} column"))
+        };
+        let (step, rank, matched_by) = (column("step")?, column("rank")?, column("matched_by")?);
+        let mut at: HashMap<&TablePart, (usize, std::ops::Range<usize>)> = HashMap::new();
+        for (fi, (path, parts)) in files.iter().enumerate() {
+            let bad = |why: &str| format!("{}: {why}", path.display());
+            let meta = read_metadata(path).map_err(|e| bad(&e))?;
+            if meta.file_metadata().schema_descr().root_schema() != expected.root_schema() {
+                return Err(bad("other columns"));
+            }
+            let groups = meta.row_groups();
+            let mut g = 0;
+            for (part, lines) in parts {
+                let first = g;
+                let mut rows = 0usize;
+                while rows < *lines && g < groups.len() {
+                    let group = &groups[g];
+                    let n = u64::try_from(group.num_rows()).unwrap_or(u64::MAX);
+                    let names = |c: usize, want: &str| {
+                        group.column(c).statistics().is_some_and(|s| {
+                            s.min_bytes_opt() == Some(want.as_bytes())
+                                && s.max_bytes_opt() == Some(want.as_bytes())
+                        })
+                    };
+                    let nulls = group
+                        .column(matched_by)
+                        .statistics()
+                        .and_then(|s| s.null_count_opt());
+                    if !names(step, &part.step)
+                        || !names(rank, &part.rank)
+                        || nulls != Some(if part.unmatched { n } else { 0 })
+                    {
+                        return Err(bad(&format!(
+                            "row group {g} does not hold {}/{}'s {} tensors",
+                            part.step,
+                            part.rank,
+                            if part.unmatched {
+                                "unmatched"
+                            } else {
+                                "matched"
+                            }
+                        )));
+                    }
+                    rows = rows.saturating_add(usize::try_from(n).unwrap_or(usize::MAX));
+                    g += 1;
+                }
+                if rows != *lines {
+                    return Err(bad(&format!(
+                        "its row groups do not fall on the bounds of {}/{}",
+                        part.step, part.rank
+                    )));
+                }
+                at.insert(part, (fi, first..g));
+            }
+            if g != groups.len() {
+                return Err(bad("more rows than its pairs"));
+            }
+        }
+        let mut groups = Vec::new();
+        for part in order {
+            let (fi, range) = at
+                .get(part)
+                .ok_or_else(|| format!("no shard's table holds {}/{}", part.step, part.rank))?;
+            groups.extend(range.clone().map(|g| (*fi, g)));
+        }
+        Ok(CopyPlan {
+            files: files.iter().map(|(p, _)| p.clone()).collect(),
+            groups,
+        })
+    }
+}
+
+fn read_metadata(path: &Path) -> std::result::Result<ParquetMetaData, String> {
+    let file = std::fs::File::open(path).map_err(|e| e.to_string())?;
+    // The pages' encoding statistics in full (not the reader's default bitmask), as the
+    // copy writes them again.
+    let options = ParquetMetaDataOptions::new().with_encoding_stats_as_mask(false);
+    ParquetMetaDataReader::new()
+        .with_metadata_options(Some(options))
+        .with_page_index_policy(PageIndexPolicy::Optional)
+        .parse_and_finish(&file)
+        .map_err(|e| e.to_string())
+}
+
+/// Writes the table of `plan` by copying its row groups, column chunk by column chunk.
+fn copy_table<W: std::io::Write + Send>(
+    columns: &[&Column],
+    plan: &CopyPlan,
+    w: W,
+    path: &Path,
+) -> Result<()> {
+    let (writer, _) = arrow_writer(columns, w, path)?;
+    let (mut writer, _) = writer
+        .into_serialized_writer()
+        .map_err(|e| parquet_error(path, e))?;
+    let mut opened = Vec::with_capacity(plan.files.len());
+    for p in &plan.files {
+        let source = |e: String| parquet_error(path, format!("{}: {e}", p.display()));
+        let file = std::fs::File::open(p).map_err(|e| source(e.to_string()))?;
+        opened.push((file, read_metadata(p).map_err(source)?));
+    }
+    for &(fi, g) in &plan.groups {
+        let (file, meta) = &opened[fi];
+        let group = meta.row_group(g);
+        let index = meta.page_index_for_row_group(g);
+        let mut out = writer
+            .next_row_group()
+            .map_err(|e| parquet_error(path, e))?;
+        for (c, chunk) in group.columns().iter().enumerate() {
+            let close = ColumnCloseResult {
+                bytes_written: u64::try_from(chunk.compressed_size()).unwrap_or(0),
+                rows_written: u64::try_from(group.num_rows()).unwrap_or(0),
+                metadata: chunk.clone(),
+                bloom_filter: None,
+                column_index: index.column_index(c).cloned(),
+                offset_index: index.offset_index(c).cloned(),
+            };
+            out.append_column(file, close)
+                .map_err(|e| parquet_error(path, e))?;
+        }
+        out.close().map_err(|e| parquet_error(path, e))?;
+    }
+    writer.close().map_err(|e| parquet_error(path, e))?;
     Ok(())
 }
 
@@ -132,7 +336,12 @@ impl ReportWriter for ParquetTable {
         // reported; write_with only carries its text.
         let mut failed = None;
         let written = atomic::write_with(path, |w| {
-            write_table(doc.table(), w, path).map_err(|e| {
+            let table = doc.table();
+            match doc.parquet_copy() {
+                Some(plan) => copy_table(&table.columns, plan, w, path),
+                None => write_table(table, w, path),
+            }
+            .map_err(|e| {
                 let msg = e.to_string();
                 failed = Some(e);
                 msg
