@@ -317,9 +317,20 @@ pub fn compare_shard(
     })
 }
 
+/// What `probe merge` did: the run's summary, and why the parquet table was encoded again
+/// rather than copied from the shards' tables, if it was (for stderr: `summary.json` stays
+/// the unsharded compare's).
+#[derive(Debug)]
+pub struct Merged {
+    /// The summary (`summary.json`).
+    pub summary: Summary,
+    /// Why the shards' parquet row groups were not copied, when they were not.
+    pub encoded_again: Option<String>,
+}
+
 /// Runs `probe merge`: reads the shard results, checks they make one run, and writes the
 /// reports an unsharded compare writes (the same `summary.json`), without reading a tensor.
-pub fn merge(req: &MergeRequest, progress: &Progress) -> Result<Summary> {
+pub fn merge(req: &MergeRequest, progress: &Progress) -> Result<Merged> {
     let writers = chosen_writers(&req.formats, req.xlsx_rows)?;
     check_max_unmatched(req.max_unmatched)?;
     if req.shards.is_empty() {
@@ -336,9 +347,8 @@ pub fn merge(req: &MergeRequest, progress: &Progress) -> Result<Summary> {
     let parts = shard::table_parts(&shards);
     let run = shard::combine(shards)?;
     // The parquet table is the shards' row groups copied in order, when they are all there
-    // and fall on the run's parts; else its lines are encoded again, as a compare does, and
-    // the summary says why.
-    let (copy, note) = if writers.iter().any(|w| w.format() == "parquet") {
+    // and fall on the run's parts; else its lines are encoded again, as a compare does.
+    let (copy, encoded_again) = if writers.iter().any(|w| w.format() == "parquet") {
         let units: Vec<&compare::UnitSummary> = run.units.iter().collect();
         let order: Vec<_> = shard::parts_of(&units)
             .into_iter()
@@ -347,12 +357,7 @@ pub fn merge(req: &MergeRequest, progress: &Progress) -> Result<Summary> {
         let columns: Vec<_> = report::columns::COLUMNS.iter().collect();
         match CopyPlan::new(&columns, &parts, &order) {
             Ok(plan) => (Some(plan), None),
-            Err(why) => (
-                None,
-                Some(format!(
-                    "the parquet table was encoded again, not copied from the shards' ({why})"
-                )),
-            ),
+            Err(why) => (None, Some(why)),
         }
     } else {
         (None, None)
@@ -372,7 +377,11 @@ pub fn merge(req: &MergeRequest, progress: &Progress) -> Result<Summary> {
         run
     };
     let gate = (req.fail_on, req.max_unmatched);
-    report_run(&run, gate, note, (&writers, copy), &req.out, progress)
+    let summary = report_run(&run, gate, None, (&writers, copy), &req.out, progress)?;
+    Ok(Merged {
+        summary,
+        encoded_again,
+    })
 }
 
 /// What `probe scan` was asked to do.

@@ -271,8 +271,13 @@ fn run_merge(a: MergeArgs) -> Result<u8, ProbeError> {
         xlsx_rows: a.verdict.xlsx_rows,
         row_memory_mb: a.verdict.row_memory,
     };
-    let summary = app::merge(&req, &Progress::for_stderr(a.quiet))?;
-    Ok(print_compare(&summary, a.quiet))
+    let merged = app::merge(&req, &Progress::for_stderr(a.quiet))?;
+    if let Some(why) = &merged.encoded_again {
+        eprintln!(
+            "probe: note: the parquet table was encoded again, not copied from the shards' ({why})"
+        );
+    }
+    Ok(print_compare(&merged.summary, a.quiet))
 }
 
 #[derive(clap::Args)]

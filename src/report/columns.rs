@@ -68,7 +68,8 @@ pub struct Column {
 }
 
 impl<'a> Line<'a> {
-    fn step(&self) -> &'a str {
+    /// The step label of the line's unit.
+    pub fn step(&self) -> &'a str {
         match *self {
             Line::Tensor(u, _) | Line::Unmatched(u, _) => &u.step,
             Line::Scan(u, _) => &u.step,
@@ -81,8 +82,8 @@ impl<'a> Line<'a> {
         }
     }
     /// The part of its table a line belongs to: its unit (by address, valid while the table
-    /// is visited) and its kind (matched, unmatched, scanned). The parquet table gives each
-    /// part its own row groups, which `probe merge` copies from the shards' tables.
+    /// is visited) and its kind (matched, unmatched, scanned). The parquet table starts row
+    /// groups only where parts start, which lets `probe merge` copy the shards' row groups.
     pub fn part(&self) -> (usize, u8) {
         match *self {
             Line::Tensor(u, _) => (std::ptr::from_ref(u) as usize, 0),

@@ -2,11 +2,13 @@
 //! tensors and unmatched ones with verdict `unmatched`), for pandas / polars / DuckDB users.
 //! Snappy-compressed.
 //!
-//! Each part of the table (a step/rank pair's matched tensors, its unmatched ones, a scanned
-//! unit's tensors) has row groups of its own. So a reader can skip pairs by the row groups'
-//! step and rank statistics, and `probe merge` writes the run's table by copying the row
-//! groups of the shards' tables in order ([`CopyPlan`]) instead of encoding every row again:
-//! the same bytes as an unsharded compare's table.
+//! Row groups start only where a part of the table starts (a step/rank pair's matched
+//! tensors, its unmatched ones, a scanned unit's tensors), always where the step or the kind
+//! of part changes, and at a pair once the row group holds [`MIN_GROUP`] rows; a part longer
+//! than [`BATCH`] rows spans several. So a row group holds one step's pairs of one kind, its
+//! step and rank statistics let a reader skip the others, and `probe merge` writes the run's
+//! table by copying the row groups of the shards' tables in order ([`CopyPlan`]) instead of
+//! encoding every row again.
 
 use super::columns::{Cell, Column, Kind};
 use super::{Document, ReportWriter, Table};
@@ -29,7 +31,12 @@ use std::sync::Arc;
 /// `<stem>.parquet`.
 pub struct ParquetTable;
 
+/// Rows a row group holds at most (and rows encoded at once).
 const BATCH: usize = 65_536;
+/// Rows a row group holds before a new pair may start another: pairs of a few rows (small
+/// dumps, many ranks) share row groups, whose metadata (~7 KB each with 49 columns) would
+/// otherwise outweigh them.
+const MIN_GROUP: usize = 8_192;
 
 /// One array builder per column.
 enum Builder {
@@ -129,16 +136,21 @@ fn write_table<W: std::io::Write + Send>(table: Table, w: W, path: &Path) -> Res
             RecordBatch::try_new(schema.clone(), cols).map_err(|e| parquet_error(path, e))?;
         writer.write(&batch).map_err(|e| parquet_error(path, e))
     };
-    let mut part = None;
+    // The part of the last line, and its step.
+    let mut part: Option<((usize, u8), String)> = None;
     (table.lines)(&mut |line| {
         let p = line.part();
-        if part != Some(p) {
-            // A new part starts a row group.
-            if len > 0 {
-                flush(&mut writer, &mut builders, &mut len)?;
+        if part.as_ref().is_none_or(|(q, _)| *q != p) {
+            let new_group = part.as_ref().is_some_and(|((_, kind), step)| {
+                *kind != p.1 || step != line.step() || writer.in_progress_rows() + len >= MIN_GROUP
+            });
+            if new_group {
+                if len > 0 {
+                    flush(&mut writer, &mut builders, &mut len)?;
+                }
+                writer.flush().map_err(|e| parquet_error(path, e))?;
             }
-            writer.flush().map_err(|e| parquet_error(path, e))?;
-            part = Some(p);
+            part = Some((p, line.step().to_string()));
         }
         for (b, c) in builders.iter_mut().zip(&columns) {
             b.push((c.value)(&line));
@@ -180,11 +192,11 @@ pub struct CopyPlan {
 impl CopyPlan {
     /// The plan for a table of `columns` whose parts come in `order`, from `files`: each a
     /// path and the parts it holds in its order, with their line counts (parts without lines
-    /// have no row group). Why not, when a file is missing or unreadable, was written with
-    /// other columns, or its row groups are not the parts it should hold: a table written
-    /// before parts had row groups of their own, or another shard's (each row group's step
-    /// and rank statistics must name its part, and its `matched_by` cells be all empty for
-    /// unmatched tensors and all set for matched ones).
+    /// left out). Why not, when a file is missing or unreadable, was written with other
+    /// columns, holds other rows than its parts (another shard's table: each row group's
+    /// step and rank statistics must name its parts, and its `matched_by` cells be all empty
+    /// for unmatched tensors and all set for matched ones), or when the run's order cuts one
+    /// of its row groups (a table written before row groups followed parts).
     pub fn new(
         columns: &[&Column],
         files: &[(PathBuf, Vec<(TablePart, usize)>)],
@@ -201,67 +213,90 @@ impl CopyPlan {
                 .ok_or_else(|| format!("no {name} column"))
         };
         let (step, rank, matched_by) = (column("step")?, column("rank")?, column("matched_by")?);
+        // Each part: its file and its lines there; each file: where its row groups start.
         let mut at: HashMap<&TablePart, (usize, std::ops::Range<usize>)> = HashMap::new();
+        let mut starts: Vec<HashMap<usize, usize>> = Vec::new();
+        let mut ends: Vec<HashMap<usize, usize>> = Vec::new();
         for (fi, (path, parts)) in files.iter().enumerate() {
             let bad = |why: &str| format!("{}: {why}", path.display());
             let meta = read_metadata(path).map_err(|e| bad(&e))?;
             if meta.file_metadata().schema_descr().root_schema() != expected.root_schema() {
                 return Err(bad("other columns"));
             }
-            let groups = meta.row_groups();
-            let mut g = 0;
+            let mut line = 0usize;
+            let mut bounds = Vec::with_capacity(parts.len());
             for (part, lines) in parts {
-                let first = g;
-                let mut rows = 0usize;
-                while rows < *lines && g < groups.len() {
-                    let group = &groups[g];
-                    let n = u64::try_from(group.num_rows()).unwrap_or(u64::MAX);
-                    let names = |c: usize, want: &str| {
-                        group.column(c).statistics().is_some_and(|s| {
-                            s.min_bytes_opt() == Some(want.as_bytes())
-                                && s.max_bytes_opt() == Some(want.as_bytes())
-                        })
-                    };
-                    let nulls = group
-                        .column(matched_by)
-                        .statistics()
-                        .and_then(|s| s.null_count_opt());
-                    if !names(step, &part.step)
-                        || !names(rank, &part.rank)
-                        || nulls != Some(if part.unmatched { n } else { 0 })
-                    {
-                        return Err(bad(&format!(
-                            "row group {g} does not hold {}/{}'s {} tensors",
-                            part.step,
-                            part.rank,
-                            if part.unmatched {
-                                "unmatched"
-                            } else {
-                                "matched"
-                            }
-                        )));
-                    }
-                    rows = rows.saturating_add(usize::try_from(n).unwrap_or(usize::MAX));
-                    g += 1;
+                at.insert(part, (fi, line..line + lines));
+                bounds.push((line..line + lines, part));
+                line += lines;
+            }
+            let (mut first, mut p) = (0usize, 0usize);
+            let (mut s, mut e) = (HashMap::new(), HashMap::new());
+            for (g, group) in meta.row_groups().iter().enumerate() {
+                let n = usize::try_from(group.num_rows()).unwrap_or(usize::MAX);
+                let end = first.saturating_add(n);
+                // The parts this row group holds rows of: one step, one kind.
+                while p < bounds.len() && bounds[p].0.end <= first {
+                    p += 1;
                 }
-                if rows != *lines {
+                let held: Vec<&TablePart> = bounds[p..]
+                    .iter()
+                    .take_while(|(r, _)| r.start < end)
+                    .map(|(_, part)| *part)
+                    .collect();
+                let stats = |c: usize| group.column(c).statistics();
+                let one = |c: usize, want: &str| {
+                    stats(c).is_some_and(|s| {
+                        s.min_bytes_opt() == Some(want.as_bytes())
+                            && s.max_bytes_opt() == Some(want.as_bytes())
+                    })
+                };
+                let among = |v: Option<&[u8]>| held.iter().any(|h| v == Some(h.rank.as_bytes()));
+                let fits = held.first().is_some_and(|h0| {
+                    held.iter()
+                        .all(|h| h.step == h0.step && h.unmatched == h0.unmatched)
+                        && one(step, &h0.step)
+                        && stats(rank)
+                            .is_some_and(|s| among(s.min_bytes_opt()) && among(s.max_bytes_opt()))
+                        && stats(matched_by).and_then(|s| s.null_count_opt())
+                            == Some(if h0.unmatched { n as u64 } else { 0 })
+                });
+                if !fits {
                     return Err(bad(&format!(
-                        "its row groups do not fall on the bounds of {}/{}",
-                        part.step, part.rank
+                        "row group {g} does not hold the pairs its shard lists"
                     )));
                 }
-                at.insert(part, (fi, first..g));
+                s.insert(first, g);
+                e.insert(end, g);
+                first = end;
             }
-            if g != groups.len() {
-                return Err(bad("more rows than its pairs"));
+            if first != line {
+                return Err(bad(&format!("{first} rows where its pairs have {line}")));
             }
+            starts.push(s);
+            ends.push(e);
         }
-        let mut groups = Vec::new();
+        // The run's order as runs of consecutive lines of one file, each a span of whole row
+        // groups.
+        let mut runs: Vec<(usize, std::ops::Range<usize>)> = Vec::new();
         for part in order {
             let (fi, range) = at
                 .get(part)
                 .ok_or_else(|| format!("no shard's table holds {}/{}", part.step, part.rank))?;
-            groups.extend(range.clone().map(|g| (*fi, g)));
+            match runs.last_mut() {
+                Some((f, r)) if f == fi && r.end == range.start => r.end = range.end,
+                _ => runs.push((*fi, range.clone())),
+            }
+        }
+        let mut groups = Vec::new();
+        for (fi, r) in runs {
+            let (Some(&a), Some(&b)) = (starts[fi].get(&r.start), ends[fi].get(&r.end)) else {
+                return Err(format!(
+                    "{}: a row group spans pairs the run does not keep together",
+                    files[fi].0.display()
+                ));
+            };
+            groups.extend((a..=b).map(|g| (fi, g)));
         }
         Ok(CopyPlan {
             files: files.iter().map(|(p, _)| p.clone()).collect(),
