@@ -322,3 +322,99 @@ def test_stats_of_non_contiguous_tensors_match_their_contiguous_copy(
         assert got["max"] == want["max"] and got["min"] == want["min"], (got, want)
         assert (got["nan"], got["inf"]) == (want["nan"], want["inf"])
         assert got["nan"] + got["inf"] == (0 if poison is None else 1) or t.numel() < base.numel()
+
+
+def _ops_by_name(dump: str) -> dict[str, Any]:
+    return {
+        t["name"]: t for op in read_ops(os.path.join(dump, "step0", "rank0")) for t in op["tensors"]
+    }
+
+
+def test_a_tensor_captured_again_reuses_its_stats_until_it_is_written(
+    tmp_path: Any, monkeypatch: Any
+) -> None:
+    """A gradient read by three optimizer ops is reduced once; a write to its storage
+    through another tensor object (``.data``, which has a version counter of its own) makes
+    the next capture reduce it again, for captured outputs as for remembered inputs."""
+    from probe.capture import debugger as dbg_mod
+    from probe.capture.api import tls
+
+    calls = []
+    real = dbg_mod.stat_vector
+
+    def counting(t: torch.Tensor) -> Any:
+        calls.append(t.numel())
+        return real(t)
+
+    def expect(t: torch.Tensor) -> dict[str, Any]:
+        # Computed with capture off, so that these reductions are not captured calls.
+        was, tls.active = tls.active, False
+        try:
+            return _expected(t)
+        finally:
+            tls.active = was
+
+    monkeypatch.setattr(dbg_mod, "stat_vector", counting)
+    dump = str(tmp_path / "d")
+    dbg = probe.Debugger(None, dump_path=dump, level="api", stack=False)
+    g = torch.randn(32, generator=torch.Generator().manual_seed(1))
+    m = torch.zeros(32)
+    v = torch.zeros(32)
+    expected: dict[str, Any] = {}
+    dbg.start()
+    with torch.no_grad():
+        expected["Tensor.lerp_.0.forward.input.1"] = expect(g)
+        m.lerp_(g, 0.1)  # m, g, m after: 3
+        expected["Tensor.addcmul_.0.forward.input.1"] = expect(g)
+        expected["Tensor.addcmul_.0.forward.input.2"] = expect(g)
+        v.addcmul_(g, g, value=0.5)  # v, v after; g twice from lerp_'s record: 2
+        g.data.mul_(3.0)  # g.data, after: 2; g's own version counter misses this write
+        expected["Tensor.add_.0.forward.input.1"] = expect(g)
+        m.add_(g)  # m as lerp_ left it reused; g again (written), m after: 2
+        y = torch.mul(m, 2.0)  # m reused, y: 1
+        y.data.add_(1.0)  # y.data, after: 2
+        expected["Torch.sub.0.forward.input.0"] = expect(y)
+        torch.sub(y, 1.0)  # y again (written), the output: 2
+    dbg.stop()
+    dbg.step()
+    dbg.close()
+    got = _ops_by_name(dump)
+    for name, stats in expected.items():
+        assert got[name]["stats"] == stats, name
+    assert len(calls) == 3 + 2 + 2 + 2 + 1 + 2 + 2, calls
+
+
+def test_mix_level_reduces_a_module_parameter_and_output_once(
+    tmp_path: Any, monkeypatch: Any
+) -> None:
+    """At mix level a Linear's weight is recorded by its module and by ``F.linear``, and its
+    output by both: each is reduced once and both records hold its stats."""
+    from probe.capture import debugger as dbg_mod
+
+    calls = []
+    real = dbg_mod.stat_vector
+    monkeypatch.setattr(dbg_mod, "stat_vector", lambda t: calls.append(1) or real(t))
+    torch.manual_seed(0)
+    model = torch.nn.Sequential(torch.nn.Linear(8, 4))
+    x = torch.randn(3, 8)
+    with torch.no_grad():
+        want_out = _expected(model(x))
+    dump = str(tmp_path / "d")
+    dbg = probe.Debugger(None, model, dump_path=dump, level="mix", stack=False)
+    dbg.start()
+    with torch.no_grad():
+        model(x)
+    dbg.stop()
+    dbg.step()
+    dbg.close()
+    got = _ops_by_name(dump)
+    w, b = model[0].weight, model[0].bias
+    mod = "Module.0.Linear.forward.0"
+    api = "Functional.linear.0.forward"
+    assert got[f"{mod}.parameters.weight"]["stats"] == _expected(w)
+    assert got[f"{api}.input.1"]["stats"] == _expected(w)
+    assert got[f"{api}.input.2"]["stats"] == _expected(b)
+    assert got[f"{api}.output.0"]["stats"] == want_out
+    assert got[f"{mod}.output.0"]["stats"] == want_out
+    # x (module input, then F.linear's), weight, bias, the output: each reduced once.
+    assert len(calls) == 4, len(calls)

@@ -279,7 +279,7 @@ class ApiCapture:
         tls.active = False
         try:
             with dbg._lock:
-                out = self._post(ctx, args, out)
+                out = self._post(ctx, args, kwargs, out)
         except Exception as exc:  # noqa: BLE001
             dbg._guard.fail(exc, f"capturing outputs of {api}")
         finally:
@@ -402,6 +402,8 @@ class ApiCapture:
                 )
                 if src is not None:
                     rec["src"] = src
+                if same is None and flow is not None:
+                    flow.remember(t, (rec, fwd.entries[-1][1]))
             if (
                 bwd is not None
                 and c.outputs
@@ -436,12 +438,19 @@ class ApiCapture:
             return (fwd, bwd, (tuple(new_args), new_kwargs), aliases, inplace, forward)
         return (fwd, bwd, None, aliases, inplace, forward)
 
-    def _post(self, ctx: _Pending, args: tuple[Any, ...], out: Any) -> Any:
+    def _post(self, ctx: _Pending, args: tuple[Any, ...], kwargs: dict[str, Any], out: Any) -> Any:
         fwd, bwd, _, aliases, inplace, forward = ctx
         c = self._c
         dbg = self._dbg
         folder = self._files.folder
         flow = self._flow if dbg._dataflow else None
+        if flow is not None:
+            # What the op wrote in place, through whichever tensor object (records kept of
+            # tensors sharing that storage no longer stand for them).
+            if inplace and args:
+                flow.note_write(args[0])
+            if "out" in kwargs:
+                flow.note_write(kwargs["out"])
         watch = self._backward.watch
         if aliases and isinstance(out, torch.Tensor) and id(out) in aliases:
             out = aliases[id(out)]  # identity ops (x.float() on float) return their input
@@ -456,9 +465,13 @@ class ApiCapture:
         def on_output(name: str, t: torch.Tensor) -> torch.Tensor:
             assert folder is not None
             if want_out:
-                rec: TensorRecord = dbg._add_tensor(fwd, f"{fwd.key}.{name}", "output", t)
+                # An output that is an input (x.float() on float) has its stats already.
+                same = flow.same(t) if flow is not None else None
+                rec: TensorRecord = dbg._add_tensor(
+                    fwd, f"{fwd.key}.{name}", "output", t, same_as=same
+                )
                 if flow is not None:
-                    rec["id"] = flow.register(t, folder, rec)
+                    rec["id"] = flow.register(t, folder, (rec, fwd.entries[-1][1]))
             elif flow is not None:
                 flow.register(t, folder)
             if bwd is not None and c.inputs and t.requires_grad and t.grad_fn is not None:

@@ -37,7 +37,16 @@ from .backward import BackwardHooks
 from .buffer import Fill, StatsBuffer
 from .distributed import Collectives, DdpHooks, is_ddp
 from .modules import ModuleHooks
-from .records import Captured, Dataflow, OpRecord, StatVector, TensorEntry, json_args, walk
+from .records import (
+    Captured,
+    Dataflow,
+    Known,
+    OpRecord,
+    StatVector,
+    TensorEntry,
+    json_args,
+    walk,
+)
 from .selection import Selection
 from .stacks import StackTable
 from .stats import (
@@ -420,15 +429,17 @@ class Debugger:
         t: torch.Tensor,
         counts: bool = False,
         pre: Optional[Captured] = None,
-        same_as: Optional[TensorRecord] = None,
+        same_as: Optional[Known] = None,
     ) -> TensorRecord:
         """Record one tensor: metadata now, stats as a device vector, data to the writer.
 
         ``counts``: the tensor is about to change in place (overflow mode then keeps a copy
         of it as the op saw it; the statistics take their NaN/Inf counts now in every case).
         ``pre``: what :meth:`_capture` already took of it (parameter gradients).
-        ``same_as``: the finished record of the captured output this tensor *is* (same
-        object, same version); its stats/checksum are reused, only data is stored again.
+        ``same_as``: the record and statistics of a tensor captured before that this
+        tensor *is* (same object, version and storage writes: ``Dataflow``). A finished
+        record's stats/checksum are reused; an unfinished one's statistics too (a module's
+        parameter met again inside it at mix level). Only data is stored again.
         """
         if self._overflow:
             # Nothing is computed until _finish knows whether the op overflowed (most do
@@ -445,18 +456,24 @@ class Debugger:
             "dtype": dtype_name(t.dtype),
             "shape": list(t.shape),
         }
-        if same_as is not None and "stats" in same_as and self.config.mode != "tensor":
-            rec["stats"] = same_as["stats"]
-            if "checksum" in same_as:
-                rec["checksum"] = same_as["checksum"]
+        mode = self.config.mode
+        known, known_vec = same_as if same_as is not None else (None, None)
+        if known is not None and "stats" in known and mode != "tensor":
+            rec["stats"] = known["stats"]
+            if "checksum" in known:
+                rec["checksum"] = known["checksum"]
             op.entries.append((rec, None, None))
             return rec
         vec: StatVector
         host: Optional[torch.Tensor]
         crc: Optional[str]
-        if same_as is not None and "stats" in same_as:
-            rec["stats"] = same_as["stats"]
+        if known is not None and "stats" in known:
+            rec["stats"] = known["stats"]
             vec, host, crc = None, self._files.pool.copy(t), None
+        elif known_vec is not None and mode != "checksum":
+            # Its record is not finished (no stats yet), its statistics are reduced.
+            host = self._files.pool.copy(t) if mode == "tensor" and t.dtype in STORABLE else None
+            vec, crc = known_vec, None
         else:
             vec, host, crc = pre if pre is not None else self._capture(t)
         if crc is not None:

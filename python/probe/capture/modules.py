@@ -178,6 +178,8 @@ class ModuleHooks:
                 rec = dbg._add_tensor(fwd, f"{fwd.key}.{name}", "input", t, True, same_as=same)
                 if src is not None:
                     rec["src"] = src
+                if same is None and flow is not None:
+                    flow.remember(t, (rec, fwd.entries[-1][1]))
             if bwd is not None and c.outputs and t.requires_grad and t.layout == torch.strided:
                 alias = view_as(t, t)
                 watch(bwd, alias.grad_fn, 0, f"{bwd.key}.output{name[5:]}", "output")
@@ -189,7 +191,12 @@ class ModuleHooks:
         new_kwargs = {k: walk(v, f"input.{k}", on_input) for k, v in kwargs.items()}
         if forward:
             for pname, p in mod.named_parameters(recurse=False):
-                dbg._add_tensor(fwd, f"{fwd.key}.parameters.{pname}", "parameter", p)
+                same = flow.same(p) if flow is not None else None
+                rec = dbg._add_tensor(
+                    fwd, f"{fwd.key}.parameters.{pname}", "parameter", p, same_as=same
+                )
+                if same is None and flow is not None:
+                    flow.remember(p, (rec, fwd.entries[-1][1]))
         return (fwd, bwd, forward), ((tuple(new_args), new_kwargs) if changed else None)
 
     def _post(self, pending: _Pending, output: Any) -> None:
@@ -204,9 +211,13 @@ class ModuleHooks:
         def on_output(name: str, t: torch.Tensor) -> torch.Tensor:
             if want_out:
                 assert folder is not None
-                rec: TensorRecord = dbg._add_tensor(fwd, f"{fwd.key}.{name}", "output", t)
+                # Mix level: the output of the op inside that made it has its stats already.
+                same = flow.same(t) if flow is not None else None
+                rec: TensorRecord = dbg._add_tensor(
+                    fwd, f"{fwd.key}.{name}", "output", t, same_as=same
+                )
                 if flow is not None:
-                    rec["id"] = flow.register(t, folder, rec)
+                    rec["id"] = flow.register(t, folder, (rec, fwd.entries[-1][1]))
             if bwd is not None and c.inputs and t.requires_grad and t.grad_fn is not None:
                 watch(bwd, t.grad_fn, t.output_nr, f"{bwd.key}.input{name[6:]}", "input")
             return t

@@ -37,7 +37,7 @@ if TYPE_CHECKING:
         role: str
         dtype: str
         shape: list[int]
-        stats: NotRequired[Stats]  # first when reused from a captured output, else last
+        stats: NotRequired[Stats]  # first when reused from an earlier record, else last
         checksum: NotRequired[str]
         file: NotRequired[str]
         data_offsets: NotRequired[list[int]]
@@ -53,6 +53,10 @@ Captured = tuple[StatVector, Optional[torch.Tensor], Optional[str]]
 
 _PRIMITIVES = (int, float, bool, str)
 
+
+#: What capture already knows of a tensor it meets again (same object, version and storage
+#: writes): its record (complete once its op is finished) and its statistics as reduced.
+Known = tuple["TensorRecord", "StatVector"]
 
 #: One tensor of an op being built: its record, its stats vector, and the tensor itself when
 #: NaN/Inf counts may have to be taken late. A tuple, not a class: one is made per captured
@@ -178,48 +182,117 @@ def json_args(args: tuple[Any, ...], kwargs: dict[str, Any]) -> Optional[dict[st
 
 
 class Dataflow:
-    """Which captured output an input comes from (``src`` -> ``id``), per rank and step.
+    """Which captured output an input comes from (``src`` -> ``id``), per rank and step, and
+    which captured tensors' records can stand for a tensor captured again.
 
     An input *is* a captured output when it is the same object at the same version (its
     record, with stats, can then be reused), or *shares its storage* with one whose
-    version is unchanged (a view made by uncaptured code).
+    version is unchanged (a view made by uncaptured code). Tensors captured but produced by
+    no captured op (parameters, gradients, data) are remembered too (:meth:`remember`): the
+    same object at the same version captured again (a weight recorded by its module and
+    then by ``F.linear`` at mix level, a gradient read by three optimizer ops) reuses its
+    record's stats, as a module's output does the stats of the op that produced it.
+
+    The version counter misses writes made through another tensor object that shares the
+    storage without sharing the counter (``p.data.add_(...)``, as older optimizers write):
+    so every captured in-place write is also counted per storage (:meth:`note_write`), and a
+    kept record only stands for its tensor while its storage has no write it did not see.
     """
 
     def __init__(self) -> None:
-        self._ids: dict[int, tuple[Any, int, int, Optional[TensorRecord]]] = {}
-        self._by_storage: dict[int, tuple[Any, int, int, None]] = {}
+        # id(tensor) -> (weakref, id, version, what is known of it, storage, writes then)
+        self._ids: dict[int, tuple[Any, int, int, Optional[Known], int, int]] = {}
+        # storage -> (weakref, id, version, writes to it then)
+        self._by_storage: dict[int, tuple[Any, int, int, int]] = {}
+        # id(tensor) -> (weakref, version, what is known of it, storage, writes to it then)
+        self._seen: dict[int, tuple[Any, int, Known, int, int]] = {}
+        # storage -> captured in-place writes to it
+        self._writes: dict[int, int] = {}
 
     def clear(self) -> None:
         self._ids.clear()
         self._by_storage.clear()
+        self._seen.clear()
+        self._writes.clear()
 
-    def source(self, t: torch.Tensor) -> tuple[Optional[int], Optional[TensorRecord]]:
-        """The id of the captured output this input value came from, if any, and that
-        output's record when the input is exactly the same tensor (same object and
-        version): its stats and checksum can then be reused instead of recomputed."""
-        e = self._ids.get(id(t))
-        if e is not None and e[0]() is t and e[2] == t._version:
-            return e[1], e[3]
+    @staticmethod
+    def _storage(t: torch.Tensor) -> Optional[int]:
         try:
-            e2 = self._by_storage.get(t.untyped_storage().data_ptr())
+            return int(t.untyped_storage().data_ptr())
         except Exception:  # noqa: BLE001 - tensors without storage (meta, sparse)
-            return None, None
-        if e2 is not None and e2[0]() is not None and e2[2] == t._version:
-            return e2[1], None
-        return None, None
+            return None
 
-    def register(
-        self, t: torch.Tensor, folder: RankFolder, rec: Optional[TensorRecord] = None
-    ) -> int:
-        """Give a captured output the folder's next id, and remember it by object and
-        storage."""
+    def source(self, t: torch.Tensor) -> tuple[Optional[int], Optional[Known]]:
+        """The id of the captured output this input value came from, if any, and what is
+        known of exactly this tensor (same object and version: that output's record and
+        statistics, or those :meth:`remember` keeps): they can then be reused instead of
+        reduced again."""
+        writes = self._writes
+        e = self._ids.get(id(t))
+        if e is not None and e[0]() is t and e[2] == t._version and writes.get(e[4], 0) == e[5]:
+            return e[1], e[3]
+        same = self.same(t)
+        ptr = self._storage(t)
+        if ptr is None:
+            return None, same
+        e2 = self._by_storage.get(ptr)
+        if (
+            e2 is not None
+            and e2[0]() is not None
+            and e2[2] == t._version
+            and writes.get(ptr, 0) == e2[3]
+        ):
+            return e2[1], same
+        return None, same
+
+    def same(self, t: torch.Tensor) -> Optional[Known]:
+        """What is known of exactly this tensor (same object, version and storage writes),
+        if it was kept."""
+        writes = self._writes
+        e = self._ids.get(id(t))
+        if e is not None and e[0]() is t and e[2] == t._version and writes.get(e[4], 0) == e[5]:
+            return e[3]
+        e2 = self._seen.get(id(t))
+        if (
+            e2 is not None
+            and e2[0]() is t
+            and e2[1] == t._version
+            and writes.get(e2[3], 0) == e2[4]
+        ):
+            return e2[2]
+        return None
+
+    def remember(self, t: torch.Tensor, known: Known) -> None:
+        """Keep the record and statistics of ``t`` as it is now (a captured tensor that no
+        captured op produced), for :meth:`source` and :meth:`same`."""
+        ptr = self._storage(t)
+        if ptr is not None:
+            self._seen[id(t)] = (weakref.ref(t), t._version, known, ptr, self._writes.get(ptr, 0))
+
+    def note_write(self, written: Any) -> None:
+        """Count a captured in-place write to ``written`` (a tensor, or the tensors of a
+        list: a collective's), before its op's outputs are registered."""
+        if isinstance(written, torch.Tensor):
+            ptr = self._storage(written)
+            if ptr is not None:
+                self._writes[ptr] = self._writes.get(ptr, 0) + 1
+        elif type(written) in (tuple, list):
+            for w in written:
+                self.note_write(w)
+
+    def register(self, t: torch.Tensor, folder: RankFolder, known: Optional[Known] = None) -> int:
+        """Give a captured output the folder's next id, and remember it by object (with its
+        record and statistics, when recorded) and storage."""
         tid = folder.next_id
         folder.next_id += 1
         ref = weakref.ref(t)
         ver = t._version
-        self._ids[id(t)] = (ref, tid, ver, rec)
-        try:
-            self._by_storage[t.untyped_storage().data_ptr()] = (ref, tid, ver, None)
-        except Exception:  # noqa: BLE001
-            pass
+        ptr = self._storage(t)
+        if ptr is None:
+            # No storage to watch: kept by object only, with a storage key no write uses.
+            self._ids[id(t)] = (ref, tid, ver, known, -1, 0)
+            return tid
+        w = self._writes.get(ptr, 0)
+        self._ids[id(t)] = (ref, tid, ver, known, ptr, w)
+        self._by_storage[ptr] = (ref, tid, ver, w)
         return tid
