@@ -53,7 +53,13 @@ class BackwardHooks:
                 with dbg._lock:
                     g = grad_outputs[index] if index < len(grad_outputs) else None
                     if g is not None:
-                        dbg._add_tensor(bwd, name, role, g)
+                        # The gradient of an op's output is, tensor for tensor, the one
+                        # the op that consumed it recorded for that input: reduced once.
+                        flow = dbg._flow if dbg._dataflow else None
+                        same = flow.same(g) if flow is not None else None
+                        dbg._add_tensor(bwd, name, role, g, same_as=same)
+                        if same is None and flow is not None:
+                            flow.remember(g, (bwd.entries[-1][0], bwd.entries[-1][1]))
                     bwd.got += 1
                     if bwd.got >= bwd.expect and not bwd.done:
                         dbg._finish(bwd)
