@@ -349,13 +349,7 @@ pub fn merge(req: &MergeRequest, progress: &Progress) -> Result<Merged> {
     // The parquet table is the shards' row groups copied in order, when they are all there
     // and fall on the run's parts; else its lines are encoded again, as a compare does.
     let (copy, encoded_again) = if writers.iter().any(|w| w.format() == "parquet") {
-        let units: Vec<&compare::UnitSummary> = run.units.iter().collect();
-        let order: Vec<_> = shard::parts_of(&units)
-            .into_iter()
-            .map(|(p, _)| p)
-            .collect();
-        let columns: Vec<_> = report::columns::COLUMNS.iter().collect();
-        match CopyPlan::new(&columns, &parts, &order) {
+        match shard::copy_plan(&parts, &run) {
             Ok(plan) => (Some(plan), None),
             Err(why) => (None, Some(why)),
         }

@@ -105,6 +105,14 @@ fn row_groups(path: &Path) -> Vec<(String, bool)> {
     out
 }
 
+/// The unsharded compare of `cwd`'s `bench` and `cmp` into `out`.
+fn compare_into(cwd: &Path, out: &str) -> Out {
+    probe_in(
+        cwd,
+        &["compare", "-b", "bench", "-c", "cmp", "-o", out, "-q"],
+    )
+}
+
 fn shard_and_merge(cwd: &Path, n: u32, extra: &[&str]) -> Out {
     let mut outs = Vec::new();
     for i in 0..n {
@@ -134,10 +142,7 @@ fn four_shards_merged_equal_the_unsharded_compare() {
             .chain(["--perturb-rank", "2", "--perturb-op", "Functional.gelu.1"])
             .collect::<Vec<_>>(),
     );
-    let full = probe_in(
-        cwd,
-        &["compare", "-b", "bench", "-c", "cmp", "-o", "full", "-q"],
-    );
+    let full = compare_into(cwd, "full");
     assert_eq!(full.code, 1, "{}", full.stderr);
     let merged = shard_and_merge(cwd, 4, &[]);
     assert_eq!(merged.code, full.code, "{}", merged.stderr);
@@ -276,24 +281,12 @@ fn merge_encodes_the_table_again_when_a_shards_table_is_unusable() {
     let cwd = t.path();
     synth(
         cwd,
-        &[
-            "--ranks",
-            "2",
-            "--steps",
-            "2",
-            "--blocks",
-            "2",
-            "--perturb-rank",
-            "1",
-        ]
-        .into_iter()
-        .chain(["--perturb-op", "Functional.gelu.1"])
-        .collect::<Vec<_>>(),
+        &["--ranks", "2", "--steps", "2", "--blocks", "2"]
+            .into_iter()
+            .chain(["--perturb-rank", "1", "--perturb-op", "Functional.gelu.1"])
+            .collect::<Vec<_>>(),
     );
-    let full = probe_in(
-        cwd,
-        &["compare", "-b", "bench", "-c", "cmp", "-o", "full", "-q"],
-    );
+    let full = compare_into(cwd, "full");
     assert_eq!(full.code, 1, "{}", full.stderr);
     let merged = shard_and_merge(cwd, 2, &[]);
     assert_eq!(merged.code, 1, "{}", merged.stderr);

@@ -20,7 +20,7 @@ use super::tables::{self, Parked, Span, Tables};
 use super::{CompareRun, UnitSummary};
 use crate::atomic;
 use crate::error::{ProbeError, Result};
-use crate::report::{ReportWriter, TablePart};
+use crate::report::{CopyPlan, ReportWriter, TablePart};
 use crate::schema::summary::{label_key, IncompleteUnit};
 use serde::{Deserialize, Serialize};
 use sha2::{Digest, Sha256};
@@ -555,9 +555,21 @@ pub fn table_parts(shards: &[ShardResult]) -> Vec<(PathBuf, Vec<(TablePart, usiz
         .collect()
 }
 
+/// The plan that copies the shards' parquet row groups (`parts`: [`table_parts`]) into the
+/// table of the run they make, or why they cannot be copied.
+pub fn copy_plan(
+    parts: &[(PathBuf, Vec<(TablePart, usize)>)],
+    run: &CompareRun,
+) -> std::result::Result<CopyPlan, String> {
+    let units: Vec<&UnitSummary> = run.units.iter().collect();
+    let order: Vec<TablePart> = parts_of(&units).into_iter().map(|(p, _)| p).collect();
+    let columns: Vec<_> = crate::report::columns::COLUMNS.iter().collect();
+    CopyPlan::new(&columns, parts, &order)
+}
+
 /// The parts of the table of a run of `units`, in order, with their line counts (those
 /// without lines left out: they have no row group).
-pub fn parts_of(units: &[&UnitSummary]) -> Vec<(TablePart, usize)> {
+fn parts_of(units: &[&UnitSummary]) -> Vec<(TablePart, usize)> {
     let part = |u: &UnitSummary, unmatched: bool| TablePart {
         step: u.step.clone(),
         rank: u.rank.clone(),

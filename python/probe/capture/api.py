@@ -403,7 +403,7 @@ class ApiCapture:
                 if src is not None:
                     rec["src"] = src
                 if same is None and flow is not None:
-                    flow.remember(t, (rec, fwd.entries[-1][1]))
+                    flow.remember(t, fwd.entries[-1])
             if (
                 bwd is not None
                 and c.outputs
@@ -471,7 +471,7 @@ class ApiCapture:
                     fwd, f"{fwd.key}.{name}", "output", t, same_as=same
                 )
                 if flow is not None:
-                    rec["id"] = flow.register(t, folder, (rec, fwd.entries[-1][1]))
+                    rec["id"] = flow.register(t, folder, fwd.entries[-1])
             elif flow is not None:
                 flow.register(t, folder)
             if bwd is not None and c.inputs and t.requires_grad and t.grad_fn is not None:

@@ -59,7 +59,7 @@ class BackwardHooks:
                         same = flow.same(g) if flow is not None else None
                         dbg._add_tensor(bwd, name, role, g, same_as=same)
                         if same is None and flow is not None:
-                            flow.remember(g, (bwd.entries[-1][0], bwd.entries[-1][1]))
+                            flow.remember(g, bwd.entries[-1])
                     bwd.got += 1
                     if bwd.got >= bwd.expect and not bwd.done:
                         dbg._finish(bwd)

@@ -116,17 +116,8 @@ class StatsBuffer:
         batch = _Batch(items)
         per_device: dict[Any, list[torch.Tensor]] = {}
         for _, _, fills, parts in items:
-            if not parts:
-                continue
-            dev = fills[0][3]
-            if all(f[3] == dev for f in fills):
-                vecs = per_device.get(dev)
-                if vecs is None:
-                    per_device[dev] = list(parts)
-                else:
-                    vecs += parts
-                continue
-            # An op whose tensors lie on several devices (a copy between them).
+            # Each tensor's parts to its device's list (an op copying between devices has
+            # tensors on two).
             p = 0
             for _, n, _, dev in fills:
                 per_device.setdefault(dev, []).extend(parts[p : p + n])

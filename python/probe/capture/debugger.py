@@ -457,7 +457,7 @@ class Debugger:
             "shape": list(t.shape),
         }
         mode = self.config.mode
-        known, known_vec = same_as if same_as is not None else (None, None)
+        known, known_vec, _ = same_as if same_as is not None else (None, None, None)
         if known is not None and "stats" in known and mode != "tensor":
             rec["stats"] = known["stats"]
             if "checksum" in known:

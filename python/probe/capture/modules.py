@@ -179,7 +179,7 @@ class ModuleHooks:
                 if src is not None:
                     rec["src"] = src
                 if same is None and flow is not None:
-                    flow.remember(t, (rec, fwd.entries[-1][1]))
+                    flow.remember(t, fwd.entries[-1])
             if bwd is not None and c.outputs and t.requires_grad and t.layout == torch.strided:
                 alias = view_as(t, t)
                 watch(bwd, alias.grad_fn, 0, f"{bwd.key}.output{name[5:]}", "output")
@@ -192,11 +192,9 @@ class ModuleHooks:
         if forward:
             for pname, p in mod.named_parameters(recurse=False):
                 same = flow.same(p) if flow is not None else None
-                rec = dbg._add_tensor(
-                    fwd, f"{fwd.key}.parameters.{pname}", "parameter", p, same_as=same
-                )
+                dbg._add_tensor(fwd, f"{fwd.key}.parameters.{pname}", "parameter", p, same_as=same)
                 if same is None and flow is not None:
-                    flow.remember(p, (rec, fwd.entries[-1][1]))
+                    flow.remember(p, fwd.entries[-1])
         return (fwd, bwd, forward), ((tuple(new_args), new_kwargs) if changed else None)
 
     def _post(self, pending: _Pending, output: Any) -> None:
@@ -217,7 +215,7 @@ class ModuleHooks:
                     fwd, f"{fwd.key}.{name}", "output", t, same_as=same
                 )
                 if flow is not None:
-                    rec["id"] = flow.register(t, folder, (rec, fwd.entries[-1][1]))
+                    rec["id"] = flow.register(t, folder, fwd.entries[-1])
             if bwd is not None and c.inputs and t.requires_grad and t.grad_fn is not None:
                 watch(bwd, t.grad_fn, t.output_nr, f"{bwd.key}.input{name[6:]}", "input")
             return t

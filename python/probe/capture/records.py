@@ -54,14 +54,14 @@ Captured = tuple[StatVector, Optional[torch.Tensor], Optional[str]]
 _PRIMITIVES = (int, float, bool, str)
 
 
-#: What capture already knows of a tensor it meets again (same object, version and storage
-#: writes): its record (complete once its op is finished) and its statistics as reduced.
-Known = tuple["TensorRecord", "StatVector"]
-
 #: One tensor of an op being built: its record, its stats vector, and the tensor itself when
 #: NaN/Inf counts may have to be taken late. A tuple, not a class: one is made per captured
 #: tensor, and a tuple costs a third of an object's construction on that path.
 TensorEntry = tuple["TensorRecord", StatVector, Optional[torch.Tensor]]
+#: What capture already knows of a tensor it meets again (same object, version and storage
+#: writes): the entry it was captured as, whose record is complete once its op is finished
+#: and whose statistics are reduced already.
+Known = TensorEntry
 
 
 class OpRecord:
@@ -231,7 +231,7 @@ class Dataflow:
         e = self._ids.get(id(t))
         if e is not None and e[0]() is t and e[2] == t._version and writes.get(e[4], 0) == e[5]:
             return e[1], e[3]
-        same = self.same(t)
+        same = self._remembered(t)
         ptr = self._storage(t)
         if ptr is None:
             return None, same
@@ -248,18 +248,26 @@ class Dataflow:
     def same(self, t: torch.Tensor) -> Optional[Known]:
         """What is known of exactly this tensor (same object, version and storage writes),
         if it was kept."""
-        writes = self._writes
         e = self._ids.get(id(t))
-        if e is not None and e[0]() is t and e[2] == t._version and writes.get(e[4], 0) == e[5]:
-            return e[3]
-        e2 = self._seen.get(id(t))
         if (
-            e2 is not None
-            and e2[0]() is t
-            and e2[1] == t._version
-            and writes.get(e2[3], 0) == e2[4]
+            e is not None
+            and e[0]() is t
+            and e[2] == t._version
+            and self._writes.get(e[4], 0) == e[5]
         ):
-            return e2[2]
+            return e[3]
+        return self._remembered(t)
+
+    def _remembered(self, t: torch.Tensor) -> Optional[Known]:
+        """What :meth:`remember` keeps of exactly this tensor, if it still stands."""
+        e = self._seen.get(id(t))
+        if (
+            e is not None
+            and e[0]() is t
+            and e[1] == t._version
+            and self._writes.get(e[3], 0) == e[4]
+        ):
+            return e[2]
         return None
 
     def remember(self, t: torch.Tensor, known: Known) -> None:

@@ -106,21 +106,12 @@ def stat_vector(t: torch.Tensor) -> Optional[list[Any]]:
         # A finite sum means no NaN/Inf: 4 values, fill_stats reads zero counts. Integers
         # and bools (converted, so tf is not t) are always finite.
         s = total.item()
-        counts = not math.isfinite(s) and (tf is t or dt is _F16 or dt is _BF16)
+        vec = [mx, mn, total, _vector_norm(tf)]
+        if not math.isfinite(s) and (tf is t or dt is _F16 or dt is _BF16):
+            vec += (_sum(_isnan(t)), _sum(_isinf(t)))
         if not READ_ON_CPU:
-            if counts:
-                return [mx, mn, total, _vector_norm(tf), _sum(_isnan(t)), _sum(_isinf(t))]
-            return [mx, mn, total, _vector_norm(tf)]
-        if counts:
-            return [
-                mx.item(),
-                mn.item(),
-                s,
-                _vector_norm(tf).item(),
-                _sum(_isnan(t)).item(),
-                _sum(_isinf(t)).item(),
-            ]
-        return [mx.item(), mn.item(), s, _vector_norm(tf).item()]
+            return vec
+        return [mx.item(), mn.item(), s, *[v.item() for v in vec[3:]]]
     if t.is_floating_point():
         return [mx, mn, total, _vector_norm(tf), _sum(_isnan(t)), _sum(_isinf(t))]
     return [mx, mn, total, _vector_norm(tf)]  # integers and bools are always finite
