@@ -336,7 +336,13 @@ fn copy_table<W: std::io::Write + Send>(
     }
     for &(fi, g) in &plan.groups {
         let (file, meta) = &opened[fi];
-        let group = meta.row_group(g);
+        // The plan read these files' footers; one changed since cannot be copied from.
+        let group = meta.row_groups().get(g).ok_or_else(|| {
+            parquet_error(
+                path,
+                format!("{} changed while merging", plan.files[fi].display()),
+            )
+        })?;
         let index = meta.page_index_for_row_group(g);
         let mut out = writer
             .next_row_group()
