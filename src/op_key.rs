@@ -434,7 +434,7 @@ impl Serialize for OpKey {
 
 impl<'de> Deserialize<'de> for OpKey {
     fn deserialize<D: serde::Deserializer<'de>>(d: D) -> Result<OpKey, D::Error> {
-        Ok(OpKey::parse(&String::deserialize(d)?))
+        Ok(OpKey::from_string(String::deserialize(d)?))
     }
 }
 
