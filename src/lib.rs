@@ -20,6 +20,7 @@ pub mod dump;
 pub mod error;
 pub mod gate;
 pub mod json;
+pub mod memory;
 pub mod metrics;
 pub mod op_key;
 pub mod progress;

@@ -471,6 +471,7 @@ fn run_synth(a: SynthArgs) -> Result<u8, ProbeError> {
 }
 
 fn main() -> ExitCode {
+    probe::memory::small_pages_only();
     let cli = match Cli::try_parse() {
         Ok(c) => c,
         Err(e) => {
