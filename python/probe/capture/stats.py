@@ -78,15 +78,18 @@ def _norm(tf: torch.Tensor) -> torch.Tensor:
     in a tree and float64 accumulates in float64; both are left as they are.
     """
     n = tf.numel()
+    norm: torch.Tensor
     if n <= _NORM_WHOLE or tf.dtype is not _F32 or not tf.is_cpu:
-        return _vector_norm(tf)
+        norm = _vector_norm(tf)
+        return norm
     if not tf.is_contiguous():
         stride = tf.stride()
         dims = [i for i in range(tf.dim()) if tf.shape[i] > 1]
         d = min(dims, key=stride.__getitem__)
         if stride[d] == 1 and 64 <= tf.shape[d] <= _NORM_WHOLE:
             # Lines along the unit-stride dimension: read in memory order, no copy of tf.
-            return _vector_norm(_to(_vector_norm(tf, dim=d), _F64))
+            norm = _vector_norm(_to(_vector_norm(tf, dim=d), _F64))
+            return norm
         tf = _contiguous(tf)
     flat = _reshape(tf, (-1,))
     rows = n // _NORM_PART
