@@ -463,6 +463,11 @@ impl Reading<'_> {
         self.failed = Some(why);
         e
     }
+
+    /// Stops the parser: `what` is `kind` where an object belongs.
+    fn refuse<E: serde::de::Error>(&mut self, what: &str, kind: &str) -> E {
+        self.fail(format!("{what} is {kind}, expected an object"))
+    }
 }
 
 /// Visitor methods that refuse every JSON value but an object, naming its kind as
@@ -470,39 +475,25 @@ impl Reading<'_> {
 macro_rules! refuse_others {
     ($what:literal) => {
         fn visit_unit<E: serde::de::Error>(self) -> std::result::Result<(), E> {
-            Err(self
-                .0
-                .fail(format!(concat!($what, " is null, expected an object"))))
+            Err(self.0.refuse($what, "null"))
         }
         fn visit_bool<E: serde::de::Error>(self, _: bool) -> std::result::Result<(), E> {
-            Err(self
-                .0
-                .fail(format!(concat!($what, " is a bool, expected an object"))))
+            Err(self.0.refuse($what, "a bool"))
         }
         fn visit_i64<E: serde::de::Error>(self, _: i64) -> std::result::Result<(), E> {
-            Err(self
-                .0
-                .fail(format!(concat!($what, " is a number, expected an object"))))
+            Err(self.0.refuse($what, "a number"))
         }
         fn visit_u64<E: serde::de::Error>(self, _: u64) -> std::result::Result<(), E> {
-            Err(self
-                .0
-                .fail(format!(concat!($what, " is a number, expected an object"))))
+            Err(self.0.refuse($what, "a number"))
         }
         fn visit_f64<E: serde::de::Error>(self, _: f64) -> std::result::Result<(), E> {
-            Err(self
-                .0
-                .fail(format!(concat!($what, " is a number, expected an object"))))
+            Err(self.0.refuse($what, "a number"))
         }
         fn visit_str<E: serde::de::Error>(self, _: &str) -> std::result::Result<(), E> {
-            Err(self
-                .0
-                .fail(format!(concat!($what, " is a string, expected an object"))))
+            Err(self.0.refuse($what, "a string"))
         }
         fn visit_seq<A: SeqAccess<'de>>(self, _: A) -> std::result::Result<(), A::Error> {
-            Err(self
-                .0
-                .fail(format!(concat!($what, " is a list, expected an object"))))
+            Err(self.0.refuse($what, "a list"))
         }
     };
 }
