@@ -331,6 +331,7 @@ def test_stats_of_non_contiguous_tensors_match_their_contiguous_copy(
         lambda g: torch.randn(3 * 4096 * 97 + 5, generator=g),  # not a multiple of a part
         lambda g: torch.randn(16, 128, 32, 32, generator=g).permute(0, 2, 3, 1),  # channels-last
         lambda g: torch.randn(2 * (1 << 20) + 6, generator=g)[::2],  # no unit stride
+        lambda g: torch.randn(512, 512, generator=g).expand(8, 512, 512),  # broadcast mask
         lambda g: torch.randn(8, 64, 64, 64, generator=g).to(torch.bfloat16),
     ],
 )

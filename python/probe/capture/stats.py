@@ -83,10 +83,10 @@ def _norm(tf: torch.Tensor) -> torch.Tensor:
         norm = _vector_norm(tf)
         return norm
     if not tf.is_contiguous():
-        stride = tf.stride()
-        dims = [i for i in range(tf.dim()) if tf.shape[i] > 1]
-        d = min(dims, key=stride.__getitem__)
-        if stride[d] == 1 and 64 <= tf.shape[d] <= _NORM_WHOLE:
+        stride, shape = tf.stride(), tf.shape
+        # The dimension laid out contiguously (an expanded tensor's others have stride 0).
+        d = next((i for i in range(tf.dim()) if stride[i] == 1 and shape[i] > 1), -1)
+        if d >= 0 and 64 <= shape[d] <= _NORM_WHOLE:
             # Lines along the unit-stride dimension: read in memory order, no copy of tf.
             norm = _vector_norm(_to(_vector_norm(tf, dim=d), _F64))
             return norm
