@@ -64,9 +64,9 @@ _NORM_WHOLE = 1 << 16
 _NORM_PART = 4096
 
 
-def _norm(tf: torch.Tensor) -> torch.Tensor:
-    """The L2 norm of ``tf`` (float32 or float64), as ``vector_norm`` but accurate on CPU at
-    any size.
+def _norm(tf: torch.Tensor, n: int) -> torch.Tensor:
+    """The L2 norm of the CPU tensor ``tf`` (float32 or float64, ``n`` elements), as
+    ``vector_norm`` but accurate at any size.
 
     PyTorch's CPU kernel accumulates a whole float32 tensor in float32 lanes, so its relative
     error grows faster than the size: 2e-7 at 65,536 elements, 1e-5 at 1M, 1e-4 at 4M, 8e-4
@@ -74,12 +74,12 @@ def _norm(tf: torch.Tensor) -> torch.Tensor:
     benchmark's norm could fail against an accelerator's for the same values. Past 65,536
     elements the norm is taken in parts -- rows of 4,096 elements of a contiguous tensor, or
     a strided tensor's lines along its unit-stride dimension -- whose norms are combined in
-    float64: ~1e-8 at any size, as fast for a contiguous tensor. Accelerator kernels reduce
-    in a tree and float64 accumulates in float64; both are left as they are.
+    float64: ~1e-8 at any size, as fast for a contiguous tensor. float64 accumulates in
+    float64 and is left as it is; accelerator kernels reduce in a tree, and their tensors
+    never come here.
     """
-    n = tf.numel()
     norm: torch.Tensor
-    if n <= _NORM_WHOLE or tf.dtype is not _F32 or not tf.is_cpu:
+    if n <= _NORM_WHOLE or tf.dtype is not _F32:
         norm = _vector_norm(tf)
         return norm
     if not tf.is_contiguous():
@@ -118,8 +118,8 @@ def stat_vector(t: torch.Tensor) -> Optional[list[Any]]:
     """Return ``[max, min, sum, norm(, nan, inf)]``: Python numbers for a CPU tensor, 0-d
     tensors on ``t``'s device for an accelerator's.
 
-    Three reductions per tensor (``aminmax``, ``sum``, the norm (``_norm``); ``var_mean`` would
-    save one but is an order of magnitude slower on CPU). NaN/Inf counts are taken now
+    Three reductions per tensor (``aminmax``, ``sum``, the norm -- ``_norm`` on CPU;
+    ``var_mean`` would save one but is an order of magnitude slower on CPU). NaN/Inf counts are taken now
     whenever they can be non-zero, so the tensor itself is never read again. On CPU the
     values are read at once: a 0-d CPU read costs ~0.3 us and syncs nothing, less than
     stacking the 0-d tensors with the others of their batch (~0.4 us each) and reading them
@@ -132,7 +132,8 @@ def stat_vector(t: torch.Tensor) -> Optional[list[Any]]:
     empty tensors and dtypes without meaningful statistics. Run with grad mode off.
     """
     dt = t.dtype
-    if dt not in STORABLE or t.numel() == 0:
+    n = t.numel()
+    if dt not in STORABLE or n == 0:
         return None
     if dt is _F32 or dt is _F64:
         tf = t
@@ -154,15 +155,15 @@ def stat_vector(t: torch.Tensor) -> Optional[list[Any]]:
         # A finite sum means no NaN/Inf: 4 values, fill_stats reads zero counts. Integers
         # and bools (converted, so tf is not t) are always finite.
         s = total.item()
-        vec = [mx, mn, total, _norm(tf)]
+        vec = [mx, mn, total, _norm(tf, n)]
         if not math.isfinite(s) and (tf is t or dt is _F16 or dt is _BF16):
             vec += (_sum(_isnan(t)), _sum(_isinf(t)))
         if not READ_ON_CPU:
             return vec
         return [mx.item(), mn.item(), s, *[v.item() for v in vec[3:]]]
     if t.is_floating_point():
-        return [mx, mn, total, _norm(tf), _sum(_isnan(t)), _sum(_isinf(t))]
-    return [mx, mn, total, _norm(tf)]  # integers and bools are always finite
+        return [mx, mn, total, _vector_norm(tf), _sum(_isnan(t)), _sum(_isinf(t))]
+    return [mx, mn, total, _vector_norm(tf)]  # integers and bools are always finite
 
 
 def _num(v: float) -> Any:
