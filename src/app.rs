@@ -256,6 +256,7 @@ fn report_run(
     summary.outputs = output_paths(writers, "compare", out);
     let doc = CompareDocument::new(run, &summary).with_parquet_copy(copy);
     write_reports(writers, &doc, out, progress)?;
+    crate::memory::trace("the reports");
     Ok(summary)
 }
 

@@ -14,3 +14,26 @@ pub fn small_pages_only() {
     #[cfg(target_os = "linux")]
     let _ = rustix::thread::disable_transparent_huge_pages(true);
 }
+
+/// Where a compare's memory goes: with `PROBE_TRACE_MEMORY` set, prints the resident and
+/// peak resident memory after each stage (`stage`) on stderr, one line each. A diagnostic
+/// for benchmarks and bug reports (docs/performance.md); without the variable, nothing.
+pub fn trace(stage: &str) {
+    if std::env::var_os("PROBE_TRACE_MEMORY").is_none() {
+        return;
+    }
+    let status = std::fs::read_to_string("/proc/self/status").unwrap_or_default();
+    let mb = |key: &str| {
+        status
+            .lines()
+            .find_map(|l| l.strip_prefix(key))
+            .and_then(|v| v.split_whitespace().next())
+            .and_then(|v| v.parse::<u64>().ok())
+            .map_or_else(|| "?".to_string(), |kb| (kb / 1024).to_string())
+    };
+    eprintln!(
+        "probe: memory after {stage}: {} MB resident, peak {} MB",
+        mb("VmRSS:"),
+        mb("VmHWM:")
+    );
+}

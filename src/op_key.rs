@@ -115,7 +115,7 @@ impl Role {
 
 /// Where the call counter and the direction sit in a key.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
-enum Form {
+pub(crate) enum Form {
     /// `Type.api.CALL.direction`
     Api,
     /// `Module.path.Class.direction.CALL`
@@ -126,34 +126,28 @@ enum Form {
     Other,
 }
 
-/// A parsed op key. Cheap to clone; [`OpKey::as_str`] gives the key exactly as written.
-/// Compact (40 bytes): every op record and every row holds one.
-#[derive(Debug, Clone, PartialEq, Eq, Hash)]
-pub struct OpKey {
-    raw: Box<str>,
-    form: Form,
+/// What parsing a key finds, apart from its text: held beside the text by an owned key and
+/// by the compact op store, which hands out borrowed keys ([`KeyRef`]) without parsing or
+/// allocating again.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub(crate) struct KeyParts {
+    pub(crate) form: Form,
+    pub(crate) direction: Direction,
+    /// Whether the key has a call counter, and the counter (16 bytes in all, where an
+    /// `Option<u64>` alone takes 16: every op of a store holds one).
+    has_call: bool,
+    call: u64,
     /// Length of the part before the call counter and the direction
     /// (`Functional.gelu`, `Module.fc.Linear`); a key is a line of a file read with a
     /// 64 MiB cap, so it fits (a longer one would keep its first 4 GiB as base).
-    base_len: u32,
-    call: Option<u64>,
-    direction: Direction,
+    pub(crate) base_len: u32,
 }
 
-fn is_call(s: &str) -> bool {
-    !s.is_empty() && s.bytes().all(|b| b.is_ascii_digit())
-}
-
-impl OpKey {
-    /// Parses a key. Never fails: a key outside the grammar is kept as written, with the
-    /// direction read from its last `forward`/`backward` part (forward if none).
-    pub fn parse(key: &str) -> OpKey {
-        OpKey::from_string(key.to_string())
-    }
-
-    /// [`OpKey::parse`] of an owned key (no copy). Reading op logs parses one key per op:
-    /// this walks the key's bytes once and allocates nothing.
-    pub fn from_string(raw: String) -> OpKey {
+impl KeyParts {
+    /// Parses a key's text. Never fails: a key outside the grammar is kept as written,
+    /// with the direction read from its last `forward`/`backward` part (forward if none).
+    /// Walks the key's bytes once and allocates nothing.
+    pub(crate) fn of(raw: &str) -> KeyParts {
         // The last three dot-separated parts, and where each starts.
         let mut tail: [(usize, &str); 3] = [(0, ""); 3];
         let mut n = 0usize;
@@ -210,28 +204,105 @@ impl OpKey {
                 .unwrap_or_default();
             (Form::Other, raw.len(), None, d)
         };
-        OpKey {
-            base_len: u32::try_from(base_len).unwrap_or(u32::MAX),
-            raw: raw.into_boxed_str(),
+        KeyParts {
             form,
-            call,
             direction,
+            has_call: call.is_some(),
+            call: call.unwrap_or(0),
+            base_len: u32::try_from(base_len).unwrap_or(u32::MAX),
         }
     }
 
+    /// The call counter, when the key has one.
+    pub(crate) fn call(&self) -> Option<u64> {
+        self.has_call.then_some(self.call)
+    }
+}
+
+/// A parsed op key over its text `S`: owned ([`OpKey`], what records and rows hold) or
+/// borrowed from a compact op store ([`KeyRef`]). [`Key::as_str`] gives the key exactly as
+/// written; equality and hashing go by that text (everything else follows from it).
+#[derive(Debug, Clone, Copy)]
+pub struct Key<S> {
+    raw: S,
+    parts: KeyParts,
+}
+
+/// An owned op key. Compact (40 bytes): every row holds one.
+pub type OpKey = Key<Box<str>>;
+
+/// An op key borrowed from the store it was read into (no allocation).
+pub type KeyRef<'a> = Key<&'a str>;
+
+fn is_call(s: &str) -> bool {
+    !s.is_empty() && s.bytes().all(|b| b.is_ascii_digit())
+}
+
+impl OpKey {
+    /// Parses a key. Never fails: a key outside the grammar is kept as written, with the
+    /// direction read from its last `forward`/`backward` part (forward if none).
+    pub fn parse(key: &str) -> OpKey {
+        OpKey::from_string(key.to_string())
+    }
+
+    /// [`OpKey::parse`] of an owned key (no copy).
+    pub fn from_string(raw: String) -> OpKey {
+        let parts = KeyParts::of(&raw);
+        Key {
+            raw: raw.into_boxed_str(),
+            parts,
+        }
+    }
+
+    /// The key borrowed.
+    pub fn borrowed(&self) -> KeyRef<'_> {
+        Key {
+            raw: &self.raw,
+            parts: self.parts,
+        }
+    }
+}
+
+impl<'a> KeyRef<'a> {
+    /// A key whose text was parsed into `parts` before (the op store's).
+    pub(crate) fn from_parts(raw: &'a str, parts: KeyParts) -> KeyRef<'a> {
+        Key { raw, parts }
+    }
+
+    /// An owned copy.
+    pub fn to_owned(self) -> OpKey {
+        Key {
+            raw: self.raw.into(),
+            parts: self.parts,
+        }
+    }
+
+    /// The key as written, for as long as its store lives.
+    pub fn text(self) -> &'a str {
+        self.raw
+    }
+
+    /// [`Key::base`], for as long as its store lives.
+    pub fn base_text(self) -> &'a str {
+        let end = (self.parts.base_len as usize).min(self.raw.len());
+        self.raw.get(..end).unwrap_or(self.raw)
+    }
+}
+
+impl<S: AsRef<str>> Key<S> {
     /// The key as written.
     pub fn as_str(&self) -> &str {
-        &self.raw
+        self.raw.as_ref()
     }
 
     /// Forward or backward, as the key says.
     pub fn direction(&self) -> Direction {
-        self.direction
+        self.parts.direction
     }
 
     /// API, module or parameter-gradient record, as the key says.
     pub fn kind(&self) -> OpKind {
-        match self.form {
+        match self.parts.form {
             Form::ParametersGrad => OpKind::ParametersGrad,
             Form::Module => OpKind::Module,
             Form::Api | Form::Other => {
@@ -246,26 +317,27 @@ impl OpKey {
 
     /// The first part: the API type (`Functional`, `Torch`, `NPU`, ...) or `Module`.
     pub fn prefix(&self) -> &str {
-        self.raw.split('.').next().unwrap_or("")
+        self.as_str().split('.').next().unwrap_or("")
     }
 
     /// The key without call counter and direction: `Functional.gelu`, `Module.fc.Linear`.
     pub fn base(&self) -> &str {
-        let end = (self.base_len as usize).min(self.raw.len());
-        self.raw.get(..end).unwrap_or(&self.raw)
+        let raw = self.as_str();
+        let end = (self.parts.base_len as usize).min(raw.len());
+        raw.get(..end).unwrap_or(raw)
     }
 
     /// The per-process call counter, when the key has one.
     pub fn call(&self) -> Option<u64> {
-        self.call
+        self.parts.call()
     }
 
     /// The same call with another counter (`Functional.gelu.3.backward` → `.0.backward`).
     /// None for keys without a counter.
     pub fn with_call(&self, call: u64) -> Option<String> {
         let base = self.base();
-        let d = self.direction.name();
-        match self.form {
+        let d = self.parts.direction.name();
+        match self.parts.form {
             Form::Api => Some(format!("{base}.{call}.{d}")),
             Form::Module => Some(format!("{base}.{d}.{call}")),
             Form::ParametersGrad | Form::Other => None,
@@ -276,11 +348,11 @@ impl OpKey {
     /// `Functional.gelu.3.backward` → `Functional.gelu.3.forward`,
     /// `Module.fc.Linear.backward.2` → `Module.fc.Linear.forward.2`.
     pub fn forward_twin(&self) -> Option<String> {
-        if self.direction != Direction::Backward {
+        if self.parts.direction != Direction::Backward {
             return None;
         }
-        let (base, call) = (self.base(), self.call?);
-        match self.form {
+        let (base, call) = (self.base(), self.parts.call()?);
+        match self.parts.form {
             Form::Api => Some(format!("{base}.{call}.forward")),
             Form::Module => Some(format!("{base}.forward.{call}")),
             Form::ParametersGrad | Form::Other => None,
@@ -289,13 +361,13 @@ impl OpKey {
 
     /// Whether the counter of this key can be renumbered (API and module calls).
     pub fn has_call(&self) -> bool {
-        matches!(self.form, Form::Api | Form::Module) && self.call.is_some()
+        matches!(self.parts.form, Form::Api | Form::Module) && self.parts.call().is_some()
     }
 
     /// The slot of a tensor of this op (`input.0`, `output.1`), when `tensor` starts with
     /// this key.
-    pub fn slot<'a>(&self, tensor: &'a str) -> Option<&'a str> {
-        tensor.strip_prefix(&*self.raw)?.strip_prefix('.')
+    pub fn slot<'t>(&self, tensor: &'t str) -> Option<&'t str> {
+        tensor.strip_prefix(self.as_str())?.strip_prefix('.')
     }
 
     /// A tensor name of this op moved under another key of the same op (renumbering).
@@ -304,6 +376,20 @@ impl OpKey {
             Some(slot) => format!("{new_key}.{slot}"),
             None => tensor.to_string(),
         }
+    }
+}
+
+impl<S: AsRef<str>, T: AsRef<str>> PartialEq<Key<T>> for Key<S> {
+    fn eq(&self, other: &Key<T>) -> bool {
+        self.as_str() == other.as_str()
+    }
+}
+
+impl<S: AsRef<str>> Eq for Key<S> {}
+
+impl<S: AsRef<str>> std::hash::Hash for Key<S> {
+    fn hash<H: std::hash::Hasher>(&self, h: &mut H) {
+        self.as_str().hash(h)
     }
 }
 
@@ -396,21 +482,21 @@ fn wildcard(pattern: &str, s: &str) -> bool {
     rest.len() >= last.len() && rest.ends_with(last)
 }
 
-impl OpKey {
+impl<S: AsRef<str>> Key<S> {
     /// Whether this op draws random numbers ([`RANDOM_APIS`], [`RANDOM_MODULES`],
     /// [`DROPOUT_WHEN_ACTIVE`]).
     pub fn randomness(&self) -> Randomness {
-        if self.direction != Direction::Forward {
+        if self.parts.direction != Direction::Forward {
             return Randomness::None;
         }
-        let name = match self.form {
+        let name = match self.parts.form {
             Form::Api => self.base(),
             // The class: the last part of `Module.path.Class`.
             Form::Module => self.base().rsplit('.').next().unwrap_or(""),
             Form::ParametersGrad | Form::Other => return Randomness::None,
         };
         let any = |list: &[&str]| list.iter().any(|p| wildcard(p, name));
-        if any(RANDOM_APIS) || (self.form == Form::Module && RANDOM_MODULES.contains(&name)) {
+        if any(RANDOM_APIS) || (self.parts.form == Form::Module && RANDOM_MODULES.contains(&name)) {
             Randomness::Always
         } else if any(DROPOUT_WHEN_ACTIVE) {
             Randomness::WhenDropoutActive
@@ -420,15 +506,15 @@ impl OpKey {
     }
 }
 
-impl fmt::Display for OpKey {
+impl<S: AsRef<str>> fmt::Display for Key<S> {
     fn fmt(&self, f: &mut fmt::Formatter) -> fmt::Result {
-        f.write_str(&self.raw)
+        f.write_str(self.as_str())
     }
 }
 
-impl Serialize for OpKey {
+impl<T: AsRef<str>> Serialize for Key<T> {
     fn serialize<S: serde::Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
-        s.serialize_str(&self.raw)
+        s.serialize_str(self.as_str())
     }
 }
 

@@ -19,7 +19,7 @@
 
 use crate::compare::{OpInfo, Verdict};
 use crate::dtype::DType;
-use crate::dump::{self, Direction, OpRec, RankDump, RankLoc, Role, Selection, Stats, TensorRec};
+use crate::dump::{self, Direction, Op, RankDump, RankLoc, Role, Selection, Stats, Tensor};
 use crate::error::{ProbeError, Result};
 use crate::gate::{FailOn, EXIT_NOTHING_COMPARABLE};
 use crate::progress::{Count, Progress};
@@ -193,17 +193,17 @@ fn all_zero(s: &Stats) -> bool {
     s.max() == Some(0.0) && s.min() == Some(0.0)
 }
 
-fn is_input(t: &TensorRec, op: &OpRec) -> bool {
-    t.role == Role::Input || (t.role == Role::Parameter && op.direction == Direction::Forward)
+fn is_input(t: Tensor, op: Op) -> bool {
+    t.role() == Role::Input || (t.role() == Role::Parameter && op.direction() == Direction::Forward)
 }
 
-fn is_float(t: &TensorRec) -> bool {
-    t.dtype.known().is_some_and(DType::is_float)
+fn is_float(t: Tensor) -> bool {
+    t.dtype().known().is_some_and(DType::is_float)
 }
 
 /// Ops that zero their output by design (not an underflow).
-fn zeroes_by_design(op: &OpRec) -> bool {
-    let k = op.key.base().to_ascii_lowercase();
+fn zeroes_by_design(op: Op) -> bool {
+    let k = op.key().base().to_ascii_lowercase();
     [
         "zero",
         "fill",
@@ -221,8 +221,8 @@ fn zeroes_by_design(op: &OpRec) -> bool {
 }
 
 /// The scan's flag and reason for one tensor of `op`.
-fn flag_of(t: &TensorRec, op: &OpRec, inputs_nonzero: bool, margin: f64) -> (Flag, String) {
-    let Some(s) = &t.stats else {
+fn flag_of(t: Tensor, op: Op, inputs_nonzero: bool, margin: f64) -> (Flag, String) {
+    let Some(s) = &t.stats() else {
         return (Flag::Finite, String::new());
     };
     match nonfinite_kind(s) {
@@ -236,12 +236,12 @@ fn flag_of(t: &TensorRec, op: &OpRec, inputs_nonzero: bool, margin: f64) -> (Fla
         Flag::NegInfOnly => return (Flag::NegInfOnly, "-inf only (a mask?)".into()),
         _ => {}
     }
-    let d = t.dtype.known();
+    let d = t.dtype().known();
     if let (Some(m), Some(lim)) = (max_abs(s), d.and_then(dtype_max)) {
         if m > lim / margin {
             let r = format!(
                 "max |x| {m:.4e} within {margin}x of the {} limit {lim:.4e}",
-                t.dtype
+                t.dtype()
             );
             return (Flag::OverflowRisk, r);
         }
@@ -255,19 +255,18 @@ fn flag_of(t: &TensorRec, op: &OpRec, inputs_nonzero: bool, margin: f64) -> (Fla
 
 /// A cast to a narrower float dtype whose input does not fit it: its (finite) input is an
 /// overflow that the output may not show (saturation on some devices).
-fn cast_overflow(op: &OpRec) -> Option<String> {
-    let out = op.tensors.iter().find(|t| !is_input(t, op))?;
-    let lim = out.dtype.known().and_then(dtype_max)?;
+fn cast_overflow(op: Op) -> Option<String> {
+    let out = op.tensors().find(|&t| !is_input(t, op))?;
+    let lim = out.dtype().known().and_then(dtype_max)?;
     let worst = op
-        .tensors
-        .iter()
-        .filter(|t| is_input(t, op) && is_float(t))
-        .filter_map(|t| t.stats.as_ref().and_then(max_abs))
+        .tensors()
+        .filter(|&t| is_input(t, op) && is_float(t))
+        .filter_map(|t| t.stats().as_ref().and_then(max_abs))
         .fold(0.0f64, f64::max);
     (worst > lim).then(|| {
         format!(
             "input max |x| {worst:.4e} does not fit {} (limit {lim:.4e})",
-            out.dtype
+            out.dtype()
         )
     })
 }
@@ -333,27 +332,26 @@ pub fn scan_unit(dump: RankDump, opts: &ScanOptions) -> ScanUnit {
     } = dump;
     let first_backward = ops
         .iter()
-        .find(|o| o.direction == Direction::Backward)
-        .map(|o| o.seq);
-    let mut rows: Vec<ScanRow> = Vec::with_capacity(ops.iter().map(|o| o.tensors.len()).sum());
+        .find(|o| o.direction() == Direction::Backward)
+        .map(|o| o.seq());
+    let mut rows: Vec<ScanRow> = Vec::with_capacity(ops.tensor_count());
     let mut findings = ScanFindings::default();
     // Where each forward call's rows are: a backward call also consumes what its forward
     // call saved, so NaN there is inherited, not produced.
     let mut forward_rows: std::collections::HashMap<&str, std::ops::Range<usize>> =
         std::collections::HashMap::new();
-    for (oi, op) in ops.iter().enumerate() {
-        let info = OpInfo::of(oi, op);
-        let float_inputs: Vec<&TensorRec> = op
-            .tensors
-            .iter()
-            .filter(|t| is_input(t, op) && is_float(t))
+    for op in ops.iter() {
+        let info = OpInfo::of(op);
+        let float_inputs: Vec<Tensor> = op
+            .tensors()
+            .filter(|&t| is_input(t, op) && is_float(t))
             .collect();
         let inputs_nonzero = !float_inputs.is_empty()
             && float_inputs
                 .iter()
-                .all(|t| t.stats.as_ref().is_some_and(|s| !all_zero(s)));
+                .all(|t| t.stats().as_ref().is_some_and(|s| !all_zero(s)));
         let start = rows.len();
-        for t in &op.tensors {
+        for t in op.tensors() {
             let (mut flag, mut reason) = flag_of(t, op, inputs_nonzero, opts.margin);
             if flag == Flag::Finite && !is_input(t, op) {
                 if let Some(r) = cast_overflow(op) {
@@ -362,27 +360,27 @@ pub fn scan_unit(dump: RankDump, opts: &ScanOptions) -> ScanUnit {
             }
             rows.push(ScanRow {
                 op: info.clone(),
-                name: t.name.to_string(),
-                role: t.role,
-                dtype: t.dtype.clone(),
-                shape: t.shape.clone(),
-                stats: t.stats,
+                name: t.name().into_owned(),
+                role: t.role(),
+                dtype: t.dtype().clone(),
+                shape: t.shape().to_vec(),
+                stats: t.stats(),
                 flag,
                 reason,
             });
         }
-        if op.direction == Direction::Forward {
-            forward_rows.insert(op.key.as_str(), start..rows.len());
+        if op.direction() == Direction::Forward {
+            forward_rows.insert(op.key().text(), start..rows.len());
         }
         let saved_nonfinite = op
-            .key
+            .key()
             .forward_twin()
             .and_then(|k| forward_rows.get(k.as_str()))
             .is_some_and(|r| rows[r.clone()].iter().any(|x| x.flag == Flag::NonFinite));
         let group: Vec<&ScanRow> = rows[start..].iter().collect();
         let phase = match first_backward {
-            Some(s) if op.seq > s => Direction::Backward,
-            _ => op.direction,
+            Some(s) if op.seq() > s => Direction::Backward,
+            _ => op.direction(),
         };
         let bad = |consumed: bool| {
             group
@@ -433,19 +431,16 @@ pub fn scan_unit(dump: RankDump, opts: &ScanOptions) -> ScanUnit {
                     .push(finding(unit, &stacks, &group, r, expl));
             }
         }
-        let scaler = op
-            .key
+        let key = op.key();
+        let scaler = key
             .base()
             .contains("_amp_foreach_non_finite_check_and_unscale_")
-            || op.key.base().contains("_amp_update_scale");
+            || key.base().contains("_amp_update_scale");
         if scaler {
-            let found_inf = op.tensors.iter().any(|t| {
-                (t.name.contains("found_inf") || t.shape.iter().product::<usize>() == 1)
+            let found_inf = op.tensors().any(|t| {
+                (t.name().contains("found_inf") || t.shape().iter().product::<usize>() == 1)
                     && is_float(t)
-                    && t.stats
-                        .as_ref()
-                        .and_then(|s| s.max())
-                        .is_some_and(|m| m > 0.0)
+                    && t.stats().and_then(|s| s.max()).is_some_and(|m| m > 0.0)
             });
             findings.loss_scaler_skipped |= found_inf;
         }

@@ -84,7 +84,7 @@ impl Log {
     fn dump(self) -> RankDump {
         RankDump {
             loc: loc(),
-            ops: self.ops,
+            ops: probe::dump::Ops::from_records(&self.ops).expect("test ops fit"),
             stacks: Default::default(),
             has_dataflow: true,
             warnings: vec![],
@@ -126,7 +126,7 @@ fn run(bench: Log, cmp: Log) -> Compared {
     )
     .expect("in-memory unit compares");
     Compared {
-        rows: table.rows,
+        rows: table.rows.all(),
         unmatched: table.unmatched,
         findings: summary.findings,
     }

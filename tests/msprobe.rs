@@ -233,6 +233,9 @@ fn op_records_follow_msprobe_naming_and_order() {
     let d = probe::dump::load_rank(&set.ranks[0]).unwrap();
     assert_eq!(d.ops.len(), 243);
     assert!(!d.has_dataflow);
+    let stacks = d.stacks;
+    let d: Vec<probe::dump::OpRec> = d.ops.iter().map(|o| o.to_rec()).collect();
+    let d = Records { ops: d };
     assert_eq!(d.ops[0].key.as_str(), "Functional.conv2d.0.forward");
     assert_eq!(d.ops[1].key.as_str(), "Tensor.add_.0.forward");
     assert!(d.ops.windows(2).all(|w| w[0].seq < w[1].seq));
@@ -247,7 +250,7 @@ fn op_records_follow_msprobe_naming_and_order() {
         ]
     );
     assert!(d.ops[0].stack.is_some());
-    assert!(!d.stacks[&d.ops[0].stack.unwrap()].is_empty());
+    assert!(!stacks[&d.ops[0].stack.unwrap()].is_empty());
     let bwd = d
         .ops
         .iter()
@@ -268,8 +271,14 @@ fn op_records_follow_msprobe_naming_and_order() {
     let set = probe::dump::discover(&td("stats_bench/step1")).unwrap();
     let d = probe::dump::load_rank(&set.ranks[0]).unwrap();
     assert_eq!(set.ranks[0].step, "step1");
-    assert!(d.ops[0].tensors.iter().all(|t| t.data.is_none()));
-    assert!(d.ops[0].tensors[0].stats.is_some());
+    let first = d.ops.get(0);
+    assert!(first.tensors().all(|t| t.data().is_none()));
+    assert!(first.tensor(0).stats().is_some());
+}
+
+/// Op records as owned values, to read their fields.
+struct Records {
+    ops: Vec<probe::dump::OpRec>,
 }
 
 // ---------------------------------------------------------------- the .pt / .npy reader

@@ -6,7 +6,7 @@
 
 use super::Sides;
 use crate::dtype::AnyDType;
-use crate::dump::{Direction, OpKey, OpKind, OpRec, RankDump, Role, TensorRec};
+use crate::dump::{Direction, Op, OpKey, OpKind, Ops, RankDump, Role, Tensor};
 use foldhash::{HashMap, HashMapExt};
 use serde::{Deserialize, Serialize};
 use std::borrow::Cow;
@@ -32,26 +32,46 @@ pub struct OpInfo {
 }
 
 impl OpInfo {
-    /// The op at `index` of its side.
-    pub fn of(index: usize, op: &OpRec) -> OpInfo {
+    /// The op, at its index in its side's op log.
+    pub fn of(op: Op) -> OpInfo {
         OpInfo {
-            index,
-            seq: op.seq,
-            key: op.key.clone(),
-            direction: op.direction,
-            stack: op.stack,
-            module: op.module.clone(),
+            index: op.index(),
+            seq: op.seq(),
+            key: op.key().to_owned(),
+            direction: op.direction(),
+            stack: op.stack(),
+            module: op.module().cloned(),
         }
     }
 }
 
-/// Where a tensor is in its side's op log: `ops[op].tensors[tensor]`.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord)]
+/// Where a tensor is in its side's op log: the `tensor`-th tensor of op `op`. Two `u32`s
+/// (an op store indexes its ops and tensors so): the aligner holds several per tensor of a
+/// unit.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash)]
 pub struct TensorRef {
+    op: u32,
+    tensor: u32,
+}
+
+impl TensorRef {
+    /// The `tensor`-th tensor of op `op` (positions in an op store, which fit `u32`).
+    pub fn new(op: usize, tensor: usize) -> TensorRef {
+        TensorRef {
+            op: op as u32,
+            tensor: tensor as u32,
+        }
+    }
+
     /// Index of the op.
-    pub op: usize,
+    pub fn op(self) -> usize {
+        self.op as usize
+    }
+
     /// Index of the tensor in the op.
-    pub tensor: usize,
+    pub fn tensor(self) -> usize {
+        self.tensor as usize
+    }
 }
 
 /// How a pair of tensors was found (the `matched_by` column of every report).
@@ -100,7 +120,7 @@ pub struct TensorMatch {
     /// The comparison-side op the row is reported under: the tensor's own op, or for a
     /// region compared at its boundary the region's last op (so that the localiser sees
     /// the region's inputs and outputs as one op's).
-    pub at: usize,
+    pub at: u32,
 }
 
 /// Which side a tensor was found on.
@@ -219,17 +239,17 @@ pub struct Alignment {
 
 impl Alignment {
     /// The records of a pair.
-    pub fn records(&self, m: &TensorMatch) -> Sides<&TensorRec> {
+    pub fn records(&self, m: &TensorMatch) -> Sides<Tensor<'_>> {
         records(&self.dumps, m)
     }
 }
 
 /// The records of a pair in the two op logs it was found in.
-pub fn records<'a>(dumps: &'a Sides<RankDump>, m: &TensorMatch) -> Sides<&'a TensorRec> {
+pub fn records<'a>(dumps: &'a Sides<RankDump>, m: &TensorMatch) -> Sides<Tensor<'a>> {
     let (b, c) = (m.refs.bench, m.refs.cmp);
     Sides::new(
-        &dumps.bench.ops[b.op].tensors[b.tensor],
-        &dumps.cmp.ops[c.op].tensors[c.tensor],
+        dumps.bench.ops.get(b.op()).tensor(b.tensor()),
+        dumps.cmp.ops.get(c.op()).tensor(c.tensor()),
     )
 }
 
@@ -248,18 +268,18 @@ pub struct NameAligner;
 /// Per op, the key its tensors are matched under when it differs from the op's own key:
 /// backward calls renumbered by their occurrence among backward calls of the same API or
 /// module (None: the key as written, e.g. every forward call).
-pub fn match_keys(ops: &[OpRec]) -> Vec<Option<String>> {
+pub fn match_keys(ops: &Ops) -> Vec<Option<String>> {
     let mut seen: HashMap<&str, u64> = HashMap::new();
     ops.iter()
         .map(|op| {
-            let key = &op.key;
-            if op.direction != Direction::Backward
-                || op.kind == OpKind::ParametersGrad
+            let key = op.key();
+            if op.direction() != Direction::Backward
+                || op.kind() == OpKind::ParametersGrad
                 || !key.has_call()
             {
                 return None;
             }
-            let k = seen.entry(key.base()).or_insert(0);
+            let k = seen.entry(key.base_text()).or_insert(0);
             let renumbered = key.with_call(*k);
             *k += 1;
             renumbered.filter(|r| r != key.as_str())
@@ -268,29 +288,23 @@ pub fn match_keys(ops: &[OpRec]) -> Vec<Option<String>> {
 }
 
 /// A tensor left over on `side`.
-pub(crate) fn unmatched(
-    side: Side,
-    index: usize,
-    op: &OpRec,
-    t: &TensorRec,
-    why: Why,
-) -> Unmatched {
+pub(crate) fn unmatched(side: Side, t: Tensor, why: Why) -> Unmatched {
     Unmatched {
         side,
-        op: OpInfo::of(index, op),
-        name: t.name.to_string(),
-        role: t.role,
-        dtype: t.dtype.clone(),
-        shape: t.shape.clone(),
+        op: OpInfo::of(t.op()),
+        name: t.name().into_owned(),
+        role: t.role(),
+        dtype: t.dtype().clone(),
+        shape: t.shape().to_vec(),
         why,
     }
 }
 
 /// A tensor's name under its op's match key.
-fn match_name<'a>(op: &OpRec, match_key: &Option<String>, t: &'a TensorRec) -> Cow<'a, str> {
-    match match_key {
-        None => Cow::Borrowed(&t.name),
-        Some(k) => Cow::Owned(op.key.rename_tensor(&t.name, k)),
+fn match_name<'a>(match_key: &Option<String>, t: Tensor<'a>) -> Cow<'a, str> {
+    match (match_key, t.slot_name()) {
+        (Some(k), Some(slot)) => Cow::Owned(format!("{k}.{slot}")),
+        _ => t.name(),
     }
 }
 
@@ -301,53 +315,48 @@ impl Aligner for NameAligner {
         let ckeys = match_keys(&cd.ops);
         // Bench tensors by match name (a later duplicate wins; the earlier one stays
         // unmatched); a match marks its tensor taken.
-        let mut first = Vec::with_capacity(bd.ops.len());
-        let mut n = 0usize;
-        for op in &bd.ops {
-            first.push(n);
-            n += op.tensors.len();
-        }
+        let n = bd.ops.tensor_count();
         let mut taken = vec![false; n];
         let mut index: HashMap<Cow<str>, TensorRef> = HashMap::with_capacity(n);
-        for (oi, op) in bd.ops.iter().enumerate() {
-            for (ti, t) in op.tensors.iter().enumerate() {
-                let r = TensorRef { op: oi, tensor: ti };
-                index.insert(match_name(op, &bkeys[oi], t), r);
+        for op in bd.ops.iter() {
+            for (ti, t) in op.tensors().enumerate() {
+                let r = TensorRef::new(op.index(), ti);
+                index.insert(match_name(&bkeys[op.index()], t), r);
             }
         }
-        let mut matches = Vec::with_capacity(cd.ops.iter().map(|o| o.tensors.len()).sum());
+        let first = |r: TensorRef| bd.ops.get(r.op()).first_tensor() + r.tensor();
+        let mut matches = Vec::with_capacity(cd.ops.tensor_count());
         let mut only = Vec::new();
-        for (oi, op) in cd.ops.iter().enumerate() {
-            for (ti, t) in op.tensors.iter().enumerate() {
+        for op in cd.ops.iter() {
+            let oi = op.index();
+            for (ti, t) in op.tensors().enumerate() {
                 let found = index
-                    .get(match_name(op, &ckeys[oi], t).as_ref())
+                    .get(match_name(&ckeys[oi], t).as_ref())
                     .copied()
-                    .filter(|b| !taken[first[b.op] + b.tensor]);
+                    .filter(|&b| !taken[first(b)]);
                 let Some(b) = found else {
-                    only.push(unmatched(Side::Cmp, oi, op, t, Why::Unmatched));
+                    only.push(unmatched(Side::Cmp, t, Why::Unmatched));
                     continue;
                 };
-                taken[first[b.op] + b.tensor] = true;
-                let external = match t.role {
-                    Role::Parameter => op.direction == Direction::Forward,
+                taken[first(b)] = true;
+                let external = match t.role() {
+                    Role::Parameter => op.direction() == Direction::Forward,
                     Role::Input => {
-                        cd.has_dataflow && t.src.is_none() && op.direction == Direction::Forward
+                        cd.has_dataflow && t.src().is_none() && op.direction() == Direction::Forward
                     }
                     Role::Output => false,
                 };
                 matches.push(TensorMatch {
-                    refs: Sides::new(b, TensorRef { op: oi, tensor: ti }),
+                    refs: Sides::new(b, TensorRef::new(oi, ti)),
                     external,
                     by: MatchedBy::Exact,
-                    at: oi,
+                    at: oi as u32,
                 });
             }
         }
-        for (oi, op) in bd.ops.iter().enumerate() {
-            for (ti, t) in op.tensors.iter().enumerate() {
-                if !taken[first[oi] + ti] {
-                    only.push(unmatched(Side::Bench, oi, op, t, Why::Unmatched));
-                }
+        for t in bd.ops.iter().flat_map(|op| op.tensors()) {
+            if !taken[t.flat()] {
+                only.push(unmatched(Side::Bench, t, Why::Unmatched));
             }
         }
         drop(index);
@@ -364,9 +373,9 @@ impl Aligner for NameAligner {
 mod tests {
     use super::*;
 
-    fn op(key: &str) -> OpRec {
+    fn op(key: &str) -> crate::dump::OpRec {
         let k = OpKey::parse(key);
-        OpRec {
+        crate::dump::OpRec {
             seq: 0,
             kind: k.kind(),
             direction: k.direction(),
@@ -381,7 +390,7 @@ mod tests {
 
     #[test]
     fn backward_keys_renumbered_by_occurrence() {
-        let ops: Vec<OpRec> = [
+        let ops: Vec<crate::dump::OpRec> = [
             "Functional.gelu.3.forward",
             "Functional.gelu.3.backward",
             "Functional.gelu.1.backward",
@@ -392,7 +401,7 @@ mod tests {
         .into_iter()
         .map(op)
         .collect();
-        let renumbered = match_keys(&ops);
+        let renumbered = match_keys(&Ops::from_records(&ops).unwrap());
         let keys: Vec<&str> = renumbered
             .iter()
             .zip(&ops)

@@ -27,10 +27,8 @@ use crate::dump::{Direction, Role};
 use crate::op_key::Randomness;
 use crate::schema::summary::{Finding, Findings};
 use foldhash::HashMap;
+use std::borrow::Cow;
 use std::collections::BTreeMap;
-
-/// The rows of one op, in slot order.
-type OpRows<'a> = Vec<&'a Row>;
 
 /// Where the findings of a unit are.
 struct Place<'a> {
@@ -211,54 +209,97 @@ fn random_explanation(r: Randomness, consumed: &str) -> String {
     }
 }
 
-/// Localises one unit. `rows` must be in execution order (as the judge hands them on).
+/// What the localiser knows of an op before it reads its rows.
+#[derive(Debug, Clone, Copy)]
+pub struct Head<'a> {
+    /// The op's sequence number.
+    pub seq: u64,
+    /// Forward or backward.
+    pub direction: Direction,
+    /// The op key.
+    pub key: &'a str,
+    /// Some tensor of it is out of tolerance.
+    pub fails: bool,
+    /// Some tensor of it is not within tolerance (a warning or an error).
+    pub flagged: bool,
+    /// Some tensor of it holds NaN/Inf on the comparison side.
+    pub nonfinite: bool,
+}
+
+impl Head<'_> {
+    /// The head of an op's rows.
+    pub fn of(rows: &[Row]) -> Head<'_> {
+        let op = &rows[0].tensor.op;
+        Head {
+            seq: op.seq,
+            direction: op.direction,
+            key: op.key.as_str(),
+            fails: rows.iter().any(fails),
+            flagged: rows.iter().any(|r| r.judgement.verdict != Verdict::Pass),
+            nonfinite: rows.iter().any(|r| r.tensor.cmp_nonfinite()),
+        }
+    }
+}
+
+/// A unit's rows op by op (an op's rows are consecutive), as the localiser reads them: the
+/// heads of all, the rows of those it looks into. Rows may be made when read, so the
+/// localiser reads only the ops that can matter (flagged or holding NaN/Inf, and the
+/// forward calls of those it examines).
+pub trait OpRows {
+    /// How many ops.
+    fn ops(&self) -> usize;
+    /// Op `k`'s head.
+    fn head(&self, k: usize) -> Head<'_>;
+    /// Op `k`'s rows, in slot order.
+    fn rows(&self, k: usize) -> Cow<'_, [Row]>;
+}
+
+/// Localises one unit. Its ops must be in execution order (as the judge hands them on).
 pub fn localize(
-    rows: &[Row],
+    unit: &dyn OpRows,
     stacks: &BTreeMap<u64, Vec<String>>,
     step: &str,
     rank: &str,
     tols: &Tolerances,
 ) -> Findings {
     let at = Place { step, rank, stacks };
-    // Group rows by op, keeping execution order.
-    let mut ops: Vec<OpRows> = Vec::new();
-    for r in rows {
-        match ops.last_mut() {
-            Some(g) if g[0].tensor.op.index == r.tensor.op.index => g.push(r),
-            _ => ops.push(vec![r]),
-        }
-    }
-    let by_key: HashMap<&str, &OpRows> = ops
+    let heads: Vec<Head> = (0..unit.ops()).map(|k| unit.head(k)).collect();
+    let by_key: HashMap<&str, usize> = heads
         .iter()
-        .filter(|g| g[0].tensor.op.direction == Direction::Forward)
-        .map(|g| (g[0].tensor.op.key.as_str(), g))
+        .enumerate()
+        .filter(|(_, h)| h.direction == Direction::Forward)
+        .map(|(k, h)| (h.key, k))
         .collect();
     let mut f = Findings::default();
-    let first_backward = rows
+    let first_backward = heads
         .iter()
-        .filter(|r| r.tensor.op.direction == Direction::Backward)
-        .map(|r| r.tensor.op.seq)
+        .filter(|h| h.direction == Direction::Backward)
+        .map(|h| h.seq)
         .min();
-    let phase = |g: &OpRows| match first_backward {
-        Some(s) if g[0].tensor.op.seq > s => Direction::Backward,
-        _ => g[0].tensor.op.direction,
+    let phase = |h: &Head| match first_backward {
+        Some(s) if h.seq > s => Direction::Backward,
+        _ => h.direction,
     };
-    let forward_fails = ops
+    let forward_fails = heads
         .iter()
-        .any(|g| phase(g) == Direction::Forward && g.iter().any(|r| fails(r)));
+        .any(|h| phase(h) == Direction::Forward && h.fails);
     for dir in [Direction::Forward, Direction::Backward] {
         // Gradients of a diverged forward differ from the loss on: not an outside source.
         let inherited = dir == Direction::Backward && forward_fails;
-        let dir_ops: Vec<&OpRows> = ops.iter().filter(|g| phase(g) == dir).collect();
-        let Some(last_error) = dir_ops.iter().rposition(|g| g.iter().any(|r| fails(r))) else {
+        let dir_ops: Vec<usize> = (0..heads.len())
+            .filter(|&k| phase(&heads[k]) == dir)
+            .collect();
+        let Some(last_error) = dir_ops.iter().rposition(|&k| heads[k].fails) else {
             continue;
         };
         // Earliest failing op, and whether the failure enters through its inputs.
-        if let Some(g) = dir_ops.iter().find(|g| g.iter().any(|r| fails(r))) {
+        if let Some(&k) = dir_ops.iter().find(|&&k| heads[k].fails) {
+            let rows = unit.rows(k);
+            let g: Vec<&Row> = rows.iter().collect();
             if let Some(focus) = worst(g.iter().filter(|r| fails(r))) {
                 *f.earliest_failing.slot(dir) = Some(finding(
                     &at,
-                    g,
+                    &g,
                     focus,
                     "the first op with a tensor out of tolerance".into(),
                 ));
@@ -276,15 +317,21 @@ pub fn localize(
                      (weights, dataset, random seeds) before suspecting this op",
                     inp.tensor.name
                 );
-                *f.external_source.slot(dir) = Some(finding(&at, g, inp, expl));
+                *f.external_source.slot(dir) = Some(finding(&at, &g, inp, expl));
             }
         }
         // First locally divergent op followed by an error.
         let mut found = false;
-        for (k, g) in dir_ops.iter().enumerate() {
-            if k > last_error {
+        for (i, &k) in dir_ops.iter().enumerate() {
+            if i > last_error {
                 break;
             }
+            // Every tensor within tolerance: its worst output is no divergence.
+            if !heads[k].flagged {
+                continue;
+            }
+            let rows = unit.rows(k);
+            let g: Vec<&Row> = rows.iter().collect();
             let inputs: Vec<&&Row> = g.iter().filter(|r| is_input(r)).collect();
             // Outputs that are rounding noise of the inputs cannot show a local error.
             let outputs: Vec<&&Row> = g
@@ -295,13 +342,14 @@ pub fn localize(
                 continue;
             }
             // A backward op also consumes what its forward call saved.
-            let saved: &[&Row] = g[0]
+            let twin = g[0]
                 .tensor
                 .op
                 .key
                 .forward_twin()
                 .and_then(|k| by_key.get(k.as_str()))
-                .map_or(&[], |fg| fg.as_slice());
+                .map(|&t| unit.rows(t));
+            let saved: Vec<&Row> = twin.iter().flat_map(|t| t.iter()).collect();
             // The weakest equality among everything it consumed (None: some differ).
             let equal = inputs
                 .iter()
@@ -348,7 +396,7 @@ pub fn localize(
                 if slot.is_none() {
                     *slot = Some(finding(
                         &at,
-                        g,
+                        &g,
                         out,
                         random_explanation(randomness, &consumed),
                     ));
@@ -392,7 +440,7 @@ pub fn localize(
             } else {
                 expl
             };
-            *f.first_divergent.slot(dir) = Some(finding(&at, g, out, expl));
+            *f.first_divergent.slot(dir) = Some(finding(&at, &g, out, expl));
             found = true;
             break;
         }
@@ -405,7 +453,13 @@ pub fn localize(
         }
     }
     // First NaN/Inf producer, in execution order over both directions.
-    for g in &ops {
+    for (k, h) in heads.iter().enumerate() {
+        // No NaN/Inf on the comparison side: no new NaN/Inf output.
+        if !h.nonfinite {
+            continue;
+        }
+        let rows = unit.rows(k);
+        let g: Vec<&Row> = rows.iter().collect();
         let inputs_finite = g
             .iter()
             .filter(|r| is_input(r))
@@ -419,7 +473,7 @@ pub fn localize(
                  that the benchmark does not",
                 out.tensor.name
             );
-            f.first_nonfinite = Some(finding(&at, g, out, expl));
+            f.first_nonfinite = Some(finding(&at, &g, out, expl));
             break;
         }
     }

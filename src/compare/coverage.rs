@@ -41,7 +41,7 @@ impl SideCoverage {
 pub fn of(a: &Alignment) -> Sides<SideCoverage> {
     let mut last_matched: Sides<Option<usize>> = Sides::default();
     for m in &a.matches {
-        let (b, c) = (m.refs.bench.op, m.refs.cmp.op);
+        let (b, c) = (m.refs.bench.op(), m.refs.cmp.op());
         last_matched.bench = last_matched.bench.max(Some(b));
         last_matched.cmp = last_matched.cmp.max(Some(c));
     }
@@ -52,10 +52,10 @@ pub fn of(a: &Alignment) -> Sides<SideCoverage> {
             .iter()
             .filter(|u| u.side == who && u.why.missing());
         SideCoverage {
-            tensors: d.ops.iter().map(|o| o.tensors.len()).sum(),
+            tensors: d.ops.tensor_count(),
             unmatched: unmatched.clone().count(),
             ops: d.ops.len(),
-            last_op: d.ops.last().map(|o| o.key.to_string()),
+            last_op: d.ops.last().map(|o| o.key().text().to_string()),
             tail_unmatched: unmatched
                 .filter(|u| last.is_none_or(|l| u.op.index > l))
                 .count(),

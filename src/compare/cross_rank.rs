@@ -10,8 +10,9 @@
 //! It reads [`UnitSummary`]s only: the collectives each unit recorded
 //! ([`UnitSummary::collectives`]) and its findings.
 
-use super::{Row, UnitSummary, Verdict};
-use crate::dump::{Collective, Direction, OpRec, Role};
+use super::{UnitRows, UnitSummary, Verdict};
+use crate::dump::{Collective, Direction, Ops, Role};
+use crate::error::Result;
 use crate::schema::summary::{label_key, Finding, Origin, Propagation, Via};
 use foldhash::{HashMap, HashMapExt};
 use serde::{Deserialize, Serialize};
@@ -62,35 +63,38 @@ impl Collectives {
 }
 
 /// The collectives of an op log, in execution order, before they are judged.
-pub fn calls_of(ops: &[OpRec]) -> Vec<(u64, String, Collective)> {
+pub fn calls_of(ops: &Ops) -> Vec<(u64, String, Collective)> {
     ops.iter()
-        .filter_map(|o| Some((o.seq, o.key.to_string(), *o.collective.clone()?)))
+        .filter_map(|o| Some((o.seq(), o.key().text().to_string(), o.collective()?.clone())))
         .collect()
 }
 
 /// Marks each collective call with whether its inputs and outputs are out of tolerance.
-pub fn judge_calls(calls: Vec<(u64, String, Collective)>, rows: &[Row]) -> Collectives {
+pub fn judge_calls(calls: Vec<(u64, String, Collective)>, rows: &UnitRows) -> Result<Collectives> {
     if calls.is_empty() {
-        return Collectives::default();
+        return Ok(Collectives::default());
     }
     // seq -> (an input fails, an output fails)
     let mut at: HashMap<u64, (bool, bool)> = calls.iter().map(|c| (c.0, (false, false))).collect();
-    for r in rows {
-        let t = &r.tensor;
-        let Some(e) = at.get_mut(&t.op.seq) else {
-            continue;
-        };
-        if r.judgement.verdict != Verdict::Error {
-            continue;
+    rows.visit(&mut |rows| {
+        for r in rows {
+            let t = &r.tensor;
+            let Some(e) = at.get_mut(&t.op.seq) else {
+                continue;
+            };
+            if r.judgement.verdict != Verdict::Error {
+                continue;
+            }
+            let input = t.role == Role::Input
+                || (t.role == Role::Parameter && t.op.direction == Direction::Forward);
+            if input {
+                e.0 = true;
+            } else {
+                e.1 = true;
+            }
         }
-        let input = t.role == Role::Input
-            || (t.role == Role::Parameter && t.op.direction == Direction::Forward);
-        if input {
-            e.0 = true;
-        } else {
-            e.1 = true;
-        }
-    }
+        Ok(())
+    })?;
     let mut groups: Vec<Vec<u32>> = Vec::new();
     let calls = calls
         .into_iter()
@@ -113,7 +117,7 @@ pub fn judge_calls(calls: Vec<(u64, String, Collective)>, rows: &[Row]) -> Colle
             }
         })
         .collect();
-    Collectives { groups, calls }
+    Ok(Collectives { groups, calls })
 }
 
 /// The collective epoch of the op at `seq`: how many of the rank's collectives (sorted by
@@ -395,7 +399,7 @@ mod tests {
                 coll(vec![0, 1, 2, 3], 1),
             ),
         ];
-        let c = judge_calls(calls, &[]);
+        let c = judge_calls(calls, &UnitRows::default()).unwrap();
         assert_eq!(c.groups, vec![vec![0, 1, 2, 3], vec![0, 2]]);
         let groups: Vec<&[u32]> = c.calls.iter().map(|x| c.group(x)).collect();
         assert_eq!(groups, [&[0, 1, 2, 3][..], &[0, 2], &[0, 1, 2, 3]]);

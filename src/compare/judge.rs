@@ -16,12 +16,13 @@
 //!   are within tolerance (then a warning).
 //! - A shape mismatch or NaN/Inf at different positions is an error.
 
-use super::align::{records, Alignment, OpInfo, Unmatched};
+use super::align::{records, Alignment, Unmatched};
+use super::judged::{Judged, Pair};
 use super::measure::{CompareKind, Measured, Measurement};
 use super::tolerance::{loosest, Tol, Tolerances};
 use super::Sides;
 use crate::dtype::DType;
-use crate::dump::{Direction, Role, Stats, TensorRec};
+use crate::dump::{Direction, Ops, Role, Stats, Tensor};
 use rayon::prelude::*;
 use serde::{Deserialize, Serialize};
 
@@ -154,9 +155,9 @@ struct PrecisionFloor {
 impl PrecisionFloor {
     /// The floor after `m`, which is also the floor `m` is judged under, and whether it
     /// comes from an earlier step only.
-    fn after(&mut self, t: Sides<&TensorRec>) -> (Option<DType>, bool) {
+    fn after(&mut self, t: Sides<Tensor>) -> (Option<DType>, bool) {
         let (b, c) = (t.bench, t.cmp);
-        for d in [b.dtype.known(), c.dtype.known()]
+        for d in [b.dtype().known(), c.dtype().known()]
             .into_iter()
             .flatten()
             .filter(|d| d.is_float())
@@ -194,16 +195,16 @@ fn nonfinite_mismatch(b: Option<&Stats>, c: Option<&Stats>) -> Option<String> {
 /// the rank, not by this one's ops).
 pub fn judge(
     op: &str,
-    t: Sides<&TensorRec>,
+    t: Sides<Tensor>,
     m: &Measurement,
     precision: Option<DType>,
     carried: bool,
     tols: &Tolerances,
 ) -> Judgement {
     let (sb, sc) = (t.bench, t.cmp);
-    let (mut db, mut dc) = (sb.dtype.known(), sc.dtype.known());
+    let (mut db, mut dc) = (sb.dtype().known(), sc.dtype().known());
     let own = db.zip(dc).map(|(x, y)| loosest(x, y));
-    let mut dname = own.map_or_else(|| sc.dtype.name().to_string(), |d| d.name().to_string());
+    let mut dname = own.map_or_else(|| sc.dtype().name().to_string(), |d| d.name().to_string());
     if let (Some(o), Some(p)) = (own, precision) {
         if o.is_float() && loosest(o, p) != o {
             db = db.map(|d| loosest(d, p));
@@ -215,7 +216,7 @@ pub fn judge(
             };
         }
     }
-    let tol = tols.lookup(op, &sc.name, db, dc);
+    let tol = tols.lookup(op, || sc.name(), db, dc);
     let verdict = |verdict: Verdict, reason: String, err: f64, raw_err: f64| Judgement {
         verdict,
         reason,
@@ -225,8 +226,8 @@ pub fn judge(
         precision,
     };
     let inf = f64::INFINITY;
-    if sb.shape != sc.shape {
-        let r = format!("shape {:?} vs {:?}", sb.shape, sc.shape);
+    if sb.shape() != sc.shape() {
+        let r = format!("shape {:?} vs {:?}", sb.shape(), sc.shape());
         return verdict(Verdict::Error, r, inf, inf);
     }
     match m.kind {
@@ -262,7 +263,7 @@ pub fn judge(
         }
         CompareKind::Checksum | CompareKind::Statistics => {
             let equal = m.checksum_equal == Some(true);
-            let (Some(bstats), Some(cstats)) = (&sb.stats, &sc.stats) else {
+            let (Some(bstats), Some(cstats)) = (sb.stats(), sc.stats()) else {
                 // Checksums without statistics.
                 return if equal {
                     verdict(Verdict::Pass, String::new(), 0.0, 0.0)
@@ -273,65 +274,57 @@ pub fn judge(
             if equal {
                 return verdict(Verdict::Pass, String::new(), 0.0, 0.0);
             }
-            if let Some(r) = nonfinite_mismatch(sb.stats.as_ref(), sc.stats.as_ref()) {
+            if let Some(r) = nonfinite_mismatch(Some(&bstats), Some(&cstats)) {
                 return verdict(Verdict::Error, r, inf, inf);
             }
             let numel = sc.numel();
-            let sd = crate::metrics::stat_diff(bstats, cstats);
-            let err = sd.scaled_err(bstats, numel, tol.atol);
+            let sd = crate::metrics::stat_diff(&bstats, &cstats);
+            let err = sd.scaled_err(&bstats, numel, tol.atol);
             let (mut v, mut r) = grade(err, 0.0, &tol, "statistics error", &dname);
             if m.checksum_equal == Some(false) && v == Verdict::Pass {
                 v = Verdict::Warning;
                 r = "checksums differ; statistics within tolerance".into();
             }
-            verdict(v, r, err, sd.scaled_err(bstats, numel, 0.0))
+            verdict(v, r, err, sd.scaled_err(&bstats, numel, 0.0))
         }
         CompareKind::None => {
-            let r = format!("nothing to compare (dtype {} / {})", sb.dtype, sc.dtype);
+            let r = format!("nothing to compare (dtype {} / {})", sb.dtype(), sc.dtype());
             verdict(Verdict::Warning, r, 0.0, 0.0)
         }
     }
 }
 
-/// Pairs judged at a time: the judgements of one block are made in parallel and turned into
-/// rows before the next block is judged, so a million-pair unit never holds its judgements
-/// and precision floors (72 bytes a pair) beside its rows.
+/// Pairs judged at a time: the judgements of one block are made in parallel and kept as
+/// compact pairs before the next block is judged, so a million-pair unit never holds its
+/// judgements and precision floors (72 bytes a pair) beside its pairs.
 const JUDGE_BLOCK: usize = 1 << 14;
 
 /// Judges a unit's measured pairs (in execution order, in parallel a block at a time),
 /// keeping their order, starting from the precision floor `carried` that the rank's earlier
-/// steps left. The records then move from the alignment's dumps into the rows; the
-/// unmatched tensors come along. Also returns the floor to carry into the rank's next step:
-/// the floor at the end of this unit when it has a backward phase (its update used
-/// gradients of that precision), else `carried` (a forward-only step changes no weight).
+/// steps left. Returns the judged pairs over the two op logs (rows are made from them when
+/// read), the unmatched tensors, and the floor to carry into the rank's next step: the
+/// floor at the end of this unit when it has a backward phase (its update used gradients of
+/// that precision), else `carried` (a forward-only step changes no weight).
 pub fn judge_all(
     a: Alignment,
     measurements: Vec<Measurement>,
     tols: &Tolerances,
     carried: Option<DType>,
-) -> (Vec<Row>, Vec<Unmatched>, Option<DType>) {
+) -> (Judged, Vec<Unmatched>, Option<DType>) {
     let Alignment {
-        mut dumps,
+        dumps,
         matches,
         unmatched,
         ..
     } = a;
     let trained = matches
         .iter()
-        .any(|m| dumps.cmp.ops[m.refs.cmp.op].direction == Direction::Backward);
+        .any(|m| dumps.cmp.ops.get(m.refs.cmp.op()).direction() == Direction::Backward);
     let mut floor = PrecisionFloor {
         floor: carried,
         own: None,
     };
-    // How many pairs still read each op's records: an op's tensor list is freed as soon
-    // as its last pair has its row, so the records of a large pair shrink while its rows
-    // grow instead of both being held whole at once.
-    let mut pending = dumps.as_ref().map(|d| vec![0u32; d.ops.len()]);
-    for m in &matches {
-        pending.bench[m.refs.bench.op] += 1;
-        pending.cmp[m.refs.cmp.op] += 1;
-    }
-    let mut rows: Vec<Row> = Vec::with_capacity(matches.len());
+    let mut pairs: Vec<Pair> = Vec::with_capacity(matches.len());
     let mut measurements = measurements.into_iter();
     for block in matches.chunks(JUDGE_BLOCK) {
         let floors: Vec<(Option<DType>, bool)> = block
@@ -344,51 +337,43 @@ pub fn judge_all(
             .zip(&xs)
             .zip(floors)
             .map(|((m, x), (p, from_earlier))| {
-                let op = dumps.cmp.ops[m.refs.cmp.op].key.as_str();
+                let op = dumps.cmp.ops.get(m.refs.cmp.op()).key().text();
                 judge(op, records(&dumps, m), x, p, from_earlier, tols)
             })
             .collect();
-        for ((m, x), judgement) in block.iter().zip(xs).zip(judgements) {
-            let (b, c) = (m.refs.bench, m.refs.cmp);
-            let op = OpInfo::of(m.at, &dumps.cmp.ops[m.at]);
-            let Sides {
-                bench: bdump,
-                cmp: cdump,
-            } = &mut dumps;
-            let records = Sides::new(
-                &mut bdump.ops[b.op].tensors[b.tensor],
-                &mut cdump.ops[c.op].tensors[c.tensor],
-            );
-            let tensor = Measured::new(m, op, records, x);
-            for (ops, left, r) in [
-                (&mut bdump.ops, &mut pending.bench, b),
-                (&mut cdump.ops, &mut pending.cmp, c),
-            ] {
-                left[r.op] -= 1;
-                if left[r.op] == 0 {
-                    ops[r.op].tensors = Vec::new();
-                }
-            }
-            rows.push(Row { tensor, judgement });
+        for ((m, x), j) in block.iter().zip(xs).zip(judgements) {
+            // Indices into op stores, which hold at most u32::MAX ops and tensors.
+            let at = |r: super::TensorRef| (r.op() as u32, r.tensor() as u32);
+            pairs.push(Pair {
+                bench: at(m.refs.bench),
+                cmp: at(m.refs.cmp),
+                at: m.at,
+                by: m.by,
+                external: m.external,
+                kind: x.kind,
+                checksum_equal: x.checksum_equal,
+                verdict: j.verdict,
+                precision: j.precision,
+                err: j.err,
+                raw_err: j.raw_err,
+                tolerance: j.tolerance,
+                metrics: x.metrics,
+                reason: j.reason.into_boxed_str(),
+            });
         }
     }
+    drop(matches);
     let carry_out = if trained { floor.floor } else { carried };
-    // What is left of the op logs is ~a million small allocations: free them off the
-    // critical path.
-    rayon::spawn(move || drop(dumps));
-    amplified_noise(&mut rows);
-    (rows, unmatched, carry_out)
+    let ops = Sides::new(dumps.bench.ops, dumps.cmp.ops);
+    amplified_noise(&mut pairs, &ops);
+    (Judged::new(ops, pairs), unmatched, carry_out)
 }
 
 /// Whether an input agrees only because its values sit at rounding-noise level: the
 /// absolute difference is within atol (judged error 0) while the scale-free one is past
 /// the error tolerance.
-fn noise_level(r: &Row) -> bool {
-    let j = &r.judgement;
-    r.tensor.role != Role::Output
-        && j.verdict == Verdict::Pass
-        && j.err == 0.0
-        && j.raw_err > j.tolerance
+fn noise_level(p: &Pair, role: Role) -> bool {
+    role != Role::Output && p.verdict == Verdict::Pass && p.err == 0.0 && p.raw_err > p.tolerance
 }
 
 /// An op fed by an input at noise level (a gradient that is mathematically zero) may turn
@@ -397,35 +382,30 @@ fn noise_level(r: &Row) -> bool {
 /// than that input are warnings, not errors: the op did what it should with what it was
 /// given, and the inputs' agreement is too weak to pin anything on it. An output further
 /// off than its noisiest input is the op's own error.
-fn amplified_noise(rows: &mut [Row]) {
+fn amplified_noise(pairs: &mut [Pair], ops: &Sides<Ops>) {
+    let role = |p: &Pair| Judged::tensors(ops, p).cmp.role();
     let mut start = 0;
-    while start < rows.len() {
-        let op = rows[start].tensor.op.index;
-        let end = start
-            + rows[start..]
-                .iter()
-                .take_while(|r| r.tensor.op.index == op)
-                .count();
+    while start < pairs.len() {
+        let op = pairs[start].at;
+        let end = start + pairs[start..].iter().take_while(|p| p.at == op).count();
         // The noisiest such input: an output no further off (scale-free) than it is within
         // what that noise explains; one further off is the op's own error.
-        let noisy = rows[start..end]
+        let noisy = pairs[start..end]
             .iter()
-            .filter(|r| noise_level(r))
-            .max_by(|a, b| a.judgement.raw_err.total_cmp(&b.judgement.raw_err))
-            .map(|r| (r.tensor.name.clone(), r.judgement.raw_err));
+            .filter(|p| noise_level(p, role(p)))
+            .max_by(|a, b| a.raw_err.total_cmp(&b.raw_err))
+            .map(|p| (Judged::tensors(ops, p).cmp.name().into_owned(), p.raw_err));
         if let Some((name, raw)) = noisy {
-            for r in &mut rows[start..end] {
-                if r.tensor.role == Role::Output
-                    && r.judgement.verdict == Verdict::Error
-                    && r.judgement.raw_err <= raw
-                {
-                    r.judgement.verdict = Verdict::Warning;
-                    r.judgement.reason = format!(
+            for p in &mut pairs[start..end] {
+                if role(p) == Role::Output && p.verdict == Verdict::Error && p.raw_err <= raw {
+                    p.verdict = Verdict::Warning;
+                    p.reason = format!(
                         "{}; input {name} agrees only within atol (values at rounding-noise \
                          level, scale-free error {raw:.3e}): amplified noise (e.g. Adam's \
                          normalised update of a zero gradient), not this op's error",
-                        r.judgement.reason
-                    );
+                        p.reason
+                    )
+                    .into_boxed_str();
                 }
             }
         }

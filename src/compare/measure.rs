@@ -6,9 +6,9 @@
 //! 128 bytes larger. Nothing here depends on tolerances: that is the judge's job.
 
 use super::align::{MatchedBy, OpInfo};
-use super::{Alignment, Sides, TensorMatch};
+use super::{Alignment, Sides};
 use crate::dtype::AnyDType;
-use crate::dump::{Role, Stats, TensorRec};
+use crate::dump::{Role, Stats, Tensor};
 use crate::error::{ProbeError, Result};
 use crate::metrics::{self, Metrics, StatDiff};
 use crate::tensor::ShardCache;
@@ -122,13 +122,13 @@ pub fn nonfinite(s: &Option<Stats>) -> u64 {
 }
 
 /// How a matched pair can be compared, from what both sides recorded.
-fn kind_of(t: &Sides<&TensorRec>) -> CompareKind {
+fn kind_of(t: &Sides<Tensor>) -> CompareKind {
     let (b, c) = (t.bench, t.cmp);
-    if b.shape == c.shape && b.data.is_some() && c.data.is_some() {
+    if b.shape() == c.shape() && b.data().is_some() && c.data().is_some() {
         CompareKind::Tensor
-    } else if b.checksum.is_some() && c.checksum.is_some() {
+    } else if b.checksum().is_some() && c.checksum().is_some() {
         CompareKind::Checksum
-    } else if b.stats.is_some() && c.stats.is_some() {
+    } else if b.stats().is_some() && c.stats().is_some() {
         CompareKind::Statistics
     } else {
         CompareKind::None
@@ -148,18 +148,19 @@ pub struct Measurement {
 
 /// Measures one pair (statistics differences are the judge's to derive, see
 /// [`Measured::stat_diff`]).
-pub fn measure(t: Sides<&TensorRec>, caches: &Sides<ShardCache>) -> Result<Measurement> {
+pub fn measure(t: Sides<Tensor>, caches: &Sides<ShardCache>) -> Result<Measurement> {
     let kind = kind_of(&t);
     let (b, c) = (t.bench, t.cmp);
-    let metrics = match (&b.data, &c.data) {
+    let metrics = match (b.data(), c.data()) {
         (Some(bd), Some(cd)) if kind == CompareKind::Tensor => {
-            let bt = caches.bench.open(bd, &c.name, &b.dtype, &b.shape)?;
-            let ct = caches.cmp.open(cd, &c.name, &c.dtype, &c.shape)?;
+            let name = c.name();
+            let bt = caches.bench.open(bd, &name, b.dtype(), b.shape())?;
+            let ct = caches.cmp.open(cd, &name, c.dtype(), c.shape())?;
             Some(Box::new(metrics::compare_tensors(&bt, &ct)?))
         }
         _ => None,
     };
-    let checksum_equal = match (&b.checksum, &c.checksum) {
+    let checksum_equal = match (b.checksum(), c.checksum()) {
         (Some(x), Some(y)) => Some(x == y),
         _ => None,
     };
@@ -171,27 +172,29 @@ pub fn measure(t: Sides<&TensorRec>, caches: &Sides<ShardCache>) -> Result<Measu
 }
 
 impl Measured {
-    /// A pair with its measurement; the records' names, shapes and statistics move in.
+    /// A pair with its measurement; the records' names, shapes and statistics are copied in.
     pub fn new(
-        m: &TensorMatch,
+        by: MatchedBy,
+        external: bool,
         op: OpInfo,
-        tensors: Sides<&mut TensorRec>,
+        tensors: Sides<Tensor>,
         x: Measurement,
     ) -> Measured {
         let Sides { bench: b, cmp: c } = tensors;
-        let side = |t: &mut TensorRec| TensorSide {
-            dtype: std::mem::take(&mut t.dtype),
-            shape: std::mem::take(&mut t.shape),
-            stats: t.stats.take(),
+        let side = |t: Tensor| TensorSide {
+            dtype: t.dtype().clone(),
+            shape: t.shape().to_vec(),
+            stats: t.stats(),
         };
-        let bench_name = (b.name != c.name).then(|| std::mem::take(&mut b.name).into_string());
+        let name = c.name().into_owned();
+        let bench_name = (!b.name_is(&name)).then(|| b.name().into_owned());
         Measured {
             op,
-            name: std::mem::take(&mut c.name).into_string(),
+            name,
             bench_name,
-            matched_by: m.by,
-            role: c.role,
-            external: m.external,
+            matched_by: by,
+            role: c.role(),
+            external,
             sides: Sides::new(side(b), side(c)),
             kind: x.kind,
             metrics: x.metrics,

@@ -19,6 +19,7 @@ pub mod analyze;
 pub mod coverage;
 pub mod cross_rank;
 pub mod judge;
+pub mod judged;
 pub mod mapping;
 pub mod measure;
 pub mod plan;
@@ -38,15 +39,16 @@ pub use align::{
     Unmatched, Why,
 };
 pub use judge::{Judgement, Row};
+pub use judged::Judged;
 pub use mapping::{MapRule, Mapping, MappingError};
 pub use measure::{CompareKind, Measured, Measurement, TensorSide};
 pub use plan::{Plan, Unit};
 use serde::{Deserialize, Serialize};
 pub use shard::{Frame, Outcome, RunPart, Shard};
-use std::collections::{BTreeMap, HashMap};
+use std::collections::HashMap;
 use std::path::{Path, PathBuf};
 pub use structural::StructuralAligner;
-pub use tables::{Parked, Parking, RowMemory, Tables, UnitTable};
+pub use tables::{Parked, Parking, RowMemory, Tables, UnitRows, UnitTable};
 pub use tolerance::{Tolerances, Verdict};
 
 /// A value for each side of a compare: the benchmark (trusted) and the comparison run.
@@ -177,61 +179,78 @@ impl UnitSummary {
     }
 }
 
-/// The counts of one unit of `ops` op records (comparison side).
-fn unit_counts(ops: usize, t: &UnitTable) -> Counts {
-    let mut c = Counts {
-        pairs: 1,
-        ops,
-        tensors: t.rows.len(),
-        ..Counts::default()
-    };
-    for r in &t.rows {
-        match r.judgement.verdict {
-            Verdict::Pass => c.pass += 1,
-            Verdict::Warning => c.warning += 1,
-            Verdict::Error => c.error += 1,
-        }
-        *c.compared_by
-            .entry(r.tensor.kind.name().to_string())
-            .or_default() += 1;
-        *c.matched_by
-            .entry(r.tensor.matched_by.name().to_string())
-            .or_default() += 1;
-    }
-    for x in &t.unmatched {
-        match (x.why, x.side) {
-            (Why::Recompute, _) => c.recompute += 1,
-            (Why::Inside, _) => c.inside += 1,
-            (Why::Unhooked, _) => c.unhooked += 1,
-            (_, Side::Bench) => c.unmatched_bench += 1,
-            (_, Side::Cmp) => c.unmatched_cmp += 1,
-        }
-    }
-    c
+/// What one pass over a unit's rows gathers for its summary: its counts, its worst ops and
+/// the chart's size. Fed a chunk of whole ops at a time.
+struct Tally<'u> {
+    unit: &'u Unit,
+    counts: Counts,
+    /// The worst ops so far, at most [`WORST_OPS`], worst first (ties in op order).
+    worst: Vec<WorstCandidate>,
+    chart: ChartCounts,
 }
 
-/// The unit's [`WORST_OPS`] worst ops (not passing), worst first; ties in op order.
-fn unit_worst(unit: &Unit, rows: &[Row]) -> Vec<WorstCandidate> {
-    // The worst row of each op (the first of equals).
-    let mut best: BTreeMap<usize, &Row> = BTreeMap::new();
-    for r in rows {
-        if r.judgement.verdict == Verdict::Pass {
-            continue;
-        }
-        let e = best.entry(r.tensor.op.index).or_insert(r);
-        let (j, cur) = (&r.judgement, &e.judgement);
-        if j.verdict.cmp(&cur.verdict).then(j.err.total_cmp(&cur.err))
-            == std::cmp::Ordering::Greater
-        {
-            *e = r;
+impl<'u> Tally<'u> {
+    /// Nothing counted yet, for a unit of `ops` op records (comparison side).
+    fn new(unit: &'u Unit, ops: usize) -> Tally<'u> {
+        Tally {
+            unit,
+            counts: Counts {
+                pairs: 1,
+                ops,
+                ..Counts::default()
+            },
+            worst: Vec::new(),
+            chart: ChartCounts::default(),
         }
     }
-    let mut v: Vec<WorstCandidate> = best
-        .into_values()
-        .map(|r| WorstCandidate {
+
+    fn rows(&mut self, rows: &[Row]) {
+        let c = &mut self.counts;
+        c.tensors += rows.len();
+        for r in rows {
+            match r.judgement.verdict {
+                Verdict::Pass => c.pass += 1,
+                Verdict::Warning => c.warning += 1,
+                Verdict::Error => c.error += 1,
+            }
+            *c.compared_by
+                .entry(r.tensor.kind.name().to_string())
+                .or_default() += 1;
+            *c.matched_by
+                .entry(r.tensor.matched_by.name().to_string())
+                .or_default() += 1;
+        }
+        let chart = ChartCounts::of(rows);
+        self.chart.ops += chart.ops;
+        self.chart.failing += chart.failing;
+        for op in op_groups(rows) {
+            self.worst_of(op);
+        }
+    }
+
+    /// Keeps `op` among the worst if it is one (an op's rows are never split across
+    /// chunks: its worst row is the worst of these).
+    fn worst_of(&mut self, op: &[Row]) {
+        // The op's worst row (the first of equals), if it does not pass.
+        let mut best: Option<&Row> = None;
+        for r in op.iter().filter(|r| r.judgement.verdict != Verdict::Pass) {
+            let better = best.is_none_or(|cur| {
+                let (j, c) = (&r.judgement, &cur.judgement);
+                j.verdict.cmp(&c.verdict).then(j.err.total_cmp(&c.err))
+                    == std::cmp::Ordering::Greater
+            });
+            if better {
+                best = Some(r);
+            }
+        }
+        let Some(r) = best else { return };
+        let order = |a: &WorstCandidate, b: &WorstCandidate| {
+            WorstCandidate::order(a, b).then(a.op.seq.cmp(&b.op.seq))
+        };
+        let candidate = WorstCandidate {
             op: WorstOp {
-                step: unit.step.clone(),
-                rank: unit.rank.clone(),
+                step: self.unit.step.clone(),
+                rank: self.unit.rank.clone(),
                 seq: r.tensor.op.seq,
                 op: r.tensor.op.key.to_string(),
                 verdict: r.judgement.verdict,
@@ -240,11 +259,34 @@ fn unit_worst(unit: &Unit, rows: &[Row]) -> Vec<WorstCandidate> {
                 reason: r.judgement.reason.clone(),
             },
             err: r.judgement.err,
-        })
-        .collect();
-    v.sort_by(|a, b| WorstCandidate::order(a, b).then(a.op.seq.cmp(&b.op.seq)));
-    v.truncate(WORST_OPS);
-    v
+        };
+        if self.worst.len() == WORST_OPS
+            && self
+                .worst
+                .last()
+                .is_some_and(|w| order(&candidate, w) != std::cmp::Ordering::Less)
+        {
+            return;
+        }
+        let at = self
+            .worst
+            .partition_point(|w| order(w, &candidate) == std::cmp::Ordering::Less);
+        self.worst.insert(at, candidate);
+        self.worst.truncate(WORST_OPS);
+    }
+
+    fn unmatched(&mut self, unmatched: &[Unmatched]) {
+        let c = &mut self.counts;
+        for x in unmatched {
+            match (x.why, x.side) {
+                (Why::Recompute, _) => c.recompute += 1,
+                (Why::Inside, _) => c.inside += 1,
+                (Why::Unhooked, _) => c.unhooked += 1,
+                (_, Side::Bench) => c.unmatched_bench += 1,
+                (_, Side::Cmp) => c.unmatched_cmp += 1,
+            }
+        }
+    }
 }
 
 /// A whole compare: every unit, in step/rank order, and their rows.
@@ -373,7 +415,7 @@ pub fn compare_unit(
     let mut dumps = dumps;
     if opts.level != Level::Mix {
         for d in [&mut dumps.bench, &mut dumps.cmp] {
-            d.ops.retain(|op| opts.level.keeps(op.kind));
+            d.ops = std::mem::take(&mut d.ops).retained(|op| opts.level.keeps(op.kind()));
         }
     }
     let mut warnings = std::mem::take(&mut dumps.bench.warnings);
@@ -382,17 +424,35 @@ pub fn compare_unit(
     let ops = dumps.cmp.ops.len();
     let calls = cross_rank::calls_of(&dumps.cmp.ops);
     let stacks = std::mem::take(&mut dumps.cmp.stacks);
+    crate::memory::trace("reading");
     let alignment = opts.aligner.align(dumps);
+    crate::memory::trace("aligning");
     let regions = alignment.regions.clone();
     let coverage = coverage::of(&alignment);
     let name = format!("{}/{} tensors", unit.step, unit.rank);
     let bar = progress.stage(&name, alignment.matches.len() as u64, Count::Items);
     let measurements = measure::measure_all(&alignment, caches, &|done, _| bar.set(done as u64))?;
     drop(bar);
-    let (rows, unmatched, floor) =
+    crate::memory::trace("measuring");
+    let (judged, unmatched, floor) =
         judge::judge_all(alignment, measurements, &opts.tolerances, floor);
-    let findings = analyze::localize(&rows, &stacks, &unit.step, &unit.rank, &opts.tolerances);
-    let collectives = cross_rank::judge_calls(calls, &rows);
+    let findings = analyze::localize(
+        &judged.by_op(),
+        &stacks,
+        &unit.step,
+        &unit.rank,
+        &opts.tolerances,
+    );
+    crate::memory::trace("judging and localising");
+    let rows = UnitRows::Judged(Box::new(judged));
+    let collectives = cross_rank::judge_calls(calls, &rows)?;
+    let mut tally = Tally::new(unit, ops);
+    rows.visit(&mut |chunk| {
+        tally.rows(chunk);
+        Ok(())
+    })?;
+    tally.unmatched(&unmatched);
+    crate::memory::trace("counting");
     let table = UnitTable { rows, unmatched };
     let summary = UnitSummary {
         step: unit.step.clone(),
@@ -406,9 +466,9 @@ pub fn compare_unit(
         coverage,
         floor,
         collectives,
-        counts: unit_counts(ops, &table),
-        worst: unit_worst(unit, &table.rows),
-        chart: ChartCounts::of(&table.rows),
+        counts: tally.counts,
+        worst: tally.worst,
+        chart: tally.chart,
     };
     Ok((summary, table))
 }
@@ -444,14 +504,15 @@ fn cut_to_shorter(unit: &Unit, dumps: &mut Sides<dump::RankDump>) -> Option<Inco
             (&dumps.cmp, &mut dumps.bench, "bench")
         };
         if let Some(last) = short.ops.last() {
-            if let Some(pos) = full.ops.iter().position(|o| o.key == last.key) {
+            let last = last.key();
+            let pos = full.ops.iter().position(|o| o.key() == last);
+            if let Some(pos) = pos {
                 let dropped = full.ops.len() - pos - 1;
                 if dropped > 0 {
-                    full.ops.truncate(pos + 1);
                     reason.push(format!(
-                        "{dropped} {full_name} op(s) after {} not compared",
-                        last.key
+                        "{dropped} {full_name} op(s) after {last} not compared"
                     ));
+                    full.ops = std::mem::take(&mut full.ops).truncated(pos + 1);
                 }
             }
         }

@@ -32,7 +32,7 @@ use super::align::{
 };
 use super::mapping::Mapping;
 use super::Sides;
-use crate::dump::{Direction, OpKind, OpRec, RankDump, Role};
+use crate::dump::{Direction, Op, OpKind, Ops, RankDump, Role, Tensor};
 use foldhash::{HashMap, HashMapExt, HashSet};
 use std::collections::BTreeMap;
 use std::hash::{BuildHasher, Hash, Hasher};
@@ -81,17 +81,62 @@ struct SideView<'a> {
     /// Match key per op (backward counters renumbered), for the `exact` label.
     key: Vec<Option<String>>,
     groups: BTreeMap<GroupKey, Vec<usize>>,
-    /// Producer of each dataflow id: (op, tensor).
-    producer: HashMap<u64, TensorRef>,
-    /// Readers of each dataflow id: (op, tensor).
-    readers: HashMap<u64, Vec<TensorRef>>,
+    /// Producer and readers of each dataflow id.
+    flow: Dataflow,
     /// Op index by op key, for backward → forward twins (empty on a side without backward
     /// calls).
     by_key: HashMap<&'a str, usize>,
 }
 
-fn module_path(op: &OpRec) -> Option<String> {
-    let m = op.module.as_deref()?;
+/// Who produced and who read each dataflow id of one side: sorted lists, searched by id.
+/// (Maps of an id to a vector of readers took ~100 MB a side for a million tensors.)
+#[derive(Default)]
+struct Dataflow {
+    /// (id, producer), by id; of an id produced twice, the later producer counts.
+    producers: Vec<(u64, TensorRef)>,
+    /// (id, reader), by id, each id's readers in execution order.
+    readers: Vec<(u64, TensorRef)>,
+}
+
+impl Dataflow {
+    fn of(ops: &Ops) -> Dataflow {
+        let (mut producers, mut readers) = (Vec::new(), Vec::new());
+        for op in ops.iter() {
+            for (ti, t) in op.tensors().enumerate() {
+                let r = TensorRef::new(op.index(), ti);
+                if let Some(id) = t.id().filter(|_| t.role() == Role::Output) {
+                    producers.push((id, r));
+                }
+                if let Some(src) = t.src() {
+                    readers.push((src, r));
+                }
+            }
+        }
+        // Stable sorts: equal ids keep execution order.
+        producers.sort_by_key(|e| e.0);
+        readers.sort_by_key(|e| e.0);
+        Dataflow { producers, readers }
+    }
+
+    /// The op output that produced `id`.
+    fn producer(&self, id: u64) -> Option<TensorRef> {
+        let end = self.producers.partition_point(|e| e.0 <= id);
+        end.checked_sub(1)
+            .map(|i| self.producers[i])
+            .filter(|e| e.0 == id)
+            .map(|e| e.1)
+    }
+
+    /// The tensors that read `id`, in execution order (None: none).
+    fn readers(&self, id: u64) -> Option<impl Iterator<Item = TensorRef> + Clone + '_> {
+        let start = self.readers.partition_point(|e| e.0 < id);
+        let end = self.readers.partition_point(|e| e.0 <= id);
+        (start < end).then(|| self.readers[start..end].iter().map(|e| e.1))
+    }
+}
+
+fn module_path(op: Op) -> Option<String> {
+    let m: &str = op.module()?;
     // msprobe's construct.json names the parent module call (`Module.a.b.Class.forward.0`).
     if let Some(rest) = m
         .strip_prefix("Module.")
@@ -105,8 +150,8 @@ fn module_path(op: &OpRec) -> Option<String> {
     Some(m.to_string())
 }
 
-fn phase(op: &OpRec) -> Phase {
-    match (op.direction, op.recompute) {
+fn phase(op: Op) -> Phase {
+    match (op.direction(), op.recompute()) {
         (Direction::Backward, _) => Phase::Backward,
         (Direction::Forward, true) => Phase::Recompute,
         (Direction::Forward, false) => Phase::Forward,
@@ -117,19 +162,18 @@ fn phase(op: &OpRec) -> Phase {
 /// are left out on purpose: autocast changes them, not what the call computes. Signatures
 /// are only ever compared for equality within one process, so any well-mixed 64-bit hash
 /// does (foldhash with a fixed seed: SipHash took 7 % of a million-op compare).
-fn signature(api: &str, op: &OpRec) -> u64 {
+fn signature(api: &str, op: Op) -> u64 {
     let mut h = foldhash::quality::FixedState::with_seed(0).build_hasher();
     api.hash(&mut h);
-    op.direction.name().hash(&mut h);
+    op.direction().name().hash(&mut h);
     let inputs = || {
-        op.tensors
-            .iter()
-            .filter(|t| t.role != Role::Output)
-            .map(|t| t.shape.as_slice())
+        op.tensors()
+            .filter(|t| t.role() != Role::Output)
+            .map(|t| t.shape())
     };
-    for t in op.tensors.iter().filter(|t| t.role == Role::Output) {
+    for t in op.tensors().filter(|t| t.role() == Role::Output) {
         1u8.hash(&mut h);
-        t.shape.hash(&mut h);
+        t.shape().hash(&mut h);
     }
     // Inputs as a multiset: dumpers disagree on keyword vs positional slots. Most ops have
     // a handful, sorted in place on the stack.
@@ -155,7 +199,7 @@ impl<'a> SideView<'a> {
         let api: Vec<&str> = ops
             .iter()
             .map(|op| {
-                let base = op.key.base();
+                let base = op.key().base_text();
                 match mapping {
                     Some(m) => m.bench_api(base),
                     None => base,
@@ -171,15 +215,15 @@ impl<'a> SideView<'a> {
         // msprobe's class-scoped layer mapping.
         let classes: HashMap<&str, &str> = ops
             .iter()
-            .filter(|op| op.kind == OpKind::Module)
+            .filter(|op| op.kind() == OpKind::Module)
             .filter_map(|op| {
-                let base = op.key.base();
+                let base = op.key().base_text();
                 let (path, class) = base.strip_prefix("Module.")?.rsplit_once('.')?;
                 Some((path, class))
             })
             .collect();
         let mut groups: BTreeMap<GroupKey, Vec<usize>> = BTreeMap::new();
-        for (i, op) in ops.iter().enumerate() {
+        for op in ops.iter() {
             let module = if modules {
                 let m = module_path(op).unwrap_or_default();
                 match mapping {
@@ -191,30 +235,20 @@ impl<'a> SideView<'a> {
             } else {
                 String::new()
             };
-            groups.entry((phase(op), module)).or_default().push(i);
+            groups
+                .entry((phase(op), module))
+                .or_default()
+                .push(op.index());
         }
-        let mut producer = HashMap::new();
-        let mut readers: HashMap<u64, Vec<TensorRef>> = HashMap::new();
-        if dump.has_dataflow {
-            for (oi, op) in ops.iter().enumerate() {
-                for (ti, t) in op.tensors.iter().enumerate() {
-                    let r = TensorRef { op: oi, tensor: ti };
-                    if let Some(id) = t.id.filter(|_| t.role == Role::Output) {
-                        producer.insert(id, r);
-                    }
-                    if let Some(src) = t.src {
-                        readers.entry(src).or_default().push(r);
-                    }
-                }
-            }
-        }
+        let flow = if dump.has_dataflow {
+            Dataflow::of(ops)
+        } else {
+            Dataflow::default()
+        };
         // Only backward calls look up their forward twin: a side without any (an inference
         // dump, a forward-only capture) needs no map of every op key.
         let by_key = if ops.iter().any(|op| phase(op) == Phase::Backward) {
-            ops.iter()
-                .enumerate()
-                .map(|(i, op)| (op.key.as_str(), i))
-                .collect()
+            ops.iter().map(|op| (op.key().text(), op.index())).collect()
         } else {
             HashMap::new()
         };
@@ -224,32 +258,31 @@ impl<'a> SideView<'a> {
             sig,
             key: match_keys(ops),
             groups,
-            producer,
-            readers,
+            flow,
             by_key,
         }
     }
 
-    fn ops(&self) -> &'a [OpRec] {
+    fn ops(&self) -> &'a Ops {
         &self.dump.ops
     }
 
     fn match_key(&self, op: usize) -> &str {
         self.key[op]
             .as_deref()
-            .unwrap_or(self.dump.ops[op].key.as_str())
+            .unwrap_or(self.dump.ops.get(op).key().text())
     }
 
     /// The forward op a backward op belongs to.
     fn twin(&self, op: usize) -> Option<usize> {
-        let k = self.dump.ops[op].key.forward_twin()?;
+        let k = self.dump.ops.get(op).key().forward_twin()?;
         self.by_key.get(k.as_str()).copied()
     }
 }
 
 /// Whether both sides say which module each call was made in.
 fn has_modules(d: &RankDump) -> bool {
-    d.ops.iter().any(|op| op.module.is_some())
+    d.ops.iter().any(|op| op.module().is_some())
 }
 
 /// Indices (into `seq`) of a longest strictly increasing subsequence.
@@ -446,13 +479,8 @@ struct Builder<'a> {
 }
 
 fn offsets(d: &RankDump) -> (Vec<usize>, usize) {
-    let mut first = Vec::with_capacity(d.ops.len());
-    let mut n = 0usize;
-    for op in &d.ops {
-        first.push(n);
-        n += op.tensors.len();
-    }
-    (first, n)
+    let first = d.ops.iter().map(|op| op.first_tensor()).collect();
+    (first, d.ops.tensor_count())
 }
 
 impl<'a> Builder<'a> {
@@ -465,26 +493,28 @@ impl<'a> Builder<'a> {
 
     fn is_taken(&self, s: Side, r: TensorRef) -> bool {
         match s {
-            Side::Bench => self.taken.bench[self.first.bench[r.op] + r.tensor],
-            Side::Cmp => self.taken.cmp[self.first.cmp[r.op] + r.tensor],
+            Side::Bench => self.taken.bench[self.first.bench[r.op()] + r.tensor()],
+            Side::Cmp => self.taken.cmp[self.first.cmp[r.op()] + r.tensor()],
         }
     }
 
     fn push(&mut self, b: TensorRef, c: TensorRef, by: MatchedBy, at: usize, late: u8) {
-        let bi = self.first.bench[b.op] + b.tensor;
-        let ci = self.first.cmp[c.op] + c.tensor;
+        let bi = self.first.bench[b.op()] + b.tensor();
+        let ci = self.first.cmp[c.op()] + c.tensor();
         if self.taken.bench[bi] || self.taken.cmp[ci] {
             return;
         }
         self.taken.bench[bi] = true;
         self.taken.cmp[ci] = true;
         self.partner[ci] = Some(b);
-        let op = &self.cv.dump.ops[c.op];
-        let t = &op.tensors[c.tensor];
-        let external = match t.role {
-            Role::Parameter => op.direction == Direction::Forward,
+        let op = self.cv.dump.ops.get(c.op());
+        let t = op.tensor(c.tensor());
+        let external = match t.role() {
+            Role::Parameter => op.direction() == Direction::Forward,
             Role::Input => {
-                self.cv.dump.has_dataflow && t.src.is_none() && op.direction == Direction::Forward
+                self.cv.dump.has_dataflow
+                    && t.src().is_none()
+                    && op.direction() == Direction::Forward
             }
             Role::Output => false,
         };
@@ -493,7 +523,7 @@ impl<'a> Builder<'a> {
                 refs: Sides::new(b, c),
                 external,
                 by,
-                at,
+                at: at as u32,
             },
             late,
         ));
@@ -508,33 +538,26 @@ impl<'a> Builder<'a> {
         } else {
             MatchedBy::Aligned
         };
-        let (bop, cop) = (&self.bv.dump.ops[b], &self.cv.dump.ops[c]);
+        let (bop, cop) = (self.bv.dump.ops.get(b), self.cv.dump.ops.get(c));
         // A name outside the op's key (not the grammar) pairs by the whole name.
-        let bslot = |i: usize| {
-            bop.key
-                .slot(&bop.tensors[i].name)
-                .unwrap_or(&bop.tensors[i].name)
-        };
+        let bslot = |i: usize| bop.tensor(i).slot_or_name();
         // Most ops have a few tensors: a scan beats building a map per op pair (a
         // million-op unit built a million maps).
         const SCAN: usize = 16;
-        let n = bop.tensors.len();
+        let n = bop.tensor_count();
         let slots: Option<HashMap<&str, usize>> =
             (n > SCAN).then(|| (0..n).map(|i| (bslot(i), i)).collect());
-        for (j, t) in cop.tensors.iter().enumerate() {
-            let slot = cop.key.slot(&t.name).unwrap_or(&t.name);
+        for (j, t) in cop.tensors().enumerate() {
+            let slot = t.slot_or_name();
             let found = match &slots {
                 Some(map) => map.get(slot).copied(),
                 // The last with that slot, as the map keeps.
                 None => (0..n).rev().find(|&i| bslot(i) == slot),
             };
             if let Some(i) = found {
-                let u = &bop.tensors[i];
-                if u.shape == t.shape && u.role == t.role {
-                    let (bt, ct) = (
-                        TensorRef { op: b, tensor: i },
-                        TensorRef { op: c, tensor: j },
-                    );
+                let u = bop.tensor(i);
+                if u.shape() == t.shape() && u.role() == t.role() {
+                    let (bt, ct) = (TensorRef::new(b, i), TensorRef::new(c, j));
                     self.push(bt, ct, by, c, 0);
                 }
             }
@@ -560,25 +583,26 @@ impl<'a> Builder<'a> {
         let (mut ins, mut outs) = (Vec::new(), Vec::new());
         let forward = ops
             .first()
-            .is_some_and(|&o| all[o].direction == Direction::Forward);
+            .is_some_and(|&o| all.get(o).direction() == Direction::Forward);
         if v.dump.has_dataflow && forward {
             for &o in ops {
-                for (ti, t) in all[o].tensors.iter().enumerate() {
-                    let r = TensorRef { op: o, tensor: ti };
-                    match t.role {
+                for (ti, t) in all.get(o).tensors().enumerate() {
+                    let r = TensorRef::new(o, ti);
+                    match t.role() {
                         Role::Input | Role::Parameter => {
                             let from_inside = t
-                                .src
-                                .and_then(|s| v.producer.get(&s))
-                                .is_some_and(|p| inside.contains(&p.op));
+                                .src()
+                                .and_then(|s| v.flow.producer(s))
+                                .is_some_and(|p| inside.contains(&p.op()));
                             if !from_inside {
                                 ins.push(r);
                             }
                         }
                         Role::Output => {
-                            let read = t.id.and_then(|id| v.readers.get(&id));
-                            let read_outside =
-                                read.is_some_and(|rs| rs.iter().any(|x| !inside.contains(&x.op)));
+                            let read = t.id().and_then(|id| v.flow.readers(id));
+                            let read_outside = read
+                                .clone()
+                                .is_some_and(|mut rs| rs.any(|x| !inside.contains(&x.op())));
                             let last = Some(&o) == ops.last();
                             if read_outside || (read.is_none() && last) {
                                 outs.push(r);
@@ -589,16 +613,16 @@ impl<'a> Builder<'a> {
             }
         } else {
             if let Some(&o) = ops.first() {
-                for (ti, t) in all[o].tensors.iter().enumerate() {
-                    if t.role != Role::Output {
-                        ins.push(TensorRef { op: o, tensor: ti });
+                for (ti, t) in all.get(o).tensors().enumerate() {
+                    if t.role() != Role::Output {
+                        ins.push(TensorRef::new(o, ti));
                     }
                 }
             }
             if let Some(&o) = ops.last() {
-                for (ti, t) in all[o].tensors.iter().enumerate() {
-                    if t.role == Role::Output {
-                        outs.push(TensorRef { op: o, tensor: ti });
+                for (ti, t) in all.get(o).tensors().enumerate() {
+                    if t.role() == Role::Output {
+                        outs.push(TensorRef::new(o, ti));
                     }
                 }
             }
@@ -609,13 +633,15 @@ impl<'a> Builder<'a> {
     /// The op keys of a region's calls on each side.
     fn calls(&self, b: &[usize], c: &[usize]) -> Sides<Vec<String>> {
         let keys = |v: &SideView, ops: &[usize]| -> Vec<String> {
-            ops.iter().map(|&o| v.ops()[o].key.to_string()).collect()
+            ops.iter()
+                .map(|&o| v.ops().get(o).key().text().to_string())
+                .collect()
         };
         Sides::new(keys(&self.bv, b), keys(&self.cv, c))
     }
 
-    fn tensor(&self, s: Side, r: TensorRef) -> &'a crate::dump::TensorRec {
-        &self.side(s).ops()[r.op].tensors[r.tensor]
+    fn tensor(&self, s: Side, r: TensorRef) -> Tensor<'a> {
+        self.side(s).ops().get(r.op()).tensor(r.tensor())
     }
 
     /// Pairs two boundary lists: first where the dataflow links say both hold the same
@@ -646,7 +672,7 @@ impl<'a> Builder<'a> {
             let ct = self.tensor(Side::Cmp, cr);
             let hit = (0..b.len()).find(|&i| {
                 let bt = self.tensor(Side::Bench, b[i]);
-                !used[i] && bt.role == ct.role && bt.shape == ct.shape
+                !used[i] && bt.role() == ct.role() && bt.shape() == ct.shape()
             });
             if let Some(i) = hit {
                 used[i] = true;
@@ -659,25 +685,25 @@ impl<'a> Builder<'a> {
     /// The bench dataflow id of the value a comparison input reads: the id of the bench
     /// partner of the comparison output it was produced as.
     fn input_target(&self, cr: TensorRef) -> Option<u64> {
-        let src = self.tensor(Side::Cmp, cr).src?;
-        let cp = *self.cv.producer.get(&src)?;
-        let partner = self.partner[self.first.cmp[cp.op] + cp.tensor]?;
-        self.tensor(Side::Bench, partner).id
+        let src = self.tensor(Side::Cmp, cr).src()?;
+        let cp = self.cv.flow.producer(src)?;
+        let partner = self.partner[self.first.cmp[cp.op()] + cp.tensor()]?;
+        self.tensor(Side::Bench, partner).id()
     }
 
     /// The bench dataflow id a comparison output corresponds to: the value the bench
     /// partner of the op reading it reads in the same slot.
     fn output_target(&self, cr: TensorRef) -> Option<u64> {
-        let id = self.tensor(Side::Cmp, cr).id?;
-        let reader = self.cv.readers.get(&id)?.first().copied()?;
-        let bop = self.op_pair[reader.op]?;
-        let rop = &self.cv.ops()[reader.op];
-        let slot = rop.key.slot(&rop.tensors[reader.tensor].name)?;
-        let bo = &self.bv.ops()[bop];
-        bo.tensors
-            .iter()
-            .find(|t| bo.key.slot(&t.name) == Some(slot))?
-            .src
+        let id = self.tensor(Side::Cmp, cr).id()?;
+        let reader = self.cv.flow.readers(id)?.next()?;
+        let bop = self.op_pair[reader.op()]?;
+        let slot = self.tensor(Side::Cmp, reader).slot_name()?;
+        self.bv
+            .ops()
+            .get(bop)
+            .tensors()
+            .find(|t| t.slot_name() == Some(slot))?
+            .src()
     }
 
     /// Compares a stretch where both sides have calls left: a region. Returns whether
@@ -709,19 +735,19 @@ impl<'a> Builder<'a> {
             &bin,
             &cin,
             |cr| self.input_target(cr),
-            |br| self.tensor(Side::Bench, br).src,
+            |br| self.tensor(Side::Bench, br).src(),
         );
         let outputs = self.pair_lists(
             &bout,
             &cout,
             |cr| self.output_target(cr),
-            |br| self.tensor(Side::Bench, br).id,
+            |br| self.tensor(Side::Bench, br).id(),
         );
         if outputs.is_empty() {
             return false;
         }
         let at = *c.last().unwrap_or(&0);
-        let direction = self.cv.ops()[at].direction;
+        let direction = self.cv.ops().get(at).direction();
         for p in inputs.iter() {
             self.push(p.bench, p.cmp, by, at, 0);
         }
@@ -736,7 +762,7 @@ impl<'a> Builder<'a> {
             by,
             rule,
             calls: self.calls(b, c),
-            at: OpInfo::of(at, &self.cv.ops()[at]),
+            at: OpInfo::of(self.cv.ops().get(at)),
             boundary: boundary.len(),
         });
         if direction == Direction::Forward {
@@ -750,13 +776,13 @@ impl<'a> Builder<'a> {
             // over them: no single backward record holds it, so it is not mirrored.
             let once = |s: Side, ops: &[usize], r: TensorRef| -> bool {
                 let v = self.side(s);
-                let Some(src) = v.ops()[r.op].tensors[r.tensor].src else {
+                let Some(src) = v.ops().get(r.op()).tensor(r.tensor()).src() else {
                     return true;
                 };
                 let inside = v
-                    .readers
-                    .get(&src)
-                    .map_or(0, |rs| rs.iter().filter(|x| ops.contains(&x.op)).count());
+                    .flow
+                    .readers(src)
+                    .map_or(0, |rs| rs.filter(|x| ops.contains(&x.op())).count());
                 inside <= 1
             };
             let mirrored: Vec<Sides<TensorRef>> = inputs
@@ -810,12 +836,11 @@ impl<'a> Builder<'a> {
             let at = ops.cmp.iter().copied().max();
             let mut pairs = Vec::new();
             for p in &self.boundaries[r] {
-                let (Some(&bb), Some(&cb)) = (bt.get(&p.bench.op), ct.get(&p.cmp.op)) else {
+                let (Some(&bb), Some(&cb)) = (bt.get(&p.bench.op()), ct.get(&p.cmp.op())) else {
                     continue;
                 };
                 let grad = |v: &SideView, fwd: TensorRef, bop: usize| -> Option<usize> {
-                    let f = &v.ops()[fwd.op];
-                    let slot = f.key.slot(&f.tensors[fwd.tensor].name)?;
+                    let slot = v.ops().get(fwd.op()).tensor(fwd.tensor()).slot_name()?;
                     let want = if let Some(i) = slot.strip_prefix("input.") {
                         format!("output.{i}")
                     } else if let Some(i) = slot.strip_prefix("output.") {
@@ -823,22 +848,18 @@ impl<'a> Builder<'a> {
                     } else {
                         return None;
                     };
-                    let b = &v.ops()[bop];
-                    b.tensors
-                        .iter()
-                        .position(|t| b.key.slot(&t.name) == Some(want.as_str()))
+                    v.ops()
+                        .get(bop)
+                        .tensors()
+                        .position(|t| t.slot_name() == Some(want.as_str()))
                 };
                 if let (Some(x), Some(y)) = (grad(&self.bv, p.bench, bb), grad(&self.cv, p.cmp, cb))
                 {
-                    let bo = &self.bv.ops()[bb].tensors[x];
-                    let co = &self.cv.ops()[cb].tensors[y];
-                    if bo.shape == co.shape {
-                        let late = u8::from(co.role == Role::Output);
-                        pairs.push((
-                            TensorRef { op: bb, tensor: x },
-                            TensorRef { op: cb, tensor: y },
-                            late,
-                        ));
+                    let bo = self.bv.ops().get(bb).tensor(x);
+                    let co = self.cv.ops().get(cb).tensor(y);
+                    if bo.shape() == co.shape() {
+                        let late = u8::from(co.role() == Role::Output);
+                        pairs.push((TensorRef::new(bb, x), TensorRef::new(cb, y), late));
                     }
                 }
             }
@@ -862,7 +883,7 @@ impl<'a> Builder<'a> {
                 by,
                 rule: fwd.rule.clone(),
                 calls: self.calls(&ops.bench, &ops.cmp),
-                at: OpInfo::of(at, &self.cv.ops()[at]),
+                at: OpInfo::of(self.cv.ops().get(at)),
                 boundary: pairs.len(),
             };
             self.regions.push(region);
@@ -1048,12 +1069,12 @@ impl Builder<'_> {
         if mapping.tensor_pairs.is_empty() {
             return;
         }
-        let mut bench: HashMap<&str, TensorRef> = HashMap::new();
-        for (oi, op) in self.bv.ops().iter().enumerate() {
-            for (ti, t) in op.tensors.iter().enumerate() {
-                let r = TensorRef { op: oi, tensor: ti };
+        let mut bench: HashMap<std::borrow::Cow<str>, TensorRef> = HashMap::new();
+        for op in self.bv.ops().iter() {
+            for (ti, t) in op.tensors().enumerate() {
+                let r = TensorRef::new(op.index(), ti);
                 if !self.is_taken(Side::Bench, r) {
-                    bench.insert(&*t.name, r);
+                    bench.insert(t.name(), r);
                 }
             }
         }
@@ -1063,19 +1084,19 @@ impl Builder<'_> {
             .map(|(c, b)| (c.as_str(), b.as_str()))
             .collect();
         let mut found = Vec::new();
-        for (oi, op) in self.cv.ops().iter().enumerate() {
-            for (ti, t) in op.tensors.iter().enumerate() {
-                let r = TensorRef { op: oi, tensor: ti };
+        for op in self.cv.ops().iter() {
+            for (ti, t) in op.tensors().enumerate() {
+                let r = TensorRef::new(op.index(), ti);
                 if self.is_taken(Side::Cmp, r) {
                     continue;
                 }
-                if let Some(b) = wanted.get(&*t.name).and_then(|n| bench.get(n)) {
+                if let Some(b) = wanted.get(t.name().as_ref()).and_then(|&n| bench.get(n)) {
                     found.push((*b, r));
                 }
             }
         }
         for (b, c) in found {
-            self.push(b, c, MatchedBy::Mapped, c.op, 0);
+            self.push(b, c, MatchedBy::Mapped, c.op(), 0);
         }
     }
 
@@ -1105,7 +1126,7 @@ impl Builder<'_> {
         // Comparison execution order; a region's rows under its last call, inputs first.
         // The key is unique (a comparison tensor has one match): an unstable sort gives the
         // same order without a scratch copy.
-        matches.sort_unstable_by_key(|(m, late)| (m.at, *late, m.refs.cmp.op, m.refs.cmp.tensor));
+        matches.sort_unstable_by_key(|(m, late)| (m.at, *late, m.refs.cmp));
         let matches: Vec<TensorMatch> = matches.into_iter().map(|(m, _)| m).collect();
         let mut only = Vec::new();
         for (side, v, taken, first, why) in [
@@ -1124,10 +1145,10 @@ impl Builder<'_> {
                 &self.why.bench,
             ),
         ] {
-            for (oi, op) in v.ops().iter().enumerate() {
-                for (ti, t) in op.tensors.iter().enumerate() {
-                    if !taken[first[oi] + ti] {
-                        only.push(unmatched(side, oi, op, t, why[oi]));
+            for op in v.ops().iter() {
+                for (ti, t) in op.tensors().enumerate() {
+                    if !taken[first[op.index()] + ti] {
+                        only.push(unmatched(side, t, why[op.index()]));
                     }
                 }
             }
@@ -1142,7 +1163,7 @@ impl Builder<'_> {
 mod tests {
     use super::*;
     use crate::dtype::AnyDType;
-    use crate::dump::{Format, OpKey, RankLoc, TensorRec};
+    use crate::dump::{Format, OpKey, OpRec, RankLoc, TensorRec};
 
     /// An op: key, module, (role, shape, id, src) per tensor.
     type T = (Role, &'static [usize], Option<u64>, Option<u64>);
@@ -1192,7 +1213,7 @@ mod tests {
     }
 
     fn dump(ops: Vec<OpRec>, dataflow: bool) -> RankDump {
-        let ops = ops
+        let ops: Vec<OpRec> = ops
             .into_iter()
             .enumerate()
             .map(|(i, mut o)| {
@@ -1200,6 +1221,7 @@ mod tests {
                 o
             })
             .collect();
+        let ops = Ops::from_records(&ops).unwrap();
         RankDump {
             loc: RankLoc {
                 step: "step0".into(),
@@ -1226,8 +1248,8 @@ mod tests {
             .map(|m| {
                 let r = a.records(m);
                 (
-                    r.bench.name.to_string(),
-                    r.cmp.name.to_string(),
+                    r.bench.name().to_string(),
+                    r.cmp.name().to_string(),
                     m.by.name(),
                 )
             })

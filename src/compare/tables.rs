@@ -14,24 +14,123 @@
 //! A shard result's rows file is such a file too: `probe merge` visits the shards' tables
 //! where they lie ([`Tables::in_file`]) and never holds them all.
 
+use super::judged::Judged;
 use super::{Row, Unmatched};
 use crate::error::{ProbeError, Result};
 use serde::{Deserialize, Serialize};
 use std::borrow::Cow;
 use std::fs::File;
-use std::io::{BufWriter, Read, Seek, SeekFrom, Write};
+use std::io::{BufReader, BufWriter, Read, Seek, SeekFrom, Write};
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 
 /// The bulk of a unit's result: every tensor row, in the comparison run's execution order,
 /// and every tensor found on one side only.
-#[derive(Debug, Clone, Default, Serialize, Deserialize)]
+#[derive(Debug, Clone, Default)]
 pub struct UnitTable {
     /// Matched tensors.
-    pub rows: Vec<Row>,
+    pub rows: UnitRows,
     /// Tensors present on one side only.
     pub unmatched: Vec<Unmatched>,
+}
+
+/// A unit's rows: made (read back from a file, or built by hand), or judged pairs whose
+/// rows are made as they are read ([`Judged`]: a fraction of the memory).
+#[derive(Debug, Clone)]
+pub enum UnitRows {
+    /// Rows made.
+    Made(Vec<Row>),
+    /// Judged pairs over their records (boxed: two op stores' worth of vectors).
+    Judged(Box<Judged>),
+}
+
+impl Default for UnitRows {
+    fn default() -> UnitRows {
+        UnitRows::Made(Vec::new())
+    }
+}
+
+impl From<Vec<Row>> for UnitRows {
+    fn from(rows: Vec<Row>) -> UnitRows {
+        UnitRows::Made(rows)
+    }
+}
+
+impl UnitRows {
+    /// How many rows.
+    pub fn len(&self) -> usize {
+        match self {
+            UnitRows::Made(r) => r.len(),
+            UnitRows::Judged(j) => j.len(),
+        }
+    }
+
+    /// Whether there are none.
+    pub fn is_empty(&self) -> bool {
+        self.len() == 0
+    }
+
+    /// Calls `f` with the rows in order, in chunks of whole ops (one for made rows);
+    /// stops at the first error.
+    pub fn visit(&self, f: &mut dyn FnMut(&[Row]) -> Result<()>) -> Result<()> {
+        match self {
+            UnitRows::Made(r) => f(r),
+            UnitRows::Judged(j) => j.visit(f),
+        }
+    }
+
+    /// Every row, made.
+    pub fn all(&self) -> Vec<Row> {
+        match self {
+            UnitRows::Made(r) => r.clone(),
+            UnitRows::Judged(j) => j.rows(0..j.len()),
+        }
+    }
+
+    /// About how many bytes the rows hold in memory.
+    fn weight(&self) -> usize {
+        match self {
+            UnitRows::Made(r) => weight(r.len()),
+            UnitRows::Judged(j) => j.weight(),
+        }
+    }
+
+    /// Writes the rows as one MessagePack array (what [`encode`] makes of the same rows),
+    /// a chunk at a time; returns the bytes written.
+    fn write(&self, w: &mut dyn Write, path: &Path) -> Result<u64> {
+        let mut out = Counted { w, n: 0 };
+        let bad = |msg: String| ProbeError::Output {
+            path: path.to_path_buf(),
+            msg: format!("encoding rows: {msg}"),
+        };
+        let len = u32::try_from(self.len()).map_err(|_| bad("more than 2^32 rows".into()))?;
+        rmp::encode::write_array_len(&mut out, len).map_err(|e| bad(e.to_string()))?;
+        self.visit(&mut |rows| {
+            for r in rows {
+                rmp_serde::encode::write(&mut out, r).map_err(|e| bad(e.to_string()))?;
+            }
+            Ok(())
+        })?;
+        Ok(out.n)
+    }
+}
+
+/// A writer that counts what it writes.
+struct Counted<'w> {
+    w: &'w mut dyn Write,
+    n: u64,
+}
+
+impl Write for Counted<'_> {
+    fn write(&mut self, buf: &[u8]) -> std::io::Result<usize> {
+        let k = self.w.write(buf)?;
+        self.n += k as u64;
+        Ok(k)
+    }
+    fn flush(&mut self) -> std::io::Result<()> {
+        self.w.flush()
+    }
 }
 
 /// Memory a row takes, heap included: what the budget counts. Measured on the scaling
@@ -49,7 +148,7 @@ pub fn weight(lines: usize) -> usize {
 impl UnitTable {
     /// About how many bytes the table holds in memory.
     fn weight(&self) -> usize {
-        weight(self.rows.len() + self.unmatched.len())
+        self.rows.weight() + weight(self.unmatched.len())
     }
 }
 
@@ -114,11 +213,20 @@ impl Parked {
         Parked(Place::Memory(table))
     }
 
-    /// The rows, borrowed or read back from the file.
-    pub fn rows(&self) -> Result<Cow<'_, [Row]>> {
+    /// Calls `f` with the rows in order, a chunk of whole ops at a time (made, or read
+    /// back from the file); stops at the first error.
+    pub fn visit_rows(&self, f: &mut dyn FnMut(&[Row]) -> Result<()>) -> Result<()> {
         match &self.0 {
-            Place::Memory(t) => Ok(Cow::Borrowed(&t.rows)),
-            Place::File { file, rows, .. } => decode(&file.path, *rows).map(Cow::Owned),
+            Place::Memory(t) => t.rows.visit(f),
+            Place::File { file, rows, .. } => visit_file(&file.path, *rows, f),
+        }
+    }
+
+    /// Every row.
+    pub fn rows(&self) -> Result<Vec<Row>> {
+        match &self.0 {
+            Place::Memory(t) => Ok(t.rows.all()),
+            Place::File { file, rows, .. } => decode(&file.path, *rows),
         }
     }
 
@@ -132,21 +240,31 @@ impl Parked {
         }
     }
 
-    /// The encoded rows and unmatched tensors (what a rows file holds).
-    fn bytes(&self) -> Result<(Vec<u8>, Vec<u8>)> {
+    /// Writes the encoded rows, then the encoded unmatched tensors (what a rows file holds)
+    /// into `w`; returns how many bytes each took.
+    fn write(&self, w: &mut dyn Write, path: &Path) -> Result<(u64, u64)> {
+        let out = |e: std::io::Error| ProbeError::Output {
+            path: path.to_path_buf(),
+            msg: e.to_string(),
+        };
         match &self.0 {
             Place::Memory(t) => {
-                let memory = Path::new("(memory)");
-                Ok((encode(&t.rows, memory)?, encode(&t.unmatched, memory)?))
+                let rows = t.rows.write(w, path)?;
+                let unmatched = encode(&t.unmatched, path)?;
+                w.write_all(&unmatched).map_err(out)?;
+                Ok((rows, unmatched.len() as u64))
             }
             Place::File {
                 file,
                 rows,
                 unmatched,
-            } => Ok((
-                read_bytes(&file.path, *rows)?,
-                read_bytes(&file.path, *unmatched)?,
-            )),
+            } => {
+                for span in [rows, unmatched] {
+                    let mut r = open_span(&file.path, *span)?;
+                    std::io::copy(&mut r, w).map_err(out)?;
+                }
+                Ok((rows.1, unmatched.1))
+            }
         }
     }
 }
@@ -162,7 +280,8 @@ fn encode<T: Serialize + ?Sized>(v: &T, path: &Path) -> Result<Vec<u8>> {
     })
 }
 
-fn read_bytes(path: &Path, (offset, len): Span) -> Result<Vec<u8>> {
+/// A reader of the `len` bytes at `offset` of `path`, checked to lie inside the file.
+fn open_span(path: &Path, (offset, len): Span) -> Result<std::io::Take<BufReader<File>>> {
     let size = std::fs::metadata(path)
         .map_err(|e| ProbeError::io(path, e))?
         .len();
@@ -177,10 +296,53 @@ fn read_bytes(path: &Path, (offset, len): Span) -> Result<Vec<u8>> {
     let mut f = File::open(path).map_err(|e| ProbeError::io(path, e))?;
     f.seek(SeekFrom::Start(offset))
         .map_err(|e| ProbeError::io(path, e))?;
-    let mut buf = vec![0u8; len as usize];
-    f.read_exact(&mut buf)
+    Ok(BufReader::with_capacity(1 << 16, f).take(len))
+}
+
+fn read_bytes(path: &Path, span: Span) -> Result<Vec<u8>> {
+    let mut buf = Vec::new();
+    let mut r = open_span(path, span)?;
+    // The span was checked against the file's size: this reserves at most what it holds.
+    buf.reserve_exact(span.1 as usize);
+    r.read_to_end(&mut buf)
         .map_err(|e| ProbeError::io(path, e))?;
     Ok(buf)
+}
+
+/// Rows read back at a time from a file (more when an op's rows would be cut).
+const FILE_CHUNK: usize = 4096;
+
+/// Calls `f` with the rows of the array at `span` of `path`, decoded a chunk of whole ops
+/// at a time (never the whole array in memory).
+fn visit_file(path: &Path, span: Span, f: &mut dyn FnMut(&[Row]) -> Result<()>) -> Result<()> {
+    let bad = |msg: String| ProbeError::BadShardResult {
+        path: path.to_path_buf(),
+        msg: format!("rows at {}: {msg}", span.0),
+    };
+    let mut r = open_span(path, span)?;
+    let n = rmp::decode::read_array_len(&mut r).map_err(|e| bad(e.to_string()))?;
+    let mut de = rmp_serde::Deserializer::new(&mut r);
+    let mut chunk: Vec<Row> = Vec::with_capacity(FILE_CHUNK.min(n as usize));
+    for _ in 0..n {
+        let row =
+            Row::deserialize(&mut de).map_err(|e| bad(crate::error::one_line(e.to_string())))?;
+        let new_op = chunk
+            .last()
+            .is_some_and(|l| l.tensor.op.index != row.tensor.op.index);
+        if chunk.len() >= FILE_CHUNK && new_op {
+            f(&chunk)?;
+            chunk.clear();
+        }
+        chunk.push(row);
+    }
+    let left = de.get_ref().limit();
+    if left != 0 {
+        return Err(bad(format!("{left} bytes after its {n} rows")));
+    }
+    if !chunk.is_empty() {
+        f(&chunk)?;
+    }
+    Ok(())
 }
 
 fn decode<T: serde::de::DeserializeOwned>(path: &Path, span: Span) -> Result<Vec<T>> {
@@ -281,7 +443,7 @@ impl Tables {
                 Place::File { .. } if fits => {
                     held += w;
                     Parked::memory(UnitTable {
-                        rows: p.rows()?.into_owned(),
+                        rows: UnitRows::Made(p.rows()?),
                         unmatched: p.unmatched()?.into_owned(),
                     })
                 }
@@ -301,9 +463,9 @@ impl Tables {
         self.0.is_empty()
     }
 
-    /// The rows of unit `i` (borrowed, or read back from its file). Panics past the end,
-    /// as indexing does.
-    pub fn rows(&self, i: usize) -> Result<Cow<'_, [Row]>> {
+    /// Every row of unit `i` (made, or read back from its file). Panics past the end, as
+    /// indexing does.
+    pub fn rows(&self, i: usize) -> Result<Vec<Row>> {
         self.0[i].rows()
     }
 
@@ -312,12 +474,11 @@ impl Tables {
         self.0[i].unmatched()
     }
 
-    /// Calls `f` with each unit's index and rows, in order, one unit's rows in memory at a
-    /// time (beyond those kept in memory); stops at the first error.
+    /// Calls `f` with each unit's index and rows, in order, a chunk of a unit's whole ops
+    /// at a time (a unit may come in several chunks); stops at the first error.
     pub fn visit_rows(&self, mut f: impl FnMut(usize, &[Row]) -> Result<()>) -> Result<()> {
         for (i, p) in self.0.iter().enumerate() {
-            let rows = p.rows()?;
-            f(i, &rows)?;
+            p.visit_rows(&mut |rows| f(i, rows))?;
         }
         Ok(())
     }
@@ -346,20 +507,33 @@ pub fn write_file<'a>(
     let mut hash = Sha256::new();
     let mut offset = 0u64;
     crate::atomic::write_with(path, |w| {
+        let mut w = Hashed { w, hash: &mut hash };
         for p in tables {
-            let (rows, unmatched) = p.bytes().map_err(|e| e.to_string())?;
-            let mut span = |bytes: &[u8]| -> std::result::Result<Span, String> {
-                w.write_all(bytes).map_err(|e| e.to_string())?;
-                hash.update(bytes);
-                let at = (offset, bytes.len() as u64);
-                offset += bytes.len() as u64;
-                Ok(at)
-            };
-            places.push((span(&rows)?, span(&unmatched)?));
+            let (rows, unmatched) = p.write(&mut w, path).map_err(|e| e.to_string())?;
+            places.push(((offset, rows), (offset + rows, unmatched)));
+            offset += rows + unmatched;
         }
         Ok(())
     })?;
     Ok((places, format!("{:x}", hash.finalize())))
+}
+
+/// A writer that hashes what it writes.
+struct Hashed<'a, W: Write> {
+    w: W,
+    hash: &'a mut sha2::Sha256,
+}
+
+impl<W: Write> Write for Hashed<'_, W> {
+    fn write(&mut self, buf: &[u8]) -> std::io::Result<usize> {
+        use sha2::Digest;
+        let k = self.w.write(buf)?;
+        self.hash.update(&buf[..k]);
+        Ok(k)
+    }
+    fn flush(&mut self) -> std::io::Result<()> {
+        self.w.flush()
+    }
 }
 
 /// Parks the tables of a run as its units finish: in memory up to the budget, then in one
@@ -423,17 +597,10 @@ impl Parking {
         let Some(s) = self.file.as_mut() else {
             unreachable!("created above")
         };
-        let mut span = |bytes: Vec<u8>| -> Result<Span> {
-            s.out.write_all(&bytes).map_err(|e| ProbeError::Output {
-                path: s.file.path.clone(),
-                msg: e.to_string(),
-            })?;
-            let at = (s.end, bytes.len() as u64);
-            s.end += bytes.len() as u64;
-            Ok(at)
-        };
-        let rows = span(encode(&table.rows, &s.file.path)?)?;
-        let unmatched = span(encode(&table.unmatched, &s.file.path)?)?;
+        let (r, u) = Parked::memory(table).write(&mut s.out, &s.file.path)?;
+        let rows = (s.end, r);
+        let unmatched = (s.end + r, u);
+        s.end += r + u;
         Ok(Parked(Place::File {
             file: s.file.clone(),
             rows,
@@ -483,7 +650,8 @@ mod tests {
                 Ok(())
             })
             .unwrap();
-        assert_eq!(seen, 3);
+        // One call for the empty table in memory; none for those in the file.
+        assert_eq!(seen, 1);
         drop(tables);
         let left: Vec<_> = std::fs::read_dir(&dir).unwrap().collect();
         assert!(left.is_empty(), "the temporary file is removed");

@@ -207,17 +207,28 @@ impl Tolerances {
 
     /// The tolerance for a tensor of `op`: from the less precise dtype, then the first op
     /// rule whose pattern matches the op key or the tensor name.
-    pub fn lookup(&self, op: &str, tensor: &str, b: Option<DType>, c: Option<DType>) -> Tol {
+    pub fn lookup<'t>(
+        &self,
+        op: &str,
+        tensor: impl FnOnce() -> std::borrow::Cow<'t, str>,
+        b: Option<DType>,
+        c: Option<DType>,
+    ) -> Tol {
         let d = match (b, c) {
             (Some(x), Some(y)) => loosest(x, y),
             (Some(x), None) | (None, Some(x)) => x,
             (None, None) => DType::F32,
         };
         let mut t = self.by_dtype.get(&d).copied().unwrap_or(default_tol(d));
+        if self.rules.is_empty() {
+            return t;
+        }
+        // The tensor's name is only built when a rule may match it.
+        let tensor = tensor();
         if let Some((_, p)) = self
             .rules
             .iter()
-            .find(|(pat, _)| pat.matches(op) || pat.matches(tensor))
+            .find(|(pat, _)| pat.matches(op) || pat.matches(&tensor))
         {
             apply(&mut t, p);
         }

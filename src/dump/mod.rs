@@ -7,6 +7,7 @@
 pub mod msprobe;
 mod probe_format;
 mod select;
+mod store;
 
 use crate::dtype::AnyDType;
 use crate::error::{ProbeError, Result};
@@ -19,6 +20,7 @@ use std::sync::Arc;
 
 pub use probe_format::{parse_op_log, parse_op_record, read_manifest, OpLog};
 pub use select::{Numbers, Selection};
+pub use store::{Op, OpIn, Ops, OpsBuilder, Tensor, TensorIn};
 
 /// What a dump holds per tensor.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, serde::Serialize)]
@@ -183,7 +185,8 @@ impl Stats {
     }
 }
 
-/// One tensor of an op record, as either format describes it.
+/// One tensor of an op record, as either format describes it: the owned form a test or a
+/// tool builds records in ([`Ops`] holds them compactly; [`Tensor::to_rec`] gives one back).
 #[derive(Debug, Clone)]
 pub struct TensorRec {
     /// Flattened name: op key + slot.
@@ -236,7 +239,7 @@ impl ModulePaths {
     }
 }
 
-/// One op call of a rank's op log.
+/// One op call of a rank's op log, owned (see [`TensorRec`]).
 #[derive(Debug, Clone)]
 pub struct OpRec {
     /// Execution order within the rank.
@@ -277,8 +280,8 @@ pub struct Collective {
 pub struct RankDump {
     /// Where it was read from.
     pub loc: RankLoc,
-    /// Op records in execution order.
-    pub ops: Vec<OpRec>,
+    /// Op records in execution order, held compactly.
+    pub ops: Ops,
     /// Call stacks by id (outermost frame first).
     pub stacks: BTreeMap<u64, Vec<String>>,
     /// True when producers recorded dataflow ids, so a missing `src` means "not produced

@@ -1,14 +1,15 @@
 //! Reader for msprobe dumps (`dump.json`, `stack.json`, `construct.json`,
 //! `dump_tensor_data/*.pt|*.npy`), read as msprobe writes them (docs/msprobe.md).
 //!
-//! Every op entry of `dump.json` becomes an [`OpRec`] in file order (its `seq` is its
-//! position); every tensor leaf becomes a [`TensorRec`] named the way msprobe's compare
+//! Every op entry of `dump.json` becomes an op record in file order (its `seq` is its
+//! position); every tensor leaf becomes a tensor record named the way msprobe's compare
 //! names it (`<op>.input.0`, `<op>.input.<kwarg>`, `<op>.output.0.1`,
 //! `<op>.parameters.weight`). Non-tensor leaves (ints, floats, `None`, ...) are skipped.
 //! msprobe records no dataflow, so `has_dataflow` is false.
 
 use super::{
-    ModulePaths, OpKey, OpKind, OpRec, RankDump, RankLoc, Role, Stats, StatsFields, TensorRec,
+    ModulePaths, OpKey, OpKind, OpRec, Ops, OpsBuilder, RankDump, RankLoc, Role, Stats,
+    StatsFields, TensorRec,
 };
 use crate::dtype::AnyDType;
 use crate::error::{one_line, ProbeError, Result};
@@ -416,8 +417,9 @@ fn read_construct(path: &Path) -> Result<HashMap<String, Arc<str>>> {
 /// The op records of one `dump.json`, in file order.
 #[derive(Debug, Clone)]
 pub struct DumpJson {
-    /// One record per op entry (`seq` is its position; no stacks or modules yet).
-    pub ops: Vec<OpRec>,
+    /// One record per op entry (`seq` is its position; stacks and modules from the
+    /// context it was read with).
+    pub ops: Ops,
     /// The `task` msprobe recorded (`statistics`, `tensor`, ...).
     pub task: Option<String>,
     /// Tensor files named but absent from `dump_tensor_data/`.
@@ -430,7 +432,15 @@ pub struct DumpJson {
 /// under `dir/dump_tensor_data/`). [`load`] reads `dump.json` through this; public for
 /// tools and fuzzing. The error is one line, without the file name.
 pub fn parse_dump(text: &[u8], dir: &Path) -> std::result::Result<DumpJson, String> {
-    dump_ops(text, dir).map_err(one_line)
+    dump_ops(text, dir, &Context::default()).map_err(one_line)
+}
+
+/// What the files beside `dump.json` say of its ops: the stack id of each op
+/// (`stack.json`) and the module call it was made in (`construct.json`).
+#[derive(Debug, Default)]
+struct Context {
+    stack_of: HashMap<String, u64>,
+    parents: HashMap<String, Arc<str>>,
 }
 
 /// How many bytes of `dump.json` an op entry takes at least, about (one tensor leaf with its
@@ -447,7 +457,8 @@ const TYPICAL_MIN_ENTRY: usize = 256;
 /// msprobe dump is read in about the memory of its records and its text.
 struct Reading<'a> {
     ctx: Ctx<'a>,
-    ops: Vec<OpRec>,
+    context: &'a Context,
+    ops: OpsBuilder,
     task: Option<String>,
     /// A `data` object was met (a later one replaces an earlier, as keys of JSON objects do).
     data: bool,
@@ -539,25 +550,29 @@ impl<'de> Visitor<'de> for DataMap<'_, '_> {
     refuse_others!("\"data\"");
     fn visit_map<A: MapAccess<'de>>(self, mut m: A) -> std::result::Result<(), A::Error> {
         let r = self.0;
+        if r.data {
+            r.ops = OpsBuilder::default();
+        }
         r.data = true;
-        r.ops.clear();
         r.ctx.missing = 0;
         r.ctx.first_missing = None;
         while let Some(key) = m.next_key::<String>()? {
             let entry: J = m.next_value()?;
-            match convert_op(&mut r.ctx, &key, &entry) {
-                Ok(mut op) => {
-                    op.seq = r.ops.len() as u64;
-                    r.ops.push(op);
-                }
-                Err(why) => return Err(r.fail(why)),
+            let pushed = convert_op(&mut r.ctx, &key, &entry).and_then(|mut op| {
+                op.seq = r.ops.len() as u64;
+                op.stack = r.context.stack_of.get(key.as_str()).copied();
+                op.module = r.context.parents.get(key.as_str()).cloned();
+                r.ops.push_rec(&op)
+            });
+            if let Err(why) = pushed {
+                return Err(r.fail(why));
             }
         }
         Ok(())
     }
 }
 
-fn dump_ops(text: &[u8], dir: &Path) -> std::result::Result<DumpJson, String> {
+fn dump_ops(text: &[u8], dir: &Path, context: &Context) -> std::result::Result<DumpJson, String> {
     let text = crate::json::accept_nonfinite(text);
     let mut r = Reading {
         ctx: Ctx {
@@ -565,13 +580,14 @@ fn dump_ops(text: &[u8], dir: &Path) -> std::result::Result<DumpJson, String> {
             missing: 0,
             first_missing: None,
         },
-        ops: Vec::new(),
+        context,
+        // Room for the entries the text can hold (a size no memory can hold reserves
+        // nothing; the store then grows as it is read).
+        ops: OpsBuilder::for_log_bytes((text.len() / TYPICAL_MIN_ENTRY * 250) as u64),
         task: None,
         data: false,
         failed: None,
     };
-    // A size no memory can hold reserves nothing; the list then grows as it is read.
-    let _ = r.ops.try_reserve_exact(text.len() / TYPICAL_MIN_ENTRY);
     let mut de = serde_json::Deserializer::from_slice(&text);
     let read = de.deserialize_any(Top(&mut r)).and_then(|()| de.end());
     if let Err(e) = read {
@@ -581,7 +597,7 @@ fn dump_ops(text: &[u8], dir: &Path) -> std::result::Result<DumpJson, String> {
         return Err("no \"data\" object".into());
     }
     Ok(DumpJson {
-        ops: r.ops,
+        ops: r.ops.finish(),
         task: r.task,
         missing: r.ctx.missing,
         first_missing: r.ctx.first_missing,
@@ -592,18 +608,19 @@ fn dump_ops(text: &[u8], dir: &Path) -> std::result::Result<DumpJson, String> {
 pub fn load(loc: &RankLoc) -> Result<RankDump> {
     let path = loc.dir.join("dump.json");
     let text = std::fs::read(&path).map_err(|e| ProbeError::io(&path, e))?;
-    let dump = parse_dump(&text, &loc.dir).map_err(|msg| ProbeError::BadMsprobe {
-        path: path.clone(),
-        msg,
-    })?;
-    drop(text);
     let (stacks, stack_of) = read_stacks(&loc.dir.join("stack.json"))?;
-    let parents = read_construct(&loc.dir.join("construct.json"))?;
-    let mut ops = dump.ops;
-    for op in &mut ops {
-        op.stack = stack_of.get(op.key.as_str()).copied();
-        op.module = parents.get(op.key.as_str()).cloned();
-    }
+    let context = Context {
+        stack_of,
+        parents: read_construct(&loc.dir.join("construct.json"))?,
+    };
+    let dump = dump_ops(&text, &loc.dir, &context)
+        .map_err(one_line)
+        .map_err(|msg| ProbeError::BadMsprobe {
+            path: path.clone(),
+            msg,
+        })?;
+    drop(text);
+    let ops = dump.ops;
     let mut warnings = Vec::new();
     if dump.missing > 0 && dump.task.as_deref() == Some("tensor") {
         warnings.push(format!(
@@ -676,7 +693,7 @@ mod tests {
         let keys: Vec<_> = d
             .ops
             .iter()
-            .map(|o| (o.key.as_str(), o.seq, o.tensors.len()))
+            .map(|o| (o.key().text(), o.seq(), o.tensor_count()))
             .collect();
         assert_eq!(
             keys,

@@ -5,8 +5,8 @@
 //! an error naming the file and line.
 
 use super::{
-    Collective, Direction, Mode, ModulePaths, OpKey, OpKind, OpRec, RankDump, RankLoc, Role, Stats,
-    StatsFields, TensorRec,
+    Collective, Direction, Mode, OpIn, OpKey, OpKind, OpRec, Ops, OpsBuilder, RankDump, RankLoc,
+    Role, Stats, StatsFields, TensorIn, TensorRec,
 };
 use crate::dtype::AnyDType;
 use crate::error::{one_line, ProbeError, Result};
@@ -54,16 +54,8 @@ pub fn read_manifest(path: &Path) -> Result<Manifest> {
     })
 }
 
-fn convert_tensor(raw: TensorRecord, dir: &Path) -> std::result::Result<TensorRec, String> {
-    let role = Role::parse(&raw.role)
-        .ok_or_else(|| format!("tensor {}: unknown role {:?}", raw.name, raw.role))?;
-    if super::checked_numel(&raw.shape).is_none() {
-        return Err(format!(
-            "tensor {}: shape {:?} has more elements than can be addressed",
-            raw.name, raw.shape
-        ));
-    }
-    let stats = raw.stats.map(|s| {
+fn stats_of(raw: &TensorRecord) -> Option<Stats> {
+    raw.stats.map(|s| {
         Stats::from(StatsFields {
             max: s.max.0,
             min: s.min.0,
@@ -72,67 +64,103 @@ fn convert_tensor(raw: TensorRecord, dir: &Path) -> std::result::Result<TensorRe
             nan: s.nan,
             inf: s.inf,
         })
-    });
-    let data = match raw.file {
+    })
+}
+
+/// A tensor record's fields that need checking, checked: its role and where its values are.
+fn check_tensor(
+    raw: &TensorRecord,
+    dir: &Path,
+) -> std::result::Result<(Role, Option<Data>), String> {
+    let role = Role::parse(&raw.role)
+        .ok_or_else(|| format!("tensor {}: unknown role {:?}", raw.name, raw.role))?;
+    if super::checked_numel(&raw.shape).is_none() {
+        return Err(format!(
+            "tensor {}: shape {:?} has more elements than can be addressed",
+            raw.name, raw.shape
+        ));
+    }
+    let data = match &raw.file {
         None => None,
         Some(f) => {
             // Shards live next to the op log; refuse anything that could escape the folder.
             if f.is_empty() || f.contains('/') || f.contains('\\') || f.starts_with('.') {
                 return Err(format!("tensor {}: bad shard file name {f:?}", raw.name));
             }
-            Some(Box::new(Data::Safetensors {
+            Some(Data::Safetensors {
                 shard: dir.join(f),
                 key: raw.name.clone(),
-            }))
+            })
         }
     };
-    let mut shape = raw.shape;
-    shape.shrink_to_fit();
-    Ok(TensorRec {
-        dtype: AnyDType::parse(&raw.dtype),
-        name: raw.name.into_boxed_str(),
-        role,
-        shape,
-        stats,
-        checksum: raw.checksum.map(String::into_boxed_str),
-        id: raw.id,
-        src: raw.src,
-        data,
-    })
+    Ok((role, data))
 }
 
-fn convert_op(
-    raw: OpRecord,
-    dir: &Path,
-    modules: &mut ModulePaths,
-) -> std::result::Result<OpRec, String> {
+/// An op record's fields that need checking, checked (its tensors' too).
+struct Checked {
+    kind: OpKind,
+    direction: Direction,
+    collective: Option<Collective>,
+    tensors: Vec<(Role, Option<Data>)>,
+}
+
+fn check_op(raw: &OpRecord, dir: &Path) -> std::result::Result<Checked, String> {
     let kind = OpKind::parse(&raw.kind)
         .ok_or_else(|| format!("op {}: unknown kind {:?}", raw.op, raw.kind))?;
     let direction = Direction::parse(&raw.direction)
         .ok_or_else(|| format!("op {}: unknown direction {:?}", raw.op, raw.direction))?;
-    let collective = match (raw.group, raw.coll_seq) {
+    let collective = match (&raw.group, raw.coll_seq) {
         (None, None) => None,
-        (Some(group), Some(seq)) => Some(Box::new(Collective { group, seq })),
+        (Some(group), Some(seq)) => Some(Collective {
+            group: group.clone(),
+            seq,
+        }),
         (Some(_), None) => return Err(format!("op {}: group without coll_seq", raw.op)),
         (None, Some(_)) => return Err(format!("op {}: coll_seq without group", raw.op)),
     };
-    // Allocated to size: collecting from `raw.tensors` would reuse its buffer, which serde
-    // grew to at least 4 records (a single-tensor op then held 1.4 KB instead of 0.6).
-    let mut tensors = Vec::with_capacity(raw.tensors.len());
-    for t in raw.tensors {
-        tensors.push(convert_tensor(t, dir)?);
-    }
-    Ok(OpRec {
-        seq: raw.seq,
-        key: OpKey::from_string(raw.op),
+    let tensors = raw
+        .tensors
+        .iter()
+        .map(|t| check_tensor(t, dir))
+        .collect::<std::result::Result<_, _>>()?;
+    Ok(Checked {
         kind,
         direction,
-        module: raw.module.map(|m| modules.get(&m)),
-        stack: raw.stack,
-        recompute: raw.recompute,
-        tensors,
         collective,
+        tensors,
     })
+}
+
+/// Appends a checked record to `ops`.
+fn push_op(ops: &mut OpsBuilder, raw: &OpRecord, c: Checked) -> std::result::Result<(), String> {
+    let tensors = raw
+        .tensors
+        .iter()
+        .zip(c.tensors)
+        .map(|(t, (role, data))| TensorIn {
+            name: &t.name,
+            role,
+            dtype: &t.dtype,
+            shape: &t.shape,
+            stats: stats_of(t),
+            checksum: t.checksum.as_deref(),
+            id: t.id,
+            src: t.src,
+            data,
+        });
+    ops.push(
+        OpIn {
+            seq: raw.seq,
+            key: &raw.op,
+            kind: c.kind,
+            direction: c.direction,
+            module: raw.module.as_deref(),
+            stack: raw.stack,
+            recompute: raw.recompute,
+            collective: c.collective,
+        },
+        tensors,
+    )
 }
 
 /// The longest op-log (or stacks) line read: a longer one is a bad record naming its file
@@ -272,16 +300,16 @@ struct Salvage {
 /// per such shard names its tensors without data.
 fn salvage_shards(
     dir: &Path,
-    ops: &mut [OpRec],
+    ops: &mut OpsBuilder,
     offsets: &HashMap<String, [u64; 2]>,
     warnings: &mut Vec<String>,
     incomplete: &mut Vec<String>,
 ) {
     let mut states: HashMap<std::path::PathBuf, ShardState> = HashMap::new();
     let mut salvage: BTreeMap<String, Salvage> = BTreeMap::new();
-    for t in ops.iter_mut().flat_map(|o| o.tensors.iter_mut()) {
-        let Some(Data::Safetensors { shard, .. }) = t.data.as_deref() else {
-            continue;
+    ops.each_data(|name, dtype, numel, data| {
+        let Some(Data::Safetensors { shard, .. }) = data.as_ref() else {
+            return;
         };
         let state = states
             .entry(shard.clone())
@@ -291,14 +319,13 @@ fn salvage_shards(
             .map(|n| n.to_string_lossy().into_owned())
             .unwrap_or_default();
         let found = match state {
-            ShardState::Complete => continue,
+            ShardState::Complete => return,
             ShardState::Stream { tmp, start, len } => {
-                let size = t
-                    .dtype
+                let size = dtype
                     .known()
-                    .and_then(|d| t.numel().checked_mul(d.size()))
+                    .and_then(|d| numel.checked_mul(d.size()))
                     .and_then(|n| u64::try_from(n).ok());
-                match (*start, offsets.get(&*t.name), size) {
+                match (*start, offsets.get(name), size) {
                     (Some(start), Some(&[lo, hi]), Some(size))
                         if hi >= lo
                             && hi - lo == size
@@ -318,15 +345,15 @@ fn salvage_shards(
         s.stream = matches!(state, ShardState::Stream { .. });
         match found {
             Some(d) => {
-                t.data = Some(Box::new(d));
+                *data = Some(d);
                 s.recovered += 1;
             }
             None => {
-                t.data = None;
-                s.missing.push(t.name.to_string());
+                *data = None;
+                s.missing.push(name.to_string());
             }
         }
-    }
+    });
     for (file, s) in salvage {
         let names = |v: &[String]| {
             const SHOWN: usize = 3;
@@ -372,37 +399,52 @@ fn open_jsonl(path: &Path) -> Result<BufReader<std::fs::File>> {
     Ok(BufReader::with_capacity(1 << 20, file))
 }
 
-/// Tensor name → `data_offsets`, as an op record declares them.
-type Declared = Vec<(String, [u64; 2])>;
-
-/// Parses one line into an op record and the `data_offsets` its tensors declare.
-fn parse_record(
-    text: &str,
-    dir: &Path,
-    modules: &mut ModulePaths,
-) -> std::result::Result<(OpRec, Declared), String> {
+/// Parses one line (Python's bare `NaN`/`Infinity` accepted) into its record.
+fn parse_line(text: &str) -> std::result::Result<OpRecord, String> {
     let text = crate::json::accept_nonfinite_str(text);
-    let raw: OpRecord = serde_json::from_str(&text).map_err(|e| one_line(e.to_string()))?;
-    let offsets = raw
-        .tensors
-        .iter()
-        .filter_map(|t| Some((t.name.clone(), t.data_offsets?)))
-        .collect();
-    Ok((convert_op(raw, dir, modules).map_err(one_line)?, offsets))
+    serde_json::from_str(&text).map_err(|e| one_line(e.to_string()))
 }
 
 /// Parses one line of `ops.jsonl` (Python's bare `NaN`/`Infinity` accepted) into an op
 /// record; `dir` is the rank folder its shard file names are resolved against. The error
 /// is one line, without the file and line number.
 pub fn parse_op_record(text: &str, dir: &Path) -> std::result::Result<OpRec, String> {
-    parse_record(text, dir, &mut ModulePaths::default()).map(|(op, _)| op)
+    let raw = parse_line(text)?;
+    let c = check_op(&raw, dir).map_err(one_line)?;
+    let tensors = raw
+        .tensors
+        .into_iter()
+        .zip(c.tensors)
+        .map(|(t, (role, data))| TensorRec {
+            stats: stats_of(&t),
+            dtype: AnyDType::parse(&t.dtype),
+            name: t.name.into_boxed_str(),
+            role,
+            shape: t.shape,
+            checksum: t.checksum.map(String::into_boxed_str),
+            id: t.id,
+            src: t.src,
+            data: data.map(Box::new),
+        })
+        .collect();
+    Ok(OpRec {
+        seq: raw.seq,
+        key: OpKey::from_string(raw.op),
+        kind: c.kind,
+        direction: c.direction,
+        module: raw.module.map(|m| m.into()),
+        stack: raw.stack,
+        recompute: raw.recompute,
+        tensors,
+        collective: c.collective.map(Box::new),
+    })
 }
 
 /// The op records of one `ops.jsonl`, checked.
 #[derive(Debug, Clone)]
 pub struct OpLog {
     /// Op records in file order (`seq` strictly increasing).
-    pub ops: Vec<OpRec>,
+    pub ops: Ops,
     /// Some tensor carries a dataflow id.
     pub has_dataflow: bool,
     /// Set when a cut-short last line was skipped.
@@ -412,27 +454,35 @@ pub struct OpLog {
     pub offsets: HashMap<String, [u64; 2]>,
 }
 
-/// Reads an op log from `reader`: every line through [`parse_op_record`], `seq` strictly
+/// Reads an op log from `reader`: every line as [`parse_op_record`] reads it, `seq` strictly
 /// increasing, tensor names unique. `path` names the file in errors ([`ProbeError::BadRecord`]
 /// with its line number); `dir` is the rank folder. `load` reads `ops.jsonl` through this.
 pub fn parse_op_log(reader: impl BufRead, path: &Path, dir: &Path) -> Result<OpLog> {
-    parse_op_log_sized(reader, path, dir, 0)
+    let log = parse_into(reader, path, dir, OpsBuilder::default())?;
+    Ok(OpLog {
+        ops: log.ops.finish(),
+        has_dataflow: log.has_dataflow,
+        warning: log.warning,
+        offsets: log.offsets,
+    })
 }
 
-/// The shortest op record line expected in practice (one tensor with its statistics takes
-/// about 250 bytes): a log's size over this is room for its records reserved up front.
-const TYPICAL_MIN_LINE: u64 = 192;
+/// An op log read into a builder (an [`OpLog`] before its store is finished: a crashed
+/// run's shards are salvaged first).
+struct Building {
+    ops: OpsBuilder,
+    has_dataflow: bool,
+    warning: Option<String>,
+    offsets: HashMap<String, [u64; 2]>,
+}
 
-/// [`parse_op_log`] of a log of `bytes` bytes: the record list is reserved once for the
-/// records it can hold (memory not written stays untouched), instead of growing by doubling
-/// and being shrunk at the end, which copied and page-faulted a million-op log's records
-/// about three times over.
-fn parse_op_log_sized(reader: impl BufRead, path: &Path, dir: &Path, bytes: u64) -> Result<OpLog> {
-    let expected = usize::try_from(bytes / TYPICAL_MIN_LINE).unwrap_or(0);
-    let mut ops: Vec<OpRec> = Vec::new();
-    // A size no memory can hold (a corrupt or sparse file) reserves nothing: the list then
-    // grows as records are read, and such a file fails on its first bad line.
-    let _ = ops.try_reserve_exact(expected);
+/// Reads an op log into `ops` (see [`parse_op_log`]).
+fn parse_into(
+    reader: impl BufRead,
+    path: &Path,
+    dir: &Path,
+    mut ops: OpsBuilder,
+) -> Result<Building> {
     // Tensor names seen so far, by hash: copying every name into a set held a second copy
     // of each while a million-tensor log was read. A hash met twice is checked against
     // the names themselves, so a collision is never taken for a duplicate.
@@ -440,37 +490,39 @@ fn parse_op_log_sized(reader: impl BufRead, path: &Path, dir: &Path, bytes: u64)
     let mut names: foldhash::HashSet<u64> = foldhash::HashSetExt::new();
     let mut has_dataflow = false;
     let mut offsets: HashMap<String, [u64; 2]> = HashMap::new();
-    let mut op_offsets: Declared = Vec::new();
-    let mut modules = ModulePaths::default();
+    let mut last_seq: Option<u64> = None;
     let warning = read_jsonl(reader, path, |_, text| {
-        let (op, declared) = parse_record(text, dir, &mut modules)?;
-        op_offsets = declared;
-        if let Some(prev) = ops.last() {
-            if op.seq <= prev.seq {
+        let raw = parse_line(text)?;
+        let checked = check_op(&raw, dir).map_err(one_line)?;
+        if let Some(prev) = last_seq {
+            if raw.seq <= prev {
                 return Err(one_line(format!(
-                    "op {}: seq {} does not increase (previous {})",
-                    op.key, op.seq, prev.seq
+                    "op {}: seq {} does not increase (previous {prev})",
+                    raw.op, raw.seq
                 )));
             }
         }
-        for (i, t) in op.tensors.iter().enumerate() {
+        for (i, t) in raw.tensors.iter().enumerate() {
             if !names.insert(hasher.hash_one(&*t.name)) {
-                let earlier = ops.iter().flat_map(|o| &o.tensors);
-                if earlier.chain(&op.tensors[..i]).any(|e| e.name == t.name) {
+                let earlier = ops.ops().iter().flat_map(|o| o.tensors());
+                if earlier.clone().any(|e| e.name_is(&t.name))
+                    || raw.tensors[..i].iter().any(|e| e.name == t.name)
+                {
                     return Err(one_line(format!("duplicate tensor name {}", t.name)));
                 }
             }
             has_dataflow |= t.id.is_some();
         }
-        ops.push(op);
-        offsets.extend(op_offsets.drain(..));
+        push_op(&mut ops, &raw, checked).map_err(one_line)?;
+        last_seq = Some(raw.seq);
+        for t in &raw.tensors {
+            if let Some(o) = t.data_offsets {
+                offsets.insert(t.name.clone(), o);
+            }
+        }
         Ok(())
     })?;
-    // Only a far smaller log than its size suggested gives its room back.
-    if ops.len() < ops.capacity() / 2 {
-        ops.shrink_to_fit();
-    }
-    Ok(OpLog {
+    Ok(Building {
         ops,
         has_dataflow,
         warning,
@@ -484,20 +536,24 @@ pub fn load(loc: &RankLoc) -> Result<RankDump> {
     let ops_path = loc.dir.join("ops.jsonl");
     let reader = open_jsonl(&ops_path)?;
     let bytes = reader.get_ref().metadata().map_or(0, |m| m.len());
-    let mut log = parse_op_log_sized(reader, &ops_path, &loc.dir, bytes)?;
+    let Building {
+        mut ops,
+        has_dataflow,
+        warning,
+        offsets,
+    } = parse_into(
+        reader,
+        &ops_path,
+        &loc.dir,
+        OpsBuilder::for_log_bytes(bytes),
+    )?;
     let mut warnings = Vec::new();
     let mut incomplete = Vec::new();
-    if let Some(w) = log.warning.take() {
+    if let Some(w) = warning {
         warnings.push(w);
         incomplete.push("op log cut short".to_string());
     }
-    salvage_shards(
-        &loc.dir,
-        &mut log.ops,
-        &log.offsets,
-        &mut warnings,
-        &mut incomplete,
-    );
+    salvage_shards(&loc.dir, &mut ops, &offsets, &mut warnings, &mut incomplete);
     let mut stacks = BTreeMap::new();
     let stacks_path = loc.dir.join("stacks.jsonl");
     if stacks_path.is_file() {
@@ -510,9 +566,9 @@ pub fn load(loc: &RankLoc) -> Result<RankDump> {
     }
     Ok(RankDump {
         loc: loc.clone(),
-        ops: log.ops,
+        ops: ops.finish(),
         stacks,
-        has_dataflow: log.has_dataflow,
+        has_dataflow,
         warnings,
         incomplete,
     })

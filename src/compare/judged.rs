@@ -1,0 +1,210 @@
+//! What the judge leaves of a unit ([`Judged`]): every compared pair as a few numbers beside
+//! the two sides' compact op records; a pair's [`Row`] is made only when it is read.
+//!
+//! Why: a row copies what it shows out of the records (the op key, both names, shapes,
+//! dtypes and statistics): about half a kilobyte with its allocations. A unit of a million
+//! pairs held as rows took half a gigabyte on top of the records they were copied from
+//! (issue 14's budget for a whole compare of such a unit is 512 MB). Held as pairs it takes
+//! about 80 bytes a pair beyond the records, and every reader (the unit's counts, the
+//! localiser, the reports) visits its rows a chunk of whole ops at a time
+//! ([`Judged::visit`]), made from the records and dropped after the visit.
+
+use super::align::{MatchedBy, OpInfo};
+use super::analyze::{Head, OpRows};
+use super::judge::{Judgement, Row, Verdict};
+use super::measure::{CompareKind, Measured, Measurement};
+use super::Sides;
+use crate::dtype::DType;
+use crate::dump::{Ops, Tensor};
+use crate::error::Result;
+use crate::metrics::Metrics;
+use std::borrow::Cow;
+use std::ops::Range;
+
+/// Rows made at a time for a visit (more when an op's rows would be cut).
+const CHUNK: usize = 4096;
+
+/// One judged pair: where its two tensors are, how it was paired, measured and judged.
+/// Indices are `u32`: an op store indexes its ops and tensors so.
+#[derive(Debug, Clone)]
+pub(super) struct Pair {
+    /// (op, tensor within the op) on each side.
+    pub bench: (u32, u32),
+    pub cmp: (u32, u32),
+    /// The comparison-side op the row is reported under.
+    pub at: u32,
+    pub by: MatchedBy,
+    pub external: bool,
+    pub kind: CompareKind,
+    pub checksum_equal: Option<bool>,
+    pub verdict: Verdict,
+    pub precision: Option<DType>,
+    pub err: f64,
+    pub raw_err: f64,
+    pub tolerance: f64,
+    pub metrics: Option<Box<Metrics>>,
+    pub reason: Box<str>,
+}
+
+/// A unit's judged pairs, in the comparison run's execution order, over both sides' op
+/// records.
+#[derive(Debug, Clone)]
+pub struct Judged {
+    ops: Sides<Ops>,
+    pairs: Vec<Pair>,
+}
+
+impl Judged {
+    /// The pairs over the records they index.
+    pub(super) fn new(ops: Sides<Ops>, pairs: Vec<Pair>) -> Judged {
+        Judged { ops, pairs }
+    }
+
+    /// How many pairs (rows).
+    pub fn len(&self) -> usize {
+        self.pairs.len()
+    }
+
+    /// Whether there are none.
+    pub fn is_empty(&self) -> bool {
+        self.pairs.is_empty()
+    }
+
+    /// The two tensors of pair `p`.
+    pub(super) fn tensors<'a>(ops: &'a Sides<Ops>, p: &Pair) -> Sides<Tensor<'a>> {
+        let t = |o: &'a Ops, (op, t): (u32, u32)| o.get(op as usize).tensor(t as usize);
+        Sides::new(t(&ops.bench, p.bench), t(&ops.cmp, p.cmp))
+    }
+
+    /// The row of pair `i`.
+    pub fn row(&self, i: usize) -> Row {
+        let p = &self.pairs[i];
+        let op = OpInfo::of(self.ops.cmp.get(p.at as usize));
+        let x = Measurement {
+            kind: p.kind,
+            metrics: p.metrics.clone(),
+            checksum_equal: p.checksum_equal,
+        };
+        let tensors = Judged::tensors(&self.ops, p);
+        Row {
+            tensor: Measured::new(p.by, p.external, op, tensors, x),
+            judgement: Judgement {
+                verdict: p.verdict,
+                reason: p.reason.to_string(),
+                err: p.err,
+                raw_err: p.raw_err,
+                tolerance: p.tolerance,
+                precision: p.precision,
+            },
+        }
+    }
+
+    /// The rows of `range`.
+    pub fn rows(&self, range: Range<usize>) -> Vec<Row> {
+        range.map(|i| self.row(i)).collect()
+    }
+
+    /// The end of the op group that `i` starts or is in: consecutive pairs reported under
+    /// the same op.
+    fn group_end(&self, mut i: usize) -> usize {
+        let at = self.pairs[i].at;
+        while i < self.pairs.len() && self.pairs[i].at == at {
+            i += 1;
+        }
+        i
+    }
+
+    /// Where each op's rows are, in order (an op's rows are consecutive).
+    pub fn groups(&self) -> Vec<Range<usize>> {
+        let mut out = Vec::new();
+        let mut s = 0;
+        while s < self.pairs.len() {
+            let e = self.group_end(s);
+            out.push(s..e);
+            s = e;
+        }
+        out
+    }
+
+    /// Calls `f` with the rows in order, a chunk of whole ops at a time; stops at the
+    /// first error.
+    pub fn visit(&self, f: &mut dyn FnMut(&[Row]) -> Result<()>) -> Result<()> {
+        let mut s = 0;
+        while s < self.pairs.len() {
+            let mut e = (s + CHUNK).min(self.pairs.len());
+            if e < self.pairs.len() {
+                e = self.group_end(e - 1);
+            }
+            f(&self.rows(s..e))?;
+            s = e;
+        }
+        Ok(())
+    }
+
+    /// About how many bytes it holds: the records of both sides and the pairs.
+    pub fn weight(&self) -> usize {
+        let boxed = self
+            .pairs
+            .iter()
+            .map(|p| {
+                p.metrics
+                    .as_ref()
+                    .map_or(0, |_| std::mem::size_of::<Metrics>())
+                    + p.reason.len()
+            })
+            .sum::<usize>();
+        self.ops.bench.weight()
+            + self.ops.cmp.weight()
+            + self.pairs.capacity() * std::mem::size_of::<Pair>()
+            + boxed
+    }
+}
+
+/// A judged unit op by op, as the localiser reads it.
+pub struct ByOp<'a> {
+    judged: &'a Judged,
+    groups: Vec<Range<usize>>,
+}
+
+impl Judged {
+    /// The unit op by op.
+    pub fn by_op(&self) -> ByOp<'_> {
+        ByOp {
+            judged: self,
+            groups: self.groups(),
+        }
+    }
+
+    /// Whether the comparison side of pair `p` holds NaN/Inf (as
+    /// [`Measured::cmp_nonfinite`] says of its row).
+    fn cmp_nonfinite(&self, p: &Pair) -> bool {
+        match &p.metrics {
+            Some(m) => m.nonfinite_c > 0,
+            None => super::measure::nonfinite(&Judged::tensors(&self.ops, p).cmp.stats()) > 0,
+        }
+    }
+}
+
+impl OpRows for ByOp<'_> {
+    fn ops(&self) -> usize {
+        self.groups.len()
+    }
+
+    fn head(&self, k: usize) -> Head<'_> {
+        let j = self.judged;
+        let pairs = &j.pairs[self.groups[k].clone()];
+        let op = j.ops.cmp.get(pairs[0].at as usize);
+        Head {
+            seq: op.seq(),
+            direction: op.direction(),
+            key: op.key().text(),
+            fails: pairs.iter().any(|p| p.verdict == Verdict::Error),
+            flagged: pairs.iter().any(|p| p.verdict != Verdict::Pass),
+            nonfinite: pairs.iter().any(|p| j.cmp_nonfinite(p)),
+        }
+    }
+
+    fn rows(&self, k: usize) -> Cow<'_, [Row]> {
+        Cow::Owned(self.judged.rows(self.groups[k].clone()))
+    }
+}
