@@ -14,7 +14,10 @@ use std::process::ExitCode;
 
 /// mimalloc instead of the system allocator: a compare allocates and frees millions of small
 /// records (op records, tensor names, rows), and glibc's malloc spent ~20 % of a statistics
-/// compare in malloc/free and page faults (`perf`, 100,000 tensors).
+/// compare in malloc/free and page faults (`perf`, 100,000 tensors). Its v2 (Cargo.toml): it
+/// hands freed memory back after 10 ms where v3 waits a second, long enough for the memory
+/// a stage frees (the aligner's working set, the report writers' buffers) to add to the
+/// next stage's peak (a million-tensor pair: 500 → 460 MB, docs/performance.md).
 #[global_allocator]
 static ALLOC: mimalloc::MiMalloc = mimalloc::MiMalloc;
 

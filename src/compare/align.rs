@@ -268,7 +268,7 @@ pub struct NameAligner;
 /// Per op, the key its tensors are matched under when it differs from the op's own key:
 /// backward calls renumbered by their occurrence among backward calls of the same API or
 /// module (None: the key as written, e.g. every forward call).
-pub fn match_keys(ops: &Ops) -> Vec<Option<String>> {
+pub fn match_keys(ops: &Ops) -> Vec<Option<Box<str>>> {
     let mut seen: HashMap<&str, u64> = HashMap::new();
     ops.iter()
         .map(|op| {
@@ -282,7 +282,9 @@ pub fn match_keys(ops: &Ops) -> Vec<Option<String>> {
             let k = seen.entry(key.base_text()).or_insert(0);
             let renumbered = key.with_call(*k);
             *k += 1;
-            renumbered.filter(|r| r != key.as_str())
+            renumbered
+                .filter(|r| r != key.as_str())
+                .map(String::into_boxed_str)
         })
         .collect()
 }
@@ -301,7 +303,7 @@ pub(crate) fn unmatched(side: Side, t: Tensor, why: Why) -> Unmatched {
 }
 
 /// A tensor's name under its op's match key.
-fn match_name<'a>(match_key: &Option<String>, t: Tensor<'a>) -> Cow<'a, str> {
+fn match_name<'a>(match_key: &Option<Box<str>>, t: Tensor<'a>) -> Cow<'a, str> {
     match (match_key, t.slot_name()) {
         (Some(k), Some(slot)) => Cow::Owned(format!("{k}.{slot}")),
         _ => t.name(),

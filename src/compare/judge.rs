@@ -16,13 +16,13 @@
 //!   are within tolerance (then a warning).
 //! - A shape mismatch or NaN/Inf at different positions is an error.
 
-use super::align::{records, Alignment, Unmatched};
-use super::judged::{Judged, Pair};
+use super::align::{records, Alignment, TensorMatch, TensorRef, Unmatched};
+use super::judged::{Judged, Pair, NO_REASON};
 use super::measure::{CompareKind, Measured, Measurement};
 use super::tolerance::{loosest, Tol, Tolerances};
 use super::Sides;
 use crate::dtype::DType;
-use crate::dump::{Direction, Ops, Role, Stats, Tensor};
+use crate::dump::{Direction, Ops, RankDump, Role, Stats, Tensor};
 use rayon::prelude::*;
 use serde::{Deserialize, Serialize};
 
@@ -299,18 +299,24 @@ pub fn judge(
 /// judgements and precision floors (72 bytes a pair) beside its pairs.
 const JUDGE_BLOCK: usize = 1 << 14;
 
-/// Judges a unit's measured pairs (in execution order, in parallel a block at a time),
-/// keeping their order, starting from the precision floor `carried` that the rank's earlier
-/// steps left. Returns the judged pairs over the two op logs (rows are made from them when
-/// read), the unmatched tensors, and the floor to carry into the rank's next step: the
-/// floor at the end of this unit when it has a backward phase (its update used gradients of
-/// that precision), else `carried` (a forward-only step changes no weight).
+/// Measures a block of a unit's pairs (in order): the measure stage, handed to the judge so
+/// that a unit's measurements are never all held at once.
+pub type Measure<'m> =
+    dyn Fn(&Sides<RankDump>, &[TensorMatch]) -> crate::error::Result<Vec<Measurement>> + Sync + 'm;
+
+/// Measures (with `measure`) and judges a unit's pairs in execution order, a block at a
+/// time (each block in parallel), starting from the precision floor `carried` that the
+/// rank's earlier steps left. Returns the judged pairs over the two op logs (rows are made
+/// from them when read), the unmatched tensors, and the floor to carry into the rank's
+/// next step: the floor at the end of this unit when it has a backward phase (its update
+/// used gradients of that precision), else `carried` (a forward-only step changes no
+/// weight). The first measurement error (in pair order) stops it.
 pub fn judge_all(
     a: Alignment,
-    measurements: Vec<Measurement>,
+    measure: &Measure,
     tols: &Tolerances,
     carried: Option<DType>,
-) -> (Judged, Vec<Unmatched>, Option<DType>) {
+) -> crate::error::Result<(Judged, Vec<Unmatched>, Option<DType>)> {
     let Alignment {
         dumps,
         matches,
@@ -325,13 +331,13 @@ pub fn judge_all(
         own: None,
     };
     let mut pairs: Vec<Pair> = Vec::with_capacity(matches.len());
-    let mut measurements = measurements.into_iter();
+    let mut reasons: Vec<Box<str>> = Vec::new();
     for block in matches.chunks(JUDGE_BLOCK) {
+        let xs = measure(&dumps, block)?;
         let floors: Vec<(Option<DType>, bool)> = block
             .iter()
             .map(|m| floor.after(records(&dumps, m)))
             .collect();
-        let xs: Vec<Measurement> = measurements.by_ref().take(block.len()).collect();
         let judgements: Vec<Judgement> = block
             .par_iter()
             .zip(&xs)
@@ -342,31 +348,38 @@ pub fn judge_all(
             })
             .collect();
         for ((m, x), j) in block.iter().zip(xs).zip(judgements) {
-            // Indices into op stores, which hold at most u32::MAX ops and tensors.
-            let at = |r: super::TensorRef| (r.op() as u32, r.tensor() as u32);
+            let reason = if j.reason.is_empty() {
+                NO_REASON
+            } else {
+                reasons.push(j.reason.into_boxed_str());
+                // One reason per pair at most: fewer than an op store's u32 tensors.
+                (reasons.len() - 1) as u32
+            };
+            // Positions in op stores, which hold at most u32::MAX ops and tensors.
+            let at = |r: TensorRef| (r.op() as u32, r.tensor() as u32);
             pairs.push(Pair {
                 bench: at(m.refs.bench),
                 cmp: at(m.refs.cmp),
                 at: m.at,
+                reason,
+                err: j.err,
+                raw_err: j.raw_err,
+                tolerance: j.tolerance,
+                metrics: x.metrics,
                 by: m.by,
                 external: m.external,
                 kind: x.kind,
                 checksum_equal: x.checksum_equal,
                 verdict: j.verdict,
                 precision: j.precision,
-                err: j.err,
-                raw_err: j.raw_err,
-                tolerance: j.tolerance,
-                metrics: x.metrics,
-                reason: j.reason.into_boxed_str(),
             });
         }
     }
     drop(matches);
     let carry_out = if trained { floor.floor } else { carried };
     let ops = Sides::new(dumps.bench.ops, dumps.cmp.ops);
-    amplified_noise(&mut pairs, &ops);
-    (Judged::new(ops, pairs), unmatched, carry_out)
+    amplified_noise(&mut pairs, &mut reasons, &ops);
+    Ok((Judged::new(ops, pairs, reasons), unmatched, carry_out))
 }
 
 /// Whether an input agrees only because its values sit at rounding-noise level: the
@@ -382,7 +395,7 @@ fn noise_level(p: &Pair, role: Role) -> bool {
 /// than that input are warnings, not errors: the op did what it should with what it was
 /// given, and the inputs' agreement is too weak to pin anything on it. An output further
 /// off than its noisiest input is the op's own error.
-fn amplified_noise(pairs: &mut [Pair], ops: &Sides<Ops>) {
+fn amplified_noise(pairs: &mut [Pair], reasons: &mut Vec<Box<str>>, ops: &Sides<Ops>) {
     let role = |p: &Pair| Judged::tensors(ops, p).cmp.role();
     let mut start = 0;
     while start < pairs.len() {
@@ -399,13 +412,20 @@ fn amplified_noise(pairs: &mut [Pair], ops: &Sides<Ops>) {
             for p in &mut pairs[start..end] {
                 if role(p) == Role::Output && p.verdict == Verdict::Error && p.raw_err <= raw {
                     p.verdict = Verdict::Warning;
-                    p.reason = format!(
-                        "{}; input {name} agrees only within atol (values at rounding-noise \
+                    let was = reasons.get(p.reason as usize).map_or("", |r| &**r);
+                    let reason = format!(
+                        "{was}; input {name} agrees only within atol (values at rounding-noise \
                          level, scale-free error {raw:.3e}): amplified noise (e.g. Adam's \
-                         normalised update of a zero gradient), not this op's error",
-                        p.reason
+                         normalised update of a zero gradient), not this op's error"
                     )
                     .into_boxed_str();
+                    match reasons.get_mut(p.reason as usize) {
+                        Some(r) => *r = reason,
+                        None => {
+                            reasons.push(reason);
+                            p.reason = (reasons.len() - 1) as u32;
+                        }
+                    }
                 }
             }
         }

@@ -24,27 +24,46 @@ use std::ops::Range;
 /// Rows made at a time for a visit (more when an op's rows would be cut).
 const CHUNK: usize = 4096;
 
-/// One judged pair: where its two tensors are, how it was paired, measured and judged.
-/// Indices are `u32`: an op store indexes its ops and tensors so.
+/// One judged pair (64 bytes): where its two tensors are, how it was paired, measured and
+/// judged. Indices are `u32`: an op store indexes its ops and tensors so.
 #[derive(Debug, Clone)]
 pub(super) struct Pair {
-    /// (op, tensor within the op) on each side.
+    /// The two tensors: (op, tensor within the op) on each side.
     pub bench: (u32, u32),
     pub cmp: (u32, u32),
     /// The comparison-side op the row is reported under.
     pub at: u32,
+    /// Index into the reasons, or [`NO_REASON`] (a pass has none).
+    pub reason: u32,
+    pub err: f64,
+    pub raw_err: f64,
+    pub tolerance: f64,
+    pub metrics: Option<Box<Metrics>>,
     pub by: MatchedBy,
     pub external: bool,
     pub kind: CompareKind,
     pub checksum_equal: Option<bool>,
     pub verdict: Verdict,
     pub precision: Option<DType>,
-    pub err: f64,
-    pub raw_err: f64,
-    pub tolerance: f64,
-    pub metrics: Option<Box<Metrics>>,
-    pub reason: Box<str>,
 }
+
+/// What a unit's summary counts of a pair ([`Judged::brief`]).
+#[derive(Debug, Clone, Copy)]
+pub struct Brief {
+    /// Its verdict.
+    pub verdict: Verdict,
+    /// Its judged error.
+    pub err: f64,
+    /// How it was compared.
+    pub kind: CompareKind,
+    /// How it was paired.
+    pub matched_by: MatchedBy,
+    /// The sequence number of the op it is reported under.
+    pub seq: u64,
+}
+
+/// A pair's reason index when it has none.
+pub(super) const NO_REASON: u32 = u32::MAX;
 
 /// A unit's judged pairs, in the comparison run's execution order, over both sides' op
 /// records.
@@ -52,12 +71,18 @@ pub(super) struct Pair {
 pub struct Judged {
     ops: Sides<Ops>,
     pairs: Vec<Pair>,
+    /// The reasons of the pairs that have one (most pass, and have none).
+    reasons: Vec<Box<str>>,
 }
 
 impl Judged {
-    /// The pairs over the records they index.
-    pub(super) fn new(ops: Sides<Ops>, pairs: Vec<Pair>) -> Judged {
-        Judged { ops, pairs }
+    /// The pairs over the records they index, with the reasons they index.
+    pub(super) fn new(ops: Sides<Ops>, pairs: Vec<Pair>, reasons: Vec<Box<str>>) -> Judged {
+        Judged {
+            ops,
+            pairs,
+            reasons,
+        }
     }
 
     /// How many pairs (rows).
@@ -90,12 +115,27 @@ impl Judged {
             tensor: Measured::new(p.by, p.external, op, tensors, x),
             judgement: Judgement {
                 verdict: p.verdict,
-                reason: p.reason.to_string(),
+                reason: self
+                    .reasons
+                    .get(p.reason as usize)
+                    .map_or_else(String::new, |r| r.to_string()),
                 err: p.err,
                 raw_err: p.raw_err,
                 tolerance: p.tolerance,
                 precision: p.precision,
             },
+        }
+    }
+
+    /// What a unit's summary counts of pair `i`, without making its row.
+    pub fn brief(&self, i: usize) -> Brief {
+        let p = &self.pairs[i];
+        Brief {
+            verdict: p.verdict,
+            err: p.err,
+            kind: p.kind,
+            matched_by: p.by,
+            seq: self.ops.cmp.get(p.at as usize).seq(),
         }
     }
 
@@ -150,9 +190,9 @@ impl Judged {
                 p.metrics
                     .as_ref()
                     .map_or(0, |_| std::mem::size_of::<Metrics>())
-                    + p.reason.len()
             })
-            .sum::<usize>();
+            .sum::<usize>()
+            + self.reasons.iter().map(|r| r.len() + 16).sum::<usize>();
         self.ops.bench.weight()
             + self.ops.cmp.weight()
             + self.pairs.capacity() * std::mem::size_of::<Pair>()
@@ -206,5 +246,14 @@ impl OpRows for ByOp<'_> {
 
     fn rows(&self, k: usize) -> Cow<'_, [Row]> {
         Cow::Owned(self.judged.rows(self.groups[k].clone()))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    #[test]
+    fn a_pair_stays_small() {
+        // A unit of a million pairs holds a million of them (issue 14).
+        assert_eq!(std::mem::size_of::<super::Pair>(), 64);
     }
 }

@@ -5,16 +5,15 @@
 //! sides' statistics a row holds ([`Measured::stat_diff`]), and a stored copy made every row
 //! 128 bytes larger. Nothing here depends on tolerances: that is the judge's job.
 
-use super::align::{MatchedBy, OpInfo};
-use super::{Alignment, Sides};
+use super::align::{records, MatchedBy, OpInfo, TensorMatch};
+use super::Sides;
 use crate::dtype::AnyDType;
-use crate::dump::{Role, Stats, Tensor};
+use crate::dump::{RankDump, Role, Stats, Tensor};
 use crate::error::{ProbeError, Result};
 use crate::metrics::{self, Metrics, StatDiff};
 use crate::tensor::ShardCache;
 use rayon::prelude::*;
 use serde::{Deserialize, Serialize};
-use std::sync::atomic::{AtomicUsize, Ordering};
 
 /// How a tensor pair was compared.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
@@ -203,28 +202,21 @@ impl Measured {
     }
 }
 
-/// Measures every pair in parallel, keeping their order; `progress(done, total)` is called
-/// about a hundred times. The first error (in pair order) stops the compare, so the message
-/// does not depend on thread timing.
-pub fn measure_all(
-    a: &Alignment,
+/// Measures `pairs` of the two op logs in parallel, keeping their order; `tick` is called
+/// after each pair. The first error (in pair order) is returned, so the message does not
+/// depend on thread timing.
+pub fn measure_pairs(
+    dumps: &Sides<RankDump>,
+    pairs: &[TensorMatch],
     caches: &Sides<ShardCache>,
-    progress: &(dyn Fn(usize, usize) + Sync),
+    tick: &(dyn Fn() + Sync),
 ) -> Result<Vec<Measurement>> {
-    let total = a.matches.len();
-    let done = AtomicUsize::new(0);
-    let every = (total / 100).max(1);
-    // Errors boxed while collected: a pair's slot is then 16 bytes instead of 80 (a
-    // million-pair unit collected 80 MB for what ends as 16).
-    let out: Vec<std::result::Result<Measurement, Box<ProbeError>>> = a
-        .matches
+    // Errors boxed while collected: a pair's slot is then 16 bytes instead of 80.
+    let out: Vec<std::result::Result<Measurement, Box<ProbeError>>> = pairs
         .par_iter()
         .map(|m| {
-            let r = measure(a.records(m), caches).map_err(Box::new);
-            let k = done.fetch_add(1, Ordering::Relaxed) + 1;
-            if k.is_multiple_of(every) || k == total {
-                progress(k, total);
-            }
+            let r = measure(records(dumps, m), caches).map_err(Box::new);
+            tick();
             r
         })
         .collect();

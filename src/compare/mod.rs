@@ -47,6 +47,7 @@ use serde::{Deserialize, Serialize};
 pub use shard::{Frame, Outcome, RunPart, Shard};
 use std::collections::HashMap;
 use std::path::{Path, PathBuf};
+use std::sync::atomic::{AtomicUsize, Ordering};
 pub use structural::StructuralAligner;
 pub use tables::{Parked, Parking, RowMemory, Tables, UnitRows, UnitTable};
 pub use tolerance::{Tolerances, Verdict};
@@ -134,16 +135,6 @@ pub struct ChartCounts {
     pub failing: usize,
 }
 
-impl ChartCounts {
-    fn of(rows: &[Row]) -> ChartCounts {
-        op_groups(rows).fold(ChartCounts::default(), |c, op| ChartCounts {
-            ops: c.ops + 1,
-            failing: c.failing
-                + usize::from(op.iter().any(|r| r.judgement.verdict == Verdict::Error)),
-        })
-    }
-}
-
 /// Consecutive rows of one op (an op's tensors are adjacent in a unit's rows): the ops the
 /// chart and the per-op table show.
 pub fn op_groups(rows: &[Row]) -> impl Iterator<Item = &[Row]> {
@@ -179,8 +170,8 @@ impl UnitSummary {
     }
 }
 
-/// What one pass over a unit's rows gathers for its summary: its counts, its worst ops and
-/// the chart's size. Fed a chunk of whole ops at a time.
+/// What one pass over a unit's judged pairs gathers for its summary: its counts, its worst
+/// ops and the chart's size. Rows are made only for the ops that enter the worst list.
 struct Tally<'u> {
     unit: &'u Unit,
     counts: Counts,
@@ -204,49 +195,81 @@ impl<'u> Tally<'u> {
         }
     }
 
-    fn rows(&mut self, rows: &[Row]) {
+    fn judged(&mut self, j: &Judged) {
+        const KINDS: [CompareKind; 4] = [
+            CompareKind::Tensor,
+            CompareKind::Checksum,
+            CompareKind::Statistics,
+            CompareKind::None,
+        ];
+        const BY: [MatchedBy; 4] = [
+            MatchedBy::Exact,
+            MatchedBy::Aligned,
+            MatchedBy::Mapped,
+            MatchedBy::Module,
+        ];
+        let (mut kinds, mut by) = ([0usize; 4], [0usize; 4]);
         let c = &mut self.counts;
-        c.tensors += rows.len();
-        for r in rows {
-            match r.judgement.verdict {
+        c.tensors += j.len();
+        for i in 0..j.len() {
+            let b = j.brief(i);
+            match b.verdict {
                 Verdict::Pass => c.pass += 1,
                 Verdict::Warning => c.warning += 1,
                 Verdict::Error => c.error += 1,
             }
-            *c.compared_by
-                .entry(r.tensor.kind.name().to_string())
-                .or_default() += 1;
-            *c.matched_by
-                .entry(r.tensor.matched_by.name().to_string())
-                .or_default() += 1;
+            kinds[KINDS.iter().position(|&k| k == b.kind).unwrap_or(3)] += 1;
+            by[BY.iter().position(|&m| m == b.matched_by).unwrap_or(0)] += 1;
         }
-        let chart = ChartCounts::of(rows);
-        self.chart.ops += chart.ops;
-        self.chart.failing += chart.failing;
-        for op in op_groups(rows) {
-            self.worst_of(op);
+        for (k, n) in KINDS.iter().zip(kinds).filter(|(_, n)| *n > 0) {
+            *c.compared_by.entry(k.name().to_string()).or_default() += n;
+        }
+        for (m, n) in BY.iter().zip(by).filter(|(_, n)| *n > 0) {
+            *c.matched_by.entry(m.name().to_string()).or_default() += n;
+        }
+        for g in j.groups() {
+            self.chart.ops += 1;
+            let failing = g.clone().any(|i| j.brief(i).verdict == Verdict::Error);
+            self.chart.failing += usize::from(failing);
+            self.worst_of(j, g);
         }
     }
 
-    /// Keeps `op` among the worst if it is one (an op's rows are never split across
-    /// chunks: its worst row is the worst of these).
-    fn worst_of(&mut self, op: &[Row]) {
-        // The op's worst row (the first of equals), if it does not pass.
-        let mut best: Option<&Row> = None;
-        for r in op.iter().filter(|r| r.judgement.verdict != Verdict::Pass) {
-            let better = best.is_none_or(|cur| {
-                let (j, c) = (&r.judgement, &cur.judgement);
-                j.verdict.cmp(&c.verdict).then(j.err.total_cmp(&c.err))
+    /// Keeps the op of the pairs `g` among the worst if it is one.
+    fn worst_of(&mut self, j: &Judged, g: std::ops::Range<usize>) {
+        // The op's worst pair (the first of equals), if it does not pass.
+        let mut best: Option<(usize, judged::Brief)> = None;
+        for i in g {
+            let b = j.brief(i);
+            if b.verdict == Verdict::Pass {
+                continue;
+            }
+            let better = best.is_none_or(|(_, cur)| {
+                b.verdict.cmp(&cur.verdict).then(b.err.total_cmp(&cur.err))
                     == std::cmp::Ordering::Greater
             });
             if better {
-                best = Some(r);
+                best = Some((i, b));
             }
         }
-        let Some(r) = best else { return };
-        let order = |a: &WorstCandidate, b: &WorstCandidate| {
-            WorstCandidate::order(a, b).then(a.op.seq.cmp(&b.op.seq))
+        let Some((i, b)) = best else { return };
+        // Worst first: verdict, then error (NaN above everything), then op order.
+        let order = |(v, e, s): (Verdict, f64, u64), w: &WorstCandidate| {
+            w.op.verdict
+                .cmp(&v)
+                .then(w.err.total_cmp(&e))
+                .then(s.cmp(&w.op.seq))
         };
+        let key = (b.verdict, b.err, b.seq);
+        if self.worst.len() == WORST_OPS
+            && self
+                .worst
+                .last()
+                .is_some_and(|w| order(key, w) != std::cmp::Ordering::Less)
+        {
+            return;
+        }
+        let r = j.row(i);
         let candidate = WorstCandidate {
             op: WorstOp {
                 step: self.unit.step.clone(),
@@ -255,22 +278,14 @@ impl<'u> Tally<'u> {
                 op: r.tensor.op.key.to_string(),
                 verdict: r.judgement.verdict,
                 err: r.judgement.err.is_finite().then_some(r.judgement.err),
-                tensor: r.tensor.name.clone(),
-                reason: r.judgement.reason.clone(),
+                tensor: r.tensor.name,
+                reason: r.judgement.reason,
             },
             err: r.judgement.err,
         };
-        if self.worst.len() == WORST_OPS
-            && self
-                .worst
-                .last()
-                .is_some_and(|w| order(&candidate, w) != std::cmp::Ordering::Less)
-        {
-            return;
-        }
         let at = self
             .worst
-            .partition_point(|w| order(w, &candidate) == std::cmp::Ordering::Less);
+            .partition_point(|w| order(key, w) == std::cmp::Ordering::Greater);
         self.worst.insert(at, candidate);
         self.worst.truncate(WORST_OPS);
     }
@@ -430,12 +445,22 @@ pub fn compare_unit(
     let regions = alignment.regions.clone();
     let coverage = coverage::of(&alignment);
     let name = format!("{}/{} tensors", unit.step, unit.rank);
-    let bar = progress.stage(&name, alignment.matches.len() as u64, Count::Items);
-    let measurements = measure::measure_all(&alignment, caches, &|done, _| bar.set(done as u64))?;
-    drop(bar);
-    crate::memory::trace("measuring");
+    let total = alignment.matches.len();
+    let bar = progress.stage(&name, total as u64, Count::Items);
+    // The bar moves about a hundred times.
+    let (done, every) = (AtomicUsize::new(0), (total / 100).max(1));
+    let tick = || {
+        let k = done.fetch_add(1, Ordering::Relaxed) + 1;
+        if k.is_multiple_of(every) || k == total {
+            bar.set(k as u64);
+        }
+    };
+    let measure = |dumps: &Sides<dump::RankDump>, block: &[TensorMatch]| {
+        measure::measure_pairs(dumps, block, caches, &tick)
+    };
     let (judged, unmatched, floor) =
-        judge::judge_all(alignment, measurements, &opts.tolerances, floor);
+        judge::judge_all(alignment, &measure, &opts.tolerances, floor)?;
+    drop(bar);
     let findings = analyze::localize(
         &judged.by_op(),
         &stacks,
@@ -444,14 +469,11 @@ pub fn compare_unit(
         &opts.tolerances,
     );
     crate::memory::trace("judging and localising");
+    let mut tally = Tally::new(unit, ops);
+    tally.judged(&judged);
+    tally.unmatched(&unmatched);
     let rows = UnitRows::Judged(Box::new(judged));
     let collectives = cross_rank::judge_calls(calls, &rows)?;
-    let mut tally = Tally::new(unit, ops);
-    rows.visit(&mut |chunk| {
-        tally.rows(chunk);
-        Ok(())
-    })?;
-    tally.unmatched(&unmatched);
     crate::memory::trace("counting");
     let table = UnitTable { rows, unmatched };
     let summary = UnitSummary {

@@ -74,13 +74,15 @@ type GroupKey = (Phase, String);
 /// What the aligner knows of one side.
 struct SideView<'a> {
     dump: &'a RankDump,
-    /// API name per op (the bench name for the comparison side).
-    api: Vec<&'a str>,
+    /// API per op (the bench name for the comparison side), as an id into the aligner's
+    /// API names (shared by both sides).
+    api: Vec<u32>,
     /// Signature per op.
     sig: Vec<u64>,
     /// Match key per op (backward counters renumbered), for the `exact` label.
-    key: Vec<Option<String>>,
-    groups: BTreeMap<GroupKey, Vec<usize>>,
+    key: Vec<Option<Box<str>>>,
+    /// Ops by group, in execution order (taken by the aligner's passes).
+    groups: BTreeMap<GroupKey, Vec<u32>>,
     /// Producer and readers of each dataflow id.
     flow: Dataflow,
     /// Op index by op key, for backward → forward twins (empty on a side without backward
@@ -193,24 +195,47 @@ fn signature(api: &str, op: Op) -> u64 {
     h.finish()
 }
 
+/// API names, each once, and their ids.
+#[derive(Default)]
+struct Interner<'a> {
+    names: Vec<&'a str>,
+    ids: HashMap<&'a str, u32>,
+}
+
+impl<'a> Interner<'a> {
+    /// The id of `name` (a new one for a name not met before). An op store holds at most
+    /// u32::MAX ops, so at most that many names.
+    fn id(&mut self, name: &'a str) -> u32 {
+        let next = self.names.len() as u32;
+        let id = *self.ids.entry(name).or_insert(next);
+        if id == next {
+            self.names.push(name);
+        }
+        id
+    }
+}
+
 impl<'a> SideView<'a> {
-    fn new(dump: &'a RankDump, mapping: Option<&'a Mapping>, modules: bool) -> Self {
+    /// The view of one side, with its APIs' ids in `apis` (its own, made one with the other
+    /// side's by [`SideView::renumber`]).
+    fn new(
+        dump: &'a RankDump,
+        mapping: Option<&'a Mapping>,
+        modules: bool,
+    ) -> (Self, Interner<'a>) {
         let ops = &dump.ops;
-        let api: Vec<&str> = ops
-            .iter()
-            .map(|op| {
-                let base = op.key().base_text();
-                match mapping {
-                    Some(m) => m.bench_api(base),
-                    None => base,
-                }
-            })
-            .collect();
-        let sig = ops
-            .iter()
-            .zip(&api)
-            .map(|(op, a)| signature(a, op))
-            .collect();
+        let mut apis = Interner::default();
+        let mut api = Vec::with_capacity(ops.len());
+        let mut sig = Vec::with_capacity(ops.len());
+        for op in ops.iter() {
+            let base = op.key().base_text();
+            let name = match mapping {
+                Some(m) => m.bench_api(base),
+                None => base,
+            };
+            api.push(apis.id(name));
+            sig.push(signature(name, op));
+        }
         // Module classes by path, from module records (`Module.path.Class.forward.0`), for
         // msprobe's class-scoped layer mapping.
         let classes: HashMap<&str, &str> = ops
@@ -222,7 +247,7 @@ impl<'a> SideView<'a> {
                 Some((path, class))
             })
             .collect();
-        let mut groups: BTreeMap<GroupKey, Vec<usize>> = BTreeMap::new();
+        let mut groups: BTreeMap<GroupKey, Vec<u32>> = BTreeMap::new();
         for op in ops.iter() {
             let module = if modules {
                 let m = module_path(op).unwrap_or_default();
@@ -238,7 +263,7 @@ impl<'a> SideView<'a> {
             groups
                 .entry((phase(op), module))
                 .or_default()
-                .push(op.index());
+                .push(op.index() as u32);
         }
         let flow = if dump.has_dataflow {
             Dataflow::of(ops)
@@ -252,7 +277,7 @@ impl<'a> SideView<'a> {
         } else {
             HashMap::new()
         };
-        SideView {
+        let view = SideView {
             dump,
             api,
             sig,
@@ -260,6 +285,15 @@ impl<'a> SideView<'a> {
             groups,
             flow,
             by_key,
+        };
+        (view, apis)
+    }
+
+    /// Moves this side's API ids from its own `own` names into `shared`.
+    fn renumber(&mut self, own: Interner<'a>, shared: &mut Interner<'a>) {
+        let to: Vec<u32> = own.names.iter().map(|n| shared.id(n)).collect();
+        for a in &mut self.api {
+            *a = to[*a as usize];
         }
     }
 
@@ -285,24 +319,27 @@ fn has_modules(d: &RankDump) -> bool {
     d.ops.iter().any(|op| op.module().is_some())
 }
 
+/// No index (u32 index lists).
+const NO: u32 = u32::MAX;
+
 /// Indices (into `seq`) of a longest strictly increasing subsequence.
-fn lis(seq: &[usize]) -> Vec<usize> {
-    let mut tails: Vec<usize> = Vec::new(); // index into seq of the tail of each length
-    let mut prev: Vec<Option<usize>> = vec![None; seq.len()];
+fn lis(seq: &[u32]) -> Vec<u32> {
+    let mut tails: Vec<u32> = Vec::new(); // index into seq of the tail of each length
+    let mut prev: Vec<u32> = vec![NO; seq.len()];
     for (i, &v) in seq.iter().enumerate() {
-        let pos = tails.partition_point(|&t| seq[t] < v);
-        prev[i] = pos.checked_sub(1).map(|p| tails[p]);
+        let pos = tails.partition_point(|&t| seq[t as usize] < v);
+        prev[i] = pos.checked_sub(1).map_or(NO, |p| tails[p]);
         if pos == tails.len() {
-            tails.push(i);
+            tails.push(i as u32);
         } else {
-            tails[pos] = i;
+            tails[pos] = i as u32;
         }
     }
     let mut out = Vec::with_capacity(tails.len());
-    let mut cur = tails.last().copied();
-    while let Some(i) = cur {
-        out.push(i);
-        cur = prev[i];
+    let mut cur = tails.last().copied().unwrap_or(NO);
+    while cur != NO {
+        out.push(cur);
+        cur = prev[cur as usize];
     }
     out.reverse();
     out
@@ -310,15 +347,16 @@ fn lis(seq: &[usize]) -> Vec<usize> {
 
 /// Pairs of positions (into `b`, `c`) of a maximum-weight common subsequence of equal
 /// signatures; a pair with the same match key weighs more, so ties go to the same call.
-fn lcs(b: &[usize], c: &[usize], bv: &SideView, cv: &SideView) -> Vec<(usize, usize)> {
+fn lcs(b: &[u32], c: &[u32], bv: &SideView, cv: &SideView) -> Vec<(usize, usize)> {
     let (n, m) = (b.len(), c.len());
     if n == 0 || m == 0 {
         return vec![];
     }
     let w = |i: usize, j: usize| -> u32 {
-        if bv.sig[b[i]] != cv.sig[c[j]] {
+        let (x, y) = (b[i] as usize, c[j] as usize);
+        if bv.sig[x] != cv.sig[y] {
             0
-        } else if bv.match_key(b[i]) == cv.match_key(c[j]) {
+        } else if bv.match_key(x) == cv.match_key(y) {
             3
         } else {
             2
@@ -329,12 +367,12 @@ fn lcs(b: &[usize], c: &[usize], bv: &SideView, cv: &SideView) -> Vec<(usize, us
         // signature. Linear; exact when the gap holds only insertions on one side.
         let mut next: HashMap<u64, std::collections::VecDeque<usize>> = HashMap::new();
         for (i, &op) in b.iter().enumerate() {
-            next.entry(bv.sig[op]).or_default().push_back(i);
+            next.entry(bv.sig[op as usize]).or_default().push_back(i);
         }
         let mut last = 0usize;
         let mut out = Vec::new();
         for (j, &op) in c.iter().enumerate() {
-            if let Some(q) = next.get_mut(&cv.sig[op]) {
+            if let Some(q) = next.get_mut(&cv.sig[op as usize]) {
                 while q.front().is_some_and(|&i| i < last) {
                     q.pop_front();
                 }
@@ -378,75 +416,96 @@ fn lcs(b: &[usize], c: &[usize], bv: &SideView, cv: &SideView) -> Vec<(usize, us
 /// Op pairs of one group, and the stretches between them where both sides have calls
 /// left (the regions) or one side has (insertions).
 struct GroupAlignment {
-    pairs: Vec<(usize, usize)>,
-    gaps: Vec<(Vec<usize>, Vec<usize>)>,
+    pairs: Vec<(u32, u32)>,
+    gaps: Vec<(Vec<u32>, Vec<u32>)>,
 }
 
-fn align_group(b: &[usize], c: &[usize], bv: &SideView, cv: &SideView) -> GroupAlignment {
-    // Anchors: the n-th call of an API in this group on both sides, same signature. Each
-    // API is hashed once per call into a small id; the benchmark's calls are then listed per
-    // id in call order (one flat table), so the n-th call of an API is an index, not a
-    // lookup of (name, n) in a map of every call.
-    let mut ids: HashMap<&str, usize> = HashMap::new();
-    let mut id_of = |api| {
-        let next = ids.len();
-        *ids.entry(api).or_insert(next)
+/// `scratch` holds 0 for every API id (as many as there are API names) and is left so.
+fn align_group(
+    b: &[u32],
+    c: &[u32],
+    bv: &SideView,
+    cv: &SideView,
+    scratch: &mut [u32],
+) -> GroupAlignment {
+    // Anchors: the n-th call of an API in this group on both sides, same signature. The
+    // group's APIs are numbered densely (`scratch[api]` is the number + 1 while the group is
+    // aligned), the benchmark's calls are then listed per API in call order (one flat
+    // table), so the n-th call of an API is an index, not a lookup of (name, n) in a map of
+    // every call.
+    let mut seen_apis: Vec<u32> = Vec::new();
+    let mut id_of = |api: u32| -> u32 {
+        let e = &mut scratch[api as usize];
+        if *e == 0 {
+            seen_apis.push(api);
+            *e = seen_apis.len() as u32;
+        }
+        *e - 1
     };
-    let bid: Vec<usize> = b.iter().map(|&op| id_of(bv.api[op])).collect();
-    let cid: Vec<usize> = c.iter().map(|&op| id_of(cv.api[op])).collect();
-    // start[a]..start[a + 1]: where the positions in `b` of API a's calls are in `calls`.
-    let mut start = vec![0usize; ids.len() + 1];
-    for &a in &bid {
-        start[a + 1] += 1;
+    let bid: Vec<u32> = b.iter().map(|&op| id_of(bv.api[op as usize])).collect();
+    let cid: Vec<u32> = c.iter().map(|&op| id_of(cv.api[op as usize])).collect();
+    let n_apis = seen_apis.len();
+    for &api in &seen_apis {
+        scratch[api as usize] = 0;
     }
-    for a in 0..ids.len() {
+    drop(seen_apis);
+    // start[a]..start[a + 1]: where the positions in `b` of API a's calls are in `calls`.
+    let mut start = vec![0u32; n_apis + 1];
+    for &a in &bid {
+        start[a as usize + 1] += 1;
+    }
+    for a in 0..n_apis {
         start[a + 1] += start[a];
     }
-    let mut calls = vec![0usize; b.len()];
+    let mut calls = vec![0u32; b.len()];
     let mut fill = start.clone();
     for (i, &a) in bid.iter().enumerate() {
-        calls[fill[a]] = i;
-        fill[a] += 1;
+        calls[fill[a as usize] as usize] = i as u32;
+        fill[a as usize] += 1;
     }
+    drop(bid);
     // Reused: how many calls of each API the comparison side has made so far.
     let seen = &mut fill;
     seen.fill(0);
-    let mut cand: Vec<(usize, usize)> = Vec::new(); // (b pos, c pos), c ascending
+    let mut cand: Vec<(u32, u32)> = Vec::new(); // (b pos, c pos), c ascending
     for (j, (&op, &a)) in c.iter().zip(&cid).enumerate() {
+        let a = a as usize;
         let at = start[a] + seen[a];
         seen[a] += 1;
         if at < start[a + 1] {
-            let i = calls[at];
-            if bv.sig[b[i]] == cv.sig[op] {
-                cand.push((i, j));
+            let i = calls[at as usize];
+            if bv.sig[b[i as usize] as usize] == cv.sig[op as usize] {
+                cand.push((i, j as u32));
             }
         }
     }
-    let bpos: Vec<usize> = cand.iter().map(|&(i, _)| i).collect();
-    let anchors: Vec<(usize, usize)> = lis(&bpos).into_iter().map(|k| cand[k]).collect();
+    drop((calls, start, fill, cid));
+    let bpos: Vec<u32> = cand.iter().map(|&(i, _)| i).collect();
+    let anchors: Vec<(u32, u32)> = lis(&bpos).into_iter().map(|k| cand[k as usize]).collect();
+    drop((bpos, cand));
     let mut pairs = Vec::with_capacity(c.len().min(b.len()));
     let mut gaps = Vec::new();
     let (mut pi, mut pj) = (0usize, 0usize);
-    let mut close =
-        |ei: usize, ej: usize, pairs: &mut Vec<(usize, usize)>, pi: usize, pj: usize| {
-            let (gb, gc) = (&b[pi..ei], &c[pj..ej]);
-            if gb.is_empty() && gc.is_empty() {
-                return;
+    let mut close = |ei: usize, ej: usize, pairs: &mut Vec<(u32, u32)>, pi: usize, pj: usize| {
+        let (gb, gc) = (&b[pi..ei], &c[pj..ej]);
+        if gb.is_empty() && gc.is_empty() {
+            return;
+        }
+        let (mut si, mut sj) = (0usize, 0usize);
+        let inner = lcs(gb, gc, bv, cv);
+        for &(i, j) in inner.iter().chain(std::iter::once(&(gb.len(), gc.len()))) {
+            if si < i || sj < j {
+                gaps.push((gb[si..i].to_vec(), gc[sj..j].to_vec()));
             }
-            let (mut si, mut sj) = (0usize, 0usize);
-            let inner = lcs(gb, gc, bv, cv);
-            for &(i, j) in inner.iter().chain(std::iter::once(&(gb.len(), gc.len()))) {
-                if si < i || sj < j {
-                    gaps.push((gb[si..i].to_vec(), gc[sj..j].to_vec()));
-                }
-                if i < gb.len() {
-                    pairs.push((gb[i], gc[j]));
-                }
-                si = i + 1;
-                sj = j + 1;
+            if i < gb.len() {
+                pairs.push((gb[i], gc[j]));
             }
-        };
+            si = i + 1;
+            sj = j + 1;
+        }
+    };
     for &(i, j) in &anchors {
+        let (i, j) = (i as usize, j as usize);
         close(i, j, &mut pairs, pi, pj);
         pairs.push((b[i], c[j]));
         pi = i + 1;
@@ -456,13 +515,24 @@ fn align_group(b: &[usize], c: &[usize], bv: &SideView, cv: &SideView) -> GroupA
     GroupAlignment { pairs, gaps }
 }
 
+/// An op list as `usize` indices.
+fn widen(ops: &[u32]) -> Vec<usize> {
+    ops.iter().map(|&o| o as usize).collect()
+}
+
+/// An op list as `u32` indices (op store positions fit).
+fn narrow(ops: &[usize]) -> Vec<u32> {
+    ops.iter().map(|&o| o as u32).collect()
+}
+
 /// Builds the alignment of one unit, pass by pass (see the module doc).
 struct Builder<'a> {
     bv: SideView<'a>,
     cv: SideView<'a>,
     mapping: &'a Mapping,
-    /// Taken tensors per side, flat (`first[op] + tensor`).
-    first: Sides<Vec<usize>>,
+    /// API names, both sides' ids index them.
+    apis: Vec<&'a str>,
+    /// Taken tensors per side, by position among the side's tensors.
     taken: Sides<Vec<bool>>,
     /// The bench partner of each comparison tensor (flat), once paired.
     partner: Vec<Option<TensorRef>>,
@@ -470,17 +540,12 @@ struct Builder<'a> {
     why: Sides<Vec<Why>>,
     matches: Vec<(TensorMatch, u8)>,
     /// Paired ops, comparison index → bench index.
-    op_pair: Vec<Option<usize>>,
+    op_pair: Vec<Option<u32>>,
     regions: Vec<Region>,
     /// Forward ops inside a region, per side: op → region index.
     in_region: Sides<HashMap<usize, usize>>,
     /// Boundary pairs of each forward region whose gradients a backward record holds.
     boundaries: Vec<Vec<Sides<TensorRef>>>,
-}
-
-fn offsets(d: &RankDump) -> (Vec<usize>, usize) {
-    let first = d.ops.iter().map(|op| op.first_tensor()).collect();
-    (first, d.ops.tensor_count())
 }
 
 impl<'a> Builder<'a> {
@@ -491,16 +556,21 @@ impl<'a> Builder<'a> {
         }
     }
 
+    /// The position of `r` among its side's tensors.
+    fn flat(&self, s: Side, r: TensorRef) -> usize {
+        self.side(s).ops().get(r.op()).first_tensor() + r.tensor()
+    }
+
     fn is_taken(&self, s: Side, r: TensorRef) -> bool {
         match s {
-            Side::Bench => self.taken.bench[self.first.bench[r.op()] + r.tensor()],
-            Side::Cmp => self.taken.cmp[self.first.cmp[r.op()] + r.tensor()],
+            Side::Bench => self.taken.bench[self.flat(s, r)],
+            Side::Cmp => self.taken.cmp[self.flat(s, r)],
         }
     }
 
     fn push(&mut self, b: TensorRef, c: TensorRef, by: MatchedBy, at: usize, late: u8) {
-        let bi = self.first.bench[b.op()] + b.tensor();
-        let ci = self.first.cmp[c.op()] + c.tensor();
+        let bi = self.flat(Side::Bench, b);
+        let ci = self.flat(Side::Cmp, c);
         if self.taken.bench[bi] || self.taken.cmp[ci] {
             return;
         }
@@ -532,7 +602,7 @@ impl<'a> Builder<'a> {
     /// Pairs the tensors of two paired ops by slot (`input.0`, `output.1`, `input.weight`:
     /// probe and msprobe name them alike); a slot on one side only stays unmatched.
     fn pair_ops(&mut self, b: usize, c: usize) {
-        self.op_pair[c] = Some(b);
+        self.op_pair[c] = Some(b as u32);
         let by = if self.bv.match_key(b) == self.cv.match_key(c) {
             MatchedBy::Exact
         } else {
@@ -687,7 +757,7 @@ impl<'a> Builder<'a> {
     fn input_target(&self, cr: TensorRef) -> Option<u64> {
         let src = self.tensor(Side::Cmp, cr).src()?;
         let cp = self.cv.flow.producer(src)?;
-        let partner = self.partner[self.first.cmp[cp.op()] + cp.tensor()]?;
+        let partner = self.partner[self.flat(Side::Cmp, cp)]?;
         self.tensor(Side::Bench, partner).id()
     }
 
@@ -696,7 +766,7 @@ impl<'a> Builder<'a> {
     fn output_target(&self, cr: TensorRef) -> Option<u64> {
         let id = self.tensor(Side::Cmp, cr).id()?;
         let reader = self.cv.flow.readers(id)?.next()?;
-        let bop = self.op_pair[reader.op()]?;
+        let bop = self.op_pair[reader.op()]? as usize;
         let slot = self.tensor(Side::Cmp, reader).slot_name()?;
         self.bv
             .ops()
@@ -709,12 +779,15 @@ impl<'a> Builder<'a> {
     /// Compares a stretch where both sides have calls left: a region. Returns whether
     /// any boundary pair was found.
     fn region(&mut self, module: &str, b: &[usize], c: &[usize], bounded: bool) -> bool {
-        let bapis: Vec<&str> = b.iter().map(|&o| self.bv.api[o]).collect();
-        let capis: Vec<&str> = c.iter().map(|&o| self.cv.api[o]).collect();
-        if bapis == capis {
+        let bids: Vec<u32> = b.iter().map(|&o| self.bv.api[o]).collect();
+        let cids: Vec<u32> = c.iter().map(|&o| self.cv.api[o]).collect();
+        if bids == cids {
             // The same calls with other shapes: a shape mismatch, not another code path.
             return false;
         }
+        let names =
+            |ids: &[u32]| -> Vec<&str> { ids.iter().map(|&a| self.apis[a as usize]).collect() };
+        let (bapis, capis) = (names(&bids), names(&cids));
         let rule = self
             .mapping
             .rule_for(&bapis, &capis)
@@ -899,18 +972,18 @@ impl<'a> Builder<'a> {
     /// A stretch left on both sides that no region could be made of: other shapes for the
     /// same API are a shape mismatch, the rest unmatched.
     fn leftover(&mut self, b: &[usize], c: &[usize]) {
-        let bapis: HashSet<&str> = b.iter().map(|&o| self.bv.api[o]).collect();
-        let capis: HashSet<&str> = c.iter().map(|&o| self.cv.api[o]).collect();
-        let shared: HashSet<&str> = bapis.intersection(&capis).copied().collect();
+        let bapis: HashSet<u32> = b.iter().map(|&o| self.bv.api[o]).collect();
+        let capis: HashSet<u32> = c.iter().map(|&o| self.cv.api[o]).collect();
+        let shared: HashSet<u32> = bapis.intersection(&capis).copied().collect();
         let bw: Vec<usize> = b
             .iter()
             .copied()
-            .filter(|&o| shared.contains(self.bv.api[o]))
+            .filter(|&o| shared.contains(&self.bv.api[o]))
             .collect();
         let cw: Vec<usize> = c
             .iter()
             .copied()
-            .filter(|&o| shared.contains(self.cv.api[o]))
+            .filter(|&o| shared.contains(&self.cv.api[o]))
             .collect();
         self.mark(Side::Bench, &bw, Why::ShapeMismatch);
         self.mark(Side::Cmp, &cw, Why::ShapeMismatch);
@@ -921,12 +994,16 @@ impl Aligner for StructuralAligner {
     fn align(&self, dumps: Sides<RankDump>) -> Alignment {
         let modules = has_modules(&dumps.bench) && has_modules(&dumps.cmp);
         let (regions, matches, unmatched) = {
-            let (bv, cv) = rayon::join(
+            let ((bv, bapis), (mut cv, capis)) = rayon::join(
                 || SideView::new(&dumps.bench, None, modules),
                 || SideView::new(&dumps.cmp, Some(&self.mapping), modules),
             );
-            let (bf, bn) = offsets(&dumps.bench);
-            let (cf, cn) = offsets(&dumps.cmp);
+            // One id per API over both sides.
+            let mut apis = bapis;
+            cv.renumber(capis, &mut apis);
+            let apis = apis.names;
+            let (bn, cn) = (dumps.bench.ops.tensor_count(), dumps.cmp.ops.tensor_count());
+            let mut scratch = vec![0u32; apis.len()];
             let mut bld = Builder {
                 why: Sides::new(
                     vec![Why::Unmatched; dumps.bench.ops.len()],
@@ -935,7 +1012,7 @@ impl Aligner for StructuralAligner {
                 bv,
                 cv,
                 mapping: &self.mapping,
-                first: Sides::new(bf, cf),
+                apis,
                 taken: Sides::new(vec![false; bn], vec![false; cn]),
                 partner: vec![None; cn],
                 // At most one match per comparison tensor: reserved once rather than grown
@@ -953,34 +1030,45 @@ impl Aligner for StructuralAligner {
                 k.dedup();
                 k
             };
-            let empty = Vec::new();
+            // Each group's op lists are taken once, not copied.
+            let mut groups = Sides::new(
+                std::mem::take(&mut bld.bv.groups),
+                std::mem::take(&mut bld.cv.groups),
+            );
+            let mut take = |key: &GroupKey| {
+                Sides::new(
+                    groups.bench.remove(key).unwrap_or_default(),
+                    groups.cmp.remove(key).unwrap_or_default(),
+                )
+            };
             // Forward and recompute groups first: backward regions mirror forward ones.
-            let mut gaps: Vec<(GroupKey, Vec<usize>, Vec<usize>)> = Vec::new();
+            let mut gaps: Vec<(GroupKey, Vec<u32>, Vec<u32>)> = Vec::new();
             for key in keys.iter().filter(|k| k.0 != Phase::Backward) {
-                let b = bld.bv.groups.get(key).unwrap_or(&empty).clone();
-                let c = bld.cv.groups.get(key).unwrap_or(&empty).clone();
+                let Sides { bench: b, cmp: c } = take(key);
                 if key.0 == Phase::Recompute && (b.is_empty() || c.is_empty()) {
-                    bld.mark(Side::Bench, &b, Why::Recompute);
-                    bld.mark(Side::Cmp, &c, Why::Recompute);
+                    bld.mark(Side::Bench, &widen(&b), Why::Recompute);
+                    bld.mark(Side::Cmp, &widen(&c), Why::Recompute);
                     continue;
                 }
-                let g = align_group(&b, &c, &bld.bv, &bld.cv);
+                let g = align_group(&b, &c, &bld.bv, &bld.cv, &mut scratch);
+                drop((b, c));
                 for (x, y) in g.pairs {
-                    bld.pair_ops(x, y);
+                    bld.pair_ops(x as usize, y as usize);
                 }
                 gaps.extend(g.gaps.into_iter().map(|(x, y)| (key.clone(), x, y)));
             }
             bld.regions_of(&gaps);
             let mut bwd_gaps = Vec::new();
             for key in keys.iter().filter(|k| k.0 == Phase::Backward) {
-                let b = bld.bv.groups.get(key).unwrap_or(&empty).clone();
-                let c = bld.cv.groups.get(key).unwrap_or(&empty).clone();
+                let Sides { bench: b, cmp: c } = take(key);
                 // Calls whose forward twin is inside a region go to that region's
                 // backward; the rest is aligned like forward calls.
-                let rest = bld.mirror(Sides::new(b, c));
-                let g = align_group(&rest.bench, &rest.cmp, &bld.bv, &bld.cv);
+                let rest = bld.mirror(Sides::new(widen(&b), widen(&c)));
+                drop((b, c));
+                let (rb, rc) = (narrow(&rest.bench), narrow(&rest.cmp));
+                let g = align_group(&rb, &rc, &bld.bv, &bld.cv, &mut scratch);
                 for (x, y) in g.pairs {
-                    bld.pair_ops(x, y);
+                    bld.pair_ops(x as usize, y as usize);
                 }
                 bwd_gaps.extend(g.gaps.into_iter().map(|(x, y)| (key.clone(), x, y)));
             }
@@ -1009,11 +1097,11 @@ struct Bounds {
 }
 
 impl Bounds {
-    fn new(op_pair: &[Option<usize>]) -> Bounds {
+    fn new(op_pair: &[Option<u32>]) -> Bounds {
         let pairs: Vec<(usize, usize)> = op_pair
             .iter()
             .enumerate()
-            .filter_map(|(c, b)| Some((c, (*b)?)))
+            .filter_map(|(c, b)| Some((c, (*b)? as usize)))
             .collect();
         let mut prefix_min = Vec::with_capacity(pairs.len());
         let mut m = usize::MAX;
@@ -1051,15 +1139,16 @@ impl Bounds {
 
 impl Builder<'_> {
     /// Makes regions of the stretches left on both sides, or marks them left over.
-    fn regions_of(&mut self, gaps: &[(GroupKey, Vec<usize>, Vec<usize>)]) {
+    fn regions_of(&mut self, gaps: &[(GroupKey, Vec<u32>, Vec<u32>)]) {
         let bounds = Bounds::new(&self.op_pair);
         for (key, b, c) in gaps {
             if b.is_empty() || c.is_empty() {
                 continue;
             }
-            let bounded = bounds.encloses(b, c);
-            if !self.region(&key.1, b, c, bounded) {
-                self.leftover(b, c);
+            let (b, c) = (widen(b), widen(c));
+            let bounded = bounds.encloses(&b, &c);
+            if !self.region(&key.1, &b, &c, bounded) {
+                self.leftover(&b, &c);
             }
         }
     }
@@ -1102,17 +1191,25 @@ impl Builder<'_> {
 
     /// Left-over views and casts of APIs the other side never calls: not hooked there.
     fn unhooked(&mut self) {
-        let apis =
-            |v: &SideView| -> HashSet<String> { v.api.iter().map(|a| a.to_string()).collect() };
-        let (ba, ca) = (apis(&self.bv), apis(&self.cv));
+        let n = self.apis.len();
+        let called = |v: &SideView| -> Vec<bool> {
+            let mut c = vec![false; n];
+            for &a in &v.api {
+                c[a as usize] = true;
+            }
+            c
+        };
+        let (ba, ca) = (called(&self.bv), called(&self.cv));
         for (side, own, other) in [(Side::Bench, &self.bv, &ca), (Side::Cmp, &self.cv, &ba)] {
             let why = match side {
                 Side::Bench => &mut self.why.bench,
                 Side::Cmp => &mut self.why.cmp,
             };
             for (op, w) in why.iter_mut().enumerate() {
-                let api = own.api[op];
-                if *w == Why::Unmatched && !other.contains(api) && self.mapping.is_passthrough(api)
+                let api = own.api[op] as usize;
+                if *w == Why::Unmatched
+                    && !other[api]
+                    && self.mapping.is_passthrough(self.apis[api])
                 {
                     *w = Why::Unhooked;
                 }
@@ -1129,25 +1226,13 @@ impl Builder<'_> {
         matches.sort_unstable_by_key(|(m, late)| (m.at, *late, m.refs.cmp));
         let matches: Vec<TensorMatch> = matches.into_iter().map(|(m, _)| m).collect();
         let mut only = Vec::new();
-        for (side, v, taken, first, why) in [
-            (
-                Side::Cmp,
-                &self.cv,
-                &self.taken.cmp,
-                &self.first.cmp,
-                &self.why.cmp,
-            ),
-            (
-                Side::Bench,
-                &self.bv,
-                &self.taken.bench,
-                &self.first.bench,
-                &self.why.bench,
-            ),
+        for (side, v, taken, why) in [
+            (Side::Cmp, &self.cv, &self.taken.cmp, &self.why.cmp),
+            (Side::Bench, &self.bv, &self.taken.bench, &self.why.bench),
         ] {
             for op in v.ops().iter() {
-                for (ti, t) in op.tensors().enumerate() {
-                    if !taken[first[op.index()] + ti] {
+                for t in op.tensors() {
+                    if !taken[t.flat()] {
                         only.push(unmatched(side, t, why[op.index()]));
                     }
                 }
@@ -1625,7 +1710,7 @@ mod tests {
     fn lis_is_longest_and_increasing() {
         let seq = [3, 1, 4, 1, 5, 9, 2, 6];
         let idx = lis(&seq);
-        let vals: Vec<usize> = idx.iter().map(|&i| seq[i]).collect();
+        let vals: Vec<u32> = idx.iter().map(|&i| seq[i as usize]).collect();
         assert_eq!(vals.len(), 4);
         assert!(vals.windows(2).all(|w| w[0] < w[1]));
     }
