@@ -144,6 +144,42 @@ pub(crate) struct KeyParts {
 }
 
 impl KeyParts {
+    /// The parts as 6 bits (form, direction, whether there is a call counter) and the
+    /// counter and base length: how the op store packs them.
+    pub(crate) fn pack(&self) -> (u16, u64, u32) {
+        let form = match self.form {
+            Form::Api => 0,
+            Form::Module => 1,
+            Form::ParametersGrad => 2,
+            Form::Other => 3,
+        };
+        let dir = u16::from(self.direction == Direction::Backward);
+        let bits = form | dir << 2 | u16::from(self.has_call) << 3;
+        (bits, self.call, self.base_len)
+    }
+
+    /// The parts [`KeyParts::pack`] packed.
+    pub(crate) fn unpack(bits: u16, call: u64, base_len: u32) -> KeyParts {
+        let form = match bits & 3 {
+            0 => Form::Api,
+            1 => Form::Module,
+            2 => Form::ParametersGrad,
+            _ => Form::Other,
+        };
+        let direction = if bits & 4 != 0 {
+            Direction::Backward
+        } else {
+            Direction::Forward
+        };
+        KeyParts {
+            form,
+            direction,
+            has_call: bits & 8 != 0,
+            call,
+            base_len,
+        }
+    }
+
     /// Parses a key's text. Never fails: a key outside the grammar is kept as written,
     /// with the direction read from its last `forward`/`backward` part (forward if none).
     /// Walks the key's bytes once and allocates nothing.
@@ -168,11 +204,15 @@ impl KeyParts {
             }
         }
         let prefix = raw.split('.').next().unwrap_or("");
-        let grad = raw.match_indices("parameters_grad").find(|&(i, _)| {
-            let before = i == 0 || raw.as_bytes()[i - 1] == b'.';
-            let j = i + "parameters_grad".len();
-            before && (j == raw.len() || raw.as_bytes()[j] == b'.')
-        });
+        // Where a part `parameters_grad` starts (a whole dot-separated part).
+        let grad = raw
+            .split('.')
+            .scan(0usize, |at, part| {
+                let start = *at;
+                *at += part.len() + 1;
+                Some((start, part))
+            })
+            .find(|&(_, part)| part == "parameters_grad");
         let (last, second) = (tail[0], tail[1]);
         let base_of = |part_start: usize| part_start.saturating_sub(1);
         let (form, base_len, call, direction) = if let Some((i, _)) = grad {

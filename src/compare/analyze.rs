@@ -254,6 +254,18 @@ pub trait OpRows {
     fn rows(&self, k: usize) -> Cow<'_, [Row]>;
 }
 
+/// What the localiser keeps of an op's head (16 bytes: a unit can have a million ops).
+#[derive(Debug, Clone, Copy)]
+struct Brief {
+    seq: u64,
+    direction: Direction,
+    /// Its key says backward: it may have a forward twin.
+    twin: bool,
+    fails: bool,
+    flagged: bool,
+    nonfinite: bool,
+}
+
 /// Localises one unit. Its ops must be in execution order (as the judge hands them on).
 pub fn localize(
     unit: &dyn OpRows,
@@ -263,38 +275,56 @@ pub fn localize(
     tols: &Tolerances,
 ) -> Findings {
     let at = Place { step, rank, stacks };
-    let heads: Vec<Head> = (0..unit.ops()).map(|k| unit.head(k)).collect();
-    let by_key: HashMap<&str, usize> = heads
-        .iter()
-        .enumerate()
-        .filter(|(_, h)| h.direction == Direction::Forward)
-        .map(|(k, h)| (h.key, k))
+    let briefs: Vec<Brief> = (0..unit.ops())
+        .map(|k| {
+            let h = unit.head(k);
+            Brief {
+                seq: h.seq,
+                direction: h.direction,
+                twin: h.key.ends_with(".backward") || h.key.contains(".backward."),
+                fails: h.fails,
+                flagged: h.flagged,
+                nonfinite: h.nonfinite,
+            }
+        })
         .collect();
+    // Forward ops by key, for backward ops to find their forward twin: only when some key
+    // may have one (a forward-only unit of a million ops needs no map of a million keys).
+    let by_key: HashMap<&str, usize> = if briefs.iter().any(|b| b.twin) {
+        (0..briefs.len())
+            .filter(|&k| briefs[k].direction == Direction::Forward)
+            .map(|k| (unit.head(k).key, k))
+            .collect()
+    } else {
+        HashMap::default()
+    };
     let mut f = Findings::default();
-    let first_backward = heads
+    let first_backward = briefs
         .iter()
         .filter(|h| h.direction == Direction::Backward)
         .map(|h| h.seq)
         .min();
-    let phase = |h: &Head| match first_backward {
+    let phase = |h: &Brief| match first_backward {
         Some(s) if h.seq > s => Direction::Backward,
         _ => h.direction,
     };
-    let forward_fails = heads
+    let forward_fails = briefs
         .iter()
         .any(|h| phase(h) == Direction::Forward && h.fails);
     for dir in [Direction::Forward, Direction::Backward] {
         // Gradients of a diverged forward differ from the loss on: not an outside source.
         let inherited = dir == Direction::Backward && forward_fails;
-        let dir_ops: Vec<usize> = (0..heads.len())
-            .filter(|&k| phase(&heads[k]) == dir)
+        // Ops (u32: a store's op count fits) of this phase.
+        let dir_ops: Vec<u32> = (0..briefs.len())
+            .filter(|&k| phase(&briefs[k]) == dir)
+            .map(|k| k as u32)
             .collect();
-        let Some(last_error) = dir_ops.iter().rposition(|&k| heads[k].fails) else {
+        let Some(last_error) = dir_ops.iter().rposition(|&k| briefs[k as usize].fails) else {
             continue;
         };
         // Earliest failing op, and whether the failure enters through its inputs.
-        if let Some(&k) = dir_ops.iter().find(|&&k| heads[k].fails) {
-            let rows = unit.rows(k);
+        if let Some(&k) = dir_ops.iter().find(|&&k| briefs[k as usize].fails) {
+            let rows = unit.rows(k as usize);
             let g: Vec<&Row> = rows.iter().collect();
             if let Some(focus) = worst(g.iter().filter(|r| fails(r))) {
                 *f.earliest_failing.slot(dir) = Some(finding(
@@ -327,10 +357,10 @@ pub fn localize(
                 break;
             }
             // Every tensor within tolerance: its worst output is no divergence.
-            if !heads[k].flagged {
+            if !briefs[k as usize].flagged {
                 continue;
             }
-            let rows = unit.rows(k);
+            let rows = unit.rows(k as usize);
             let g: Vec<&Row> = rows.iter().collect();
             let inputs: Vec<&&Row> = g.iter().filter(|r| is_input(r)).collect();
             // Outputs that are rounding noise of the inputs cannot show a local error.
@@ -453,7 +483,7 @@ pub fn localize(
         }
     }
     // First NaN/Inf producer, in execution order over both directions.
-    for (k, h) in heads.iter().enumerate() {
+    for (k, h) in briefs.iter().enumerate() {
         // No NaN/Inf on the comparison side: no new NaN/Inf output.
         if !h.nonfinite {
             continue;

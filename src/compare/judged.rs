@@ -155,15 +155,16 @@ impl Judged {
     }
 
     /// Where each op's rows are, in order (an op's rows are consecutive).
-    pub fn groups(&self) -> Vec<Range<usize>> {
-        let mut out = Vec::new();
+    pub fn groups(&self) -> impl Iterator<Item = Range<usize>> + '_ {
         let mut s = 0;
-        while s < self.pairs.len() {
-            let e = self.group_end(s);
-            out.push(s..e);
-            s = e;
-        }
-        out
+        std::iter::from_fn(move || {
+            (s < self.pairs.len()).then(|| {
+                let e = self.group_end(s);
+                let g = s..e;
+                s = e;
+                g
+            })
+        })
     }
 
     /// Calls `f` with the rows in order, a chunk of whole ops at a time; stops at the
@@ -203,7 +204,18 @@ impl Judged {
 /// A judged unit op by op, as the localiser reads it.
 pub struct ByOp<'a> {
     judged: &'a Judged,
-    groups: Vec<Range<usize>>,
+    /// Where each op's pairs start (`u32`: a unit of a million ops holds one each).
+    starts: Vec<u32>,
+}
+
+impl ByOp<'_> {
+    fn group(&self, k: usize) -> Range<usize> {
+        let end = self
+            .starts
+            .get(k + 1)
+            .map_or(self.judged.pairs.len(), |&e| e as usize);
+        self.starts[k] as usize..end
+    }
 }
 
 impl Judged {
@@ -211,7 +223,8 @@ impl Judged {
     pub fn by_op(&self) -> ByOp<'_> {
         ByOp {
             judged: self,
-            groups: self.groups(),
+            // Pair positions, fewer than an op store's u32 tensors.
+            starts: self.groups().map(|g| g.start as u32).collect(),
         }
     }
 
@@ -227,12 +240,12 @@ impl Judged {
 
 impl OpRows for ByOp<'_> {
     fn ops(&self) -> usize {
-        self.groups.len()
+        self.starts.len()
     }
 
     fn head(&self, k: usize) -> Head<'_> {
         let j = self.judged;
-        let pairs = &j.pairs[self.groups[k].clone()];
+        let pairs = &j.pairs[self.group(k)];
         let op = j.ops.cmp.get(pairs[0].at as usize);
         Head {
             seq: op.seq(),
@@ -245,7 +258,7 @@ impl OpRows for ByOp<'_> {
     }
 
     fn rows(&self, k: usize) -> Cow<'_, [Row]> {
-        Cow::Owned(self.judged.rows(self.groups[k].clone()))
+        Cow::Owned(self.judged.rows(self.group(k)))
     }
 }
 

@@ -281,7 +281,7 @@ fn encode<T: Serialize + ?Sized>(v: &T, path: &Path) -> Result<Vec<u8>> {
 }
 
 /// A reader of the `len` bytes at `offset` of `path`, checked to lie inside the file.
-fn open_span(path: &Path, (offset, len): Span) -> Result<std::io::Take<BufReader<File>>> {
+fn open_span(path: &Path, (offset, len): Span) -> Result<BufReader<std::io::Take<File>>> {
     let size = std::fs::metadata(path)
         .map_err(|e| ProbeError::io(path, e))?
         .len();
@@ -296,7 +296,9 @@ fn open_span(path: &Path, (offset, len): Span) -> Result<std::io::Take<BufReader
     let mut f = File::open(path).map_err(|e| ProbeError::io(path, e))?;
     f.seek(SeekFrom::Start(offset))
         .map_err(|e| ProbeError::io(path, e))?;
-    Ok(BufReader::with_capacity(1 << 16, f).take(len))
+    // The buffer outside the limit: a decoder's many small reads are then copies out of
+    // the buffer (inside, each went through the limit to the buffer).
+    Ok(BufReader::with_capacity(1 << 20, f.take(len)))
 }
 
 fn read_bytes(path: &Path, span: Span) -> Result<Vec<u8>> {
@@ -335,7 +337,8 @@ fn visit_file(path: &Path, span: Span, f: &mut dyn FnMut(&[Row]) -> Result<()>) 
         }
         chunk.push(row);
     }
-    let left = de.get_ref().limit();
+    let r = de.get_ref();
+    let left = r.get_ref().limit() + r.buffer().len() as u64;
     if left != 0 {
         return Err(bad(format!("{left} bytes after its {n} rows")));
     }

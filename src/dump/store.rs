@@ -24,42 +24,43 @@ use std::num::NonZeroU8;
 use std::ops::Range;
 use std::sync::Arc;
 
-/// "None" of an index into a side table.
-const NONE: u32 = u32::MAX;
+// OpSlot::bits: the op key's parts (KeyParts::pack) in bits 0-3, then:
+const KIND_SHIFT: u16 = 4; // 2 bits: api, module, parameters_grad
+const BACKWARD: u16 = 1 << 6;
+const HAS_STACK: u16 = 1 << 7;
+const RECOMPUTE: u16 = 1 << 8;
+const HAS_COLLECTIVE: u16 = 1 << 9;
 
-// OpSlot::flags
-const HAS_STACK: u8 = 1;
-const RECOMPUTE: u8 = 2;
+// TensorSlot::bits: the role in bits 0-1, then:
+const HAS_ID: u8 = 1 << 2;
+const HAS_SRC: u8 = 1 << 3;
+/// The name is the op key, a dot and an interned slot (else a name of its own).
+const SLOT_NAME: u8 = 1 << 4;
+/// A checksum or data location in `extras`.
+const HAS_EXTRA: u8 = 1 << 5;
 
-// TensorSlot::flags
-const HAS_ID: u8 = 1;
-const HAS_SRC: u8 = 2;
-/// The name is the op key, a dot and the stored text (else the stored text is the name).
-const SLOT_NAME: u8 = 4;
-
-/// One op: fixed size, its text in the arena.
+/// One op (48 bytes): its key's text in the arena, what few ops have in side tables.
 #[derive(Debug, Clone)]
 struct OpSlot {
     seq: u64,
     stack: u64,
-    /// The key: `text[key..key + key_len]`, parsed into `key_parts`.
+    /// The key's call counter (KeyParts).
+    call: u64,
+    /// The key: `text[key..key + key_len]`.
     key: u32,
-    key_len: u32,
-    key_parts: KeyParts,
+    key_len: u16,
+    /// The key's base length (KeyParts; at most its length).
+    base_len: u16,
     /// Index of its first tensor (its last is the next op's first, minus one).
     first: u32,
-    /// Index into `modules`, or NONE.
+    /// Index into `modules`, or [`NONE`].
     module: u32,
-    /// Index into `collectives`, or NONE.
-    collective: u32,
-    kind: OpKind,
-    direction: Direction,
-    flags: u8,
+    bits: u16,
 }
 
-/// One tensor: fixed size (72 bytes), statistics unpacked so the small fields share their
-/// padding. What few tensors have lives in side tables: a checksum or data location
-/// (`extras`), a dataflow `src` beside an `id`, NaN/Inf counts past `u32`.
+/// One tensor (64 bytes), statistics unpacked so the small fields share their padding.
+/// What few tensors have lives in side tables: a checksum or data location (`extras`), a
+/// dataflow `src` beside an `id`, NaN/Inf counts past `u32`, a name of its own.
 #[derive(Debug, Clone)]
 struct TensorSlot {
     /// [`Stats`]' values; `present` is its presence mask (0: no statistics).
@@ -69,20 +70,19 @@ struct TensorSlot {
     flow: u64,
     /// NaN and Inf counts; [`BIG`] in either: both are in `big_counts`.
     counts: [u32; 2],
-    /// The name (or its slot, with SLOT_NAME): `text[name..name + name_len]`.
+    /// With SLOT_NAME an index into `slots`, else into `own_names`.
     name: u32,
-    name_len: u32,
     /// The shape: `dims[dims..dims + ndim]`.
     dims: u32,
-    /// Index into `extras`, or NONE.
-    extra: u32,
     /// Below [`KNOWN`]'s length a known dtype, else `other_dtypes[dtype - KNOWN.len()]`.
-    dtype: u16,
+    dtype: u8,
     ndim: u8,
-    role: Role,
     present: u8,
-    flags: u8,
+    bits: u8,
 }
+
+/// "None" of an index into a side table.
+const NONE: u32 = u32::MAX;
 
 /// A count too large for a slot's `u32`: the counts are in `big_counts`.
 const BIG: u32 = u32::MAX;
@@ -92,6 +92,22 @@ const BIG: u32 = u32::MAX;
 struct Extra {
     checksum: Option<(u32, u32)>,
     data: Option<Data>,
+}
+
+fn role_bits(r: Role) -> u8 {
+    match r {
+        Role::Input => 0,
+        Role::Output => 1,
+        Role::Parameter => 2,
+    }
+}
+
+fn kind_bits(k: OpKind) -> u16 {
+    match k {
+        OpKind::Api => 0,
+        OpKind::Module => 1,
+        OpKind::ParametersGrad => 2,
+    }
 }
 
 /// The dtypes probe decodes, by the index a tensor slot stores.
@@ -108,7 +124,7 @@ static KNOWN: [AnyDType; 10] = [
     AnyDType::Known(DType::Bool),
 ];
 
-fn known_index(d: DType) -> u16 {
+fn known_index(d: DType) -> u8 {
     match d {
         DType::F64 => 0,
         DType::F32 => 1,
@@ -129,21 +145,32 @@ fn known_index(d: DType) -> u16 {
 pub struct Ops {
     ops: Vec<OpSlot>,
     tensors: Vec<TensorSlot>,
-    /// Op keys, tensor names (or slots) and checksums.
+    /// Op keys, names of their own and checksums.
     text: String,
     /// Every shape, one after the other.
     dims: Vec<usize>,
     /// Module paths, each once: every op of a module shares it.
     modules: Vec<Arc<str>>,
+    /// Tensor slots (`input.0`, `output.1`), each once.
+    slots: Vec<Box<str>>,
+    /// Names that are not their op's key and a slot: spans of `text`.
+    own_names: Vec<(u32, u32)>,
     /// Dtypes probe does not decode, each once.
     other_dtypes: Vec<AnyDType>,
-    /// Checksums and data locations.
-    extras: Vec<Extra>,
+    /// (tensor, checksum and data location), by tensor.
+    extras: Vec<(u32, Extra)>,
     /// (tensor, src) of tensors with both an `id` and a `src`, by tensor.
     both_src: Vec<(u32, u64)>,
     /// (tensor, [nan, inf]) of tensors whose counts do not fit `u32`, by tensor.
     big_counts: Vec<(u32, [u64; 2])>,
-    collectives: Vec<Collective>,
+    /// (op, collective) of collective calls, by op.
+    collectives: Vec<(u32, Collective)>,
+}
+
+/// The entry of `key` in a side table sorted by it.
+fn side<K: Ord + Copy, T>(table: &[(K, T)], key: K) -> Option<&T> {
+    let k = table.partition_point(|e| e.0 < key);
+    table.get(k).filter(|e| e.0 == key).map(|e| &e.1)
 }
 
 /// An op as a reader hands it to [`OpsBuilder::push`], borrowed from what it parsed.
@@ -195,7 +222,8 @@ pub struct TensorIn<'x> {
 pub struct OpsBuilder {
     ops: Ops,
     modules: foldhash::HashMap<Arc<str>, u32>,
-    dtypes: foldhash::HashMap<Box<str>, u16>,
+    slots: foldhash::HashMap<Box<str>, u32>,
+    dtypes: foldhash::HashMap<Box<str>, u8>,
 }
 
 /// A position in a u32-indexed table, or the error naming what overflowed.
@@ -213,7 +241,7 @@ impl OpsBuilder {
         let b = usize::try_from(bytes).unwrap_or(usize::MAX);
         let mut o = Ops::default();
         // What an op log line holds at least, about: an op in ~250 bytes, a tensor in
-        // ~150, its shape and name in fewer.
+        // ~150, its shape and key in fewer.
         let _ = o.ops.try_reserve_exact(b / 250);
         let _ = o.tensors.try_reserve_exact(b / 150);
         let _ = o.text.try_reserve_exact(b / 8);
@@ -258,15 +286,29 @@ impl OpsBuilder {
         Ok(i)
     }
 
-    fn dtype(&mut self, name: &str) -> Result<u16, String> {
+    fn slot(&mut self, slot: &str) -> Result<u32, String> {
+        if let Some(&i) = self.slots.get(slot) {
+            return Ok(i);
+        }
+        let i = index(self.ops.slots.len(), "tensor slots")?;
+        self.ops.slots.push(slot.into());
+        self.slots.insert(slot.into(), i);
+        Ok(i)
+    }
+
+    fn dtype(&mut self, name: &str) -> Result<u8, String> {
         if let Some(d) = DType::parse(name) {
             return Ok(known_index(d));
         }
         if let Some(&i) = self.dtypes.get(name) {
             return Ok(i);
         }
-        let i = u16::try_from(KNOWN.len() + self.ops.other_dtypes.len())
-            .map_err(|_| format!("more than {} distinct dtypes in one op log", u16::MAX))?;
+        let i = u8::try_from(KNOWN.len() + self.ops.other_dtypes.len()).map_err(|_| {
+            format!(
+                "more than {} distinct dtypes probe does not decode in one op log",
+                usize::from(u8::MAX) + 1 - KNOWN.len()
+            )
+        })?;
         self.ops.other_dtypes.push(AnyDType::parse(name));
         self.dtypes.insert(name.into(), i);
         Ok(i)
@@ -286,13 +328,14 @@ impl OpsBuilder {
         r
     }
 
-    fn mark(&self) -> [usize; 8] {
+    fn mark(&self) -> [usize; 9] {
         let o = &self.ops;
         [
             o.ops.len(),
             o.tensors.len(),
             o.text.len(),
             o.dims.len(),
+            o.own_names.len(),
             o.extras.len(),
             o.both_src.len(),
             o.big_counts.len(),
@@ -300,16 +343,17 @@ impl OpsBuilder {
         ]
     }
 
-    fn undo(&mut self, m: [usize; 8]) {
+    fn undo(&mut self, m: [usize; 9]) {
         let o = &mut self.ops;
         o.ops.truncate(m[0]);
         o.tensors.truncate(m[1]);
         o.text.truncate(m[2]);
         o.dims.truncate(m[3]);
-        o.extras.truncate(m[4]);
-        o.both_src.truncate(m[5]);
-        o.big_counts.truncate(m[6]);
-        o.collectives.truncate(m[7]);
+        o.own_names.truncate(m[4]);
+        o.extras.truncate(m[5]);
+        o.both_src.truncate(m[6]);
+        o.big_counts.truncate(m[7]);
+        o.collectives.truncate(m[8]);
     }
 
     fn push_unchecked<'x>(
@@ -317,40 +361,46 @@ impl OpsBuilder {
         op: OpIn<'x>,
         tensors: impl IntoIterator<Item = TensorIn<'x>>,
     ) -> Result<(), String> {
-        index(self.ops.ops.len(), "ops")?;
+        let at = index(self.ops.ops.len(), "ops")?;
         let first = index(self.ops.tensors.len(), "tensors")?;
-        let (key, key_len) = self.text(op.key)?;
+        let key_len = u16::try_from(op.key.len()).map_err(|_| {
+            format!(
+                "op key of {} bytes (longer than {} bytes: not an op key)",
+                op.key.len(),
+                u16::MAX
+            )
+        })?;
+        let (key, _) = self.text(op.key)?;
+        let (key_bits, call, base_len) = KeyParts::of(op.key).pack();
         let module = match op.module {
             Some(m) => self.module(m)?,
             None => NONE,
         };
-        let collective = match op.collective {
-            Some(c) => {
-                let i = index(self.ops.collectives.len(), "collectives")?;
-                self.ops.collectives.push(c);
-                i
-            }
-            None => NONE,
-        };
-        let mut flags = 0;
+        let mut bits = key_bits | kind_bits(op.kind) << KIND_SHIFT;
+        if op.direction == Direction::Backward {
+            bits |= BACKWARD;
+        }
         if op.stack.is_some() {
-            flags |= HAS_STACK;
+            bits |= HAS_STACK;
         }
         if op.recompute {
-            flags |= RECOMPUTE;
+            bits |= RECOMPUTE;
+        }
+        if let Some(c) = op.collective {
+            bits |= HAS_COLLECTIVE;
+            self.ops.collectives.push((at, c));
         }
         self.ops.ops.push(OpSlot {
             seq: op.seq,
             stack: op.stack.unwrap_or(0),
+            call,
             key,
             key_len,
-            key_parts: KeyParts::of(op.key),
+            // At most the key's length, which fits.
+            base_len: base_len.min(u32::from(key_len)) as u16,
             first,
             module,
-            collective,
-            kind: op.kind,
-            direction: op.direction,
-            flags,
+            bits,
         });
         for t in tensors {
             self.tensor(op.key, t)?;
@@ -360,15 +410,19 @@ impl OpsBuilder {
 
     fn tensor(&mut self, key: &str, t: TensorIn) -> Result<(), String> {
         let at = index(self.ops.tensors.len(), "tensors")?;
-        let mut flags = 0;
-        let stored = match t.name.strip_prefix(key).and_then(|s| s.strip_prefix('.')) {
+        let mut bits = role_bits(t.role);
+        let name = match t.name.strip_prefix(key).and_then(|s| s.strip_prefix('.')) {
             Some(slot) => {
-                flags |= SLOT_NAME;
-                slot
+                bits |= SLOT_NAME;
+                self.slot(slot)?
             }
-            None => t.name,
+            None => {
+                let i = index(self.ops.own_names.len(), "tensor names")?;
+                let span = self.text(t.name)?;
+                self.ops.own_names.push(span);
+                i
+            }
         };
-        let (name, name_len) = self.text(stored)?;
         let ndim = u8::try_from(t.shape.len())
             .map_err(|_| format!("tensor {}: {} dimensions", t.name, t.shape.len()))?;
         let dims = index(self.ops.dims.len(), "dimensions")?;
@@ -378,28 +432,28 @@ impl OpsBuilder {
             Some(c) => Some(self.text(c)?),
             None => None,
         };
-        let extra = if checksum.is_some() || t.data.is_some() {
-            let i = index(self.ops.extras.len(), "checksums and tensor files")?;
-            self.ops.extras.push(Extra {
-                checksum,
-                data: t.data,
-            });
-            i
-        } else {
-            NONE
-        };
+        if checksum.is_some() || t.data.is_some() {
+            bits |= HAS_EXTRA;
+            self.ops.extras.push((
+                at,
+                Extra {
+                    checksum,
+                    data: t.data,
+                },
+            ));
+        }
         let dtype = self.dtype(t.dtype)?;
         let flow = match (t.id, t.src) {
             (Some(id), src) => {
-                flags |= HAS_ID;
+                bits |= HAS_ID;
                 if let Some(src) = src {
-                    flags |= HAS_SRC;
+                    bits |= HAS_SRC;
                     self.ops.both_src.push((at, src));
                 }
                 id
             }
             (None, Some(src)) => {
-                flags |= HAS_SRC;
+                bits |= HAS_SRC;
                 src
             }
             (None, None) => 0,
@@ -425,14 +479,11 @@ impl OpsBuilder {
             flow,
             counts,
             name,
-            name_len,
             dims,
-            extra,
             dtype,
             ndim,
-            role: t.role,
             present,
-            flags,
+            bits,
         });
         Ok(())
     }
@@ -472,23 +523,14 @@ impl OpsBuilder {
         &mut self,
         mut f: impl FnMut(&str, &AnyDType, usize, &mut Option<Data>),
     ) {
-        let ops = &mut self.ops;
-        for oi in 0..ops.ops.len() {
-            for ti in ops.range(oi) {
-                let e = ops.tensors[ti].extra;
-                if ops.extras.get(e as usize).is_none_or(|x| x.data.is_none()) {
-                    continue;
-                }
-                let t = Tensor {
-                    ops: &*ops,
-                    op: oi as u32,
-                    i: ti as u32,
-                };
-                let (name, dtype, numel) = (t.name().into_owned(), t.dtype().clone(), t.numel());
-                if let Some(x) = ops.extras.get_mut(e as usize) {
-                    f(&name, &dtype, numel, &mut x.data);
-                }
+        for e in 0..self.ops.extras.len() {
+            let at = self.ops.extras[e].0 as usize;
+            if self.ops.extras[e].1.data.is_none() {
+                continue;
             }
+            let t = self.ops.tensor_at(at);
+            let (name, dtype, numel) = (t.name().into_owned(), t.dtype().clone(), t.numel());
+            f(&name, &dtype, numel, &mut self.ops.extras[e].1.data);
         }
     }
 
@@ -537,6 +579,20 @@ impl Ops {
         Op { ops: self, i }
     }
 
+    /// The tensor at `flat` among all tensors of the store ([`Tensor::flat`]). Panics past
+    /// the end, as indexing does.
+    fn tensor_at(&self, flat: usize) -> Tensor<'_> {
+        assert!(flat < self.tensors.len(), "tensor {flat}");
+        // The last op starting at or before it (ops without tensors start where the next
+        // one does, so the last is the one holding it).
+        let op = self.ops.partition_point(|o| o.first as usize <= flat) - 1;
+        Tensor {
+            ops: self,
+            op: op as u32,
+            i: flat as u32,
+        }
+    }
+
     /// The last op.
     pub fn last(&self) -> Option<Op<'_>> {
         self.len().checked_sub(1).map(|i| self.get(i))
@@ -556,13 +612,15 @@ impl Ops {
             + self.text.len()
             + self.dims.len() * size_of::<usize>()
             + self.modules.iter().map(|m| m.len() + 32).sum::<usize>()
-            + self.extras.len() * (size_of::<Extra>() + 64)
+            + self.slots.iter().map(|m| m.len() + 32).sum::<usize>()
+            + self.own_names.len() * size_of::<(u32, u32)>()
+            + self.extras.len() * (size_of::<(u32, Extra)>() + 64)
             + self.both_src.len() * size_of::<(u32, u64)>()
             + self.big_counts.len() * size_of::<(u32, [u64; 2])>()
             + self
                 .collectives
                 .iter()
-                .map(|c| 32 + 4 * c.group.len())
+                .map(|c| 40 + 4 * c.1.group.len())
                 .sum::<usize>()
     }
 
@@ -633,19 +691,30 @@ impl<'a> Op<'a> {
         let raw = self
             .ops
             .text
-            .get(s.key as usize..(s.key + s.key_len) as usize)
+            .get(s.key as usize..s.key as usize + usize::from(s.key_len))
             .unwrap_or("");
-        KeyRef::from_parts(raw, s.key_parts)
+        KeyRef::from_parts(
+            raw,
+            KeyParts::unpack(s.bits & 15, s.call, u32::from(s.base_len)),
+        )
     }
 
     /// API, module or parameter-gradient record.
     pub fn kind(self) -> OpKind {
-        self.slot().kind
+        match (self.slot().bits >> KIND_SHIFT) & 3 {
+            0 => OpKind::Api,
+            1 => OpKind::Module,
+            _ => OpKind::ParametersGrad,
+        }
     }
 
     /// Forward or backward.
     pub fn direction(self) -> Direction {
-        self.slot().direction
+        if self.slot().bits & BACKWARD != 0 {
+            Direction::Backward
+        } else {
+            Direction::Forward
+        }
     }
 
     /// The module path the call happened in, when known (shared by the module's ops).
@@ -656,17 +725,20 @@ impl<'a> Op<'a> {
     /// Id of the call stack.
     pub fn stack(self) -> Option<u64> {
         let s = self.slot();
-        (s.flags & HAS_STACK != 0).then_some(s.stack)
+        (s.bits & HAS_STACK != 0).then_some(s.stack)
     }
 
     /// A recomputation (activation checkpointing).
     pub fn recompute(self) -> bool {
-        self.slot().flags & RECOMPUTE != 0
+        self.slot().bits & RECOMPUTE != 0
     }
 
     /// The collective call it is, when its record says.
     pub fn collective(self) -> Option<&'a Collective> {
-        self.ops.collectives.get(self.slot().collective as usize)
+        if self.slot().bits & HAS_COLLECTIVE == 0 {
+            return None;
+        }
+        side(&self.ops.collectives, self.i as u32)
     }
 
     /// How many tensors it has.
@@ -744,11 +816,18 @@ impl<'a> Tensor<'a> {
         &self.ops.tensors[self.i as usize]
     }
 
+    /// The stored part of its name: its slot (with SLOT_NAME), else its whole name.
     fn stored(self) -> &'a str {
         let s = self.slot();
+        if s.bits & SLOT_NAME != 0 {
+            return self.ops.slots.get(s.name as usize).map_or("", |n| &**n);
+        }
+        let Some(&(at, len)) = self.ops.own_names.get(s.name as usize) else {
+            return "";
+        };
         self.ops
             .text
-            .get(s.name as usize..(s.name + s.name_len) as usize)
+            .get(at as usize..(at + len) as usize)
             .unwrap_or("")
     }
 
@@ -768,7 +847,7 @@ impl<'a> Tensor<'a> {
     /// Flattened name: op key + slot.
     pub fn name(self) -> Cow<'a, str> {
         match self.slot() {
-            s if s.flags & SLOT_NAME != 0 => {
+            s if s.bits & SLOT_NAME != 0 => {
                 let key = self.op().key().text();
                 let slot = self.stored();
                 let mut n = String::with_capacity(key.len() + 1 + slot.len());
@@ -783,7 +862,7 @@ impl<'a> Tensor<'a> {
 
     /// Whether its name is `name` (without building it).
     pub fn name_is(self, name: &str) -> bool {
-        match self.slot().flags & SLOT_NAME {
+        match self.slot().bits & SLOT_NAME {
             0 => self.stored() == name,
             _ => self.op().key().slot(name) == Some(self.stored()),
         }
@@ -792,7 +871,7 @@ impl<'a> Tensor<'a> {
     /// Its slot (`input.0`, `output.1`): the name after its op key, when the name starts
     /// with the key.
     pub fn slot_name(self) -> Option<&'a str> {
-        (self.slot().flags & SLOT_NAME != 0).then(|| self.stored())
+        (self.slot().bits & SLOT_NAME != 0).then(|| self.stored())
     }
 
     /// Its slot when it has one, else its whole name (what pairs tensors of paired ops).
@@ -802,7 +881,11 @@ impl<'a> Tensor<'a> {
 
     /// Input, output or parameter.
     pub fn role(self) -> Role {
-        self.slot().role
+        match self.slot().bits & 3 {
+            0 => Role::Input,
+            1 => Role::Output,
+            _ => Role::Parameter,
+        }
     }
 
     /// The element type.
@@ -831,7 +914,9 @@ impl<'a> Tensor<'a> {
         let s = self.slot();
         let present = NonZeroU8::new(s.present)?;
         let counts = if s.counts.contains(&BIG) {
-            self.side(&self.ops.big_counts).unwrap_or_default()
+            side(&self.ops.big_counts, self.i)
+                .copied()
+                .unwrap_or_default()
         } else {
             s.counts.map(u64::from)
         };
@@ -842,14 +927,11 @@ impl<'a> Tensor<'a> {
         })
     }
 
-    /// This tensor's entry of a side table sorted by tensor.
-    fn side<T: Copy>(self, table: &[(u32, T)]) -> Option<T> {
-        let k = table.partition_point(|e| e.0 < self.i);
-        table.get(k).filter(|e| e.0 == self.i).map(|e| e.1)
-    }
-
     fn extra(self) -> Option<&'a Extra> {
-        self.ops.extras.get(self.slot().extra as usize)
+        if self.slot().bits & HAS_EXTRA == 0 {
+            return None;
+        }
+        side(&self.ops.extras, self.i)
     }
 
     /// A checksum of the raw bytes.
@@ -861,16 +943,16 @@ impl<'a> Tensor<'a> {
     /// Dataflow id of an output.
     pub fn id(self) -> Option<u64> {
         let s = self.slot();
-        (s.flags & HAS_ID != 0).then_some(s.flow)
+        (s.bits & HAS_ID != 0).then_some(s.flow)
     }
 
     /// Dataflow id of the captured output an input came from.
     pub fn src(self) -> Option<u64> {
         let s = self.slot();
-        match (s.flags & HAS_ID != 0, s.flags & HAS_SRC != 0) {
+        match (s.bits & HAS_ID != 0, s.bits & HAS_SRC != 0) {
             (_, false) => None,
             (false, true) => Some(s.flow),
-            (true, true) => self.side(&self.ops.both_src),
+            (true, true) => side(&self.ops.both_src, self.i).copied(),
         }
     }
 
@@ -1011,6 +1093,12 @@ mod tests {
         for (o, r) in ops.iter().zip(&recs) {
             assert_eq!(show(&o.to_rec()), show(r));
         }
+        // A key too long for one is refused, and nothing of it is kept.
+        let mut b = OpsBuilder::default();
+        let long = format!("Functional.{}.0.forward", "x".repeat(70_000));
+        let e = b.push_rec(&op(0, &long, vec![])).unwrap_err();
+        assert!(e.contains("not an op key"), "{e}");
+        assert!(b.is_empty());
         // Names are rebuilt from the slot where they start with the key.
         let t = ops.get(0).tensor(0);
         assert_eq!(t.slot_name(), Some("input.0"));
@@ -1058,7 +1146,7 @@ mod tests {
     #[test]
     fn slots_stay_small() {
         // What a million-tensor unit holds per op and per tensor (issue 14).
-        assert_eq!(std::mem::size_of::<OpSlot>(), 56);
-        assert_eq!(std::mem::size_of::<TensorSlot>(), 72);
+        assert_eq!(std::mem::size_of::<OpSlot>(), 48);
+        assert_eq!(std::mem::size_of::<TensorSlot>(), 64);
     }
 }
