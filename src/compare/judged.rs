@@ -5,7 +5,7 @@
 //! dtypes and statistics): about half a kilobyte with its allocations. A unit of a million
 //! pairs held as rows took half a gigabyte on top of the records they were copied from
 //! (issue 14's budget for a whole compare of such a unit is 512 MB). Held as pairs it takes
-//! about 80 bytes a pair beyond the records, and every reader (the unit's counts, the
+//! 64 bytes a pair beyond the records, and every reader (the unit's counts, the
 //! localiser, the reports) visits its rows a chunk of whole ops at a time
 //! ([`Judged::visit`]), made from the records and dropped after the visit.
 

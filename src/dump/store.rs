@@ -490,11 +490,10 @@ impl OpsBuilder {
 
     /// Appends an owned record.
     pub fn push_rec(&mut self, op: &OpRec) -> Result<(), String> {
-        let dtypes: Vec<Cow<str>> = op.tensors.iter().map(|t| dtype_text(&t.dtype)).collect();
-        let tensors = op.tensors.iter().zip(&dtypes).map(|(t, d)| TensorIn {
+        let tensors = op.tensors.iter().map(|t| TensorIn {
             name: &t.name,
             role: t.role,
-            dtype: d,
+            dtype: dtype_text(&t.dtype),
             shape: &t.shape,
             stats: t.stats,
             checksum: t.checksum.as_deref(),
@@ -541,10 +540,10 @@ impl OpsBuilder {
 }
 
 /// A dtype as text that [`AnyDType::parse`] reads back as the same dtype.
-fn dtype_text(d: &AnyDType) -> Cow<'_, str> {
+fn dtype_text(d: &AnyDType) -> &str {
     match d {
-        AnyDType::Known(k) => Cow::Borrowed(k.name()),
-        AnyDType::Other(s) => Cow::Borrowed(s),
+        AnyDType::Known(k) => k.name(),
+        AnyDType::Other(s) => s,
     }
 }
 
@@ -966,7 +965,7 @@ impl<'a> Tensor<'a> {
         TensorIn {
             name: self.stored(),
             role: self.role(),
-            dtype: dtype_text_static(self.dtype()),
+            dtype: dtype_text(self.dtype()),
             shape: self.shape(),
             stats: self.stats(),
             checksum: self.checksum(),
@@ -989,13 +988,6 @@ impl<'a> Tensor<'a> {
             src: self.src(),
             data: self.data().cloned().map(Box::new),
         }
-    }
-}
-
-fn dtype_text_static(d: &AnyDType) -> &str {
-    match d {
-        AnyDType::Known(k) => k.name(),
-        AnyDType::Other(s) => s,
     }
 }
 
