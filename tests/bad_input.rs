@@ -151,6 +151,55 @@ fn a_tensor_name_recorded_twice() {
 }
 
 #[test]
+fn an_op_key_too_long_to_be_one() {
+    // Op keys are held in 16-bit lengths: a key past 65,535 bytes (a corrupt record: real
+    // keys are tens of bytes) is refused, naming the line and the key's length.
+    let t = tempfile::tempdir().unwrap();
+    demo(t.path());
+    let long = format!("Functional.{}.0.forward", "x".repeat(70_000));
+    let len = long.len();
+    edit_cmp_lines(t.path(), |lines| {
+        let mut op: serde_json::Value = serde_json::from_str(&lines[2]).unwrap();
+        let key = op["op"].as_str().unwrap().to_string();
+        op["op"] = long.clone().into();
+        for t in op["tensors"].as_array_mut().unwrap() {
+            let name = t["name"].as_str().unwrap().replace(&key, &long);
+            t["name"] = name.into();
+        }
+        lines[2] = op.to_string();
+    });
+    let needle = format!("ops.jsonl:3: bad op record: op key of {len} bytes");
+    assert_input_error(&compare(t.path(), &[]), 2, &needle);
+}
+
+#[test]
+fn more_undecodable_dtypes_than_an_op_log_holds() {
+    // A rank's op log names its dtypes with one byte: past 246 distinct dtypes probe does
+    // not decode (a corrupt log: real ones use a handful), the log is refused.
+    let t = tempfile::tempdir().unwrap();
+    demo(t.path());
+    edit_cmp_lines(t.path(), |lines| {
+        let op: serde_json::Value = serde_json::from_str(&lines[0]).unwrap();
+        let mut extra = Vec::new();
+        for i in 0..300 {
+            let mut o = op.clone();
+            let key = format!("Functional.odd{i}.0.forward");
+            o["op"] = key.clone().into();
+            o["seq"] = (1_000_000 + i).into();
+            for (j, t) in o["tensors"].as_array_mut().unwrap().iter_mut().enumerate() {
+                t["name"] = format!("{key}.input.{j}").into();
+                t["dtype"] = format!("float{i}_odd").into();
+                t.as_object_mut().unwrap().remove("file");
+            }
+            extra.push(o.to_string());
+        }
+        lines.extend(extra);
+    });
+    let o = compare(t.path(), &[]);
+    assert_input_error(&o, 2, "distinct dtypes probe does not decode in one op log");
+}
+
+#[test]
 fn op_log_with_a_huge_hole() {
     // A corrupt op log whose size says gigabytes (a sparse file: valid records, then a
     // hole of zero bytes). The reader sizes its record list from the file (tens of
