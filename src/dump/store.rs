@@ -4,11 +4,13 @@
 //! Why: one step/rank pair of a large job holds a million tensor records per side. Held as
 //! one struct per op and per tensor, each with allocations of its own (key, name, shape,
 //! the op's tensor list), they took about 400 bytes a tensor: 0.8 GB for the two sides of
-//! such a pair, more than a whole compare may use (issue 14: 512 MB). Here every op and
-//! every tensor is a fixed-size slot in one vector; their text (op keys, tensor names,
-//! checksums) and shapes live in shared arenas, module paths and dtypes are interned. A
-//! tensor named after its op (`Functional.gelu.0.forward` + `.input.0`, as both dump
-//! formats name them) stores its slot only. About 120 bytes a tensor.
+//! such a pair, more than a whole compare may use (issue 14: 512 MB). Here every op (48
+//! bytes) and every tensor (64 bytes) is a fixed-size slot in one vector; op keys, checksums
+//! and shapes live in shared arenas; module paths, dtypes and tensor slots are interned, so
+//! a tensor named after its op (`Functional.gelu.0.forward` + `.input.0`, as both dump
+//! formats name them) holds an index for its name; what few records have (a data location,
+//! a checksum, both dataflow ids, a name of its own) is in side tables. About 110 bytes a
+//! tensor with its share of its op.
 //!
 //! Readers fill an [`OpsBuilder`] op by op ([`OpIn`], [`TensorIn`]: borrowed parts, so a
 //! parsed line is copied once, into the arenas); everything after reads through borrowed
