@@ -6,7 +6,7 @@ use probe::compare::judge::Equality;
 use probe::compare::{self, Options, Sides, Unit, Verdict};
 use probe::dtype::{AnyDType, DType};
 use probe::dump::{
-    Direction, Format, OpKey, OpRec, RankDump, RankLoc, Role, Stats, StatsFields, TensorRec,
+    Direction, Format, OpRec, RankDump, RankLoc, Role, Stats, StatsFields, TensorRec,
 };
 use probe::tensor::ShardCache;
 use std::path::PathBuf;
@@ -44,7 +44,6 @@ impl Log {
         outputs: &[(f64, u64)],
         nan_out: u64,
     ) -> Log {
-        let k = OpKey::parse(key);
         let t = |slot: &str, i: usize, role, v, nan, id, src| TensorRec {
             name: format!("{key}.{slot}.{i}").into(),
             role,
@@ -67,17 +66,8 @@ impl Log {
                 .enumerate()
                 .map(|(i, (v, id))| t("output", i, Role::Output, *v, nan_out, Some(*id), None)),
         );
-        self.ops.push(OpRec {
-            seq: self.ops.len() as u64,
-            kind: k.kind(),
-            direction: k.direction(),
-            key: k,
-            module: None,
-            stack: None,
-            recompute: false,
-            tensors,
-            collective: None,
-        });
+        self.ops
+            .push(OpRec::new(self.ops.len() as u64, key, tensors));
         self
     }
 

@@ -375,21 +375,6 @@ impl Aligner for NameAligner {
 mod tests {
     use super::*;
 
-    fn op(key: &str) -> crate::dump::OpRec {
-        let k = OpKey::parse(key);
-        crate::dump::OpRec {
-            seq: 0,
-            kind: k.kind(),
-            direction: k.direction(),
-            key: k,
-            module: None,
-            stack: None,
-            recompute: false,
-            tensors: vec![],
-            collective: None,
-        }
-    }
-
     #[test]
     fn backward_keys_renumbered_by_occurrence() {
         let ops: Vec<crate::dump::OpRec> = [
@@ -401,7 +386,7 @@ mod tests {
             "Module.fc.Linear.parameters_grad",
         ]
         .into_iter()
-        .map(op)
+        .map(|k| crate::dump::OpRec::new(0, k, vec![]))
         .collect();
         let renumbered = match_keys(&Ops::from_records(&ops).unwrap());
         let keys: Vec<&str> = renumbered

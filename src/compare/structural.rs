@@ -1254,7 +1254,6 @@ mod tests {
     type T = (Role, &'static [usize], Option<u64>, Option<u64>);
 
     fn op(key: &str, module: &str, tensors: &[T]) -> OpRec {
-        let k = OpKey::parse(key);
         let mut counts = HashMap::new();
         let tensors = tensors
             .iter()
@@ -1276,15 +1275,8 @@ mod tests {
             })
             .collect();
         OpRec {
-            seq: 0,
-            kind: k.kind(),
-            direction: k.direction(),
-            key: k,
             module: (!module.is_empty()).then(|| module.into()),
-            stack: None,
-            recompute: false,
-            tensors,
-            collective: None,
+            ..OpRec::new(0, key, tensors)
         }
     }
 

@@ -264,6 +264,25 @@ pub struct OpRec {
     pub collective: Option<Box<Collective>>,
 }
 
+impl OpRec {
+    /// The record of a call of `key` (kind and direction as the key says) holding
+    /// `tensors`, without module, stack or collective: how tests and tools start one.
+    pub fn new(seq: u64, key: &str, tensors: Vec<TensorRec>) -> OpRec {
+        let key = OpKey::parse(key);
+        OpRec {
+            seq,
+            kind: key.kind(),
+            direction: key.direction(),
+            key,
+            module: None,
+            stack: None,
+            recompute: false,
+            tensors,
+            collective: None,
+        }
+    }
+}
+
 /// Which collective call an op record is, the same on every rank of its group.
 #[derive(
     Debug, Clone, PartialEq, Eq, Hash, PartialOrd, Ord, serde::Serialize, serde::Deserialize,

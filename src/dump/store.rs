@@ -996,7 +996,7 @@ impl<'a> Tensor<'a> {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::dump::{OpKey, StatsFields};
+    use crate::dump::StatsFields;
     use std::path::PathBuf;
 
     fn tensor(name: &str, role: Role) -> TensorRec {
@@ -1010,21 +1010,6 @@ mod tests {
             id: None,
             src: None,
             data: None,
-        }
-    }
-
-    fn op(seq: u64, key: &str, tensors: Vec<TensorRec>) -> OpRec {
-        let k = OpKey::parse(key);
-        OpRec {
-            seq,
-            kind: k.kind(),
-            direction: k.direction(),
-            key: k,
-            module: None,
-            stack: None,
-            recompute: false,
-            tensors,
-            collective: None,
         }
     }
 
@@ -1060,17 +1045,17 @@ mod tests {
         let mut c = tensor("weight.of.something", Role::Parameter);
         c.data = Some(Box::new(Data::Pt(PathBuf::from("/x/y.pt"))));
         c.id = Some(0);
-        let mut first = op(4, k, vec![a, b, c]);
+        let mut first = OpRec::new(4, k, vec![a, b, c]);
         first.module = Some("blocks.0".into());
         first.stack = Some(0);
         first.recompute = true;
-        let mut second = op(9, "Distributed.all_reduce.0.forward", vec![]);
+        let mut second = OpRec::new(9, "Distributed.all_reduce.0.forward", vec![]);
         second.collective = Some(Box::new(Collective {
             group: vec![0, 1, 2],
             seq: 3,
         }));
         second.module = Some("blocks.0".into());
-        let third = op(
+        let third = OpRec::new(
             10,
             "weird key",
             vec![tensor("weird key.output.1", Role::Output)],
@@ -1090,7 +1075,7 @@ mod tests {
         // A key too long for one is refused, and nothing of it is kept.
         let mut b = OpsBuilder::default();
         let long = format!("Functional.{}.0.forward", "x".repeat(70_000));
-        let e = b.push_rec(&op(0, &long, vec![])).unwrap_err();
+        let e = b.push_rec(&OpRec::new(0, &long, vec![])).unwrap_err();
         assert!(e.contains("not an op key"), "{e}");
         assert!(b.is_empty());
         // Names are rebuilt from the slot where they start with the key.
