@@ -293,14 +293,6 @@ impl OpKey {
             parts,
         }
     }
-
-    /// The key borrowed.
-    pub fn borrowed(&self) -> KeyRef<'_> {
-        Key {
-            raw: &self.raw,
-            parts: self.parts,
-        }
-    }
 }
 
 impl<'a> KeyRef<'a> {

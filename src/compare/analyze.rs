@@ -24,7 +24,7 @@ use super::judge::Equality;
 use super::tolerance::loosest;
 use super::{Row, Tolerances, Verdict};
 use crate::dump::{Direction, Role};
-use crate::op_key::Randomness;
+use crate::op_key::{KeyRef, Randomness};
 use crate::schema::summary::{Finding, Findings};
 use foldhash::HashMap;
 use std::borrow::Cow;
@@ -211,34 +211,17 @@ fn random_explanation(r: Randomness, consumed: &str) -> String {
 
 /// What the localiser knows of an op before it reads its rows.
 #[derive(Debug, Clone, Copy)]
-pub struct Head<'a> {
+pub struct Head {
     /// The op's sequence number.
     pub seq: u64,
     /// Forward or backward.
     pub direction: Direction,
-    /// The op key.
-    pub key: &'a str,
     /// Some tensor of it is out of tolerance.
     pub fails: bool,
     /// Some tensor of it is not within tolerance (a warning or an error).
     pub flagged: bool,
     /// Some tensor of it holds NaN/Inf on the comparison side.
     pub nonfinite: bool,
-}
-
-impl Head<'_> {
-    /// The head of an op's rows.
-    pub fn of(rows: &[Row]) -> Head<'_> {
-        let op = &rows[0].tensor.op;
-        Head {
-            seq: op.seq,
-            direction: op.direction,
-            key: op.key.as_str(),
-            fails: rows.iter().any(fails),
-            flagged: rows.iter().any(|r| r.judgement.verdict != Verdict::Pass),
-            nonfinite: rows.iter().any(|r| r.tensor.cmp_nonfinite()),
-        }
-    }
 }
 
 /// A unit's rows op by op (an op's rows are consecutive), as the localiser reads them: the
@@ -248,8 +231,10 @@ impl Head<'_> {
 pub trait OpRows {
     /// How many ops.
     fn ops(&self) -> usize;
+    /// Op `k`'s key.
+    fn key(&self, k: usize) -> KeyRef<'_>;
     /// Op `k`'s head.
-    fn head(&self, k: usize) -> Head<'_>;
+    fn head(&self, k: usize) -> Head;
     /// Op `k`'s rows, in slot order.
     fn rows(&self, k: usize) -> Cow<'_, [Row]>;
 }
@@ -281,7 +266,7 @@ pub fn localize(
             Brief {
                 seq: h.seq,
                 direction: h.direction,
-                twin: h.key.ends_with(".backward") || h.key.contains(".backward."),
+                twin: unit.key(k).direction() == Direction::Backward,
                 fails: h.fails,
                 flagged: h.flagged,
                 nonfinite: h.nonfinite,
@@ -293,7 +278,7 @@ pub fn localize(
     let by_key: HashMap<&str, usize> = if briefs.iter().any(|b| b.twin) {
         (0..briefs.len())
             .filter(|&k| briefs[k].direction == Direction::Forward)
-            .map(|k| (unit.head(k).key, k))
+            .map(|k| (unit.key(k).text(), k))
             .collect()
     } else {
         HashMap::default()

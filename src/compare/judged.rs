@@ -18,6 +18,7 @@ use crate::dtype::DType;
 use crate::dump::{Ops, Tensor};
 use crate::error::Result;
 use crate::metrics::Metrics;
+use crate::op_key::KeyRef;
 use std::borrow::Cow;
 use std::ops::Range;
 
@@ -243,14 +244,18 @@ impl OpRows for ByOp<'_> {
         self.starts.len()
     }
 
-    fn head(&self, k: usize) -> Head<'_> {
+    fn key(&self, k: usize) -> KeyRef<'_> {
+        let at = self.judged.pairs[self.starts[k] as usize].at;
+        self.judged.ops.cmp.get(at as usize).key()
+    }
+
+    fn head(&self, k: usize) -> Head {
         let j = self.judged;
         let pairs = &j.pairs[self.group(k)];
         let op = j.ops.cmp.get(pairs[0].at as usize);
         Head {
             seq: op.seq(),
             direction: op.direction(),
-            key: op.key().text(),
             fails: pairs.iter().any(|p| p.verdict == Verdict::Error),
             flagged: pairs.iter().any(|p| p.verdict != Verdict::Pass),
             nonfinite: pairs.iter().any(|p| j.cmp_nonfinite(p)),

@@ -876,11 +876,12 @@ impl<'a> Builder<'a> {
     /// The backward calls of forward regions: compared at the gradients of the region's
     /// boundary tensors (a forward input's gradient is its backward call's output in the
     /// same slot, a forward output's gradient its backward call's input).
-    fn mirror(&mut self, bwd: Sides<Vec<usize>>) -> Sides<Vec<usize>> {
+    fn mirror(&mut self, bwd: Sides<Vec<u32>>) -> Sides<Vec<u32>> {
         if self.in_region.bench.is_empty() && self.in_region.cmp.is_empty() {
             // No forward region (identical code paths): no twin lookup per backward call.
             return bwd;
         }
+        let bwd = bwd.map(|ops| widen(&ops));
         // Backward ops whose forward twin lies in a region: by region.
         let mut members: BTreeMap<usize, Sides<Vec<usize>>> = BTreeMap::new();
         let mut rest = Sides::new(Vec::new(), Vec::new());
@@ -966,7 +967,7 @@ impl<'a> Builder<'a> {
         }
         rest.bench.sort_unstable();
         rest.cmp.sort_unstable();
-        rest
+        rest.map(|ops| narrow(&ops))
     }
 
     /// A stretch left on both sides that no region could be made of: other shapes for the
@@ -1060,13 +1061,10 @@ impl Aligner for StructuralAligner {
             bld.regions_of(&gaps);
             let mut bwd_gaps = Vec::new();
             for key in keys.iter().filter(|k| k.0 == Phase::Backward) {
-                let Sides { bench: b, cmp: c } = take(key);
                 // Calls whose forward twin is inside a region go to that region's
                 // backward; the rest is aligned like forward calls.
-                let rest = bld.mirror(Sides::new(widen(&b), widen(&c)));
-                drop((b, c));
-                let (rb, rc) = (narrow(&rest.bench), narrow(&rest.cmp));
-                let g = align_group(&rb, &rc, &bld.bv, &bld.cv, &mut scratch);
+                let rest = bld.mirror(take(key));
+                let g = align_group(&rest.bench, &rest.cmp, &bld.bv, &bld.cv, &mut scratch);
                 for (x, y) in g.pairs {
                     bld.pair_ops(x as usize, y as usize);
                 }

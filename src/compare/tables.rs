@@ -51,12 +51,6 @@ impl Default for UnitRows {
     }
 }
 
-impl From<Vec<Row>> for UnitRows {
-    fn from(rows: Vec<Row>) -> UnitRows {
-        UnitRows::Made(rows)
-    }
-}
-
 impl UnitRows {
     /// How many rows.
     pub fn len(&self) -> usize {

@@ -504,8 +504,8 @@ fn parse_into(
         }
         for (i, t) in raw.tensors.iter().enumerate() {
             if !names.insert(hasher.hash_one(&*t.name)) {
-                let earlier = ops.ops().iter().flat_map(|o| o.tensors());
-                if earlier.clone().any(|e| e.name_is(&t.name))
+                let mut earlier = ops.ops().iter().flat_map(|o| o.tensors());
+                if earlier.any(|e| e.name_is(&t.name))
                     || raw.tensors[..i].iter().any(|e| e.name == t.name)
                 {
                     return Err(one_line(format!("duplicate tensor name {}", t.name)));
