@@ -158,7 +158,7 @@ def _item(folder: Any, i: int) -> tuple[Any, dict[str, Any], list[Any], list[tor
     vec = torch.tensor([float(i), -float(i), 2.0 * i, float(i) + 0.5])
     if i % 2:
         vec = vec.to(torch.float64)  # mixed dtypes across ops promote losslessly
-    return folder, rec, [(stats, 4, 2, vec.device)], list(vec.unbind())
+    return folder, rec, [(stats, 4, 2, vec.device)], [vec]
 
 
 def test_stats_buffer_writes_in_order_with_one_batch_in_flight() -> None:
@@ -201,7 +201,7 @@ def test_stats_buffer_groups_the_parts_of_an_op_across_devices() -> None:
         b: dict[str, Any] = {}
         va = [float(i), -1.0 - i, 4.0 * i, 10.0 + i]
         vb = [100.0 + i, 50.0, 300.0, 7.0 * i, 0.0, 2.0]
-        parts = [torch.tensor(v) for v in va + vb]
+        parts = [torch.tensor(va), torch.tensor(vb)]
         dev_b = other if i % 2 else torch.device("cpu")
         rec = {"op": f"op{i}", "tensors": [{"stats": a}, {"stats": b}]}
         buf.add(folder, rec, [(a, 4, 2, torch.device("cpu")), (b, 6, 3, dev_b)], parts)
@@ -214,6 +214,53 @@ def test_stats_buffer_groups_the_parts_of_an_op_across_devices() -> None:
     buf.flush()
     got = [(r["tensors"][0]["stats"], r["tensors"][1]["stats"]) for r in folder.written]
     assert got == expect
+
+
+def test_stats_buffer_reads_fused_slots_from_their_slabs(monkeypatch: Any) -> None:
+    """Fused CUDA statistics lie in slab slots (fused.py), read here from CPU slabs: every
+    slot taken before a flush is read from its retired slab, including slabs that filled
+    up in the middle of a batch and a slot reused by an op finished batches later (a tensor
+    captured again). A NaN count makes max and min NaN (the kernel skips NaN in them)."""
+    from probe.capture import fused
+
+    monkeypatch.setattr(fused.Slab, "CAP", 4)
+    folder = _Folder()
+    buf = StatsBuffer(limit=3)
+    cpu = torch.device("cpu")
+    expect = []
+    early: Any = None
+    for i in range(11):
+        slab, k = fused.slot(cpu)
+        assert slab.buf is not None
+        nan = 1.0 if i == 5 else 0.0
+        row = [float(i), -float(i), 4.0 * i, i + 0.5, nan, float(i % 3 == 0)]
+        slab.buf[k * 6 : (k + 1) * 6] = torch.tensor(row, dtype=torch.float64)
+        a: dict[str, Any] = {}
+        fills = [(a, 6, 2, cpu)]
+        parts: list[Any] = [(slab, k)]
+        want = [
+            {
+                "max": "nan" if nan else float(i),
+                "min": "nan" if nan else -float(i),
+                "mean": 2.0 * i,
+                "norm": i + 0.5,
+                "nan": int(nan),
+                "inf": int(i % 3 == 0),
+            }
+        ]
+        if i == 1:
+            early = (slab, k), want[0]
+        if i == 9:
+            b: dict[str, Any] = {}
+            fills.append((b, 6, 2, cpu))
+            parts.append(early[0])
+            want.append(early[1])
+        rec = {"op": f"op{i}", "tensors": [{"stats": d} for d, _, _, _ in fills]}
+        buf.add(folder, rec, fills, parts)
+        expect.append(want)
+    buf.flush()
+    assert [[t["stats"] for t in r["tensors"]] for r in folder.written] == expect
+    assert not fused._open and not fused._full
 
 
 def test_stats_buffer_drops_what_follows_a_failed_write() -> None:

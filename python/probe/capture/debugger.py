@@ -517,7 +517,7 @@ class Debugger:
         if op.direction == "backward" and len(entries) > 1:
             # Gradients arrive in autograd order; store them in name order for readers.
             entries.sort(key=lambda e: (e[0]["role"], e[0]["name"]))
-        parts: list[torch.Tensor] = []
+        parts: list[Any] = []
         fills: list[Fill] = []
         tensors: list[TensorRecord] = []
         for rec, vec, _ in entries:
@@ -531,14 +531,17 @@ class Debugger:
             stats: Any = {}
             rec["stats"] = stats
             numel = max(1, _numel(rec["shape"]))
-            if type(vec[0]) is float:  # numbers read on the host already (a CPU tensor)
+            if isinstance(vec, list):  # numbers read on the host already (a CPU tensor)
                 fill_stats(stats, vec, 0, len(vec), numel)
                 continue
-            # Filled when the buffer reads the numbers: the parts are stacked with the rest
-            # of their batch's (buffer.py). No grad-mode switch needed there: they were made
-            # with grad off, so stack records nothing.
-            parts += vec
-            fills.append((stats, len(vec), numel, vec[0].device))
+            # Filled when the buffer reads the numbers: a vector is concatenated with the
+            # rest of its batch's, a slab slot read from its slab (buffer.py). No grad-mode
+            # switch needed there: vectors were made with grad off, so cat records nothing.
+            parts.append(vec)
+            if isinstance(vec, tuple):  # a slot of a fused slab
+                fills.append((stats, 6, numel, vec[0].device))
+            else:
+                fills.append((stats, vec.shape[0], numel, vec.device))
         self._pending.add(folder, op.to_json(tensors), fills, parts)
         self._files.push(full_only=True)
         self._files.check()

@@ -18,6 +18,7 @@ import torch
 if TYPE_CHECKING:
     from typing_extensions import NotRequired, TypedDict
 
+    from .fused import Ref
     from .writer import RankFolder
 
     Number = Union[float, str, None]  # non-finite values are strings in JSON
@@ -46,8 +47,9 @@ if TYPE_CHECKING:
 
 
 #: Statistics of one tensor, ``[max, min, sum, norm(, nan, inf)]``: numbers read on the
-#: host (CPU tensors), or 0-d tensors still on an accelerator (``stats.stat_vector``).
-StatVector = Optional[list[Any]]
+#: host (CPU tensors), one float64 vector still on an accelerator, or the slab slot that
+#: the fused CUDA kernel writes them to (``stats.stat_vector``).
+StatVector = Union[list[Any], torch.Tensor, "Ref", None]
 #: What capturing one tensor gives: stats vector, host copy (tensor mode), checksum.
 Captured = tuple[StatVector, Optional[torch.Tensor], Optional[str]]
 

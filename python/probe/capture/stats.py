@@ -13,8 +13,10 @@ from typing import TYPE_CHECKING, Any, Optional
 
 import torch
 
+from .fused import fused_stats
+
 if TYPE_CHECKING:
-    from .records import Stats
+    from .records import Stats, StatVector
 
 DTYPE_NAMES: dict[torch.dtype, str] = {
     torch.float64: "float64",
@@ -41,6 +43,7 @@ _sum = torch.sum
 _vector_norm = torch.linalg.vector_norm
 _isnan = torch.isnan
 _isinf = torch.isinf
+_stack = torch.stack
 _to = torch.Tensor.to
 _float = torch.Tensor.float
 _detach = torch.Tensor.detach
@@ -114,20 +117,22 @@ def dtype_name(dtype: torch.dtype) -> str:
 READ_ON_CPU = True
 
 
-def stat_vector(t: torch.Tensor) -> Optional[list[Any]]:
-    """Return ``[max, min, sum, norm(, nan, inf)]``: Python numbers for a CPU tensor, 0-d
-    tensors on ``t``'s device for an accelerator's.
+def stat_vector(t: torch.Tensor) -> StatVector:
+    """Return ``[max, min, sum, norm(, nan, inf)]``: Python numbers for a CPU tensor, a
+    float64 vector on ``t``'s device for an accelerator's, or for a contiguous
+    floating-point CUDA tensor the slab slot its fused kernel writes (``fused.py``).
 
-    Three reductions per tensor (``aminmax``, ``sum``, the norm -- ``_norm`` on CPU;
+    Otherwise three reductions per tensor (``aminmax``, ``sum``, the norm -- ``_norm`` on CPU;
     ``var_mean`` would save one but is an order of magnitude slower on CPU). NaN/Inf counts are taken now
     whenever they can be non-zero, so the tensor itself is never read again. On CPU the
     values are read at once: a 0-d CPU read costs ~0.3 us and syncs nothing, less than
     stacking the 0-d tensors with the others of their batch (~0.4 us each) and reading them
     back; and a finite sum -- which proves there is no NaN/Inf -- skips the two count passes,
     which cost several times the three reductions. On an accelerator nothing is read here
-    (no host sync): floating-point tensors get their two counts on the device, and the
-    caller hands the 0-d tensors to :class:`~probe.capture.buffer.StatsBuffer`, which
-    stacks those of many ops (stack promotes dtypes) and reads them in one transfer. So a
+    (no host sync): floating-point tensors get their two counts on the device, the numbers
+    are stacked into one float64 vector, and the caller hands it to
+    :class:`~probe.capture.buffer.StatsBuffer`, which concatenates those of many ops and
+    reads them in one transfer. So a
     tensor about to change in place needs nothing more than any other. Returns None for
     empty tensors and dtypes without meaningful statistics. Run with grad mode off.
     """
@@ -135,6 +140,10 @@ def stat_vector(t: torch.Tensor) -> Optional[list[Any]]:
     n = t.numel()
     if dt not in STORABLE or n == 0:
         return None
+    if t.is_cuda and (dt is _F32 or dt is _BF16 or dt is _F16) and t.is_contiguous():
+        ref = fused_stats(t)  # one launch instead of seven (fused.py)
+        if ref is not None:
+            return ref
     if dt is _F32 or dt is _F64:
         tf = t
     elif dt is _F16 or dt is _BF16:
@@ -157,13 +166,17 @@ def stat_vector(t: torch.Tensor) -> Optional[list[Any]]:
         s = total.item()
         vec = [mx, mn, total, _norm(tf, n)]
         if not math.isfinite(s) and (tf is t or dt is _F16 or dt is _BF16):
-            vec += (_sum(_isnan(t)), _sum(_isinf(t)))
+            vec += (_sum(_isnan(t), dtype=_F64), _sum(_isinf(t), dtype=_F64))
         if not READ_ON_CPU:
-            return vec
+            return _to(_stack(vec), _F64)
         return [mx.item(), mn.item(), s, *[v.item() for v in vec[3:]]]
     if t.is_floating_point():
-        return [mx, mn, total, _vector_norm(tf), _sum(_isnan(t)), _sum(_isinf(t))]
-    return [mx, mn, total, _vector_norm(tf)]  # integers and bools are always finite
+        parts = [mx, mn, total, _vector_norm(tf), _sum(_isnan(t), dtype=_F64)]
+        parts.append(_sum(_isinf(t), dtype=_F64))
+    else:  # integers and bools are always finite
+        parts = [mx, mn, total, _vector_norm(tf)]
+    out: torch.Tensor = _stack(parts)  # float64 where counts are (exact past 2**24)
+    return out if out.dtype is _F64 else _to(out, _F64)
 
 
 def _num(v: float) -> Any:
@@ -205,6 +218,8 @@ def fill_stats(
     mx, mn, total, norm = flat[pos], flat[pos + 1], flat[pos + 2], flat[pos + 3]
     if n >= 6:
         n_nan, n_inf = int(flat[pos + 4]), int(flat[pos + 5])
+        if n_nan:  # max and min of a tensor holding NaN are NaN (the fused kernel skips it)
+            mx = mn = math.nan
     elif mx - mx == 0.0 and mn - mn == 0.0 and total - total == 0.0:
         n_nan = n_inf = 0
     elif tensor is not None and tensor.is_floating_point():
@@ -252,7 +267,6 @@ def crc32_of(host: torch.Tensor) -> str:
 
 _isfinite = torch.isfinite
 _all = torch.Tensor.all
-_stack = torch.stack
 _STRIDED = torch.strided
 _LOW = (_F16, _BF16)
 _FLOATS = frozenset((_F64, _F32, *_LOW))

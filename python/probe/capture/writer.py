@@ -245,8 +245,8 @@ class HostPool:
     its pages are new, so each one faults and is zeroed by the kernel (a 2 MB tensor: ~0.7 ms
     fresh, ~0.05 ms into a buffer that was used before). A training step dumps the same shapes
     every step, so buffers of the same byte size come back and are reused. Free buffers are
-    bounded by ``cap`` bytes (more are dropped, to the allocator); buffers for accelerator
-    tensors are pinned, which speeds the device-to-host copy.
+    bounded by ``cap`` bytes (more are dropped, to the allocator); buffers for CUDA tensors
+    are pinned, which speeds the device-to-host copy and lets it run without a host sync.
     """
 
     def __init__(self, cap: int) -> None:
@@ -279,7 +279,16 @@ class HostPool:
             buf = _empty(n, dtype=d.dtype, pin_memory=pinned)
             self._any_pinned = self._any_pinned or pinned
         host = _view(buf, d.shape)
-        _copy(host, d)
+        if pinned:
+            # No host sync: the copy is queued behind the ops that made ``t`` (so later
+            # in-place changes cannot reach it), and the writer thread waits for its event
+            # before reading the buffer (``TensorWriter._tensor``).
+            _copy(host, d, non_blocking=True)
+            event = torch.cuda.Event()  # type: ignore[no-untyped-call]
+            event.record()
+            host._probe_ready = event  # type: ignore[attr-defined]
+        else:
+            _copy(host, d)
         return host
 
     def give(self, host: torch.Tensor) -> None:
@@ -383,6 +392,9 @@ class TensorWriter:
                 self._q.task_done()
 
     def _tensor(self, item: tuple[Any, ...]) -> None:
+        ready = getattr(item[3], "_probe_ready", None)
+        if ready is not None:
+            ready.synchronize()  # the copy from the GPU (HostPool.copy); the GIL is released
         if self.error is None:
             shard = self._open.get(item[1])
             if shard is None:
