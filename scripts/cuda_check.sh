@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # The checks that need a GPU (CI has none): run the capture agent on CUDA and read the
-# dumps with the release binary. Prints one line per check; writes logs under $OUT if set.
+# dumps with the release binary, run the CUDA tests, time capture on CUDA. Prints one line
+# per check; writes logs under $OUT if set.
 #   bash scripts/cuda_check.sh            (needs torch with CUDA, target/release/probe)
 set -uo pipefail
 cd "$(dirname "$0")/.."
@@ -32,4 +33,9 @@ ex --device cuda --dump "$T/ovf" --mode overflow --inject-nan Functional.gelu.0
 check "cuda-overflow-mode-nan" 1 "$P" scan "$T/ovf" -o "$T/s2"
 ex --device cuda --dump "$T/ovf_clean" --mode overflow
 check "cuda-overflow-mode-clean" 0 "$P" scan "$T/ovf_clean" -o "$T/s3"
+# The fused statistics kernel against float64, and capture with PyTorch's sync debugging
+# set to raise (statistics and tensor mode: no host sync inside a step).
+check "cuda-tests" 0 "$PY" -m pytest -q -p no:cacheprovider python/tests/test_cuda.py
 "$PY" bench/capture_overhead.py --device cuda --steps 10 2>&1 | tee "$LOG/capture_overhead_cuda.txt" | tail -20
+"$PY" bench/capture_overhead.py --device cuda --model transformer --modes statistics,tensor \
+  --levels mix --steps 4 2>&1 | tee "$LOG/capture_overhead_cuda_transformer.txt" | tail -8
