@@ -190,6 +190,12 @@ def main() -> int:
         default=0,
         help="torch intra-op threads (0: torch's default); 1 is steadier on a busy machine",
     )
+    ap.add_argument(
+        "--profile",
+        action="store_true",
+        help="after timing, profile one step of the first probe configuration with "
+        "torch.profiler and print the ops that took the most device time (CPU time on CPU)",
+    )
     args = ap.parse_args()
     if args.threads > 0:
         torch.set_num_threads(args.threads)
@@ -238,6 +244,8 @@ def main() -> int:
                                 step_dir = os.path.join(tmp, name, sub)
                                 dumped[name] = max(dumped.get(name, 0), _dir_bytes(step_dir))
                                 shutil.rmtree(step_dir, ignore_errors=True)
+        if args.profile and len(runners) > 1:
+            _profile_step(runners[1], device)
         for dbg in debuggers:
             dbg.close()
             if not dbg.enabled:
@@ -279,6 +287,22 @@ def main() -> int:
             f"msprobe overhead / probe overhead (statistics, api): {(ms_rows[0] - bare) / over_probe:.1f}x"
         )
     return 0
+
+
+def _profile_step(named: tuple[str, Runner], device: torch.device) -> None:
+    """One captured step under torch.profiler: where the device time goes (on CUDA, what
+    the statistics kernels and copies cost beside the model's own kernels)."""
+    from torch.profiler import ProfilerActivity, profile
+
+    name, runner = named
+    activities = [ProfilerActivity.CPU]
+    if device.type == "cuda":
+        activities.append(ProfilerActivity.CUDA)
+    with profile(activities=activities) as prof:
+        runner.step(record=False)
+    key = "self_cuda_time_total" if device.type == "cuda" else "self_cpu_time_total"
+    print(f"profile of one step of {name.strip()}, by {key}:")
+    print(prof.key_averages().table(sort_by=key, row_limit=20))
 
 
 #: Issue 15's capture goals: (model, device type, mode, level) -> (the ratio when the issue
