@@ -339,6 +339,37 @@ def test_record_orjson_refuses_is_written_by_json() -> None:
 
 
 @pytest.mark.parametrize(
+    "view,dense",
+    [
+        (lambda b: b, True),
+        (lambda b: b.permute(0, 2, 3, 1), True),  # channels-last
+        (lambda b: b.transpose(1, 2), True),  # attention heads
+        (lambda b: b.reshape(20, 42).t(), True),
+        (lambda b: b[:1].transpose(0, 3), True),  # a size-1 dimension among them
+        (lambda b: b[:, ::2], False),  # gaps
+        (lambda b: b[..., :3], False),
+        (lambda b: b[:1].expand(3, 5, 6, 7), False),  # elements repeated
+        (lambda b: b.reshape(-1)[50:150], True),  # a contiguous part, past the start
+        (lambda b: b[2:].transpose(1, 2), True),  # permuted, past the start
+    ],
+)
+def test_dense_span_is_the_memory_of_exactly_the_tensor(view: Any, dense: bool) -> None:
+    """The fused CUDA statistics reduce a transposed or permuted tensor in memory order
+    (``stats.dense_span``): its span must hold exactly the tensor's elements, and any
+    layout with gaps or repeats must be refused."""
+    from probe.capture.stats import dense_span
+
+    base = torch.arange(4 * 5 * 6 * 7, dtype=torch.float32).reshape(4, 5, 6, 7)
+    t = view(base)
+    span = dense_span(t)
+    if not dense:
+        assert span is None
+        return
+    assert span is not None and span.is_contiguous() and span.numel() == t.numel()
+    assert sorted(span.tolist()) == sorted(t.reshape(-1).tolist())
+
+
+@pytest.mark.parametrize(
     "shape,view,dtype",
     [
         ((16, 64, 8, 8), lambda b: b.permute(0, 2, 3, 1), torch.float32),  # channels-last

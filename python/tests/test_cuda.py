@@ -81,6 +81,34 @@ def test_fused_statistics_match_a_float64_reference(
     assert _close(got["norm"], want["norm"], 1e-12 * max(1.0, want["norm"])), (got, want)
 
 
+@pytest.mark.parametrize(
+    "view,fused_path",
+    [
+        (lambda b: b.permute(0, 2, 3, 1), True),  # channels-last
+        (lambda b: b.transpose(1, 2), True),  # attention heads
+        (lambda b: b[1:].transpose(0, 3), True),  # permuted, past the storage's start
+        (lambda b: b[:, ::2], False),  # gaps: PyTorch's reductions
+        (lambda b: b[:1].expand(3, 16, 40, 50), False),  # repeats: PyTorch's reductions
+    ],
+)
+def test_transposed_tensors_take_the_fused_kernel_in_memory_order(
+    view: Any, fused_path: bool
+) -> None:
+    g = torch.Generator(device="cuda").manual_seed(5)
+    base = torch.randn(4, 16, 40, 50, generator=g, device="cuda", dtype=torch.bfloat16)
+    base.view(-1)[777] = math.inf
+    t = view(base)
+    assert not t.is_contiguous()
+    with torch.no_grad():
+        vec = stat_vector(t)
+    assert isinstance(vec, tuple) == fused_path
+    got = finish_stats(_numbers(vec), t.numel(), None)
+    want = _reference(t)
+    assert (got["nan"], got["inf"]) == (want["nan"], want["inf"])
+    assert _close(got["max"], want["max"], 0.0) and _close(got["min"], want["min"], 0.0)
+    assert _close(got["norm"], want["norm"], 1e-5 * want["norm"]), (got, want)
+
+
 def test_fused_and_pytorch_reductions_agree_within_float32_rounding(monkeypatch: Any) -> None:
     """The fused kernel against the PyTorch reductions it replaces (the path without
     Triton): same counts and extremes, sums within float32 accumulation error."""

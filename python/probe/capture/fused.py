@@ -18,9 +18,10 @@ blocks and the order of the final reduction depend only on the element count, so
 tensor gives the same bits in every run. NaN follows PyTorch's rules: a tensor holding NaN
 has NaN max, min, mean and norm (filled in on the host from the count, ``stats.fill_stats``).
 
-Used for contiguous float32/float16/bfloat16 CUDA tensors when Triton imports and compiles
-(it ships with PyTorch's CUDA wheels on Linux); anything else, or ``PROBE_FUSED_STATS=0``,
-takes the PyTorch reductions (``stats.stat_vector``). A failure to compile or launch is
+Used for float32/float16/bfloat16 CUDA tensors over dense memory (contiguous, or transposed
+and permuted ones, read in memory order: ``stats.dense_span``) when Triton imports and
+compiles (it ships with PyTorch's CUDA wheels on Linux); anything else, or
+``PROBE_FUSED_STATS=0``, takes the PyTorch reductions (``stats.stat_vector``). A failure to compile or launch is
 logged once and switches the fused path off for the process; it never stops capture.
 """
 
@@ -254,8 +255,9 @@ Ref = tuple[Slab, int]
 
 def fused_stats(t: torch.Tensor) -> Optional[Ref]:
     """Launch the statistics ``[max, min, sum, norm, nan, inf]`` of the contiguous
-    float32/16/bfloat16 CUDA tensor ``t`` into a slot of the device's slab; None where the
-    fused path is unavailable (the caller then uses PyTorch's reductions)."""
+    float32/16/bfloat16 CUDA tensor ``t`` (or the span of a transposed one) into a slot of
+    the device's slab; None where the fused path is unavailable (the caller then uses
+    PyTorch's reductions)."""
     global _launch
     if _launch is None:
         _launch = _build() or False

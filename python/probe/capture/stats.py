@@ -104,6 +104,24 @@ def _norm(tf: torch.Tensor, n: int) -> torch.Tensor:
     return norm
 
 
+_as_strided = torch.as_strided
+
+
+def dense_span(t: torch.Tensor) -> Optional[torch.Tensor]:
+    """The memory of ``t`` as a contiguous 1-D view when ``t`` covers it exactly once -- a
+    transposed or permuted layout of dense memory (attention heads, channels-last) -- else
+    None (slices with gaps, expanded dimensions). Statistics do not depend on the order of
+    the elements, so such a tensor is reduced in its memory order, like a contiguous one."""
+    expect = 1
+    for stride, size in sorted(zip(t.stride(), t.shape)):
+        if size == 1:
+            continue
+        if stride != expect:
+            return None
+        expect *= size
+    return _as_strided(t, (t.numel(),), (1,))
+
+
 def dtype_name(dtype: torch.dtype) -> str:
     """Name a dtype as docs/format.md does (``float32``), falling back to torch's name."""
     name = DTYPE_NAMES.get(dtype)
@@ -119,8 +137,9 @@ READ_ON_CPU = True
 
 def stat_vector(t: torch.Tensor) -> StatVector:
     """Return ``[max, min, sum, norm(, nan, inf)]``: Python numbers for a CPU tensor, a
-    float64 vector on ``t``'s device for an accelerator's, or for a contiguous
-    floating-point CUDA tensor the slab slot its fused kernel writes (``fused.py``).
+    float64 vector on ``t``'s device for an accelerator's, or for a floating-point CUDA
+    tensor over dense memory (contiguous, or transposed/permuted: ``dense_span``) the slab
+    slot its fused kernel writes (``fused.py``).
 
     Otherwise three reductions per tensor (``aminmax``, ``sum``, the norm -- ``_norm`` on CPU;
     ``var_mean`` would save one but is an order of magnitude slower on CPU). NaN/Inf counts are taken now
@@ -140,10 +159,12 @@ def stat_vector(t: torch.Tensor) -> StatVector:
     n = t.numel()
     if dt not in STORABLE or n == 0:
         return None
-    if t.is_cuda and (dt is _F32 or dt is _BF16 or dt is _F16) and t.is_contiguous():
-        ref = fused_stats(t)  # one launch instead of seven (fused.py)
-        if ref is not None:
-            return ref
+    if t.is_cuda and (dt is _F32 or dt is _BF16 or dt is _F16):
+        flat = t if t.is_contiguous() else dense_span(t)
+        if flat is not None:
+            ref = fused_stats(flat)  # one launch instead of seven (fused.py)
+            if ref is not None:
+                return ref
     if dt is _F32 or dt is _F64:
         tf = t
     elif dt is _F16 or dt is _BF16:
