@@ -139,8 +139,8 @@ def _build() -> Optional[Callable[[torch.Tensor, Any, int], None]]:
         compiled[key] = fn[(grid,)](*args, **dict(zip(names, consts)))
 
     def launch(t: torch.Tensor, out: torch.Tensor, slot: int) -> None:
-        dev = t.get_device()
-        if dev != current_device():
+        dev = t.get_device()  # -1: a CPU tensor, under Triton's interpreter (the tests)
+        if dev >= 0 and dev != current_device():
             raise _OtherDevice  # the caller takes PyTorch's reductions for this tensor
         n = t.numel()
         shape = (t.dtype, t.data_ptr() % 16 == 0, n > 0x7FFFFFFF, dev)
@@ -154,7 +154,7 @@ def _build() -> Optional[Callable[[torch.Tensor, Any, int], None]]:
             p = -(-n // per)
         # Partials in a scratch buffer per stream: kernels of one stream run in order, so
         # the next tensor's partials are written after this one's final read them.
-        stream = raw_stream(dev)
+        stream = raw_stream(dev) if dev >= 0 else 0
         parts = scratch.get((dev, stream))
         if parts is None:
             parts = scratch[(dev, stream)] = _empty(_MAX_PROGRAMS * 6, dtype=_F64, device=t.device)
