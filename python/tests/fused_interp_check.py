@@ -17,8 +17,10 @@ from probe.capture import fused
 from probe.capture.stats import dense_span, finish_stats
 
 
-def _reference(t: torch.Tensor) -> dict[str, Any]:
-    d = t.detach().to(torch.float64).reshape(-1)
+def reference(t: torch.Tensor) -> dict[str, Any]:
+    """max, min, mean, norm, nan, inf of ``t`` in float64 on the CPU (NaN: PyTorch's rules),
+    and the scale of its sum (Σ|x| of the finite elements) for tolerances."""
+    d = t.detach().to("cpu", torch.float64).reshape(-1)
     nan = int(torch.isnan(d).sum())
     fin = d[torch.isfinite(d)]
     return {
@@ -32,7 +34,8 @@ def _reference(t: torch.Tensor) -> dict[str, Any]:
     }
 
 
-def _same(got: Any, want: float, tol: float) -> bool:
+def same(got: Any, want: float, tol: float) -> bool:
+    """``got`` (a number from a record) equals ``want`` within ``tol``; non-finite exactly."""
     g = float(got)  # non-finite values are written as "nan", "inf", "-inf"
     if math.isnan(want) or math.isinf(want):
         return (math.isnan(g) and math.isnan(want)) or g == want
@@ -48,11 +51,11 @@ def _check(launch: Any, name: str, t: torch.Tensor, slot: int = 2) -> list[str]:
     if values[: 6 * slot] != [-7.0] * (6 * slot) or values[6 * slot + 6 :] != [-7.0] * 6:
         errors.append(f"{name}: wrote outside its slot: {values}")
     got = finish_stats(values[6 * slot : 6 * slot + 6], t.numel(), None)
-    want = _reference(t)
+    want = reference(t)
     ok = (got["nan"], got["inf"]) == (want["nan"], want["inf"])
-    ok = ok and _same(got["max"], want["max"], 0.0) and _same(got["min"], want["min"], 0.0)
-    ok = ok and _same(got["mean"], want["mean"], 1e-13 * max(1.0, want["scale"]) / t.numel())
-    ok = ok and _same(got["norm"], want["norm"], 1e-13 * max(1.0, want["norm"]))
+    ok = ok and same(got["max"], want["max"], 0.0) and same(got["min"], want["min"], 0.0)
+    ok = ok and same(got["mean"], want["mean"], 1e-13 * max(1.0, want["scale"]) / t.numel())
+    ok = ok and same(got["norm"], want["norm"], 1e-13 * max(1.0, want["norm"]))
     if not ok:
         errors.append(f"{name}: got {got}, want {want}")
     return errors
@@ -101,7 +104,7 @@ def main() -> int:
             errors.append(f"{name}: no dense span")
             continue
         errors += _check(launch, name, span)  # against the span's own float64 reduction
-        want, got = _reference(t), _reference(span)  # ... which is the tensor's
+        want, got = reference(t), reference(span)  # ... which is the tensor's
         if (want["max"], want["min"], want["inf"]) != (got["max"], got["min"], got["inf"]):
             errors.append(f"{name}: the span holds other values than the tensor")
         cases += 1

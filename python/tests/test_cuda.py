@@ -17,28 +17,12 @@ import torch.nn.functional as F
 
 import probe
 from conftest import read_ops
+from fused_interp_check import reference, same
 from probe.capture import fused
 from probe.capture.buffer import StatsBuffer
 from probe.capture.stats import finish_stats, stat_vector
 
 pytestmark = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
-
-
-def _reference(t: torch.Tensor) -> dict[str, Any]:
-    """max, min, mean, norm, nan, inf of ``t`` in float64 on the CPU (NaN: PyTorch's rules)."""
-    d = t.detach().to("cpu", torch.float64).reshape(-1)
-    nan = int(torch.isnan(d).sum())
-    inf = int(torch.isinf(d).sum())
-    fin = d[torch.isfinite(d)]
-    return {
-        "max": math.nan if nan else float(d.max()),
-        "min": math.nan if nan else float(d.min()),
-        "mean": float(d.sum()) / d.numel(),
-        "norm": float(torch.linalg.vector_norm(d)),
-        "nan": nan,
-        "inf": inf,
-        "scale": float(fin.abs().sum()) if fin.numel() else 0.0,
-    }
 
 
 def _numbers(vec: Any) -> list[float]:
@@ -47,13 +31,6 @@ def _numbers(vec: Any) -> list[float]:
         slab, k = vec
         return list(slab.values()[k * 6 : (k + 1) * 6])
     return list(vec.tolist())
-
-
-def _close(got: Any, want: float, tol: float) -> bool:
-    g = float(got)  # non-finite values are written as "nan", "inf", "-inf"
-    if math.isnan(want) or math.isinf(want):
-        return (math.isnan(g) and math.isnan(want)) or g == want
-    return abs(g - want) <= tol
 
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16, torch.float16])
@@ -73,12 +50,12 @@ def test_fused_statistics_match_a_float64_reference(
         vec = stat_vector(t)
     assert isinstance(vec, tuple), "the fused kernel was not used"
     got = finish_stats(_numbers(vec), n, None)
-    want = _reference(t)
+    want = reference(t)
     assert (got["nan"], got["inf"]) == (want["nan"], want["inf"])
-    assert _close(got["max"], want["max"], 0.0) and _close(got["min"], want["min"], 0.0)
+    assert same(got["max"], want["max"], 0.0) and same(got["min"], want["min"], 0.0)
     # Sums in float64 lanes: rounding far below float32's.
-    assert _close(got["mean"], want["mean"], 1e-12 * max(1.0, want["scale"]) / n), (got, want)
-    assert _close(got["norm"], want["norm"], 1e-12 * max(1.0, want["norm"])), (got, want)
+    assert same(got["mean"], want["mean"], 1e-12 * max(1.0, want["scale"]) / n), (got, want)
+    assert same(got["norm"], want["norm"], 1e-12 * max(1.0, want["norm"])), (got, want)
 
 
 @pytest.mark.parametrize(
@@ -103,10 +80,10 @@ def test_transposed_tensors_take_the_fused_kernel_in_memory_order(
         vec = stat_vector(t)
     assert isinstance(vec, tuple) == fused_path
     got = finish_stats(_numbers(vec), t.numel(), None)
-    want = _reference(t)
+    want = reference(t)
     assert (got["nan"], got["inf"]) == (want["nan"], want["inf"])
-    assert _close(got["max"], want["max"], 0.0) and _close(got["min"], want["min"], 0.0)
-    assert _close(got["norm"], want["norm"], 1e-5 * want["norm"]), (got, want)
+    assert same(got["max"], want["max"], 0.0) and same(got["min"], want["min"], 0.0)
+    assert same(got["norm"], want["norm"], 1e-5 * want["norm"]), (got, want)
 
 
 def test_fused_and_pytorch_reductions_agree_within_float32_rounding(monkeypatch: Any) -> None:
@@ -188,7 +165,7 @@ def test_statistics_capture_on_cuda_never_syncs_and_records_true_values(
         for op in ops:
             for t in op["tensors"]:
                 assert t["stats"]["max"] is not None, (op["op"], t)
-    want = _reference(seen[0])
+    want = reference(seen[0])
     got = _fc1_output(dump, level)["stats"]
     assert got["max"] == want["max"] and got["min"] == want["min"]
     assert abs(got["mean"] - want["mean"]) <= 1e-9 * max(1.0, want["scale"] / seen[0].numel())
