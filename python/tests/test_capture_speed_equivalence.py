@@ -220,7 +220,7 @@ def test_stats_buffer_reads_fused_slots_from_their_slabs(monkeypatch: Any) -> No
     """Fused CUDA statistics lie in slab slots (fused.py), read here from CPU slabs: every
     slot taken before a flush is read from its retired slab, including slabs that filled
     up in the middle of a batch and a slot reused by an op finished batches later (a tensor
-    captured again). A NaN count makes max and min NaN (the kernel skips NaN in them)."""
+    captured again), NaN included."""
     from probe.capture import fused
 
     monkeypatch.setattr(fused.Slab, "CAP", 4)
@@ -233,7 +233,8 @@ def test_stats_buffer_reads_fused_slots_from_their_slabs(monkeypatch: Any) -> No
         slab, k = fused.slot(cpu)
         assert slab.buf is not None
         nan = 1.0 if i == 5 else 0.0
-        row = [float(i), -float(i), 4.0 * i, i + 0.5, nan, float(i % 3 == 0)]
+        extreme = math.nan if nan else float(i)  # as the kernel writes them
+        row = [extreme, -extreme, 4.0 * i, i + 0.5, nan, float(i % 3 == 0)]
         slab.buf[k * 6 : (k + 1) * 6] = torch.tensor(row, dtype=torch.float64)
         a: dict[str, Any] = {}
         fills = [(a, 6, 2, cpu)]

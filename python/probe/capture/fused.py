@@ -16,7 +16,8 @@ summed in float64 lanes, so the sum and the norm are more accurate than PyTorch'
 reductions (docs/capture.md, "Statistics on CUDA"); max and min are exact. The lanes, the
 blocks and the order of the final reduction depend only on the element count, so the same
 tensor gives the same bits in every run. NaN follows PyTorch's rules: a tensor holding NaN
-has NaN max, min, mean and norm (filled in on the host from the count, ``stats.fill_stats``).
+has NaN max, min, mean and norm (max and min set from the count, once the whole tensor is
+reduced).
 
 Used for float32/float16/bfloat16 CUDA tensors over dense memory (contiguous, or transposed
 and permuted ones, read in memory order: ``stats.dense_span``) when Triton imports and
@@ -44,10 +45,6 @@ _MAX_PROGRAMS = 4096  # a power of two: the final reduction's width
 
 _F64 = torch.float64
 _empty = torch.empty
-
-
-class _OtherDevice(Exception):
-    """A tensor on another GPU than the current one (kernels are loaded per device)."""
 
 
 #: The launcher once built (None: not tried yet; False: unavailable in this process).
@@ -91,8 +88,14 @@ def _build() -> Optional[Callable[[torch.Tensor, Any, int], None]]:
             s += xd
             q += xd * xd
         out = out_ptr + (slot + pid) * 6
-        tl.store(out, tl.max(mx, 0).to(tl.float64))
-        tl.store(out + 1, tl.min(mn, 0).to(tl.float64))
+        mx_all = tl.max(mx, 0).to(tl.float64)
+        mn_all = tl.min(mn, 0).to(tl.float64)
+        if ROOT:  # PyTorch's rule: a tensor holding NaN has NaN max and min
+            has_nan = tl.sum(nn, 0) > 0
+            mx_all = tl.where(has_nan, float("nan"), mx_all)
+            mn_all = tl.where(has_nan, float("nan"), mn_all)
+        tl.store(out, mx_all)
+        tl.store(out + 1, mn_all)
         tl.store(out + 2, tl.sum(s, 0))
         q_all = tl.sum(q, 0)
         if ROOT:  # the whole tensor: its norm; else a partial sum of squares
@@ -107,8 +110,12 @@ def _build() -> Optional[Callable[[torch.Tensor, Any, int], None]]:
         m = offs < p
         row = part_ptr + offs * 6
         out_ptr += slot * 6
-        tl.store(out_ptr, tl.max(tl.load(row, mask=m, other=float("-inf")), 0))
-        tl.store(out_ptr + 1, tl.min(tl.load(row + 1, mask=m, other=float("inf")), 0))
+        # Partials skip NaN in max and min; PyTorch's rule is applied once, here.
+        has_nan = tl.sum(tl.load(row + 4, mask=m, other=0.0), 0) > 0
+        mx_all = tl.max(tl.load(row, mask=m, other=float("-inf")), 0)
+        mn_all = tl.min(tl.load(row + 1, mask=m, other=float("inf")), 0)
+        tl.store(out_ptr, tl.where(has_nan, float("nan"), mx_all))
+        tl.store(out_ptr + 1, tl.where(has_nan, float("nan"), mn_all))
         tl.store(out_ptr + 2, tl.sum(tl.load(row + 2, mask=m, other=0.0), 0))
         tl.store(out_ptr + 3, tl.sqrt(tl.sum(tl.load(row + 3, mask=m, other=0.0), 0)))
         tl.store(out_ptr + 4, tl.sum(tl.load(row + 4, mask=m, other=0.0), 0))
@@ -117,7 +124,6 @@ def _build() -> Optional[Callable[[torch.Tensor, Any, int], None]]:
     compiled: dict[tuple[Any, ...], Any] = {}
     scratch: dict[tuple[int, int], torch.Tensor] = {}
     raw_stream = torch._C._cuda_getCurrentRawStream
-    current_device = torch.cuda.current_device
     direct = [True]
 
     def run(fn: Any, grid: int, key: tuple[Any, ...], args: tuple[Any, ...], *consts: Any) -> None:
@@ -140,8 +146,6 @@ def _build() -> Optional[Callable[[torch.Tensor, Any, int], None]]:
 
     def launch(t: torch.Tensor, out: torch.Tensor, slot: int) -> None:
         dev = t.get_device()  # -1: a CPU tensor, under Triton's interpreter (the tests)
-        if dev >= 0 and dev != current_device():
-            raise _OtherDevice  # the caller takes PyTorch's reductions for this tensor
         n = t.numel()
         shape = (t.dtype, t.data_ptr() % 16 == 0, n > 0x7FFFFFFF, dev)
         if n <= _PER_PROGRAM:
@@ -261,14 +265,11 @@ def fused_stats(t: torch.Tensor) -> Optional[Ref]:
     global _launch
     if _launch is None:
         _launch = _build() or False
-    if _launch is False:
-        return None
+    if _launch is False or t.get_device() != torch.cuda.current_device():
+        return None  # kernels are loaded for the current GPU: PyTorch's reductions here
     slab, i = slot(t.device)
     try:
         _launch(t, slab.buf, i)
-    except _OtherDevice:
-        slab.used -= 1
-        return None
     except Exception as exc:  # noqa: BLE001 - a compile or launch failure: fall back for good
         log.warning("probe: fused CUDA statistics unavailable (%r); using PyTorch reductions", exc)
         slab.used -= 1

@@ -239,8 +239,6 @@ def fill_stats(
     mx, mn, total, norm = flat[pos], flat[pos + 1], flat[pos + 2], flat[pos + 3]
     if n >= 6:
         n_nan, n_inf = int(flat[pos + 4]), int(flat[pos + 5])
-        if n_nan:  # max and min of a tensor holding NaN are NaN (the fused kernel skips it)
-            mx = mn = math.nan
     elif mx - mx == 0.0 and mn - mn == 0.0 and total - total == 0.0:
         n_nan = n_inf = 0
     elif tensor is not None and tensor.is_floating_point():
