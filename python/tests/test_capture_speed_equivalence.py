@@ -525,3 +525,218 @@ def test_mix_level_reduces_a_module_parameter_and_output_once(
     assert got[f"{mod}.output.0"]["stats"] == want_out
     # x (module input, then F.linear's), weight, bias, the output: each reduced once.
     assert len(calls) == 4, len(calls)
+
+
+def _close(got: dict[str, Any], want: dict[str, Any]) -> None:
+    """Stats of the same elements read in another order: max, min and counts exact, the
+    sums within float32 rounding of the order."""
+    assert (got["max"], got["min"], got["nan"], got["inf"]) == (
+        want["max"],
+        want["min"],
+        want["nan"],
+        want["inf"],
+    ), (got, want)
+    for k in ("mean", "norm"):
+        assert abs(got[k] - want[k]) <= 1e-6 * max(1.0, abs(want[k])), (k, got, want)
+
+
+def _counting(monkeypatch: Any) -> list[int]:
+    from probe.capture import debugger as dbg_mod
+
+    calls: list[int] = []
+    real = dbg_mod.stat_vector
+    monkeypatch.setattr(dbg_mod, "stat_vector", lambda t: calls.append(t.numel()) or real(t))
+    return calls
+
+
+def test_views_over_the_same_elements_reuse_their_stats_until_written(
+    tmp_path: Any, monkeypatch: Any
+) -> None:
+    """A transposed, reshaped or viewed tensor reads the elements of the tensor it views:
+    a large one reuses that tensor's statistics instead of reducing them again, and is
+    reduced again once anything was written there (through it, through another view, or
+    through ``.data``, which has a version counter of its own), or when it reads other
+    elements (a slice)."""
+    from probe.capture.api import tls
+    from probe.capture.records import LAYOUT_MIN
+
+    calls = _counting(monkeypatch)
+    dump = str(tmp_path / "d")
+    dbg = probe.Debugger(None, dump_path=dump, level="api", stack=False)
+    x = torch.randn(64, 128, generator=torch.Generator().manual_seed(3))
+    assert x.numel() >= LAYOUT_MIN
+    want: dict[str, Any] = {}
+
+    def expect(name: str, t: torch.Tensor) -> None:
+        was, tls.active = tls.active, False  # not a captured call
+        try:
+            want[name] = _expected(t.contiguous())
+        finally:
+            tls.active = was
+
+    dbg.start()
+    with torch.no_grad():
+        y = torch.mul(x, 2.0)  # x, y: 2
+        expect("Torch.mul.0.forward.output.0", y)
+        z = torch.transpose(y, 0, 1)  # y, z reused: 0
+        expect("Torch.transpose.0.forward.output.0", z)
+        v = z.reshape(-1)  # z, v (a view of y again) reused: 0
+        expect("Tensor.reshape.0.forward.output.0", v)
+        s = y[:, :64]  # y reused, the slice: other elements, 1 (the index is no tensor)
+        expect("Tensor.__getitem__.0.forward.output.0", s)
+        v.add_(1.0)  # v reused; written: v after, 1
+        expect("Tensor.add_.0.forward.output.0", v)
+        w = y.t()  # y after add_ through v: the same elements as v now, reused; w too: 0
+        expect("Tensor.t.0.forward.output.0", w)
+        y.data.mul_(2.0)  # y.data, after: 2 (a captured write to the storage)
+        u = y.view(128, 64)  # y written through .data: 1; u reused: 0
+        expect("Tensor.view.0.forward.input.0", y)
+        expect("Tensor.view.0.forward.output.0", u)
+    dbg.stop()
+    dbg.step()
+    dbg.close()
+    got = _ops_by_name(dump)
+    for name, stats in want.items():
+        _close(got[name]["stats"], stats)
+    assert len(calls) == 2 + 0 + 0 + 1 + 1 + 0 + 2 + 1, calls
+
+
+def test_checksum_mode_shares_a_checksum_only_in_the_same_byte_order(
+    tmp_path: Any, monkeypatch: Any
+) -> None:
+    """A checksum is of the bytes in C order: a reshaped view has the bytes of the tensor
+    it views and may reuse its checksum, a transposed one has other bytes and must not."""
+    import zlib
+
+    from probe.capture.api import tls
+
+    dump = str(tmp_path / "d")
+    dbg = probe.Debugger(None, dump_path=dump, level="api", stack=False, mode="checksum")
+    x = torch.randn(64, 128, generator=torch.Generator().manual_seed(4))
+
+    def crc(t: torch.Tensor) -> str:
+        was, tls.active = tls.active, False
+        try:
+            raw = t.contiguous().numpy().tobytes()
+        finally:
+            tls.active = was
+        return "crc32:%08x" % (zlib.crc32(raw) & 0xFFFFFFFF)
+
+    dbg.start()
+    with torch.no_grad():
+        y = torch.mul(x, 2.0)
+        z = torch.transpose(y, 0, 1)
+        v = y.reshape(-1)
+        want = {"Torch.transpose.0.forward.output.0": crc(z), "Tensor.reshape.0.forward.output.0": crc(v)}
+    dbg.stop()
+    dbg.step()
+    dbg.close()
+    got = _ops_by_name(dump)
+    for name, c in want.items():
+        assert got[name]["checksum"] == c, name
+    assert got["Torch.transpose.0.forward.output.0"]["checksum"] != crc(y)
+    _close(got["Torch.transpose.0.forward.output.0"]["stats"], _expected(z.contiguous()))
+
+
+def test_a_gradient_received_again_by_a_module_hook_is_reduced_once(
+    tmp_path: Any, monkeypatch: Any
+) -> None:
+    """At mix level a module's backward hook receives the gradients its first and last ops'
+    backward records received, as other tensor objects (autograd's views of them) whose
+    Python objects died with the op's hook, and a parameter's ``.grad`` is the gradient its
+    op's backward record received: each large gradient is reduced once, and every record
+    holds its values."""
+    from probe.capture.records import LAYOUT_MIN
+
+    torch.manual_seed(0)
+    model = torch.nn.Sequential(torch.nn.Linear(64, 128))
+    x = torch.randn(64, 64, requires_grad=True)
+    out = model(x)
+    gx, gout = torch.autograd.grad(out.square().sum(), (x, out))
+    assert min(gx.numel(), gout.numel()) >= LAYOUT_MIN
+    model.zero_grad()
+    calls = _counting(monkeypatch)
+    dump = str(tmp_path / "d")
+    dbg = probe.Debugger(None, model, dump_path=dump, level="mix", stack=False)
+    dbg.start()
+    model(x).square().sum().backward()
+    with torch.no_grad():
+        model[0].weight.grad.mul(2.0)  # as an optimizer reads it: reused, its output new
+    dbg.stop()
+    dbg.step()
+    dbg.close()
+    got = _ops_by_name(dump)
+    mod, api = "Module.0.Linear.backward.0", "Functional.linear.0.backward"
+    for name, g in (
+        (f"{mod}.input.0", gout),
+        (f"{api}.input.0", gout),
+        (f"{mod}.output.0", gx),
+        (f"{api}.output.0", gx),
+    ):
+        _close(got[name]["stats"], _expected(g))
+    w = model[0].weight
+    big = sorted(n for n in calls if n >= LAYOUT_MIN)
+    assert got["Module.0.Linear.parameters_grad.weight"]["stats"] == _expected(w.grad)
+    assert got["Tensor.mul.0.forward.input.0"]["stats"] == _expected(w.grad)
+    # Forward: x, the weight, the output (the module's records reuse all three), the
+    # square. Backward: d(square) (sum's gradient), d(out) once for four records, the
+    # weight's gradient once for F.linear's record and the parameters_grad record (autograd
+    # accumulated it into .grad), d/dx once for two records.
+    want = [x.numel(), w.numel(), out.numel(), out.numel()]
+    want += [out.numel(), out.numel(), w.numel(), x.numel(), w.numel()]  # and mul's output
+    assert big == sorted(want), big
+
+
+def test_a_tensor_in_freed_or_other_memory_never_takes_kept_stats(monkeypatch: Any) -> None:
+    """What is known by the memory a tensor reads stands only while that storage lives at
+    that address: forced to collide on the layout key, a tensor in other memory misses
+    while the kept one lives, and once the kept storage is freed nothing stands for it
+    (its memory may be another tensor's); a view that keeps the storage alive hits."""
+    from probe.capture import records
+
+    flow = records.Dataflow()
+    known: Any = ({"name": "kept"}, [1.0, 0.0, 0.0, 1.0], None)
+    a = torch.randn(records.LAYOUT_MIN)
+    flow.remember(a, known)
+    view = a.view(64, -1)
+    assert flow.same(view) is known
+    del a
+    assert flow.same(view) is known  # the view keeps the storage alive
+    monkeypatch.setattr(records, "layout_key", lambda t, storage, permuted: ("one key",))
+    b = torch.randn(records.LAYOUT_MIN)
+    flow.remember(b, known)
+    other = torch.randn(records.LAYOUT_MIN)
+    assert flow.same(other) is None  # b lives at another address
+    # As if other lay where b lies: only b's storage being alive still tells them apart.
+    entry = flow._layouts[("one key",)]
+    flow._layouts[("one key",)] = (entry[0], other.untyped_storage().data_ptr(), *entry[2:])
+    assert flow.same(other) is known
+    del b
+    assert flow.same(other) is None  # b's storage is freed: its memory may be other's
+
+
+@pytest.mark.parametrize(
+    "dtype",
+    [torch.float32, torch.float64, torch.float16, torch.bfloat16, torch.int64, torch.uint8, torch.bool],
+)
+def test_a_one_element_cpu_tensor_reads_as_the_reductions_give_it(
+    dtype: torch.dtype, monkeypatch: Any
+) -> None:
+    """A one-element CPU tensor's statistics are its value, read once: the same numbers,
+    NaN/Inf counts included, as the reductions of the device path give (0-d and 1-d)."""
+    from probe.capture.stats import finish_stats, stat_vector
+
+    values = [0.0, -0.0, 1.5, -3.25, 7.0, 1e30]
+    if dtype.is_floating_point:
+        values += [float("nan"), float("inf"), -float("inf")]
+    for v in values:
+        for t in (torch.tensor(v).to(dtype), torch.tensor([v]).to(dtype)):
+            fast = stat_vector(t)
+            assert isinstance(fast, list)
+            monkeypatch.setattr(stats_mod, "READ_ON_CPU", False)
+            slow = stat_vector(t)
+            monkeypatch.setattr(stats_mod, "READ_ON_CPU", True)
+            assert isinstance(slow, torch.Tensor)
+            want = finish_stats(slow.tolist(), 1, None)
+            got = finish_stats(fast, 1, None)
+            assert repr(got) == repr(want), (dtype, v, got, want)

@@ -18,7 +18,7 @@ from typing import TYPE_CHECKING, Any, Callable, Optional
 import torch
 
 from .api import tls
-from .records import Captured, OpRecord
+from .records import Captured, Known, OpRecord
 
 if TYPE_CHECKING:
     from .debugger import Debugger
@@ -33,7 +33,7 @@ class BackwardHooks:
         #: Backward records with hooked gradients, until they are complete or stop() comes.
         self.pending: list[OpRecord] = []
         # Module base name -> parameter name -> (gradient, its captured stats and data).
-        self._param_grads: dict[str, dict[str, tuple[torch.Tensor, Captured]]] = {}
+        self._param_grads: dict[str, dict[str, tuple[torch.Tensor, Captured, Optional[Known]]]] = {}
         # Module base name -> parameter name -> parameter whose gradient was kept (DDP
         # takes them again once reduced: retake_param_grads).
         self._params: dict[str, dict[str, torch.Tensor]] = {}
@@ -104,7 +104,7 @@ class BackwardHooks:
             grads = self._param_grads.setdefault(base, {})
             for pname, p in params.items():
                 if p.grad is not None:
-                    grads[pname] = dbg.keep_gradient(p.grad)
+                    grads[pname] = dbg.keep_gradient(p.grad, reduced=True)
 
     def finish_step(self) -> None:
         """At ``stop()``: write the backward records that got some of their gradients, and
@@ -121,7 +121,7 @@ class BackwardHooks:
         for base, grads in self._param_grads.items():
             path = base.split(".", 1)[1].rsplit(".", 1)[0]
             op = OpRecord(f"{base}.parameters_grad", "parameters_grad", "backward", path, folder)
-            for pname, (g, pre) in grads.items():
-                dbg._add_tensor(op, f"{op.key}.{pname}", "parameter", g, True, pre)
+            for pname, (g, pre, same) in grads.items():
+                dbg._add_tensor(op, f"{op.key}.{pname}", "parameter", g, True, pre, same)
             dbg._finish(op)
         self._param_grads.clear()

@@ -144,7 +144,8 @@ class Debugger:
         self._select = Selection(self.config)
         self._files = DumpFiles(self.config)
         self._stacks = StackTable()
-        self._flow = Dataflow()
+        # A checksum is of the bytes in C order: it is shared only in the same order.
+        self._flow = Dataflow(permuted=self.config.mode != "checksum")
         #: Finished records whose statistics are still on the device (buffer.py).
         self._pending = StatsBuffer()
         self._modules = ModuleHooks(self)
@@ -493,13 +494,31 @@ class Debugger:
             return t
         return _clone(_detach(t))
 
-    def keep_gradient(self, g: torch.Tensor) -> tuple[torch.Tensor, Captured]:
+    def keep_gradient(
+        self, g: torch.Tensor, reduced: bool = False
+    ) -> tuple[torch.Tensor, Captured, Optional[Known]]:
         """What a parameter-gradient hook keeps until ``stop()`` writes the record: the
         gradient and its stats/data taken now (zero_grad may clear it before), or in
-        overflow mode a device copy, checked and recorded at ``stop()``."""
+        overflow mode a device copy, checked and recorded at ``stop()``.
+
+        In statistics mode a gradient that a backward record already holds (the one
+        autograd accumulated into ``.grad``) is not reduced again: the third value is what
+        is known of it, for ``_add_tensor``'s ``same_as``. ``reduced``: taken again after a
+        collective wrote it (DDP), which is reduced anew. A gradient reduced here is
+        remembered, so that the optimizer ops reading it reuse its statistics."""
         if self._overflow:
-            return self._snapshot(g), (None, None, None)
-        return g, self._capture(g)
+            return self._snapshot(g), (None, None, None), None
+        flow = self._flow if self._dataflow else None
+        if flow is not None and not reduced and self.config.mode == "statistics":
+            same = flow.same(g)
+            if same is not None and ("stats" in same[0] or same[1] is not None):
+                return g, (None, None, None), same
+        captured = self._capture(g)
+        if flow is not None and captured[0] is not None:
+            # Its record is made at stop(); until then the statistics stand for it.
+            record: TensorRecord = {"name": "", "role": "parameter", "dtype": "", "shape": []}
+            flow.remember(g, (record, captured[0], None))
+        return g, captured, None
 
     def _finish(self, op: OpRecord) -> None:
         """Hand the record and its tensors' statistics (still on their devices) to the stats

@@ -199,9 +199,18 @@ class Dataflow:
     storage without sharing the counter (``p.data.add_(...)``, as older optimizers write):
     so every captured in-place write is also counted per storage (:meth:`note_write`), and a
     kept record only stands for its tensor while its storage has no write it did not see.
+
+    A tensor of at least :data:`LAYOUT_MIN` elements is also known by the memory it reads
+    (:func:`layout_key`): another tensor object over exactly the same elements -- a
+    transposed or reshaped view of it, the gradient a module's backward hook re-wraps, an
+    op output that aliases its input -- holds the same values while nothing was written
+    there, so it reuses the statistics instead of reducing them again (half the reductions
+    of a transformer step at mix level). ``permuted``: whether the element order may
+    differ (statistics do not depend on it; a checksum of the bytes in C order does).
     """
 
-    def __init__(self) -> None:
+    def __init__(self, permuted: bool = True) -> None:
+        self._permuted = permuted
         # id(tensor) -> (weakref, id, version, what is known of it, storage, writes then)
         self._ids: dict[int, tuple[Any, int, int, Optional[Known], int, int]] = {}
         # storage -> (weakref, id, version, writes to it then)
@@ -210,12 +219,16 @@ class Dataflow:
         self._seen: dict[int, tuple[Any, int, Known, int, int]] = {}
         # storage -> captured in-place writes to it
         self._writes: dict[int, int] = {}
+        # layout_key -> (weak reference to the storage, its address, version, what is known
+        # of it, writes to the storage then)
+        self._layouts: dict[tuple[Any, ...], tuple[Any, int, int, Known, int]] = {}
 
     def clear(self) -> None:
         self._ids.clear()
         self._by_storage.clear()
         self._seen.clear()
         self._writes.clear()
+        self._layouts.clear()
 
     @staticmethod
     def _storage(t: torch.Tensor) -> Optional[int]:
@@ -261,7 +274,8 @@ class Dataflow:
         return self._remembered(t)
 
     def _remembered(self, t: torch.Tensor) -> Optional[Known]:
-        """What :meth:`remember` keeps of exactly this tensor, if it still stands."""
+        """What :meth:`remember` keeps of exactly this tensor, if it still stands, else
+        what is known of a kept tensor over the same elements (:meth:`_same_elements`)."""
         e = self._seen.get(id(t))
         if (
             e is not None
@@ -270,14 +284,54 @@ class Dataflow:
             and self._writes.get(e[3], 0) == e[4]
         ):
             return e[2]
-        return None
+        if t.numel() < LAYOUT_MIN:
+            return None
+        return self._same_elements(t)
+
+    def _same_elements(self, t: torch.Tensor) -> Optional[Known]:
+        """What is known of a kept tensor that read exactly the memory ``t`` reads, if
+        nothing was written there since: the same storage (held weakly, so it cannot have
+        been freed and its memory given to another tensor meanwhile), at the same address,
+        at the version it was kept at, which ``t`` has too (views share the counter), and no
+        captured in-place write to it since."""
+        try:
+            storage = t.untyped_storage()
+            ptr = int(storage.data_ptr())
+            key = layout_key(t, storage._cdata, self._permuted)
+        except Exception:  # noqa: BLE001 - tensors without storage (meta, sparse)
+            return None
+        e = self._layouts.get(key)
+        if (
+            e is None
+            or e[1] != ptr
+            or e[2] != t._version
+            or self._writes.get(ptr, 0) != e[4]
+            or e[0].expired()
+        ):
+            return None
+        return e[3]
+
+    def _keep_layout(self, t: torch.Tensor, known: Known, writes: int) -> None:
+        """Keep ``known`` under the memory ``t`` reads (:meth:`_same_elements`)."""
+        if t.numel() < LAYOUT_MIN or _StorageWeakRef is None:
+            return
+        try:
+            storage = t.untyped_storage()
+            key = layout_key(t, storage._cdata, self._permuted)
+            ref = _StorageWeakRef(storage)  # type: ignore[no-untyped-call]
+            entry = (ref, int(storage.data_ptr()), t._version, known, writes)
+        except Exception:  # noqa: BLE001 - tensors without storage (meta, sparse)
+            return
+        self._layouts[key] = entry
 
     def remember(self, t: torch.Tensor, known: Known) -> None:
         """Keep the record and statistics of ``t`` as it is now (a captured tensor that no
         captured op produced), for :meth:`source` and :meth:`same`."""
         ptr = self._storage(t)
         if ptr is not None:
-            self._seen[id(t)] = (weakref.ref(t), t._version, known, ptr, self._writes.get(ptr, 0))
+            writes = self._writes.get(ptr, 0)
+            self._seen[id(t)] = (weakref.ref(t), t._version, known, ptr, writes)
+            self._keep_layout(t, known, writes)
 
     def note_write(self, written: Any) -> None:
         """Count a captured in-place write to ``written`` (a tensor, or the tensors of a
@@ -305,4 +359,40 @@ class Dataflow:
         w = self._writes.get(ptr, 0)
         self._ids[id(t)] = (ref, tid, ver, known, ptr, w)
         self._by_storage[ptr] = (ref, tid, ver, w)
+        if known is not None:
+            self._keep_layout(t, known, w)
         return tid
+
+
+try:
+    # A weak reference to a tensor's storage: it tells whether the storage was freed (its
+    # memory may then be another tensor's) without keeping the memory alive. A gradient's
+    # tensor objects die with the hook that received them while its storage lives on in
+    # the views autograd hands on (a module's backward hook receives it again).
+    from torch.multiprocessing.reductions import StorageWeakRef as _StorageWeakRef
+except Exception:  # noqa: BLE001 - then tensors are only known by object
+    _StorageWeakRef = None  # type: ignore[assignment,misc]
+
+#: Tensors of fewer elements are not looked up by the memory they read: their reductions
+#: cost about what the lookup would (~2 us).
+LAYOUT_MIN = 1 << 12
+
+
+def layout_key(t: torch.Tensor, storage: int, permuted: bool) -> tuple[Any, ...]:
+    """What identifies the elements ``t`` reads: its storage (``_cdata``), offset, dtype and
+    its (stride, size) pairs, with dimensions of size 1 dropped (they read nothing more) and
+    a dimension merged into the next when they read one run of memory (a reshape reads the
+    same run). ``permuted``: the pairs sorted first, as a transposed or permuted view reads
+    the same memory locations in another order."""
+    dims = [(st, sz) for st, sz in zip(t.stride(), t.shape) if sz != 1]
+    if permuted:
+        dims.sort()
+    else:
+        dims.reverse()  # innermost first, as sorted ones are
+    merged: list[tuple[int, int]] = []
+    for st, sz in dims:
+        if merged and merged[-1][0] * merged[-1][1] == st:
+            merged[-1] = (merged[-1][0], merged[-1][1] * sz)
+        else:
+            merged.append((st, sz))
+    return (storage, t.storage_offset(), t.dtype, tuple(merged))

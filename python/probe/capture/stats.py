@@ -165,6 +165,14 @@ def stat_vector(t: torch.Tensor) -> StatVector:
             ref = fused_stats(flat)  # one launch instead of seven (fused.py)
             if ref is not None:
                 return ref
+    if n == 1 and READ_ON_CPU and t.is_cpu:
+        # A loss, a step counter, a scale: its one value is every statistic, exactly as the
+        # reductions give them, for a read instead of three reductions (~1 us, not ~10).
+        # (A sum starts from +0.0: -0.0 sums to 0.0.)
+        v = float(t.item())
+        if v - v == 0.0:
+            return [v, v, v + 0.0, abs(v)]
+        return [v, v, v, abs(v), 1.0 if v != v else 0.0, 0.0 if v != v else 1.0]
     if dt is _F32 or dt is _F64:
         tf = t
     elif dt is _F16 or dt is _BF16:
