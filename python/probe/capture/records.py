@@ -300,6 +300,8 @@ class Dataflow:
             key = layout_key(t, storage._cdata, self._permuted)
         except Exception:  # noqa: BLE001 - tensors without storage (meta, sparse)
             return None
+        if ptr == 0:
+            return None  # no memory of its own (a wrapper subclass): nothing to go by
         e = self._layouts.get(key)
         if (
             e is None
@@ -317,12 +319,14 @@ class Dataflow:
             return
         try:
             storage = t.untyped_storage()
+            ptr = int(storage.data_ptr())
+            if ptr == 0:
+                return
             key = layout_key(t, storage._cdata, self._permuted)
             ref = _StorageWeakRef(storage)  # type: ignore[no-untyped-call]
-            entry = (ref, int(storage.data_ptr()), t._version, known, writes)
         except Exception:  # noqa: BLE001 - tensors without storage (meta, sparse)
             return
-        self._layouts[key] = entry
+        self._layouts[key] = (ref, ptr, t._version, known, writes)
 
     def remember(self, t: torch.Tensor, known: Known) -> None:
         """Keep the record and statistics of ``t`` as it is now (a captured tensor that no
