@@ -51,10 +51,12 @@ def _expected(t: torch.Tensor) -> dict[str, Any]:
     }
 
 
-def _run(dump: str, limit: int) -> tuple[list[dict[str, Any]], list[tuple[str, str, Any]]]:
+def _run(
+    dump: str, limit: int, mode: str = "statistics"
+) -> tuple[list[dict[str, Any]], list[tuple[str, str, Any]]]:
     """An op sequence with in-place changes right after each capture; returns the records
     and, per captured tensor, (op key prefix, tensor name suffix, expected stats)."""
-    dbg = probe.Debugger(None, dump_path=dump, level="api", stack=False)
+    dbg = probe.Debugger(None, dump_path=dump, level="api", stack=False, mode=mode)
     dbg._pending.limit = limit
     expected: list[tuple[str, str, Any]] = []
     g = torch.Generator().manual_seed(7)
@@ -137,6 +139,35 @@ def test_flush_limit_and_read_path_do_not_change_the_dump(tmp_path: Any, monkeyp
             with open(os.path.join(d, "step0", "rank0", "ops.jsonl"), "rb") as fh:
                 texts.append(fh.read())
     assert len(texts) == 6 and all(t == texts[0] for t in texts)
+
+
+def test_checksums_taken_later_read_the_bytes_as_they_were_captured(
+    tmp_path: Any, monkeypatch: Any
+) -> None:
+    """Checksum mode on an accelerator checksums a host copy once its batch has landed
+    (no host sync per tensor); run on CPU with ``READ_ON_CPU`` off, its op logs are
+    byte-identical to those of checksums taken at once, although every tensor is changed in
+    place right after it is captured, and each checksum is that of the bytes the op saw."""
+    import zlib
+
+    texts = []
+    for read_on_cpu in (True, False):
+        monkeypatch.setattr(stats_mod, "READ_ON_CPU", read_on_cpu)
+        for limit in (1, 5, 100000):
+            d = str(tmp_path / f"d{limit}{read_on_cpu}")
+            ops, _ = _run(d, limit, mode="checksum")
+            with open(os.path.join(d, "step0", "rank0", "ops.jsonl"), "rb") as fh:
+                texts.append(fh.read())
+            by_name = {t["name"]: t for op in ops for t in op["tensors"]}
+            assert all(t["checksum"].startswith("crc32:") for t in by_name.values())
+            # The first add_ is y = x * 1.5 plus 0.0, its output the same values.
+            x = torch.randn(64, generator=torch.Generator().manual_seed(7))
+            y = torch.mul(x, 1.5)
+            crc = "crc32:%08x" % (zlib.crc32(y.numpy().tobytes()) & 0xFFFFFFFF)
+            assert by_name["Tensor.add_.0.forward.input.0"]["checksum"] == crc
+            assert by_name["Tensor.add_.0.forward.output.0"]["checksum"] == crc
+    assert len(texts) == 6 and all(t == texts[0] for t in texts)
+    assert b'"checksum":"crc32:' in texts[0]
 
 
 class _Folder:

@@ -191,3 +191,24 @@ def test_tensor_capture_on_cuda_never_syncs_and_stores_the_values_of_the_time(
     t = next(t for t in ups[-2]["tensors"] if t["role"] == "output")
     got = load_file(os.path.join(dump, "step2", "rank0", t["file"]))[t["name"]]
     assert torch.equal(got, seen[-1].cpu())
+
+
+def test_checksum_capture_on_cuda_never_syncs_and_hashes_the_bytes_of_the_time(
+    tmp_path: Any,
+) -> None:
+    """Checksum mode copies to pinned host buffers without waiting and checksums each copy
+    once its batch has landed: an activation's checksum is that of the tensor as the op
+    produced it (the first step's and the last's, though the weights changed in between)."""
+    from probe.capture.stats import crc32_of
+
+    dump = str(tmp_path / "dump")
+    _, seen = _train_without_syncs(dump, "checksum", "api")
+    for step in range(3):
+        for op in read_ops(os.path.join(dump, f"step{step}", "rank0")):
+            for t in op["tensors"]:
+                assert t["checksum"].startswith("crc32:"), (op["op"], t)
+    assert _fc1_output(dump, "api")["checksum"] == crc32_of(seen[0].cpu())
+    last = read_ops(os.path.join(dump, "step2", "rank0"))
+    ups = [op for op in last if op["op"].startswith("Functional.linear.") and op["direction"] == "forward"]
+    t = next(t for t in ups[-2]["tensors"] if t["role"] == "output")
+    assert t["checksum"] == crc32_of(seen[-1].cpu())

@@ -23,12 +23,12 @@ counts are taken then (``stats.stat_vector``).
 from __future__ import annotations
 
 from collections import deque
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Optional
 
 import torch
 
 from . import fused
-from .stats import fill_stats
+from .stats import crc32_of_copy, fill_stats
 
 if TYPE_CHECKING:
     from .writer import RankFolder
@@ -40,9 +40,10 @@ _empty = torch.empty
 #: One tensor's statistics: the stats dict to fill, how many values its vector holds, its
 #: element count, and the device the values are on.
 Fill = tuple[dict[str, Any], int, int, Any]
-#: A finished op: its folder, its record, its fills, and its parts (each fill's statistics
-#: vector or fused slab slot, in fill order; empty when it has none).
-Pending = tuple["RankFolder", dict[str, Any], list[Fill], list[Any]]
+#: A finished op: its folder, its record, its fills, its parts (each fill's statistics
+#: vector or fused slab slot, in fill order; empty when it has none), and its tensor records
+#: whose ``checksum`` is still the host copy it is taken of (``stats.checksum_later``).
+Pending = tuple["RankFolder", dict[str, Any], list[Fill], list[Any], list[Any]]
 
 
 class _Batch:
@@ -93,9 +94,10 @@ class StatsBuffer:
         record: dict[str, Any],
         fills: list[Fill],
         parts: list[Any],
+        checksums: Optional[list[Any]] = None,
     ) -> None:
         items = self._items
-        items.append((folder, record, fills, parts))
+        items.append((folder, record, fills, parts, checksums or []))
         if len(items) >= self.limit:
             self.flush(wait=False)
 
@@ -136,7 +138,7 @@ class StatsBuffer:
         fused.retire_open()
         per_device: dict[Any, list[torch.Tensor]] = {}
         slabs: dict[int, fused.Slab] = {}
-        for _, _, fills, parts in items:
+        for _, _, fills, parts, _ in items:
             # Each tensor's vector to its device's list (an op copying between devices has
             # tensors on two); a fused slot's slab is copied as a whole.
             for (_, _, _, dev), part in zip(fills, parts):
@@ -171,7 +173,7 @@ class StatsBuffer:
                 event.synchronize()
             values[dev] = host.tolist()
         pos: dict[Any, int] = dict.fromkeys(values, 0)
-        for folder, record, fills, parts in batch.items:
+        for folder, record, fills, parts, checksums in batch.items:
             for (stats, n, numel, dev), part in zip(fills, parts):
                 if type(part) is tuple:
                     fill_stats(stats, part[0].values(), part[1] * 6, 6, numel)
@@ -179,4 +181,6 @@ class StatsBuffer:
                 p = pos[dev]
                 fill_stats(stats, values[dev], p, n, numel)
                 pos[dev] = p + n
+            for tensor in checksums:
+                tensor["checksum"] = crc32_of_copy(tensor["checksum"])
             folder.write_op(record)

@@ -52,7 +52,7 @@ from .stacks import StackTable
 from .stats import (
     STORABLE,
     any_nonfinite,
-    checksum,
+    checksum_later,
     dtype_name,
     fill_stats,
     nonfinite_result,
@@ -416,7 +416,7 @@ class Debugger:
             if mode == "statistics" or t.dtype not in STORABLE:
                 return vec, None, None
             if mode == "checksum":
-                return vec, None, checksum(t)
+                return vec, None, checksum_later(t, self._files.pool.copy)
             return vec, self._files.pool.copy(t), None
         finally:
             if prev:
@@ -467,7 +467,7 @@ class Debugger:
             return rec
         vec: StatVector
         host: Optional[torch.Tensor]
-        crc: Optional[str]
+        crc: Union[str, torch.Tensor, None]
         if known is not None and "stats" in known:
             rec["stats"] = known["stats"]
             vec, host, crc = None, self._files.pool.copy(t), None
@@ -478,7 +478,8 @@ class Debugger:
         else:
             vec, host, crc = pre if pre is not None else self._capture(t)
         if crc is not None:
-            rec["checksum"] = crc
+            # A host copy stands in for the checksum until its batch lands (_finish).
+            rec["checksum"] = crc  # type: ignore[typeddict-item]
         if host is not None:
             folder = op.folder or self._files.folder
             assert folder is not None
@@ -539,8 +540,12 @@ class Debugger:
         parts: list[Any] = []
         fills: list[Fill] = []
         tensors: list[TensorRecord] = []
+        later: list[TensorRecord] = []  # checksums of host copies on their way
         for rec, vec, _ in entries:
             tensors.append(rec)
+            crc = rec.get("checksum")
+            if crc is not None and type(crc) is not str:
+                later.append(rec)
             if vec is None:
                 if "stats" not in rec:
                     rec["stats"] = null_stats()
@@ -561,7 +566,7 @@ class Debugger:
                 fills.append((stats, 6, numel, vec[0].device))
             else:
                 fills.append((stats, vec.shape[0], numel, vec.device))
-        self._pending.add(folder, op.to_json(tensors), fills, parts)
+        self._pending.add(folder, op.to_json(tensors), fills, parts, later)
         self._files.push(full_only=True)
         self._files.check()
 

@@ -50,8 +50,9 @@ if TYPE_CHECKING:
 #: host (CPU tensors), one float64 vector still on an accelerator, or the slab slot that
 #: the fused CUDA kernel writes them to (``stats.stat_vector``).
 StatVector = Union[list[Any], torch.Tensor, "Ref", None]
-#: What capturing one tensor gives: stats vector, host copy (tensor mode), checksum.
-Captured = tuple[StatVector, Optional[torch.Tensor], Optional[str]]
+#: What capturing one tensor gives: stats vector, host copy (tensor mode), checksum (or,
+#: for an accelerator's tensor, the host copy it is taken of once the copy has landed).
+Captured = tuple[StatVector, Optional[torch.Tensor], Union[str, torch.Tensor, None]]
 
 _PRIMITIVES = (int, float, bool, str)
 

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import math
 import zlib
-from typing import TYPE_CHECKING, Any, Optional
+from typing import TYPE_CHECKING, Any, Optional, Union
 
 import torch
 
@@ -284,6 +284,31 @@ def checksum(t: torch.Tensor) -> str:
     copy was most of checksum mode's cost on CPU)."""
     d = t.detach()
     return crc32_of(d if d.is_cpu else d.to("cpu"))
+
+
+def checksum_later(t: torch.Tensor, copy: Any) -> Union[str, torch.Tensor]:
+    """The checksum of ``t`` now on the CPU; for an accelerator's tensor (and on the CPU
+    with ``READ_ON_CPU`` off, for tests) the host copy it is taken of, made by ``copy`` (on
+    CUDA non-blocking, into pinned memory, with an event): :func:`crc32_of_copy` reads it
+    once the stats buffer's batch has landed, so checksum mode makes no host sync per
+    tensor."""
+    if t.is_cpu and READ_ON_CPU:
+        return checksum(t)
+    host: torch.Tensor = copy(t)
+    return host
+
+
+def crc32_of_copy(host: torch.Tensor) -> str:
+    """The checksum of a copy made by :func:`checksum_later`, once (a record that reuses
+    another's pending checksum holds the same copy)."""
+    crc: Optional[str] = getattr(host, "_probe_crc", None)
+    if crc is None:
+        ready = getattr(host, "_probe_ready", None)
+        if ready is not None:
+            ready.synchronize()  # landed already when its batch has: no wait
+        crc = crc32_of(host)
+        host._probe_crc = crc  # type: ignore[attr-defined]
+    return crc
 
 
 def crc32_of(host: torch.Tensor) -> str:
