@@ -151,10 +151,13 @@ def test_checksums_taken_later_read_the_bytes_as_they_were_captured(
     import zlib
 
     texts = []
-    for read_on_cpu in (True, False):
+    for read_on_cpu, cap in ((True, None), (False, None), (False, 1)):
         monkeypatch.setattr(stats_mod, "READ_ON_CPU", read_on_cpu)
+        if cap is not None:
+            # Pending copies past the cap: every record is written at once, waiting.
+            monkeypatch.setattr(StatsBuffer, "MAX_COPY_BYTES", cap)
         for limit in (1, 5, 100000):
-            d = str(tmp_path / f"d{limit}{read_on_cpu}")
+            d = str(tmp_path / f"d{limit}{read_on_cpu}{cap}")
             ops, _ = _run(d, limit, mode="checksum")
             with open(os.path.join(d, "step0", "rank0", "ops.jsonl"), "rb") as fh:
                 texts.append(fh.read())
@@ -166,8 +169,29 @@ def test_checksums_taken_later_read_the_bytes_as_they_were_captured(
             crc = "crc32:%08x" % (zlib.crc32(y.numpy().tobytes()) & 0xFFFFFFFF)
             assert by_name["Tensor.add_.0.forward.input.0"]["checksum"] == crc
             assert by_name["Tensor.add_.0.forward.output.0"]["checksum"] == crc
-    assert len(texts) == 6 and all(t == texts[0] for t in texts)
+    assert len(texts) == 9 and all(t == texts[0] for t in texts)
     assert b'"checksum":"crc32:' in texts[0]
+
+
+def test_host_copies_awaiting_their_checksums_are_bounded(monkeypatch: Any) -> None:
+    """Records holding more host copies than ``MAX_COPY_BYTES`` are written at once (the
+    wait is counted), however few ops are pending; below it they wait for their batch."""
+    folder = _Folder()
+    buf = StatsBuffer(limit=1000)
+    monkeypatch.setattr(StatsBuffer, "MAX_COPY_BYTES", 3 * 400)
+    for i in range(10):
+        copy = torch.full((100,), float(i))  # 400 bytes
+        rec = {"seq": 0, "op": f"op{i}", "tensors": [{"checksum": copy}]}
+        buf.add(folder, rec, [], [], rec["tensors"])
+    # The 4th copy passed the cap: 4 written, then 4 more; 2 pending.
+    assert [r["op"] for r in folder.written] == [f"op{i}" for i in range(8)]
+    assert buf.waits == 2 and len(buf) == 2
+    buf.flush()
+    assert len(folder.written) == 10
+    from probe.capture.stats import crc32_of
+
+    for i, r in enumerate(folder.written):
+        assert r["tensors"][0]["checksum"] == crc32_of(torch.full((100,), float(i)))
 
 
 class _Folder:

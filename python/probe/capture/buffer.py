@@ -49,10 +49,12 @@ Pending = tuple["RankFolder", dict[str, Any], list[Fill], list[Any], list[Any]]
 class _Batch:
     """Ops of one flush, with their statistics on the way to the host."""
 
-    __slots__ = ("event", "host", "items", "slabs")
+    __slots__ = ("copy_bytes", "event", "host", "items", "slabs")
 
-    def __init__(self, items: list[Pending], slabs: list[fused.Slab]) -> None:
+    def __init__(self, items: list[Pending], slabs: list[fused.Slab], copy_bytes: int) -> None:
         self.items = items
+        #: Bytes of the host copies its records hold until their checksums are taken.
+        self.copy_bytes = copy_bytes
         #: The fused slabs its slots are in (retired, so their copies are on the way).
         self.slabs = slabs
         #: Per device: host tensor (or the vector itself on CPU), event to wait for (CUDA).
@@ -77,11 +79,17 @@ class StatsBuffer:
     #: Batches launched and not yet written. A batch is written once its copy has landed;
     #: past this many the oldest is waited for (a GPU that far behind is the bottleneck).
     MAX_IN_FLIGHT = 4
+    #: Bytes of host copies (checksum mode on an accelerator) that pending records may hold:
+    #: past it everything is written, waiting for the device, so that a model with large
+    #: activations does not pile up pinned copies of 160 ops' tensors.
+    MAX_COPY_BYTES = 256 << 20
 
     def __init__(self, limit: int = LIMIT) -> None:
         self.limit = limit
         self._items: list[Pending] = []
         self._inflight: deque[_Batch] = deque()
+        #: Bytes of host copies held by the records not launched yet (``_items``).
+        self._copy_bytes = 0
         #: Times a flush before ``stop()`` had to wait for the device (see the module doc).
         self.waits = 0
 
@@ -98,6 +106,16 @@ class StatsBuffer:
     ) -> None:
         items = self._items
         items.append((folder, record, fills, parts, checksums or []))
+        if checksums:
+            for tensor in checksums:
+                copy = tensor["checksum"]
+                if type(copy) is not str:
+                    self._copy_bytes += copy.numel() * copy.element_size()
+            held = self._copy_bytes + sum(b.copy_bytes for b in self._inflight)
+            if held > self.MAX_COPY_BYTES:
+                self.waits += 1
+                self.flush(wait=True)
+                return
         if len(items) >= self.limit:
             self.flush(wait=False)
 
@@ -112,7 +130,8 @@ class StatsBuffer:
         try:
             if self._items:
                 items, self._items = self._items, []
-                inflight.append(self._launch(items))
+                inflight.append(self._launch(items, self._copy_bytes))
+                self._copy_bytes = 0
             # The batch just launched waits for the next flush (its copy has barely begun).
             while len(inflight) > (0 if wait else 1):
                 oldest = inflight[0]
@@ -123,17 +142,17 @@ class StatsBuffer:
                 inflight.popleft()
                 self._complete(oldest)
         except BaseException:
-            inflight.clear()
-            self._items = []
+            self.discard()
             raise
 
     def discard(self) -> None:
         """Forget everything pending (a failure made the records unwritable)."""
         self._items = []
         self._inflight.clear()
+        self._copy_bytes = 0
 
     @staticmethod
-    def _launch(items: list[Pending]) -> _Batch:
+    def _launch(items: list[Pending], copy_bytes: int) -> _Batch:
         # Every slot taken so far, these ops' included, is copied to the host from now on.
         fused.retire_open()
         per_device: dict[Any, list[torch.Tensor]] = {}
@@ -146,7 +165,7 @@ class StatsBuffer:
                     slabs[id(part[0])] = part[0]
                 else:
                     per_device.setdefault(dev, []).append(part)
-        batch = _Batch(items, list(slabs.values()))
+        batch = _Batch(items, list(slabs.values()), copy_bytes)
         for dev, vecs in per_device.items():
             # One concatenation per device (float64 vectors: one batched copy kernel on
             # CUDA), then one copy to the host.
