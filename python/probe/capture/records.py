@@ -15,6 +15,8 @@ from typing import TYPE_CHECKING, Any, Callable, Optional, Union
 
 import torch
 
+from .stats import memory_runs
+
 if TYPE_CHECKING:
     from typing_extensions import NotRequired, TypedDict
 
@@ -289,20 +291,27 @@ class Dataflow:
             return None
         return self._same_elements(t)
 
-    def _same_elements(self, t: torch.Tensor) -> Optional[Known]:
-        """What is known of a kept tensor that read exactly the memory ``t`` reads, if
-        nothing was written there since: the same storage (held weakly, so it cannot have
-        been freed and its memory given to another tensor meanwhile), at the same address,
-        at the version it was kept at, which ``t`` has too (views share the counter), and no
-        captured in-place write to it since."""
+    def _layout(self, t: torch.Tensor) -> Optional[tuple[Any, int, tuple[Any, ...]]]:
+        """``t``'s storage, its address and :func:`layout_key`, or None for a tensor without
+        memory of its own (meta, sparse, a wrapper subclass: address 0)."""
         try:
             storage = t.untyped_storage()
             ptr = int(storage.data_ptr())
             key = layout_key(t, storage._cdata, self._permuted)
         except Exception:  # noqa: BLE001 - tensors without storage (meta, sparse)
             return None
-        if ptr == 0:
-            return None  # no memory of its own (a wrapper subclass): nothing to go by
+        return (storage, ptr, key) if ptr != 0 else None
+
+    def _same_elements(self, t: torch.Tensor) -> Optional[Known]:
+        """What is known of a kept tensor that read exactly the memory ``t`` reads, if
+        nothing was written there since: the same storage (held weakly, so it cannot have
+        been freed and its memory given to another tensor meanwhile), at the same address,
+        at the version it was kept at, which ``t`` has too (views share the counter), and no
+        captured in-place write to it since."""
+        layout = self._layout(t)
+        if layout is None:
+            return None
+        _, ptr, key = layout
         e = self._layouts.get(key)
         if (
             e is None
@@ -318,16 +327,11 @@ class Dataflow:
         """Keep ``known`` under the memory ``t`` reads (:meth:`_same_elements`)."""
         if t.numel() < LAYOUT_MIN or _StorageWeakRef is None:
             return
-        try:
-            storage = t.untyped_storage()
-            ptr = int(storage.data_ptr())
-            if ptr == 0:
-                return
-            key = layout_key(t, storage._cdata, self._permuted)
+        layout = self._layout(t)
+        if layout is not None:
+            storage, ptr, key = layout
             ref = _StorageWeakRef(storage)  # type: ignore[no-untyped-call]
-        except Exception:  # noqa: BLE001 - tensors without storage (meta, sparse)
-            return
-        self._layouts[key] = (ref, ptr, t._version, known, writes)
+            self._layouts[key] = (ref, ptr, t._version, known, writes)
 
     def remember(self, t: torch.Tensor, known: Known) -> None:
         """Keep the record and statistics of ``t`` as it is now (a captured tensor that no
@@ -385,19 +389,5 @@ LAYOUT_MIN = 1 << 12
 
 def layout_key(t: torch.Tensor, storage: int, permuted: bool) -> tuple[Any, ...]:
     """What identifies the elements ``t`` reads: its storage (``_cdata``), offset, dtype and
-    its (stride, size) pairs, with dimensions of size 1 dropped (they read nothing more) and
-    a dimension merged into the next when they read one run of memory (a reshape reads the
-    same run). ``permuted``: the pairs sorted first, as a transposed or permuted view reads
-    the same memory locations in another order."""
-    dims = [(st, sz) for st, sz in zip(t.stride(), t.shape) if sz != 1]
-    if permuted:
-        dims.sort()
-    else:
-        dims.reverse()  # innermost first, as sorted ones are
-    merged: list[tuple[int, int]] = []
-    for st, sz in dims:
-        if merged and merged[-1][0] * merged[-1][1] == st:
-            merged[-1] = (merged[-1][0], merged[-1][1] * sz)
-        else:
-            merged.append((st, sz))
-    return (storage, t.storage_offset(), t.dtype, tuple(merged))
+    the runs of memory it reads (``stats.memory_runs``)."""
+    return (storage, t.storage_offset(), t.dtype, tuple(memory_runs(t, permuted)))

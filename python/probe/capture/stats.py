@@ -107,18 +107,35 @@ def _norm(tf: torch.Tensor, n: int) -> torch.Tensor:
 _as_strided = torch.as_strided
 
 
+def memory_runs(t: torch.Tensor, permuted: bool = True) -> list[tuple[int, int]]:
+    """The memory ``t`` reads, as (stride, length) runs: its (stride, size) pairs without
+    dimensions of size 1 (they read nothing more), a dimension merged into the next when
+    the two read one run. ``permuted``: the pairs sorted first (a transposed or permuted
+    tensor reads the same locations in another order); else innermost first, in the order
+    C-contiguous bytes are read. Equal runs at equal offsets of one storage read the same
+    elements (in the same order when not ``permuted``)."""
+    dims = [(st, sz) for st, sz in zip(t.stride(), t.shape) if sz != 1]
+    if permuted:
+        dims.sort()
+    else:
+        dims.reverse()
+    runs: list[tuple[int, int]] = []
+    for st, sz in dims:
+        if runs and runs[-1][0] * runs[-1][1] == st:
+            runs[-1] = (runs[-1][0], runs[-1][1] * sz)
+        else:
+            runs.append((st, sz))
+    return runs
+
+
 def dense_span(t: torch.Tensor) -> Optional[torch.Tensor]:
     """The memory of ``t`` as a contiguous 1-D view when ``t`` covers it exactly once -- a
     transposed or permuted layout of dense memory (attention heads, channels-last) -- else
     None (slices with gaps, expanded dimensions). Statistics do not depend on the order of
     the elements, so such a tensor is reduced in its memory order, like a contiguous one."""
-    expect = 1
-    for stride, size in sorted(zip(t.stride(), t.shape)):
-        if size == 1:
-            continue
-        if stride != expect:
-            return None
-        expect *= size
+    runs = memory_runs(t)
+    if runs and runs != [(1, t.numel())]:
+        return None
     return _as_strided(t, (t.numel(),), (1,))
 
 
@@ -294,8 +311,15 @@ def checksum_later(t: torch.Tensor, copy: Any) -> Union[str, torch.Tensor]:
     tensor."""
     if t.is_cpu and READ_ON_CPU:
         return checksum(t)
-    host: torch.Tensor = copy(t)
-    return host
+    return copy(t)  # type: ignore[no-any-return]
+
+
+def wait_for_copy(host: torch.Tensor) -> None:
+    """Wait until a host copy made without blocking (``writer.HostPool.copy``, on CUDA) has
+    landed: the event it carries. Copies made otherwise are complete already."""
+    ready = getattr(host, "_probe_ready", None)
+    if ready is not None:
+        ready.synchronize()
 
 
 def crc32_of_copy(host: torch.Tensor) -> str:
@@ -303,9 +327,7 @@ def crc32_of_copy(host: torch.Tensor) -> str:
     another's pending checksum holds the same copy)."""
     crc: Optional[str] = getattr(host, "_probe_crc", None)
     if crc is None:
-        ready = getattr(host, "_probe_ready", None)
-        if ready is not None:
-            ready.synchronize()  # landed already when its batch has: no wait
+        wait_for_copy(host)  # landed already when its batch has: no wait
         crc = crc32_of(host)
         host._probe_crc = crc  # type: ignore[attr-defined]
     return crc

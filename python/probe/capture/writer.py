@@ -24,6 +24,7 @@ from .._runtime import model_device
 from .._version import __version__
 from ..config import CaptureConfig
 from .api import tls
+from .stats import wait_for_copy
 
 log = logging.getLogger("probe")
 
@@ -392,9 +393,7 @@ class TensorWriter:
                 self._q.task_done()
 
     def _tensor(self, item: tuple[Any, ...]) -> None:
-        ready = getattr(item[3], "_probe_ready", None)
-        if ready is not None:
-            ready.synchronize()  # the copy from the GPU (HostPool.copy); the GIL is released
+        wait_for_copy(item[3])  # the copy from the GPU (HostPool.copy); the GIL is released
         if self.error is None:
             shard = self._open.get(item[1])
             if shard is None:
