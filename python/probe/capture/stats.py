@@ -114,6 +114,11 @@ def memory_runs(t: torch.Tensor, permuted: bool = True) -> list[tuple[int, int]]
     tensor reads the same locations in another order); else innermost first, in the order
     C-contiguous bytes are read. Equal runs at equal offsets of one storage read the same
     elements (in the same order when not ``permuted``)."""
+    n = t.numel()
+    if n > 1 and t.is_contiguous():
+        # What the loop below gives a contiguous tensor, in a tenth of its ~2 us (most
+        # captured tensors are contiguous; the layout key asks for every large one).
+        return [(1, n)]
     dims = [(st, sz) for st, sz in zip(t.stride(), t.shape) if sz != 1]
     if permuted:
         dims.sort()
