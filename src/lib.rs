@@ -10,6 +10,8 @@
 //! [`progress`] draws progress bars on stderr for the long stages.
 #![warn(missing_docs)]
 
+pub mod agent_kernel;
+pub mod agent_stats;
 pub mod app;
 pub mod atomic;
 pub mod compare;

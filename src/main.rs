@@ -48,6 +48,22 @@ enum Cmd {
     ConfigCheck(ConfigCheckArgs),
     /// Make a config pack without Python: env, a Python's packages, weight fingerprints.
     ConfigPack(ConfigPackArgs),
+    /// For the capture agent: write its statistics kernel into DIR and print its path.
+    #[command(hide = true)]
+    AgentKernel(AgentKernelArgs),
+}
+
+#[derive(clap::Args)]
+struct AgentKernelArgs {
+    /// Folder to write the shared library to (created when missing).
+    #[arg(long, value_name = "DIR")]
+    dir: PathBuf,
+}
+
+fn run_agent_kernel(a: AgentKernelArgs) -> Result<u8, ProbeError> {
+    let path = probe::agent_kernel::write_kernel(&a.dir)?;
+    println!("{}", path.display());
+    Ok(EXIT_PASS)
 }
 
 #[derive(clap::Args)]
@@ -494,6 +510,7 @@ fn main() -> ExitCode {
         Cmd::Synth(a) => run_synth(a),
         Cmd::ConfigCheck(a) => run_config_check(a),
         Cmd::ConfigPack(a) => run_config_pack(a),
+        Cmd::AgentKernel(a) => run_agent_kernel(a),
     };
     match outcome {
         Ok(code) => ExitCode::from(code),
