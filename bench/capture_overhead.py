@@ -196,12 +196,22 @@ def main() -> int:
         help="after timing, profile one step of the first probe configuration with "
         "torch.profiler and print the ops that took the most device time (CPU time on CPU)",
     )
+    ap.add_argument(
+        "--reductions",
+        choices=["native", "torch", "both"],
+        default="native",
+        help="CPU statistics by the probe binary's one-pass kernel (capture/native.py, when "
+        "it loads), by PyTorch's reductions, or both as two configurations of one run",
+    )
     args = ap.parse_args()
     if args.threads > 0:
         torch.set_num_threads(args.threads)
 
     import probe
+    from probe.capture import stats as probe_stats
 
+    probe_stats.use_native()
+    kernel = probe_stats.NATIVE
     example = _load_example()
     device = example.resolve_device(args.device)
     ex: Any = TRANSFORMER if args.model == "transformer" else example
@@ -212,22 +222,29 @@ def main() -> int:
     runners: list[tuple[str, Runner]] = [("bare", Runner(ex, device, args.batch, None, None))]
     debuggers: list[Any] = []
     try:
+        kernels = {"native": [kernel], "torch": [None], "both": [kernel, None]}[args.reductions]
         for mode in args.modes.split(","):
             for level in args.levels.split(","):
-                path = os.path.join(tmp, f"{mode}-{level}")
-                dbg = probe.Debugger(None, dump_path=path, mode=mode, level=level)
-                debuggers.append(dbg)
+                for k in kernels if mode == "statistics" else [kernel]:
+                    suffix = " torch" if k is None and args.reductions == "both" else ""
+                    path = os.path.join(tmp, f"{mode}-{level}{suffix.replace(' ', '-')}")
+                    dbg = probe.Debugger(None, dump_path=path, mode=mode, level=level)
+                    debuggers.append(dbg)
 
-                def stop(d: Any = dbg) -> None:
-                    d.stop()
-                    d.step()
+                    def start(m: Any, d: Any = dbg, k: Any = k) -> None:
+                        probe_stats.NATIVE = k  # configurations take turns: set for each
+                        d.start(m)
 
-                runners.append(
-                    (
-                        f"probe {mode:<10} {level:<6}",
-                        Runner(ex, device, args.batch, dbg.start, stop),
+                    def stop(d: Any = dbg) -> None:
+                        d.stop()
+                        d.step()
+
+                    runners.append(
+                        (
+                            f"probe {mode:<10} {level:<6}{suffix}",
+                            Runner(ex, device, args.batch, start, stop),
+                        )
                     )
-                )
         ms = _msprobe_runner(ex, device, args, tmp)
         if ms is not None:
             runners.append(("msprobe statistics L1", ms))
@@ -261,7 +278,9 @@ def main() -> int:
         f"model {args.model}, device {device}, torch {torch.__version__}, "
         f"threads {torch.get_num_threads()}, "
         f"batch {args.batch}, median of {args.steps} interleaved steps, "
-        f"agent {os.path.dirname(probe.__file__)}"
+        f"agent {os.path.dirname(probe.__file__)}, CPU statistics by "
+        + ("the native kernel" if kernel is not None else "PyTorch's reductions (no kernel)")
+        + (" and PyTorch's reductions (torch)" if args.reductions == "both" else "")
     )
     print(f"{'configuration':<28} {'ms/step':>9} {'ratio':>7}")
     for name, t in rows:

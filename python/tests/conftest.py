@@ -2,8 +2,11 @@
 
 from __future__ import annotations
 
+import atexit
 import json
 import os
+import shutil
+import tempfile
 from typing import Any, Iterator
 
 import probe
@@ -14,6 +17,12 @@ import torch.nn.functional as F
 
 REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 SCHEMAS = os.path.join(REPO, "schemas")
+
+# The agent's native statistics kernel (capture/native.py) is written into a private folder
+# of this test session (shared with the training scripts the tests run), not ~/.cache.
+if "PROBE_CACHE_DIR" not in os.environ:
+    os.environ["PROBE_CACHE_DIR"] = tempfile.mkdtemp(prefix="probe-tests-")
+    atexit.register(shutil.rmtree, os.environ["PROBE_CACHE_DIR"], True)
 
 
 def probe_bin() -> str:

@@ -112,6 +112,20 @@ def test_fresh_env_gets_a_working_command(fresh_env: Path, tmp_path: Path) -> No
     summary = json.loads((tmp_path / "out" / "summary.json").read_text())
     assert summary["verdict"] == "error"
     assert "gelu" in summary["first_divergent"]["forward"]["op"]  # the op synth faulted
+    # The agent's CPU statistics kernel travels in the command (build.rs): a shared library
+    # exporting the functions capture/native.py loads.
+    kernel = subprocess.run(
+        [str(exe), "agent-kernel", "--dir", str(tmp_path / "cache")],
+        capture_output=True,
+        text=True,
+        env=clean_env(),
+    )
+    assert kernel.returncode == 0, kernel.stderr
+    lib = Path(kernel.stdout.strip())
+    assert lib.parent == tmp_path / "cache" and lib.read_bytes()[:4] == b"\x7fELF"
+    import ctypes
+
+    assert ctypes.CDLL(str(lib)).probe_stats_abi() == 1
 
 
 @needs_wheel
@@ -183,7 +197,15 @@ def test_the_sdist_holds_what_a_build_from_source_needs(tmp_path: Path) -> None:
 
     with tarfile.open(sdist) as tar:
         names = {n.split("/", 1)[1] for n in tar.getnames() if "/" in n}
-    for need in ("Cargo.toml", "Cargo.lock", "pyproject.toml", "src/main.rs", "src/lib.rs"):
+    for need in (
+        "Cargo.toml",
+        "Cargo.lock",
+        "pyproject.toml",
+        "src/main.rs",
+        "src/lib.rs",
+        "build.rs",  # the agent's statistics kernel (src/agent_stats.rs)
+        "src/agent_stats.rs",
+    ):
         assert need in names, need
     assert "python/probe/__init__.py" in names and "python/probe/capture/api.py" in names
     assert not any(n.startswith(("tests/", "testdata/", "python/tests/", "bench/")) for n in names)

@@ -58,6 +58,7 @@ from .stats import (
     nonfinite_result,
     null_stats,
     stat_vector,
+    use_native,
 )
 from .writer import DumpFiles
 
@@ -190,6 +191,7 @@ class Debugger:
         if not self._select.rank(rank):
             return
         try:
+            use_native()  # the first time: the CPU statistics kernel (native.py)
             self._files.open(self.current_step, rank, self.model)
             self._session += 1
             if self.config.api:

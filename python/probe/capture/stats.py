@@ -7,12 +7,14 @@ device sync per op instead of one per number is what keeps capture cheap on acce
 
 from __future__ import annotations
 
+import ctypes
 import math
 import zlib
 from typing import TYPE_CHECKING, Any, Optional, Union
 
 import torch
 
+from . import native
 from .fused import fused_stats
 
 if TYPE_CHECKING:
@@ -156,6 +158,21 @@ def dtype_name(dtype: torch.dtype) -> str:
 #: turn it off to run the accelerator path (0-d tensors stacked and read per batch) on CPU.
 READ_ON_CPU = True
 
+#: The native one-pass kernels for CPU float32/bfloat16 tensors by dtype (``native.py``),
+#: once :func:`use_native` found them; None: PyTorch's reductions.
+NATIVE: Optional[dict[torch.dtype, native.Kernel]] = None
+_native_tried = False
+_RESULT = ctypes.c_double * 4
+
+
+def use_native() -> None:
+    """Load the native kernels the first time (``Debugger.start()``); later calls keep
+    what the first found, so a test can set :data:`NATIVE` to None for PyTorch's path."""
+    global NATIVE, _native_tried
+    if not _native_tried:
+        _native_tried = True
+        NATIVE = native.load()
+
 
 def stat_vector(t: torch.Tensor) -> StatVector:
     """Return ``[max, min, sum, norm(, nan, inf)]``: Python numbers for a CPU tensor, a
@@ -195,6 +212,14 @@ def stat_vector(t: torch.Tensor) -> StatVector:
         if v - v == 0.0:
             return [v, v, v + 0.0, abs(v)]
         return [v, v, v, abs(v), 1.0 if v != v else 0.0, 0.0 if v != v else 1.0]
+    if NATIVE is not None and (dt is _F32 or dt is _BF16) and t.is_cpu and READ_ON_CPU:
+        # One pass over the memory instead of three reductions (native.py); a tensor with
+        # NaN/Inf is refused and takes the reductions below, which count them.
+        flat = t if t.is_contiguous() else dense_span(t)
+        if flat is not None:
+            res = _RESULT()
+            if NATIVE[dt](flat.data_ptr(), n, res):
+                return res[:]
     if dt is _F32 or dt is _F64:
         tf = t
     elif dt is _F16 or dt is _BF16:

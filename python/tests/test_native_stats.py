@@ -1,0 +1,185 @@
+"""The CPU statistics kernel of the ``probe`` binary (capture/native.py, src/agent_stats.rs).
+
+It must be there wherever the wheel was built on Linux (a silent fallback would hide a
+broken build), agree with float64 reductions of the same values within 1e-6, give the same
+bits whatever PyTorch's thread count, leave NaN/Inf to PyTorch's reductions (exact
+counts), and never stop capture when it cannot be had.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import textwrap
+from typing import Any, Callable
+
+import pytest
+import torch
+
+from conftest import REPO, probe_bin, read_ops
+from probe.capture import native
+from probe.capture import stats as stats_mod
+from probe.capture.stats import finish_stats, stat_vector
+
+
+@pytest.fixture
+def kernels(monkeypatch: Any) -> Any:
+    """The kernels of the installed ``probe``, in use by ``stat_vector``."""
+    monkeypatch.setenv("PROBE_BIN", probe_bin())
+    monkeypatch.setattr(native, "_loaded", False)
+    monkeypatch.setattr(native, "_kernels", None)
+    found = native.load()
+    if found is None:
+        pytest.fail("no native statistics kernel: the probe binary should carry one (build.rs)")
+    monkeypatch.setattr(stats_mod, "NATIVE", found)
+    monkeypatch.setattr(stats_mod, "_native_tried", True)
+    return found
+
+
+def _reference(t: torch.Tensor) -> dict[str, float]:
+    x = t.double()
+    return {
+        "max": x.max().item(),
+        "min": x.min().item(),
+        "sum": x.sum().item(),
+        "abs": x.abs().sum().item(),
+        "norm": torch.linalg.vector_norm(x).item(),
+    }
+
+
+CASES: list[tuple[str, Callable[[torch.Generator], torch.Tensor]]] = [
+    ("small", lambda g: torch.randn(7, generator=g)),
+    ("odd", lambda g: torch.randn(4099, generator=g) * 100 + 3),
+    ("1M+", lambda g: torch.randn((1 << 20) + 77, generator=g)),
+    ("transposed", lambda g: torch.randn(64, 1024, generator=g).t()),
+    ("channels-last", lambda g: torch.randn(4, 32, 16, 16, generator=g).permute(0, 2, 3, 1)),
+    ("bf16", lambda g: torch.randn(3 * 65536 + 5, generator=g).to(torch.bfloat16)),
+    ("bf16 2M", lambda g: torch.randn(1 << 21, generator=g).to(torch.bfloat16) - 0.25),
+]
+
+
+@pytest.mark.parametrize("make", [c[1] for c in CASES], ids=[c[0] for c in CASES])
+def test_the_kernel_agrees_with_float64_whatever_torch_threads(kernels: Any, make: Any) -> None:
+    t = make(torch.Generator().manual_seed(3))
+    runs = []
+    before = torch.get_num_threads()
+    try:
+        for threads in (1, 2, 3):
+            torch.set_num_threads(threads)
+            runs.append(stat_vector(t))
+    finally:
+        torch.set_num_threads(before)
+    # A list of numbers read at once: the kernel's result (PyTorch's path on CPU gives one
+    # too, so check it took the kernel: same numbers as calling it directly).
+    direct = (stats_mod._RESULT)()
+    flat = t if t.is_contiguous() else stats_mod.dense_span(t)
+    assert flat is not None
+    assert kernels[t.dtype](flat.data_ptr(), t.numel(), direct) == 1
+    assert runs[0] == direct[:], "stat_vector did not use the kernel"
+    assert runs[1] == runs[0] and runs[2] == runs[0], "torch's thread count changed the bits"
+    ref = _reference(t)
+    mx, mn, total, norm = runs[0]
+    assert (mx, mn) == (ref["max"], ref["min"])
+    assert abs(total - ref["sum"]) <= 1e-6 * ref["abs"], (total, ref)
+    assert abs(norm - ref["norm"]) <= 1e-6 * ref["norm"], (norm, ref)
+
+
+@pytest.mark.parametrize("bad", [float("nan"), float("inf"), float("-inf")])
+def test_nan_and_inf_take_the_reductions_that_count_them(kernels: Any, bad: float) -> None:
+    t = torch.randn(5000, generator=torch.Generator().manual_seed(1))
+    t[17] = bad
+    t[4000] = bad
+    vec = stat_vector(t)
+    assert vec is not None
+    got = finish_stats([float(v) for v in vec], t.numel(), t)
+    if bad != bad:
+        assert (got["nan"], got["inf"], got["max"], got["mean"]) == (2, 0, "nan", "nan")
+    else:
+        assert (got["nan"], got["inf"]) == (0, 2)
+        assert got["max" if bad > 0 else "min"] == ("inf" if bad > 0 else "-inf")
+
+
+def test_a_strided_slice_and_other_dtypes_take_the_reductions(kernels: Any) -> None:
+    """Memory with gaps (every other element) and float64/float16 are not the kernel's:
+    their statistics are PyTorch's, exactly as before."""
+    g = torch.Generator().manual_seed(2)
+    for t in (
+        torch.randn(10000, generator=g)[::2],
+        torch.randn(999, generator=g, dtype=torch.float64),
+        torch.randn(999, generator=g).half(),
+    ):
+        vec = stat_vector(t)
+        assert vec is not None
+        tf = t.double() if t.dtype is torch.float64 else t.float()
+        mn, mx = torch.aminmax(tf)
+        assert vec[:3] == [mx.item(), mn.item(), torch.sum(tf).item()]
+
+
+def _capture_script(tmp: str) -> str:
+    return textwrap.dedent(
+        f"""
+        import json, logging, sys, torch
+        logging.basicConfig(level=logging.INFO, stream=sys.stderr)
+        sys.path.insert(0, {os.path.join(REPO, "python")!r})
+        import probe
+        from probe.capture import stats
+        dbg = probe.Debugger(None, dump_path={tmp!r}, level="api", stack=False)
+        dbg.start()
+        x = torch.arange(12, dtype=torch.float32).reshape(3, 4)
+        torch.mul(x, 2.0)
+        dbg.stop()
+        print(json.dumps(stats.NATIVE is not None))
+        """
+    )
+
+
+@pytest.mark.parametrize(
+    "env",
+    [{"PROBE_NATIVE_STATS": "0"}, {"PROBE_BIN": "/bin/false"}, {"PROBE_CACHE_DIR": "/proc/x"}],
+    ids=["switched off", "no kernel from the binary", "unwritable cache"],
+)
+def test_capture_goes_on_without_the_kernel(tmp_path: Any, env: dict[str, str]) -> None:
+    """Off by choice, a binary that cannot give the kernel, a cache folder that cannot be
+    written: PyTorch's reductions, the same statistics, one line in the log (not a
+    warning: capture is complete)."""
+    dump = str(tmp_path / "dump")
+    run_env = {**os.environ, "PROBE_BIN": probe_bin(), **env}
+    done = subprocess.run(
+        [sys.executable, "-c", _capture_script(dump)],
+        env=run_env,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert done.returncode == 0, done.stderr
+    assert json.loads(done.stdout) is False
+    if env.get("PROBE_NATIVE_STATS") != "0":
+        assert "no native kernel" in done.stderr
+    assert "Warning" not in done.stderr
+    ops = read_ops(os.path.join(dump, "step0", "rank0"))
+    out = next(
+        t["stats"]
+        for op in ops
+        for t in op["tensors"]
+        if t["name"] == "Torch.mul.0.forward.output.0"
+    )
+    # 0, 2, ..., 22: exact whichever path.
+    assert (out["max"], out["min"], out["mean"]) == (22.0, 0.0, 11.0)
+    assert out["norm"] == pytest.approx(sum((2.0 * i) ** 2 for i in range(12)) ** 0.5, rel=1e-7)
+
+
+def test_the_kernel_is_used_by_a_capture(tmp_path: Any) -> None:
+    dump = str(tmp_path / "dump")
+    done = subprocess.run(
+        [sys.executable, "-c", _capture_script(dump)],
+        env={**os.environ, "PROBE_BIN": probe_bin()},
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert done.returncode == 0, done.stderr
+    assert json.loads(done.stdout) is True, done.stderr
+    files = os.listdir(os.environ["PROBE_CACHE_DIR"])
+    assert any(f.startswith("agent-stats-") and f.endswith(".so") for f in files), files
