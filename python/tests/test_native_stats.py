@@ -117,6 +117,24 @@ def test_a_strided_slice_and_other_dtypes_take_the_reductions(kernels: Any) -> N
         assert vec[:3] == [mx.item(), mn.item(), torch.sum(tf).item()]
 
 
+def test_a_tensor_subclass_takes_the_reductions(kernels: Any) -> None:
+    """A subclass may wrap other memory (or none): its statistics are PyTorch's, as before."""
+
+    class Wrapped(torch.Tensor):
+        pass
+
+    t = torch.randn(3000, generator=torch.Generator().manual_seed(4)).as_subclass(Wrapped)
+    vec = stat_vector(t)
+    assert vec is not None
+    plain = t.as_subclass(torch.Tensor)
+    mn, mx = torch.aminmax(plain)
+    assert vec[:3] == [mx.item(), mn.item(), torch.sum(plain).item()]
+    p = torch.nn.Parameter(plain.clone())
+    direct = stats_mod._RESULT()
+    assert kernels[torch.float32](p.data_ptr(), p.numel(), direct) == 1
+    assert stat_vector(p) == direct[:]  # a Parameter is a plain tensor: the kernel's
+
+
 def _capture_script(tmp: str) -> str:
     return textwrap.dedent(
         f"""

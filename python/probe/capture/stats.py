@@ -61,6 +61,9 @@ _F64 = torch.float64
 _F16 = torch.float16
 _BF16 = torch.bfloat16
 _BOOL = torch.bool
+#: The tensor types whose memory the native kernel reads: a subclass (``DTensor``, a fake
+#: or wrapper tensor) may have no data of its own, and keeps PyTorch's reductions.
+_PLAIN = (torch.Tensor, torch.nn.Parameter)
 
 
 #: A float32 CPU norm of more elements than this is taken in parts (``_norm``)...
@@ -178,7 +181,8 @@ def stat_vector(t: torch.Tensor) -> StatVector:
     """Return ``[max, min, sum, norm(, nan, inf)]``: Python numbers for a CPU tensor, a
     float64 vector on ``t``'s device for an accelerator's, or for a floating-point CUDA
     tensor over dense memory (contiguous, or transposed/permuted: ``dense_span``) the slab
-    slot its fused kernel writes (``fused.py``).
+    slot its fused kernel writes (``fused.py``). A float32/bfloat16 CPU tensor over dense
+    memory is read once by the ``probe`` binary's kernel when it loaded (``native.py``).
 
     Otherwise three reductions per tensor (``aminmax``, ``sum``, the norm -- ``_norm`` on CPU;
     ``var_mean`` would save one but is an order of magnitude slower on CPU). NaN/Inf counts are taken now
@@ -212,7 +216,13 @@ def stat_vector(t: torch.Tensor) -> StatVector:
         if v - v == 0.0:
             return [v, v, v + 0.0, abs(v)]
         return [v, v, v, abs(v), 1.0 if v != v else 0.0, 0.0 if v != v else 1.0]
-    if NATIVE is not None and (dt is _F32 or dt is _BF16) and t.is_cpu and READ_ON_CPU:
+    if (
+        NATIVE is not None
+        and (dt is _F32 or dt is _BF16)
+        and type(t) in _PLAIN
+        and t.is_cpu
+        and READ_ON_CPU
+    ):
         # One pass over the memory instead of three reductions (native.py); a tensor with
         # NaN/Inf is refused and takes the reductions below, which count them.
         flat = t if t.is_contiguous() else dense_span(t)
