@@ -19,7 +19,11 @@ fn main() {
     if env::var("CARGO_CFG_TARGET_OS").as_deref() != Ok("linux") {
         return;
     }
-    let (Some(out_dir), Ok(target)) = (env::var_os("OUT_DIR"), env::var("TARGET")) else {
+    let (Some(out_dir), Some(root), Ok(target)) = (
+        env::var_os("OUT_DIR"),
+        env::var_os("CARGO_MANIFEST_DIR"),
+        env::var("TARGET"),
+    ) else {
         return;
     };
     let lib = PathBuf::from(out_dir).join("agent_stats.so");
@@ -37,7 +41,7 @@ fn main() {
         "-o",
     ])
     .arg(&lib)
-    .arg("src/agent_stats.rs");
+    .arg(PathBuf::from(root).join("src").join("agent_stats.rs"));
     let linker_var = format!(
         "CARGO_TARGET_{}_LINKER",
         target.to_uppercase().replace('-', "_")
