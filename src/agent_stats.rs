@@ -32,7 +32,6 @@ const LANES: usize = 16;
 const BLOCK: usize = 16;
 
 /// Per-lane extremes and float64 totals.
-#[derive(Clone, Copy)]
 struct Lanes {
     mx: [f32; LANES],
     mn: [f32; LANES],
@@ -48,10 +47,9 @@ impl Lanes {
         q: [0.0; LANES],
     };
 
-    /// Max, min, sum and norm of the values `x` these lanes read; None when there are
-    /// none or any is not finite. NaN never wins a comparison, so it shows in the sum; an
-    /// Inf makes the sum non-finite too.
-    fn finish<T>(&self, x: &[T]) -> Option<[f64; 4]> {
+    /// Max, min, sum and norm; None when any is not finite. NaN never wins a comparison,
+    /// so it shows in the sum; an Inf makes the sum non-finite too.
+    fn finish(&self) -> Option<[f64; 4]> {
         let (mut max, mut min, mut sum, mut sq) = (f32::NEG_INFINITY, f32::INFINITY, 0f64, 0f64);
         for k in 0..LANES {
             max = if self.mx[k] > max { self.mx[k] } else { max };
@@ -60,7 +58,7 @@ impl Lanes {
             sq += self.q[k];
         }
         let out = [f64::from(max), f64::from(min), sum, sq.sqrt()];
-        (!x.is_empty() && out.iter().all(|v| v.is_finite())).then_some(out)
+        out.iter().all(|v| v.is_finite()).then_some(out)
     }
 }
 
@@ -104,22 +102,37 @@ fn bf16_to_f32(b: u16) -> f32 {
 /// The statistics of float32 values (see the module doc), or None when empty or not all
 /// finite.
 pub fn stats_f32(x: &[f32]) -> Option<[f64; 4]> {
-    #[cfg(target_arch = "x86_64")]
-    if std::arch::is_x86_feature_detected!("avx2") {
-        // SAFETY: the CPU has AVX2 (checked just above).
-        return unsafe { lanes_f32_avx2(x) }.finish(x);
-    }
-    lanes(x, |v| v).finish(x)
+    stats(x, lanes_f32)
 }
 
 /// The statistics of bfloat16 values (their bits), widened to float32 exactly.
 pub fn stats_bf16(x: &[u16]) -> Option<[f64; 4]> {
+    stats(x, lanes_bf16)
+}
+
+fn stats<T>(x: &[T], read: fn(&[T]) -> Lanes) -> Option<[f64; 4]> {
+    if x.is_empty() {
+        return None;
+    }
+    read(x).finish()
+}
+
+fn lanes_f32(x: &[f32]) -> Lanes {
     #[cfg(target_arch = "x86_64")]
     if std::arch::is_x86_feature_detected!("avx2") {
         // SAFETY: the CPU has AVX2 (checked just above).
-        return unsafe { lanes_bf16_avx2(x) }.finish(x);
+        return unsafe { lanes_f32_avx2(x) };
     }
-    lanes(x, bf16_to_f32).finish(x)
+    lanes(x, |v| v)
+}
+
+fn lanes_bf16(x: &[u16]) -> Lanes {
+    #[cfg(target_arch = "x86_64")]
+    if std::arch::is_x86_feature_detected!("avx2") {
+        // SAFETY: the CPU has AVX2 (checked just above).
+        return unsafe { lanes_bf16_avx2(x) };
+    }
+    lanes(x, bf16_to_f32)
 }
 
 // The same code compiled for 8-wide vectors: the lanes and the order of every addition are
@@ -224,9 +237,9 @@ mod tests {
     #[test]
     fn the_vector_path_and_the_plain_path_give_the_same_bits() {
         let x = values(100_001, 3);
-        assert_eq!(stats_f32(&x), lanes(&x, |v| v).finish(&x));
+        assert_eq!(stats_f32(&x), lanes(&x, |v| v).finish());
         let b: Vec<u16> = x.iter().map(|v| (v.to_bits() >> 16) as u16).collect();
-        assert_eq!(stats_bf16(&b), lanes(&b, bf16_to_f32).finish(&b));
+        assert_eq!(stats_bf16(&b), lanes(&b, bf16_to_f32).finish());
     }
 
     #[test]

@@ -524,6 +524,14 @@ def _ops_by_name(dump: str) -> dict[str, Any]:
     }
 
 
+def _finished_tensors(dbg: Any, dump: str) -> dict[str, Any]:
+    """End the captured step and close the dump; its tensor records by name."""
+    dbg.stop()
+    dbg.step()
+    dbg.close()
+    return _ops_by_name(dump)
+
+
 def test_a_tensor_captured_again_reuses_its_stats_until_it_is_written(
     tmp_path: Any, monkeypatch: Any
 ) -> None:
@@ -569,10 +577,7 @@ def test_a_tensor_captured_again_reuses_its_stats_until_it_is_written(
         y.data.add_(1.0)  # y.data, after: 2
         expected["Torch.sub.0.forward.input.0"] = expect(y)
         torch.sub(y, 1.0)  # y again (written), the output: 2
-    dbg.stop()
-    dbg.step()
-    dbg.close()
-    got = _ops_by_name(dump)
+    got = _finished_tensors(dbg, dump)
     for name, stats in expected.items():
         _close(got[name]["stats"], stats)
     assert len(calls) == 3 + 2 + 2 + 2 + 1 + 2 + 2, calls
@@ -598,10 +603,7 @@ def test_mix_level_reduces_a_module_parameter_and_output_once(
     dbg.start()
     with torch.no_grad():
         model(x)
-    dbg.stop()
-    dbg.step()
-    dbg.close()
-    got = _ops_by_name(dump)
+    got = _finished_tensors(dbg, dump)
     w, b = model[0].weight, model[0].bias
     mod = "Module.0.Linear.forward.0"
     api = "Functional.linear.0.forward"
@@ -666,10 +668,7 @@ def test_views_over_the_same_elements_reuse_their_stats_until_written(
         u = y.view(128, 64)  # y written through .data: 1; u reused: 0
         expect("Tensor.view.0.forward.input.0", y)
         expect("Tensor.view.0.forward.output.0", u)
-    dbg.stop()
-    dbg.step()
-    dbg.close()
-    got = _ops_by_name(dump)
+    got = _finished_tensors(dbg, dump)
     for name, stats in want.items():
         _close(got[name]["stats"], stats)
     assert len(calls) == 2 + 0 + 0 + 1 + 1 + 0 + 2 + 1, calls
@@ -702,10 +701,7 @@ def test_checksum_mode_shares_a_checksum_only_in_the_same_byte_order(
         z = torch.transpose(y, 0, 1)
         v = y.reshape(-1)
         want = {"Torch.transpose.0.forward.output.0": crc(z), "Tensor.reshape.0.forward.output.0": crc(v)}
-    dbg.stop()
-    dbg.step()
-    dbg.close()
-    got = _ops_by_name(dump)
+    got = _finished_tensors(dbg, dump)
     for name, c in want.items():
         assert got[name]["checksum"] == c, name
     assert got["Torch.transpose.0.forward.output.0"]["checksum"] != crc(y)
@@ -736,10 +732,7 @@ def test_a_gradient_received_again_by_a_module_hook_is_reduced_once(
     model(x).square().sum().backward()
     with torch.no_grad():
         model[0].weight.grad.mul(2.0)  # as an optimizer reads it: reused, its output new
-    dbg.stop()
-    dbg.step()
-    dbg.close()
-    got = _ops_by_name(dump)
+    got = _finished_tensors(dbg, dump)
     mod, api = "Module.0.Linear.backward.0", "Functional.linear.0.backward"
     for name, g in (
         (f"{mod}.input.0", gout),

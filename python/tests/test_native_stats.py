@@ -28,8 +28,6 @@ from probe.capture.stats import finish_stats, stat_vector
 def kernels(monkeypatch: Any) -> Any:
     """The kernels of the installed ``probe``, in use by ``stat_vector``."""
     monkeypatch.setenv("PROBE_BIN", probe_bin())
-    monkeypatch.setattr(native, "_loaded", False)
-    monkeypatch.setattr(native, "_kernels", None)
     found = native.load()
     if found is None:
         pytest.fail("no native statistics kernel: the probe binary should carry one (build.rs)")

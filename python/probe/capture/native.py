@@ -9,10 +9,11 @@ and returns max, min, sum and norm for ~2 us of call overhead.
 How: the wheel ships the Rust program and no extension module, so the program carries the
 kernel as a small shared library: ``probe agent-kernel --dir DIR`` writes it into the cache
 folder (named by its content, written atomically) and prints its path, and ``ctypes`` loads
-it. :func:`load` does that once per process, at the first ``start()``, and checks the
-kernel against float64 reductions of a test tensor of each dtype before it is used. Without the program,
-on a build without the kernel, with ``PROBE_NATIVE_STATS=0``, or when anything fails (logged
-once), the PyTorch reductions are used as before.
+it. :func:`load` does that (``stats.use_native``: once per process, at the first
+``start()``) and checks the kernel against float64 reductions of a test tensor of each
+dtype before it is used. Without the program, on a build without the kernel, with
+``PROBE_NATIVE_STATS=0``, or when anything fails (logged once), the PyTorch reductions are
+used as before.
 
 Numbers (``docs/capture.md``, "sixth pass"): max and min exact; sum and norm accumulated in
 float32 over 16 elements per lane, then in float64: within ~1e-6 of Σ|x| (Σx²) at any size,
@@ -39,9 +40,6 @@ ABI = 1
 #: (not handled).
 Kernel = Callable[[int, int, Any], int]
 
-_loaded = False
-_kernels: Optional[dict[torch.dtype, Kernel]] = None
-
 
 def cache_dir() -> str:
     """Where the kernel's file is written: ``$PROBE_CACHE_DIR``, else ``probe`` in the XDG
@@ -54,21 +52,17 @@ def cache_dir() -> str:
 
 
 def load() -> Optional[dict[torch.dtype, Kernel]]:
-    """The kernels by dtype (float32, bfloat16), or None when there are none to use; the
-    first call does the work, later ones return its result."""
-    global _loaded, _kernels
-    if _loaded:
-        return _kernels
-    _loaded = True
+    """The kernels by dtype (float32, bfloat16), or None when there are none to use.
+    Each call asks the binary again: ``stats.use_native`` calls it once per process."""
     if os.environ.get("PROBE_NATIVE_STATS", "1") == "0":
         return None
     try:
-        _kernels = _open(_write())
-        _self_test(_kernels)
+        kernels = _open(_write())
+        _self_test(kernels)
     except Exception as exc:  # noqa: BLE001 - an optional speed-up: never fail capture
         log.info("probe: CPU statistics use PyTorch's reductions (no native kernel: %s)", exc)
-        _kernels = None
-    return _kernels
+        return None
+    return kernels
 
 
 def _write() -> str:
