@@ -569,6 +569,80 @@ def test_stacks_are_the_same_in_every_step(dump: str) -> None:
     assert all(r["frames"] for r in per_step[0])
 
 
+def _relu_here(x: torch.Tensor) -> torch.Tensor:
+    return F.relu(x)
+
+
+def _gelu_here(x: torch.Tensor) -> torch.Tensor:
+    return F.gelu(x)
+
+
+def _relus(x: torch.Tensor, n: int) -> Any:
+    for _ in range(n):
+        yield _relu_here(x)
+
+
+def _stack_lines(dump: str) -> dict[str, list[tuple[str, int]]]:
+    """Each op's stack as (function, line) pairs, outermost first."""
+    folder = os.path.join(dump, "step0", "rank0")
+    with open(os.path.join(folder, "stacks.jsonl"), encoding="utf-8") as fh:
+        frames = {r["id"]: r["frames"] for r in map(json.loads, fh)}
+    out = {}
+    for o in read_ops(folder):
+        pairs = []
+        for fr in frames[o["stack"]]:
+            head = fr.split(":", 1)[0]  # File "...", line N, in NAME
+            pairs.append((head.rsplit(" in ", 1)[1], int(head.split(", line ")[1].split(",")[0])))
+        out[o["op"]] = pairs
+    return out
+
+
+def test_stacks_follow_the_caller_through_every_frame(dump: str) -> None:
+    """Ops called from one function, through helpers called at different lines of it,
+    and from a generator resumed at two places: every stack names the lines each frame
+    was at when its op was called (the frames above the caller are kept between ops)."""
+    import inspect
+
+    x = torch.randn(3, 4)
+    dbg = probe.Debugger(None, dump_path=dump, directions=["forward"])
+    dbg.start()
+    here = inspect.currentframe()
+    assert here is not None
+    base = here.f_lineno
+    _relu_here(x)  # base + 1
+    _gelu_here(x)  # base + 2
+    _relu_here(x)  # base + 3
+    gen = _relus(x, 2)
+    next(gen)  # base + 5
+    next(gen)  # base + 6: the generator's frame again, resumed from another line
+    torch.exp(x)  # base + 7
+    dbg.stop()
+    dbg.close()
+    stacks = _stack_lines(dump)
+    me = "test_stacks_follow_the_caller_through_every_frame"
+    relu_line = inspect.getsourcelines(_relu_here)[1] + 1
+    gelu_line = inspect.getsourcelines(_gelu_here)[1] + 1
+    gen_line = inspect.getsourcelines(_relus)[1] + 2
+    want = {
+        "Functional.relu.0.forward": [(me, base + 1), ("_relu_here", relu_line)],
+        "Functional.gelu.0.forward": [(me, base + 2), ("_gelu_here", gelu_line)],
+        "Functional.relu.1.forward": [(me, base + 3), ("_relu_here", relu_line)],
+        "Functional.relu.2.forward": [
+            (me, base + 5),
+            ("_relus", gen_line),
+            ("_relu_here", relu_line),
+        ],
+        "Torch.exp.0.forward": [(me, base + 7)],
+        "Functional.relu.3.forward": [
+            (me, base + 6),
+            ("_relus", gen_line),
+            ("_relu_here", relu_line),
+        ],
+    }
+    for op, frames in want.items():
+        assert stacks[op][-len(frames) :] == frames, (op, stacks[op])
+
+
 _EVERY_DTYPE: dict[str, torch.Tensor] = {
     "f32": torch.randn(3, 4),
     "f16": torch.randn(5, dtype=torch.float16),

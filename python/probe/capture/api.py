@@ -23,12 +23,11 @@ from typing import TYPE_CHECKING, Any, Callable, Optional
 import torch
 
 from .._patch import Patches
-from .records import OpRecord, json_args, walk
+from .records import OpRecord, json_args, visit, walk
 from .stats import nonfinite_result
 
 if TYPE_CHECKING:
     from .debugger import Debugger
-    from .records import TensorRecord
 
 # Data of the probe package (python/probe/api_list.json), not of this subpackage.
 _LIST_PATH = os.path.join(os.path.dirname(os.path.dirname(__file__)), "api_list.json")
@@ -117,6 +116,11 @@ CallHandler = Callable[[Callable[..., Any], str, bool, tuple[Any, ...], dict[str
 # not be seen by the wrappers.
 view_as = torch.Tensor.view_as
 _graph_task_id: Optional[Callable[[], int]] = getattr(torch._C, "_current_graph_task_id", None)
+
+
+#: Frames of the agent between a hooked API's caller and ``ApiCapture._pre``: the wrapper,
+#: the dispatch, ``ApiCapture.call`` and ``_pre`` itself (stacks.py steps over them).
+_API_FRAMES = 4
 
 
 def in_recompute() -> bool:
@@ -236,13 +240,16 @@ class ApiCapture:
 
     def __init__(self, dbg: Debugger) -> None:
         self._dbg = dbg
-        self._c = dbg.config
+        c = dbg.config
         self._select = dbg._select
         self._files = dbg._files
         self._modules = dbg._modules
         self._backward = dbg._backward
         self._stacks = dbg._stacks
         self._flow = dbg._flow
+        # The configuration, read on every call: plain attributes, not its properties.
+        self._forward, self._bwd = c.forward, c.backward
+        self._inputs, self._outputs = c.inputs, c.outputs
 
     def call(
         self,
@@ -254,7 +261,7 @@ class ApiCapture:
     ) -> Any:
         """Run one call of a hooked API, capturing it when selected."""
         dbg = self._dbg
-        if dbg._overflow and not (self._c.backward and torch.is_grad_enabled()):
+        if dbg._overflow and not (self._bwd and torch.is_grad_enabled()):
             return self._call_checked(orig, api, inplace, args, kwargs)
         tls.active = False
         ctx: Optional[_Pending] = None
@@ -299,7 +306,6 @@ class ApiCapture:
         its record when that holds NaN/Inf. Most calls of a step take this path, so it
         allocates nothing but an in-place op's snapshot of its first argument."""
         dbg = self._dbg
-        c = self._c
         tls.active = False
         call: Optional[int] = None
         meta: Optional[tuple[list[int], int]] = None
@@ -311,7 +317,7 @@ class ApiCapture:
                 module = mods[-1] if mods else None
                 call = self._select.api_call(api, module)
                 if call is not None:
-                    if not self._c.forward or (
+                    if not self._forward or (
                         self._select.listed and not self._select.list_directions(api, module)[0]
                     ):
                         call = None
@@ -328,7 +334,7 @@ class ApiCapture:
         try:
             out = orig(*args, **kwargs)
         finally:
-            tls.active = dbg._running and c.api
+            tls.active = dbg._api_on
         if call is None:
             return out
         tls.active = False
@@ -353,7 +359,7 @@ class ApiCapture:
         except Exception as exc:  # noqa: BLE001
             dbg._guard.fail(exc, f"capturing outputs of {api}")
         finally:
-            tls.active = dbg._running and c.api
+            tls.active = dbg._api_on
         return out
 
     def _pre(
@@ -364,69 +370,70 @@ class ApiCapture:
         call = self._select.api_call(api, module)
         if call is None:
             return None
-        c = self._c
         dbg = self._dbg
-        forward, backward = c.forward, c.backward
+        forward, backward = self._forward, self._bwd
         if self._select.listed:
             f, b = self._select.list_directions(api, module)
             forward, backward = forward and f, backward and b
-        if not inplace and kwargs.get("inplace") is True:
+        if not inplace and kwargs and kwargs.get("inplace") is True:
             inplace = True
         folder = self._files.folder
         fwd = OpRecord(f"{api}.{call}.forward", "api", "forward", module, folder)
-        fwd.recompute = in_recompute()
+        if _graph_task_id is not None and _graph_task_id() != -1:
+            fwd.recompute = True  # in_recompute(), inlined: once per captured call
         bwd: Optional[OpRecord] = None
         if backward and torch.is_grad_enabled():
             bwd = OpRecord(f"{api}.{call}.backward", "api", "backward", module, folder)
         if dbg._call_stacks:
-            fwd.stack = self._stacks.stack_id(folder)
+            fwd.stack = self._stacks.stack_id(folder, _API_FRAMES)
             if bwd is not None:
                 bwd.stack = fwd.stack
         aliases: dict[int, torch.Tensor] = {}
         # Overflow mode records inputs only once the op is known to have overflowed.
-        want_fwd_in = forward and c.inputs and not dbg._overflow
+        want_fwd_in = forward and self._inputs and not dbg._overflow
+        # Inputs that get an autograd alias, so that the backward sees their gradients.
+        alias_in = bwd is not None and self._outputs and not api.startswith("Distributed.")
+        prefix = fwd.key + "."
         bkey = bwd.key if bwd is not None else ""
         flow = self._flow if dbg._dataflow else None
+        add = dbg._add_tensor
         watch = self._backward.watch
 
         def on_input(name: str, t: torch.Tensor) -> torch.Tensor:
+            first = inplace and name == "input.0"
             if want_fwd_in:
-                src, same = flow.source(t) if flow is not None else (None, None)
-                rec = dbg._add_tensor(
-                    fwd,
-                    f"{fwd.key}.{name}",
-                    "input",
-                    t,
-                    inplace and name == "input.0",
-                    same_as=same,
-                )
-                if src is not None:
-                    rec["src"] = src
-                if same is None and flow is not None:
-                    flow.remember(t, fwd.entries[-1])
-            if (
-                bwd is not None
-                and c.outputs
-                and t.requires_grad
-                and t.layout == torch.strided
-                and not (inplace and name == "input.0")
-                and not api.startswith("Distributed.")
-            ):
+                if flow is None:
+                    add(fwd, prefix + name, "input", t, first)
+                else:
+                    src, same = flow.source(t)
+                    rec = add(fwd, prefix + name, "input", t, first, same_as=same)
+                    if src is not None:
+                        rec["src"] = src
+                    if same is None:
+                        flow.remember(t, fwd.entries[-1])
+            if alias_in and not first and t.requires_grad and t.layout == torch.strided:
+                assert bwd is not None
                 alias = view_as(t, t)
                 aliases[id(alias)] = t
                 watch(bwd, alias.grad_fn, 0, f"{bkey}.output{name[5:]}", "output")
                 return alias
             return t
 
-        if want_fwd_in or bwd is not None:
+        new: Optional[tuple[tuple[Any, ...], dict[str, Any]]] = None
+        if alias_in:
+            # Inputs may be replaced by aliases: the call gets the rebuilt arguments.
             new_args = walk(args, "input", on_input) if args else args
             new_kwargs = (
                 {k: walk(v, f"input.{k}", on_input) for k, v in kwargs.items()}
                 if kwargs
                 else kwargs
             )
-        else:
-            new_args, new_kwargs = args, kwargs
+            new = (tuple(new_args), new_kwargs)
+        elif want_fwd_in:
+            if args:
+                visit(args, "input", on_input)
+            if kwargs:
+                visit(kwargs, "input", on_input)
         if dbg._overflow:
             if inplace and args and isinstance(args[0], torch.Tensor):
                 # The value the op saw, kept in case it overflows (it changes in place).
@@ -435,12 +442,11 @@ class ApiCapture:
         elif want_fwd_in:
             fwd.args = json_args(args, kwargs)
         if bwd is not None and bwd.expect:
-            return (fwd, bwd, (tuple(new_args), new_kwargs), aliases, inplace, forward)
+            return (fwd, bwd, new, aliases, inplace, forward)
         return (fwd, bwd, None, aliases, inplace, forward)
 
     def _post(self, ctx: _Pending, args: tuple[Any, ...], kwargs: dict[str, Any], out: Any) -> Any:
         fwd, bwd, _, aliases, inplace, forward = ctx
-        c = self._c
         dbg = self._dbg
         folder = self._files.folder
         flow = self._flow if dbg._dataflow else None
@@ -449,9 +455,8 @@ class ApiCapture:
             # tensors sharing that storage no longer stand for them).
             if inplace and args:
                 flow.note_write(args[0])
-            if "out" in kwargs:
+            if kwargs and "out" in kwargs:
                 flow.note_write(kwargs["out"])
-        watch = self._backward.watch
         if aliases and isinstance(out, torch.Tensor) and id(out) in aliases:
             out = aliases[id(out)]  # identity ops (x.float() on float) return their input
         result = out
@@ -459,27 +464,33 @@ class ApiCapture:
             # __setitem__, collectives: the first argument holds the result (a list of
             # tensors for all_gather and the _coalesced variants).
             out = args[0]
-        want_out = forward and c.outputs and not dbg._overflow
-        bkey = bwd.key if bwd is not None else ""
+        want_out = forward and self._outputs and not dbg._overflow
+        grads_in = bwd is not None and self._inputs
+        if want_out or flow is not None or grads_in:
+            prefix = fwd.key + "."
+            bkey = bwd.key if bwd is not None else ""
+            add = dbg._add_tensor
+            watch = self._backward.watch
 
-        def on_output(name: str, t: torch.Tensor) -> torch.Tensor:
-            assert folder is not None
-            if want_out:
-                # An output that is an input (x.float() on float) has its stats already.
-                same = flow.same(t) if flow is not None else None
-                rec: TensorRecord = dbg._add_tensor(
-                    fwd, f"{fwd.key}.{name}", "output", t, same_as=same
-                )
-                if flow is not None:
-                    rec["id"] = flow.register(t, folder, fwd.entries[-1])
-            elif flow is not None:
-                flow.register(t, folder)
-            if bwd is not None and c.inputs and t.requires_grad and t.grad_fn is not None:
-                watch(bwd, t.grad_fn, t.output_nr, f"{bkey}.input{name[6:]}", "input")
-            return t
+            def on_output(name: str, t: torch.Tensor) -> None:
+                assert folder is not None
+                if want_out:
+                    if flow is None:
+                        add(fwd, prefix + name, "output", t)
+                    else:
+                        # An output that is an input (x.float() on float) has its stats.
+                        rec = add(fwd, prefix + name, "output", t, same_as=flow.same(t))
+                        rec["id"] = flow.register(t, folder, fwd.entries[-1])
+                elif flow is not None:
+                    flow.register(t, folder)
+                if grads_in and t.requires_grad and t.grad_fn is not None:
+                    assert bwd is not None
+                    watch(bwd, t.grad_fn, t.output_nr, f"{bkey}.input{name[6:]}", "input")
 
-        if want_out or flow is not None or bwd is not None:
-            walk(out if type(out) in (tuple, list) else (out,), "output", on_output)
+            if type(out) is tuple or type(out) is list:
+                visit(out, "output", on_output)
+            else:
+                visit((out,), "output", on_output)  # one result is output.0
         if dbg._overflow:
             fwd.call_out = out
         if forward:

@@ -50,6 +50,7 @@ from .records import (
 from .selection import Selection
 from .stacks import StackTable
 from .stats import (
+    DTYPE_NAMES,
     STORABLE,
     any_nonfinite,
     checksum_later,
@@ -130,6 +131,7 @@ class Debugger:
         # produced some are recorded. What only a recorded op needs (stacks, dataflow ids,
         # non-tensor arguments, statistics, data) is then taken when it is known to be one.
         self._overflow = self.config.mode == "overflow"
+        self._mode = self.config.mode
         #: Overflow mode: ops producing NaN/Inf still to record (negative: no limit).
         self._overflow_left = self.config.overflow_nums
         #: Stacks taken when an op is called (overflow mode: when it is recorded).
@@ -139,6 +141,9 @@ class Debugger:
         self.model = model
         self.current_step = 0
         self._running = False
+        #: Whether API wrappers capture on the capturing thread now: running at api or mix
+        #: level (read on every captured call, so a plain attribute kept with _running).
+        self._api_on = False
         self._session = 0  # start() count: hooks of an earlier session do nothing
         self._lock = threading.RLock()
         self._guard = Guard(self._report_failure, self._switch_off)
@@ -199,6 +204,7 @@ class Debugger:
             if self.model is not None:
                 self._modules.install(self.model)
             self._running = True
+            self._api_on = self.config.api
             DISPATCH.current = self._api
             tls.active = self._api_on
         except Exception as exc:  # noqa: BLE001 - unwritable path, odd model...
@@ -209,7 +215,7 @@ class Debugger:
         if not self._running:
             return
         tls.active = False
-        self._running = False
+        self._running = self._api_on = False
         if DISPATCH.current is self._api:
             DISPATCH.current = None
         try:
@@ -218,6 +224,7 @@ class Debugger:
                 # while the next step is captured too; reinstalling costs milliseconds.
                 PATCHER.uninstall()
             self._modules.remove()
+            self._stacks.release()
             with self._lock:
                 self._ddp.flush(self)
                 self._backward.finish_step()
@@ -329,11 +336,6 @@ class Debugger:
             warnings.warn(msg, RuntimeWarning, stacklevel=3)
 
     @property
-    def _api_on(self) -> bool:
-        """Whether API wrappers should capture on this thread right now."""
-        return self._running and self.config.api
-
-    @property
     def enabled(self) -> bool:
         """False once an internal error switched capture off for the rest of the run."""
         return not self._guard.failed
@@ -354,12 +356,13 @@ class Debugger:
             auto, self._auto = self._auto, None
             auto.remove()
         tls.active = False
-        self._running = False
+        self._running = self._api_on = False
         if DISPATCH.current is self._api:
             DISPATCH.current = None
         try:
             PATCHER.uninstall()
             self._modules.remove()
+            self._stacks.release()
         except Exception:  # noqa: BLE001
             pass
         try:
@@ -406,15 +409,24 @@ class Debugger:
     # ------------------------------------------------------------------ tensor -> record
 
     def _capture(self, t: torch.Tensor) -> Captured:
-        """Stats vector on the device, plus a host copy (tensor mode) or checksum."""
+        """Statistics, plus a host copy (tensor mode) or checksum.
+
+        Statistics read on the host (a CPU tensor's) come back as the record's finished
+        ``stats`` dict; an accelerator's stay on the device until their batch is read
+        (buffer.py). Grad mode is switched off only where a reduction could be recorded
+        (a tensor that requires grad): the switch costs two calls per tensor."""
         if t.layout is not _STRIDED or t.is_meta:
             return None, None, None
-        prev = torch.is_grad_enabled()
+        prev = t.requires_grad and torch.is_grad_enabled()
         if prev:
             torch._C._set_grad_enabled(False)
         try:
-            vec = stat_vector(t)
-            mode = self.config.mode
+            vec: StatVector = stat_vector(t)
+            if type(vec) is list:
+                stats: Any = {}
+                fill_stats(stats, vec, 0, len(vec), t.numel() or 1)
+                vec = stats
+            mode = self._mode
             if mode == "statistics" or t.dtype not in STORABLE:
                 return vec, None, None
             if mode == "checksum":
@@ -453,32 +465,35 @@ class Debugger:
             rec: TensorRecord = {"name": name, "role": role, "dtype": "", "shape": []}
             op.entries.append((rec, None, t))
             return rec
+        dt = t.dtype
         rec = {
             "name": name,
             "role": role,
-            "dtype": dtype_name(t.dtype),
+            "dtype": DTYPE_NAMES.get(dt) or dtype_name(dt),
             "shape": list(t.shape),
         }
-        mode = self.config.mode
-        known, known_vec, _ = same_as if same_as is not None else (None, None, None)
-        if known is not None and "stats" in known and mode != "tensor":
-            rec["stats"] = known["stats"]
-            if "checksum" in known:
-                rec["checksum"] = known["checksum"]
-            op.entries.append((rec, None, None))
-            return rec
         vec: StatVector
         host: Optional[torch.Tensor]
         crc: Union[str, torch.Tensor, None]
-        if known is not None and "stats" in known:
-            rec["stats"] = known["stats"]
-            vec, host, crc = None, self._files.pool.copy(t), None
-        elif known_vec is not None and mode != "checksum":
-            # Its record is not finished (no stats yet), its statistics are reduced.
-            host = self._files.pool.copy(t) if mode == "tensor" and t.dtype in STORABLE else None
-            vec, crc = known_vec, None
-        else:
+        if same_as is None:
             vec, host, crc = pre if pre is not None else self._capture(t)
+        else:
+            mode = self._mode
+            known, known_vec, _ = same_as
+            if "stats" in known:
+                rec["stats"] = known["stats"]
+                if mode != "tensor":
+                    if "checksum" in known:
+                        rec["checksum"] = known["checksum"]
+                    op.entries.append((rec, None, None))
+                    return rec
+                vec, host, crc = None, self._files.pool.copy(t), None
+            elif known_vec is not None and mode != "checksum":
+                # Its record is not finished (no stats yet), its statistics are reduced.
+                host = self._files.pool.copy(t) if mode == "tensor" and dt in STORABLE else None
+                vec, crc = known_vec, None
+            else:
+                vec, host, crc = pre if pre is not None else self._capture(t)
         if crc is not None:
             # A host copy stands in for the checksum until its batch lands (_finish).
             rec["checksum"] = crc  # type: ignore[typeddict-item]
@@ -548,25 +563,28 @@ class Debugger:
             crc = rec.get("checksum")
             if crc is not None and type(crc) is not str:
                 later.append(rec)
+            if type(vec) is dict:
+                # Read on the host already (a CPU tensor's): in place now, last, so that
+                # the key order is the dump's.
+                rec["stats"] = vec  # type: ignore[typeddict-item]
+                continue
             if vec is None:
                 if "stats" not in rec:
                     rec["stats"] = null_stats()
                 continue
             # In place now, so that the key order is the dump's, and so that an input
-            # reusing this output's stats shares them.
+            # reusing this output's stats shares them. Filled when the buffer reads the
+            # numbers: a vector is concatenated with the rest of its batch's, a slab slot
+            # read from its slab (buffer.py). No grad-mode switch needed there: vectors
+            # were made with grad off, so cat records nothing.
             stats: Any = {}
             rec["stats"] = stats
             numel = max(1, _numel(rec["shape"]))
-            if isinstance(vec, list):  # numbers read on the host already (a CPU tensor)
-                fill_stats(stats, vec, 0, len(vec), numel)
-                continue
-            # Filled when the buffer reads the numbers: a vector is concatenated with the
-            # rest of its batch's, a slab slot read from its slab (buffer.py). No grad-mode
-            # switch needed there: vectors were made with grad off, so cat records nothing.
             parts.append(vec)
             if isinstance(vec, tuple):  # a slot of a fused slab
                 fills.append((stats, 6, numel, vec[0].device))
             else:
+                assert isinstance(vec, torch.Tensor)
                 fills.append((stats, vec.shape[0], numel, vec.device))
         self._pending.add(folder, op.to_json(tensors), fills, parts, later)
         self._files.push(full_only=True)
@@ -614,7 +632,7 @@ class Debugger:
                 continue
             rec["dtype"] = dtype_name(t.dtype)
             rec["shape"] = list(t.shape)
-            vec, host, _ = self._capture(t)
+            vec, host, _ = self._capture(t)  # statistics, a host copy in tensor mode
             if host is not None:
                 rec["file"], rec["data_offsets"] = self._files.store(folder, rec["name"], host)
             entries.append((rec, vec, None))

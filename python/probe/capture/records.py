@@ -49,9 +49,10 @@ if TYPE_CHECKING:
 
 
 #: Statistics of one tensor, ``[max, min, sum, norm(, nan, inf)]``: numbers read on the
-#: host (CPU tensors), one float64 vector still on an accelerator, or the slab slot that
-#: the fused CUDA kernel writes them to (``stats.stat_vector``).
-StatVector = Union[list[Any], torch.Tensor, "Ref", None]
+#: host (CPU tensors; ``Debugger._capture`` makes them the record's finished ``stats``
+#: dict), one float64 vector still on an accelerator, or the slab slot that the fused CUDA
+#: kernel writes them to (``stats.stat_vector``).
+StatVector = Union[list[Any], dict[str, Any], torch.Tensor, "Ref", None]
 #: What capturing one tensor gives: stats vector, host copy (tensor mode), checksum (or,
 #: for an accelerator's tensor, the host copy it is taken of once the copy has landed).
 Captured = tuple[StatVector, Optional[torch.Tensor], Union[str, torch.Tensor, None]]
@@ -70,26 +71,27 @@ Known = TensorEntry
 
 
 class OpRecord:
-    """One op record being built (``ops.jsonl`` line), and its backward bookkeeping."""
+    """One op record being built (``ops.jsonl`` line), and its backward bookkeeping.
 
-    __slots__ = (
-        "args",
-        "call_args",
-        "call_out",
-        "coll_seq",
-        "direction",
-        "done",
-        "entries",
-        "expect",
-        "folder",
-        "got",
-        "group",
-        "key",
-        "kind",
-        "module",
-        "recompute",
-        "stack",
-    )
+    Attributes that most records leave at their default are class attributes: an instance
+    only holds what was set on it, so building one (once per captured call) sets five.
+    """
+
+    stack: Optional[int] = None
+    recompute = False
+    args: Optional[dict[str, Any]] = None
+    #: Overflow mode, API forward calls: the arguments (an in-place op's first one as it was
+    #: before the call) and the result, made into tensor records and ``args`` only if the
+    #: op is recorded.
+    call_args: Optional[tuple[tuple[Any, ...], dict[str, Any]]] = None
+    call_out: Any = None
+    expect = 0  # backward: gradients hooked
+    got = 0  # backward: gradient hooks that ran
+    done = False
+    #: Collectives (``Distributed.*``): global ranks of the process group, and the
+    #: collective's position among that group's collectives in the step.
+    group: Optional[list[int]] = None
+    coll_seq: Optional[int] = None
 
     def __init__(
         self,
@@ -104,22 +106,7 @@ class OpRecord:
         self.direction = direction  # forward, backward
         self.module = module
         self.folder = folder  # the step's folder: a late backward of a closed step is dropped
-        self.stack: Optional[int] = None
-        self.recompute = False
         self.entries: list[TensorEntry] = []
-        self.args: Optional[dict[str, Any]] = None
-        #: Overflow mode, API forward calls: the arguments (an in-place op's first one as
-        #: it was before the call) and the result, made into tensor records and ``args``
-        #: only if the op is recorded.
-        self.call_args: Optional[tuple[tuple[Any, ...], dict[str, Any]]] = None
-        self.call_out: Any = None
-        self.expect = 0  # backward: gradients hooked
-        self.got = 0  # backward: gradient hooks that ran
-        self.done = False
-        #: Collectives (``Distributed.*``): global ranks of the process group, and the
-        #: collective's position among that group's collectives in the step.
-        self.group: Optional[list[int]] = None
-        self.coll_seq: Optional[int] = None
 
     def to_json(self, tensors: list[TensorRecord]) -> dict[str, Any]:
         """The ``ops.jsonl`` object (``seq`` is set by the folder when written)."""
@@ -155,6 +142,32 @@ def walk(obj: Any, prefix: str, fn: Callable[[str, torch.Tensor], torch.Tensor])
     if t is dict:
         return {k: walk(v, f"{prefix}.{k}", fn) for k, v in obj.items()}
     return obj
+
+
+_NESTED = (tuple, list, dict)
+
+
+def visit(obj: Any, prefix: str, fn: Callable[[str, torch.Tensor], Any]) -> None:
+    """Call ``fn(name, tensor)`` for every tensor :func:`walk` would, with the same names,
+    in the same order, without rebuilding anything: what a captured call does with its
+    outputs, and with its inputs when nothing replaces them. A name is only formatted for
+    a tensor or a container (most arguments of an op are numbers)."""
+    if isinstance(obj, torch.Tensor):
+        fn(prefix, obj)
+        return
+    t = type(obj)
+    if t is tuple or t is list:
+        for i, v in enumerate(obj):
+            if isinstance(v, torch.Tensor):
+                fn(f"{prefix}.{i}", v)
+            elif type(v) in _NESTED:
+                visit(v, f"{prefix}.{i}", fn)
+    elif t is dict:
+        for k, v in obj.items():
+            if isinstance(v, torch.Tensor):
+                fn(f"{prefix}.{k}", v)
+            elif type(v) in _NESTED:
+                visit(v, f"{prefix}.{k}", fn)
 
 
 def json_arg(v: Any) -> Any:

@@ -9,6 +9,7 @@ numbers, source lines) once per distinct stack for the Debugger's lifetime, not 
 
 from __future__ import annotations
 
+import inspect
 import json
 import os
 import sys
@@ -25,16 +26,43 @@ _TORCH_DIR = os.path.dirname(os.path.abspath(torch.__file__))
 _CACHE_MAX = 1 << 16
 
 
+#: Frames of code that can be suspended and resumed by another caller: the chain above
+#: such a frame is not fixed while it lives.
+_RESUMABLE = inspect.CO_GENERATOR | inspect.CO_COROUTINE | inspect.CO_ASYNC_GENERATOR
+
+
 class StackTable:
-    """Stack ids for the open folder, with frames formatted once per distinct stack."""
+    """Stack ids for the open folder, with frames formatted once per distinct stack.
+
+    Consecutive ops are mostly called from the same function (a model's forward, the
+    optimizer's loop): the frames above the caller's are then the same, so their part of
+    the key is kept with the caller's parent frame and only the two innermost frames are
+    read again (a 15-frame walk was the largest part of a stack's cost). The parent is held
+    by reference, so that nothing else can take its identity: while the same frame object
+    is the parent, it has been running all along (resumable frames are never kept), so
+    every frame above it, and where each is in its code, is unchanged.
+    """
 
     def __init__(self) -> None:
         # Code objects and JSON ``frames`` array by stack key, kept across steps.
         self._cache: dict[tuple[int, ...], tuple[tuple[CodeType, ...], str]] = {}
+        #: The last caller's parent frame, its code's id, and the key of the frames above it.
+        self._parent: Optional[FrameType] = None
+        self._parent_code = 0
+        self._above: tuple[int, ...] = ()
 
-    def stack_id(self, folder: Optional[RankFolder]) -> Optional[int]:
+    def release(self) -> None:
+        """Let go of the parent frame kept (at ``stop()``: its locals are the user's)."""
+        self._parent = None
+
+    def stack_id(self, folder: Optional[RankFolder], ours: int = 1) -> Optional[int]:
         """Id of the caller's Python stack in the folder's stacks.jsonl (written when new);
         None without a folder.
+
+        ``ours``: how many frames above this one are the agent's for certain (the API path
+        passes its wrapper, dispatch, call and input frames): they are stepped over without
+        being made into frame objects, which Python creates on first access for each
+        frame a walk touches (~0.5 us each, every call, as those frames are new each time).
 
         Ids in keys are safe because the cache and the folder keep every code object of
         their keys alive, so no id can be reused by another code object while a key naming
@@ -42,17 +70,30 @@ class StackTable:
         """
         if folder is None:
             return None
-        f: Optional[FrameType] = sys._getframe(1)
+        f: Optional[FrameType] = sys._getframe(ours)
         while f is not None and f.f_code.co_filename.startswith(_PKG_DIR):
             f = f.f_back
-        key: list[int] = []
-        add = key.append
-        g = f
-        while g is not None:
-            add(id(g.f_code))
-            add(g.f_lasti)  # cheap; the line number is derived only for new stacks
-            g = g.f_back
-        k = tuple(key)
+        if f is None:
+            k: tuple[int, ...] = ()
+        else:
+            parent = f.f_back
+            if parent is None:
+                k = (id(f.f_code), f.f_lasti)
+            else:
+                if parent is not self._parent:
+                    key: list[int] = []
+                    add = key.append
+                    g = parent.f_back
+                    while g is not None:
+                        add(id(g.f_code))
+                        add(g.f_lasti)  # cheap; the line number is derived only for new stacks
+                        g = g.f_back
+                    resumable = parent.f_code.co_flags & _RESUMABLE
+                    self._parent = None if resumable else parent
+                    self._parent_code = id(parent.f_code)
+                    self._above = tuple(key)
+                # (code, position) of each frame, innermost first.
+                k = (id(f.f_code), f.f_lasti, self._parent_code, parent.f_lasti) + self._above
         sid = folder.stack_ids.get(k)
         if sid is None:
             sid = len(folder.stack_ids)
