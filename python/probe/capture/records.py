@@ -110,19 +110,30 @@ class OpRecord:
 
     def to_json(self, tensors: list[TensorRecord]) -> dict[str, Any]:
         """The ``ops.jsonl`` object (``seq`` is set by the folder when written)."""
-        record: dict[str, Any] = {
-            "seq": 0,
-            "op": self.key,
-            "kind": self.kind,
-            "direction": self.direction,
-            "module": self.module,
-            "stack": self.stack,
-            "recompute": self.recompute,
-        }
-        if self.group is not None:
-            record["group"] = self.group
-            record["coll_seq"] = self.coll_seq
-        record["tensors"] = tensors
+        if self.group is None:
+            record: dict[str, Any] = {
+                "seq": 0,
+                "op": self.key,
+                "kind": self.kind,
+                "direction": self.direction,
+                "module": self.module,
+                "stack": self.stack,
+                "recompute": self.recompute,
+                "tensors": tensors,
+            }
+        else:
+            record = {
+                "seq": 0,
+                "op": self.key,
+                "kind": self.kind,
+                "direction": self.direction,
+                "module": self.module,
+                "stack": self.stack,
+                "recompute": self.recompute,
+                "group": self.group,
+                "coll_seq": self.coll_seq,
+                "tensors": tensors,
+            }
         if self.args:
             record["args"] = self.args
         return record
@@ -172,6 +183,11 @@ def visit(obj: Any, prefix: str, fn: Callable[[str, torch.Tensor], Any]) -> None
 
 def json_arg(v: Any) -> Any:
     """A JSON-safe rendering of a non-tensor argument, or None to leave it out."""
+    tv = type(v)
+    if tv is int or tv is bool or tv is str:
+        return v
+    if tv is float:
+        return v if v - v == 0.0 else str(v)  # NaN and infinities as strings
     if isinstance(v, _PRIMITIVES):
         if isinstance(v, float) and v != v or v in (float("inf"), float("-inf")):
             return str(v)
