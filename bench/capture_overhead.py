@@ -21,6 +21,16 @@ Every step is captured, so the agent keeps its API wrappers installed between ``
 the next ``start()``: the interleaved bare step runs through inert wrappers (one thread-local
 test per call), which makes the ratios slightly lower than against a process that never
 started the agent.
+
+``--baseline REF`` also times the agent of another version -- a git ref of this checkout
+(``HEAD~3``) or a checkout's directory -- in the same process, each configuration twice
+(``probe`` rows: this checkout; ``base`` rows: REF), interleaved step by step, so that one
+change is measured before and after under the same noise (separate runs on a shared machine
+differ by more than most changes). The two agents take turns, so each then puts its wrappers
+in at ``start()`` and takes them out at ``stop()`` every step: that costs both the same
+milliseconds, and their ratios to the bare step are slightly higher than without it.
+
+    python bench/capture_overhead.py --threads 1 --modes statistics --levels api --baseline HEAD~3
 """
 
 from __future__ import annotations
@@ -203,6 +213,12 @@ def main() -> int:
         help="CPU statistics by the probe binary's one-pass kernel (capture/native.py, when "
         "it loads), by PyTorch's reductions, or both as two configurations of one run",
     )
+    ap.add_argument(
+        "--baseline",
+        metavar="REF",
+        help="also time the agent of git ref REF of this checkout (or of a checkout "
+        "directory) in the same run, interleaved: the 'base' rows",
+    )
     args = ap.parse_args()
     if args.threads > 0:
         torch.set_num_threads(args.threads)
@@ -222,29 +238,25 @@ def main() -> int:
     runners: list[tuple[str, Runner]] = [("bare", Runner(ex, device, args.batch, None, None))]
     debuggers: list[Any] = []
     try:
+        agents: list[tuple[str, Any]] = [("probe", probe)]
+        if args.baseline:
+            agents.append(("base", _load_baseline(args.baseline, tmp)))
         kernels = {"native": [kernel], "torch": [None], "both": [kernel, None]}[args.reductions]
         for mode in args.modes.split(","):
             for level in args.levels.split(","):
                 for k in kernels if mode == "statistics" else [kernel]:
-                    suffix = " torch" if k is None and args.reductions == "both" else ""
-                    path = os.path.join(tmp, f"{mode}-{level}{suffix.replace(' ', '-')}")
-                    dbg = probe.Debugger(None, dump_path=path, mode=mode, level=level)
-                    debuggers.append(dbg)
-
-                    def start(m: Any, d: Any = dbg, k: Any = k) -> None:
-                        probe_stats.NATIVE = k  # configurations take turns: set for each
-                        d.start(m)
-
-                    def stop(d: Any = dbg) -> None:
-                        d.stop()
-                        d.step()
-
-                    runners.append(
-                        (
-                            f"probe {mode:<10} {level:<6}{suffix}",
-                            Runner(ex, device, args.batch, start, stop),
+                    for tag, agent in agents:
+                        suffix = " torch" if k is None and args.reductions == "both" else ""
+                        name = f"{mode}-{level}{suffix.replace(' ', '-')}"
+                        path = os.path.join(tmp, name if tag == "probe" else f"{tag}-{name}")
+                        dbg = agent.Debugger(None, dump_path=path, mode=mode, level=level)
+                        debuggers.append(dbg)
+                        runners.append(
+                            (
+                                f"{tag} {mode:<10} {level:<6}{suffix}",
+                                _agent_runner(ex, device, args, agent, dbg, k, len(agents) > 1),
+                            )
                         )
-                    )
         ms = _msprobe_runner(ex, device, args, tmp)
         if ms is not None:
             runners.append(("msprobe statistics L1", ms))
@@ -296,6 +308,15 @@ def main() -> int:
             f"{dd * 1e3:.0f} ms dd takes to write the same bytes ({nbytes / dd / 1e9:.2f} GB/s)"
         )
     _print_goals(args.model, device.type, rows, disk)
+    for name, t in rows:
+        if name.startswith("base "):
+            mine = next((u for n, u in rows if n == "probe" + name[4:]), None)
+            if mine is not None:
+                print(
+                    f"overhead of this checkout / of {args.baseline},{name[4:].rstrip()}: "
+                    f"{(mine - bare) * 1e3:.1f} / {(t - bare) * 1e3:.1f} ms = "
+                    f"{(mine - bare) / max(t - bare, 1e-9):.3f}"
+                )
     ms_rows = [t for n, t in rows if n.startswith("msprobe")]
     stat_api = [
         t for n, t in rows if n.startswith("probe statistics") and n.rstrip().endswith("api")
@@ -306,6 +327,60 @@ def main() -> int:
             f"msprobe overhead / probe overhead (statistics, api): {(ms_rows[0] - bare) / over_probe:.1f}x"
         )
     return 0
+
+
+def _agent_runner(
+    ex: Any, device: torch.device, args: Any, agent: Any, dbg: Any, kernel: Any, turns: bool
+) -> Runner:
+    """A configuration's runner: ``dbg`` (a Debugger of ``agent``, this checkout's package or
+    the baseline's) started with CPU statistics by ``kernel`` (None: PyTorch's reductions).
+    ``turns``: two agents take turns, so the wrappers go in and out every step (one
+    agent's wrappers must never wrap the other's)."""
+    stats = importlib.import_module(f"{agent.__name__}.capture.stats")
+    patcher = getattr(importlib.import_module(f"{agent.__name__}.capture.api"), "PATCHER", None)
+    if hasattr(stats, "use_native"):
+        stats.use_native()
+    own = getattr(stats, "NATIVE", None)  # the agent's own kernel, if it has one that loaded
+
+    def start(m: Any) -> None:
+        if hasattr(stats, "NATIVE"):
+            stats.NATIVE = own if kernel is not None else None  # configurations take turns
+        dbg.start(m)
+
+    def stop() -> None:
+        dbg.stop()
+        dbg.step()
+        if turns and patcher is not None:
+            patcher.uninstall()
+
+    return Runner(ex, device, args.batch, start, stop)
+
+
+def _load_baseline(ref: str, tmp: str) -> Any:
+    """The agent package of ``ref`` -- a checkout's directory, or a git ref of this one --
+    imported as ``probe_baseline`` beside this checkout's ``probe`` (its imports are
+    relative, so the copy works under the other name)."""
+    import io
+    import tarfile
+
+    dest = os.path.join(tmp, "baseline")
+    os.makedirs(dest)
+    src = os.path.join(ref, "python", "probe")
+    if os.path.isdir(src):
+        shutil.copytree(src, os.path.join(dest, "probe_baseline"))
+    else:
+        done = subprocess.run(
+            ["git", "-C", ROOT, "archive", ref, "python/probe"], capture_output=True, check=False
+        )
+        if done.returncode != 0:
+            raise SystemExit(f"--baseline {ref}: neither a checkout nor a git ref of {ROOT}")
+        with tarfile.open(fileobj=io.BytesIO(done.stdout)) as tar:
+            tar.extractall(os.path.join(dest, "tree"), filter="data")
+        os.rename(
+            os.path.join(dest, "tree", "python", "probe"), os.path.join(dest, "probe_baseline")
+        )
+    sys.path.insert(0, dest)
+    return importlib.import_module("probe_baseline")
 
 
 def _profile_step(named: tuple[str, Runner], device: torch.device) -> None:
