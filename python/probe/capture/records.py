@@ -74,7 +74,7 @@ class OpRecord:
     """One op record being built (``ops.jsonl`` line), and its backward bookkeeping.
 
     Attributes that most records leave at their default are class attributes: an instance
-    only holds what was set on it, so building one (once per captured call) sets five.
+    only holds what was set on it, so building one (once per captured call) sets six.
     """
 
     stack: Optional[int] = None
