@@ -379,8 +379,7 @@ class ApiCapture:
             inplace = True
         folder = self._files.folder
         fwd = OpRecord(f"{api}.{call}.forward", "api", "forward", module, folder)
-        if _graph_task_id is not None and _graph_task_id() != -1:
-            fwd.recompute = True  # in_recompute(), inlined: once per captured call
+        fwd.recompute = in_recompute()
         bwd: Optional[OpRecord] = None
         if backward and torch.is_grad_enabled():
             bwd = OpRecord(f"{api}.{call}.backward", "api", "backward", module, folder)

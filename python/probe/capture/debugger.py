@@ -55,10 +55,10 @@ from .stats import (
     any_nonfinite,
     checksum_later,
     dtype_name,
+    finish_stats,
     nonfinite_result,
     null_stats,
     stat_vector,
-    stats_dict,
     use_native,
 )
 from .writer import DumpFiles
@@ -423,7 +423,7 @@ class Debugger:
         try:
             vec: StatVector = stat_vector(t)
             if type(vec) is list:
-                vec = stats_dict(vec, t.numel() or 1)  # type: ignore[assignment]
+                vec = finish_stats(vec, t.numel() or 1, None)  # type: ignore[assignment]
             mode = self._mode
             if mode == "statistics" or t.dtype not in STORABLE:
                 return vec, None, None

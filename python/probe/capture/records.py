@@ -110,30 +110,19 @@ class OpRecord:
 
     def to_json(self, tensors: list[TensorRecord]) -> dict[str, Any]:
         """The ``ops.jsonl`` object (``seq`` is set by the folder when written)."""
-        if self.group is None:
-            record: dict[str, Any] = {
-                "seq": 0,
-                "op": self.key,
-                "kind": self.kind,
-                "direction": self.direction,
-                "module": self.module,
-                "stack": self.stack,
-                "recompute": self.recompute,
-                "tensors": tensors,
-            }
-        else:
-            record = {
-                "seq": 0,
-                "op": self.key,
-                "kind": self.kind,
-                "direction": self.direction,
-                "module": self.module,
-                "stack": self.stack,
-                "recompute": self.recompute,
-                "group": self.group,
-                "coll_seq": self.coll_seq,
-                "tensors": tensors,
-            }
+        record: dict[str, Any] = {
+            "seq": 0,
+            "op": self.key,
+            "kind": self.kind,
+            "direction": self.direction,
+            "module": self.module,
+            "stack": self.stack,
+            "recompute": self.recompute,
+        }
+        if self.group is not None:
+            record["group"] = self.group
+            record["coll_seq"] = self.coll_seq
+        record["tensors"] = tensors
         if self.args:
             record["args"] = self.args
         return record

@@ -280,24 +280,17 @@ def finish_stats(values: list[float], numel: int, tensor: Optional[torch.Tensor]
     """Turn a host-side stat vector ``[max, min, sum, norm(, nan, inf)]`` into ``stats``.
 
     With 4 values, NaN/Inf counts are zero when every value is finite (a NaN or Inf element
-    makes max, min or the sum non-finite); otherwise they are counted now from ``tensor``
-    (``stat_vector`` takes them eagerly, so this is only a fallback for other callers).
+    makes max, min or the sum non-finite), and the common case -- four finite numbers -- is
+    built in one expression; otherwise they are counted now from ``tensor`` (``stat_vector``
+    takes them eagerly, so this is only a fallback for other callers).
     """
+    if len(values) == 4:
+        mx, mn, total, norm = values
+        if mx - mx == 0.0 and mn - mn == 0.0 and total - total == 0.0 and norm - norm == 0.0:
+            return {"max": mx, "min": mn, "mean": total / numel, "norm": norm, "nan": 0, "inf": 0}
     out: Stats = {"max": None, "min": None, "mean": None, "norm": None, "nan": 0, "inf": 0}
     fill_stats(out, values, 0, len(values), numel, tensor)
     return out
-
-
-def stats_dict(vec: list[float], numel: int) -> Stats:
-    """The ``stats`` of a host-side vector (:func:`fill_stats` into a new dict), with the
-    common case -- four finite values, so no NaN/Inf -- built in one expression."""
-    if len(vec) == 4:
-        mx, mn, total, norm = vec
-        if mx - mx == 0.0 and mn - mn == 0.0 and total - total == 0.0 and norm - norm == 0.0:
-            return {"max": mx, "min": mn, "mean": total / numel, "norm": norm, "nan": 0, "inf": 0}
-    out: Any = {}
-    fill_stats(out, vec, 0, len(vec), numel)
-    return out  # type: ignore[no-any-return]
 
 
 def fill_stats(
