@@ -404,12 +404,12 @@ class ApiCapture:
                 if flow is None:
                     add(fwd, prefix + name, "input", t, first)
                 else:
-                    src, same = flow.source(t)
+                    src, same, mem = flow.source(t)
                     rec = add(fwd, prefix + name, "input", t, first, same_as=same)
                     if src is not None:
                         rec["src"] = src
                     if same is None:
-                        flow.remember(t, fwd.entries[-1])
+                        flow.remember(t, fwd.entries[-1], mem)
             if alias_in and not first and t.requires_grad and t.layout == torch.strided:
                 assert bwd is not None
                 alias = view_as(t, t)
@@ -478,8 +478,9 @@ class ApiCapture:
                         add(fwd, prefix + name, "output", t)
                     else:
                         # An output that is an input (x.float() on float) has its stats.
-                        rec = add(fwd, prefix + name, "output", t, same_as=flow.same(t))
-                        rec["id"] = flow.register(t, folder, fwd.entries[-1])
+                        same, mem = flow.find(t)
+                        rec = add(fwd, prefix + name, "output", t, same_as=same)
+                        rec["id"] = flow.register(t, folder, fwd.entries[-1], mem)
                 elif flow is not None:
                     flow.register(t, folder)
                 if grads_in and t.requires_grad and t.grad_fn is not None:

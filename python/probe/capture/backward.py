@@ -13,6 +13,7 @@ value of the step.
 from __future__ import annotations
 
 import weakref
+from functools import partial
 from typing import TYPE_CHECKING, Any, Callable, Optional
 
 import torch
@@ -39,62 +40,37 @@ class BackwardHooks:
         self._params: dict[str, dict[str, torch.Tensor]] = {}
 
     def watch(self, bwd: OpRecord, node: Any, index: int, name: str, role: str) -> None:
-        """Hook autograd node ``node`` so ``bwd`` receives the gradient at ``index``."""
-        ref = self._ref
-        session = self._dbg._session
+        """Hook autograd node ``node`` so ``bwd`` receives the gradient at ``index``.
 
-        def hook(grad_outputs: tuple[Optional[torch.Tensor], ...]) -> None:
-            dbg = ref()
-            if dbg is None or dbg._guard.failed or bwd.done or dbg._session != session:
-                return None
-            was = tls.active
-            tls.active = False
-            try:
-                with dbg._lock:
-                    g = grad_outputs[index] if index < len(grad_outputs) else None
-                    if g is not None:
-                        # The gradient of an op's output is, tensor for tensor, the one
-                        # the op that consumed it recorded for that input: reduced once.
-                        flow = dbg._flow if dbg._dataflow else None
-                        same = flow.same(g) if flow is not None else None
-                        dbg._add_tensor(bwd, name, role, g, same_as=same)
-                        if same is None and flow is not None:
-                            flow.remember(g, bwd.entries[-1])
-                    bwd.got += 1
-                    if bwd.got >= bwd.expect and not bwd.done:
-                        dbg._finish(bwd)
-            except Exception as exc:  # noqa: BLE001
-                dbg._guard.fail(exc, f"backward hook of {bwd.key}")
-            finally:
-                tls.active = was and dbg._api_on
-            return None
-
-        node.register_prehook(hook)
+        The hook is a ``partial`` of one module-level function, not a closure: a closure is
+        nine objects for the garbage collector (its cells), and the hooks live as long as
+        the graph, past the collections that promote what is alive to older generations."""
+        node.register_prehook(
+            partial(_grad_hook, self._ref, self._dbg._session, bwd, index, name, role)
+        )
         bwd.expect += 1
 
     def param_grad_hook(self, base: str, pname: str) -> Callable[[torch.Tensor], None]:
         """A post-accumulate-grad hook keeping parameter ``pname`` of module ``base``'s
-        latest gradient."""
+        latest gradient (a partial, as in :meth:`watch`)."""
+        return partial(self._param_grad, self._dbg._session, base, pname)
+
+    def _param_grad(self, session: int, base: str, pname: str, p: torch.Tensor) -> None:
         dbg = self._dbg
-        session = dbg._session
-
-        def hook(p: torch.Tensor) -> None:
-            if dbg._guard.failed or dbg._session != session or p.grad is None:
-                return
-            was = tls.active
-            tls.active = False
-            try:
-                with dbg._lock, torch.no_grad():
-                    # Keep the latest (fully accumulated) gradient's stats and data now:
-                    # zero_grad() may clear it before stop() emits the record.
-                    self._param_grads.setdefault(base, {})[pname] = dbg.keep_gradient(p.grad)
-                    self._params.setdefault(base, {})[pname] = p
-            except Exception as exc:  # noqa: BLE001
-                dbg._guard.fail(exc, f"gradient hook of {base}.{pname}")
-            finally:
-                tls.active = was and dbg._api_on
-
-        return hook
+        if dbg._guard.failed or dbg._session != session or p.grad is None:
+            return
+        was = tls.active
+        tls.active = False
+        try:
+            with dbg._lock, torch.no_grad():
+                # Keep the latest (fully accumulated) gradient's stats and data now:
+                # zero_grad() may clear it before stop() emits the record.
+                self._param_grads.setdefault(base, {})[pname] = dbg.keep_gradient(p.grad)
+                self._params.setdefault(base, {})[pname] = p
+        except Exception as exc:  # noqa: BLE001
+            dbg._guard.fail(exc, f"gradient hook of {base}.{pname}")
+        finally:
+            tls.active = was and dbg._api_on
 
     def retake_param_grads(self) -> None:
         """Under DDP, at the end of backward: keep the reduced gradients of the parameters
@@ -125,3 +101,42 @@ class BackwardHooks:
                 dbg._add_tensor(op, f"{op.key}.{pname}", "parameter", g, True, pre, same)
             dbg._finish(op)
         self._param_grads.clear()
+
+
+def _grad_hook(
+    ref: weakref.ReferenceType[Debugger],
+    session: int,
+    bwd: OpRecord,
+    index: int,
+    name: str,
+    role: str,
+    grad_outputs: tuple[Optional[torch.Tensor], ...],
+) -> None:
+    """An autograd node pre-hook of :meth:`BackwardHooks.watch`: ``bwd`` receives the
+    gradient at ``index`` as tensor ``name`` in ``role``. ``ref``: the Debugger, held
+    weakly (autograd's hooks must never keep it alive); ``session``: the ``start()`` the
+    hook belongs to (a late gradient of a closed step is dropped)."""
+    dbg = ref()
+    if dbg is None or dbg._guard.failed or bwd.done or dbg._session != session:
+        return None
+    was = tls.active
+    tls.active = False
+    try:
+        with dbg._lock:
+            g = grad_outputs[index] if index < len(grad_outputs) else None
+            if g is not None:
+                # The gradient of an op's output is, tensor for tensor, the one the op
+                # that consumed it recorded for that input: reduced once.
+                flow = dbg._flow if dbg._dataflow else None
+                same, mem = flow.find(g) if flow is not None else (None, None)
+                dbg._add_tensor(bwd, name, role, g, same_as=same)
+                if same is None and flow is not None:
+                    flow.remember(g, bwd.entries[-1], mem)
+            bwd.got += 1
+            if bwd.got >= bwd.expect and not bwd.done:
+                dbg._finish(bwd)
+    except Exception as exc:  # noqa: BLE001
+        dbg._guard.fail(exc, f"backward hook of {bwd.key}")
+    finally:
+        tls.active = was and dbg._api_on
+    return None

@@ -460,15 +460,19 @@ class Debugger:
             # about to change in place is kept as a device copy, as the value the op saw.
             if counts and pre is None:
                 t = self._snapshot(t)
-            rec: TensorRecord = {"name": name, "role": role, "dtype": "", "shape": []}
+            rec: TensorRecord = {"name": name, "role": role, "dtype": "", "shape": ()}
             op.entries.append((rec, None, t))
             return rec
         dt = t.dtype
+        # The shape as a tuple, not a list: a tuple of ints leaves the garbage collector's
+        # watch at its first pass, a list never does, and the records a step keeps
+        # (Dataflow) live through several collections into the oldest generation, whose
+        # full collections they bring on (docs/capture.md, "eighth pass").
         rec = {
             "name": name,
             "role": role,
             "dtype": DTYPE_NAMES.get(dt) or dtype_name(dt),
-            "shape": list(t.shape),
+            "shape": tuple(t.shape),
         }
         vec: StatVector
         host: Optional[torch.Tensor]
@@ -525,15 +529,16 @@ class Debugger:
         if self._overflow:
             return self._snapshot(g), (None, None, None), None
         flow = self._flow if self._dataflow else None
+        mem = None
         if flow is not None and not reduced and self.config.mode == "statistics":
-            same = flow.same(g)
+            same, mem = flow.find(g)
             if same is not None and ("stats" in same[0] or same[1] is not None):
                 return g, (None, None, None), same
         captured = self._capture(g)
         if flow is not None and captured[0] is not None:
             # Its record is made at stop(); until then the statistics stand for it.
-            record: TensorRecord = {"name": "", "role": "parameter", "dtype": "", "shape": []}
-            flow.remember(g, (record, captured[0], None))
+            record: TensorRecord = {"name": "", "role": "parameter", "dtype": "", "shape": ()}
+            flow.remember(g, (record, captured[0], None), mem)
         return g, captured, None
 
     def _finish(self, op: OpRecord) -> None:
@@ -629,7 +634,7 @@ class Debugger:
                 entries.append((rec, None, None))
                 continue
             rec["dtype"] = dtype_name(t.dtype)
-            rec["shape"] = list(t.shape)
+            rec["shape"] = tuple(t.shape)
             vec, host, _ = self._capture(t)  # statistics, a host copy in tensor mode
             if host is not None:
                 rec["file"], rec["data_offsets"] = self._files.store(folder, rec["name"], host)
@@ -662,7 +667,7 @@ def _produced_nonfinite(op: OpRecord) -> bool:
     )
 
 
-def _numel(shape: list[int]) -> int:
+def _numel(shape: tuple[int, ...]) -> int:
     n = 1
     for d in shape:
         n *= d

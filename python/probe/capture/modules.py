@@ -15,6 +15,7 @@ drops the call's pending records, so later calls are not attributed to it.
 from __future__ import annotations
 
 import sys
+from functools import partial
 from typing import TYPE_CHECKING, Any, Callable, Optional
 
 import torch
@@ -52,13 +53,15 @@ class ModuleHooks:
             if not path:
                 continue  # the root: its path would be empty; its submodules cover it
             cls = type(mod).__name__
+            # Partials of two methods, not closures: a closure is several objects for the
+            # garbage collector (its cells), alive all step (see BackwardHooks.watch).
             self._handles.append(
                 mod.register_forward_pre_hook(
-                    self._make_pre_hook(path, cls, track_only), with_kwargs=True
+                    partial(self._pre_hook, path, cls, track_only), with_kwargs=True
                 )
             )
             self._handles.append(
-                _register_post_hook(mod, self._make_post_hook(path, cls, track_only))
+                _register_post_hook(mod, partial(self._post_hook, path, cls, track_only))
             )
             if c.module and c.backward:
                 params = dict(mod.named_parameters(recurse=False))
@@ -82,59 +85,68 @@ class ModuleHooks:
             except Exception:  # noqa: BLE001
                 pass
 
-    def _make_pre_hook(self, path: str, cls: str, track_only: bool) -> Callable[..., Any]:
+    def _pre_hook(
+        self,
+        path: str,
+        cls: str,
+        track_only: bool,
+        mod: torch.nn.Module,
+        args: tuple[Any, ...],
+        kwargs: dict[str, Any],
+    ) -> Any:
+        """The forward pre-hook of module ``path`` (class ``cls``)."""
         dbg = self._dbg
-
-        def pre_hook(mod: torch.nn.Module, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
-            if not dbg._running:
+        if not dbg._running:
+            return None
+        was = tls.active
+        tls.active = False
+        try:
+            self.stack.append(path)
+            if track_only:
                 return None
-            was = tls.active
-            tls.active = False
-            try:
-                self.stack.append(path)
-                if track_only:
-                    return None
+            with dbg._lock:
+                pending, new = self._pre(mod, path, cls, args, kwargs)
+            self._pending.append(pending)
+            return new
+        except Exception as exc:  # noqa: BLE001
+            dbg._guard.fail(exc, f"forward pre-hook of module {path}")
+            return None
+        finally:
+            tls.active = was and dbg._api_on
+
+    def _post_hook(
+        self,
+        path: str,
+        cls: str,
+        track_only: bool,
+        mod: torch.nn.Module,
+        args: tuple[Any, ...],
+        kwargs: dict[str, Any],
+        output: Any,
+    ) -> Any:
+        """The forward hook of module ``path``: also called when the forward raised."""
+        dbg = self._dbg
+        if not dbg._running:
+            return None
+        was = tls.active
+        tls.active = False
+        try:
+            if self.stack and self.stack[-1] == path:
+                self.stack.pop()
+            if track_only or not self._pending:
+                return None
+            pending = self._pending.pop()
+            if output is None and sys.exc_info()[1] is not None:
+                return None  # the forward raised: no output to record
+            if pending is not None:
                 with dbg._lock:
-                    pending, new = self._pre(mod, path, cls, args, kwargs)
-                self._pending.append(pending)
-                return new
-            except Exception as exc:  # noqa: BLE001
-                dbg._guard.fail(exc, f"forward pre-hook of module {path}")
-                return None
-            finally:
-                tls.active = was and dbg._api_on
-
-        return pre_hook
-
-    def _make_post_hook(self, path: str, cls: str, track_only: bool) -> Callable[..., Any]:
-        dbg = self._dbg
-
-        def post_hook(
-            mod: torch.nn.Module, args: tuple[Any, ...], kwargs: dict[str, Any], output: Any
-        ) -> Any:
-            if not dbg._running:
-                return None
-            was = tls.active
-            tls.active = False
-            try:
-                if self.stack and self.stack[-1] == path:
-                    self.stack.pop()
-                if track_only or not self._pending:
-                    return None
-                pending = self._pending.pop()
-                if output is None and sys.exc_info()[1] is not None:
-                    return None  # the forward raised: no output to record
-                if pending is not None:
-                    with dbg._lock:
-                        self._post(pending, output)
-                return None
-            except Exception as exc:  # noqa: BLE001
-                dbg._guard.fail(exc, f"forward hook of module {path}")
-                return None
-            finally:
-                tls.active = was and dbg._api_on
-
-        return post_hook
+                    self._post(pending, output)
+            return None
+        except Exception as exc:  # noqa: BLE001
+            dbg._guard.fail(exc, f"forward hook of module {path}")
+            return None
+        finally:
+            tls.active = was and dbg._api_on
 
     def _pre(
         self,
@@ -174,12 +186,12 @@ class ModuleHooks:
         def on_input(name: str, t: torch.Tensor) -> torch.Tensor:
             nonlocal changed
             if want_in:
-                src, same = flow.source(t) if flow is not None else (None, None)
+                src, same, mem = flow.source(t) if flow is not None else (None, None, None)
                 rec = dbg._add_tensor(fwd, f"{fwd.key}.{name}", "input", t, True, same_as=same)
                 if src is not None:
                     rec["src"] = src
                 if same is None and flow is not None:
-                    flow.remember(t, fwd.entries[-1])
+                    flow.remember(t, fwd.entries[-1], mem)
             if bwd is not None and c.outputs and t.requires_grad and t.layout == torch.strided:
                 alias = view_as(t, t)
                 watch(bwd, alias.grad_fn, 0, f"{bwd.key}.output{name[5:]}", "output")
@@ -191,10 +203,10 @@ class ModuleHooks:
         new_kwargs = {k: walk(v, f"input.{k}", on_input) for k, v in kwargs.items()}
         if forward:
             for pname, p in mod.named_parameters(recurse=False):
-                same = flow.same(p) if flow is not None else None
+                same, mem = flow.find(p) if flow is not None else (None, None)
                 dbg._add_tensor(fwd, f"{fwd.key}.parameters.{pname}", "parameter", p, same_as=same)
                 if same is None and flow is not None:
-                    flow.remember(p, fwd.entries[-1])
+                    flow.remember(p, fwd.entries[-1], mem)
         return (fwd, bwd, forward), ((tuple(new_args), new_kwargs) if changed else None)
 
     def _post(self, pending: _Pending, output: Any) -> None:
@@ -210,12 +222,12 @@ class ModuleHooks:
             if want_out:
                 assert folder is not None
                 # Mix level: the output of the op inside that made it has its stats already.
-                same = flow.same(t) if flow is not None else None
+                same, mem = flow.find(t) if flow is not None else (None, None)
                 rec: TensorRecord = dbg._add_tensor(
                     fwd, f"{fwd.key}.{name}", "output", t, same_as=same
                 )
                 if flow is not None:
-                    rec["id"] = flow.register(t, folder, fwd.entries[-1])
+                    rec["id"] = flow.register(t, folder, fwd.entries[-1], mem)
             if bwd is not None and c.inputs and t.requires_grad and t.grad_fn is not None:
                 watch(bwd, t.grad_fn, t.output_nr, f"{bwd.key}.input{name[6:]}", "input")
             return t

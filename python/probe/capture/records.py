@@ -39,7 +39,7 @@ if TYPE_CHECKING:
         name: str
         role: str
         dtype: str
-        shape: list[int]
+        shape: tuple[int, ...]  # a tuple: see Debugger._add_tensor
         stats: NotRequired[Stats]  # first when reused from an earlier record, else last
         checksum: NotRequired[str]
         file: NotRequired[str]
@@ -64,6 +64,9 @@ _PRIMITIVES = (int, float, bool, str)
 #: NaN/Inf counts may have to be taken late. A tuple, not a class: one is made per captured
 #: tensor, and a tuple costs a third of an object's construction on that path.
 TensorEntry = tuple["TensorRecord", StatVector, Optional[torch.Tensor]]
+#: A tensor's storage, its address, and its ``layout_key`` (None below ``LAYOUT_MIN``
+#: elements): what ``Dataflow`` looks a tensor up by and keeps it under.
+Memory = tuple[Any, int, Optional[tuple[Any, ...]]]
 #: What capture already knows of a tensor it meets again (same object, version and storage
 #: writes): the entry it was captured as, whose record is complete once its op is finished
 #: and whose statistics are reduced already.
@@ -240,16 +243,24 @@ class Dataflow:
         self._seen: dict[int, tuple[Any, int, Known, int, int]] = {}
         # storage -> captured in-place writes to it
         self._writes: dict[int, int] = {}
-        # layout_key -> (weak reference to the storage, its address, version, what is known
-        # of it, writes to the storage then)
-        self._layouts: dict[tuple[Any, ...], tuple[Any, int, int, Known, int]] = {}
+        # layout_key -> (weak handle on the storage, its address, version, what is known
+        # of it, writes to the storage then). Each entry owns its handle (_keep_layout).
+        self._layouts: dict[tuple[Any, ...], tuple[int, int, int, Known, int]] = {}
 
     def clear(self) -> None:
         self._ids.clear()
         self._by_storage.clear()
         self._seen.clear()
         self._writes.clear()
-        self._layouts.clear()
+        layouts, self._layouts = self._layouts, {}
+        for e in layouts.values():
+            _free_weak(e[0])
+
+    def __del__(self) -> None:
+        try:
+            self.clear()
+        except Exception:  # noqa: BLE001 - interpreter shutdown: torch may be gone
+            pass
 
     @staticmethod
     def _storage(t: torch.Tensor) -> Optional[int]:
@@ -258,19 +269,37 @@ class Dataflow:
         except Exception:  # noqa: BLE001 - tensors without storage (meta, sparse)
             return None
 
-    def source(self, t: torch.Tensor) -> tuple[Optional[int], Optional[Known]]:
-        """The id of the captured output this input value came from, if any, and what is
-        known of exactly this tensor (same object and version: that output's record and
-        statistics, or those :meth:`remember` keeps): they can then be reused instead of
-        reduced again."""
+    def _memory(self, t: torch.Tensor) -> Optional[Memory]:
+        """``t``'s storage, its address, and its :func:`layout_key` when it is large enough
+        to be looked up by it (else None); None for a tensor without storage (meta,
+        sparse). Taken once per captured tensor: the lookup and the keeping that follows
+        it both use it."""
+        try:
+            storage = t.untyped_storage()
+            ptr = int(storage.data_ptr())
+            key = (
+                layout_key(t, storage._cdata, self._permuted)
+                if ptr != 0 and t.numel() >= LAYOUT_MIN and _WEAK_HANDLES
+                else None
+            )
+        except Exception:  # noqa: BLE001 - tensors without storage (meta, sparse)
+            return None
+        return storage, ptr, key
+
+    def source(self, t: torch.Tensor) -> tuple[Optional[int], Optional[Known], Optional[Memory]]:
+        """The id of the captured output this input value came from, if any; what is known
+        of exactly this tensor (same object and version: that output's record and
+        statistics, or those :meth:`remember` keeps), which can then be reused instead of
+        reduced again; and its memory when it was looked up by it (for :meth:`remember`)."""
         writes = self._writes
         e = self._ids.get(id(t))
         if e is not None and e[0]() is t and e[2] == t._version and writes.get(e[4], 0) == e[5]:
-            return e[1], e[3]
-        same = self._remembered(t)
-        ptr = self._storage(t)
-        if ptr is None:
-            return None, same
+            return e[1], e[3], None
+        mem = self._memory(t)
+        same = self._remembered(t, mem)
+        if mem is None:
+            return None, same, None
+        ptr = mem[1]
         e2 = self._by_storage.get(ptr)
         if (
             e2 is not None
@@ -278,12 +307,13 @@ class Dataflow:
             and e2[2] == t._version
             and writes.get(ptr, 0) == e2[3]
         ):
-            return e2[1], same
-        return None, same
+            return e2[1], same, mem
+        return None, same, mem
 
-    def same(self, t: torch.Tensor) -> Optional[Known]:
+    def find(self, t: torch.Tensor) -> tuple[Optional[Known], Optional[Memory]]:
         """What is known of exactly this tensor (same object, version and storage writes),
-        if it was kept."""
+        if it was kept, and its memory when it was looked up by it (for :meth:`register`
+        or :meth:`remember`)."""
         e = self._ids.get(id(t))
         if (
             e is not None
@@ -291,10 +321,11 @@ class Dataflow:
             and e[2] == t._version
             and self._writes.get(e[4], 0) == e[5]
         ):
-            return e[3]
-        return self._remembered(t)
+            return e[3], None
+        mem = self._memory(t)
+        return self._remembered(t, mem), mem
 
-    def _remembered(self, t: torch.Tensor) -> Optional[Known]:
+    def _remembered(self, t: torch.Tensor, mem: Optional[Memory]) -> Optional[Known]:
         """What :meth:`remember` keeps of exactly this tensor, if it still stands, else
         what is known of a kept tensor over the same elements (:meth:`_same_elements`)."""
         e = self._seen.get(id(t))
@@ -305,60 +336,42 @@ class Dataflow:
             and self._writes.get(e[3], 0) == e[4]
         ):
             return e[2]
-        if t.numel() < LAYOUT_MIN:
-            return None
-        return self._same_elements(t)
+        return self._same_elements(t, mem)
 
-    def _layout(self, t: torch.Tensor) -> Optional[tuple[Any, int, tuple[Any, ...]]]:
-        """``t``'s storage, its address and :func:`layout_key`, or None for a tensor without
-        memory of its own (meta, sparse, a wrapper subclass: address 0)."""
-        try:
-            storage = t.untyped_storage()
-            ptr = int(storage.data_ptr())
-            key = layout_key(t, storage._cdata, self._permuted)
-        except Exception:  # noqa: BLE001 - tensors without storage (meta, sparse)
-            return None
-        return (storage, ptr, key) if ptr != 0 else None
-
-    def _same_elements(self, t: torch.Tensor) -> Optional[Known]:
+    def _same_elements(self, t: torch.Tensor, mem: Optional[Memory]) -> Optional[Known]:
         """What is known of a kept tensor that read exactly the memory ``t`` reads, if
         nothing was written there since: the same storage (held weakly, so it cannot have
         been freed and its memory given to another tensor meanwhile), at the same address,
         at the version it was kept at, which ``t`` has too (views share the counter), and no
         captured in-place write to it since."""
-        layout = self._layout(t)
-        if layout is None:
+        if mem is None or mem[2] is None:
             return None
-        _, ptr, key = layout
-        e = self._layouts.get(key)
+        e = self._layouts.get(mem[2])
+        ptr = mem[1]
         if (
             e is None
             or e[1] != ptr
             or e[2] != t._version
             or self._writes.get(ptr, 0) != e[4]
-            or e[0].expired()
+            or _expired(e[0])
         ):
             return None
         return e[3]
 
-    def _keep_layout(self, t: torch.Tensor, known: Known, writes: int) -> None:
-        """Keep ``known`` under the memory ``t`` reads (:meth:`_same_elements`)."""
-        if t.numel() < LAYOUT_MIN or _StorageWeakRef is None:
-            return
-        layout = self._layout(t)
-        if layout is not None:
-            storage, ptr, key = layout
-            ref = _StorageWeakRef(storage)  # type: ignore[no-untyped-call]
-            self._layouts[key] = (ref, ptr, t._version, known, writes)
-
-    def remember(self, t: torch.Tensor, known: Known) -> None:
+    def remember(self, t: torch.Tensor, known: Known, mem: Optional[Memory] = None) -> None:
         """Keep the record and statistics of ``t`` as it is now (a captured tensor that no
-        captured op produced), for :meth:`source` and :meth:`same`."""
-        ptr = self._storage(t)
-        if ptr is not None:
-            writes = self._writes.get(ptr, 0)
-            self._seen[id(t)] = (weakref.ref(t), t._version, known, ptr, writes)
-            self._keep_layout(t, known, writes)
+        captured op produced), for :meth:`source` and :meth:`find`. ``mem``: what
+        :meth:`source` or :meth:`find` returned for it, if anything."""
+        if mem is None:
+            mem = self._memory(t)
+            if mem is None:
+                return
+        storage, ptr, key = mem
+        writes = self._writes.get(ptr, 0)
+        ver = t._version
+        self._seen[id(t)] = (weakref.ref(t), ver, known, ptr, writes)
+        if key is not None:
+            self._keep_layout(key, storage, ptr, ver, known, writes)
 
     def note_write(self, written: Any) -> None:
         """Count a captured in-place write to ``written`` (a tensor, or the tensors of a
@@ -371,34 +384,57 @@ class Dataflow:
             for w in written:
                 self.note_write(w)
 
-    def register(self, t: torch.Tensor, folder: RankFolder, known: Optional[Known] = None) -> int:
+    def register(
+        self,
+        t: torch.Tensor,
+        folder: RankFolder,
+        known: Optional[Known] = None,
+        mem: Optional[Memory] = None,
+    ) -> int:
         """Give a captured output the folder's next id, and remember it by object (with its
-        record and statistics, when recorded) and storage."""
+        record and statistics, when recorded) and storage. ``mem``: what :meth:`find`
+        returned for it, if anything."""
         tid = folder.next_id
         folder.next_id += 1
         ref = weakref.ref(t)
         ver = t._version
-        ptr = self._storage(t)
-        if ptr is None:
+        if mem is None:
+            mem = self._memory(t)
+        if mem is None:
             # No storage to watch: kept by object only, with a storage key no write uses.
             self._ids[id(t)] = (ref, tid, ver, known, -1, 0)
             return tid
+        storage, ptr, key = mem
         w = self._writes.get(ptr, 0)
         self._ids[id(t)] = (ref, tid, ver, known, ptr, w)
         self._by_storage[ptr] = (ref, tid, ver, w)
-        if known is not None:
-            self._keep_layout(t, known, w)
+        if known is not None and key is not None:
+            self._keep_layout(key, storage, ptr, ver, known, w)
         return tid
 
+    def _keep_layout(
+        self, key: tuple[Any, ...], storage: Any, ptr: int, ver: int, known: Known, writes: int
+    ) -> None:
+        """Keep ``known`` under the memory a tensor reads (:meth:`_same_elements`), with a
+        weak handle on its storage, freeing the handle of the entry it replaces."""
+        old = self._layouts.get(key)
+        self._layouts[key] = (_weak(storage), ptr, ver, known, writes)
+        if old is not None:
+            _free_weak(old[0])
 
-try:
-    # A weak reference to a tensor's storage: it tells whether the storage was freed (its
-    # memory may then be another tensor's) without keeping the memory alive. A gradient's
-    # tensor objects die with the hook that received them while its storage lives on in
-    # the views autograd hands on (a module's backward hook receives it again).
-    from torch.multiprocessing.reductions import StorageWeakRef as _StorageWeakRef
-except Exception:  # noqa: BLE001 - then tensors are only known by object
-    _StorageWeakRef = None  # type: ignore[assignment,misc]
+
+# A weak handle on a tensor's storage (an int: the storage's weak reference count holds
+# it): it tells whether the storage was freed (its memory may then be another tensor's)
+# without keeping the memory alive. A gradient's tensor objects die with the hook that
+# received them while its storage lives on in the views autograd hands on (a module's
+# backward hook receives it again). The handle itself is not a Python object: PyTorch's
+# own wrapper (``StorageWeakRef``) is two objects for the garbage collector and a Python
+# ``__del__`` per tensor kept, ~1 us; without these functions tensors are only known by
+# object.
+_weak: Callable[[Any], int] = getattr(torch.UntypedStorage, "_weak_ref", None)  # type: ignore[assignment]
+_expired: Callable[[int], bool] = getattr(torch.UntypedStorage, "_expired", None)  # type: ignore[assignment]
+_free_weak: Callable[[int], None] = getattr(torch.UntypedStorage, "_free_weak_ref", None)  # type: ignore[assignment]
+_WEAK_HANDLES = _weak is not None and _expired is not None and _free_weak is not None
 
 #: Tensors of fewer elements are not looked up by the memory they read: their reductions
 #: cost about what the lookup would (~2 us).
