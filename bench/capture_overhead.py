@@ -31,11 +31,17 @@ in at ``start()`` and takes them out at ``stop()`` every step: that costs both t
 milliseconds, and their ratios to the bare step are slightly higher than without it.
 
     python bench/capture_overhead.py --threads 1 --modes statistics --levels api --baseline HEAD~3
+
+Beside the median, each row shows the mean step and the milliseconds a step spent in
+Python's garbage collector (``gc.callbacks``), with the full collections counted: a full
+collection walks every object of the process (~130 ms in the example's), so it lands in
+the mean but rarely in the median. ``--steps 300`` shows how often it comes.
 """
 
 from __future__ import annotations
 
 import argparse
+import gc
 import importlib.util
 import os
 import shutil
@@ -133,6 +139,26 @@ def _dd_seconds(folder: str, nbytes: int) -> float:
     return statistics.median(times)
 
 
+class _GcClock:
+    """Time spent in the garbage collector, charged to the configuration whose recorded
+    step is running (``Runner.step`` sets :attr:`runner`)."""
+
+    def __init__(self) -> None:
+        self.runner: Optional[Runner] = None
+        self._t0 = 0.0
+        gc.callbacks.append(self._event)
+
+    def _event(self, phase: str, info: dict[str, Any]) -> None:
+        if phase == "start":
+            self._t0 = time.perf_counter()
+        elif self.runner is not None:
+            self.runner.gc_s += time.perf_counter() - self._t0
+            self.runner.gc_full += info.get("generation") == 2
+
+
+GC = _GcClock()
+
+
 class Runner:
     """One configuration's model, optimizer and data, stepped one step at a time.
 
@@ -162,10 +188,14 @@ class Runner:
         self.start = start
         self.stop = stop
         self.times: list[float] = []
+        #: Garbage-collector seconds and full collections in the recorded steps.
+        self.gc_s = 0.0
+        self.gc_full = 0
 
     def step(self, record: bool) -> None:
         x, y = self.data[len(self.times) % 2]
         _sync(self.device)
+        GC.runner = self if record else None
         t0 = time.perf_counter()
         if self.start is not None:
             self.start(self.model)
@@ -177,11 +207,20 @@ class Runner:
         if self.stop is not None:
             self.stop()
         _sync(self.device)
+        GC.runner = None
         if record:
             self.times.append(time.perf_counter() - t0)
 
     def median(self) -> float:
         return statistics.median(self.times)
+
+    def gc_summary(self) -> str:
+        """Mean step, and the collector's share of it."""
+        n = max(len(self.times), 1)
+        return (
+            f"{statistics.fmean(self.times) * 1e3:9.1f} {self.gc_s / n * 1e3:8.2f} "
+            f"{self.gc_full:>5d}"
+        )
 
 
 def main() -> int:
@@ -280,6 +319,7 @@ def main() -> int:
             if not dbg.enabled:
                 print("warning: a probe configuration disabled itself", file=sys.stderr)
         rows = [(name, r.median()) for name, r in runners]
+        gc_cols = {name: r.gc_summary() for name, r in runners}
         bare = rows[0][1]
         tensor_dumps = {k: v for k, v in dumped.items() if k.startswith("tensor-")}
         disk = {k: (v, _dd_seconds(tmp, v)) for k, v in tensor_dumps.items()}
@@ -294,9 +334,11 @@ def main() -> int:
         + ("the native kernel" if kernel is not None else "PyTorch's reductions (no kernel)")
         + (" and PyTorch's reductions (torch)" if args.reductions == "both" else "")
     )
-    print(f"{'configuration':<28} {'ms/step':>9} {'ratio':>7}")
+    print(
+        f"{'configuration':<28} {'ms/step':>9} {'ratio':>7} {'mean ms':>9} {'gc ms':>8} {'full':>5}"
+    )
     for name, t in rows:
-        print(f"{name:<28} {t * 1e3:9.1f} {t / bare:7.2f}x")
+        print(f"{name:<28} {t * 1e3:9.1f} {t / bare:7.2f}x {gc_cols[name]}")
     for folder, (nbytes, dd) in sorted(disk.items()):
         mode_level = folder.replace("-", " ")
         overhead = next(
