@@ -42,9 +42,10 @@ class BackwardHooks:
     def watch(self, bwd: OpRecord, node: Any, index: int, name: str, role: str) -> None:
         """Hook autograd node ``node`` so ``bwd`` receives the gradient at ``index``.
 
-        The hook is a ``partial`` of one module-level function, not a closure: a closure is
-        nine objects for the garbage collector (its cells), and the hooks live as long as
-        the graph, past the collections that promote what is alive to older generations."""
+        The hook is a ``partial`` of one module-level function, not a closure: a closure
+        here is eight objects for the garbage collector (itself, six cells, their tuple),
+        and the hooks live as long as the graph, past the collections that promote what is
+        alive to older generations (docs/capture.md, "eighth pass")."""
         node.register_prehook(
             partial(_grad_hook, self._ref, self._dbg._session, bwd, index, name, role)
         )
