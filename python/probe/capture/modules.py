@@ -61,7 +61,7 @@ class ModuleHooks:
                 )
             )
             self._handles.append(
-                _register_post_hook(mod, partial(self._post_hook, path, cls, track_only))
+                _register_post_hook(mod, partial(self._post_hook, path, track_only))
             )
             if c.module and c.backward:
                 params = dict(mod.named_parameters(recurse=False))
@@ -117,7 +117,6 @@ class ModuleHooks:
     def _post_hook(
         self,
         path: str,
-        cls: str,
         track_only: bool,
         mod: torch.nn.Module,
         args: tuple[Any, ...],
