@@ -269,17 +269,17 @@ class Dataflow:
         except Exception:  # noqa: BLE001 - tensors without storage (meta, sparse)
             return None
 
-    def _memory(self, t: torch.Tensor) -> Optional[Memory]:
+    def _memory(self, t: torch.Tensor, keyed: bool = True) -> Optional[Memory]:
         """``t``'s storage, its address, and its :func:`layout_key` when it is large enough
-        to be looked up by it (else None); None for a tensor without storage (meta,
-        sparse). Taken once per captured tensor: the lookup and the keeping that follows
-        it both use it."""
+        to be looked up by it and ``keyed`` (else None); None for a tensor without storage
+        (meta, sparse). Taken once per captured tensor: the lookup and the keeping that
+        follows it both use it."""
         try:
             storage = t.untyped_storage()
             ptr = int(storage.data_ptr())
             key = (
                 layout_key(t, storage._cdata, self._permuted)
-                if ptr != 0 and t.numel() >= LAYOUT_MIN and _WEAK_HANDLES
+                if keyed and ptr != 0 and t.numel() >= LAYOUT_MIN and _WEAK_HANDLES
                 else None
             )
         except Exception:  # noqa: BLE001 - tensors without storage (meta, sparse)
@@ -399,7 +399,7 @@ class Dataflow:
         ref = weakref.ref(t)
         ver = t._version
         if mem is None:
-            mem = self._memory(t)
+            mem = self._memory(t, keyed=known is not None)  # only what is known is kept
         if mem is None:
             # No storage to watch: kept by object only, with a storage key no write uses.
             self._ids[id(t)] = (ref, tid, ver, known, -1, 0)
