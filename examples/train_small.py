@@ -426,6 +426,12 @@ def main(argv: Optional[list[str]] = None) -> int:
         default=None,
         help="also write a config-check pack (zip) of this run: env, packages, seeds, data, weights",
     )
+    ap.add_argument(
+        "--tensor-writer",
+        choices=["auto", "thread", "inline"],
+        default="auto",
+        help="tensor mode: who writes the data (docs/capture.md, tensor_writer)",
+    )
     ap.add_argument("--quiet", action="store_true")
     # Hidden, for the crash tests: die by SIGKILL (no cleanup, as a killed job) after N
     # captured op records, or once the op log reaches N bytes (the bytes that fit are
@@ -482,7 +488,11 @@ def main(argv: Optional[list[str]] = None) -> int:
         if args.config:
             dbg = probe.Debugger(args.config)
         else:
-            extra = {"overflow_nums": args.overflow_nums} if args.mode == "overflow" else {}
+            extra: dict[str, Any] = (
+                {"overflow_nums": args.overflow_nums} if args.mode == "overflow" else {}
+            )
+            if args.tensor_writer != "auto":
+                extra["tensor_writer"] = args.tensor_writer
             dbg = probe.Debugger(
                 None, dump_path=args.dump, level=args.level, mode=args.mode, **extra
             )

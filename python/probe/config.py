@@ -21,6 +21,8 @@ LEVELS = ("api", "module", "mix")
 MODES = ("statistics", "tensor", "checksum", "overflow")
 DIRECTIONS = ("forward", "backward")
 DATA = ("inputs", "outputs")
+#: Who writes tensor data (``tensor_writer``): writer.py, ``TensorWriter``.
+TENSOR_WRITERS = ("auto", "thread", "inline")
 _MSPROBE_LEVELS = {"L0": "module", "L1": "api", "mix": "mix"}
 
 NATIVE_KEYS = {
@@ -39,6 +41,7 @@ NATIVE_KEYS = {
     "stack",
     "shard_size_mb",
     "queue_size",
+    "tensor_writer",
     "device",
     "overflow_nums",
     "api_list",
@@ -228,6 +231,10 @@ class CaptureConfig:
     stack: bool = True
     shard_size_mb: float = 256.0
     queue_size: int = 64
+    #: Who writes tensor data: ``thread`` (a background thread, from host copies),
+    #: ``inline`` (the training thread, as each tensor is captured) or ``auto``
+    #: (writer.py: ``inline`` on a CPU run with no core to spare for the thread).
+    tensor_writer: str = "auto"
     device: Optional[str] = None
     #: Overflow mode: how many ops producing NaN/Inf to record before capture stops for
     #: the rest of the run; -1 = no limit (msprobe's ``overflow_nums``, default 1 there too).
@@ -471,6 +478,11 @@ def load_config(
         raise ConfigError("shard_size_mb / queue_size must be numbers") from None
     if c.shard_size_mb <= 0 or c.queue_size <= 0:
         raise ConfigError("shard_size_mb and queue_size must be positive")
+    c.tensor_writer = cfg.get("tensor_writer", "auto")
+    if c.tensor_writer not in TENSOR_WRITERS:
+        raise ConfigError(
+            f"tensor_writer: {c.tensor_writer!r} is not one of {', '.join(TENSOR_WRITERS)}"
+        )
     dev = cfg.get("device")
     if dev is not None and dev not in ("cpu", "cuda", "npu"):
         raise ConfigError(f"device: {dev!r} is not one of cpu, cuda, npu")

@@ -415,7 +415,7 @@ def test_tensor_mode_reuses_host_buffers_across_steps(
 
     monkeypatch.setattr(writer, "_empty", counting)
     monkeypatch.setattr(writer.HostPool, "copy", counted_copy)
-    dbg = probe.Debugger(None, dump_path=dump, level="mix", mode="tensor")
+    dbg = probe.Debugger(None, dump_path=dump, level="mix", mode="tensor", tensor_writer="thread")
     torch.manual_seed(0)
     model = Tiny()
     opt = torch.optim.SGD(model.parameters(), lr=0.1)
@@ -453,7 +453,9 @@ def test_tensor_mode_queues_small_copies_in_batches(
         put_many(self, items)
 
     monkeypatch.setattr(writer.TensorWriter, "put_many", counted)
-    dbg = probe.Debugger(None, dump_path=dump, level="api", mode="tensor", stack=False)
+    dbg = probe.Debugger(
+        None, dump_path=dump, level="api", mode="tensor", stack=False, tensor_writer="thread"
+    )
     x = torch.arange(16, dtype=torch.float32)
     dbg.start()
     ys = [torch.mul(x, float(i)) for i in range(200)]

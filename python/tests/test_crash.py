@@ -148,8 +148,9 @@ def _mount_tmpfs(where: str, size: str) -> None:
         pytest.skip(f"cannot mount a tmpfs here: {r.stderr.strip()}")
 
 
+@pytest.mark.parametrize("writer", ["thread", "inline"])
 def test_full_disk_and_read_only_dump(
-    runs: dict[str, str], tmp_path: Any, caplog: pytest.LogCaptureFixture
+    runs: dict[str, str], tmp_path: Any, caplog: pytest.LogCaptureFixture, writer: str
 ) -> None:
     disk = str(tmp_path / "disk")
     _mount_tmpfs(disk, "2m")
@@ -161,7 +162,8 @@ def test_full_disk_and_read_only_dump(
             with warnings.catch_warnings(record=True) as w:
                 warnings.simplefilter("always")
                 # Training goes on: the agent switches itself off with one line.
-                assert _example().main(_args(dump, "tensor", 2)) == 0
+                args = [*_args(dump, "tensor", 2), "--tensor-writer", writer]
+                assert _example().main(args) == 0
         finally:
             torch.use_deterministic_algorithms(det, warn_only=warn_only)
         msgs = [str(x.message) for x in w if "probe:" in str(x.message)]

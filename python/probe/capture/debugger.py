@@ -408,8 +408,9 @@ class Debugger:
 
     # ------------------------------------------------------------------ tensor -> record
 
-    def _capture(self, t: torch.Tensor) -> Captured:
-        """Statistics, plus a host copy (tensor mode) or checksum.
+    def _capture(self, t: torch.Tensor, held: bool = False) -> Captured:
+        """Statistics, plus the data to store (tensor mode: ``DumpFiles.stage``; a host copy
+        when ``held``, kept before it is stored) or checksum.
 
         Statistics read on the host (a CPU tensor's) come back as the record's finished
         ``stats`` dict; an accelerator's stay on the device until their batch is read
@@ -429,7 +430,8 @@ class Debugger:
                 return vec, None, None
             if mode == "checksum":
                 return vec, None, checksum_later(t, self._files.pool.copy)
-            return vec, self._files.pool.copy(t), None
+            files = self._files
+            return vec, files.pool.copy(t) if held else files.stage(t), None
         finally:
             if prev:
                 torch._C._set_grad_enabled(True)
@@ -489,10 +491,10 @@ class Debugger:
                         rec["checksum"] = known["checksum"]
                     op.entries.append((rec, None, None))
                     return rec
-                vec, host, crc = None, self._files.pool.copy(t), None
+                vec, host, crc = None, self._files.stage(t), None
             elif known_vec is not None and mode != "checksum":
                 # Its record is not finished (no stats yet), its statistics are reduced.
-                host = self._files.pool.copy(t) if mode == "tensor" and dt in STORABLE else None
+                host = self._files.stage(t) if mode == "tensor" and dt in STORABLE else None
                 vec, crc = known_vec, None
             else:
                 vec, host, crc = pre if pre is not None else self._capture(t)
@@ -534,7 +536,7 @@ class Debugger:
             same, mem = flow.find(g)
             if same is not None and ("stats" in same[0] or same[1] is not None):
                 return g, (None, None, None), same
-        captured = self._capture(g)
+        captured = self._capture(g, held=True)
         if flow is not None and captured[0] is not None:
             # Its record is made at stop(); until then the statistics stand for it.
             record: TensorRecord = {"name": "", "role": "parameter", "dtype": "", "shape": ()}

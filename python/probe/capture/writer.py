@@ -4,7 +4,9 @@ The op log is appended one line per op and flushed per step, never rewritten (ms
 rewrites its whole dump.json on every flush, which is quadratic and loses everything on a
 crash). Tensors go through a bounded queue to one writer thread, so the training thread only
 pays for the host copy; the bound keeps memory in check when the disk is slower than training,
-and the thread streams each tensor into its shard file as it arrives.
+and the thread streams each tensor into its shard file as it arrives. On a CPU run with no
+core to spare for that thread, the training thread writes each tensor itself, from the
+tensor's own memory (``TensorWriter``, ``inline``).
 """
 
 from __future__ import annotations
@@ -51,6 +53,8 @@ _view = torch.Tensor.view
 _detach = torch.Tensor.detach
 _copy = torch.Tensor.copy_
 _empty = torch.empty
+#: Tensors written inline from their own memory: no subclass (its bytes may not be its data).
+_PLAIN = (torch.Tensor, torch.nn.Parameter)
 #: Host copies up to this size are queued in batches, not one by one (DumpFiles.push)...
 _SMALL = 64 * 1024
 #: ...of this many copies or bytes, whichever comes first, checked at the end of each op.
@@ -313,14 +317,25 @@ class HostPool:
 
 
 class TensorWriter:
-    """One background thread writing safetensors shards.
+    """Writes safetensors shards: on one background thread, or ``inline`` on the caller's.
 
-    Each tensor is written to its shard's temp file as soon as the thread takes it off the
-    queue, so when the producer closes a shard (at its size limit or at ``stop()``) only
-    the queue's tail and the header are left to write: ``stop()`` no longer waits for a
-    whole step's data, and a shard is never held in memory. The bounded queue is what
-    holds host copies, and its bound is the back-pressure when the disk is slower than
-    training. Errors are kept in ``error`` for the training thread to notice; the thread
+    Each tensor is written to its shard's temp file as soon as it is taken, so when the
+    producer closes a shard (at its size limit or at ``stop()``) only the header is left to
+    write: ``stop()`` never waits for a whole step's data, and a shard is never held in
+    memory.
+
+    On the thread, tensors arrive as host copies through a bounded queue, whose bound is
+    the back-pressure when the disk is slower than training. That pays for itself when a
+    core is free to run the thread beside training, which is what an accelerator run has:
+    the copy is the device-to-host transfer it needs anyway, and it is made without a host
+    sync. When no core is free -- a CPU run whose torch threads take every core -- the
+    thread's writes compete with training for the cores, and the copy moves every byte
+    through memory twice. ``inline`` then writes each tensor from its own memory, on the
+    training thread, before the op that produced it returns (so no later change can reach
+    the bytes): on the 2-core bench box, a 4-layer transformer dumping 3,958 MB a step
+    spent 3.0 s on it against 4.4 s through the thread (docs/capture.md, "ninth pass").
+
+    Errors are kept in ``error`` for the training thread to notice in both ways; the thread
     keeps draining the queue so a producer can never block forever on a dead writer.
     """
 
@@ -332,75 +347,95 @@ class TensorWriter:
         queue_size: int,
         on_thread_start: Callable[[], None],
         pool: Optional[HostPool] = None,
+        inline: bool = False,
     ) -> None:
         self._q: queue.Queue[tuple[Any, ...]] = queue.Queue(maxsize=queue_size)
         self._pool = pool
         self._open: dict[str, _ShardStream] = {}
         self._reserve = self._MIN_RESERVE
         self.error: Optional[BaseException] = None
+        #: Written on the caller's thread, as each item is given (no thread, no queue).
+        self.inline = inline
         self._on_thread_start = on_thread_start
-        self._thread = threading.Thread(target=self._run, name="probe-writer", daemon=True)
-        self._thread.start()
+        if not inline:
+            self._thread = threading.Thread(target=self._run, name="probe-writer", daemon=True)
+            self._thread.start()
 
     def put(self, shard_path: str, key: str, tensor: torch.Tensor) -> None:
-        """Queue ``tensor`` for the shard; a pooled copy's buffer is handed back to the pool
-        once its data is written."""
-        self._q.put(("t", shard_path, key, tensor))
+        """Write ``tensor`` to the shard (queued, or now when inline); a pooled copy's
+        buffer is handed back to the pool once its data is written."""
+        self._give(("t", shard_path, key, tensor))
 
     def close_shard(self, shard_path: str) -> None:
-        self._q.put(("c", shard_path))
+        self._give(("c", shard_path))
 
     def sync(self, timeout: Optional[float] = None) -> None:
-        """Wait until everything queued so far is on disk."""
+        """Wait until everything given so far is on disk (inline: it is)."""
+        if self.inline:
+            return
         done = threading.Event()
         self._q.put(("s", done))
         done.wait(timeout)
 
     def put_many(self, items: list[tuple[Any, ...]]) -> None:
-        """Queue several ``("t", shard_path, key, tensor)`` items as one (small tensors of
+        """Give several ``("t", shard_path, key, tensor)`` items as one (small tensors of
         one op: one queue transfer instead of one each)."""
-        self._q.put(("m", items))
+        self._give(("m", items))
+
+    def _give(self, item: tuple[Any, ...]) -> None:
+        if self.inline:
+            self._do(item)
+        else:
+            self._q.put(item)
 
     def _run(self) -> None:
         self._on_thread_start()
         while True:
             item = self._q.get()
             try:
-                kind = item[0]
-                if kind == "t":
-                    self._tensor(item)
-                elif kind == "m":
-                    for sub in item[1]:
-                        self._tensor(sub)
-                elif kind == "c":
-                    shard = self._open.pop(item[1], None)
-                    if shard is not None and self.error is None:
-                        need = shard.close()
-                        # Room for the header the next shard most likely needs, plus slack.
-                        grown = need + need // 4 + 4096
-                        self._reserve = max(self._reserve, grown + (-grown % 8))
-                elif kind == "s":
-                    item[1].set()
-            except BaseException as exc:  # noqa: BLE001 - must never kill the thread
-                self.error = exc
-                for shard in self._open.values():
-                    try:
-                        shard.abandon()
-                    except BaseException:  # noqa: BLE001
-                        pass
-                self._open.clear()
+                self._do(item)
             finally:
                 self._q.task_done()
 
+    def _do(self, item: tuple[Any, ...]) -> None:
+        try:
+            kind = item[0]
+            if kind == "t":
+                self._tensor(item)
+            elif kind == "m":
+                for sub in item[1]:
+                    self._tensor(sub)
+            elif kind == "c":
+                shard = self._open.pop(item[1], None)
+                if shard is not None and self.error is None:
+                    need = shard.close()
+                    # Room for the header the next shard most likely needs, plus slack.
+                    grown = need + need // 4 + 4096
+                    self._reserve = max(self._reserve, grown + (-grown % 8))
+            elif kind == "s":
+                item[1].set()
+        except BaseException as exc:  # noqa: BLE001 - must never kill the thread
+            self.error = exc
+            for shard in self._open.values():
+                try:
+                    shard.abandon()
+                except BaseException:  # noqa: BLE001
+                    pass
+            self._open.clear()
+
     def _tensor(self, item: tuple[Any, ...]) -> None:
-        wait_for_copy(item[3])  # the copy from the GPU (HostPool.copy); the GIL is released
-        if self.error is None:
-            shard = self._open.get(item[1])
-            if shard is None:
-                shard = self._open[item[1]] = _ShardStream(item[1], self._reserve)
-            shard.add(item[2], item[3])
-        if self._pool is not None:
-            self._pool.give(item[3])
+        try:
+            wait_for_copy(item[3])  # the copy from the GPU (HostPool.copy); GIL released
+            if self.error is None:
+                shard = self._open.get(item[1])
+                if shard is None:
+                    shard = self._open[item[1]] = _ShardStream(item[1], self._reserve)
+                shard.add(item[2], item[3])
+        finally:
+            # Only the pool's own copies go back to it (``give`` knows them by their
+            # buffer); a tensor written inline from its own memory is left alone.
+            if self._pool is not None:
+                self._pool.give(item[3])
 
 
 class RankFolder:
@@ -547,7 +582,8 @@ class DumpFiles:
             path = os.path.join(c.dump_path, f"step{step}", f"rank{rank}")
             self.folder = RankFolder(path, c.shard_bytes, lazy=self.lazy or c.mode == "overflow")
         if c.mode in ("tensor", "overflow") and self.writer is None:
-            self.writer = TensorWriter(c.queue_size, _writer_thread_init, self.pool)
+            inline = write_inline(c.tensor_writer, model_device(c.device, model))
+            self.writer = TensorWriter(c.queue_size, _writer_thread_init, self.pool, inline)
 
     def model_known(self, model: torch.nn.Module) -> None:
         """The model became known after the manifest was written (ApiProfiler finds it at
@@ -577,16 +613,31 @@ class DumpFiles:
             os.path.join(c.dump_path, "manifest.json"), json.dumps(manifest, indent=2) + "\n"
         )
 
+    def stage(self, t: torch.Tensor) -> torch.Tensor:
+        """What :meth:`store`, called next, is to write for ``t``: a host copy
+        (:meth:`HostPool.copy`), or with an inline writer a plain contiguous CPU tensor as
+        it is (detached), since its bytes are written before the op returns. A tensor kept
+        longer before it is stored (a parameter's gradient, until ``stop()``) must be
+        copied instead: it may change meanwhile."""
+        w = self.writer
+        if w is not None and w.inline and t.is_cpu and type(t) in _PLAIN and t.is_contiguous():
+            return _detach(t)
+        return self.pool.copy(t)
+
     def store(self, folder: RankFolder, key: str, host: torch.Tensor) -> tuple[str, list[int]]:
-        """Queue a host copy (:meth:`HostPool.copy`) for the folder's current shard; returns
-        the shard's file name and the tensor's ``data_offsets`` in it (as streamed)."""
+        """Write ``host`` (:meth:`stage`) to the folder's current shard: queued for the
+        writer thread, or written now by an inline writer. Returns the shard's file name
+        and the tensor's ``data_offsets`` in it (as streamed)."""
         writer = self.writer
         assert writer is not None
-        folder.materialize()  # a lazy folder, before the writer thread opens a shard in it
+        folder.materialize()  # a lazy folder, before the writer opens a shard in it
         nbytes = host.numel() * host.element_size()
         fname, offset, to_close = folder.shard_for(nbytes)
         path = os.path.join(folder.path, fname)
-        if nbytes <= _SMALL:
+        if writer.inline:
+            # Now: ``host`` may be the tensor itself, which the next op may change.
+            writer.put(path, key, host)
+        elif nbytes <= _SMALL:
             self._outbox.append(("t", path, key, host))
             self._outbox_bytes += nbytes
         else:
@@ -650,6 +701,32 @@ class DumpFiles:
         folder, self.folder = self.folder, None
         if folder is not None:
             folder.close()
+
+
+def write_inline(choice: str, device: str) -> bool:
+    """Whether tensor data is written inline (``TensorWriter``): as ``tensor_writer`` says,
+    or for ``auto`` on a CPU run (no accelerator in use) whose torch threads leave no core
+    to the writer thread."""
+    if choice != "auto":
+        return choice == "inline"
+    if device != "cpu" or _accelerator_in_use():
+        return False
+    try:
+        cores = len(os.sched_getaffinity(0))
+    except (AttributeError, OSError):  # not Linux
+        cores = os.cpu_count() or 1
+    return cores <= torch.get_num_threads()
+
+
+def _accelerator_in_use() -> bool:
+    """Whether this process has started CUDA or an Ascend NPU (``torch_npu``)."""
+    if torch.cuda.is_available() and torch.cuda.is_initialized():  # type: ignore[no-untyped-call]
+        return True
+    npu = getattr(torch, "npu", None)
+    try:
+        return bool(npu is not None and npu.is_initialized())
+    except Exception:  # noqa: BLE001 - a partial torch_npu: take it as in use
+        return True
 
 
 def _writer_thread_init() -> None:
