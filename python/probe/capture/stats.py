@@ -61,9 +61,10 @@ _F64 = torch.float64
 _F16 = torch.float16
 _BF16 = torch.bfloat16
 _BOOL = torch.bool
-#: The tensor types whose memory the native kernel reads: a subclass (``DTensor``, a fake
-#: or wrapper tensor) may have no data of its own, and keeps PyTorch's reductions.
-_PLAIN = (torch.Tensor, torch.nn.Parameter)
+#: The tensor types whose own memory is read (the native kernel; the inline tensor writer):
+#: a subclass (``DTensor``, a fake or wrapper tensor) may have no data of its own, and keeps
+#: PyTorch's reductions and a host copy.
+PLAIN = (torch.Tensor, torch.nn.Parameter)
 
 
 #: A float32 CPU norm of more elements than this is taken in parts (``_norm``)...
@@ -212,7 +213,7 @@ def stat_vector(t: torch.Tensor) -> StatVector:
                 if v - v == 0.0:
                     return [v, v, v + 0.0, abs(v)]
                 return [v, v, v, abs(v), 1.0 if v != v else 0.0, 0.0 if v != v else 1.0]
-            if NATIVE is not None and (dt is _F32 or dt is _BF16) and type(t) in _PLAIN:
+            if NATIVE is not None and (dt is _F32 or dt is _BF16) and type(t) in PLAIN:
                 # One pass over the memory instead of three reductions (native.py); a
                 # tensor with NaN/Inf is refused and takes the reductions below, which
                 # count them.

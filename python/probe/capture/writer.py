@@ -26,7 +26,7 @@ from .._runtime import model_device
 from .._version import __version__
 from ..config import CaptureConfig
 from .api import tls
-from .stats import wait_for_copy
+from .stats import PLAIN, wait_for_copy
 
 log = logging.getLogger("probe")
 
@@ -53,8 +53,6 @@ _view = torch.Tensor.view
 _detach = torch.Tensor.detach
 _copy = torch.Tensor.copy_
 _empty = torch.empty
-#: Tensors written inline from their own memory: no subclass (its bytes may not be its data).
-_PLAIN = (torch.Tensor, torch.nn.Parameter)
 #: Host copies up to this size are queued in batches, not one by one (DumpFiles.push)...
 _SMALL = 64 * 1024
 #: ...of this many copies or bytes, whichever comes first, checked at the end of each op.
@@ -333,7 +331,7 @@ class TensorWriter:
     through memory twice. ``inline`` then writes each tensor from its own memory, on the
     training thread, before the op that produced it returns (so no later change can reach
     the bytes): on the 2-core bench box, a 4-layer transformer dumping 3,958 MB a step
-    spent 3.0 s on it against 4.4 s through the thread (docs/capture.md, "ninth pass").
+    spent 4.2 s on it against 5.6 s through the thread (docs/capture.md, "ninth pass").
 
     Errors are kept in ``error`` for the training thread to notice in both ways; the thread
     keeps draining the queue so a producer can never block forever on a dead writer.
@@ -620,7 +618,7 @@ class DumpFiles:
         longer before it is stored (a parameter's gradient, until ``stop()``) must be
         copied instead: it may change meanwhile."""
         w = self.writer
-        if w is not None and w.inline and t.is_cpu and type(t) in _PLAIN and t.is_contiguous():
+        if w is not None and w.inline and t.is_cpu and type(t) in PLAIN and t.is_contiguous():
             return _detach(t)
         return self.pool.copy(t)
 
