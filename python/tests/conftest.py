@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import atexit
+import importlib.util
 import json
 import os
 import shutil
@@ -17,12 +18,22 @@ import torch.nn.functional as F
 
 REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 SCHEMAS = os.path.join(REPO, "schemas")
+EXAMPLE = os.path.join(REPO, "examples", "train_small.py")
 
 # The agent's native statistics kernel (capture/native.py) is written into a private folder
 # of this test session (shared with the training scripts the tests run), not ~/.cache.
 if "PROBE_CACHE_DIR" not in os.environ:
     os.environ["PROBE_CACHE_DIR"] = tempfile.mkdtemp(prefix="probe-tests-")
     atexit.register(shutil.rmtree, os.environ["PROBE_CACHE_DIR"], True)
+
+
+def load_example() -> Any:
+    """examples/train_small.py as a module, to run its ``main`` in this process."""
+    spec = importlib.util.spec_from_file_location("train_small", EXAMPLE)
+    assert spec is not None and spec.loader is not None
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    return mod
 
 
 def probe_bin() -> str:

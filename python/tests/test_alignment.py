@@ -16,7 +16,6 @@ made once per module and in parallel; each scenario's compare reads them.
 
 from __future__ import annotations
 
-import importlib.util
 import json
 import os
 import re
@@ -30,9 +29,8 @@ from typing import Any, Optional
 import pytest
 import torch
 
-from conftest import REPO, probe_bin, read_ops
+from conftest import EXAMPLE, REPO, load_example, probe_bin, read_ops
 
-EXAMPLE = os.path.join(REPO, "examples", "train_small.py")
 MSPROBE = os.path.join(REPO, "testdata", "msprobe")
 GELU = "Functional.gelu.0"
 EXIT_PASS, EXIT_DIVERGENCE, EXIT_INCOMPLETE = 0, 1, 4
@@ -199,14 +197,6 @@ def _out(tmp_path: Any, name: str = "out") -> str:
 # ---------------------------------------------------------------- the variants themselves
 
 
-def _example() -> Any:
-    spec = importlib.util.spec_from_file_location("train_small", EXAMPLE)
-    assert spec is not None and spec.loader is not None
-    mod = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(mod)
-    return mod
-
-
 @pytest.mark.parametrize(
     ("base", "variant"),
     [
@@ -221,7 +211,7 @@ def _example() -> Any:
 def test_variants_share_weights_and_agree(base: dict[str, Any], variant: dict[str, Any]) -> None:
     """Same seed, same state_dict (names and values); outputs and gradients equal up to
     float32 rounding: a scenario's two runs differ only in the operators they run."""
-    ex = _example()
+    ex = load_example()
     models = []
     for kwargs in (base, variant):
         torch.manual_seed(0)

@@ -9,7 +9,6 @@ tmpfs (root only; skipped otherwise).
 
 from __future__ import annotations
 
-import importlib.util
 import json
 import os
 import signal
@@ -23,18 +22,9 @@ from typing import Any
 import pytest
 import torch
 
-from conftest import REPO, probe_bin
+from conftest import EXAMPLE, REPO, load_example, probe_bin
 
-EXAMPLE = os.path.join(REPO, "examples", "train_small.py")
 EXIT_INCOMPLETE = 4
-
-
-def _example() -> Any:
-    spec = importlib.util.spec_from_file_location("train_small", EXAMPLE)
-    assert spec is not None and spec.loader is not None
-    mod = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(mod)
-    return mod
 
 
 def _args(dump: str, mode: str, steps: int) -> list[str]:
@@ -48,7 +38,7 @@ def runs(tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[str, str]]:
     base = tmp_path_factory.mktemp("crash")
     det = torch.are_deterministic_algorithms_enabled()
     warn_only = torch.is_deterministic_algorithms_warn_only_enabled()
-    ex = _example()
+    ex = load_example()
     paths = {k: str(base / k) for k in ("stats", "tensor", "stats_crash", "tensor_crash")}
     try:
         assert ex.main(_args(paths["stats"], "statistics", 3)) == 0
@@ -163,7 +153,7 @@ def test_full_disk_and_read_only_dump(
                 warnings.simplefilter("always")
                 # Training goes on: the agent switches itself off with one line.
                 args = [*_args(dump, "tensor", 2), "--tensor-writer", writer]
-                assert _example().main(args) == 0
+                assert load_example().main(args) == 0
         finally:
             torch.use_deterministic_algorithms(det, warn_only=warn_only)
         msgs = [str(x.message) for x in w if "probe:" in str(x.message)]

@@ -8,7 +8,6 @@ the training does to it afterwards.
 from __future__ import annotations
 
 import filecmp
-import importlib.util
 import os
 from typing import Any
 
@@ -18,12 +17,11 @@ import torch.nn.functional as F
 from safetensors import safe_open
 
 import probe
-from conftest import REPO, Tiny, read_ops
+from conftest import Tiny, load_example, read_ops
 from probe.capture import writer
 from probe.config import ConfigError
 
 WRITERS = ["thread", "inline"]
-EXAMPLE = os.path.join(REPO, "examples", "train_small.py")
 
 
 def _shard_tensors(folder: str) -> dict[str, torch.Tensor]:
@@ -88,19 +86,11 @@ def test_parameter_gradients_are_kept_as_the_hook_saw_them(dump: str, tensor_wri
         assert torch.equal(got[key], g) and g.abs().sum() > 0, key
 
 
-def _example() -> Any:
-    spec = importlib.util.spec_from_file_location("train_small", EXAMPLE)
-    assert spec is not None and spec.loader is not None
-    mod = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(mod)
-    return mod
-
-
 @pytest.mark.parametrize("extra", [[], ["--checkpoint"]], ids=["plain", "checkpoint"])
 def test_both_writers_write_the_same_dump(tmp_path: Any, extra: list[str]) -> None:
     """The example's training (Adam's in-place updates, mix level, two steps; recomputed
     checkpoints too) dumps the same op logs and byte-identical shards either way."""
-    ex = _example()
+    ex = load_example()
     det = torch.are_deterministic_algorithms_enabled()
     warn_only = torch.is_deterministic_algorithms_warn_only_enabled()
     dumps = {w: str(tmp_path / w) for w in WRITERS}
