@@ -299,12 +299,16 @@ def main() -> int:
                     variants = [(kernel, "auto")]
                 for k, writer in variants:
                     for tag, agent in agents:
+                        # An agent before tensor_writer (--baseline) has only its thread.
+                        if tag == "base" and writer == "inline":
+                            continue
                         suffix = " torch" if k is None and args.reductions == "both" else ""
                         suffix += f" {writer}" if len(writers) > 1 and mode == "tensor" else ""
                         name = f"{mode}-{level}{suffix.replace(' ', '-')}"
                         path = os.path.join(tmp, name if tag == "probe" else f"{tag}-{name}")
-                        # An agent before tensor_writer (--baseline) knows only its thread.
                         extra = {"tensor_writer": writer} if writer != "auto" else {}
+                        if tag == "base":
+                            extra = {}
                         dbg = agent.Debugger(None, dump_path=path, mode=mode, level=level, **extra)
                         debuggers.append(dbg)
                         runners.append(
