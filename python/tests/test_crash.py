@@ -33,13 +33,16 @@ def _args(dump: str, mode: str, steps: int) -> list[str]:
 
 @pytest.fixture(scope="module")
 def runs(tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[str, str]]:
-    """Complete runs (in-process: no second torch import), then the two killed runs
+    """Complete runs (in-process: no second torch import), then the three killed runs
     (subprocesses, in parallel)."""
     base = tmp_path_factory.mktemp("crash")
     det = torch.are_deterministic_algorithms_enabled()
     warn_only = torch.is_deterministic_algorithms_warn_only_enabled()
     ex = load_example()
-    paths = {k: str(base / k) for k in ("stats", "tensor", "stats_crash", "tensor_crash")}
+    paths = {
+        k: str(base / k)
+        for k in ("stats", "tensor", "stats_crash", "tensor_crash_thread", "tensor_crash_inline")
+    }
     try:
         assert ex.main(_args(paths["stats"], "statistics", 3)) == 0
         assert ex.main(_args(paths["tensor"], "tensor", 2)) == 0
@@ -57,16 +60,20 @@ def runs(tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[str, str]]:
             stdout=subprocess.PIPE,
             stderr=subprocess.PIPE,
         ),
-        # Tensor mode: killed in step 1 after its op log spilled mid-record, its shard
-        # still a .stream.tmp being written by the writer thread.
-        subprocess.Popen(
-            [sys.executable, EXAMPLE, *_args(paths["tensor_crash"], "tensor", 2)]
-            + ["--crash-after-bytes", str(step0_bytes + step0_bytes // 2)],
-            env=env,
-            stdout=subprocess.PIPE,
-            stderr=subprocess.PIPE,
-        ),
     ]
+    for writer in ("thread", "inline"):
+        # Tensor mode: killed in step 1 after its op log spilled mid-record, its shard
+        # still a .stream.tmp being written (by the writer thread, or inline).
+        procs.append(
+            subprocess.Popen(
+                [sys.executable, EXAMPLE, *_args(paths[f"tensor_crash_{writer}"], "tensor", 2)]
+                + ["--crash-after-bytes", str(step0_bytes + step0_bytes // 2)]
+                + ["--tensor-writer", writer],
+                env=env,
+                stdout=subprocess.PIPE,
+                stderr=subprocess.PIPE,
+            )
+        )
     for p in procs:
         _, err = p.communicate(timeout=300)
         assert p.returncode == -signal.SIGKILL, err.decode()
@@ -110,10 +117,13 @@ def test_killed_statistics_run_compares_its_complete_steps(runs: dict[str, str],
     assert "step1/rank0" in r.stdout
 
 
-def test_killed_tensor_run_compares_up_to_its_last_record(runs: dict[str, str], tmp_path: Any) -> None:
-    crashed = os.path.join(runs["tensor_crash"], "step1", "rank0")
+@pytest.mark.parametrize("writer", ["thread", "inline"])
+def test_killed_tensor_run_compares_up_to_its_last_record(
+    runs: dict[str, str], tmp_path: Any, writer: str
+) -> None:
+    crashed = os.path.join(runs[f"tensor_crash_{writer}"], "step1", "rank0")
     assert any(f.endswith(".stream.tmp") for f in os.listdir(crashed)), os.listdir(crashed)
-    r, s = _compare(runs["tensor"], runs["tensor_crash"], str(tmp_path / "out"))
+    r, s = _compare(runs["tensor"], runs[f"tensor_crash_{writer}"], str(tmp_path / "out"))
     assert r.returncode == EXIT_INCOMPLETE, r.stdout + r.stderr
     assert s["partial"] is True and s["counts"]["error"] == 0
     unit = _units(s)["step1/rank0"]
