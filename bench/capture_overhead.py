@@ -306,9 +306,8 @@ def main() -> int:
                         suffix += f" {writer}" if len(writers) > 1 and mode == "tensor" else ""
                         name = f"{mode}-{level}{suffix.replace(' ', '-')}"
                         path = os.path.join(tmp, name if tag == "probe" else f"{tag}-{name}")
-                        extra = {"tensor_writer": writer} if writer != "auto" else {}
-                        if tag == "base":
-                            extra = {}
+                        own = writer != "auto" and tag == "probe"
+                        extra = {"tensor_writer": writer} if own else {}
                         dbg = agent.Debugger(None, dump_path=path, mode=mode, level=level, **extra)
                         debuggers.append(dbg)
                         runners.append(
