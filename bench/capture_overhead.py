@@ -35,7 +35,11 @@ milliseconds, and their ratios to the bare step are slightly higher than without
 Beside the median, each row shows the mean step and the milliseconds a step spent in
 Python's garbage collector (``gc.callbacks``), with the full collections counted: a full
 collection walks every object of the process (~130 ms in the example's), so it lands in
-the mean but rarely in the median. ``--steps 300`` shows how often it comes.
+the mean but rarely in the median. ``--steps 300`` shows how often it comes. Last come the
+op records a captured step wrote and the overhead per record (the median step's overhead
+over that count): what one captured call costs, comparable across models. A second table
+splits each configuration's overhead by phase of the step: forward (with ``start()``),
+backward, and the optimizer step (with ``stop()``).
 """
 
 from __future__ import annotations
@@ -120,6 +124,16 @@ def _dir_bytes(path: str) -> int:
     return total
 
 
+def _records(path: str) -> int:
+    """Op records in a step folder of a probe dump (the lines of its ``ops.jsonl`` files)."""
+    total = 0
+    for root, _, files in os.walk(path):
+        if "ops.jsonl" in files:
+            with open(os.path.join(root, "ops.jsonl"), "rb") as f:
+                total += sum(1 for _ in f)
+    return total
+
+
 def _dd_seconds(folder: str, nbytes: int) -> float:
     """Time to write ``nbytes`` to a file in ``folder`` with dd (1 MiB blocks, page cache,
     as the dump writes). Run once per round of steps, beside them: a shared machine's disk
@@ -188,6 +202,9 @@ class Runner:
         self.start = start
         self.stop = stop
         self.times: list[float] = []
+        #: Per recorded step: seconds of forward (with start()), backward, and the optimizer
+        #: step with stop().
+        self.phases: list[tuple[float, float, float]] = []
         #: Garbage-collector seconds and full collections in the recorded steps.
         self.gc_s = 0.0
         self.gc_full = 0
@@ -202,17 +219,29 @@ class Runner:
         self.opt.zero_grad(set_to_none=True)
         out = self.model(x)
         loss = F.cross_entropy(out.reshape(-1, out.shape[-1]), y.reshape(-1))
+        t1 = time.perf_counter()  # no sync between phases: the step's total stays as it was
         loss.backward()
+        t2 = time.perf_counter()
         self.opt.step()
         if self.stop is not None:
             self.stop()
         _sync(self.device)
         GC.runner = None
         if record:
-            self.times.append(time.perf_counter() - t0)
+            t3 = time.perf_counter()
+            self.times.append(t3 - t0)
+            self.phases.append((t1 - t0, t2 - t1, t3 - t2))
 
     def median(self) -> float:
         return statistics.median(self.times)
+
+    def phase_medians(self) -> tuple[float, float, float]:
+        """Median forward, backward and optimizer-step seconds (each phase's own median)."""
+        return (
+            statistics.median(p[0] for p in self.phases),
+            statistics.median(p[1] for p in self.phases),
+            statistics.median(p[2] for p in self.phases),
+        )
 
     def gc_summary(self) -> str:
         """Mean step, and the collector's share of it."""
@@ -283,6 +312,7 @@ def main() -> int:
     rows: list[tuple[str, float]] = []
     runners: list[tuple[str, Runner]] = [("bare", Runner(ex, device, args.batch, None, None))]
     debuggers: list[Any] = []
+    folders: dict[str, str] = {}  # configuration -> its dump folder's name
     try:
         agents: list[tuple[str, Any]] = [("probe", probe)]
         if args.baseline:
@@ -305,14 +335,17 @@ def main() -> int:
                         suffix = " torch" if k is None and args.reductions == "both" else ""
                         suffix += f" {writer}" if len(writers) > 1 and mode == "tensor" else ""
                         name = f"{mode}-{level}{suffix.replace(' ', '-')}"
-                        path = os.path.join(tmp, name if tag == "probe" else f"{tag}-{name}")
+                        folder = name if tag == "probe" else f"{tag}-{name}"
+                        path = os.path.join(tmp, folder)
                         own = writer != "auto" and tag == "probe"
                         extra = {"tensor_writer": writer} if own else {}
                         dbg = agent.Debugger(None, dump_path=path, mode=mode, level=level, **extra)
                         debuggers.append(dbg)
+                        label = f"{tag} {mode:<10} {level:<6}{suffix}"
+                        folders[label] = folder
                         runners.append(
                             (
-                                f"{tag} {mode:<10} {level:<6}{suffix}",
+                                label,
                                 _agent_runner(ex, device, args, agent, dbg, k, len(agents) > 1),
                             )
                         )
@@ -320,6 +353,7 @@ def main() -> int:
         if ms is not None:
             runners.append(("msprobe statistics L1", ms))
         dumped: dict[str, int] = {}  # dump folder -> bytes of one step
+        records: dict[str, int] = {}  # dump folder -> op records of one step
         dd_runs: dict[str, list[float]] = {}  # tensor dump folder -> dd's time, per round
         for i in range(args.steps + 1):  # the first round warms caches and allocators
             for _, r in runners:
@@ -333,6 +367,7 @@ def main() -> int:
                             if sub.startswith("step"):
                                 step_dir = os.path.join(tmp, name, sub)
                                 dumped[name] = max(dumped.get(name, 0), _dir_bytes(step_dir))
+                                records[name] = max(records.get(name, 0), _records(step_dir))
                                 shutil.rmtree(step_dir, ignore_errors=True)
             if i > 0:
                 # One dd a round for each size dumped: configurations that dump the same
@@ -348,6 +383,7 @@ def main() -> int:
             if not dbg.enabled:
                 print("warning: a probe configuration disabled itself", file=sys.stderr)
         rows = [(name, r.median()) for name, r in runners]
+        phases = {name: r.phase_medians() for name, r in runners}
         gc_cols = {name: r.gc_summary() for name, r in runners}
         bare = rows[0][1]
         disk = {k: (dumped[k], statistics.median(v)) for k, v in dd_runs.items()}
@@ -364,9 +400,15 @@ def main() -> int:
     )
     print(
         f"{'configuration':<28} {'ms/step':>9} {'ratio':>7} {'mean ms':>9} {'gc ms':>8} {'full':>5}"
+        f" {'records':>8} {'us/rec':>7}"
     )
     for name, t in rows:
-        print(f"{name:<28} {t * 1e3:9.1f} {t / bare:7.2f}x {gc_cols[name]}")
+        # The overhead per op record written: what one captured call costs, whatever the
+        # model (overflow mode writes records only for the ops that overflowed).
+        n = records.get(folders.get(name, ""), 0)
+        per = f"{(t - bare) / n * 1e6:7.1f}" if n else f"{'':>7}"
+        print(f"{name:<28} {t * 1e3:9.1f} {t / bare:7.2f}x {gc_cols[name]} {n or '':>8} {per}")
+    _print_phases(rows, phases)
     for folder, (nbytes, dd) in sorted(disk.items()):
         mode_level = folder.replace("-", " ")
         overhead = next(
@@ -478,6 +520,22 @@ GOALS: dict[tuple[str, str, str, str], tuple[str, float]] = {
     ("transformer", "cpu", "tensor", "mix"): ("4.6x", 2.5),
     ("transformer", "cuda", "statistics", "mix"): ("not measured", 1.2),
 }
+
+
+def _print_phases(
+    rows: list[tuple[str, float]], phases: dict[str, tuple[float, float, float]]
+) -> None:
+    """Where in the step each configuration's overhead lands: forward (with ``start()``),
+    backward, and the optimizer step with ``stop()``, each phase's median against the bare
+    step's. On an accelerator these are host times: the device is waited for only at the
+    step's end, so its time lands in the last phase. (An example step at api level is 33
+    forward calls with their backward records, and 178 calls inside Adam's per-parameter
+    loop: docs/capture.md, "tenth pass".)"""
+    bare = phases[rows[0][0]]
+    print(f"{'overhead by phase, ms':<28} {'forward':>9} {'backward':>9} {'optimizer+stop':>15}")
+    for name, _ in rows[1:]:
+        over = [p - b for p, b in zip(phases[name], bare)]
+        print(f"{name:<28} {over[0] * 1e3:9.1f} {over[1] * 1e3:9.1f} {over[2] * 1e3:15.1f}")
 
 
 def _print_goals(
