@@ -382,8 +382,10 @@ def main() -> int:
                         for sub in os.listdir(os.path.join(tmp, name)):
                             if sub.startswith("step"):
                                 step_dir = os.path.join(tmp, name, sub)
-                                dumped[name] = max(dumped.get(name, 0), _dir_bytes(step_dir))
-                                records[name] = max(records.get(name, 0), _records(step_dir))
+                                if i > 0:  # what the timed steps wrote, not the warm-up's
+                                    nbytes, nrec = _dir_bytes(step_dir), _records(step_dir)
+                                    dumped[name] = max(dumped.get(name, 0), nbytes)
+                                    records[name] = max(records.get(name, 0), nrec)
                                 shutil.rmtree(step_dir, ignore_errors=True)
             if i > 0:
                 # One dd a round for each size dumped: configurations that dump the same

@@ -1,0 +1,94 @@
+"""bench/capture_overhead.py prints what a captured step wrote and where its cost went.
+
+The bench is not a test and its timings are not checked here; what it counts is. The records
+it reports for a configuration must be the op records one captured step of the same
+training loop writes, counted here from a dump of that loop; ``--optimizer-outside`` must
+leave exactly the optimizer's calls out; the phase table must cover every configuration.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import subprocess
+import sys
+from typing import Any
+
+import probe
+import pytest
+import torch
+import torch.nn.functional as F
+
+from conftest import REPO, load_example, probe_bin, read_ops
+
+BENCH = os.path.join(REPO, "bench", "capture_overhead.py")
+
+
+def _bench(*flags: str) -> str:
+    env = dict(os.environ, PROBE_BIN=probe_bin())
+    done = subprocess.run(
+        [sys.executable, BENCH, "--steps", "1", "--threads", "1", "--modes", "statistics"]
+        + ["--levels", "api", *flags],
+        capture_output=True,
+        text=True,
+        timeout=600,
+        env=env,
+        check=False,
+    )
+    assert done.returncode == 0, done.stderr
+    return done.stdout
+
+
+def _row(out: str, first: str) -> list[str]:
+    rows = [line.split() for line in out.splitlines() if line.startswith(first)]
+    assert len(rows) >= 1, out
+    return rows[0]
+
+
+def _records_of_one_step(tmp: Any, optimizer_inside: bool) -> int:
+    """Op records of the second captured step of the bench's loop (the example model, Adam
+    one tensor at a time, batch 16), written by this test's own loop."""
+    ex = load_example()
+    probe.seed_all(0)
+    model = ex.SmallNet()
+    opt = torch.optim.Adam(model.parameters(), lr=1e-3, foreach=False)
+    data = ex.make_data(2, 16, torch.device("cpu"))
+    dump = str(tmp / ("inside" if optimizer_inside else "outside"))
+    dbg = probe.Debugger(None, dump_path=dump, mode="statistics", level="api")
+    for i in range(2):
+        x, y = data[i]
+        dbg.start(model)
+        opt.zero_grad(set_to_none=True)
+        out = model(x)
+        F.cross_entropy(out.reshape(-1, out.shape[-1]), y.reshape(-1)).backward()
+        if not optimizer_inside:
+            dbg.stop()
+        opt.step()
+        if optimizer_inside:
+            dbg.stop()
+        dbg.step()
+    dbg.close()
+    return len(read_ops(os.path.join(dump, "step1", "rank0")))
+
+
+def test_bench_counts_the_records_of_a_captured_step(tmp_path: Any) -> None:
+    whole = _records_of_one_step(tmp_path, optimizer_inside=True)
+    outside = _records_of_one_step(tmp_path, optimizer_inside=False)
+    assert 0 < outside < whole
+
+    out = _bench()
+    row = _row(out, "probe statistics api")
+    # configuration (3 words), ms/step, ratio, mean ms, gc ms, full, records, us/rec
+    assert int(row[8]) == whole
+    ms, bare_ms = float(row[3]), float(_row(out, "bare")[1])
+    # us/rec is the overhead over the records, from unrounded times (ms are printed to 0.1)
+    assert float(row[9]) == pytest.approx((ms - bare_ms) / whole * 1e3, abs=100 / whole + 0.1)
+    phases = _row(out.split("overhead by phase", 1)[1], "probe statistics api")
+    assert len(phases) == 6 and all(re.fullmatch(r"-?\d+\.\d", v) for v in phases[3:])
+    assert "issue 15 goal, small cpu statistics api" in out
+
+    out = _bench("--optimizer-outside")
+    assert int(_row(out, "probe statistics api")[8]) == outside
+    assert "optimizer not captured" in out
+    assert "issue 15 goal" not in out
+
