@@ -41,6 +41,9 @@ over that count): what one captured call costs, comparable across models. A seco
 splits each configuration's overhead by phase of the step: forward (with ``start()``),
 backward, and the optimizer step (with ``stop()``).
 
+Adam steps as PyTorch picks for the device (one tensor at a time on CPU, the multi-tensor
+``_foreach_`` ops on CUDA, which the agent does not hook, as msprobe does not);
+``--optimizer-loop`` forces the per-tensor loop everywhere, as every run before 2026-11-25 did.
 ``--optimizer-outside`` calls ``stop()`` and ``step()`` before ``optimizer.step()`` instead of
 after it, as a user does who leaves the optimizer's ops out of the dump (docs/capture.md,
 "Cost and safety"); the issue's goals, set for a step captured whole, are not judged then.
@@ -188,7 +191,7 @@ class Runner:
         self,
         ex: Any,
         device: torch.device,
-        batch: int,
+        args: Any,
         start: Optional[Callable[[Any], None]],
         stop: Optional[Callable[[], None]],
     ) -> None:
@@ -198,15 +201,18 @@ class Runner:
         self.device = device
         if ex is TRANSFORMER:
             self.model = Transformer().to(device)
-            self.data = transformer_data(batch, device)
+            self.data = transformer_data(args.batch, device)
         else:
             self.model = ex.SmallNet().to(device)
-            self.data = ex.make_data(2, batch, device)
-        self.opt = torch.optim.Adam(self.model.parameters(), lr=1e-3, foreach=False)
+            self.data = ex.make_data(2, args.batch, device)
+        # PyTorch's own choice for the device (None): one tensor at a time on CPU, the
+        # multi-tensor _foreach_ ops on CUDA; --optimizer-loop forces the loop everywhere.
+        foreach = False if args.optimizer_loop else None
+        self.opt = torch.optim.Adam(self.model.parameters(), lr=1e-3, foreach=foreach)
         self.start = start
         self.stop = stop
         #: Stop capturing before the optimizer step (``--optimizer-outside``), not after it.
-        self.stop_first = False
+        self.stop_first: bool = args.optimizer_outside
         self.times: list[float] = []
         #: Per recorded step: seconds of forward (with start()), backward, and the optimizer
         #: step with stop().
@@ -303,6 +309,13 @@ def main() -> int:
         "so that the optimizer's ops are not captured",
     )
     ap.add_argument(
+        "--optimizer-loop",
+        action="store_true",
+        help="Adam one tensor at a time on every device (foreach=False); by default PyTorch "
+        "picks for the device: the loop on CPU, multi-tensor _foreach_ ops on CUDA, which "
+        "the agent does not hook (nor does msprobe)",
+    )
+    ap.add_argument(
         "--baseline",
         metavar="REF",
         help="also time the agent of git ref REF of this checkout (or of a checkout "
@@ -324,7 +337,7 @@ def main() -> int:
         args.batch = 8 if args.model == "transformer" else 16
     tmp = tempfile.mkdtemp(prefix="probe-bench-")
     rows: list[tuple[str, float]] = []
-    runners: list[tuple[str, Runner]] = [("bare", Runner(ex, device, args.batch, None, None))]
+    runners: list[tuple[str, Runner]] = [("bare", Runner(ex, device, args, None, None))]
     debuggers: list[Any] = []
     folders: dict[str, str] = {}  # configuration -> its dump folder's name
     try:
@@ -366,8 +379,6 @@ def main() -> int:
         ms = _msprobe_runner(ex, device, args, tmp)
         if ms is not None:
             runners.append(("msprobe statistics L1", ms))
-        for _, r in runners:
-            r.stop_first = args.optimizer_outside
         dumped: dict[str, int] = {}  # dump folder -> bytes of one step
         records: dict[str, int] = {}  # dump folder -> op records of one step
         dd_runs: dict[str, list[float]] = {}  # tensor dump folder -> dd's time, per round
@@ -412,6 +423,7 @@ def main() -> int:
         f"model {args.model}, device {device}, torch {torch.__version__}, "
         f"threads {torch.get_num_threads()}, "
         f"batch {args.batch}, median of {args.steps} interleaved steps, "
+        + f"Adam {_adam_kind(runners[0][1].opt)}, "
         + ("optimizer not captured, " if args.optimizer_outside else "")
         + f"agent {os.path.dirname(probe.__file__)}, CPU statistics by "
         + ("the native kernel" if kernel is not None else "PyTorch's reductions (no kernel)")
@@ -487,7 +499,7 @@ def _agent_runner(
         if turns and patcher is not None:
             patcher.uninstall()
 
-    return Runner(ex, device, args.batch, start, stop)
+    return Runner(ex, device, args, start, stop)
 
 
 def _load_baseline(ref: str, tmp: str) -> Any:
@@ -542,6 +554,18 @@ GOALS: dict[tuple[str, str, str, str], tuple[str, float]] = {
     ("transformer", "cpu", "tensor", "mix"): ("4.6x", 2.5),
     ("transformer", "cuda", "statistics", "mix"): ("not measured", 1.2),
 }
+
+
+def _adam_kind(opt: Any) -> str:
+    """How the optimizer steps: ``foreach`` as asked, else what PyTorch picks for these
+    parameters (its own rule: multi-tensor on CUDA, a loop on CPU)."""
+    foreach = opt.defaults.get("foreach")
+    if foreach is None:
+        module = importlib.import_module("torch.optim.optimizer")
+        pick = getattr(module, "_default_to_fused_or_foreach", None)
+        params = [p for group in opt.param_groups for p in group["params"]]
+        foreach = bool(pick(params, False, False)[1]) if pick is not None else False
+    return "multi-tensor (_foreach_ ops)" if foreach else "one tensor at a time"
 
 
 def _print_phases(
@@ -622,7 +646,7 @@ def _msprobe_runner(ex: Any, device: torch.device, args: Any, tmp: str) -> Optio
         dbg.stop()
         dbg.step()
 
-    return Runner(ex, device, args.batch, lambda m: dbg.start(m), stop)
+    return Runner(ex, device, args, lambda m: dbg.start(m), stop)
 
 
 if __name__ == "__main__":

@@ -38,4 +38,9 @@ check "cuda-overflow-mode-clean" 0 "$P" scan "$T/ovf_clean" -o "$T/s3"
 check "cuda-tests" 0 "$PY" -m pytest -q -p no:cacheprovider python/tests/test_cuda.py
 "$PY" bench/capture_overhead.py --device cuda --steps 10 2>&1 | tee "$LOG/capture_overhead_cuda.txt" | tail -20
 "$PY" bench/capture_overhead.py --device cuda --model transformer --modes statistics,tensor \
-  --levels mix --steps 4 2>&1 | tee "$LOG/capture_overhead_cuda_transformer.txt" | tail -8
+  --levels mix --steps 4 2>&1 | tee "$LOG/capture_overhead_cuda_transformer.txt" | tail -12
+# The same with Adam's per-tensor loop forced (400 captured calls a step; PyTorch's default on
+# CUDA is the multi-tensor optimizer, whose _foreach_ ops are not hooked): the runs before
+# 2026-11-25 measured this.
+"$PY" bench/capture_overhead.py --device cuda --model transformer --modes statistics --levels mix \
+  --steps 4 --optimizer-loop 2>&1 | tee "$LOG/capture_overhead_cuda_transformer_loop.txt" | tail -12

@@ -46,12 +46,12 @@ def _row(out: str, first: str) -> list[str]:
 
 
 def _records_of_one_step(tmp: Any, optimizer_inside: bool) -> int:
-    """Op records of the second captured step of the bench's loop (the example model, Adam
-    one tensor at a time, batch 16), written by this test's own loop."""
+    """Op records of the second captured step of the bench's loop (the example model,
+    PyTorch's default Adam, batch 16), written by this test's own loop."""
     ex = load_example()
     probe.seed_all(0)
     model = ex.SmallNet()
-    opt = torch.optim.Adam(model.parameters(), lr=1e-3, foreach=False)
+    opt = torch.optim.Adam(model.parameters(), lr=1e-3)  # on CPU: one tensor at a time
     data = ex.make_data(2, 16, torch.device("cpu"))
     dump = str(tmp / ("inside" if optimizer_inside else "outside"))
     dbg = probe.Debugger(None, dump_path=dump, mode="statistics", level="api")
