@@ -574,9 +574,9 @@ def _print_phases(
     """Where in the step each configuration's overhead lands: forward (with ``start()``),
     backward, and the optimizer step with ``stop()``, each phase's median against the bare
     step's. On an accelerator these are host times: the device is waited for only at the
-    step's end, so its time lands in the last phase. (An example step at api level is 33
-    forward calls with their backward records, and 178 calls inside Adam's per-parameter
-    loop: docs/capture.md, "tenth pass".)"""
+    step's end, so its time lands in the last phase. (An example step at api level is 35
+    forward calls, 33 backward records, and 176 calls inside Adam's per-parameter loop:
+    docs/capture.md, "tenth pass".)"""
     bare = phases[rows[0][0]]
     print(f"{'overhead by phase, ms':<28} {'forward':>9} {'backward':>9} {'optimizer+stop':>15}")
     for name, _ in rows[1:]:
