@@ -3,7 +3,7 @@
 The bench is not a test and its timings are not checked here; what it counts is. The records
 it reports for a configuration must be the op records one captured step of the same
 training loop writes, counted here from a dump of that loop; ``--optimizer-outside`` must
-leave exactly the optimizer's calls out; the phase table must cover every configuration.
+leave exactly the optimizer's calls out; the phase table must have the configuration's row.
 """
 
 from __future__ import annotations
