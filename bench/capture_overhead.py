@@ -120,25 +120,20 @@ def transformer_data(
     ]
 
 
-def _dir_bytes(path: str) -> int:
-    total = 0
+def _step_size(path: str) -> tuple[int, int]:
+    """Bytes in a step folder of a dump, and its op records (the lines of its ``ops.jsonl``
+    files), in one walk."""
+    nbytes = records = 0
     for root, _, files in os.walk(path):
         for f in files:
             try:
-                total += os.path.getsize(os.path.join(root, f))
+                nbytes += os.path.getsize(os.path.join(root, f))
             except OSError:
                 pass
-    return total
-
-
-def _records(path: str) -> int:
-    """Op records in a step folder of a probe dump (the lines of its ``ops.jsonl`` files)."""
-    total = 0
-    for root, _, files in os.walk(path):
         if "ops.jsonl" in files:
-            with open(os.path.join(root, "ops.jsonl"), "rb") as f:
-                total += sum(1 for _ in f)
-    return total
+            with open(os.path.join(root, "ops.jsonl"), "rb") as fh:
+                records += sum(1 for _ in fh)
+    return nbytes, records
 
 
 def _dd_seconds(folder: str, nbytes: int) -> float:
@@ -249,13 +244,9 @@ class Runner:
     def median(self) -> float:
         return statistics.median(self.times)
 
-    def phase_medians(self) -> tuple[float, float, float]:
+    def phase_medians(self) -> tuple[float, ...]:
         """Median forward, backward and optimizer-step seconds (each phase's own median)."""
-        return (
-            statistics.median(p[0] for p in self.phases),
-            statistics.median(p[1] for p in self.phases),
-            statistics.median(p[2] for p in self.phases),
-        )
+        return tuple(statistics.median(p) for p in zip(*self.phases))
 
     def gc_summary(self) -> str:
         """Mean step, and the collector's share of it."""
@@ -394,7 +385,7 @@ def main() -> int:
                             if sub.startswith("step"):
                                 step_dir = os.path.join(tmp, name, sub)
                                 if i > 0:  # what the timed steps wrote, not the warm-up's
-                                    nbytes, nrec = _dir_bytes(step_dir), _records(step_dir)
+                                    nbytes, nrec = _step_size(step_dir)
                                     dumped[name] = max(dumped.get(name, 0), nbytes)
                                     records[name] = max(records.get(name, 0), nrec)
                                 shutil.rmtree(step_dir, ignore_errors=True)
@@ -563,14 +554,14 @@ def _adam_kind(opt: Any) -> str:
     if foreach is None:
         module = importlib.import_module("torch.optim.optimizer")
         pick = getattr(module, "_default_to_fused_or_foreach", None)
+        if pick is None:
+            return "as PyTorch picks for the device"
         params = [p for group in opt.param_groups for p in group["params"]]
-        foreach = bool(pick(params, False, False)[1]) if pick is not None else False
+        foreach = bool(pick(params, False, False)[1])
     return "multi-tensor (_foreach_ ops)" if foreach else "one tensor at a time"
 
 
-def _print_phases(
-    rows: list[tuple[str, float]], phases: dict[str, tuple[float, float, float]]
-) -> None:
+def _print_phases(rows: list[tuple[str, float]], phases: dict[str, tuple[float, ...]]) -> None:
     """Where in the step each configuration's overhead lands: forward (with ``start()``),
     backward, and the optimizer step with ``stop()``, each phase's median against the bare
     step's. On an accelerator these are host times: the device is waited for only at the
