@@ -44,6 +44,12 @@ backward, and the optimizer step (with ``stop()``).
 Adam steps as PyTorch picks for the device (one tensor at a time on CPU, the multi-tensor
 ``_foreach_`` ops on CUDA, which the agent does not hook, as msprobe does not);
 ``--optimizer-loop`` forces the per-tensor loop everywhere, as every run before 2026-11-25 did.
+``--floor`` also times, in the same run, three floors of API-level capture
+(``bench/floor_agent.py``): the agent's wrappers with a call count, then every tensor's facts
+and statistics, then gradient hooks. The records column of a floor is the calls it counted (an
+agent's forward records); the lines after the tables say what share of the agent's overhead each
+floor costs, which is as low as any implementation of the same records could go.
+
 ``--optimizer-outside`` calls ``stop()`` and ``step()`` before ``optimizer.step()`` instead of
 after it, as a user does who leaves the optimizer's ops out of the dump (docs/capture.md,
 "Cost and safety"); the issue's goals, set for a step captured whole, are not judged then.
@@ -307,6 +313,12 @@ def main() -> int:
         "the agent does not hook (nor does msprobe)",
     )
     ap.add_argument(
+        "--floor",
+        action="store_true",
+        help="also time the floors of API-level capture (bench/floor_agent.py: the wrappers "
+        "alone; with every tensor's facts and statistics; with gradient hooks) in the same run",
+    )
+    ap.add_argument(
         "--baseline",
         metavar="REF",
         help="also time the agent of git ref REF of this checkout (or of a checkout "
@@ -367,15 +379,27 @@ def main() -> int:
                                 _agent_runner(ex, device, args, agent, dbg, k, len(agents) > 1),
                             )
                         )
+        floors: dict[str, Any] = {}  # configuration -> its FloorAgent
+        if args.floor:
+            from floor_agent import LEVELS, FloorAgent
+
+            for level, what in LEVELS:
+                floor = FloorAgent(level, kernel)
+                label = f"floor {what}"
+                floors[label] = floor
+                runners.append((label, Runner(ex, device, args, floor.start, floor.stop)))
         ms = _msprobe_runner(ex, device, args, tmp)
         if ms is not None:
             runners.append(("msprobe statistics L1", ms))
         dumped: dict[str, int] = {}  # dump folder -> bytes of one step
-        records: dict[str, int] = {}  # dump folder -> op records of one step
+        # dump folder -> op records of one step; a floor's configuration -> the calls it counted
+        records: dict[str, int] = {}
         dd_runs: dict[str, list[float]] = {}  # tensor dump folder -> dd's time, per round
         for i in range(args.steps + 1):  # the first round warms caches and allocators
-            for _, r in runners:
+            for label, r in runners:
                 r.step(record=i > 0)
+                if label in floors and i > 0:
+                    records[label] = max(records.get(label, 0), floors[label].calls)
                 # Keep the disk from filling with dumps (only the timing matters here), and
                 # each configuration from meeting the last one's unwritten pages: once a few
                 # GB wait in the page cache, the kernel makes every writer wait for the disk.
@@ -427,10 +451,17 @@ def main() -> int:
     for name, t in rows:
         # The overhead per op record written: what one captured call costs, whatever the
         # model (overflow mode writes records only for the ops that overflowed).
-        n = records.get(folders.get(name, ""), 0)
+        n = records.get(folders.get(name, name), 0)
         per = f"{(t - bare) / n * 1e6:7.1f}" if n else f"{'':>7}"
         print(f"{name:<28} {t * 1e3:9.1f} {t / bare:7.2f}x {gc_cols[name]} {n or '':>8} {per}")
     _print_phases(rows, phases)
+    agent = next((t for n, t in rows if n.split() == ["probe", "statistics", "api"]), None)
+    for name, t in rows:
+        if name.startswith("floor ") and agent is not None:
+            print(
+                f"{name}: {(t - bare) / max(agent - bare, 1e-9):.0%} of the overhead of "
+                "probe statistics api"
+            )
     for folder, (nbytes, dd) in sorted(disk.items()):
         mode_level = folder.replace("-", " ")
         overhead = next(

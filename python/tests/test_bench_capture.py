@@ -45,7 +45,7 @@ def _row(out: str, first: str) -> list[str]:
     return rows[0]
 
 
-def _records_of_one_step(tmp: Any, optimizer_inside: bool) -> int:
+def _ops_of_one_step(tmp: Any, optimizer_inside: bool) -> list[dict[str, Any]]:
     """Op records of the second captured step of the bench's loop (the example model,
     PyTorch's default Adam, batch 16), written by this test's own loop."""
     ex = load_example()
@@ -68,7 +68,11 @@ def _records_of_one_step(tmp: Any, optimizer_inside: bool) -> int:
             dbg.stop()
         dbg.step()
     dbg.close()
-    return len(read_ops(os.path.join(dump, "step1", "rank0")))
+    return read_ops(os.path.join(dump, "step1", "rank0"))
+
+
+def _records_of_one_step(tmp: Any, optimizer_inside: bool) -> int:
+    return len(_ops_of_one_step(tmp, optimizer_inside))
 
 
 def test_bench_counts_the_records_of_a_captured_step(tmp_path: Any) -> None:
@@ -92,3 +96,22 @@ def test_bench_counts_the_records_of_a_captured_step(tmp_path: Any) -> None:
     assert "optimizer not captured" in out
     assert "issue 15 goal" not in out
 
+
+
+def test_bench_floors_count_the_calls_the_agent_records(tmp_path: Any) -> None:
+    """``--floor``: each floor goes through the agent's own wrappers and counts every call
+    the agent would record, so its count is the forward records of a captured step; the
+    floors' shares of the agent's overhead are printed."""
+    ops = _ops_of_one_step(tmp_path, optimizer_inside=True)
+    forward = sum(1 for op in ops if op["direction"] == "forward")
+    assert 0 < forward < len(ops)
+
+    out = _bench("--floor")
+    # the agent's row is unchanged by the floors timed beside it
+    assert int(_row(out, "probe statistics api")[8]) == len(ops)
+    for what in ("wrappers", "facts", "hooks"):
+        row = _row(out, f"floor {what}")
+        # configuration (2 words), ms/step, ratio, mean ms, gc ms, full, records, us/rec
+        assert int(row[7]) == forward, what
+        # a share, not checked: one step is too few to time (it may even be negative)
+        assert re.search(rf"^floor {what}: -?\d+% of the overhead of probe statistics api$", out, re.M)

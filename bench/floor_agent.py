@@ -1,0 +1,140 @@
+"""The floor of API-level capture: the least work any agent writing probe's records must do
+per call, for ``bench/capture_overhead.py --floor``. Not an agent: it writes nothing
+readable, and it leaves out what the records need beyond the tensors' facts.
+
+Why: the agent's Python per call is spread over many small pieces (docs/capture.md, "Issue
+15, tenth pass"), and compiling it unchanged gained nothing ("eleventh pass"). A native
+per-call path can only remove what lies above a floor that no implementation escapes. These
+are the three floors, each timed in the same run as the agent:
+
+1. ``wrappers``: the agent's own wrappers on every API of its list (``api.PATCHER``, which
+   routes a call to whichever capture is ``api.DISPATCH.current``: the floor, while it runs),
+   and a handler that counts each call per API. Every record needs this count for its key.
+2. ``facts``: the wrappers, plus for every tensor argument and result, what a record reads
+   of a tensor however it is written:
+   - dtype, shape, element count, storage address, version and identity;
+   - statistics by the probe binary's one-pass kernel (contiguous float32 and bfloat16;
+     one read for a single element);
+   - one tuple per call kept until ``stop()``, then serialised by orjson once.
+3. ``hooks``: the facts, plus a gradient hook on each result that requires grad, which takes
+   the same facts of the gradient (the input side of a backward record).
+
+What the floor leaves out, and the agent does: the names of the tensors and the JSON record
+of each; the dataflow links (``src``/``id``) and the statistics reused through them; the
+stack of each call; the autograd aliases of the inputs, which bring their gradients to the
+backward record; and PyTorch's reductions for the dtypes the kernel does not read (the
+example's integer targets). The gap between a floor and the agent is what a native per-call
+path could win at most.
+"""
+
+from __future__ import annotations
+
+import functools
+from typing import Any, Callable, Optional
+
+import orjson
+import torch
+
+from probe.capture.api import DISPATCH, PATCHER, tls
+from probe.capture.stats import DTYPE_NAMES
+
+#: (level, name) of each floor, in the order of the module doc.
+LEVELS = ((1, "wrappers"), (2, "facts"), (3, "hooks"))
+
+Facts = tuple[Any, ...]
+
+
+class FloorAgent:
+    """One floor, started and stopped around a step as a Debugger is."""
+
+    def __init__(self, level: int, kernels: Optional[dict[torch.dtype, Any]]) -> None:
+        import ctypes
+
+        self.level = level
+        self._kernels = kernels or {}
+        self._out = (ctypes.c_double * 4)()
+        self._calls: dict[str, int] = {}
+        self._kept: list[tuple[Any, ...]] = []
+        #: Calls counted in the last step stopped: the forward records an agent writes.
+        self.calls = 0
+        #: Bytes of the last step's serialised tuples (kept so the work is not optimised away).
+        self.written = 0
+
+    def start(self, model: Any) -> None:
+        PATCHER.install()  # once: the wrappers stay between steps, as the agent leaves them
+        DISPATCH.current = self  # type: ignore[assignment]
+        tls.active = True
+
+    def stop(self) -> None:
+        tls.active = False
+        DISPATCH.current = None
+        self.calls = sum(self._calls.values())
+        self.written = len(orjson.dumps(self._kept))
+        self._kept = []
+        self._calls = {}
+
+    def _facts(self, t: torch.Tensor) -> Facts:
+        dt = t.dtype
+        n = t.numel()
+        stats: Optional[list[float]] = None
+        kernel = self._kernels.get(dt)
+        if n == 1:
+            v = float(t.item())
+            stats = [v, v, v, abs(v)]
+        elif kernel is not None and n and t.is_contiguous():
+            if kernel(t.data_ptr(), n, self._out):
+                stats = self._out[:]
+        return (
+            DTYPE_NAMES.get(dt, ""),
+            tuple(t.shape),
+            n,
+            t.untyped_storage().data_ptr(),
+            t._version,
+            id(t),
+            stats,
+        )
+
+    def _tensors(self, args: tuple[Any, ...], kwargs: dict[str, Any]) -> list[Facts]:
+        facts = self._facts
+        out = []
+        for a in (*args, *kwargs.values()):
+            if isinstance(a, torch.Tensor):
+                out.append(facts(a))
+            elif type(a) in (list, tuple):
+                out.extend(facts(x) for x in a if isinstance(x, torch.Tensor))
+        return out
+
+    def call(
+        self,
+        orig: Callable[..., Any],
+        api: str,
+        inplace: bool,
+        args: tuple[Any, ...],
+        kwargs: dict[str, Any],
+    ) -> Any:
+        tls.active = False
+        try:
+            calls = self._calls
+            n = calls.get(api, 0)
+            calls[api] = n + 1
+            if self.level < 2:
+                return orig(*args, **kwargs)
+            ins = self._tensors(args, kwargs)
+            out = orig(*args, **kwargs)
+            results = out if type(out) in (list, tuple) else (out,)
+            outs = [self._facts(o) for o in results if isinstance(o, torch.Tensor)]
+            if self.level >= 3 and torch.is_grad_enabled():
+                for o in results:
+                    if isinstance(o, torch.Tensor) and o.requires_grad and o.grad_fn is not None:
+                        o.register_hook(functools.partial(self._gradient, api, n))
+            self._kept.append((api, n, ins, outs))
+            return out
+        finally:
+            tls.active = True
+
+    def _gradient(self, api: str, n: int, g: torch.Tensor) -> None:
+        active, tls.active = tls.active, False  # the hook's own calls are not the model's
+        try:
+            self._kept.append((api, n, self._facts(g)))
+        finally:
+            tls.active = active
