@@ -384,7 +384,7 @@ def main() -> int:
             from floor_agent import LEVELS, FloorAgent
 
             for level, what in LEVELS:
-                floor = FloorAgent(level, kernel)
+                floor = FloorAgent(level, kernel, turns=len(agents) > 1)
                 label = f"floor {what}"
                 floors[label] = floor
                 runners.append((label, Runner(ex, device, args, floor.start, floor.stop)))

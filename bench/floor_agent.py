@@ -14,7 +14,8 @@ are the three floors, each timed in the same run as the agent:
    of a tensor however it is written:
    - dtype, shape, element count, storage address, version and identity;
    - statistics by the probe binary's one-pass kernel (contiguous float32 and bfloat16;
-     one read for a single element);
+     one read for a single element), on the CPU only: on an accelerator this floor takes
+     none, so it is a lower floor there than the agent's device-side statistics;
    - one tuple per call kept until ``stop()``, then serialised by orjson once.
 3. ``hooks``: the facts, plus a gradient hook on each result that requires grad, which takes
    the same facts of the gradient (the input side of a backward record).
@@ -47,10 +48,15 @@ Facts = tuple[Any, ...]
 class FloorAgent:
     """One floor, started and stopped around a step as a Debugger is."""
 
-    def __init__(self, level: int, kernels: Optional[dict[torch.dtype, Any]]) -> None:
+    def __init__(
+        self, level: int, kernels: Optional[dict[torch.dtype, Any]], turns: bool = False
+    ) -> None:
+        """``turns``: other agents' wrappers take turns with this checkout's (``--baseline``),
+        so the wrappers come out at ``stop()``, as the agents' then do."""
         import ctypes
 
         self.level = level
+        self._turns = turns
         self._kernels = kernels or {}
         self._out = (ctypes.c_double * 4)()
         self._calls: dict[str, int] = {}
@@ -68,6 +74,8 @@ class FloorAgent:
     def stop(self) -> None:
         tls.active = False
         DISPATCH.current = None
+        if self._turns:
+            PATCHER.uninstall()
         self.calls = sum(self._calls.values())
         self.written = len(orjson.dumps(self._kept))
         self._kept = []
@@ -77,13 +85,14 @@ class FloorAgent:
         dt = t.dtype
         n = t.numel()
         stats: Optional[list[float]] = None
-        kernel = self._kernels.get(dt)
-        if n == 1:
-            v = float(t.item())
-            stats = [v, v, v, abs(v)]
-        elif kernel is not None and n and t.is_contiguous():
-            if kernel(t.data_ptr(), n, self._out):
-                stats = self._out[:]
+        if t.is_cpu:  # an accelerator's tensor is not read: no host sync, no statistics
+            kernel = self._kernels.get(dt)
+            if n == 1:
+                v = float(t.item())
+                stats = [v, v, v, abs(v)]
+            elif kernel is not None and n and t.is_contiguous():
+                if kernel(t.data_ptr(), n, self._out):
+                    stats = self._out[:]
         return (
             DTYPE_NAMES.get(dt, ""),
             tuple(t.shape),
