@@ -17,15 +17,16 @@ are the three floors, each timed in the same run as the agent:
      one read for a single element), on the CPU only: on an accelerator this floor takes
      none, so it is a lower floor there than the agent's device-side statistics;
    - one tuple per call kept until ``stop()``, then serialised by orjson once.
-3. ``hooks``: the facts, plus a gradient hook on each result that requires grad, which takes
-   the same facts of the gradient (the input side of a backward record).
+3. ``hooks``: the facts, plus a gradient hook on each result that requires grad, and on an
+   autograd alias of each top-level input that requires grad (what the agent does so that
+   the input's gradient reaches the backward record); a hook takes the same facts of its
+   gradient.
 
 What the floor leaves out, and the agent does: the names of the tensors and the JSON record
 of each; the dataflow links (``src``/``id``) and the statistics reused through them; the
-stack of each call; the autograd aliases of the inputs, which bring their gradients to the
-backward record; and PyTorch's reductions for the dtypes the kernel does not read (the
-example's integer targets). The gap between a floor and the agent is what a native per-call
-path could win at most.
+stack of each call; the aliases of inputs nested in lists; and PyTorch's reductions for the
+dtypes the kernel does not read (the example's integer targets). The gap between a floor and
+the agent is what a native per-call path could win at most.
 """
 
 from __future__ import annotations
@@ -36,7 +37,7 @@ from typing import Any, Callable, Optional
 import orjson
 import torch
 
-from probe.capture.api import DISPATCH, PATCHER, tls
+from probe.capture.api import DISPATCH, PATCHER, tls, view_as
 from probe.capture.stats import DTYPE_NAMES
 
 #: (level, name) of each floor, in the order of the module doc.
@@ -129,6 +130,8 @@ class FloorAgent:
             if self.level < 2:
                 return orig(*args, **kwargs)
             ins = self._tensors(args, kwargs)
+            if self.level >= 3 and torch.is_grad_enabled():
+                args = tuple(self._alias(a, api, n, inplace and i == 0) for i, a in enumerate(args))
             out = orig(*args, **kwargs)
             results = out if type(out) in (list, tuple) else (out,)
             outs = [self._facts(o) for o in results if isinstance(o, torch.Tensor)]
@@ -140,6 +143,16 @@ class FloorAgent:
             return out
         finally:
             tls.active = True
+
+    def _alias(self, a: Any, api: str, n: int, written: bool) -> Any:
+        """An input that requires grad, as an autograd alias with a hook: the only way its
+        gradient reaches the op's backward record (the agent's way, ``api.ApiCapture._pre``).
+        An input the op writes in place keeps its object."""
+        if written or not isinstance(a, torch.Tensor) or not a.requires_grad:
+            return a
+        alias = view_as(a, a)
+        alias.register_hook(functools.partial(self._gradient, api, n))
+        return alias
 
     def _gradient(self, api: str, n: int, g: torch.Tensor) -> None:
         active, tls.active = tls.active, False  # the hook's own calls are not the model's
