@@ -64,7 +64,7 @@ class FloorAgent:
         self._kept: list[tuple[Any, ...]] = []
         #: Calls counted in the last step stopped: the forward records an agent writes.
         self.calls = 0
-        #: Bytes of the last step's serialised tuples (kept so the work is not optimised away).
+        #: Bytes of the last step's serialised tuples: their writing, which stop() times.
         self.written = 0
 
     def start(self, model: Any) -> None:

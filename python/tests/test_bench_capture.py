@@ -97,7 +97,6 @@ def test_bench_counts_the_records_of_a_captured_step(tmp_path: Any) -> None:
     assert "issue 15 goal" not in out
 
 
-
 def test_bench_floors_count_the_calls_the_agent_records(tmp_path: Any) -> None:
     """``--floor``: each floor goes through the agent's own wrappers and counts every call
     the agent would record, so its count is the forward records of a captured step; the
