@@ -455,11 +455,11 @@ def main() -> int:
         per = f"{(t - bare) / n * 1e6:7.1f}" if n else f"{'':>7}"
         print(f"{name:<28} {t * 1e3:9.1f} {t / bare:7.2f}x {gc_cols[name]} {n or '':>8} {per}")
     _print_phases(rows, phases)
-    agent = next((t for n, t in rows if n.split() == ["probe", "statistics", "api"]), None)
+    probe_api = next((t for n, t in rows if n.split() == ["probe", "statistics", "api"]), None)
     for name, t in rows:
-        if name.startswith("floor ") and agent is not None:
+        if name.startswith("floor ") and probe_api is not None:
             print(
-                f"{name}: {(t - bare) / max(agent - bare, 1e-9):.0%} of the overhead of "
+                f"{name}: {(t - bare) / max(probe_api - bare, 1e-9):.0%} of the overhead of "
                 "probe statistics api"
             )
     for folder, (nbytes, dd) in sorted(disk.items()):

@@ -64,8 +64,6 @@ class FloorAgent:
         self._kept: list[tuple[Any, ...]] = []
         #: Calls counted in the last step stopped: the forward records an agent writes.
         self.calls = 0
-        #: Bytes of the last step's serialised tuples: their writing, which stop() times.
-        self.written = 0
 
     def start(self, model: Any) -> None:
         PATCHER.install()  # once: the wrappers stay between steps, as the agent leaves them
@@ -78,7 +76,7 @@ class FloorAgent:
         if self._turns:
             PATCHER.uninstall()
         self.calls = sum(self._calls.values())
-        self.written = len(orjson.dumps(self._kept))
+        orjson.dumps(self._kept)  # the writing an agent does, timed with the step
         self._kept = []
         self._calls = {}
 
@@ -130,12 +128,13 @@ class FloorAgent:
             if self.level < 2:
                 return orig(*args, **kwargs)
             ins = self._tensors(args, kwargs)
-            if self.level >= 3 and torch.is_grad_enabled():
+            hooks = self.level >= 3 and torch.is_grad_enabled()
+            if hooks:
                 args = tuple(self._alias(a, api, n, inplace and i == 0) for i, a in enumerate(args))
             out = orig(*args, **kwargs)
             results = out if type(out) in (list, tuple) else (out,)
             outs = [self._facts(o) for o in results if isinstance(o, torch.Tensor)]
-            if self.level >= 3 and torch.is_grad_enabled():
+            if hooks:
                 for o in results:
                     if isinstance(o, torch.Tensor) and o.requires_grad and o.grad_fn is not None:
                         o.register_hook(functools.partial(self._gradient, api, n))

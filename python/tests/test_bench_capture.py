@@ -71,13 +71,9 @@ def _ops_of_one_step(tmp: Any, optimizer_inside: bool) -> list[dict[str, Any]]:
     return read_ops(os.path.join(dump, "step1", "rank0"))
 
 
-def _records_of_one_step(tmp: Any, optimizer_inside: bool) -> int:
-    return len(_ops_of_one_step(tmp, optimizer_inside))
-
-
 def test_bench_counts_the_records_of_a_captured_step(tmp_path: Any) -> None:
-    whole = _records_of_one_step(tmp_path, optimizer_inside=True)
-    outside = _records_of_one_step(tmp_path, optimizer_inside=False)
+    whole = len(_ops_of_one_step(tmp_path, optimizer_inside=True))
+    outside = len(_ops_of_one_step(tmp_path, optimizer_inside=False))
     assert 0 < outside < whole
 
     out = _bench()
