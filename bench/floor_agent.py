@@ -61,8 +61,11 @@ class FloorAgent:
         self._kernels = kernels or {}
         self._out = (ctypes.c_double * 4)()
         self._calls: dict[str, int] = {}
+        self._returned = 0  # calls that returned: a call that raises writes no record
         self._kept: list[tuple[Any, ...]] = []
-        #: Calls counted in the last step stopped: the forward records an agent writes.
+        #: Calls that returned in the last step stopped: the forward records an agent writes
+        #: (a call that raises, as a checkpoint's recompute does when it stops early, has
+        #: taken its number but writes nothing).
         self.calls = 0
 
     def start(self, model: Any) -> None:
@@ -75,10 +78,11 @@ class FloorAgent:
         DISPATCH.current = None
         if self._turns:
             PATCHER.uninstall()
-        self.calls = sum(self._calls.values())
+        self.calls = self._returned
         orjson.dumps(self._kept)  # the writing an agent does, timed with the step
         self._kept = []
         self._calls = {}
+        self._returned = 0
 
     def _facts(self, t: torch.Tensor) -> Facts:
         dt = t.dtype
@@ -126,7 +130,9 @@ class FloorAgent:
             n = calls.get(api, 0)
             calls[api] = n + 1
             if self.level < 2:
-                return orig(*args, **kwargs)
+                out = orig(*args, **kwargs)
+                self._returned += 1
+                return out
             ins = self._tensors(args, kwargs)
             hooks = self.level >= 3 and torch.is_grad_enabled()
             if hooks:
@@ -139,6 +145,7 @@ class FloorAgent:
                     if isinstance(o, torch.Tensor) and o.requires_grad and o.grad_fn is not None:
                         o.register_hook(functools.partial(self._gradient, api, n))
             self._kept.append((api, n, ins, outs))
+            self._returned += 1
             return out
         finally:
             tls.active = True

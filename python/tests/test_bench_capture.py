@@ -110,3 +110,45 @@ def test_bench_floors_count_the_calls_the_agent_records(tmp_path: Any) -> None:
         assert int(row[7]) == forward, what
         # a share, not checked: one step is too few to time (it may even be negative)
         assert re.search(rf"^floor {what}: -?\d+% of the overhead of probe statistics api$", out, re.M)
+
+
+def test_floor_counts_what_a_checkpointed_step_records(tmp_path: Any) -> None:
+    """Under activation checkpointing PyTorch stops the recompute early by raising inside
+    the first call it no longer needs: that call has its number but no record, and the
+    floor must not count it either (the agent's records and the floor's count agree on the
+    example's recomputed block, with SDPA and a hand-written RMSNorm)."""
+    sys.path.insert(0, os.path.join(REPO, "bench"))
+    try:
+        from floor_agent import FloorAgent
+    finally:
+        sys.path.remove(os.path.join(REPO, "bench"))
+    from probe.capture import stats
+
+    ex = load_example()
+    counts = []
+    for agent in ("probe", "floor"):
+        probe.seed_all(0)
+        model = ex.SmallNet(checkpoint=True, attention="sdpa", norm="rms-manual")
+        opt = torch.optim.Adam(model.parameters(), lr=1e-3)
+        x, y = ex.make_data(1, 16, torch.device("cpu"))[0]
+        if agent == "probe":
+            dbg = probe.Debugger(None, dump_path=str(tmp_path), mode="statistics", level="api")
+            start, stop = dbg.start, dbg.stop
+        else:
+            stats.use_native()
+            floor = FloorAgent(3, stats.NATIVE)
+            start, stop = floor.start, floor.stop
+        start(model)
+        opt.zero_grad(set_to_none=True)
+        out = model(x)
+        F.cross_entropy(out.reshape(-1, out.shape[-1]), y.reshape(-1)).backward()
+        opt.step()
+        stop()
+        if agent == "probe":
+            dbg.close()
+            ops = read_ops(os.path.join(str(tmp_path), "step0", "rank0"))
+            assert any(op["recompute"] for op in ops)
+            counts.append(sum(1 for op in ops if op["direction"] == "forward"))
+        else:
+            counts.append(floor.calls)
+    assert counts[0] == counts[1]
