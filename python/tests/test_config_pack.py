@@ -36,7 +36,11 @@ def train(tmp_path: Path, steps: int = 2, **kw: Any) -> probe.ConfigPack:
     torch.manual_seed(5)
     model = nn.Sequential(nn.Linear(4, 3), nn.Dropout(0.1), nn.Linear(3, 2))
     opt = torch.optim.SGD(model.parameters(), lr=0.1, momentum=0.9)
-    scaler = torch.amp.GradScaler("cpu", enabled=False)
+    # torch.amp.GradScaler came with torch 2.3; before it, the CUDA one (disabled: no GPU).
+    if hasattr(torch.amp, "GradScaler"):
+        scaler = torch.amp.GradScaler("cpu", enabled=False)
+    else:
+        scaler = torch.cuda.amp.GradScaler(enabled=False)
     pack.capture(model=model, optimizer=opt, args={"lr": 0.1}, scaler=scaler)
     for _ in range(steps + 1):
         x = torch.randn(5, 4)
@@ -88,6 +92,36 @@ def test_capture_writes_every_section(tmp_path: Path, monkeypatch: pytest.Monkey
     assert hp["optimizer"]["param_groups"][0]["momentum"] == 0.9
     assert "params" not in hp["optimizer"]["param_groups"][0]
     assert hp["scaler"]["enabled"] is False
+
+
+def test_autocast_flags_on_every_torch(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Autocast's state is recorded the same way by torch >= 2.4 (one function taking the
+    device) and by older torch (one function per device), so that packs of two versions
+    compare."""
+    from probe.config_pack.determinism import collect_determinism
+
+    def flags() -> Dict[str, Any]:
+        got = collect_determinism()["flags"]
+        return {k: v for k, v in got.items() if k.startswith("autocast.")}
+
+    want = {
+        "autocast.cpu.enabled": True,
+        "autocast.cpu.dtype": "bfloat16",
+        "autocast.cuda.enabled": False,
+        "autocast.cuda.dtype": "float16",
+    }
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        assert flags() == want
+        if hasattr(torch, "get_autocast_dtype"):
+            # As torch 2.1-2.3 has it, answering from this torch's state.
+            enabled, dtype = torch.is_autocast_enabled, torch.get_autocast_dtype
+            with monkeypatch.context() as m:
+                m.delattr(torch, "get_autocast_dtype")
+                m.setattr(torch, "is_autocast_enabled", lambda: enabled("cuda"))
+                m.setattr(torch, "is_autocast_cpu_enabled", lambda: enabled("cpu"), raising=False)
+                m.setattr(torch, "get_autocast_cpu_dtype", lambda: dtype("cpu"), raising=False)
+                m.setattr(torch, "get_autocast_gpu_dtype", lambda: dtype("cuda"), raising=False)
+                assert flags() == want
 
 
 def test_pack_matches_schema(tmp_path: Path) -> None:

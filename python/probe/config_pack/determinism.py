@@ -49,11 +49,28 @@ def collect_determinism() -> dict[str, Any]:
     put("torch.backends.mkldnn.enabled", lambda: torch.backends.mkldnn.enabled)
     put("torch.get_num_threads", torch.get_num_threads)
     for dev in ("cpu", "cuda"):
-        put(f"autocast.{dev}.enabled", functools.partial(torch.is_autocast_enabled, dev))
-        put(f"autocast.{dev}.dtype", functools.partial(torch.get_autocast_dtype, dev))
+        put(f"autocast.{dev}.enabled", functools.partial(_autocast_enabled, torch, dev))
+        put(f"autocast.{dev}.dtype", functools.partial(_autocast_dtype, torch, dev))
     if "torch_npu" in sys.modules:
         npu: Any = getattr(torch, "npu", None)  # added by torch_npu; a missing flag is skipped
         put("torch.npu.matmul.allow_hf32", lambda: npu.matmul.allow_hf32)
         put("torch.npu.conv.allow_hf32", lambda: npu.conv.allow_hf32)
         put("autocast.npu.enabled", lambda: torch.is_autocast_enabled("npu"))
     return {"flags": flags}
+
+
+# Autocast's state by device: torch >= 2.4 takes the device as an argument; before it, one
+# function per device (the GPU's named "gpu", without an argument). Both are read, so that
+# packs of two torch versions record the same flags.
+
+
+def _autocast_enabled(torch: Any, dev: str) -> bool:
+    if hasattr(torch, "get_autocast_dtype"):  # the device-argument API came with it (2.4)
+        return bool(torch.is_autocast_enabled(dev))
+    return bool(torch.is_autocast_cpu_enabled() if dev == "cpu" else torch.is_autocast_enabled())
+
+
+def _autocast_dtype(torch: Any, dev: str) -> Any:
+    if hasattr(torch, "get_autocast_dtype"):
+        return torch.get_autocast_dtype(dev)
+    return torch.get_autocast_cpu_dtype() if dev == "cpu" else torch.get_autocast_gpu_dtype()
