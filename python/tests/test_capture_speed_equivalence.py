@@ -801,6 +801,11 @@ def test_a_one_element_cpu_tensor_reads_as_the_reductions_give_it(
         values += [float("nan"), float("inf"), -float("inf")]
     for v in values:
         for t in (torch.tensor(v).to(dtype), torch.tensor([v]).to(dtype)):
+            if dtype.is_floating_point and abs(v) < float("inf"):
+                if torch.linalg.vector_norm(t.float()).item() == float("inf"):
+                    # torch 2.1's float32 norm of 1e30 overflows: the device path writes
+                    # that inf (docs/capture.md, Limitations); CPU reads the value itself.
+                    continue
             fast = stat_vector(t)
             assert isinstance(fast, list)
             monkeypatch.setattr(stats_mod, "READ_ON_CPU", False)

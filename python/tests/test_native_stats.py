@@ -99,6 +99,31 @@ def test_nan_and_inf_take_the_reductions_that_count_them(kernels: Any, bad: floa
         assert got["max" if bad > 0 else "min"] == ("inf" if bad > 0 else "-inf")
 
 
+@pytest.mark.parametrize(
+    ("values", "dtype"),
+    [
+        ([1e20, -3e19, 5.0], torch.float32),  # squares past float32: the norm overflowed
+        ([3e38] * 10, torch.float32),  # the sum too
+        ([1e20] * 5000, torch.bfloat16),  # widened to float32 by the reductions
+        ([1e30], torch.float32),  # one element: its value is every statistic
+    ],
+    ids=["norm", "sum", "bf16", "one"],
+)
+def test_finite_values_past_float32_accumulators(kernels: Any, values: Any, dtype: Any) -> None:
+    """Finite values whose float32 sum or sum of squares overflows (the kernel refuses them,
+    PyTorch's float32 reductions give inf): the statistics are float64 numbers, as for any
+    other finite tensor, never "inf" with no Inf counted."""
+    t = torch.tensor(values, dtype=dtype)
+    vec = stat_vector(t)
+    assert vec is not None
+    got = finish_stats([float(v) for v in vec], t.numel(), t)
+    x = [float(v) for v in t.double().tolist()]
+    assert (got["nan"], got["inf"]) == (0, 0)
+    assert (got["max"], got["min"]) == (max(x), min(x))
+    assert got["mean"] == pytest.approx(sum(x) / len(x), rel=1e-12)
+    assert got["norm"] == pytest.approx(sum(v * v for v in x) ** 0.5, rel=1e-12)
+
+
 def test_a_strided_slice_and_other_dtypes_take_the_reductions(kernels: Any) -> None:
     """Memory with gaps (every other element) and float64/float16 are not the kernel's:
     their statistics are PyTorch's, exactly as before."""

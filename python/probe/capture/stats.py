@@ -253,7 +253,15 @@ def stat_vector(t: torch.Tensor) -> StatVector:
             vec += (_sum(_isnan(t), dtype=_F64), _sum(_isinf(t), dtype=_F64))
         if not READ_ON_CPU:
             return _to(_stack(vec), _F64)
-        return [mx.item(), mn.item(), s, *[v.item() for v in vec[3:]]]
+        host = [mx.item(), mn.item(), s, *[v.item() for v in vec[3:]]]
+        if tf.dtype is _F32 and not (s - s == 0.0 and host[3] - host[3] == 0.0):
+            if len(host) == 4 or host[4] == host[5] == 0.0:
+                # Finite values whose float32 sum or sum of squares overflowed (|x| past
+                # ~1.8e19 is enough for the norm): the record's numbers are float64, so they
+                # are taken in float64 instead of written as "inf" for a finite tensor.
+                x = _to(tf, _F64)
+                return [host[0], host[1], _sum(x).item(), _vector_norm(x).item()]
+        return host
     if t.is_floating_point():
         parts = [mx, mn, total, _vector_norm(tf), _sum(_isnan(t), dtype=_F64)]
         parts.append(_sum(_isinf(t), dtype=_F64))
