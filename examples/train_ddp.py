@@ -123,6 +123,10 @@ def main(argv: Optional[list[str]] = None) -> int:
     my_pair = pairs[rank // 2] if rank // 2 < len(pairs) else None
 
     probe.seed_all(args.seed)
+    # The buckets DDP rebuilds after step 0 take --bucket-cap-mb in recent torch; torch 2.1
+    # gives the first of them its module default (1 MiB: the whole model) unless that is set.
+    cap = int(args.bucket_cap_mb * 1024 * 1024)
+    dist._DEFAULT_FIRST_BUCKET_BYTES = min(dist._DEFAULT_FIRST_BUCKET_BYTES, cap)  # type: ignore[attr-defined]
     model = DistributedDataParallel(SmallNet(), bucket_cap_mb=args.bucket_cap_mb)
     opt = torch.optim.Adam(model.parameters(), lr=1e-3, foreach=False)
     data = [

@@ -341,6 +341,17 @@ def resolve_device(name: str) -> torch.device:
     return torch.device(name)
 
 
+def has_half_matmul(device: torch.device) -> bool:
+    """Whether ``device`` multiplies float16 batches (``--fp16-overflow``): CPU kernels for it
+    came after torch 2.1."""
+    a = torch.ones(1, 2, 2, dtype=torch.float16, device=device)
+    try:
+        torch.matmul(a, a)
+    except RuntimeError:
+        return False
+    return True
+
+
 def main(argv: Optional[list[str]] = None) -> int:
     ap = argparse.ArgumentParser(
         description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
@@ -455,6 +466,8 @@ def main(argv: Optional[list[str]] = None) -> int:
     pack = probe.ConfigPack(args.config_pack, steps=args.steps) if args.config_pack else None
     probe.seed_all(args.seed)
     device = resolve_device(args.device)
+    if args.fp16_overflow and not has_half_matmul(device):
+        raise SystemExit(f"--fp16-overflow: this torch has no float16 matmul on {device}")
     net = SmallNet(
         attention=args.attention,
         norm=args.layer_norm,
