@@ -763,8 +763,8 @@ pub fn stat_diff(b: &Stats, c: &Stats) -> StatDiff {
     let (dmax, dmin, dmean, dnorm) = (
         diff(b.max(), c.max()),
         diff(b.min(), c.min()),
-        diff(b.mean(), c.mean()),
-        diff(b.norm(), c.norm()),
+        diff(b.comparable_mean(), c.comparable_mean()),
+        diff(b.comparable_norm(), c.comparable_norm()),
     );
     StatDiff {
         max_diff: dmax,
@@ -773,8 +773,8 @@ pub fn stat_diff(b: &Stats, c: &Stats) -> StatDiff {
         norm_diff: dnorm,
         max_rel_pct: pct(dmax, b.max()),
         min_rel_pct: pct(dmin, b.min()),
-        mean_rel_pct: pct(dmean, b.mean()),
-        norm_rel_pct: pct(dnorm, b.norm()),
+        mean_rel_pct: pct(dmean, b.comparable_mean()),
+        norm_rel_pct: pct(dnorm, b.comparable_norm()),
     }
 }
 
@@ -786,7 +786,7 @@ impl StatDiff {
     /// that are zero up to rounding compare as equal.
     pub fn scaled_err(&self, b: &Stats, numel: usize, atol: f64) -> f64 {
         let root_n = (numel.max(1) as f64).sqrt();
-        let rms = b.norm().map(|n| n / root_n);
+        let rms = b.comparable_norm().map(|n| n / root_n);
         let scale = [b.max().map(f64::abs), b.min().map(f64::abs), rms]
             .into_iter()
             .flatten()
@@ -803,7 +803,7 @@ impl StatDiff {
             .max(rel(self.mean_diff, scale, atol))
             .max(rel(
                 self.norm_diff,
-                b.norm().map(f64::abs).unwrap_or(0.0),
+                b.comparable_norm().map(f64::abs).unwrap_or(0.0),
                 atol * root_n,
             ))
     }
@@ -812,6 +812,43 @@ impl StatDiff {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// A norm (or mean) of inf with finite max and min is a float32 accumulator that
+    /// overflowed on finite values (msprobe's norm, PyTorch's float32 reductions): it is not
+    /// compared, and does not make the tensor non-finite, with or without NaN/Inf counts.
+    #[test]
+    fn an_overflowed_norm_is_not_a_difference() {
+        use crate::dump::StatsFields;
+        let stats = |max: f64, mean: f64, norm: f64, counts: Option<u64>| -> Stats {
+            StatsFields {
+                max: Some(max),
+                min: Some(1e20),
+                mean: Some(mean),
+                norm: Some(norm),
+                nan: counts,
+                inf: counts,
+            }
+            .into()
+        };
+        let b = stats(1.2e20, 1.1e20, 8.8e20, Some(0));
+        for counts in [Some(0), None] {
+            let c = stats(1.2e20, f64::INFINITY, f64::INFINITY, counts);
+            assert_eq!(c.nonfinite().unwrap_or(0), 0);
+            let d = stat_diff(&b, &c);
+            assert_eq!((d.mean_diff, d.norm_diff), (None, None));
+            assert_eq!(d.scaled_err(&b, 64, 0.0), 0.0);
+            let d = stat_diff(&c, &b);
+            assert_eq!((d.mean_diff, d.norm_diff), (None, None));
+            assert_eq!(d.scaled_err(&c, 64, 0.0), 0.0);
+            // The extremes are still compared.
+            let far = stats(2.4e20, f64::INFINITY, f64::INFINITY, counts);
+            assert!(stat_diff(&b, &far).scaled_err(&b, 64, 0.0) > 0.4);
+        }
+        // An infinite element reaches max: that norm is a real infinity.
+        let inf = stats(f64::INFINITY, f64::INFINITY, f64::INFINITY, None);
+        assert_eq!(inf.nonfinite(), Some(1));
+        assert_eq!(stat_diff(&b, &inf).norm_diff, Some(f64::INFINITY));
+    }
 
     #[test]
     fn dispatched_kernel_equals_the_portable_one_bit_for_bit() {

@@ -170,18 +170,45 @@ impl Stats {
         self.count(1)
     }
 
-    /// Non-finite element count when known: the recorded counts, or a non-finite statistic.
+    /// Non-finite element count when known: the recorded counts, or a non-finite statistic
+    /// other than an overflowed mean or norm ([`Stats::comparable_norm`]).
     pub fn nonfinite(&self) -> Option<u64> {
         match (self.nan(), self.inf()) {
             (Some(a), Some(b)) => Some(a + b),
             _ => {
-                let any = [self.max(), self.min(), self.mean(), self.norm()]
-                    .iter()
-                    .flatten()
-                    .any(|v| !v.is_finite());
+                let any = [
+                    self.max(),
+                    self.min(),
+                    self.comparable_mean(),
+                    self.comparable_norm(),
+                ]
+                .iter()
+                .flatten()
+                .any(|v| !v.is_finite());
                 any.then_some(1)
             }
         }
+    }
+
+    /// Whether max and min are recorded and finite. NaN and ±Inf elements both reach them
+    /// (PyTorch's max of a tensor holding NaN is NaN), so the tensor then holds neither.
+    fn finite_extremes(&self) -> bool {
+        matches!((self.max(), self.min()), (Some(a), Some(b)) if a.is_finite() && b.is_finite())
+    }
+
+    /// The mean, unless it is not finite while the elements are: a float32 sum that
+    /// overflowed on finite values (past 3.4e38), which says nothing of the tensor.
+    pub fn comparable_mean(&self) -> Option<f64> {
+        self.mean()
+            .filter(|v| v.is_finite() || !self.finite_extremes())
+    }
+
+    /// The norm, unless it is not finite while the elements are: a float32 sum of squares
+    /// that overflowed on finite values (|x| past ~1.8e19), as msprobe's norm and PyTorch's
+    /// float32 reductions on an accelerator give it. Such a norm is not compared.
+    pub fn comparable_norm(&self) -> Option<f64> {
+        self.norm()
+            .filter(|v| v.is_finite() || !self.finite_extremes())
     }
 }
 
