@@ -142,6 +142,67 @@ def test_statistics_match_numpy(dump: str) -> None:
     assert gt_out["stats"]["mean"] == pytest.approx(mask.mean())
 
 
+def test_every_result_of_a_structured_return_is_recorded(dump: str) -> None:
+    """``topk``, ``max(dim)`` and ``sort`` return ``torch.return_types`` (tuple subclasses),
+    a module may return a named tuple or an ``OrderedDict``: each tensor in them is an
+    output (``output.i``, ``output.0.key``), with its statistics and, when it requires grad,
+    its gradient in the backward record."""
+    from collections import OrderedDict, namedtuple
+
+    Pair = namedtuple("Pair", ["hi", "lo"])
+
+    class Split(torch.nn.Module):
+        def forward(self, x: torch.Tensor) -> Any:
+            return Pair(x * 2, x - 1)
+
+    class Named(torch.nn.Module):
+        def forward(self, x: torch.Tensor) -> Any:
+            return OrderedDict(last=x + 1, skipped=None)
+
+    class Net(torch.nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.split, self.named = Split(), Named()
+
+        def forward(self, x: torch.Tensor) -> torch.Tensor:
+            vals, idx = torch.topk(x, 2, dim=1)
+            p = self.split(vals)
+            return p.hi.sum() + p.lo.sum() + self.named(x)["last"].sum() + x.max(dim=1).values.sum()
+
+    x = torch.randn(4, 8, generator=torch.Generator().manual_seed(5), requires_grad=True)
+    dbg = probe.Debugger(None, dump_path=dump, level="mix")
+    net = Net()
+    dbg.start(net)
+    net(x).backward()
+    dbg.stop()
+    dbg.close()
+    ops = {o["op"]: o for o in read_ops(os.path.join(dump, "step0", "rank0"))}
+
+    def tensors(op: str, role: str) -> dict[str, dict[str, Any]]:
+        return {t["name"][len(op) + 1 :]: t for t in ops[op]["tensors"] if t["role"] == role}
+
+    vals, idx = torch.topk(x.detach(), 2, dim=1)
+    out = tensors("Torch.topk.0.forward", "output")
+    assert set(out) == {"output.0", "output.1"}
+    for name, want in (("output.0", vals), ("output.1", idx)):
+        exp = _np_stats(want.numpy())
+        for k in ("max", "min", "mean", "norm"):
+            assert out[name]["stats"][k] == pytest.approx(exp[k], rel=1e-6), (name, k)
+    assert out["output.1"]["dtype"] == "int64"
+    # The values' gradient (the indices have none): 2 through p.hi, 1 through p.lo.
+    grad = tensors("Torch.topk.0.backward", "input")
+    assert set(grad) == {"input.0"} and grad["input.0"]["stats"]["mean"] == 3.0
+    assert set(tensors("Tensor.max.0.forward", "output")) == {"output.0", "output.1"}
+    split = tensors("Module.split.Split.forward.0", "output")
+    assert set(split) == {"output.0", "output.1"}
+    assert split["output.1"]["stats"]["mean"] == pytest.approx((vals - 1).mean().item(), rel=1e-6)
+    assert set(tensors("Module.split.Split.backward.0", "input")) == {"input.0", "input.1"}
+    named = tensors("Module.named.Named.forward.0", "output")
+    assert set(named) == {"output.0.last"}
+    assert named["output.0.last"]["stats"]["max"] == pytest.approx(x.max().item() + 1, rel=1e-6)
+    assert set(tensors("Module.named.Named.backward.0", "input")) == {"input.0.last"}
+
+
 def test_non_finite_stats_are_strings(dump: str) -> None:
     x = torch.tensor([1.0, float("nan"), float("inf"), -2.0, float("-inf"), float("inf")])
     y = torch.tensor([1.0, float("inf"), 3.0])

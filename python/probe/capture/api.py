@@ -23,7 +23,7 @@ from typing import TYPE_CHECKING, Any, Callable, Optional
 import torch
 
 from .._patch import Patches
-from .records import OpRecord, json_args, visit, walk
+from .records import OpRecord, json_args, results, visit, walk
 from .stats import nonfinite_result
 
 if TYPE_CHECKING:
@@ -487,10 +487,7 @@ class ApiCapture:
                     assert bwd is not None
                     watch(bwd, t.grad_fn, t.output_nr, f"{bkey}.input{name[6:]}", "input")
 
-            if type(out) is tuple or type(out) is list:
-                visit(out, "output", on_output)
-            else:
-                visit((out,), "output", on_output)  # one result is output.0
+            visit(results(out), "output", on_output)
         if dbg._overflow:
             fwd.call_out = out
         if forward:

@@ -45,6 +45,7 @@ from .records import (
     StatVector,
     TensorEntry,
     json_args,
+    results,
     walk,
 )
 from .selection import Selection
@@ -625,7 +626,7 @@ class Debugger:
                 op.args = json_args(args, kwargs)
             if c.outputs:
                 out = op.call_out
-                walk(out if type(out) in (tuple, list) else (out,), "output", add("output"))
+                walk(results(out), "output", add("output"))
         if c.stack and op.direction == "forward":
             # Still inside the op's call: the same user frames as when it was called. A
             # backward record is made in autograd's frames, so it has no stack here.

@@ -21,7 +21,7 @@ from typing import TYPE_CHECKING, Any, Callable, Optional
 import torch
 
 from .api import in_recompute, tls, view_as
-from .records import OpRecord, walk
+from .records import OpRecord, results, walk
 
 if TYPE_CHECKING:
     from torch.utils.hooks import RemovableHandle
@@ -231,7 +231,7 @@ class ModuleHooks:
                 watch(bwd, t.grad_fn, t.output_nr, f"{bwd.key}.input{name[6:]}", "input")
             return t
 
-        walk(output if type(output) in (tuple, list) else (output,), "output", on_output)
+        walk(results(output), "output", on_output)
         if forward:
             dbg._finish(fwd)
         if bwd is not None and bwd.expect:

@@ -10,6 +10,7 @@ transfer brings all of them to the host.
 
 from __future__ import annotations
 
+import copy
 import weakref
 from typing import TYPE_CHECKING, Any, Callable, Optional, Union
 
@@ -136,6 +137,10 @@ def walk(obj: Any, prefix: str, fn: Callable[[str, torch.Tensor], torch.Tensor])
 
     Returns the structure rebuilt with ``fn``'s results, which is how inputs are swapped
     for autograd aliases. Names follow msprobe: list items ``.i``, dict items ``.key``.
+    Subclasses count as what they subclass: a named tuple or ``torch.return_types`` result
+    (``topk``'s values and indices) as a tuple, an ``OrderedDict`` or transformers'
+    ``ModelOutput`` as a dict; they are rebuilt as their own type when an alias replaced
+    one of their tensors (kept as they are if that fails: the alias then goes unused).
     """
     if isinstance(obj, torch.Tensor):
         return fn(prefix, obj)
@@ -144,9 +149,39 @@ def walk(obj: Any, prefix: str, fn: Callable[[str, torch.Tensor], torch.Tensor])
         return t([walk(v, f"{prefix}.{i}", fn) for i, v in enumerate(obj)])
     if t is dict:
         return {k: walk(v, f"{prefix}.{k}", fn) for k, v in obj.items()}
+    if isinstance(obj, (tuple, list)):
+        return _rebuilt(obj, [walk(v, f"{prefix}.{i}", fn) for i, v in enumerate(obj)])
+    if isinstance(obj, dict):
+        return _rebuilt_dict(obj, {k: walk(v, f"{prefix}.{k}", fn) for k, v in obj.items()})
     return obj
 
 
+def _rebuilt(obj: Any, items: list[Any]) -> Any:
+    """``obj`` (a tuple or list subclass) with ``items``, as its own type."""
+    if all(a is b for a, b in zip(items, obj)):
+        return obj
+    try:
+        t = type(obj)
+        return t(*items) if hasattr(t, "_fields") else t(items)  # named tuples take fields
+    except Exception:  # noqa: BLE001 - a type that cannot be rebuilt keeps its tensors
+        return obj
+
+
+def _rebuilt_dict(obj: Any, items: dict[Any, Any]) -> Any:
+    """``obj`` (a dict subclass) with ``items``, as a copy of its own type."""
+    if all(items[k] is v for k, v in obj.items()):
+        return obj
+    try:
+        new = copy.copy(obj)
+        for k, v in items.items():
+            new[k] = v
+        return new
+    except Exception:  # noqa: BLE001 - a type that cannot be copied keeps its tensors
+        return obj
+
+
+#: Containers whose items are visited: tuples (named tuples, ``torch.return_types``
+#: results), lists and dicts (``OrderedDict``, ``ModelOutput``), subclasses included.
 _NESTED = (tuple, list, dict)
 
 
@@ -158,19 +193,25 @@ def visit(obj: Any, prefix: str, fn: Callable[[str, torch.Tensor], Any]) -> None
     if isinstance(obj, torch.Tensor):
         fn(prefix, obj)
         return
-    t = type(obj)
-    if t is tuple or t is list:
+    if isinstance(obj, (tuple, list)):
         for i, v in enumerate(obj):
             if isinstance(v, torch.Tensor):
                 fn(f"{prefix}.{i}", v)
-            elif type(v) in _NESTED:
+            elif isinstance(v, _NESTED):
                 visit(v, f"{prefix}.{i}", fn)
-    elif t is dict:
+    elif isinstance(obj, dict):
         for k, v in obj.items():
             if isinstance(v, torch.Tensor):
                 fn(f"{prefix}.{k}", v)
-            elif type(v) in _NESTED:
+            elif isinstance(v, _NESTED):
                 visit(v, f"{prefix}.{k}", fn)
+
+
+def results(out: Any) -> Any:
+    """What a call's outputs are visited as: its tuple or list of results (named tuples and
+    ``torch.return_types`` included: ``topk`` has ``output.0`` and ``output.1``), or its one
+    result as ``output.0`` (a tensor, a dict, a ``ModelOutput``)."""
+    return out if isinstance(out, (tuple, list)) else (out,)
 
 
 def json_arg(v: Any) -> Any:
@@ -380,7 +421,7 @@ class Dataflow:
             ptr = self._storage(written)
             if ptr is not None:
                 self._writes[ptr] = self._writes.get(ptr, 0) + 1
-        elif type(written) in (tuple, list):
+        elif isinstance(written, (tuple, list)):
             for w in written:
                 self.note_write(w)
 

@@ -445,10 +445,9 @@ def _collect(obj: Any, into: list[torch.Tensor]) -> None:
     if isinstance(obj, torch.Tensor):
         into.append(obj)
         return
-    t = type(obj)
-    if t is tuple or t is list:
+    if isinstance(obj, (tuple, list)):  # named tuples, torch.return_types included
         for v in obj:
             _collect(v, into)
-    elif t is dict:
+    elif isinstance(obj, dict):
         for v in obj.values():
             _collect(v, into)
