@@ -1,0 +1,142 @@
+"""A real architecture: a small LLaMA from a ``transformers`` config (random init, nothing
+downloaded), trained two steps under capture, as users' migrations run it.
+
+Its two attention implementations (``eager``: matmul, softmax, matmul; ``sdpa``: one
+``scaled_dot_product_attention``) run other operators for the same numbers, its model
+returns a ``ModelOutput`` (an ``OrderedDict`` subclass) and its decoder layers return tuples.
+``probe compare`` must pass the two, compared at the attention module's boundary, and name a
+fault injected into the sdpa run's first ``F.silu``. Each run is a subprocess: the fault is a
+patch of ``torch.nn.functional`` that must not leak into other tests.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from typing import Any
+
+import pytest
+
+from conftest import REPO, probe_bin, read_ops
+
+pytest.importorskip("transformers")
+
+SCRIPT = """
+import json, sys
+import torch
+import torch.nn.functional as F
+import probe
+from transformers import LlamaConfig, LlamaForCausalLM
+
+dump, attn, fault = sys.argv[1], sys.argv[2], sys.argv[3] == "1"
+if fault:  # the first F.silu of each step, 5 % too large
+    silu, calls = F.silu, [0]
+
+    def faulty(x, inplace=False):
+        calls[0] += 1
+        y = silu(x, inplace=inplace)
+        return y * 1.05 if calls[0] % 4 == 1 else y  # 2 layers, recomputed by nothing
+
+    F.silu = faulty
+probe.seed_all(0)
+cfg = LlamaConfig(vocab_size=128, hidden_size=64, intermediate_size=128, num_hidden_layers=2,
+                  num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=64,
+                  attn_implementation=attn)
+model = LlamaForCausalLM(cfg)
+opt = torch.optim.AdamW(model.parameters(), lr=1e-3)
+ids = torch.randint(0, 128, (2, 16), generator=torch.Generator().manual_seed(1))
+seen = []
+model.model.register_forward_hook(
+    lambda m, a, out: seen.append(out.last_hidden_state.detach().double())
+)
+dbg = probe.Debugger(None, dump_path=dump, level="mix", mode="statistics")
+for step in range(2):
+    dbg.start(model)
+    out = model(input_ids=ids, labels=ids)
+    out.loss.backward()
+    opt.step()
+    opt.zero_grad()
+    dbg.stop()
+    dbg.step()
+h = seen[0]
+print(json.dumps({"mean": h.mean().item(), "norm": h.norm().item(), "max": h.max().item()}))
+"""
+
+
+def _run(dump: str, attn: str, fault: bool = False) -> dict[str, float]:
+    env = dict(os.environ, PYTHONPATH=os.path.join(REPO, "python"))
+    r = subprocess.run(
+        [sys.executable, "-c", SCRIPT, dump, attn, "1" if fault else "0"],
+        capture_output=True,
+        text=True,
+        timeout=300,
+        env=env,
+    )
+    assert r.returncode == 0, r.stderr[-4000:]
+    last: dict[str, float] = json.loads(r.stdout.strip().splitlines()[-1])
+    return last
+
+
+def _compare(bench: str, cmp_: str, out: str) -> tuple[int, dict[str, Any]]:
+    r = subprocess.run(
+        [probe_bin(), "compare", "-q", "-b", bench, "-c", cmp_, "-o", out],
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    assert r.returncode in (0, 1), r.stderr
+    with open(os.path.join(out, "summary.json")) as fh:
+        return r.returncode, json.load(fh)
+
+
+@pytest.fixture(scope="module")
+def runs(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
+    probe_bin()  # skip before the runs when there is no binary
+    root = tmp_path_factory.mktemp("llama")
+    out: dict[str, Any] = {}
+    for name, attn, fault in (("eager", "eager", False), ("sdpa", "sdpa", False)):
+        out[name] = str(root / name)
+        out[f"{name}_hidden"] = _run(out[name], attn, fault)
+    out["sdpa_fault"] = str(root / "sdpa_fault")
+    _run(out["sdpa_fault"], "sdpa", True)
+    return out
+
+
+def test_the_model_output_is_recorded(runs: dict[str, Any]) -> None:
+    """``LlamaModel`` returns a ``ModelOutput``: its ``last_hidden_state`` is the module's
+    output (``output.0.last_hidden_state``), with the statistics of the tensor the model
+    returned, and its gradient is the backward record's input."""
+    ops = {o["op"]: o for o in read_ops(os.path.join(runs["eager"], "step0", "rank0"))}
+    fwd = ops["Module.model.LlamaModel.forward.0"]
+    outs = {t["name"].rsplit(".forward.0.", 1)[1]: t for t in fwd["tensors"] if t["role"] == "output"}
+    assert set(outs) == {"output.0.last_hidden_state"}
+    st, want = outs["output.0.last_hidden_state"]["stats"], runs["eager_hidden"]
+    assert st["mean"] == pytest.approx(want["mean"], rel=1e-5, abs=1e-7)
+    assert st["norm"] == pytest.approx(want["norm"], rel=1e-6)
+    assert st["max"] == pytest.approx(want["max"], rel=1e-6)
+    bwd = ops["Module.model.LlamaModel.backward.0"]
+    assert [t["name"] for t in bwd["tensors"] if t["role"] == "input"] == [
+        "Module.model.LlamaModel.backward.0.input.0.last_hidden_state"
+    ]
+    # The decoder layers' tuples and the attention's (output, weights) are recorded too.
+    attn = ops["Module.model.layers.0.self_attn.LlamaAttention.forward.0"]
+    assert any(t["name"].endswith(".output.0") for t in attn["tensors"])
+
+
+def test_eager_and_sdpa_attention_agree(runs: dict[str, Any], tmp_path: Any) -> None:
+    """Same weights, other attention operators: no op is blamed, the attention modules are
+    compared at their boundary, and the rest pairs op by op."""
+    code, s = _compare(runs["eager"], runs["sdpa"], str(tmp_path / "out"))
+    assert code == 0, s["headline"]
+    assert s["first_divergent"] == {"forward": None, "backward": None}, s["headline"]
+    assert s["counts"]["matched_by"]["module"] > 0
+    assert s["counts"]["error"] == 0
+    assert "self_attn" in s["headline"], s["headline"]
+
+
+def test_a_fault_under_other_attention_is_named(runs: dict[str, Any], tmp_path: Any) -> None:
+    code, s = _compare(runs["eager"], runs["sdpa_fault"], str(tmp_path / "out"))
+    assert code == 1, s["headline"]
+    assert s["first_divergent"]["forward"]["op"] == "Functional.silu.0.forward", s["headline"]
