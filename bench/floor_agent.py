@@ -38,6 +38,7 @@ import orjson
 import torch
 
 from probe.capture.api import DISPATCH, PATCHER, tls, view_as
+from probe.capture.records import results
 from probe.capture.stats import DTYPE_NAMES
 
 #: (level, name) of each floor, in the order of the module doc.
@@ -112,7 +113,7 @@ class FloorAgent:
         for a in (*args, *kwargs.values()):
             if isinstance(a, torch.Tensor):
                 out.append(facts(a))
-            elif type(a) in (list, tuple):
+            elif isinstance(a, (list, tuple)):
                 out.extend(facts(x) for x in a if isinstance(x, torch.Tensor))
         return out
 
@@ -138,10 +139,9 @@ class FloorAgent:
             if hooks:
                 args = tuple(self._alias(a, api, n, inplace and i == 0) for i, a in enumerate(args))
             out = orig(*args, **kwargs)
-            results = out if type(out) in (list, tuple) else (out,)
-            outs = [self._facts(o) for o in results if isinstance(o, torch.Tensor)]
+            outs = [self._facts(o) for o in results(out) if isinstance(o, torch.Tensor)]
             if hooks:
-                for o in results:
+                for o in results(out):
                     if isinstance(o, torch.Tensor) and o.requires_grad and o.grad_fn is not None:
                         o.register_hook(functools.partial(self._gradient, api, n))
             self._kept.append((api, n, ins, outs))

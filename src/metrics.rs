@@ -760,11 +760,12 @@ pub fn stat_diff(b: &Stats, c: &Stats) -> StatDiff {
         (Some(d), Some(x)) => Some((d / x).abs() * 100.0),
         _ => None,
     };
+    let (b_mean, b_norm) = (b.comparable_mean(), b.comparable_norm());
     let (dmax, dmin, dmean, dnorm) = (
         diff(b.max(), c.max()),
         diff(b.min(), c.min()),
-        diff(b.comparable_mean(), c.comparable_mean()),
-        diff(b.comparable_norm(), c.comparable_norm()),
+        diff(b_mean, c.comparable_mean()),
+        diff(b_norm, c.comparable_norm()),
     );
     StatDiff {
         max_diff: dmax,
@@ -773,8 +774,8 @@ pub fn stat_diff(b: &Stats, c: &Stats) -> StatDiff {
         norm_diff: dnorm,
         max_rel_pct: pct(dmax, b.max()),
         min_rel_pct: pct(dmin, b.min()),
-        mean_rel_pct: pct(dmean, b.comparable_mean()),
-        norm_rel_pct: pct(dnorm, b.comparable_norm()),
+        mean_rel_pct: pct(dmean, b_mean),
+        norm_rel_pct: pct(dnorm, b_norm),
     }
 }
 
@@ -786,7 +787,8 @@ impl StatDiff {
     /// that are zero up to rounding compare as equal.
     pub fn scaled_err(&self, b: &Stats, numel: usize, atol: f64) -> f64 {
         let root_n = (numel.max(1) as f64).sqrt();
-        let rms = b.comparable_norm().map(|n| n / root_n);
+        let norm = b.comparable_norm();
+        let rms = norm.map(|n| n / root_n);
         let scale = [b.max().map(f64::abs), b.min().map(f64::abs), rms]
             .into_iter()
             .flatten()
@@ -803,7 +805,7 @@ impl StatDiff {
             .max(rel(self.mean_diff, scale, atol))
             .max(rel(
                 self.norm_diff,
-                b.comparable_norm().map(f64::abs).unwrap_or(0.0),
+                norm.map(f64::abs).unwrap_or(0.0),
                 atol * root_n,
             ))
     }

@@ -190,25 +190,25 @@ impl Stats {
         }
     }
 
-    /// Whether max and min are recorded and finite. NaN and ±Inf elements both reach them
-    /// (PyTorch's max of a tensor holding NaN is NaN), so the tensor then holds neither.
-    fn finite_extremes(&self) -> bool {
-        matches!((self.max(), self.min()), (Some(a), Some(b)) if a.is_finite() && b.is_finite())
-    }
-
     /// The mean, unless it is not finite while the elements are: a float32 sum that
     /// overflowed on finite values (past 3.4e38), which says nothing of the tensor.
     pub fn comparable_mean(&self) -> Option<f64> {
-        self.mean()
-            .filter(|v| v.is_finite() || !self.finite_extremes())
+        self.comparable(self.mean())
     }
 
     /// The norm, unless it is not finite while the elements are: a float32 sum of squares
     /// that overflowed on finite values (|x| past ~1.8e19), as msprobe's norm and PyTorch's
     /// float32 reductions on an accelerator give it. Such a norm is not compared.
     pub fn comparable_norm(&self) -> Option<f64> {
-        self.norm()
-            .filter(|v| v.is_finite() || !self.finite_extremes())
+        self.comparable(self.norm())
+    }
+
+    /// `v` (a mean or norm) unless it is not finite while max and min are recorded and
+    /// finite. NaN and ±Inf elements both reach max and min (PyTorch's max of a tensor
+    /// holding NaN is NaN), so such a tensor holds neither: `v` only overflowed.
+    fn comparable(&self, v: Option<f64>) -> Option<f64> {
+        let finite_extremes = || matches!((self.max(), self.min()), (Some(a), Some(b)) if a.is_finite() && b.is_finite());
+        v.filter(|v| v.is_finite() || !finite_extremes())
     }
 }
 
