@@ -797,3 +797,73 @@ def test_unfinished_stream_locates_its_data(tmp_path: Any) -> None:
         assert raw[8 + n + lo : 8 + n + hi] == _raw_bytes(v.contiguous()).tobytes(), k
     shard.abandon()
     folder.close()
+
+
+def _no_grad_calls(w: torch.Tensor) -> None:
+    """Calls without a backward record, of every shape the plain path handles: in-place
+    ops on a captured output (``src`` links, writes seen by the dataflow), ``out=`` and
+    ``inplace=True`` (one of them through ``.data``, which a's version counter misses),
+    nested and keyword tensor arguments, several outputs, a result that
+    is the first argument (``__setitem__``), integer and one-element tensors, a strided
+    view, non-tensor arguments (the record's ``args``), an identity op."""
+    h = F.linear(torch.ones(3, 4), w)  # grad on: the general path, for the links
+    with torch.no_grad():
+        a = h.detach() * 2.0
+        a.mul_(0.5).add_(1.0)
+        b = torch.add(a, other=torch.full((3, 4), 0.25), alpha=2)
+        F.relu(b, inplace=True)
+        c = torch.cat([a, b, a], dim=1)
+        torch.add(a, b, out=a)
+        torch.mul(b, 3.0, out=a.data)  # a write that a's version counter does not see
+        a.sum()
+        vals, idx = torch.topk(c, 2, dim=1)
+        c[0] = vals[:, 0].sum()
+        n = torch.tensor([3, 1, 2]).sum()
+        s = torch.tensor(1.5) * 2.0
+        t = c.t().contiguous().sum(dim=(0,), keepdim=True, dtype=torch.float64)
+        e = t.float()
+        torch.stack((vals.float(), idx.float(), vals[:, :1].expand(3, 2) + s + n + e.sum()))
+    w.grad = None
+
+
+def test_plain_calls_match_the_general_path(tmp_path: Any, monkeypatch: Any) -> None:
+    """Calls without a backward record take ApiCapture._call_plain; their records must be
+    the ones the general path (_pre and _post) writes, byte for byte, stacks included."""
+    from probe.capture.api import ApiCapture
+
+    taken = []
+    plain = ApiCapture._call_plain
+
+    def counted(self: Any, orig: Any, api: str, *rest: Any) -> Any:
+        taken.append(api)
+        return plain(self, orig, api, *rest)
+
+    monkeypatch.setattr(ApiCapture, "_call_plain", counted)
+    torch.manual_seed(0)
+    w = torch.randn(4, 4, requires_grad=True)
+    logs = {}
+    for general in (True, False):  # one call site: the same stacks
+        dump = str(tmp_path / f"general_{general}")
+        dbg = probe.Debugger(None, dump_path=dump, level="mix", mode="statistics")
+        dbg._api._plain = not general
+        dbg.start()
+        _no_grad_calls(w)
+        dbg.stop()
+        dbg.step()
+        dbg.close()
+        folder = os.path.join(dump, "step0", "rank0")
+        logs[general] = [
+            open(os.path.join(folder, f), "rb").read() for f in ("ops.jsonl", "stacks.jsonl")
+        ]
+    assert len(taken) >= 20 and "Tensor.__setitem__" in taken and "Torch.topk" in taken
+    assert logs[False] == logs[True]
+    ops = read_ops(os.path.join(str(tmp_path / "general_False"), "step0", "rank0"))
+    by_key = {o["op"]: o for o in ops}
+    mul = {t["name"]: t for t in by_key["Tensor.mul_.0.forward"]["tensors"]}
+    out = {t["name"]: t for t in by_key["Tensor.__mul__.0.forward"]["tensors"]}
+    assert mul["Tensor.mul_.0.forward.input.0"]["src"] == out["Tensor.__mul__.0.forward.output.0"]["id"]
+    assert by_key["Torch.cat.0.forward"]["args"] == {"input.dim": 1}
+    assert [t["name"].rsplit(".", 2)[-2:] for t in by_key["Torch.topk.0.forward"]["tensors"]][-2:] == [
+        ["output", "0"],
+        ["output", "1"],
+    ]

@@ -23,11 +23,12 @@ from typing import TYPE_CHECKING, Any, Callable, Optional
 import torch
 
 from .._patch import Patches
-from .records import OpRecord, json_args, results, visit, walk
+from .records import NESTED, OpRecord, json_arg, json_args, named_tensors, results, walk
 from .stats import nonfinite_result
 
 if TYPE_CHECKING:
     from .debugger import Debugger
+    from .writer import RankFolder
 
 # Data of the probe package (python/probe/api_list.json), not of this subpackage.
 _LIST_PATH = os.path.join(os.path.dirname(os.path.dirname(__file__)), "api_list.json")
@@ -250,6 +251,7 @@ class ApiCapture:
         # The configuration, read on every call: plain attributes, not its properties.
         self._forward, self._bwd = c.forward, c.backward
         self._inputs, self._outputs = c.inputs, c.outputs
+        self._plain = not dbg._overflow and not self._select.listed
 
     def call(
         self,
@@ -261,8 +263,11 @@ class ApiCapture:
     ) -> Any:
         """Run one call of a hooked API, capturing it when selected."""
         dbg = self._dbg
-        if dbg._overflow and not (self._bwd and torch.is_grad_enabled()):
-            return self._call_checked(orig, api, inplace, args, kwargs)
+        if not (self._bwd and torch.is_grad_enabled()):
+            if dbg._overflow:
+                return self._call_checked(orig, api, inplace, args, kwargs)
+            if self._plain and not api.startswith("Distributed."):
+                return self._call_plain(orig, api, inplace, args, kwargs)
         tls.active = False
         ctx: Optional[_Pending] = None
         try:
@@ -292,6 +297,116 @@ class ApiCapture:
         finally:
             tls.active = dbg._api_on
         return out
+
+    def _call_plain(
+        self,
+        orig: Callable[..., Any],
+        api: str,
+        inplace: bool,
+        args: tuple[Any, ...],
+        kwargs: dict[str, Any],
+    ) -> Any:
+        """A captured call that gets no backward record: grad mode is off (an optimizer's
+        step, ``no_grad`` code) or no backward is captured. Nothing replaces its arguments,
+        so its record is built in this one frame, without the closures and argument walks
+        of :meth:`_pre` and :meth:`_post` (most calls of a CPU training step take this path:
+        docs/capture.md, "twelfth pass"). The record is the one those two would write, byte
+        for byte (``test_capture.py`` runs both). Only reached outside overflow mode,
+        without an api_list (which may select one direction) and for non-collectives."""
+        dbg = self._dbg
+        tls.active = False
+        fwd: Optional[OpRecord] = None
+        try:
+            with dbg._lock:
+                mods = self._modules.stack
+                module = mods[-1] if mods else None
+                call = self._select.api_call(api, module)
+                if call is not None:
+                    folder = self._files.folder
+                    fwd = OpRecord(f"{api}.{call}.forward", "api", "forward", module, folder)
+                    fwd.recompute = in_recompute()
+                    if dbg._call_stacks:
+                        fwd.stack = self._stacks.stack_id(folder, _API_FRAMES)
+                    if self._forward and self._inputs:
+                        fwd.args = self._record_inputs(fwd, args, kwargs)
+        except Exception as exc:  # noqa: BLE001
+            dbg._guard.fail(exc, f"capturing inputs of {api}")
+            fwd = None
+        try:
+            out = orig(*args, **kwargs)
+        finally:
+            tls.active = dbg._api_on
+        if fwd is None:
+            return out
+        tls.active = False
+        try:
+            with dbg._lock:
+                flow = self._flow
+                produced = out
+                if inplace or kwargs.get("inplace") is True:
+                    if args:
+                        flow.note_write(args[0])
+                    if out is None and args and _holds_result(args[0]):
+                        produced = args[0]  # __setitem__: the first argument holds it
+                if kwargs and "out" in kwargs:
+                    flow.note_write(kwargs["out"])
+                folder = self._files.folder
+                assert folder is not None
+                keep = self._forward and self._outputs
+                if isinstance(produced, torch.Tensor):
+                    self._record_output(fwd, folder, keep, "output.0", produced)
+                else:
+                    for name, t in named_tensors(results(produced), "output"):
+                        self._record_output(fwd, folder, keep, name, t)
+                if self._forward:
+                    dbg._finish(fwd)
+        except Exception as exc:  # noqa: BLE001
+            dbg._guard.fail(exc, f"capturing outputs of {api}")
+        finally:
+            tls.active = dbg._api_on
+        return out
+
+    def _record_inputs(
+        self, fwd: OpRecord, args: tuple[Any, ...], kwargs: dict[str, Any]
+    ) -> Optional[dict[str, Any]]:
+        """Record the tensor arguments of a plain call (:meth:`_call_plain`) as ``_pre``
+        does; returns the record's ``args`` (:func:`json_args`: the other arguments)."""
+        jargs: dict[str, Any] = {}
+        for key, a in (*enumerate(args), *kwargs.items()):
+            if isinstance(a, torch.Tensor):
+                self._record_input(fwd, f"input.{key}", a)
+                continue
+            if isinstance(a, NESTED):
+                for name, t in named_tensors(a, f"input.{key}"):
+                    self._record_input(fwd, name, t)
+            j = json_arg(a)
+            if j is not None:
+                jargs[f"input.{key}"] = j
+        return jargs or None
+
+    def _record_input(self, fwd: OpRecord, name: str, t: torch.Tensor) -> None:
+        """One input tensor, linked to the output it came from (``src``), as ``_pre``'s
+        ``on_input`` records it."""
+        flow = self._flow
+        src, same, mem = flow.source(t)
+        rec = self._dbg._add_tensor(fwd, f"{fwd.key}.{name}", "input", t, False, None, same)
+        if src is not None:
+            rec["src"] = src
+        if same is None:
+            flow.remember(t, fwd.entries[-1], mem)
+
+    def _record_output(
+        self, fwd: OpRecord, folder: RankFolder, keep: bool, name: str, t: torch.Tensor
+    ) -> None:
+        """One output tensor: recorded when ``keep`` (outputs are captured) with the id
+        later inputs link to, else only given that id, as ``_post``'s ``on_output`` does."""
+        flow = self._flow
+        if not keep:
+            flow.register(t, folder)
+            return
+        same, mem = flow.find(t)
+        rec = self._dbg._add_tensor(fwd, f"{fwd.key}.{name}", "output", t, False, None, same)
+        rec["id"] = flow.register(t, folder, fwd.entries[-1], mem)
 
     def _call_checked(
         self,
@@ -392,24 +507,13 @@ class ApiCapture:
         want_fwd_in = forward and self._inputs and not dbg._overflow
         # Inputs that get an autograd alias, so that the backward sees their gradients.
         alias_in = bwd is not None and self._outputs and not api.startswith("Distributed.")
-        prefix = fwd.key + "."
         bkey = bwd.key if bwd is not None else ""
-        flow = self._flow if dbg._dataflow else None
-        add = dbg._add_tensor
         watch = self._backward.watch
 
         def on_input(name: str, t: torch.Tensor) -> torch.Tensor:
+            if want_fwd_in:  # (never in overflow mode: the dataflow is on)
+                self._record_input(fwd, name, t)
             first = inplace and name == "input.0"
-            if want_fwd_in:
-                if flow is None:
-                    add(fwd, prefix + name, "input", t, first)
-                else:
-                    src, same, mem = flow.source(t)
-                    rec = add(fwd, prefix + name, "input", t, first, same_as=same)
-                    if src is not None:
-                        rec["src"] = src
-                    if same is None:
-                        flow.remember(t, fwd.entries[-1], mem)
             if alias_in and not first and t.requires_grad and t.layout == torch.strided:
                 assert bwd is not None
                 alias = view_as(t, t)
@@ -428,18 +532,15 @@ class ApiCapture:
                 else kwargs
             )
             new = (tuple(new_args), new_kwargs)
+            if want_fwd_in:
+                fwd.args = json_args(args, kwargs)
         elif want_fwd_in:
-            if args:
-                visit(args, "input", on_input)
-            if kwargs:
-                visit(kwargs, "input", on_input)
+            fwd.args = self._record_inputs(fwd, args, kwargs)
         if dbg._overflow:
             if inplace and args and isinstance(args[0], torch.Tensor):
                 # The value the op saw, kept in case it overflows (it changes in place).
                 args = (dbg._snapshot(args[0]), *args[1:])
             fwd.call_args = (args, kwargs)
-        elif want_fwd_in:
-            fwd.args = json_args(args, kwargs)
         if bwd is not None and bwd.expect:
             return (fwd, bwd, new, aliases, inplace, forward)
         return (fwd, bwd, None, aliases, inplace, forward)
@@ -465,29 +566,17 @@ class ApiCapture:
             out = args[0]
         want_out = forward and self._outputs and not dbg._overflow
         grads_in = bwd is not None and self._inputs
-        if want_out or flow is not None or grads_in:
-            prefix = fwd.key + "."
+        if flow is not None or grads_in:
             bkey = bwd.key if bwd is not None else ""
-            add = dbg._add_tensor
             watch = self._backward.watch
 
-            def on_output(name: str, t: torch.Tensor) -> None:
-                assert folder is not None
-                if want_out:
-                    if flow is None:
-                        add(fwd, prefix + name, "output", t)
-                    else:
-                        # An output that is an input (x.float() on float) has its stats.
-                        same, mem = flow.find(t)
-                        rec = add(fwd, prefix + name, "output", t, same_as=same)
-                        rec["id"] = flow.register(t, folder, fwd.entries[-1], mem)
-                elif flow is not None:
-                    flow.register(t, folder)
+            assert folder is not None
+            for name, t in named_tensors(results(out), "output"):
+                if flow is not None:  # (outputs are recorded only when it is: want_out)
+                    self._record_output(fwd, folder, want_out, name, t)
                 if grads_in and t.requires_grad and t.grad_fn is not None:
                     assert bwd is not None
                     watch(bwd, t.grad_fn, t.output_nr, f"{bkey}.input{name[6:]}", "input")
-
-            visit(results(out), "output", on_output)
         if dbg._overflow:
             fwd.call_out = out
         if forward:

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import copy
 import weakref
+from collections.abc import Iterable, Iterator
 from typing import TYPE_CHECKING, Any, Callable, Optional, Union
 
 import torch
@@ -182,29 +183,28 @@ def _rebuilt_dict(obj: Any, items: dict[Any, Any]) -> Any:
 
 #: Containers whose items are visited: tuples (named tuples, ``torch.return_types``
 #: results), lists and dicts (``OrderedDict``, ``ModelOutput``), subclasses included.
-_NESTED = (tuple, list, dict)
+NESTED = (tuple, list, dict)
 
 
-def visit(obj: Any, prefix: str, fn: Callable[[str, torch.Tensor], Any]) -> None:
-    """Call ``fn(name, tensor)`` for every tensor :func:`walk` would, with the same names,
-    in the same order, without rebuilding anything: what a captured call does with its
-    outputs, and with its inputs when nothing replaces them. A name is only formatted for
-    a tensor or a container (most arguments of an op are numbers)."""
+def named_tensors(obj: Any, prefix: str) -> Iterator[tuple[str, torch.Tensor]]:
+    """Every tensor :func:`walk` would visit, with the same names, in the same order,
+    without rebuilding anything: what a captured call does with its outputs, and with its
+    inputs when nothing replaces them. A name is only formatted for a tensor or a container
+    (most arguments of an op are numbers)."""
     if isinstance(obj, torch.Tensor):
-        fn(prefix, obj)
+        yield prefix, obj
         return
     if isinstance(obj, (tuple, list)):
-        for i, v in enumerate(obj):
-            if isinstance(v, torch.Tensor):
-                fn(f"{prefix}.{i}", v)
-            elif isinstance(v, _NESTED):
-                visit(v, f"{prefix}.{i}", fn)
+        items: Iterable[tuple[Any, Any]] = enumerate(obj)
     elif isinstance(obj, dict):
-        for k, v in obj.items():
-            if isinstance(v, torch.Tensor):
-                fn(f"{prefix}.{k}", v)
-            elif isinstance(v, _NESTED):
-                visit(v, f"{prefix}.{k}", fn)
+        items = obj.items()
+    else:
+        return
+    for k, v in items:
+        if isinstance(v, torch.Tensor):
+            yield f"{prefix}.{k}", v
+        elif isinstance(v, NESTED):
+            yield from named_tensors(v, f"{prefix}.{k}")
 
 
 def results(out: Any) -> Any:

@@ -70,7 +70,7 @@ class StackTable:
         """
         if folder is None:
             return None
-        f: Optional[FrameType] = sys._getframe(ours)
+        f: Optional[FrameType] = sys._getframe(ours + 1)
         while f is not None and f.f_code.co_filename.startswith(_PKG_DIR):
             f = f.f_back
         if f is None:
