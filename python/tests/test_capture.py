@@ -827,18 +827,19 @@ def _no_grad_calls(w: torch.Tensor) -> None:
 
 
 def test_plain_calls_match_the_general_path(tmp_path: Any, monkeypatch: Any) -> None:
-    """Calls without a backward record take ApiCapture._call_plain; their records must be
-    the ones the general path (_pre and _post) writes, byte for byte, stacks included."""
+    """Calls without a backward record take ApiCapture's plain path (_plain_pre and
+    _plain_post); their records must be the ones the general path (_pre and _post) writes,
+    byte for byte, stacks included."""
     from probe.capture.api import ApiCapture
 
     taken = []
-    plain = ApiCapture._call_plain
+    plain = ApiCapture._plain_pre
 
-    def counted(self: Any, orig: Any, api: str, *rest: Any) -> Any:
+    def counted(self: Any, api: str, *rest: Any) -> Any:
         taken.append(api)
-        return plain(self, orig, api, *rest)
+        return plain(self, api, *rest)
 
-    monkeypatch.setattr(ApiCapture, "_call_plain", counted)
+    monkeypatch.setattr(ApiCapture, "_plain_pre", counted)
     torch.manual_seed(0)
     w = torch.randn(4, 4, requires_grad=True)
     logs = {}

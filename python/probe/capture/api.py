@@ -251,6 +251,7 @@ class ApiCapture:
         # The configuration, read on every call: plain attributes, not its properties.
         self._forward, self._bwd = c.forward, c.backward
         self._inputs, self._outputs = c.inputs, c.outputs
+        #: Whether calls without a backward record take the plain path (:meth:`call`).
         self._plain = not dbg._overflow and not self._select.listed
 
     def call(
@@ -261,116 +262,114 @@ class ApiCapture:
         args: tuple[Any, ...],
         kwargs: dict[str, Any],
     ) -> Any:
-        """Run one call of a hooked API, capturing it when selected."""
+        """Run one call of a hooked API, capturing it when selected.
+
+        A call that gets no backward record (grad mode off, as in an optimizer's step and
+        ``no_grad`` code, or no backward captured) is *plain*: nothing replaces its
+        arguments, so :meth:`_plain_pre` and :meth:`_plain_post` record it without the
+        closures and argument walks of :meth:`_pre` and :meth:`_post`, which only calls
+        whose inputs may become autograd aliases need. Most calls of a CPU training step are
+        plain (docs/capture.md, "twelfth pass"). Both paths write the same records, byte for
+        byte (``test_capture.py`` runs both). Overflow mode, an api_list (which may select
+        one direction only) and collectives take the general path."""
         dbg = self._dbg
+        plain = False
         if not (self._bwd and torch.is_grad_enabled()):
             if dbg._overflow:
                 return self._call_checked(orig, api, inplace, args, kwargs)
-            if self._plain and not api.startswith("Distributed."):
-                return self._call_plain(orig, api, inplace, args, kwargs)
+            plain = self._plain and not api.startswith("Distributed.")
         tls.active = False
         ctx: Optional[_Pending] = None
+        fwd: Optional[OpRecord] = None  # a plain call's record
         try:
             with dbg._lock:
-                ctx = self._pre(api, inplace, args, kwargs)
-                if api.startswith("Distributed."):
-                    meta = dbg._collectives.meta(api, orig, args, kwargs)
-                    if ctx is not None and meta is not None:
-                        ctx[0].group, ctx[0].coll_seq = meta
+                if plain:
+                    fwd = self._plain_pre(api, args, kwargs)
+                else:
+                    ctx = self._pre(api, inplace, args, kwargs)
+                    if api.startswith("Distributed."):
+                        meta = dbg._collectives.meta(api, orig, args, kwargs)
+                        if ctx is not None and meta is not None:
+                            ctx[0].group, ctx[0].coll_seq = meta
             if ctx is not None and ctx[2] is not None:
                 args, kwargs = ctx[2]
         except Exception as exc:  # noqa: BLE001
             dbg._guard.fail(exc, f"capturing inputs of {api}")
-            ctx = None
+            ctx = fwd = None
         try:
             out = orig(*args, **kwargs)
         finally:
             tls.active = dbg._api_on
-        if ctx is None:
+        if ctx is None and fwd is None:
             return out
         tls.active = False
         try:
             with dbg._lock:
-                out = self._post(ctx, args, kwargs, out)
+                if fwd is not None:
+                    self._plain_post(fwd, inplace, args, kwargs, out)
+                else:
+                    assert ctx is not None
+                    out = self._post(ctx, args, kwargs, out)
         except Exception as exc:  # noqa: BLE001
             dbg._guard.fail(exc, f"capturing outputs of {api}")
         finally:
             tls.active = dbg._api_on
         return out
 
-    def _call_plain(
+    def _plain_pre(
+        self, api: str, args: tuple[Any, ...], kwargs: dict[str, Any]
+    ) -> Optional[OpRecord]:
+        """A plain call's record with its inputs (:meth:`call`), or None when the call is
+        not selected."""
+        mods = self._modules.stack
+        module = mods[-1] if mods else None
+        call = self._select.api_call(api, module)
+        if call is None:
+            return None
+        folder = self._files.folder
+        fwd = OpRecord(f"{api}.{call}.forward", "api", "forward", module, folder)
+        fwd.recompute = in_recompute()
+        if self._dbg._call_stacks:
+            fwd.stack = self._stacks.stack_id(folder, _API_FRAMES)
+        if self._forward and self._inputs:
+            fwd.args = self._record_inputs(fwd, args, kwargs)
+        return fwd
+
+    def _plain_post(
         self,
-        orig: Callable[..., Any],
-        api: str,
+        fwd: OpRecord,
         inplace: bool,
         args: tuple[Any, ...],
         kwargs: dict[str, Any],
-    ) -> Any:
-        """A captured call that gets no backward record: grad mode is off (an optimizer's
-        step, ``no_grad`` code) or no backward is captured. Nothing replaces its arguments,
-        so its record is built in this one frame, without the closures and argument walks
-        of :meth:`_pre` and :meth:`_post` (most calls of a CPU training step take this path:
-        docs/capture.md, "twelfth pass"). The record is the one those two would write, byte
-        for byte (``test_capture.py`` runs both). Only reached outside overflow mode,
-        without an api_list (which may select one direction) and for non-collectives."""
-        dbg = self._dbg
-        tls.active = False
-        fwd: Optional[OpRecord] = None
-        try:
-            with dbg._lock:
-                mods = self._modules.stack
-                module = mods[-1] if mods else None
-                call = self._select.api_call(api, module)
-                if call is not None:
-                    folder = self._files.folder
-                    fwd = OpRecord(f"{api}.{call}.forward", "api", "forward", module, folder)
-                    fwd.recompute = in_recompute()
-                    if dbg._call_stacks:
-                        fwd.stack = self._stacks.stack_id(folder, _API_FRAMES)
-                    if self._forward and self._inputs:
-                        fwd.args = self._record_inputs(fwd, args, kwargs)
-        except Exception as exc:  # noqa: BLE001
-            dbg._guard.fail(exc, f"capturing inputs of {api}")
-            fwd = None
-        try:
-            out = orig(*args, **kwargs)
-        finally:
-            tls.active = dbg._api_on
-        if fwd is None:
-            return out
-        tls.active = False
-        try:
-            with dbg._lock:
-                flow = self._flow
-                produced = out
-                if inplace or kwargs.get("inplace") is True:
-                    if args:
-                        flow.note_write(args[0])
-                    if out is None and args and _holds_result(args[0]):
-                        produced = args[0]  # __setitem__: the first argument holds it
-                if kwargs and "out" in kwargs:
-                    flow.note_write(kwargs["out"])
-                folder = self._files.folder
-                assert folder is not None
-                keep = self._forward and self._outputs
-                if isinstance(produced, torch.Tensor):
-                    self._record_output(fwd, folder, keep, "output.0", produced)
-                else:
-                    for name, t in named_tensors(results(produced), "output"):
-                        self._record_output(fwd, folder, keep, name, t)
-                if self._forward:
-                    dbg._finish(fwd)
-        except Exception as exc:  # noqa: BLE001
-            dbg._guard.fail(exc, f"capturing outputs of {api}")
-        finally:
-            tls.active = dbg._api_on
-        return out
+        out: Any,
+    ) -> None:
+        """A plain call's outputs, and its record finished (:meth:`call`)."""
+        flow = self._flow
+        produced = out
+        if inplace or kwargs.get("inplace") is True:
+            if args:
+                flow.note_write(args[0])
+            if out is None and args and _holds_result(args[0]):
+                produced = args[0]  # __setitem__: the first argument holds the result
+        if kwargs and "out" in kwargs:
+            flow.note_write(kwargs["out"])
+        folder = self._files.folder
+        assert folder is not None
+        keep = self._forward and self._outputs
+        if isinstance(produced, torch.Tensor):
+            self._record_output(fwd, folder, keep, "output.0", produced)
+        else:
+            for name, t in named_tensors(results(produced), "output"):
+                self._record_output(fwd, folder, keep, name, t)
+        if self._forward:
+            self._dbg._finish(fwd)
 
     def _record_inputs(
         self, fwd: OpRecord, args: tuple[Any, ...], kwargs: dict[str, Any]
     ) -> Optional[dict[str, Any]]:
-        """Record the tensor arguments of a plain call (:meth:`_call_plain`) as ``_pre``
-        does; returns the record's ``args`` (:func:`json_args`: the other arguments)."""
+        """Record the tensor arguments of a call that keeps them (no autograd alias replaces
+        any, as :meth:`_pre` does for a call with a backward record); returns the record's
+        ``args`` (:func:`json_args`: the other arguments), in one pass over them."""
         jargs: dict[str, Any] = {}
         for key, a in (*enumerate(args), *kwargs.items()):
             if isinstance(a, torch.Tensor):
@@ -385,8 +384,8 @@ class ApiCapture:
         return jargs or None
 
     def _record_input(self, fwd: OpRecord, name: str, t: torch.Tensor) -> None:
-        """One input tensor, linked to the output it came from (``src``), as ``_pre``'s
-        ``on_input`` records it."""
+        """One input tensor, linked to the captured output it came from (``src``); a tensor
+        captured before as it is now reuses that record's statistics (``Dataflow``)."""
         flow = self._flow
         src, same, mem = flow.source(t)
         rec = self._dbg._add_tensor(fwd, f"{fwd.key}.{name}", "input", t, False, None, same)
@@ -399,7 +398,8 @@ class ApiCapture:
         self, fwd: OpRecord, folder: RankFolder, keep: bool, name: str, t: torch.Tensor
     ) -> None:
         """One output tensor: recorded when ``keep`` (outputs are captured) with the id
-        later inputs link to, else only given that id, as ``_post``'s ``on_output`` does."""
+        later inputs link to, else only given that id. An output that is an input (``x.float()``
+        on float) reuses its statistics."""
         flow = self._flow
         if not keep:
             flow.register(t, folder)
