@@ -139,9 +139,10 @@ class FloorAgent:
             if hooks:
                 args = tuple(self._alias(a, api, n, inplace and i == 0) for i, a in enumerate(args))
             out = orig(*args, **kwargs)
-            outs = [self._facts(o) for o in results(out) if isinstance(o, torch.Tensor)]
+            produced = results(out)
+            outs = [self._facts(o) for o in produced if isinstance(o, torch.Tensor)]
             if hooks:
-                for o in results(out):
+                for o in produced:
                     if isinstance(o, torch.Tensor) and o.requires_grad and o.grad_fn is not None:
                         o.register_hook(functools.partial(self._gradient, api, n))
             self._kept.append((api, n, ins, outs))

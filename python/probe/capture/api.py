@@ -23,7 +23,7 @@ from typing import TYPE_CHECKING, Any, Callable, Optional
 import torch
 
 from .._patch import Patches
-from .records import NESTED, OpRecord, json_arg, json_args, named_tensors, results, walk
+from .records import NESTED, OpRecord, json_args, named_tensors, results, walk
 from .stats import nonfinite_result
 
 if TYPE_CHECKING:
@@ -332,7 +332,8 @@ class ApiCapture:
         if self._dbg._call_stacks:
             fwd.stack = self._stacks.stack_id(folder, _API_FRAMES)
         if self._forward and self._inputs:
-            fwd.args = self._record_inputs(fwd, args, kwargs)
+            self._record_inputs(fwd, args, kwargs)
+            fwd.args = json_args(args, kwargs)
         return fwd
 
     def _plain_post(
@@ -356,7 +357,7 @@ class ApiCapture:
         folder = self._files.folder
         assert folder is not None
         keep = self._forward and self._outputs
-        if isinstance(produced, torch.Tensor):
+        if isinstance(produced, torch.Tensor):  # most results: no walk for them
             self._record_output(fwd, folder, keep, "output.0", produced)
         else:
             for name, t in named_tensors(results(produced), "output"):
@@ -364,24 +365,15 @@ class ApiCapture:
         if self._forward:
             self._dbg._finish(fwd)
 
-    def _record_inputs(
-        self, fwd: OpRecord, args: tuple[Any, ...], kwargs: dict[str, Any]
-    ) -> Optional[dict[str, Any]]:
+    def _record_inputs(self, fwd: OpRecord, args: tuple[Any, ...], kwargs: dict[str, Any]) -> None:
         """Record the tensor arguments of a call that keeps them (no autograd alias replaces
-        any, as :meth:`_pre` does for a call with a backward record); returns the record's
-        ``args`` (:func:`json_args`: the other arguments), in one pass over them."""
-        jargs: dict[str, Any] = {}
+        any, as :meth:`_pre` does for a call with a backward record)."""
         for key, a in (*enumerate(args), *kwargs.items()):
-            if isinstance(a, torch.Tensor):
+            if isinstance(a, torch.Tensor):  # most arguments: no walk for them
                 self._record_input(fwd, f"input.{key}", a)
-                continue
-            if isinstance(a, NESTED):
+            elif isinstance(a, NESTED):
                 for name, t in named_tensors(a, f"input.{key}"):
                     self._record_input(fwd, name, t)
-            j = json_arg(a)
-            if j is not None:
-                jargs[f"input.{key}"] = j
-        return jargs or None
 
     def _record_input(self, fwd: OpRecord, name: str, t: torch.Tensor) -> None:
         """One input tensor, linked to the captured output it came from (``src``); a tensor
@@ -532,15 +524,15 @@ class ApiCapture:
                 else kwargs
             )
             new = (tuple(new_args), new_kwargs)
-            if want_fwd_in:
-                fwd.args = json_args(args, kwargs)
         elif want_fwd_in:
-            fwd.args = self._record_inputs(fwd, args, kwargs)
+            self._record_inputs(fwd, args, kwargs)
         if dbg._overflow:
             if inplace and args and isinstance(args[0], torch.Tensor):
                 # The value the op saw, kept in case it overflows (it changes in place).
                 args = (dbg._snapshot(args[0]), *args[1:])
             fwd.call_args = (args, kwargs)
+        elif want_fwd_in:
+            fwd.args = json_args(args, kwargs)
         if bwd is not None and bwd.expect:
             return (fwd, bwd, new, aliases, inplace, forward)
         return (fwd, bwd, None, aliases, inplace, forward)
