@@ -50,6 +50,14 @@ and statistics, then gradient hooks. The records column of a floor is the calls 
 agent's forward records); the lines after the tables say what share of the agent's overhead each
 floor costs, which is as low as any implementation of the same records could go.
 
+``--ablate PARTS`` (``records``, ``facts``, ``dataflow``, ``args``, ``stacks``, or ``all``) also
+times each probe configuration with one part of the agent's work replaced by a stub
+(``bench/ablate.py``), in the same run: the lines after the tables say what share of the
+configuration's overhead is left without that part, which bounds what a faster
+implementation of the part could win. The ablated dumps are wrong on purpose.
+
+    python bench/capture_overhead.py --threads 1 --modes statistics --levels api --ablate all
+
 ``--optimizer-outside`` calls ``stop()`` and ``step()`` before ``optimizer.step()`` instead of
 after it, as a user does who leaves the optimizer's ops out of the dump (docs/capture.md,
 "Cost and safety"); the issue's goals, set for a step captured whole, are not judged then.
@@ -319,12 +327,26 @@ def main() -> int:
         "alone; with every tensor's facts and statistics; with gradient hooks) in the same run",
     )
     ap.add_argument(
+        "--ablate",
+        metavar="PARTS",
+        default="",
+        help="also time each probe configuration with one part of the agent's work left out "
+        "(bench/ablate.py: records, facts, dataflow, args, stacks; comma-separated, or all), "
+        "in the same run: what that part costs the step at most",
+    )
+    ap.add_argument(
         "--baseline",
         metavar="REF",
         help="also time the agent of git ref REF of this checkout (or of a checkout "
         "directory) in the same run, interleaved: the 'base' rows",
     )
     args = ap.parse_args()
+    from ablate import PARTS
+
+    ablate = list(PARTS) if args.ablate == "all" else [p for p in args.ablate.split(",") if p]
+    unknown = [p for p in ablate if p not in PARTS]
+    if unknown:
+        ap.error(f"--ablate: unknown part {unknown[0]!r} (one of {', '.join(PARTS)}, or all)")
     if args.threads > 0:
         torch.set_num_threads(args.threads)
 
@@ -379,6 +401,17 @@ def main() -> int:
                                 _agent_runner(ex, device, args, agent, dbg, k, len(agents) > 1),
                             )
                         )
+                        for part in ablate if tag == "probe" else []:
+                            path = os.path.join(tmp, f"{folder}-no-{part}")
+                            dbg = agent.Debugger(
+                                None, dump_path=path, mode=mode, level=level, **extra
+                            )
+                            debuggers.append(dbg)
+                            runner = _agent_runner(
+                                ex, device, args, agent, dbg, k, len(agents) > 1, part
+                            )
+                            folders[f"{label.rstrip()} -{part}"] = f"{folder}-no-{part}"
+                            runners.append((f"{label.rstrip()} -{part}", runner))
         floors: dict[str, Any] = {}  # configuration -> its FloorAgent
         if args.floor:
             from floor_agent import LEVELS, FloorAgent
@@ -445,7 +478,7 @@ def main() -> int:
         + (" and PyTorch's reductions (torch)" if args.reductions == "both" else "")
     )
     print(
-        f"{'configuration':<28} {'ms/step':>9} {'ratio':>7} {'mean ms':>9} {'gc ms':>8} {'full':>5}"
+        f"{'configuration':<32} {'ms/step':>9} {'ratio':>7} {'mean ms':>9} {'gc ms':>8} {'full':>5}"
         f" {'records':>8} {'us/rec':>7}"
     )
     for name, t in rows:
@@ -453,9 +486,19 @@ def main() -> int:
         # model (overflow mode writes records only for the ops that overflowed).
         n = records.get(folders.get(name, name), 0)
         per = f"{(t - bare) / n * 1e6:7.1f}" if n else f"{'':>7}"
-        print(f"{name:<28} {t * 1e3:9.1f} {t / bare:7.2f}x {gc_cols[name]} {n or '':>8} {per}")
+        print(f"{name:<32} {t * 1e3:9.1f} {t / bare:7.2f}x {gc_cols[name]} {n or '':>8} {per}")
     _print_phases(rows, phases)
     probe_api = next((t for n, t in rows if n.split() == ["probe", "statistics", "api"]), None)
+    for name, t in rows:
+        whole = name.rsplit(" -", 1)[0]
+        times = {n.rstrip(): u for n, u in rows}
+        if whole != name and whole in times:
+            over = max(times[whole] - bare, 1e-9)
+            print(
+                f"{name}: overhead {(t - bare) * 1e3:.1f} ms = {(t - bare) / over:.3f} of "
+                f"{' '.join(whole.split())}'s {over * 1e3:.1f} ms (that part: at most "
+                f"{1 - (t - bare) / over:.0%})"
+            )
     for name, t in rows:
         if name.startswith("floor ") and probe_api is not None:
             print(
@@ -498,12 +541,20 @@ def main() -> int:
 
 
 def _agent_runner(
-    ex: Any, device: torch.device, args: Any, agent: Any, dbg: Any, kernel: Any, turns: bool
+    ex: Any,
+    device: torch.device,
+    args: Any,
+    agent: Any,
+    dbg: Any,
+    kernel: Any,
+    turns: bool,
+    ablate: Optional[str] = None,
 ) -> Runner:
     """A configuration's runner: ``dbg`` (a Debugger of ``agent``, this checkout's package or
     the baseline's) started with CPU statistics by ``kernel`` (None: PyTorch's reductions).
     ``turns``: two agents take turns, so the wrappers go in and out every step (one
-    agent's wrappers must never wrap the other's)."""
+    agent's wrappers must never wrap the other's). ``ablate``: a part of the agent's work
+    left out from ``start()`` to ``stop()`` (bench/ablate.py)."""
     stats = importlib.import_module(f"{agent.__name__}.capture.stats")
     patcher = getattr(importlib.import_module(f"{agent.__name__}.capture.api"), "PATCHER", None)
     if hasattr(stats, "use_native"):
@@ -521,6 +572,10 @@ def _agent_runner(
         if turns and patcher is not None:
             patcher.uninstall()
 
+    if ablate is not None:
+        from ablate import Ablation, wrap
+
+        start, stop = wrap(Ablation(ablate, agent, dbg), start, stop)
     return Runner(ex, device, args, start, stop)
 
 
@@ -600,10 +655,10 @@ def _print_phases(rows: list[tuple[str, float]], phases: dict[str, tuple[float, 
     forward calls, 33 backward records, and 176 calls inside Adam's per-parameter loop:
     docs/capture.md, "tenth pass".)"""
     bare = phases[rows[0][0]]
-    print(f"{'overhead by phase, ms':<28} {'forward':>9} {'backward':>9} {'optimizer+stop':>15}")
+    print(f"{'overhead by phase, ms':<32} {'forward':>9} {'backward':>9} {'optimizer+stop':>15}")
     for name, _ in rows[1:]:
         over = [p - b for p, b in zip(phases[name], bare)]
-        print(f"{name:<28} {over[0] * 1e3:9.1f} {over[1] * 1e3:9.1f} {over[2] * 1e3:15.1f}")
+        print(f"{name:<32} {over[0] * 1e3:9.1f} {over[1] * 1e3:9.1f} {over[2] * 1e3:15.1f}")
 
 
 def _print_goals(

@@ -706,6 +706,79 @@ def test_stacks_follow_the_caller_through_every_frame(dump: str) -> None:
         assert stacks[op][-len(frames) :] == frames, (op, stacks[op])
 
 
+def _relu_deep(x: torch.Tensor, depth: int) -> torch.Tensor:
+    if depth == 0:
+        return F.relu(x)
+    return _relu_deep(x, depth - 1)
+
+
+def _gelu_two_down(x: torch.Tensor) -> torch.Tensor:
+    return _gelu_here(x)
+
+
+def _gelus(x: torch.Tensor) -> Any:
+    while True:
+        yield _gelu_two_down(x)
+
+
+def _resume(gen: Any) -> Any:
+    return next(gen)
+
+
+def test_stacks_follow_the_caller_through_deep_and_resumed_frames(dump: str) -> None:
+    """Stacks through recursion and a resumed generator: ops at several depths of one
+    recursive function, called from different lines (the same frames below this one
+    twice); from a generator that is not the op's parent but its grandparent, resumed once
+    here and then through a helper (the frames above it change); and from this function
+    itself. Every stack names each frame at the line it was at, and all share the frames
+    above this test."""
+    import inspect
+
+    x = torch.randn(3, 4)
+    dbg = probe.Debugger(None, dump_path=dump, directions=["forward"])
+    dbg.start()
+    here = inspect.currentframe()
+    assert here is not None
+    base = here.f_lineno
+    _relu_deep(x, 3)  # base + 1
+    _relu_deep(x, 1)  # base + 2
+    _relu_deep(x, 1)  # base + 3: the same frames below this one as at base + 2
+    torch.exp(x)  # base + 4
+    gen = _gelus(x)
+    next(gen)  # base + 6
+    _resume(gen)  # base + 7: the generator's frame again, called by another frame
+    torch.exp(x)  # base + 8
+    dbg.stop()
+    dbg.close()
+    stacks = _stack_lines(dump)
+    me = "test_stacks_follow_the_caller_through_deep_and_resumed_frames"
+    deep_first = inspect.getsourcelines(_relu_deep)[1]
+    relu_at, recurse_at = deep_first + 2, deep_first + 3
+    gelu_at = inspect.getsourcelines(_gelu_here)[1] + 1
+    two_down_at = inspect.getsourcelines(_gelu_two_down)[1] + 1
+    gen_at = inspect.getsourcelines(_gelus)[1] + 2
+    resume_at = inspect.getsourcelines(_resume)[1] + 1
+
+    def deep(line: int, depth: int) -> list[tuple[str, int]]:
+        return [(me, line)] + [("_relu_deep", recurse_at)] * depth + [("_relu_deep", relu_at)]
+
+    from_gen = [("_gelus", gen_at), ("_gelu_two_down", two_down_at), ("_gelu_here", gelu_at)]
+    want = {
+        "Functional.relu.0.forward": deep(base + 1, 3),
+        "Functional.relu.1.forward": deep(base + 2, 1),
+        "Functional.relu.2.forward": deep(base + 3, 1),
+        "Torch.exp.0.forward": [(me, base + 4)],
+        "Functional.gelu.0.forward": [(me, base + 6)] + from_gen,
+        "Functional.gelu.1.forward": [(me, base + 7), ("_resume", resume_at)] + from_gen,
+        "Torch.exp.1.forward": [(me, base + 8)],
+    }
+    assert set(stacks) == set(want)
+    outer = {tuple(stacks[op][: -len(frames)]) for op, frames in want.items()}
+    assert len(outer) == 1 and all(f[0] != me for f in next(iter(outer)))
+    for op, frames in want.items():
+        assert stacks[op][-len(frames) :] == frames, (op, stacks[op])
+
+
 _EVERY_DTYPE: dict[str, torch.Tensor] = {
     "f32": torch.randn(3, 4),
     "f16": torch.randn(5, dtype=torch.float16),
