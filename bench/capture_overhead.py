@@ -50,11 +50,12 @@ and statistics, then gradient hooks. The records column of a floor is the calls 
 agent's forward records); the lines after the tables say what share of the agent's overhead each
 floor costs, which is as low as any implementation of the same records could go.
 
-``--ablate PARTS`` (``records``, ``facts``, ``dataflow``, ``args``, ``stacks``, or ``all``) also
-times each probe configuration with one part of the agent's work replaced by a stub
-(``bench/ablate.py``), in the same run: the lines after the tables say what share of the
+``--ablate PARTS`` (``records``, ``facts``, ``dataflow``, ``args``, ``stacks``, ``none``, or
+``all``) also times each probe configuration with one part of the agent's work replaced by a
+stub (``bench/ablate.py``), in the same run: the lines after the tables say what share of the
 configuration's overhead is left without that part, which bounds what a faster
-implementation of the part could win. The ablated dumps are wrong on purpose.
+implementation of the part could win. ``none`` stubs nothing: the whole agent timed again as
+an ablation is, the control. The ablated dumps are wrong on purpose.
 
     python bench/capture_overhead.py --threads 1 --modes statistics --levels api --ablate all
 
@@ -331,8 +332,8 @@ def main() -> int:
         metavar="PARTS",
         default="",
         help="also time each probe configuration with one part of the agent's work left out "
-        "(bench/ablate.py: records, facts, dataflow, args, stacks; comma-separated, or all), "
-        "in the same run: what that part costs the step at most",
+        "(bench/ablate.py: records, facts, dataflow, args, stacks, or none as the control; "
+        "comma-separated, or all), in the same run: what that part costs the step at most",
     )
     ap.add_argument(
         "--baseline",
@@ -494,9 +495,9 @@ def main() -> int:
         print(f"{name:<32} {t * 1e3:9.1f} {t / bare:7.2f}x {gc_cols[name]} {n or '':>8} {per}")
     _print_phases(rows, phases)
     probe_api = next((t for n, t in rows if n.split() == ["probe", "statistics", "api"]), None)
+    times = {n.rstrip(): u for n, u in rows}
     for name, t in rows:
         whole = name.rsplit(" -", 1)[0]
-        times = {n.rstrip(): u for n, u in rows}
         if whole != name and whole in times:
             over = max(times[whole] - bare, 1e-9)
             print(

@@ -109,7 +109,46 @@ def test_bench_floors_count_the_calls_the_agent_records(tmp_path: Any) -> None:
         # configuration (2 words), ms/step, ratio, mean ms, gc ms, full, records, us/rec
         assert int(row[7]) == forward, what
         # a share, not checked: one step is too few to time (it may even be negative)
-        assert re.search(rf"^floor {what}: -?\d+% of the overhead of probe statistics api$", out, re.M)
+        assert re.search(
+            rf"^floor {what}: -?\d+% of the overhead of probe statistics api$", out, re.M
+        )
+
+
+def test_bench_ablations_leave_out_their_part_only(tmp_path: Any) -> None:
+    """``--ablate``: each part's configuration dumps beside the whole agent, whose records
+    stay as they are. Leaving out ``records`` drops exactly the forward records of API calls
+    (the backward records stay); every other part keeps the number of records. Each
+    configuration's share of the overhead is printed, and an unknown part is refused before
+    anything runs."""
+    ops = _ops_of_one_step(tmp_path, optimizer_inside=True)
+    forward_api = sum(1 for op in ops if op["kind"] == "api" and op["direction"] == "forward")
+    assert 0 < forward_api < len(ops)
+
+    out = _bench("--ablate", "all")
+    assert int(_row(out, "probe statistics api ")[8]) == len(ops)
+    for part in ("records", "facts", "dataflow", "args", "stacks", "none"):
+        row = _row(out, f"probe statistics api -{part} ")
+        # configuration (4 words), ms/step, ratio, mean ms, gc ms, full, records, us/rec
+        want = len(ops) - forward_api if part == "records" else len(ops)
+        assert int(row[9]) == want, part
+        assert re.search(
+            rf"^probe statistics api -{part}: overhead -?\d+\.\d ms = -?\d+\.\d{{3}} of "
+            r"probe statistics api's",
+            out,
+            re.M,
+        ), part
+
+    env = dict(os.environ, PROBE_BIN=probe_bin())
+    done = subprocess.run(
+        [sys.executable, BENCH, "--ablate", "stacks,bogus"],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        env=env,
+        check=False,
+    )
+    assert done.returncode == 2 and "unknown part 'bogus'" in done.stderr
+    assert done.stdout == ""
 
 
 def test_floor_counts_what_a_checkpointed_step_records(tmp_path: Any) -> None:
