@@ -26,7 +26,10 @@ started the agent.
 (``HEAD~3``) or a checkout's directory -- in the same process, each configuration twice
 (``probe`` rows: this checkout; ``base`` rows: REF), interleaved step by step, so that one
 change is measured before and after under the same noise (separate runs on a shared machine
-differ by more than most changes). The two agents take turns, so each then puts its wrappers
+differ by more than most changes). The configuration made first (its model, optimizer and
+Debugger) measures a few per cent slower than the same one made later, so a paired ratio is
+the geometric mean of two runs: one as it is, one with ``--baseline-first`` (docs/capture.md,
+"thirteenth pass"). The two agents take turns, so each then puts its wrappers
 in at ``start()`` and takes them out at ``stop()`` every step: that costs both the same
 milliseconds, and their ratios to the bare step are slightly higher than without it.
 
@@ -341,6 +344,13 @@ def main() -> int:
         help="also time the agent of git ref REF of this checkout (or of a checkout "
         "directory) in the same run, interleaved: the 'base' rows",
     )
+    ap.add_argument(
+        "--baseline-first",
+        action="store_true",
+        help="with --baseline: make the baseline's configurations before this checkout's "
+        "(the configuration made first measures a few per cent slower: a paired ratio is the "
+        "geometric mean of a run with and one without this flag)",
+    )
     args = ap.parse_args()
     from ablate import PARTS
 
@@ -381,7 +391,9 @@ def main() -> int:
                 else:
                     variants = [(kernel, "auto")]
                 for k, writer in variants:
-                    for tag, agent in agents:
+                    # --baseline-first: the baseline's configuration is made (model, data,
+                    # optimizer, Debugger) before this checkout's.
+                    for tag, agent in reversed(agents) if args.baseline_first else agents:
                         # An agent before tensor_writer (--baseline) has only its thread.
                         if tag == "base" and writer == "inline":
                             continue
@@ -529,10 +541,12 @@ def main() -> int:
         if name.startswith("base "):
             mine = next((u for n, u in rows if n == "probe" + name[4:]), None)
             if mine is not None:
+                first = "the baseline's" if args.baseline_first else "this checkout's"
                 print(
                     f"overhead of this checkout / of {args.baseline},{name[4:].rstrip()}: "
                     f"{(mine - bare) * 1e3:.1f} / {(t - bare) * 1e3:.1f} ms = "
-                    f"{(mine - bare) / max(t - bare, 1e-9):.3f}"
+                    f"{(mine - bare) / max(t - bare, 1e-9):.3f} ({first} configuration made "
+                    "first)"
                 )
     ms_rows = [t for n, t in rows if n.startswith("msprobe")]
     stat_api = [

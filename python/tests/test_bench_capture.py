@@ -151,6 +151,28 @@ def test_bench_ablations_leave_out_their_part_only(tmp_path: Any) -> None:
     assert done.stdout == ""
 
 
+@pytest.mark.parametrize("first", [False, True])
+def test_bench_pairs_a_baseline_made_in_either_order(tmp_path: Any, first: bool) -> None:
+    """``--baseline DIR``: the other checkout's agent (here this one, copied) dumps the same
+    records beside this one's, and the paired line says whose configuration was made first
+    (``--baseline-first``: the baseline's)."""
+    ops = _ops_of_one_step(tmp_path, optimizer_inside=True)
+    out = _bench("--baseline", REPO, *(["--baseline-first"] if first else []))
+    for tag in ("probe", "base"):
+        assert int(_row(out, f"{tag} statistics api")[8]) == len(ops), tag
+    # The table lists configurations in the order they were made.
+    table = out.split("overhead by phase", 1)[0].splitlines()
+    made = [line.split()[0] for line in table if line.split()[:1] in (["probe"], ["base"])]
+    assert made == (["base", "probe"] if first else ["probe", "base"]), made
+    whose = "the baseline's" if first else "this checkout's"
+    assert re.search(
+        rf"^overhead of this checkout / of {re.escape(REPO)}, statistics api: .* = \d+\.\d{{3}} "
+        rf"\({whose} configuration made first\)$",
+        out,
+        re.M,
+    ), out
+
+
 def test_floor_counts_what_a_checkpointed_step_records(tmp_path: Any) -> None:
     """Under activation checkpointing PyTorch stops the recompute early by raising inside
     the first call it no longer needs: that call has its number but no record, and the
