@@ -17,6 +17,8 @@ implementation of it could win at most. Each part:
   measures the dataflow's bookkeeping less what its reuse saves.
 - ``args``: no ``args`` of API records (their non-tensor arguments).
 - ``stacks``: every record names stack 0; no stack is looked up or written.
+- ``none``: nothing: the whole agent, timed as an ablated configuration is. The control: the
+  bench steps its configurations in turn, and this shows what that alone does to a reading.
 
 The stubs replace attributes of the configuration's own Debugger, its dataflow and stack
 table, and the agent module's ``json_args``, from its ``start()`` to its ``stop()``, so the
