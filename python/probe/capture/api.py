@@ -77,6 +77,15 @@ def _holds_result(first: Any) -> bool:
     )
 
 
+def _result_of(out: Any, inplace: bool, args: tuple[Any, ...]) -> Any:
+    """What holds a call's result: what it returned, or for an in-place call returning None
+    (``__setitem__``, collectives) its first argument, when that can hold one (a list of
+    tensors for all_gather and the _coalesced variants)."""
+    if out is None and inplace and args and _holds_result(args[0]):
+        return args[0]
+    return out
+
+
 def load_api_list(path: Optional[str] = None) -> dict[str, list[str]]:
     """Read the hooked API list ({ApiType: [names]})."""
     with open(path or _LIST_PATH, encoding="utf-8") as fh:
@@ -119,9 +128,10 @@ view_as = torch.Tensor.view_as
 _graph_task_id: Optional[Callable[[], int]] = getattr(torch._C, "_current_graph_task_id", None)
 
 
-#: Frames of the agent between a hooked API's caller and ``ApiCapture._pre``: the wrapper,
-#: the dispatch, ``ApiCapture.call`` and ``_pre`` itself (stacks.py steps over them).
-_API_FRAMES = 4
+#: Frames of the agent between a hooked API's caller and ``ApiCapture._forward_record``: the
+#: wrapper, the dispatch, ``ApiCapture.call``, ``_pre`` or ``_plain_pre``, and
+#: ``_forward_record`` itself (stacks.py steps over them).
+_API_FRAMES = 5
 
 
 def in_recompute() -> bool:
@@ -251,8 +261,9 @@ class ApiCapture:
         # The configuration, read on every call: plain attributes, not its properties.
         self._forward, self._bwd = c.forward, c.backward
         self._inputs, self._outputs = c.inputs, c.outputs
-        #: Whether calls without a backward record take the plain path (:meth:`call`).
-        self._plain = not dbg._overflow and not self._select.listed
+        #: Whether calls without a backward record take the plain path (:meth:`call`; never
+        #: in overflow mode, which has its own).
+        self._plain = not self._select.listed
 
     def call(
         self,
@@ -321,16 +332,9 @@ class ApiCapture:
     ) -> Optional[OpRecord]:
         """A plain call's record with its inputs (:meth:`call`), or None when the call is
         not selected."""
-        mods = self._modules.stack
-        module = mods[-1] if mods else None
-        call = self._select.api_call(api, module)
-        if call is None:
+        fwd = self._forward_record(api)
+        if fwd is None:
             return None
-        folder = self._files.folder
-        fwd = OpRecord(f"{api}.{call}.forward", "api", "forward", module, folder)
-        fwd.recompute = in_recompute()
-        if self._dbg._call_stacks:
-            fwd.stack = self._stacks.stack_id(folder, _API_FRAMES)
         if self._forward and self._inputs:
             self._record_inputs(fwd, args, kwargs)
             fwd.args = json_args(args, kwargs)
@@ -345,15 +349,9 @@ class ApiCapture:
         out: Any,
     ) -> None:
         """A plain call's outputs, and its record finished (:meth:`call`)."""
-        flow = self._flow
-        produced = out
-        if inplace or kwargs.get("inplace") is True:
-            if args:
-                flow.note_write(args[0])
-            if out is None and args and _holds_result(args[0]):
-                produced = args[0]  # __setitem__: the first argument holds the result
-        if kwargs and "out" in kwargs:
-            flow.note_write(kwargs["out"])
+        inplace = inplace or kwargs.get("inplace") is True
+        self._note_writes(inplace, args, kwargs)
+        produced = _result_of(out, inplace, args)
         folder = self._files.folder
         assert folder is not None
         keep = self._forward and self._outputs
@@ -364,6 +362,29 @@ class ApiCapture:
                 self._record_output(fwd, folder, keep, name, t)
         if self._forward:
             self._dbg._finish(fwd)
+
+    def _forward_record(self, api: str) -> Optional[OpRecord]:
+        """A selected call's forward record: numbered, in its module, with its stack; None
+        when the call is not selected (it is counted either way)."""
+        mods = self._modules.stack
+        module = mods[-1] if mods else None
+        call = self._select.api_call(api, module)
+        if call is None:
+            return None
+        folder = self._files.folder
+        fwd = OpRecord(f"{api}.{call}.forward", "api", "forward", module, folder)
+        fwd.recompute = in_recompute()
+        if self._dbg._call_stacks:
+            fwd.stack = self._stacks.stack_id(folder, _API_FRAMES)
+        return fwd
+
+    def _note_writes(self, inplace: bool, args: tuple[Any, ...], kwargs: dict[str, Any]) -> None:
+        """What a call wrote in place, through whichever tensor object: records kept of
+        tensors sharing that storage no longer stand for them (``Dataflow.note_write``)."""
+        if inplace and args:
+            self._flow.note_write(args[0])
+        if kwargs and "out" in kwargs:
+            self._flow.note_write(kwargs["out"])
 
     def _record_inputs(self, fwd: OpRecord, args: tuple[Any, ...], kwargs: dict[str, Any]) -> None:
         """Record the tensor arguments of a call that keeps them (no autograd alias replaces
@@ -447,9 +468,7 @@ class ApiCapture:
         tls.active = False
         try:
             with dbg._lock:
-                produced = out
-                if produced is None and inplace and args and _holds_result(args[0]):
-                    produced = args[0]  # __setitem__: the first argument holds the result
+                produced = _result_of(out, inplace, args)
                 if (
                     folder is not None
                     and folder is self._files.folder
@@ -472,28 +491,22 @@ class ApiCapture:
     def _pre(
         self, api: str, inplace: bool, args: tuple[Any, ...], kwargs: dict[str, Any]
     ) -> Optional[_Pending]:
-        mods = self._modules.stack
-        module = mods[-1] if mods else None
-        call = self._select.api_call(api, module)
-        if call is None:
+        fwd = self._forward_record(api)
+        if fwd is None:
             return None
         dbg = self._dbg
         forward, backward = self._forward, self._bwd
         if self._select.listed:
-            f, b = self._select.list_directions(api, module)
+            f, b = self._select.list_directions(api, fwd.module)
             forward, backward = forward and f, backward and b
         if not inplace and kwargs and kwargs.get("inplace") is True:
             inplace = True
-        folder = self._files.folder
-        fwd = OpRecord(f"{api}.{call}.forward", "api", "forward", module, folder)
-        fwd.recompute = in_recompute()
         bwd: Optional[OpRecord] = None
         if backward and torch.is_grad_enabled():
-            bwd = OpRecord(f"{api}.{call}.backward", "api", "backward", module, folder)
-        if dbg._call_stacks:
-            fwd.stack = self._stacks.stack_id(folder, _API_FRAMES)
-            if bwd is not None:
-                bwd.stack = fwd.stack
+            # Api.name.N.backward, beside the forward record's key.
+            key = f"{fwd.key.rpartition('.')[0]}.backward"
+            bwd = OpRecord(key, "api", "backward", fwd.module, fwd.folder)
+            bwd.stack = fwd.stack
         aliases: dict[int, torch.Tensor] = {}
         # Overflow mode records inputs only once the op is known to have overflowed.
         want_fwd_in = forward and self._inputs and not dbg._overflow
@@ -543,19 +556,11 @@ class ApiCapture:
         folder = self._files.folder
         flow = self._flow if dbg._dataflow else None
         if flow is not None:
-            # What the op wrote in place, through whichever tensor object (records kept of
-            # tensors sharing that storage no longer stand for them).
-            if inplace and args:
-                flow.note_write(args[0])
-            if kwargs and "out" in kwargs:
-                flow.note_write(kwargs["out"])
+            self._note_writes(inplace, args, kwargs)
         if aliases and isinstance(out, torch.Tensor) and id(out) in aliases:
             out = aliases[id(out)]  # identity ops (x.float() on float) return their input
         result = out
-        if out is None and inplace and args and _holds_result(args[0]):
-            # __setitem__, collectives: the first argument holds the result (a list of
-            # tensors for all_gather and the _coalesced variants).
-            out = args[0]
+        out = _result_of(out, inplace, args)
         want_out = forward and self._outputs and not dbg._overflow
         grads_in = bwd is not None and self._inputs
         if flow is not None or grads_in:
