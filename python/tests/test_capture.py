@@ -2,10 +2,13 @@
 
 from __future__ import annotations
 
+import contextlib
 import json
 import math
 import os
+import sys
 import zlib
+from collections.abc import Iterator
 from typing import Any
 
 import numpy as np
@@ -660,6 +663,27 @@ def _stack_lines(dump: str) -> dict[str, list[tuple[str, int]]]:
     return out
 
 
+@contextlib.contextmanager
+def _forward_capture(dump: str) -> Iterator[None]:
+    """Forward records of the calls made in the ``with`` block, dumped to ``dump``."""
+    dbg = probe.Debugger(None, dump_path=dump, directions=["forward"])
+    dbg.start()
+    yield
+    dbg.stop()
+    dbg.close()
+
+
+def _line() -> int:
+    """The line its caller is at."""
+    return sys._getframe(1).f_lineno
+
+
+def _assert_stack_tails(stacks: dict[str, list[tuple[str, int]]], want: dict[str, Any]) -> None:
+    """Each op's innermost frames are the (function, line) pairs ``want`` names for it."""
+    for op, frames in want.items():
+        assert stacks[op][-len(frames) :] == frames, (op, stacks[op])
+
+
 def test_stacks_follow_the_caller_through_every_frame(dump: str) -> None:
     """Ops called from one function, through helpers called at different lines of it,
     and from a generator resumed at two places: every stack names the lines each frame
@@ -667,20 +691,15 @@ def test_stacks_follow_the_caller_through_every_frame(dump: str) -> None:
     import inspect
 
     x = torch.randn(3, 4)
-    dbg = probe.Debugger(None, dump_path=dump, directions=["forward"])
-    dbg.start()
-    here = inspect.currentframe()
-    assert here is not None
-    base = here.f_lineno
-    _relu_here(x)  # base + 1
-    _gelu_here(x)  # base + 2
-    _relu_here(x)  # base + 3
-    gen = _relus(x, 2)
-    next(gen)  # base + 5
-    next(gen)  # base + 6: the generator's frame again, resumed from another line
-    torch.exp(x)  # base + 7
-    dbg.stop()
-    dbg.close()
+    with _forward_capture(dump):
+        base = _line()
+        _relu_here(x)  # base + 1
+        _gelu_here(x)  # base + 2
+        _relu_here(x)  # base + 3
+        gen = _relus(x, 2)
+        next(gen)  # base + 5
+        next(gen)  # base + 6: the generator's frame again, resumed from another line
+        torch.exp(x)  # base + 7
     stacks = _stack_lines(dump)
     me = "test_stacks_follow_the_caller_through_every_frame"
     relu_line = inspect.getsourcelines(_relu_here)[1] + 1
@@ -702,8 +721,7 @@ def test_stacks_follow_the_caller_through_every_frame(dump: str) -> None:
             ("_relu_here", relu_line),
         ],
     }
-    for op, frames in want.items():
-        assert stacks[op][-len(frames) :] == frames, (op, stacks[op])
+    _assert_stack_tails(stacks, want)
 
 
 def _relu_deep(x: torch.Tensor, depth: int) -> torch.Tensor:
@@ -735,21 +753,16 @@ def test_stacks_follow_the_caller_through_deep_and_resumed_frames(dump: str) -> 
     import inspect
 
     x = torch.randn(3, 4)
-    dbg = probe.Debugger(None, dump_path=dump, directions=["forward"])
-    dbg.start()
-    here = inspect.currentframe()
-    assert here is not None
-    base = here.f_lineno
-    _relu_deep(x, 3)  # base + 1
-    _relu_deep(x, 1)  # base + 2
-    _relu_deep(x, 1)  # base + 3: the same frames below this one as at base + 2
-    torch.exp(x)  # base + 4
-    gen = _gelus(x)
-    next(gen)  # base + 6
-    _resume(gen)  # base + 7: the generator's frame again, called by another frame
-    torch.exp(x)  # base + 8
-    dbg.stop()
-    dbg.close()
+    with _forward_capture(dump):
+        base = _line()
+        _relu_deep(x, 3)  # base + 1
+        _relu_deep(x, 1)  # base + 2
+        _relu_deep(x, 1)  # base + 3: the same frames below this one as at base + 2
+        torch.exp(x)  # base + 4
+        gen = _gelus(x)
+        next(gen)  # base + 6
+        _resume(gen)  # base + 7: the generator's frame again, called by another frame
+        torch.exp(x)  # base + 8
     stacks = _stack_lines(dump)
     me = "test_stacks_follow_the_caller_through_deep_and_resumed_frames"
     deep_first = inspect.getsourcelines(_relu_deep)[1]
@@ -775,8 +788,7 @@ def test_stacks_follow_the_caller_through_deep_and_resumed_frames(dump: str) -> 
     assert set(stacks) == set(want)
     outer = {tuple(stacks[op][: -len(frames)]) for op, frames in want.items()}
     assert len(outer) == 1 and all(f[0] != me for f in next(iter(outer)))
-    for op, frames in want.items():
-        assert stacks[op][-len(frames) :] == frames, (op, stacks[op])
+    _assert_stack_tails(stacks, want)
 
 
 _EVERY_DTYPE: dict[str, torch.Tensor] = {
