@@ -358,6 +358,8 @@ def main() -> int:
     unknown = [p for p in ablate if p not in PARTS]
     if unknown:
         ap.error(f"--ablate: unknown part {unknown[0]!r} (one of {', '.join(PARTS)}, or all)")
+    if args.baseline_first and not args.baseline:
+        ap.error("--baseline-first orders a paired run: it needs --baseline REF")
     if args.threads > 0:
         torch.set_num_threads(args.threads)
 

@@ -118,8 +118,8 @@ def test_bench_ablations_leave_out_their_part_only(tmp_path: Any) -> None:
     """``--ablate``: each part's configuration dumps beside the whole agent, whose records
     stay as they are. Leaving out ``records`` drops exactly the forward records of API calls
     (the backward records stay); every other part keeps the number of records. Each
-    configuration's share of the overhead is printed, and an unknown part is refused before
-    anything runs."""
+    configuration's share of the overhead is printed, and an unknown part (or an order for a
+    paired run without one) is refused before anything runs."""
     ops = _ops_of_one_step(tmp_path, optimizer_inside=True)
     forward_api = sum(1 for op in ops if op["kind"] == "api" and op["direction"] == "forward")
     assert 0 < forward_api < len(ops)
@@ -139,16 +139,20 @@ def test_bench_ablations_leave_out_their_part_only(tmp_path: Any) -> None:
         ), part
 
     env = dict(os.environ, PROBE_BIN=probe_bin())
-    done = subprocess.run(
-        [sys.executable, BENCH, "--ablate", "stacks,bogus"],
-        capture_output=True,
-        text=True,
-        timeout=120,
-        env=env,
-        check=False,
-    )
-    assert done.returncode == 2 and "unknown part 'bogus'" in done.stderr
-    assert done.stdout == ""
+    for flags, says in (
+        (["--ablate", "stacks,bogus"], "unknown part 'bogus'"),
+        (["--baseline-first"], "--baseline-first orders a paired run: it needs --baseline"),
+    ):
+        done = subprocess.run(
+            [sys.executable, BENCH, *flags],
+            capture_output=True,
+            text=True,
+            timeout=120,
+            env=env,
+            check=False,
+        )
+        assert done.returncode == 2 and says in done.stderr, flags
+        assert done.stdout == ""
 
 
 @pytest.mark.parametrize("first", [False, True])
