@@ -3,8 +3,9 @@
 The list is data so that it can be reviewed and edited without touching code. Wrappers are
 installed by ``Debugger.start()`` and removed by ``stop()`` (through one
 :class:`~probe._patch.Patches` group), so steps that are not captured run the original
-functions with zero added cost. Inside an installed wrapper the fast path is one
-thread-local attribute test: only the thread that called ``start()`` captures, and only
+functions with zero added cost. Inside an installed wrapper the fast path is a test that
+Dynamo is not tracing (compiled.py) and one thread-local attribute test: only the thread
+that called ``start()`` captures, and only
 while it is not already inside a captured op (the reentrancy guard that keeps ``F.gelu``
 from also reporting the ``torch`` calls it makes internally). A captured call becomes a
 forward record (inputs before the call, outputs after) and, when autograd is on, a backward
@@ -23,6 +24,7 @@ from typing import TYPE_CHECKING, Any, Callable, Optional
 import torch
 
 from .._patch import Patches
+from .compiled import compiler_call, compiling
 from .records import NESTED, OpRecord, json_args, named_tensors, results, walk
 from .stats import nonfinite_result
 
@@ -197,7 +199,8 @@ class ApiPatcher:
 
 def _make_wrapper(handler: CallHandler, orig: Callable[..., Any], api: str, inplace: bool) -> Any:
     def wrapper(*args: Any, **kwargs: Any) -> Any:
-        if not tls.active:
+        # Compiling first: Dynamo would turn a read of the flag into a guard (compiled.py).
+        if compiling() or not tls.active:
             return orig(*args, **kwargs)
         return handler(orig, api, inplace, args, kwargs)
 
@@ -213,6 +216,9 @@ class _Dispatch:
     """Routes captured calls to the Debugger that is running (at most one per process)."""
 
     current: Optional[ApiCapture] = None
+    #: Whether ``torch.compile`` may be in use (``compiled.may_compile``, at ``start()``):
+    #: calls made by its Python code are then told apart by their caller.
+    compile_seen = False
 
     def __call__(
         self,
@@ -223,7 +229,7 @@ class _Dispatch:
         kwargs: dict[str, Any],
     ) -> Any:
         cap = self.current
-        if cap is None:
+        if cap is None or compiler_call(args, self.compile_seen):  # (compiled.py)
             return orig(*args, **kwargs)
         return cap.call(orig, api, inplace, args, kwargs)
 

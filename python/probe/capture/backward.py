@@ -19,6 +19,7 @@ from typing import TYPE_CHECKING, Any, Callable, Optional
 import torch
 
 from .api import tls
+from .compiled import compiling
 from .records import Captured, Known, OpRecord
 
 if TYPE_CHECKING:
@@ -57,6 +58,8 @@ class BackwardHooks:
         return partial(self._param_grad, self._dbg._session, base, pname)
 
     def _param_grad(self, session: int, base: str, pname: str, p: torch.Tensor) -> None:
+        if compiling():
+            return
         dbg = self._dbg
         if dbg._guard.failed or dbg._session != session or p.grad is None:
             return
@@ -117,6 +120,8 @@ def _grad_hook(
     gradient at ``index`` as tensor ``name`` in ``role``. ``ref``: the Debugger, held
     weakly (autograd's hooks must never keep it alive); ``session``: the ``start()`` the
     hook belongs to (a late gradient of a closed step is dropped)."""
+    if compiling():  # compiled autograd traces it: stay out (compiled.py)
+        return None
     dbg = ref()
     if dbg is None or dbg._guard.failed or bwd.done or dbg._session != session:
         return None

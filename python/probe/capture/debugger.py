@@ -35,6 +35,7 @@ from ..config import CaptureConfig, load_config
 from .api import DISPATCH, PATCHER, ApiCapture, tls
 from .backward import BackwardHooks
 from .buffer import Fill, StatsBuffer
+from .compiled import graph_count, in_model, may_compile, module_tree, unwrap
 from .distributed import Collectives, DdpHooks, is_ddp
 from .modules import ModuleHooks
 from .records import (
@@ -139,9 +140,14 @@ class Debugger:
         self._call_stacks = self.config.stack and not self._overflow
         #: Dataflow ids (``id``/``src``): meaningless when most ops are not recorded.
         self._dataflow = not self._overflow
-        self.model = model
+        self.model = unwrap(model) if model is not None else None
         self.current_step = 0
         self._running = False
+        #: Dynamo's compiled-graph count at ``start()``, whether compiled code has run while
+        #: capturing, and whether the user was told (compiled.py).
+        self._graphs = 0
+        self._compiled = False
+        self._compiled_told = False
         #: Whether API wrappers capture on the capturing thread now: running at api or mix
         #: level (read on every captured call, so a plain attribute kept with _running).
         self._api_on = False
@@ -174,7 +180,7 @@ class Debugger:
     def start(self, model: Optional[torch.nn.Module] = None) -> None:
         """Begin capturing the current step (no-op if the step or rank is not selected)."""
         if model is not None:
-            self.model = model
+            self.model = unwrap(model)  # torch.compile's wrapper: the model it holds
         if self._guard.failed or self._running:
             return
         self._attach_ddp()
@@ -202,11 +208,14 @@ class Debugger:
             self._session += 1
             if self.config.api:
                 PATCHER.install()
+            self._graphs = graph_count()
             if self.model is not None:
+                self._compiled = self._compiled or in_model(self.model)
                 self._modules.install(self.model)
             self._running = True
             self._api_on = self.config.api
             DISPATCH.current = self._api
+            DISPATCH.compile_seen = may_compile()
             tls.active = self._api_on
         except Exception as exc:  # noqa: BLE001 - unwritable path, odd model...
             self._guard.fail(exc, "start()")
@@ -219,6 +228,7 @@ class Debugger:
         self._running = self._api_on = False
         if DISPATCH.current is self._api:
             DISPATCH.current = None
+        self._note_compiled()
         try:
             if not self._select.step(self.current_step + 1):
                 # Wrappers stay installed (inert: one thread-local test per call) only
@@ -268,6 +278,23 @@ class Debugger:
         self._flow.clear()
         self._collectives.new_step()
 
+    def _note_compiled(self) -> None:
+        """At ``stop()``: whether compiled code ran in the captured step (a compiled model,
+        or graphs Dynamo compiled since ``start()``, as when the model given is not the
+        compiled one). Its operators are not hooked, so they are missing from the dump: the
+        user is told once, and the model's next module hooks are a compiled model's."""
+        self._compiled = self._compiled or graph_count() > self._graphs
+        if not self._compiled or self._compiled_told:
+            return
+        self._compiled_told = True
+        msg = (
+            f"probe: torch.compile'd code ran while capturing step {self.current_step}: the "
+            "operators inside compiled graphs are not hooked and are missing from the dump. "
+            "Capture the run without torch.compile to record them."
+        )
+        log.warning(msg)
+        warnings.warn(msg, RuntimeWarning, stacklevel=3)
+
     def _attach_ddp(self) -> None:
         """A DistributedDataParallel model gets the bucket-recording communication hook,
         once (distributed.py). Registering it never stops training: a failure only
@@ -300,13 +327,14 @@ class Debugger:
         api_list's module paths checked against it."""
         if self.model is not None:
             return
-        self.model = model
+        self.model = unwrap(model)
         self._attach_ddp()
         try:
             self._check_api_list()
             self._files.model_known(model)
             if self._running:
-                self._modules.install(model)
+                self._compiled = self._compiled or in_model(model)
+                self._modules.install(self.model)
         except Exception as exc:  # noqa: BLE001
             self._guard.fail(exc, "taking the model at its first forward")
 
@@ -328,7 +356,7 @@ class Debugger:
                     bad.append(f"{e.name} ({e.api} is not a hooked API)")
         if not self._modules_checked and self.model is not None:
             self._modules_checked = True
-            paths = {p for p, _ in self.model.named_modules() if p}
+            paths = {p for p, _ in module_tree(self.model) if p}
             for name in self._select.resolve_modules(paths):
                 bad.append(f"{name} (no such module in the model)")
         if bad:

@@ -35,6 +35,8 @@ import torch
 from torch.nn.modules.module import register_module_forward_pre_hook
 from torch.optim.optimizer import register_optimizer_step_post_hook
 
+from .compiled import compiling
+
 if TYPE_CHECKING:
     from torch.utils.hooks import RemovableHandle
 
@@ -94,7 +96,7 @@ class IterationCounter:
         """The global forward pre-hook, until the first module call: that module is the
         model. Later forwards are watched on it alone (no cost for other modules); they
         count iterations only until an optimizer step is seen."""
-        if not self._on:
+        if compiling() or not self._on:  # compiling first (compiled.py)
             return
         try:
             self._drop_forward_hook()
@@ -106,7 +108,7 @@ class IterationCounter:
             self._dbg._guard.fail(exc, "iteration counting (first forward)")
 
     def _on_model_forward(self, module: torch.nn.Module, args: Any) -> None:
-        if not self._on:
+        if compiling() or not self._on:
             return
         try:
             self._count_forward()
@@ -123,7 +125,7 @@ class IterationCounter:
         self._forwards += 1
 
     def _on_optimizer_step(self, optimizer: torch.optim.Optimizer, *_: Any) -> None:
-        if not self._on:
+        if compiling() or not self._on:
             return
         self._in_optimizer_hook = True
         try:

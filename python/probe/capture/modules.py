@@ -21,6 +21,7 @@ from typing import TYPE_CHECKING, Any, Callable, Optional
 import torch
 
 from .api import in_recompute, tls, view_as
+from .compiled import compiling, module_tree
 from .records import OpRecord, results, walk
 
 if TYPE_CHECKING:
@@ -46,10 +47,11 @@ class ModuleHooks:
         self._pending: list[Optional[_Pending]] = []
 
     def install(self, model: torch.nn.Module) -> None:
+        """Hook every submodule of ``model`` (a compiled one's under its eager path)."""
         dbg = self._dbg
         c = dbg.config
         track_only = not c.module
-        for path, mod in model.named_modules():
+        for path, mod in module_tree(model):
             if not path:
                 continue  # the root: its path would be empty; its submodules cover it
             cls = type(mod).__name__
@@ -70,7 +72,7 @@ class ModuleHooks:
                     for pname, p in params.items():
                         if p.requires_grad:
                             self._handles.append(
-                                p.register_post_accumulate_grad_hook(
+                                p.register_post_accumulate_grad_hook(  # type: ignore[no-untyped-call]
                                     dbg._backward.param_grad_hook(base, pname)
                                 )
                             )
@@ -95,6 +97,8 @@ class ModuleHooks:
         kwargs: dict[str, Any],
     ) -> Any:
         """The forward pre-hook of module ``path`` (class ``cls``)."""
+        if compiling():  # before any read of the agent's state (compiled.py)
+            return None
         dbg = self._dbg
         if not dbg._running:
             return None
@@ -124,6 +128,8 @@ class ModuleHooks:
         output: Any,
     ) -> Any:
         """The forward hook of module ``path``: also called when the forward raised."""
+        if compiling():
+            return None
         dbg = self._dbg
         if not dbg._running:
             return None

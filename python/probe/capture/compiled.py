@@ -1,0 +1,150 @@
+"""``torch.compile``: what the agent does around compiled code.
+
+Why: the operators inside a compiled graph are not Python calls of the hooked APIs, so no
+hook sees them; only eager code is captured (as with msprobe). What the agent must still
+guarantee is that compiling keeps working and says so:
+
+- While TorchDynamo traces a function it runs the agent's wrappers and hooks on fake
+  tensors. They must step aside before reading any state of the agent: a wrapper that
+  captured there failed on the fake tensors and switched capture off mid-trace, removing the
+  module hooks under Dynamo, which then crashed the training step; and a flag read there
+  became a guard, so that every ``start()`` and ``stop()`` recompiled the model, until
+  Dynamo's recompile limit (8) left it uncompiled for the rest of the run. So every entry
+  point tests :func:`compiling` first; the model is then traced twice at most (with the
+  agent's hooks and without).
+- Compiling a graph (AOT autograd, Inductor) also calls the hooked APIs from Python, on fake
+  tensors, outside Dynamo's trace: a captured step whose first call compiled switched
+  capture off that way. Its code also calls them on real tensors (constant folding, the
+  runtime wrappers of a compiled graph), which are not the model's calls. Neither is
+  captured (:func:`compiler_call`).
+- The module paths of a compiled model are those of the model it wraps (``block.fc1``,
+  not ``_orig_mod.block.fc1``), so that they match an eager run's (:func:`module_tree`).
+- The user is told once that compiled code ran while capturing (:func:`graph_count`,
+  :func:`in_model`), since its operators are missing from the dump.
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+from collections.abc import Iterator
+from typing import Any, Callable
+
+import torch
+
+_is_compiling: Any = getattr(getattr(torch, "compiler", None), "is_compiling", None)
+if _is_compiling is None:  # PyTorch before 2.3
+    _is_compiling = getattr(torch._utils, "is_compiling", None)
+
+#: Whether TorchDynamo is tracing the caller now: True only inside a trace, where Dynamo
+#: evaluates it as a constant, so the code after it is never traced.
+compiling: Callable[[], bool] = _is_compiling if _is_compiling is not None else lambda: False
+
+_get_mode: Any = getattr(torch._C, "_get_dispatch_mode", None)
+_FAKE: Any = getattr(getattr(torch._C, "_TorchDispatchModeKey", None), "FAKE", None)
+_FakeTensor: Any
+try:
+    from torch._subclasses.fake_tensor import FakeTensor as _FakeTensor
+except Exception:  # noqa: BLE001 - a PyTorch without it has no compiler to step aside for
+    _FakeTensor = None
+
+
+#: Where ``torch.compile``'s own Python code lives: its compilers, the meta functions and
+#: Python references they trace with, and the runtime wrappers of compiled graphs (AOT
+#: autograd's ``detach`` of each output at every call). Packages end with a separator.
+_COMPILER_CODE = tuple(
+    os.path.join(os.path.dirname(torch.__file__), d)
+    for d in (
+        *(
+            p + os.sep
+            for p in (
+                "_dynamo",
+                "_functorch",
+                "_inductor",
+                "_subclasses",
+                "_export",
+                "_higher_order_ops",
+                "_refs",
+                "_prims",
+                "_prims_common",
+                "_decomp",
+            )
+        ),
+        "_meta_registrations.py",
+    )
+)
+
+
+def may_compile() -> bool:
+    """Whether ``torch.compile`` may run in this process: Dynamo was imported (it is not by
+    ``import torch``)."""
+    return "torch._dynamo" in sys.modules
+
+
+def compiler_call(args: tuple[Any, ...], frames: bool) -> bool:
+    """Whether a call of a hooked API, with positional arguments ``args``, is made by
+    ``torch.compile``, not by the model: AOT autograd and Inductor lower a graph by running
+    PyTorch's Python API on fake tensors (also lazily, at the first backward), under a fake
+    mode or on fake tensors directly; and, when ``frames`` (:func:`may_compile`), the
+    caller is its code, with real tensors (constant folding while compiling, the runtime
+    wrappers of a compiled graph). Called from the wrapper's handler (``api._Dispatch``):
+    the wrapper's caller is three frames up."""
+    if args and _FakeTensor is not None and type(args[0]) is _FakeTensor:
+        return True
+    if _get_mode is not None and _FAKE is not None and _get_mode(_FAKE) is not None:
+        return True
+    return frames and sys._getframe(3).f_code.co_filename.startswith(_COMPILER_CODE)
+
+
+#: The attribute of a wrapper made by ``torch.compile(module)`` holding the module itself.
+_ORIG = "_orig_mod"
+
+
+def _wrapped(mod: torch.nn.Module) -> bool:
+    """Whether ``mod`` is what ``torch.compile(module)`` returns (an ``OptimizedModule``)."""
+    return isinstance(getattr(mod, _ORIG, None), torch.nn.Module) and type(mod).__name__ == (
+        "OptimizedModule"
+    )
+
+
+def unwrap(model: torch.nn.Module) -> torch.nn.Module:
+    """The module a ``torch.compile`` wrapper holds, or ``model`` itself."""
+    while _wrapped(model):
+        model = getattr(model, _ORIG)
+    return model
+
+
+def module_tree(model: torch.nn.Module) -> Iterator[tuple[str, torch.nn.Module]]:
+    """``model.named_modules()`` without ``torch.compile`` wrappers: each compiled submodule
+    under the path an eager run gives it, once (the wrapper calls the module it holds,
+    whose hooks see the call)."""
+    for path, mod in unwrap(model).named_modules():
+        if _wrapped(mod):
+            continue
+        if _ORIG in path:
+            parts = [p for p in path.split(".") if p != _ORIG]
+            path = ".".join(parts)
+        yield path, mod
+
+
+def in_model(model: torch.nn.Module) -> bool:
+    """Whether ``model`` (or a submodule) was compiled: wrapped by ``torch.compile`` or
+    compiled in place (``module.compile()``)."""
+    if _wrapped(model):
+        return True
+    return any(
+        _wrapped(m) or getattr(m, "_compiled_call_impl", None) is not None for m in model.modules()
+    )
+
+
+def graph_count() -> int:
+    """Graphs Dynamo compiled in this process so far; 0 when it was never imported (or its
+    counters moved: this reads PyTorch internals, and only to warn)."""
+    if "torch._dynamo" not in sys.modules:
+        return 0
+    try:
+        from torch._dynamo.utils import counters
+
+        return int(counters["stats"]["unique_graphs"])
+    except Exception:  # noqa: BLE001 - a warning's input, never a failure
+        return 0

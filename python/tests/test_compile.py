@@ -1,0 +1,129 @@
+"""The agent beside ``torch.compile`` (capture/compiled.py): training runs as it would
+without the agent, compiled models are not recompiled at every captured step, the dump holds
+the eager calls only (none of the compiler's own), and the user is told once."""
+
+from __future__ import annotations
+
+import os
+import warnings
+from typing import Any
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+import probe
+from conftest import Tiny, load_example, read_ops
+from probe.capture import compiled
+
+dynamo = pytest.importorskip("torch._dynamo")
+from torch._dynamo.utils import counters  # noqa: E402
+
+
+EXAMPLE = load_example()
+
+
+def _graphs() -> int:
+    return int(counters["stats"]["unique_graphs"])
+
+
+def _run(backend: str, dbg: Any, steps: int, give_wrapper: bool = True) -> list[float]:
+    """``steps`` SGD steps of the example's model compiled, capturing the even ones under
+    ``dbg`` (when given), from a fresh Dynamo; returns the losses."""
+    dynamo.reset()
+    probe.seed_all(0)
+    model = EXAMPLE.SmallNet()
+    data = EXAMPLE.make_data(2, 4, torch.device("cpu"))
+    cm = torch.compile(model, backend=backend)
+    opt = torch.optim.SGD(model.parameters(), lr=0.1)
+    losses = []
+    for i in range(steps):
+        x, y = data[i % 2]
+        cap = dbg is not None and i % 2 == 0
+        if cap:
+            dbg.start(cm if give_wrapper else model)
+        opt.zero_grad()
+        out = cm(x)
+        loss = F.cross_entropy(out.reshape(-1, out.shape[-1]), y.reshape(-1))
+        loss.backward()
+        opt.step()
+        if cap:
+            dbg.stop()
+        if dbg is not None:
+            dbg.step()
+        losses.append(loss.item())
+    return losses
+
+
+@pytest.mark.parametrize("level", ["api", "mix"])
+@pytest.mark.parametrize("backend", ["eager", "aot_eager"])
+def test_a_compiled_model_trains_as_without_the_agent(
+    tmp_path: Any, backend: str, level: str
+) -> None:
+    before = _graphs()
+    bare = _run(backend, None, 6)
+    before, bare_graphs = _graphs(), _graphs() - before
+    dbg = probe.Debugger(None, dump_path=str(tmp_path), level=level)
+    with warnings.catch_warnings(record=True) as seen:
+        warnings.simplefilter("always")
+        got = _run(backend, dbg, 6, give_wrapper=level == "mix")
+    assert dbg.enabled, "capture was switched off by an error inside a compiled step"
+    assert got == bare
+    # Traced once with the agent's hooks and once without (the uncaptured steps), not again
+    # at every start(): a graph per captured step would reach Dynamo's recompile limit.
+    assert _graphs() - before <= bare_graphs + 1, (_graphs() - before, bare_graphs)
+    told = [w for w in seen if "torch.compile" in str(w.message)]
+    assert len(told) == 1 and "missing from the dump" in str(told[0].message)
+    assert "step 0" in str(told[0].message)
+    keys = {}
+    for step in (0, 2, 4):
+        ops = read_ops(os.path.join(tmp_path, f"step{step}", "rank0"))
+        keys[step] = [o["op"] for o in ops]
+        for o in ops:
+            assert "_orig_mod" not in o["op"] and "_orig_mod" not in (o.get("module") or "")
+    assert keys[0] == keys[2] == keys[4], "captured steps dumped different calls"
+    apis = {k.rsplit(".", 2)[0] for k in keys[0] if k.endswith(".forward") and "Module." not in k}
+    assert {"Functional.cross_entropy", "Tensor.add_", "Tensor.reshape"} <= apis
+    if backend == "aot_eager":
+        # The model runs as one compiled graph: only the loss and SGD's updates are eager
+        # calls. AOT autograd's runtime wrapper detaches the graph's outputs at every call,
+        # from its own code: not the model's calls, not in the dump.
+        assert apis == {"Functional.cross_entropy", "Tensor.add_", "Tensor.reshape"}, apis
+    if level == "mix":
+        grads = [k for k in keys[0] if k.endswith("parameters_grad")]
+        assert "Module.block.fc1.Linear.parameters_grad" in grads, grads
+
+
+def test_the_paths_of_compiled_submodules_are_the_eager_ones() -> None:
+    torch.manual_seed(0)
+    eager = [p for p, _ in Tiny().named_modules()]
+    model = Tiny()
+    assert not compiled.in_model(model)
+    model.block = torch.compile(model.block, backend="eager")  # type: ignore[assignment]
+    whole = torch.compile(model, backend="eager")
+    for m in (model, whole):
+        assert [p for p, _ in compiled.module_tree(m)] == eager
+        assert compiled.in_model(m)
+    assert compiled.unwrap(whole) is model
+    assert compiled.unwrap(model) is model
+
+
+def test_calls_on_fake_tensors_are_not_captured(tmp_path: Any) -> None:
+    """What a compiler runs through PyTorch's Python API while lowering a graph: under a
+    fake mode, or on fake tensors outside it. Capturing them read values that do not exist
+    and switched capture off for the rest of the run."""
+    from torch._subclasses.fake_tensor import FakeTensorMode
+
+    dbg = probe.Debugger(None, dump_path=str(tmp_path), level="api")
+    dbg.start()
+    a = torch.ones(3) + 0
+    with FakeTensorMode() as mode:
+        fake = torch.ones(3) * 2  # under the mode
+    fake.to(torch.float64)  # a fake tensor outside it
+    b = a * 3
+    dbg.stop()
+    dbg.step()
+    assert dbg.enabled
+    assert mode is not None and b.sum().item() == 9.0
+    keys = [o["op"] for o in read_ops(os.path.join(tmp_path, "step0", "rank0"))]
+    assert keys == ["Tensor.__add__.0.forward", "Tensor.__mul__.0.forward"], keys
