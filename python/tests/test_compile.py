@@ -127,3 +127,23 @@ def test_calls_on_fake_tensors_are_not_captured(tmp_path: Any) -> None:
     assert mode is not None and b.sum().item() == 9.0
     keys = [o["op"] for o in read_ops(os.path.join(tmp_path, "step0", "rank0"))]
     assert keys == ["Tensor.__add__.0.forward", "Tensor.__mul__.0.forward"], keys
+
+
+def test_a_model_compiled_before_the_dump_is_reported(tmp_path: Any) -> None:
+    """Dynamo compiles nothing new in the captured step (the graph is cached); the
+    compiled model given to start() is what says that its operators are missing."""
+    dynamo.reset()
+    torch.manual_seed(0)
+    cm = torch.compile(Tiny(), backend="aot_eager")
+    x = torch.randn(4, 8)
+    cm(x).sum().backward()  # compiled here, before any capture
+    dbg = probe.Debugger(None, dump_path=str(tmp_path), level="api")
+    graphs = _graphs()
+    with warnings.catch_warnings(record=True) as seen:
+        warnings.simplefilter("always")
+        dbg.start(cm)
+        cm(x).sum().backward()
+        dbg.stop()
+    assert _graphs() == graphs
+    assert [str(w.message) for w in seen if "torch.compile" in str(w.message)]
+    assert dbg.model is compiled.unwrap(cm)

@@ -140,14 +140,16 @@ class Debugger:
         self._call_stacks = self.config.stack and not self._overflow
         #: Dataflow ids (``id``/``src``): meaningless when most ops are not recorded.
         self._dataflow = not self._overflow
-        self.model = unwrap(model) if model is not None else None
-        self.current_step = 0
-        self._running = False
         #: Dynamo's compiled-graph count at ``start()``, whether compiled code has run while
-        #: capturing, and whether the user was told (compiled.py).
+        #: capturing (or the model is compiled), and whether the user was told (compiled.py).
         self._graphs = 0
         self._compiled = False
         self._compiled_told = False
+        self.model: Optional[torch.nn.Module] = None
+        if model is not None:
+            self._take_model(model)
+        self.current_step = 0
+        self._running = False
         #: Whether API wrappers capture on the capturing thread now: running at api or mix
         #: level (read on every captured call, so a plain attribute kept with _running).
         self._api_on = False
@@ -180,7 +182,7 @@ class Debugger:
     def start(self, model: Optional[torch.nn.Module] = None) -> None:
         """Begin capturing the current step (no-op if the step or rank is not selected)."""
         if model is not None:
-            self.model = unwrap(model)  # torch.compile's wrapper: the model it holds
+            self._take_model(model)
         if self._guard.failed or self._running:
             return
         self._attach_ddp()
@@ -210,7 +212,6 @@ class Debugger:
                 PATCHER.install()
             self._graphs = graph_count()
             if self.model is not None:
-                self._compiled = self._compiled or in_model(self.model)
                 self._modules.install(self.model)
             self._running = True
             self._api_on = self.config.api
@@ -278,6 +279,12 @@ class Debugger:
         self._flow.clear()
         self._collectives.new_step()
 
+    def _take_model(self, model: torch.nn.Module) -> None:
+        """The model to hook: the one a ``torch.compile`` wrapper holds, noting that it is
+        compiled (compiled.py)."""
+        self._compiled = self._compiled or in_model(model)
+        self.model = unwrap(model)
+
     def _note_compiled(self) -> None:
         """At ``stop()``: whether compiled code ran in the captured step (a compiled model,
         or graphs Dynamo compiled since ``start()``, as when the model given is not the
@@ -327,14 +334,13 @@ class Debugger:
         api_list's module paths checked against it."""
         if self.model is not None:
             return
-        self.model = unwrap(model)
+        self._take_model(model)
         self._attach_ddp()
         try:
             self._check_api_list()
             self._files.model_known(model)
             if self._running:
-                self._compiled = self._compiled or in_model(model)
-                self._modules.install(self.model)
+                self._modules.install(model)  # (its compiled wrapper's: module_tree)
         except Exception as exc:  # noqa: BLE001
             self._guard.fail(exc, "taking the model at its first forward")
 
