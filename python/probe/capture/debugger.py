@@ -289,7 +289,7 @@ class Debugger:
         """At ``stop()``: whether compiled code ran in the captured step (a compiled model,
         or graphs Dynamo compiled since ``start()``, as when the model given is not the
         compiled one). Its operators are not hooked, so they are missing from the dump: the
-        user is told once, and the model's next module hooks are a compiled model's."""
+        user is told once."""
         self._compiled = self._compiled or graph_count() > self._graphs
         if not self._compiled or self._compiled_told:
             return
@@ -340,7 +340,7 @@ class Debugger:
             self._check_api_list()
             self._files.model_known(model)
             if self._running:
-                self._modules.install(model)  # (its compiled wrapper's: module_tree)
+                self._modules.install(model)  # (module_tree unwraps a compiled one)
         except Exception as exc:  # noqa: BLE001
             self._guard.fail(exc, "taking the model at its first forward")
 
