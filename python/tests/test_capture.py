@@ -952,3 +952,48 @@ def test_plain_calls_match_the_general_path(tmp_path: Any, monkeypatch: Any) -> 
         ["output", "0"],
         ["output", "1"],
     ]
+
+
+def _eval_dump(dump: str, grad_off: Any, mode: str, level: str) -> None:
+    """One forward of the example's model under ``grad_off`` (a context), captured."""
+    from conftest import load_example
+
+    ex = load_example()
+    probe.seed_all(0)
+    model = ex.SmallNet().eval()
+    x, _ = ex.make_data(1, 4, torch.device("cpu"))[0]
+    dbg = probe.Debugger(None, dump_path=dump, mode=mode, level=level)
+    dbg.start(model)
+    with grad_off():
+        model(x)
+    dbg.stop()
+    dbg.step()
+    dbg.close()
+    assert dbg.enabled
+
+
+@pytest.mark.parametrize(("mode", "level"), [("statistics", "mix"), ("tensor", "api")])
+def test_inference_mode_is_captured_as_no_grad(tmp_path: Any, mode: str, level: str) -> None:
+    """Tensors made under ``torch.inference_mode()`` have no version counter: reading it
+    raised and switched capture off at the first op. They are captured with the values
+    ``no_grad`` gives; only the dataflow links are missing, since without a version
+    counter a write to such a tensor could go unseen."""
+    plain, inference = str(tmp_path / "no_grad"), str(tmp_path / "inference")
+    _eval_dump(plain, torch.no_grad, mode, level)
+    _eval_dump(inference, torch.inference_mode, mode, level)
+    a = read_ops(os.path.join(plain, "step0", "rank0"))
+    b = read_ops(os.path.join(inference, "step0", "rank0"))
+    assert len(a) > 20 and len(a) == len(b)
+    assert any("src" in t for _, t in iter_tensors(a)), "no links to lose: the test is vacuous"
+    assert not any("src" in t for _, t in iter_tensors(b))
+    for x, y in zip(a, b):
+        for t in (*x["tensors"], *y["tensors"]):
+            t.pop("id", None)
+            t.pop("src", None)
+        assert x == y
+    if mode == "tensor":
+        for name in sorted(os.listdir(os.path.join(plain, "step0", "rank0"))):
+            if name.endswith(".safetensors"):
+                with open(os.path.join(plain, "step0", "rank0", name), "rb") as fa:
+                    with open(os.path.join(inference, "step0", "rank0", name), "rb") as fb:
+                        assert fa.read() == fb.read(), name

@@ -331,60 +331,55 @@ class Dataflow:
         """The id of the captured output this input value came from, if any; what is known
         of exactly this tensor (same object and version: that output's record and
         statistics, or those :meth:`remember` keeps), which can then be reused instead of
-        reduced again; and its memory when it was looked up by it (for :meth:`remember`)."""
+        reduced again; and its memory when it was looked up by it (for :meth:`remember`).
+        An inference tensor has no version counter, so nothing is known of it."""
+        try:
+            ver = t._version
+        except RuntimeError:  # an inference tensor (torch.inference_mode)
+            return None, None, None
         writes = self._writes
         e = self._ids.get(id(t))
-        if e is not None and e[0]() is t and e[2] == t._version and writes.get(e[4], 0) == e[5]:
+        if e is not None and e[0]() is t and e[2] == ver and writes.get(e[4], 0) == e[5]:
             return e[1], e[3], None
         mem = self._memory(t)
-        same = self._remembered(t, mem)
+        same = self._remembered(t, ver, mem)
         if mem is None:
             return None, same, None
         ptr = mem[1]
         e2 = self._by_storage.get(ptr)
-        if (
-            e2 is not None
-            and e2[0]() is not None
-            and e2[2] == t._version
-            and writes.get(ptr, 0) == e2[3]
-        ):
+        if e2 is not None and e2[0]() is not None and e2[2] == ver and writes.get(ptr, 0) == e2[3]:
             return e2[1], same, mem
         return None, same, mem
 
     def find(self, t: torch.Tensor) -> tuple[Optional[Known], Optional[Memory]]:
         """What is known of exactly this tensor (same object, version and storage writes),
         if it was kept, and its memory when it was looked up by it (for :meth:`register`
-        or :meth:`remember`)."""
+        or :meth:`remember`); nothing for an inference tensor."""
+        try:
+            ver = t._version
+        except RuntimeError:  # an inference tensor
+            return None, None
         e = self._ids.get(id(t))
-        if (
-            e is not None
-            and e[0]() is t
-            and e[2] == t._version
-            and self._writes.get(e[4], 0) == e[5]
-        ):
+        if e is not None and e[0]() is t and e[2] == ver and self._writes.get(e[4], 0) == e[5]:
             return e[3], None
         mem = self._memory(t)
-        return self._remembered(t, mem), mem
+        return self._remembered(t, ver, mem), mem
 
-    def _remembered(self, t: torch.Tensor, mem: Optional[Memory]) -> Optional[Known]:
-        """What :meth:`remember` keeps of exactly this tensor, if it still stands, else
-        what is known of a kept tensor over the same elements (:meth:`_same_elements`)."""
+    def _remembered(self, t: torch.Tensor, ver: int, mem: Optional[Memory]) -> Optional[Known]:
+        """What :meth:`remember` keeps of exactly this tensor (at version ``ver``), if it
+        still stands, else what is known of a kept tensor over the same elements
+        (:meth:`_same_elements`)."""
         e = self._seen.get(id(t))
-        if (
-            e is not None
-            and e[0]() is t
-            and e[1] == t._version
-            and self._writes.get(e[3], 0) == e[4]
-        ):
+        if e is not None and e[0]() is t and e[1] == ver and self._writes.get(e[3], 0) == e[4]:
             return e[2]
-        return self._same_elements(t, mem)
+        return self._same_elements(ver, mem)
 
-    def _same_elements(self, t: torch.Tensor, mem: Optional[Memory]) -> Optional[Known]:
-        """What is known of a kept tensor that read exactly the memory ``t`` reads, if
-        nothing was written there since: the same storage (held weakly, so it cannot have
-        been freed and its memory given to another tensor meanwhile), at the same address,
-        at the version it was kept at, which ``t`` has too (views share the counter), and no
-        captured in-place write to it since."""
+    def _same_elements(self, ver: int, mem: Optional[Memory]) -> Optional[Known]:
+        """What is known of a kept tensor that read exactly the memory a tensor at version
+        ``ver`` reads (``mem``), if nothing was written there since: the same storage (held
+        weakly, so it cannot have been freed and its memory given to another tensor
+        meanwhile), at the same address, at the version it was kept at, which the tensor
+        has too (views share the counter), and no captured in-place write to it since."""
         if mem is None or mem[2] is None:
             return None
         e = self._layouts.get(mem[2])
@@ -392,7 +387,7 @@ class Dataflow:
         if (
             e is None
             or e[1] != ptr
-            or e[2] != t._version
+            or e[2] != ver
             or self._writes.get(ptr, 0) != e[4]
             or _expired(e[0])
         ):
@@ -402,14 +397,18 @@ class Dataflow:
     def remember(self, t: torch.Tensor, known: Known, mem: Optional[Memory] = None) -> None:
         """Keep the record and statistics of ``t`` as it is now (a captured tensor that no
         captured op produced), for :meth:`source` and :meth:`find`. ``mem``: what
-        :meth:`source` or :meth:`find` returned for it, if anything."""
+        :meth:`source` or :meth:`find` returned for it, if anything. An inference tensor
+        is not kept: without a version counter, a write to it could go unseen."""
+        try:
+            ver = t._version
+        except RuntimeError:
+            return
         if mem is None:
             mem = self._memory(t)
             if mem is None:
                 return
         storage, ptr, key = mem
         writes = self._writes.get(ptr, 0)
-        ver = t._version
         self._seen[id(t)] = (weakref.ref(t), ver, known, ptr, writes)
         if key is not None:
             self._keep_layout(key, storage, ptr, ver, known, writes)
@@ -433,12 +432,17 @@ class Dataflow:
         mem: Optional[Memory] = None,
     ) -> int:
         """Give a captured output the folder's next id, and remember it by object (with its
-        record and statistics, when recorded) and storage. ``mem``: what :meth:`find`
-        returned for it, if anything."""
+        record and statistics, when recorded) and storage (not an inference tensor's).
+        ``mem``: what :meth:`find` returned for it, if anything."""
         tid = folder.next_id
         folder.next_id += 1
+        try:
+            ver = t._version
+        except RuntimeError:
+            # An inference tensor: it has its id, but no later input is linked to it (a
+            # write to it could go unseen without a version counter).
+            return tid
         ref = weakref.ref(t)
-        ver = t._version
         if mem is None:
             mem = self._memory(t, keyed=known is not None)  # only what is known is kept
         if mem is None:
