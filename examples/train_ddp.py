@@ -12,7 +12,9 @@ Each rank trains on its own slice of the batch. Every step, besides DDP's gradie
 all-reduce (``Distributed.ddp_bucket_allreduce.<bucket>``), the loop makes a few explicit
 collectives so that their records can be checked: an ``all_reduce`` of the loss (default
 group), with 4+ ranks an ``all_reduce`` in a pair group ({0,1}, {2,3}, ...), a ring exchange
-(``isend`` to the next rank, ``irecv`` from the previous) and a ``barrier``.
+(``isend`` to the next rank, ``irecv`` from the previous) and a ``barrier``. ``--fsdp``
+shards the model with FSDP2 instead of DDP: its parameter all-gathers and gradient
+reduce-scatters are then ``Distributed.*`` calls.
 
 ``--inject OP --inject-rank R`` multiplies the output of OP (as train_small.py's ``--inject``)
 on rank R only. ``--inject-collective NAME --inject-rank R`` multiplies the result of a
@@ -114,6 +116,12 @@ def main(argv: Optional[list[str]] = None) -> int:
     ap.add_argument(
         "--time", action="store_true", help="rank 0 prints the mean step time after step 0"
     )
+    ap.add_argument(
+        "--fsdp",
+        action="store_true",
+        help="shard the model with FSDP2 (fully_shard, PyTorch >= 2.6) instead of DDP: its "
+        "all-gathers and reduce-scatters are recorded as Distributed.* calls",
+    )
     args = ap.parse_args(argv)
 
     dist.init_process_group("gloo")
@@ -127,7 +135,20 @@ def main(argv: Optional[list[str]] = None) -> int:
     # gives the first of them its module default (1 MiB: the whole model) unless that is set.
     cap = int(args.bucket_cap_mb * 1024 * 1024)
     dist._DEFAULT_FIRST_BUCKET_BYTES = min(dist._DEFAULT_FIRST_BUCKET_BYTES, cap)  # type: ignore[attr-defined]
-    model = DistributedDataParallel(SmallNet(), bucket_cap_mb=args.bucket_cap_mb)
+    model: torch.nn.Module
+    if args.fsdp:
+        try:
+            from torch.distributed.fsdp import fully_shard
+        except ImportError:
+            print("train_ddp.py: --fsdp needs PyTorch >= 2.6 (fully_shard)", file=sys.stderr)
+            return 2
+        model = SmallNet()
+        for sub in model.children():
+            if any(True for _ in sub.parameters()):
+                fully_shard(sub)
+        fully_shard(model)
+    else:
+        model = DistributedDataParallel(SmallNet(), bucket_cap_mb=args.bucket_cap_mb)
     opt = torch.optim.Adam(model.parameters(), lr=1e-3, foreach=False)
     data = [
         (

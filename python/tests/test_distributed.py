@@ -399,3 +399,43 @@ def test_coalesced_collectives_record_inputs_and_outputs(tmp_path: Any) -> None:
         outs = [t for t in gat["tensors"] if t["role"] == "output"]
         # `a` was reduced in place to 3 on every rank before it was gathered.
         assert [t["stats"]["mean"] for t in outs] == [3.0, 3.0], outs
+
+
+def test_fsdp2_collectives_are_recorded_and_line_up(tmp_path: Any) -> None:
+    """FSDP2 (``fully_shard``) gathers each module's parameters before its forward and
+    backward and reduce-scatters its gradients with ``all_gather_single`` and
+    ``reduce_scatter_single`` in recent PyTorch (``*_into_tensor``/``*_tensor`` before):
+    they are recorded with metadata that agrees across ranks, and a gathered output holds
+    every rank's shard."""
+    fsdp = pytest.importorskip("torch.distributed.fsdp")
+    if not hasattr(fsdp, "fully_shard"):
+        pytest.skip("FSDP2 (fully_shard) needs PyTorch >= 2.6")
+    ops = torchrun(str(tmp_path / "fsdp"), 2, "--fsdp", "--level", "api")
+    assert check_collectives(ops, 2, 2) > 0
+    for step in range(2):
+        names = {
+            r["op"].split(".")[1] for r in ops[(step, 0)] if r["op"].startswith("Distributed.")
+        }
+        assert names & {"all_gather_single", "all_gather_into_tensor"}, names
+        assert names & {"reduce_scatter_single", "reduce_scatter_tensor"}, names
+        gathers = {
+            r["coll_seq"]: r
+            for r in ops[(step, 0)]
+            if r["op"].split(".")[1] in ("all_gather_single", "all_gather_into_tensor")
+        }
+        checked = 0
+        for seq, r0 in gathers.items():
+            out = [t for t in r0["tensors"] if t["role"] == "output"]
+            if not out:
+                continue  # an async_op call records its inputs only
+            shards = []
+            for rank in range(2):
+                (r,) = [
+                    x for x in ops[(step, rank)] if x.get("coll_seq") == seq and x["op"] == r0["op"]
+                ]
+                (local,) = [t for t in r["tensors"] if t["name"].endswith(".input.1")]
+                shards.append(local["stats"]["norm"] ** 2)
+            got = out[0]["stats"]["norm"] ** 2
+            assert math.isclose(got, sum(shards), rel_tol=1e-5), (r0["op"], got, shards)
+            checked += 1
+        assert checked > 0
