@@ -997,3 +997,61 @@ def test_inference_mode_is_captured_as_no_grad(tmp_path: Any, mode: str, level: 
                 with open(os.path.join(plain, "step0", "rank0", name), "rb") as fa:
                     with open(os.path.join(inference, "step0", "rank0", name), "rb") as fb:
                         assert fa.read() == fb.read(), name
+
+
+def _per_sample_step(dbg: Any, transform: bool) -> list[float]:
+    """Two SGD steps of Tiny; with ``transform``, per-sample gradient norms by
+    ``torch.func`` (vmap of grad of a functional call) join the loss, as in DP-SGD."""
+    torch.manual_seed(0)
+    model = Tiny()
+    opt = torch.optim.SGD(model.parameters(), lr=0.1)
+    g = torch.Generator().manual_seed(1)
+    losses = []
+    for _ in range(2):
+        x = torch.randn(4, 8, generator=g)
+        y = torch.randint(0, 4, (4,), generator=g)
+        if dbg is not None:
+            dbg.start(model)
+        loss = F.cross_entropy(model(x), y)
+        if transform:
+            params = {k: v.detach() for k, v in model.named_parameters()}
+
+            def one(p: dict[str, torch.Tensor], xi: torch.Tensor) -> torch.Tensor:
+                return torch.func.functional_call(model, p, (xi.unsqueeze(0),)).sum()
+
+            per = torch.func.vmap(torch.func.grad(one), in_dims=(None, 0))(params, x)
+            loss = loss + 0.0 * sum(v.sum() for v in per.values())
+        opt.zero_grad()
+        loss.backward()
+        opt.step()
+        if dbg is not None:
+            dbg.stop()
+            dbg.step()
+        losses.append(loss.item())
+    return losses
+
+
+@pytest.mark.parametrize("level", ["api", "mix"])
+def test_calls_inside_torch_func_transforms_are_not_captured(tmp_path: Any, level: str) -> None:
+    """Inside ``vmap``/``grad`` tensors are wrappers without storage: reading them switched
+    capture off for the rest of the run. Their calls are skipped, with one warning; the
+    calls around the transform are captured as usual."""
+    with_t, without = str(tmp_path / "with"), str(tmp_path / "without")
+    dbg = probe.Debugger(None, dump_path=with_t, level=level)
+    with pytest.warns(RuntimeWarning, match="torch.func transform") as seen:
+        got = _per_sample_step(dbg, True)
+    assert dbg.enabled
+    assert len([w for w in seen if "torch.func" in str(w.message)]) == 1
+    assert got == _per_sample_step(None, True)
+    _per_sample_step(probe.Debugger(None, dump_path=without, level=level), False)
+    for step in (0, 1):
+        a = [o["op"] for o in read_ops(os.path.join(with_t, f"step{step}", "rank0"))]
+        b = [o["op"] for o in read_ops(os.path.join(without, f"step{step}", "rank0"))]
+        # The transform's own calls add nothing; around it: the sum of the per-sample
+        # gradients, the scaling, the additions to the loss and their backward records.
+        extra = [k for k in a if k not in b]
+        assert a and all(k in a for k in b), (a, b)
+        assert all(k.split(".")[0] in ("Tensor", "Torch") for k in extra), extra
+        linears = [k for k in a if k.startswith("Functional.linear.") and k.endswith("forward")]
+        assert len(linears) == 3, linears  # the model's own three; none from the transform
+        assert not any(k.startswith("Tensor.unsqueeze") for k in a), a

@@ -138,6 +138,19 @@ _graph_task_id: Optional[Callable[[], int]] = getattr(torch._C, "_current_graph_
 _API_FRAMES = 5
 
 
+_peek_transform: Optional[Callable[[], Any]] = getattr(
+    getattr(torch._C, "_functorch", None), "peek_interpreter_stack", None
+)
+
+
+def in_transform() -> bool:
+    """Whether a ``torch.func`` transform (``vmap``, ``grad``, ``jacrev``...) runs now. Its
+    tensors are wrappers without storage of their own, holding one sample's view of a
+    batch: calls made inside one are not captured (the Debugger says so once), where
+    reading them switched capture off for the rest of the run."""
+    return _peek_transform is not None and _peek_transform() is not None
+
+
 def in_recompute() -> bool:
     """Whether autograd is running a backward graph now (activation checkpointing)."""
     return _graph_task_id is not None and _graph_task_id() != -1
@@ -232,6 +245,9 @@ class _Dispatch:
     ) -> Any:
         cap = self.current
         if cap is None or compiler_call(args, self.compile_seen):  # (compiled.py)
+            return orig(*args, **kwargs)
+        if in_transform():
+            cap._dbg._note_transform(api)
             return orig(*args, **kwargs)
         return cap.call(orig, api, inplace, args, kwargs)
 

@@ -145,6 +145,8 @@ class Debugger:
         self._graphs = 0
         self._compiled = False
         self._compiled_told = False
+        #: Whether the user was told that calls inside torch.func transforms are not captured.
+        self._transform_told = False
         self.model: Optional[torch.nn.Module] = None
         if model is not None:
             self._take_model(model)
@@ -301,6 +303,19 @@ class Debugger:
         )
         log.warning(msg)
         warnings.warn(msg, RuntimeWarning, stacklevel=3)
+
+    def _note_transform(self, what: str) -> None:
+        """A call inside a ``torch.func`` transform was not captured (``api.in_transform``):
+        the user is told once."""
+        if self._transform_told:
+            return
+        self._transform_told = True
+        msg = (
+            f"probe: {what} ran inside a torch.func transform (vmap, grad, ...) at step "
+            f"{self.current_step}: calls inside transforms are not captured"
+        )
+        log.warning(msg)
+        warnings.warn(msg, RuntimeWarning, stacklevel=4)
 
     def _attach_ddp(self) -> None:
         """A DistributedDataParallel model gets the bucket-recording communication hook,

@@ -20,7 +20,7 @@ from typing import TYPE_CHECKING, Any, Callable, Optional
 
 import torch
 
-from .api import in_recompute, tls, view_as
+from .api import in_recompute, in_transform, tls, view_as
 from .compiled import compiling, module_tree
 from .records import OpRecord, results, walk
 
@@ -107,6 +107,10 @@ class ModuleHooks:
         try:
             self.stack.append(path)
             if track_only:
+                return None
+            if in_transform():  # (api.in_transform) its post hook pops the None
+                dbg._note_transform(f"Module.{path}.{cls}")
+                self._pending.append(None)
                 return None
             with dbg._lock:
                 pending, new = self._pre(mod, path, cls, args, kwargs)
