@@ -52,6 +52,8 @@ def _run(backend: str, dbg: Any, steps: int, give_wrapper: bool = True) -> list[
         if dbg is not None:
             dbg.step()
         losses.append(loss.item())
+    if dbg is not None:
+        dbg.close()  # its wrappers out: TorchScript cannot script through them
     return losses
 
 
@@ -123,27 +125,54 @@ def test_calls_on_fake_tensors_are_not_captured(tmp_path: Any) -> None:
     b = a * 3
     dbg.stop()
     dbg.step()
+    dbg.close()
     assert dbg.enabled
     assert mode is not None and b.sum().item() == 9.0
     keys = [o["op"] for o in read_ops(os.path.join(tmp_path, "step0", "rank0"))]
     assert keys == ["Tensor.__add__.0.forward", "Tensor.__mul__.0.forward"], keys
 
 
-def test_a_model_compiled_before_the_dump_is_reported(tmp_path: Any) -> None:
-    """Dynamo compiles nothing new in the captured step (the graph is cached); the
-    compiled model given to start() is what says that its operators are missing."""
+def test_a_compiled_model_is_reported_without_a_new_graph(
+    tmp_path: Any, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The compiled model given to start() says by itself that its operators are missing,
+    when Dynamo compiles nothing new in the captured step (here: its graph count frozen)."""
+    import probe.capture.debugger as pd
+
+    monkeypatch.setattr(pd, "graph_count", lambda: 0)
     dynamo.reset()
     torch.manual_seed(0)
     cm = torch.compile(Tiny(), backend="aot_eager")
     x = torch.randn(4, 8)
     cm(x).sum().backward()  # compiled here, before any capture
     dbg = probe.Debugger(None, dump_path=str(tmp_path), level="api")
-    graphs = _graphs()
     with warnings.catch_warnings(record=True) as seen:
         warnings.simplefilter("always")
         dbg.start(cm)
         cm(x).sum().backward()
         dbg.stop()
-    assert _graphs() == graphs
+    dbg.close()
     assert [str(w.message) for w in seen if "torch.compile" in str(w.message)]
     assert dbg.model is compiled.unwrap(cm)
+
+
+def test_a_torchscript_submodule_is_left_unhooked(tmp_path: Any) -> None:
+    """A scripted submodule refuses Python hooks: registering them raised, and capture was
+    off from the first start(). It is left unhooked, like compiled code, and said so."""
+    torch.manual_seed(0)
+    model = Tiny()
+    model.block = torch.jit.script(model.block)  # type: ignore[assignment]
+    dbg = probe.Debugger(None, dump_path=str(tmp_path), level="mix")
+    with warnings.catch_warnings(record=True) as seen:
+        warnings.simplefilter("always")
+        dbg.start(model)
+        F.cross_entropy(model(torch.randn(4, 8)), torch.tensor([0, 1, 2, 3])).backward()
+        dbg.stop()
+    dbg.close()
+    assert dbg.enabled
+    told = [str(w.message) for w in seen if "TorchScript" in str(w.message)]
+    assert len(told) == 1, told
+    keys = [o["op"] for o in read_ops(os.path.join(tmp_path, "step0", "rank0"))]
+    assert "Module.fc1.Linear.forward.0" in keys and "Module.head.Linear.forward.0" in keys
+    assert not any(k.startswith("Module.block") for k in keys), keys
+    assert [p for p, _ in compiled.module_tree(model)] == ["", "fc1", "head"]

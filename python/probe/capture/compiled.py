@@ -1,4 +1,4 @@
-"""``torch.compile``: what the agent does around compiled code.
+"""``torch.compile`` (and TorchScript): what the agent does around compiled code.
 
 Why: the operators inside a compiled graph are not Python calls of the hooked APIs, so no
 hook sees them; only eager code is captured (as with msprobe). What the agent must still
@@ -19,6 +19,9 @@ guarantee is that compiling keeps working and says so:
   captured (:func:`compiler_call`).
 - The module paths of a compiled model are those of the model it wraps (``block.fc1``,
   not ``_orig_mod.block.fc1``), so that they match an eager run's (:func:`module_tree`).
+- A TorchScript submodule is compiled code too: its operators are not seen, and it refuses
+  the module hooks (registering them raised, and capture was off from the first
+  ``start()``). It is left unhooked (:func:`module_tree`).
 - The user is told once that compiled code ran while capturing (:func:`graph_count`,
   :func:`in_model`), since its operators are missing from the dump.
 """
@@ -114,12 +117,23 @@ def unwrap(model: torch.nn.Module) -> torch.nn.Module:
     return model
 
 
+def _scripted(mod: torch.nn.Module) -> bool:
+    """Whether ``mod`` is a TorchScript module: its code runs in TorchScript's interpreter,
+    where no wrapper sees it, and it refuses Python hooks."""
+    return isinstance(mod, torch.jit.ScriptModule)
+
+
 def module_tree(model: torch.nn.Module) -> Iterator[tuple[str, torch.nn.Module]]:
-    """``model.named_modules()`` without ``torch.compile`` wrappers: each compiled submodule
-    under the path an eager run gives it, once (the wrapper calls the module it holds,
-    whose hooks see the call)."""
+    """``model.named_modules()`` as the agent hooks them: without ``torch.compile``
+    wrappers, each compiled submodule under the path an eager run gives it, once (the
+    wrapper calls the module it holds, whose hooks see the call); and without TorchScript
+    modules and what they hold (registering a hook on one raises)."""
+    scripted: tuple[str, ...] = ()
     for path, mod in unwrap(model).named_modules():
-        if _wrapped(mod):
+        if _wrapped(mod) or (scripted and (path + ".").startswith(scripted)):
+            continue
+        if _scripted(mod):
+            scripted += (path + ".",)
             continue
         if _ORIG in path:
             parts = [p for p in path.split(".") if p != _ORIG]
@@ -128,12 +142,13 @@ def module_tree(model: torch.nn.Module) -> Iterator[tuple[str, torch.nn.Module]]
 
 
 def in_model(model: torch.nn.Module) -> bool:
-    """Whether ``model`` (or a submodule) was compiled: wrapped by ``torch.compile`` or
-    compiled in place (``module.compile()``)."""
+    """Whether ``model`` (or a submodule) was compiled: wrapped by ``torch.compile``,
+    compiled in place (``module.compile()``) or scripted (TorchScript)."""
     if _wrapped(model):
         return True
     return any(
-        _wrapped(m) or getattr(m, "_compiled_call_impl", None) is not None for m in model.modules()
+        _wrapped(m) or _scripted(m) or getattr(m, "_compiled_call_impl", None) is not None
+        for m in model.modules()
     )
 
 

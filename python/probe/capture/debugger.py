@@ -297,9 +297,9 @@ class Debugger:
             return
         self._compiled_told = True
         msg = (
-            f"probe: torch.compile'd code ran while capturing step {self.current_step}: the "
-            "operators inside compiled graphs are not hooked and are missing from the dump. "
-            "Capture the run without torch.compile to record them."
+            f"probe: compiled code (torch.compile, TorchScript) ran while capturing step "
+            f"{self.current_step}: the operators inside it are not hooked and are missing "
+            "from the dump. Capture the run without compiling to record them."
         )
         log.warning(msg)
         warnings.warn(msg, RuntimeWarning, stacklevel=3)
