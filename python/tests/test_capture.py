@@ -1055,3 +1055,54 @@ def test_calls_inside_torch_func_transforms_are_not_captured(tmp_path: Any, leve
         linears = [k for k in a if k.startswith("Functional.linear.") and k.endswith("forward")]
         assert len(linears) == 3, linears  # the model's own three; none from the transform
         assert not any(k.startswith("Tensor.unsqueeze") for k in a), a
+
+
+class _SparseEmb(torch.nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.emb = torch.nn.Embedding(50, 16, sparse=True)
+        self.head = torch.nn.Linear(16, 4)
+
+    def forward(self, i: torch.Tensor) -> torch.Tensor:
+        return self.head(F.gelu(self.emb(i).sum(1)))
+
+
+def _sparse_steps(dbg: Any) -> list[float]:
+    torch.manual_seed(0)
+    model = _SparseEmb()
+    sparse = torch.optim.SparseAdam([model.emb.weight], lr=1e-2)
+    dense = torch.optim.Adam(model.head.parameters(), lr=1e-2)
+    g = torch.Generator().manual_seed(1)
+    losses = []
+    for _ in range(2):
+        i = torch.randint(0, 50, (4, 6), generator=g)
+        y = torch.randint(0, 4, (4,), generator=g)
+        if dbg is not None:
+            dbg.start(model)
+        loss = F.cross_entropy(model(i), y)
+        loss.backward()
+        for opt in (sparse, dense):
+            opt.step()
+            opt.zero_grad()
+        if dbg is not None:
+            dbg.stop()
+            dbg.step()
+        losses.append(loss.item())
+    return losses
+
+
+@pytest.mark.parametrize("level", ["api", "mix"])
+def test_sparse_gradients_pass_through_the_agent(tmp_path: Any, level: str) -> None:
+    """``nn.Embedding(sparse=True)`` gives its weight a sparse gradient. The agent's alias
+    of the weight (how an input's gradient reaches its backward record) was a ``view_as``,
+    whose backward reshapes the gradient: the user's ``loss.backward()`` raised. The
+    gradient now reaches the record, without statistics (a sparse tensor has none here)."""
+    dbg = probe.Debugger(None, dump_path=str(tmp_path), level=level)
+    assert _sparse_steps(dbg) == _sparse_steps(None)
+    assert dbg.enabled
+    ops = {o["op"]: o for o in read_ops(os.path.join(tmp_path, "step1", "rank0"))}
+    back = ops["Functional.embedding.0.backward"]
+    (weight,) = [t for t in back["tensors"] if t["name"].endswith("output.1")]
+    assert weight["shape"] == [50, 16] and weight["stats"]["max"] is None
+    (dense,) = [t for t in back["tensors"] if t["role"] == "input"]
+    assert dense["shape"] == [4, 6, 16] and dense["stats"]["norm"] > 0

@@ -126,9 +126,11 @@ def _owners() -> dict[str, Any]:
 
 
 CallHandler = Callable[[Callable[..., Any], str, bool, tuple[Any, ...], dict[str, Any]], Any]
-# Bound before any wrapper exists: the agent's own aliasing (here and in modules.py) must
-# not be seen by the wrappers.
-view_as = torch.Tensor.view_as
+#: An autograd alias of a tensor, through which an input's gradient reaches a hook: the
+#: ``aten::alias`` view, whose backward hands the gradient on as it comes. ``view_as``'s
+#: reshapes it, which a sparse gradient (``F.embedding(..., sparse=True)``) cannot do: the
+#: user's backward raised. An operator, not a hooked API: the wrappers never see it.
+alias_of: Callable[[torch.Tensor], torch.Tensor] = torch.ops.aten.alias.default
 _graph_task_id: Optional[Callable[[], int]] = getattr(torch._C, "_current_graph_task_id", None)
 
 
@@ -545,7 +547,7 @@ class ApiCapture:
             first = inplace and name == "input.0"
             if alias_in and not first and t.requires_grad and t.layout == torch.strided:
                 assert bwd is not None
-                alias = view_as(t, t)
+                alias = alias_of(t)
                 aliases[id(alias)] = t
                 watch(bwd, alias.grad_fn, 0, f"{bkey}.output{name[5:]}", "output")
                 return alias

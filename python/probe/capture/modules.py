@@ -20,7 +20,7 @@ from typing import TYPE_CHECKING, Any, Callable, Optional
 
 import torch
 
-from .api import in_recompute, in_transform, tls, view_as
+from .api import alias_of, in_recompute, in_transform, tls
 from .compiled import compiling, module_tree
 from .records import OpRecord, results, walk
 
@@ -202,7 +202,7 @@ class ModuleHooks:
                 if same is None and flow is not None:
                     flow.remember(t, fwd.entries[-1], mem)
             if bwd is not None and c.outputs and t.requires_grad and t.layout == torch.strided:
-                alias = view_as(t, t)
+                alias = alias_of(t)
                 watch(bwd, alias.grad_fn, 0, f"{bwd.key}.output{name[5:]}", "output")
                 changed = True
                 return alias
