@@ -946,9 +946,14 @@ def test_plain_calls_match_the_general_path(tmp_path: Any, monkeypatch: Any) -> 
     by_key = {o["op"]: o for o in ops}
     mul = {t["name"]: t for t in by_key["Tensor.mul_.0.forward"]["tensors"]}
     out = {t["name"]: t for t in by_key["Tensor.__mul__.0.forward"]["tensors"]}
-    assert mul["Tensor.mul_.0.forward.input.0"]["src"] == out["Tensor.__mul__.0.forward.output.0"]["id"]
+    assert (
+        mul["Tensor.mul_.0.forward.input.0"]["src"]
+        == out["Tensor.__mul__.0.forward.output.0"]["id"]
+    )
     assert by_key["Torch.cat.0.forward"]["args"] == {"input.dim": 1}
-    assert [t["name"].rsplit(".", 2)[-2:] for t in by_key["Torch.topk.0.forward"]["tensors"]][-2:] == [
+    assert [t["name"].rsplit(".", 2)[-2:] for t in by_key["Torch.topk.0.forward"]["tensors"]][
+        -2:
+    ] == [
         ["output", "0"],
         ["output", "1"],
     ]
@@ -1106,3 +1111,72 @@ def test_sparse_gradients_pass_through_the_agent(tmp_path: Any, level: str) -> N
     assert weight["shape"] == [50, 16] and weight["stats"]["max"] is None
     (dense,) = [t for t in back["tensors"] if t["role"] == "input"]
     assert dense["shape"] == [4, 6, 16] and dense["stats"]["norm"] > 0
+
+
+@pytest.mark.parametrize("level", ["api", "mix"])
+def test_a_tensor_passed_twice_is_one_object_to_the_op(
+    tmp_path: Any, level: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Self-attention passes one tensor as query, key and value, and attention takes its
+    packed in-projection only when ``query is key is value``. The agent gave each position
+    an alias of its own, so the op took another path than without the agent. One alias per
+    tensor now; its gradient, the total over the positions, is recorded once."""
+    orig = F._in_projection_packed  # what the captured op calls with its q, k, v
+    seen: list[tuple[bool, bool]] = []
+
+    def spy(q: Any, k: Any, v: Any, *a: Any, **kw: Any) -> Any:
+        seen.append((q is k, k is v))
+        return orig(q, k, v, *a, **kw)
+
+    monkeypatch.setattr(F, "_in_projection_packed", spy)
+    torch.manual_seed(0)
+    mha = torch.nn.MultiheadAttention(16, 4)
+    x = torch.randn(5, 2, 16, requires_grad=True)
+    dbg = probe.Debugger(None, dump_path=str(tmp_path), level=level)
+    dbg.start(mha)
+    mha(x, x, x)[0].sum().backward()
+    dbg.stop()
+    dbg.step()
+    dbg.close()
+    assert seen == [(True, True)]
+    ops = {o["op"]: o for o in read_ops(os.path.join(tmp_path, "step0", "rank0"))}
+    back = ops["Functional.multi_head_attention_forward.0.backward"]
+    grads = {
+        t["name"].rsplit(".", 2)[-2] + "." + t["name"].rsplit(".", 1)[-1]: t
+        for t in back["tensors"]
+        if t["role"] == "output"
+    }
+    assert "output.0" in grads and "output.1" not in grads and "output.2" not in grads, grads
+    assert grads["output.0"]["shape"] == [5, 2, 16]
+    assert x.grad is not None
+    assert math.isclose(grads["output.0"]["stats"]["norm"], x.grad.norm().item(), rel_tol=1e-5)
+
+
+class _Pair(torch.nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.same: list[bool] = []
+
+    def forward(self, a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
+        self.same.append(a is b)
+        return a * b
+
+
+def test_a_module_given_one_tensor_twice_gets_one_object(tmp_path: Any) -> None:
+    """The module level's aliases keep identity too (modules.py)."""
+    outer = torch.nn.ModuleDict({"pair": _Pair()})
+    x = torch.randn(3, requires_grad=True)
+    dbg = probe.Debugger(None, dump_path=str(tmp_path), level="module")
+    dbg.start(outer)
+    outer["pair"](x, x).sum().backward()
+    dbg.stop()
+    dbg.step()
+    dbg.close()
+    assert outer["pair"].same == [True]
+    ops = {o["op"]: o for o in read_ops(os.path.join(tmp_path, "step0", "rank0"))}
+    back = ops["Module.pair._Pair.backward.0"]
+    (g,) = [t for t in back["tensors"] if t["role"] == "output"]
+    assert g["name"].endswith("output.0")
+    assert x.grad is not None and math.isclose(
+        g["stats"]["norm"], x.grad.norm().item(), rel_tol=1e-6
+    )

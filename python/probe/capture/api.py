@@ -534,6 +534,7 @@ class ApiCapture:
             bwd = OpRecord(key, "api", "backward", fwd.module, fwd.folder)
             bwd.stack = fwd.stack
         aliases: dict[int, torch.Tensor] = {}
+        made: dict[int, torch.Tensor] = {}  # id(input) -> its alias
         # Overflow mode records inputs only once the op is known to have overflowed.
         want_fwd_in = forward and self._inputs and not dbg._overflow
         # Inputs that get an autograd alias, so that the backward sees their gradients.
@@ -547,9 +548,14 @@ class ApiCapture:
             first = inplace and name == "input.0"
             if alias_in and not first and t.requires_grad and t.layout == torch.strided:
                 assert bwd is not None
-                alias = alias_of(t)
-                aliases[id(alias)] = t
-                watch(bwd, alias.grad_fn, 0, f"{bkey}.output{name[5:]}", "output")
+                # One alias per tensor: a tensor passed twice is one object to the op too
+                # (attention takes a packed projection when ``query is key``). Its gradient
+                # is then the total over its positions, under the first one's name.
+                alias = made.get(id(t))
+                if alias is None:
+                    alias = made[id(t)] = alias_of(t)
+                    aliases[id(alias)] = t
+                    watch(bwd, alias.grad_fn, 0, f"{bkey}.output{name[5:]}", "output")
                 return alias
             return t
 

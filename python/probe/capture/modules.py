@@ -191,6 +191,7 @@ class ModuleHooks:
         changed = False
         flow = dbg._flow if dbg._dataflow else None
         watch = dbg._backward.watch
+        made: dict[int, torch.Tensor] = {}  # id(input) -> its alias
 
         def on_input(name: str, t: torch.Tensor) -> torch.Tensor:
             nonlocal changed
@@ -202,8 +203,11 @@ class ModuleHooks:
                 if same is None and flow is not None:
                     flow.remember(t, fwd.entries[-1], mem)
             if bwd is not None and c.outputs and t.requires_grad and t.layout == torch.strided:
-                alias = alias_of(t)
-                watch(bwd, alias.grad_fn, 0, f"{bwd.key}.output{name[5:]}", "output")
+                # One alias per tensor, as for API calls (api.py, ApiCapture._pre).
+                alias = made.get(id(t))
+                if alias is None:
+                    alias = made[id(t)] = alias_of(t)
+                    watch(bwd, alias.grad_fn, 0, f"{bwd.key}.output{name[5:]}", "output")
                 changed = True
                 return alias
             return t
