@@ -161,7 +161,9 @@ def test_a_torchscript_submodule_is_left_unhooked(tmp_path: Any) -> None:
     off from the first start(). It is left unhooked, like compiled code, and said so."""
     torch.manual_seed(0)
     model = Tiny()
-    model.block = torch.jit.script(model.block)  # type: ignore[assignment]
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", FutureWarning)  # TorchScript is deprecated
+        model.block = torch.jit.script(model.block)  # type: ignore[assignment]
     dbg = probe.Debugger(None, dump_path=str(tmp_path), level="mix")
     with warnings.catch_warnings(record=True) as seen:
         warnings.simplefilter("always")
