@@ -150,3 +150,48 @@ def test_hooks_removed_outside_selected_steps(dump: str) -> None:
     dbg.stop()
     assert not hasattr(torch.Tensor.__add__, "__probe_wrapped__")  # no later step selected
     dbg.close()
+
+
+class _FlagData(torch.utils.data.Dataset):  # type: ignore[type-arg]
+    """Samples that carry whether the agent captured in the worker that made them."""
+
+    def __len__(self) -> int:
+        return 8
+
+    def __getitem__(self, i: int) -> tuple[torch.Tensor, torch.Tensor]:
+        from probe.capture.api import DISPATCH, tls
+
+        x = torch.arange(4.0) + i
+        x = (x - x.mean()) / x.std()  # hooked calls, in the worker
+        return x, torch.tensor([float(tls.active), float(DISPATCH.current is not None)])
+
+
+@pytest.mark.skipif(not hasattr(os, "register_at_fork"), reason="needs os.register_at_fork")
+def test_dataloader_workers_forked_while_capturing_capture_nothing(tmp_path: Any) -> None:
+    """Workers forked in a captured step (each epoch's, when capture stays on from step to
+    step) inherited the running capture and captured their dataset's calls into a copy of
+    the agent: time lost, and records that could only have gone into the parent's files."""
+    import multiprocessing
+
+    if "fork" not in multiprocessing.get_all_start_methods():
+        pytest.skip("no fork start method")
+    loader = torch.utils.data.DataLoader(
+        _FlagData(), batch_size=4, num_workers=2, multiprocessing_context="fork"
+    )
+    model = torch.nn.Linear(4, 2)
+    dbg = probe.Debugger(None, dump_path=str(tmp_path), level="api")
+    dbg.start(model)
+    flags = []
+    for x, flag in loader:  # forked here, while capturing
+        model(x).sum().backward()
+        flags.append(flag)
+        dbg.stop()
+        dbg.step()
+        dbg.start(model)
+    dbg.stop()
+    dbg.close()
+    assert dbg.enabled
+    assert torch.cat(flags).sum().item() == 0.0, "a worker captured"
+    keys = [o["op"] for o in read_ops(os.path.join(tmp_path, "step0", "rank0"))]
+    assert "Functional.linear.0.forward" in keys
+    assert not any(k.startswith(("Tensor.mean", "Tensor.std")) for k in keys), keys

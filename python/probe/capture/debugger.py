@@ -147,6 +147,9 @@ class Debugger:
         self._compiled_told = False
         #: Whether the user was told that calls inside torch.func transforms are not captured.
         self._transform_told = False
+        #: Whether this is a forked copy of the process that runs the Debugger (a DataLoader
+        #: worker): it captures and writes nothing (_after_fork_in_child).
+        self._child = False
         self.model: Optional[torch.nn.Module] = None
         if model is not None:
             self._take_model(model)
@@ -178,6 +181,7 @@ class Debugger:
         self._apis_checked = False
         self._modules_checked = False
         atexit.register(_close_at_exit, weakref.ref(self))
+        _LIVE.add(self)
 
     # ------------------------------------------------------------------ public API
 
@@ -185,7 +189,7 @@ class Debugger:
         """Begin capturing the current step (no-op if the step or rank is not selected)."""
         if model is not None:
             self._take_model(model)
-        if self._guard.failed or self._running:
+        if self._guard.failed or self._running or self._child:
             return
         self._attach_ddp()
         if DISPATCH.current is not None and DISPATCH.current is not self._api:
@@ -268,6 +272,8 @@ class Debugger:
 
     def _next_step(self) -> None:
         """What :meth:`step` does, also for the automatic iteration counter."""
+        if self._child:
+            return
         if self._running:
             self.stop()
         try:
@@ -330,6 +336,8 @@ class Debugger:
 
     def close(self) -> None:
         """Stop, remove every hook and close all files (also done at interpreter exit)."""
+        if self._child:
+            return  # the parent's files: the parent closes them
         self.stop()
         try:
             if DISPATCH.current is None:
@@ -696,6 +704,28 @@ class Debugger:
             self._overflow_left -= 1
             if self._overflow_left == 0:
                 self._select.closed = True
+
+
+def _after_fork_in_child() -> None:
+    """A forked child inherits the running capture: a DataLoader worker forked while a step
+    is captured (the automatic iteration counter keeps capture on from step to step, so
+    each epoch's workers are forked in one) captured its dataset's calls into a copy of the
+    agent. That cost the workers time, and their records, never written, could only have
+    been written into the parent's open files. The child captures, writes and closes
+    nothing, whatever its Debuggers were doing."""
+    tls.active = False
+    DISPATCH.current = None
+    for dbg in list(_LIVE):
+        dbg._child = True
+        dbg._running = dbg._api_on = False
+
+
+#: Every Debugger of the process, for :func:`_after_fork_in_child`.
+_LIVE: weakref.WeakSet[Debugger] = weakref.WeakSet()
+
+
+if hasattr(os, "register_at_fork"):
+    os.register_at_fork(after_in_child=_after_fork_in_child)
 
 
 def _close_at_exit(ref: weakref.ReferenceType[Debugger]) -> None:
