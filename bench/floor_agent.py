@@ -37,7 +37,7 @@ from typing import Any, Callable, Optional
 import orjson
 import torch
 
-from probe.capture.api import DISPATCH, PATCHER, tls, view_as
+from probe.capture.api import DISPATCH, PATCHER, alias_of, tls
 from probe.capture.records import results
 from probe.capture.stats import DTYPE_NAMES
 
@@ -157,7 +157,7 @@ class FloorAgent:
         An input the op writes in place keeps its object."""
         if written or not isinstance(a, torch.Tensor) or not a.requires_grad:
             return a
-        alias = view_as(a, a)
+        alias = alias_of(a)
         alias.register_hook(functools.partial(self._gradient, api, n))
         return alias
 
