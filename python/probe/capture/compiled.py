@@ -96,7 +96,13 @@ def compiler_call(args: tuple[Any, ...], frames: bool) -> bool:
         return True
     if _get_mode is not None and _FAKE is not None and _get_mode(_FAKE) is not None:
         return True
-    return frames and sys._getframe(3).f_code.co_filename.startswith(_COMPILER_CODE)
+    if not frames:
+        return False
+    try:
+        caller = sys._getframe(3)
+    except ValueError:  # called from native code with no Python caller
+        return False
+    return caller.f_code.co_filename.startswith(_COMPILER_CODE)
 
 
 #: The attribute of a wrapper made by ``torch.compile(module)`` holding the module itself.
