@@ -55,26 +55,24 @@ except Exception:  # noqa: BLE001 - a PyTorch without it has no compiler to step
 #: Where ``torch.compile``'s own Python code lives: its compilers, the meta functions and
 #: Python references they trace with, and the runtime wrappers of compiled graphs (AOT
 #: autograd's ``detach`` of each output at every call). Packages end with a separator.
-_COMPILER_CODE = tuple(
-    os.path.join(os.path.dirname(torch.__file__), d)
-    for d in (
-        *(
-            p + os.sep
-            for p in (
-                "_dynamo",
-                "_functorch",
-                "_inductor",
-                "_subclasses",
-                "_export",
-                "_higher_order_ops",
-                "_refs",
-                "_prims",
-                "_prims_common",
-                "_decomp",
-            )
-        ),
-        "_meta_registrations.py",
-    )
+_TORCH = os.path.dirname(torch.__file__)
+_COMPILER_CODE = (
+    *(
+        os.path.join(_TORCH, p) + os.sep
+        for p in (
+            "_dynamo",
+            "_functorch",
+            "_inductor",
+            "_subclasses",
+            "_export",
+            "_higher_order_ops",
+            "_refs",
+            "_prims",
+            "_prims_common",
+            "_decomp",
+        )
+    ),
+    os.path.join(_TORCH, "_meta_registrations.py"),
 )
 
 

@@ -144,9 +144,8 @@ class Debugger:
         #: capturing (or the model is compiled), and whether the user was told (compiled.py).
         self._graphs = 0
         self._compiled = False
-        self._compiled_told = False
-        #: Whether the user was told that calls inside torch.func transforms are not captured.
-        self._transform_told = False
+        #: What the user was told once already (:meth:`_tell_once`).
+        self._told: set[str] = set()
         #: Whether this is a forked copy of the process that runs the Debugger (a DataLoader
         #: worker): it captures and writes nothing (_after_fork_in_child).
         self._child = False
@@ -299,29 +298,34 @@ class Debugger:
         compiled one). Its operators are not hooked, so they are missing from the dump: the
         user is told once."""
         self._compiled = self._compiled or graph_count() > self._graphs
-        if not self._compiled or self._compiled_told:
-            return
-        self._compiled_told = True
-        msg = (
-            f"probe: compiled code (torch.compile, TorchScript) ran while capturing step "
-            f"{self.current_step}: the operators inside it are not hooked and are missing "
-            "from the dump. Capture the run without compiling to record them."
-        )
-        log.warning(msg)
-        warnings.warn(msg, RuntimeWarning, stacklevel=3)
+        if self._compiled:
+            self._tell_once(
+                "compiled",
+                f"probe: compiled code (torch.compile, TorchScript) ran while capturing step "
+                f"{self.current_step}: the operators inside it are not hooked and are missing "
+                "from the dump. Capture the run without compiling to record them.",
+                stacklevel=4,  # the caller of stop()
+            )
 
     def _note_transform(self, what: str) -> None:
         """A call inside a ``torch.func`` transform was not captured (``api.in_transform``):
-        the user is told once."""
-        if self._transform_told:
+        the user is told once (checked first: it is called for every such call)."""
+        if "transform" not in self._told:
+            self._tell_once(
+                "transform",
+                f"probe: {what} ran inside a torch.func transform (vmap, grad, ...) at step "
+                f"{self.current_step}: calls inside transforms are not captured",
+                stacklevel=5,  # the caller of the hooked API
+            )
+
+    def _tell_once(self, what: str, msg: str, stacklevel: int) -> None:
+        """Log ``msg`` and warn with it, the first time something of kind ``what`` happens
+        (``stacklevel``: the warning's, counted from here)."""
+        if what in self._told:
             return
-        self._transform_told = True
-        msg = (
-            f"probe: {what} ran inside a torch.func transform (vmap, grad, ...) at step "
-            f"{self.current_step}: calls inside transforms are not captured"
-        )
+        self._told.add(what)
         log.warning(msg)
-        warnings.warn(msg, RuntimeWarning, stacklevel=4)
+        warnings.warn(msg, RuntimeWarning, stacklevel=stacklevel)
 
     def _attach_ddp(self) -> None:
         """A DistributedDataParallel model gets the bucket-recording communication hook,
