@@ -8,7 +8,7 @@ import json
 import os
 import shutil
 import tempfile
-from typing import Any, Iterator
+from typing import Any, Callable, Iterator
 
 import probe
 import pytest
@@ -66,22 +66,26 @@ class Tiny(nn.Module):
         return self.head(h)
 
 
-def train(dbg: Any, steps: int = 1, seed: int = 0) -> list[float]:
-    """Run ``steps`` training steps under ``dbg`` (None = bare); returns the losses."""
-    torch.manual_seed(seed)
-    model = Tiny()
-    opt = torch.optim.SGD(model.parameters(), lr=0.1)
-    g = torch.Generator().manual_seed(seed + 1)
+def run_steps(
+    dbg: Any,
+    model: nn.Module,
+    optimizers: list[torch.optim.Optimizer],
+    batches: list[Any],
+    loss_of: Callable[[Any], torch.Tensor],
+) -> list[float]:
+    """One training step per batch under ``dbg`` (None = bare): capture started, gradients
+    zeroed, ``loss_of(batch)`` backpropagated, every optimizer stepped, capture stopped and
+    the step closed; ``dbg`` closed at the end. Returns the losses."""
     losses = []
-    for _ in range(steps):
-        x = torch.randn(4, 8, generator=g)
-        y = torch.randint(0, 4, (4,), generator=g)
+    for batch in batches:
         if dbg is not None:
             dbg.start(model)
-        opt.zero_grad()
-        loss = F.cross_entropy(model(x), y)
+        for opt in optimizers:
+            opt.zero_grad()
+        loss = loss_of(batch)
         loss.backward()
-        opt.step()
+        for opt in optimizers:
+            opt.step()
         if dbg is not None:
             dbg.stop()
             dbg.step()
@@ -89,6 +93,19 @@ def train(dbg: Any, steps: int = 1, seed: int = 0) -> list[float]:
     if dbg is not None:
         dbg.close()
     return losses
+
+
+def train(dbg: Any, steps: int = 1, seed: int = 0) -> list[float]:
+    """Run ``steps`` training steps of Tiny under ``dbg`` (None = bare); returns the losses."""
+    torch.manual_seed(seed)
+    model = Tiny()
+    opt = torch.optim.SGD(model.parameters(), lr=0.1)
+    g = torch.Generator().manual_seed(seed + 1)
+    batches = [
+        (torch.randn(4, 8, generator=g), torch.randint(0, 4, (4,), generator=g))
+        for _ in range(steps)
+    ]
+    return run_steps(dbg, model, [opt], batches, lambda b: F.cross_entropy(model(b[0]), b[1]))
 
 
 def read_ops(folder: str) -> list[dict[str, Any]]:

@@ -17,7 +17,7 @@ import torch
 import torch.nn.functional as F
 
 import probe
-from conftest import SCHEMAS, Tiny, iter_tensors, read_ops, train
+from conftest import SCHEMAS, Tiny, iter_tensors, read_ops, run_steps, train
 
 
 def _keys(ops: list[dict[str, Any]]) -> list[str]:
@@ -1009,31 +1009,24 @@ def _per_sample_step(dbg: Any, transform: bool) -> list[float]:
     ``torch.func`` (vmap of grad of a functional call) join the loss, as in DP-SGD."""
     torch.manual_seed(0)
     model = Tiny()
-    opt = torch.optim.SGD(model.parameters(), lr=0.1)
     g = torch.Generator().manual_seed(1)
-    losses = []
-    for _ in range(2):
-        x = torch.randn(4, 8, generator=g)
-        y = torch.randint(0, 4, (4,), generator=g)
-        if dbg is not None:
-            dbg.start(model)
+    batches = [
+        (torch.randn(4, 8, generator=g), torch.randint(0, 4, (4,), generator=g)) for _ in range(2)
+    ]
+
+    def one(p: dict[str, torch.Tensor], xi: torch.Tensor) -> torch.Tensor:
+        return torch.func.functional_call(model, p, (xi.unsqueeze(0),)).sum()
+
+    def loss_of(batch: tuple[torch.Tensor, torch.Tensor]) -> torch.Tensor:
+        x, y = batch
         loss = F.cross_entropy(model(x), y)
         if transform:
             params = {k: v.detach() for k, v in model.named_parameters()}
-
-            def one(p: dict[str, torch.Tensor], xi: torch.Tensor) -> torch.Tensor:
-                return torch.func.functional_call(model, p, (xi.unsqueeze(0),)).sum()
-
             per = torch.func.vmap(torch.func.grad(one), in_dims=(None, 0))(params, x)
             loss = loss + 0.0 * sum(v.sum() for v in per.values())
-        opt.zero_grad()
-        loss.backward()
-        opt.step()
-        if dbg is not None:
-            dbg.stop()
-            dbg.step()
-        losses.append(loss.item())
-    return losses
+        return loss
+
+    return run_steps(dbg, model, [torch.optim.SGD(model.parameters(), lr=0.1)], batches, loss_of)
 
 
 @pytest.mark.parametrize("level", ["api", "mix"])
@@ -1078,22 +1071,13 @@ def _sparse_steps(dbg: Any) -> list[float]:
     sparse = torch.optim.SparseAdam([model.emb.weight], lr=1e-2)
     dense = torch.optim.Adam(model.head.parameters(), lr=1e-2)
     g = torch.Generator().manual_seed(1)
-    losses = []
-    for _ in range(2):
-        i = torch.randint(0, 50, (4, 6), generator=g)
-        y = torch.randint(0, 4, (4,), generator=g)
-        if dbg is not None:
-            dbg.start(model)
-        loss = F.cross_entropy(model(i), y)
-        loss.backward()
-        for opt in (sparse, dense):
-            opt.step()
-            opt.zero_grad()
-        if dbg is not None:
-            dbg.stop()
-            dbg.step()
-        losses.append(loss.item())
-    return losses
+    batches = [
+        (torch.randint(0, 50, (4, 6), generator=g), torch.randint(0, 4, (4,), generator=g))
+        for _ in range(2)
+    ]
+    return run_steps(
+        dbg, model, [sparse, dense], batches, lambda b: F.cross_entropy(model(b[0]), b[1])
+    )
 
 
 @pytest.mark.parametrize("level", ["api", "mix"])
