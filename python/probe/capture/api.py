@@ -233,9 +233,6 @@ class _Dispatch:
     """Routes captured calls to the Debugger that is running (at most one per process)."""
 
     current: Optional[ApiCapture] = None
-    #: Whether ``torch.compile`` may be in use (``compiled.may_compile``, at ``start()``):
-    #: calls made by its Python code are then told apart by their caller.
-    compile_seen = False
 
     def __call__(
         self,
@@ -246,7 +243,7 @@ class _Dispatch:
         kwargs: dict[str, Any],
     ) -> Any:
         cap = self.current
-        if cap is None or compiler_call(args, self.compile_seen):  # (compiled.py)
+        if cap is None or compiler_call(args):  # (compiled.py)
             return orig(*args, **kwargs)
         if in_transform():
             cap._dbg._note_transform(api)

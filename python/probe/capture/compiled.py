@@ -76,25 +76,19 @@ _COMPILER_CODE = (
 )
 
 
-def may_compile() -> bool:
-    """Whether ``torch.compile`` may run in this process: Dynamo was imported (it is not by
-    ``import torch``)."""
-    return "torch._dynamo" in sys.modules
-
-
-def compiler_call(args: tuple[Any, ...], frames: bool) -> bool:
+def compiler_call(args: tuple[Any, ...]) -> bool:
     """Whether a call of a hooked API, with positional arguments ``args``, is made by
     ``torch.compile``, not by the model: AOT autograd and Inductor lower a graph by running
     PyTorch's Python API on fake tensors (also lazily, at the first backward), under a fake
-    mode or on fake tensors directly; and, when ``frames`` (:func:`may_compile`), the
-    caller is its code, with real tensors (constant folding while compiling, the runtime
-    wrappers of a compiled graph). Called from the wrapper's handler (``api._Dispatch``):
-    the wrapper's caller is three frames up."""
+    mode or on fake tensors directly; and, once Dynamo is imported (``import torch`` does
+    not), the caller is its code, with real tensors (constant folding while compiling, the
+    runtime wrappers of a compiled graph). Called from the wrapper's handler
+    (``api._Dispatch``): the wrapper's caller is three frames up."""
     if args and _FakeTensor is not None and type(args[0]) is _FakeTensor:
         return True
     if _get_mode is not None and _FAKE is not None and _get_mode(_FAKE) is not None:
         return True
-    if not frames:
+    if "torch._dynamo" not in sys.modules:
         return False
     try:
         caller = sys._getframe(3)

@@ -35,7 +35,7 @@ from ..config import CaptureConfig, load_config
 from .api import DISPATCH, PATCHER, ApiCapture, tls
 from .backward import BackwardHooks
 from .buffer import Fill, StatsBuffer
-from .compiled import graph_count, in_model, may_compile, module_tree, unwrap
+from .compiled import graph_count, in_model, module_tree, unwrap
 from .distributed import Collectives, DdpHooks, is_ddp
 from .modules import ModuleHooks
 from .records import (
@@ -221,7 +221,6 @@ class Debugger:
             self._running = True
             self._api_on = self.config.api
             DISPATCH.current = self._api
-            DISPATCH.compile_seen = may_compile()
             tls.active = self._api_on
         except Exception as exc:  # noqa: BLE001 - unwritable path, odd model...
             self._guard.fail(exc, "start()")
