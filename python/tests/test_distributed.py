@@ -375,30 +375,117 @@ dist.destroy_process_group()
 """
 
 
+def run_script(tmp_path: Any, text: str, *args: str) -> tuple[str, list[list[dict[str, Any]]]]:
+    """Run ``text`` on 2 ranks with the dump folder as its first argument; its stderr and
+    each rank's step-0 records."""
+    script = tmp_path / "script.py"
+    script.write_text(text, encoding="utf-8")
+    env = dict(os.environ, OMP_NUM_THREADS="1", PYTHONPATH=os.path.join(REPO, "python"))
+    cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone"]
+    cmd += ["--nproc_per_node", "2", str(script), str(tmp_path / "d"), *args]
+    try:
+        res = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=TIMEOUT)
+    except subprocess.TimeoutExpired:
+        pytest.fail(f"the 2-rank script timed out after {TIMEOUT} s")
+    assert res.returncode == 0, res.stderr[-3000:]
+    assert "probe: internal error" not in res.stderr, res.stderr[-3000:]
+    ranks = []
+    for rank in (0, 1):
+        with open(tmp_path / "d" / "step0" / f"rank{rank}" / "ops.jsonl", encoding="utf-8") as fh:
+            ranks.append([json.loads(line) for line in fh])
+    return res.stderr, ranks
+
+
+def means(rec: dict[str, Any]) -> dict[str, Any]:
+    """The mean of each tensor of a record, by its name after ``.forward.``."""
+    return {t["name"].rsplit(".forward.", 1)[1]: t["stats"]["mean"] for t in rec["tensors"]}
+
+
 def test_coalesced_collectives_record_inputs_and_outputs(tmp_path: Any) -> None:
     """The _coalesced variants write their results into the lists they are given: both the
     values before (inputs) and after (outputs) are recorded, with group and coll_seq."""
-    script = tmp_path / "coalesced.py"
-    script.write_text(COALESCED, encoding="utf-8")
-    env = dict(os.environ, OMP_NUM_THREADS="1", PYTHONPATH=os.path.join(REPO, "python"))
-    cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone"]
-    cmd += ["--nproc_per_node", "2", str(script), str(tmp_path / "d")]
-    res = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=TIMEOUT)
-    assert res.returncode == 0, res.stderr[-3000:]
+    _, ranks = run_script(tmp_path, COALESCED)
     for rank in (0, 1):
-        with open(tmp_path / "d" / "step0" / f"rank{rank}" / "ops.jsonl", encoding="utf-8") as fh:
-            recs = {r["op"]: r for r in map(json.loads, fh) if r["op"].startswith("Distributed.")}
+        recs = {r["op"]: r for r in ranks[rank] if r["op"].startswith("Distributed.")}
         red = recs["Distributed.all_reduce_coalesced.0.forward"]
         assert (red["group"], red["coll_seq"]) == ([0, 1], 0)
-        means = {t["name"].rsplit(".forward.", 1)[1]: t["stats"]["mean"] for t in red["tensors"]}
+        m = means(red)
         # Rank r contributes r+1 and r+2: the sums are 3 and 5 on every rank.
-        assert means["input.0.0"] == rank + 1 and means["input.0.1"] == rank + 2
-        assert means["output.0"] == 3.0 and means["output.1"] == 5.0
+        assert m["input.0.0"] == rank + 1 and m["input.0.1"] == rank + 2
+        assert m["output.0"] == 3.0 and m["output.1"] == 5.0
         gat = recs["Distributed.all_gather_coalesced.0.forward"]
         assert (gat["group"], gat["coll_seq"]) == ([0, 1], 1)
         outs = [t for t in gat["tensors"] if t["role"] == "output"]
         # `a` was reduced in place to 3 on every rank before it was gathered.
         assert [t["stats"]["mean"] for t in outs] == [3.0, 3.0], outs
+
+
+ASYNC = """
+import sys, torch, torch.distributed as dist
+import probe
+dist.init_process_group("gloo")
+r = dist.get_rank()
+peer = 1 - r
+dbg = probe.Debugger(None, dump_path=sys.argv[1], level="api", mode=sys.argv[2])
+dbg.start(torch.nn.Linear(2, 2))
+a = torch.full((1000,), float(r + 1))
+work = dist.all_reduce(a, async_op=True)
+other = torch.ones(3).mul(2.0)  # runs while the all-reduce may still be under way
+work.wait()
+# Each rank posts its receive before its send: waiting inside irecv would deadlock.
+got = torch.zeros(3)
+reqs = [dist.irecv(got, src=peer), dist.isend(torch.full((3,), 10.0 + r), dst=peer)]
+for req in reqs:
+    req.wait()
+out = torch.zeros(2)
+dist.reduce_scatter_single(output=out, input=torch.arange(4.0) * (r + 1))  # as FSDP2 calls it
+bad = torch.full((2,), float("inf") if r == 1 else 1.0)
+dist.all_reduce(bad, async_op=True).wait()
+late = torch.ones(2)
+dist.all_reduce(late, async_op=True).get_future().wait()
+dbg.stop(); dbg.step(); dbg.close()
+dist.destroy_process_group()
+"""
+
+
+def test_async_collectives_are_recorded_when_waited_on(tmp_path: Any) -> None:
+    """A collective run with ``async_op=True``, or ``irecv``, has its result in place only
+    once its handle is waited on: the record gets its outputs then, and takes its place in
+    the dump there. The agent does not wait inside the call (two ranks that post their
+    receive before their send would deadlock on gloo). A handle waited on only through its
+    future is recorded without outputs, and the user is told. An in-place collective given
+    its output by keyword records it as its output."""
+    stderr, ranks = run_script(tmp_path, ASYNC, "statistics")
+    for rank, recs in enumerate(ranks):
+        order = [r["op"] for r in recs]
+        ops = {r["op"]: r for r in recs}
+        red = ops["Distributed.all_reduce.0.forward"]
+        assert means(red) == {"input.0": rank + 1, "output.0": 3.0}
+        # Recorded where it was waited on: after the call made in between.
+        assert order.index(red["op"]) > order.index("Tensor.mul.0.forward"), order
+        assert red["coll_seq"] == 0
+        got = ops["Distributed.irecv.0.forward"]
+        assert means(got) == {"input.0": 0.0, "output.0": 10.0 + (1 - rank)}
+        # Rank r gets elements 2r and 2r+1 of arange(4) * (1 + 2).
+        rs = ops["Distributed.reduce_scatter_single.0.forward"]
+        want = {"input.output": 0.0, "input.input": 1.5 * (rank + 1), "output.0": 6 * rank + 1.5}
+        assert means(rs) == want
+        bad = ops["Distributed.all_reduce.1.forward"]["tensors"]
+        assert [t["stats"]["inf"] for t in bad if t["role"] == "output"] == [2]
+        late = ops["Distributed.all_reduce.2.forward"]
+        assert [t["role"] for t in late["tensors"]] == ["input"]
+    assert "Distributed.all_reduce ran asynchronously and its handle was not waited on" in stderr
+
+
+def test_async_collectives_in_overflow_mode(tmp_path: Any) -> None:
+    """Overflow mode checks an asynchronous collective's result once it is waited on: the
+    all-reduce that spreads rank 1's Inf is recorded on both ranks, with the finite value
+    rank 0 gave it as its input, and nothing else is."""
+    _, ranks = run_script(tmp_path, ASYNC, "overflow")
+    for rank, recs in enumerate(ranks):
+        assert [r["op"] for r in recs] == ["Distributed.all_reduce.1.forward"]
+        stats = {t["role"]: t["stats"] for t in recs[0]["tensors"]}
+        assert stats["input"]["inf"] == 2 * rank and stats["output"]["inf"] == 2
 
 
 def test_fsdp2_collectives_are_recorded_and_line_up(tmp_path: Any) -> None:
@@ -426,8 +513,7 @@ def test_fsdp2_collectives_are_recorded_and_line_up(tmp_path: Any) -> None:
         checked = 0
         for seq, r0 in gathers.items():
             out = [t for t in r0["tensors"] if t["role"] == "output"]
-            if not out:
-                continue  # an async_op call records its inputs only
+            assert out, r0  # (async_op calls too: recorded once waited on)
             shards = []
             for rank in range(2):
                 (r,) = [
@@ -439,3 +525,25 @@ def test_fsdp2_collectives_are_recorded_and_line_up(tmp_path: Any) -> None:
             assert math.isclose(got, sum(shards), rel_tol=1e-5), (r0["op"], got, shards)
             checked += 1
         assert checked > 0
+        # A reduce-scatter (called with keywords) leaves each rank a part of the ranks'
+        # summed or averaged gradients: its outputs add up to the inputs' total, or to
+        # their average.
+        scatters: dict[int, list[dict[str, Any]]] = {}
+        for rank in range(2):
+            for r in ops[(step, rank)]:
+                if r["op"].split(".")[1] in ("reduce_scatter_single", "reduce_scatter_tensor"):
+                    scatters.setdefault(r["coll_seq"], []).append(r)
+        assert scatters
+        for seq, recs in scatters.items():
+            total = {"input": 0.0, "output": 0.0, "size": 0.0}
+            for r in recs:
+                ends = ("input.input", "input.1", "output.0")
+                (src, dst) = [t for t in r["tensors"] if t["name"].endswith(ends)]
+                for role, t in (("input", src), ("output", dst)):
+                    n = math.prod(t["shape"])
+                    total[role] += t["stats"]["mean"] * n
+                    total["size"] += abs(t["stats"]["norm"]) * math.sqrt(n)
+            tol = 1e-5 * total["size"]
+            assert min(
+                abs(total["output"] - total["input"]), abs(total["output"] - total["input"] / 2)
+            ) <= tol, (seq, total)

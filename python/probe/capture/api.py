@@ -66,6 +66,11 @@ _DIST_INPLACE = {
 }
 
 
+#: The result of a collective whose handle was never waited on (``ApiCapture.settle``): no
+#: tensor, so its record gets no outputs.
+_UNWAITED = object()
+
+
 def _holds_result(first: Any) -> bool:
     """Whether an in-place call's first argument can hold its result: a tensor, or a list
     of tensors (or of lists of tensors: all_gather_coalesced)."""
@@ -81,12 +86,52 @@ def _holds_result(first: Any) -> bool:
     )
 
 
-def _result_of(out: Any, inplace: bool, args: tuple[Any, ...]) -> Any:
+#: The names an in-place call's first parameter (the argument it writes) has, for calls
+#: that pass it by keyword, as FSDP2 calls ``reduce_scatter_single(output=..., input=...)``.
+_TARGET_KEYS = (
+    "tensor",
+    "output",
+    "output_tensor",
+    "tensor_list",
+    "output_tensor_list",
+    "tensors",
+    "output_tensor_lists",
+)
+
+
+def _target(args: tuple[Any, ...], kwargs: dict[str, Any]) -> tuple[Optional[str], Any]:
+    """The argument an in-place call writes, its first, and the keyword it was passed by
+    (None: by position; ``(None, None)``: not given)."""
+    if args:
+        return None, args[0]
+    if kwargs:
+        for key in _TARGET_KEYS:
+            if key in kwargs:
+                return key, kwargs[key]
+    return None, None
+
+
+def _as_seen(
+    snapshot: Callable[[torch.Tensor], torch.Tensor], args: tuple[Any, ...], kwargs: dict[str, Any]
+) -> tuple[tuple[Any, ...], dict[str, Any]]:
+    """An in-place call's arguments as it saw them: the tensor it writes replaced by a
+    snapshot (overflow mode keeps these in case the call overflows)."""
+    key, first = _target(args, kwargs)
+    if not isinstance(first, torch.Tensor):
+        return args, kwargs
+    if key is None:
+        return (snapshot(first), *args[1:]), kwargs
+    return args, {**kwargs, key: snapshot(first)}
+
+
+def _result_of(out: Any, inplace: bool, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
     """What holds a call's result: what it returned, or for an in-place call returning None
-    (``__setitem__``, collectives) its first argument, when that can hold one (a list of
+    (``__setitem__``, collectives) the argument it writes, when that can hold one (a list of
     tensors for all_gather and the _coalesced variants)."""
-    if out is None and inplace and args and _holds_result(args[0]):
-        return args[0]
+    if out is None and inplace:
+        first = args[0] if args else _target(args, kwargs)[1]
+        if first is not None and _holds_result(first):
+            return first
     return out
 
 
@@ -123,6 +168,26 @@ def _owners() -> dict[str, Any]:
     except Exception:  # noqa: BLE001 - torch_npu only exists on Ascend hosts
         pass
     return owners
+
+
+def _work_type() -> Optional[type]:
+    """torch.distributed's ``Work``: the handle an asynchronous collective returns."""
+    try:
+        import torch.distributed as dist
+
+        work = getattr(dist, "Work", None) if dist.is_available() else None
+    except Exception:  # noqa: BLE001 - optional
+        return None
+    return work if isinstance(work, type) else None
+
+
+_WORK = _work_type()
+
+
+def _is_handle(out: Any) -> bool:
+    """Whether a collective returned a handle (``async_op=True``, ``irecv``): its result is
+    in place only once the handle is waited on."""
+    return _WORK is not None and isinstance(out, _WORK)
 
 
 CallHandler = Callable[[Callable[..., Any], str, bool, tuple[Any, ...], dict[str, Any]], Any]
@@ -191,6 +256,9 @@ class ApiPatcher:
                 out.append(
                     (owner, name, _make_wrapper(handler, orig, api, is_inplace(api_type, name)))
                 )
+        work: Any = _WORK
+        if work is not None and "Distributed" in self._api_list:
+            out.append((work, "wait", _make_wait(work.wait)))
         return out
 
     def hooks(self, api: str) -> bool:
@@ -212,6 +280,21 @@ class ApiPatcher:
 
     def uninstall(self) -> None:
         self._patches.remove_all()
+
+
+def _make_wait(orig: Callable[..., Any]) -> Any:
+    """``Work.wait`` of torch.distributed, which finishes the record of the asynchronous
+    collective it waits for (:meth:`ApiCapture.waited`)."""
+
+    def wait(self: Any, *args: Any, **kwargs: Any) -> Any:
+        done = orig(self, *args, **kwargs)
+        cap = DISPATCH.current
+        if cap is not None and cap.deferred:
+            cap.waited(self)
+        return done
+
+    functools.update_wrapper(wait, orig)
+    return wait
 
 
 def _make_wrapper(handler: CallHandler, orig: Callable[..., Any], api: str, inplace: bool) -> Any:
@@ -287,6 +370,11 @@ class ApiCapture:
         #: Whether calls without a backward record take the plain path (:meth:`call`; never
         #: in overflow mode, which has its own).
         self._plain = not self._select.listed
+        #: Collectives whose result is in place only once their handle is waited on
+        #: (``async_op=True``, ``irecv``), by the handle's id: the API, the handle (held, so
+        #: that its id stays its own) and what finishes the record given the call's result
+        #: (None: complete in place; :data:`_UNWAITED`: never waited on).
+        self.deferred: dict[int, tuple[str, Any, Callable[[Any], Any]]] = {}
 
     def call(
         self,
@@ -341,6 +429,12 @@ class ApiCapture:
             with dbg._lock:
                 if fwd is not None:
                     self._plain_post(fwd, inplace, args, kwargs, out)
+                elif ctx is not None and ctx[4] and _is_handle(out):
+                    self.deferred[id(out)] = (
+                        api,
+                        out,
+                        functools.partial(self._post, ctx, args, kwargs),
+                    )
                 else:
                     assert ctx is not None
                     out = self._post(ctx, args, kwargs, out)
@@ -349,6 +443,43 @@ class ApiCapture:
         finally:
             tls.active = dbg._api_on
         return out
+
+    def waited(self, work: Any) -> None:
+        """``work.wait()`` returned: the collective that returned ``work`` has its result in
+        place now, and its record gets its outputs (msprobe waits inside the call instead,
+        which deadlocks two ranks that each post a receive before their send on a backend
+        that blocks the host, such as gloo). The record takes its place in the dump here,
+        where the result became usable."""
+        entry = self.deferred.pop(id(work), None)
+        if entry is not None:
+            self._settle(entry, None)
+
+    def settle(self) -> None:
+        """At ``stop()``: the collectives whose handle was not waited on while capturing (it
+        may have been waited on through ``get_future()``, or not yet) are recorded without
+        outputs, and the user is told once: their result may not be in place yet."""
+        while self.deferred:
+            _, entry = self.deferred.popitem()
+            self._settle(entry, _UNWAITED)
+            self._dbg._tell_once(
+                "unwaited",
+                f"probe: {entry[0]} ran asynchronously and its handle was not waited on "
+                f"(Work.wait()) before stop() at step {self._dbg.current_step}: its result is "
+                "not recorded",
+                stacklevel=5,  # the caller of stop()
+            )
+
+    def _settle(self, entry: tuple[str, Any, Callable[[Any], Any]], out: Any) -> None:
+        dbg = self._dbg
+        was = tls.active
+        tls.active = False
+        try:
+            with dbg._lock:
+                entry[2](out)
+        except Exception as exc:  # noqa: BLE001
+            dbg._guard.fail(exc, f"capturing outputs of {entry[0]}")
+        finally:
+            tls.active = was
 
     def _plain_pre(
         self, api: str, args: tuple[Any, ...], kwargs: dict[str, Any]
@@ -374,7 +505,7 @@ class ApiCapture:
         """A plain call's outputs, and its record finished (:meth:`call`)."""
         inplace = inplace or kwargs.get("inplace") is True
         self._note_writes(inplace, args, kwargs)
-        produced = _result_of(out, inplace, args)
+        produced = _result_of(out, inplace, args, kwargs)
         folder = self._files.folder
         assert folder is not None
         keep = self._forward and self._outputs
@@ -404,8 +535,10 @@ class ApiCapture:
     def _note_writes(self, inplace: bool, args: tuple[Any, ...], kwargs: dict[str, Any]) -> None:
         """What a call wrote in place, through whichever tensor object: records kept of
         tensors sharing that storage no longer stand for them (``Dataflow.note_write``)."""
-        if inplace and args:
-            self._flow.note_write(args[0])
+        if inplace:
+            first = args[0] if args else _target(args, kwargs)[1]
+            if first is not None:
+                self._flow.note_write(first)
         if kwargs and "out" in kwargs:
             self._flow.note_write(kwargs["out"])
 
@@ -475,10 +608,10 @@ class ApiCapture:
                     elif not inplace and kwargs.get("inplace") is True:
                         inplace = True
                 folder = self._files.folder
-                seen = args
-                if call is not None and inplace and args and isinstance(args[0], torch.Tensor):
+                seen = None  # (the call's own arguments)
+                if call is not None and inplace:
                     # The value the op saw, kept in case it overflows (it changes in place).
-                    seen = (dbg._snapshot(args[0]), *args[1:])
+                    seen = _as_seen(dbg._snapshot, args, kwargs)
         except Exception as exc:  # noqa: BLE001
             dbg._guard.fail(exc, f"capturing inputs of {api}")
             call = None
@@ -491,25 +624,49 @@ class ApiCapture:
         tls.active = False
         try:
             with dbg._lock:
-                produced = _result_of(out, inplace, args)
-                if (
-                    folder is not None
-                    and folder is self._files.folder
-                    and dbg._overflow_left != 0
-                    and nonfinite_result(produced)
-                ):
-                    fwd = OpRecord(f"{api}.{call}.forward", "api", "forward", module, folder)
-                    fwd.recompute = in_recompute()
-                    if meta is not None:
-                        fwd.group, fwd.coll_seq = meta
-                    fwd.call_args = (seen, kwargs)
-                    fwd.call_out = produced
-                    dbg._finish(fwd)
+                if inplace and _is_handle(out):
+                    check = functools.partial(
+                        self._check, api, call, module, folder, meta, seen, kwargs, inplace, args
+                    )
+                    self.deferred[id(out)] = (api, out, check)
+                else:
+                    self._check(api, call, module, folder, meta, seen, kwargs, inplace, args, out)
         except Exception as exc:  # noqa: BLE001
             dbg._guard.fail(exc, f"capturing outputs of {api}")
         finally:
             tls.active = dbg._api_on
         return out
+
+    def _check(
+        self,
+        api: str,
+        call: int,
+        module: Optional[str],
+        folder: Optional[RankFolder],
+        meta: Optional[tuple[list[int], int]],
+        seen: Optional[tuple[tuple[Any, ...], dict[str, Any]]],
+        kwargs: dict[str, Any],
+        inplace: bool,
+        args: tuple[Any, ...],
+        out: Any,
+    ) -> None:
+        """Overflow mode: the record of a call (:meth:`_call_checked`) when its result holds
+        NaN/Inf."""
+        dbg = self._dbg
+        produced = _result_of(out, inplace, args, kwargs)
+        if (
+            folder is not None
+            and folder is self._files.folder
+            and dbg._overflow_left != 0
+            and nonfinite_result(produced)
+        ):
+            fwd = OpRecord(f"{api}.{call}.forward", "api", "forward", module, folder)
+            fwd.recompute = in_recompute()
+            if meta is not None:
+                fwd.group, fwd.coll_seq = meta
+            fwd.call_args = seen if seen is not None else (args, kwargs)
+            fwd.call_out = produced
+            dbg._finish(fwd)
 
     def _pre(
         self, api: str, inplace: bool, args: tuple[Any, ...], kwargs: dict[str, Any]
@@ -569,10 +726,8 @@ class ApiCapture:
         elif want_fwd_in:
             self._record_inputs(fwd, args, kwargs)
         if dbg._overflow:
-            if inplace and args and isinstance(args[0], torch.Tensor):
-                # The value the op saw, kept in case it overflows (it changes in place).
-                args = (dbg._snapshot(args[0]), *args[1:])
-            fwd.call_args = (args, kwargs)
+            # The value an in-place op saw, kept in case it overflows (it changes in place).
+            fwd.call_args = _as_seen(dbg._snapshot, args, kwargs) if inplace else (args, kwargs)
         elif want_fwd_in:
             fwd.args = json_args(args, kwargs)
         if bwd is not None and bwd.expect:
@@ -589,7 +744,7 @@ class ApiCapture:
         if aliases and isinstance(out, torch.Tensor) and id(out) in aliases:
             out = aliases[id(out)]  # identity ops (x.float() on float) return their input
         result = out
-        out = _result_of(out, inplace, args)
+        out = _result_of(out, inplace, args, kwargs)
         want_out = forward and self._outputs and not dbg._overflow
         grads_in = bwd is not None and self._inputs
         if flow is not None or grads_in:

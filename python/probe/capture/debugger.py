@@ -241,6 +241,7 @@ class Debugger:
                 PATCHER.uninstall()
             self._modules.remove()
             self._stacks.release()
+            self._api.settle()  # (takes the lock)
             with self._lock:
                 self._ddp.flush(self)
                 self._backward.finish_step()
@@ -424,6 +425,7 @@ class Debugger:
             PATCHER.uninstall()
             self._modules.remove()
             self._stacks.release()
+            self._api.deferred.clear()  # records of collectives not waited on yet: dropped
         except Exception:  # noqa: BLE001
             pass
         try:
