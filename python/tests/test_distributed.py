@@ -488,6 +488,71 @@ def test_async_collectives_in_overflow_mode(tmp_path: Any) -> None:
         assert stats["input"]["inf"] == 2 * rank and stats["output"]["inf"] == 2
 
 
+PIPELINE = """
+import copy, json, sys, torch, torch.distributed as dist
+import probe
+from torch.distributed.pipelining import PipelineStage, ScheduleGPipe
+dist.init_process_group("gloo")
+r = dist.get_rank()
+torch.manual_seed(0)
+a, b, c = torch.nn.Linear(8, 16), torch.nn.Linear(16, 16), torch.nn.Linear(16, 4)
+ref = copy.deepcopy(torch.nn.Sequential(a, torch.nn.ReLU(), b, torch.nn.ReLU(), c))
+part = torch.nn.Sequential(a, torch.nn.ReLU()) if r == 0 else torch.nn.Sequential(b, torch.nn.ReLU(), c)
+stage = PipelineStage(part, r, 2, torch.device("cpu"))
+schedule = ScheduleGPipe(stage, n_microbatches=4, loss_fn=torch.nn.functional.mse_loss)
+opt = torch.optim.SGD(part.parameters(), lr=0.1)
+x, y = torch.randn(8, 8), torch.randn(8, 4)
+dbg = probe.Debugger(None, dump_path=sys.argv[1], level="mix", mode="statistics")
+for step in range(2):
+    dbg.start(part)
+    opt.zero_grad()
+    schedule.step(x) if r == 0 else schedule.step(target=y)
+    opt.step()
+    dbg.stop(); dbg.step()
+dbg.close()
+# The same two steps on the whole model in one process, on the whole batch.
+ref_opt = torch.optim.SGD(ref.parameters(), lr=0.1)
+for step in range(2):
+    ref_opt.zero_grad()
+    torch.nn.functional.mse_loss(ref(x), y).backward()
+    ref_opt.step()
+pairs = [(part[0], ref[0])] if r == 0 else [(part[0], ref[2]), (part[2], ref[4])]
+diff = max((p - q).abs().max().item() for m, n in pairs for p, q in zip(m.parameters(), n.parameters()))
+with open(f"{sys.argv[1]}/diff{r}.json", "w") as fh:
+    json.dump(diff, fh)
+dist.destroy_process_group()
+"""
+
+
+def test_pipeline_parallel_schedule_trains_as_without_the_agent(tmp_path: Any) -> None:
+    """A pipeline schedule (torch.distributed.pipelining, GPipe over two stages) builds
+    ``P2POp(dist.isend, ...)`` while the agent's wrappers are in place: P2POp got the
+    wrapper and raised ValueError. The stages now train to the weights of the whole model
+    trained in one process, and each rank's dump holds its stage's ops and the batched
+    sends and receives."""
+    pytest.importorskip("torch.distributed.pipelining")
+    script = tmp_path / "pp.py"
+    script.write_text(PIPELINE, encoding="utf-8")
+    env = dict(os.environ, OMP_NUM_THREADS="1", PYTHONPATH=os.path.join(REPO, "python"))
+    cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone"]
+    cmd += ["--nproc_per_node", "2", str(script), str(tmp_path / "d")]
+    res = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=TIMEOUT)
+    assert res.returncode == 0, res.stderr[-3000:]
+    for rank in (0, 1):
+        with open(tmp_path / "d" / f"diff{rank}.json", encoding="utf-8") as fh:
+            assert json.load(fh) < 1e-6
+    for step in range(2):
+        for rank, linears in ((0, 1), (1, 2)):
+            path = tmp_path / "d" / f"step{step}" / f"rank{rank}" / "ops.jsonl"
+            with open(path, encoding="utf-8") as fh:
+                ops = [json.loads(line)["op"] for line in fh]
+            # 4 microbatches through this stage's Linear layers (and at step 0 the shape
+            # inference of recent PyTorch, one more forward).
+            fwd = {o for o in ops if o.startswith("Functional.linear.") and o.endswith(".forward")}
+            assert len(fwd) == 4 * linears or (step == 0 and len(fwd) > 4 * linears), ops
+            assert any(o.startswith("Distributed.batch_isend_irecv.") for o in ops), ops
+
+
 def test_fsdp2_collectives_are_recorded_and_line_up(tmp_path: Any) -> None:
     """FSDP2 (``fully_shard``) gathers each module's parameters before its forward and
     backward and reduce-scatters its gradients with ``all_gather_single`` and

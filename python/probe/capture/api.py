@@ -258,7 +258,10 @@ class ApiPatcher:
                 )
         work: Any = _WORK
         if work is not None and "Distributed" in self._api_list:
+            from .distributed import p2p_op_patches
+
             out.append((work, "wait", _make_wait(work.wait)))
+            out.extend(p2p_op_patches())
         return out
 
     def hooks(self, api: str) -> bool:

@@ -122,6 +122,42 @@ class Collectives:
         return ranks, self.next_seq(("group", *ranks))
 
 
+def p2p_op_patches() -> list[tuple[Any, str, Any]]:
+    """``P2POp`` made while the API wrappers are in place gets torch's own function.
+
+    ``dist.isend`` is then the agent's wrapper. ``P2POp(dist.isend, ...)`` checks its
+    function against torch's ``isend``/``irecv`` (a ValueError stopped the user's pipeline
+    schedule), and ``batch_isend_irecv`` tells sends from receives by identity. So P2POp's
+    check and constructor see the function the wrapper wraps: ``(owner, name, new)``
+    patches, installed and removed with the wrappers."""
+    try:
+        from torch.distributed import distributed_c10d as c10d
+    except Exception:  # noqa: BLE001 - torch without distributed support
+        return []
+    out: list[tuple[Any, str, Any]] = []
+    check = getattr(c10d, "_check_op", None)
+    if callable(check):
+
+        def _check_op(op: Any) -> Any:
+            return check(_unwrapped(op))
+
+        out.append((c10d, "_check_op", _check_op))
+    p2p = getattr(c10d, "P2POp", None)
+    init = vars(p2p).get("__init__") if isinstance(p2p, type) else None
+    if callable(init):
+
+        def __init__(self: Any, op: Any, *args: Any, **kwargs: Any) -> None:
+            init(self, _unwrapped(op), *args, **kwargs)
+
+        out.append((p2p, "__init__", __init__))
+    return out
+
+
+def _unwrapped(fn: Any) -> Any:
+    """The function an API wrapper wraps (``__probe_wrapped__``), else ``fn``."""
+    return getattr(fn, "__probe_wrapped__", fn)
+
+
 def is_ddp(model: Any) -> bool:
     try:
         from torch.nn.parallel import DistributedDataParallel
