@@ -443,6 +443,16 @@ bad = torch.full((2,), float("inf") if r == 1 else 1.0)
 dist.all_reduce(bad, async_op=True).wait()
 late = torch.ones(2)
 dist.all_reduce(late, async_op=True).get_future().wait()
+# Queued in a coalescing manager (as Megatron's distributed optimizer does): they run at
+# its exit, and with async_ops their results are in place once its handles are waited on.
+c, d = torch.full((3,), r + 1.0), torch.full((2,), r + 5.0)
+with dist._coalescing_manager(async_ops=True) as cm:
+    dist.all_reduce(c)
+    dist.all_reduce(d)
+cm.wait()
+g = torch.zeros(4)
+with dist._coalescing_manager():
+    dist.all_gather_into_tensor(g, torch.full((2,), r + 1.0))
 dbg.stop(); dbg.step(); dbg.close()
 dist.destroy_process_group()
 """
@@ -454,7 +464,8 @@ def test_async_collectives_are_recorded_when_waited_on(tmp_path: Any) -> None:
     the dump there. The agent does not wait inside the call (two ranks that post their
     receive before their send would deadlock on gloo). A handle waited on only through its
     future is recorded without outputs, and the user is told. An in-place collective given
-    its output by keyword records it as its output."""
+    its output by keyword records it as its output. Collectives queued in a coalescing
+    manager record their results once it has run them."""
     stderr, ranks = run_script(tmp_path, ASYNC, "statistics")
     for rank, recs in enumerate(ranks):
         order = [r["op"] for r in recs]
@@ -474,6 +485,10 @@ def test_async_collectives_are_recorded_when_waited_on(tmp_path: Any) -> None:
         assert [t["stats"]["inf"] for t in bad if t["role"] == "output"] == [2]
         late = ops["Distributed.all_reduce.2.forward"]
         assert [t["role"] for t in late["tensors"]] == ["input"]
+        assert means(ops["Distributed.all_reduce.3.forward"]) == {"input.0": rank + 1, "output.0": 3.0}
+        assert means(ops["Distributed.all_reduce.4.forward"]) == {"input.0": rank + 5, "output.0": 11.0}
+        gathered = ops["Distributed.all_gather_into_tensor.0.forward"]
+        assert means(gathered) == {"input.0": 0.0, "input.1": rank + 1, "output.0": 1.5}
     assert "Distributed.all_reduce ran asynchronously and its handle was not waited on" in stderr
 
 

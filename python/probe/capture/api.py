@@ -66,11 +66,6 @@ _DIST_INPLACE = {
 }
 
 
-#: The result of a collective whose handle was never waited on (``ApiCapture.settle``): no
-#: tensor, so its record gets no outputs.
-_UNWAITED = object()
-
-
 def _holds_result(first: Any) -> bool:
     """Whether an in-place call's first argument can hold its result: a tensor, or a list
     of tensors (or of lists of tensors: all_gather_coalesced)."""
@@ -170,26 +165,6 @@ def _owners() -> dict[str, Any]:
     return owners
 
 
-def _work_type() -> Optional[type]:
-    """torch.distributed's ``Work``: the handle an asynchronous collective returns."""
-    try:
-        import torch.distributed as dist
-
-        work = getattr(dist, "Work", None) if dist.is_available() else None
-    except Exception:  # noqa: BLE001 - optional
-        return None
-    return work if isinstance(work, type) else None
-
-
-_WORK = _work_type()
-
-
-def _is_handle(out: Any) -> bool:
-    """Whether a collective returned a handle (``async_op=True``, ``irecv``): its result is
-    in place only once the handle is waited on."""
-    return _WORK is not None and isinstance(out, _WORK)
-
-
 CallHandler = Callable[[Callable[..., Any], str, bool, tuple[Any, ...], dict[str, Any]], Any]
 #: An autograd alias of a tensor, through which an input's gradient reaches a hook: the
 #: ``aten::alias`` view, whose backward hands the gradient on as it comes. ``view_as``'s
@@ -256,11 +231,11 @@ class ApiPatcher:
                 out.append(
                     (owner, name, _make_wrapper(handler, orig, api, is_inplace(api_type, name)))
                 )
-        work: Any = _WORK
-        if work is not None and "Distributed" in self._api_list:
+        if "Distributed" in owners and "Distributed" in self._api_list:
             from .distributed import p2p_op_patches
+            from .waits import patches
 
-            out.append((work, "wait", _make_wait(work.wait)))
+            out.extend(patches(_current_waits))
             out.extend(p2p_op_patches())
         return out
 
@@ -285,19 +260,10 @@ class ApiPatcher:
         self._patches.remove_all()
 
 
-def _make_wait(orig: Callable[..., Any]) -> Any:
-    """``Work.wait`` of torch.distributed, which finishes the record of the asynchronous
-    collective it waits for (:meth:`ApiCapture.waited`)."""
-
-    def wait(self: Any, *args: Any, **kwargs: Any) -> Any:
-        done = orig(self, *args, **kwargs)
-        cap = DISPATCH.current
-        if cap is not None and cap.deferred:
-            cap.waited(self)
-        return done
-
-    functools.update_wrapper(wait, orig)
-    return wait
+def _current_waits() -> Any:
+    """The capturing Debugger's records that wait for a collective's result (waits.py)."""
+    cap = DISPATCH.current
+    return cap.waits if cap is not None else None
 
 
 def _make_wrapper(handler: CallHandler, orig: Callable[..., Any], api: str, inplace: bool) -> Any:
@@ -373,11 +339,10 @@ class ApiCapture:
         #: Whether calls without a backward record take the plain path (:meth:`call`; never
         #: in overflow mode, which has its own).
         self._plain = not self._select.listed
-        #: Collectives whose result is in place only once their handle is waited on
-        #: (``async_op=True``, ``irecv``), by the handle's id: the API, the handle (held, so
-        #: that its id stays its own) and what finishes the record given the call's result
-        #: (None: complete in place; :data:`_UNWAITED`: never waited on).
-        self.deferred: dict[int, tuple[str, Any, Callable[[Any], Any]]] = {}
+        from .waits import Waits
+
+        #: Records of collectives whose result arrives after the call (waits.py).
+        self.waits = Waits(dbg)
 
     def call(
         self,
@@ -432,12 +397,13 @@ class ApiCapture:
             with dbg._lock:
                 if fwd is not None:
                     self._plain_post(fwd, inplace, args, kwargs, out)
-                elif ctx is not None and ctx[4] and _is_handle(out):
-                    self.deferred[id(out)] = (
-                        api,
-                        out,
-                        functools.partial(self._post, ctx, args, kwargs),
-                    )
+                elif (
+                    ctx is not None
+                    and ctx[4]
+                    and api.startswith("Distributed.")
+                    and self.waits.waits(out)
+                ):
+                    self.waits.defer(api, out, functools.partial(self._post, ctx, args, kwargs))
                 else:
                     assert ctx is not None
                     out = self._post(ctx, args, kwargs, out)
@@ -446,43 +412,6 @@ class ApiCapture:
         finally:
             tls.active = dbg._api_on
         return out
-
-    def waited(self, work: Any) -> None:
-        """``work.wait()`` returned: the collective that returned ``work`` has its result in
-        place now, and its record gets its outputs (msprobe waits inside the call instead,
-        which deadlocks two ranks that each post a receive before their send on a backend
-        that blocks the host, such as gloo). The record takes its place in the dump here,
-        where the result became usable."""
-        entry = self.deferred.pop(id(work), None)
-        if entry is not None:
-            self._settle(entry, None)
-
-    def settle(self) -> None:
-        """At ``stop()``: the collectives whose handle was not waited on while capturing (it
-        may have been waited on through ``get_future()``, or not yet) are recorded without
-        outputs, and the user is told once: their result may not be in place yet."""
-        while self.deferred:
-            _, entry = self.deferred.popitem()
-            self._settle(entry, _UNWAITED)
-            self._dbg._tell_once(
-                "unwaited",
-                f"probe: {entry[0]} ran asynchronously and its handle was not waited on "
-                f"(Work.wait()) before stop() at step {self._dbg.current_step}: its result is "
-                "not recorded",
-                stacklevel=5,  # the caller of stop()
-            )
-
-    def _settle(self, entry: tuple[str, Any, Callable[[Any], Any]], out: Any) -> None:
-        dbg = self._dbg
-        was = tls.active
-        tls.active = False
-        try:
-            with dbg._lock:
-                entry[2](out)
-        except Exception as exc:  # noqa: BLE001
-            dbg._guard.fail(exc, f"capturing outputs of {entry[0]}")
-        finally:
-            tls.active = was
 
     def _plain_pre(
         self, api: str, args: tuple[Any, ...], kwargs: dict[str, Any]
@@ -627,11 +556,11 @@ class ApiCapture:
         tls.active = False
         try:
             with dbg._lock:
-                if inplace and _is_handle(out):
+                if inplace and api.startswith("Distributed.") and self.waits.waits(out):
                     check = functools.partial(
                         self._check, api, call, module, folder, meta, seen, kwargs, inplace, args
                     )
-                    self.deferred[id(out)] = (api, out, check)
+                    self.waits.defer(api, out, check)
                 else:
                     self._check(api, call, module, folder, meta, seen, kwargs, inplace, args, out)
         except Exception as exc:  # noqa: BLE001

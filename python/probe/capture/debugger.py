@@ -241,7 +241,7 @@ class Debugger:
                 PATCHER.uninstall()
             self._modules.remove()
             self._stacks.release()
-            self._api.settle()  # (takes the lock)
+            self._api.waits.settle()  # (takes the lock)
             with self._lock:
                 self._ddp.flush(self)
                 self._backward.finish_step()
@@ -425,7 +425,7 @@ class Debugger:
             PATCHER.uninstall()
             self._modules.remove()
             self._stacks.release()
-            self._api.deferred.clear()  # records of collectives not waited on yet: dropped
+            self._api.waits.clear()  # records of collectives not waited on yet: dropped
         except Exception:  # noqa: BLE001
             pass
         try:
