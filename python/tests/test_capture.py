@@ -359,6 +359,43 @@ def test_recompute_marked(dump: str) -> None:
     ]
 
 
+class _Halve(torch.autograd.Function):
+    """A custom autograd function whose backward calls hooked APIs, as tensor-parallel
+    layers all-reduce their gradients in theirs."""
+
+    @staticmethod
+    def forward(ctx: Any, x: torch.Tensor) -> torch.Tensor:
+        return x * 0.5
+
+    @staticmethod
+    def backward(ctx: Any, g: torch.Tensor) -> torch.Tensor:
+        return torch.mul(g, 0.5)
+
+
+@pytest.mark.parametrize("reentrant", [False, True])
+def test_calls_in_a_custom_backward_are_not_recompute(dump: str, reentrant: bool) -> None:
+    """A backward graph runs both for a custom function's backward and for a checkpoint's
+    recompute. Only the recompute re-runs a forward, with gradients on (to rebuild the graph
+    it then differentiates); a custom backward runs with them off. Calls in a custom backward
+    were marked ``recompute`` too, and the compare put them beside another side's recomputed
+    forwards when only one side checkpoints."""
+    from torch.utils.checkpoint import checkpoint
+
+    lin = torch.nn.Linear(4, 4)
+    x = torch.randn(2, 4, requires_grad=True)
+    dbg = probe.Debugger(None, dump_path=dump, directions=["forward"], level="api")
+    dbg.start()
+    y = checkpoint(lambda t: _Halve.apply(F.gelu(lin(t))), x, use_reentrant=reentrant)
+    y.sum().backward()
+    dbg.stop()
+    dbg.close()
+    ops = read_ops(os.path.join(dump, "step0", "rank0"))
+    marks = {o["op"]: o["recompute"] for o in ops}
+    assert marks["Functional.linear.0.forward"] is False
+    assert marks["Functional.linear.1.forward"] is True  # the checkpoint's recompute
+    assert marks["Torch.mul.0.forward"] is False  # _Halve's backward
+
+
 @pytest.mark.parametrize("level", ["api", "mix"])
 def test_recompute_stopped_early_leaves_its_modules(dump: str, level: str) -> None:
     """Non-reentrant checkpointing ends a recompute by raising inside the module's forward

@@ -194,8 +194,13 @@ def in_transform() -> bool:
 
 
 def in_recompute() -> bool:
-    """Whether autograd is running a backward graph now (activation checkpointing)."""
-    return _graph_task_id is not None and _graph_task_id() != -1
+    """Whether a forward is being recomputed now (activation checkpointing): autograd runs
+    a backward graph, with gradients on. A checkpoint recomputes with them on (it rebuilds
+    the graph it then differentiates); a custom autograd function's backward runs with them
+    off, and its calls (a tensor-parallel layer's gradient all-reduce) are not a recompute.
+    A backward with ``create_graph=True`` (gradient penalties) runs with them on: calls in a
+    custom backward there are marked as recomputed."""
+    return _graph_task_id is not None and _graph_task_id() != -1 and torch.is_grad_enabled()
 
 
 class ApiPatcher:
