@@ -453,6 +453,10 @@ cm.wait()
 g = torch.zeros(4)
 with dist._coalescing_manager():
     dist.all_gather_into_tensor(g, torch.full((2,), r + 1.0))
+# The deprecated names older Megatron-LM calls.
+base, part = torch.zeros(4), torch.zeros(2)
+dist._all_gather_base(base, torch.full((2,), r + 1.0))
+dist._reduce_scatter_base(part, torch.arange(4.0) * (r + 1))
 dbg.stop(); dbg.step(); dbg.close()
 dist.destroy_process_group()
 """
@@ -489,6 +493,10 @@ def test_async_collectives_are_recorded_when_waited_on(tmp_path: Any) -> None:
         assert means(ops["Distributed.all_reduce.4.forward"]) == {"input.0": rank + 5, "output.0": 11.0}
         gathered = ops["Distributed.all_gather_into_tensor.0.forward"]
         assert means(gathered) == {"input.0": 0.0, "input.1": rank + 1, "output.0": 1.5}
+        base = ops["Distributed._all_gather_base.0.forward"]
+        assert means(base) == {"input.0": 0.0, "input.1": rank + 1, "output.0": 1.5}
+        part = ops["Distributed._reduce_scatter_base.0.forward"]
+        assert means(part) == {"input.0": 0.0, "input.1": 1.5 * (rank + 1), "output.0": 6 * rank + 1.5}
     assert "Distributed.all_reduce ran asynchronously and its handle was not waited on" in stderr
 
 

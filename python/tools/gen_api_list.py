@@ -232,6 +232,8 @@ DISTRIBUTED = [
     "reduce_scatter",
     "reduce_scatter_tensor",
     "reduce_scatter_single",
+    "_all_gather_base",  # the deprecated names older Megatron-LM calls (msprobe hooks them)
+    "_reduce_scatter_base",
     "broadcast",
     "reduce",
     "all_to_all",

@@ -57,6 +57,8 @@ _DIST_INPLACE = {
     "reduce_scatter",
     "reduce_scatter_tensor",
     "reduce_scatter_single",
+    "_all_gather_base",
+    "_reduce_scatter_base",
     "all_to_all",
     "all_to_all_single",
     "recv",
