@@ -247,6 +247,18 @@ DISTRIBUTED = [
     "barrier",
     "batch_isend_irecv",
 ]
+#: ``torch._VF``: the recurrent kernels ``nn.LSTM``, ``nn.GRU`` and ``nn.RNN`` (and their
+#: cells) call. msprobe hooks ``lstm`` there.
+VF = [
+    "lstm",
+    "gru",
+    "rnn_tanh",
+    "rnn_relu",
+    "lstm_cell",
+    "gru_cell",
+    "rnn_tanh_cell",
+    "rnn_relu_cell",
+]
 NPU = [
     "npu_fusion_attention",
     "npu_fusion_attention_grad",
@@ -353,6 +365,7 @@ def main() -> None:
         "Functional": functional,
         "Tensor": tensor,
         "Distributed": DISTRIBUTED,
+        "VF": VF,
         "NPU": NPU,
     }
     print(json.dumps(out, indent=1))

@@ -153,6 +153,9 @@ def _owners() -> dict[str, Any]:
     import torch.nn.functional as F
 
     owners: dict[str, Any] = {"Torch": torch, "Functional": F, "Tensor": torch.Tensor}
+    vf = getattr(torch, "_VF", None)
+    if vf is not None:
+        owners["VF"] = vf
     try:
         import torch.distributed as dist
 
