@@ -58,9 +58,10 @@ _API_PREFIXES = (
     ("torch.Tensor.", "Tensor"),
     ("torch.distributed.", "Distributed"),
     ("torch_npu.", "NPU"),
+    ("torch._VF.", "VF"),
     ("torch.", "Torch"),
 )
-_API_TYPES = ("Functional", "Tensor", "Distributed", "NPU", "Torch")
+_API_TYPES = ("Functional", "Tensor", "Distributed", "NPU", "VF", "Torch")
 
 
 class ConfigError(ValueError):

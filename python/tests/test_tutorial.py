@@ -218,6 +218,7 @@ def test_tutorial_shape_translates() -> None:
     assert api_name("torch.matmul") == "Torch.matmul"
     assert api_name("torch.Tensor.add") == "Tensor.add"
     assert api_name("Functional.gelu") == "Functional.gelu"
+    assert api_name("torch._VF.lstm") == "VF.lstm" and api_name("VF.gru") == "VF.gru"
     assert api_name("my_model.layer1.0.conv1") is None
     # probe's own keys sit beside the tutorial's: how the tutorial shape asks for tensor mode.
     c = load_config({"dump": {"common_dump_settings": {"mode": "tensor"}}}, {})
