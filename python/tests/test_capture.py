@@ -1245,3 +1245,29 @@ def test_recurrent_layers_are_captured_at_api_level(tmp_path: Any, level: str) -
     (out,) = [t for t in ops["VF.lstm.0.forward"]["tensors"] if t["name"].endswith("output.0")]
     assert out["shape"] == [3, 5, 16]
     assert math.isclose(out["stats"]["norm"], float(want.double().norm()), rel_tol=1e-6)
+
+
+def test_printing_a_tensor_leaves_no_records(tmp_path: Any) -> None:
+    """``print(loss)`` formats the tensor with some twenty calls of hooked APIs (reshape,
+    isfinite, masked_select, abs, min, max, ceil ...), which are not the model's: each left a
+    record, and a run that prints compared with one that does not had them unmatched."""
+    dumps = []
+    for printing in (False, True):
+        dump = str(tmp_path / f"print{printing}")
+        torch.manual_seed(0)
+        x = torch.randn(4, 3)
+        dbg = probe.Debugger(None, dump_path=dump, level="api")
+        dbg.start()
+        y = torch.tanh(x) * 2.5
+        if printing:
+            assert "tensor(" in repr(y) and "tensor(" in f"{y}" and "tensor(" in str(y)
+        z = y.sum()
+        dbg.stop()
+        dbg.step()
+        dbg.close()
+        dumps.append([o["op"] for o in read_ops(os.path.join(dump, "step0", "rank0"))])
+    assert dumps[0] == dumps[1] == [
+        "Torch.tanh.0.forward",
+        "Tensor.__mul__.0.forward",
+        "Tensor.sum.0.forward",
+    ], dumps

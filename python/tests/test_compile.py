@@ -178,3 +178,42 @@ def test_a_torchscript_submodule_is_left_unhooked(tmp_path: Any) -> None:
     assert "Module.fc1.Linear.forward.0" in keys and "Module.head.Linear.forward.0" in keys
     assert not any(k.startswith("Module.block") for k in keys), keys
     assert [p for p, _ in compiled.module_tree(model)] == ["", "fc1", "head"]
+
+
+def _halve_relu(x: torch.Tensor) -> torch.Tensor:
+    return torch.relu(x) * 0.5 + F.gelu(x)
+
+
+class _Block(torch.nn.Module):
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return F.relu(x) + torch.tanh(x)
+
+
+def test_scripting_and_tracing_while_capturing(tmp_path: Any) -> None:
+    """``torch.jit.script`` of a function calling ``torch.relu`` found the agent's wrapper
+    and raised; ``torch.jit.trace`` made shape values tensors, a record could not be
+    written and capture switched off; FX tracing wrote records of proxies and gave its graph
+    the agent's wrappers as targets. They now run with the wrappers removed: each gives what
+    it gives without the agent, records nothing, and capture goes on after them."""
+    x = torch.randn(3, 4)
+    want_fn, want_block = _halve_relu(x), _Block()(x)
+    dbg = probe.Debugger(None, dump_path=str(tmp_path), level="api")
+    dbg.start()
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")  # (scripting and tracing are deprecated)
+        scripted = torch.jit.script(_halve_relu)
+        traced = torch.jit.trace(_Block(), x)
+    graph = torch.fx.symbolic_trace(_Block())
+    after = torch.sigmoid(x)  # captured: the wrappers are back
+    dbg.stop()
+    dbg.step()
+    dbg.close()
+    assert dbg.enabled
+    assert torch.equal(scripted(x), want_fn) and torch.equal(traced(x), want_block)
+    assert torch.equal(graph(x), want_block)
+    targets = {n.target for n in graph.graph.nodes if n.op == "call_function"}
+    assert F.relu in targets and torch.tanh in targets
+    assert all(not hasattr(t, "__probe_wrapped__") for t in targets)
+    ops = [o["op"] for o in read_ops(os.path.join(tmp_path, "step0", "rank0"))]
+    assert ops == ["Torch.sigmoid.0.forward"], ops
+    assert torch.equal(after, torch.sigmoid(x))

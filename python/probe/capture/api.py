@@ -24,7 +24,7 @@ from typing import TYPE_CHECKING, Any, Callable, Optional
 import torch
 
 from .._patch import Patches
-from .compiled import compiler_call, compiling
+from .compiled import compiler_call, compiling, tracer_patches
 from .records import NESTED, OpRecord, json_args, named_tensors, results, walk
 from .stats import nonfinite_result
 
@@ -241,6 +241,13 @@ class ApiPatcher:
                 out.append(
                     (owner, name, _make_wrapper(handler, orig, api, is_inplace(api_type, name)))
                 )
+        out.extend(tracer_patches(self._unhooked))
+        tensor_str: Any = getattr(torch, "_tensor_str", None)
+        if callable(getattr(tensor_str, "_str", None)):
+            # Printing a tensor (``print(loss)``, ``repr``) computes with hooked APIs
+            # (reshape, isfinite, masked_select, abs, min, max, ceil ...), some twenty
+            # calls that are not the model's: each left a record.
+            out.append((tensor_str, "_str", _quiet(tensor_str._str)))
         if "Distributed" in owners and "Distributed" in self._api_list:
             from .distributed import p2p_op_patches
             from .waits import patches
@@ -248,6 +255,20 @@ class ApiPatcher:
             out.extend(patches(_current_waits))
             out.extend(p2p_op_patches())
         return out
+
+    def _unhooked(self, orig: Callable[..., Any]) -> Any:
+        """``orig`` (a scripting or tracing entry point), run with the wrappers removed
+        (compiled.py, :func:`~.compiled.tracer_patches`)."""
+
+        def run(*args: Any, **kwargs: Any) -> Any:
+            self.uninstall()
+            try:
+                return orig(*args, **kwargs)
+            finally:
+                self.install()
+
+        functools.update_wrapper(run, orig)
+        return run
 
     def hooks(self, api: str) -> bool:
         """Whether calls of ``api`` (``Functional.conv2d``) can be captured: it is in the
@@ -268,6 +289,22 @@ class ApiPatcher:
 
     def uninstall(self) -> None:
         self._patches.remove_all()
+
+
+def _quiet(orig: Callable[..., Any]) -> Any:
+    """``orig``, run with capture off in this thread: what it calls is not the model's
+    computation."""
+
+    def run(*args: Any, **kwargs: Any) -> Any:
+        was = tls.active
+        tls.active = False
+        try:
+            return orig(*args, **kwargs)
+        finally:
+            tls.active = was
+
+    functools.update_wrapper(run, orig)
+    return run
 
 
 def _current_waits() -> Any:

@@ -24,6 +24,12 @@ guarantee is that compiling keeps working and says so:
   ``start()``). It is left unhooked (:func:`module_tree`).
 - The user is told once that compiled code ran while capturing (:func:`graph_count`,
   :func:`in_model`), since its operators are missing from the dump.
+- Scripting or tracing while capturing (``torch.jit.script``, ``torch.jit.trace``,
+  ``torch.fx`` symbolic tracing) must see PyTorch's own functions: scripting a function
+  that calls ``torch.relu`` found the agent's wrapper and raised, a ``jit.trace`` made shape
+  values tensors and a record unwritable (capture switched off), and FX tracing wrote
+  records of proxies, which compute nothing. They run with the wrappers removed
+  (:func:`tracer_patches`); what they produce is compiled code, not captured when it runs.
 """
 
 from __future__ import annotations
@@ -161,3 +167,43 @@ def graph_count() -> int:
         return int(counters["stats"]["unique_graphs"])
     except Exception:  # noqa: BLE001 - a warning's input, never a failure
         return 0
+
+
+#: The entry points of scripting and tracing: (module, class or None, attribute).
+_TRACERS = (
+    ("torch.jit", None, "script"),
+    ("torch.jit._script", None, "script"),
+    ("torch.jit", None, "trace"),
+    ("torch.jit._trace", None, "trace"),
+    ("torch.jit", None, "trace_module"),
+    ("torch.jit._trace", None, "trace_module"),
+    ("torch.fx", None, "symbolic_trace"),
+    ("torch.fx._symbolic_trace", None, "symbolic_trace"),
+    ("torch.fx", "Tracer", "trace"),
+)
+
+
+def tracer_patches(
+    unhooked: Callable[[Callable[..., Any]], Callable[..., Any]],
+) -> list[tuple[Any, str, Any]]:
+    """``(owner, name, new)``: each entry point of scripting and tracing replaced by
+    ``unhooked(orig)``, which runs it with the API wrappers removed; installed with them.
+    One replacement for each function, wherever it is reachable from."""
+    import importlib
+
+    made: dict[int, Any] = {}
+    out: list[tuple[Any, str, Any]] = []
+    for mod, cls, name in _TRACERS:
+        try:
+            owner: Any = importlib.import_module(mod)
+        except Exception:  # noqa: BLE001 - a PyTorch without it
+            continue
+        if cls is not None:
+            owner = getattr(owner, cls, None)
+        orig = getattr(owner, name, None)
+        if not callable(orig):
+            continue
+        if id(orig) not in made:
+            made[id(orig)] = unhooked(orig)
+        out.append((owner, name, made[id(orig)]))
+    return out
