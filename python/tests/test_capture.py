@@ -1261,7 +1261,7 @@ def test_printing_a_tensor_leaves_no_records(tmp_path: Any) -> None:
         y = torch.tanh(x) * 2.5
         if printing:
             assert "tensor(" in repr(y) and "tensor(" in f"{y}" and "tensor(" in str(y)
-        z = y.sum()
+        y.sum()
         dbg.stop()
         dbg.step()
         dbg.close()
