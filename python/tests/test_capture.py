@@ -1247,20 +1247,24 @@ def test_recurrent_layers_are_captured_at_api_level(tmp_path: Any, level: str) -
     assert math.isclose(out["stats"]["norm"], float(want.double().norm()), rel_tol=1e-6)
 
 
-def test_printing_a_tensor_leaves_no_records(tmp_path: Any) -> None:
+def test_printing_a_tensor_or_a_state_dict_leaves_no_records(tmp_path: Any) -> None:
     """``print(loss)`` formats the tensor with some twenty calls of hooked APIs (reshape,
-    isfinite, masked_select, abs, min, max, ceil ...), which are not the model's: each left a
-    record, and a run that prints compared with one that does not had them unmatched."""
+    isfinite, masked_select, abs, min, max, ceil ...), and ``model.state_dict()`` detaches
+    every parameter: neither is the model's computation, each call left a record, and a run
+    that prints or saves a checkpoint compared with one that does not had them unmatched."""
     dumps = []
     for printing in (False, True):
         dump = str(tmp_path / f"print{printing}")
         torch.manual_seed(0)
         x = torch.randn(4, 3)
+        model = Tiny()
         dbg = probe.Debugger(None, dump_path=dump, level="api")
         dbg.start()
         y = torch.tanh(x) * 2.5
         if printing:
             assert "tensor(" in repr(y) and "tensor(" in f"{y}" and "tensor(" in str(y)
+            state = model.state_dict()
+            assert len(state) == 8 and all(not t.requires_grad for t in state.values())
         y.sum()
         dbg.stop()
         dbg.step()

@@ -242,12 +242,17 @@ class ApiPatcher:
                     (owner, name, _make_wrapper(handler, orig, api, is_inplace(api_type, name)))
                 )
         out.extend(tracer_patches(self._unhooked))
-        tensor_str: Any = getattr(torch, "_tensor_str", None)
-        if callable(getattr(tensor_str, "_str", None)):
-            # Printing a tensor (``print(loss)``, ``repr``) computes with hooked APIs
-            # (reshape, isfinite, masked_select, abs, min, max, ceil ...), some twenty
-            # calls that are not the model's: each left a record.
-            out.append((tensor_str, "_str", _quiet(tensor_str._str)))
+        # Code that calls hooked APIs but is not the model's computation, each call of which
+        # left a record: printing a tensor (``print(loss)``, ``repr``: reshape, isfinite,
+        # masked_select, abs, min, max, ceil ..., some twenty calls) and taking a state
+        # dict to save a checkpoint (a ``detach`` of every parameter and buffer).
+        for owner, name in (
+            (getattr(torch, "_tensor_str", None), "_str"),
+            (torch.nn.Module, "state_dict"),
+        ):
+            orig = getattr(owner, name, None)
+            if callable(orig):
+                out.append((owner, name, _quiet(orig)))
         if "Distributed" in owners and "Distributed" in self._api_list:
             from .distributed import p2p_op_patches
             from .waits import patches
