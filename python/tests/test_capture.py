@@ -1275,3 +1275,54 @@ def test_printing_a_tensor_or_a_state_dict_leaves_no_records(tmp_path: Any) -> N
         "Tensor.__mul__.0.forward",
         "Tensor.sum.0.forward",
     ], dumps
+
+
+@pytest.mark.parametrize("mode", ["statistics", "tensor", "overflow"])
+def test_nested_tensors_are_recorded_without_switching_capture_off(
+    tmp_path: Any, mode: str
+) -> None:
+    """A nested tensor has no sizes (strided layout) or a symbolic ragged one (jagged), and
+    recording one raised: capture was off for the rest of the run. ``nn.TransformerEncoder``
+    makes them in eval with a padding mask, and jagged ones carry packed sequences. They are
+    recorded now: strided with the padded shape, jagged with the ragged dimension's total,
+    the statistics those of their elements, no data stored."""
+    torch.manual_seed(0)
+    layer = torch.nn.TransformerEncoderLayer(16, 4, 32, batch_first=True)
+    enc = torch.nn.TransformerEncoder(layer, 1, enable_nested_tensor=True).eval()
+    lin = torch.nn.Linear(4, 3)
+    x = torch.randn(3, 5, 16)
+    mask = torch.zeros(3, 5, dtype=torch.bool)
+    mask[0, 3:] = True
+    parts = [torch.randn(2, 4), torch.randn(3, 4)]
+    with torch.no_grad():
+        want = enc(x, src_key_padding_mask=mask)
+    dbg = probe.Debugger(None, dump_path=str(tmp_path), level="mix", mode=mode)
+    dbg.start(enc)
+    with torch.no_grad():
+        got = enc(x, src_key_padding_mask=mask)
+    jagged = torch.nested.nested_tensor(parts, layout=torch.jagged, requires_grad=True)
+    lin(jagged).values().sum().backward()
+    dbg.stop()
+    dbg.step()
+    dbg.close()
+    assert dbg.enabled
+    assert torch.allclose(got, want, equal_nan=True)
+    if mode == "overflow":
+        return  # (nothing overflowed: nothing to record)
+    ops = {o["op"]: o for o in read_ops(os.path.join(tmp_path, "step0", "rank0"))}
+    layer_in = [
+        t
+        for t in ops["Module.layers.0.TransformerEncoderLayer.forward.0"]["tensors"]
+        if t["role"] == "input"
+    ][0]
+    # The unpadded elements of x: every row but the three masked positions.
+    kept = x[~mask]
+    assert layer_in["shape"] == [3, 5, 16]
+    assert math.isclose(layer_in["stats"]["norm"], float(kept.double().norm()), rel_tol=1e-5)
+    assert "file" not in layer_in
+    # The jagged input of the last linear: 2 sequences, 5 rows in all.
+    linears = [k for k in ops if k.startswith("Functional.linear.") and k.endswith("forward")]
+    last = max(linears, key=lambda k: ops[k]["seq"])
+    (jin,) = [t for t in ops[last]["tensors"] if t["name"].endswith("input.0")]
+    assert jin["shape"] == [2, 5, 4]
+    assert math.isclose(jin["stats"]["max"], float(torch.cat(parts).max()), rel_tol=1e-6)

@@ -58,6 +58,7 @@ from .stats import (
     checksum_later,
     dtype_name,
     finish_stats,
+    nested_shape,
     nonfinite_result,
     null_stats,
     stat_vector,
@@ -107,6 +108,12 @@ def seed_all(seed: int = 1234, deterministic: bool = True) -> None:
         torch.use_deterministic_algorithms(True, warn_only=True)
         torch.backends.cudnn.deterministic = True
         torch.backends.cudnn.benchmark = False
+
+
+def _storable(t: torch.Tensor) -> bool:
+    """Whether tensor mode stores ``t``'s data: a dense tensor of a dtype safetensors holds
+    (sparse and nested tensors get their record and statistics only)."""
+    return t.dtype in STORABLE and t.layout is _STRIDED and not t.is_nested
 
 
 class Debugger:
@@ -479,6 +486,9 @@ class Debugger:
         ``stats`` dict; an accelerator's stay on the device until their batch is read
         (buffer.py). Grad mode is switched off only where a reduction could be recorded
         (a tensor that requires grad): the switch costs two calls per tensor."""
+        nested = t.is_nested
+        if nested:
+            t = t.values()  # its elements, packed: their statistics, and no data stored
         if t.layout is not _STRIDED or t.is_meta:
             return None, None, None
         prev = t.requires_grad and torch.is_grad_enabled()
@@ -489,7 +499,7 @@ class Debugger:
             if type(vec) is list:
                 vec = finish_stats(vec, t.numel() or 1, None)  # type: ignore[assignment]
             mode = self._mode
-            if mode == "statistics" or t.dtype not in STORABLE:
+            if mode == "statistics" or nested or t.dtype not in STORABLE:
                 return vec, None, None
             if mode == "checksum":
                 return vec, None, checksum_later(t, self._files.pool.copy)
@@ -537,7 +547,7 @@ class Debugger:
             "name": name,
             "role": role,
             "dtype": DTYPE_NAMES.get(dt) or dtype_name(dt),
-            "shape": tuple(t.shape),
+            "shape": tuple(t.shape) if not t.is_nested else nested_shape(t),
         }
         vec: StatVector
         host: Optional[torch.Tensor]
@@ -554,10 +564,10 @@ class Debugger:
                         rec["checksum"] = known["checksum"]
                     op.entries.append((rec, None, None))
                     return rec
-                vec, host, crc = None, self._files.stage(t), None
+                vec, host, crc = None, self._files.stage(t) if _storable(t) else None, None
             elif known_vec is not None and mode != "checksum":
                 # Its record is not finished (no stats yet), its statistics are reduced.
-                host = self._files.stage(t) if mode == "tensor" and dt in STORABLE else None
+                host = self._files.stage(t) if mode == "tensor" and _storable(t) else None
                 vec, crc = known_vec, None
             else:
                 vec, host, crc = pre if pre is not None else self._capture(t)
@@ -575,7 +585,7 @@ class Debugger:
     def _snapshot(t: torch.Tensor) -> torch.Tensor:
         """Overflow mode: a device copy of a tensor about to change, which is all that is
         taken of it unless its op turns out to overflow."""
-        if t.layout is not _STRIDED or t.is_meta:
+        if t.layout is not _STRIDED or t.is_meta or t.is_nested:
             return t
         return _clone(_detach(t))
 

@@ -280,6 +280,22 @@ def _num(v: float) -> Any:
     return "inf" if v > 0 else "-inf"
 
 
+def nested_shape(t: torch.Tensor) -> tuple[int, ...]:
+    """A nested tensor's shape for its record: it has no sizes (strided layout) or a
+    symbolic ragged one (jagged), and recording it as-is raised, which switched capture off
+    (the eval path of ``nn.TransformerEncoder`` with a padding mask makes them; its
+    statistics are those of its elements). Strided layout: the padded form's shape, each
+    dimension its largest. Jagged: the ragged dimension is the total over the components
+    (the length of the packed values), the others as they are."""
+    nt: Any = t
+    if t.layout is _STRIDED:  # one row of sizes per component
+        rows = nt._nested_tensor_size()
+        tail = rows.amax(0).tolist() if rows.numel() else [0] * max(t.dim() - 1, 0)
+        return (int(t.size(0)), *(int(v) for v in tail))
+    ragged = int(nt.values().shape[0])
+    return tuple(s if type(s) is int else ragged for s in t.shape)
+
+
 def null_stats() -> Stats:
     """Stats of an empty or unsupported tensor."""
     return {"max": None, "min": None, "mean": None, "norm": None, "nan": 0, "inf": 0}
@@ -405,6 +421,7 @@ def any_nonfinite(tensors: list[torch.Tensor]) -> bool:
     (rare) pays for the exact ``isfinite`` test. Half-precision sums are taken in float32,
     which also keeps them from overflowing.
     """
+    tensors = [t.values() if t.is_nested else t for t in tensors]  # (their elements)
     tensors = [t for t in tensors if t.dtype in _FLOATS and t.layout is _STRIDED and not t.is_meta]
     if not tensors:
         return False
@@ -432,6 +449,7 @@ def nonfinite_result(out: Any) -> bool:
             and out.layout is _STRIDED
             and not out.requires_grad
             and not out.is_meta
+            and not out.is_nested
         ):
             if math.isfinite(_sum(out).item()):
                 return False
