@@ -3,7 +3,7 @@
 # Python capture agent (including the end-to-end dump -> probe compare test).
 # Installs what it needs itself: a virtualenv in .venv with torch (CPU use), safetensors,
 # numpy, pytest, jsonschema, ruff, mypy, maturin, transformers (a small LLaMA from a config,
-# nothing downloaded: test_transformers_model.py), and the wheel of this checkout (the probe
+# nothing downloaded: test_transformers_model.py; accelerate for its Trainer), and the wheel of this checkout (the probe
 # command and the agent: pyproject.toml). pip caches the torch wheel, cargo the release build.
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -21,7 +21,7 @@ if [ ! -x .venv/bin/python ]; then
   python3 -m venv --system-site-packages .venv
 fi
 PY=.venv/bin/python
-"$PY" -m pip install --quiet --disable-pip-version-check "torch>=2.1" numpy safetensors orjson pytest jsonschema ruff mypy "maturin>=1.5,<2" transformers
+"$PY" -m pip install --quiet --disable-pip-version-check "torch>=2.1" numpy safetensors orjson pytest jsonschema ruff mypy "maturin>=1.5,<2" transformers accelerate
 
 echo "== python: ruff, mypy (pyproject.toml)"
 "$PY" -m ruff check python examples bench

@@ -140,3 +140,83 @@ def test_a_fault_under_other_attention_is_named(runs: dict[str, Any], tmp_path: 
     code, s = _compare(runs["eager"], runs["sdpa_fault"], str(tmp_path / "out"))
     assert code == 1, s["headline"]
     assert s["first_divergent"]["forward"]["op"] == "Functional.silu.0.forward", s["headline"]
+
+
+TRAINER = """
+import json, os, sys, warnings
+import torch
+import probe
+from transformers import LlamaConfig, LlamaForCausalLM, Trainer, TrainerCallback, TrainingArguments
+
+warnings.simplefilter("ignore")
+dump, use = sys.argv[1], sys.argv[2] == "1"
+torch.manual_seed(0)
+cfg = LlamaConfig(vocab_size=128, hidden_size=32, intermediate_size=64, num_hidden_layers=2,
+                  num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=64)
+model = LlamaForCausalLM(cfg)
+g = torch.Generator().manual_seed(1)
+rows = [{"input_ids": torch.randint(0, 128, (16,), generator=g)} for _ in range(16)]
+for r in rows:
+    r["labels"] = r["input_ids"]
+
+
+class Rows(torch.utils.data.Dataset):
+    def __len__(self):
+        return len(rows)
+
+    def __getitem__(self, i):
+        return rows[i]
+
+
+class Capture(TrainerCallback):
+    # Every optimizer step of the Trainer, its gradient accumulation included.
+    def __init__(self, dbg):
+        self.dbg = dbg
+
+    def on_step_begin(self, args, state, control, model=None, **kw):
+        self.dbg.start(model)
+
+    def on_step_end(self, args, state, control, **kw):
+        self.dbg.stop()
+        self.dbg.step()
+
+
+dbg = probe.Debugger(None, dump_path=dump, level="mix") if use else None
+args = TrainingArguments(output_dir=os.path.join(dump, "out"), per_device_train_batch_size=4,
+                         gradient_accumulation_steps=2, max_steps=2, max_grad_norm=1.0,
+                         report_to=[], save_strategy="no", seed=0, use_cpu=True,
+                         dataloader_num_workers=0, logging_steps=1)
+trainer = Trainer(model=model, args=args, train_dataset=Rows(),
+                  callbacks=[Capture(dbg)] if use else [])
+loss = trainer.train().training_loss
+print(json.dumps({"loss": loss, "enabled": dbg.enabled if dbg else None}))
+"""
+
+
+def test_hugging_face_trainer_with_a_capture_callback(tmp_path: Any) -> None:
+    """The Trainer's loop, with a ``TrainerCallback`` that starts capture at each step's
+    beginning and stops it at its end (docs/capture.md): training gives the loss it gives
+    without the agent, and every step's dump holds the same calls, both micro-batches of its
+    gradient accumulation and the reduced ``parameters_grad``."""
+    pytest.importorskip("accelerate")  # (the Trainer needs it)
+    script = tmp_path / "trainer.py"
+    script.write_text(TRAINER, encoding="utf-8")
+    env = dict(os.environ, PYTHONPATH=os.path.join(REPO, "python"), WANDB_DISABLED="true")
+    results = []
+    for use in ("1", "0"):
+        dump = str(tmp_path / f"dump{use}")
+        res = subprocess.run(
+            [sys.executable, str(script), dump, use],
+            env=env, capture_output=True, text=True, timeout=300,
+        )
+        assert res.returncode == 0, res.stderr[-3000:]
+        results.append(json.loads(res.stdout.strip().splitlines()[-1]))
+    assert results[0] == {"loss": results[1]["loss"], "enabled": True}
+    steps = [
+        [o["op"] for o in read_ops(str(tmp_path / "dump1" / f"step{s}" / "rank0"))] for s in (0, 1)
+    ]
+    assert steps[0] == steps[1]
+    # Two micro-batches a step: the model's forward twice, its parameters' gradients once.
+    assert steps[0].count("Module.model.LlamaModel.forward.0") == 1
+    assert steps[0].count("Module.model.LlamaModel.forward.1") == 1
+    assert sum(o.endswith("parameters_grad") for o in steps[0]) > 0
