@@ -1326,3 +1326,33 @@ def test_nested_tensors_are_recorded_without_switching_capture_off(
     (jin,) = [t for t in ops[last]["tensors"] if t["name"].endswith("input.0")]
     assert jin["shape"] == [2, 5, 4]
     assert math.isclose(jin["stats"]["max"], float(torch.cat(parts).max()), rel_tol=1e-6)
+
+
+@pytest.mark.parametrize("level", ["api", "mix"])
+def test_a_parameters_gradient_accumulator_is_reachable_while_capturing(
+    tmp_path: Any, level: str
+) -> None:
+    """FSDP, DeepSpeed, Megatron-LM and Apex reach a parameter's gradient accumulator as
+    ``p.expand_as(p).grad_fn.next_functions[0][0]`` and hook it to reduce gradients. The
+    agent gave ``expand_as`` an alias of ``p``, so they hooked the alias's node, which no
+    backward runs: FSDP's gradients were never reduced (None), and its training changed."""
+    torch.manual_seed(0)
+    model = Tiny()
+    x = torch.randn(4, 8)
+    dbg = probe.Debugger(None, dump_path=str(tmp_path), level=level)
+    dbg.start(model)
+    seen: dict[str, torch.Tensor] = {}
+    keep = []
+    for name, p in model.named_parameters():
+        acc = p.expand_as(p).grad_fn.next_functions[0][0]
+        assert type(acc).__name__ == "AccumulateGrad" and acc.variable is p
+        acc.register_hook(lambda gi, go, name=name: seen.__setitem__(name, go[0].clone()))
+        keep.append(acc)
+    model(x).sum().backward()
+    dbg.stop()
+    dbg.step()
+    dbg.close()
+    assert dbg.enabled
+    assert set(seen) == {n for n, _ in model.named_parameters()}
+    for name, p in model.named_parameters():
+        assert torch.equal(seen[name], p.grad), name

@@ -576,6 +576,68 @@ def test_pipeline_parallel_schedule_trains_as_without_the_agent(tmp_path: Any) -
             assert any(o.startswith("Distributed.batch_isend_irecv.") for o in ops), ops
 
 
+FSDP1 = """
+import json, os, sys, warnings
+import torch, torch.distributed as dist, torch.nn.functional as F
+sys.path.insert(0, sys.argv[3])  # examples/
+import probe
+from train_small import SmallNet, make_data
+from torch.distributed.fsdp import FullyShardedDataParallel as FSDP
+
+warnings.simplefilter("ignore")
+dist.init_process_group("gloo")
+r = dist.get_rank()
+
+
+def run(dbg):
+    probe.seed_all(0)
+    model = FSDP(SmallNet(), device_id=torch.device("cpu"), use_orig_params=True)
+    opt = torch.optim.Adam(model.parameters(), lr=1e-3)
+    losses = []
+    for x, y in make_data(2, 8, torch.device("cpu")):
+        if dbg:
+            dbg.start(model)
+        opt.zero_grad()
+        loss = F.cross_entropy(model(x[r * 4 : r * 4 + 4]), y[r * 4 : r * 4 + 4])
+        loss.backward()
+        opt.step()
+        if dbg:
+            dbg.stop()
+            dbg.step()
+        losses.append(loss.item())
+    return losses
+
+
+got = run(probe.Debugger(None, dump_path=sys.argv[1], level=sys.argv[2]))
+want = run(None)
+with open(os.path.join(sys.argv[1], f"losses{r}.json"), "w") as fh:
+    json.dump({"got": got, "want": want}, fh)
+dist.destroy_process_group()
+"""
+
+
+@pytest.mark.parametrize("level", ["api", "mix"])
+def test_fsdp1_trains_as_without_the_agent(tmp_path: Any, level: str) -> None:
+    """FSDP (``FullyShardedDataParallel``) hooks each flat parameter's gradient accumulator,
+    reached as ``p.expand_as(p).grad_fn.next_functions[0][0]``, at every forward. Under the
+    agent it hooked an alias's node instead: its reduce-scatter never ran, the gradients
+    stayed None and training changed from the second step on. Training now gives the losses
+    it gives without the agent, and the reduce-scatters are recorded."""
+    fsdp = pytest.importorskip("torch.distributed.fsdp")
+    if not hasattr(fsdp, "FullyShardedDataParallel"):
+        pytest.skip("no FullyShardedDataParallel")
+    _, ranks = run_script(tmp_path, FSDP1, level, os.path.join(REPO, "examples"))
+    for rank in (0, 1):
+        with open(tmp_path / "d" / f"losses{rank}.json", encoding="utf-8") as fh:
+            losses = json.load(fh)
+        assert losses["got"] == losses["want"], losses
+    for recs in ranks:
+        scatters = [r for r in recs if r["op"].split(".")[1].startswith("reduce_scatter")]
+        assert scatters and all(
+            any(t["role"] == "output" for t in r["tensors"]) for r in scatters
+        ), [r["op"] for r in recs if r["op"].startswith("Distributed.")]
+
+
 def test_fsdp2_collectives_are_recorded_and_line_up(tmp_path: Any) -> None:
     """FSDP2 (``fully_shard``) gathers each module's parameters before its forward and
     backward and reduce-scatters its gradients with ``all_gather_single`` and

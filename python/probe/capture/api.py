@@ -83,6 +83,13 @@ def _holds_result(first: Any) -> bool:
     )
 
 
+#: Views whose leaf input is never replaced by an autograd alias. ``p.expand_as(p)
+#: .grad_fn.next_functions[0][0]`` is how FSDP, DeepSpeed, Megatron-LM and Apex reach a
+#: parameter's gradient accumulator to hook it: through an alias they hooked the alias's
+#: node, which no backward runs, and their gradient reduction never happened (FSDP's
+#: gradients were None). Such a call's backward record lacks that leaf's gradient.
+_LEAF_VIEWS = frozenset({"Tensor.expand_as", "Tensor.expand", "Tensor.view_as", "Tensor.view"})
+
 #: The names an in-place call's first parameter (the argument it writes) has, for calls
 #: that pass it by keyword, as FSDP2 calls ``reduce_scatter_single(output=..., input=...)``.
 _TARGET_KEYS = (
@@ -677,6 +684,7 @@ class ApiCapture:
         want_fwd_in = forward and self._inputs and not dbg._overflow
         # Inputs that get an autograd alias, so that the backward sees their gradients.
         alias_in = bwd is not None and self._outputs and not api.startswith("Distributed.")
+        keep_leaves = api in _LEAF_VIEWS
         bkey = bwd.key if bwd is not None else ""
         watch = self._backward.watch
 
@@ -684,7 +692,13 @@ class ApiCapture:
             if want_fwd_in:  # (never in overflow mode: the dataflow is on)
                 self._record_input(fwd, name, t)
             first = inplace and name == "input.0"
-            if alias_in and not first and t.requires_grad and t.layout == torch.strided:
+            if (
+                alias_in
+                and not first
+                and t.requires_grad
+                and t.layout == torch.strided
+                and not (keep_leaves and t.is_leaf)
+            ):
                 assert bwd is not None
                 # One alias per tensor: a tensor passed twice is one object to the op too
                 # (attention takes a packed projection when ``query is key``). Its gradient
