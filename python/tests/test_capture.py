@@ -7,6 +7,7 @@ import json
 import math
 import os
 import sys
+import warnings
 import zlib
 from collections.abc import Iterator
 from typing import Any
@@ -1294,11 +1295,13 @@ def test_nested_tensors_are_recorded_without_switching_capture_off(
     mask = torch.zeros(3, 5, dtype=torch.bool)
     mask[0, 3:] = True
     parts = [torch.randn(2, 4), torch.randn(3, 4)]
-    with torch.no_grad():
+    with warnings.catch_warnings(), torch.no_grad():
+        warnings.simplefilter("ignore", UserWarning)  # (nested tensors are a prototype)
         want = enc(x, src_key_padding_mask=mask)
     dbg = probe.Debugger(None, dump_path=str(tmp_path), level="mix", mode=mode)
     dbg.start(enc)
-    with torch.no_grad():
+    with warnings.catch_warnings(), torch.no_grad():
+        warnings.simplefilter("ignore", UserWarning)
         got = enc(x, src_key_padding_mask=mask)
     jagged = torch.nested.nested_tensor(parts, layout=torch.jagged, requires_grad=True)
     lin(jagged).values().sum().backward()
