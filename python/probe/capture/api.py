@@ -456,12 +456,7 @@ class ApiCapture:
             with dbg._lock:
                 if fwd is not None:
                     self._plain_post(fwd, inplace, args, kwargs, out)
-                elif (
-                    ctx is not None
-                    and ctx[4]
-                    and api.startswith("Distributed.")
-                    and self.waits.waits(out)
-                ):
+                elif ctx is not None and self.waits.later(api, ctx[4], out):
                     self.waits.defer(api, out, functools.partial(self._post, ctx, args, kwargs))
                 else:
                     assert ctx is not None
@@ -615,7 +610,7 @@ class ApiCapture:
         tls.active = False
         try:
             with dbg._lock:
-                if inplace and api.startswith("Distributed.") and self.waits.waits(out):
+                if self.waits.later(api, inplace, out):
                     check = functools.partial(
                         self._check, api, call, module, folder, meta, seen, kwargs, inplace, args
                     )

@@ -67,13 +67,17 @@ class Waits:
         #: The coalescing managers open now, innermost last: the calls queued in each.
         self.coalescing: list[list[tuple[str, Finish]]] = []
 
-    def waits(self, out: Any) -> bool:
-        """Whether a collective that returned ``out`` has its result later: inside a
-        coalescing manager, or when it returned a handle."""
-        return bool(self.coalescing) or (_WORK is not None and isinstance(out, _WORK))
+    def later(self, api: str, inplace: bool, out: Any) -> bool:
+        """Whether a call of ``api`` that returned ``out`` has its result later: an in-place
+        collective inside a coalescing manager, or one that returned a handle."""
+        return (
+            inplace
+            and api.startswith("Distributed.")
+            and (bool(self.coalescing) or (_WORK is not None and isinstance(out, _WORK)))
+        )
 
     def defer(self, api: str, out: Any, finish: Finish) -> None:
-        """Finish the record of a call for which :meth:`waits` holds once its result is in
+        """Finish the record of a call for which :meth:`later` holds once its result is in
         place (called with the Debugger's lock held)."""
         if self.coalescing:
             self.coalescing[-1].append((api, finish))
