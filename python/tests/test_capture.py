@@ -901,7 +901,7 @@ def test_streamed_shard_round_trips(tmp_path: Any, reserve: int, duplicate: bool
 def test_unfinished_stream_locates_its_data(tmp_path: Any) -> None:
     """What a crash leaves of a shard being streamed: a provisional header saying where
     the data starts, then each tensor at the offsets the writer handed out (data_offsets)."""
-    from probe.capture.writer import RankFolder, _raw_bytes, _ShardStream
+    from probe.capture.writer import RankFolder, _ShardStream
 
     folder = RankFolder(str(tmp_path / "r"), shard_bytes=1 << 30)
     shard = _ShardStream(str(tmp_path / "s.safetensors"), 64 * 1024)
@@ -917,7 +917,8 @@ def test_unfinished_stream_locates_its_data(tmp_path: Any) -> None:
     assert json.loads(raw[8 : 8 + n]) == {"__metadata__": {"probe": "streaming"}}
     for k, v in _EVERY_DTYPE.items():
         lo, hi = spans[k]
-        assert raw[8 + n + lo : 8 + n + hi] == _raw_bytes(v.contiguous()).tobytes(), k
+        want = v.contiguous().reshape(-1).view(torch.uint8).numpy().tobytes()
+        assert raw[8 + n + lo : 8 + n + hi] == want, k
     shard.abandon()
     folder.close()
 
@@ -1359,3 +1360,118 @@ def test_a_parameters_gradient_accumulator_is_reachable_while_capturing(
     assert set(seen) == {n for n, _ in model.named_parameters()}
     for name, p in model.named_parameters():
         assert torch.equal(seen[name], p.grad), name
+
+
+def _by_op(folder: str) -> dict[str, dict[str, dict[str, Any]]]:
+    """Each record's tensors by the part of their name after ``.forward.``."""
+    return {
+        o["op"]: {t["name"].rsplit(".forward.", 1)[1]: t for t in o["tensors"]}
+        for o in read_ops(folder)
+    }
+
+
+@pytest.mark.parametrize("mode", ["statistics", "tensor", "checksum"])
+def test_memory_nothing_wrote_is_recorded_as_unwritten(tmp_path: Any, mode: str) -> None:
+    """Memory that ``torch.empty`` allocates, or a storage ``resize_`` grows, holds whatever
+    bytes were there: FSDP2 makes views of its gather buffers before filling them, and their
+    statistics (NaN now and then, different in every run) made two equal runs compare as
+    diverging and a clean one scan as producing NaN. A tensor over such memory is recorded
+    ``unwritten``, without statistics, data or checksum, until something writes there: a
+    captured op, or any op writing through a tensor that shares its version counter."""
+    dbg = probe.Debugger(None, dump_path=str(tmp_path), level="api", mode=mode)
+    dbg.start(torch.nn.Linear(2, 2))
+    big = torch.empty(5000)  # looked up by the memory it reads too (Dataflow.LAYOUT_MIN)
+    big.view(2, 2500)
+    big.narrow(0, 0, 100).view(10, 10)
+    small = torch.empty(64)
+    small.view(8, 8)
+    torch.split_with_sizes_copy(torch.ones(2, 32), [32], dim=1, out=[small.view(2, 32)])
+    small.view(8, 8)  # written by a captured op
+    storage = small.untyped_storage()
+    storage.resize_(0)
+    storage.resize_(64 * 4)  # FSDP's way of allocating a gathered parameter again
+    small.view(4, 16)
+    torch.ops.aten.fill_.Scalar(small, 3.0)  # not a hooked API: seen by its version
+    small.view(16, 4)
+    other = torch.empty(8).new_empty(32)
+    other.view(4, 8)
+    torch.ops.aten.fill_.Scalar(other.narrow(0, 0, 4), 5.0)  # part of it, through a view
+    other.view(8, 4)
+    dbg.stop()
+    dbg.step()
+    dbg.close()
+    ops = _by_op(os.path.join(tmp_path, "step0", "rank0"))
+
+    def unwritten(t: dict[str, Any]) -> bool:
+        if not t.get("unwritten"):
+            return False
+        assert all(t["stats"][k] is None for k in ("max", "min", "mean", "norm")), t
+        assert "file" not in t and "checksum" not in t, t
+        return True
+
+    # (view.3 is the copy's destination, made before it)
+    for op in ("view.0", "narrow.0", "view.1", "view.2", "view.3"):
+        tensors = ops[f"Tensor.{op}.forward"]
+        assert all(unwritten(t) for t in tensors.values()), (op, tensors)
+    copy = ops["Torch.split_with_sizes_copy.0.forward"]
+    assert unwritten(copy["input.out.0"]) and not unwritten(copy["input.0"])
+    after = ops["Tensor.view.4.forward"]["output.0"]
+    assert not unwritten(after) and after["stats"]["max"] == 1.0, after
+    assert unwritten(ops["Tensor.view.5.forward"]["input.0"])  # after the resize
+    filled = ops["Tensor.view.6.forward"]["output.0"]
+    assert not unwritten(filled) and filled["stats"]["min"] == 3.0, filled
+    assert unwritten(ops["Tensor.view.7.forward"]["input.0"])  # new_empty
+    part = ops["Tensor.view.8.forward"]["output.0"]
+    assert not unwritten(part) and part["stats"]["max"] is not None, part  # read as it is
+
+
+def test_a_storage_written_through_itself_is_read_again(tmp_path: Any) -> None:
+    """``UntypedStorage.resize_``, ``fill_`` and ``copy_`` change bytes that no version
+    counter sees. FSDP frees a gathered parameter's memory after its forward and allocates
+    it again before its backward so, and the views read then were recorded with the
+    statistics kept from the forward, not the values they held."""
+    x = torch.ones(4096)  # large enough to be known by its memory as well
+    dbg = probe.Debugger(None, dump_path=str(tmp_path), level="api")
+    dbg.start(torch.nn.Linear(2, 2))
+    x.view(64, 64)
+    storage = x.untyped_storage()
+    storage.fill_(0)  # (bytes: 0.0 in float32)
+    x.view(64, 64)
+    storage.resize_(0)
+    storage.resize_(4096 * 4)
+    storage.copy_(torch.full((4096,), 5.0).untyped_storage())
+    x.view(64, 64)
+    dbg.stop()
+    dbg.step()
+    dbg.close()
+    ops = _by_op(os.path.join(tmp_path, "step0", "rank0"))
+    for i, want in enumerate((1.0, 0.0, 5.0)):
+        for name in ("input.0", "output.0"):
+            t = ops[f"Tensor.view.{i}.forward"][name]
+            assert t["stats"]["max"] == t["stats"]["min"] == want, (i, t)
+
+
+def test_unwritten_marks_are_bounded_within_a_step(tmp_path: Any) -> None:
+    """A step that allocates without end keeps at most ``FRESH_MAX`` marks: those of freed
+    memory go first, then all of them (the memory is then read as it is)."""
+    from probe.capture import records
+
+    dbg = probe.Debugger(None, dump_path=str(tmp_path), level="api")
+    dbg.start(torch.nn.Linear(2, 2))
+    fresh = dbg._flow.fresh
+    live, other = torch.empty(4), torch.empty(4)
+    batch = [torch.empty(4) for _ in range(records.FRESH_MAX - 2)]  # all alive: distinct
+    assert len(fresh) == records.FRESH_MAX
+    del batch
+    torch.empty(4)  # the freed ones' marks go, the live ones' stay
+    assert len(fresh) <= 3
+    live.view(2, 2)
+    kept = [torch.empty(4) for _ in range(records.FRESH_MAX)]  # none freed: all go
+    assert len(fresh) < records.FRESH_MAX <= len(kept)
+    other.view(4)
+    dbg.stop()
+    dbg.step()
+    dbg.close()
+    first, second = read_ops(os.path.join(tmp_path, "step0", "rank0"))
+    assert all(t.get("unwritten") for t in first["tensors"]), first
+    assert not any(t.get("unwritten") for t in second["tensors"]), second

@@ -489,14 +489,24 @@ def test_async_collectives_are_recorded_when_waited_on(tmp_path: Any) -> None:
         assert [t["stats"]["inf"] for t in bad if t["role"] == "output"] == [2]
         late = ops["Distributed.all_reduce.2.forward"]
         assert [t["role"] for t in late["tensors"]] == ["input"]
-        assert means(ops["Distributed.all_reduce.3.forward"]) == {"input.0": rank + 1, "output.0": 3.0}
-        assert means(ops["Distributed.all_reduce.4.forward"]) == {"input.0": rank + 5, "output.0": 11.0}
+        assert means(ops["Distributed.all_reduce.3.forward"]) == {
+            "input.0": rank + 1,
+            "output.0": 3.0,
+        }
+        assert means(ops["Distributed.all_reduce.4.forward"]) == {
+            "input.0": rank + 5,
+            "output.0": 11.0,
+        }
         gathered = ops["Distributed.all_gather_into_tensor.0.forward"]
         assert means(gathered) == {"input.0": 0.0, "input.1": rank + 1, "output.0": 1.5}
         base = ops["Distributed._all_gather_base.0.forward"]
         assert means(base) == {"input.0": 0.0, "input.1": rank + 1, "output.0": 1.5}
         part = ops["Distributed._reduce_scatter_base.0.forward"]
-        assert means(part) == {"input.0": 0.0, "input.1": 1.5 * (rank + 1), "output.0": 6 * rank + 1.5}
+        assert means(part) == {
+            "input.0": 0.0,
+            "input.1": 1.5 * (rank + 1),
+            "output.0": 6 * rank + 1.5,
+        }
     assert "Distributed.all_reduce ran asynchronously and its handle was not waited on" in stderr
 
 
@@ -642,16 +652,26 @@ def test_fsdp1_trains_as_without_the_agent(tmp_path: Any, level: str) -> None:
         ), [r["op"] for r in recs if r["op"].startswith("Distributed.")]
 
 
-def test_fsdp2_collectives_are_recorded_and_line_up(tmp_path: Any) -> None:
+def _fsdp2_run(folder: str) -> Ops:
+    fsdp = pytest.importorskip("torch.distributed.fsdp")
+    if not hasattr(fsdp, "fully_shard"):
+        pytest.skip("FSDP2 (fully_shard) needs PyTorch >= 2.6")
+    return torchrun(folder, 2, "--fsdp", "--level", "api")
+
+
+@pytest.fixture(scope="module")
+def fsdp2(tmp_path_factory: pytest.TempPathFactory) -> tuple[str, Ops]:
+    d = str(tmp_path_factory.mktemp("fsdp2") / "run")
+    return d, _fsdp2_run(d)
+
+
+def test_fsdp2_collectives_are_recorded_and_line_up(fsdp2: tuple[str, Ops]) -> None:
     """FSDP2 (``fully_shard``) gathers each module's parameters before its forward and
     backward and reduce-scatters its gradients with ``all_gather_single`` and
     ``reduce_scatter_single`` in recent PyTorch (``*_into_tensor``/``*_tensor`` before):
     they are recorded with metadata that agrees across ranks, and a gathered output holds
     every rank's shard."""
-    fsdp = pytest.importorskip("torch.distributed.fsdp")
-    if not hasattr(fsdp, "fully_shard"):
-        pytest.skip("FSDP2 (fully_shard) needs PyTorch >= 2.6")
-    ops = torchrun(str(tmp_path / "fsdp"), 2, "--fsdp", "--level", "api")
+    _, ops = fsdp2
     assert check_collectives(ops, 2, 2) > 0
     for step in range(2):
         names = {
@@ -698,6 +718,146 @@ def test_fsdp2_collectives_are_recorded_and_line_up(tmp_path: Any) -> None:
                     total[role] += t["stats"]["mean"] * n
                     total["size"] += abs(t["stats"]["norm"]) * math.sqrt(n)
             tol = 1e-5 * total["size"]
-            assert min(
-                abs(total["output"] - total["input"]), abs(total["output"] - total["input"] / 2)
-            ) <= tol, (seq, total)
+            assert (
+                min(
+                    abs(total["output"] - total["input"]), abs(total["output"] - total["input"] / 2)
+                )
+                <= tol
+            ), (seq, total)
+
+
+TENSOR_PARALLEL = """
+import json, os, sys, warnings
+import torch, torch.distributed as dist, torch.nn as nn, torch.nn.functional as F
+import probe
+from torch.distributed.device_mesh import init_device_mesh
+from torch.distributed.tensor.parallel import ColwiseParallel, RowwiseParallel, parallelize_module
+
+warnings.simplefilter("ignore")
+dist.init_process_group("gloo")
+r = dist.get_rank()
+mesh = init_device_mesh("cpu", (2,))
+
+
+class MLP(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.w1, self.w2, self.out = nn.Linear(16, 32), nn.Linear(32, 16), nn.Linear(16, 4)
+
+    def forward(self, x):
+        return self.out(self.w2(F.gelu(self.w1(x))))
+
+
+def run(dbg):
+    torch.manual_seed(0)
+    plan = {"w1": ColwiseParallel(), "w2": RowwiseParallel()}
+    model = parallelize_module(MLP(), mesh, plan)
+    opt = torch.optim.Adam(model.parameters(), lr=1e-2)
+    g = torch.Generator().manual_seed(1)
+    losses = []
+    for _ in range(2):
+        x, y = torch.randn(8, 16, generator=g), torch.randint(0, 4, (8,), generator=g)
+        if dbg:
+            dbg.start(model)
+        opt.zero_grad()
+        loss = F.cross_entropy(model(x), y)
+        loss.backward()
+        opt.step()
+        if dbg:
+            dbg.stop()
+            dbg.step()
+        losses.append(loss.item())
+    return losses
+
+
+got = run(probe.Debugger(None, dump_path=sys.argv[1], level="mix"))
+want = run(None)
+with open(os.path.join(sys.argv[1], f"losses{r}.json"), "w") as fh:
+    json.dump({"got": got, "want": want}, fh)
+dist.barrier()
+dist.destroy_process_group()
+"""
+
+
+def test_tensor_parallel_records_each_ranks_shard(tmp_path: Any) -> None:
+    """Tensor parallelism (``parallelize_module``): parameters, their gradients and some
+    activations are DTensors, which report the global shape. Their statistics used to be
+    the local shard's max, min and norm with its sum over the global count as the mean,
+    under the global shape. A DTensor is now recorded as the shard its rank computed with,
+    its placement beside it, and training is unchanged."""
+    torch = pytest.importorskip("torch")
+    pytest.importorskip("torch.distributed.tensor.parallel")
+    _, ranks = run_script(tmp_path, TENSOR_PARALLEL)
+    for rank in (0, 1):
+        with open(tmp_path / "d" / f"losses{rank}.json", encoding="utf-8") as fh:
+            losses = json.load(fh)
+        assert losses["got"] == losses["want"], losses
+    # The weights before the first step, as the script makes them, sharded by hand:
+    # ColwiseParallel splits w1's rows, RowwiseParallel w2's columns.
+    torch.manual_seed(0)
+    w1, w2 = torch.nn.Linear(16, 32), torch.nn.Linear(32, 16)
+    for rank, recs in enumerate(ranks):
+        by_name = {t["name"]: t for r in recs for t in r["tensors"]}
+        for name, full, shard, place in (
+            ("Functional.linear.0.forward.input.1", w1.weight, w1.weight[16 * rank :], "S(0)"),
+            ("Functional.linear.1.forward.input.1", w2.weight, w2.weight[:, 16 * rank :], "S(1)"),
+        ):
+            shard = shard[:16] if place == "S(0)" else shard[:, :16]
+            t = by_name[name]
+            assert t["shape"] == list(shard.shape), t
+            assert t["dtensor"]["shape"] == list(full.shape), t
+            assert t["dtensor"]["mesh"] == [0, 1] and t["dtensor"]["mesh_shape"] == [2], t
+            assert len(t["dtensor"]["placements"]) == 1, t
+            assert t["dtensor"]["placements"][0].replace("Shard(dim=", "S(") == place, t
+            want = {
+                "max": shard.max().item(),
+                "min": shard.min().item(),
+                "mean": shard.double().mean().item(),
+                "norm": shard.double().norm().item(),
+            }
+            for k, v in want.items():
+                assert math.isclose(t["stats"][k], v, rel_tol=1e-5, abs_tol=1e-7), (name, k)
+        # Plain tensors have no placement; gradients of sharded parameters are shards.
+        assert "dtensor" not in by_name["Functional.cross_entropy.0.forward.input.0"]
+        grad = by_name["Module.w2.Linear.parameters_grad.weight"]
+        assert grad["shape"] == [16, 16] and grad["dtensor"]["shape"] == [16, 32], grad
+
+
+def test_fsdp2_runs_record_no_leftover_bytes(fsdp2: tuple[str, Ops], tmp_path: Any) -> None:
+    """FSDP2 makes views of its gather buffers before it fills them: new allocations
+    (``torch.empty``), and in backward the gathered parameters' memory allocated again by a
+    storage ``resize_``. Those views were recorded with the bytes the allocator left, NaN
+    now and then and different in every run, or with statistics kept from the forward: a
+    clean run scanned as producing NaN, and two equal runs compared as diverging. They are
+    recorded as ``unwritten`` now: a view holds its input's values, and a second run of the
+    same job compares as equal."""
+    d, ops = fsdp2
+    unwritten = 0
+    for recs in ops.values():
+        for r in recs:
+            for t in r["tensors"]:
+                if t.get("unwritten"):
+                    unwritten += 1
+                    assert t["stats"]["max"] is None and "file" not in t, t
+                else:
+                    assert t["stats"]["nan"] == 0 and t["stats"]["inf"] == 0, t
+            if r["op"].startswith("Tensor.view.") and r["kind"] == "api":
+                (i,), (o,) = [
+                    [t for t in r["tensors"] if t["role"] == x] for x in ("input", "output")
+                ]
+                assert i.get("unwritten") == o.get("unwritten"), r
+                assert i["stats"] == o["stats"] or math.isclose(
+                    i["stats"]["norm"], o["stats"]["norm"], rel_tol=1e-6
+                ), r
+    assert unwritten > 0
+    again = str(tmp_path / "again")
+    _fsdp2_run(again)
+    code, s = _compare(d, again, tmp_path / "out")
+    assert code == 0, s["headline"]
+    res = subprocess.run(
+        [probe_bin(), "scan", d, "-o", str(tmp_path / "scan")],
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert res.returncode == 0, res.stdout

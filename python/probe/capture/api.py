@@ -25,8 +25,8 @@ import torch
 
 from .._patch import Patches
 from .compiled import compiler_call, compiling, tracer_patches
-from .records import NESTED, OpRecord, json_args, named_tensors, results, walk
-from .stats import nonfinite_result
+from .records import NESTED, UNWRITTEN, OpRecord, json_args, named_tensors, results, walk
+from .stats import PLAIN, nonfinite_result
 
 if TYPE_CHECKING:
     from .debugger import Debugger
@@ -66,6 +66,28 @@ _DIST_INPLACE = {
     "scatter",
     "gather",
 }
+
+
+#: The collectives among them that only write that argument: what it held before is not
+#: their input (a gather's output buffer, often just allocated).
+_DIST_WRITE_ONLY = frozenset(
+    {
+        "all_gather",
+        "all_gather_coalesced",
+        "all_gather_into_tensor",
+        "all_gather_single",
+        "_all_gather_base",
+        "reduce_scatter",
+        "reduce_scatter_tensor",
+        "reduce_scatter_single",
+        "_reduce_scatter_base",
+        "all_to_all",
+        "all_to_all_single",
+        "recv",
+        "irecv",
+        "scatter",
+    }
+)
 
 
 def _holds_result(first: Any) -> bool:
@@ -260,6 +282,7 @@ class ApiPatcher:
             orig = getattr(owner, name, None)
             if callable(orig):
                 out.append((owner, name, _quiet(orig)))
+        out.extend(_memory_patches())
         if "Distributed" in owners and "Distributed" in self._api_list:
             from .distributed import p2p_op_patches
             from .waits import patches
@@ -316,6 +339,74 @@ def _quiet(orig: Callable[..., Any]) -> Any:
             tls.active = was
 
     functools.update_wrapper(run, orig)
+    return run
+
+
+#: The methods of a storage that change its bytes without a tensor's version counter
+#: seeing it: FSDP (both) frees a gathered parameter's memory with ``resize_(0)`` after its
+#: forward and allocates it again with ``resize_(n)`` before its backward.
+_STORAGE_WRITES = ("resize_", "fill_", "copy_")
+#: The calls that allocate memory and leave its bytes as they were (Dataflow.mark_unwritten).
+_ALLOCATORS = (
+    (torch, "empty"),
+    (torch, "empty_like"),
+    (torch, "empty_strided"),
+    (torch.Tensor, "new_empty"),
+    (torch.Tensor, "new_empty_strided"),
+)
+
+
+def _memory_patches() -> list[tuple[Any, str, Any]]:
+    """Wrappers that tell the capturing Debugger's dataflow what the model does to memory
+    outside the hooked APIs:
+
+    - :data:`_STORAGE_WRITES` count as writes to the storage (``Dataflow.note_storage``),
+      so the statistics kept of a tensor over it no longer stand for it. Without this,
+      FSDP2's gathered parameters in backward were recorded with their forward
+      statistics, while their memory held the bytes of a new allocation.
+    - A storage grown by ``resize_``, and the result of an allocator in
+      :data:`_ALLOCATORS`, is memory nothing wrote yet (``Dataflow.mark_unwritten``).
+    """
+    out: list[tuple[Any, str, Any]] = []
+    storage_cls = getattr(torch, "UntypedStorage", None)
+    for name in _STORAGE_WRITES:
+        orig = getattr(storage_cls, name, None)
+        if callable(orig):
+            out.append((storage_cls, name, _storage_write(orig, name == "resize_")))
+    for owner, name in _ALLOCATORS:
+        orig = getattr(owner, name, None)
+        if callable(orig):
+            out.append((owner, name, _allocator(orig)))
+    return out
+
+
+def _storage_write(orig: Callable[..., Any], grows: bool) -> Any:
+    def run(storage: Any, *args: Any, **kwargs: Any) -> Any:
+        cap = None if compiling() else DISPATCH.current
+        if cap is not None:
+            cap.memory_written(storage)
+        out = orig(storage, *args, **kwargs)
+        if grows and cap is not None:
+            cap.memory_allocated(storage, None)
+        return out
+
+    functools.update_wrapper(run, orig)
+    run.__probe_wrapped__ = orig  # type: ignore[attr-defined]
+    return run
+
+
+def _allocator(orig: Callable[..., Any]) -> Any:
+    def run(*args: Any, **kwargs: Any) -> Any:
+        out = orig(*args, **kwargs)
+        if compiling() or not tls.active:
+            return out
+        cap = DISPATCH.current
+        if cap is not None and isinstance(out, torch.Tensor):
+            cap.memory_allocated(None, out)
+        return out
+
+    functools.update_wrapper(run, orig)
+    run.__probe_wrapped__ = orig  # type: ignore[attr-defined]
     return run
 
 
@@ -392,6 +483,8 @@ class ApiCapture:
         self._backward = dbg._backward
         self._stacks = dbg._stacks
         self._flow = dbg._flow
+        #: ``id``s of the tensors a write-only collective is about to fill (:meth:`_pre`).
+        self._write_only: frozenset[int] = frozenset()
         # The configuration, read on every call: plain attributes, not its properties.
         self._forward, self._bwd = c.forward, c.backward
         self._inputs, self._outputs = c.inputs, c.outputs
@@ -518,6 +611,25 @@ class ApiCapture:
             fwd.stack = self._stacks.stack_id(folder, _API_FRAMES)
         return fwd
 
+    def memory_written(self, storage: Any) -> None:
+        """A storage's bytes are about to change through the storage itself
+        (:func:`_memory_patches`)."""
+        if self._dbg._dataflow:
+            self._flow.note_storage(storage)
+
+    def memory_allocated(self, storage: Any, t: Optional[torch.Tensor]) -> None:
+        """``storage`` (or ``t``'s) was just allocated, its bytes not written yet
+        (:func:`_memory_patches`)."""
+        if self._dbg._dataflow:
+            try:
+                if t is not None:
+                    if t.layout is not torch.strided or t.is_nested or type(t) not in PLAIN:
+                        return
+                    storage = t.untyped_storage()
+                self._flow.mark_unwritten(storage, t)
+            except Exception:  # noqa: BLE001 - a tensor without storage
+                return
+
     def _note_writes(self, inplace: bool, args: tuple[Any, ...], kwargs: dict[str, Any]) -> None:
         """What a call wrote in place, through whichever tensor object: records kept of
         tensors sharing that storage no longer stand for them (``Dataflow.note_write``)."""
@@ -543,7 +655,10 @@ class ApiCapture:
         captured before as it is now reuses that record's statistics (``Dataflow``)."""
         flow = self._flow
         src, same, mem = flow.source(t)
-        rec = self._dbg._add_tensor(fwd, f"{fwd.key}.{name}", "input", t, False, None, same)
+        pre = None
+        if same is None and flow.fresh and flow.unwritten(t, id(t) in self._write_only):
+            pre = UNWRITTEN
+        rec = self._dbg._add_tensor(fwd, f"{fwd.key}.{name}", "input", t, False, pre, same)
         if src is not None:
             rec["src"] = src
         if same is None:
@@ -560,7 +675,8 @@ class ApiCapture:
             flow.register(t, folder)
             return
         same, mem = flow.find(t)
-        rec = self._dbg._add_tensor(fwd, f"{fwd.key}.{name}", "output", t, False, None, same)
+        pre = UNWRITTEN if same is None and flow.fresh and flow.unwritten(t) else None
+        rec = self._dbg._add_tensor(fwd, f"{fwd.key}.{name}", "output", t, False, pre, same)
         rec["id"] = flow.register(t, folder, fwd.entries[-1], mem)
 
     def _call_checked(
@@ -717,7 +833,18 @@ class ApiCapture:
             )
             new = (tuple(new_args), new_kwargs)
         elif want_fwd_in:
-            self._record_inputs(fwd, args, kwargs)
+            if api.startswith("Distributed.") and api[12:] in _DIST_WRITE_ONLY:
+                target = _target(args, kwargs)[1]
+                self._write_only = frozenset(
+                    id(t)
+                    for _, t in named_tensors(target, "")  # (a tensor or lists of them)
+                )
+                try:
+                    self._record_inputs(fwd, args, kwargs)
+                finally:
+                    self._write_only = frozenset()
+            else:
+                self._record_inputs(fwd, args, kwargs)
         if dbg._overflow:
             # The value an in-place op saw, kept in case it overflows (it changes in place).
             fwd.call_args = _as_seen(dbg._snapshot, args, kwargs) if inplace else (args, kwargs)

@@ -39,6 +39,7 @@ from .compiled import graph_count, in_model, module_tree, unwrap
 from .distributed import Collectives, DdpHooks, is_ddp
 from .modules import ModuleHooks
 from .records import (
+    UNWRITTEN,
     Captured,
     Dataflow,
     Known,
@@ -53,9 +54,11 @@ from .selection import Selection
 from .stacks import StackTable
 from .stats import (
     DTYPE_NAMES,
+    PLAIN,
     STORABLE,
     any_nonfinite,
     checksum_later,
+    dtensor_local,
     dtype_name,
     finish_stats,
     nested_shape,
@@ -528,7 +531,13 @@ class Debugger:
         tensor *is* (same object, version and storage writes: ``Dataflow``). A finished
         record's stats/checksum are reused; an unfinished one's statistics too (a module's
         parameter met again inside it at mix level). Only data is stored again.
+        A ``DTensor`` is recorded as its local shard (``dtensor_local``).
         """
+        placed = None
+        if type(t) not in PLAIN:
+            local = dtensor_local(t)
+            if local is not None:
+                t, placed = local
         if self._overflow:
             # Nothing is computed until _finish knows whether the op overflowed (most do
             # not, and then write nothing; dtype and shape are filled in then); a tensor
@@ -536,6 +545,8 @@ class Debugger:
             if counts and pre is None:
                 t = self._snapshot(t)
             rec: TensorRecord = {"name": name, "role": role, "dtype": "", "shape": ()}
+            if placed is not None:
+                rec["dtensor"] = placed
             op.entries.append((rec, None, t))
             return rec
         dt = t.dtype
@@ -549,14 +560,22 @@ class Debugger:
             "dtype": DTYPE_NAMES.get(dt) or dtype_name(dt),
             "shape": tuple(t.shape) if not t.is_nested else nested_shape(t),
         }
+        if placed is not None:
+            rec["dtensor"] = placed
         vec: StatVector
         host: Optional[torch.Tensor]
         crc: Union[str, torch.Tensor, None]
         if same_as is None:
             vec, host, crc = pre if pre is not None else self._capture(t)
+            if pre is UNWRITTEN:
+                rec["unwritten"] = True
         else:
             mode = self._mode
             known, known_vec, _ = same_as
+            if "unwritten" in known:  # the same memory, still not written
+                rec["unwritten"] = True
+                op.entries.append((rec, None, None))
+                return rec
             if "stats" in known:
                 rec["stats"] = known["stats"]
                 if mode != "tensor":
@@ -609,7 +628,8 @@ class Debugger:
             same, mem = flow.find(g)
             if same is not None and ("stats" in same[0] or same[1] is not None):
                 return g, (None, None, None), same
-        captured = self._capture(g, held=True)
+        local = dtensor_local(g) if type(g) not in PLAIN else None
+        captured = self._capture(g if local is None else local[0], held=True)
         if flow is not None and captured[0] is not None:
             # Its record is made at stop(); until then the statistics stand for it.
             record: TensorRecord = {"name": "", "role": "parameter", "dtype": "", "shape": ()}

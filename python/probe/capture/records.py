@@ -42,6 +42,8 @@ if TYPE_CHECKING:
         role: str
         dtype: str
         shape: tuple[int, ...]  # a tuple: see Debugger._add_tensor
+        dtensor: NotRequired[dict[str, Any]]  # a DTensor's placement (stats.dtensor_local)
+        unwritten: NotRequired[bool]  # memory nothing wrote yet (Dataflow.unwritten)
         stats: NotRequired[Stats]  # first when reused from an earlier record, else last
         checksum: NotRequired[str]
         file: NotRequired[str]
@@ -58,6 +60,10 @@ StatVector = Union[list[Any], dict[str, Any], torch.Tensor, "Ref", None]
 #: What capturing one tensor gives: stats vector, host copy (tensor mode), checksum (or,
 #: for an accelerator's tensor, the host copy it is taken of once the copy has landed).
 Captured = tuple[StatVector, Optional[torch.Tensor], Union[str, torch.Tensor, None]]
+
+#: What is taken of a tensor whose bytes nothing wrote yet (``Dataflow.unwritten``), passed
+#: as ``Debugger._add_tensor``'s ``pre``: no statistics, data or checksum.
+UNWRITTEN: Captured = (None, None, None)
 
 _PRIMITIVES = (int, float, bool, str)
 
@@ -287,6 +293,12 @@ class Dataflow:
         # layout_key -> (weak handle on the storage, its address, version, what is known
         # of it, writes to the storage then). Each entry owns its handle (_keep_layout).
         self._layouts: dict[tuple[Any, ...], tuple[int, int, int, Known, int]] = {}
+        # storage address -> [weak handle on the storage, captured writes to it then, a
+        # weak reference to the tensor whose version counter tells a write through it
+        # (None until the first read after a resize), its version then, whether such a
+        # write came (the bytes are then partly set)]: memory allocated and not yet
+        # written (:meth:`mark_unwritten`).
+        self.fresh: dict[int, list[Any]] = {}
 
     def clear(self) -> None:
         self._ids.clear()
@@ -296,6 +308,70 @@ class Dataflow:
         layouts, self._layouts = self._layouts, {}
         for e in layouts.values():
             _free_weak(e[0])
+        fresh, self.fresh = self.fresh, {}
+        for u in fresh.values():
+            _free_weak(u[0])
+
+    def mark_unwritten(self, storage: Any, t: Optional[torch.Tensor] = None) -> None:
+        """``storage`` was just allocated, and its bytes are whatever the allocator left:
+        the result ``t`` of ``torch.empty`` and its kind, or a storage ``resize_``d (FSDP
+        allocates a gathered parameter's memory so before its backward). Until something
+        writes there, a tensor read over it is recorded as unwritten (:meth:`unwritten`),
+        not with statistics of leftover bytes: those differ from run to run and hold
+        NaN now and then, so two equal runs compared as diverging and a clean one
+        scanned as producing NaN."""
+        if not _WEAK_HANDLES:
+            return
+        try:
+            ptr = int(storage.data_ptr())
+            ver = t._version if t is not None else 0
+        except Exception:  # noqa: BLE001 - no data (meta, size 0), or an inference tensor
+            return
+        if ptr == 0:
+            return
+        fresh = self.fresh
+        if len(fresh) >= FRESH_MAX:
+            # A step that allocates without end: the memory freed since is let go first,
+            # then every mark (its tensors are then read as they are, as before).
+            for key in [k for k, u in fresh.items() if _expired(u[0])] or list(fresh):
+                _free_weak(fresh.pop(key)[0])
+        old = fresh.get(ptr)
+        if old is not None:
+            _free_weak(old[0])
+        ref = weakref.ref(t) if t is not None else None
+        fresh[ptr] = [_weak(storage), self._writes.get(ptr, 0), ref, ver, False]
+
+    def unwritten(self, t: torch.Tensor, write_only: bool = False) -> bool:
+        """Whether ``t`` reads memory that nothing wrote since it was allocated.
+
+        A captured write to the storage ends that. So does a write through the tensor
+        whose counter is watched (the allocated one, or after a resize the first one read
+        over it), or through a view of it, which shares its counter: an uncaptured op's
+        write too (FSDP2 copies a shard into its all-gather buffer so). A tensor over the
+        storage that is neither is read as it is: its writes cannot be told.
+        ``write_only``: the op only writes ``t`` (a gather's output buffer): it counts as
+        unwritten while part of it still is."""
+        unwritten = self.fresh
+        try:
+            ptr = int(t.untyped_storage().data_ptr())
+            base = t._base if t._base is not None else t
+            ver = base._version
+        except Exception:  # noqa: BLE001 - no storage (meta, sparse), an inference tensor
+            return False
+        e = unwritten.get(ptr)
+        if e is None:
+            return False
+        if _expired(e[0]) or self._writes.get(ptr, 0) != e[1]:
+            del unwritten[ptr]
+            _free_weak(e[0])
+            return False
+        if e[2] is None:
+            e[2], e[3] = weakref.ref(base), ver
+        elif e[2]() is not base:
+            return False
+        elif ver != e[3]:
+            e[4] = True
+        return write_only or not e[4]
 
     def __del__(self) -> None:
         try:
@@ -424,6 +500,15 @@ class Dataflow:
             for w in written:
                 self.note_write(w)
 
+    def note_storage(self, storage: Any) -> None:
+        """Count a write to ``storage`` made through the storage itself (a resize, a fill),
+        which no version counter sees."""
+        try:
+            ptr = int(storage.data_ptr())
+        except Exception:  # noqa: BLE001 - a storage without data (meta)
+            return
+        self._writes[ptr] = self._writes.get(ptr, 0) + 1
+
     def register(
         self,
         t: torch.Tensor,
@@ -480,6 +565,9 @@ _weak: Callable[[Any], int] = getattr(torch.UntypedStorage, "_weak_ref", None)  
 _expired: Callable[[int], bool] = getattr(torch.UntypedStorage, "_expired", None)  # type: ignore[assignment]
 _free_weak: Callable[[int], None] = getattr(torch.UntypedStorage, "_free_weak_ref", None)  # type: ignore[assignment]
 _WEAK_HANDLES = _weak is not None and _expired is not None and _free_weak is not None
+
+#: The most allocations a step keeps marked as unwritten (``Dataflow.mark_unwritten``).
+FRESH_MAX = 1 << 14
 
 #: Tensors of fewer elements are not looked up by the memory they read: their reductions
 #: cost about what the lookup would (~2 us).

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import ctypes
 import math
+import sys
 import zlib
 from typing import TYPE_CHECKING, Any, Optional, Union
 
@@ -296,6 +297,33 @@ def nested_shape(t: torch.Tensor) -> tuple[int, ...]:
     return tuple(s if type(s) is int else ragged for s in t.shape)
 
 
+def dtensor_local(t: torch.Tensor) -> Optional[tuple[torch.Tensor, dict[str, Any]]]:
+    """A ``DTensor``'s local shard and what places it, or None for any other tensor.
+
+    A DTensor (tensor parallelism, FSDP2's parameters and gradients) reports its global
+    shape, but reading it in PyTorch's reductions gave the local shard's max, min and norm
+    and the local sum over the global count for the mean: statistics of no tensor at all.
+    Reducing it globally would run collectives from inside the agent, which hang when the
+    ranks do not capture alike (a rank filter, an op list). So a record holds the shard this
+    rank computed with, and ``dtensor`` says how it sits in the whole: the global shape, the
+    placement on each mesh dimension (``Shard(dim=0)``, ``Replicate()``, ``Partial(sum)``:
+    a partial shard is this rank's addend), and the mesh's ranks."""
+    mod = sys.modules.get("torch.distributed.tensor")  # no DTensor exists before its import
+    cls = getattr(mod, "DTensor", None) if mod is not None else None
+    if cls is None or not isinstance(t, cls):
+        return None
+    d: Any = t
+    mesh = d.device_mesh
+    meta = {
+        "shape": [int(s) for s in t.shape],
+        "placements": [str(p) for p in d.placements],
+        "mesh": [int(r) for r in mesh.mesh.flatten().tolist()],
+        "mesh_shape": [int(s) for s in mesh.mesh.shape],
+    }
+    local: torch.Tensor = d._local_tensor
+    return local, meta
+
+
 def null_stats() -> Stats:
     """Stats of an empty or unsupported tensor."""
     return {"max": None, "min": None, "mean": None, "norm": None, "nan": 0, "inf": 0}
@@ -402,8 +430,19 @@ def crc32_of_copy(host: torch.Tensor) -> str:
 
 def crc32_of(host: torch.Tensor) -> str:
     """``crc32:xxxxxxxx`` of the raw little-endian C-contiguous bytes of a CPU tensor."""
-    raw = host.contiguous().reshape(-1).view(torch.uint8).numpy()
-    return "crc32:%08x" % (zlib.crc32(raw.data) & 0xFFFFFFFF)
+    c = _contiguous(host)  # (held here while its bytes are read)
+    return "crc32:%08x" % (zlib.crc32(raw_bytes(c)) & 0xFFFFFFFF)
+
+
+def raw_bytes(t: torch.Tensor) -> memoryview:
+    """The bytes of a contiguous CPU tensor, read where they lie, for use before ``t`` can
+    change or go. Not through ``numpy()``: exporting a tensor to numpy makes its storage
+    unresizable for good, and FSDP, which resizes the storage of gathered parameters,
+    then failed on a CPU run captured in tensor or checksum mode."""
+    n = t.numel() * t.element_size()
+    if n == 0:
+        return memoryview(b"")
+    return memoryview((ctypes.c_char * n).from_address(t.data_ptr())).cast("B")
 
 
 _isfinite = torch.isfinite

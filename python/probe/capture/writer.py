@@ -26,7 +26,7 @@ from .._runtime import model_device
 from .._version import __version__
 from ..config import CaptureConfig
 from .api import tls
-from .stats import PLAIN, wait_for_copy
+from .stats import PLAIN, raw_bytes, wait_for_copy
 
 log = logging.getLogger("probe")
 
@@ -88,20 +88,6 @@ def _encode_record(record: dict[str, Any]) -> bytes:
     return (_json_encode(record) + "\n").encode("utf-8")
 
 
-_numpy = torch.Tensor.numpy
-
-
-def _raw_bytes(t: torch.Tensor) -> Any:
-    """The C-contiguous bytes of a contiguous CPU tensor, as a numpy ``uint8`` array.
-
-    No copy: the array shares the tensor's memory. numpy has no bfloat16, so 2-byte types
-    are viewed as int16 first (the bytes are what is stored, not the values).
-    """
-    if t.dtype is torch.bfloat16:
-        t = _view(t, torch.int16)
-    return _numpy(t).reshape(-1).view("u1")
-
-
 def write_safetensors(path: str, tensors: dict[str, torch.Tensor]) -> None:
     """Write ``tensors`` (contiguous CPU tensors) as one safetensors file, temp + rename.
 
@@ -125,7 +111,7 @@ def write_safetensors(path: str, tensors: dict[str, torch.Tensor]) -> None:
     datas: list[Any] = []
     offset = 0
     for name, t in order:
-        raw = _raw_bytes(t)
+        raw = raw_bytes(t)
         end = offset + raw.nbytes
         header[name] = {
             "dtype": _ST_DTYPES[t.dtype][0],
@@ -186,7 +172,7 @@ class _ShardStream:
             self.fh.write(bytes(reserve))
 
     def add(self, key: str, tensor: torch.Tensor) -> None:
-        raw = _raw_bytes(tensor)
+        raw = raw_bytes(tensor)
         end = self.offset + raw.nbytes
         if key in self.header:
             # The earlier one is set apart for the rewrite to drop: the last one wins.
