@@ -861,3 +861,39 @@ def test_fsdp2_runs_record_no_leftover_bytes(fsdp2: tuple[str, Ops], tmp_path: A
         timeout=120,
     )
     assert res.returncode == 0, res.stdout
+
+
+GATHER = """
+import sys, torch, torch.distributed as dist
+import probe
+dist.init_process_group("gloo")
+r = dist.get_rank()
+dbg = probe.Debugger(None, dump_path=sys.argv[1], level="api", mode="statistics")
+dbg.start(torch.nn.Linear(2, 2))
+mine = torch.full((3,), float(r + 1))
+into = [torch.zeros(3) for _ in range(2)] if r == 0 else None
+dist.gather(mine, into, dst=0)
+later = [torch.zeros(3) for _ in range(2)] if r == 1 else None
+dist.gather(mine * 10, gather_list=later, dst=1, async_op=True).wait()
+dbg.stop(); dbg.step(); dbg.close()
+dist.destroy_process_group()
+"""
+
+
+def test_gather_records_what_it_gathered(tmp_path: Any) -> None:
+    """``dist.gather`` writes its second argument, ``gather_list``, on the destination
+    rank. Its output was recorded as the tensor each rank sends; the gathered values were
+    recorded nowhere. The destination's record now holds them as its outputs, other ranks'
+    none."""
+    _, ranks = run_script(tmp_path, GATHER)
+    for rank, recs in enumerate(ranks):
+        by_key = {r["op"]: r for r in recs}
+        for n, dst, scale in ((0, 0, 1.0), (1, 1, 10.0)):
+            rec = by_key[f"Distributed.gather.{n}.forward"]
+            m = means(rec)
+            assert m["input.0"] == (rank + 1) * scale, m
+            outs = {k: v for k, v in m.items() if k.startswith("output.")}
+            if rank == dst:
+                assert outs == {"output.0": 1.0 * scale, "output.1": 2.0 * scale}, m
+            else:
+                assert outs == {}, m

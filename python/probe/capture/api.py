@@ -19,7 +19,7 @@ import importlib
 import json
 import os
 import threading
-from typing import TYPE_CHECKING, Any, Callable, Optional
+from typing import TYPE_CHECKING, Any, Callable, Optional, Union
 
 import torch
 
@@ -86,8 +86,29 @@ _DIST_WRITE_ONLY = frozenset(
         "recv",
         "irecv",
         "scatter",
+        "gather",
     }
 )
+
+
+class Writes:
+    """Where an in-place call writes, when that is not its first argument: ``dist.gather``
+    fills ``gather_list``, its second (on the destination rank; it is None elsewhere). Its
+    output was recorded as the tensor it sends, the gathered values were not. Passed as
+    the call's ``inplace``, which it is (truthy)."""
+
+    __slots__ = ("index", "key")
+
+    def __init__(self, index: int, key: str) -> None:
+        self.index = index
+        self.key = key
+
+
+#: ``True`` (the first argument), a :class:`Writes`, or ``False``: what an API writes.
+Inplace = Union[bool, Writes]
+
+#: The collectives that write another argument than their first.
+_DIST_WRITES_AT = {"gather": Writes(1, "gather_list")}
 
 
 def _holds_result(first: Any) -> bool:
@@ -125,9 +146,15 @@ _TARGET_KEYS = (
 )
 
 
-def _target(args: tuple[Any, ...], kwargs: dict[str, Any]) -> tuple[Optional[str], Any]:
-    """The argument an in-place call writes, its first, and the keyword it was passed by
-    (None: by position; ``(None, None)``: not given)."""
+def _target(
+    args: tuple[Any, ...], kwargs: dict[str, Any], inplace: Inplace = True
+) -> tuple[Optional[str], Any]:
+    """The argument an in-place call writes (its first, unless ``inplace`` says where),
+    and the keyword it was passed by (None: by position; ``(None, None)``: not given)."""
+    if type(inplace) is Writes:
+        if len(args) > inplace.index:
+            return None, args[inplace.index]
+        return (inplace.key, kwargs[inplace.key]) if inplace.key in kwargs else (None, None)
     if args:
         return None, args[0]
     if kwargs:
@@ -138,24 +165,27 @@ def _target(args: tuple[Any, ...], kwargs: dict[str, Any]) -> tuple[Optional[str
 
 
 def _as_seen(
-    snapshot: Callable[[torch.Tensor], torch.Tensor], args: tuple[Any, ...], kwargs: dict[str, Any]
+    snapshot: Callable[[torch.Tensor], torch.Tensor],
+    args: tuple[Any, ...],
+    kwargs: dict[str, Any],
+    inplace: Inplace = True,
 ) -> tuple[tuple[Any, ...], dict[str, Any]]:
     """An in-place call's arguments as it saw them: the tensor it writes replaced by a
     snapshot (overflow mode keeps these in case the call overflows)."""
-    key, first = _target(args, kwargs)
-    if not isinstance(first, torch.Tensor):
+    key, first = _target(args, kwargs, inplace)
+    if not isinstance(first, torch.Tensor) or type(inplace) is Writes:
         return args, kwargs
     if key is None:
         return (snapshot(first), *args[1:]), kwargs
     return args, {**kwargs, key: snapshot(first)}
 
 
-def _result_of(out: Any, inplace: bool, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
+def _result_of(out: Any, inplace: Inplace, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
     """What holds a call's result: what it returned, or for an in-place call returning None
     (``__setitem__``, collectives) the argument it writes, when that can hold one (a list of
     tensors for all_gather and the _coalesced variants)."""
     if out is None and inplace:
-        first = args[0] if args else _target(args, kwargs)[1]
+        first = _target(args, kwargs, inplace)[1]
         if first is not None and _holds_result(first):
             return first
     return out
@@ -168,11 +198,12 @@ def load_api_list(path: Optional[str] = None) -> dict[str, list[str]]:
     return {k: list(v) for k, v in data.items() if not k.startswith("_")}
 
 
-def is_inplace(api_type: str, name: str) -> bool:
-    """In-place ops modify their first argument: its input stats must be taken before the
-    call, and it must not be replaced by an autograd alias."""
+def is_inplace(api_type: str, name: str) -> Inplace:
+    """In-place ops modify their first argument (or the one a :class:`Writes` names): its
+    input stats must be taken before the call, and it must not be replaced by an autograd
+    alias."""
     if api_type == "Distributed":
-        return name in _DIST_INPLACE
+        return _DIST_WRITES_AT.get(name) or name in _DIST_INPLACE
     if name.startswith("__"):
         return name.startswith("__i") and name not in ("__invert__",) or name == "__setitem__"
     return name.endswith("_")
@@ -199,7 +230,7 @@ def _owners() -> dict[str, Any]:
     return owners
 
 
-CallHandler = Callable[[Callable[..., Any], str, bool, tuple[Any, ...], dict[str, Any]], Any]
+CallHandler = Callable[[Callable[..., Any], str, Inplace, tuple[Any, ...], dict[str, Any]], Any]
 #: An autograd alias of a tensor, through which an input's gradient reaches a hook: the
 #: ``aten::alias`` view, whose backward hands the gradient on as it comes. ``view_as``'s
 #: reshapes it, which a sparse gradient (``F.embedding(..., sparse=True)``) cannot do: the
@@ -416,7 +447,9 @@ def _current_waits() -> Any:
     return cap.waits if cap is not None else None
 
 
-def _make_wrapper(handler: CallHandler, orig: Callable[..., Any], api: str, inplace: bool) -> Any:
+def _make_wrapper(
+    handler: CallHandler, orig: Callable[..., Any], api: str, inplace: Inplace
+) -> Any:
     def wrapper(*args: Any, **kwargs: Any) -> Any:
         # Compiling first: Dynamo would turn a read of the flag into a guard (compiled.py).
         if compiling() or not tls.active:
@@ -440,7 +473,7 @@ class _Dispatch:
         self,
         orig: Callable[..., Any],
         api: str,
-        inplace: bool,
+        inplace: Inplace,
         args: tuple[Any, ...],
         kwargs: dict[str, Any],
     ) -> Any:
@@ -465,7 +498,7 @@ _Pending = tuple[
     Optional[OpRecord],
     Optional[tuple[tuple[Any, ...], dict[str, Any]]],
     dict[int, torch.Tensor],
-    bool,
+    Inplace,
     bool,
 ]
 
@@ -500,7 +533,7 @@ class ApiCapture:
         self,
         orig: Callable[..., Any],
         api: str,
-        inplace: bool,
+        inplace: Inplace,
         args: tuple[Any, ...],
         kwargs: dict[str, Any],
     ) -> Any:
@@ -576,7 +609,7 @@ class ApiCapture:
     def _plain_post(
         self,
         fwd: OpRecord,
-        inplace: bool,
+        inplace: Inplace,
         args: tuple[Any, ...],
         kwargs: dict[str, Any],
         out: Any,
@@ -630,11 +663,11 @@ class ApiCapture:
             except Exception:  # noqa: BLE001 - a tensor without storage
                 return
 
-    def _note_writes(self, inplace: bool, args: tuple[Any, ...], kwargs: dict[str, Any]) -> None:
+    def _note_writes(self, inplace: Inplace, args: tuple[Any, ...], kwargs: dict[str, Any]) -> None:
         """What a call wrote in place, through whichever tensor object: records kept of
         tensors sharing that storage no longer stand for them (``Dataflow.note_write``)."""
         if inplace:
-            first = args[0] if args else _target(args, kwargs)[1]
+            first = _target(args, kwargs, inplace)[1]
             if first is not None:
                 self._flow.note_write(first)
         if kwargs and "out" in kwargs:
@@ -683,7 +716,7 @@ class ApiCapture:
         self,
         orig: Callable[..., Any],
         api: str,
-        inplace: bool,
+        inplace: Inplace,
         args: tuple[Any, ...],
         kwargs: dict[str, Any],
     ) -> Any:
@@ -713,7 +746,7 @@ class ApiCapture:
                 seen = None  # (the call's own arguments)
                 if call is not None and inplace:
                     # The value the op saw, kept in case it overflows (it changes in place).
-                    seen = _as_seen(dbg._snapshot, args, kwargs)
+                    seen = _as_seen(dbg._snapshot, args, kwargs, inplace)
         except Exception as exc:  # noqa: BLE001
             dbg._guard.fail(exc, f"capturing inputs of {api}")
             call = None
@@ -748,7 +781,7 @@ class ApiCapture:
         meta: Optional[tuple[list[int], int]],
         seen: Optional[tuple[tuple[Any, ...], dict[str, Any]]],
         kwargs: dict[str, Any],
-        inplace: bool,
+        inplace: Inplace,
         args: tuple[Any, ...],
         out: Any,
     ) -> None:
@@ -771,7 +804,7 @@ class ApiCapture:
             dbg._finish(fwd)
 
     def _pre(
-        self, api: str, inplace: bool, args: tuple[Any, ...], kwargs: dict[str, Any]
+        self, api: str, inplace: Inplace, args: tuple[Any, ...], kwargs: dict[str, Any]
     ) -> Optional[_Pending]:
         fwd = self._forward_record(api)
         if fwd is None:
@@ -834,7 +867,7 @@ class ApiCapture:
             new = (tuple(new_args), new_kwargs)
         elif want_fwd_in:
             if api.startswith("Distributed.") and api[12:] in _DIST_WRITE_ONLY:
-                target = _target(args, kwargs)[1]
+                target = _target(args, kwargs, inplace)[1]
                 self._write_only = frozenset(
                     id(t)
                     for _, t in named_tensors(target, "")  # (a tensor or lists of them)
@@ -847,7 +880,9 @@ class ApiCapture:
                 self._record_inputs(fwd, args, kwargs)
         if dbg._overflow:
             # The value an in-place op saw, kept in case it overflows (it changes in place).
-            fwd.call_args = _as_seen(dbg._snapshot, args, kwargs) if inplace else (args, kwargs)
+            fwd.call_args = (
+                _as_seen(dbg._snapshot, args, kwargs, inplace) if inplace else (args, kwargs)
+            )
         elif want_fwd_in:
             fwd.args = json_args(args, kwargs)
         if bwd is not None and bwd.expect:

@@ -27,7 +27,7 @@ from __future__ import annotations
 import functools
 from typing import TYPE_CHECKING, Any, Callable, Optional
 
-from .api import tls
+from .api import Inplace, tls
 
 if TYPE_CHECKING:
     from .debugger import Debugger
@@ -67,11 +67,11 @@ class Waits:
         #: The coalescing managers open now, innermost last: the calls queued in each.
         self.coalescing: list[list[tuple[str, Finish]]] = []
 
-    def later(self, api: str, inplace: bool, out: Any) -> bool:
+    def later(self, api: str, inplace: Inplace, out: Any) -> bool:
         """Whether a call of ``api`` that returned ``out`` has its result later: an in-place
         collective inside a coalescing manager, or one that returned a handle."""
         return (
-            inplace
+            bool(inplace)
             and api.startswith("Distributed.")
             and (bool(self.coalescing) or (_WORK is not None and isinstance(out, _WORK)))
         )
