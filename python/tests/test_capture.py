@@ -1475,3 +1475,36 @@ def test_unwritten_marks_are_bounded_within_a_step(tmp_path: Any) -> None:
     first, second = read_ops(os.path.join(tmp_path, "step0", "rank0"))
     assert all(t.get("unwritten") for t in first["tensors"]), first
     assert not any(t.get("unwritten") for t in second["tensors"]), second
+
+
+@pytest.mark.parametrize("level", ["module", "mix"])
+def test_lazy_modules_are_hooked_once_their_parameters_exist(tmp_path: Any, level: str) -> None:
+    """A lazy module (``nn.LazyLinear``) has uninitialised parameters until its first
+    forward. Hooking their gradients at ``start()`` raised, and capture was off for the
+    rest of the run. Their hooks are now registered when the module's forward starts
+    (its own pre-hook has made them then), so the first step has its gradients too."""
+    torch.manual_seed(0)
+    model = torch.nn.Sequential(torch.nn.LazyLinear(8), torch.nn.ReLU(), torch.nn.LazyLinear(3))
+    dbg = probe.Debugger(None, dump_path=str(tmp_path), level=level)
+    grads = []
+    for _ in range(2):
+        dbg.start(model)
+        model(torch.randn(4, 5)).sum().backward()
+        grads.append({n: p.grad.clone() for n, p in model.named_parameters()})
+        model.zero_grad()
+        dbg.stop()
+        dbg.step()
+    dbg.close()
+    assert dbg.enabled
+    for step in range(2):
+        ops = {o["op"]: o for o in read_ops(os.path.join(tmp_path, f"step{step}", "rank0"))}
+        # (a materialized lazy module becomes the class it stands for)
+        cls = "LazyLinear" if step == 0 else "Linear"
+        for idx in (0, 2):
+            rec = ops[f"Module.{idx}.{cls}.parameters_grad"]
+            got = {t["name"].rsplit(".", 1)[1]: t["stats"] for t in rec["tensors"]}
+            assert set(got) == {"weight", "bias"}, rec
+            for pname, stats in got.items():
+                want = grads[step][f"{idx}.{pname}"].double()
+                assert math.isclose(stats["norm"], float(want.norm()), rel_tol=1e-6)
+                assert math.isclose(stats["max"], float(want.max()), rel_tol=1e-6)

@@ -24,6 +24,8 @@ from .api import alias_of, in_recompute, in_transform, tls
 from .compiled import compiling, module_tree
 from .records import OpRecord, results, walk
 
+_is_lazy: Callable[[Any], bool] = getattr(torch.nn.parameter, "is_lazy", lambda p: False)
+
 if TYPE_CHECKING:
     from torch.utils.hooks import RemovableHandle
 
@@ -45,6 +47,9 @@ class ModuleHooks:
         self.stack: list[str] = []
         # The pending records of the running selected module calls, innermost last.
         self._pending: list[Optional[_Pending]] = []
+        #: Modules whose parameters are not materialized yet (lazy modules before their
+        #: first forward), by path: their gradient hooks are registered once they are.
+        self._lazy: dict[str, tuple[str, torch.nn.Module]] = {}
 
     def install(self, model: torch.nn.Module) -> None:
         """Hook every submodule of ``model`` (a compiled one's under its eager path)."""
@@ -69,17 +74,36 @@ class ModuleHooks:
                 params = dict(mod.named_parameters(recurse=False))
                 if params and dbg._select.module_parameters(path, cls):
                     base = f"Module.{path}.{cls}"
-                    for pname, p in params.items():
-                        if p.requires_grad:
-                            self._handles.append(
-                                p.register_post_accumulate_grad_hook(  # type: ignore[no-untyped-call]
-                                    dbg._backward.param_grad_hook(base, pname)
-                                )
-                            )
+                    if any(_is_lazy(p) for p in params.values()):
+                        self._lazy[path] = (base, mod)
+                    else:
+                        self._hook_grads(base, params)
+
+    def _hook_grads(self, base: str, params: dict[str, torch.nn.Parameter]) -> None:
+        """Gradient hooks on a module's parameters, for its ``parameters_grad`` record."""
+        dbg = self._dbg
+        for pname, p in params.items():
+            if p.requires_grad:
+                self._handles.append(
+                    p.register_post_accumulate_grad_hook(  # type: ignore[no-untyped-call]
+                        dbg._backward.param_grad_hook(base, pname)
+                    )
+                )
+
+    def _materialized(self, path: str) -> None:
+        """A lazy module's forward starts: the lazy module's own pre-hook, which runs before
+        the agent's, has made its parameters now, and they get their gradient hooks.
+        Hooking an uninitialised parameter raised, and capture was off for the run."""
+        base, mod = self._lazy[path]
+        params = dict(mod.named_parameters(recurse=False))
+        if not any(_is_lazy(p) for p in params.values()):
+            del self._lazy[path]
+            self._hook_grads(base, params)
 
     def remove(self) -> None:
         self.stack.clear()
         self._pending.clear()
+        self._lazy.clear()
         while self._handles:
             h = self._handles.pop()
             try:
@@ -106,6 +130,8 @@ class ModuleHooks:
         tls.active = False
         try:
             self.stack.append(path)
+            if self._lazy and path in self._lazy:
+                self._materialized(path)
             if track_only:
                 return None
             if in_transform():  # (api.in_transform) its post hook pops the None
