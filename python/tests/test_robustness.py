@@ -195,3 +195,34 @@ def test_dataloader_workers_forked_while_capturing_capture_nothing(tmp_path: Any
     keys = [o["op"] for o in read_ops(os.path.join(tmp_path, "step0", "rank0"))]
     assert "Functional.linear.0.forward" in keys
     assert not any(k.startswith(("Tensor.mean", "Tensor.std")) for k in keys), keys
+
+
+@pytest.mark.parametrize("level", ["api", "mix"])
+def test_the_debugger_does_not_keep_the_model_alive(tmp_path: Any, level: str) -> None:
+    """The model is the user's: a Debugger that outlives it must not hold it. It did, to
+    the end of the process, and a DDP model's reducer then outlived
+    ``destroy_process_group()``: gloo aborted the finished job at exit now and then."""
+    import gc
+    import weakref
+
+    model = torch.nn.Sequential(torch.nn.Linear(4, 4), torch.nn.ReLU(), torch.nn.Linear(4, 2))
+    dbg = probe.Debugger(None, dump_path=str(tmp_path), level=level, model=model)
+    for _ in range(2):
+        dbg.start(model)
+        model(torch.randn(3, 4)).sum().backward()
+        dbg.stop()
+        dbg.step()
+    gone = weakref.ref(model)
+    del model
+    gc.collect()
+    assert gone() is None
+    assert dbg.model is None and dbg.enabled
+    dbg.start()  # nothing to hook at module level now, and no failure
+    torch.relu(torch.ones(2))
+    dbg.stop()
+    dbg.step()
+    dbg.close()
+    assert dbg.enabled
+    assert [o["op"] for o in read_ops(os.path.join(tmp_path, "step2", "rank0"))] == (
+        ["Torch.relu.0.forward"]
+    )

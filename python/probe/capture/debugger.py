@@ -159,7 +159,7 @@ class Debugger:
         #: Whether this is a forked copy of the process that runs the Debugger (a DataLoader
         #: worker): it captures and writes nothing (_after_fork_in_child).
         self._child = False
-        self.model: Optional[torch.nn.Module] = None
+        self._model: Optional[weakref.ref[torch.nn.Module]] = None
         if model is not None:
             self._take_model(model)
         self.current_step = 0
@@ -221,13 +221,14 @@ class Debugger:
             return
         try:
             use_native()  # the first time: the CPU statistics kernel (native.py)
-            self._files.open(self.current_step, rank, self.model)
+            model = self.model
+            self._files.open(self.current_step, rank, model)
             self._session += 1
             if self.config.api:
                 PATCHER.install()
             self._graphs = graph_count()
-            if self.model is not None:
-                self._modules.install(self.model)
+            if model is not None:
+                self._modules.install(model)
             self._running = True
             self._api_on = self.config.api
             DISPATCH.current = self._api
@@ -296,6 +297,20 @@ class Debugger:
         self._flow.clear()
         self._collectives.new_step()
 
+    @property
+    def model(self) -> Optional[torch.nn.Module]:
+        """The model hooked at module level (and for DDP's buckets), held weakly: the agent
+        must not keep it alive. A Debugger held it to the end of the process, and a DDP
+        model's reducer then outlived ``destroy_process_group()``: gloo aborted the process
+        at exit now and then ("terminate called without an active exception"), and a job
+        that had finished reported a failure."""
+        ref = self._model
+        return ref() if ref is not None else None
+
+    @model.setter
+    def model(self, model: Optional[torch.nn.Module]) -> None:
+        self._model = weakref.ref(model) if model is not None else None
+
     def _take_model(self, model: torch.nn.Module) -> None:
         """The model to hook: the one a ``torch.compile`` wrapper holds, noting that it is
         compiled (compiled.py)."""
@@ -341,10 +356,11 @@ class Debugger:
         """A DistributedDataParallel model gets the bucket-recording communication hook,
         once (distributed.py). Registering it never stops training: a failure only
         switches capture off."""
-        if self.model is None or not is_ddp(self.model):
+        model = self.model
+        if model is None or not is_ddp(model):
             return
         try:
-            self._ddp.attach(self.model)
+            self._ddp.attach(model)
         except Exception as exc:  # noqa: BLE001
             self._guard.fail(exc, "registering the DDP communication hook")
 
@@ -397,9 +413,10 @@ class Debugger:
                     bad.append(f"{e.name} (an API: at module level only module paths select)")
                 elif not PATCHER.hooks(e.api):
                     bad.append(f"{e.name} ({e.api} is not a hooked API)")
-        if not self._modules_checked and self.model is not None:
+        model = self.model
+        if not self._modules_checked and model is not None:
             self._modules_checked = True
-            paths = {p for p, _ in module_tree(self.model) if p}
+            paths = {p for p, _ in module_tree(model) if p}
             for name in self._select.resolve_modules(paths):
                 bad.append(f"{name} (no such module in the model)")
         if bad:
