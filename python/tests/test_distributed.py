@@ -784,7 +784,8 @@ def test_tensor_parallel_records_each_ranks_shard(tmp_path: Any) -> None:
     activations are DTensors, which report the global shape. Their statistics used to be
     the local shard's max, min and norm with its sum over the global count as the mean,
     under the global shape. A DTensor is now recorded as the shard its rank computed with,
-    its placement beside it, and training is unchanged."""
+    its placement beside it, and training is unchanged. The all-reduce DTensor runs itself
+    (RowwiseParallel's) is recorded as a collective."""
     torch = pytest.importorskip("torch")
     pytest.importorskip("torch.distributed.tensor.parallel")
     _, ranks = run_script(tmp_path, TENSOR_PARALLEL)
@@ -821,6 +822,21 @@ def test_tensor_parallel_records_each_ranks_shard(tmp_path: Any) -> None:
         assert "dtensor" not in by_name["Functional.cross_entropy.0.forward.input.0"]
         grad = by_name["Module.w2.Linear.parameters_grad.weight"]
         assert grad["shape"] == [16, 16] and grad["dtensor"]["shape"] == [16, 32], grad
+    # RowwiseParallel sums the ranks' partial outputs with a functional all-reduce, which
+    # DTensor runs itself: it is recorded as a collective like torch.distributed's.
+    assert check_collectives({(0, r): recs for r, recs in enumerate(ranks)}, 2, 1) >= 1
+    reduce = [
+        {t["name"].rsplit(".forward.", 1)[1]: t for t in r["tensors"]}
+        for recs in ranks
+        for r in recs
+        if r["op"] == "Distributed.all_reduce.0.forward"
+    ]
+    assert len(reduce) == 2, [r["op"] for r in ranks[0] if r["op"].startswith("Distributed")]
+    total = sum(r["input.0"]["stats"]["mean"] for r in reduce)
+    for rank, r in enumerate(reduce):
+        assert math.isclose(r["output.0"]["stats"]["mean"], total, rel_tol=1e-5), r
+        out = {t["name"]: t for o in ranks[rank] for t in o["tensors"]}
+        assert r["output.0"]["stats"] == out["Module.w2.Linear.forward.0.output.0"]["stats"]
 
 
 def test_fsdp2_runs_record_no_leftover_bytes(fsdp2: tuple[str, Ops], tmp_path: Any) -> None:

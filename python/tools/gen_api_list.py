@@ -247,6 +247,23 @@ DISTRIBUTED = [
     "barrier",
     "batch_isend_irecv",
 ]
+#: ``torch.distributed._functional_collectives``: the collectives DTensor runs (tensor
+#: parallelism's all-reduces and all-gathers, when a placement changes), recorded as
+#: ``Distributed.<name>``. msprobe does not hook them.
+FUNCOL = [
+    "all_reduce",
+    "all_reduce_coalesced",
+    "all_gather_tensor",
+    "all_gather_tensor_autograd",
+    "all_gather_into_tensor_coalesced",
+    "reduce_scatter_tensor",
+    "reduce_scatter_tensor_autograd",
+    "reduce_scatter_tensor_coalesced",
+    "all_to_all_single",
+    "all_to_all_single_autograd",
+    "broadcast",
+    "permute_tensor",
+]
 #: ``torch._VF``: the recurrent kernels ``nn.LSTM``, ``nn.GRU`` and ``nn.RNN`` (and their
 #: cells) call. msprobe hooks ``lstm`` there.
 VF = [
@@ -365,6 +382,7 @@ def main() -> None:
         "Functional": functional,
         "Tensor": tensor,
         "Distributed": DISTRIBUTED,
+        "Funcol": FUNCOL,
         "VF": VF,
         "NPU": NPU,
     }

@@ -221,6 +221,8 @@ def _owners() -> dict[str, Any]:
 
         if dist.is_available():
             owners["Distributed"] = dist
+            # The collectives DTensor runs (tensor parallelism), as Distributed.<name>.
+            owners["Funcol"] = importlib.import_module("torch.distributed._functional_collectives")
     except Exception:  # noqa: BLE001 - optional
         pass
     try:
@@ -297,10 +299,12 @@ class ApiPatcher:
                 orig = getattr(owner, name, None)
                 if orig is None or not callable(orig) or isinstance(orig, type):
                     continue
-                api = f"{api_type}.{name}"
-                out.append(
-                    (owner, name, _make_wrapper(handler, orig, api, is_inplace(api_type, name)))
-                )
+                inplace: Inplace
+                if api_type == "Funcol":  # functional: they return their result
+                    api, inplace = f"Distributed.{name}", False
+                else:
+                    api, inplace = f"{api_type}.{name}", is_inplace(api_type, name)
+                out.append((owner, name, _make_wrapper(handler, orig, api, inplace)))
         out.extend(tracer_patches(self._unhooked))
         # Code that calls hooked APIs but is not the model's computation, each call of which
         # left a record: printing a tensor (``print(loss)``, ``repr``: reshape, isfinite,
@@ -340,10 +344,12 @@ class ApiPatcher:
         """Whether calls of ``api`` (``Functional.conv2d``) can be captured: it is in the
         list and exists in this PyTorch."""
         api_type, _, name = api.partition(".")
-        if name not in self._api_list.get(api_type, ()):
-            return False
-        owner = _owners().get(api_type)
-        return owner is not None and callable(getattr(owner, name, None))
+        owners = _owners()
+        types = (api_type, "Funcol") if api_type == "Distributed" else (api_type,)
+        return any(
+            name in self._api_list.get(t, ()) and callable(getattr(owners.get(t), name, None))
+            for t in types
+        )
 
     def install(self) -> None:
         if self._patches:
@@ -866,7 +872,7 @@ class ApiCapture:
             )
             new = (tuple(new_args), new_kwargs)
         elif want_fwd_in:
-            if api.startswith("Distributed.") and api[12:] in _DIST_WRITE_ONLY:
+            if inplace and api.startswith("Distributed.") and api[12:] in _DIST_WRITE_ONLY:
                 target = _target(args, kwargs, inplace)[1]
                 self._write_only = frozenset(
                     id(t)

@@ -55,6 +55,18 @@ def group_ranks(group: Any) -> Optional[list[int]]:
         return None
     if group is None or group is dist.group.WORLD:
         return list(range(dist.get_world_size()))
+    if isinstance(group, list) and all(isinstance(r, int) for r in group):
+        return sorted(group)  # (the functional collectives take ranks too)
+    if not isinstance(group, dist.ProcessGroup):
+        # A functional collective's (mesh, dim), a 1-D DeviceMesh or a group's name.
+        try:
+            from torch.distributed import _functional_collectives as funcol
+            from torch.distributed import distributed_c10d as c10d
+
+            resolve = c10d._resolve_process_group  # type: ignore[attr-defined]
+            group = resolve(funcol._resolve_group_name(group))
+        except Exception:  # noqa: BLE001 - a form this PyTorch does not resolve: no group
+            return None
     return sorted(int(r) for r in dist.get_process_group_ranks(group))
 
 
@@ -63,7 +75,7 @@ class Collectives:
 
     def __init__(self) -> None:
         self._seq: dict[tuple[Any, ...], int] = {}
-        self._sigs: dict[str, Optional[inspect.Signature]] = {}
+        self._sigs: dict[Callable[..., Any], Optional[inspect.Signature]] = {}
 
     def new_step(self) -> None:
         self._seq.clear()
@@ -76,12 +88,13 @@ class Collectives:
     def _bind(
         self, name: str, orig: Callable[..., Any], args: tuple[Any, ...], kwargs: dict[str, Any]
     ) -> dict[str, Any]:
-        if name not in self._sigs:
+        # By function: torch.distributed's all_reduce and the functional one share a name.
+        if orig not in self._sigs:
             try:
-                self._sigs[name] = inspect.signature(orig)
+                self._sigs[orig] = inspect.signature(orig)
             except (TypeError, ValueError):
-                self._sigs[name] = None
-        sig = self._sigs[name]
+                self._sigs[orig] = None
+        sig = self._sigs[orig]
         if sig is None:
             return dict(kwargs)
         try:
