@@ -913,3 +913,33 @@ def test_gather_records_what_it_gathered(tmp_path: Any) -> None:
                 assert outs == {"output.0": 1.0 * scale, "output.1": 2.0 * scale}, m
             else:
                 assert outs == {}, m
+
+
+def test_a_faulty_tensor_parallel_all_reduce_is_named(tmp_path: Any) -> None:
+    """The same tensor-parallel job with rank 1's functional all-reduce returning 5 % too
+    much, against a clean run: the compare names that collective as faulty communication.
+    Before it was recorded, the first divergence was the layer around it (mix level), or at
+    api level a value entering from outside the captured ops."""
+    pytest.importorskip("torch.distributed.tensor.parallel")
+    fault = TENSOR_PARALLEL.replace(
+        'mesh = init_device_mesh("cpu", (2,))\n',
+        'mesh = init_device_mesh("cpu", (2,))\n'
+        "import torch.distributed._functional_collectives as funcol\n"
+        "if len(sys.argv) > 2 and r == 1:\n"
+        "    _reduce = funcol.all_reduce\n"
+        "    def _faulty(self, reduceOp, group, tag=''):\n"
+        "        return _reduce(self, reduceOp, group, tag) * 1.05\n"
+        "    funcol.all_reduce = _faulty\n",
+    )
+    assert fault != TENSOR_PARALLEL
+    (tmp_path / "clean").mkdir()
+    (tmp_path / "fault").mkdir()
+    run_script(tmp_path / "clean", fault)
+    run_script(tmp_path / "fault", fault, "fault")
+    code, s = _compare(
+        str(tmp_path / "clean" / "d"), str(tmp_path / "fault" / "d"), tmp_path / "out"
+    )
+    assert code == 1, s["headline"]
+    first = s["first_divergent"]["forward"]
+    assert (first["op"], first["rank"]) == ("Distributed.all_reduce.0.forward", "rank1"), s
+    assert "faulty communication" in s["headline"], s["headline"]
