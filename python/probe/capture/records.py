@@ -62,8 +62,9 @@ StatVector = Union[list[Any], dict[str, Any], torch.Tensor, "Ref", None]
 Captured = tuple[StatVector, Optional[torch.Tensor], Union[str, torch.Tensor, None]]
 
 #: What is taken of a tensor whose bytes nothing wrote yet (``Dataflow.unwritten``), passed
-#: as ``Debugger._add_tensor``'s ``pre``: no statistics, data or checksum.
-UNWRITTEN: Captured = (None, None, None)
+#: as ``Debugger._add_tensor``'s ``pre``: no statistics, data or checksum. Told apart by
+#: identity, so it is built at run time: an equal tuple literal can be the same constant.
+UNWRITTEN: Captured = tuple([None, None, None])  # type: ignore[assignment]
 
 _PRIMITIVES = (int, float, bool, str)
 
