@@ -69,25 +69,9 @@ _DIST_INPLACE = {
 
 
 #: The collectives among them that only write that argument: what it held before is not
-#: their input (a gather's output buffer, often just allocated).
+#: their input (a gather's output buffer, often just allocated). The others read it too.
 _DIST_WRITE_ONLY = frozenset(
-    {
-        "all_gather",
-        "all_gather_coalesced",
-        "all_gather_into_tensor",
-        "all_gather_single",
-        "_all_gather_base",
-        "reduce_scatter",
-        "reduce_scatter_tensor",
-        "reduce_scatter_single",
-        "_reduce_scatter_base",
-        "all_to_all",
-        "all_to_all_single",
-        "recv",
-        "irecv",
-        "scatter",
-        "gather",
-    }
+    _DIST_INPLACE - {"all_reduce", "all_reduce_coalesced", "broadcast", "reduce"}
 )
 
 
@@ -673,7 +657,8 @@ class ApiCapture:
         """What a call wrote in place, through whichever tensor object: records kept of
         tensors sharing that storage no longer stand for them (``Dataflow.note_write``)."""
         if inplace:
-            first = _target(args, kwargs, inplace)[1]
+            # (most in-place calls write their first positional argument: no lookup)
+            first = args[0] if args and inplace is True else _target(args, kwargs, inplace)[1]
             if first is not None:
                 self._flow.note_write(first)
         if kwargs and "out" in kwargs:

@@ -352,18 +352,17 @@ class Dataflow:
         storage that is neither is read as it is: its writes cannot be told.
         ``write_only``: the op only writes ``t`` (a gather's output buffer): it counts as
         unwritten while part of it still is."""
-        unwritten = self.fresh
         try:
             ptr = int(t.untyped_storage().data_ptr())
             base = t._base if t._base is not None else t
             ver = base._version
         except Exception:  # noqa: BLE001 - no storage (meta, sparse), an inference tensor
             return False
-        e = unwritten.get(ptr)
+        e = self.fresh.get(ptr)
         if e is None:
             return False
         if _expired(e[0]) or self._writes.get(ptr, 0) != e[1]:
-            del unwritten[ptr]
+            del self.fresh[ptr]
             _free_weak(e[0])
             return False
         if e[2] is None:
