@@ -215,8 +215,15 @@ fn zeroes_by_design(op: Op) -> bool {
     .any(|w| k.contains(w))
 }
 
+/// The reason of a tensor read from memory nothing had written: its statistics (NaN/Inf
+/// counts too) are not taken.
+const UNWRITTEN: &str = "unwritten memory (leftover bytes), not scanned";
+
 /// The scan's flag and reason for one tensor of `op`.
 fn flag_of(t: Tensor, op: Op, inputs_nonzero: bool, margin: f64) -> (Flag, String) {
+    if t.unwritten() {
+        return (Flag::Finite, UNWRITTEN.into());
+    }
     let Some(s) = &t.stats() else {
         return (Flag::Finite, String::new());
     };
@@ -266,6 +273,13 @@ fn cast_overflow(op: Op) -> Option<String> {
     })
 }
 
+/// A tensor the op consumed that was read from memory nothing had written.
+fn leftover<'a>(rows: &[&'a ScanRow]) -> Option<&'a ScanRow> {
+    rows.iter()
+        .copied()
+        .find(|r| r.consumed() && r.reason == UNWRITTEN)
+}
+
 fn finding(
     unit: &RankLoc,
     stacks: &BTreeMap<u64, Vec<String>>,
@@ -277,6 +291,9 @@ fn finding(
         .iter()
         .map(|r| {
             let side = if r.consumed() { "in " } else { "out" };
+            if r.reason == UNWRITTEN {
+                return format!("{side} {}: {UNWRITTEN}", r.name);
+            }
             let st = r.stats.as_ref().map_or_else(String::new, |s| {
                 let f = |v: Option<f64>| v.map_or("-".into(), |v| format!("{v:.4e}"));
                 format!(
@@ -310,6 +327,7 @@ fn finding(
             .stack
             .and_then(|id| stacks.get(&id).cloned())
             .unwrap_or_default(),
+        leftover: leftover(rows).map(|r| r.name.clone()),
     }
 }
 
@@ -402,11 +420,20 @@ pub fn scan_unit(dump: RankDump, opts: &ScanOptions) -> ScanUnit {
         } else if let Some(out) = bad_out {
             let slot = findings.first_nonfinite.slot(phase);
             if slot.is_none() {
-                let expl = format!(
-                    "all inputs are finite, yet output {} holds {}: the first op producing \
-                     NaN/Inf in this phase",
-                    out.name, out.reason
-                );
+                let expl = match leftover(&group) {
+                    Some(u) => format!(
+                        "input {} read memory nothing had written (leftover bytes, not \
+                         scanned) and its other inputs are finite, yet output {} holds {}: \
+                         leftover bytes read as values (an uninitialised buffer) are the \
+                         likely cause",
+                        u.name, out.name, out.reason
+                    ),
+                    None => format!(
+                        "all inputs are finite, yet output {} holds {}: the first op \
+                         producing NaN/Inf in this phase",
+                        out.name, out.reason
+                    ),
+                };
                 *slot = Some(finding(unit, &stacks, &group, out, expl));
             }
         }
@@ -583,8 +610,9 @@ fn scan_headline(verdict: Verdict, c: &ScanCounts, run: &ScanRun) -> String {
         match best {
             Some((true, x)) => {
                 return format!(
-                    "NaN/Inf: first produced by {} from finite inputs ({} {}/{}, tensor {})",
+                    "NaN/Inf: first produced by {} {} ({} {}/{}, tensor {})",
                     x.op,
+                    x.nonfinite_from(),
                     x.direction.name(),
                     x.step,
                     x.rank,

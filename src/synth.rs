@@ -202,6 +202,7 @@ impl RankWriter {
                 shape: t.shape.clone(),
                 src: t.src,
                 stats: Some(stats(t.dtype, &t.values)),
+                unwritten: false,
             };
             let bytes = bytes_of(t.dtype, &t.values);
             match self.mode.as_str() {

@@ -403,16 +403,16 @@ fn headline(verdict: Verdict, c: &Counts, pairs: &[PairSummary]) -> String {
             let f = &p.findings;
             match told {
                 Some((Story::NonFinite, x)) => format!(
-                    "DIVERGENCE: NaN/Inf first produced by {} from finite inputs ({} {}/{}, tensor {})",
+                    "DIVERGENCE: NaN/Inf first produced by {} {} ({} {}/{}, tensor {})",
                     x.op,
+                    x.nonfinite_from(),
                     x.direction.name(),
                     x.step,
                     x.rank,
                     x.tensor
                 ),
                 Some((Story::Random, x)) => {
-                    let what = if OpKey::parse(&x.op).randomness()
-                        == Randomness::WhenDropoutActive
+                    let what = if OpKey::parse(&x.op).randomness() == Randomness::WhenDropoutActive
                     {
                         "a different random draw if its dropout is active (else a faulty kernel)"
                     } else {
@@ -449,12 +449,15 @@ fn headline(verdict: Verdict, c: &Counts, pairs: &[PairSummary]) -> String {
                         x.tensor
                     ),
                     None => format!(
-                        "DIVERGENCE: first divergent op {} ({} {}/{}, tensor {})",
+                        "DIVERGENCE: first divergent op {} ({} {}/{}, tensor {}){}",
                         x.op,
                         x.direction.name(),
                         x.step,
                         x.rank,
-                        x.tensor
+                        x.tensor,
+                        x.leftover.as_ref().map_or_else(String::new, |t| format!(
+                            ": it read leftover bytes in {t}"
+                        ))
                     ),
                 },
                 None => {

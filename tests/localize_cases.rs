@@ -45,6 +45,7 @@ fn tensor(
         shape: vec![100],
         src,
         stats: Some(stats(v)),
+        unwritten: false,
     }
 }
 

@@ -54,6 +54,7 @@ impl Log {
             id,
             src,
             data: None,
+            unwritten: false,
         };
         let mut tensors: Vec<TensorRec> = inputs
             .iter()

@@ -49,6 +49,7 @@ fn write_dump(dir: &Path, ops: &[(&str, Vec<T>)]) -> PathBuf {
                         shape: vec![100],
                         src: None,
                         stats: Some(*st),
+                        unwritten: false,
                     }
                 })
                 .collect();

@@ -96,6 +96,7 @@ fn mix_dump(dir: &Path, off: f64) {
         shape: vec![100],
         src: None,
         stats: Some(stats(v)),
+        unwritten: false,
     };
     let op = |key: &str, kind: &str, vin: f64, vout: f64| OpRecord {
         direction: "forward".into(),

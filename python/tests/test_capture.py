@@ -1405,7 +1405,7 @@ def test_memory_nothing_wrote_is_recorded_as_unwritten(tmp_path: Any, mode: str)
     def unwritten(t: dict[str, Any]) -> bool:
         if not t.get("unwritten"):
             return False
-        assert all(t["stats"][k] is None for k in ("max", "min", "mean", "norm")), t
+        assert t["stats"] is None, t  # no statistics, not even NaN/Inf counts
         assert "file" not in t and "checksum" not in t, t
         return True
 

@@ -854,7 +854,7 @@ def test_fsdp2_runs_record_no_leftover_bytes(fsdp2: tuple[str, Ops], tmp_path: A
             for t in r["tensors"]:
                 if t.get("unwritten"):
                     unwritten += 1
-                    assert t["stats"]["max"] is None and "file" not in t, t
+                    assert t["stats"] is None and "file" not in t, t
                 else:
                     assert t["stats"]["nan"] == 0 and t["stats"]["inf"] == 0, t
             if r["op"].startswith("Tensor.view.") and r["kind"] == "api":
@@ -870,6 +870,10 @@ def test_fsdp2_runs_record_no_leftover_bytes(fsdp2: tuple[str, Ops], tmp_path: A
     _fsdp2_run(again)
     code, s = _compare(d, again, tmp_path / "out")
     assert code == 0, s["headline"]
+    # Leftover bytes are not compared as values: every such pair is counted apart, and
+    # passes (both runs read leftovers there).
+    assert s["counts"]["compared_by"].get("unwritten", 0) >= unwritten, s["counts"]
+    assert s["counts"]["warning"] == 0, s["counts"]
     res = subprocess.run(
         [probe_bin(), "scan", d, "-o", str(tmp_path / "scan")],
         capture_output=True,

@@ -14,6 +14,7 @@ import sys
 from pathlib import Path
 from typing import Any
 
+import pytest
 from conftest import REPO, probe_bin
 
 EXIT_FAIL = 1
@@ -128,3 +129,65 @@ def _evidence(v: Any) -> list[str]:
     if isinstance(v, list):
         return [line for x in v for line in _evidence(x)]
     return []
+
+
+UNINITIALISED = """
+import sys, torch, probe
+torch.manual_seed(0)
+empty = sys.argv[2] == "empty"
+
+
+class Pool(torch.nn.Module):
+    # Sums its input's four chunks into an accumulator: the port allocates it uninitialised.
+    def forward(self, x):
+        parts = x.chunk(4, dim=1)
+        acc = torch.empty_like(parts[0]) if empty else torch.zeros_like(parts[0])
+        for p in parts:
+            acc += p
+        return acc
+
+
+model = torch.nn.Sequential(torch.nn.Linear(32, 256), Pool(), torch.nn.Linear(64, 1))
+opt = torch.optim.SGD(model.parameters(), lr=0.1)
+dbg = probe.Debugger(None, dump_path=sys.argv[1], level="mix", mode="statistics")
+x = torch.randn(8, 32)
+dbg.start(model)
+loss = model(x).pow(2).mean()
+loss.backward()
+opt.step()
+dbg.stop()
+dbg.step()
+dbg.close()
+print(repr(loss.item()))
+"""
+
+
+def test_an_uninitialised_buffer_in_the_port_is_named_with_its_leftover_bytes(tmp_path: Path) -> None:
+    """The port allocates an accumulator with ``torch.empty_like`` where the original used
+    ``zeros_like``: the agent records the first read of it as ``unwritten`` (leftover bytes),
+    and compare names the op that read them as the cause, never "all inputs within
+    tolerance"."""
+    script = tmp_path / "port.py"
+    script.write_text(UNINITIALISED, encoding="utf-8")
+    losses = []
+    for side, alloc in (("bench", "zeros"), ("cmp", "empty")):
+        r = subprocess.run(
+            [sys.executable, str(script), str(tmp_path / side), alloc],
+            capture_output=True,
+            text=True,
+            timeout=300,
+            env={**os.environ, "PYTHONPATH": os.path.join(REPO, "python")},
+        )
+        assert r.returncode == 0, r.stderr
+        losses.append(r.stdout.strip())
+    if losses[0] == losses[1]:
+        pytest.skip("the allocator handed the accumulator zeroed memory: nothing to find")
+    r, s = _compare(tmp_path / "bench", tmp_path / "cmp", tmp_path / "out")
+    assert r.returncode == EXIT_FAIL, r.stdout + r.stderr
+    read = "Tensor.__iadd__.0.forward.input.0"
+    assert f"leftover bytes in {read}" in s["headline"], s["headline"]
+    # Named as the first divergent op, or as the first NaN/Inf producer when the leftover
+    # bytes held NaN or Inf.
+    f = s["first_divergent"]["forward"] or s["first_nonfinite"]
+    assert f["op"] == "Tensor.__iadd__.0.forward" and f["leftover"] == read, json.dumps(f, indent=1)
+    assert "read memory nothing had written on the cmp side" in f["explanation"], f["explanation"]

@@ -21,6 +21,7 @@
 //! is the earliest op with finite inputs and new non-finite outputs.
 
 use super::judge::Equality;
+use super::measure::CompareKind;
 use super::tolerance::loosest;
 use super::{Row, Tolerances, Verdict};
 use crate::dump::{Direction, Role};
@@ -80,6 +81,23 @@ pub fn evidence_line(r: &Row) -> String {
     s
 }
 
+/// An input of the op read from memory nothing had written on either side: not compared.
+fn leftover<'a>(rows: &[&'a Row]) -> Option<&'a Row> {
+    rows.iter()
+        .copied()
+        .find(|r| is_input(r) && r.tensor.kind == CompareKind::Unwritten)
+}
+
+/// Which side of a pair read unwritten memory, for a person.
+fn unwritten_sides(r: &Row) -> &'static str {
+    let s = &r.tensor.sides;
+    match (s.bench.unwritten, s.cmp.unwritten) {
+        (true, true) => "on both sides",
+        (true, false) => "on the bench side",
+        _ => "on the cmp side",
+    }
+}
+
 fn finding(at: &Place, rows: &[&Row], focus: &Row, explanation: String) -> Finding {
     let t = &focus.tensor;
     let stack =
@@ -97,6 +115,7 @@ fn finding(at: &Place, rows: &[&Row], focus: &Row, explanation: String) -> Findi
         explanation,
         evidence: rows.iter().map(|r| evidence_line(r)).collect(),
         stack,
+        leftover: leftover(rows).map(|r| r.tensor.name.clone()),
     }
 }
 
@@ -423,7 +442,19 @@ pub fn localize(
             if inputs.is_empty() && saved.is_empty() && !tols.blame_without_inputs {
                 continue;
             }
-            let expl = if inputs.is_empty() && saved.is_empty() {
+            // An input no run wrote is never "within tolerance": it was not compared.
+            let expl = if let Some(u) = leftover(&g) {
+                format!(
+                    "input {} read memory nothing had written {} (leftover bytes, not \
+                     compared); the rest of its {consumed} are within tolerance (largest \
+                     relative error {max_in:.3e}), yet output {} has relative error \
+                     {out_err:.3e}: leftover bytes read as values (an uninitialised buffer) \
+                     are the likely cause",
+                    u.tensor.name,
+                    unwritten_sides(u),
+                    out.tensor.name
+                )
+            } else if inputs.is_empty() && saved.is_empty() {
                 format!(
                     "its output {} is out of tolerance and it has no recorded inputs \
                      (named because blame_without_inputs is set)",
@@ -483,11 +514,22 @@ pub fn localize(
             continue;
         }
         if let Some(out) = g.iter().find(|r| is_output(r) && r.tensor.new_nonfinite()) {
-            let expl = format!(
-                "first op whose inputs are all finite but whose output {} holds NaN/Inf \
-                 that the benchmark does not",
-                out.tensor.name
-            );
+            let expl = match leftover(&g) {
+                Some(u) => format!(
+                    "first op whose output {} holds NaN/Inf that the benchmark does not; its \
+                     input {} read memory nothing had written {} (leftover bytes, not \
+                     compared) and its other inputs are finite: leftover bytes read as values \
+                     (an uninitialised buffer) are the likely cause",
+                    out.tensor.name,
+                    u.tensor.name,
+                    unwritten_sides(u)
+                ),
+                None => format!(
+                    "first op whose inputs are all finite but whose output {} holds NaN/Inf \
+                     that the benchmark does not",
+                    out.tensor.name
+                ),
+            };
             f.first_nonfinite = Some(finding(&at, &g, out, expl));
             break;
         }

@@ -107,7 +107,7 @@ impl Row {
             CompareKind::Checksum | CompareKind::Statistics => {
                 (j.raw_err == 0.0).then_some(Equality::Statistics)
             }
-            CompareKind::None => None,
+            CompareKind::Unwritten | CompareKind::None => None,
         }
     }
 
@@ -287,6 +287,27 @@ pub fn judge(
             }
             verdict(v, r, err, sd.scaled_err(&bstats, numel, 0.0))
         }
+        // Leftover bytes on both sides: nothing either run computed, so nothing differs
+        // (FSDP's gather buffers before the gather). On one side only, one run read bytes
+        // it had not written where the other read values: worth a look, not a divergence.
+        CompareKind::Unwritten => match (sb.unwritten(), sc.unwritten()) {
+            (true, true) => {
+                let r = "unwritten memory on both sides (leftover bytes): not compared";
+                verdict(Verdict::Pass, r.into(), 0.0, 0.0)
+            }
+            (b, _) => {
+                let (side, other) = if b {
+                    ("bench", "cmp")
+                } else {
+                    ("cmp", "bench")
+                };
+                let r = format!(
+                    "unwritten memory on the {side} side (leftover bytes), values on the \
+                     {other} side: not compared"
+                );
+                verdict(Verdict::Warning, r, 0.0, 0.0)
+            }
+        },
         CompareKind::None => {
             let r = format!("nothing to compare (dtype {} / {})", sb.dtype(), sc.dtype());
             verdict(Verdict::Warning, r, 0.0, 0.0)

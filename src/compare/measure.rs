@@ -25,6 +25,9 @@ pub enum CompareKind {
     Checksum,
     /// Recorded statistics only.
     Statistics,
+    /// Not compared: a side read memory nothing had written ([`Tensor::unwritten`]), whose
+    /// leftover bytes no two runs share.
+    Unwritten,
     /// Nothing usable on one side (no data, no statistics).
     None,
 }
@@ -36,6 +39,7 @@ impl CompareKind {
             CompareKind::Tensor => "tensor",
             CompareKind::Checksum => "checksum",
             CompareKind::Statistics => "statistics",
+            CompareKind::Unwritten => "unwritten",
             CompareKind::None => "none",
         }
     }
@@ -50,6 +54,9 @@ pub struct TensorSide {
     pub shape: Vec<usize>,
     /// Statistics recorded at capture time.
     pub stats: Option<Stats>,
+    /// Read from memory nothing had written ([`Tensor::unwritten`]).
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub unwritten: bool,
 }
 
 impl TensorSide {
@@ -123,7 +130,9 @@ pub fn nonfinite(s: &Option<Stats>) -> u64 {
 /// How a matched pair can be compared, from what both sides recorded.
 fn kind_of(t: &Sides<Tensor>) -> CompareKind {
     let (b, c) = (t.bench, t.cmp);
-    if b.shape() == c.shape() && b.data().is_some() && c.data().is_some() {
+    if b.unwritten() || c.unwritten() {
+        CompareKind::Unwritten
+    } else if b.shape() == c.shape() && b.data().is_some() && c.data().is_some() {
         CompareKind::Tensor
     } else if b.checksum().is_some() && c.checksum().is_some() {
         CompareKind::Checksum
@@ -184,6 +193,7 @@ impl Measured {
             dtype: t.dtype().clone(),
             shape: t.shape().to_vec(),
             stats: t.stats(),
+            unwritten: t.unwritten(),
         };
         let name = c.name().into_owned();
         let bench_name = (!b.name_is(&name)).then(|| b.name().into_owned());

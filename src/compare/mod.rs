@@ -196,10 +196,11 @@ impl<'u> Tally<'u> {
     }
 
     fn judged(&mut self, j: &Judged) {
-        const KINDS: [CompareKind; 4] = [
+        const KINDS: [CompareKind; 5] = [
             CompareKind::Tensor,
             CompareKind::Checksum,
             CompareKind::Statistics,
+            CompareKind::Unwritten,
             CompareKind::None,
         ];
         const BY: [MatchedBy; 4] = [
@@ -208,7 +209,7 @@ impl<'u> Tally<'u> {
             MatchedBy::Mapped,
             MatchedBy::Module,
         ];
-        let (mut kinds, mut by) = ([0usize; 4], [0usize; 4]);
+        let (mut kinds, mut by) = ([0usize; 5], [0usize; 4]);
         let c = &mut self.counts;
         c.tensors += j.len();
         for i in 0..j.len() {
@@ -218,7 +219,7 @@ impl<'u> Tally<'u> {
                 Verdict::Warning => c.warning += 1,
                 Verdict::Error => c.error += 1,
             }
-            kinds[KINDS.iter().position(|&k| k == b.kind).unwrap_or(3)] += 1;
+            kinds[KINDS.iter().position(|&k| k == b.kind).unwrap_or(4)] += 1;
             by[BY.iter().position(|&m| m == b.matched_by).unwrap_or(0)] += 1;
         }
         for (k, n) in KINDS.iter().zip(kinds).filter(|(_, n)| *n > 0) {

@@ -1269,6 +1269,7 @@ mod tests {
                     id,
                     src,
                     data: None,
+                    unwritten: false,
                 }
             })
             .collect();

@@ -235,6 +235,8 @@ pub struct TensorRec {
     /// Where the values are, if dumped (boxed: statistics and checksum dumps have none,
     /// and a million records would each carry the room).
     pub data: Option<Box<Data>>,
+    /// Read from memory nothing had written since it was allocated: leftover bytes.
+    pub unwritten: bool,
 }
 
 impl TensorRec {

@@ -250,6 +250,7 @@ fn tensor_rec(
         id: None,
         src: None,
         data,
+        unwritten: false,
     })
 }
 

@@ -147,6 +147,7 @@ fn push_op(ops: &mut OpsBuilder, raw: &OpRecord, c: Checked) -> std::result::Res
             id: t.id,
             src: t.src,
             data,
+            unwritten: t.unwritten,
         });
     ops.push(
         OpIn {
@@ -425,6 +426,7 @@ pub fn parse_op_record(text: &str, dir: &Path) -> std::result::Result<OpRec, Str
             id: t.id,
             src: t.src,
             data: data.map(Box::new),
+            unwritten: t.unwritten,
         })
         .collect();
     Ok(OpRec {

@@ -40,6 +40,8 @@ const HAS_SRC: u8 = 1 << 3;
 const SLOT_NAME: u8 = 1 << 4;
 /// A checksum or data location in `extras`.
 const HAS_EXTRA: u8 = 1 << 5;
+/// Read from memory nothing had written ([`Tensor::unwritten`]).
+const UNWRITTEN: u8 = 1 << 6;
 
 /// One op (48 bytes): its key's text in the arena, what few ops have in side tables.
 #[derive(Debug, Clone)]
@@ -217,6 +219,8 @@ pub struct TensorIn<'x> {
     pub src: Option<u64>,
     /// Where the values are, if dumped.
     pub data: Option<Data>,
+    /// Read from memory nothing had written: leftover bytes.
+    pub unwritten: bool,
 }
 
 /// Fills an [`Ops`] op by op.
@@ -413,6 +417,9 @@ impl OpsBuilder {
     fn tensor(&mut self, key: &str, t: TensorIn) -> Result<(), String> {
         let at = index(self.ops.tensors.len(), "tensors")?;
         let mut bits = role_bits(t.role);
+        if t.unwritten {
+            bits |= UNWRITTEN;
+        }
         let name = match t.name.strip_prefix(key).and_then(|s| s.strip_prefix('.')) {
             Some(slot) => {
                 bits |= SLOT_NAME;
@@ -502,6 +509,7 @@ impl OpsBuilder {
             id: t.id,
             src: t.src,
             data: t.data.as_deref().cloned(),
+            unwritten: t.unwritten,
         });
         self.push(
             OpIn {
@@ -962,6 +970,12 @@ impl<'a> Tensor<'a> {
         self.extra()?.data.as_ref()
     }
 
+    /// Whether it was read from memory nothing had written since it was allocated: its
+    /// bytes are leftovers of earlier use, which no two runs share.
+    pub fn unwritten(self) -> bool {
+        self.slot().bits & UNWRITTEN != 0
+    }
+
     /// Its parts, for a builder; the name as stored (the caller gives the full name).
     fn parts(self) -> TensorIn<'a> {
         TensorIn {
@@ -974,6 +988,7 @@ impl<'a> Tensor<'a> {
             id: self.id(),
             src: self.src(),
             data: self.data().cloned(),
+            unwritten: self.unwritten(),
         }
     }
 
@@ -989,6 +1004,7 @@ impl<'a> Tensor<'a> {
             id: self.id(),
             src: self.src(),
             data: self.data().cloned().map(Box::new),
+            unwritten: self.unwritten(),
         }
     }
 }
@@ -1010,6 +1026,7 @@ mod tests {
             id: None,
             src: None,
             data: None,
+            unwritten: false,
         }
     }
 
@@ -1041,8 +1058,9 @@ mod tests {
             inf: Some(1 << 40),
             ..StatsFields::default()
         }));
-        // A name outside the key's grammar, data, no statistics.
+        // A name outside the key's grammar, data, no statistics, leftover bytes.
         let mut c = tensor("weight.of.something", Role::Parameter);
+        c.unwritten = true;
         c.data = Some(Box::new(Data::Pt(PathBuf::from("/x/y.pt"))));
         c.id = Some(0);
         let mut first = OpRec::new(4, k, vec![a, b, c]);

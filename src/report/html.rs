@@ -1047,6 +1047,7 @@ mod tests {
             explanation: String::new(),
             evidence: vec![],
             stack: vec![],
+            leftover: None,
         };
         let marks = [Mark {
             title: "first divergent op (backward)",

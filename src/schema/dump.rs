@@ -105,6 +105,10 @@ pub struct TensorRecord {
     pub src: Option<u64>,
     /// Statistics over all elements; null where not computable.
     pub stats: Option<StatsRecord>,
+    /// The tensor read memory nothing had written since it was allocated: its bytes are
+    /// leftovers, so it has no statistics, data or checksum (docs/format.md).
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub unwritten: bool,
 }
 
 /// The statistics of a tensor record.

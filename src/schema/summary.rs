@@ -68,6 +68,10 @@ pub struct Finding {
     pub evidence: Vec<String>,
     /// The op's call stack, outermost frame first.
     pub stack: Vec<String>,
+    /// An input of the op read from memory nothing had written (leftover bytes, which the
+    /// agent records as `unwritten`): the likely cause, where the op is named.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub leftover: Option<String>,
 }
 
 /// Sort key of a `step12` / `rank3` / `proc456` label: its number, then the name (so that
@@ -84,6 +88,15 @@ pub fn label_key(s: &str) -> (u64, &str) {
 pub type CausalKey<'a> = ((u64, &'a str), u64, (u64, &'a str));
 
 impl Finding {
+    /// How the NaN/Inf producer got its values, for a headline: from finite inputs, or
+    /// from leftover bytes.
+    pub fn nonfinite_from(&self) -> String {
+        match &self.leftover {
+            Some(t) => format!("from leftover bytes in {t}"),
+            None => "from finite inputs".into(),
+        }
+    }
+
     /// Where this finding sits in the causal order ([`CausalKey`]).
     pub fn causal_key(&self) -> CausalKey<'_> {
         (label_key(&self.step), self.seq, label_key(&self.rank))

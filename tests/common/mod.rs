@@ -206,6 +206,7 @@ pub fn op_record(key: &str, tensors: &[Tensor]) -> OpRecord {
                 shape: vec![values.len()],
                 src: None,
                 stats: Some(stats_of(values)),
+                unwritten: false,
             })
             .collect(),
     }

@@ -685,7 +685,8 @@ class Debugger:
                 continue
             if vec is None:
                 if "stats" not in rec:
-                    rec["stats"] = null_stats()
+                    # Leftover bytes have no statistics, not even NaN/Inf counts.
+                    rec["stats"] = None if "unwritten" in rec else null_stats()
                 continue
             # In place now, so that the key order is the dump's, and so that an input
             # reusing this output's stats shares them. Filled when the buffer reads the

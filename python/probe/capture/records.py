@@ -44,7 +44,8 @@ if TYPE_CHECKING:
         shape: tuple[int, ...]  # a tuple: see Debugger._add_tensor
         dtensor: NotRequired[dict[str, Any]]  # a DTensor's placement (stats.dtensor_local)
         unwritten: NotRequired[bool]  # memory nothing wrote yet (Dataflow.unwritten)
-        stats: NotRequired[Stats]  # first when reused from an earlier record, else last
+        # first when reused from an earlier record, else last; None when unwritten
+        stats: NotRequired[Optional[Stats]]
         checksum: NotRequired[str]
         file: NotRequired[str]
         data_offsets: NotRequired[list[int]]

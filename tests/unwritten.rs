@@ -1,0 +1,213 @@
+//! Tensors read from memory nothing had written (`"unwritten": true`, the agent's record of
+//! leftover bytes: `torch.empty`, FSDP's gather buffers): never compared or scanned as
+//! values, never "within tolerance", and named as the likely cause when an op that read
+//! them is where the runs part.
+
+mod common;
+use common::*;
+use probe::schema::dump::{OpRecord, Stat};
+use std::path::Path;
+
+/// `op_record`, with the tensors at `leftover` (indexes) read from unwritten memory: no
+/// statistics, as the agent writes them.
+fn op(key: &str, tensors: &[Tensor], leftover: &[usize]) -> OpRecord {
+    let mut r = op_record(key, tensors);
+    for &i in leftover {
+        r.tensors[i].unwritten = true;
+        r.tensors[i].stats = None;
+    }
+    r
+}
+
+/// A one-rank run: a buffer viewed before anything wrote it (leftover bytes on the sides
+/// listed in `view_leftover`), then `add` reading `buf` (leftover where `add_leftover`)
+/// with `y` as its output, then `mul` of that output.
+fn run(dir: &Path, view_leftover: bool, add_leftover: bool, y: f32) {
+    let buf = vec![0.0f32; 4];
+    let x = vec![1.0f32, 2.0, 3.0, 4.0];
+    let out = vec![y; 4];
+    let twice: Vec<f32> = out.iter().map(|v| v * 2.0).collect();
+    let view: &[usize] = if view_leftover { &[0, 1] } else { &[] };
+    let add: &[usize] = if add_leftover { &[0] } else { &[] };
+    let records = vec![
+        op(
+            "Tensor.view.0.forward",
+            &[
+                ("input.0", "input", buf.clone()),
+                ("output.0", "output", buf.clone()),
+            ],
+            view,
+        ),
+        op(
+            "Tensor.add.0.forward",
+            &[
+                ("input.0", "input", buf),
+                ("input.1", "input", x),
+                ("output.0", "output", out.clone()),
+            ],
+            add,
+        ),
+        op(
+            "Tensor.mul.0.forward",
+            &[("input.0", "input", out), ("output.0", "output", twice)],
+            &[],
+        ),
+    ];
+    write_op_log(dir, records);
+}
+
+#[test]
+fn leftover_bytes_on_both_sides_pass_uncompared_and_on_one_side_warn() {
+    let d = tempfile::tempdir().unwrap();
+    // Both runs view the same kind of fresh buffer; only the cmp run reads one in `add`,
+    // and it happens to hold what the bench's zeros give (no output differs).
+    run(&d.path().join("bench"), true, false, 1.0);
+    run(&d.path().join("cmp"), true, true, 1.0);
+    let o = compare(d.path(), &[]);
+    assert_eq!(o.code, 0, "{}{}", o.stdout, o.stderr);
+    let s = summary(d.path());
+    let c = &s["counts"];
+    assert_eq!(c["compared_by"]["unwritten"], 3, "{c}");
+    assert_eq!(c["compared_by"]["statistics"], 4, "{c}");
+    assert_eq!(
+        (c["pass"].as_u64(), c["warning"].as_u64()),
+        (Some(6), Some(1))
+    );
+    assert_eq!(s["worst_ops"][0]["op"], "Tensor.add.0.forward", "{s}");
+    // Every row, read back from the parquet table: how each pair was compared and why.
+    let rows = parquet_rows(&d.path().join("out").join("compare.parquet"));
+    let row = |t: &str| rows.iter().find(|r| r[0] == t).cloned().unwrap_or_default();
+    let both = "unwritten memory on both sides (leftover bytes): not compared";
+    for t in ["input.0", "output.0"] {
+        let r = row(&format!("Tensor.view.0.forward.{t}"));
+        assert_eq!(r[1..], ["unwritten", "pass", both], "{rows:?}");
+    }
+    let one = "unwritten memory on the cmp side (leftover bytes), values on the bench side: \
+               not compared";
+    let r = row("Tensor.add.0.forward.input.0");
+    assert_eq!(r[1..], ["unwritten", "warning", one], "{rows:?}");
+    let r = row("Tensor.add.0.forward.output.0");
+    assert_eq!(r[1..], ["statistics", "pass", ""], "{rows:?}");
+}
+
+/// (tensor, compared_by, verdict, reason) of every row of a compare's parquet table.
+fn parquet_rows(path: &Path) -> Vec<Vec<String>> {
+    use arrow_array::{Array, StringArray};
+    let f = std::fs::File::open(path).unwrap();
+    let reader = parquet::arrow::arrow_reader::ParquetRecordBatchReaderBuilder::try_new(f)
+        .unwrap()
+        .build()
+        .unwrap();
+    let mut rows = Vec::new();
+    for batch in reader {
+        let batch = batch.unwrap();
+        let cols: Vec<_> = ["tensor", "compared_by", "verdict", "reason"]
+            .iter()
+            .map(|n| batch.column(batch.schema().index_of(n).unwrap()).clone())
+            .collect();
+        for i in 0..batch.num_rows() {
+            rows.push(
+                cols.iter()
+                    .map(|c| {
+                        let c = c.as_any().downcast_ref::<StringArray>().unwrap();
+                        if c.is_null(i) {
+                            String::new()
+                        } else {
+                            c.value(i).to_string()
+                        }
+                    })
+                    .collect(),
+            );
+        }
+    }
+    rows
+}
+
+#[test]
+fn an_op_that_read_leftover_bytes_and_diverges_is_named_with_them() {
+    let d = tempfile::tempdir().unwrap();
+    run(&d.path().join("bench"), false, false, 1.0);
+    // The cmp run's buffer held leftovers, and `add` turned them into a different output.
+    run(&d.path().join("cmp"), false, true, 7.0);
+    let o = compare(d.path(), &[]);
+    assert_eq!(o.code, 1, "{}{}", o.stdout, o.stderr);
+    let s = summary(d.path());
+    let f = &s["first_divergent"]["forward"];
+    assert_eq!(f["op"], "Tensor.add.0.forward", "{s}");
+    assert_eq!(f["leftover"], "Tensor.add.0.forward.input.0", "{f}");
+    let e = f["explanation"].as_str().unwrap();
+    assert!(
+        e.contains("read memory nothing had written on the cmp side") && !e.starts_with("all "),
+        "{e}"
+    );
+    let h = s["headline"].as_str().unwrap();
+    assert!(
+        h.contains("it read leftover bytes in Tensor.add.0.forward.input.0"),
+        "{h}"
+    );
+}
+
+#[test]
+fn scan_names_leftover_bytes_as_the_source_of_nan() {
+    let d = tempfile::tempdir().unwrap();
+    let dump = d.path().join("run");
+    let nan = vec![f32::NAN; 4];
+    let mut records = vec![
+        op(
+            "Tensor.add.0.forward",
+            &[
+                ("input.0", "input", vec![0.0; 4]),
+                ("input.1", "input", vec![1.0; 4]),
+                ("output.0", "output", nan.clone()),
+            ],
+            &[0],
+        ),
+        op(
+            "Tensor.mul.0.forward",
+            &[
+                ("input.0", "input", nan.clone()),
+                ("output.0", "output", nan),
+            ],
+            &[],
+        ),
+    ];
+    // NaN statistics as the agent writes them: NaN extremes and a count.
+    for t in records.iter_mut().flat_map(|r| r.tensors.iter_mut()) {
+        if t.name != "Tensor.add.0.forward.input.1" && !t.unwritten {
+            t.stats = Some(probe::schema::dump::StatsRecord {
+                max: Stat(Some(f64::NAN)),
+                min: Stat(Some(f64::NAN)),
+                mean: Stat(Some(f64::NAN)),
+                norm: Stat(Some(f64::NAN)),
+                nan: Some(4),
+                inf: Some(0),
+            });
+        }
+    }
+    write_op_log(&dump, records);
+    let out = d.path().join("scan");
+    let o = scan(&dump, &out, &[]);
+    assert_eq!(o.code, 1, "{}{}", o.stdout, o.stderr);
+    let s: serde_json::Value =
+        serde_json::from_str(&std::fs::read_to_string(out.join("summary.json")).unwrap()).unwrap();
+    let h = s["headline"].as_str().unwrap();
+    assert!(
+        h.contains(
+            "first produced by Tensor.add.0.forward from leftover bytes in \
+             Tensor.add.0.forward.input.0"
+        ),
+        "{h}"
+    );
+    let f = &s["first_nonfinite"]["forward"];
+    assert_eq!(f["leftover"], "Tensor.add.0.forward.input.0", "{s}");
+    let ev: Vec<&str> = f["evidence"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .filter_map(|v| v.as_str())
+        .collect();
+    assert!(
+        ev[0].ends_with("input.0: unwritten memory (leftover bytes), not scanned"),
+        "{ev:?}"
+    );
+}
