@@ -494,6 +494,31 @@ pub const DROPOUT_WHEN_ACTIVE: &[&str] = &[
     "MultiheadAttention",
 ];
 
+/// APIs that write their target (first argument) without reading it: what it held before,
+/// often memory just allocated, is not what they compute from. Matched as [`RANDOM_APIS`].
+/// `dist.gather` writes its second argument; any call writes an `out=` buffer this way.
+pub const WRITE_ONLY_APIS: &[&str] = &[
+    "Tensor.copy_",
+    "Tensor.fill_",
+    "Tensor.zero_",
+    "Tensor.normal_",
+    "Tensor.uniform_",
+    "Tensor.random_",
+    "Tensor.exponential_",
+    "Tensor.cauchy_",
+    "Tensor.log_normal_",
+    "Tensor.geometric_",
+    "Tensor.bernoulli_",
+    "Distributed.recv",
+    "Distributed.irecv",
+    "Distributed.scatter",
+    "Distributed.all_gather*",
+    "Distributed._all_gather_base",
+    "Distributed.reduce_scatter*",
+    "Distributed._reduce_scatter_base",
+    "Distributed.all_to_all*",
+];
+
 /// `*` matches any run of characters (none included); everything else literally.
 fn wildcard(pattern: &str, s: &str) -> bool {
     let mut parts = pattern.split('*');
@@ -515,6 +540,32 @@ fn wildcard(pattern: &str, s: &str) -> bool {
 }
 
 impl<S: AsRef<str>> Key<S> {
+    /// Whether the tensor in `slot` (`input.0`, `input.0.1`, `input.out`) is a target this
+    /// op only writes ([`WRITE_ONLY_APIS`]): its value before the call is not an input.
+    pub fn only_writes(&self, slot: &str) -> bool {
+        let under = |t: &str| slot == t || slot.strip_prefix(t).is_some_and(|r| r.starts_with('.'));
+        if under("input.out") {
+            return true;
+        }
+        if self.parts.form != Form::Api || self.parts.direction != Direction::Forward {
+            return false;
+        }
+        let name = self.base();
+        let targets: &[&str] = if name == "Distributed.gather" {
+            &["input.1", "input.gather_list"]
+        } else if WRITE_ONLY_APIS.iter().any(|p| wildcard(p, name)) {
+            &[
+                "input.0",
+                "input.tensor",
+                "input.output",
+                "input.output_tensor",
+            ]
+        } else {
+            return false;
+        };
+        targets.iter().any(|t| under(t))
+    }
+
     /// Whether this op draws random numbers ([`RANDOM_APIS`], [`RANDOM_MODULES`],
     /// [`DROPOUT_WHEN_ACTIVE`]).
     pub fn randomness(&self) -> Randomness {

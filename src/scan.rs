@@ -222,7 +222,12 @@ const UNWRITTEN: &str = "unwritten memory (leftover bytes), not scanned";
 /// The scan's flag and reason for one tensor of `op`.
 fn flag_of(t: Tensor, op: Op, inputs_nonzero: bool, margin: f64) -> (Flag, String) {
     if t.unwritten() {
-        return (Flag::Finite, UNWRITTEN.into());
+        let reason = if t.overwritten() {
+            "leftover bytes the op only overwrites, not scanned"
+        } else {
+            UNWRITTEN
+        };
+        return (Flag::Finite, reason.into());
     }
     let Some(s) = &t.stats() else {
         return (Flag::Finite, String::new());

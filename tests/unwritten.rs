@@ -211,3 +211,120 @@ fn scan_names_leftover_bytes_as_the_source_of_nan() {
         "{ev:?}"
     );
 }
+
+/// `add` reading a buffer (`input.0`, leftover bytes where `leftover`) into `y`, then `mul`
+/// of `y`, then the backward of both (gradients of `y` in size); or, with `copy`, `copy_`
+/// writing `y` over the buffer instead of `add`.
+fn chain(dir: &Path, leftover: bool, y: f32, copy: bool) {
+    let buf = vec![0.0f32; 4];
+    let out = vec![y; 4];
+    let twice: Vec<f32> = out.iter().map(|v| v * 2.0).collect();
+    let first = if copy {
+        "Tensor.copy_.0.forward"
+    } else {
+        "Tensor.add.0.forward"
+    };
+    let mut a = op(
+        first,
+        &[
+            ("input.0", "input", buf),
+            ("input.1", "input", vec![1.0; 4]),
+            ("output.0", "output", out.clone()),
+        ],
+        if leftover { &[0] } else { &[] },
+    );
+    a.tensors[2].id = Some(1);
+    let mut m = op(
+        "Tensor.mul.0.forward",
+        &[("input.0", "input", out), ("output.0", "output", twice)],
+        &[],
+    );
+    m.tensors[0].src = Some(1);
+    m.tensors[1].id = Some(2);
+    let grad = |key: &str| {
+        let g = vec![y; 4];
+        op(
+            key,
+            &[("input.0", "input", g.clone()), ("output.0", "output", g)],
+            &[],
+        )
+    };
+    let back = first.replace(".forward", ".backward");
+    write_op_log(dir, vec![a, m, grad("Tensor.mul.0.backward"), grad(&back)]);
+}
+
+#[test]
+fn what_both_runs_computed_from_leftover_bytes_is_no_divergence() {
+    // PyTorch's pipeline stages run a forward on torch.empty inputs to learn their shapes:
+    // two runs of one job read different leftovers there, and what they compute differs.
+    let d = tempfile::tempdir().unwrap();
+    chain(&d.path().join("bench"), true, 1.0, false);
+    chain(&d.path().join("cmp"), true, 7.0, false);
+    let o = compare(d.path(), &[]);
+    assert_eq!(o.code, 0, "{}{}", o.stdout, o.stderr);
+    let s = summary(d.path());
+    assert!(s["first_divergent"]["forward"].is_null(), "{s}");
+    assert_eq!(s["counts"]["error"], 0, "{s}");
+    let rows = parquet_rows(&d.path().join("out").join("compare.parquet"));
+    let row = |t: &str| rows.iter().find(|r| r[0] == t).cloned().unwrap_or_default();
+    let add = row("Tensor.add.0.forward.output.0");
+    assert_eq!(add[1..3], ["statistics", "warning"], "{rows:?}");
+    assert!(
+        add[3].ends_with(
+            "computed from leftover bytes both runs read in Tensor.add.0.forward.input.0: \
+             the difference is theirs, not this op's"
+        ),
+        "{add:?}"
+    );
+    let mul = row("Tensor.mul.0.forward.output.0");
+    assert_eq!(mul[1..3], ["unwritten", "pass"], "{rows:?}");
+    // Their gradients are computed from the leftovers too.
+    for t in [
+        "Tensor.mul.0.backward.input.0",
+        "Tensor.add.0.backward.output.0",
+    ] {
+        let g = row(t);
+        assert_eq!(g[1..3], ["unwritten", "pass"], "{rows:?}");
+        assert!(g[3].starts_with("gradient through Tensor."), "{g:?}");
+    }
+    assert!(
+        mul[3].starts_with(
+            "computed from leftover bytes both runs read, through Tensor.mul.0.forward.input.0"
+        ),
+        "{mul:?}"
+    );
+    // The chain ends where the outputs agree: with equal results nothing is downgraded.
+    let e = tempfile::tempdir().unwrap();
+    chain(&e.path().join("bench"), true, 1.0, false);
+    chain(&e.path().join("cmp"), true, 1.0, false);
+    assert_eq!(compare(e.path(), &[]).code, 0);
+    let rows = parquet_rows(&e.path().join("out").join("compare.parquet"));
+    assert!(
+        rows.iter()
+            .filter(|r| r[0].ends_with("output.0"))
+            .all(|r| r[1] == "statistics" && r[2] == "pass" && r[3].is_empty()),
+        "{rows:?}"
+    );
+}
+
+#[test]
+fn a_target_the_op_only_writes_is_not_what_it_computed_from() {
+    // copy_ overwrites its leftover-holding target: a different result is its own.
+    let d = tempfile::tempdir().unwrap();
+    chain(&d.path().join("bench"), true, 1.0, true);
+    chain(&d.path().join("cmp"), true, 7.0, true);
+    let o = compare(d.path(), &[]);
+    assert_eq!(o.code, 1, "{}{}", o.stdout, o.stderr);
+    let s = summary(d.path());
+    let f = &s["first_divergent"]["forward"];
+    assert_eq!(f["op"], "Tensor.copy_.0.forward", "{s}");
+    assert!(f.get("leftover").is_none(), "{f}");
+    assert!(!s["headline"].as_str().unwrap().contains("leftover"), "{s}");
+    let rows = parquet_rows(&d.path().join("out").join("compare.parquet"));
+    let target = rows
+        .iter()
+        .find(|r| r[0] == "Tensor.copy_.0.forward.input.0")
+        .unwrap();
+    assert_eq!(target[1..3], ["unwritten", "pass"], "{rows:?}");
+    assert!(target[3].starts_with("the op only writes it"), "{target:?}");
+}

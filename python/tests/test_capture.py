@@ -1477,6 +1477,31 @@ def test_unwritten_marks_are_bounded_within_a_step(tmp_path: Any) -> None:
     assert not any(t.get("unwritten") for t in second["tensors"]), second
 
 
+def test_a_module_fed_memory_nothing_wrote_records_it_as_unwritten(tmp_path: Any) -> None:
+    """A pipeline stage runs its first forward on ``torch.empty`` inputs to learn its
+    output shapes. A module's record read those leftover bytes as its input's values; it
+    records them as ``unwritten`` now, as an API call's does, and its output (written by
+    the module) as it is. (At module level no API is wrapped, ``torch.empty`` included:
+    such memory is read as it is there.)"""
+    torch.manual_seed(0)
+    model = torch.nn.Sequential(torch.nn.Linear(4, 3))
+    dbg = probe.Debugger(None, dump_path=str(tmp_path), level="mix")
+    dbg.start(model)
+    with torch.no_grad():
+        model(torch.empty(2, 4))
+        model(torch.zeros(2, 4))
+    dbg.stop()
+    dbg.step()
+    dbg.close()
+    ops = _by_op(os.path.join(tmp_path, "step0", "rank0"))
+    first, second = (
+        {k.split(".", 1)[1]: t for k, t in ops[f"Module.0.Linear.forward.{i}"].items()} for i in (0, 1)
+    )
+    assert first["input.0"].get("unwritten") and first["input.0"]["stats"] is None, first
+    assert not first["output.0"].get("unwritten") and first["output.0"]["stats"], first
+    assert not second["input.0"].get("unwritten") and second["input.0"]["stats"]["max"] == 0.0
+
+
 @pytest.mark.parametrize("level", ["module", "mix"])
 def test_lazy_modules_are_hooked_once_their_parameters_exist(tmp_path: Any, level: str) -> None:
     """A lazy module (``nn.LazyLinear``) has uninitialised parameters until its first

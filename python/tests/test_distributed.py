@@ -535,6 +535,17 @@ stage = PipelineStage(part, r, 2, torch.device("cpu"))
 schedule = ScheduleGPipe(stage, n_microbatches=4, loss_fn=torch.nn.functional.mse_loss)
 opt = torch.optim.SGD(part.parameters(), lr=0.1)
 x, y = torch.randn(8, 8), torch.randn(8, 4)
+if len(sys.argv) > 2 and r == 0:  # the interconnect garbles what stage 0 sends: +5 %
+    real = dist.batch_isend_irecv
+
+    def garbled(ops):
+        return real([
+            dist.P2POp(op.op, op.tensor * 1.05, op.peer, op.group, op.tag)
+            if "send" in op.op.__name__ else op
+            for op in ops
+        ])
+
+    dist.batch_isend_irecv = garbled
 dbg = probe.Debugger(None, dump_path=sys.argv[1], level="mix", mode="statistics")
 for step in range(2):
     dbg.start(part)
@@ -557,33 +568,73 @@ dist.destroy_process_group()
 """
 
 
-def test_pipeline_parallel_schedule_trains_as_without_the_agent(tmp_path: Any) -> None:
-    """A pipeline schedule (torch.distributed.pipelining, GPipe over two stages) builds
-    ``P2POp(dist.isend, ...)`` while the agent's wrappers are in place: P2POp got the
-    wrapper and raised ValueError. The stages now train to the weights of the whole model
-    trained in one process, and each rank's dump holds its stage's ops and the batched
-    sends and receives."""
+def _pipeline_run(tmp_path: Any, name: str, *extra: str) -> str:
     pytest.importorskip("torch.distributed.pipelining")
     script = tmp_path / "pp.py"
     script.write_text(PIPELINE, encoding="utf-8")
     env = dict(os.environ, OMP_NUM_THREADS="1", PYTHONPATH=os.path.join(REPO, "python"))
     cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone"]
-    cmd += ["--nproc_per_node", "2", str(script), str(tmp_path / "d")]
+    cmd += ["--nproc_per_node", "2", str(script), str(tmp_path / name), *extra]
     res = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=TIMEOUT)
     assert res.returncode == 0, res.stderr[-3000:]
+    return str(tmp_path / name)
+
+
+def test_pipeline_parallel_schedule_trains_as_without_the_agent(tmp_path: Any) -> None:
+    """A pipeline schedule (torch.distributed.pipelining, GPipe over two stages) builds
+    ``P2POp(dist.isend, ...)`` while the agent's wrappers are in place: P2POp got the
+    wrapper and raised ValueError. The stages now train to the weights of the whole model
+    trained in one process, and each rank's dump holds its stage's ops and, for each
+    ``P2POp`` of a ``batch_isend_irecv``, the ``isend`` or ``irecv`` it ran: a send and
+    the receive that matches it on the other stage carry the same group and ``coll_seq``
+    and the same values."""
+    d = _pipeline_run(tmp_path, "d")
     for rank in (0, 1):
-        with open(tmp_path / "d" / f"diff{rank}.json", encoding="utf-8") as fh:
+        with open(os.path.join(d, f"diff{rank}.json"), encoding="utf-8") as fh:
             assert json.load(fh) < 1e-6
     for step in range(2):
+        p2p: dict[tuple[str, tuple[int, ...], int], dict[str, Any]] = {}
         for rank, linears in ((0, 1), (1, 2)):
-            path = tmp_path / "d" / f"step{step}" / f"rank{rank}" / "ops.jsonl"
+            path = os.path.join(d, f"step{step}", f"rank{rank}", "ops.jsonl")
             with open(path, encoding="utf-8") as fh:
-                ops = [json.loads(line)["op"] for line in fh]
+                recs = [json.loads(line) for line in fh]
+            ops = [r["op"] for r in recs]
             # 4 microbatches through this stage's Linear layers (and at step 0 the shape
             # inference of recent PyTorch, one more forward).
             fwd = {o for o in ops if o.startswith("Functional.linear.") and o.endswith(".forward")}
             assert len(fwd) == 4 * linears or (step == 0 and len(fwd) > 4 * linears), ops
-            assert any(o.startswith("Distributed.batch_isend_irecv.") for o in ops), ops
+            assert not any(o.startswith("Distributed.batch_isend_irecv.") for o in ops), ops
+            for r in recs:
+                name = r["op"].split(".")[1]
+                if name in ("isend", "irecv") and r["tensors"][0]["dtype"] == "float32":
+                    t = {x["name"].rsplit(".", 2)[-2] + "." + x["name"][-1]: x for x in r["tensors"]}
+                    sent = t["input.0"] if name == "isend" else t["output.0"]
+                    p2p[(name, tuple(r["group"]), r["coll_seq"])] = sent
+        # 4 microbatches' activations forward, their gradients backward
+        sends = {k[1:]: v for k, v in p2p.items() if k[0] == "isend"}
+        recvs = {k[1:]: v for k, v in p2p.items() if k[0] == "irecv"}
+        assert len(sends) == 8 and sends.keys() == recvs.keys(), sorted(p2p)
+        for k, v in sends.items():
+            assert v["stats"] == recvs[k]["stats"] and v["shape"] == recvs[k]["shape"], k
+
+
+def test_pipeline_runs_compare_equal_and_a_garbled_transfer_is_named(tmp_path: Any) -> None:
+    """Two runs of the same pipeline job compare as equal, although recent PyTorch's stage
+    metadata inference runs each stage once on ``torch.empty`` inputs (leftover bytes, and
+    outputs computed from them that differ in every run). A transfer that the interconnect
+    garbles (stage 0 sends 5 % more than it computed) is named as faulty communication: the
+    receive's output differs while the matching send's input agrees."""
+    d = _pipeline_run(tmp_path, "d")
+    again = _pipeline_run(tmp_path, "again")
+    code, s = _compare(d, again, tmp_path / "out")
+    assert code == 0, s["headline"]
+    assert s["counts"]["error"] == 0, s["counts"]
+    bad = _pipeline_run(tmp_path, "garbled", "garbled")
+    code, s = _compare(d, bad, tmp_path / "out2")
+    assert code == 1, s["headline"]
+    origin = s["origin"]
+    assert origin["rank"] == "rank1" and origin["op"].startswith("Distributed.irecv."), s["headline"]
+    assert "communication" in s["headline"], s["headline"]
 
 
 FSDP1 = """

@@ -81,11 +81,15 @@ pub fn evidence_line(r: &Row) -> String {
     s
 }
 
-/// An input of the op read from memory nothing had written on either side: not compared.
+/// An input of the op read from memory nothing had written on either side (not compared),
+/// other than a target the op only writes.
 fn leftover<'a>(rows: &[&'a Row]) -> Option<&'a Row> {
-    rows.iter()
-        .copied()
-        .find(|r| is_input(r) && r.tensor.kind == CompareKind::Unwritten)
+    rows.iter().copied().find(|r| {
+        let key = &r.tensor.op.key;
+        is_input(r)
+            && r.tensor.kind == CompareKind::Unwritten
+            && !key.slot(&r.tensor.name).is_some_and(|s| key.only_writes(s))
+    })
 }
 
 /// Which side of a pair read unwritten memory, for a person.

@@ -291,6 +291,18 @@ pub fn judge(
         // (FSDP's gather buffers before the gather). On one side only, one run read bytes
         // it had not written where the other read values: worth a look, not a divergence.
         CompareKind::Unwritten => match (sb.unwritten(), sc.unwritten()) {
+            (b, c) if sc.overwritten() => {
+                let side = match (b, c) {
+                    (true, true) => "both sides",
+                    (true, false) => "the bench side",
+                    _ => "the cmp side",
+                };
+                let r = format!(
+                    "the op only writes it: what it held before (leftover bytes on {side}) is \
+                     not compared"
+                );
+                verdict(Verdict::Pass, r, 0.0, 0.0)
+            }
             (true, true) => {
                 let r = "unwritten memory on both sides (leftover bytes): not compared";
                 verdict(Verdict::Pass, r.into(), 0.0, 0.0)
@@ -400,7 +412,116 @@ pub fn judge_all(
     let carry_out = if trained { floor.floor } else { carried };
     let ops = Sides::new(dumps.bench.ops, dumps.cmp.ops);
     amplified_noise(&mut pairs, &mut reasons, &ops);
+    from_leftovers(&mut pairs, &mut reasons, &ops);
     Ok((Judged::new(ops, pairs, reasons), unmatched, carry_out))
+}
+
+/// Replaces pair `p`'s reason (or gives it one).
+fn set_reason(p: &mut Pair, reasons: &mut Vec<Box<str>>, reason: String) {
+    let reason = reason.into_boxed_str();
+    match reasons.get_mut(p.reason as usize) {
+        Some(r) => *r = reason,
+        None => {
+            reasons.push(reason);
+            p.reason = (reasons.len() - 1) as u32;
+        }
+    }
+}
+
+/// Outputs computed from leftover bytes that both runs read (memory nothing had written,
+/// recorded as `unwritten` on both sides) differ because the leftovers do, not because of
+/// either run's code: PyTorch's pipeline stages run a forward on `torch.empty` inputs to
+/// learn their output shapes, and two runs of one job then "diverge" there. Walking the
+/// unit in execution order, a differing output of an op that consumed such bytes is a
+/// warning that says so, and what is computed from it (through the dataflow's `src` links)
+/// is not compared any further: a pass, counted as `unwritten`. Outputs that agree stay as
+/// they are and end the chain. (Leftovers on one side only stay the op's finding: one run
+/// read a buffer the other had filled.)
+fn from_leftovers(pairs: &mut [Pair], reasons: &mut Vec<Box<str>>, ops: &Sides<Ops>) {
+    // The values computed from them that differ (comparison-side dataflow ids), and the
+    // forward calls that consumed them: their backward calls' gradients are computed from
+    // them too.
+    let mut tainted: foldhash::HashSet<u64> = foldhash::HashSet::default();
+    let mut calls: foldhash::HashSet<String> = foldhash::HashSet::default();
+    let not_compared = |p: &mut Pair, reasons: &mut Vec<Box<str>>, reason: String| {
+        p.verdict = Verdict::Pass;
+        p.kind = CompareKind::Unwritten;
+        set_reason(p, reasons, reason);
+    };
+    let mut start = 0;
+    while start < pairs.len() {
+        let at = pairs[start].at;
+        let end = start + pairs[start..].iter().take_while(|p| p.at == at).count();
+        let key = ops.cmp.get(at as usize).key();
+        if let Some(twin) = key.forward_twin().filter(|k| calls.contains(k)) {
+            for p in pairs[start..end].iter_mut() {
+                if p.verdict != Verdict::Pass {
+                    let r = format!(
+                        "gradient through {twin}, computed from leftover bytes both runs \
+                         read: not compared"
+                    );
+                    not_compared(p, reasons, r);
+                }
+            }
+            start = end;
+            continue;
+        }
+        // Its inputs computed from them, where they differ: not compared either.
+        for p in &mut pairs[start..end] {
+            let t = Judged::tensors(ops, p).cmp;
+            let from = t.src().filter(|s| tainted.contains(s));
+            if let (Some(src), Role::Input, false) = (from, t.role(), p.verdict == Verdict::Pass) {
+                let r = format!(
+                    "computed from leftover bytes both runs read (dataflow id {src}): not \
+                     compared"
+                );
+                not_compared(p, reasons, r);
+            }
+        }
+        // What it consumed of them: read directly, or computed from them.
+        let fed = pairs[start..end].iter().find_map(|p| {
+            let t = Judged::tensors(ops, p);
+            if t.cmp.role() == Role::Output {
+                return None;
+            }
+            if t.bench.unwritten() && t.cmp.unwritten() && !t.cmp.overwritten() {
+                return Some((t.cmp.name().into_owned(), true));
+            }
+            let src = t.cmp.src().filter(|s| tainted.contains(s))?;
+            Some((format!("{} (dataflow id {src})", t.cmp.name()), false))
+        });
+        let Some((name, direct)) = fed else {
+            start = end;
+            continue;
+        };
+        if key.direction() == Direction::Forward {
+            calls.insert(key.text().to_string());
+        }
+        for p in &mut pairs[start..end] {
+            let t = Judged::tensors(ops, p).cmp;
+            if t.role() != Role::Output || p.verdict == Verdict::Pass {
+                continue;
+            }
+            if let Some(id) = t.id() {
+                tainted.insert(id);
+            }
+            if direct {
+                p.verdict = Verdict::Warning;
+                let was = reasons.get(p.reason as usize).map_or("", |r| &**r);
+                let r = format!(
+                    "{was}; computed from leftover bytes both runs read in {name}: the \
+                     difference is theirs, not this op's"
+                );
+                set_reason(p, reasons, r);
+            } else {
+                let r = format!(
+                    "computed from leftover bytes both runs read, through {name}: not compared"
+                );
+                not_compared(p, reasons, r);
+            }
+        }
+        start = end;
+    }
 }
 
 /// Whether an input agrees only because its values sit at rounding-noise level: the
@@ -438,15 +559,8 @@ fn amplified_noise(pairs: &mut [Pair], reasons: &mut Vec<Box<str>>, ops: &Sides<
                         "{was}; input {name} agrees only within atol (values at rounding-noise \
                          level, scale-free error {raw:.3e}): amplified noise (e.g. Adam's \
                          normalised update of a zero gradient), not this op's error"
-                    )
-                    .into_boxed_str();
-                    match reasons.get_mut(p.reason as usize) {
-                        Some(r) => *r = reason,
-                        None => {
-                            reasons.push(reason);
-                            p.reason = (reasons.len() - 1) as u32;
-                        }
-                    }
+                    );
+                    set_reason(p, reasons, reason);
                 }
             }
         }

@@ -976,6 +976,13 @@ impl<'a> Tensor<'a> {
         self.slot().bits & UNWRITTEN != 0
     }
 
+    /// Whether it is the value before the call of a target the op only writes
+    /// ([`crate::op_key::WRITE_ONLY_APIS`]): not something the op computes from.
+    pub fn overwritten(self) -> bool {
+        self.slot_name()
+            .is_some_and(|s| self.op().key().only_writes(s))
+    }
+
     /// Its parts, for a builder; the name as stored (the caller gives the full name).
     fn parts(self) -> TensorIn<'a> {
         TensorIn {

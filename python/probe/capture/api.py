@@ -493,6 +493,18 @@ _Pending = tuple[
 ]
 
 
+#: Recorded as the sends and receives it runs (:meth:`ApiCapture._batch_p2p`).
+_BATCH_P2P = "Distributed.batch_isend_irecv"
+
+
+class _Works:
+    """The handles a coalesced batch of receives waits for, as ``Waits.coalesced`` reads a
+    coalescing manager's."""
+
+    def __init__(self, works: list[Any]) -> None:
+        self.works = works
+
+
 class ApiCapture:
     """Captures the calls of hooked APIs for one Debugger (reached only while
     ``tls.active``)."""
@@ -538,6 +550,8 @@ class ApiCapture:
         byte (``test_capture.py`` runs both). Overflow mode, an api_list (which may select
         one direction only) and collectives take the general path."""
         dbg = self._dbg
+        if api == _BATCH_P2P and not dbg._overflow:
+            return self._batch_p2p(orig, args, kwargs)
         plain = False
         if not (self._bwd and torch.is_grad_enabled()):
             if dbg._overflow:
@@ -579,6 +593,69 @@ class ApiCapture:
                     out = self._post(ctx, args, kwargs, out)
         except Exception as exc:  # noqa: BLE001
             dbg._guard.fail(exc, f"capturing outputs of {api}")
+        finally:
+            tls.active = dbg._api_on
+        return out
+
+    def _batch_p2p(
+        self, orig: Callable[..., Any], args: tuple[Any, ...], kwargs: dict[str, Any]
+    ) -> Any:
+        """``batch_isend_irecv(ops)``: each ``P2POp`` is recorded as the ``isend`` or
+        ``irecv`` it runs, with its tensor and the ``group``/``coll_seq`` of its rank pair,
+        so that what a pipeline stage sends is paired with what the next one receives
+        (compare's cross-rank analysis) as it is for single sends. The batch itself has no
+        tensors to record. A receive's record is finished once its handle is waited on;
+        when the backend coalesces the batch into fewer handles, once all of them are."""
+        dbg = self._dbg
+        tls.active = False
+        sends: list[tuple[str, _Pending, tuple[Any, ...], dict[str, Any]]] = []
+        recvs: list[tuple[int, str, _Pending, tuple[Any, ...], dict[str, Any]]] = []
+        ops: list[Any] = []
+        try:
+            with dbg._lock:
+                ops = list(args[0] if args else kwargs.get("p2p_op_list", ()))
+                for i, op in enumerate(ops):
+                    fn = getattr(op.op, "__probe_wrapped__", op.op)
+                    name = "isend" if "send" in getattr(fn, "__name__", "") else "irecv"
+                    api = f"Distributed.{name}"
+                    a = (op.tensor,)
+                    k = {"dst" if name == "isend" else "src": int(op.peer)}
+                    ctx = self._pre(api, name == "irecv", a, k)
+                    if ctx is None:
+                        continue
+                    meta = dbg._collectives.meta(api, fn, a, k)
+                    if meta is not None:
+                        ctx[0].group, ctx[0].coll_seq = meta
+                    if name == "isend":
+                        sends.append((api, ctx, a, k))
+                    else:
+                        recvs.append((i, api, ctx, a, k))
+        except Exception as exc:  # noqa: BLE001
+            dbg._guard.fail(exc, f"capturing inputs of {_BATCH_P2P}")
+            sends, recvs = [], []
+        try:
+            out = orig(*args, **kwargs)
+        finally:
+            tls.active = dbg._api_on
+        if not (sends or recvs):
+            return out
+        tls.active = False
+        try:
+            with dbg._lock:
+                for _, ctx, a, k in sends:
+                    self._post(ctx, a, k, None)
+                works = list(out) if isinstance(out, (list, tuple)) else []
+                finish = [
+                    (i, api, functools.partial(self._post, ctx, a, k))
+                    for i, api, ctx, a, k in recvs
+                ]
+                if works and len(works) == len(ops):  # a handle per op (gloo)
+                    for i, api, done in finish:
+                        self.waits.defer(api, works[i], done)
+                elif finish:  # coalesced: the receives wait for every handle
+                    self.waits.coalesced([(api, done) for _, api, done in finish], _Works(works))
+        except Exception as exc:  # noqa: BLE001
+            dbg._guard.fail(exc, f"capturing outputs of {_BATCH_P2P}")
         finally:
             tls.active = dbg._api_on
         return out

@@ -22,7 +22,7 @@ import torch
 
 from .api import alias_of, in_recompute, in_transform, tls
 from .compiled import compiling, module_tree
-from .records import OpRecord, results, walk
+from .records import UNWRITTEN, Captured, Dataflow, Known, OpRecord, results, walk
 
 _is_lazy: Callable[[Any], bool] = getattr(torch.nn.parameter, "is_lazy", lambda p: False)
 
@@ -35,6 +35,16 @@ if TYPE_CHECKING:
 # A selected module call's forward record, backward record (None without autograd), and
 # whether the forward record is written (an api_list entry may select the backward only).
 _Pending = tuple[OpRecord, Optional[OpRecord], bool]
+
+
+def _leftover(
+    flow: Optional[Dataflow], t: torch.Tensor, same: Optional[Known]
+) -> Optional[Captured]:
+    """:data:`UNWRITTEN` for a module's input or output over memory nothing has written yet
+    (as an API call's: ``ApiCapture._record_input``), else None."""
+    if flow is not None and same is None and flow.fresh and flow.unwritten(t):
+        return UNWRITTEN
+    return None
 
 
 class ModuleHooks:
@@ -223,7 +233,9 @@ class ModuleHooks:
             nonlocal changed
             if want_in:
                 src, same, mem = flow.source(t) if flow is not None else (None, None, None)
-                rec = dbg._add_tensor(fwd, f"{fwd.key}.{name}", "input", t, True, same_as=same)
+                rec = dbg._add_tensor(
+                    fwd, f"{fwd.key}.{name}", "input", t, True, _leftover(flow, t, same), same
+                )
                 if src is not None:
                     rec["src"] = src
                 if same is None and flow is not None:
@@ -263,7 +275,7 @@ class ModuleHooks:
                 # Mix level: the output of the op inside that made it has its stats already.
                 same, mem = flow.find(t) if flow is not None else (None, None)
                 rec: TensorRecord = dbg._add_tensor(
-                    fwd, f"{fwd.key}.{name}", "output", t, same_as=same
+                    fwd, f"{fwd.key}.{name}", "output", t, False, _leftover(flow, t, same), same
                 )
                 if flow is not None:
                     rec["id"] = flow.register(t, folder, fwd.entries[-1], mem)
