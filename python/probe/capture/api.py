@@ -608,7 +608,7 @@ class ApiCapture:
         when the backend coalesces the batch into fewer handles, once all of them are."""
         dbg = self._dbg
         tls.active = False
-        sends: list[tuple[str, _Pending, tuple[Any, ...], dict[str, Any]]] = []
+        sends: list[tuple[_Pending, tuple[Any, ...], dict[str, Any]]] = []
         recvs: list[tuple[int, str, _Pending, tuple[Any, ...], dict[str, Any]]] = []
         ops: list[Any] = []
         try:
@@ -627,7 +627,7 @@ class ApiCapture:
                     if meta is not None:
                         ctx[0].group, ctx[0].coll_seq = meta
                     if name == "isend":
-                        sends.append((api, ctx, a, k))
+                        sends.append((ctx, a, k))
                     else:
                         recvs.append((i, api, ctx, a, k))
         except Exception as exc:  # noqa: BLE001
@@ -642,7 +642,7 @@ class ApiCapture:
         tls.active = False
         try:
             with dbg._lock:
-                for _, ctx, a, k in sends:
+                for ctx, a, k in sends:
                     self._post(ctx, a, k, None)
                 works = list(out) if isinstance(out, (list, tuple)) else []
                 finish = [
