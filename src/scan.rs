@@ -358,8 +358,25 @@ pub fn scan_unit(dump: RankDump, opts: &ScanOptions) -> ScanUnit {
     // call saved, so NaN there is inherited, not produced.
     let mut forward_rows: std::collections::HashMap<&str, std::ops::Range<usize>> =
         std::collections::HashMap::new();
+    // Values computed from leftover bytes (dataflow ids), with the input that read them.
+    let mut from_leftover: std::collections::HashMap<u64, String> =
+        std::collections::HashMap::new();
     for op in ops.iter() {
         let info = OpInfo::of(op);
+        // The input that read leftover bytes this op computes from, here or earlier.
+        let origin = op.tensors().filter(|&t| is_input(t, op)).find_map(|t| {
+            if t.unwritten() && !t.overwritten() {
+                return Some(t.name().into_owned());
+            }
+            t.src().and_then(|s| from_leftover.get(&s).cloned())
+        });
+        if let Some(o) = &origin {
+            for t in op.tensors().filter(|&t| !is_input(t, op)) {
+                if let Some(id) = t.id() {
+                    from_leftover.insert(id, o.clone());
+                }
+            }
+        }
         let float_inputs: Vec<Tensor> = op
             .tensors()
             .filter(|&t| is_input(t, op) && is_float(t))
@@ -425,21 +442,29 @@ pub fn scan_unit(dump: RankDump, opts: &ScanOptions) -> ScanUnit {
         } else if let Some(out) = bad_out {
             let slot = findings.first_nonfinite.slot(phase);
             if slot.is_none() {
-                let expl = match leftover(&group) {
-                    Some(u) => format!(
+                let expl = match (leftover(&group), &origin) {
+                    (Some(u), _) => format!(
                         "input {} read memory nothing had written (leftover bytes, not \
                          scanned) and its other inputs are finite, yet output {} holds {}: \
                          leftover bytes read as values (an uninitialised buffer) are the \
                          likely cause",
                         u.name, out.name, out.reason
                     ),
-                    None => format!(
+                    (None, Some(u)) => format!(
+                        "its inputs are finite but computed from leftover bytes ({u} read \
+                         memory nothing had written), and output {} holds {}: leftover bytes \
+                         read as values (an uninitialised buffer) are the likely cause",
+                        out.name, out.reason
+                    ),
+                    (None, None) => format!(
                         "all inputs are finite, yet output {} holds {}: the first op \
                          producing NaN/Inf in this phase",
                         out.name, out.reason
                     ),
                 };
-                *slot = Some(finding(unit, &stacks, &group, out, expl));
+                let mut f = finding(unit, &stacks, &group, out, expl);
+                f.leftover = origin.clone();
+                *slot = Some(f);
             }
         }
         if let Some(r) = group.iter().find(|r| r.flag == Flag::OverflowRisk) {

@@ -328,3 +328,62 @@ fn a_target_the_op_only_writes_is_not_what_it_computed_from() {
     assert_eq!(target[1..3], ["unwritten", "pass"], "{rows:?}");
     assert!(target[3].starts_with("the op only writes it"), "{target:?}");
 }
+
+#[test]
+fn scan_traces_nan_computed_from_leftover_bytes_to_them() {
+    // `add` reads leftover bytes into a finite but huge value; `mul` squares it past
+    // float32: the NaN/Inf producer is `mul`, computed from the leftovers `add` read.
+    let d = tempfile::tempdir().unwrap();
+    let dump = d.path().join("run");
+    let mut a = op(
+        "Tensor.add.0.forward",
+        &[
+            ("input.0", "input", vec![0.0; 4]),
+            ("input.1", "input", vec![1.0; 4]),
+            ("output.0", "output", vec![3e20; 4]),
+        ],
+        &[0],
+    );
+    a.tensors[2].id = Some(1);
+    let mut m = op(
+        "Tensor.mul.0.forward",
+        &[
+            ("input.0", "input", vec![3e20; 4]),
+            ("output.0", "output", vec![f32::INFINITY; 4]),
+        ],
+        &[],
+    );
+    m.tensors[0].src = Some(1);
+    m.tensors[1].id = Some(2);
+    m.tensors[1].stats = Some(probe::schema::dump::StatsRecord {
+        max: Stat(Some(f64::INFINITY)),
+        min: Stat(Some(f64::INFINITY)),
+        mean: Stat(Some(f64::INFINITY)),
+        norm: Stat(Some(f64::INFINITY)),
+        nan: Some(0),
+        inf: Some(4),
+    });
+    write_op_log(&dump, vec![a, m]);
+    let out = d.path().join("scan");
+    let o = scan(&dump, &out, &[]);
+    assert_eq!(o.code, 1, "{}{}", o.stdout, o.stderr);
+    let s: serde_json::Value =
+        serde_json::from_str(&std::fs::read_to_string(out.join("summary.json")).unwrap()).unwrap();
+    let f = &s["first_nonfinite"]["forward"];
+    assert_eq!(f["op"], "Tensor.mul.0.forward", "{s}");
+    assert_eq!(f["leftover"], "Tensor.add.0.forward.input.0", "{f}");
+    assert!(
+        f["explanation"]
+            .as_str()
+            .unwrap()
+            .starts_with("its inputs are finite but computed from leftover bytes"),
+        "{f}"
+    );
+    assert!(
+        s["headline"]
+            .as_str()
+            .unwrap()
+            .contains("from leftover bytes in Tensor.add.0.forward.input.0"),
+        "{s}"
+    );
+}
