@@ -433,11 +433,19 @@ fn set_reason(p: &mut Pair, reasons: &mut Vec<Box<str>>, reason: String) {
 /// either run's code: PyTorch's pipeline stages run a forward on `torch.empty` inputs to
 /// learn their output shapes, and two runs of one job then "diverge" there. Walking the
 /// unit in execution order, a differing output of an op that consumed such bytes is a
-/// warning that says so, and what is computed from it (through the dataflow's `src` links)
-/// is not compared any further: a pass, counted as `unwritten`. Outputs that agree stay as
-/// they are and end the chain. (Leftovers on one side only stay the op's finding: one run
-/// read a buffer the other had filled.)
+/// warning that says so, and what is computed from it (through the dataflow's `src` links,
+/// and in the backward calls of the forward calls that consumed it) is not compared any
+/// further: a pass, counted as `unwritten`. Outputs that agree stay as they are and end the
+/// chain. (Leftovers on one side only stay the op's finding: one run read a buffer the
+/// other had filled.)
 fn from_leftovers(pairs: &mut [Pair], reasons: &mut Vec<Box<str>>, ops: &Sides<Ops>) {
+    let both = |p: &Pair| {
+        let t = Judged::tensors(ops, p);
+        t.bench.unwritten() && t.cmp.unwritten()
+    };
+    if !pairs.iter().any(both) {
+        return; // (most units: one pass over the pairs, nothing to trace)
+    }
     // The values computed from them that differ (comparison-side dataflow ids), and the
     // forward calls that consumed them: their backward calls' gradients are computed from
     // them too.
@@ -453,7 +461,10 @@ fn from_leftovers(pairs: &mut [Pair], reasons: &mut Vec<Box<str>>, ops: &Sides<O
         let at = pairs[start].at;
         let end = start + pairs[start..].iter().take_while(|p| p.at == at).count();
         let key = ops.cmp.get(at as usize).key();
-        if let Some(twin) = key.forward_twin().filter(|k| calls.contains(k)) {
+        let twin = (!calls.is_empty() && key.direction() == Direction::Backward)
+            .then(|| key.forward_twin())
+            .flatten();
+        if let Some(twin) = twin.filter(|k| calls.contains(k)) {
             for p in pairs[start..end].iter_mut() {
                 if p.verdict != Verdict::Pass {
                     let r = format!(
