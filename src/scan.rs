@@ -43,6 +43,9 @@ pub enum Flag {
     OverflowRisk,
     /// Holds NaN or +Inf (or non-finite statistics of unknown sign).
     NonFinite,
+    /// Holds NaN or +Inf computed from leftover bytes (memory nothing had written): what
+    /// an uninitialised buffer gives, and by design a pipeline stage's shape inference.
+    Leftover,
 }
 
 impl Flag {
@@ -54,6 +57,7 @@ impl Flag {
             Flag::Underflow => "underflow",
             Flag::OverflowRisk => "overflow risk",
             Flag::NonFinite => "nan/inf",
+            Flag::Leftover => "nan/inf from leftover bytes",
         }
     }
 
@@ -61,7 +65,7 @@ impl Flag {
     pub fn verdict(self) -> Verdict {
         match self {
             Flag::Finite | Flag::NegInfOnly => Verdict::Pass,
-            Flag::Underflow | Flag::OverflowRisk => Verdict::Warning,
+            Flag::Underflow | Flag::OverflowRisk | Flag::Leftover => Verdict::Warning,
             Flag::NonFinite => Verdict::Error,
         }
     }
@@ -358,23 +362,34 @@ pub fn scan_unit(dump: RankDump, opts: &ScanOptions) -> ScanUnit {
     // call saved, so NaN there is inherited, not produced.
     let mut forward_rows: std::collections::HashMap<&str, std::ops::Range<usize>> =
         std::collections::HashMap::new();
-    // Values computed from leftover bytes (dataflow ids), with the input that read them.
+    // Values computed from leftover bytes (dataflow ids), and the forward calls that
+    // computed from them (their backward calls do too), with the input that read them.
     let mut from_leftover: std::collections::HashMap<u64, String> =
         std::collections::HashMap::new();
+    let mut calls: std::collections::HashMap<String, String> = std::collections::HashMap::new();
     for op in ops.iter() {
         let info = OpInfo::of(op);
         // The input that read leftover bytes this op computes from, here or earlier.
-        let origin = op.tensors().filter(|&t| is_input(t, op)).find_map(|t| {
-            if t.unwritten() && !t.overwritten() {
-                return Some(t.name().into_owned());
-            }
-            t.src().and_then(|s| from_leftover.get(&s).cloned())
+        let twin = (!calls.is_empty() && op.direction() == Direction::Backward)
+            .then(|| op.key().forward_twin())
+            .flatten();
+        let from_twin = twin.and_then(|k| calls.get(&k).cloned());
+        let origin = from_twin.clone().or_else(|| {
+            op.tensors().filter(|&t| is_input(t, op)).find_map(|t| {
+                if t.unwritten() && !t.overwritten() {
+                    return Some(t.name().into_owned());
+                }
+                t.src().and_then(|s| from_leftover.get(&s).cloned())
+            })
         });
         if let Some(o) = &origin {
             for t in op.tensors().filter(|&t| !is_input(t, op)) {
                 if let Some(id) = t.id() {
                     from_leftover.insert(id, o.clone());
                 }
+            }
+            if op.direction() == Direction::Forward {
+                calls.insert(op.key().text().to_string(), o.clone());
             }
         }
         let float_inputs: Vec<Tensor> = op
@@ -392,6 +407,16 @@ pub fn scan_unit(dump: RankDump, opts: &ScanOptions) -> ScanUnit {
                 if let Some(r) = cast_overflow(op) {
                     (flag, reason) = (Flag::OverflowRisk, r);
                 }
+            }
+            // NaN/Inf computed from leftover bytes: this op's, or an input's from earlier.
+            let derived = if is_input(t, op) && from_twin.is_none() {
+                t.src().and_then(|s| from_leftover.get(&s))
+            } else {
+                origin.as_ref()
+            };
+            if let (Flag::NonFinite, Some(o)) = (flag, derived) {
+                flag = Flag::Leftover;
+                reason = format!("{reason}, computed from leftover bytes read as {o}");
             }
             rows.push(ScanRow {
                 op: info.clone(),
@@ -442,29 +467,29 @@ pub fn scan_unit(dump: RankDump, opts: &ScanOptions) -> ScanUnit {
         } else if let Some(out) = bad_out {
             let slot = findings.first_nonfinite.slot(phase);
             if slot.is_none() {
-                let expl = match (leftover(&group), &origin) {
-                    (Some(u), _) => format!(
-                        "input {} read memory nothing had written (leftover bytes, not \
-                         scanned) and its other inputs are finite, yet output {} holds {}: \
-                         leftover bytes read as values (an uninitialised buffer) are the \
-                         likely cause",
-                        u.name, out.name, out.reason
-                    ),
-                    (None, Some(u)) => format!(
-                        "its inputs are finite but computed from leftover bytes ({u} read \
-                         memory nothing had written), and output {} holds {}: leftover bytes \
-                         read as values (an uninitialised buffer) are the likely cause",
-                        out.name, out.reason
-                    ),
-                    (None, None) => format!(
-                        "all inputs are finite, yet output {} holds {}: the first op \
-                         producing NaN/Inf in this phase",
-                        out.name, out.reason
-                    ),
-                };
+                let expl = format!(
+                    "all inputs are finite, yet output {} holds {}: the first op producing \
+                     NaN/Inf in this phase",
+                    out.name, out.reason
+                );
+                *slot = Some(finding(unit, &stacks, &group, out, expl));
+            }
+        }
+        if findings.leftover_nonfinite.is_none() {
+            let out = group
+                .iter()
+                .find(|r| !r.consumed() && r.flag == Flag::Leftover);
+            if let (Some(out), Some(o)) = (out, &origin) {
+                let expl = format!(
+                    "output {} holds NaN/Inf computed from leftover bytes: {o} read memory \
+                     nothing had written. An uninitialised buffer, unless the result is \
+                     thrown away (a pipeline stage's shape inference runs on torch.empty \
+                     inputs by design)",
+                    out.name
+                );
                 let mut f = finding(unit, &stacks, &group, out, expl);
-                f.leftover = origin.clone();
-                *slot = Some(f);
+                f.leftover = Some(o.clone());
+                findings.leftover_nonfinite = Some(f);
             }
         }
         if let Some(r) = group.iter().find(|r| r.flag == Flag::OverflowRisk) {
@@ -555,6 +580,7 @@ pub fn summarize(run: &ScanRun, fail_on: FailOn) -> ScanSummary {
         for r in &u.rows {
             match r.flag {
                 Flag::NonFinite => c.nonfinite += 1,
+                Flag::Leftover => c.nonfinite_from_leftover += 1,
                 Flag::NegInfOnly => c.neg_inf_only += 1,
                 Flag::OverflowRisk => c.overflow_risk += 1,
                 Flag::Underflow => c.underflow += 1,
@@ -565,7 +591,7 @@ pub fn summarize(run: &ScanRun, fail_on: FailOn) -> ScanSummary {
     }
     let verdict = if c.nonfinite > 0 {
         Verdict::Error
-    } else if c.overflow_risk + c.underflow > 0 {
+    } else if c.overflow_risk + c.underflow + c.nonfinite_from_leftover > 0 {
         Verdict::Warning
     } else {
         Verdict::Pass
@@ -587,7 +613,11 @@ pub fn summarize(run: &ScanRun, fail_on: FailOn) -> ScanSummary {
     };
     let first_nonfinite = first(|f| &f.first_nonfinite);
     let external_nonfinite = first(|f| &f.external_nonfinite);
-    let headline = scan_headline(verdict, &c, run);
+    let leftover_nonfinite = run
+        .units
+        .iter()
+        .find_map(|u| u.findings.leftover_nonfinite.clone());
+    let headline = scan_headline(verdict, &c, run, leftover_nonfinite.as_ref());
     ScanSummary {
         format: "probe-scan-summary".into(),
         version: 1,
@@ -599,6 +629,7 @@ pub fn summarize(run: &ScanRun, fail_on: FailOn) -> ScanSummary {
         counts: c,
         first_nonfinite,
         external_nonfinite,
+        leftover_nonfinite,
         units: run
             .units
             .iter()
@@ -616,7 +647,12 @@ pub fn summarize(run: &ScanRun, fail_on: FailOn) -> ScanSummary {
     }
 }
 
-fn scan_headline(verdict: Verdict, c: &ScanCounts, run: &ScanRun) -> String {
+fn scan_headline(
+    verdict: Verdict,
+    c: &ScanCounts,
+    run: &ScanRun,
+    leftover: Option<&Finding>,
+) -> String {
     if c.tensors == 0 {
         return if run.overflow {
             "CLEAN: nothing overflowed (this overflow-mode dump records only ops that produced NaN/Inf)".into()
@@ -657,6 +693,18 @@ fn scan_headline(verdict: Verdict, c: &ScanCounts, run: &ScanRun) -> String {
             }
             None => {}
         }
+    }
+    if let (Verdict::Warning, Some(x)) = (verdict, leftover) {
+        return format!(
+            "NaN/Inf only computed from leftover bytes: first by {} {} ({} {}/{}, tensor {}); \
+             an uninitialised buffer unless its result is thrown away",
+            x.op,
+            x.nonfinite_from(),
+            x.direction.name(),
+            x.step,
+            x.rank,
+            x.tensor
+        );
     }
     match verdict {
         Verdict::Error => format!("NaN/Inf in {} tensors", c.nonfinite),

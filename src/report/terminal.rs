@@ -25,6 +25,12 @@ pub fn scan_terminal_summary(s: &ScanSummary) -> String {
         "  {} tensors in {} ops ({} step/rank folders): {} with NaN/Inf, {} -inf only, {} at overflow risk, {} underflowed; {} steps skipped by the loss scaler\n",
         c.tensors, c.ops, c.units, c.nonfinite, c.neg_inf_only, c.overflow_risk, c.underflow, c.loss_scaler_skipped_steps
     );
+    if c.nonfinite_from_leftover > 0 {
+        out += &format!(
+            "  {} more with NaN/Inf computed from leftover bytes (a warning)\n",
+            c.nonfinite_from_leftover
+        );
+    }
     let list = [
         (
             "  NaN/Inf enters from outside (forward)",
@@ -47,6 +53,9 @@ pub fn scan_terminal_summary(s: &ScanSummary) -> String {
         if let Some(f) = f {
             show(&mut out, title, f);
         }
+    }
+    if let Some(f) = &s.leftover_nonfinite {
+        show(&mut out, "  first NaN/Inf computed from leftover bytes", f);
     }
     if let Some(f) = s
         .units

@@ -19,6 +19,10 @@ pub struct ScanFindings {
     pub underflow: Vec<Finding>,
     /// The step was skipped by the loss scaler (a `found_inf` was set).
     pub loss_scaler_skipped: bool,
+    /// The first op whose NaN/Inf is computed from leftover bytes (memory nothing had
+    /// written: an uninitialised buffer, or a pipeline stage's shape inference).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub leftover_nonfinite: Option<Finding>,
 }
 
 /// Tensor counts of a scan.
@@ -40,6 +44,9 @@ pub struct ScanCounts {
     pub underflow: usize,
     /// Steps the loss scaler skipped.
     pub loss_scaler_skipped_steps: usize,
+    /// Tensors holding NaN/Inf computed from leftover bytes (a warning, not an error).
+    #[serde(default)]
+    pub nonfinite_from_leftover: usize,
 }
 
 /// One step/rank in the scan summary.
@@ -82,6 +89,9 @@ pub struct ScanSummary {
     pub first_nonfinite: ByDirection,
     /// NaN/Inf entering from outside the captured ops, per phase.
     pub external_nonfinite: ByDirection,
+    /// The first NaN/Inf computed from leftover bytes, over all steps/ranks.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub leftover_nonfinite: Option<Finding>,
     /// Every step/rank with its findings.
     pub units: Vec<UnitScan>,
     /// Non-fatal problems.
