@@ -629,6 +629,17 @@ def test_pipeline_runs_compare_equal_and_a_garbled_transfer_is_named(tmp_path: A
     code, s = _compare(d, again, tmp_path / "out")
     assert code == 0, s["headline"]
     assert s["counts"]["error"] == 0, s["counts"]
+    # Scanned alone, the run holds no NaN/Inf but what may come of those leftover bytes
+    # (a warning: a clean run's shape inference produced NaN there now and then).
+    res = subprocess.run(
+        [probe_bin(), "scan", d, "-o", str(tmp_path / "scan")],
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert res.returncode == 0, res.stdout
+    with open(tmp_path / "scan" / "summary.json", encoding="utf-8") as fh:
+        assert json.load(fh)["counts"]["nonfinite"] == 0
     bad = _pipeline_run(tmp_path, "garbled", "garbled")
     code, s = _compare(d, bad, tmp_path / "out2")
     assert code == 1, s["headline"]
