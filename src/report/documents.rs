@@ -292,6 +292,10 @@ impl Document for ScanDocument<'_> {
             ("ops", c.ops.to_string()),
             ("tensors", c.tensors.to_string()),
             ("with NaN/Inf", c.nonfinite.to_string()),
+            (
+                "with NaN/Inf from leftover bytes",
+                c.nonfinite_from_leftover.to_string(),
+            ),
             ("-inf only (masks)", c.neg_inf_only.to_string()),
             (
                 "overflow risk / underflow",
@@ -320,6 +324,9 @@ impl Document for ScanDocument<'_> {
                 &s.external_nonfinite.backward,
             ),
         ]);
+        if let Some(f) = &s.leftover_nonfinite {
+            found.push(("NaN/Inf from leftover bytes".into(), f.clone()));
+        }
         for u in &s.units {
             for f in u.findings.overflow_risk.iter().take(3) {
                 found.push(("overflow risk".into(), f.clone()));
