@@ -65,8 +65,10 @@ impl Flag {
     pub fn verdict(self) -> Verdict {
         match self {
             Flag::Finite | Flag::NegInfOnly => Verdict::Pass,
-            Flag::Underflow | Flag::OverflowRisk | Flag::Leftover => Verdict::Warning,
-            Flag::NonFinite => Verdict::Error,
+            Flag::Underflow | Flag::OverflowRisk => Verdict::Warning,
+            // An error still: memory that code the agent does not see (a C++ extension's
+            // kernel) wrote can look unwritten, and a real NaN must not pass as a warning.
+            Flag::NonFinite | Flag::Leftover => Verdict::Error,
         }
     }
 }
@@ -589,9 +591,9 @@ pub fn summarize(run: &ScanRun, fail_on: FailOn) -> ScanSummary {
         }
         c.loss_scaler_skipped_steps += u.findings.loss_scaler_skipped as usize;
     }
-    let verdict = if c.nonfinite > 0 {
+    let verdict = if c.nonfinite + c.nonfinite_from_leftover > 0 {
         Verdict::Error
-    } else if c.overflow_risk + c.underflow + c.nonfinite_from_leftover > 0 {
+    } else if c.overflow_risk + c.underflow > 0 {
         Verdict::Warning
     } else {
         Verdict::Pass
@@ -694,10 +696,11 @@ fn scan_headline(
             None => {}
         }
     }
-    if let (Verdict::Warning, Some(x)) = (verdict, leftover) {
+    if let (Verdict::Error, Some(x), 0) = (verdict, leftover, c.nonfinite) {
         return format!(
             "NaN/Inf only computed from leftover bytes: first by {} {} ({} {}/{}, tensor {}); \
-             an uninitialised buffer unless its result is thrown away",
+             an uninitialised buffer unless its result is thrown away (a pipeline stage's \
+             shape inference)",
             x.op,
             x.nonfinite_from(),
             x.direction.name(),

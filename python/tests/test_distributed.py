@@ -619,25 +619,27 @@ def test_pipeline_parallel_schedule_trains_as_without_the_agent(tmp_path: Any) -
 
 
 def test_pipeline_runs_compare_equal_and_a_garbled_transfer_is_named(tmp_path: Any) -> None:
-    """Two runs of the same pipeline job compare as equal, although recent PyTorch's stage
+    """Two runs of the same pipeline job do not diverge, although recent PyTorch's stage
     metadata inference runs each stage once on ``torch.empty`` inputs (leftover bytes, and
-    outputs computed from them that differ in every run). A transfer that the interconnect
-    garbles (stage 0 sends 5 % more than it computed) is named as faulty communication: the
-    receive's output differs while the matching send's input agrees."""
+    outputs computed from them that differ from run to run): what is computed from them is
+    not compared, which makes the comparison incomplete (exit 4) where they differ, and a
+    pass where they happen to agree. A transfer that the interconnect garbles (stage 0
+    sends 5 % more than it computed) is named as faulty communication: the receive's output
+    differs while the matching send's input agrees."""
     d = _pipeline_run(tmp_path, "d")
     again = _pipeline_run(tmp_path, "again")
     code, s = _compare(d, again, tmp_path / "out")
-    assert code == 0, s["headline"]
     assert s["counts"]["error"] == 0, s["counts"]
+    assert code == 0 or (code == 4 and "computed from leftover bytes" in s["headline"]), s["headline"]
     # Scanned alone, the run holds no NaN/Inf but what may come of those leftover bytes
-    # (a warning: a clean run's shape inference produced NaN there now and then).
+    # (counted apart: a clean run's shape inference produced NaN there now and then).
     res = subprocess.run(
         [probe_bin(), "scan", d, "-o", str(tmp_path / "scan")],
         capture_output=True,
         text=True,
         timeout=120,
     )
-    assert res.returncode == 0, res.stdout
+    assert res.returncode == 0 or "only computed from leftover bytes" in res.stdout, res.stdout
     with open(tmp_path / "scan" / "summary.json", encoding="utf-8") as fh:
         assert json.load(fh)["counts"]["nonfinite"] == 0
     bad = _pipeline_run(tmp_path, "garbled", "garbled")

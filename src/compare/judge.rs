@@ -412,8 +412,12 @@ pub fn judge_all(
     let carry_out = if trained { floor.floor } else { carried };
     let ops = Sides::new(dumps.bench.ops, dumps.cmp.ops);
     amplified_noise(&mut pairs, &mut reasons, &ops);
-    from_leftovers(&mut pairs, &mut reasons, &ops);
-    Ok((Judged::new(ops, pairs, reasons), unmatched, carry_out))
+    let leftovers = from_leftovers(&mut pairs, &mut reasons, &ops);
+    Ok((
+        Judged::new(ops, pairs, reasons, leftovers),
+        unmatched,
+        carry_out,
+    ))
 }
 
 /// Replaces pair `p`'s reason (or gives it one).
@@ -437,15 +441,23 @@ fn set_reason(p: &mut Pair, reasons: &mut Vec<Box<str>>, reason: String) {
 /// and in the backward calls of the forward calls that consumed it) is not compared any
 /// further: a pass, counted as `unwritten`. Outputs that agree stay as they are and end the
 /// chain. (Leftovers on one side only stay the op's finding: one run read a buffer the
-/// other had filled.)
-fn from_leftovers(pairs: &mut [Pair], reasons: &mut Vec<Box<str>>, ops: &Sides<Ops>) {
+/// other had filled.) Returns how many pairs it took out and the op where that starts:
+/// the unit is then incomplete, since memory that code the agent does not see (a C++
+/// extension's kernel) wrote can look unwritten, and what differs there must not pass.
+fn from_leftovers(
+    pairs: &mut [Pair],
+    reasons: &mut Vec<Box<str>>,
+    ops: &Sides<Ops>,
+) -> Option<(usize, String)> {
     let both = |p: &Pair| {
         let t = Judged::tensors(ops, p);
         t.bench.unwritten() && t.cmp.unwritten()
     };
     if !pairs.iter().any(both) {
-        return; // (most units: one pass over the pairs, nothing to trace)
+        return None; // (most units: one pass over the pairs, nothing to trace)
     }
+    let mut taken = 0usize;
+    let mut first: Option<String> = None;
     // The values computed from them that differ (comparison-side dataflow ids), and the
     // forward calls that consumed them: their backward calls' gradients are computed from
     // them too.
@@ -472,6 +484,7 @@ fn from_leftovers(pairs: &mut [Pair], reasons: &mut Vec<Box<str>>, ops: &Sides<O
                          read: not compared"
                     );
                     not_compared(p, reasons, r);
+                    taken += 1;
                 }
             }
             start = end;
@@ -487,6 +500,7 @@ fn from_leftovers(pairs: &mut [Pair], reasons: &mut Vec<Box<str>>, ops: &Sides<O
                      compared"
                 );
                 not_compared(p, reasons, r);
+                taken += 1;
             }
         }
         // What it consumed of them: read directly, or computed from them.
@@ -516,7 +530,9 @@ fn from_leftovers(pairs: &mut [Pair], reasons: &mut Vec<Box<str>>, ops: &Sides<O
             if let Some(id) = t.id() {
                 tainted.insert(id);
             }
+            taken += 1;
             if direct {
+                first.get_or_insert_with(|| key.text().to_string());
                 p.verdict = Verdict::Warning;
                 let was = reasons.get(p.reason as usize).map_or("", |r| &**r);
                 let r = format!(
@@ -533,6 +549,7 @@ fn from_leftovers(pairs: &mut [Pair], reasons: &mut Vec<Box<str>>, ops: &Sides<O
         }
         start = end;
     }
+    (taken > 0).then(|| (taken, first.unwrap_or_default()))
 }
 
 /// Whether an input agrees only because its values sit at rounding-noise level: the

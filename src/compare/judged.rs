@@ -74,16 +74,31 @@ pub struct Judged {
     pairs: Vec<Pair>,
     /// The reasons of the pairs that have one (most pass, and have none).
     reasons: Vec<Box<str>>,
+    /// How many differing pairs were computed from leftover bytes both runs read, and the
+    /// op where that starts (`judge::from_leftovers`): not compared.
+    leftovers: Option<(usize, String)>,
 }
 
 impl Judged {
     /// The pairs over the records they index, with the reasons they index.
-    pub(super) fn new(ops: Sides<Ops>, pairs: Vec<Pair>, reasons: Vec<Box<str>>) -> Judged {
+    pub(super) fn new(
+        ops: Sides<Ops>,
+        pairs: Vec<Pair>,
+        reasons: Vec<Box<str>>,
+        leftovers: Option<(usize, String)>,
+    ) -> Judged {
         Judged {
             ops,
             pairs,
             reasons,
+            leftovers,
         }
+    }
+
+    /// How many differing pairs were computed from leftover bytes both runs read, and the
+    /// op where that starts: what this unit could not compare.
+    pub fn leftovers(&self) -> Option<&(usize, String)> {
+        self.leftovers.as_ref()
     }
 
     /// How many pairs (rows).

@@ -462,6 +462,30 @@ pub fn compare_unit(
     let (judged, unmatched, floor) =
         judge::judge_all(alignment, &measure, &opts.tolerances, floor)?;
     drop(bar);
+    // What both runs computed from leftover bytes was not compared (judge::from_leftovers).
+    let incomplete = match (incomplete, judged.leftovers()) {
+        (i, None) => i,
+        (i, Some((n, at))) => {
+            let what = format!(
+                "{n} tensors computed from leftover bytes both runs read, from {at} on, not \
+                 compared"
+            );
+            Some(match i {
+                None => IncompleteUnit {
+                    step: unit.step.clone(),
+                    rank: unit.rank.clone(),
+                    side: "both".into(),
+                    compared: true,
+                    reason: what,
+                },
+                Some(i) => IncompleteUnit {
+                    side: "both".into(),
+                    reason: format!("{}; {what}", i.reason),
+                    ..i
+                },
+            })
+        }
+    };
     let findings = analyze::localize(
         &judged.by_op(),
         &stacks,

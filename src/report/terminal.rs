@@ -27,7 +27,7 @@ pub fn scan_terminal_summary(s: &ScanSummary) -> String {
     );
     if c.nonfinite_from_leftover > 0 {
         out += &format!(
-            "  {} more with NaN/Inf computed from leftover bytes (a warning)\n",
+            "  {} more with NaN/Inf computed from leftover bytes\n",
             c.nonfinite_from_leftover
         );
     }

@@ -673,7 +673,7 @@ fn verdict_colours(ws: &mut Worksheet, rows: usize, cols: u16, col: &str, fs: &F
         ("bench", &fs.warn),
         ("cmp", &fs.warn),
         ("nan/inf", &fs.err),
-        ("nan/inf from leftover bytes", &fs.warn),
+        ("nan/inf from leftover bytes", &fs.err),
         ("overflow risk", &fs.warn),
         ("underflow", &fs.warn),
     ] {

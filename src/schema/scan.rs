@@ -44,7 +44,7 @@ pub struct ScanCounts {
     pub underflow: usize,
     /// Steps the loss scaler skipped.
     pub loss_scaler_skipped_steps: usize,
-    /// Tensors holding NaN/Inf computed from leftover bytes (a warning, not an error).
+    /// Tensors holding NaN/Inf computed from leftover bytes.
     #[serde(default)]
     pub nonfinite_from_leftover: usize,
 }
