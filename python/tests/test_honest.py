@@ -152,6 +152,8 @@ opt = torch.optim.SGD(model.parameters(), lr=0.1)
 dbg = probe.Debugger(None, dump_path=sys.argv[1], level="mix", mode="statistics")
 x = torch.randn(8, 32)
 dbg.start(model)
+for _ in range(8):  # memory of the accumulator's size, freed with other values in it
+    torch.full((8, 64), 3.0)
 loss = model(x).pow(2).mean()
 loss.backward()
 opt.step()
