@@ -496,19 +496,12 @@ pub const DROPOUT_WHEN_ACTIVE: &[&str] = &[
 
 /// APIs that write their target (first argument) without reading it: what it held before,
 /// often memory just allocated, is not what they compute from. Matched as [`RANDOM_APIS`].
+/// So do the in-place random fills among [`RANDOM_APIS`] (`Tensor.normal_`, ...);
 /// `dist.gather` writes its second argument; any call writes an `out=` buffer this way.
 pub const WRITE_ONLY_APIS: &[&str] = &[
     "Tensor.copy_",
     "Tensor.fill_",
     "Tensor.zero_",
-    "Tensor.normal_",
-    "Tensor.uniform_",
-    "Tensor.random_",
-    "Tensor.exponential_",
-    "Tensor.cauchy_",
-    "Tensor.log_normal_",
-    "Tensor.geometric_",
-    "Tensor.bernoulli_",
     "Distributed.recv",
     "Distributed.irecv",
     "Distributed.scatter",
@@ -551,9 +544,14 @@ impl<S: AsRef<str>> Key<S> {
             return false;
         }
         let name = self.base();
+        let random_fill = || {
+            name.starts_with("Tensor.")
+                && name.ends_with('_')
+                && self.randomness() == Randomness::Always
+        };
         let targets: &[&str] = if name == "Distributed.gather" {
             &["input.1", "input.gather_list"]
-        } else if WRITE_ONLY_APIS.iter().any(|p| wildcard(p, name)) {
+        } else if WRITE_ONLY_APIS.iter().any(|p| wildcard(p, name)) || random_fill() {
             &[
                 "input.0",
                 "input.tensor",
@@ -610,6 +608,34 @@ impl<'de> Deserialize<'de> for OpKey {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn targets_an_op_only_writes_are_known_by_name_and_slot() {
+        let writes = |key: &str, slot: &str| OpKey::parse(key).only_writes(slot);
+        for key in [
+            "Tensor.copy_.0.forward",
+            "Tensor.normal_.1.forward",
+            "Tensor.bernoulli_.0.forward",
+            "Distributed.irecv.2.forward",
+            "Distributed.all_gather_into_tensor.0.forward",
+        ] {
+            assert!(writes(key, "input.0"), "{key}");
+            assert!(!writes(key, "input.1"), "{key}");
+        }
+        assert!(writes("Distributed.all_gather.0.forward", "input.0.1"));
+        assert!(writes("Distributed.gather.0.forward", "input.1.0"));
+        assert!(!writes("Distributed.gather.0.forward", "input.0"));
+        assert!(writes("Torch.add.0.forward", "input.out"));
+        for (key, slot) in [
+            ("Tensor.add_.0.forward", "input.0"),
+            ("Tensor.bernoulli.0.forward", "input.0"),
+            ("Tensor.copy_.0.backward", "input.0"),
+            ("Distributed.all_reduce.0.forward", "input.0"),
+            ("Tensor.copy_.0.forward", "input.00"),
+        ] {
+            assert!(!writes(key, slot), "{key} {slot}");
+        }
+    }
 
     #[test]
     fn random_ops_are_known_by_name() {

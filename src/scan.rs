@@ -677,15 +677,7 @@ fn scan_headline(
             .min_by_key(|(_, x)| x.seq);
         match best {
             Some((true, x)) => {
-                return format!(
-                    "NaN/Inf: first produced by {} {} ({} {}/{}, tensor {})",
-                    x.op,
-                    x.nonfinite_from(),
-                    x.direction.name(),
-                    x.step,
-                    x.rank,
-                    x.tensor
-                )
+                return format!("NaN/Inf: first produced by {}", x.nonfinite_producer())
             }
             Some((false, x)) => {
                 return format!(
@@ -698,15 +690,9 @@ fn scan_headline(
     }
     if let (Verdict::Error, Some(x), 0) = (verdict, leftover, c.nonfinite) {
         return format!(
-            "NaN/Inf only computed from leftover bytes: first by {} {} ({} {}/{}, tensor {}); \
-             an uninitialised buffer unless its result is thrown away (a pipeline stage's \
-             shape inference)",
-            x.op,
-            x.nonfinite_from(),
-            x.direction.name(),
-            x.step,
-            x.rank,
-            x.tensor
+            "NaN/Inf only computed from leftover bytes: first by {}; an uninitialised buffer \
+             unless its result is thrown away (a pipeline stage's shape inference)",
+            x.nonfinite_producer()
         );
     }
     match verdict {

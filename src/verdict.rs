@@ -403,13 +403,8 @@ fn headline(verdict: Verdict, c: &Counts, pairs: &[PairSummary]) -> String {
             let f = &p.findings;
             match told {
                 Some((Story::NonFinite, x)) => format!(
-                    "DIVERGENCE: NaN/Inf first produced by {} {} ({} {}/{}, tensor {})",
-                    x.op,
-                    x.nonfinite_from(),
-                    x.direction.name(),
-                    x.step,
-                    x.rank,
-                    x.tensor
+                    "DIVERGENCE: NaN/Inf first produced by {}",
+                    x.nonfinite_producer()
                 ),
                 Some((Story::Random, x)) => {
                     let what = if OpKey::parse(&x.op).randomness() == Randomness::WhenDropoutActive
@@ -419,14 +414,11 @@ fn headline(verdict: Verdict, c: &Counts, pairs: &[PairSummary]) -> String {
                         "a different random draw, not a faulty kernel"
                     };
                     format!(
-                        "DIVERGENCE from random numbers: {} ({} {}/{}, tensor {}) gets agreeing \
-                         inputs and returns different outputs: {what}; check config-check's \
-                         random category (seeds, generator states) and deterministic algorithms",
+                        "DIVERGENCE from random numbers: {} {} gets agreeing inputs and returns \
+                         different outputs: {what}; check config-check's random category \
+                         (seeds, generator states) and deterministic algorithms",
                         x.op,
-                        x.direction.name(),
-                        x.step,
-                        x.rank,
-                        x.tensor
+                        x.place()
                     )
                 }
                 Some((Story::Outside, e)) => format!(
@@ -436,25 +428,18 @@ fn headline(verdict: Verdict, c: &Counts, pairs: &[PairSummary]) -> String {
                 Some((Story::Local, x)) => match region_of(pairs, x) {
                     Some(r) => format!(
                         "DIVERGENCE: code paths differ inside {} ({} vs {} API calls{}) and its \
-                         outputs diverge: first divergent region, reported under {} ({} {}/{}, \
-                         tensor {})",
+                         outputs diverge: first divergent region, reported under {} {}",
                         module_name(&r.module),
                         r.calls.bench.len(),
                         r.calls.cmp.len(),
                         how(r),
                         x.op,
-                        x.direction.name(),
-                        x.step,
-                        x.rank,
-                        x.tensor
+                        x.place()
                     ),
                     None => format!(
-                        "DIVERGENCE: first divergent op {} ({} {}/{}, tensor {}){}",
+                        "DIVERGENCE: first divergent op {} {}{}",
                         x.op,
-                        x.direction.name(),
-                        x.step,
-                        x.rank,
-                        x.tensor,
+                        x.place(),
                         x.leftover.as_ref().map_or_else(String::new, |t| format!(
                             ": it read leftover bytes in {t}"
                         ))

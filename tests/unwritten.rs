@@ -194,8 +194,7 @@ fn scan_names_leftover_bytes_as_the_source_of_nan() {
     let out = d.path().join("scan");
     let o = scan(&dump, &out, &[]);
     assert_eq!(o.code, 1, "{}{}", o.stdout, o.stderr);
-    let s: serde_json::Value =
-        serde_json::from_str(&std::fs::read_to_string(out.join("summary.json")).unwrap()).unwrap();
+    let s = scan_summary(&out);
     assert_eq!(s["verdict"], "error", "{s}");
     let c = &s["counts"];
     assert_eq!(
@@ -271,18 +270,36 @@ fn chain(dir: &Path, leftover: bool, y: f32, copy: bool) {
     write_op_log(dir, vec![a, m, grad("Tensor.mul.0.backward"), grad(&back)]);
 }
 
+/// [`chain`] with `y = b` on the bench side and `y = c` on the cmp side, both reading
+/// leftover bytes, compared: the run, its summary and its parquet rows (the folder lives
+/// as long as the first).
+fn compare_chains(
+    b: f32,
+    c: f32,
+    copy: bool,
+) -> (tempfile::TempDir, Out, serde_json::Value, Vec<Vec<String>>) {
+    let d = tempfile::tempdir().unwrap();
+    chain(&d.path().join("bench"), true, b, copy);
+    chain(&d.path().join("cmp"), true, c, copy);
+    let o = compare(d.path(), &[]);
+    let s = summary(d.path());
+    let rows = parquet_rows(&d.path().join("out").join("compare.parquet"));
+    (d, o, s, rows)
+}
+
+/// The `summary.json` a scan wrote to `out`.
+fn scan_summary(out: &Path) -> serde_json::Value {
+    serde_json::from_str(&std::fs::read_to_string(out.join("summary.json")).unwrap()).unwrap()
+}
+
 #[test]
 fn what_both_runs_computed_from_leftover_bytes_is_no_divergence() {
     // PyTorch's pipeline stages run a forward on torch.empty inputs to learn their shapes:
     // two runs of one job read different leftovers there, and what they compute differs.
-    let d = tempfile::tempdir().unwrap();
-    chain(&d.path().join("bench"), true, 1.0, false);
-    chain(&d.path().join("cmp"), true, 7.0, false);
     // Not a divergence, and not a pass either: memory a C++ extension's kernel wrote can
     // look unwritten, so what was not compared makes the comparison incomplete (exit 4).
-    let o = compare(d.path(), &[]);
+    let (_d, o, s, rows) = compare_chains(1.0, 7.0, false);
     assert_eq!(o.code, 4, "{}{}", o.stdout, o.stderr);
-    let s = summary(d.path());
     assert!(s["first_divergent"]["forward"].is_null(), "{s}");
     assert_eq!(s["counts"]["error"], 0, "{s}");
     assert!(
@@ -292,7 +309,6 @@ fn what_both_runs_computed_from_leftover_bytes_is_no_divergence() {
         ),
         "{s}"
     );
-    let rows = parquet_rows(&d.path().join("out").join("compare.parquet"));
     let row = |t: &str| rows.iter().find(|r| r[0] == t).cloned().unwrap_or_default();
     let add = row("Tensor.add.0.forward.output.0");
     assert_eq!(add[1..3], ["statistics", "warning"], "{rows:?}");
@@ -321,11 +337,8 @@ fn what_both_runs_computed_from_leftover_bytes_is_no_divergence() {
         "{mul:?}"
     );
     // The chain ends where the outputs agree: with equal results nothing is downgraded.
-    let e = tempfile::tempdir().unwrap();
-    chain(&e.path().join("bench"), true, 1.0, false);
-    chain(&e.path().join("cmp"), true, 1.0, false);
-    assert_eq!(compare(e.path(), &[]).code, 0);
-    let rows = parquet_rows(&e.path().join("out").join("compare.parquet"));
+    let (_e, o, _, rows) = compare_chains(1.0, 1.0, false);
+    assert_eq!(o.code, 0);
     assert!(
         rows.iter()
             .filter(|r| r[0].ends_with("output.0"))
@@ -337,17 +350,12 @@ fn what_both_runs_computed_from_leftover_bytes_is_no_divergence() {
 #[test]
 fn a_target_the_op_only_writes_is_not_what_it_computed_from() {
     // copy_ overwrites its leftover-holding target: a different result is its own.
-    let d = tempfile::tempdir().unwrap();
-    chain(&d.path().join("bench"), true, 1.0, true);
-    chain(&d.path().join("cmp"), true, 7.0, true);
-    let o = compare(d.path(), &[]);
+    let (_d, o, s, rows) = compare_chains(1.0, 7.0, true);
     assert_eq!(o.code, 1, "{}{}", o.stdout, o.stderr);
-    let s = summary(d.path());
     let f = &s["first_divergent"]["forward"];
     assert_eq!(f["op"], "Tensor.copy_.0.forward", "{s}");
     assert!(f.get("leftover").is_none(), "{f}");
     assert!(!s["headline"].as_str().unwrap().contains("leftover"), "{s}");
-    let rows = parquet_rows(&d.path().join("out").join("compare.parquet"));
     let target = rows
         .iter()
         .find(|r| r[0] == "Tensor.copy_.0.forward.input.0")
@@ -394,8 +402,7 @@ fn scan_traces_nan_computed_from_leftover_bytes_to_them() {
     let out = d.path().join("scan");
     let o = scan(&dump, &out, &[]);
     assert_eq!(o.code, 1, "{}{}", o.stdout, o.stderr);
-    let s: serde_json::Value =
-        serde_json::from_str(&std::fs::read_to_string(out.join("summary.json")).unwrap()).unwrap();
+    let s = scan_summary(&out);
     let f = &s["leftover_nonfinite"];
     assert_eq!(f["op"], "Tensor.mul.0.forward", "{s}");
     assert_eq!(f["leftover"], "Tensor.add.0.forward.input.0", "{f}");

@@ -88,13 +88,25 @@ pub fn label_key(s: &str) -> (u64, &str) {
 pub type CausalKey<'a> = ((u64, &'a str), u64, (u64, &'a str));
 
 impl Finding {
-    /// How the NaN/Inf producer got its values, for a headline: from finite inputs, or
-    /// from leftover bytes.
-    pub fn nonfinite_from(&self) -> String {
-        match &self.leftover {
+    /// Where it is, for a headline: `(forward step0/rank1, tensor <name>)`.
+    pub fn place(&self) -> String {
+        format!(
+            "({} {}/{}, tensor {})",
+            self.direction.name(),
+            self.step,
+            self.rank,
+            self.tensor
+        )
+    }
+
+    /// A NaN/Inf producer for a headline: its op, how it got its values (from finite
+    /// inputs, or from leftover bytes) and [`Finding::place`].
+    pub fn nonfinite_producer(&self) -> String {
+        let from = match &self.leftover {
             Some(t) => format!("from leftover bytes in {t}"),
             None => "from finite inputs".into(),
-        }
+        };
+        format!("{} {from} {}", self.op, self.place())
     }
 
     /// Where this finding sits in the causal order ([`CausalKey`]).

@@ -550,13 +550,14 @@ class ApiCapture:
         byte (``test_capture.py`` runs both). Overflow mode, an api_list (which may select
         one direction only) and collectives take the general path."""
         dbg = self._dbg
-        if api == _BATCH_P2P and not dbg._overflow:
-            return self._batch_p2p(orig, args, kwargs)
         plain = False
         if not (self._bwd and torch.is_grad_enabled()):
             if dbg._overflow:
                 return self._call_checked(orig, api, inplace, args, kwargs)
             plain = self._plain and not api.startswith("Distributed.")
+        # (not on the plain path, which takes no collective: the optimizer's calls)
+        if not plain and api == _BATCH_P2P and not dbg._overflow:
+            return self._batch_p2p(orig, args, kwargs)
         tls.active = False
         ctx: Optional[_Pending] = None
         fwd: Optional[OpRecord] = None  # a plain call's record
