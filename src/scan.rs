@@ -339,6 +339,7 @@ fn finding(
             .and_then(|id| stacks.get(&id).cloned())
             .unwrap_or_default(),
         leftover: leftover(rows).map(|r| r.name.clone()),
+        args: Vec::new(),
     }
 }
 

@@ -223,6 +223,7 @@ impl RankWriter {
             records.push(o);
         }
         let rec = OpRecord {
+            args: None,
             direction: direction.to_string(),
             kind: "api".into(),
             module: Some(module.to_string()),

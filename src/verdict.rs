@@ -440,9 +440,7 @@ fn headline(verdict: Verdict, c: &Counts, pairs: &[PairSummary]) -> String {
                         "DIVERGENCE: first divergent op {} {}{}",
                         x.op,
                         x.place(),
-                        x.leftover.as_ref().map_or_else(String::new, |t| format!(
-                            ": it read leftover bytes in {t}"
-                        ))
+                        x.cause()
                     ),
                 },
                 None => {

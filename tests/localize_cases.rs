@@ -51,6 +51,7 @@ fn tensor(
 
 fn record(key: &str, tensors: Vec<TensorRecord>) -> OpRecord {
     OpRecord {
+        args: None,
         direction: OpKey::parse(key).direction().name().into(),
         kind: "api".into(),
         module: None,

@@ -54,6 +54,7 @@ fn write_dump(dir: &Path, ops: &[(&str, Vec<T>)]) -> PathBuf {
                 })
                 .collect();
             OpRecord {
+                args: None,
                 direction: if key.contains(".backward") {
                     "backward"
                 } else {

@@ -99,6 +99,7 @@ fn mix_dump(dir: &Path, off: f64) {
         unwritten: false,
     };
     let op = |key: &str, kind: &str, vin: f64, vout: f64| OpRecord {
+        args: None,
         direction: "forward".into(),
         kind: kind.into(),
         module: Some("block".into()),

@@ -193,3 +193,52 @@ def test_an_uninitialised_buffer_in_the_port_is_named_with_its_leftover_bytes(tm
     f = s["first_divergent"]["forward"] or s["first_nonfinite"]
     assert f["op"] == "Tensor.__iadd__.0.forward" and f["leftover"] == read, json.dumps(f, indent=1)
     assert "read memory nothing had written on the cmp side" in f["explanation"], f["explanation"]
+
+
+CLIPPED = """
+import sys, torch, probe
+import torch.nn.functional as F
+torch.manual_seed(0)
+model = torch.nn.Sequential(torch.nn.Linear(16, 32), torch.nn.GELU(), torch.nn.Linear(32, 4))
+opt = torch.optim.Adam(model.parameters(), lr=1e-2)
+x, y = torch.randn(8, 16), torch.randint(0, 4, (8,))
+dbg = probe.Debugger(None, dump_path=sys.argv[1], level="mix", mode="statistics")
+for _ in range(2):
+    dbg.start(model)
+    opt.zero_grad()
+    loss = F.cross_entropy(model(x), y)
+    loss.backward()
+    torch.nn.utils.clip_grad_norm_(model.parameters(), max_norm=float(sys.argv[2]))
+    opt.step()
+    dbg.stop()
+    dbg.step()
+dbg.close()
+"""
+
+
+def test_a_clipping_threshold_ported_wrong_is_named_as_an_argument_not_a_kernel(tmp_path: Path) -> None:
+    """The port clips gradients at another norm (its trainer read another config value):
+    every tensor the clipping reads agrees, its scale differs, and compare names the call
+    with the argument that differs (``max_norm``, a Python number the dump records as an
+    argument), not a faulty kernel."""
+    script = tmp_path / "train.py"
+    script.write_text(CLIPPED, encoding="utf-8")
+    for side, max_norm in (("bench", "1.0"), ("cmp", "0.05")):
+        r = subprocess.run(
+            [sys.executable, str(script), str(tmp_path / side), max_norm],
+            capture_output=True,
+            text=True,
+            timeout=300,
+            env={**os.environ, "PYTHONPATH": os.path.join(REPO, "python")},
+        )
+        assert r.returncode == 0, r.stderr
+    r, s = _compare(tmp_path / "bench", tmp_path / "cmp", tmp_path / "out")
+    assert r.returncode == EXIT_FAIL, r.stdout + r.stderr
+    assert "called with different arguments" in s["headline"] and "1.0 vs 0.05" in s["headline"], s["headline"]
+    # Clipping runs after the backward: the finding is the backward phase's, in step 0.
+    f = s["first_divergent"]["backward"]
+    assert f["step"] == "step0" and f["args"][0]["bench"] == "1.0" and f["args"][0]["cmp"] == "0.05", f
+    assert "the error is local to this op" not in f["explanation"], f["explanation"]
+    assert any("clip_grad_norm_" in frame for frame in f["stack"]), f["stack"]
+    # The forward of step 0 is the same on both sides.
+    assert s["first_divergent"]["forward"] is None, s["first_divergent"]["forward"]

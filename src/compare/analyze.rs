@@ -24,6 +24,7 @@ use super::judge::Equality;
 use super::measure::CompareKind;
 use super::tolerance::loosest;
 use super::{Row, Tolerances, Verdict};
+use crate::dump::args::ArgDiff;
 use crate::dump::{Direction, Role};
 use crate::op_key::{KeyRef, Randomness};
 use crate::schema::summary::{Finding, Findings};
@@ -120,6 +121,7 @@ fn finding(at: &Place, rows: &[&Row], focus: &Row, explanation: String) -> Findi
         evidence: rows.iter().map(|r| evidence_line(r)).collect(),
         stack,
         leftover: leftover(rows).map(|r| r.tensor.name.clone()),
+        args: Vec::new(),
     }
 }
 
@@ -260,6 +262,11 @@ pub trait OpRows {
     fn head(&self, k: usize) -> Head;
     /// Op `k`'s rows, in slot order.
     fn rows(&self, k: usize) -> Cow<'_, [Row]>;
+    /// The non-tensor arguments op `k` was called with differently on the two sides (one
+    /// call of the same API on each; none otherwise).
+    fn arg_diffs(&self, _k: usize) -> Vec<ArgDiff> {
+        Vec::new()
+    }
 }
 
 /// What the localiser keeps of an op's head (16 bytes: a unit can have a million ops).
@@ -426,6 +433,33 @@ pub fn localize(
                     saved.len()
                 )
             };
+            // Called differently on the two sides: the call is the cause, not its kernel.
+            let diffs = unit.arg_diffs(k as usize);
+            if !diffs.is_empty() {
+                let agree = if identical {
+                    format!("all {consumed} agree")
+                } else {
+                    format!(
+                        "all {consumed} are within tolerance (largest relative error {max_in:.3e})"
+                    )
+                };
+                let list: Vec<String> = diffs.iter().map(ArgDiff::brief).collect();
+                let expl = format!(
+                    "{agree}, yet output {} has error {:.3e} and the op was called with \
+                     different non-tensor arguments ({}; benchmark vs comparison): the call \
+                     differs, set by code the dump does not capture (a hyperparameter, a \
+                     config value, a number read from a tensor); check where those come from \
+                     before suspecting the kernel",
+                    out.tensor.name,
+                    out.judgement.err,
+                    list.join(", ")
+                );
+                let mut at_op = finding(&at, &g, out, expl);
+                at_op.args = diffs;
+                *f.first_divergent.slot(dir) = Some(at_op);
+                found = true;
+                break;
+            }
             let randomness = g[0].tensor.op.key.randomness();
             if randomness != Randomness::None {
                 // Agreeing inputs, differing outputs, and the op draws random numbers: a

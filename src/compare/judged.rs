@@ -15,6 +15,7 @@ use super::judge::{Judgement, Row, Verdict};
 use super::measure::{CompareKind, Measured, Measurement};
 use super::Sides;
 use crate::dtype::DType;
+use crate::dump::args::{self, ArgDiff};
 use crate::dump::{Ops, Tensor};
 use crate::error::Result;
 use crate::metrics::Metrics;
@@ -279,6 +280,24 @@ impl OpRows for ByOp<'_> {
 
     fn rows(&self, k: usize) -> Cow<'_, [Row]> {
         Cow::Owned(self.judged.rows(self.group(k)))
+    }
+
+    fn arg_diffs(&self, k: usize) -> Vec<ArgDiff> {
+        let j = self.judged;
+        let pairs = &j.pairs[self.group(k)];
+        let (at, bench) = (pairs[0].at, pairs[0].bench.0);
+        // One call on each side, of the same API (not a region, a mapped fused kernel).
+        if pairs.iter().any(|p| p.cmp.0 != at || p.bench.0 != bench) {
+            return Vec::new();
+        }
+        let (b, c) = (j.ops.bench.get(bench as usize), j.ops.cmp.get(at as usize));
+        if b.key().base_text() != c.key().base_text() {
+            return Vec::new();
+        }
+        match (b.args(), c.args()) {
+            (Some(x), Some(y)) if x != y => args::diff(x, y),
+            _ => Vec::new(),
+        }
     }
 }
 

@@ -4,6 +4,7 @@
 //! A dump is read one rank at a time ([`load_rank`]); op records are small and held in
 //! memory, tensor data never is (see [`crate::tensor`]).
 
+pub mod args;
 pub mod msprobe;
 mod probe_format;
 mod select;
@@ -291,6 +292,8 @@ pub struct OpRec {
     /// Set on a collective (`Distributed.*`) whose record names its group and sequence
     /// (boxed: most ops are not collectives, and a million-op log would carry the room).
     pub collective: Option<Box<Collective>>,
+    /// Its non-tensor arguments as canonical JSON ([`args`]), when recorded.
+    pub args: Option<Box<str>>,
 }
 
 impl OpRec {
@@ -308,6 +311,7 @@ impl OpRec {
             recompute: false,
             tensors,
             collective: None,
+            args: None,
         }
     }
 }

@@ -302,8 +302,26 @@ fn convert_op(ctx: &mut Ctx, key: &str, entry: &J) -> std::result::Result<OpRec,
     };
     let mut tensors = Vec::new();
     let mut recompute = false;
+    let mut args = serde_json::Map::new();
     let mut name = String::with_capacity(key.as_str().len() + 32);
     for (slot, v) in slots {
+        match (slot.as_str(), v) {
+            ("input_args", J::Arr(items)) => {
+                for (i, x) in items.iter().enumerate() {
+                    if let Some(a) = arg_value(x) {
+                        args.insert(format!("input.{i}"), a);
+                    }
+                }
+            }
+            ("input_kwargs", J::Obj(kv)) => {
+                for (k, x) in kv {
+                    if let Some(a) = arg_value(x) {
+                        args.insert(format!("input.{k}"), a);
+                    }
+                }
+            }
+            _ => {}
+        }
         let (suffix, role) = match slot.as_str() {
             "is_recompute" => {
                 recompute = matches!(v, J::Bool(true));
@@ -333,7 +351,72 @@ fn convert_op(ctx: &mut Ctx, key: &str, entry: &J) -> std::result::Result<OpRec,
         recompute,
         tensors,
         collective: None,
+        args: super::args::canonical(&args).map(Into::into),
     })
+}
+
+/// A non-tensor argument as probe records it (`super::args`): the `value` of a typed leaf
+/// (`{"type": "float", "value": 1e-05}`), a list of such leaves as a list of values; None
+/// for a tensor, `null`, a device (the migration itself) or anything else.
+fn arg_value(v: &J) -> Option<serde_json::Value> {
+    use serde_json::Value;
+    /// A leaf's value, or a list of them (a slice or size): scalars only.
+    fn value(x: &J, whole: bool) -> Option<Value> {
+        match x {
+            J::Bool(b) => Some(Value::Bool(*b)),
+            J::Num(x) => Some(number(*x, whole)),
+            J::Str(s) => Some(Value::String(s.clone())),
+            J::Arr(items) => items
+                .iter()
+                .map(|x| match x {
+                    J::Arr(_) => None,
+                    x => value(x, true),
+                })
+                .collect::<Option<Vec<_>>>()
+                .map(Value::Array),
+            J::Null | J::Obj(_) => None,
+        }
+    }
+    match v {
+        J::Obj(_) => {
+            let kind = v.get("type").and_then(J::as_str)?;
+            if kind == "torch.device" || is_tensor_leaf(v) {
+                return None;
+            }
+            value(v.get("value")?, kind != "float")
+        }
+        // A tuple of scalars: `[{"type": "int", "value": 2}, ...]`.
+        J::Arr(items) if !items.is_empty() => items
+            .iter()
+            .map(|x| match x {
+                J::Obj(_) => arg_value(x),
+                _ => None,
+            })
+            .collect::<Option<Vec<_>>>()
+            .map(Value::Array),
+        _ => None,
+    }
+}
+
+/// A number as JSON: whole numbers as integers where `whole` (an `int` leaf: this reader
+/// holds every number as a float); NaN and infinities as the strings probe's agent writes.
+fn number(x: f64, whole: bool) -> serde_json::Value {
+    if !x.is_finite() {
+        return serde_json::Value::String(
+            if x.is_nan() {
+                "nan"
+            } else if x > 0.0 {
+                "inf"
+            } else {
+                "-inf"
+            }
+            .into(),
+        );
+    }
+    if whole && x.fract() == 0.0 && x.abs() < 9.0e15 {
+        return serde_json::Value::from(x as i64);
+    }
+    serde_json::Number::from_f64(x).map_or(serde_json::Value::Null, serde_json::Value::Number)
 }
 
 /// `stack.json`: `{"0": [[op, ...], [frame, ...]]}`, or the older `{op: [frame, ...]}`.
@@ -677,6 +760,34 @@ mod tests {
         assert_eq!(op.tensors[3].role, Role::Output);
         assert_eq!(op.tensors[4].role, Role::Parameter);
         assert!(op.tensors[2].stats.is_none());
+        // A list holding a tensor is not an argument; the rest hold none.
+        assert_eq!(op.args, None);
+    }
+
+    #[test]
+    fn non_tensor_leaves_are_arguments_named_by_slot() {
+        let j = parse_json(
+            br#"{"input_args": [{"type": "torch.Tensor", "dtype": "torch.float32", "shape": [2]},
+                 [{"type": "int", "value": 4}, {"type": "int", "value": 8}], {"type": "float", "value": 2.0},
+                 null, {"type": "slice", "value": [0, null, 1]}, {"type": "float", "value": NaN}],
+                "input_kwargs": {"eps": {"type": "float", "value": 1e-05}, "inplace": {"type": "bool", "value": false},
+                 "dtype": {"type": "torch.dtype", "value": "torch.bfloat16"},
+                 "device": {"type": "torch.device", "value": "npu:0"}, "size": {"type": "torch.Size", "value": [2, 3]}},
+                "output": [{"type": "torch.Tensor", "dtype": "torch.float32", "shape": [2]}]}"#,
+        )
+        .unwrap();
+        let mut ctx = Ctx {
+            dir: Path::new("/nonexistent"),
+            missing: 0,
+            first_missing: None,
+        };
+        let op = convert_op(&mut ctx, "Functional.f.0.forward", &j).unwrap();
+        assert_eq!(
+            op.args.as_deref(),
+            Some(
+                r#"{"input.1":[4,8],"input.2":2.0,"input.5":"nan","input.dtype":"torch.bfloat16","input.eps":0.00001,"input.inplace":false,"input.size":[2,3]}"#
+            )
+        );
     }
 
     #[test]

@@ -5,8 +5,8 @@
 //! an error naming the file and line.
 
 use super::{
-    Collective, Direction, Mode, OpIn, OpKey, OpKind, OpRec, Ops, OpsBuilder, RankDump, RankLoc,
-    Role, Stats, StatsFields, TensorIn, TensorRec,
+    args, Collective, Direction, Mode, OpIn, OpKey, OpKind, OpRec, Ops, OpsBuilder, RankDump,
+    RankLoc, Role, Stats, StatsFields, TensorIn, TensorRec,
 };
 use crate::dtype::AnyDType;
 use crate::error::{one_line, ProbeError, Result};
@@ -133,6 +133,7 @@ fn check_op(raw: &OpRecord, dir: &Path) -> std::result::Result<Checked, String> 
 
 /// Appends a checked record to `ops`.
 fn push_op(ops: &mut OpsBuilder, raw: &OpRecord, c: Checked) -> std::result::Result<(), String> {
+    let args = raw.args.as_ref().and_then(args::canonical);
     let tensors = raw
         .tensors
         .iter()
@@ -159,6 +160,7 @@ fn push_op(ops: &mut OpsBuilder, raw: &OpRecord, c: Checked) -> std::result::Res
             stack: raw.stack,
             recompute: raw.recompute,
             collective: c.collective,
+            args: args.as_deref(),
         },
         tensors,
     )
@@ -439,6 +441,7 @@ pub fn parse_op_record(text: &str, dir: &Path) -> std::result::Result<OpRec, Str
         recompute: raw.recompute,
         tensors,
         collective: c.collective.map(Box::new),
+        args: raw.args.as_ref().and_then(args::canonical).map(Into::into),
     })
 }
 

@@ -32,6 +32,7 @@ const BACKWARD: u16 = 1 << 6;
 const HAS_STACK: u16 = 1 << 7;
 const RECOMPUTE: u16 = 1 << 8;
 const HAS_COLLECTIVE: u16 = 1 << 9;
+const HAS_ARGS: u16 = 1 << 10;
 
 // TensorSlot::bits: the role in bits 0-1, then:
 const HAS_ID: u8 = 1 << 2;
@@ -169,6 +170,9 @@ pub struct Ops {
     big_counts: Vec<(u32, [u64; 2])>,
     /// (op, collective) of collective calls, by op.
     collectives: Vec<(u32, Collective)>,
+    /// (op, span of `text`) of ops with recorded non-tensor arguments (canonical JSON,
+    /// `super::args`), by op.
+    args: Vec<(u32, (u32, u32))>,
 }
 
 /// The entry of `key` in a side table sorted by it.
@@ -196,6 +200,8 @@ pub struct OpIn<'x> {
     pub recompute: bool,
     /// The collective call it is, when it is one.
     pub collective: Option<Collective>,
+    /// Its non-tensor arguments, canonical ([`super::args::canonical`]).
+    pub args: Option<&'x str>,
 }
 
 /// A tensor of an op as a reader hands it to [`OpsBuilder::push`].
@@ -334,7 +340,7 @@ impl OpsBuilder {
         r
     }
 
-    fn mark(&self) -> [usize; 9] {
+    fn mark(&self) -> [usize; 10] {
         let o = &self.ops;
         [
             o.ops.len(),
@@ -346,10 +352,11 @@ impl OpsBuilder {
             o.both_src.len(),
             o.big_counts.len(),
             o.collectives.len(),
+            o.args.len(),
         ]
     }
 
-    fn undo(&mut self, m: [usize; 9]) {
+    fn undo(&mut self, m: [usize; 10]) {
         let o = &mut self.ops;
         o.ops.truncate(m[0]);
         o.tensors.truncate(m[1]);
@@ -360,6 +367,7 @@ impl OpsBuilder {
         o.both_src.truncate(m[6]);
         o.big_counts.truncate(m[7]);
         o.collectives.truncate(m[8]);
+        o.args.truncate(m[9]);
     }
 
     fn push_unchecked<'x>(
@@ -395,6 +403,11 @@ impl OpsBuilder {
         if let Some(c) = op.collective {
             bits |= HAS_COLLECTIVE;
             self.ops.collectives.push((at, c));
+        }
+        if let Some(a) = op.args {
+            bits |= HAS_ARGS;
+            let span = self.text(a)?;
+            self.ops.args.push((at, span));
         }
         self.ops.ops.push(OpSlot {
             seq: op.seq,
@@ -521,6 +534,7 @@ impl OpsBuilder {
                 stack: op.stack,
                 recompute: op.recompute,
                 collective: op.collective.as_deref().cloned(),
+                args: op.args.as_deref(),
             },
             tensors,
         )
@@ -625,6 +639,7 @@ impl Ops {
             + self.own_names.len() * size_of::<(u32, u32)>()
             + self.extras.len() * (size_of::<(u32, Extra)>() + 64)
             + self.both_src.len() * size_of::<(u32, u64)>()
+            + self.args.len() * size_of::<(u32, (u32, u32))>()
             + self.big_counts.len() * size_of::<(u32, [u64; 2])>()
             + self
                 .collectives
@@ -750,6 +765,15 @@ impl<'a> Op<'a> {
         side(&self.ops.collectives, self.i as u32)
     }
 
+    /// Its non-tensor arguments as canonical JSON ([`super::args`]), when recorded.
+    pub fn args(self) -> Option<&'a str> {
+        if self.slot().bits & HAS_ARGS == 0 {
+            return None;
+        }
+        let &(at, len) = side(&self.ops.args, self.i as u32)?;
+        self.ops.text.get(at as usize..(at + len) as usize)
+    }
+
     /// How many tensors it has.
     pub fn tensor_count(self) -> usize {
         self.ops.range(self.i).len()
@@ -793,6 +817,7 @@ impl<'a> Op<'a> {
             stack: self.stack(),
             recompute: self.recompute(),
             collective: self.collective().cloned(),
+            args: self.args(),
         }
     }
 
@@ -808,6 +833,7 @@ impl<'a> Op<'a> {
             recompute: self.recompute(),
             tensors: self.tensors().map(Tensor::to_rec).collect(),
             collective: self.collective().cloned().map(Box::new),
+            args: self.args().map(Into::into),
         }
     }
 }

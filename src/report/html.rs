@@ -1048,6 +1048,7 @@ mod tests {
             evidence: vec![],
             stack: vec![],
             leftover: None,
+            args: Vec::new(),
         };
         let marks = [Mark {
             title: "first divergent op (backward)",

@@ -48,6 +48,10 @@ pub struct OverflowRecord {
 /// One line of `ops.jsonl`: one op call.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub struct OpRecord {
+    /// The call's non-tensor arguments by slot (`input.1`, `input.eps`): numbers, strings,
+    /// bools and short lists (`crate::dump::args`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub args: Option<serde_json::Map<String, serde_json::Value>>,
     /// `forward` or `backward`.
     pub direction: String,
     /// `api`, `module` or `parameters_grad`.

@@ -2,6 +2,7 @@
 //! machine-readable verdict CI gates on, and the findings of the localiser it contains.
 
 use crate::compare::{Sides, Verdict};
+use crate::dump::args::ArgDiff;
 use crate::gate::FailOn;
 use crate::op_key::Direction;
 use serde::{Deserialize, Serialize};
@@ -72,6 +73,10 @@ pub struct Finding {
     /// agent records as `unwritten`): the likely cause, where the op is named.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub leftover: Option<String>,
+    /// The op's non-tensor arguments that differ between the runs (the same API called on
+    /// both sides): the likely cause, where the op is named.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub args: Vec<ArgDiff>,
 }
 
 /// Sort key of a `step12` / `rank3` / `proc456` label: its number, then the name (so that
@@ -107,6 +112,26 @@ impl Finding {
             None => "from finite inputs".into(),
         };
         format!("{} {from} {}", self.op, self.place())
+    }
+
+    /// What a headline adds about the cause it found at the op: leftover bytes read, or
+    /// arguments that differ (at most three named). Empty when neither.
+    pub fn cause(&self) -> String {
+        if let Some(t) = &self.leftover {
+            return format!(": it read leftover bytes in {t}");
+        }
+        if self.args.is_empty() {
+            return String::new();
+        }
+        let named: Vec<String> = self.args.iter().take(3).map(ArgDiff::brief).collect();
+        let more = match self.args.len() {
+            n if n > 3 => format!(" and {} more", n - 3),
+            _ => String::new(),
+        };
+        format!(
+            ": it was called with different arguments ({}{more})",
+            named.join(", ")
+        )
     }
 
     /// Where this finding sits in the causal order ([`CausalKey`]).

@@ -184,6 +184,7 @@ pub type Tensor<'a> = (&'a str, &'a str, Vec<f32>);
 /// computed from the values, no data (see [`write_tensor_log`] for data).
 pub fn op_record(key: &str, tensors: &[Tensor]) -> OpRecord {
     OpRecord {
+        args: None,
         direction: OpKey::parse(key).direction().name().into(),
         kind: "api".into(),
         module: None,

@@ -1,0 +1,171 @@
+//! An op call's non-tensor arguments: probe's `args` (`{"input.1": 1.0, "input.eps":
+//! 1e-05}`) and the typed non-tensor leaves of msprobe's `input_args` / `input_kwargs`
+//! (`{"type": "float", "value": 1e-05}`), read into one form: canonical JSON text of an
+//! object whose keys are the argument slots, sorted.
+//!
+//! Why compare them: an op whose tensors agree and whose output differs is named as the
+//! first divergent op, but when it was *called* differently (a layer norm's `eps`, a
+//! clipping threshold, a softmax scale, a cast's dtype) the cause is the call, set by code
+//! the dump does not capture, not the kernel. Only slots recorded on both sides are
+//! compared: a slot given by keyword in one run and by position in the other, or left to
+//! its default, says nothing. Devices are not compared (`cuda:0` against `npu:0` is the
+//! migration itself).
+
+use serde::{Deserialize, Serialize};
+use serde_json::{Map, Value};
+
+/// One argument recorded on both sides with different values.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct ArgDiff {
+    /// Its slot, as tensors are named: `input.1`, `input.eps`.
+    pub name: String,
+    /// The benchmark's value, as JSON.
+    pub bench: String,
+    /// The comparison run's value, as JSON.
+    pub cmp: String,
+}
+
+impl ArgDiff {
+    /// `input.1 = 1.0 vs 0.05`, as a headline says it.
+    pub fn brief(&self) -> String {
+        format!("{} = {} vs {}", self.name, self.bench, self.cmp)
+    }
+}
+
+/// The canonical text of recorded arguments, or None when there are none.
+pub fn canonical(args: &Map<String, Value>) -> Option<String> {
+    if args.is_empty() {
+        return None;
+    }
+    // serde_json's map is ordered by key: the text is canonical.
+    serde_json::to_string(args).ok()
+}
+
+/// Relative difference under which two numbers are the same argument: a Python number
+/// computed from a tensor read (`.item()`) carries its rounding, as tensors do.
+const SAME_NUMBER: f64 = 1e-6;
+
+/// Whether a string names a device (`cpu`, `cuda:0`, `npu:3`).
+fn is_device(s: &str) -> bool {
+    let (kind, index) = s.split_once(':').unwrap_or((s, "0"));
+    matches!(
+        kind,
+        "cpu" | "cuda" | "npu" | "xpu" | "mps" | "meta" | "hpu" | "xla" | "mtia" | "privateuseone"
+    ) && !index.is_empty()
+        && index.bytes().all(|b| b.is_ascii_digit())
+}
+
+/// Whether two recorded values are the same argument.
+fn same(a: &Value, b: &Value) -> bool {
+    match (a, b) {
+        (Value::Number(x), Value::Number(y)) => match (x.as_f64(), y.as_f64()) {
+            (Some(x), Some(y)) => x == y || (x - y).abs() <= SAME_NUMBER * x.abs().max(y.abs()),
+            _ => x == y,
+        },
+        (Value::String(x), Value::String(y)) => x == y || (is_device(x) && is_device(y)),
+        (Value::Array(x), Value::Array(y)) => {
+            x.len() == y.len() && x.iter().zip(y).all(|(a, b)| same(a, b))
+        }
+        _ => a == b,
+    }
+}
+
+/// A value as a person reads it: JSON, with floats in Rust's shortest form (`1e-5`, not
+/// `0.00001`).
+fn show(v: &Value) -> String {
+    match v {
+        Value::Number(n) if n.is_f64() => n
+            .as_f64()
+            .map_or_else(|| n.to_string(), |x| format!("{x:?}")),
+        Value::Array(items) => {
+            let items: Vec<String> = items.iter().map(show).collect();
+            format!("[{}]", items.join(", "))
+        }
+        _ => v.to_string(),
+    }
+}
+
+/// The arguments recorded on both sides whose values differ, by slot. Either text that is
+/// not a JSON object compares as no arguments (what a reader stored is always one).
+pub fn diff(bench: &str, cmp: &str) -> Vec<ArgDiff> {
+    let parse = |s: &str| match serde_json::from_str::<Value>(s) {
+        Ok(Value::Object(m)) => m,
+        _ => Map::new(),
+    };
+    let (b, c) = (parse(bench), parse(cmp));
+    b.iter()
+        .filter_map(|(name, bv)| {
+            let cv = c.get(name)?;
+            (!same(bv, cv)).then(|| ArgDiff {
+                name: name.clone(),
+                bench: show(bv),
+                cmp: show(cv),
+            })
+        })
+        .collect()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use serde_json::json;
+
+    fn text(v: Value) -> String {
+        match v {
+            Value::Object(m) => canonical(&m).unwrap(),
+            _ => unreachable!(),
+        }
+    }
+
+    #[test]
+    fn canonical_text_sorts_slots_and_is_none_when_empty() {
+        assert_eq!(
+            text(json!({"input.eps": 0.5, "input.1": 2})),
+            r#"{"input.1":2,"input.eps":0.5}"#
+        );
+        assert_eq!(canonical(&Map::new()), None);
+    }
+
+    #[test]
+    fn only_slots_on_both_sides_with_other_values_differ() {
+        let b = text(json!({"input.1": 1.0, "input.2": true, "input.dim": -1, "input.p": 0.1}));
+        let c = text(json!({"input.1": 0.05, "input.2": true, "input.eps": 1e-6, "input.p": 0.1}));
+        let d = diff(&b, &c);
+        assert_eq!(d.len(), 1, "{d:?}");
+        assert_eq!(d[0].brief(), "input.1 = 1.0 vs 0.05");
+        let small = diff(
+            &text(json!({"e": 1e-12, "s": [1e-5, 2]})),
+            &text(json!({"e": 1e-6, "s": [1e-6, 2]})),
+        );
+        let shown: Vec<String> = small.iter().map(ArgDiff::brief).collect();
+        assert_eq!(shown, ["e = 1e-12 vs 1e-6", "s = [1e-5, 2] vs [1e-6, 2]"]);
+    }
+
+    #[test]
+    fn numbers_compare_by_value_within_rounding() {
+        let d = |a: Value, b: Value| diff(&text(json!({"x": a})), &text(json!({"x": b}))).len();
+        assert_eq!(d(json!(1), json!(1.0)), 0);
+        assert_eq!(d(json!(0.1), json!(0.1 + 1e-9)), 0);
+        assert_eq!(d(json!(1e-5), json!(1e-6)), 1);
+        assert_eq!(d(json!(0), json!(1e-30)), 1);
+        assert_eq!(d(json!([1, 2.0]), json!([1.0, 2])), 0);
+        assert_eq!(d(json!([1, 2]), json!([1, 2, 3])), 1);
+        assert_eq!(d(json!("torch.float32"), json!("torch.bfloat16")), 1);
+        assert_eq!(d(json!(true), json!(1)), 1);
+    }
+
+    #[test]
+    fn devices_are_the_migration_not_a_difference() {
+        let d = |a: &str, b: &str| diff(&text(json!({"x": a})), &text(json!({"x": b}))).len();
+        assert_eq!(d("cuda:0", "npu:0"), 0);
+        assert_eq!(d("cuda", "npu:1"), 0);
+        assert_eq!(d("cpu", "cuda:"), 1);
+        assert_eq!(d("mean", "sum"), 1);
+    }
+
+    #[test]
+    fn text_that_is_not_an_object_has_no_arguments() {
+        assert!(diff("[1]", r#"{"x":1}"#).is_empty());
+        assert!(diff("not json", "").is_empty());
+    }
+}
