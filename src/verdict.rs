@@ -163,6 +163,7 @@ pub fn summarize(run: &CompareRun, fail_on: FailOn, max_unmatched: f64) -> Summa
         external_source: first_of(findings(), |f| &f.external_source),
         first_nonfinite: earliest(findings().filter_map(|f| f.first_nonfinite.as_ref())).cloned(),
         random_draw: first_of(findings(), |f| &f.random_draw),
+        other_args: earliest(findings().filter_map(|f| f.other_args.as_ref())).cloned(),
         counts: c,
         pairs,
         worst_ops: worst_ops(run, WORST_OPS),
@@ -386,7 +387,7 @@ fn headline(verdict: Verdict, c: &Counts, pairs: &[PairSummary]) -> String {
     if c.tensors == 0 {
         return "NOTHING COMPARABLE: no tensor is present on both sides".into();
     }
-    let note = regions_note(pairs);
+    let note = regions_note(pairs) + &args_note(pairs);
     match verdict {
         Verdict::Pass => format!("PASS: all {} tensors within tolerance{note}", c.tensors),
         Verdict::Warning => format!(
@@ -451,10 +452,11 @@ fn headline(verdict: Verdict, c: &Counts, pairs: &[PairSummary]) -> String {
                         .or(f.earliest_failing.backward.as_ref());
                     format!(
                         "DIVERGENCE in {}/{}: no single op is locally divergent (accumulated drift); \
-                         earliest failing op {}",
+                         earliest failing op {}{}",
                         p.step,
                         p.rank,
-                        first.map_or("?", |x| x.op.as_str())
+                        first.map_or("?", |x| x.op.as_str()),
+                        args_note(in_step.iter().copied())
                     )
                 }
             }
@@ -489,6 +491,25 @@ fn region_of<'a>(pairs: &'a [PairSummary], x: &Finding) -> Option<&'a Region> {
 }
 
 /// What a passing headline adds when code paths differ: where, and how it was compared.
+/// Where no op is named (a pass, a warning, accumulated drift): the first op called with
+/// different non-tensor arguments, if any, as a hint.
+fn args_note<'a>(pairs: impl IntoIterator<Item = &'a PairSummary>) -> String {
+    match earliest(
+        pairs
+            .into_iter()
+            .filter_map(|p| p.findings.other_args.as_ref()),
+    ) {
+        Some(x) => format!(
+            "; {} ({}/{}) was called with different arguments ({})",
+            x.op,
+            x.step,
+            x.rank,
+            x.args_brief()
+        ),
+        None => String::new(),
+    }
+}
+
 fn regions_note(pairs: &[PairSummary]) -> String {
     // Forward regions of the first pair that has any (ranks run the same program; the
     // backward of each is compared with it).

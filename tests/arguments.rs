@@ -133,7 +133,32 @@ fn an_argument_that_differs_where_outputs_agree_changes_no_verdict() {
     );
     let o = compare(d.path(), &[]);
     assert_eq!(o.code, 0, "{}{}", o.stdout, o.stderr);
-    assert_eq!(summary(d.path())["verdict"], "pass");
+    let s = summary(d.path());
+    assert_eq!(s["verdict"], "pass");
+    // Said, as a hint: the call differs though its outputs agree.
+    assert!(
+        s["headline"].as_str().unwrap().ends_with(
+            "; Tensor.mul.0.forward (step0/rank0) was called with different arguments \
+             (input.rounding_mode = \"floor\" vs \"trunc\")"
+        ),
+        "{}",
+        s["headline"]
+    );
+    let f = &s["other_args"];
+    assert_eq!(f["op"], "Tensor.mul.0.forward", "{f}");
+    assert!(
+        f["explanation"]
+            .as_str()
+            .unwrap()
+            .starts_with("the only op of step0/rank0"),
+        "{f}"
+    );
+    assert!(
+        o.stdout
+            .contains("first op called with different arguments: Tensor.mul.0.forward"),
+        "{}",
+        o.stdout
+    );
 }
 
 /// A one-rank msprobe statistics dump: `layer_norm` called with `eps` as a keyword, its
@@ -214,4 +239,62 @@ fn args_that_are_not_an_object_are_a_bad_record() {
     .unwrap();
     let o = compare(d.path(), &[]);
     assert_input_error(&o, 2, "ops.jsonl:1: bad op record");
+}
+
+#[test]
+fn accumulated_drift_ends_with_the_call_that_differs() {
+    // `mul` by 2 against 2.00001 (5e-6 apart: within tolerance), then two subtractions
+    // that each amplify the difference 8 times (under `local_gain`): errors, and no op
+    // locally divergent.
+    let d = tempfile::tempdir().unwrap();
+    // (The argument as the agent records a Python float: a double.)
+    for (side, scale, arg) in [("bench", 2.0f32, 2.0f64), ("cmp", 2.00001, 2.00001)] {
+        let x = vec![1.0f32, 2.0, 3.0, 4.0];
+        let y: Vec<f32> = x.iter().map(|v| v * scale).collect();
+        let c1: Vec<f32> = x.iter().map(|v| v * 2.0 * 0.875).collect();
+        let z: Vec<f32> = y.iter().zip(&c1).map(|(a, b)| a - b).collect();
+        let c2: Vec<f32> = x.iter().map(|v| v * 0.25 * 0.875).collect();
+        let w: Vec<f32> = z.iter().zip(&c2).map(|(a, b)| a - b).collect();
+        write_op_log(
+            &d.path().join(side),
+            vec![
+                op(
+                    "Tensor.mul.0.forward",
+                    &[("input.0", "input", x), ("output.0", "output", y.clone())],
+                    json!({"input.1": arg}),
+                ),
+                op(
+                    "Tensor.sub.0.forward",
+                    &[
+                        ("input.0", "input", y),
+                        ("input.1", "input", c1),
+                        ("output.0", "output", z.clone()),
+                    ],
+                    json!({}),
+                ),
+                op(
+                    "Tensor.sub.1.forward",
+                    &[
+                        ("input.0", "input", z),
+                        ("input.1", "input", c2),
+                        ("output.0", "output", w),
+                    ],
+                    json!({}),
+                ),
+            ],
+        );
+    }
+    let o = compare(d.path(), &[]);
+    assert_eq!(o.code, 1, "{}{}", o.stdout, o.stderr);
+    let s = summary(d.path());
+    let h = s["headline"].as_str().unwrap();
+    assert!(h.contains("accumulated drift"), "{h}");
+    assert!(
+        h.ends_with(
+            "; Tensor.mul.0.forward (step0/rank0) was called with different arguments \
+             (input.1 = 2.0 vs 2.00001)"
+        ),
+        "{h}"
+    );
+    assert_eq!(s["other_args"]["args"][0]["cmp"], "2.00001");
 }

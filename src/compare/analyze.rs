@@ -572,5 +572,39 @@ pub fn localize(
             break;
         }
     }
+    f.other_args = other_args(unit, &at);
     f
+}
+
+/// The first op called with different non-tensor arguments, whatever its outputs, with how
+/// many ops of the unit were.
+fn other_args(unit: &dyn OpRows, at: &Place) -> Option<Finding> {
+    let mut differing = (0..unit.ops()).filter_map(|k| {
+        let d = unit.arg_diffs(k);
+        (!d.is_empty()).then_some((k, d))
+    });
+    let (k, diffs) = differing.next()?;
+    let n = 1 + differing.count();
+    let rows = unit.rows(k);
+    let g: Vec<&Row> = rows.iter().collect();
+    let outputs = g.iter().filter(|r| is_output(r));
+    let focus = worst(outputs).or_else(|| worst(g.iter()))?;
+    let list: Vec<String> = diffs.iter().map(ArgDiff::brief).collect();
+    let ops = if n == 1 {
+        "the only op".to_string()
+    } else {
+        format!("the first of {n} ops")
+    };
+    let expl = format!(
+        "{ops} of {}/{} called with different non-tensor arguments ({}; benchmark vs \
+         comparison), set by code the dump does not capture; its output {} is {}",
+        at.step,
+        at.rank,
+        list.join(", "),
+        focus.tensor.name,
+        focus.judgement.verdict.name()
+    );
+    let mut found = finding(at, &g, focus, expl);
+    found.args = diffs;
+    Some(found)
 }

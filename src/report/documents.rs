@@ -79,6 +79,10 @@ impl<'a> CompareDocument<'a> {
                 &s.external_source.backward,
             ),
             ("first NaN/Inf producer", &s.first_nonfinite),
+            (
+                "first op called with different arguments",
+                &s.other_args_hint().cloned(),
+            ),
             ("different random draw (forward)", &s.random_draw.forward),
             ("different random draw (backward)", &s.random_draw.backward),
             ("earliest failing op (forward)", &s.earliest_failing.forward),

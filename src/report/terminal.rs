@@ -84,6 +84,7 @@ pub fn terminal_summary(s: &Summary) -> String {
     );
     // In causal order (step, execution order, rank): a later step's consequences never
     // come before an earlier step's cause. At the same place, in the order listed.
+    let hint = s.other_args_hint().cloned();
     let mut list: Vec<(&str, &Finding)> = [
         (
             "  divergence enters from outside (forward)",
@@ -99,6 +100,7 @@ pub fn terminal_summary(s: &Summary) -> String {
             &s.external_source.backward,
         ),
         ("  first NaN/Inf producer", &s.first_nonfinite),
+        ("  first op called with different arguments", &hint),
         ("  different random draw (forward)", &s.random_draw.forward),
         (
             "  different random draw (backward)",

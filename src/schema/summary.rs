@@ -123,15 +123,20 @@ impl Finding {
         if self.args.is_empty() {
             return String::new();
         }
+        format!(
+            ": it was called with different arguments ({})",
+            self.args_brief()
+        )
+    }
+
+    /// The arguments that differ, as a headline lists them (at most three named).
+    pub fn args_brief(&self) -> String {
         let named: Vec<String> = self.args.iter().take(3).map(ArgDiff::brief).collect();
         let more = match self.args.len() {
             n if n > 3 => format!(" and {} more", n - 3),
             _ => String::new(),
         };
-        format!(
-            ": it was called with different arguments ({}{more})",
-            named.join(", ")
-        )
+        format!("{}{more}", named.join(", "))
     }
 
     /// Where this finding sits in the causal order ([`CausalKey`]).
@@ -177,6 +182,10 @@ pub struct Findings {
     /// `first_divergent`.
     #[serde(default)]
     pub random_draw: ByDirection,
+    /// The first op called with different non-tensor arguments on the two sides, whatever
+    /// its outputs (`args`): a hint where no op is named, or where nothing diverged.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub other_args: Option<Finding>,
 }
 
 /// Tensor counts over the whole compare.
@@ -349,6 +358,9 @@ pub struct Summary {
     pub first_nonfinite: Option<Finding>,
     /// The first op whose different output is a different random draw, per phase.
     pub random_draw: ByDirection,
+    /// The first op called with different non-tensor arguments, over all pairs.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub other_args: Option<Finding>,
     /// Every pair with its findings.
     pub pairs: Vec<PairSummary>,
     /// The ops with the worst verdicts and errors.
@@ -372,6 +384,25 @@ pub struct Summary {
     /// collective.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub propagation: Vec<Propagation>,
+}
+
+impl Summary {
+    /// [`Summary::other_args`] where it adds to the other findings: not when one of them
+    /// names the same call (a first divergent op called differently says so itself).
+    pub fn other_args_hint(&self) -> Option<&Finding> {
+        let o = self.other_args.as_ref()?;
+        let named = [
+            &self.first_divergent.forward,
+            &self.first_divergent.backward,
+            &self.external_source.forward,
+            &self.external_source.backward,
+            &self.first_nonfinite,
+            &self.random_draw.forward,
+            &self.random_draw.backward,
+        ];
+        let same = |f: &Finding| f.op == o.op && f.step == o.step && f.rank == o.rank;
+        (!named.iter().any(|f| f.as_ref().is_some_and(same))).then_some(o)
+    }
 }
 
 /// One collective call as the cross-rank analysis names it.
