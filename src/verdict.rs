@@ -402,7 +402,15 @@ fn headline(verdict: Verdict, c: &Counts, pairs: &[PairSummary]) -> String {
             };
             let told = story(&in_step);
             let f = &p.findings;
-            match told {
+            // The first call with other arguments, where it comes before what is told (a
+            // norm's `eps` whose difference atol forgives, ahead of the op where it shows).
+            let hint = args_note(in_step.iter().copied().filter(|q| {
+                q.findings
+                    .other_args
+                    .as_ref()
+                    .is_some_and(|a| told.is_none_or(|(_, x)| a.causal_key() < x.causal_key()))
+            }));
+            let line = match told {
                 Some((Story::NonFinite, x)) => format!(
                     "DIVERGENCE: NaN/Inf first produced by {}",
                     x.nonfinite_producer()
@@ -452,14 +460,14 @@ fn headline(verdict: Verdict, c: &Counts, pairs: &[PairSummary]) -> String {
                         .or(f.earliest_failing.backward.as_ref());
                     format!(
                         "DIVERGENCE in {}/{}: no single op is locally divergent (accumulated drift); \
-                         earliest failing op {}{}",
+                         earliest failing op {}",
                         p.step,
                         p.rank,
-                        first.map_or("?", |x| x.op.as_str()),
-                        args_note(in_step.iter().copied())
+                        first.map_or("?", |x| x.op.as_str())
                     )
                 }
-            }
+            };
+            line + &hint
         }
     }
 }

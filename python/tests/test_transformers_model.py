@@ -31,6 +31,7 @@ import probe
 from transformers import LlamaConfig, LlamaForCausalLM
 
 dump, attn, fault = sys.argv[1], sys.argv[2], sys.argv[3] == "1"
+eps = float(sys.argv[4])  # the RMS norms' epsilon
 if fault:  # the first F.silu of each step, 5 % too large
     silu, calls = F.silu, [0]
 
@@ -43,7 +44,7 @@ if fault:  # the first F.silu of each step, 5 % too large
 probe.seed_all(0)
 cfg = LlamaConfig(vocab_size=128, hidden_size=64, intermediate_size=128, num_hidden_layers=2,
                   num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=64,
-                  attn_implementation=attn)
+                  attn_implementation=attn, rms_norm_eps=eps)
 model = LlamaForCausalLM(cfg)
 opt = torch.optim.AdamW(model.parameters(), lr=1e-3)
 ids = torch.randint(0, 128, (2, 16), generator=torch.Generator().manual_seed(1))
@@ -65,10 +66,10 @@ print(json.dumps({"mean": h.mean().item(), "norm": h.norm().item(), "max": h.max
 """
 
 
-def _run(dump: str, attn: str, fault: bool = False) -> dict[str, float]:
+def _run(dump: str, attn: str, fault: bool = False, eps: float = 1e-6) -> dict[str, float]:
     env = dict(os.environ, PYTHONPATH=os.path.join(REPO, "python"))
     r = subprocess.run(
-        [sys.executable, "-c", SCRIPT, dump, attn, "1" if fault else "0"],
+        [sys.executable, "-c", SCRIPT, dump, attn, "1" if fault else "0", repr(eps)],
         capture_output=True,
         text=True,
         timeout=300,
@@ -140,6 +141,22 @@ def test_a_fault_under_other_attention_is_named(runs: dict[str, Any], tmp_path: 
     code, s = _compare(runs["eager"], runs["sdpa_fault"], str(tmp_path / "out"))
     assert code == 1, s["headline"]
     assert s["first_divergent"]["forward"]["op"] == "Functional.silu.0.forward", s["headline"]
+
+
+def test_a_norm_epsilon_ported_wrong_is_named_with_its_argument(runs: dict[str, Any], tmp_path: Any) -> None:
+    """The port's config sets the RMS norms' epsilon to 1e-5 (the original: 1e-6). It is a
+    Python number added to the variance (``variance + self.variance_epsilon``), so no tensor
+    of that ``add`` differs but its argument; the sum is ~5e-4, a difference atol forgives,
+    and the divergence shows one op later. The headline names the call with the argument."""
+    port = str(tmp_path / "eps")
+    _run(port, "eager", eps=1e-5)
+    code, s = _compare(runs["eager"], port, str(tmp_path / "out"))
+    assert code == 1, s["headline"]
+    assert "was called with different arguments (input.1 = 1e-6 vs 1e-5)" in s["headline"], s["headline"]
+    f = s["other_args"]
+    assert f["op"].startswith("Tensor.__add__.") and f["step"] == "step0", f
+    assert f["args"] == [{"name": "input.1", "bench": "1e-6", "cmp": "1e-5"}], f
+    assert any("variance_epsilon" in frame for frame in f["stack"]), f["stack"]
 
 
 TRAINER = """
