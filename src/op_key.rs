@@ -714,6 +714,15 @@ mod tests {
         // Dunder and dotted API names.
         let d = OpKey::parse("Tensor.__add__.12.forward");
         assert_eq!((d.base(), d.call()), ("Tensor.__add__", Some(12)));
+        let l = OpKey::parse("Torch.linalg.vector_norm.1.backward");
+        assert_eq!(
+            (l.prefix(), l.base(), l.call(), l.kind()),
+            ("Torch", "Torch.linalg.vector_norm", Some(1), OpKind::Api)
+        );
+        assert_eq!(
+            l.forward_twin().as_deref(),
+            Some("Torch.linalg.vector_norm.1.forward")
+        );
     }
 
     #[test]

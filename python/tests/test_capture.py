@@ -1249,6 +1249,34 @@ def test_recurrent_layers_are_captured_at_api_level(tmp_path: Any, level: str) -
     assert math.isclose(out["stats"]["norm"], float(want.double().norm()), rel_tol=1e-6)
 
 
+def test_gradient_clipping_norms_are_recorded(tmp_path: Any) -> None:
+    """``clip_grad_norm_`` takes every gradient's norm in one ``torch._foreach_norm`` call and
+    their total with ``torch.linalg.vector_norm``; neither was hooked, so the norm a clipping
+    threshold is held against left no record. Both are now (msprobe hooks them too), the
+    dotted name as ``Torch.linalg.vector_norm``, and the wrapper is gone after ``stop()``."""
+    vector_norm = torch.linalg.vector_norm
+    torch.manual_seed(0)
+    model = Tiny()
+    x, y = torch.randn(4, 8), torch.randint(0, 4, (4,))
+    dbg = probe.Debugger(None, dump_path=str(tmp_path), level="api")
+    dbg.start(model)
+    F.cross_entropy(model(x), y).backward()
+    total = torch.nn.utils.clip_grad_norm_(model.parameters(), max_norm=0.5)
+    dbg.stop()
+    dbg.step()
+    dbg.close()
+    assert torch.linalg.vector_norm is vector_norm
+    ops = {o["op"]: o for o in read_ops(os.path.join(tmp_path, "step0", "rank0"))}
+    grads = [p for p in model.parameters() if p.grad is not None]
+    norms = ops["Torch._foreach_norm.0.forward"]["tensors"]
+    assert [t["name"].split(".forward.")[1] for t in norms] == [f"input.0.{i}" for i in range(len(grads))] + [
+        f"output.{i}" for i in range(len(grads))
+    ]
+    (out,) = [t for t in ops["Torch.linalg.vector_norm.0.forward"]["tensors"] if t["role"] == "output"]
+    # The total norm clip_grad_norm_ returned, before it scaled the gradients.
+    assert math.isclose(out["stats"]["max"], float(total), rel_tol=1e-6)
+
+
 def test_printing_a_tensor_or_a_state_dict_leaves_no_records(tmp_path: Any) -> None:
     """``print(loss)`` formats the tensor with some twenty calls of hooked APIs (reshape,
     isfinite, masked_select, abs, min, max, ceil ...), and ``model.state_dict()`` detaches

@@ -321,6 +321,12 @@ NPU = [
 ]
 
 
+#: Under ``Torch``, beside torch's own functions (msprobe hooks these too): the norm of every
+#: gradient that ``clip_grad_norm_`` takes in one call, and ``torch.linalg``'s functions as
+#: ``linalg.<name>`` (the clipping's total norm is ``linalg.vector_norm``).
+TORCH_EXTRA = ["_foreach_norm"]
+
+
 def _skip(name: str) -> bool:
     return name.startswith("_") or name.startswith(SKIP_PREFIXES)
 
@@ -356,6 +362,14 @@ def main() -> None:
     ):
         if hasattr(torch, extra) and extra not in torch_ops:
             torch_ops.append(extra)
+    torch_ops += [n for n in TORCH_EXTRA if hasattr(torch, n)]
+    torch_ops += [
+        f"linalg.{n}"
+        for n in dir(torch.linalg)
+        if not n.startswith("_")
+        and callable(getattr(torch.linalg, n))
+        and not inspect.isclass(getattr(torch.linalg, n))
+    ]
     functional = sorted(
         n
         for n in dir(F)

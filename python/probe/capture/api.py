@@ -216,6 +216,15 @@ def _owners() -> dict[str, Any]:
     return owners
 
 
+def _holder(owner: Any, name: str) -> tuple[Any, str]:
+    """The object a listed name is an attribute of, and that attribute: ``linalg.vector_norm``
+    under ``Torch`` is ``vector_norm`` of ``torch.linalg`` (msprobe's names for them)."""
+    *path, attr = name.split(".")
+    for part in path:
+        owner = getattr(owner, part, None)
+    return owner, attr
+
+
 CallHandler = Callable[[Callable[..., Any], str, Inplace, tuple[Any, ...], dict[str, Any]], Any]
 #: An autograd alias of a tensor, through which an input's gradient reaches a hook: the
 #: ``aten::alias`` view, whose backward hands the gradient on as it comes. ``view_as``'s
@@ -280,7 +289,8 @@ class ApiPatcher:
             if owner is None:
                 continue
             for name in names:
-                orig = getattr(owner, name, None)
+                holder, attr = _holder(owner, name)
+                orig = getattr(holder, attr, None)
                 if orig is None or not callable(orig) or isinstance(orig, type):
                     continue
                 inplace: Inplace
@@ -288,7 +298,7 @@ class ApiPatcher:
                     api, inplace = f"Distributed.{name}", False
                 else:
                     api, inplace = f"{api_type}.{name}", is_inplace(api_type, name)
-                out.append((owner, name, _make_wrapper(handler, orig, api, inplace)))
+                out.append((holder, attr, _make_wrapper(handler, orig, api, inplace)))
         out.extend(tracer_patches(self._unhooked))
         # Code that calls hooked APIs but is not the model's computation, each call of which
         # left a record: printing a tensor (``print(loss)``, ``repr``: reshape, isfinite,
@@ -331,7 +341,8 @@ class ApiPatcher:
         owners = _owners()
         types = (api_type, "Funcol") if api_type == "Distributed" else (api_type,)
         return any(
-            name in self._api_list.get(t, ()) and callable(getattr(owners.get(t), name, None))
+            name in self._api_list.get(t, ())
+            and callable(getattr(*_holder(owners.get(t), name), None))
             for t in types
         )
 
