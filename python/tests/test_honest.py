@@ -198,6 +198,15 @@ def test_an_uninitialised_buffer_in_the_port_is_named_with_its_leftover_bytes(tm
 CLIPPED = """
 import sys, torch, probe
 import torch.nn.functional as F
+if sys.argv[3:] == ["faulty-norm"]:  # a multi-tensor norm kernel 10 % off on its first tensor
+    norms = torch._foreach_norm
+
+    def faulty(tensors, *args, **kwargs):
+        out = list(norms(tensors, *args, **kwargs))
+        out[0] = out[0] * 1.1
+        return out
+
+    torch._foreach_norm = faulty
 torch.manual_seed(0)
 model = torch.nn.Sequential(torch.nn.Linear(16, 32), torch.nn.GELU(), torch.nn.Linear(32, 4))
 opt = torch.optim.Adam(model.parameters(), lr=1e-2)
@@ -242,3 +251,26 @@ def test_a_clipping_threshold_ported_wrong_is_named_as_an_argument_not_a_kernel(
     assert any("clip_grad_norm_" in frame for frame in f["stack"]), f["stack"]
     # The forward of step 0 is the same on both sides.
     assert s["first_divergent"]["forward"] is None, s["first_divergent"]["forward"]
+
+
+def test_a_faulty_multi_tensor_norm_kernel_is_named(tmp_path: Any) -> None:
+    """The port's ``_foreach_norm`` (a custom kernel on NPU) computes one gradient's norm 10 %
+    too large: the gradients it reads agree, and compare names it, not the clipping op
+    after it nor a tensor "from outside"."""
+    script = tmp_path / "train.py"
+    script.write_text(CLIPPED, encoding="utf-8")
+    for side, extra in (("bench", []), ("cmp", ["faulty-norm"])):
+        r = subprocess.run(
+            [sys.executable, str(script), str(tmp_path / side), "1.0", *extra],
+            capture_output=True,
+            text=True,
+            timeout=300,
+            env={**os.environ, "PYTHONPATH": os.path.join(REPO, "python")},
+        )
+        assert r.returncode == 0, r.stderr
+    r, s = _compare(tmp_path / "bench", tmp_path / "cmp", tmp_path / "out")
+    assert r.returncode == EXIT_FAIL, r.stdout + r.stderr
+    f = s["first_divergent"]["backward"]
+    assert f["op"] == "Torch._foreach_norm.0.forward" and f["step"] == "step0", s["headline"]
+    assert f["tensor"].endswith(".output.0"), f
+    assert "first divergent op Torch._foreach_norm.0.forward" in s["headline"], s["headline"]
