@@ -454,6 +454,11 @@ pub fn localize(
                     out.judgement.err,
                     list.join(", ")
                 );
+                let expl = if inherited {
+                    format!("{expl} (note: the forward diverged first)")
+                } else {
+                    expl
+                };
                 let mut at_op = finding(&at, &g, out, expl);
                 at_op.args = diffs;
                 *f.first_divergent.slot(dir) = Some(at_op);
