@@ -83,6 +83,7 @@ fn pair_summary(u: &UnitSummary) -> PairSummary {
         unmatched_fraction: u.coverage.as_ref().map(|c| c.unmatched_fraction()),
         findings: u.findings.clone(),
         regions: u.regions.clone(),
+        loss_scale: u.loss_scale.clone(),
     }
 }
 
@@ -387,7 +388,7 @@ fn headline(verdict: Verdict, c: &Counts, pairs: &[PairSummary]) -> String {
     if c.tensors == 0 {
         return "NOTHING COMPARABLE: no tensor is present on both sides".into();
     }
-    let note = regions_note(pairs) + &args_note(pairs);
+    let note = regions_note(pairs) + &args_note(pairs) + &scale_note(pairs);
     match verdict {
         Verdict::Pass => format!("PASS: all {} tensors within tolerance{note}", c.tensors),
         Verdict::Warning => format!(
@@ -467,7 +468,7 @@ fn headline(verdict: Verdict, c: &Counts, pairs: &[PairSummary]) -> String {
                     )
                 }
             };
-            line + &hint
+            line + &hint + &scale_note(pairs)
         }
     }
 }
@@ -499,6 +500,29 @@ fn region_of<'a>(pairs: &'a [PairSummary], x: &Finding) -> Option<&'a Region> {
 }
 
 /// What a passing headline adds when code paths differ: where, and how it was compared.
+/// A loss scale found between the runs (`loss_scale`): said, since every gradient was
+/// compared divided by it.
+fn scale_note(pairs: &[PairSummary]) -> String {
+    let scaled: Vec<&PairSummary> = pairs.iter().filter(|p| p.loss_scale.is_some()).collect();
+    let Some(first) = scaled.first() else {
+        return String::new();
+    };
+    let s = first
+        .loss_scale
+        .as_ref()
+        .map(|s| s.brief())
+        .unwrap_or_default();
+    let all = scaled
+        .iter()
+        .all(|p| p.loss_scale.as_ref().map(|s| s.brief()) == Some(s.clone()));
+    let where_ = if scaled.len() == pairs.len() && all {
+        String::new()
+    } else {
+        format!(" in {} of {} step/rank pairs", scaled.len(), pairs.len())
+    };
+    format!("; the cmp run's gradients are {s} the bench's (a loss scale{where_}): compared divided by it")
+}
+
 /// Where no op is named (a pass, a warning, accumulated drift): the first op called with
 /// different non-tensor arguments, if any, as a hint.
 fn args_note<'a>(pairs: impl IntoIterator<Item = &'a PairSummary>) -> String {

@@ -1277,6 +1277,32 @@ def test_gradient_clipping_norms_are_recorded(tmp_path: Any) -> None:
     assert math.isclose(out["stats"]["max"], float(total), rel_tol=1e-6)
 
 
+def test_gradients_unscaled_by_amp_are_recorded_unscaled(tmp_path: Any) -> None:
+    """``GradScaler.unscale_`` divides the gradients in place with an operator that bumps no
+    version counter: the optimizer's reads of them were recorded with the statistics of the
+    scaled gradients the backward left (1024 times too large here). They are recorded as
+    they are read."""
+    torch.manual_seed(0)
+    model = Tiny()
+    opt = torch.optim.Adam(model.parameters(), lr=1e-2)
+    scaler = torch.amp.GradScaler("cpu", init_scale=1024.0)
+    x, y = torch.randn(4, 8), torch.randint(0, 4, (4,))
+    dbg = probe.Debugger(None, dump_path=str(tmp_path), level="api")
+    dbg.start(model)
+    scaler.scale(F.cross_entropy(model(x), y)).backward()
+    scaler.step(opt)
+    scaler.update()
+    dbg.stop()
+    dbg.step()
+    dbg.close()
+    ops = {o["op"]: o for o in read_ops(os.path.join(tmp_path, "step0", "rank0"))}
+    # Adam's first lerp_ reads the first parameter's (unscaled) gradient.
+    (grad,) = [t for t in ops["Tensor.lerp_.0.forward"]["tensors"] if t["name"].endswith("input.1")]
+    first = next(model.parameters())
+    assert first.grad is not None
+    assert math.isclose(grad["stats"]["norm"], float(first.grad.double().norm()), rel_tol=1e-6), grad
+
+
 def test_printing_a_tensor_or_a_state_dict_leaves_no_records(tmp_path: Any) -> None:
     """``print(loss)`` formats the tensor with some twenty calls of hooked APIs (reshape,
     isfinite, masked_select, abs, min, max, ceil ...), and ``model.state_dict()`` detaches

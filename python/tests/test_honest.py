@@ -274,3 +274,66 @@ def test_a_faulty_multi_tensor_norm_kernel_is_named(tmp_path: Any) -> None:
     assert f["op"] == "Torch._foreach_norm.0.forward" and f["step"] == "step0", s["headline"]
     assert f["tensor"].endswith(".output.0"), f
     assert "first divergent op Torch._foreach_norm.0.forward" in s["headline"], s["headline"]
+
+
+AMP = """
+import sys, torch, probe
+import torch.nn.functional as F
+dump, dtype, scaled, faulty = sys.argv[1], sys.argv[2], sys.argv[3] == "scaler", sys.argv[4] == "faulty"
+if faulty:  # the port's GELU kernel 30 % off
+    gelu = F.gelu
+    F.gelu = lambda x, approximate="none": gelu(x, approximate=approximate) * 1.3
+torch.manual_seed(0)
+model = torch.nn.Sequential(torch.nn.Linear(16, 32), torch.nn.GELU(), torch.nn.Linear(32, 4))
+opt = torch.optim.Adam(model.parameters(), lr=1e-2)
+scaler = torch.amp.GradScaler("cpu", init_scale=1024.0) if scaled else None
+x, y = torch.randn(8, 16), torch.randint(0, 4, (8,))
+dbg = probe.Debugger(None, dump_path=dump, level="mix", mode="statistics")
+for _ in range(2):
+    dbg.start(model)
+    opt.zero_grad()
+    with torch.autocast("cpu", dtype=getattr(torch, dtype)):
+        loss = F.cross_entropy(model(x), y)
+    if scaler is not None:
+        scaler.scale(loss).backward()
+        scaler.step(opt)
+        scaler.update()
+    else:
+        loss.backward()
+        opt.step()
+    dbg.stop()
+    dbg.step()
+dbg.close()
+"""
+
+
+def _amp_run(tmp_path: Path, side: str, *argv: str) -> Path:
+    script = tmp_path / "amp.py"
+    script.write_text(AMP, encoding="utf-8")
+    r = subprocess.run(
+        [sys.executable, str(script), str(tmp_path / side), *argv],
+        capture_output=True,
+        text=True,
+        timeout=300,
+        env={**os.environ, "PYTHONPATH": os.path.join(REPO, "python")},
+    )
+    assert r.returncode == 0, r.stderr
+    return tmp_path / side
+
+
+def test_a_port_in_float16_with_loss_scaling_is_compared_unscaled(tmp_path: Path) -> None:
+    """The GPU run trains in bfloat16; the port (an NPU without bfloat16) in float16 with
+    AMP's GradScaler, whose loss scale (1024) multiplies every gradient. The gradients were
+    all errors and the loss's gradient named as where the divergence "enters from outside".
+    They are compared divided by the scale, which the headline says, and nothing diverges;
+    a fault in the port's GELU is still named."""
+    bench = _amp_run(tmp_path, "bench", "bfloat16", "none", "ok")
+    cmp_ = _amp_run(tmp_path, "cmp", "float16", "scaler", "ok")
+    r, s = _compare(bench, cmp_, tmp_path / "out")
+    assert r.returncode == 0, r.stdout + r.stderr
+    assert s["counts"]["error"] == 0 and "1024x (2^10)" in s["headline"], s["headline"]
+    assert [p["loss_scale"]["ratio"] for p in s["pairs"]] == [1024.0, 1024.0], s["pairs"]
+    faulty = _amp_run(tmp_path, "faulty", "float16", "scaler", "faulty")
+    r, s = _compare(bench, faulty, tmp_path / "out2")
+    assert r.returncode == EXIT_FAIL, r.stdout + r.stderr
+    assert s["first_divergent"]["forward"]["op"] == "Functional.gelu.0.forward", s["headline"]

@@ -20,6 +20,7 @@ pub mod coverage;
 pub mod cross_rank;
 pub mod judge;
 pub mod judged;
+pub mod loss_scale;
 pub mod mapping;
 pub mod measure;
 pub mod plan;
@@ -123,6 +124,10 @@ pub struct UnitSummary {
     /// Ops with compared tensors, and how many of them fail: the error chart's size, known
     /// before its one pass over the rows.
     pub chart: ChartCounts,
+    /// The comparison run's gradients over the benchmark's, when a power of two
+    /// (`loss_scale`): its gradients were compared divided by it.
+    #[serde(default)]
+    pub loss_scale: Option<loss_scale::LossScale>,
 }
 
 /// How many ops a unit's rows hold (consecutive rows of one op) and how many of them have
@@ -442,6 +447,23 @@ pub fn compare_unit(
     let stacks = std::mem::take(&mut dumps.cmp.stacks);
     crate::memory::trace("reading");
     let alignment = opts.aligner.align(dumps);
+    // One run's gradients a power of two times the other's: compared divided by it.
+    let scale = loss_scale::detect(&alignment);
+    let alignment = match &scale {
+        Some(s) => {
+            warnings.push(format!(
+                "{}/{}: the cmp run's gradients are {} the bench's from {} on: a loss scale \
+                 (AMP's GradScaler, a static loss_scale); their statistics are compared \
+                 divided by it, their data and checksums not compared",
+                unit.step,
+                unit.rank,
+                s.brief(),
+                s.at
+            ));
+            loss_scale::unscaled(alignment, s)
+        }
+        None => alignment,
+    };
     crate::memory::trace("aligning");
     let regions = alignment.regions.clone();
     let coverage = coverage::of(&alignment);
@@ -516,6 +538,7 @@ pub fn compare_unit(
         counts: tally.counts,
         worst: tally.worst,
         chart: tally.chart,
+        loss_scale: scale,
     };
     Ok((summary, table))
 }

@@ -133,6 +133,16 @@ impl std::fmt::Debug for Stats {
 }
 
 impl Stats {
+    /// The statistics of the tensor divided by `s` (a loss scale: a power of two, so the
+    /// division is exact): max, min, mean and norm; NaN/Inf counts unchanged.
+    pub fn divided(self, s: f64) -> Stats {
+        let mut out = self;
+        for v in &mut out.values {
+            *v /= s;
+        }
+        out
+    }
+
     fn value(&self, i: usize) -> Option<f64> {
         (self.present.get() & (1 << i) != 0).then_some(self.values[i])
     }

@@ -676,6 +676,22 @@ impl Ops {
         b.finish()
     }
 
+    /// The same ops and tensors, in the same places, each tensor's record as `f` makes it
+    /// from its op and its own (a new store: what compare reads through a transformation).
+    pub fn with_tensors(self, f: impl for<'a> Fn(Op<'a>, TensorIn<'a>) -> TensorIn<'a>) -> Ops {
+        let mut b = OpsBuilder::default();
+        for op in self.iter() {
+            let names: Vec<Cow<str>> = op.tensors().map(Tensor::name).collect();
+            let tensors = op
+                .tensors()
+                .zip(&names)
+                .map(|(t, name)| f(op, TensorIn { name, ..t.parts() }));
+            // What fitted once fits again (`f` only makes records smaller).
+            let _ = b.push(op.parts(), tensors);
+        }
+        b.finish()
+    }
+
     /// The first `n` ops (all when there are fewer).
     pub fn truncated(mut self, n: usize) -> Ops {
         if n < self.ops.len() {

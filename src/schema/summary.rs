@@ -283,6 +283,10 @@ pub struct PairSummary {
     /// Stretches whose code paths differ, compared at their boundary tensors.
     #[serde(default)]
     pub regions: Vec<crate::compare::Region>,
+    /// The comparison run's gradients over the benchmark's when a power of two (a loss
+    /// scale): its gradients were compared divided by it.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub loss_scale: Option<crate::compare::loss_scale::LossScale>,
 }
 
 /// One of the worst ops of the compare.

@@ -378,6 +378,16 @@ def _quiet(orig: Callable[..., Any]) -> Any:
 #: seeing it: FSDP (both) frees a gathered parameter's memory with ``resize_(0)`` after its
 #: forward and allocates it again with ``resize_(n)`` before its backward.
 _STORAGE_WRITES = ("resize_", "fill_", "copy_")
+#: Operators that write tensors in place without bumping their version counters, with the
+#: positions of the tensor lists they write: AMP's unscaling of the gradients before the
+#: optimizer step (``GradScaler.unscale_``), and the fused Adam/AdamW steps (parameters,
+#: moments, steps). Without this, the optimizer's reads of the gradients after unscaling
+#: were recorded with the statistics of the scaled gradients the backward left.
+_UNVERSIONED_WRITES = (
+    (torch, "_amp_foreach_non_finite_check_and_unscale_", (0,)),
+    (torch, "_fused_adam_", (0, 2, 3, 4, 5)),
+    (torch, "_fused_adamw_", (0, 2, 3, 4, 5)),
+)
 #: The calls that allocate memory and leave its bytes as they were (Dataflow.mark_unwritten).
 _ALLOCATORS = (
     (torch, "empty"),
@@ -409,7 +419,24 @@ def _memory_patches() -> list[tuple[Any, str, Any]]:
         orig = getattr(owner, name, None)
         if callable(orig):
             out.append((owner, name, _allocator(orig)))
+    for owner, name, at in _UNVERSIONED_WRITES:
+        orig = getattr(owner, name, None)
+        if callable(orig):
+            out.append((owner, name, _unversioned_write(orig, at)))
     return out
+
+
+def _unversioned_write(orig: Callable[..., Any], at: tuple[int, ...]) -> Any:
+    def run(*args: Any, **kwargs: Any) -> Any:
+        out = orig(*args, **kwargs)
+        cap = None if compiling() else DISPATCH.current
+        if cap is not None:
+            cap.tensors_written([args[i] for i in at if i < len(args)])
+        return out
+
+    functools.update_wrapper(run, orig)
+    run.__probe_wrapped__ = orig  # type: ignore[attr-defined]
+    return run
 
 
 def _storage_write(orig: Callable[..., Any], grows: bool) -> Any:
@@ -728,6 +755,12 @@ class ApiCapture:
         (:func:`_memory_patches`)."""
         if self._dbg._dataflow:
             self._flow.note_storage(storage)
+
+    def tensors_written(self, written: list[Any]) -> None:
+        """The tensors in ``written`` (lists of them) were written in place by an operator
+        that bumps no version counter (:data:`_UNVERSIONED_WRITES`)."""
+        if self._dbg._dataflow:
+            self._flow.note_write(written)
 
     def memory_allocated(self, storage: Any, t: Optional[torch.Tensor]) -> None:
         """``storage`` (or ``t``'s) was just allocated, its bytes not written yet

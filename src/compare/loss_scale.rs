@@ -1,0 +1,105 @@
+//! Loss scaling: one run's gradients a power of two times the other's.
+//!
+//! Why: mixed precision in float16 multiplies the loss by a scale before the backward
+//! (AMP's `GradScaler`, a static `loss_scale` in Megatron-LM or DeepSpeed) so that small
+//! gradients do not underflow, and unscales the gradients before the optimizer step. A
+//! port to an NPU without bfloat16 does exactly that while the GPU run does not; every
+//! gradient then differs by the scale, and the first backward op was named as where the
+//! divergence "enters from outside". The scale is found from the first gradient the two runs
+//! share (the loss's own, as a rule): when the comparison side's is a power of two times
+//! the benchmark's (within 5 %, which the forward's rounding leaves room for), every
+//! gradient of the comparison side is compared divided by it: its statistics are divided
+//! (exact, a power of two), its data and checksum set aside (they hold scaled values), so
+//! those pairs compare by statistics. What the optimizer reads after unscaling, and the
+//! forward (recomputed forwards included), is compared as recorded.
+
+use super::align::Alignment;
+use crate::dump::{Direction, Op, OpKind, Role, TensorIn};
+use serde::{Deserialize, Serialize};
+
+/// The largest relative departure from a power of two that still reads as a loss scale.
+const NEAR: f64 = 0.05;
+
+/// A loss scale found in a step/rank pair.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct LossScale {
+    /// The comparison run's gradients over the benchmark's: a power of two (1024, 2^-16).
+    pub ratio: f64,
+    /// The op of the first gradient both runs recorded, where it was measured.
+    pub at: String,
+}
+
+impl LossScale {
+    /// `1024x (2^10)`, `1/65536x (2^-16)`.
+    pub fn brief(&self) -> String {
+        let k = self.ratio.log2().round();
+        if self.ratio < 1.0 {
+            format!("1/{}x (2^{k})", 1.0 / self.ratio)
+        } else {
+            format!("{}x (2^{k})", self.ratio)
+        }
+    }
+}
+
+/// Whether an op's tensors are gradients: backward records, parameter gradients and DDP's
+/// gradient all-reduce.
+pub fn holds_gradients(op: Op) -> bool {
+    op.direction() == Direction::Backward
+        || op.kind() == OpKind::ParametersGrad
+        || op.key().base_text() == "Distributed.ddp_bucket_allreduce"
+}
+
+/// The loss scale between the two sides of an aligned unit, if its first shared gradient
+/// says there is one (see the module docs).
+pub fn detect(al: &Alignment) -> Option<LossScale> {
+    let (bench, cmp) = (&al.dumps.bench.ops, &al.dumps.cmp.ops);
+    let seed = al.matches.iter().find(|m| {
+        let op = cmp.get(m.refs.cmp.op());
+        op.direction() == Direction::Backward
+            && op.tensor(m.refs.cmp.tensor()).role() == Role::Input
+    })?;
+    let b = bench
+        .get(seed.refs.bench.op())
+        .tensor(seed.refs.bench.tensor())
+        .stats()?;
+    let c_op = cmp.get(seed.refs.cmp.op());
+    let c = c_op.tensor(seed.refs.cmp.tensor()).stats()?;
+    let ratio = c.norm()? / b.norm()?;
+    if !ratio.is_finite() || ratio <= 0.0 {
+        return None;
+    }
+    let k = ratio.log2().round();
+    if k == 0.0 || k.abs() > 64.0 {
+        return None;
+    }
+    let scale = k.exp2();
+    // The largest magnitude says the same (a norm alone could be a coincidence).
+    let amax = |s: &crate::dump::Stats| Some(s.max()?.abs().max(s.min()?.abs()));
+    let near = |r: f64| (r / scale - 1.0).abs() <= NEAR;
+    let agree = match (amax(&b), amax(&c)) {
+        (Some(x), Some(y)) if x > 0.0 => near(y / x),
+        _ => true,
+    };
+    (near(ratio) && agree).then(|| LossScale {
+        ratio: scale,
+        at: c_op.key().text().to_string(),
+    })
+}
+
+/// The unit with the comparison side's gradients divided by the scale (module docs).
+pub fn unscaled(al: Alignment, s: &LossScale) -> Alignment {
+    let mut al = al;
+    let ops = std::mem::take(&mut al.dumps.cmp.ops);
+    al.dumps.cmp.ops = ops.with_tensors(|op, t| {
+        if !holds_gradients(op) {
+            return t;
+        }
+        TensorIn {
+            stats: t.stats.map(|x| x.divided(s.ratio)),
+            checksum: None,
+            data: None,
+            ..t
+        }
+    });
+    al
+}

@@ -1,0 +1,109 @@
+//! Loss scaling (AMP's GradScaler, a static loss_scale): one run's gradients a power of two
+//! times the other's are compared divided by it, and said; a ratio that is no power of two,
+//! or a gradient that differs beyond the scale, is still a divergence.
+
+mod common;
+use common::*;
+use probe::schema::dump::OpRecord;
+use std::path::Path;
+
+/// A one-rank run: `gelu` forward, then its backward and a parameter gradient, with every
+/// gradient times `scale` and the parameter gradient also times `extra`.
+fn run(dir: &Path, scale: f32, extra: f32) {
+    let x = vec![1.0f32, -2.0, 3.0, 0.5];
+    let y = vec![0.84f32, -0.05, 2.99, 0.35];
+    let seed: Vec<f32> = vec![0.25 * scale; 4];
+    let dx: Vec<f32> = [0.27f32, -0.02, 0.26, 0.22]
+        .iter()
+        .map(|v| v * scale)
+        .collect();
+    let dw: Vec<f32> = [0.5f32, -0.1].iter().map(|v| v * scale * extra).collect();
+    let mut grad = op_record(
+        "Module.fc.Linear.parameters_grad",
+        &[("weight", "parameter", dw)],
+    );
+    grad.kind = "parameters_grad".into();
+    grad.direction = "backward".into();
+    grad.tensors[0].name = "Module.fc.Linear.parameters_grad.weight".into();
+    let records: Vec<OpRecord> = vec![
+        op_record(
+            "Functional.gelu.0.forward",
+            &[("input.0", "input", x.clone()), ("output.0", "output", y)],
+        ),
+        op_record(
+            "Functional.gelu.0.backward",
+            &[("input.0", "input", seed), ("output.0", "output", dx)],
+        ),
+        grad,
+        // The optimizer, after unscaling: as recorded on both sides.
+        op_record(
+            "Tensor.add_.0.forward",
+            &[("input.0", "input", x.clone()), ("output.0", "output", x)],
+        ),
+    ];
+    write_op_log(dir, records);
+}
+
+#[test]
+fn gradients_a_power_of_two_apart_are_compared_divided_by_it() {
+    let d = tempfile::tempdir().unwrap();
+    run(&d.path().join("bench"), 1.0, 1.0);
+    run(&d.path().join("cmp"), 1024.0, 1.0);
+    let o = compare(d.path(), &[]);
+    assert_eq!(o.code, 0, "{}{}", o.stdout, o.stderr);
+    let s = summary(d.path());
+    assert_eq!(s["verdict"], "pass", "{}", s["headline"]);
+    assert_eq!(s["counts"]["pass"], s["counts"]["tensors"]);
+    let h = s["headline"].as_str().unwrap();
+    assert!(
+        h.ends_with("; the cmp run's gradients are 1024x (2^10) the bench's (a loss scale): compared divided by it"),
+        "{h}"
+    );
+    let p = &s["pairs"][0]["loss_scale"];
+    assert_eq!(p["ratio"], 1024.0);
+    assert_eq!(p["at"], "Functional.gelu.0.backward");
+    assert!(o.stderr.contains("a loss scale"), "{}", o.stderr);
+    // The bench scaled instead: the same, the other way round.
+    let e = tempfile::tempdir().unwrap();
+    run(&e.path().join("bench"), 65536.0, 1.0);
+    run(&e.path().join("cmp"), 1.0, 1.0);
+    let o = compare(e.path(), &[]);
+    assert_eq!(o.code, 0, "{}{}", o.stdout, o.stderr);
+    assert_eq!(
+        summary(e.path())["pairs"][0]["loss_scale"]["ratio"],
+        1.0 / 65536.0
+    );
+}
+
+#[test]
+fn a_ratio_that_is_no_power_of_two_is_a_divergence() {
+    let d = tempfile::tempdir().unwrap();
+    run(&d.path().join("bench"), 1.0, 1.0);
+    run(&d.path().join("cmp"), 3.0, 1.0);
+    let o = compare(d.path(), &[]);
+    assert_eq!(o.code, 1, "{}{}", o.stdout, o.stderr);
+    let s = summary(d.path());
+    assert!(
+        s["pairs"][0].get("loss_scale").is_none(),
+        "{}",
+        s["pairs"][0]
+    );
+    assert!(!s["headline"].as_str().unwrap().contains("loss scale"));
+}
+
+#[test]
+fn a_gradient_that_differs_beyond_the_scale_is_still_found() {
+    let d = tempfile::tempdir().unwrap();
+    run(&d.path().join("bench"), 1.0, 1.0);
+    // The weight's gradient 10 % off, after the scale is taken out.
+    run(&d.path().join("cmp"), 1024.0, 1.1);
+    let o = compare(d.path(), &[]);
+    assert_eq!(o.code, 1, "{}{}", o.stdout, o.stderr);
+    let s = summary(d.path());
+    assert_eq!(s["counts"]["error"], 1, "{}", s["headline"]);
+    assert_eq!(
+        s["worst_ops"][0]["tensor"],
+        "Module.fc.Linear.parameters_grad.weight"
+    );
+    assert!(s["headline"].as_str().unwrap().contains("a loss scale"));
+}
