@@ -157,6 +157,10 @@ def test_a_norm_epsilon_ported_wrong_is_named_with_its_argument(runs: dict[str, 
     assert f["op"].startswith("Tensor.__add__.") and f["step"] == "step0", f
     assert f["args"] == [{"name": "input.1", "bench": "1e-6", "cmp": "1e-5"}], f
     assert any("variance_epsilon" in frame for frame in f["stack"]), f["stack"]
+    # Where it first fails, the op before it that only warned is named as where the
+    # difference may have grown.
+    outside = s["external_source"]["forward"]
+    assert outside is not None and "below the error tolerance" in outside["explanation"], outside
 
 
 TRAINER = """

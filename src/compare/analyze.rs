@@ -356,10 +356,32 @@ pub fn localize(
                     (_, true) => "a tensor no captured op produced (weight, data batch or random draw)",
                     _ => "a tensor that differs before any captured op fails (produced or changed outside the captured ops)",
                 };
+                // Earlier ops of the phase that only warned: the difference may have grown
+                // there, below the error tolerance (a small one that atol forgave, say).
+                let warned: Vec<u32> = dir_ops
+                    .iter()
+                    .take_while(|&&j| j != k)
+                    .filter(|&&j| briefs[j as usize].flagged)
+                    .copied()
+                    .collect();
+                let earlier = match warned.first() {
+                    Some(&j) if !inp.tensor.external => {
+                        let (n, verb) = match warned.len() {
+                            1 => ("one".to_string(), "warns"),
+                            n => (n.to_string(), "warn"),
+                        };
+                        format!(
+                            "no earlier captured op fails, though {n} {verb} from {} on: the \
+                             difference may have grown there, below the error tolerance",
+                            unit.key(j as usize).text()
+                        )
+                    }
+                    _ => "no earlier captured op fails".to_string(),
+                };
                 let expl = format!(
                     "the divergence enters from outside the captured ops: {} is {what}; \
-                     no earlier captured op fails. Check the config-check categories \
-                     (weights, dataset, random seeds) before suspecting this op",
+                     {earlier}. Check the config-check categories (weights, dataset, random \
+                     seeds) before suspecting this op",
                     inp.tensor.name
                 );
                 *f.external_source.slot(dir) = Some(finding(&at, &g, inp, expl));
