@@ -12,7 +12,10 @@
 //! - **underflow**: an op whose float inputs are not all zero but whose float outputs are
 //!   all zero (fp16 gradients vanishing), for ops that do not zero by design.
 //! - **loss-scaler skipped steps**, where the scaler's ops were captured: a `found_inf` of
-//!   `_amp_foreach_non_finite_check_and_unscale_` / `_amp_update_scale_` that is set.
+//!   `_amp_foreach_non_finite_check_and_unscale_` / `_amp_update_scale_` that is set. The
+//!   NaN/Inf of such a step's gradients is what the scaler is there for (float16 gradients
+//!   overflowing under the loss scale, the step skipped and the scale lowered): a warning,
+//!   counted apart. NaN/Inf in its forward is an error still.
 //!
 //! Statistics are enough (every probe and msprobe dump records them); the verdict rules are
 //! all here, the reports reuse [`crate::report`].
@@ -46,6 +49,8 @@ pub enum Flag {
     /// Holds NaN or +Inf computed from leftover bytes (memory nothing had written): what
     /// an uninitialised buffer gives, and by design a pipeline stage's shape inference.
     Leftover,
+    /// A gradient holding NaN or +Inf in a step the loss scaler skipped.
+    ScalerSkipped,
 }
 
 impl Flag {
@@ -58,6 +63,7 @@ impl Flag {
             Flag::OverflowRisk => "overflow risk",
             Flag::NonFinite => "nan/inf",
             Flag::Leftover => "nan/inf from leftover bytes",
+            Flag::ScalerSkipped => "nan/inf in a step the loss scaler skipped",
         }
     }
 
@@ -65,7 +71,7 @@ impl Flag {
     pub fn verdict(self) -> Verdict {
         match self {
             Flag::Finite | Flag::NegInfOnly => Verdict::Pass,
-            Flag::Underflow | Flag::OverflowRisk => Verdict::Warning,
+            Flag::Underflow | Flag::OverflowRisk | Flag::ScalerSkipped => Verdict::Warning,
             // An error still: memory that code the agent does not see (a C++ extension's
             // kernel) wrote can look unwritten, and a real NaN must not pass as a warning.
             Flag::NonFinite | Flag::Leftover => Verdict::Error,
@@ -225,6 +231,30 @@ fn zeroes_by_design(op: Op) -> bool {
 /// counts too) are not taken.
 const UNWRITTEN: &str = "unwritten memory (leftover bytes), not scanned";
 
+/// Whether the loss scaler skipped this step: its `found_inf` is set where it is read after
+/// the gradients were checked (`_amp_update_scale_`'s third argument), or where msprobe
+/// records it after the check (`_amp_foreach_non_finite_check_and_unscale_`'s second).
+/// probe's agent records inputs before the call, so only the former tells there.
+fn scaler_skipped(ops: &dump::Ops) -> bool {
+    ops.iter().any(|op| {
+        let key = op.key();
+        let base = key.base_text();
+        let slot = if base.ends_with("._amp_update_scale_") {
+            "input.2"
+        } else if base.ends_with("._amp_foreach_non_finite_check_and_unscale_") {
+            "input.1"
+        } else {
+            return false;
+        };
+        op.tensors().any(|t| {
+            let name = t.name();
+            (name.ends_with(slot) || name.ends_with("found_inf"))
+                && is_float(t)
+                && t.stats().and_then(|s| s.max()).is_some_and(|m| m > 0.0)
+        })
+    })
+}
+
 /// The scan's flag and reason for one tensor of `op`.
 fn flag_of(t: Tensor, op: Op, inputs_nonzero: bool, margin: f64) -> (Flag, String) {
     if t.unwritten() {
@@ -360,7 +390,10 @@ pub fn scan_unit(dump: RankDump, opts: &ScanOptions) -> ScanUnit {
         .find(|o| o.direction() == Direction::Backward)
         .map(|o| o.seq());
     let mut rows: Vec<ScanRow> = Vec::with_capacity(ops.tensor_count());
-    let mut findings = ScanFindings::default();
+    let mut findings = ScanFindings {
+        loss_scaler_skipped: scaler_skipped(&ops),
+        ..ScanFindings::default()
+    };
     // Where each forward call's rows are: a backward call also consumes what its forward
     // call saved, so NaN there is inherited, not produced.
     let mut forward_rows: std::collections::HashMap<&str, std::ops::Range<usize>> =
@@ -420,6 +453,16 @@ pub fn scan_unit(dump: RankDump, opts: &ScanOptions) -> ScanUnit {
             if let (Flag::NonFinite, Some(o)) = (flag, derived) {
                 flag = Flag::Leftover;
                 reason = format!("{reason}, computed from leftover bytes read as {o}");
+            }
+            if flag == Flag::NonFinite
+                && findings.loss_scaler_skipped
+                && crate::compare::loss_scale::holds_gradients(op)
+            {
+                flag = Flag::ScalerSkipped;
+                reason = format!(
+                    "{reason}, a gradient of a step the loss scaler skipped (overflow under \
+                     the loss scale)"
+                );
             }
             rows.push(ScanRow {
                 op: info.clone(),
@@ -511,19 +554,6 @@ pub fn scan_unit(dump: RankDump, opts: &ScanOptions) -> ScanUnit {
                     .push(finding(unit, &stacks, &group, r, expl));
             }
         }
-        let key = op.key();
-        let scaler = key
-            .base()
-            .contains("_amp_foreach_non_finite_check_and_unscale_")
-            || key.base().contains("_amp_update_scale");
-        if scaler {
-            let found_inf = op.tensors().any(|t| {
-                (t.name().contains("found_inf") || t.shape().iter().product::<usize>() == 1)
-                    && is_float(t)
-                    && t.stats().and_then(|s| s.max()).is_some_and(|m| m > 0.0)
-            });
-            findings.loss_scaler_skipped |= found_inf;
-        }
     }
     ScanUnit {
         step: loc.step.clone(),
@@ -584,6 +614,7 @@ pub fn summarize(run: &ScanRun, fail_on: FailOn) -> ScanSummary {
             match r.flag {
                 Flag::NonFinite => c.nonfinite += 1,
                 Flag::Leftover => c.nonfinite_from_leftover += 1,
+                Flag::ScalerSkipped => c.nonfinite_scaler_skipped += 1,
                 Flag::NegInfOnly => c.neg_inf_only += 1,
                 Flag::OverflowRisk => c.overflow_risk += 1,
                 Flag::Underflow => c.underflow += 1,
@@ -594,7 +625,7 @@ pub fn summarize(run: &ScanRun, fail_on: FailOn) -> ScanSummary {
     }
     let verdict = if c.nonfinite + c.nonfinite_from_leftover > 0 {
         Verdict::Error
-    } else if c.overflow_risk + c.underflow > 0 {
+    } else if c.overflow_risk + c.underflow + c.nonfinite_scaler_skipped > 0 {
         Verdict::Warning
     } else {
         Verdict::Pass
@@ -698,6 +729,12 @@ fn scan_headline(
     }
     match verdict {
         Verdict::Error => format!("NaN/Inf in {} tensors", c.nonfinite),
+        Verdict::Warning if c.nonfinite_scaler_skipped > 0 => format!(
+            "NaN/Inf only in the gradients of {} step(s) the loss scaler skipped ({} tensors): \
+             they overflowed under the loss scale, which the scaler then lowered; expected now \
+             and then, a problem if it repeats; {} at overflow risk, {} underflowed",
+            c.loss_scaler_skipped_steps, c.nonfinite_scaler_skipped, c.overflow_risk, c.underflow
+        ),
         Verdict::Warning => format!(
             "NO NaN/Inf in {} tensors; {} at overflow risk, {} underflowed",
             c.tensors, c.overflow_risk, c.underflow

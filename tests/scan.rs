@@ -301,6 +301,52 @@ fn a_skipped_loss_scaler_step_is_reported() {
 }
 
 #[test]
+fn a_loss_scale_update_skips_by_its_found_inf_only() {
+    // `_amp_update_scale_(scale, growth_tracker, found_inf, ...)`: the scale is a positive
+    // one-element float too, which said "skipped" of every step; only found_inf does now.
+    let t = tempfile::tempdir().unwrap();
+    let one = |v: f64| StatsRecord {
+        max: Stat(Some(v)),
+        min: Stat(Some(v)),
+        mean: Stat(Some(v)),
+        norm: Stat(Some(v)),
+        nan: Some(0),
+        inf: Some(0),
+    };
+    let key = "Torch._amp_update_scale_.0.forward";
+    for (found, skipped) in [(0.0, 0), (1.0, 1)] {
+        let dir = t.path().join(format!("dump{found}"));
+        let d = write_dump(
+            &dir,
+            &[(
+                key,
+                vec![
+                    ("input", "float32", one(65536.0)),
+                    ("input", "int32", one(0.0)),
+                    ("input", "float32", one(found)),
+                ],
+            )],
+        );
+        // One-element tensors, as the scaler's are.
+        let p = d.join("step0/rank0/ops.jsonl");
+        let text = std::fs::read_to_string(&p).unwrap();
+        let mut rec: OpRecord = serde_json::from_str(text.trim()).unwrap();
+        for t in &mut rec.tensors {
+            t.shape = vec![];
+        }
+        std::fs::write(&p, serde_json::to_string(&rec).unwrap() + "\n").unwrap();
+        let out = t.path().join(format!("o{found}"));
+        let o = scan(&d, &out, &[]);
+        let s = json(&out);
+        assert_eq!(
+            s["counts"]["loss_scaler_skipped_steps"], skipped,
+            "{}",
+            o.stdout
+        );
+    }
+}
+
+#[test]
 fn bad_input_is_one_line_and_exit_2() {
     let t = tempfile::tempdir().unwrap();
     let o = scan(&t.path().join("missing"), &t.path().join("o"), &[]);

@@ -269,3 +269,64 @@ def test_overflow_config_matches_the_schema() -> None:
     jsonschema.validate({"mode": "overflow", "overflow_nums": -1}, schema)
     with pytest.raises(jsonschema.ValidationError):
         jsonschema.validate({"mode": "overflow", "overflow_nums": 0}, schema)
+
+
+SCALED = """
+import sys, torch, probe
+import torch.nn.functional as F
+dump, init_scale, nan_forward = sys.argv[1], float(sys.argv[2]), sys.argv[3] == "nan"
+torch.manual_seed(0)
+model = torch.nn.Sequential(torch.nn.Linear(16, 32), torch.nn.GELU(), torch.nn.Linear(32, 4))
+opt = torch.optim.Adam(model.parameters(), lr=1e-2)
+scaler = torch.amp.GradScaler("cpu", init_scale=init_scale)
+x, y = torch.randn(8, 16), torch.randint(0, 4, (8,))
+if nan_forward:
+    x[0, 0] = float("nan")
+dbg = probe.Debugger(None, dump_path=dump, level="mix", mode="statistics")
+dbg.start(model)
+with torch.autocast("cpu", dtype=torch.float16):
+    loss = F.cross_entropy(model(x), y)
+scaler.scale(loss).backward()
+scaler.step(opt)
+scaler.update()
+dbg.stop()
+dbg.step()
+dbg.close()
+print(scaler.get_scale())
+"""
+
+
+@pytest.mark.parametrize(
+    ("init_scale", "forward", "verdict"),
+    [("1e30", "ok", "warning"), ("1024", "ok", "pass"), ("1e30", "nan", "error")],
+)
+def test_gradients_that_overflow_in_a_step_the_loss_scaler_skips_are_a_warning(
+    tmp_path: Any, init_scale: str, forward: str, verdict: str
+) -> None:
+    """float16 training with AMP's GradScaler: gradients overflowing under the loss scale are
+    what the scaler is there for (it skips the step and lowers the scale). The agent records
+    the scaler's update, whose ``found_inf`` says so, and the scan calls such a step's
+    gradient NaN/Inf a warning, counted apart; NaN in the forward is an error still. Before,
+    ``found_inf`` was recorded with the zero it held before the check (the check bumps no
+    version counter), and every such step was an error."""
+    script = tmp_path / "train.py"
+    script.write_text(SCALED, encoding="utf-8")
+    dump = str(tmp_path / "dump")
+    r = subprocess.run(
+        [sys.executable, str(script), dump, init_scale, forward],
+        capture_output=True,
+        text=True,
+        timeout=300,
+        env={**os.environ, "PYTHONPATH": os.path.join(REPO, "python")},
+    )
+    assert r.returncode == 0, r.stderr
+    skipped = float(r.stdout.split()[-1]) < float(init_scale)
+    code, s = _scan(dump, str(tmp_path / "out"))
+    assert s["verdict"] == verdict, s["headline"]
+    c = s["counts"]
+    assert c["loss_scaler_skipped_steps"] == int(skipped), c
+    if verdict == "warning":
+        assert code == 0 and c["nonfinite"] == 0 and c["nonfinite_scaler_skipped"] > 0, c
+        assert s["headline"].startswith("NaN/Inf only in the gradients of 1 step(s) the loss scaler skipped")
+    if verdict == "error":
+        assert code == 1 and c["nonfinite"] > 0, c

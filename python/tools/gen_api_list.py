@@ -321,10 +321,11 @@ NPU = [
 ]
 
 
-#: Under ``Torch``, beside torch's own functions (msprobe hooks these too): the norm of every
-#: gradient that ``clip_grad_norm_`` takes in one call, and ``torch.linalg``'s functions as
-#: ``linalg.<name>`` (the clipping's total norm is ``linalg.vector_norm``).
-TORCH_EXTRA = ["_foreach_norm"]
+#: Under ``Torch``, beside torch's own functions: the norm of every gradient that
+#: ``clip_grad_norm_`` takes in one call and ``torch.linalg``'s functions as ``linalg.<name>``
+#: (the clipping's total norm is ``linalg.vector_norm``), as msprobe hooks them; and AMP's
+#: loss-scale update, whose ``found_inf`` says the scaler skipped the step (``probe scan``).
+TORCH_EXTRA = ["_foreach_norm", "_amp_update_scale_"]
 
 
 def _skip(name: str) -> bool:

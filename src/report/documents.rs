@@ -309,6 +309,10 @@ impl Document for ScanDocument<'_> {
                 "steps skipped by the loss scaler",
                 c.loss_scaler_skipped_steps.to_string(),
             ),
+            (
+                "gradients with NaN/Inf in those steps",
+                c.nonfinite_scaler_skipped.to_string(),
+            ),
         ];
         let mut found = findings([
             (

@@ -31,6 +31,12 @@ pub fn scan_terminal_summary(s: &ScanSummary) -> String {
             c.nonfinite_from_leftover
         );
     }
+    if c.nonfinite_scaler_skipped > 0 {
+        out += &format!(
+            "  {} more gradients with NaN/Inf in steps the loss scaler skipped\n",
+            c.nonfinite_scaler_skipped
+        );
+    }
     let list = [
         (
             "  NaN/Inf enters from outside (forward)",

@@ -47,6 +47,9 @@ pub struct ScanCounts {
     /// Tensors holding NaN/Inf computed from leftover bytes.
     #[serde(default)]
     pub nonfinite_from_leftover: usize,
+    /// Gradients holding NaN/Inf in steps the loss scaler skipped (a warning).
+    #[serde(default)]
+    pub nonfinite_scaler_skipped: usize,
 }
 
 /// One step/rank in the scan summary.

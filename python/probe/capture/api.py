@@ -379,12 +379,13 @@ def _quiet(orig: Callable[..., Any]) -> Any:
 #: forward and allocates it again with ``resize_(n)`` before its backward.
 _STORAGE_WRITES = ("resize_", "fill_", "copy_")
 #: Operators that write tensors in place without bumping their version counters, with the
-#: positions of the tensor lists they write: AMP's unscaling of the gradients before the
-#: optimizer step (``GradScaler.unscale_``), and the fused Adam/AdamW steps (parameters,
-#: moments, steps). Without this, the optimizer's reads of the gradients after unscaling
-#: were recorded with the statistics of the scaled gradients the backward left.
+#: positions of the tensors (lists) they write: AMP's unscaling of the gradients (and its
+#: ``found_inf``) before the optimizer step (``GradScaler.unscale_``), and the fused
+#: Adam/AdamW steps (parameters, moments, steps). Without this, the optimizer's reads of the
+#: gradients after unscaling were recorded with the statistics of the scaled gradients the
+#: backward left, and ``found_inf`` with the zero it held before the check.
 _UNVERSIONED_WRITES = (
-    (torch, "_amp_foreach_non_finite_check_and_unscale_", (0,)),
+    (torch, "_amp_foreach_non_finite_check_and_unscale_", (0, 1)),
     (torch, "_fused_adam_", (0, 2, 3, 4, 5)),
     (torch, "_fused_adamw_", (0, 2, 3, 4, 5)),
 )

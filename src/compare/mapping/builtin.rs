@@ -91,6 +91,12 @@ pub(super) const PASSTHROUGH: &[&str] = &[
     "Aten.squeeze",
     "Aten.clone",
     "Aten._to_copy",
+    // AMP's loss-scaler bookkeeping (found_inf, the scale): not the model's computation, and
+    // on one side only when only one run scales its loss (compare's loss scaling).
+    "Torch._amp_update_scale_",
+    "Torch._amp_foreach_non_finite_check_and_unscale_",
+    "Aten._amp_update_scale_",
+    "Aten._amp_foreach_non_finite_check_and_unscale_",
 ];
 
 // The spellings of elementary operations in dumps: method, torch function, operator.
