@@ -13,9 +13,10 @@
 //!   all zero (fp16 gradients vanishing), for ops that do not zero by design.
 //! - **loss-scaler skipped steps**, where the scaler's ops were captured: a `found_inf` of
 //!   `_amp_foreach_non_finite_check_and_unscale_` / `_amp_update_scale_` that is set. The
-//!   NaN/Inf of such a step's gradients is what the scaler is there for (float16 gradients
-//!   overflowing under the loss scale, the step skipped and the scale lowered): a warning,
-//!   counted apart. NaN/Inf in its forward is an error still.
+//!   NaN/Inf of such a step's backward phase (its gradients, and what reads them) is what the
+//!   scaler is there for (float16 gradients overflowing under the loss scale, the step
+//!   skipped and the scale lowered): a warning, counted apart. NaN/Inf in its forward is an
+//!   error still.
 //!
 //! Statistics are enough (every probe and msprobe dump records them); the verdict rules are
 //! all here, the reports reuse [`crate::report`].
@@ -49,7 +50,8 @@ pub enum Flag {
     /// Holds NaN or +Inf computed from leftover bytes (memory nothing had written): what
     /// an uninitialised buffer gives, and by design a pipeline stage's shape inference.
     Leftover,
-    /// A gradient holding NaN or +Inf in a step the loss scaler skipped.
+    /// Holds NaN or +Inf in the backward phase (gradients, and what reads them: clipping) of a
+    /// step the loss scaler skipped.
     ScalerSkipped,
 }
 
@@ -454,14 +456,15 @@ pub fn scan_unit(dump: RankDump, opts: &ScanOptions) -> ScanUnit {
                 flag = Flag::Leftover;
                 reason = format!("{reason}, computed from leftover bytes read as {o}");
             }
-            if flag == Flag::NonFinite
-                && findings.loss_scaler_skipped
-                && crate::compare::loss_scale::holds_gradients(op)
-            {
+            // In a step the loss scaler skipped, what the backward phase holds comes from
+            // the gradients it found overflowed (gradient clipping reads them too).
+            let backward_phase = crate::compare::loss_scale::holds_gradients(op)
+                || first_backward.is_some_and(|s| op.seq() > s);
+            if flag == Flag::NonFinite && findings.loss_scaler_skipped && backward_phase {
                 flag = Flag::ScalerSkipped;
                 reason = format!(
-                    "{reason}, a gradient of a step the loss scaler skipped (overflow under \
-                     the loss scale)"
+                    "{reason}, in the backward of a step the loss scaler skipped (gradients \
+                     overflowed under the loss scale)"
                 );
             }
             rows.push(ScanRow {

@@ -287,6 +287,8 @@ dbg.start(model)
 with torch.autocast("cpu", dtype=torch.float16):
     loss = F.cross_entropy(model(x), y)
 scaler.scale(loss).backward()
+scaler.unscale_(opt)
+torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)  # reads the overflowed gradients
 scaler.step(opt)
 scaler.update()
 dbg.stop()

@@ -47,7 +47,8 @@ pub struct ScanCounts {
     /// Tensors holding NaN/Inf computed from leftover bytes.
     #[serde(default)]
     pub nonfinite_from_leftover: usize,
-    /// Gradients holding NaN/Inf in steps the loss scaler skipped (a warning).
+    /// Tensors of the backward phase (gradients, and what reads them) holding NaN/Inf in
+    /// steps the loss scaler skipped (a warning).
     #[serde(default)]
     pub nonfinite_scaler_skipped: usize,
 }
