@@ -233,30 +233,6 @@ fn zeroes_by_design(op: Op) -> bool {
 /// counts too) are not taken.
 const UNWRITTEN: &str = "unwritten memory (leftover bytes), not scanned";
 
-/// Whether the loss scaler skipped this step: its `found_inf` is set where it is read after
-/// the gradients were checked (`_amp_update_scale_`'s third argument), or where msprobe
-/// records it after the check (`_amp_foreach_non_finite_check_and_unscale_`'s second).
-/// probe's agent records inputs before the call, so only the former tells there.
-fn scaler_skipped(ops: &dump::Ops) -> bool {
-    ops.iter().any(|op| {
-        let key = op.key();
-        let base = key.base_text();
-        let slot = if base.ends_with("._amp_update_scale_") {
-            "input.2"
-        } else if base.ends_with("._amp_foreach_non_finite_check_and_unscale_") {
-            "input.1"
-        } else {
-            return false;
-        };
-        op.tensors().any(|t| {
-            let name = t.name();
-            (name.ends_with(slot) || name.ends_with("found_inf"))
-                && is_float(t)
-                && t.stats().and_then(|s| s.max()).is_some_and(|m| m > 0.0)
-        })
-    })
-}
-
 /// The scan's flag and reason for one tensor of `op`.
 fn flag_of(t: Tensor, op: Op, inputs_nonzero: bool, margin: f64) -> (Flag, String) {
     if t.unwritten() {
@@ -393,7 +369,7 @@ pub fn scan_unit(dump: RankDump, opts: &ScanOptions) -> ScanUnit {
         .map(|o| o.seq());
     let mut rows: Vec<ScanRow> = Vec::with_capacity(ops.tensor_count());
     let mut findings = ScanFindings {
-        loss_scaler_skipped: scaler_skipped(&ops),
+        loss_scaler_skipped: crate::compare::loss_scale::scaler_skipped(&ops),
         ..ScanFindings::default()
     };
     // Where each forward call's rows are: a backward call also consumes what its forward

@@ -84,6 +84,7 @@ fn pair_summary(u: &UnitSummary) -> PairSummary {
         findings: u.findings.clone(),
         regions: u.regions.clone(),
         loss_scale: u.loss_scale.clone(),
+        scaler_skipped: u.scaler_skipped.clone(),
     }
 }
 
@@ -388,7 +389,7 @@ fn headline(verdict: Verdict, c: &Counts, pairs: &[PairSummary]) -> String {
     if c.tensors == 0 {
         return "NOTHING COMPARABLE: no tensor is present on both sides".into();
     }
-    let note = regions_note(pairs) + &args_note(pairs) + &scale_note(pairs);
+    let note = regions_note(pairs) + &args_note(pairs) + &scale_note(pairs) + &skipped_note(pairs);
     match verdict {
         Verdict::Pass => format!("PASS: all {} tensors within tolerance{note}", c.tensors),
         Verdict::Warning => format!(
@@ -468,7 +469,7 @@ fn headline(verdict: Verdict, c: &Counts, pairs: &[PairSummary]) -> String {
                     )
                 }
             };
-            line + &hint + &scale_note(pairs)
+            line + &hint + &scale_note(pairs) + &skipped_note(pairs)
         }
     }
 }
@@ -521,6 +522,23 @@ fn scale_note(pairs: &[PairSummary]) -> String {
         format!(" in {} of {} step/rank pairs", scaled.len(), pairs.len())
     };
     format!("; the cmp run's gradients are {s} the bench's (a loss scale{where_}): compared divided by it")
+}
+
+/// The first step/rank pair a run's loss scaler skipped, if any: its NaN/Inf and its missing
+/// update are the scaler's.
+fn skipped_note(pairs: &[PairSummary]) -> String {
+    let Some(p) = pairs.iter().find(|p| p.scaler_skipped.is_some()) else {
+        return String::new();
+    };
+    let who = match p.scaler_skipped.as_deref() {
+        Some("both") => "both runs' loss scalers".to_string(),
+        Some(side) => format!("the {side} run's loss scaler"),
+        None => String::new(),
+    };
+    format!(
+        "; {who} skipped {}/{} (gradients overflowed under the loss scale)",
+        p.step, p.rank
+    )
 }
 
 /// Where no op is named (a pass, a warning, accumulated drift): the first op called with

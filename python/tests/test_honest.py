@@ -280,13 +280,14 @@ AMP = """
 import sys, torch, probe
 import torch.nn.functional as F
 dump, dtype, scaled, faulty = sys.argv[1], sys.argv[2], sys.argv[3] == "scaler", sys.argv[4] == "faulty"
+init_scale = float(sys.argv[5]) if len(sys.argv) > 5 else 1024.0
 if faulty:  # the port's GELU kernel 30 % off
     gelu = F.gelu
     F.gelu = lambda x, approximate="none": gelu(x, approximate=approximate) * 1.3
 torch.manual_seed(0)
 model = torch.nn.Sequential(torch.nn.Linear(16, 32), torch.nn.GELU(), torch.nn.Linear(32, 4))
 opt = torch.optim.Adam(model.parameters(), lr=1e-2)
-scaler = torch.amp.GradScaler("cpu", init_scale=1024.0) if scaled else None
+scaler = torch.amp.GradScaler("cpu", init_scale=init_scale) if scaled else None
 x, y = torch.randn(8, 16), torch.randint(0, 4, (8,))
 dbg = probe.Debugger(None, dump_path=dump, level="mix", mode="statistics")
 for _ in range(2):
@@ -337,3 +338,15 @@ def test_a_port_in_float16_with_loss_scaling_is_compared_unscaled(tmp_path: Path
     r, s = _compare(bench, faulty, tmp_path / "out2")
     assert r.returncode == EXIT_FAIL, r.stdout + r.stderr
     assert s["first_divergent"]["forward"]["op"] == "Functional.gelu.0.forward", s["headline"]
+
+
+def test_a_step_the_ports_loss_scaler_skipped_is_said(tmp_path: Path) -> None:
+    """The port's loss scale (2^100) overflows its float16 gradients: its scaler skips the
+    step, which the headline says beside the NaN/Inf it finds; the benchmark has none."""
+    bench = _amp_run(tmp_path, "bench", "bfloat16", "none", "ok")
+    cmp_ = _amp_run(tmp_path, "cmp", "float16", "scaler", "ok", str(2.0**100))
+    r, s = _compare(bench, cmp_, tmp_path / "out")
+    assert r.returncode in (EXIT_FAIL, EXIT_INCOMPLETE), r.stdout + r.stderr
+    assert "the cmp run's loss scaler skipped step0/rank0" in s["headline"], s["headline"]
+    assert s["pairs"][0]["scaler_skipped"] == "cmp", s["pairs"][0]
+    assert any("loss scaler skipped this step" in w for w in s["warnings"]), s["warnings"]

@@ -14,7 +14,7 @@
 //! forward (recomputed forwards included), is compared as recorded.
 
 use super::align::Alignment;
-use crate::dump::{Direction, Op, OpKind, Role, TensorIn};
+use crate::dump::{Direction, Op, OpKind, Ops, Role, TensorIn};
 use serde::{Deserialize, Serialize};
 
 /// The largest relative departure from a power of two that still reads as a loss scale.
@@ -69,7 +69,7 @@ pub fn detect(al: &Alignment) -> Option<LossScale> {
         return None;
     }
     let k = ratio.log2().round();
-    if k == 0.0 || k.abs() > 64.0 {
+    if k == 0.0 || k.abs() > 120.0 {
         return None;
     }
     let scale = k.exp2();
@@ -102,4 +102,28 @@ pub fn unscaled(al: Alignment, s: &LossScale) -> Alignment {
         }
     });
     al
+}
+
+/// Whether the loss scaler skipped this step: its `found_inf` is set where it is read after
+/// the gradients were checked (`_amp_update_scale_`'s third argument), or where msprobe
+/// records it after the check (`_amp_foreach_non_finite_check_and_unscale_`'s second).
+/// probe's agent records inputs before the call, so only the former tells there.
+pub fn scaler_skipped(ops: &Ops) -> bool {
+    ops.iter().any(|op| {
+        let key = op.key();
+        let base = key.base_text();
+        let slot = if base.ends_with("._amp_update_scale_") {
+            "input.2"
+        } else if base.ends_with("._amp_foreach_non_finite_check_and_unscale_") {
+            "input.1"
+        } else {
+            return false;
+        };
+        op.tensors().any(|t| {
+            let name = t.name();
+            (name.ends_with(slot) || name.ends_with("found_inf"))
+                && t.dtype().known().is_some_and(crate::dtype::DType::is_float)
+                && t.stats().and_then(|s| s.max()).is_some_and(|m| m > 0.0)
+        })
+    })
 }

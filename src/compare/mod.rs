@@ -128,6 +128,9 @@ pub struct UnitSummary {
     /// (`loss_scale`): its gradients were compared divided by it.
     #[serde(default)]
     pub loss_scale: Option<loss_scale::LossScale>,
+    /// Which run's loss scaler skipped this step (`bench`, `cmp`, `both`), if any.
+    #[serde(default)]
+    pub scaler_skipped: Option<String>,
 }
 
 /// How many ops a unit's rows hold (consecutive rows of one op) and how many of them have
@@ -446,6 +449,24 @@ pub fn compare_unit(
     let calls = cross_rank::calls_of(&dumps.cmp.ops);
     let stacks = std::mem::take(&mut dumps.cmp.stacks);
     crate::memory::trace("reading");
+    // A step a run's loss scaler skipped: its gradients overflowed under the loss scale.
+    let (sb, sc) = (
+        loss_scale::scaler_skipped(&dumps.bench.ops),
+        loss_scale::scaler_skipped(&dumps.cmp.ops),
+    );
+    let skipped = (sb || sc).then(|| side_name(sb, sc).to_string());
+    if let Some(side) = &skipped {
+        let who = if side == "both" {
+            "both runs' loss scalers".to_string()
+        } else {
+            format!("the {side} run's loss scaler")
+        };
+        warnings.push(format!(
+            "{}/{}: {who} skipped this step (found_inf set: gradients overflowed under the \
+             loss scale); NaN/Inf in its backward is the scaler's, and it updated no weights",
+            unit.step, unit.rank
+        ));
+    }
     let alignment = opts.aligner.align(dumps);
     // One run's gradients a power of two times the other's: compared divided by it.
     let scale = loss_scale::detect(&alignment);
@@ -539,6 +560,7 @@ pub fn compare_unit(
         worst: tally.worst,
         chart: tally.chart,
         loss_scale: scale,
+        scaler_skipped: skipped,
     };
     Ok((summary, table))
 }

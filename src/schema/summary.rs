@@ -287,6 +287,10 @@ pub struct PairSummary {
     /// scale): its gradients were compared divided by it.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub loss_scale: Option<crate::compare::loss_scale::LossScale>,
+    /// Which run's loss scaler skipped this step (`bench`, `cmp`, `both`): its gradients
+    /// overflowed under the loss scale.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub scaler_skipped: Option<String>,
 }
 
 /// One of the worst ops of the compare.
