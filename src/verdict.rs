@@ -500,7 +500,6 @@ fn region_of<'a>(pairs: &'a [PairSummary], x: &Finding) -> Option<&'a Region> {
         .find(|r| r.at.seq == x.seq && r.at.key.as_str() == x.op)
 }
 
-/// What a passing headline adds when code paths differ: where, and how it was compared.
 /// A loss scale found between the runs (`loss_scale`): said, since every gradient was
 /// compared divided by it.
 fn scale_note(pairs: &[PairSummary]) -> String {
@@ -560,6 +559,7 @@ fn args_note<'a>(pairs: impl IntoIterator<Item = &'a PairSummary>) -> String {
     }
 }
 
+/// What a passing headline adds when code paths differ: where, and how it was compared.
 fn regions_note(pairs: &[PairSummary]) -> String {
     // Forward regions of the first pair that has any (ranks run the same program; the
     // backward of each is compared with it).
