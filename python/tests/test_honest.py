@@ -121,6 +121,22 @@ def test_bf16_against_fp32_over_two_steps_names_no_false_culprit(tmp_path: Path)
     assert lines and not any("(identical)" in line for line in lines), lines
 
 
+def _script(tmp_path: Path, source: str, side: str, *argv: str) -> str:
+    """Run ``source`` (a training script taking its dump folder first) as ``side``'s run,
+    dumping to ``tmp_path / side``; its stdout."""
+    script = tmp_path / "train.py"
+    script.write_text(source, encoding="utf-8")
+    r = subprocess.run(
+        [sys.executable, str(script), str(tmp_path / side), *argv],
+        capture_output=True,
+        text=True,
+        timeout=300,
+        env={**os.environ, "PYTHONPATH": os.path.join(REPO, "python")},
+    )
+    assert r.returncode == 0, r.stderr
+    return r.stdout
+
+
 def _evidence(v: Any) -> list[str]:
     """Every evidence line of every finding in a summary."""
     if isinstance(v, dict):
@@ -169,19 +185,10 @@ def test_an_uninitialised_buffer_in_the_port_is_named_with_its_leftover_bytes(tm
     ``zeros_like``: the agent records the first read of it as ``unwritten`` (leftover bytes),
     and compare names the op that read them as the cause, never "all inputs within
     tolerance"."""
-    script = tmp_path / "port.py"
-    script.write_text(UNINITIALISED, encoding="utf-8")
-    losses = []
-    for side, alloc in (("bench", "zeros"), ("cmp", "empty")):
-        r = subprocess.run(
-            [sys.executable, str(script), str(tmp_path / side), alloc],
-            capture_output=True,
-            text=True,
-            timeout=300,
-            env={**os.environ, "PYTHONPATH": os.path.join(REPO, "python")},
-        )
-        assert r.returncode == 0, r.stderr
-        losses.append(r.stdout.strip())
+    losses = [
+        _script(tmp_path, UNINITIALISED, side, alloc).strip()
+        for side, alloc in (("bench", "zeros"), ("cmp", "empty"))
+    ]
     if losses[0] == losses[1]:
         pytest.skip("the allocator handed the accumulator zeroed memory: nothing to find")
     r, s = _compare(tmp_path / "bench", tmp_path / "cmp", tmp_path / "out")
@@ -230,17 +237,8 @@ def test_a_clipping_threshold_ported_wrong_is_named_as_an_argument_not_a_kernel(
     every tensor the clipping reads agrees, its scale differs, and compare names the call
     with the argument that differs (``max_norm``, a Python number the dump records as an
     argument), not a faulty kernel."""
-    script = tmp_path / "train.py"
-    script.write_text(CLIPPED, encoding="utf-8")
     for side, max_norm in (("bench", "1.0"), ("cmp", "0.05")):
-        r = subprocess.run(
-            [sys.executable, str(script), str(tmp_path / side), max_norm],
-            capture_output=True,
-            text=True,
-            timeout=300,
-            env={**os.environ, "PYTHONPATH": os.path.join(REPO, "python")},
-        )
-        assert r.returncode == 0, r.stderr
+        _script(tmp_path, CLIPPED, side, max_norm)
     r, s = _compare(tmp_path / "bench", tmp_path / "cmp", tmp_path / "out")
     assert r.returncode == EXIT_FAIL, r.stdout + r.stderr
     assert "called with different arguments" in s["headline"] and "1.0 vs 0.05" in s["headline"], s["headline"]
@@ -257,17 +255,8 @@ def test_a_faulty_multi_tensor_norm_kernel_is_named(tmp_path: Any) -> None:
     """The port's ``_foreach_norm`` (a custom kernel on NPU) computes one gradient's norm 10 %
     too large: the gradients it reads agree, and compare names it, not the clipping op
     after it nor a tensor "from outside"."""
-    script = tmp_path / "train.py"
-    script.write_text(CLIPPED, encoding="utf-8")
     for side, extra in (("bench", []), ("cmp", ["faulty-norm"])):
-        r = subprocess.run(
-            [sys.executable, str(script), str(tmp_path / side), "1.0", *extra],
-            capture_output=True,
-            text=True,
-            timeout=300,
-            env={**os.environ, "PYTHONPATH": os.path.join(REPO, "python")},
-        )
-        assert r.returncode == 0, r.stderr
+        _script(tmp_path, CLIPPED, side, "1.0", *extra)
     r, s = _compare(tmp_path / "bench", tmp_path / "cmp", tmp_path / "out")
     assert r.returncode == EXIT_FAIL, r.stdout + r.stderr
     f = s["first_divergent"]["backward"]
@@ -309,16 +298,7 @@ dbg.close()
 
 
 def _amp_run(tmp_path: Path, side: str, *argv: str) -> Path:
-    script = tmp_path / "amp.py"
-    script.write_text(AMP, encoding="utf-8")
-    r = subprocess.run(
-        [sys.executable, str(script), str(tmp_path / side), *argv],
-        capture_output=True,
-        text=True,
-        timeout=300,
-        env={**os.environ, "PYTHONPATH": os.path.join(REPO, "python")},
-    )
-    assert r.returncode == 0, r.stderr
+    _script(tmp_path, AMP, side, *argv)
     return tmp_path / side
 
 

@@ -389,6 +389,13 @@ pub fn localize(
         }
         // First locally divergent op followed by an error.
         let mut found = false;
+        let noted = |expl: String| {
+            if inherited {
+                format!("{expl} (note: the forward diverged first)")
+            } else {
+                expl
+            }
+        };
         for (i, &k) in dir_ops.iter().enumerate() {
             if i > last_error {
                 break;
@@ -476,12 +483,7 @@ pub fn localize(
                     out.judgement.err,
                     list.join(", ")
                 );
-                let expl = if inherited {
-                    format!("{expl} (note: the forward diverged first)")
-                } else {
-                    expl
-                };
-                let mut at_op = finding(&at, &g, out, expl);
+                let mut at_op = finding(&at, &g, out, noted(expl));
                 at_op.args = diffs;
                 *f.first_divergent.slot(dir) = Some(at_op);
                 found = true;
@@ -546,12 +548,7 @@ pub fn localize(
                     out_err / max_in
                 )
             };
-            let expl = if inherited {
-                format!("{expl} (note: the forward diverged first)")
-            } else {
-                expl
-            };
-            *f.first_divergent.slot(dir) = Some(finding(&at, &g, out, expl));
+            *f.first_divergent.slot(dir) = Some(finding(&at, &g, out, noted(expl)));
             found = true;
             break;
         }

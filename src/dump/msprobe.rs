@@ -728,6 +728,16 @@ pub fn load(loc: &RankLoc) -> Result<RankDump> {
 mod tests {
     use super::*;
 
+    /// The record of an entry read as `Functional.f.0.forward`, with no tensor files.
+    fn convert(entry: &J) -> OpRec {
+        let mut ctx = Ctx {
+            dir: Path::new("/nonexistent"),
+            missing: 0,
+            first_missing: None,
+        };
+        convert_op(&mut ctx, "Functional.f.0.forward", entry).unwrap()
+    }
+
     #[test]
     fn names_follow_msprobe() {
         let j = parse_json(
@@ -738,12 +748,7 @@ mod tests {
                 "parameters": {"weight": {"type": "torch.Tensor", "dtype": "torch.float32", "shape": [2]}}}"#,
         )
         .unwrap();
-        let mut ctx = Ctx {
-            dir: Path::new("/nonexistent"),
-            missing: 0,
-            first_missing: None,
-        };
-        let op = convert_op(&mut ctx, "Functional.f.0.forward", &j).unwrap();
+        let op = convert(&j);
         let names: Vec<_> = op.tensors.iter().map(|t| &*t.name).collect();
         assert_eq!(
             names,
@@ -776,12 +781,7 @@ mod tests {
                 "output": [{"type": "torch.Tensor", "dtype": "torch.float32", "shape": [2]}]}"#,
         )
         .unwrap();
-        let mut ctx = Ctx {
-            dir: Path::new("/nonexistent"),
-            missing: 0,
-            first_missing: None,
-        };
-        let op = convert_op(&mut ctx, "Functional.f.0.forward", &j).unwrap();
+        let op = convert(&j);
         assert_eq!(
             op.args.as_deref(),
             Some(
