@@ -359,9 +359,10 @@ def main(argv: Optional[list[str]] = None) -> int:
     ap.add_argument("--device", choices=["cpu", "cuda", "npu"], default="cpu")
     ap.add_argument(
         "--dtype",
-        choices=["float32", "bfloat16"],
+        choices=["float32", "bfloat16", "float16"],
         default="float32",
-        help="bfloat16 runs forward under autocast",
+        help="bfloat16 runs forward under autocast; float16 too, with AMP's GradScaler "
+        "(the loss scale), as a port to an accelerator without bfloat16 trains",
     )
     ap.add_argument("--steps", type=int, default=2)
     ap.add_argument("--batch", type=int, default=16)
@@ -511,10 +512,11 @@ def main(argv: Optional[list[str]] = None) -> int:
             )
 
     amp = (
-        torch.autocast(device_type=device.type, dtype=torch.bfloat16)
-        if args.dtype == "bfloat16"
+        torch.autocast(device_type=device.type, dtype=getattr(torch, args.dtype))
+        if args.dtype != "float32"
         else contextlib.nullcontext()
     )
+    scaler = torch.amp.GradScaler(device.type) if args.dtype == "float16" else None
     t0 = time.perf_counter()
     for step, (x, y) in enumerate(data):
         for fault in faults:
@@ -525,8 +527,13 @@ def main(argv: Optional[list[str]] = None) -> int:
         with amp:
             logits = model(x)
             loss = F.cross_entropy(logits.float(), y)
-        loss.backward()
-        opt.step()
+        if scaler is None:
+            loss.backward()
+            opt.step()
+        else:
+            scaler.scale(loss).backward()
+            scaler.step(opt)
+            scaler.update()
         if dbg is not None:
             dbg.stop()
             dbg.step()

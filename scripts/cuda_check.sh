@@ -27,6 +27,16 @@ for mode in statistics tensor; do
   check "cuda-inject-gelu-$mode" 1 "$P" compare -b "$T/cuda_$mode" -c "$T/inj_$mode" -o "$T/o2_$mode"
   check "cpu-vs-cuda-$mode" any "$P" compare -b "$T/cpu_$mode" -c "$T/cuda_$mode" -o "$T/o3_$mode"
 done
+# A port without bfloat16: float16 with AMP's GradScaler (its fused CUDA unscale kernel)
+# against bfloat16: the loss scale is found and compared away, the scaler's own calls are
+# not missing, a GELU fault is named. (On an H100 the pair without a fault names
+# Functional.conv2d.0.backward: cuDNN's half-precision weight gradient of the first conv is
+# 4-5 % off float32 in both dtypes; docs/performance.md, "On a GPU".)
+ex --device cuda --dump "$T/bf16" --dtype bfloat16
+ex --device cuda --dump "$T/fp16" --dtype float16
+ex --device cuda --dump "$T/fp16_gelu" --dtype float16 --inject Functional.gelu.0 --inject-rel 0.3
+check "cuda-bf16-vs-fp16-scaler" any "$P" compare -b "$T/bf16" -c "$T/fp16" -o "$T/o4"
+check "cuda-bf16-vs-fp16-scaler-gelu" 1 "$P" compare -b "$T/bf16" -c "$T/fp16_gelu" -o "$T/o5"
 ex --device cuda --dump "$T/inf" --inject-inf Functional.gelu.0
 check "cuda-scan-inf" 1 "$P" scan "$T/inf" -o "$T/s1"
 ex --device cuda --dump "$T/ovf" --mode overflow --inject-nan Functional.gelu.0

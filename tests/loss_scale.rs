@@ -10,6 +10,11 @@ use std::path::Path;
 /// A one-rank run: `gelu` forward, then its backward and a parameter gradient, with every
 /// gradient times `scale` and the parameter gradient also times `extra`.
 fn run(dir: &Path, scale: f32, extra: f32) {
+    write_op_log(dir, records(scale, extra));
+}
+
+/// The op records of [`run`].
+fn records(scale: f32, extra: f32) -> Vec<OpRecord> {
     let x = vec![1.0f32, -2.0, 3.0, 0.5];
     let y = vec![0.84f32, -0.05, 2.99, 0.35];
     let seed: Vec<f32> = vec![0.25 * scale; 4];
@@ -25,7 +30,7 @@ fn run(dir: &Path, scale: f32, extra: f32) {
     grad.kind = "parameters_grad".into();
     grad.direction = "backward".into();
     grad.tensors[0].name = "Module.fc.Linear.parameters_grad.weight".into();
-    let records: Vec<OpRecord> = vec![
+    vec![
         op_record(
             "Functional.gelu.0.forward",
             &[("input.0", "input", x.clone()), ("output.0", "output", y)],
@@ -40,8 +45,64 @@ fn run(dir: &Path, scale: f32, extra: f32) {
             "Tensor.add_.0.forward",
             &[("input.0", "input", x.clone()), ("output.0", "output", x)],
         ),
-    ];
-    write_op_log(dir, records);
+    ]
+}
+
+#[test]
+fn the_one_sided_scalers_arithmetic_is_accounted_for_not_missing() {
+    // The port scales its loss (GradScaler: the loss times the scale, the scale's reciprocal
+    // to unscale with); the GPU run does not. Those calls have no counterpart by nature: on
+    // a small step they made the pair "not compared in full". A one-sided scalar op that
+    // does not hold the scale is still missing.
+    let d = tempfile::tempdir().unwrap();
+    run(&d.path().join("bench"), 1.0, 1.0);
+    let scalar = |v: f32| vec![v];
+    let scaler = || {
+        [
+            op_record(
+                "Tensor.__mul__.0.forward",
+                &[
+                    ("input.0", "input", scalar(1.5)),
+                    ("input.1", "input", scalar(1024.0)),
+                    ("output.0", "output", scalar(1536.0)),
+                ],
+            ),
+            op_record(
+                "Tensor.reciprocal.0.forward",
+                &[
+                    ("input.0", "input", scalar(1024.0)),
+                    ("output.0", "output", scalar(1.0 / 1024.0)),
+                ],
+            ),
+            op_record(
+                "Tensor.__mul__.1.forward",
+                &[
+                    ("input.0", "input", scalar(1.5)),
+                    ("input.1", "input", scalar(3.0)),
+                    ("output.0", "output", scalar(4.5)),
+                ],
+            ),
+        ]
+    };
+    let mut cmp = records(1024.0, 1.0);
+    cmp.splice(1..1, scaler());
+    write_op_log(&d.path().join("cmp"), cmp);
+    let o = compare(d.path(), &["--max-unmatched", "0.5"]);
+    assert_eq!(o.code, 0, "{}{}", o.stdout, o.stderr);
+    let s = summary(d.path());
+    assert_eq!(s["counts"]["loss_scaler"], 5, "{}", s["counts"]);
+    assert_eq!(s["counts"]["unmatched_cmp"], 3, "{}", s["counts"]);
+    assert_eq!(s["pairs"][0]["loss_scale"]["ratio"], 1024.0);
+    // The same calls where the gradients agree (no loss scale) are plain unmatched tensors.
+    let e = tempfile::tempdir().unwrap();
+    run(&e.path().join("bench"), 1.0, 1.0);
+    let mut plain = records(1.0, 1.0);
+    plain.splice(1..1, scaler());
+    write_op_log(&e.path().join("cmp"), plain);
+    compare(e.path(), &["--max-unmatched", "0.9"]);
+    let s = summary(e.path());
+    assert_eq!(s["counts"]["loss_scaler"], 0, "{}", s["counts"]);
+    assert_eq!(s["counts"]["unmatched_cmp"], 8, "{}", s["counts"]);
 }
 
 #[test]

@@ -274,12 +274,13 @@ import sys, torch, probe
 import torch.nn.functional as F
 dump, dtype, scaled, faulty = sys.argv[1], sys.argv[2], sys.argv[3] == "scaler", sys.argv[4] == "faulty"
 init_scale = float(sys.argv[5]) if len(sys.argv) > 5 else 1024.0
+foreach = len(sys.argv) > 6 and sys.argv[6] == "foreach"  # Adam's default on CUDA
 if faulty:  # the port's GELU kernel 30 % off
     gelu = F.gelu
     F.gelu = lambda x, approximate="none": gelu(x, approximate=approximate) * 1.3
 torch.manual_seed(0)
 model = torch.nn.Sequential(torch.nn.Linear(16, 32), torch.nn.GELU(), torch.nn.Linear(32, 4))
-opt = torch.optim.Adam(model.parameters(), lr=1e-2)
+opt = torch.optim.Adam(model.parameters(), lr=1e-2, foreach=foreach)
 scaler = torch.amp.GradScaler("cpu", init_scale=init_scale) if scaled else None
 x, y = torch.randn(8, 16), torch.randint(0, 4, (8,))
 dbg = probe.Debugger(None, dump_path=dump, level="mix", mode="statistics")
@@ -319,6 +320,50 @@ def test_a_port_in_float16_with_loss_scaling_is_compared_unscaled(tmp_path: Path
     assert s["counts"]["error"] == 0 and "1024x (2^10)" in s["headline"], s["headline"]
     assert [p["loss_scale"]["ratio"] for p in s["pairs"]] == [1024.0, 1024.0], s["pairs"]
     faulty = _amp_run(tmp_path, "faulty", "float16", "scaler", "faulty")
+    r, s = _compare(bench, faulty, tmp_path / "out2")
+    assert r.returncode == EXIT_FAIL, r.stdout + r.stderr
+    assert s["first_divergent"]["forward"]["op"] == "Functional.gelu.0.forward", s["headline"]
+
+
+def test_the_ports_own_loss_scaler_arithmetic_is_not_missing(tmp_path: Path) -> None:
+    """With the multi-tensor Adam (PyTorch's default on CUDA, whose ``_foreach_`` ops no
+    dumper hooks) a small step records few tensors, and the port's scaler calls that the GPU
+    run has no counterpart of (the loss times the scale and its backward, the scale's
+    reciprocal) were a tenth of them: the pair was "not compared in full" (seen on an H100).
+    They are accounted for as ``loss_scaler``; every cmp-only tensor is the scaler's or an
+    unhooked cast."""
+    bench = _amp_run(tmp_path, "bench", "bfloat16", "none", "ok", "1024", "foreach")
+    cmp_ = _amp_run(tmp_path, "cmp", "float16", "scaler", "ok", "1024", "foreach")
+    r, s = _compare(bench, cmp_, tmp_path / "out")
+    assert r.returncode == 0, r.stdout + r.stderr
+    names = {}
+    for side in (bench, cmp_):
+        names[side] = {
+            (step, t["name"])
+            for step in ("step0", "step1")
+            for line in (side / step / "rank0" / "ops.jsonl").read_text(encoding="utf-8").splitlines()
+            for t in json.loads(line)["tensors"]
+        }
+    c = s["counts"]
+    assert c["unmatched_cmp"] == 0 and c["loss_scaler"] > 0, c
+    assert c["loss_scaler"] + c["unhooked"] == len(names[cmp_] - names[bench]), c
+
+
+def test_the_example_in_float16_with_its_scaler_against_bfloat16(tmp_path: Path) -> None:
+    """The example's ``--dtype float16`` trains as a port without bfloat16 does (autocast in
+    float16, GradScaler at its default 65536): against the bfloat16 run nothing is an error
+    and nothing is missing, the scale is found in both steps, and a GELU 30 % off in the
+    port is named."""
+    bench, cmp_, faulty = tmp_path / "bench", tmp_path / "cmp", tmp_path / "faulty"
+    _train(bench, "--dtype", "bfloat16")
+    _train(cmp_, "--dtype", "float16")
+    r, s = _compare(bench, cmp_, tmp_path / "out")
+    assert r.returncode == 0, r.stdout + r.stderr
+    c = s["counts"]
+    assert c["error"] == 0 and c["unmatched_bench"] == c["unmatched_cmp"] == 0, c
+    assert c["loss_scaler"] > 0, c
+    assert [p["loss_scale"]["ratio"] for p in s["pairs"]] == [65536.0, 65536.0], s["pairs"]
+    _train(faulty, "--dtype", "float16", "--inject", "Functional.gelu.0", "--inject-rel", "0.3")
     r, s = _compare(bench, faulty, tmp_path / "out2")
     assert r.returncode == EXIT_FAIL, r.stdout + r.stderr
     assert s["first_divergent"]["forward"]["op"] == "Functional.gelu.0.forward", s["headline"]

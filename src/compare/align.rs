@@ -161,6 +161,9 @@ pub enum Why {
     /// call of at all: its dumper does not hook it (msprobe and probe hook different API
     /// sets). It computes nothing new.
     Unhooked,
+    /// The loss scaler's own arithmetic in a run that scales its loss while the other does
+    /// not (the loss times the scale, the scale's reciprocal: `loss_scale`).
+    LossScaler,
 }
 
 impl Why {
@@ -172,12 +175,13 @@ impl Why {
             Why::Recompute => "recompute",
             Why::Inside => "inside",
             Why::Unhooked => "unhooked",
+            Why::LossScaler => "loss_scaler",
         }
     }
 
     /// Whether the tensor counts as missing from the comparison (the `--max-unmatched`
-    /// gate): recomputation, region interiors and views the other dumper does not hook are
-    /// accounted for elsewhere.
+    /// gate): recomputation, region interiors, views the other dumper does not hook and a
+    /// one-sided loss scaler's arithmetic are accounted for elsewhere.
     pub fn missing(self) -> bool {
         matches!(self, Why::Unmatched | Why::ShapeMismatch)
     }

@@ -12,10 +12,20 @@
 //! (exact, a power of two), its data and checksum set aside (they hold scaled values), so
 //! those pairs compare by statistics. What the optimizer reads after unscaling, and the
 //! forward (recomputed forwards included), is compared as recorded.
+//!
+//! A run that scales while the other does not also records the scaler's own arithmetic:
+//! the loss times the scale (and its backward), the scale's reciprocal in float64, its casts
+//! and moves. Those calls have no counterpart by nature, and a step of a small model has
+//! few tensors, so as plain unmatched tensors they made the pair "not compared in full".
+//! They are recognised by what they compute on, not by name (the scaler's code is the
+//! user's, and a port may write its own): an op wholly one-sided whose tensors are all
+//! single elements, one of them holding the scale or its reciprocal exactly. They are listed
+//! as `loss_scaler`: accounted for, not missing.
 
-use super::align::Alignment;
+use super::align::{Alignment, Side, Why};
 use crate::dump::{Direction, Op, OpKind, Ops, Role, TensorIn};
 use serde::{Deserialize, Serialize};
+use std::collections::BTreeMap;
 
 /// The largest relative departure from a power of two that still reads as a loss scale.
 const NEAR: f64 = 0.05;
@@ -84,6 +94,44 @@ pub fn detect(al: &Alignment) -> Option<LossScale> {
         ratio: scale,
         at: c_op.key().text().to_string(),
     })
+}
+
+/// The unit with the one-sided loss scaler's arithmetic marked `loss_scaler` (module docs):
+/// run on the alignment as read, before [`unscaled`] divides the gradients' statistics.
+pub fn scaler_arithmetic(al: Alignment, s: &LossScale) -> Alignment {
+    let mut al = al;
+    // (on the comparison side, op index) -> its one-sided tensors
+    let mut one_sided: BTreeMap<(bool, usize), Vec<usize>> = BTreeMap::new();
+    for (i, u) in al.unmatched.iter().enumerate() {
+        if u.why.missing() {
+            one_sided
+                .entry((u.side == Side::Cmp, u.op.index))
+                .or_default()
+                .push(i);
+        }
+    }
+    let exact = [s.ratio, 1.0 / s.ratio];
+    for ((cmp, index), tensors) in one_sided {
+        let ops = if cmp {
+            &al.dumps.cmp.ops
+        } else {
+            &al.dumps.bench.ops
+        };
+        let op = ops.get(index);
+        let scalars = op.tensors().all(|t| t.numel() <= 1);
+        let holds_scale = op.tensors().any(|t| {
+            t.stats().is_some_and(|x| match (x.max(), x.min()) {
+                (Some(hi), Some(lo)) => hi == lo && exact.contains(&hi),
+                _ => false,
+            })
+        });
+        if tensors.len() == op.tensor_count() && scalars && holds_scale {
+            for i in tensors {
+                al.unmatched[i].why = Why::LossScaler;
+            }
+        }
+    }
+    al
 }
 
 /// The unit with the comparison side's gradients divided by the scale (module docs).

@@ -306,6 +306,7 @@ impl<'u> Tally<'u> {
                 (Why::Recompute, _) => c.recompute += 1,
                 (Why::Inside, _) => c.inside += 1,
                 (Why::Unhooked, _) => c.unhooked += 1,
+                (Why::LossScaler, _) => c.loss_scaler += 1,
                 (_, Side::Bench) => c.unmatched_bench += 1,
                 (_, Side::Cmp) => c.unmatched_cmp += 1,
             }
@@ -481,7 +482,7 @@ pub fn compare_unit(
                 s.brief(),
                 s.at
             ));
-            loss_scale::unscaled(alignment, s)
+            loss_scale::unscaled(loss_scale::scaler_arithmetic(alignment, s), s)
         }
         None => alignment,
     };

@@ -459,6 +459,12 @@ fn unmatched_reason(u: &Unmatched) -> &'static str {
         (Side::Cmp, Why::Unhooked) => {
             "only in cmp: a view or cast of an API the bench run records no call of (not hooked by its dumper)"
         }
+        (Side::Bench, Why::LossScaler) => {
+            "only in bench: its loss scaler's arithmetic (the cmp run scales no loss)"
+        }
+        (Side::Cmp, Why::LossScaler) => {
+            "only in cmp: its loss scaler's arithmetic (the bench run scales no loss)"
+        }
     }
 }
 

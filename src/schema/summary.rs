@@ -224,6 +224,10 @@ pub struct Counts {
     /// does not hook them): neither compared nor missing.
     #[serde(default)]
     pub unhooked: usize,
+    /// Tensors of the loss scaler's arithmetic in a run that scales its loss while the
+    /// other does not: neither compared nor missing.
+    #[serde(default)]
+    pub loss_scaler: usize,
 }
 
 impl Counts {
@@ -240,6 +244,7 @@ impl Counts {
         self.recompute += o.recompute;
         self.inside += o.inside;
         self.unhooked += o.unhooked;
+        self.loss_scaler += o.loss_scaler;
         for (into, from) in [
             (&mut self.compared_by, &o.compared_by),
             (&mut self.matched_by, &o.matched_by),
@@ -251,9 +256,14 @@ impl Counts {
     }
 
     /// Tensors found on one side only, whatever the reason (missing, recomputed, inside a
-    /// region, unhooked).
+    /// region, unhooked, a loss scaler's).
     pub fn one_sided(&self) -> usize {
-        self.unmatched_bench + self.unmatched_cmp + self.recompute + self.inside + self.unhooked
+        self.unmatched_bench
+            + self.unmatched_cmp
+            + self.recompute
+            + self.inside
+            + self.unhooked
+            + self.loss_scaler
     }
 }
 
