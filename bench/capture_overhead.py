@@ -295,7 +295,8 @@ def main() -> int:
         "--profile",
         action="store_true",
         help="after timing, profile one step of the first probe configuration with "
-        "torch.profiler and print the ops that took the most device time (CPU time on CPU)",
+        "torch.profiler and print the ops that took the most device time (CPU time on CPU), "
+        "then what capture added to a bare step, op by op",
     )
     ap.add_argument(
         "--reductions",
@@ -474,7 +475,7 @@ def main() -> int:
                 for name, nbytes in sizes.items():
                     dd_runs.setdefault(name, []).append(dd_of[nbytes])
         if args.profile and len(runners) > 1:
-            _profile_step(runners[1], device)
+            _profile_step(runners[0], runners[1], device)
         for dbg in debuggers:
             dbg.close()
             if not dbg.enabled:
@@ -628,20 +629,39 @@ def _load_baseline(ref: str, tmp: str) -> Any:
     return importlib.import_module("probe_baseline")
 
 
-def _profile_step(named: tuple[str, Runner], device: torch.device) -> None:
-    """One captured step under torch.profiler: where the device time goes (on CUDA, what
-    the statistics kernels and copies cost beside the model's own kernels)."""
+def _profile_step(
+    bare: tuple[str, Runner], named: tuple[str, Runner], device: torch.device
+) -> None:
+    """One bare and one captured step under torch.profiler: where the captured step's device
+    time goes (on CUDA, what the statistics kernels and copies cost beside the model's own
+    kernels), then what capture added: per op, the calls and device time beyond the bare
+    step's."""
     from torch.profiler import ProfilerActivity, profile
 
-    name, runner = named
     activities = [ProfilerActivity.CPU]
     if device.type == "cuda":
         activities.append(ProfilerActivity.CUDA)
-    with profile(activities=activities) as prof:
-        runner.step(record=False)
     key = "self_cuda_time_total" if device.type == "cuda" else "self_cpu_time_total"
-    print(f"profile of one step of {name.strip()}, by {key}:")
-    print(prof.key_averages().table(sort_by=key, row_limit=20))
+    attr = "self_device_time_total" if device.type == "cuda" else "self_cpu_time_total"
+    tables = []
+    for _, runner in (bare, named):
+        with profile(activities=activities) as prof:
+            runner.step(record=False)
+        tables.append(prof.key_averages())
+    name = named[0].strip()
+    print(f"profile of one step of {name}, by {key}:")
+    print(tables[1].table(sort_by=key, row_limit=20))
+    base = {e.key: (e.count, getattr(e, attr, 0.0)) for e in tables[0]}
+    added = []
+    for e in tables[1]:
+        calls, us = base.get(e.key, (0, 0.0))
+        d_calls, d_us = e.count - calls, getattr(e, attr, 0.0) - us
+        if d_calls > 0 or d_us > 1.0:
+            added.append((d_us, d_calls, e.key))
+    added.sort(reverse=True)
+    print(f"added by {name} against the bare step (calls, self device/CPU time in ms):")
+    for d_us, d_calls, op in added[:20]:
+        print(f"  {op[:60]:<60} {d_calls:+6d} {d_us / 1000:+9.3f}")
 
 
 #: Issue 15's capture goals: (model, device type, mode, level) -> (the ratio when the issue
