@@ -343,6 +343,26 @@ fn error_step(pairs: &[PairSummary]) -> Vec<&PairSummary> {
         .collect()
 }
 
+/// For a divergence entering from outside in a later step: the step before it of the same
+/// rank compared without error (`error_step` tells the earliest step with one), so what
+/// differs was changed between the steps by code the dump does not see. Empty otherwise.
+fn between_steps(pairs: &[PairSummary], e: &Finding) -> String {
+    let at = label_key(&e.step);
+    let before = pairs
+        .iter()
+        .filter(|p| p.rank == e.rank && p.tensors > 0 && label_key(&p.step) < at)
+        .max_by_key(|p| label_key(&p.step));
+    match before {
+        Some(p) => format!(
+            "; {}/{} compared without error, so it changed between the steps outside the \
+             captured ops: a weight by the optimizer's update or its hyperparameters, a \
+             data batch by the loader's order or seed",
+            p.step, p.rank
+        ),
+        None => String::new(),
+    }
+}
+
 /// The finding a headline tells, among every rank's findings of `in_step` (ranks run the
 /// same program): the earliest in execution order; at the same op, NaN/Inf says most.
 fn story<'a>(in_step: &[&'a PairSummary]) -> Option<(Story, &'a Finding)> {
@@ -433,8 +453,12 @@ fn headline(verdict: Verdict, c: &Counts, pairs: &[PairSummary]) -> String {
                     )
                 }
                 Some((Story::Outside, e)) => format!(
-                    "DIVERGENCE enters from outside the captured ops: {} (input of {}, {}/{})",
-                    e.tensor, e.op, e.step, e.rank
+                    "DIVERGENCE enters from outside the captured ops: {} (input of {}, {}/{}){}",
+                    e.tensor,
+                    e.op,
+                    e.step,
+                    e.rank,
+                    between_steps(pairs, e)
                 ),
                 Some((Story::Local, x)) => match region_of(pairs, x) {
                     Some(r) => format!(

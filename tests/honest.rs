@@ -734,3 +734,49 @@ fn a_gradient_that_is_rounding_noise_names_no_culprit() {
         "{s:#}"
     );
 }
+
+/// A linear layer's forward whose weight is `w`: input, weight, output.
+fn linear_step(w: f32) -> Vec<probe::schema::dump::OpRecord> {
+    let x = vec![1.0f32, -2.0, 0.5, 3.0];
+    let y: Vec<f32> = x.iter().map(|v| v * w).collect();
+    vec![op_record(
+        "Functional.linear.0.forward",
+        &[
+            ("input.0", "input", x),
+            ("input.1", "input", vec![w; 4]),
+            ("output.0", "output", y),
+        ],
+    )]
+}
+
+#[test]
+fn a_weight_that_changes_between_clean_steps_points_at_the_update() {
+    // Step 0 agrees on every tensor; in step 1 the port's weight is 2 % off: its optimizer
+    // step (unseen: a multi-tensor or fused optimizer, or another learning rate) made it.
+    // The headline says the step before compared without error; a weight that differs from
+    // the first step on does not get that clause.
+    let d = tempfile::tempdir().unwrap();
+    for (side, w1) in [("bench", 0.5f32), ("cmp", 0.51)] {
+        let dir = d.path().join(side);
+        write_op_log_at(&dir, "step0", "rank0", "statistics", linear_step(0.4));
+        write_op_log_at(&dir, "step1", "rank0", "statistics", linear_step(w1));
+    }
+    let o = compare(d.path(), &[]);
+    assert_eq!(o.code, 1, "{}{}", o.stdout, o.stderr);
+    let h = summary(d.path())["headline"].as_str().unwrap().to_string();
+    assert!(
+        h.starts_with("DIVERGENCE enters from outside the captured ops: Functional.linear.0.forward.input.1 (input of Functional.linear.0.forward, step1/rank0); step0/rank0 compared without error, so it changed between the steps"),
+        "{h}"
+    );
+    let e = tempfile::tempdir().unwrap();
+    for (side, w) in [("bench", 0.5f32), ("cmp", 0.51)] {
+        write_op_log(&e.path().join(side), linear_step(w));
+    }
+    let o = compare(e.path(), &[]);
+    assert_eq!(o.code, 1, "{}{}", o.stdout, o.stderr);
+    let h = summary(e.path())["headline"].as_str().unwrap().to_string();
+    assert!(
+        h.contains("Functional.linear.0.forward.input.1") && !h.contains("between the steps"),
+        "{h}"
+    );
+}
