@@ -25,6 +25,7 @@ collective on rank R only, as a faulty communication library would: ``ddp_bucket
 from __future__ import annotations
 
 import argparse
+import contextlib
 import os
 import sys
 import time
@@ -107,6 +108,12 @@ def main(argv: Optional[list[str]] = None) -> int:
         default=0.05,
         help="DDP bucket size (small: several buckets from step 1 on, once DDP rebuilt them)",
     )
+    ap.add_argument(
+        "--dtype",
+        choices=["float32", "bfloat16", "float16"],
+        default="float32",
+        help="bfloat16 runs forward under autocast; float16 too, with AMP's GradScaler",
+    )
     ap.add_argument("--quiet", action="store_true")
     ap.add_argument(
         "--no-collectives",
@@ -175,6 +182,12 @@ def main(argv: Optional[list[str]] = None) -> int:
             **({"exclude": ["Distributed.*"]} if args.no_collectives else {}),
         )
     )
+    amp = (
+        torch.autocast("cpu", dtype=getattr(torch, args.dtype))
+        if args.dtype != "float32"
+        else contextlib.nullcontext()
+    )
+    scaler = torch.amp.GradScaler("cpu") if args.dtype == "float16" else None
     t0 = 0.0
     for step, (x, y) in enumerate(data):
         if step == 1:
@@ -184,9 +197,15 @@ def main(argv: Optional[list[str]] = None) -> int:
         if dbg is not None:
             dbg.start(model)
         opt.zero_grad(set_to_none=True)
-        loss = F.cross_entropy(model(x), y)
-        loss.backward()
-        opt.step()
+        with amp:
+            loss = F.cross_entropy(model(x), y)
+        if scaler is None:
+            loss.backward()
+            opt.step()
+        else:
+            scaler.scale(loss).backward()
+            scaler.step(opt)
+            scaler.update()
         with torch.no_grad():
             total = loss.detach().clone()
             dist.all_reduce(total)

@@ -287,6 +287,25 @@ def test_probe_compare_names_a_faulty_collective(clean: tuple[str, Ops], tmp_pat
     assert s["origin"]["kind"] == "collective", s["origin"]
 
 
+def test_ddp_in_float16_with_its_scaler_against_bfloat16(tmp_path: Any) -> None:
+    """Both runs train under autocast on 2 ranks; the port in float16 with GradScaler at its
+    default scale (65536), under which this model's first gradients overflow: both ranks'
+    scalers skip step 0 (they agree through DDP's all-reduce) and halve the scale. Every pair
+    finds its loss scale, the skip is said per rank and in the headline, and the weights of
+    step 1 differ since only the bench updated them."""
+    b, c = str(tmp_path / "bf16"), str(tmp_path / "fp16")
+    torchrun(b, 2, "--dtype", "bfloat16")
+    torchrun(c, 2, "--dtype", "float16")
+    code, s = _compare(b, c, tmp_path / "out")
+    assert code == 1, s["headline"]
+    pairs = {(p["step"], p["rank"]): p for p in s["pairs"]}
+    for rank in ("rank0", "rank1"):
+        step0, step1 = pairs[("step0", rank)], pairs[("step1", rank)]
+        assert step0["loss_scale"]["ratio"] == 65536.0 and step0["scaler_skipped"] == "cmp", step0
+        assert step1["loss_scale"]["ratio"] == 32768.0 and step1.get("scaler_skipped") is None, step1
+    assert "the cmp run's loss scaler skipped step0/rank0" in s["headline"], s["headline"]
+
+
 def test_four_ranks_one_perturbed_rank_is_the_origin(tmp_path: Any) -> None:
     """4 ranks, gelu perturbed on rank 2 only: rank 2 is the origin, every other rank
     inherited it through DDP's gradient all-reduce."""
