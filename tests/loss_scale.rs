@@ -168,3 +168,47 @@ fn a_gradient_that_differs_beyond_the_scale_is_still_found() {
     );
     assert!(s["headline"].as_str().unwrap().contains("a loss scale"));
 }
+
+#[test]
+fn the_update_a_loss_scaler_skipped_is_accounted_for_not_missing() {
+    // The port's scaler found an overflow and skipped the optimizer step: the benchmark's
+    // update (after its last backward) has no counterpart, by the skip. A bench-only call
+    // before the backward is still missing.
+    let d = tempfile::tempdir().unwrap();
+    let mut bench = records(1.0, 1.0);
+    bench.insert(
+        1,
+        op_record(
+            "Functional.relu.0.forward",
+            &[
+                ("input.0", "input", vec![1.0]),
+                ("output.0", "output", vec![1.0]),
+            ],
+        ),
+    );
+    bench.push(op_record(
+        "Tensor.addcdiv_.0.forward",
+        &[
+            ("input.0", "input", vec![0.5, 0.25]),
+            ("output.0", "output", vec![0.4, 0.2]),
+        ],
+    ));
+    write_op_log(&d.path().join("bench"), bench);
+    let mut cmp = records(1024.0, 1.0);
+    cmp.pop(); // the update the scaler skipped
+    cmp.push(op_record(
+        "Torch._amp_update_scale_.0.forward",
+        &[
+            ("input.0", "input", vec![1024.0]),
+            ("input.1", "input", vec![0.0]),
+            ("input.2", "input", vec![1.0]),
+        ],
+    ));
+    write_op_log(&d.path().join("cmp"), cmp);
+    compare(d.path(), &["--max-unmatched", "0.9"]);
+    let s = summary(d.path());
+    assert_eq!(s["pairs"][0]["scaler_skipped"], "cmp", "{}", s["headline"]);
+    // add_ (2 tensors) and addcdiv_ (2) are the skipped update; relu (2) is missing.
+    assert_eq!(s["counts"]["loss_scaler"], 4, "{}", s["counts"]);
+    assert_eq!(s["counts"]["unmatched_bench"], 2, "{}", s["counts"]);
+}

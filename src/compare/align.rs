@@ -164,6 +164,9 @@ pub enum Why {
     /// The loss scaler's own arithmetic in a run that scales its loss while the other does
     /// not (the loss times the scale, the scale's reciprocal: `loss_scale`).
     LossScaler,
+    /// The optimizer's update in a step the other run's loss scaler skipped (its gradients
+    /// overflowed): the other run never made it.
+    SkippedUpdate,
 }
 
 impl Why {
@@ -176,12 +179,14 @@ impl Why {
             Why::Inside => "inside",
             Why::Unhooked => "unhooked",
             Why::LossScaler => "loss_scaler",
+            Why::SkippedUpdate => "skipped_update",
         }
     }
 
     /// Whether the tensor counts as missing from the comparison (the `--max-unmatched`
-    /// gate): recomputation, region interiors, views the other dumper does not hook and a
-    /// one-sided loss scaler's arithmetic are accounted for elsewhere.
+    /// gate): recomputation, region interiors, views the other dumper does not hook, a
+    /// one-sided loss scaler's arithmetic and the update it skipped are accounted for
+    /// elsewhere.
     pub fn missing(self) -> bool {
         matches!(self, Why::Unmatched | Why::ShapeMismatch)
     }

@@ -134,6 +134,33 @@ pub fn scaler_arithmetic(al: Alignment, s: &LossScale) -> Alignment {
     al
 }
 
+/// The unit with the update a loss scaler skipped marked (`Why::SkippedUpdate`): when only
+/// `skipped`'s scaler skipped this step, the other run's forward calls after its last
+/// backward or gradient all-reduce (the optimizer's update, which the skipping run never
+/// made) that found no counterpart are the skip's, not missing.
+pub fn skipped_update(al: Alignment, skipped: Side) -> Alignment {
+    let mut al = al;
+    let ops = match skipped {
+        Side::Bench => &al.dumps.cmp.ops,
+        Side::Cmp => &al.dumps.bench.ops,
+    };
+    // Parameter gradients are recorded when capture stops, after everything: not a mark.
+    let grad = |op: Op| holds_gradients(op) && op.kind() != OpKind::ParametersGrad;
+    let Some(last_grad) = ops.iter().rposition(grad) else {
+        return al;
+    };
+    for u in &mut al.unmatched {
+        if u.side != skipped
+            && u.why.missing()
+            && u.op.index > last_grad
+            && u.op.direction == Direction::Forward
+        {
+            u.why = Why::SkippedUpdate;
+        }
+    }
+    al
+}
+
 /// The unit with the comparison side's gradients divided by the scale (module docs).
 pub fn unscaled(al: Alignment, s: &LossScale) -> Alignment {
     let mut al = al;

@@ -306,7 +306,7 @@ impl<'u> Tally<'u> {
                 (Why::Recompute, _) => c.recompute += 1,
                 (Why::Inside, _) => c.inside += 1,
                 (Why::Unhooked, _) => c.unhooked += 1,
-                (Why::LossScaler, _) => c.loss_scaler += 1,
+                (Why::LossScaler | Why::SkippedUpdate, _) => c.loss_scaler += 1,
                 (_, Side::Bench) => c.unmatched_bench += 1,
                 (_, Side::Cmp) => c.unmatched_cmp += 1,
             }
@@ -469,6 +469,12 @@ pub fn compare_unit(
         ));
     }
     let alignment = opts.aligner.align(dumps);
+    // One run's scaler skipped the step: the other's update has no counterpart.
+    let alignment = match (sb, sc) {
+        (true, false) => loss_scale::skipped_update(alignment, Side::Bench),
+        (false, true) => loss_scale::skipped_update(alignment, Side::Cmp),
+        _ => alignment,
+    };
     // One run's gradients a power of two times the other's: compared divided by it.
     let scale = loss_scale::detect(&alignment);
     let alignment = match &scale {

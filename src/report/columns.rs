@@ -465,6 +465,12 @@ fn unmatched_reason(u: &Unmatched) -> &'static str {
         (Side::Cmp, Why::LossScaler) => {
             "only in cmp: its loss scaler's arithmetic (the bench run scales no loss)"
         }
+        (Side::Bench, Why::SkippedUpdate) => {
+            "only in bench: the update of a step the cmp run's loss scaler skipped"
+        }
+        (Side::Cmp, Why::SkippedUpdate) => {
+            "only in cmp: the update of a step the bench run's loss scaler skipped"
+        }
     }
 }
 

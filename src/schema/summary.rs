@@ -224,8 +224,9 @@ pub struct Counts {
     /// does not hook them): neither compared nor missing.
     #[serde(default)]
     pub unhooked: usize,
-    /// Tensors of the loss scaler's arithmetic in a run that scales its loss while the
-    /// other does not: neither compared nor missing.
+    /// Tensors one-sided because of a loss scaler: its arithmetic in a run that scales its
+    /// loss while the other does not, and the update of a step one run's scaler skipped
+    /// (the other's optimizer calls): neither compared nor missing.
     #[serde(default)]
     pub loss_scaler: usize,
 }
