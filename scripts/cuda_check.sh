@@ -12,11 +12,11 @@ T="$(mktemp -d)"
 LOG="${OUT:-$T}"
 "$PY" -c "import torch; assert torch.cuda.is_available(); print('torch', torch.__version__, torch.cuda.get_device_name())" || exit 2
 ex() { "$PY" examples/train_small.py --quiet "$@" >>"$LOG/examples.log" 2>&1; }
-check() { # name, expected exit, command...
+check() { # name, expected exit, command... (prints the first line that is no warning)
   local name=$1 want=$2; shift 2
   "$@" >"$LOG/$name.out" 2>&1; local rc=$?
   local verdict=ok; [ "$rc" = "$want" ] || verdict=UNEXPECTED; [ "$want" = any ] && verdict=info
-  printf '%-40s exit %s (want %s) %s | %s\n' "$name" "$rc" "$want" "$verdict" "$(head -1 "$LOG/$name.out")"
+  printf '%-40s exit %s (want %s) %s | %s\n' "$name" "$rc" "$want" "$verdict" "$(grep -v '^probe: warning' "$LOG/$name.out" | head -1)"
 }
 for mode in statistics tensor; do
   ex --device cuda --dump "$T/cuda_$mode" --mode "$mode" --level mix
