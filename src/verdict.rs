@@ -85,6 +85,7 @@ fn pair_summary(u: &UnitSummary) -> PairSummary {
         regions: u.regions.clone(),
         loss_scale: u.loss_scale.clone(),
         scaler_skipped: u.scaler_skipped.clone(),
+        micro_batches: u.micro_batches.clone(),
     }
 }
 
@@ -409,7 +410,11 @@ fn headline(verdict: Verdict, c: &Counts, pairs: &[PairSummary]) -> String {
     if c.tensors == 0 {
         return "NOTHING COMPARABLE: no tensor is present on both sides".into();
     }
-    let note = regions_note(pairs) + &args_note(pairs) + &scale_note(pairs) + &skipped_note(pairs);
+    let note = micro_note(pairs)
+        + &regions_note(pairs)
+        + &args_note(pairs)
+        + &scale_note(pairs)
+        + &skipped_note(pairs);
     match verdict {
         Verdict::Pass => format!("PASS: all {} tensors within tolerance{note}", c.tensors),
         Verdict::Warning => format!(
@@ -493,7 +498,7 @@ fn headline(verdict: Verdict, c: &Counts, pairs: &[PairSummary]) -> String {
                     )
                 }
             };
-            line + &hint + &scale_note(pairs) + &skipped_note(pairs)
+            line + &micro_note(pairs) + &hint + &scale_note(pairs) + &skipped_note(pairs)
         }
     }
 }
@@ -545,6 +550,24 @@ fn scale_note(pairs: &[PairSummary]) -> String {
         format!(" in {} of {} step/rank pairs", scaled.len(), pairs.len())
     };
     format!("; the cmp run's gradients are {s} the bench's (a loss scale{where_}): compared divided by it")
+}
+
+/// The first step/rank pair whose runs differ in micro-batching: said first, since their
+/// calls pair only in part and the rest of the headline reads on that.
+fn micro_note(pairs: &[PairSummary]) -> String {
+    match pairs
+        .iter()
+        .find_map(|p| Some((p, p.micro_batches.as_ref()?)))
+    {
+        Some((p, m)) => format!(
+            "; {} in {}/{}: gradient accumulation differs, so the calls pair only in part \
+             (compare runs with the same micro-batch size)",
+            m.brief(),
+            p.step,
+            p.rank
+        ),
+        None => String::new(),
+    }
 }
 
 /// The first step/rank pair a run's loss scaler skipped, if any: its NaN/Inf and its missing

@@ -22,14 +22,35 @@ EXIT_INCOMPLETE = 4
 
 
 def _train(dump: Path, *extra: str) -> None:
-    cmd = [sys.executable, os.path.join(REPO, "examples", "train_small.py"), "--dump", str(dump), "--quiet", *extra]
+    cmd = [
+        sys.executable,
+        os.path.join(REPO, "examples", "train_small.py"),
+        "--dump",
+        str(dump),
+        "--quiet",
+        *extra,
+    ]
     r = subprocess.run(cmd, capture_output=True, text=True, timeout=300)
     assert r.returncode == 0, r.stderr
 
 
-def _compare(bench: Path, cmp_: Path, out: Path, *extra: str) -> tuple[subprocess.CompletedProcess[str], Any]:
+def _compare(
+    bench: Path, cmp_: Path, out: Path, *extra: str
+) -> tuple[subprocess.CompletedProcess[str], Any]:
     r = subprocess.run(
-        [probe_bin(), "compare", "-b", str(bench), "-c", str(cmp_), "-o", str(out), "--format", "json", *extra],
+        [
+            probe_bin(),
+            "compare",
+            "-b",
+            str(bench),
+            "-c",
+            str(cmp_),
+            "-o",
+            str(out),
+            "--format",
+            "json",
+            *extra,
+        ],
         capture_output=True,
         text=True,
         timeout=300,
@@ -57,8 +78,9 @@ def test_capture_stopped_after_two_ops_is_incomplete(tmp_path: Path) -> None:
     missing = s["counts"]["unmatched_bench"]
     assert s["counts"]["error"] == 0 and missing > 100
     shown = f"{missing:,}"
-    assert f"the comparison run's capture stopped after op 2 ({second}); {shown} bench tensors have no counterpart" in (
-        s["headline"]
+    assert (
+        f"the comparison run's capture stopped after op 2 ({second}); {shown} bench tensors have no counterpart"
+        in (s["headline"])
     ), s["headline"]
     assert s["unmatched_fraction"]["bench"] > 0.9 and s["unmatched_fraction"]["cmp"] == 0.0
 
@@ -80,10 +102,14 @@ def test_different_dropout_masks_are_a_random_draw(tmp_path: Path) -> None:
     r, s = _compare(bench, cmp_, tmp_path / "out")
     assert r.returncode == EXIT_FAIL, r.stdout
     draw = s["random_draw"]["forward"]
-    assert draw is not None and draw["op"] == "Functional.dropout.0.forward", json.dumps(s["random_draw"])
+    assert draw is not None and draw["op"] == "Functional.dropout.0.forward", json.dumps(
+        s["random_draw"]
+    )
     assert s["first_divergent"]["forward"] is None
     assert s["external_source"]["forward"] is None
-    assert s["headline"].startswith("DIVERGENCE from random numbers: Functional.dropout.0.forward"), s["headline"]
+    assert s["headline"].startswith(
+        "DIVERGENCE from random numbers: Functional.dropout.0.forward"
+    ), s["headline"]
     assert "config-check's random category" in draw["explanation"]
 
     # The same dropout seed: the masks agree, the runs compare clean.
@@ -113,9 +139,16 @@ def test_bf16_against_fp32_over_two_steps_names_no_false_culprit(tmp_path: Path)
     assert [p["step"] for p in s["pairs"]] == ["step0", "step1"]
     step1 = s["pairs"][1]["findings"]
     for key in ("first_divergent", "external_source", "random_draw"):
-        assert step1[key] == {"forward": None, "backward": None}, (key, json.dumps(step1[key], indent=1))
-    assert s["first_divergent"] == {"forward": None, "backward": None}, json.dumps(s["first_divergent"], indent=1)
-    assert "outside" not in s["headline"] and "first divergent op" not in s["headline"], s["headline"]
+        assert step1[key] == {"forward": None, "backward": None}, (
+            key,
+            json.dumps(step1[key], indent=1),
+        )
+    assert s["first_divergent"] == {"forward": None, "backward": None}, json.dumps(
+        s["first_divergent"], indent=1
+    )
+    assert "outside" not in s["headline"] and "first divergent op" not in s["headline"], s[
+        "headline"
+    ]
     # Statistics mode never saw the elements: nothing is called "identical".
     lines = _evidence(s)
     assert lines and not any("(identical)" in line for line in lines), lines
@@ -180,7 +213,9 @@ print(repr(loss.item()))
 """
 
 
-def test_an_uninitialised_buffer_in_the_port_is_named_with_its_leftover_bytes(tmp_path: Path) -> None:
+def test_an_uninitialised_buffer_in_the_port_is_named_with_its_leftover_bytes(
+    tmp_path: Path,
+) -> None:
     """The port allocates an accumulator with ``torch.empty_like`` where the original used
     ``zeros_like``: the agent records the first read of it as ``unwritten`` (leftover bytes),
     and compare names the op that read them as the cause, never "all inputs within
@@ -236,7 +271,9 @@ dbg.close()
 """
 
 
-def test_a_clipping_threshold_ported_wrong_is_named_as_an_argument_not_a_kernel(tmp_path: Path) -> None:
+def test_a_clipping_threshold_ported_wrong_is_named_as_an_argument_not_a_kernel(
+    tmp_path: Path,
+) -> None:
     """The port clips gradients at another norm (its trainer read another config value):
     every tensor the clipping reads agrees, its scale differs, and compare names the call
     with the argument that differs (``max_norm``, a Python number the dump records as an
@@ -245,10 +282,14 @@ def test_a_clipping_threshold_ported_wrong_is_named_as_an_argument_not_a_kernel(
         _script(tmp_path, CLIPPED, side, max_norm)
     r, s = _compare(tmp_path / "bench", tmp_path / "cmp", tmp_path / "out")
     assert r.returncode == EXIT_FAIL, r.stdout + r.stderr
-    assert "called with different arguments" in s["headline"] and "1.0 vs 0.05" in s["headline"], s["headline"]
+    assert "called with different arguments" in s["headline"] and "1.0 vs 0.05" in s["headline"], s[
+        "headline"
+    ]
     # Clipping runs after the backward: the finding is the backward phase's, in step 0.
     f = s["first_divergent"]["backward"]
-    assert f["step"] == "step0" and f["args"][0]["bench"] == "1.0" and f["args"][0]["cmp"] == "0.05", f
+    assert (
+        f["step"] == "step0" and f["args"][0]["bench"] == "1.0" and f["args"][0]["cmp"] == "0.05"
+    ), f
     assert "the error is local to this op" not in f["explanation"], f["explanation"]
     assert any("clip_grad_norm_" in frame for frame in f["stack"]), f["stack"]
     # The forward of step 0 is the same on both sides.
@@ -341,7 +382,9 @@ def test_the_ports_own_loss_scaler_arithmetic_is_not_missing(tmp_path: Path) -> 
         names[side] = {
             (step, t["name"])
             for step in ("step0", "step1")
-            for line in (side / step / "rank0" / "ops.jsonl").read_text(encoding="utf-8").splitlines()
+            for line in (side / step / "rank0" / "ops.jsonl")
+            .read_text(encoding="utf-8")
+            .splitlines()
             for t in json.loads(line)["tensors"]
         }
     c = s["counts"]
@@ -379,3 +422,47 @@ def test_a_step_the_ports_loss_scaler_skipped_is_said(tmp_path: Path) -> None:
     assert "the cmp run's loss scaler skipped step0/rank0" in s["headline"], s["headline"]
     assert s["pairs"][0]["scaler_skipped"] == "cmp", s["pairs"][0]
     assert any("loss scaler skipped this step" in w for w in s["warnings"]), s["warnings"]
+
+
+ACCUMULATE = """
+import sys, torch, probe
+import torch.nn.functional as F
+dump, micro = sys.argv[1], int(sys.argv[2])
+torch.manual_seed(0)
+model = torch.nn.Sequential(torch.nn.Linear(16, 32), torch.nn.GELU(), torch.nn.Linear(32, 4))
+opt = torch.optim.Adam(model.parameters(), lr=1e-2)
+g = torch.Generator().manual_seed(1)
+x, y = torch.randn(8, 16, generator=g), torch.randint(0, 4, (8,), generator=g)
+dbg = probe.Debugger(None, dump_path=dump, level="mix", mode="statistics")
+for _ in range(2):
+    dbg.start(model)
+    opt.zero_grad()
+    for xs, ys in zip(x.chunk(micro), y.chunk(micro)):  # gradient accumulation
+        (F.cross_entropy(model(xs), ys) / micro).backward()
+    opt.step()
+    dbg.stop()
+    dbg.step()
+dbg.close()
+"""
+
+
+def test_a_port_that_accumulates_micro_batches_is_said_to(tmp_path: Path) -> None:
+    """The port, short of memory, takes each step's 8 rows as 2 micro-batches of 4 and
+    accumulates their gradients; the GPU run takes them in one pass. Same update, other
+    programs: the headline says the runs differ in gradient accumulation instead of leaving
+    "a tensor that differs" and half the calls unmatched to read as a bug. Two runs with the
+    same micro-batching say nothing of it."""
+    _script(tmp_path, ACCUMULATE, "bench", "1")
+    _script(tmp_path, ACCUMULATE, "cmp", "2")
+    _script(tmp_path, ACCUMULATE, "same", "2")
+    r, s = _compare(tmp_path / "bench", tmp_path / "cmp", tmp_path / "out")
+    assert [p["micro_batches"] for p in s["pairs"]] == [
+        {"bench": 1, "cmp": 2, "at": "Functional.linear"}
+    ] * 2
+    assert "the cmp run takes its step in 2 micro-batches, the bench run in one" in s["headline"], (
+        s["headline"]
+    )
+    assert "gradient accumulation differs" in s["headline"], s["headline"]
+    r, s = _compare(tmp_path / "cmp", tmp_path / "same", tmp_path / "out2")
+    assert r.returncode == 0, r.stdout + r.stderr
+    assert all("micro_batches" not in p for p in s["pairs"]) and "micro" not in s["headline"], s

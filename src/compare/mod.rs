@@ -23,6 +23,7 @@ pub mod judged;
 pub mod loss_scale;
 pub mod mapping;
 pub mod measure;
+pub mod micro_batch;
 pub mod plan;
 pub mod shard;
 pub mod structural;
@@ -131,6 +132,9 @@ pub struct UnitSummary {
     /// Which run's loss scaler skipped this step (`bench`, `cmp`, `both`), if any.
     #[serde(default)]
     pub scaler_skipped: Option<String>,
+    /// Forward passes a step on each side, when the runs differ in micro-batching.
+    #[serde(default)]
+    pub micro_batches: Option<micro_batch::MicroBatches>,
 }
 
 /// How many ops a unit's rows hold (consecutive rows of one op) and how many of them have
@@ -468,6 +472,17 @@ pub fn compare_unit(
             unit.step, unit.rank
         ));
     }
+    // The runs take the step's batch in different numbers of forward passes.
+    let micro = micro_batch::detect(&dumps);
+    if let Some(m) = &micro {
+        warnings.push(format!(
+            "{}/{}: {}: gradient accumulation differs, so the runs' calls pair only in part; \
+             compare runs with the same micro-batch size",
+            unit.step,
+            unit.rank,
+            m.brief()
+        ));
+    }
     let alignment = opts.aligner.align(dumps);
     // One run's scaler skipped the step: the other's update has no counterpart.
     let alignment = match (sb, sc) {
@@ -568,6 +583,7 @@ pub fn compare_unit(
         chart: tally.chart,
         loss_scale: scale,
         scaler_skipped: skipped,
+        micro_batches: micro,
     };
     Ok((summary, table))
 }

@@ -302,6 +302,10 @@ pub struct PairSummary {
     /// overflowed under the loss scale.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub scaler_skipped: Option<String>,
+    /// Forward passes a step on each side, when the runs differ in micro-batching (gradient
+    /// accumulation): their calls pair only in part.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub micro_batches: Option<crate::compare::micro_batch::MicroBatches>,
 }
 
 /// One of the worst ops of the compare.

@@ -1,0 +1,92 @@
+//! Micro-batching: one run takes its step's batch in more forward passes than the other.
+//!
+//! Why: a port short of device memory splits each step's batch into micro-batches and
+//! accumulates their gradients (gradient accumulation, a pipeline schedule's micro-batch
+//! count), while the GPU run takes it whole. Both make the same update, but op by op they
+//! are different programs: the one-pass run's calls pair with the first micro-batch's, on
+//! other shapes, and the rest is one-sided. The localiser then named "a tensor that differs
+//! before any captured op fails" (the accumulated loss) and half the calls as unmatched,
+//! which reads like a bug in the port. The pair is recognised by the first API whose first
+//! call reads inputs of another size on the two sides: when one run calls it k times
+//! (k >= 2) as often as the other, each time on an input k times smaller, the runs differ in micro-batching, which is said per pair and in
+//! the headline, and the comparison holds only for what pairs.
+
+use super::Sides;
+use crate::dump::{Direction, OpKind, Ops, RankDump};
+use serde::{Deserialize, Serialize};
+use std::collections::HashMap;
+
+/// Forward passes a step on each side, where they differ.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct MicroBatches {
+    /// The benchmark's forward passes a step.
+    pub bench: usize,
+    /// The comparison run's.
+    pub cmp: usize,
+    /// The API they were counted by (the step's first API call, `Functional.linear`).
+    pub at: String,
+}
+
+impl MicroBatches {
+    /// `the cmp run takes its step in 2 micro-batches, the bench run in one (2x the
+    /// Functional.linear calls, on inputs 2x smaller)`.
+    pub fn brief(&self) -> String {
+        let (k, side, other) = if self.cmp > self.bench {
+            (self.cmp, "cmp", "bench")
+        } else {
+            (self.bench, "bench", "cmp")
+        };
+        format!(
+            "the {side} run takes its step in {k} micro-batches, the {other} run in one ({k}x \
+             the {} calls, on inputs {k}x smaller)",
+            self.at
+        )
+    }
+}
+
+/// A step's forward API calls (not recomputed), in order: their API and their first
+/// input's element count.
+fn forward_calls(ops: &Ops) -> impl Iterator<Item = (&str, usize)> {
+    ops.iter()
+        .filter(|op| {
+            op.kind() == OpKind::Api && op.direction() == Direction::Forward && !op.recompute()
+        })
+        .filter_map(|op| Some((op.key().base_text(), op.tensors().next()?.numel())))
+}
+
+/// The pair's micro-batching, when the two runs differ in it (module docs). The API it is
+/// told by is the first, in the benchmark's order, whose first call reads inputs of another
+/// size on the two sides (calls before it, such as splitting the batch, read the same).
+pub fn detect(dumps: &Sides<RankDump>) -> Option<MicroBatches> {
+    let mut first_cmp: HashMap<&str, usize> = HashMap::new();
+    for (api, n) in forward_calls(&dumps.cmp.ops) {
+        first_cmp.entry(api).or_insert(n);
+    }
+    // Each API's first call on the two sides.
+    let (api, nb, nc) = forward_calls(&dumps.bench.ops).find_map(|(api, nb)| {
+        let nc = first_cmp.remove(api)?;
+        (nb != nc).then_some((api, nb, nc))
+    })?;
+    let count = |ops: &Ops, n: usize| forward_calls(ops).filter(|&c| c == (api, n)).count();
+    let (b, c) = (count(&dumps.bench.ops, nb), count(&dumps.cmp.ops, nc));
+    if b == 0 || c == 0 || b == c {
+        return None;
+    }
+    // k times the calls on inputs k times smaller, exactly.
+    let cmp_more = c > b;
+    let ((more, fewer), (small, large)) = if cmp_more {
+        ((c, b), (nc, nb))
+    } else {
+        ((b, c), (nb, nc))
+    };
+    let k = more / fewer;
+    if more % fewer != 0 || k < 2 || small.checked_mul(k) != Some(large) {
+        return None;
+    }
+    let (bench, cmp) = if cmp_more { (1, k) } else { (k, 1) };
+    Some(MicroBatches {
+        bench,
+        cmp,
+        at: api.to_string(),
+    })
+}

@@ -1,0 +1,83 @@
+//! Micro-batching: a run that takes its step in k forward passes on inputs k times smaller
+//! than the other's is said to differ in gradient accumulation, per pair and in the
+//! headline; the same call count, or a ratio that is not exact, is not.
+
+mod common;
+use common::*;
+use probe::schema::dump::OpRecord;
+use std::path::Path;
+
+/// A step of `passes` forward passes through a linear layer and a GELU, each on
+/// `rows` rows of 2 (the batch split as gradient accumulation does), then its backward.
+fn step(passes: usize, rows: usize) -> Vec<OpRecord> {
+    let mut ops = vec![op_record(
+        "Tensor.chunk.0.forward",
+        &[("input.0", "input", vec![0.5; 16])],
+    )];
+    for i in 0..passes {
+        let x: Vec<f32> = (0..rows * 2).map(|v| v as f32 / 10.0).collect();
+        let y: Vec<f32> = x.iter().map(|v| v * 0.5).collect();
+        ops.push(op_record(
+            &format!("Functional.linear.{i}.forward"),
+            &[("input.0", "input", x), ("output.0", "output", y.clone())],
+        ));
+        ops.push(op_record(
+            &format!("Functional.gelu.{i}.forward"),
+            &[("input.0", "input", y.clone()), ("output.0", "output", y)],
+        ));
+    }
+    ops
+}
+
+fn pair(dir: &Path, bench: Vec<OpRecord>, cmp: Vec<OpRecord>) -> serde_json::Value {
+    write_op_log(&dir.join("bench"), bench);
+    write_op_log(&dir.join("cmp"), cmp);
+    let o = compare(dir, &["--max-unmatched", "1"]);
+    assert!(!o.stderr.contains("panicked"), "{}", o.stderr);
+    summary(dir)
+}
+
+#[test]
+fn two_micro_batches_against_one_are_said() {
+    let d = tempfile::tempdir().unwrap();
+    let s = pair(d.path(), step(1, 8), step(2, 4));
+    let m = &s["pairs"][0]["micro_batches"];
+    assert_eq!(m["bench"], 1, "{s}");
+    assert_eq!(m["cmp"], 2, "{s}");
+    assert_eq!(m["at"], "Functional.linear");
+    let h = s["headline"].as_str().unwrap();
+    assert!(
+        h.contains("the cmp run takes its step in 2 micro-batches, the bench run in one (2x the Functional.linear calls, on inputs 2x smaller) in step0/rank0: gradient accumulation differs"),
+        "{h}"
+    );
+    assert!(
+        s["warnings"][0].as_str().unwrap().contains("micro-batches"),
+        "{s}"
+    );
+    // The other way round: the bench takes 4 passes of 2 rows.
+    let e = tempfile::tempdir().unwrap();
+    let s = pair(e.path(), step(4, 2), step(1, 8));
+    let m = &s["pairs"][0]["micro_batches"];
+    assert_eq!(
+        (m["bench"].as_u64(), m["cmp"].as_u64()),
+        (Some(4), Some(1)),
+        "{s}"
+    );
+}
+
+#[test]
+fn the_same_passes_or_an_inexact_ratio_are_not_micro_batching() {
+    // The same passes on other sizes (another batch size): no.
+    let d = tempfile::tempdir().unwrap();
+    let s = pair(d.path(), step(1, 8), step(1, 4));
+    assert!(s["pairs"][0].get("micro_batches").is_none(), "{s}");
+    // Twice the calls on inputs of the same size (the model called twice): no.
+    let e = tempfile::tempdir().unwrap();
+    let s = pair(e.path(), step(1, 8), step(2, 8));
+    assert!(s["pairs"][0].get("micro_batches").is_none(), "{s}");
+    // Three passes of a third is not 8 rows: no.
+    let f = tempfile::tempdir().unwrap();
+    let s = pair(f.path(), step(1, 8), step(3, 3));
+    assert!(s["pairs"][0].get("micro_batches").is_none(), "{s}");
+    assert!(!s["headline"].as_str().unwrap().contains("micro-batches"));
+}
