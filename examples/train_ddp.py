@@ -25,7 +25,6 @@ collective on rank R only, as a faulty communication library would: ``ddp_bucket
 from __future__ import annotations
 
 import argparse
-import contextlib
 import os
 import sys
 import time
@@ -38,7 +37,7 @@ from torch.nn.parallel import DistributedDataParallel
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
-from train_small import Fault, SmallNet, make_data  # noqa: E402
+from train_small import Fault, SmallNet, make_data, mixed_precision, update  # noqa: E402
 
 import probe  # noqa: E402
 
@@ -182,12 +181,7 @@ def main(argv: Optional[list[str]] = None) -> int:
             **({"exclude": ["Distributed.*"]} if args.no_collectives else {}),
         )
     )
-    amp = (
-        torch.autocast("cpu", dtype=getattr(torch, args.dtype))
-        if args.dtype != "float32"
-        else contextlib.nullcontext()
-    )
-    scaler = torch.amp.GradScaler("cpu") if args.dtype == "float16" else None
+    amp, scaler = mixed_precision(args.dtype, torch.device("cpu"))
     t0 = 0.0
     for step, (x, y) in enumerate(data):
         if step == 1:
@@ -199,13 +193,7 @@ def main(argv: Optional[list[str]] = None) -> int:
         opt.zero_grad(set_to_none=True)
         with amp:
             loss = F.cross_entropy(model(x), y)
-        if scaler is None:
-            loss.backward()
-            opt.step()
-        else:
-            scaler.scale(loss).backward()
-            scaler.step(opt)
-            scaler.update()
+        update(loss, opt, scaler)
         with torch.no_grad():
             total = loss.detach().clone()
             dist.all_reduce(total)

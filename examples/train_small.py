@@ -352,6 +352,26 @@ def has_half_matmul(device: torch.device) -> bool:
     return True
 
 
+def mixed_precision(dtype: str, device: torch.device) -> tuple[Any, Optional[Any]]:
+    """``--dtype``: the autocast context (none for float32) and, for float16, AMP's
+    GradScaler (the loss scale), as a port to an accelerator without bfloat16 trains."""
+    if dtype == "float32":
+        return contextlib.nullcontext(), None
+    amp = torch.autocast(device_type=device.type, dtype=getattr(torch, dtype))
+    return amp, torch.amp.GradScaler(device.type) if dtype == "float16" else None
+
+
+def update(loss: torch.Tensor, opt: torch.optim.Optimizer, scaler: Optional[Any]) -> None:
+    """The backward and the optimizer step, through the loss scaler when there is one."""
+    if scaler is None:
+        loss.backward()
+        opt.step()
+        return
+    scaler.scale(loss).backward()
+    scaler.step(opt)
+    scaler.update()
+
+
 def main(argv: Optional[list[str]] = None) -> int:
     ap = argparse.ArgumentParser(
         description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
@@ -511,12 +531,7 @@ def main(argv: Optional[list[str]] = None) -> int:
                 None, dump_path=args.dump, level=args.level, mode=args.mode, **extra
             )
 
-    amp = (
-        torch.autocast(device_type=device.type, dtype=getattr(torch, args.dtype))
-        if args.dtype != "float32"
-        else contextlib.nullcontext()
-    )
-    scaler = torch.amp.GradScaler(device.type) if args.dtype == "float16" else None
+    amp, scaler = mixed_precision(args.dtype, device)
     t0 = time.perf_counter()
     for step, (x, y) in enumerate(data):
         for fault in faults:
@@ -527,13 +542,7 @@ def main(argv: Optional[list[str]] = None) -> int:
         with amp:
             logits = model(x)
             loss = F.cross_entropy(logits.float(), y)
-        if scaler is None:
-            loss.backward()
-            opt.step()
-        else:
-            scaler.scale(loss).backward()
-            scaler.step(opt)
-            scaler.update()
+        update(loss, opt, scaler)
         if dbg is not None:
             dbg.stop()
             dbg.step()
