@@ -8,8 +8,9 @@
 //! before any captured op fails" (the accumulated loss) and half the calls as unmatched,
 //! which reads like a bug in the port. The pair is recognised by the first API whose first
 //! call reads inputs of another size on the two sides: when one run calls it k times
-//! (k >= 2) as often as the other, each time on an input k times smaller, the runs differ in micro-batching, which is said per pair and in
-//! the headline, and the comparison holds only for what pairs.
+//! (k >= 2) as often as the other, each time on an input k times smaller, the runs differ
+//! in micro-batching, which is said per pair and in the headline; the comparison holds
+//! only for what pairs.
 
 use super::Sides;
 use crate::dump::{Direction, OpKind, Ops, RankDump};
@@ -23,7 +24,7 @@ pub struct MicroBatches {
     pub bench: usize,
     /// The comparison run's.
     pub cmp: usize,
-    /// The API they were counted by (the step's first API call, `Functional.linear`).
+    /// The API they were counted by (`Functional.linear`).
     pub at: String,
 }
 
