@@ -217,3 +217,19 @@ def test_floor_counts_what_a_checkpointed_step_records(tmp_path: Any) -> None:
         else:
             counts.append(floor.calls)
     assert counts[0] == counts[1]
+
+
+def test_bench_profile_lists_what_capture_added() -> None:
+    """``--profile`` prints, after the captured step's own table, what capture added to a
+    bare step op by op: each row an op, its extra calls and its extra time. The agent hangs
+    its backward records on aliases of each call's differentiable inputs (docs/capture.md),
+    which a bare step never makes, so ``aten::alias`` is among the rows with calls added."""
+    out = _bench("--profile")
+    assert "added by probe statistics api against the bare step" in out, out
+    table = out.split("against the bare step", 1)[1].split("\nmodel ", 1)[0]
+    rows = [line.rsplit(None, 2) for line in table.splitlines()[1:] if line.startswith("  ")]
+    assert rows and all(
+        re.fullmatch(r"[+-]\d+", r[1]) and re.fullmatch(r"[+-]\d+\.\d{3}", r[2]) for r in rows
+    ), table
+    alias = [r for r in rows if r[0].strip() == "aten::alias"]
+    assert alias and int(alias[0][1]) > 0, table
