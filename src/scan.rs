@@ -39,7 +39,8 @@ use std::path::{Path, PathBuf};
 pub enum Flag {
     /// Finite, nothing to say.
     Finite,
-    /// Only `-inf` besides finite values: masking (or a negative overflow).
+    /// Only `-inf` besides finite values, outside the gradients: masking (or a negative
+    /// overflow).
     NegInfOnly,
     /// All zero although the op's inputs are not.
     Underflow,
@@ -253,6 +254,14 @@ fn flag_of(t: Tensor, op: Op, inputs_nonzero: bool, margin: f64) -> (Flag, Strin
                 _ => "non-finite statistics".into(),
             };
             return (Flag::NonFinite, what);
+        }
+        // A mask's -inf lives in the forward; its gradient is finite. -inf in a gradient
+        // is an overflow (float16 under a loss scale, as a rule).
+        Flag::NegInfOnly if crate::compare::loss_scale::holds_gradients(op) => {
+            return (
+                Flag::NonFinite,
+                "-inf in a gradient (an overflow, not a mask)".into(),
+            );
         }
         Flag::NegInfOnly => return (Flag::NegInfOnly, "-inf only (a mask?)".into()),
         _ => {}
@@ -709,8 +718,8 @@ fn scan_headline(
     match verdict {
         Verdict::Error => format!("NaN/Inf in {} tensors", c.nonfinite),
         Verdict::Warning if c.nonfinite_scaler_skipped > 0 => format!(
-            "NaN/Inf only in the gradients of {} step(s) the loss scaler skipped ({} tensors): \
-             they overflowed under the loss scale, which the scaler then lowered; expected now \
+            "NaN/Inf only in the gradients of {} step/rank folder(s) the loss scaler skipped ({} \
+             tensors): they overflowed under the loss scale, which the scaler then lowered; expected now \
              and then, a problem if it repeats; {} at overflow risk, {} underflowed",
             c.loss_scaler_skipped_steps, c.nonfinite_scaler_skipped, c.overflow_risk, c.underflow
         ),

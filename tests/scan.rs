@@ -413,3 +413,50 @@ fn a_step_left_empty_by_a_crash_is_skipped_with_a_warning() {
         "Torch.exp.0.forward"
     );
 }
+
+#[test]
+fn negative_infinity_in_a_gradient_is_an_overflow_not_a_mask() {
+    // A mask's -inf lives in the forward and passes; -inf in a gradient (float16 under a
+    // loss scale overflowing downwards) is NaN/Inf, named at the op that made it.
+    let t = tempfile::tempdir().unwrap();
+    let neg = || stats(1.0, f64::NEG_INFINITY, 0, 3);
+    let fine = || stats(1.0, -1.0, 0, 0);
+    let mask = write_dump(
+        &t.path().join("mask"),
+        &[(
+            "Tensor.masked_fill.0.forward",
+            vec![("input", "float16", fine()), ("output", "float16", neg())],
+        )],
+    );
+    let o = scan(&mask, &t.path().join("o1"), &[]);
+    assert_eq!(o.code, 0, "{}", o.stdout);
+    let s = json(&t.path().join("o1"));
+    assert_eq!(
+        (
+            s["counts"]["neg_inf_only"].as_u64(),
+            s["counts"]["nonfinite"].as_u64()
+        ),
+        (Some(1), Some(0))
+    );
+    let grad = write_dump(
+        &t.path().join("grad"),
+        &[(
+            "Functional.linear.0.backward",
+            vec![("input", "float16", fine()), ("output", "float16", neg())],
+        )],
+    );
+    let o = scan(&grad, &t.path().join("o2"), &[]);
+    assert_eq!(o.code, 1, "{}", o.stdout);
+    let s = json(&t.path().join("o2"));
+    assert_eq!(
+        (
+            s["counts"]["neg_inf_only"].as_u64(),
+            s["counts"]["nonfinite"].as_u64()
+        ),
+        (Some(0), Some(1))
+    );
+    assert_eq!(
+        s["first_nonfinite"]["backward"]["op"], "Functional.linear.0.backward",
+        "{s}"
+    );
+}

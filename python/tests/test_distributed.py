@@ -302,11 +302,26 @@ def test_ddp_in_float16_with_its_scaler_against_bfloat16(tmp_path: Any) -> None:
     for rank in ("rank0", "rank1"):
         step0, step1 = pairs[("step0", rank)], pairs[("step1", rank)]
         assert step0["loss_scale"]["ratio"] == 65536.0 and step0["scaler_skipped"] == "cmp", step0
-        assert step1["loss_scale"]["ratio"] == 32768.0 and step1.get("scaler_skipped") is None, step1
+        assert step1["loss_scale"]["ratio"] == 32768.0 and step1.get("scaler_skipped") is None, (
+            step1
+        )
     assert "the cmp run's loss scaler skipped step0/rank0" in s["headline"], s["headline"]
     # The bench's Adam calls of step 0, which the port's skip never made, are the skip's.
     assert s["counts"]["unmatched_bench"] == 0 < s["counts"]["loss_scaler"], s["counts"]
     assert "not compared in full" not in s["headline"], s["headline"]
+    # probe scan of the port: its overflowed gradients (-inf among them: no mask) are the
+    # skipped step's, a warning.
+    res = subprocess.run(
+        [probe_bin(), "scan", c, "-o", str(tmp_path / "scan")],
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert res.returncode == 0, res.stdout + res.stderr
+    head = res.stdout.splitlines()[0]
+    assert head.startswith(
+        "NaN/Inf only in the gradients of 2 step/rank folder(s) the loss scaler skipped"
+    ), head
 
 
 def test_four_ranks_one_perturbed_rank_is_the_origin(tmp_path: Any) -> None:
@@ -629,7 +644,9 @@ def test_pipeline_parallel_schedule_trains_as_without_the_agent(tmp_path: Any) -
             for r in recs:
                 name = r["op"].split(".")[1]
                 if name in ("isend", "irecv") and r["tensors"][0]["dtype"] == "float32":
-                    t = {x["name"].rsplit(".", 2)[-2] + "." + x["name"][-1]: x for x in r["tensors"]}
+                    t = {
+                        x["name"].rsplit(".", 2)[-2] + "." + x["name"][-1]: x for x in r["tensors"]
+                    }
                     sent = t["input.0"] if name == "isend" else t["output.0"]
                     p2p[(name, tuple(r["group"]), r["coll_seq"])] = sent
         # 4 microbatches' activations forward, their gradients backward
@@ -652,7 +669,9 @@ def test_pipeline_runs_compare_equal_and_a_garbled_transfer_is_named(tmp_path: A
     again = _pipeline_run(tmp_path, "again")
     code, s = _compare(d, again, tmp_path / "out")
     assert s["counts"]["error"] == 0, s["counts"]
-    assert code == 0 or (code == 4 and "computed from leftover bytes" in s["headline"]), s["headline"]
+    assert code == 0 or (code == 4 and "computed from leftover bytes" in s["headline"]), s[
+        "headline"
+    ]
     # Scanned alone, the run holds no NaN/Inf but what may come of those leftover bytes
     # (counted apart: a clean run's shape inference produced NaN there now and then).
     res = subprocess.run(
@@ -668,7 +687,9 @@ def test_pipeline_runs_compare_equal_and_a_garbled_transfer_is_named(tmp_path: A
     code, s = _compare(d, bad, tmp_path / "out2")
     assert code == 1, s["headline"]
     origin = s["origin"]
-    assert origin["rank"] == "rank1" and origin["op"].startswith("Distributed.irecv."), s["headline"]
+    assert origin["rank"] == "rank1" and origin["op"].startswith("Distributed.irecv."), s[
+        "headline"
+    ]
     assert "communication" in s["headline"], s["headline"]
 
 

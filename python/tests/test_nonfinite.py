@@ -329,6 +329,6 @@ def test_gradients_that_overflow_in_a_step_the_loss_scaler_skips_are_a_warning(
     assert c["loss_scaler_skipped_steps"] == int(skipped), c
     if verdict == "warning":
         assert code == 0 and c["nonfinite"] == 0 and c["nonfinite_scaler_skipped"] > 0, c
-        assert s["headline"].startswith("NaN/Inf only in the gradients of 1 step(s) the loss scaler skipped")
+        assert s["headline"].startswith("NaN/Inf only in the gradients of 1 step/rank folder(s) the loss scaler skipped")
     if verdict == "error":
         assert code == 1 and c["nonfinite"] > 0, c

@@ -306,7 +306,7 @@ impl Document for ScanDocument<'_> {
                 format!("{} / {}", c.overflow_risk, c.underflow),
             ),
             (
-                "steps skipped by the loss scaler",
+                "step/rank folders skipped by the loss scaler",
                 c.loss_scaler_skipped_steps.to_string(),
             ),
             (

@@ -22,7 +22,7 @@ pub fn scan_terminal_summary(s: &ScanSummary) -> String {
     let mut out = format!("{}\n", s.headline);
     let c = &s.counts;
     out += &format!(
-        "  {} tensors in {} ops ({} step/rank folders): {} with NaN/Inf, {} -inf only, {} at overflow risk, {} underflowed; {} steps skipped by the loss scaler\n",
+        "  {} tensors in {} ops ({} step/rank folders): {} with NaN/Inf, {} -inf only, {} at overflow risk, {} underflowed; {} step/rank folders skipped by the loss scaler\n",
         c.tensors, c.ops, c.units, c.nonfinite, c.neg_inf_only, c.overflow_risk, c.underflow, c.loss_scaler_skipped_steps
     );
     if c.nonfinite_from_leftover > 0 {
