@@ -421,40 +421,26 @@ fn negative_infinity_in_a_gradient_is_an_overflow_not_a_mask() {
     let t = tempfile::tempdir().unwrap();
     let neg = || stats(1.0, f64::NEG_INFINITY, 0, 3);
     let fine = || stats(1.0, -1.0, 0, 0);
-    let mask = write_dump(
-        &t.path().join("mask"),
-        &[(
-            "Tensor.masked_fill.0.forward",
-            vec![("input", "float16", fine()), ("output", "float16", neg())],
-        )],
-    );
-    let o = scan(&mask, &t.path().join("o1"), &[]);
-    assert_eq!(o.code, 0, "{}", o.stdout);
-    let s = json(&t.path().join("o1"));
-    assert_eq!(
-        (
-            s["counts"]["neg_inf_only"].as_u64(),
-            s["counts"]["nonfinite"].as_u64()
-        ),
-        (Some(1), Some(0))
-    );
-    let grad = write_dump(
-        &t.path().join("grad"),
-        &[(
-            "Functional.linear.0.backward",
-            vec![("input", "float16", fine()), ("output", "float16", neg())],
-        )],
-    );
-    let o = scan(&grad, &t.path().join("o2"), &[]);
-    assert_eq!(o.code, 1, "{}", o.stdout);
-    let s = json(&t.path().join("o2"));
-    assert_eq!(
-        (
-            s["counts"]["neg_inf_only"].as_u64(),
-            s["counts"]["nonfinite"].as_u64()
-        ),
-        (Some(0), Some(1))
-    );
+    // (op, exit code, -inf only, NaN/Inf)
+    for (key, code, neg_inf_only, nonfinite) in [
+        ("Tensor.masked_fill.0.forward", 0, 1, 0),
+        ("Functional.linear.0.backward", 1, 0, 1),
+    ] {
+        let dump = write_dump(
+            &t.path().join(key),
+            &[(
+                key,
+                vec![("input", "float16", fine()), ("output", "float16", neg())],
+            )],
+        );
+        let out = t.path().join(format!("o-{key}"));
+        let o = scan(&dump, &out, &[]);
+        assert_eq!(o.code, code, "{}", o.stdout);
+        let s = json(&out);
+        assert_eq!(s["counts"]["neg_inf_only"], neg_inf_only, "{key}");
+        assert_eq!(s["counts"]["nonfinite"], nonfinite, "{key}");
+    }
+    let s = json(&t.path().join("o-Functional.linear.0.backward"));
     assert_eq!(
         s["first_nonfinite"]["backward"]["op"], "Functional.linear.0.backward",
         "{s}"
