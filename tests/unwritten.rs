@@ -364,6 +364,18 @@ fn a_target_the_op_only_writes_is_not_what_it_computed_from() {
     assert!(target[3].starts_with("the op only writes it"), "{target:?}");
 }
 
+/// The statistics of four +Inf values, as the agent records them.
+fn all_inf() -> probe::schema::dump::StatsRecord {
+    probe::schema::dump::StatsRecord {
+        max: Stat(Some(f64::INFINITY)),
+        min: Stat(Some(f64::INFINITY)),
+        mean: Stat(Some(f64::INFINITY)),
+        norm: Stat(Some(f64::INFINITY)),
+        nan: Some(0),
+        inf: Some(4),
+    }
+}
+
 #[test]
 fn scan_traces_nan_computed_from_leftover_bytes_to_them() {
     // `add` reads leftover bytes into a finite but huge value; `mul` squares it past
@@ -390,14 +402,7 @@ fn scan_traces_nan_computed_from_leftover_bytes_to_them() {
     );
     m.tensors[0].src = Some(1);
     m.tensors[1].id = Some(2);
-    m.tensors[1].stats = Some(probe::schema::dump::StatsRecord {
-        max: Stat(Some(f64::INFINITY)),
-        min: Stat(Some(f64::INFINITY)),
-        mean: Stat(Some(f64::INFINITY)),
-        norm: Stat(Some(f64::INFINITY)),
-        nan: Some(0),
-        inf: Some(4),
-    });
+    m.tensors[1].stats = Some(all_inf());
     write_op_log(&dump, vec![a, m]);
     let out = d.path().join("scan");
     let o = scan(&dump, &out, &[]);
@@ -431,4 +436,91 @@ fn scan_traces_nan_computed_from_leftover_bytes_to_them() {
         "{}",
         o.stdout
     );
+}
+
+/// `gelu` of `x` into `y` (`y` on this side), then `__setitem__` writing `y` by an index
+/// into a buffer of leftover bytes (`buf[idx] = y`, as an MoE layer gathers its experts'
+/// outputs), then `mul` of the buffer.
+fn gather(dir: &Path, y: f32) -> Vec<OpRecord> {
+    let x = vec![0.5f32; 4];
+    let ys = vec![y; 4];
+    let twice: Vec<f32> = ys.iter().map(|v| v * 2.0).collect();
+    let mut g = op(
+        "Functional.gelu.0.forward",
+        &[("input.0", "input", x), ("output.0", "output", ys.clone())],
+        &[],
+    );
+    g.tensors[1].id = Some(1);
+    let mut s = op(
+        "Tensor.__setitem__.0.forward",
+        &[
+            ("input.0", "input", vec![0.0; 4]),
+            ("input.1", "input", vec![3.0, 2.0, 1.0, 0.0]),
+            ("input.2", "input", ys.clone()),
+            ("output.0", "output", ys.clone()),
+        ],
+        &[0],
+    );
+    s.tensors[2].src = Some(1);
+    s.tensors[3].id = Some(2);
+    let mut m = op(
+        "Tensor.mul.0.forward",
+        &[("input.0", "input", ys), ("output.0", "output", twice)],
+        &[],
+    );
+    m.tensors[0].src = Some(2);
+    let mut records = vec![g, s, m];
+    if y.is_infinite() {
+        for (op, slot) in [(0, 1), (1, 2), (1, 3), (2, 0), (2, 1)] {
+            records[op].tensors[slot].stats = Some(all_inf());
+        }
+    }
+    write_op_log(dir, records.clone());
+    records
+}
+
+#[test]
+fn a_divergence_written_into_leftover_bytes_stays_a_divergence() {
+    // The values `__setitem__` writes differ on their own: its output differs because of
+    // them, not because of the buffer's leftovers, and what follows is compared.
+    let d = tempfile::tempdir().unwrap();
+    gather(&d.path().join("bench"), 1.0);
+    gather(&d.path().join("cmp"), 1.5);
+    let o = compare(d.path(), &[]);
+    assert_eq!(o.code, 1, "{}{}", o.stdout, o.stderr);
+    let s = summary(d.path());
+    assert_eq!(
+        s["first_divergent"]["forward"]["op"], "Functional.gelu.0.forward",
+        "{s}"
+    );
+    let headline = s["headline"].as_str().unwrap();
+    assert!(!headline.contains("leftover"), "{headline}");
+    assert_eq!(s["counts"]["compared_by"]["unwritten"], 1, "{s}");
+    let rows = parquet_rows(&d.path().join("out").join("compare.parquet"));
+    let row = |t: &str| rows.iter().find(|r| r[0] == t).cloned().unwrap_or_default();
+    for t in [
+        "Tensor.__setitem__.0.forward.output.0",
+        "Tensor.mul.0.forward.output.0",
+    ] {
+        let r = row(t);
+        assert_eq!(r[1..3], ["statistics", "error"], "{rows:?}");
+        assert!(!r[3].contains("leftover"), "{r:?}");
+    }
+}
+
+#[test]
+fn scan_names_nan_written_into_leftover_bytes_where_it_was_made() {
+    // gelu makes the Inf, `__setitem__` writes it into a buffer of leftover bytes: what
+    // the buffer holds then is gelu's Inf, not something computed from the leftovers.
+    let d = tempfile::tempdir().unwrap();
+    let dump = d.path().join("run");
+    gather(&dump, f32::INFINITY);
+    let out = d.path().join("scan");
+    let o = scan(&dump, &out, &[]);
+    assert_eq!(o.code, 1, "{}{}", o.stdout, o.stderr);
+    let s = scan_summary(&out);
+    assert!(s["leftover_nonfinite"].is_null(), "{s}");
+    assert_eq!(s["counts"]["nonfinite_from_leftover"], 0, "{s}");
+    let first = &s["first_nonfinite"]["forward"];
+    assert_eq!(first["op"], "Functional.gelu.0.forward", "{s}");
 }

@@ -440,8 +440,9 @@ fn set_reason(p: &mut Pair, reasons: &mut Vec<Box<str>>, reason: String) {
 /// warning that says so, and what is computed from it (through the dataflow's `src` links,
 /// and in the backward calls of the forward calls that consumed it) is not compared any
 /// further: a pass, counted as `unwritten`. Outputs that agree stay as they are and end the
-/// chain. (Leftovers on one side only stay the op's finding: one run read a buffer the
-/// other had filled.) Returns how many pairs it took out and the op where that starts:
+/// chain, and so does an op that also read a differing input of its own: the difference
+/// came through that input. (Leftovers on one side only stay the op's finding: one run
+/// read a buffer the other had filled.) Returns how many pairs it took out and the op where that starts:
 /// the unit is then incomplete, since memory that code the agent does not see (a C++
 /// extension's kernel) wrote can look unwritten, and what differs there must not pass.
 fn from_leftovers(
@@ -519,6 +520,18 @@ fn from_leftovers(
             start = end;
             continue;
         };
+        // An input it also read that differs on its own (neither leftovers nor computed
+        // from them) explains its outputs: the divergence flows through here, whatever
+        // the leftovers did. An MoE layer gathers its experts' outputs into `torch.empty`
+        // by index (`out[order] = y`): a fault upstream must stay a divergence there.
+        // (Leftovers and what is computed from them are passes by now.)
+        let other_differs = pairs[start..end].iter().any(|p| {
+            p.verdict == Verdict::Error && Judged::tensors(ops, p).cmp.role() != Role::Output
+        });
+        if other_differs {
+            start = end;
+            continue;
+        }
         if key.direction() == Direction::Forward {
             calls.insert(key.text().to_string());
         }
