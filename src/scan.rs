@@ -357,6 +357,7 @@ fn finding(
             .unwrap_or_default(),
         leftover: leftover(rows).map(|r| r.name.clone()),
         args: Vec::new(),
+        one_sided_source: None,
     }
 }
 

@@ -395,6 +395,29 @@ fn story<'a>(in_step: &[&'a PairSummary]) -> Option<(Story, &'a Finding)> {
 /// headline's finding, or with no single divergent op (accumulated drift) the earliest
 /// failing op. None when no tensor is out of tolerance.
 pub fn culprit(s: &Summary) -> Option<&Finding> {
+    // A distributed run's headline names the rank where the divergence began, which may
+    // act later than the ranks that inherited it (cross_rank.rs).
+    if let Some(o) = &s.origin {
+        let at = |f: &&Finding| f.op == o.op && f.seq == o.seq;
+        let found = s
+            .pairs
+            .iter()
+            .filter(|p| p.step == o.step && p.rank == o.rank)
+            .flat_map(|p| {
+                let f = &p.findings;
+                [
+                    &f.first_divergent.forward,
+                    &f.first_divergent.backward,
+                    &f.external_source.forward,
+                    &f.external_source.backward,
+                ]
+            })
+            .filter_map(Option::as_ref)
+            .find(at);
+        if found.is_some() {
+            return found;
+        }
+    }
     let in_step = error_step(&s.pairs);
     if let Some((_, f)) = story(&in_step) {
         return Some(f);
@@ -457,14 +480,32 @@ fn headline(verdict: Verdict, c: &Counts, pairs: &[PairSummary]) -> String {
                         x.place()
                     )
                 }
-                Some((Story::Outside, e)) => format!(
-                    "DIVERGENCE enters from outside the captured ops: {} (input of {}, {}/{}){}",
-                    e.tensor,
-                    e.op,
-                    e.step,
-                    e.rank,
-                    between_steps(pairs, e)
-                ),
+                Some((Story::Outside, e)) => match &e.one_sided_source {
+                    Some(o) => format!(
+                        "DIVERGENCE enters through {}, which only the {} calls{}: its output \
+                         {} (input of {}, {}/{}) differs",
+                        o.op,
+                        if o.side == "cmp" {
+                            "comparison run"
+                        } else {
+                            "benchmark"
+                        },
+                        o.at.as_ref().map_or(String::new(), |f| format!(" ({f})")),
+                        e.tensor,
+                        e.op,
+                        e.step,
+                        e.rank
+                    ),
+                    None => format!(
+                        "DIVERGENCE enters from outside the captured ops: {} (input of {}, \
+                         {}/{}){}",
+                        e.tensor,
+                        e.op,
+                        e.step,
+                        e.rank,
+                        between_steps(pairs, e)
+                    ),
+                },
                 Some((Story::Local, x)) => match region_of(pairs, x) {
                     Some(r) => format!(
                         "DIVERGENCE: code paths differ inside {} ({} vs {} API calls{}) and its \

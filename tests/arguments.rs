@@ -1,7 +1,8 @@
 //! An op called with different non-tensor arguments (`args` in probe's op log, typed
 //! non-tensor leaves in msprobe's `dump.json`): where its tensors agree and its output
-//! differs, the arguments are named as the cause; slots recorded on one side only, and
-//! devices, are not a difference.
+//! differs, the arguments are named as the cause; devices, and the same value under another
+//! slot, are not a difference; an argument one run passed and the other did not is said
+//! where the op is named, and nowhere else.
 
 mod common;
 use common::*;
@@ -84,9 +85,10 @@ fn an_argument_that_differs_is_named_as_the_cause() {
 }
 
 #[test]
-fn slots_on_one_side_only_and_devices_are_no_difference() {
+fn one_argument_by_keyword_and_by_position_and_devices_are_no_difference() {
     let d = tempfile::tempdir().unwrap();
-    // The same scale; the output differs for another reason (a faulty kernel).
+    // The same scale, the same `1` by keyword in one run and by position in the other; the
+    // output differs for another reason (a faulty kernel).
     run(
         &d.path().join("bench"),
         2.0,
@@ -97,7 +99,7 @@ fn slots_on_one_side_only_and_devices_are_no_difference() {
         &d.path().join("cmp"),
         2.5,
         json!({"input.1": 2}),
-        json!({"input.device": "npu:0", "input.out_dtype": "torch.float32"}),
+        json!({"input.device": "npu:0", "input.2": 1}),
     );
     let o = compare(d.path(), &[]);
     assert_eq!(o.code, 1, "{}{}", o.stdout, o.stderr);
@@ -297,4 +299,55 @@ fn accumulated_drift_ends_with_the_call_that_differs() {
         "{h}"
     );
     assert_eq!(s["other_args"]["args"][0]["cmp"], "2.00001");
+}
+
+#[test]
+fn an_argument_only_one_run_passed_is_said_where_the_op_is_named() {
+    let d = tempfile::tempdir().unwrap();
+    run(
+        &d.path().join("bench"),
+        2.0,
+        json!({"input.1": 2.0}),
+        json!({}),
+    );
+    run(
+        &d.path().join("cmp"),
+        2.5,
+        json!({"input.1": 2.0}),
+        json!({"input.out_dtype": "torch.float32"}),
+    );
+    let o = compare(d.path(), &[]);
+    assert_eq!(o.code, 1, "{}{}", o.stdout, o.stderr);
+    let s = summary(d.path());
+    let h = s["headline"].as_str().unwrap();
+    assert!(
+        h.ends_with(
+            r#"it was called with different arguments (input.out_dtype = (not passed) vs "torch.float32")"#
+        ),
+        "{h}"
+    );
+    let f = &s["first_divergent"]["forward"];
+    assert_eq!(f["args"][0]["bench"], "(not passed)", "{f}");
+    let e = f["explanation"].as_str().unwrap();
+    assert!(
+        e.contains("one run passed an argument the other did not"),
+        "{e}"
+    );
+    // Where outputs agree it is no hint: an explicit default would only be noise.
+    let d = tempfile::tempdir().unwrap();
+    run(
+        &d.path().join("bench"),
+        2.0,
+        json!({"input.1": 2.0}),
+        json!({}),
+    );
+    run(
+        &d.path().join("cmp"),
+        2.0,
+        json!({"input.1": 2.0}),
+        json!({"input.out_dtype": "torch.float32"}),
+    );
+    let o = compare(d.path(), &[]);
+    assert_eq!(o.code, 0, "{}{}", o.stdout, o.stderr);
+    assert!(summary(d.path())["other_args"].is_null());
 }

@@ -256,3 +256,93 @@ fn a_single_rank_dump_keeps_its_headline() {
         .unwrap()
         .starts_with("DIVERGENCE: first divergent op Functional.gelu.1.forward"));
 }
+
+/// One rank of a job: `linear` of ones into `h`, on the comparison side of rank 1 (when
+/// `extra`) a `__mul__` only that run calls scaling `h` by 1.5, then an `all_reduce` of
+/// it over ranks [0, 1] returning `total` (the sum over the ranks of the job).
+fn rank_ops(extra: bool, total: f32) -> Vec<probe::schema::dump::OpRecord> {
+    let h = vec![2.0f32; 4];
+    let mut lin = op_record(
+        "Functional.linear.0.forward",
+        &[
+            ("input.0", "input", vec![1.0; 4]),
+            ("output.0", "output", h.clone()),
+        ],
+    );
+    lin.tensors[1].id = Some(1);
+    let mut ops = vec![lin];
+    let mut sent = (h.clone(), 1);
+    if extra {
+        let scaled: Vec<f32> = h.iter().map(|v| v * 1.5).collect();
+        let mut mul = op_record(
+            "Tensor.__mul__.0.forward",
+            &[
+                ("input.0", "input", h),
+                ("output.0", "output", scaled.clone()),
+            ],
+        );
+        mul.tensors[0].src = Some(1);
+        mul.tensors[1].id = Some(2);
+        ops.push(mul);
+        sent = (scaled, 2);
+    }
+    let mut ar = op_record(
+        "Distributed.all_reduce.0.forward",
+        &[
+            ("input.0", "input", sent.0),
+            ("output.0", "output", vec![total; 4]),
+        ],
+    );
+    ar.tensors[0].src = Some(sent.1);
+    ar.group = Some(vec![0, 1]);
+    ar.coll_seq = Some(0);
+    ops.push(ar);
+    ops
+}
+
+#[test]
+fn a_rank_whose_difference_enters_through_a_one_sided_op_is_the_origin() {
+    // The port's rank 1 scales what it sends by an op the benchmark does not call: rank 1
+    // has no first divergent op (its first failing op's input already differs), rank 0's
+    // all_reduce gets agreeing inputs and returns a different sum. Rank 1 is where it
+    // began, through the one-sided op; rank 0 inherited it.
+    let t = tempfile::tempdir().unwrap();
+    for (side, extra, total) in [("bench", false, 4.0), ("cmp", true, 5.0)] {
+        for rank in [0, 1] {
+            let ops = rank_ops(extra && rank == 1, total);
+            let dir = t.path().join(side);
+            write_op_log_at(&dir, "step0", &format!("rank{rank}"), "statistics", ops);
+        }
+    }
+    let o = compare(t.path(), &["-q"]);
+    assert_eq!(o.code, 1, "{}", o.stderr);
+    let s = summary(t.path());
+    let h = s["headline"].as_str().unwrap();
+    // (Then: a third of rank 1's tensors have no counterpart, so it is incomplete too.)
+    assert!(
+        h.starts_with(
+            "DIVERGENCE: rank 1 diverged first: it enters through Tensor.__mul__.0.forward, \
+             which only the comparison run calls, input Distributed.all_reduce.0.forward.\
+             input.0 of Distributed.all_reduce.0.forward (forward step0/rank1); rank 0 \
+             inherited it through Distributed.all_reduce.0.forward (coll #0, group [0, 1]);"
+        ),
+        "{h}"
+    );
+    let origin = &s["origin"];
+    assert_eq!(
+        (&origin["rank"], &origin["kind"]),
+        (&Value::from("rank1"), &Value::from("outside")),
+        "{origin}"
+    );
+    assert_eq!(ranks_of(&s), ["rank0"]);
+    assert_eq!(s["propagation"][0]["from_ranks"], serde_json::json!([1]));
+    let rank1 = s["pairs"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|p| p["rank"] == "rank1")
+        .unwrap();
+    let source = &rank1["findings"]["external_source"]["forward"]["one_sided_source"];
+    assert_eq!(source["side"], "cmp", "{rank1}");
+    assert_eq!(source["op"], "Tensor.__mul__.0.forward", "{rank1}");
+}

@@ -780,3 +780,86 @@ fn a_weight_that_changes_between_clean_steps_points_at_the_update() {
         "{h}"
     );
 }
+
+/// `linear` of ones into `h`, an extra `__mul__` scaling it by 1.5 where `extra` (an op the
+/// other run does not call), then `gelu` of what that leaves (`y` its output).
+fn with_extra_op(dir: &Path, extra: bool) {
+    let h = vec![2.0f32; 4];
+    let mut lin = op_record(
+        "Functional.linear.0.forward",
+        &[
+            ("input.0", "input", vec![1.0; 4]),
+            ("output.0", "output", h.clone()),
+        ],
+    );
+    lin.tensors[1].id = Some(1);
+    let mut ops = vec![lin];
+    let mut x = (h.clone(), 1);
+    if extra {
+        let scaled: Vec<f32> = h.iter().map(|v| v * 1.5).collect();
+        let mut mul = op_record(
+            "Tensor.__mul__.0.forward",
+            &[
+                ("input.0", "input", h),
+                ("output.0", "output", scaled.clone()),
+            ],
+        );
+        mul.tensors[0].src = Some(1);
+        mul.tensors[1].id = Some(2);
+        mul.stack = Some(7);
+        ops.push(mul);
+        x = (scaled, 2);
+    }
+    let y: Vec<f32> = x.0.iter().map(|v| v + 1.0).collect();
+    let mut gelu = op_record(
+        "Functional.gelu.0.forward",
+        &[("input.0", "input", x.0), ("output.0", "output", y)],
+    );
+    gelu.tensors[0].src = Some(x.1);
+    ops.push(gelu);
+    write_op_log(dir, ops);
+    let stack = r#"{"id":7,"frames":["File \"port.py\", line 12, in forward: h = h * 1.5"]}"#;
+    std::fs::write(dir.join("step0/rank0/stacks.jsonl"), format!("{stack}\n")).unwrap();
+}
+
+#[test]
+fn a_divergence_from_an_op_only_one_run_calls_names_that_op() {
+    // The port adds a call (cmp) or leaves one out (bench): the first failing op's input
+    // differs before any paired op fails, and it is that call's output, not something
+    // config-check would find.
+    for (port_adds, side, who) in [
+        (true, "cmp", "comparison run"),
+        (false, "bench", "benchmark"),
+    ] {
+        let d = tempfile::tempdir().unwrap();
+        with_extra_op(&d.path().join("bench"), !port_adds);
+        with_extra_op(&d.path().join("cmp"), port_adds);
+        let o = compare(d.path(), &["--max-unmatched", "0.5"]);
+        assert_eq!(o.code, 1, "{}{}", o.stdout, o.stderr);
+        let s = summary(d.path());
+        let at = if port_adds {
+            " (File \"port.py\", line 12, in forward: h = h * 1.5)"
+        } else {
+            "" // (the stack of a benchmark's op is not the comparison run's to tell)
+        };
+        assert_eq!(
+            s["headline"],
+            format!(
+                "DIVERGENCE enters through Tensor.__mul__.0.forward, which only the {who} \
+                 calls{at}: its output Functional.gelu.0.forward.input.0 (input of \
+                 Functional.gelu.0.forward, step0/rank0) differs"
+            ),
+            "{s}"
+        );
+        let f = &s["external_source"]["forward"];
+        assert_eq!(f["one_sided_source"]["side"], side, "{f}");
+        assert!(
+            f["explanation"]
+                .as_str()
+                .unwrap()
+                .starts_with("the divergence enters through an op only the"),
+            "{f}"
+        );
+        assert!(!f["explanation"].as_str().unwrap().contains("config-check"));
+    }
+}

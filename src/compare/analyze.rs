@@ -20,6 +20,7 @@
 //! captured ops (weights, data, random draws): reported as such. The first NaN/Inf producer
 //! is the earliest op with finite inputs and new non-finite outputs.
 
+use super::align::Side;
 use super::judge::Equality;
 use super::measure::CompareKind;
 use super::tolerance::loosest;
@@ -27,7 +28,7 @@ use super::{Row, Tolerances, Verdict};
 use crate::dump::args::ArgDiff;
 use crate::dump::{Direction, Role};
 use crate::op_key::{KeyRef, Randomness};
-use crate::schema::summary::{Finding, Findings};
+use crate::schema::summary::{Finding, Findings, OneSided};
 use foldhash::HashMap;
 use std::borrow::Cow;
 use std::collections::BTreeMap;
@@ -122,6 +123,7 @@ fn finding(at: &Place, rows: &[&Row], focus: &Row, explanation: String) -> Findi
         stack,
         leftover: leftover(rows).map(|r| r.tensor.name.clone()),
         args: Vec::new(),
+        one_sided_source: None,
     }
 }
 
@@ -263,9 +265,16 @@ pub trait OpRows {
     /// Op `k`'s rows, in slot order.
     fn rows(&self, k: usize) -> Cow<'_, [Row]>;
     /// The non-tensor arguments op `k` was called with differently on the two sides (one
-    /// call of the same API on each; none otherwise).
-    fn arg_diffs(&self, _k: usize) -> Vec<ArgDiff> {
+    /// call of the same API on each; none otherwise); with `divergent`, also those one side
+    /// left out (`args::diff_at_divergence`).
+    fn arg_diffs(&self, _k: usize, _divergent: bool) -> Vec<ArgDiff> {
         Vec::new()
+    }
+    /// The op only one side calls whose output is input `name` (the comparison side's
+    /// name) of op `k` on that side, with its stack id (comparison side only); None when
+    /// the producers on both sides have counterparts, or none was captured.
+    fn one_sided_source(&self, _k: usize, _name: &str) -> Option<(Side, String, Option<u64>)> {
+        None
     }
 }
 
@@ -378,13 +387,44 @@ pub fn localize(
                     }
                     _ => "no earlier captured op fails".to_string(),
                 };
-                let expl = format!(
-                    "the divergence enters from outside the captured ops: {} is {what}; \
-                     {earlier}. Check the config-check categories (weights, dataset, random \
-                     seeds) before suspecting this op",
-                    inp.tensor.name
-                );
-                *f.external_source.slot(dir) = Some(finding(&at, &g, inp, expl));
+                let source = unit.one_sided_source(k as usize, &inp.tensor.name);
+                let expl = match &source {
+                    Some((side, op, _)) => {
+                        let (calls, other, why) = match side {
+                            Side::Cmp => (
+                                "the comparison run",
+                                "the benchmark",
+                                "code the port adds, or a call it makes another way",
+                            ),
+                            Side::Bench => (
+                                "the benchmark",
+                                "the comparison run",
+                                "a step the port leaves out, or makes another way",
+                            ),
+                        };
+                        format!(
+                            "the divergence enters through an op only {calls} calls: {} is \
+                             the output of {op} there, which {other} does not call ({why}); \
+                             {earlier}. Check that call before suspecting this op",
+                            inp.tensor.name
+                        )
+                    }
+                    None => format!(
+                        "the divergence enters from outside the captured ops: {} is {what}; \
+                         {earlier}. Check the config-check categories (weights, dataset, \
+                         random seeds) before suspecting this op",
+                        inp.tensor.name
+                    ),
+                };
+                let mut found = finding(&at, &g, inp, expl);
+                found.one_sided_source = source.map(|(side, op, stack)| OneSided {
+                    side: side.name().into(),
+                    op,
+                    at: stack
+                        .and_then(|id| at.stacks.get(&id))
+                        .and_then(|frames| frames.last().cloned()),
+                });
+                *f.external_source.slot(dir) = Some(found);
             }
         }
         // First locally divergent op followed by an error.
@@ -463,7 +503,7 @@ pub fn localize(
                 )
             };
             // Called differently on the two sides: the call is the cause, not its kernel.
-            let diffs = unit.arg_diffs(k as usize);
+            let diffs = unit.arg_diffs(k as usize, true);
             if !diffs.is_empty() {
                 let agree = if identical {
                     format!("all {consumed} agree")
@@ -473,16 +513,32 @@ pub fn localize(
                     )
                 };
                 let list: Vec<String> = diffs.iter().map(ArgDiff::brief).collect();
-                let expl = format!(
-                    "{agree}, yet output {} has error {:.3e} and the op was called with \
-                     different non-tensor arguments ({}; benchmark vs comparison): the call \
-                     differs, set by code the dump does not capture (a hyperparameter, a \
-                     config value, a number read from a tensor); check where those come from \
-                     before suspecting the kernel",
-                    out.tensor.name,
-                    out.judgement.err,
-                    list.join(", ")
-                );
+                let one_sided = diffs.iter().all(|d| {
+                    d.bench == crate::dump::args::NOT_PASSED
+                        || d.cmp == crate::dump::args::NOT_PASSED
+                });
+                let expl = if one_sided {
+                    format!(
+                        "{agree}, yet output {} has error {:.3e}, and one run passed an \
+                         argument the other did not ({}; benchmark vs comparison): unless it \
+                         is the value the other run's default gives, the call differs; check \
+                         it before suspecting the kernel",
+                        out.tensor.name,
+                        out.judgement.err,
+                        list.join(", ")
+                    )
+                } else {
+                    format!(
+                        "{agree}, yet output {} has error {:.3e} and the op was called with \
+                         different non-tensor arguments ({}; benchmark vs comparison): the \
+                         call differs, set by code the dump does not capture (a \
+                         hyperparameter, a config value, a number read from a tensor); check \
+                         where those come from before suspecting the kernel",
+                        out.tensor.name,
+                        out.judgement.err,
+                        list.join(", ")
+                    )
+                };
                 let mut at_op = finding(&at, &g, out, noted(expl));
                 at_op.args = diffs;
                 *f.first_divergent.slot(dir) = Some(at_op);
@@ -604,7 +660,7 @@ pub fn localize(
 /// many ops of the unit were.
 fn other_args(unit: &dyn OpRows, at: &Place) -> Option<Finding> {
     let mut differing = (0..unit.ops()).filter_map(|k| {
-        let d = unit.arg_diffs(k);
+        let d = unit.arg_diffs(k, false);
         (!d.is_empty()).then_some((k, d))
     });
     let (k, diffs) = differing.next()?;

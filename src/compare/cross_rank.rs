@@ -149,17 +149,25 @@ pub struct CrossRank {
 enum First<'a> {
     /// Its own op.
     Local(&'a Finding),
+    /// A tensor that differs before any of its captured ops fails (an op only one run
+    /// calls, or code the agent does not capture, produced it).
+    Outside(&'a Finding),
     /// A collective whose local inputs agree.
     Inherited(&'a Finding, &'a CollectiveCall),
 }
 
-/// The earliest first-divergent finding of a unit, either phase.
-fn first_divergent(u: &UnitSummary) -> Option<&Finding> {
-    let f = &u.findings.first_divergent;
-    [f.forward.as_ref(), f.backward.as_ref()]
-        .into_iter()
+/// The earliest divergence of a unit, either phase: a first divergent op, or where a
+/// divergence enters from outside its captured ops (whether it is `true`). A rank whose
+/// difference enters so is where it began as much as one with a divergent op: the ranks it
+/// sends to inherit it.
+fn first_divergent(u: &UnitSummary) -> Option<(&Finding, bool)> {
+    let (f, e) = (&u.findings.first_divergent, &u.findings.external_source);
+    let ops = [f.forward.as_ref(), f.backward.as_ref()].map(|x| x.map(|x| (x, false)));
+    let outside = [e.forward.as_ref(), e.backward.as_ref()].map(|x| x.map(|x| (x, true)));
+    ops.into_iter()
+        .chain(outside)
         .flatten()
-        .min_by_key(|x| x.seq)
+        .min_by_key(|(x, _)| x.seq)
 }
 
 fn via(u: &UnitSummary, c: &CollectiveCall) -> Via {
@@ -217,7 +225,7 @@ pub fn analyze(units: &[UnitSummary]) -> Option<CrossRank> {
     type Key<'k> = (u64, u8, (u64, &'k str));
     let mut firsts: Vec<(Key, &UnitSummary, First)> = Vec::new();
     for u in &in_step {
-        let Some(f) = first_divergent(u) else {
+        let Some((f, outside)) = first_divergent(u) else {
             continue;
         };
         let e = epoch(&u.collectives.calls, f.seq);
@@ -227,6 +235,7 @@ pub fn analyze(units: &[UnitSummary]) -> Option<CrossRank> {
             .iter()
             .find(|c| c.seq == f.seq && !c.inputs_differ);
         let (kind, first) = match call {
+            _ if outside => (0, First::Outside(f)),
             Some(c) => (1, First::Inherited(f, c)),
             None => (0, First::Local(f)),
         };
@@ -236,22 +245,18 @@ pub fn analyze(units: &[UnitSummary]) -> Option<CrossRank> {
     // rank of the group) on the timeline.
     firsts.sort_by(|a, b| a.0.cmp(&b.0));
     let (_, ou, of) = firsts.iter().find(|(_, u, f)| match f {
-        First::Local(_) => true,
+        First::Local(_) | First::Outside(_) => true,
         First::Inherited(_, c) => differing(u, c).is_empty(),
     })?;
-    let (finding, collective) = match of {
-        First::Local(f) => (*f, None),
-        First::Inherited(f, c) => (*f, Some(via(ou, c))),
+    let (finding, collective, kind) = match of {
+        First::Local(f) => (*f, None, "op"),
+        First::Outside(f) => (*f, None, "outside"),
+        First::Inherited(f, c) => (*f, Some(via(ou, c)), "collective"),
     };
     let origin = Origin {
         step: ou.step.clone(),
         rank: ou.rank.clone(),
-        kind: if collective.is_some() {
-            "collective"
-        } else {
-            "op"
-        }
-        .into(),
+        kind: kind.into(),
         op: finding.op.clone(),
         seq: finding.seq,
         epoch: epoch(&ou.collectives.calls, finding.seq),
@@ -274,7 +279,7 @@ pub fn analyze(units: &[UnitSummary]) -> Option<CrossRank> {
         }
     }
     propagation.sort_by(|a, b| label_key(&a.rank).cmp(&label_key(&b.rank)));
-    if propagation.is_empty() && origin.kind == "op" {
+    if propagation.is_empty() && origin.kind != "collective" {
         return None;
     }
     Some(CrossRank {
@@ -300,6 +305,30 @@ pub fn headline(x: &CrossRank) -> String {
     let o = &x.origin;
     let f = &x.finding;
     let mut out = match &o.collective {
+        None if o.kind == "outside" => {
+            let how = match &f.one_sided_source {
+                Some(s) => format!(
+                    "through {}, which only the {} calls{}",
+                    s.op,
+                    if s.side == "cmp" {
+                        "comparison run"
+                    } else {
+                        "benchmark"
+                    },
+                    s.at.as_ref().map_or(String::new(), |at| format!(" ({at})"))
+                ),
+                None => "from outside the captured ops".into(),
+            };
+            format!(
+                "DIVERGENCE: {} diverged first: it enters {how}, input {} of {} ({} {}/{})",
+                rank_text(&o.rank),
+                f.tensor,
+                o.op,
+                f.direction.name(),
+                o.step,
+                o.rank
+            )
+        }
         None => format!(
             "DIVERGENCE: {} diverged first: first divergent op {} ({} {}/{}, tensor {})",
             rank_text(&o.rank),

@@ -9,14 +9,14 @@
 //! localiser, the reports) visits its rows a chunk of whole ops at a time
 //! ([`Judged::visit`]), made from the records and dropped after the visit.
 
-use super::align::{MatchedBy, OpInfo};
+use super::align::{MatchedBy, OpInfo, Side};
 use super::analyze::{Head, OpRows};
 use super::judge::{Judgement, Row, Verdict};
 use super::measure::{CompareKind, Measured, Measurement};
 use super::Sides;
 use crate::dtype::DType;
 use crate::dump::args::{self, ArgDiff};
-use crate::dump::{Ops, Tensor};
+use crate::dump::{Ops, Role, Tensor};
 use crate::error::Result;
 use crate::metrics::Metrics;
 use crate::op_key::KeyRef;
@@ -282,7 +282,7 @@ impl OpRows for ByOp<'_> {
         Cow::Owned(self.judged.rows(self.group(k)))
     }
 
-    fn arg_diffs(&self, k: usize) -> Vec<ArgDiff> {
+    fn arg_diffs(&self, k: usize, divergent: bool) -> Vec<ArgDiff> {
         let j = self.judged;
         let pairs = &j.pairs[self.group(k)];
         let (at, bench) = (pairs[0].at, pairs[0].bench.0);
@@ -295,9 +295,38 @@ impl OpRows for ByOp<'_> {
             return Vec::new();
         }
         match (b.args(), c.args()) {
-            (Some(x), Some(y)) if x != y => args::diff(x, y),
+            (x, y) if x == y => Vec::new(),
+            (x, y) if divergent => args::diff_at_divergence(x, y),
+            (Some(x), Some(y)) => args::diff(x, y),
             _ => Vec::new(),
         }
+    }
+
+    fn one_sided_source(&self, k: usize, name: &str) -> Option<(Side, String, Option<u64>)> {
+        let j = self.judged;
+        let p = j.pairs[self.group(k)]
+            .iter()
+            .find(|p| Judged::tensors(&j.ops, p).cmp.name() == name)?;
+        let t = Judged::tensors(&j.ops, p);
+        let sides = [
+            (Side::Cmp, t.cmp.src(), &j.ops.cmp),
+            (Side::Bench, t.bench.src(), &j.ops.bench),
+        ];
+        sides.into_iter().find_map(|(side, src, ops)| {
+            let src = src?;
+            // (Read once per unit and phase, where a divergence enters from outside.)
+            let op = ops.iter().find(|o| {
+                o.tensors()
+                    .any(|x| x.role() == Role::Output && x.id() == Some(src))
+            })?;
+            let at = op.index() as u32;
+            let paired = j.pairs.iter().any(|q| match side {
+                Side::Cmp => q.cmp.0 == at,
+                Side::Bench => q.bench.0 == at,
+            });
+            let stack = (side == Side::Cmp).then(|| op.stack()).flatten();
+            (!paired).then(|| (side, op.key().text().to_string(), stack))
+        })
     }
 }
 

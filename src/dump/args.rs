@@ -8,8 +8,10 @@
 //! clipping threshold, a softmax scale, a cast's dtype) the cause is the call, set by code
 //! the dump does not capture, not the kernel. Only slots recorded on both sides are
 //! compared: a slot given by keyword in one run and by position in the other, or left to
-//! its default, says nothing. Devices are not compared (`cuda:0` against `npu:0` is the
-//! migration itself).
+//! its default, says nothing. Where an op is named as the first divergent op, a slot one
+//! run passed and the other left out ([`diff_at_divergence`]) is said too: a port that adds
+//! `approximate="tanh"` to a GELU shows only so. Devices are not compared (`cuda:0` against
+//! `npu:0` is the migration itself).
 
 use serde::{Deserialize, Serialize};
 use serde_json::{Map, Value};
@@ -105,6 +107,55 @@ pub fn diff(bench: &str, cmp: &str) -> Vec<ArgDiff> {
         .collect()
 }
 
+/// What a side that left an argument out shows for it.
+pub const NOT_PASSED: &str = "(not passed)";
+
+/// [`diff`], and the slots only one side recorded whose value none of the other side's
+/// own slots holds: an argument one run passed and the other left to its default (the
+/// same argument by position in one run and by keyword in the other holds the same value,
+/// and is not listed). For an op named as where the runs part: there an argument the port
+/// added is a likely cause; elsewhere an explicit default would only be noise.
+/// `None`: the side recorded no arguments.
+pub fn diff_at_divergence(bench: Option<&str>, cmp: Option<&str>) -> Vec<ArgDiff> {
+    let parse = |s: Option<&str>| match s.map(serde_json::from_str::<Value>) {
+        Some(Ok(Value::Object(m))) => m,
+        _ => Map::new(),
+    };
+    let (b, c) = (parse(bench), parse(cmp));
+    let mut out = match (bench, cmp) {
+        (Some(x), Some(y)) => diff(x, y),
+        _ => Vec::new(),
+    };
+    let own = |m: &Map<String, Value>, other: &Map<String, Value>| -> Vec<(String, Value)> {
+        m.iter()
+            .filter(|(k, _)| !other.contains_key(*k))
+            .map(|(k, v)| (k.clone(), v.clone()))
+            .collect()
+    };
+    let (only_b, only_c) = (own(&b, &c), own(&c, &b));
+    let unmatched = |v: &Value, other: &[(String, Value)]| !other.iter().any(|(_, w)| same(v, w));
+    for (name, v) in &only_b {
+        if unmatched(v, &only_c) {
+            out.push(ArgDiff {
+                name: name.clone(),
+                bench: show(v),
+                cmp: NOT_PASSED.into(),
+            });
+        }
+    }
+    for (name, v) in &only_c {
+        if unmatched(v, &only_b) {
+            out.push(ArgDiff {
+                name: name.clone(),
+                bench: NOT_PASSED.into(),
+                cmp: show(v),
+            });
+        }
+    }
+    out.sort_by(|x, y| x.name.cmp(&y.name));
+    out
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -161,6 +212,36 @@ mod tests {
         assert_eq!(d("cuda", "npu:1"), 0);
         assert_eq!(d("cpu", "cuda:"), 1);
         assert_eq!(d("mean", "sum"), 1);
+    }
+
+    #[test]
+    fn at_a_divergence_an_argument_one_run_left_out_is_said() {
+        let t = |v: Value| text(v);
+        let tanh = t(json!({"input.approximate": "tanh"}));
+        let d = diff_at_divergence(None, Some(&tanh));
+        let shown: Vec<String> = d.iter().map(ArgDiff::brief).collect();
+        assert_eq!(shown, [r#"input.approximate = (not passed) vs "tanh""#]);
+        // By position in one run, by keyword in the other: the same value, not listed.
+        let pos = t(json!({"input.1": [16], "input.4": 1e-5}));
+        let kw = t(json!({"input.1": [16], "input.eps": 1e-5}));
+        assert!(diff_at_divergence(Some(&pos), Some(&kw)).is_empty());
+        let other = t(json!({"input.1": [16], "input.eps": 1e-6}));
+        let shown: Vec<String> = diff_at_divergence(Some(&pos), Some(&other))
+            .iter()
+            .map(ArgDiff::brief)
+            .collect();
+        assert_eq!(
+            shown,
+            [
+                "input.4 = 1e-5 vs (not passed)",
+                "input.eps = (not passed) vs 1e-6"
+            ]
+        );
+        // Both sides' slots still compare as `diff` does; nothing recorded: nothing said.
+        let b = t(json!({"input.dim": -1}));
+        let c = t(json!({"input.dim": 1}));
+        assert_eq!(diff_at_divergence(Some(&b), Some(&c)), diff(&b, &c));
+        assert!(diff_at_divergence(None, None).is_empty());
     }
 
     #[test]

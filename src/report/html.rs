@@ -1049,6 +1049,7 @@ mod tests {
             stack: vec![],
             leftover: None,
             args: Vec::new(),
+            one_sided_source: None,
         };
         let marks = [Mark {
             title: "first divergent op (backward)",

@@ -77,6 +77,22 @@ pub struct Finding {
     /// both sides): the likely cause, where the op is named.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub args: Vec<ArgDiff>,
+    /// Where a divergence enters from outside the paired ops: the op only one run calls
+    /// whose output is the differing input (code the port adds, or leaves out).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub one_sided_source: Option<OneSided>,
+}
+
+/// An op only one run calls, named as the source of an input that differs.
+#[derive(Debug, Clone, Serialize, Deserialize, PartialEq, Eq)]
+pub struct OneSided {
+    /// The run that calls it: `bench` or `cmp`.
+    pub side: String,
+    /// Its op key.
+    pub op: String,
+    /// The innermost frame of its call stack, when that run recorded one.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub at: Option<String>,
 }
 
 /// Sort key of a `step12` / `rank3` / `proc456` label: its number, then the name (so that
