@@ -21,12 +21,13 @@ if not dist.is_available() or not dist.is_gloo_available():
     pytest.skip("torch.distributed with gloo is not available", allow_module_level=True)
 
 EXAMPLE = os.path.join(REPO, "examples", "train_ddp.py")
+MOE = os.path.join(REPO, "examples", "train_moe.py")
 TIMEOUT = 90  # seconds per torchrun (a run takes ~10 s with 2 ranks on 2 cores)
 
 Ops = dict[tuple[int, int], list[dict[str, Any]]]  # (step, rank) -> records
 
 
-def torchrun(dump: str, nproc: int, *args: str, steps: int = 2) -> Ops:
+def torchrun(dump: str, nproc: int, *args: str, steps: int = 2, script: str = EXAMPLE) -> Ops:
     env = dict(os.environ, OMP_NUM_THREADS="1")
     env["PYTHONPATH"] = os.pathsep.join(
         [os.path.join(REPO, "python"), env.get("PYTHONPATH", "")]
@@ -38,7 +39,7 @@ def torchrun(dump: str, nproc: int, *args: str, steps: int = 2) -> Ops:
         "--standalone",
         "--nproc_per_node",
         str(nproc),
-        EXAMPLE,
+        script,
         "--dump",
         dump,
         "--steps",
@@ -1061,3 +1062,53 @@ def test_a_faulty_tensor_parallel_all_reduce_is_named(tmp_path: Any) -> None:
     first = s["first_divergent"]["forward"]
     assert (first["op"], first["rank"]) == ("Distributed.all_reduce.0.forward", "rank1"), s
     assert "faulty communication" in s["headline"], s["headline"]
+
+
+@pytest.fixture(scope="module")
+def moe_bench(tmp_path_factory: pytest.TempPathFactory) -> str:
+    d = str(tmp_path_factory.mktemp("moe") / "bench")
+    torchrun(d, 2, script=MOE)
+    return d
+
+
+def test_an_moe_port_that_scales_one_ranks_experts_is_traced_to_that_rank(
+    moe_bench: str, tmp_path: Any
+) -> None:
+    """Expert parallelism: rank 1's experts scale their outputs with a multiply the
+    benchmark does not make, and the all_to_all carries them to rank 0. Rank 1 is where it
+    began, through that multiply; rank 0 inherited it. The tokens are put back in order by
+    index into torch.empty: what the port changed must not pass as leftover bytes there."""
+    d = str(tmp_path / "port")
+    torchrun(d, 2, "--port", "scaled-expert", "--port-rank", "1", script=MOE)
+    code, s = _compare(moe_bench, d, tmp_path / "out")
+    assert code == 1, s["headline"]
+    head = s["headline"]
+    assert head.startswith(
+        "DIVERGENCE: rank 1 diverged first: it enters through Tensor.__mul__."
+    ), head
+    assert "which only the comparison run calls (File " in head, head
+    assert "y = y * (1 + self.port_rel)" in head, head
+    assert "rank 0 inherited it through Distributed.all_to_all_single." in head, head
+    assert "leftover" not in head, head
+    assert s["origin"]["kind"] == "outside" and s["origin"]["rank"] == "rank1", s["origin"]
+    assert [p["rank"] for p in s["propagation"]] == ["rank0"], s["propagation"]
+
+
+def test_an_moe_port_whose_experts_use_another_gelu_is_named_with_the_argument(
+    moe_bench: str, tmp_path: Any
+) -> None:
+    """Rank 1's experts call GELU with approximate="tanh", the benchmark's with the default:
+    the GELU is named, with the argument only the port passed, and the step after (where
+    every value has drifted a little) is compared in full, not cut short at the index
+    write into torch.empty."""
+    d = str(tmp_path / "port")
+    torchrun(d, 2, "--port", "tanh-gelu", "--port-rank", "1", script=MOE)
+    code, s = _compare(moe_bench, d, tmp_path / "out")
+    assert code == 1, s["headline"]
+    head = s["headline"]
+    assert head.startswith("DIVERGENCE: first divergent op Functional.gelu."), head
+    assert head.endswith(
+        'it was called with different arguments (input.approximate = (not passed) vs "tanh")'
+    ), head
+    assert s["first_divergent"]["forward"]["rank"] == "rank1", s["first_divergent"]
+    assert not s["incomplete_units"], s["incomplete_units"]
