@@ -482,15 +482,9 @@ fn headline(verdict: Verdict, c: &Counts, pairs: &[PairSummary]) -> String {
                 }
                 Some((Story::Outside, e)) => match &e.one_sided_source {
                     Some(o) => format!(
-                        "DIVERGENCE enters through {}, which only the {} calls{}: its output \
-                         {} (input of {}, {}/{}) differs",
-                        o.op,
-                        if o.side == "cmp" {
-                            "comparison run"
-                        } else {
-                            "benchmark"
-                        },
-                        o.at.as_ref().map_or(String::new(), |f| format!(" ({f})")),
+                        "DIVERGENCE enters through {}: its output {} (input of {}, {}/{}) \
+                         differs",
+                        o.said(),
                         e.tensor,
                         e.op,
                         e.step,

@@ -583,26 +583,40 @@ pub fn localize(
                      (named because blame_without_inputs is set)",
                     out.tensor.name
                 )
-            } else if identical {
-                let how = if equal == Some(Equality::Bitwise) {
-                    "are identical on both sides"
-                } else {
-                    "have equal statistics on both sides"
-                };
-                format!(
-                    "all {consumed} {how}, yet output {} differs \
-                     (error {:.3e}): the error is local to this op",
-                    out.tensor.name, out.judgement.err
-                )
             } else {
-                format!(
-                    "all {consumed} are within tolerance (largest relative error {:.3e}), yet \
-                     output {} has relative error {:.3e}, {:.0}x larger: the error is local to this op",
-                    max_in,
-                    out.tensor.name,
-                    out_err,
-                    out_err / max_in
-                )
+                // A collective's output is computed from every rank's input, of which this
+                // rank sees its own: the cross-rank verdict says which rank it came from.
+                let local = if g[0].tensor.op.key.base().starts_with("Distributed.") {
+                    "the error is local to this op, or came with another rank's input to it \
+                     (the cross-rank verdict says which)"
+                } else {
+                    "the error is local to this op"
+                };
+                if identical {
+                    let how = if equal == Some(Equality::Bitwise) {
+                        "are identical on both sides"
+                    } else {
+                        "have equal statistics on both sides"
+                    };
+                    format!(
+                        "all {consumed} {how}, yet output {} differs (error {:.3e}): {local}",
+                        out.tensor.name, out.judgement.err
+                    )
+                } else if max_in > 0.0 {
+                    format!(
+                        "all {consumed} are within tolerance (largest relative error \
+                         {max_in:.3e}), yet output {} has relative error {out_err:.3e}, \
+                         {:.0}x larger: {local}",
+                        out.tensor.name,
+                        out_err / max_in
+                    )
+                } else {
+                    format!(
+                        "all {consumed} are within tolerance (relative error 0), yet output \
+                         {} has relative error {out_err:.3e}: {local}",
+                        out.tensor.name
+                    )
+                }
             };
             *f.first_divergent.slot(dir) = Some(finding(&at, &g, out, noted(expl)));
             found = true;

@@ -307,16 +307,7 @@ pub fn headline(x: &CrossRank) -> String {
     let mut out = match &o.collective {
         None if o.kind == "outside" => {
             let how = match &f.one_sided_source {
-                Some(s) => format!(
-                    "through {}, which only the {} calls{}",
-                    s.op,
-                    if s.side == "cmp" {
-                        "comparison run"
-                    } else {
-                        "benchmark"
-                    },
-                    s.at.as_ref().map_or(String::new(), |at| format!(" ({at})"))
-                ),
+                Some(s) => format!("through {}", s.said()),
                 None => "from outside the captured ops".into(),
             };
             format!(

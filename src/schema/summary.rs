@@ -95,6 +95,23 @@ pub struct OneSided {
     pub at: Option<String>,
 }
 
+impl OneSided {
+    /// `Tensor.__mul__.0.forward, which only the comparison run calls (File ...)`, as a
+    /// headline names it.
+    pub fn said(&self) -> String {
+        let run = if self.side == "cmp" {
+            "comparison run"
+        } else {
+            "benchmark"
+        };
+        let at = self
+            .at
+            .as_ref()
+            .map_or(String::new(), |f| format!(" ({f})"));
+        format!("{}, which only the {run} calls{at}", self.op)
+    }
+}
+
 /// Sort key of a `step12` / `rank3` / `proc456` label: its number, then the name (so that
 /// `step2` comes before `step10`).
 pub fn label_key(s: &str) -> (u64, &str) {
