@@ -863,3 +863,42 @@ fn a_divergence_from_an_op_only_one_run_calls_names_that_op() {
         assert!(!f["explanation"].as_str().unwrap().contains("config-check"));
     }
 }
+
+/// A linear layer's backward whose bias gradient (`output.2`) is the sum over a batch of
+/// 32 output gradients that cancel to a tenth of their size: `shift` moves every gradient
+/// (within tolerance), `bias_scale` scales the bias gradient the op returns (a fault).
+fn bias_gradient(dir: &Path, shift: f32, bias_scale: f32) {
+    let g: Vec<f32> = (0..32)
+        .map(|i| (if i % 2 == 0 { 0.1 } else { -0.1 }) + 0.01 + shift)
+        .collect();
+    let sum: f32 = g.iter().sum::<f32>() * bias_scale;
+    let op = op_record(
+        "Functional.linear.0.backward",
+        &[("input.0", "input", g), ("output.2", "output", vec![sum])],
+    );
+    write_op_log(dir, vec![op]);
+}
+
+#[test]
+fn a_sum_that_cancels_carries_its_inputs_error_not_its_own() {
+    // The gradients differ by 5e-6 (4.5e-5 of their size: within tolerance), the bias
+    // gradient by 32 times that, 5e-4 of its own size: 11 times the inputs' error, yet only
+    // what the inputs' difference gives a sum whose terms cancel to a tenth. No culprit.
+    let d = tempfile::tempdir().unwrap();
+    bias_gradient(&d.path().join("bench"), 0.0, 1.0);
+    bias_gradient(&d.path().join("cmp"), 5e-6, 1.0);
+    let o = compare(d.path(), &[]);
+    assert_eq!(o.code, 1, "{}{}", o.stdout, o.stderr);
+    let s = summary(d.path());
+    assert!(s["first_divergent"]["backward"].is_null(), "{s}");
+    let h = s["headline"].as_str().unwrap();
+    assert!(h.contains("accumulated drift"), "{h}");
+    // A bias gradient 1 % off is more than that sum can carry: named.
+    let d = tempfile::tempdir().unwrap();
+    bias_gradient(&d.path().join("bench"), 0.0, 1.0);
+    bias_gradient(&d.path().join("cmp"), 5e-6, 1.01);
+    compare(d.path(), &[]);
+    let s = summary(d.path());
+    let f = &s["first_divergent"]["backward"];
+    assert_eq!(f["op"], "Functional.linear.0.backward", "{s}");
+}

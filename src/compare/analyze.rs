@@ -216,6 +216,29 @@ fn rounding_noise(out: &Row, inputs: &[&&Row]) -> bool {
     s_in > 0.0 && scale <= k * eb * s_in && diff <= k * ej * s_in
 }
 
+/// How much an output that sums many elements of an input amplifies their relative error
+/// by cancelling: the size of the terms it adds up (k input elements per output element,
+/// each of the input's root mean square) over the output's own scale; 1 when nothing
+/// cancels. A bias gradient is the sum of the output gradient over the batch, whose terms
+/// cancel to a small fraction of their size: in a bfloat16 run against a float32 one its
+/// relative error is the gradient's, times that ratio, and no fault of the op.
+fn cancellation(out: &Row, inputs: &[&&Row]) -> f64 {
+    let n_out = out.tensor.sides.bench.numel().max(1) as f64;
+    let terms = inputs
+        .iter()
+        .filter_map(|r| {
+            let b = &r.tensor.sides.bench;
+            let n = b.numel() as f64;
+            let rms = b.stats.as_ref()?.norm()? / n.sqrt();
+            (n > n_out).then(|| n / n_out * rms)
+        })
+        .fold(0.0f64, f64::max);
+    match bench_scale(out) {
+        Some(scale) if scale > 0.0 && terms > scale => terms / scale,
+        _ => 1.0,
+    }
+}
+
 /// Why a random op whose inputs agree and whose outputs differ is no culprit.
 fn random_explanation(r: Randomness, consumed: &str) -> String {
     let check = "check config-check's random category (seeds, generator states) and \
@@ -472,15 +495,12 @@ pub fn localize(
                 .map(|r| r.equality())
                 .try_fold(Equality::Bitwise, |acc, e| e.map(|e| acc.min(e)));
             let identical = equal.is_some();
-            let Some(out) = worst(outputs.iter().copied()) else {
-                continue;
-            };
             let threshold = if identical {
                 Verdict::Warning
             } else {
                 Verdict::Error
             };
-            if out.judgement.verdict < threshold || saved.iter().any(|r| fails(r)) {
+            if saved.iter().any(|r| fails(r)) {
                 continue;
             }
             let max_in = inputs
@@ -489,10 +509,18 @@ pub fn localize(
                 .chain(saved.iter())
                 .map(|r| r.judgement.raw_err)
                 .fold(0.0f64, f64::max);
-            let out_err = out.judgement.raw_err;
-            if !identical && out_err <= tols.local_gain * max_in {
+            // An output grown past its inputs' error by more than the local gain, once a
+            // sum's cancellation is allowed for.
+            let local = |r: &&&Row| {
+                r.judgement.verdict >= threshold
+                    && (identical
+                        || r.judgement.raw_err / cancellation(r, &inputs)
+                            > tols.local_gain * max_in)
+            };
+            let Some(out) = worst(outputs.iter().copied().filter(local)) else {
                 continue;
-            }
+            };
+            let out_err = out.judgement.raw_err;
             let consumed = if saved.is_empty() {
                 format!("{} inputs", inputs.len())
             } else {
