@@ -20,7 +20,8 @@ The replicated parameters' gradients are averaged with an ``all_reduce`` each.
 ``--port`` changes what rank ``--port-rank`` runs, as a port that differs in one expert
 would: ``scaled-expert`` scales its experts' outputs by ``1 + --port-rel`` with an extra
 multiply (a call the other run does not make); ``tanh-gelu`` runs its experts' GELU
-with ``approximate="tanh"`` (the same call with another argument).
+with ``approximate="tanh"`` (the same call with another argument). ``--dtype bfloat16`` runs
+the forward under autocast, as a port to bfloat16 would.
 """
 
 from __future__ import annotations
@@ -143,6 +144,12 @@ def main() -> None:
     ap.add_argument("--port", choices=["none", "scaled-expert", "tanh-gelu"], default="none")
     ap.add_argument("--port-rank", type=int, default=1)
     ap.add_argument("--port-rel", type=float, default=0.05)
+    ap.add_argument(
+        "--dtype",
+        choices=["float32", "bfloat16"],
+        default="float32",
+        help="bfloat16: the forward under autocast, as a port to bfloat16 runs it",
+    )
     ap.add_argument("--quiet", action="store_true")
     a = ap.parse_args()
 
@@ -160,7 +167,9 @@ def main() -> None:
         x = torch.randn(a.tokens, a.dim, generator=g)
         target = torch.randn(a.tokens, 1, generator=g)
         dbg.start(model)
-        loss = F.mse_loss(model(x), target)
+        with torch.autocast("cpu", dtype=torch.bfloat16, enabled=a.dtype == "bfloat16"):
+            out = model(x)
+        loss = F.mse_loss(out.float(), target)
         loss.backward()
         for p in replicated:
             assert p.grad is not None

@@ -1112,3 +1112,24 @@ def test_an_moe_port_whose_experts_use_another_gelu_is_named_with_the_argument(
     ), head
     assert s["first_divergent"]["forward"]["rank"] == "rank1", s["first_divergent"]
     assert not s["incomplete_units"], s["incomplete_units"]
+
+
+def test_an_moe_port_to_bfloat16_names_no_false_culprit(moe_bench: str, tmp_path: Any) -> None:
+    """The same job in bfloat16 autocast against float32, over two steps: every value
+    differs by bfloat16 rounding, and no op is named for it. The head's bias gradient (the
+    output gradient summed over the batch, whose terms cancel to a fraction of their size)
+    is its inputs' error amplified by that cancellation, not its own."""
+    d = str(tmp_path / "bf16")
+    torchrun(d, 2, "--dtype", "bfloat16", script=MOE)
+    code, s = _compare(moe_bench, d, tmp_path / "out")
+    for p in s["pairs"]:
+        for key in ("first_divergent", "external_source", "random_draw"):
+            assert p["findings"][key] == {"forward": None, "backward": None}, (
+                p["step"],
+                p["rank"],
+                key,
+                json.dumps(p["findings"][key], indent=1),
+            )
+    head = s["headline"]
+    assert "outside" not in head and "first divergent op" not in head, head
+    assert "origin" not in s or s["origin"] is None, s["origin"]
