@@ -166,6 +166,7 @@ pub fn summarize(run: &CompareRun, fail_on: FailOn, max_unmatched: f64) -> Summa
         external_source: first_of(findings(), |f| &f.external_source),
         first_nonfinite: earliest(findings().filter_map(|f| f.first_nonfinite.as_ref())).cloned(),
         random_draw: first_of(findings(), |f| &f.random_draw),
+        near_tie: first_of(findings(), |f| &f.near_tie),
         other_args: earliest(findings().filter_map(|f| f.other_args.as_ref())).cloned(),
         counts: c,
         pairs,
@@ -321,6 +322,8 @@ enum Story {
     NonFinite,
     /// A random op whose inputs agree: a different random draw.
     Random,
+    /// A decision (indices, a mask) from inputs within tolerance that went the other way.
+    NearTie,
     /// A failing input no captured op produced.
     Outside,
     /// A locally divergent op.
@@ -379,6 +382,8 @@ fn story<'a>(in_step: &[&'a PairSummary]) -> Option<(Story, &'a Finding)> {
                 (Story::NonFinite, &f.first_nonfinite),
                 (Story::Random, &f.random_draw.forward),
                 (Story::Random, &f.random_draw.backward),
+                (Story::NearTie, &f.near_tie.forward),
+                (Story::NearTie, &f.near_tie.backward),
             ]
         })
         .filter_map(|(k, x)| x.as_ref().map(|x| (k, x)))
@@ -410,6 +415,8 @@ pub fn culprit(s: &Summary) -> Option<&Finding> {
                     &f.first_divergent.backward,
                     &f.external_source.forward,
                     &f.external_source.backward,
+                    &f.near_tie.forward,
+                    &f.near_tie.backward,
                 ]
             })
             .filter_map(Option::as_ref)
@@ -464,6 +471,15 @@ fn headline(verdict: Verdict, c: &Counts, pairs: &[PairSummary]) -> String {
                 Some((Story::NonFinite, x)) => format!(
                     "DIVERGENCE: NaN/Inf first produced by {}",
                     x.nonfinite_producer()
+                ),
+                Some((Story::NearTie, x)) => format!(
+                    "DIVERGENCE from a near tie: {} {} takes a decision from inputs within \
+                     tolerance and decides otherwise ({}): rounding at a boundary (a \
+                     maximum among nearly equal scores, a top-k, a threshold), not a faulty \
+                     kernel; what follows takes other paths",
+                    x.op,
+                    x.place(),
+                    x.tensor
                 ),
                 Some((Story::Random, x)) => {
                     let what = if OpKey::parse(&x.op).randomness() == Randomness::WhenDropoutActive

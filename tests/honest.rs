@@ -902,3 +902,78 @@ fn a_sum_that_cancels_carries_its_inputs_error_not_its_own() {
     let f = &s["first_divergent"]["backward"];
     assert_eq!(f["op"], "Functional.linear.0.backward", "{s}");
 }
+
+/// `softmax` of `scores` into `p`, then `max(p, -1)`: its values (`output.0`) and the
+/// index of each row's maximum (`output.1`, int64), as an MoE router picks an expert.
+fn router(dir: &Path, scores: &[[f32; 2]; 4], picked: &[f32; 4]) {
+    let p: Vec<f32> = scores
+        .iter()
+        .flat_map(|r| {
+            let e = [r[0].exp(), r[1].exp()];
+            [e[0] / (e[0] + e[1]), e[1] / (e[0] + e[1])]
+        })
+        .collect();
+    let best: Vec<f32> = p.chunks(2).map(|r| r[0].max(r[1])).collect();
+    let mut soft = op_record(
+        "Torch.softmax.0.forward",
+        &[
+            (
+                "input.0",
+                "input",
+                scores.iter().flatten().copied().collect(),
+            ),
+            ("output.0", "output", p.clone()),
+        ],
+    );
+    soft.tensors[1].id = Some(1);
+    let mut max = op_record(
+        "Tensor.max.0.forward",
+        &[
+            ("input.0", "input", p),
+            ("output.0", "output", best),
+            ("output.1", "output", picked.to_vec()),
+        ],
+    );
+    max.tensors[0].src = Some(1);
+    max.tensors[2].dtype = "int64".into();
+    write_op_log(dir, vec![soft, max]);
+}
+
+#[test]
+fn a_choice_among_nearly_equal_scores_that_went_the_other_way_is_a_near_tie() {
+    // Row 2's two scores are nearly equal: the comparison run's rounding (1e-6 on every
+    // score, within tolerance) picks the other one. Not the router's fault.
+    let bench = [[1.0, 0.0], [0.2, 0.9], [0.5, 0.5000005], [2.0, 1.0]];
+    let cmp = bench.map(|r| [r[0] + 1e-6, r[1]]);
+    let d = tempfile::tempdir().unwrap();
+    router(&d.path().join("bench"), &bench, &[0.0, 1.0, 1.0, 0.0]);
+    router(&d.path().join("cmp"), &cmp, &[0.0, 1.0, 0.0, 0.0]);
+    let o = compare(d.path(), &[]);
+    assert_eq!(o.code, 1, "{}{}", o.stdout, o.stderr);
+    let s = summary(d.path());
+    assert!(s["first_divergent"]["forward"].is_null(), "{s}");
+    assert_eq!(
+        s["near_tie"]["forward"]["op"], "Tensor.max.0.forward",
+        "{s}"
+    );
+    assert_eq!(
+        s["near_tie"]["forward"]["tensor"],
+        "Tensor.max.0.forward.output.1"
+    );
+    let h = s["headline"].as_str().unwrap();
+    assert!(
+        h.starts_with("DIVERGENCE from a near tie: Tensor.max.0.forward"),
+        "{h}"
+    );
+    // With the same scores on both sides, another choice is the op's own.
+    let d = tempfile::tempdir().unwrap();
+    router(&d.path().join("bench"), &bench, &[0.0, 1.0, 1.0, 0.0]);
+    router(&d.path().join("cmp"), &bench, &[0.0, 1.0, 0.0, 0.0]);
+    compare(d.path(), &[]);
+    let s = summary(d.path());
+    assert_eq!(
+        s["first_divergent"]["forward"]["op"], "Tensor.max.0.forward",
+        "{s}"
+    );
+    assert!(s["near_tie"]["forward"].is_null(), "{s}");
+}

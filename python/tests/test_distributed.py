@@ -1133,3 +1133,25 @@ def test_an_moe_port_to_bfloat16_names_no_false_culprit(moe_bench: str, tmp_path
     head = s["headline"]
     assert "outside" not in head and "first divergent op" not in head, head
     assert "origin" not in s or s["origin"] is None, s["origin"]
+
+
+def test_a_bfloat16_moe_router_that_routes_a_token_elsewhere_is_a_near_tie(
+    tmp_path: Any,
+) -> None:
+    """With 512 tokens a rank, bfloat16 rounding tips a few of rank 0's nearly tied router
+    scores the other way: those tokens go to other experts, and the other rank gets other
+    token counts through the all-to-all. The router's max is not a faulty kernel and the
+    all-to-all is not faulty communication: a near tie on rank 0 is where it began."""
+    bench, port = str(tmp_path / "fp32"), str(tmp_path / "bf16")
+    torchrun(bench, 2, "--tokens", "512", script=MOE, steps=1)
+    torchrun(port, 2, "--tokens", "512", "--dtype", "bfloat16", script=MOE, steps=1)
+    code, s = _compare(bench, port, tmp_path / "out")
+    assert code == 1, s["headline"]
+    head = s["headline"]
+    assert "a near tie" in head and "Tensor.max.0.forward" in head, head
+    origin = s["origin"]
+    assert origin["kind"] == "near_tie" and origin["op"] == "Tensor.max.0.forward", origin
+    tie = s["near_tie"]["forward"]
+    assert tie["tensor"] == "Tensor.max.0.forward.output.1", tie
+    # The all-to-all that carried the other counts is inherited, not named faulty.
+    assert all(p["via"]["op"].startswith("Distributed.all_to_all") for p in s["propagation"])

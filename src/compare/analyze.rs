@@ -49,6 +49,26 @@ fn is_output(r: &Row) -> bool {
     !is_input(r)
 }
 
+/// Whether a tensor holds integers or booleans: indices, counts, masks.
+fn discrete(r: &Row) -> bool {
+    r.tensor
+        .sides
+        .cmp
+        .dtype
+        .known()
+        .is_some_and(|d| !d.is_float())
+}
+
+/// Whether a tensor holds floating-point values.
+fn floating(r: &Row) -> bool {
+    r.tensor
+        .sides
+        .cmp
+        .dtype
+        .known()
+        .is_some_and(|d| d.is_float())
+}
+
 fn fails(r: &Row) -> bool {
     r.judgement.verdict == Verdict::Error
 }
@@ -503,6 +523,36 @@ pub fn localize(
             if saved.iter().any(|r| fails(r)) {
                 continue;
             }
+            // A decision (indices, a mask) taken from floating-point values that agree
+            // within tolerance, not exactly: a near tie went the other way. Not the culprit;
+            // look on (what follows took other paths).
+            if !identical {
+                let decided: Vec<&Row> = outputs
+                    .iter()
+                    .map(|r| **r)
+                    .filter(|r| fails(r) && discrete(r))
+                    .collect();
+                let floats = inputs.iter().any(|r| floating(r));
+                if let (Some(out), true) = (worst(decided.iter()), floats) {
+                    let slot = f.near_tie.slot(dir);
+                    if slot.is_none() {
+                        let expl = format!(
+                            "its floating-point inputs agree within tolerance, not exactly, \
+                             and its output {} ({}) differs: a decision taken from values \
+                             at a boundary (a maximum among nearly equal scores, a top-k, a \
+                             threshold) went the other way: the inputs' rounding rather \
+                             than a faulty kernel; what follows takes other paths (an MoE \
+                             router's tokens go to other experts). Compare in a precision \
+                             where the two runs agree more closely, or fix the decision \
+                             (route the comparison run by the benchmark's choices) to \
+                             compare what comes after it",
+                            out.tensor.name, out.tensor.sides.cmp.dtype
+                        );
+                        *slot = Some(finding(&at, &g, out, expl));
+                    }
+                    continue;
+                }
+            }
             let max_in = inputs
                 .iter()
                 .copied()
@@ -654,6 +704,7 @@ pub fn localize(
             && !inherited
             && f.external_source.slot(dir).is_none()
             && f.random_draw.slot(dir).is_none()
+            && f.near_tie.slot(dir).is_none()
         {
             f.drift.push(dir);
         }

@@ -150,24 +150,29 @@ enum First<'a> {
     /// Its own op.
     Local(&'a Finding),
     /// A tensor that differs before any of its captured ops fails (an op only one run
-    /// calls, or code the agent does not capture, produced it).
-    Outside(&'a Finding),
+    /// calls, or code the agent does not capture, produced it), or a decision from inputs
+    /// within tolerance that went the other way (`near_tie`): the origin's `kind`.
+    Outside(&'a Finding, &'static str),
     /// A collective whose local inputs agree.
     Inherited(&'a Finding, &'a CollectiveCall),
 }
 
-/// The earliest divergence of a unit, either phase: a first divergent op, or where a
-/// divergence enters from outside its captured ops (whether it is `true`). A rank whose
-/// difference enters so is where it began as much as one with a divergent op: the ranks it
-/// sends to inherit it.
-fn first_divergent(u: &UnitSummary) -> Option<(&Finding, bool)> {
-    let (f, e) = (&u.findings.first_divergent, &u.findings.external_source);
-    let ops = [f.forward.as_ref(), f.backward.as_ref()].map(|x| x.map(|x| (x, false)));
-    let outside = [e.forward.as_ref(), e.backward.as_ref()].map(|x| x.map(|x| (x, true)));
-    ops.into_iter()
-        .chain(outside)
-        .flatten()
-        .min_by_key(|(x, _)| x.seq)
+/// The earliest divergence of a unit, either phase, with the origin kind it makes: a first
+/// divergent op (`op`), where a divergence enters from outside its captured ops
+/// (`outside`), or a near tie decided the other way (`near_tie`). A rank whose difference
+/// begins so is where it began as much as one with a divergent op: the ranks it sends to
+/// inherit it.
+fn first_divergent(u: &UnitSummary) -> Option<(&Finding, &'static str)> {
+    let f = &u.findings;
+    [
+        (&f.first_divergent, "op"),
+        (&f.external_source, "outside"),
+        (&f.near_tie, "near_tie"),
+    ]
+    .into_iter()
+    .flat_map(|(b, kind)| [(b.forward.as_ref(), kind), (b.backward.as_ref(), kind)])
+    .filter_map(|(x, kind)| Some((x?, kind)))
+    .min_by_key(|(x, _)| x.seq)
 }
 
 fn via(u: &UnitSummary, c: &CollectiveCall) -> Via {
@@ -225,7 +230,7 @@ pub fn analyze(units: &[UnitSummary]) -> Option<CrossRank> {
     type Key<'k> = (u64, u8, (u64, &'k str));
     let mut firsts: Vec<(Key, &UnitSummary, First)> = Vec::new();
     for u in &in_step {
-        let Some((f, outside)) = first_divergent(u) else {
+        let Some((f, kind)) = first_divergent(u) else {
             continue;
         };
         let e = epoch(&u.collectives.calls, f.seq);
@@ -235,7 +240,7 @@ pub fn analyze(units: &[UnitSummary]) -> Option<CrossRank> {
             .iter()
             .find(|c| c.seq == f.seq && !c.inputs_differ);
         let (kind, first) = match call {
-            _ if outside => (0, First::Outside(f)),
+            _ if kind != "op" => (0, First::Outside(f, kind)),
             Some(c) => (1, First::Inherited(f, c)),
             None => (0, First::Local(f)),
         };
@@ -245,12 +250,12 @@ pub fn analyze(units: &[UnitSummary]) -> Option<CrossRank> {
     // rank of the group) on the timeline.
     firsts.sort_by(|a, b| a.0.cmp(&b.0));
     let (_, ou, of) = firsts.iter().find(|(_, u, f)| match f {
-        First::Local(_) | First::Outside(_) => true,
+        First::Local(_) | First::Outside(..) => true,
         First::Inherited(_, c) => differing(u, c).is_empty(),
     })?;
     let (finding, collective, kind) = match of {
         First::Local(f) => (*f, None, "op"),
-        First::Outside(f) => (*f, None, "outside"),
+        First::Outside(f, kind) => (*f, None, *kind),
         First::Inherited(f, c) => (*f, Some(via(ou, c)), "collective"),
     };
     let origin = Origin {
@@ -305,6 +310,16 @@ pub fn headline(x: &CrossRank) -> String {
     let o = &x.origin;
     let f = &x.finding;
     let mut out = match &o.collective {
+        None if o.kind == "near_tie" => format!(
+            "DIVERGENCE: {} diverged first: {} took a decision from inputs within tolerance \
+             and decided otherwise, a near tie ({} {}/{}, tensor {})",
+            rank_text(&o.rank),
+            o.op,
+            f.direction.name(),
+            o.step,
+            o.rank,
+            f.tensor
+        ),
         None if o.kind == "outside" => {
             let how = match &f.one_sided_source {
                 Some(s) => format!("through {}", s.said()),

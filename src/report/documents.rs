@@ -83,6 +83,11 @@ impl<'a> CompareDocument<'a> {
                 "first op called with different arguments",
                 &s.other_args_hint().cloned(),
             ),
+            ("near tie decided otherwise (forward)", &s.near_tie.forward),
+            (
+                "near tie decided otherwise (backward)",
+                &s.near_tie.backward,
+            ),
             ("different random draw (forward)", &s.random_draw.forward),
             ("different random draw (backward)", &s.random_draw.backward),
             ("earliest failing op (forward)", &s.earliest_failing.forward),

@@ -107,6 +107,14 @@ pub fn terminal_summary(s: &Summary) -> String {
         ),
         ("  first NaN/Inf producer", &s.first_nonfinite),
         ("  first op called with different arguments", &hint),
+        (
+            "  near tie decided otherwise (forward)",
+            &s.near_tie.forward,
+        ),
+        (
+            "  near tie decided otherwise (backward)",
+            &s.near_tie.backward,
+        ),
         ("  different random draw (forward)", &s.random_draw.forward),
         (
             "  different random draw (backward)",

@@ -215,6 +215,11 @@ pub struct Findings {
     /// `first_divergent`.
     #[serde(default)]
     pub random_draw: ByDirection,
+    /// The first op whose discrete output (indices, a mask) differs while its
+    /// floating-point inputs agree within tolerance, not exactly, per phase: a near tie
+    /// decided the other way (an MoE router's top-1), never named in `first_divergent`.
+    #[serde(default)]
+    pub near_tie: ByDirection,
     /// The first op called with different non-tensor arguments on the two sides, whatever
     /// its outputs (`args`): a hint where no op is named, or where nothing diverged.
     #[serde(default, skip_serializing_if = "Option::is_none")]
@@ -414,6 +419,9 @@ pub struct Summary {
     pub first_nonfinite: Option<Finding>,
     /// The first op whose different output is a different random draw, per phase.
     pub random_draw: ByDirection,
+    /// Run-wide [`Findings::near_tie`].
+    #[serde(default)]
+    pub near_tie: ByDirection,
     /// The first op called with different non-tensor arguments, over all pairs.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub other_args: Option<Finding>,
@@ -455,6 +463,8 @@ impl Summary {
             &self.first_nonfinite,
             &self.random_draw.forward,
             &self.random_draw.backward,
+            &self.near_tie.forward,
+            &self.near_tie.backward,
         ];
         let same = |f: &Finding| f.op == o.op && f.step == o.step && f.rank == o.rank;
         (!named.iter().any(|f| f.as_ref().is_some_and(same))).then_some(o)
