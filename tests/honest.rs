@@ -905,7 +905,7 @@ fn a_sum_that_cancels_carries_its_inputs_error_not_its_own() {
 
 /// `softmax` of `scores` into `p`, then `max(p, -1)`: its values (`output.0`) and the
 /// index of each row's maximum (`output.1`, int64), as an MoE router picks an expert.
-fn router(dir: &Path, scores: &[[f32; 2]; 4], picked: &[f32; 4]) {
+fn router(dir: &Path, scores: &[[f32; 2]; 4], picked: &[f32; 4], values_scale: f32) {
     let p: Vec<f32> = scores
         .iter()
         .flat_map(|r| {
@@ -913,7 +913,7 @@ fn router(dir: &Path, scores: &[[f32; 2]; 4], picked: &[f32; 4]) {
             [e[0] / (e[0] + e[1]), e[1] / (e[0] + e[1])]
         })
         .collect();
-    let best: Vec<f32> = p.chunks(2).map(|r| r[0].max(r[1])).collect();
+    let best: Vec<f32> = p.chunks(2).map(|r| r[0].max(r[1]) * values_scale).collect();
     let mut soft = op_record(
         "Torch.softmax.0.forward",
         &[
@@ -946,8 +946,8 @@ fn a_choice_among_nearly_equal_scores_that_went_the_other_way_is_a_near_tie() {
     let bench = [[1.0, 0.0], [0.2, 0.9], [0.5, 0.5000005], [2.0, 1.0]];
     let cmp = bench.map(|r| [r[0] + 1e-6, r[1]]);
     let d = tempfile::tempdir().unwrap();
-    router(&d.path().join("bench"), &bench, &[0.0, 1.0, 1.0, 0.0]);
-    router(&d.path().join("cmp"), &cmp, &[0.0, 1.0, 0.0, 0.0]);
+    router(&d.path().join("bench"), &bench, &[0.0, 1.0, 1.0, 0.0], 1.0);
+    router(&d.path().join("cmp"), &cmp, &[0.0, 1.0, 0.0, 0.0], 1.0);
     let o = compare(d.path(), &[]);
     assert_eq!(o.code, 1, "{}{}", o.stdout, o.stderr);
     let s = summary(d.path());
@@ -965,15 +965,18 @@ fn a_choice_among_nearly_equal_scores_that_went_the_other_way_is_a_near_tie() {
         h.starts_with("DIVERGENCE from a near tie: Tensor.max.0.forward"),
         "{h}"
     );
-    // With the same scores on both sides, another choice is the op's own.
-    let d = tempfile::tempdir().unwrap();
-    router(&d.path().join("bench"), &bench, &[0.0, 1.0, 1.0, 0.0]);
-    router(&d.path().join("cmp"), &bench, &[0.0, 1.0, 0.0, 0.0]);
-    compare(d.path(), &[]);
-    let s = summary(d.path());
-    assert_eq!(
-        s["first_divergent"]["forward"]["op"], "Tensor.max.0.forward",
-        "{s}"
-    );
-    assert!(s["near_tie"]["forward"].is_null(), "{s}");
+    // With the same scores on both sides, another choice is the op's own; so is one
+    // whose maximum values are wrong as well.
+    for (scores, scale) in [(&bench, 1.0), (&cmp, 1.5)] {
+        let d = tempfile::tempdir().unwrap();
+        router(&d.path().join("bench"), &bench, &[0.0, 1.0, 1.0, 0.0], 1.0);
+        router(&d.path().join("cmp"), scores, &[0.0, 1.0, 0.0, 0.0], scale);
+        compare(d.path(), &[]);
+        let s = summary(d.path());
+        assert_eq!(
+            s["first_divergent"]["forward"]["op"], "Tensor.max.0.forward",
+            "{s}"
+        );
+        assert!(s["near_tie"]["forward"].is_null(), "{s}");
+    }
 }

@@ -523,17 +523,34 @@ pub fn localize(
             if saved.iter().any(|r| fails(r)) {
                 continue;
             }
+            let max_in = inputs
+                .iter()
+                .copied()
+                .chain(saved.iter())
+                .map(|r| r.judgement.raw_err)
+                .fold(0.0f64, f64::max);
+            // An output grown past its inputs' error by more than the local gain, once a
+            // sum's cancellation is allowed for.
+            let local = |r: &&&Row| {
+                r.judgement.verdict >= threshold
+                    && (identical
+                        || r.judgement.raw_err / cancellation(r, &inputs)
+                            > tols.local_gain * max_in)
+            };
             // A decision (indices, a mask) taken from floating-point values that agree
-            // within tolerance, not exactly: a near tie went the other way. Not the culprit;
+            // within tolerance, not exactly, and called the same way: a near tie went the
+            // other way. Not the culprit, unless a floating-point output is one by itself;
             // look on (what follows took other paths).
-            if !identical {
+            let near_tie = !identical
+                && inputs.iter().any(|r| floating(r))
+                && !outputs.iter().any(|r| floating(r) && local(r));
+            if near_tie && unit.arg_diffs(k as usize, true).is_empty() {
                 let decided: Vec<&Row> = outputs
                     .iter()
                     .map(|r| **r)
                     .filter(|r| fails(r) && discrete(r))
                     .collect();
-                let floats = inputs.iter().any(|r| floating(r));
-                if let (Some(out), true) = (worst(decided.iter()), floats) {
+                if let Some(out) = worst(decided.iter()) {
                     let slot = f.near_tie.slot(dir);
                     if slot.is_none() {
                         let expl = format!(
@@ -553,20 +570,6 @@ pub fn localize(
                     continue;
                 }
             }
-            let max_in = inputs
-                .iter()
-                .copied()
-                .chain(saved.iter())
-                .map(|r| r.judgement.raw_err)
-                .fold(0.0f64, f64::max);
-            // An output grown past its inputs' error by more than the local gain, once a
-            // sum's cancellation is allowed for.
-            let local = |r: &&&Row| {
-                r.judgement.verdict >= threshold
-                    && (identical
-                        || r.judgement.raw_err / cancellation(r, &inputs)
-                            > tols.local_gain * max_in)
-            };
             let Some(out) = worst(outputs.iter().copied().filter(local)) else {
                 continue;
             };
