@@ -301,8 +301,10 @@ fn accumulated_drift_ends_with_the_call_that_differs() {
     assert_eq!(s["other_args"]["args"][0]["cmp"], "2.00001");
 }
 
-#[test]
-fn an_argument_only_one_run_passed_is_said_where_the_op_is_named() {
+/// The benchmark's `x * 2.0` against the comparison run's `x * scale` that also passes
+/// `out_dtype`, compared: the exit code and the summary (the folder lives as long as the
+/// first).
+fn out_dtype_only_in_cmp(scale: f32) -> (tempfile::TempDir, i32, Value) {
     let d = tempfile::tempdir().unwrap();
     run(
         &d.path().join("bench"),
@@ -310,15 +312,17 @@ fn an_argument_only_one_run_passed_is_said_where_the_op_is_named() {
         json!({"input.1": 2.0}),
         json!({}),
     );
-    run(
-        &d.path().join("cmp"),
-        2.5,
-        json!({"input.1": 2.0}),
-        json!({"input.out_dtype": "torch.float32"}),
-    );
+    let extra = json!({"input.out_dtype": "torch.float32"});
+    run(&d.path().join("cmp"), scale, json!({"input.1": 2.0}), extra);
     let o = compare(d.path(), &[]);
-    assert_eq!(o.code, 1, "{}{}", o.stdout, o.stderr);
     let s = summary(d.path());
+    (d, o.code, s)
+}
+
+#[test]
+fn an_argument_only_one_run_passed_is_said_where_the_op_is_named() {
+    let (_d, code, s) = out_dtype_only_in_cmp(2.5);
+    assert_eq!(code, 1, "{s}");
     let h = s["headline"].as_str().unwrap();
     assert!(
         h.ends_with(
@@ -334,20 +338,7 @@ fn an_argument_only_one_run_passed_is_said_where_the_op_is_named() {
         "{e}"
     );
     // Where outputs agree it is no hint: an explicit default would only be noise.
-    let d = tempfile::tempdir().unwrap();
-    run(
-        &d.path().join("bench"),
-        2.0,
-        json!({"input.1": 2.0}),
-        json!({}),
-    );
-    run(
-        &d.path().join("cmp"),
-        2.0,
-        json!({"input.1": 2.0}),
-        json!({"input.out_dtype": "torch.float32"}),
-    );
-    let o = compare(d.path(), &[]);
-    assert_eq!(o.code, 0, "{}{}", o.stdout, o.stderr);
-    assert!(summary(d.path())["other_args"].is_null());
+    let (_d, code, s) = out_dtype_only_in_cmp(2.0);
+    assert_eq!(code, 0, "{s}");
+    assert!(s["other_args"].is_null());
 }

@@ -261,39 +261,15 @@ fn a_single_rank_dump_keeps_its_headline() {
 /// `extra`) a `__mul__` only that run calls scaling `h` by 1.5, then an `all_reduce` of
 /// it over ranks [0, 1] returning `total` (the sum over the ranks of the job).
 fn rank_ops(extra: bool, total: f32) -> Vec<probe::schema::dump::OpRecord> {
-    let h = vec![2.0f32; 4];
-    let mut lin = op_record(
-        "Functional.linear.0.forward",
-        &[
-            ("input.0", "input", vec![1.0; 4]),
-            ("output.0", "output", h.clone()),
-        ],
-    );
-    lin.tensors[1].id = Some(1);
-    let mut ops = vec![lin];
-    let mut sent = (h.clone(), 1);
-    if extra {
-        let scaled: Vec<f32> = h.iter().map(|v| v * 1.5).collect();
-        let mut mul = op_record(
-            "Tensor.__mul__.0.forward",
-            &[
-                ("input.0", "input", h),
-                ("output.0", "output", scaled.clone()),
-            ],
-        );
-        mul.tensors[0].src = Some(1);
-        mul.tensors[1].id = Some(2);
-        ops.push(mul);
-        sent = (scaled, 2);
-    }
+    let (mut ops, sent, id) = linear_and_extra_mul(extra);
     let mut ar = op_record(
         "Distributed.all_reduce.0.forward",
         &[
-            ("input.0", "input", sent.0),
+            ("input.0", "input", sent),
             ("output.0", "output", vec![total; 4]),
         ],
     );
-    ar.tensors[0].src = Some(sent.1);
+    ar.tensors[0].src = Some(id);
     ar.group = Some(vec![0, 1]);
     ar.coll_seq = Some(0);
     ops.push(ar);

@@ -784,38 +784,16 @@ fn a_weight_that_changes_between_clean_steps_points_at_the_update() {
 /// `linear` of ones into `h`, an extra `__mul__` scaling it by 1.5 where `extra` (an op the
 /// other run does not call), then `gelu` of what that leaves (`y` its output).
 fn with_extra_op(dir: &Path, extra: bool) {
-    let h = vec![2.0f32; 4];
-    let mut lin = op_record(
-        "Functional.linear.0.forward",
-        &[
-            ("input.0", "input", vec![1.0; 4]),
-            ("output.0", "output", h.clone()),
-        ],
-    );
-    lin.tensors[1].id = Some(1);
-    let mut ops = vec![lin];
-    let mut x = (h.clone(), 1);
+    let (mut ops, x, id) = linear_and_extra_mul(extra);
     if extra {
-        let scaled: Vec<f32> = h.iter().map(|v| v * 1.5).collect();
-        let mut mul = op_record(
-            "Tensor.__mul__.0.forward",
-            &[
-                ("input.0", "input", h),
-                ("output.0", "output", scaled.clone()),
-            ],
-        );
-        mul.tensors[0].src = Some(1);
-        mul.tensors[1].id = Some(2);
-        mul.stack = Some(7);
-        ops.push(mul);
-        x = (scaled, 2);
+        ops[1].stack = Some(7);
     }
-    let y: Vec<f32> = x.0.iter().map(|v| v + 1.0).collect();
+    let y: Vec<f32> = x.iter().map(|v| v + 1.0).collect();
     let mut gelu = op_record(
         "Functional.gelu.0.forward",
-        &[("input.0", "input", x.0), ("output.0", "output", y)],
+        &[("input.0", "input", x), ("output.0", "output", y)],
     );
-    gelu.tensors[0].src = Some(x.1);
+    gelu.tensors[0].src = Some(id);
     ops.push(gelu);
     write_op_log(dir, ops);
     let stack = r#"{"id":7,"frames":["File \"port.py\", line 12, in forward: h = h * 1.5"]}"#;

@@ -310,16 +310,6 @@ pub fn headline(x: &CrossRank) -> String {
     let o = &x.origin;
     let f = &x.finding;
     let mut out = match &o.collective {
-        None if o.kind == "near_tie" => format!(
-            "DIVERGENCE: {} diverged first: {} took a decision from inputs within tolerance \
-             and decided otherwise, a near tie ({} {}/{}, tensor {})",
-            rank_text(&o.rank),
-            o.op,
-            f.direction.name(),
-            o.step,
-            o.rank,
-            f.tensor
-        ),
         None if o.kind == "outside" => {
             let how = match &f.one_sided_source {
                 Some(s) => format!("through {}", s.said()),
@@ -336,9 +326,17 @@ pub fn headline(x: &CrossRank) -> String {
             )
         }
         None => format!(
-            "DIVERGENCE: {} diverged first: first divergent op {} ({} {}/{}, tensor {})",
+            "DIVERGENCE: {} diverged first: {} ({} {}/{}, tensor {})",
             rank_text(&o.rank),
-            o.op,
+            if o.kind == "near_tie" {
+                format!(
+                    "{} took a decision from inputs within tolerance and decided otherwise, \
+                     a near tie",
+                    o.op
+                )
+            } else {
+                format!("first divergent op {}", o.op)
+            },
             f.direction.name(),
             o.step,
             o.rank,

@@ -261,3 +261,32 @@ pub fn evidence_lines(s: &serde_json::Value) -> Vec<String> {
     }
     out
 }
+
+/// `linear` of ones into `h` (dataflow id 1), then where `extra` a `__mul__` scaling it by
+/// 1.5 (id 2), an op the other run does not call: the records, and the value the next op
+/// reads with its dataflow id.
+pub fn linear_and_extra_mul(extra: bool) -> (Vec<OpRecord>, Vec<f32>, u64) {
+    let h = vec![2.0f32; 4];
+    let mut lin = op_record(
+        "Functional.linear.0.forward",
+        &[
+            ("input.0", "input", vec![1.0; 4]),
+            ("output.0", "output", h.clone()),
+        ],
+    );
+    lin.tensors[1].id = Some(1);
+    if !extra {
+        return (vec![lin], h, 1);
+    }
+    let scaled: Vec<f32> = h.iter().map(|v| v * 1.5).collect();
+    let mut mul = op_record(
+        "Tensor.__mul__.0.forward",
+        &[
+            ("input.0", "input", h),
+            ("output.0", "output", scaled.clone()),
+        ],
+    );
+    mul.tensors[0].src = Some(1);
+    mul.tensors[1].id = Some(2);
+    (vec![lin, mul], scaled, 2)
+}
