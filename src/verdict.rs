@@ -144,7 +144,13 @@ pub fn summarize(run: &CompareRun, fail_on: FailOn, max_unmatched: f64) -> Summa
         None
     };
     let mut headline = match &cross {
-        Some(x) => cross_rank::headline(x),
+        // (With what the headline of one rank adds about how the runs were compared.)
+        Some(x) => {
+            cross_rank::headline(x)
+                + &micro_note(&pairs)
+                + &scale_note(&pairs)
+                + &skipped_note(&pairs)
+        }
         None => headline(compared, &c, &pairs),
     };
     if !incomplete.is_empty() {

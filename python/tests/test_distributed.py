@@ -306,6 +306,12 @@ def test_ddp_in_float16_with_its_scaler_against_bfloat16(tmp_path: Any) -> None:
         assert step1["loss_scale"]["ratio"] == 32768.0 and step1.get("scaler_skipped") is None, (
             step1
         )
+    # Rank 0's weight gradient overflows first; rank 1 gets the Inf through the bucket's
+    # all-reduce. The cross-rank headline keeps what a rank's would add.
+    assert s["headline"].startswith(
+        "DIVERGENCE: rank 0 diverged first: NaN/Inf first produced by "
+    ), s["headline"]
+    assert "rank 1 inherited it through Distributed.ddp_bucket_allreduce" in s["headline"]
     assert "the cmp run's loss scaler skipped step0/rank0" in s["headline"], s["headline"]
     # The bench's Adam calls of step 0, which the port's skip never made, are the skip's.
     assert s["counts"]["unmatched_bench"] == 0 < s["counts"]["loss_scaler"], s["counts"]

@@ -683,7 +683,7 @@ pub fn localize(
                         "all {consumed} {how}, yet output {} differs (error {:.3e}): {local}",
                         out.tensor.name, out.judgement.err
                     )
-                } else if max_in > 0.0 {
+                } else if max_in > 0.0 && out_err.is_finite() {
                     format!(
                         "all {consumed} are within tolerance (largest relative error \
                          {max_in:.3e}), yet output {} has relative error {out_err:.3e}, \
@@ -693,8 +693,8 @@ pub fn localize(
                     )
                 } else {
                     format!(
-                        "all {consumed} are within tolerance (relative error 0), yet output \
-                         {} has relative error {out_err:.3e}: {local}",
+                        "all {consumed} are within tolerance (largest relative error \
+                         {max_in:.3e}), yet output {} has relative error {out_err:.3e}: {local}",
                         out.tensor.name
                     )
                 }

@@ -143,6 +143,9 @@ pub struct CrossRank {
     pub propagation: Vec<Propagation>,
     /// The origin's finding (the headline quotes its direction and tensor).
     pub finding: Finding,
+    /// The origin rank's first NaN/Inf producer, where it is the origin's op: the headline
+    /// then says NaN/Inf, as a single rank's does.
+    pub nonfinite: Option<Finding>,
 }
 
 /// A rank's first divergence, as the timeline sees it.
@@ -287,10 +290,17 @@ pub fn analyze(units: &[UnitSummary]) -> Option<CrossRank> {
     if propagation.is_empty() && origin.kind != "collective" {
         return None;
     }
+    let nonfinite = ou
+        .findings
+        .first_nonfinite
+        .as_ref()
+        .filter(|n| n.seq == finding.seq)
+        .cloned();
     Some(CrossRank {
         origin,
         propagation,
         finding: finding.clone(),
+        nonfinite,
     })
 }
 
@@ -325,6 +335,13 @@ pub fn headline(x: &CrossRank) -> String {
                 o.rank
             )
         }
+        None if x.nonfinite.is_some() && o.kind == "op" => format!(
+            "DIVERGENCE: {} diverged first: NaN/Inf first produced by {}",
+            rank_text(&o.rank),
+            x.nonfinite
+                .as_ref()
+                .map_or(String::new(), Finding::nonfinite_producer)
+        ),
         None => format!(
             "DIVERGENCE: {} diverged first: {} ({} {}/{}, tensor {})",
             rank_text(&o.rank),
