@@ -133,7 +133,10 @@ pub fn diff_at_divergence(bench: Option<&str>, cmp: Option<&str>) -> Vec<ArgDiff
             .collect()
     };
     let (only_b, only_c) = (own(&b, &c), own(&c, &b));
-    let unmatched = |v: &Value, other: &[(String, Value)]| !other.iter().any(|(_, w)| same(v, w));
+    // (A device given on one side only is the migration too.)
+    let unmatched = |v: &Value, other: &[(String, Value)]| {
+        !matches!(v, Value::String(d) if is_device(d)) && !other.iter().any(|(_, w)| same(v, w))
+    };
     for (name, v) in &only_b {
         if unmatched(v, &only_c) {
             out.push(ArgDiff {
@@ -242,6 +245,8 @@ mod tests {
         let c = t(json!({"input.dim": 1}));
         assert_eq!(diff_at_divergence(Some(&b), Some(&c)), diff(&b, &c));
         assert!(diff_at_divergence(None, None).is_empty());
+        let npu = t(json!({"input.device": "npu:0"}));
+        assert!(diff_at_divergence(None, Some(&npu)).is_empty());
     }
 
     #[test]
