@@ -141,6 +141,7 @@ def main() -> None:
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--dump", default="./probe_dump")
     ap.add_argument("--level", choices=["api", "module", "mix"], default="api")
+    ap.add_argument("--mode", choices=["statistics", "tensor", "checksum"], default="statistics")
     ap.add_argument("--port", choices=["none", "scaled-expert", "tanh-gelu"], default="none")
     ap.add_argument("--port-rank", type=int, default=1)
     ap.add_argument("--port-rel", type=float, default=0.05)
@@ -162,7 +163,7 @@ def main() -> None:
     replicated = [p for n, p in model.named_parameters() if ".experts." not in n]
     opt = torch.optim.SGD(model.parameters(), lr=0.05)
     g = torch.Generator().manual_seed(a.seed + 1 + rank)
-    dbg = probe.Debugger(None, dump_path=a.dump, level=a.level)
+    dbg = probe.Debugger(None, dump_path=a.dump, level=a.level, mode=a.mode)
     for step in range(a.steps):
         x = torch.randn(a.tokens, a.dim, generator=g)
         target = torch.randn(a.tokens, 1, generator=g)

@@ -341,4 +341,10 @@ fn an_argument_only_one_run_passed_is_said_where_the_op_is_named() {
     let (_d, code, s) = out_dtype_only_in_cmp(2.0);
     assert_eq!(code, 0, "{s}");
     assert!(s["other_args"].is_null());
+    // Where they differ within tolerance (a warning) it is the hint.
+    let (_d, code, s) = out_dtype_only_in_cmp(2.00004);
+    assert_eq!((code, s["verdict"].as_str()), (0, Some("warning")), "{s}");
+    assert_eq!(s["other_args"]["args"][0]["name"], "input.out_dtype", "{s}");
+    let h = s["headline"].as_str().unwrap();
+    assert!(h.contains("was called with different arguments"), "{h}");
 }

@@ -753,10 +753,11 @@ pub fn localize(
 }
 
 /// The first op called with different non-tensor arguments, whatever its outputs, with how
-/// many ops of the unit were.
+/// many ops of the unit were. An argument only one run passed counts where a tensor of the
+/// op is not within tolerance (elsewhere an explicit default would only be noise).
 fn other_args(unit: &dyn OpRows, at: &Place) -> Option<Finding> {
     let mut differing = (0..unit.ops()).filter_map(|k| {
-        let d = unit.arg_diffs(k, false);
+        let d = unit.arg_diffs(k, unit.head(k).flagged);
         (!d.is_empty()).then_some((k, d))
     });
     let (k, diffs) = differing.next()?;
