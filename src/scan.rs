@@ -398,29 +398,29 @@ pub fn scan_unit(dump: RankDump, opts: &ScanOptions) -> ScanUnit {
             .then(|| op.key().forward_twin())
             .flatten();
         let from_twin = twin.and_then(|k| calls.get(&k).cloned());
+        let origin = from_twin.clone().or_else(|| {
+            op.tensors().filter(|&t| is_input(t, op)).find_map(|t| {
+                if t.unwritten() && !t.overwritten() {
+                    return Some(t.name().into_owned());
+                }
+                t.src().and_then(|s| from_leftover.get(&s).cloned())
+            })
+        });
         // An input holding NaN/Inf of its own (neither leftovers nor computed from them)
         // is where the op's NaN/Inf comes from, whatever leftovers it also read (an MoE
-        // layer gathers its experts' outputs into `torch.empty` by index).
-        let own_nonfinite = op.tensors().any(|t| {
-            is_input(t, op)
-                && !t.unwritten()
-                && t.src().is_none_or(|s| !from_leftover.contains_key(&s))
-                && t.stats()
-                    .as_ref()
-                    .is_some_and(|s| nonfinite_kind(s) == Flag::NonFinite)
-        });
-        let origin = if own_nonfinite {
-            None
-        } else {
-            from_twin.clone().or_else(|| {
-                op.tensors().filter(|&t| is_input(t, op)).find_map(|t| {
-                    if t.unwritten() && !t.overwritten() {
-                        return Some(t.name().into_owned());
-                    }
-                    t.src().and_then(|s| from_leftover.get(&s).cloned())
-                })
+        // layer gathers its experts' outputs into `torch.empty` by index). Looked at only
+        // where leftovers are read: most ops read none.
+        let own_nonfinite = || {
+            op.tensors().any(|t| {
+                is_input(t, op)
+                    && !t.unwritten()
+                    && t.src().is_none_or(|s| !from_leftover.contains_key(&s))
+                    && t.stats()
+                        .as_ref()
+                        .is_some_and(|s| nonfinite_kind(s) == Flag::NonFinite)
             })
         };
+        let origin = origin.filter(|_| !own_nonfinite());
         if let Some(o) = &origin {
             for t in op.tensors().filter(|&t| !is_input(t, op)) {
                 if let Some(id) = t.id() {

@@ -531,11 +531,12 @@ pub fn localize(
                 .fold(0.0f64, f64::max);
             // An output grown past its inputs' error by more than the local gain, once a
             // sum's cancellation is allowed for.
+            // (The cancellation is at least 1: it is worked out only past the plain test.)
+            let bound = tols.local_gain * max_in;
             let local = |r: &&&Row| {
+                let err = r.judgement.raw_err;
                 r.judgement.verdict >= threshold
-                    && (identical
-                        || r.judgement.raw_err / cancellation(r, &inputs)
-                            > tols.local_gain * max_in)
+                    && (identical || err > bound && err / cancellation(r, &inputs) > bound)
             };
             // A decision (indices, a mask) taken from floating-point values that agree
             // within tolerance, not exactly, and called the same way: a near tie went the
