@@ -1587,3 +1587,49 @@ def test_lazy_modules_are_hooked_once_their_parameters_exist(tmp_path: Any, leve
                 want = grads[step][f"{idx}.{pname}"].double()
                 assert math.isclose(stats["norm"], float(want.norm()), rel_tol=1e-6)
                 assert math.isclose(stats["max"], float(want.max()), rel_tol=1e-6)
+
+
+def test_an_input_a_module_rewraps_links_to_its_producer_when_a_view_of_it_died(
+    tmp_path: Any,
+) -> None:
+    """At mix level a module's backward hook hands its forward new tensor objects over its
+    inputs' memory, so an op inside reads one the agent never saw: it is linked to the
+    output captured over that memory (``src``). When the newest such output was a view
+    that has died since (a router's ``x.reshape(...)``, as an MoE block runs before its
+    experts), the link was lost: the experts' input looked like data from outside, and
+    compare could not tell that each expert read the same tokens. The older output, still
+    alive, is linked now."""
+
+    class Gate(torch.nn.Module):
+        def forward(self, h: torch.Tensor) -> torch.Tensor:
+            return h.reshape(-1, 8).sum()  # the view dies on return
+
+    class Experts(torch.nn.Module):
+        def forward(self, h: torch.Tensor) -> torch.Tensor:
+            return h[torch.tensor([0, 2])] * 2
+
+    class Block(torch.nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.lin, self.gate, self.experts = torch.nn.Linear(8, 8), Gate(), Experts()
+
+        def forward(self, x: torch.Tensor) -> torch.Tensor:
+            h = self.lin(x).view(-1, 8)
+            g = self.gate(h)
+            return self.experts(h).sum() + g
+
+    torch.manual_seed(0)
+    model = Block()
+    for level in ("api", "mix"):
+        dump = str(tmp_path / level)
+        dbg = probe.Debugger(None, dump_path=dump, level=level)
+        dbg.start(model)
+        model(torch.randn(4, 8)).backward()
+        dbg.stop()
+        dbg.step()
+        dbg.close()
+        ops = {o["op"]: o for o in read_ops(os.path.join(dump, "step0", "rank0"))}
+        view_out = ops["Tensor.view.0.forward"]["tensors"][-1]
+        read = ops["Tensor.__getitem__.0.forward"]["tensors"][0]
+        assert read["name"].endswith("input.0") and view_out["name"].endswith("output.0")
+        assert read.get("src") == view_out["id"], (level, read)

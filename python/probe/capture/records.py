@@ -286,8 +286,11 @@ class Dataflow:
         self._permuted = permuted
         # id(tensor) -> (weakref, id, version, what is known of it, storage, writes then)
         self._ids: dict[int, tuple[Any, int, int, Optional[Known], int, int]] = {}
-        # storage -> (weakref, id, version, writes to it then)
-        self._by_storage: dict[int, tuple[Any, int, int, int]] = {}
+        # storage -> the outputs captured over it, newest last: (weakref, id, version,
+        # writes to it then). Several, since the newest may die first: a module's
+        # ``x.reshape(...)`` freed while ``x`` lives on, read through an alias (a module's
+        # backward hook re-wraps its inputs), must still link to ``x`` (:meth:`source`).
+        self._by_storage: dict[int, list[tuple[Any, int, int, int]]] = {}
         # id(tensor) -> (weakref, version, what is known of it, storage, writes to it then)
         self._seen: dict[int, tuple[Any, int, Known, int, int]] = {}
         # storage -> captured in-place writes to it
@@ -423,9 +426,16 @@ class Dataflow:
         if mem is None:
             return None, same, None
         ptr = mem[1]
-        e2 = self._by_storage.get(ptr)
-        if e2 is not None and e2[0]() is not None and e2[2] == ver and writes.get(ptr, 0) == e2[3]:
-            return e2[1], same, mem
+        chain = self._by_storage.get(ptr)
+        if chain is not None:
+            w = writes.get(ptr, 0)
+            # The newest output still alive over this memory: one alive holds the storage,
+            # so its address cannot have been given to other memory meanwhile.
+            for e2 in reversed(chain):
+                if e2[0]() is not None:
+                    if e2[2] == ver and e2[3] == w:
+                        return e2[1], same, mem
+                    break
         return None, same, mem
 
     def find(self, t: torch.Tensor) -> tuple[Optional[Known], Optional[Memory]]:
@@ -538,7 +548,15 @@ class Dataflow:
         storage, ptr, key = mem
         w = self._writes.get(ptr, 0)
         self._ids[id(t)] = (ref, tid, ver, known, ptr, w)
-        self._by_storage[ptr] = (ref, tid, ver, w)
+        chain = self._by_storage.get(ptr)
+        if chain is None:
+            self._by_storage[ptr] = [(ref, tid, ver, w)]
+        elif chain[-1][0]() is t:  # written in place again (an optimizer's parameter)
+            chain[-1] = (ref, tid, ver, w)
+        else:
+            # (the dead let go, and at most BY_STORAGE_MAX kept)
+            chain[:] = [e for e in chain[1 - BY_STORAGE_MAX :] if e[0]() is not None]
+            chain.append((ref, tid, ver, w))
         if known is not None and key is not None:
             self._keep_layout(key, storage, ptr, ver, known, w)
         return tid
@@ -569,6 +587,9 @@ _WEAK_HANDLES = _weak is not None and _expired is not None and _free_weak is not
 
 #: The most allocations a step keeps marked as unwritten (``Dataflow.mark_unwritten``).
 FRESH_MAX = 1 << 14
+#: Outputs kept per storage for :meth:`Dataflow.source`: a storage read through several
+#: live views is rare past a handful.
+BY_STORAGE_MAX = 8
 
 #: Tensors of fewer elements are not looked up by the memory they read: their reductions
 #: cost about what the lookup would (~2 us).
