@@ -314,6 +314,18 @@ impl<'a> SideView<'a> {
     }
 }
 
+/// Whether two tensor records hold the same value by what they say: dtype, shape, and
+/// equal statistics or checksum (NaN statistics never equal). Without either, no.
+fn same_value(a: Tensor, b: Tensor) -> bool {
+    if a.dtype() != b.dtype() || a.shape() != b.shape() {
+        return false;
+    }
+    match (a.checksum(), b.checksum()) {
+        (Some(x), Some(y)) => x == y,
+        _ => a.stats().is_some_and(|x| b.stats() == Some(x)),
+    }
+}
+
 /// Whether both sides say which module each call was made in.
 fn has_modules(d: &RankDump) -> bool {
     d.ops.iter().any(|op| op.module().is_some())
@@ -518,11 +530,6 @@ fn align_group(
 /// An op list as `usize` indices.
 fn widen(ops: &[u32]) -> Vec<usize> {
     ops.iter().map(|&o| o as usize).collect()
-}
-
-/// An op list as `u32` indices (op store positions fit).
-fn narrow(ops: &[usize]) -> Vec<u32> {
-    ops.iter().map(|&o| o as u32).collect()
 }
 
 /// Builds the alignment of one unit, pass by pass (see the module doc).
@@ -849,8 +856,17 @@ impl<'a> Builder<'a> {
             // over them: no single backward record holds it, so it is not mirrored.
             let once = |s: Side, ops: &[usize], r: TensorRef| -> bool {
                 let v = self.side(s);
-                let Some(src) = v.ops().get(r.op()).tensor(r.tensor()).src() else {
-                    return true;
+                let t = v.ops().get(r.op()).tensor(r.tensor());
+                let Some(src) = t.src() else {
+                    // No link (a parameter, data from outside): its other reads are the
+                    // region's src-less inputs recorded as the same value (the 3-D weights
+                    // of an MoE's experts, indexed once per expert).
+                    return !ops.iter().any(|&o| {
+                        o != r.op()
+                            && v.ops().get(o).tensors().any(|x| {
+                                x.role() != Role::Output && x.src().is_none() && same_value(t, x)
+                            })
+                    });
                 };
                 let inside = v
                     .flow
@@ -875,32 +891,36 @@ impl<'a> Builder<'a> {
 
     /// The backward calls of forward regions: compared at the gradients of the region's
     /// boundary tensors (a forward input's gradient is its backward call's output in the
-    /// same slot, a forward output's gradient its backward call's input).
-    fn mirror(&mut self, bwd: Sides<Vec<u32>>) -> Sides<Vec<u32>> {
+    /// same slot, a forward output's gradient its backward call's input). `groups`: the
+    /// backward calls by group; a region's calls may lie in several (a module called inside
+    /// it). The calls taken are marked `Inside`; the rest are aligned like forward calls.
+    fn mirror(&mut self, groups: &[Sides<Vec<u32>>]) {
         if self.in_region.bench.is_empty() && self.in_region.cmp.is_empty() {
             // No forward region (identical code paths): no twin lookup per backward call.
-            return bwd;
+            return;
         }
-        let bwd = bwd.map(|ops| widen(&ops));
-        // Backward ops whose forward twin lies in a region: by region.
+        // Backward ops whose forward twin lies in a region: by region, in execution order.
         let mut members: BTreeMap<usize, Sides<Vec<usize>>> = BTreeMap::new();
-        let mut rest = Sides::new(Vec::new(), Vec::new());
-        for (s, ops) in [(Side::Bench, &bwd.bench), (Side::Cmp, &bwd.cmp)] {
-            for &o in ops {
-                let v = self.side(s);
-                let reg = v.twin(o).and_then(|f| match s {
-                    Side::Bench => self.in_region.bench.get(&f),
-                    Side::Cmp => self.in_region.cmp.get(&f),
-                });
-                match (reg, s) {
-                    (Some(&r), Side::Bench) => members.entry(r).or_default().bench.push(o),
-                    (Some(&r), Side::Cmp) => members.entry(r).or_default().cmp.push(o),
-                    (None, Side::Bench) => rest.bench.push(o),
-                    (None, Side::Cmp) => rest.cmp.push(o),
+        for g in groups {
+            for (s, ops) in [(Side::Bench, &g.bench), (Side::Cmp, &g.cmp)] {
+                for &o in ops {
+                    let o = o as usize;
+                    let v = self.side(s);
+                    let reg = v.twin(o).and_then(|f| match s {
+                        Side::Bench => self.in_region.bench.get(&f),
+                        Side::Cmp => self.in_region.cmp.get(&f),
+                    });
+                    match (reg, s) {
+                        (Some(&r), Side::Bench) => members.entry(r).or_default().bench.push(o),
+                        (Some(&r), Side::Cmp) => members.entry(r).or_default().cmp.push(o),
+                        (None, _) => {}
+                    }
                 }
             }
         }
-        for (r, ops) in members {
+        for (r, mut ops) in members {
+            ops.bench.sort_unstable();
+            ops.cmp.sort_unstable();
             let twin_of = |v: &SideView, list: &[usize]| -> HashMap<usize, usize> {
                 list.iter()
                     .filter_map(|&o| v.twin(o).map(|f| (f, o)))
@@ -938,12 +958,9 @@ impl<'a> Builder<'a> {
                 }
             }
             let Some(at) = at else {
-                rest.bench.extend(&ops.bench);
                 continue;
             };
             if pairs.is_empty() || ops.bench.is_empty() {
-                rest.bench.extend(&ops.bench);
-                rest.cmp.extend(&ops.cmp);
                 continue;
             }
             let by = self.regions[r].by;
@@ -965,9 +982,6 @@ impl<'a> Builder<'a> {
             self.mark(Side::Bench, &ops.bench, Why::Inside);
             self.mark(Side::Cmp, &ops.cmp, Why::Inside);
         }
-        rest.bench.sort_unstable();
-        rest.cmp.sort_unstable();
-        rest.map(|ops| narrow(&ops))
     }
 
     /// A stretch left on both sides that no region could be made of: other shapes for the
@@ -1060,10 +1074,17 @@ impl Aligner for StructuralAligner {
             }
             bld.regions_of(&gaps);
             let mut bwd_gaps = Vec::new();
-            for key in keys.iter().filter(|k| k.0 == Phase::Backward) {
-                // Calls whose forward twin is inside a region go to that region's
-                // backward; the rest is aligned like forward calls.
-                let rest = bld.mirror(take(key));
+            let bkeys: Vec<&GroupKey> = keys.iter().filter(|k| k.0 == Phase::Backward).collect();
+            let bwd: Vec<Sides<Vec<u32>>> = bkeys.iter().map(|k| take(k)).collect();
+            // Calls whose forward twin is inside a region go to that region's backward;
+            // the rest is aligned like forward calls.
+            bld.mirror(&bwd);
+            for (key, ops) in bkeys.into_iter().zip(bwd) {
+                let left = |ops: Vec<u32>, why: &[Why]| -> Vec<u32> {
+                    let keep = |o: &u32| why[*o as usize] != Why::Inside;
+                    ops.into_iter().filter(keep).collect()
+                };
+                let rest = Sides::new(left(ops.bench, &bld.why.bench), left(ops.cmp, &bld.why.cmp));
                 let g = align_group(&rest.bench, &rest.cmp, &bld.bv, &bld.cv, &mut scratch);
                 for (x, y) in g.pairs {
                     bld.pair_ops(x as usize, y as usize);
@@ -1081,6 +1102,80 @@ impl Aligner for StructuralAligner {
             regions,
         }
     }
+}
+
+/// The stretches to make regions of: each gap with calls left on both sides takes in the
+/// gaps of the modules called inside its module, on each side between the paired calls
+/// around it (`paired`: the paired ops of each side, sorted). The activation module an
+/// MoE's experts call once per expert on one side and once on the other: its calls belong
+/// to the experts' region, and alone they pair nothing. Outermost first; what a gap takes
+/// in is not a stretch of its own. In the gaps' order, op lists widened and in execution
+/// order.
+fn nest<'g>(
+    gaps: &'g [(GroupKey, Vec<u32>, Vec<u32>)],
+    paired: &Sides<Vec<u32>>,
+) -> Vec<(&'g GroupKey, Vec<usize>, Vec<usize>)> {
+    // The open interval between the paired ops before and after a stretch.
+    let span = |ops: &[u32], paired: &[u32]| {
+        let (lo, hi) = (*ops.iter().min()?, *ops.iter().max()?);
+        let before = paired.partition_point(|&p| p < lo).checked_sub(1);
+        let after = paired.get(paired.partition_point(|&p| p <= hi)).copied();
+        Some((before.map(|i| paired[i]), after))
+    };
+    let within = |ops: &[u32], s: Option<(Option<u32>, Option<u32>)>| match s {
+        Some((lo, hi)) => ops
+            .iter()
+            .all(|&o| lo.is_none_or(|lo| lo < o) && hi.is_none_or(|hi| o < hi)),
+        None => ops.is_empty(),
+    };
+    // By key: the modules called inside `m` are the keys from "m." up to "m/".
+    let mut by_key: Vec<usize> = (0..gaps.len()).collect();
+    by_key.sort_by(|&x, &y| gaps[x].0.cmp(&gaps[y].0));
+    let mut outermost = by_key.clone();
+    outermost.sort_by_key(|&i| gaps[i].0 .1.matches('.').count());
+    let mut into: Vec<Option<usize>> = vec![None; gaps.len()];
+    for &i in &outermost {
+        let ((phase, module), b, c) = &gaps[i];
+        if into[i].is_some() || b.is_empty() || c.is_empty() || module.is_empty() {
+            continue;
+        }
+        let (sb, sc) = (span(b, &paired.bench), span(c, &paired.cmp));
+        let (from, to) = (
+            (*phase, format!("{module}.")),
+            (*phase, format!("{module}/")),
+        );
+        let lo = by_key.partition_point(|&x| gaps[x].0 < from);
+        let hi = by_key.partition_point(|&x| gaps[x].0 < to);
+        for &j in &by_key[lo..hi] {
+            if into[j].is_none() && within(&gaps[j].1, sb) && within(&gaps[j].2, sc) {
+                into[j] = Some(i);
+            }
+        }
+    }
+    let mut out: Vec<(&GroupKey, Vec<usize>, Vec<usize>)> = Vec::new();
+    let mut at: Vec<usize> = vec![usize::MAX; gaps.len()];
+    for (i, (key, b, c)) in gaps.iter().enumerate() {
+        if into[i].is_none() {
+            at[i] = out.len();
+            out.push((key, widen(b), widen(c)));
+        }
+    }
+    let mut grown = vec![false; out.len()];
+    for (j, parent) in into.iter().enumerate() {
+        if let Some(p) = *parent {
+            let k = at[p];
+            out[k].1.extend(gaps[j].1.iter().map(|&o| o as usize));
+            out[k].2.extend(gaps[j].2.iter().map(|&o| o as usize));
+            grown[k] = true;
+        }
+    }
+    for (k, (_, b, c)) in out.iter_mut().enumerate() {
+        if grown[k] {
+            b.sort_unstable();
+            c.sort_unstable();
+        }
+    }
+    out
 }
 
 /// Whether a stretch lies between two paired ops (one before it, one after it, on both
@@ -1139,11 +1234,18 @@ impl Builder<'_> {
     /// Makes regions of the stretches left on both sides, or marks them left over.
     fn regions_of(&mut self, gaps: &[(GroupKey, Vec<u32>, Vec<u32>)]) {
         let bounds = Bounds::new(&self.op_pair);
-        for (key, b, c) in gaps {
+        let mut paired = Sides::new(Vec::new(), Vec::new());
+        for (c, b) in self.op_pair.iter().enumerate() {
+            if let Some(b) = *b {
+                paired.bench.push(b);
+                paired.cmp.push(c as u32);
+            }
+        }
+        paired.bench.sort_unstable();
+        for (key, b, c) in nest(gaps, &paired) {
             if b.is_empty() || c.is_empty() {
                 continue;
             }
-            let (b, c) = (widen(b), widen(c));
             let bounded = bounds.encloses(&b, &c);
             if !self.region(&key.1, &b, &c, bounded) {
                 self.leftover(&b, &c);
@@ -1246,7 +1348,7 @@ impl Builder<'_> {
 mod tests {
     use super::*;
     use crate::dtype::AnyDType;
-    use crate::dump::{Format, OpKey, OpRec, RankLoc, TensorRec};
+    use crate::dump::{Format, OpKey, OpRec, RankLoc, StatsFields, TensorRec};
 
     /// An op: key, module, (role, shape, id, src) per tensor.
     type T = (Role, &'static [usize], Option<u64>, Option<u64>);
@@ -1695,6 +1797,232 @@ mod tests {
             Some(Why::Unmatched)
         );
         assert!(!Why::Unhooked.missing());
+    }
+
+    #[test]
+    fn a_module_called_inside_a_region_is_part_of_it_forward_and_backward() {
+        // An MoE's experts: the bench indexes the 3-D weight once per expert and runs its
+        // activation module once per expert; the comparison run runs one grouped matmul
+        // and the activation once. The activation's calls belong to the experts' region
+        // (nothing is left over), its backward is the region's too, and the weight, read
+        // twice by the bench, has no single gradient there to compare.
+        const X: &[usize] = &[3, 4];
+        const Y: &[usize] = &[6, 4];
+        const W: &[usize] = &[2, 4, 4];
+        const E: &[usize] = &[4, 4];
+        let (i, o, ex, act) = (Role::Input, Role::Output, "moe.experts", "moe.experts.act");
+        let weight = |mut r: OpRec| {
+            let fields = StatsFields {
+                max: Some(1.0),
+                min: Some(-1.0),
+                mean: Some(0.5),
+                norm: Some(3.0),
+                nan: Some(0),
+                inf: Some(0),
+            };
+            r.tensors[0].stats = Some(fields.into());
+            r
+        };
+        let b = vec![
+            op(
+                "Functional.relu.0.forward",
+                "moe",
+                &[(i, X, None, None), (o, X, Some(1), None)],
+            ),
+            weight(op(
+                "Tensor.__getitem__.0.forward",
+                ex,
+                &[(i, W, None, None), (o, E, Some(10), None)],
+            )),
+            op(
+                "Functional.linear.0.forward",
+                ex,
+                &[
+                    (i, X, None, Some(1)),
+                    (i, E, None, Some(10)),
+                    (o, X, Some(11), None),
+                ],
+            ),
+            op(
+                "Functional.silu.0.forward",
+                act,
+                &[(i, X, None, Some(11)), (o, X, Some(12), None)],
+            ),
+            weight(op(
+                "Tensor.__getitem__.1.forward",
+                ex,
+                &[(i, W, None, None), (o, E, Some(13), None)],
+            )),
+            op(
+                "Functional.linear.1.forward",
+                ex,
+                &[
+                    (i, X, None, Some(1)),
+                    (i, E, None, Some(13)),
+                    (o, X, Some(14), None),
+                ],
+            ),
+            op(
+                "Functional.silu.1.forward",
+                act,
+                &[(i, X, None, Some(14)), (o, X, Some(15), None)],
+            ),
+            op(
+                "Torch.cat.0.forward",
+                ex,
+                &[
+                    (i, X, None, Some(12)),
+                    (i, X, None, Some(15)),
+                    (o, Y, Some(16), None),
+                ],
+            ),
+            op(
+                "Functional.relu.1.forward",
+                "moe",
+                &[(i, Y, None, Some(16)), (o, Y, Some(17), None)],
+            ),
+            unary("Functional.relu.1.backward", "moe", Y),
+            op(
+                "Torch.cat.0.backward",
+                ex,
+                &[(i, Y, None, None), (o, X, None, None), (o, X, None, None)],
+            ),
+            unary("Functional.silu.1.backward", act, X),
+            op(
+                "Functional.linear.1.backward",
+                ex,
+                &[(i, X, None, None), (o, X, None, None), (o, E, None, None)],
+            ),
+            op(
+                "Tensor.__getitem__.1.backward",
+                ex,
+                &[(i, E, None, None), (o, W, None, None)],
+            ),
+            unary("Functional.silu.0.backward", act, X),
+            op(
+                "Functional.linear.0.backward",
+                ex,
+                &[(i, X, None, None), (o, X, None, None), (o, E, None, None)],
+            ),
+            op(
+                "Tensor.__getitem__.0.backward",
+                ex,
+                &[(i, E, None, None), (o, W, None, None)],
+            ),
+            unary("Functional.relu.0.backward", "moe", X),
+        ];
+        let c = vec![
+            op(
+                "Functional.relu.0.forward",
+                "moe",
+                &[(i, X, None, None), (o, X, Some(1), None)],
+            ),
+            weight(op(
+                "Tensor.transpose.0.forward",
+                ex,
+                &[(i, W, None, None), (o, W, Some(10), None)],
+            )),
+            op(
+                "Tensor.repeat.0.forward",
+                ex,
+                &[(i, X, None, Some(1)), (o, Y, Some(11), None)],
+            ),
+            op(
+                "Functional.grouped_mm.0.forward",
+                ex,
+                &[
+                    (i, Y, None, Some(11)),
+                    (i, W, None, Some(10)),
+                    (o, Y, Some(12), None),
+                ],
+            ),
+            op(
+                "Functional.silu.0.forward",
+                act,
+                &[(i, Y, None, Some(12)), (o, Y, Some(13), None)],
+            ),
+            op(
+                "Functional.relu.1.forward",
+                "moe",
+                &[(i, Y, None, Some(13)), (o, Y, Some(14), None)],
+            ),
+            unary("Functional.relu.1.backward", "moe", Y),
+            unary("Functional.silu.0.backward", act, Y),
+            op(
+                "Functional.grouped_mm.0.backward",
+                ex,
+                &[(i, Y, None, None), (o, Y, None, None), (o, W, None, None)],
+            ),
+            op(
+                "Tensor.repeat.0.backward",
+                ex,
+                &[(i, Y, None, None), (o, X, None, None)],
+            ),
+            op(
+                "Tensor.transpose.0.backward",
+                ex,
+                &[(i, W, None, None), (o, W, None, None)],
+            ),
+            unary("Functional.relu.0.backward", "moe", X),
+        ];
+        let a = align(b, c, true);
+        let left: Vec<&str> = a
+            .unmatched
+            .iter()
+            .filter(|u| u.why != Why::Inside)
+            .map(|u| u.name.as_str())
+            .collect();
+        assert!(left.is_empty(), "{left:?}");
+        let p = pairs(&a);
+        let has = |b: &str, c: &str| p.iter().any(|(x, y, _)| x == b && y == c);
+        // Forward: what enters and what leaves the experts.
+        assert!(
+            has(
+                "Functional.linear.0.forward.input.0",
+                "Tensor.repeat.0.forward.input.0"
+            ),
+            "{p:?}"
+        );
+        assert!(
+            has(
+                "Tensor.__getitem__.0.forward.input.0",
+                "Tensor.transpose.0.forward.input.0"
+            ),
+            "{p:?}"
+        );
+        assert!(
+            has(
+                "Torch.cat.0.forward.output.0",
+                "Functional.silu.0.forward.output.0"
+            ),
+            "{p:?}"
+        );
+        // Backward: the gradient flowing in, across the activation module's backward.
+        assert!(
+            has(
+                "Torch.cat.0.backward.input.0",
+                "Functional.silu.0.backward.input.0"
+            ),
+            "{p:?}"
+        );
+        // Nothing stands for the weight's or the input's whole gradient on the bench.
+        assert!(
+            p.iter()
+                .all(|(x, y, _)| !x.contains("__getitem__") || !y.contains("backward")),
+            "{p:?}"
+        );
+        assert!(
+            p.iter()
+                .all(|(_, y, _)| !y.starts_with("Tensor.repeat.0.backward")),
+            "{p:?}"
+        );
+        assert_eq!(
+            a.regions.len(),
+            2,
+            "{:?}",
+            a.regions.iter().map(|r| &r.calls).collect::<Vec<_>>()
+        );
+        assert!(a.regions.iter().all(|r| r.module == ex));
     }
 
     #[test]

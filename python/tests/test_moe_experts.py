@@ -1,0 +1,151 @@
+"""A mixture-of-experts model whose two runs apply their experts differently, as ports do.
+
+``transformers`` gives its MoE models (Mixtral here: a small one from a config, random
+init, nothing downloaded) three implementations of the same experts: ``eager`` loops over
+the experts hit, indexing each one's tokens and its slice of the 3-D weights and calling
+the activation module once per expert; ``grouped_mm`` sorts the tokens by expert and runs
+one grouped matmul per projection; ``batched_mm`` gathers a weight per token and runs one
+``bmm``. A GPU run on grouped kernels against an NPU run on the loop (or on
+``npu_grouped_matmul``) is this case. The same weights give the same numbers, so compare
+must pass the runs, with the experts compared at their module's boundary and nothing left
+unmatched, and must name the experts when one run's activation is faulty.
+
+Found by running it: the activation module's calls (once per expert on one side, once on
+the other) were left over, the weights' gradients were compared against the last expert's
+share, and at mix level the experts' input had lost its link to its producer.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from typing import Any
+
+import pytest
+
+from conftest import REPO, probe_bin
+
+pytest.importorskip("transformers")
+
+SCRIPT = """
+import sys
+import torch
+import torch.nn.functional as F
+import probe
+import transformers
+
+dump, impl, level, fault = sys.argv[1], sys.argv[2], sys.argv[3], sys.argv[4] == "1"
+if not hasattr(transformers, "MixtralConfig") or not hasattr(
+    transformers.PreTrainedModel, "set_experts_implementation"
+):
+    sys.exit(3)  # a transformers without selectable experts implementations
+if fault:  # the first activation of each step (layer 0's experts), 5 % too large
+    silu, calls = F.silu, [0]
+
+    def faulty(x, inplace=False):
+        calls[0] += 1
+        y = silu(x, inplace=inplace)
+        return y * 1.05 if calls[0] % 2 == 1 else y
+
+    F.silu = faulty
+probe.seed_all(0)
+cfg = transformers.MixtralConfig(
+    vocab_size=128, hidden_size=64, intermediate_size=96, num_hidden_layers=2,
+    num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=64,
+    num_local_experts=4, num_experts_per_tok=2,
+)
+model = transformers.MixtralForCausalLM(cfg)
+model.set_experts_implementation(impl)
+opt = torch.optim.AdamW(model.parameters(), lr=1e-3)
+ids = torch.randint(0, 128, (2, 16), generator=torch.Generator().manual_seed(1))
+dbg = probe.Debugger(None, dump_path=dump, level=level, mode="statistics")
+for step in range(2):
+    dbg.start(model)
+    out = model(input_ids=ids, labels=ids)
+    out.loss.backward()
+    opt.step()
+    opt.zero_grad()
+    dbg.stop()
+    dbg.step()
+"""
+
+
+def _run(dump: str, impl: str, level: str = "mix", fault: bool = False) -> None:
+    env = dict(os.environ, PYTHONPATH=os.path.join(REPO, "python"))
+    r = subprocess.run(
+        [sys.executable, "-c", SCRIPT, dump, impl, level, "1" if fault else "0"],
+        capture_output=True,
+        text=True,
+        timeout=300,
+        env=env,
+    )
+    if r.returncode == 3:
+        pytest.skip("this transformers has no selectable experts implementations")
+    assert r.returncode == 0, r.stderr[-4000:]
+
+
+def _compare(bench: str, cmp_: str, out: str) -> tuple[int, dict[str, Any]]:
+    r = subprocess.run(
+        [probe_bin(), "compare", "-q", "-b", bench, "-c", cmp_, "-o", out, "--format", "json"],
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    assert r.returncode in (0, 1), r.stderr
+    with open(os.path.join(out, "summary.json")) as fh:
+        return r.returncode, json.load(fh)
+
+
+@pytest.fixture(scope="module")
+def runs(tmp_path_factory: pytest.TempPathFactory) -> dict[str, str]:
+    probe_bin()  # skip before the runs when there is no binary
+    root = tmp_path_factory.mktemp("mixtral")
+    out: dict[str, str] = {}
+    for name, impl, level, fault in (
+        ("eager", "eager", "mix", False),
+        ("grouped_mm", "grouped_mm", "mix", False),
+        ("batched_mm", "batched_mm", "mix", False),
+        ("grouped_fault", "grouped_mm", "mix", True),
+        ("eager_api", "eager", "api", False),
+        ("grouped_api", "grouped_mm", "api", False),
+    ):
+        out[name] = str(root / name)
+        _run(out[name], impl, level, fault)
+    return out
+
+
+def _agree(s: dict[str, Any]) -> None:
+    c = s["counts"]
+    assert c["error"] == 0 and c["warning"] == 0, s["headline"]
+    assert c["unmatched_bench"] == 0 and c["unmatched_cmp"] == 0, s["headline"]
+    assert c["matched_by"]["module"] > 0, c
+    assert s["first_divergent"] == {"forward": None, "backward": None}, s["headline"]
+    for layer in (0, 1):
+        assert f"inside `model.layers.{layer}.mlp.experts`" in s["headline"], s["headline"]
+
+
+@pytest.mark.parametrize("impl", ["grouped_mm", "batched_mm"])
+def test_other_experts_implementations_agree(runs: dict[str, str], tmp_path: Any, impl: str) -> None:
+    code, s = _compare(runs["eager"], runs[impl], str(tmp_path / "out"))
+    assert code == 0, s["headline"]
+    _agree(s)
+
+
+def test_they_agree_at_api_level_too(runs: dict[str, str], tmp_path: Any) -> None:
+    code, s = _compare(runs["eager_api"], runs["grouped_api"], str(tmp_path / "out"))
+    assert code == 0, s["headline"]
+    _agree(s)
+
+
+def test_a_fault_in_the_grouped_experts_is_named(runs: dict[str, str], tmp_path: Any) -> None:
+    code, s = _compare(runs["eager"], runs["grouped_fault"], str(tmp_path / "out"))
+    assert code == 1, s["headline"]
+    assert s["headline"].startswith(
+        "DIVERGENCE: code paths differ inside `model.layers.0.mlp.experts`"
+    ), s["headline"]
+    assert "first divergent region" in s["headline"], s["headline"]
+    first = s["first_divergent"]["forward"]
+    assert first is not None and first["step"] == "step0", s["first_divergent"]
+    assert "local to this op" in first["explanation"], first
