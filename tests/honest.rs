@@ -3,6 +3,7 @@
 
 mod common;
 use common::*;
+use probe::schema::dump::OpRecord;
 use std::path::Path;
 
 /// One op: inputs 0 and 1, output 0, as (slot, role, values).
@@ -884,6 +885,10 @@ fn a_sum_that_cancels_carries_its_inputs_error_not_its_own() {
 /// `softmax` of `scores` into `p`, then `max(p, -1)`: its values (`output.0`) and the
 /// index of each row's maximum (`output.1`, int64), as an MoE router picks an expert.
 fn router(dir: &Path, scores: &[[f32; 2]; 4], picked: &[f32; 4], values_scale: f32) {
+    write_op_log(dir, router_ops(scores, picked, values_scale));
+}
+
+fn router_ops(scores: &[[f32; 2]; 4], picked: &[f32; 4], values_scale: f32) -> Vec<OpRecord> {
     let p: Vec<f32> = scores
         .iter()
         .flat_map(|r| {
@@ -914,7 +919,61 @@ fn router(dir: &Path, scores: &[[f32; 2]; 4], picked: &[f32; 4], values_scale: f
     );
     max.tensors[0].src = Some(1);
     max.tensors[2].dtype = "int64".into();
-    write_op_log(dir, vec![soft, max]);
+    vec![soft, max]
+}
+
+#[test]
+fn what_a_near_tie_reroutes_is_not_a_culprit_where_statistics_cannot_see_it() {
+    // After the router's near tie, each row's choice as a one-hot mask, then the tokens per
+    // expert. The masks hold as many ones on both sides (equal statistics: statistics
+    // cannot see which rows), the counts differ (2, 2 against 3, 1): the sum looked like a
+    // faulty kernel fed equal inputs. It is what the tie rerouted.
+    let bench = [[1.0, 0.0], [0.2, 0.9], [0.5, 0.5000005], [2.0, 1.0]];
+    let cmp = bench.map(|r| [r[0] + 1e-6, r[1]]);
+    let d = tempfile::tempdir().unwrap();
+    for (side, picked) in [
+        ("bench", [0.0, 1.0, 1.0, 0.0]),
+        ("cmp", [0.0, 1.0, 0.0, 0.0]),
+    ] {
+        let mut ops = router_ops(if side == "bench" { &bench } else { &cmp }, &picked, 1.0);
+        ops[1].tensors[2].id = Some(2);
+        let mask: Vec<f32> = picked
+            .iter()
+            .flat_map(|&e| [f32::from(e == 0.0), f32::from(e == 1.0)])
+            .collect();
+        let counts: Vec<f32> = (0..2)
+            .map(|e| mask.iter().skip(e).step_by(2).sum())
+            .collect();
+        let mut one_hot = op_record(
+            "Functional.one_hot.0.forward",
+            &[
+                ("input.0", "input", picked.to_vec()),
+                ("output.0", "output", mask.clone()),
+            ],
+        );
+        one_hot.tensors[0].src = Some(2);
+        one_hot.tensors[1].id = Some(3);
+        let mut sum = op_record(
+            "Tensor.sum.0.forward",
+            &[("input.0", "input", mask), ("output.0", "output", counts)],
+        );
+        sum.tensors[0].src = Some(3);
+        for t in one_hot.tensors.iter_mut().chain(sum.tensors.iter_mut()) {
+            t.dtype = "int64".into();
+        }
+        ops.extend([one_hot, sum]);
+        write_op_log(&d.path().join(side), ops);
+    }
+    let o = compare(d.path(), &[]);
+    assert_eq!(o.code, 1, "{}{}", o.stdout, o.stderr);
+    let s = summary(d.path());
+    assert_eq!(
+        s["near_tie"]["forward"]["op"], "Tensor.max.0.forward",
+        "{s}"
+    );
+    assert!(s["first_divergent"]["forward"].is_null(), "{s}");
+    let h = s["headline"].as_str().unwrap();
+    assert!(h.starts_with("DIVERGENCE from a near tie"), "{h}");
 }
 
 #[test]
