@@ -188,11 +188,6 @@ def culprits(c: Compared) -> dict[str, Optional[str]]:
     return {d: (fd[d] or {}).get("op") for d in ("forward", "backward")}
 
 
-def tensors_per_side(c: Compared) -> tuple[int, int]:
-    n = c.counts
-    return n["tensors"] + n["unmatched_bench"], n["tensors"] + n["unmatched_cmp"]
-
-
 def _out(tmp_path: Any, name: str = "out") -> str:
     return str(tmp_path / name)
 
@@ -313,14 +308,13 @@ def test_identical_runs_are_all_exact(runs: Runs, tmp_path: Any) -> None:
 def test_bf16_autocast_vs_fp32_pairs_without_shape_mismatch(runs: Runs, tmp_path: Any) -> None:
     """bf16 autocast against fp32, no fault, two steps: the verdict is the tolerances' to
     decide (exit 0 or 1), but no finding may rest on a mis-pairing (a shape mismatch), and
-    at most 5 % of either side's tensors stay unpaired."""
+    every tensor is paired. A cast that is an identity in float32 (``x.float()`` on float)
+    and a copy in bfloat16 records its gradient both ways, so its backward pairs too."""
     bench, cmp_ = runs.get("fp32_2steps", "bf16_2steps")
     c = compare(bench, cmp_, _out(tmp_path))
     assert c.code in (EXIT_PASS, EXIT_DIVERGENCE), c.show()
     assert not shape_mismatches(c), f"{shape_mismatches(c)}\n{c.show()}"
-    nb, nc = tensors_per_side(c)
-    assert c.counts["unmatched_bench"] <= 0.05 * nb, c.show()
-    assert c.counts["unmatched_cmp"] <= 0.05 * nc, c.show()
+    assert c.counts["unmatched_bench"] == c.counts["unmatched_cmp"] == 0, c.show()
 
 
 def test_bf16_autocast_with_a_fault_names_the_faulted_op(runs: Runs, tmp_path: Any) -> None:

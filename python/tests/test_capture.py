@@ -1269,10 +1269,12 @@ def test_gradient_clipping_norms_are_recorded(tmp_path: Any) -> None:
     ops = {o["op"]: o for o in read_ops(os.path.join(tmp_path, "step0", "rank0"))}
     grads = [p for p in model.parameters() if p.grad is not None]
     norms = ops["Torch._foreach_norm.0.forward"]["tensors"]
-    assert [t["name"].split(".forward.")[1] for t in norms] == [f"input.0.{i}" for i in range(len(grads))] + [
-        f"output.{i}" for i in range(len(grads))
+    assert [t["name"].split(".forward.")[1] for t in norms] == [
+        f"input.0.{i}" for i in range(len(grads))
+    ] + [f"output.{i}" for i in range(len(grads))]
+    (out,) = [
+        t for t in ops["Torch.linalg.vector_norm.0.forward"]["tensors"] if t["role"] == "output"
     ]
-    (out,) = [t for t in ops["Torch.linalg.vector_norm.0.forward"]["tensors"] if t["role"] == "output"]
     # The total norm clip_grad_norm_ returned, before it scaled the gradients.
     assert math.isclose(out["stats"]["max"], float(total), rel_tol=1e-6)
 
@@ -1300,7 +1302,9 @@ def test_gradients_unscaled_by_amp_are_recorded_unscaled(tmp_path: Any) -> None:
     (grad,) = [t for t in ops["Tensor.lerp_.0.forward"]["tensors"] if t["name"].endswith("input.1")]
     first = next(model.parameters())
     assert first.grad is not None
-    assert math.isclose(grad["stats"]["norm"], float(first.grad.double().norm()), rel_tol=1e-6), grad
+    assert math.isclose(grad["stats"]["norm"], float(first.grad.double().norm()), rel_tol=1e-6), (
+        grad
+    )
 
 
 def test_printing_a_tensor_or_a_state_dict_leaves_no_records(tmp_path: Any) -> None:
@@ -1326,11 +1330,15 @@ def test_printing_a_tensor_or_a_state_dict_leaves_no_records(tmp_path: Any) -> N
         dbg.step()
         dbg.close()
         dumps.append([o["op"] for o in read_ops(os.path.join(dump, "step0", "rank0"))])
-    assert dumps[0] == dumps[1] == [
-        "Torch.tanh.0.forward",
-        "Tensor.__mul__.0.forward",
-        "Tensor.sum.0.forward",
-    ], dumps
+    assert (
+        dumps[0]
+        == dumps[1]
+        == [
+            "Torch.tanh.0.forward",
+            "Tensor.__mul__.0.forward",
+            "Tensor.sum.0.forward",
+        ]
+    ), dumps
 
 
 @pytest.mark.parametrize("mode", ["statistics", "tensor", "overflow"])
@@ -1549,7 +1557,8 @@ def test_a_module_fed_memory_nothing_wrote_records_it_as_unwritten(tmp_path: Any
     dbg.close()
     ops = _by_op(os.path.join(tmp_path, "step0", "rank0"))
     first, second = (
-        {k.split(".", 1)[1]: t for k, t in ops[f"Module.0.Linear.forward.{i}"].items()} for i in (0, 1)
+        {k.split(".", 1)[1]: t for k, t in ops[f"Module.0.Linear.forward.{i}"].items()}
+        for i in (0, 1)
     )
     assert first["input.0"].get("unwritten") and first["input.0"]["stats"] is None, first
     assert not first["output.0"].get("unwritten") and first["output.0"]["stats"], first
@@ -1633,3 +1642,35 @@ def test_an_input_a_module_rewraps_links_to_its_producer_when_a_view_of_it_died(
         read = ops["Tensor.__getitem__.0.forward"]["tensors"][0]
         assert read["name"].endswith("input.0") and view_out["name"].endswith("output.0")
         assert read.get("src") == view_out["id"], (level, read)
+
+
+def test_an_identity_ops_backward_record_has_both_gradients(tmp_path: Any) -> None:
+    """``x.float()`` on a float32 ``x`` returns ``x`` itself; under bfloat16 autocast the same
+    call copies. The agent hands the identity its input back (not the autograd alias that
+    was to bring the input's gradient), so its backward record had the output's gradient
+    only, was written at ``stop()``, and the two runs' casts did not pair in the backward.
+    Through an identity the input's gradient is the output's: it is recorded as such, and
+    the record is complete when the gradient comes."""
+    torch.manual_seed(0)
+    lin = torch.nn.Linear(4, 4)
+    x = torch.randn(3, 4)
+    dbg = probe.Debugger(None, dump_path=str(tmp_path), level="api")
+    dbg.start()
+    y = lin(x).float()
+    (y * y).sum().backward()
+    dbg.stop()
+    dbg.step()
+    dbg.close()
+    ops = read_ops(os.path.join(tmp_path, "step0", "rank0"))
+    keys = _keys(ops)
+    bwd = ops[keys.index("Tensor.float.0.backward")]
+    grads = {
+        t["name"].rsplit(".", 2)[-2] + "." + t["name"].rsplit(".", 1)[-1]: t for t in bwd["tensors"]
+    }
+    assert set(grads) == {"input.0", "output.0"}, bwd
+    want = (2 * lin(x)).detach().double()
+    for t in grads.values():
+        assert t["dtype"] == "float32" and t["shape"] == [3, 4]
+        assert math.isclose(t["stats"]["norm"], float(want.norm()), rel_tol=1e-6), t
+    # Written in the backward's order: before the linear's backward record, not at stop().
+    assert keys.index("Tensor.float.0.backward") < keys.index("Functional.linear.0.backward"), keys

@@ -526,7 +526,7 @@ _Pending = tuple[
     OpRecord,
     Optional[OpRecord],
     Optional[tuple[tuple[Any, ...], dict[str, Any]]],
-    dict[int, torch.Tensor],
+    dict[int, tuple[torch.Tensor, str]],
     Inplace,
     bool,
 ]
@@ -936,7 +936,7 @@ class ApiCapture:
             key = f"{fwd.key.rpartition('.')[0]}.backward"
             bwd = OpRecord(key, "api", "backward", fwd.module, fwd.folder)
             bwd.stack = fwd.stack
-        aliases: dict[int, torch.Tensor] = {}
+        aliases: dict[int, tuple[torch.Tensor, str]] = {}  # id(alias) -> (input, its slot)
         made: dict[int, torch.Tensor] = {}  # id(input) -> its alias
         # Overflow mode records inputs only once the op is known to have overflowed.
         want_fwd_in = forward and self._inputs and not dbg._overflow
@@ -964,7 +964,7 @@ class ApiCapture:
                 alias = made.get(id(t))
                 if alias is None:
                     alias = made[id(t)] = alias_of(t)
-                    aliases[id(alias)] = t
+                    aliases[id(alias)] = (t, name)
                     watch(bwd, alias.grad_fn, 0, f"{bkey}.output{name[5:]}", "output")
                 return alias
             return t
@@ -1010,8 +1010,9 @@ class ApiCapture:
         flow = self._flow if dbg._dataflow else None
         if flow is not None:
             self._note_writes(inplace, args, kwargs)
+        ident = None  # the input slot an identity op returns
         if aliases and isinstance(out, torch.Tensor) and id(out) in aliases:
-            out = aliases[id(out)]  # identity ops (x.float() on float) return their input
+            out, ident = aliases[id(out)]  # identity ops (x.float() on float) return their input
         result = out
         out = _result_of(out, inplace, args, kwargs)
         want_out = forward and self._outputs and not dbg._overflow
@@ -1027,6 +1028,15 @@ class ApiCapture:
                 if grads_in and t.requires_grad and t.grad_fn is not None:
                     assert bwd is not None
                     watch(bwd, t.grad_fn, t.output_nr, f"{bkey}.input{name[6:]}", "input")
+        if ident is not None and bwd is not None and result.grad_fn is not None:
+            # The op returned its input, not the alias whose gradient was to reach the
+            # record: that one never comes. The input's gradient through an identity is
+            # its output's, so it is taken there, as a cast that copies would give it (a
+            # float32 run's x.float() against a bfloat16 run's then pair call for call).
+            bwd.expect -= 1
+            self._backward.watch(
+                bwd, result.grad_fn, result.output_nr, f"{bwd.key}.output{ident[5:]}", "output"
+            )
         if dbg._overflow:
             fwd.call_out = out
         if forward:
