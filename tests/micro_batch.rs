@@ -81,3 +81,53 @@ fn the_same_passes_or_an_inexact_ratio_are_not_micro_batching() {
     assert!(s["pairs"][0].get("micro_batches").is_none(), "{s}");
     assert!(!s["headline"].as_str().unwrap().contains("micro-batches"));
 }
+
+#[test]
+fn an_expert_loop_against_one_grouped_call_is_not_micro_batching() {
+    // The same model around an MoE layer on both sides: an embedding, a norm and an
+    // output projection on 8 rows. Inside, the bench runs its 4 experts one by one on 2
+    // rows each (a balanced router), the comparison one grouped call on all 8: the experts'
+    // GELU is called 4x as often on inputs 4x smaller, as micro-batches would be, but
+    // everything else reads the same sizes.
+    let around = |experts: Vec<OpRecord>| -> Vec<OpRecord> {
+        let x: Vec<f32> = (0..16).map(|v| v as f32 / 10.0).collect();
+        let mut ops = vec![
+            op_record(
+                "Functional.embedding.0.forward",
+                &[("input.0", "input", x.clone())],
+            ),
+            op_record(
+                "Functional.layer_norm.0.forward",
+                &[("input.0", "input", x.clone())],
+            ),
+        ];
+        ops.extend(experts);
+        ops.push(op_record(
+            "Functional.linear.0.forward",
+            &[("input.0", "input", x.clone())],
+        ));
+        ops.push(op_record(
+            "Functional.cross_entropy.0.forward",
+            &[("input.0", "input", x)],
+        ));
+        ops
+    };
+    let gelu = |i: usize, rows: usize| {
+        let x: Vec<f32> = (0..rows * 2).map(|v| v as f32 / 10.0).collect();
+        op_record(
+            &format!("Functional.gelu.{i}.forward"),
+            &[("input.0", "input", x.clone()), ("output.0", "output", x)],
+        )
+    };
+    let d = tempfile::tempdir().unwrap();
+    let s = pair(
+        d.path(),
+        around((0..4).map(|i| gelu(i, 2)).collect()),
+        around(vec![gelu(0, 8)]),
+    );
+    assert!(s["pairs"][0].get("micro_batches").is_none(), "{s}");
+    assert!(
+        !s["headline"].as_str().unwrap().contains("micro-batches"),
+        "{s}"
+    );
+}

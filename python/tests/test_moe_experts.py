@@ -1,7 +1,8 @@
 """A mixture-of-experts model whose two runs apply their experts differently, as ports do.
 
-``transformers`` gives its MoE models (Mixtral here: a small one from a config, random
-init, nothing downloaded) three implementations of the same experts: ``eager`` loops over
+``transformers`` gives its MoE models (Mixtral and DeepSeek-V3 here: small ones from a
+config, random init, nothing downloaded) three implementations of the same experts:
+``eager`` loops over
 the experts hit, indexing each one's tokens and its slice of the 3-D weights and calling
 the activation module once per expert; ``grouped_mm`` sorts the tokens by expert and runs
 one grouped matmul per projection; ``batched_mm`` gathers a weight per token and runs one
@@ -12,7 +13,8 @@ unmatched, and must name the experts when one run's activation is faulty.
 
 Found by running it: the activation module's calls (once per expert on one side, once on
 the other) were left over, the weights' gradients were compared against the last expert's
-share, and at mix level the experts' input had lost its link to its producer.
+share, at mix level the experts' input had lost its link to its producer, and a balanced
+router's even shares read as micro-batches.
 """
 
 from __future__ import annotations
@@ -37,9 +39,8 @@ import probe
 import transformers
 
 dump, impl, level, fault = sys.argv[1], sys.argv[2], sys.argv[3], sys.argv[4] == "1"
-if not hasattr(transformers, "MixtralConfig") or not hasattr(
-    transformers.PreTrainedModel, "set_experts_implementation"
-):
+arch = sys.argv[5]
+if not hasattr(transformers.PreTrainedModel, "set_experts_implementation"):
     sys.exit(3)  # a transformers without selectable experts implementations
 if fault:  # the first activation of each step (layer 0's experts), 5 % too large
     silu, calls = F.silu, [0]
@@ -51,12 +52,27 @@ if fault:  # the first activation of each step (layer 0's experts), 5 % too larg
 
     F.silu = faulty
 probe.seed_all(0)
-cfg = transformers.MixtralConfig(
+common = dict(
     vocab_size=128, hidden_size=64, intermediate_size=96, num_hidden_layers=2,
     num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=64,
-    num_local_experts=4, num_experts_per_tok=2,
+    num_experts_per_tok=2,
 )
-model = transformers.MixtralForCausalLM(cfg)
+try:
+    if arch == "mixtral":
+        model = transformers.MixtralForCausalLM(
+            transformers.MixtralConfig(num_local_experts=4, **common)
+        )
+    else:  # DeepSeek-V3: a dense first layer, a shared expert, grouped top-k routing
+        model = transformers.DeepseekV3ForCausalLM(
+            transformers.DeepseekV3Config(
+                moe_intermediate_size=48, n_routed_experts=4, n_shared_experts=1,
+                first_k_dense_replace=1, n_group=2, topk_group=1, q_lora_rank=32,
+                kv_lora_rank=16, qk_rope_head_dim=8, qk_nope_head_dim=8, v_head_dim=16,
+                **common,
+            )
+        )
+except (AttributeError, TypeError, ValueError):
+    sys.exit(3)  # this transformers has no such model or configuration
 model.set_experts_implementation(impl)
 opt = torch.optim.AdamW(model.parameters(), lr=1e-3)
 ids = torch.randint(0, 128, (2, 16), generator=torch.Generator().manual_seed(1))
@@ -72,10 +88,10 @@ for step in range(2):
 """
 
 
-def _run(dump: str, impl: str, level: str = "mix", fault: bool = False) -> None:
+def _run(dump: str, impl: str, level: str, fault: bool, arch: str) -> None:
     env = dict(os.environ, PYTHONPATH=os.path.join(REPO, "python"))
     r = subprocess.run(
-        [sys.executable, "-c", SCRIPT, dump, impl, level, "1" if fault else "0"],
+        [sys.executable, "-c", SCRIPT, dump, impl, level, "1" if fault else "0", arch],
         capture_output=True,
         text=True,
         timeout=300,
@@ -103,34 +119,50 @@ def runs(tmp_path_factory: pytest.TempPathFactory) -> dict[str, str]:
     probe_bin()  # skip before the runs when there is no binary
     root = tmp_path_factory.mktemp("mixtral")
     out: dict[str, str] = {}
-    for name, impl, level, fault in (
-        ("eager", "eager", "mix", False),
-        ("grouped_mm", "grouped_mm", "mix", False),
-        ("batched_mm", "batched_mm", "mix", False),
-        ("grouped_fault", "grouped_mm", "mix", True),
-        ("eager_api", "eager", "api", False),
-        ("grouped_api", "grouped_mm", "api", False),
+    for name, impl, level, fault, arch in (
+        ("eager", "eager", "mix", False, "mixtral"),
+        ("grouped_mm", "grouped_mm", "mix", False, "mixtral"),
+        ("batched_mm", "batched_mm", "mix", False, "mixtral"),
+        ("grouped_fault", "grouped_mm", "mix", True, "mixtral"),
+        ("eager_api", "eager", "api", False, "mixtral"),
+        ("grouped_api", "grouped_mm", "api", False, "mixtral"),
+        ("deepseek_eager", "eager", "mix", False, "deepseek"),
+        ("deepseek_grouped_mm", "grouped_mm", "mix", False, "deepseek"),
     ):
         out[name] = str(root / name)
-        _run(out[name], impl, level, fault)
+        _run(out[name], impl, level, fault, arch)
     return out
 
 
-def _agree(s: dict[str, Any]) -> None:
+def _agree(s: dict[str, Any], layers: tuple[int, ...] = (0, 1)) -> None:
     c = s["counts"]
     assert c["error"] == 0 and c["warning"] == 0, s["headline"]
     assert c["unmatched_bench"] == 0 and c["unmatched_cmp"] == 0, s["headline"]
     assert c["matched_by"]["module"] > 0, c
     assert s["first_divergent"] == {"forward": None, "backward": None}, s["headline"]
-    for layer in (0, 1):
+    for layer in layers:
         assert f"inside `model.layers.{layer}.mlp.experts`" in s["headline"], s["headline"]
+    # Experts looping over a balanced router's shares are no micro-batches.
+    assert "micro-batches" not in s["headline"], s["headline"]
+    assert all("micro_batches" not in p for p in s["pairs"]), s["pairs"]
 
 
 @pytest.mark.parametrize("impl", ["grouped_mm", "batched_mm"])
-def test_other_experts_implementations_agree(runs: dict[str, str], tmp_path: Any, impl: str) -> None:
+def test_other_experts_implementations_agree(
+    runs: dict[str, str], tmp_path: Any, impl: str
+) -> None:
     code, s = _compare(runs["eager"], runs[impl], str(tmp_path / "out"))
     assert code == 0, s["headline"]
     _agree(s)
+
+
+def test_deepseek_v3_experts_agree(runs: dict[str, str], tmp_path: Any) -> None:
+    """A dense first layer, a shared expert beside the routed ones, and grouped top-k
+    routing. Its router spreads step 1's tokens evenly (16 a routed expert): the eager loop
+    then calls each op 4 times on a quarter of the grouped call's input."""
+    code, s = _compare(runs["deepseek_eager"], runs["deepseek_grouped_mm"], str(tmp_path / "out"))
+    assert code == 0, s["headline"]
+    _agree(s, layers=(1,))
 
 
 def test_they_agree_at_api_level_too(runs: dict[str, str], tmp_path: Any) -> None:

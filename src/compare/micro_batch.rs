@@ -48,7 +48,14 @@ impl MicroBatches {
 /// A step's forward API calls (not recomputed), in order: their API and their first
 /// input's element count.
 fn forward_calls(ops: &Ops) -> impl Iterator<Item = (&str, usize)> {
+    let end = ops.len();
+    forward_calls_before(ops, end)
+}
+
+/// The same, among the first `end` ops.
+fn forward_calls_before(ops: &Ops, end: usize) -> impl Iterator<Item = (&str, usize)> {
     ops.iter()
+        .take(end)
         .filter(|op| {
             op.kind() == OpKind::Api && op.direction() == Direction::Forward && !op.recompute()
         })
@@ -59,6 +66,9 @@ fn forward_calls(ops: &Ops) -> impl Iterator<Item = (&str, usize)> {
 /// told by is the first, in the benchmark's order, whose first call reads inputs of another
 /// size on the two sides (calls before it, such as splitting the batch, read the same).
 pub fn detect(dumps: &Sides<RankDump>) -> Option<MicroBatches> {
+    if !whole_pass_differs(dumps) {
+        return None;
+    }
     let mut first_cmp: HashMap<&str, usize> = HashMap::new();
     for (api, n) in forward_calls(&dumps.cmp.ops) {
         first_cmp.entry(api).or_insert(n);
@@ -90,4 +100,31 @@ pub fn detect(dumps: &Sides<RankDump>) -> Option<MicroBatches> {
         cmp,
         at: api.to_string(),
     })
+}
+
+/// Whether, in the first forward pass (the ops before the first backward record), at least
+/// half the APIs both sides call read inputs of other sizes on the two sides at their first
+/// call. A micro-batch is the whole forward again; where most APIs read the same sizes, one
+/// module loops where the other runs once (an MoE's experts, each on its share of the
+/// tokens: four experts on 16 tokens each against one grouped call on 64 looked like four
+/// micro-batches).
+fn whole_pass_differs(dumps: &Sides<RankDump>) -> bool {
+    fn first(ops: &Ops) -> HashMap<&str, usize> {
+        let end = ops
+            .iter()
+            .position(|op| op.direction() == Direction::Backward)
+            .unwrap_or(ops.len());
+        let mut m = HashMap::new();
+        for (api, n) in forward_calls_before(ops, end) {
+            m.entry(api).or_insert(n);
+        }
+        m
+    }
+    let (b, c) = (first(&dumps.bench.ops), first(&dumps.cmp.ops));
+    let both: Vec<(usize, usize)> = b
+        .iter()
+        .filter_map(|(api, &nb)| Some((nb, *c.get(api)?)))
+        .collect();
+    let differ = both.iter().filter(|(nb, nc)| nb != nc).count();
+    2 * differ >= both.len()
 }
