@@ -20,7 +20,8 @@ The replicated parameters' gradients are averaged with an ``all_reduce`` each.
 ``--port`` changes what rank ``--port-rank`` runs, as a port that differs in one expert
 would: ``scaled-expert`` scales its experts' outputs by ``1 + --port-rel`` with an extra
 multiply (a call the other run does not make); ``tanh-gelu`` runs its experts' GELU
-with ``approximate="tanh"`` (the same call with another argument). ``--dtype bfloat16`` runs
+with ``approximate="tanh"`` (the same call with another argument); ``grouped`` applies its
+experts in batched matmuls instead of calling each expert module (the same numbers). ``--dtype bfloat16`` runs
 the forward under autocast, as a port to bfloat16 would.
 """
 
@@ -105,19 +106,40 @@ class MoE(nn.Module):
         start = 0
         per = recv_counts.view(self.world, self.local).tolist()
         approximate = "tanh" if self.port == "tanh-gelu" else "none"
-        for src in range(self.world):
-            for e in range(self.local):
-                n = per[src][e]
-                y = self.experts[e](arrived[start : start + n], approximate)
-                if self.port == "scaled-expert":
-                    y = y * (1 + self.port_rel)
-                outs.append(y)
-                start += n
-        done = torch.cat(outs)
+        if self.port == "grouped":
+            done = self.grouped(arrived, per)
+        else:
+            for src in range(self.world):
+                for e in range(self.local):
+                    n = per[src][e]
+                    y = self.experts[e](arrived[start : start + n], approximate)
+                    if self.port == "scaled-expert":
+                        y = y * (1 + self.port_rel)
+                    outs.append(y)
+                    start += n
+            done = torch.cat(outs)
         back = AllToAll.apply(done, send, recv)
         out = torch.empty_like(back)
         out[order] = back
         return out * weight.unsqueeze(-1)
+
+    def grouped(self, arrived: torch.Tensor, per: list[list[int]]) -> torch.Tensor:
+        """The experts applied in batched matmuls, each token with its expert's weights
+        (as ``transformers``' ``batched_mm`` experts, and ports onto grouped kernels, do):
+        the same numbers as the loop over expert modules, other calls."""
+        eid = torch.cat(
+            [
+                torch.full((per[src][e],), e, dtype=torch.long)
+                for src in range(self.world)
+                for e in range(self.local)
+            ]
+        )
+        up_w = torch.stack([x.up.weight for x in self.experts])[eid]
+        up_b = torch.stack([x.up.bias for x in self.experts])[eid]
+        down_w = torch.stack([x.down.weight for x in self.experts])[eid]
+        down_b = torch.stack([x.down.bias for x in self.experts])[eid]
+        h = torch.bmm(up_w, arrived.unsqueeze(-1)).squeeze(-1) + up_b
+        return torch.bmm(down_w, F.gelu(h).unsqueeze(-1)).squeeze(-1) + down_b
 
 
 class Net(nn.Module):
@@ -142,7 +164,9 @@ def main() -> None:
     ap.add_argument("--dump", default="./probe_dump")
     ap.add_argument("--level", choices=["api", "module", "mix"], default="api")
     ap.add_argument("--mode", choices=["statistics", "tensor", "checksum"], default="statistics")
-    ap.add_argument("--port", choices=["none", "scaled-expert", "tanh-gelu"], default="none")
+    ap.add_argument(
+        "--port", choices=["none", "scaled-expert", "tanh-gelu", "grouped"], default="none"
+    )
     ap.add_argument("--port-rank", type=int, default=1)
     ap.add_argument("--port-rel", type=float, default=0.05)
     ap.add_argument(

@@ -1100,6 +1100,26 @@ def test_an_moe_port_that_scales_one_ranks_experts_is_traced_to_that_rank(
     assert [p["rank"] for p in s["propagation"]] == ["rank0"], s["propagation"]
 
 
+def test_an_moe_port_that_applies_its_experts_in_batched_matmuls_passes(
+    moe_bench: str, tmp_path: Any
+) -> None:
+    """Rank 1 applies its experts in batched matmuls, each token with its expert's stacked
+    weights, where the benchmark calls each expert module: the same numbers. The expert
+    modules' calls belong to the MoE layer's region, compared at its boundary (the stacked
+    weights pair with the modules' by value, in whatever order each side reads them; the
+    router's choices, which the benchmark reads in a call not captured, pair with no index
+    tensor), and nothing is left unmatched."""
+    d = str(tmp_path / "port")
+    torchrun(d, 2, "--port", "grouped", "--port-rank", "1", script=MOE)
+    code, s = _compare(moe_bench, d, tmp_path / "out")
+    assert code == 0, s["headline"]
+    c = s["counts"]
+    assert c["error"] == 0 and c["unmatched_bench"] == c["unmatched_cmp"] == 0, s["headline"]
+    assert "code paths differ in step0/rank1 inside `moe`" in s["headline"], s["headline"]
+    regions = [r for p in s["pairs"] for r in p["regions"]]
+    assert regions and all(r["module"] == "moe" for r in regions), regions
+
+
 def test_an_moe_port_whose_experts_use_another_gelu_is_named_with_the_argument(
     moe_bench: str, tmp_path: Any
 ) -> None:

@@ -326,6 +326,21 @@ fn same_value(a: Tensor, b: Tensor) -> bool {
     }
 }
 
+/// Whether two tensors hold the same kind of value: floating point (of any width: autocast
+/// changes it), integers (of any width: an index is int32 on one device, int64 on another)
+/// or booleans. Unknown dtypes are taken to agree.
+fn same_kind(a: Tensor, b: Tensor) -> bool {
+    let kind = |t: Tensor| {
+        t.dtype()
+            .known()
+            .map(|d| (d.is_float(), d == crate::dtype::DType::Bool))
+    };
+    match (kind(a), kind(b)) {
+        (Some(x), Some(y)) => x == y,
+        _ => true,
+    }
+}
+
 /// Whether both sides say which module each call was made in.
 fn has_modules(d: &RankDump) -> bool {
     d.ops.iter().any(|op| op.module().is_some())
@@ -723,33 +738,60 @@ impl<'a> Builder<'a> {
 
     /// Pairs two boundary lists: first where the dataflow links say both hold the same
     /// value (`target` gives the bench dataflow id a comparison tensor corresponds to,
-    /// `own` a bench tensor's id), then by role, shape and order.
+    /// `own` a bench tensor's id; with `placed_only`, a tensor with a target is paired
+    /// there or not at all), then where the records do ([`same_value`]), then by role,
+    /// shape, kind of dtype and order.
     fn pair_lists(
         &self,
         b: &[TensorRef],
         c: &[TensorRef],
         target: impl Fn(TensorRef) -> Option<u64>,
         own: impl Fn(TensorRef) -> Option<u64>,
+        placed_only: bool,
     ) -> Vec<Sides<TensorRef>> {
         let mut used = vec![false; b.len()];
         let mut out = Vec::new();
         let mut rest = Vec::new();
         for &cr in c {
-            let want = target(cr);
-            let hit = want.and_then(|w| (0..b.len()).find(|&i| !used[i] && own(b[i]) == Some(w)));
+            let Some(w) = target(cr) else {
+                rest.push(cr);
+                continue;
+            };
+            match (0..b.len()).find(|&i| !used[i] && own(b[i]) == Some(w)) {
+                Some(i) => {
+                    used[i] = true;
+                    out.push(Sides::new(b[i], cr));
+                }
+                // An input the dataflow places comes from a paired op, compared there: the
+                // router's choices, which the other side reads in a call not captured, are
+                // no index tensor of the same shape.
+                None if placed_only => {}
+                None => rest.push(cr),
+            }
+        }
+        // Then what holds the same value by its record (a weight read on both sides, which
+        // no captured op produced: each expert's, in another order on each side), then by
+        // role, shape and order.
+        let mut left = Vec::new();
+        for cr in rest {
+            let ct = self.tensor(Side::Cmp, cr);
+            let hit = (0..b.len()).find(|&i| {
+                let bt = self.tensor(Side::Bench, b[i]);
+                !used[i] && bt.role() == ct.role() && same_value(bt, ct)
+            });
             match hit {
                 Some(i) => {
                     used[i] = true;
                     out.push(Sides::new(b[i], cr));
                 }
-                None => rest.push(cr),
+                None => left.push(cr),
             }
         }
-        for cr in rest {
+        for cr in left {
             let ct = self.tensor(Side::Cmp, cr);
             let hit = (0..b.len()).find(|&i| {
                 let bt = self.tensor(Side::Bench, b[i]);
-                !used[i] && bt.role() == ct.role() && bt.shape() == ct.shape()
+                !used[i] && bt.role() == ct.role() && bt.shape() == ct.shape() && same_kind(bt, ct)
             });
             if let Some(i) = hit {
                 used[i] = true;
@@ -816,12 +858,14 @@ impl<'a> Builder<'a> {
             &cin,
             |cr| self.input_target(cr),
             |br| self.tensor(Side::Bench, br).src(),
+            true,
         );
         let outputs = self.pair_lists(
             &bout,
             &cout,
             |cr| self.output_target(cr),
             |br| self.tensor(Side::Bench, br).id(),
+            false,
         );
         if outputs.is_empty() {
             return false;
@@ -1348,7 +1392,7 @@ impl Builder<'_> {
 mod tests {
     use super::*;
     use crate::dtype::AnyDType;
-    use crate::dump::{Format, OpKey, OpRec, RankLoc, StatsFields, TensorRec};
+    use crate::dump::{Format, OpKey, OpRec, RankLoc, Stats, StatsFields, TensorRec};
 
     /// An op: key, module, (role, shape, id, src) per tensor.
     type T = (Role, &'static [usize], Option<u64>, Option<u64>);
@@ -2023,6 +2067,214 @@ mod tests {
             a.regions.iter().map(|r| &r.calls).collect::<Vec<_>>()
         );
         assert!(a.regions.iter().all(|r| r.module == ex));
+    }
+
+    #[test]
+    fn a_region_pairs_weights_by_value_and_leaves_a_placed_index_to_its_producer() {
+        // Two experts' weights of one shape: the bench reads expert a's first, the
+        // comparison (stacking them) expert b's: they pair by their records, not by order.
+        // The router's choices come from a paired op; the bench reads them in a call not
+        // captured (its `idx == e` mask is a boolean input without a link), so the
+        // comparison's read of them pairs with nothing, nor does its `arange` (integers)
+        // with the bench's mask (booleans).
+        const X: &[usize] = &[4, 2];
+        const V: &[usize] = &[4];
+        const W: &[usize] = &[2, 2];
+        let (i, o, m) = (Role::Input, Role::Output, "moe");
+        let stats = |v: f64| -> Stats {
+            StatsFields {
+                max: Some(v),
+                min: Some(-v),
+                mean: Some(v / 4.0),
+                norm: Some(2.0 * v),
+                nan: Some(0),
+                inf: Some(0),
+            }
+            .into()
+        };
+        let with = |mut r: OpRec, slot: usize, st: Stats, dtype: &str| {
+            r.tensors[slot].stats = Some(st);
+            r.tensors[slot].dtype = AnyDType::parse(dtype);
+            r
+        };
+        let int = |mut r: OpRec, slots: &[usize], dtype: &str| {
+            for &s in slots {
+                r.tensors[s].dtype = AnyDType::parse(dtype);
+            }
+            r
+        };
+        let head = || {
+            vec![
+                op(
+                    "Functional.relu.0.forward",
+                    m,
+                    &[(i, X, None, None), (o, X, Some(1), None)],
+                ),
+                int(
+                    op(
+                        "Tensor.max.0.forward",
+                        m,
+                        &[
+                            (i, X, None, Some(1)),
+                            (o, V, Some(2), None),
+                            (o, V, Some(3), None),
+                        ],
+                    ),
+                    &[2],
+                    "int64",
+                ),
+            ]
+        };
+        let mut b = head();
+        b.extend([
+            int(
+                op(
+                    "Tensor.nonzero.0.forward",
+                    m,
+                    &[(i, V, None, None), (o, V, Some(4), None)],
+                ),
+                &[0],
+                "bool",
+            ),
+            with(
+                op(
+                    "Functional.linear.0.forward",
+                    m,
+                    &[
+                        (i, X, None, Some(1)),
+                        (i, W, None, None),
+                        (o, X, Some(5), None),
+                    ],
+                ),
+                1,
+                stats(1.0),
+                "float32",
+            ),
+            with(
+                op(
+                    "Functional.linear.1.forward",
+                    m,
+                    &[
+                        (i, X, None, Some(1)),
+                        (i, W, None, None),
+                        (o, X, Some(6), None),
+                    ],
+                ),
+                1,
+                stats(2.0),
+                "float32",
+            ),
+            // (its own integers of that shape, from outside: a position table)
+            int(
+                op(
+                    "Tensor.__getitem__.0.forward",
+                    m,
+                    &[
+                        (i, X, None, Some(5)),
+                        (i, V, None, None),
+                        (o, X, Some(9), None),
+                    ],
+                ),
+                &[1],
+                "int64",
+            ),
+            op(
+                "Torch.where.0.forward",
+                m,
+                &[
+                    (i, X, None, Some(9)),
+                    (i, X, None, Some(6)),
+                    (o, X, Some(7), None),
+                ],
+            ),
+            op(
+                "Functional.relu.1.forward",
+                m,
+                &[(i, X, None, Some(7)), (o, X, Some(8), None)],
+            ),
+        ]);
+        let mut c = head();
+        c.extend([
+            with(
+                op(
+                    "Tensor.t.0.forward",
+                    m,
+                    &[(i, W, None, None), (o, W, Some(10), None)],
+                ),
+                0,
+                stats(2.0),
+                "float32",
+            ),
+            with(
+                op(
+                    "Tensor.t.1.forward",
+                    m,
+                    &[(i, W, None, None), (o, W, Some(11), None)],
+                ),
+                0,
+                stats(1.0),
+                "float32",
+            ),
+            op(
+                "Torch.bmm.0.forward",
+                m,
+                &[
+                    (i, X, None, Some(1)),
+                    (i, W, None, Some(10)),
+                    (i, W, None, Some(11)),
+                    (o, X, Some(12), None),
+                ],
+            ),
+            int(
+                op(
+                    "Tensor.__getitem__.0.forward",
+                    m,
+                    &[
+                        (i, X, None, Some(12)),
+                        (i, V, None, Some(3)),
+                        (i, V, None, None),
+                        (o, X, Some(13), None),
+                    ],
+                ),
+                &[1, 2],
+                "int64",
+            ),
+            op(
+                "Functional.relu.1.forward",
+                m,
+                &[(i, X, None, Some(13)), (o, X, Some(14), None)],
+            ),
+        ]);
+        let a = align(b, c, true);
+        let p = pairs(&a);
+        let has = |b: &str, c: &str| p.iter().any(|(x, y, _)| x == b && y == c);
+        assert!(
+            has(
+                "Functional.linear.0.forward.input.1",
+                "Tensor.t.1.forward.input.0"
+            ),
+            "{p:?}"
+        );
+        assert!(
+            has(
+                "Functional.linear.1.forward.input.1",
+                "Tensor.t.0.forward.input.0"
+            ),
+            "{p:?}"
+        );
+        assert!(
+            has(
+                "Torch.where.0.forward.output.0",
+                "Tensor.__getitem__.0.forward.output.0"
+            ),
+            "{p:?}"
+        );
+        assert!(
+            p.iter()
+                .all(|(x, y, _)| y != "Tensor.__getitem__.0.forward.input.1"
+                    && !x.starts_with("Tensor.nonzero.0.forward.input")),
+            "{p:?}"
+        );
     }
 
     #[test]
