@@ -7,6 +7,7 @@ import importlib.util
 import json
 import os
 import shutil
+import subprocess
 import tempfile
 from typing import Any, Callable, Iterator
 
@@ -106,6 +107,19 @@ def train(dbg: Any, steps: int = 1, seed: int = 0) -> list[float]:
         for _ in range(steps)
     ]
     return run_steps(dbg, model, [opt], batches, lambda b: F.cross_entropy(model(b[0]), b[1]))
+
+
+def compare_summary(bench: str, cmp_: str, out: str, *extra: str) -> tuple[int, dict[str, Any]]:
+    """Run ``probe compare`` quietly (exit 0 or 1 expected) and read its summary.json."""
+    r = subprocess.run(
+        [probe_bin(), "compare", "-q", "-b", bench, "-c", cmp_, "-o", out, *extra],
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    assert r.returncode in (0, 1), r.stderr
+    with open(os.path.join(out, "summary.json")) as fh:
+        return r.returncode, json.load(fh)
 
 
 def read_ops(folder: str) -> list[dict[str, Any]]:

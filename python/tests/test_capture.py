@@ -1269,12 +1269,10 @@ def test_gradient_clipping_norms_are_recorded(tmp_path: Any) -> None:
     ops = {o["op"]: o for o in read_ops(os.path.join(tmp_path, "step0", "rank0"))}
     grads = [p for p in model.parameters() if p.grad is not None]
     norms = ops["Torch._foreach_norm.0.forward"]["tensors"]
-    assert [t["name"].split(".forward.")[1] for t in norms] == [
-        f"input.0.{i}" for i in range(len(grads))
-    ] + [f"output.{i}" for i in range(len(grads))]
-    (out,) = [
-        t for t in ops["Torch.linalg.vector_norm.0.forward"]["tensors"] if t["role"] == "output"
+    assert [t["name"].split(".forward.")[1] for t in norms] == [f"input.0.{i}" for i in range(len(grads))] + [
+        f"output.{i}" for i in range(len(grads))
     ]
+    (out,) = [t for t in ops["Torch.linalg.vector_norm.0.forward"]["tensors"] if t["role"] == "output"]
     # The total norm clip_grad_norm_ returned, before it scaled the gradients.
     assert math.isclose(out["stats"]["max"], float(total), rel_tol=1e-6)
 
@@ -1302,9 +1300,7 @@ def test_gradients_unscaled_by_amp_are_recorded_unscaled(tmp_path: Any) -> None:
     (grad,) = [t for t in ops["Tensor.lerp_.0.forward"]["tensors"] if t["name"].endswith("input.1")]
     first = next(model.parameters())
     assert first.grad is not None
-    assert math.isclose(grad["stats"]["norm"], float(first.grad.double().norm()), rel_tol=1e-6), (
-        grad
-    )
+    assert math.isclose(grad["stats"]["norm"], float(first.grad.double().norm()), rel_tol=1e-6), grad
 
 
 def test_printing_a_tensor_or_a_state_dict_leaves_no_records(tmp_path: Any) -> None:
@@ -1330,15 +1326,11 @@ def test_printing_a_tensor_or_a_state_dict_leaves_no_records(tmp_path: Any) -> N
         dbg.step()
         dbg.close()
         dumps.append([o["op"] for o in read_ops(os.path.join(dump, "step0", "rank0"))])
-    assert (
-        dumps[0]
-        == dumps[1]
-        == [
-            "Torch.tanh.0.forward",
-            "Tensor.__mul__.0.forward",
-            "Tensor.sum.0.forward",
-        ]
-    ), dumps
+    assert dumps[0] == dumps[1] == [
+        "Torch.tanh.0.forward",
+        "Tensor.__mul__.0.forward",
+        "Tensor.sum.0.forward",
+    ], dumps
 
 
 @pytest.mark.parametrize("mode", ["statistics", "tensor", "overflow"])
@@ -1557,8 +1549,7 @@ def test_a_module_fed_memory_nothing_wrote_records_it_as_unwritten(tmp_path: Any
     dbg.close()
     ops = _by_op(os.path.join(tmp_path, "step0", "rank0"))
     first, second = (
-        {k.split(".", 1)[1]: t for k, t in ops[f"Module.0.Linear.forward.{i}"].items()}
-        for i in (0, 1)
+        {k.split(".", 1)[1]: t for k, t in ops[f"Module.0.Linear.forward.{i}"].items()} for i in (0, 1)
     )
     assert first["input.0"].get("unwritten") and first["input.0"]["stats"] is None, first
     assert not first["output.0"].get("unwritten") and first["output.0"]["stats"], first

@@ -1105,10 +1105,8 @@ def test_an_moe_port_that_applies_its_experts_in_batched_matmuls_passes(
 ) -> None:
     """Rank 1 applies its experts in batched matmuls, each token with its expert's stacked
     weights, where the benchmark calls each expert module: the same numbers. The expert
-    modules' calls belong to the MoE layer's region, compared at its boundary (the stacked
-    weights pair with the modules' by value, in whatever order each side reads them; the
-    router's choices, which the benchmark reads in a call not captured, pair with no index
-    tensor), and nothing is left unmatched."""
+    modules' calls belong to the MoE layer's region, compared at its boundary, and nothing
+    is left unmatched (they were left over, and the comparison incomplete)."""
     d = str(tmp_path / "port")
     torchrun(d, 2, "--port", "grouped", "--port-rank", "1", script=MOE)
     code, s = _compare(moe_bench, d, tmp_path / "out")

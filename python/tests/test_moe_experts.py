@@ -19,7 +19,6 @@ router's even shares read as micro-batches.
 
 from __future__ import annotations
 
-import json
 import os
 import subprocess
 import sys
@@ -27,7 +26,7 @@ from typing import Any
 
 import pytest
 
-from conftest import REPO, probe_bin
+from conftest import REPO, compare_summary, probe_bin
 
 pytest.importorskip("transformers")
 
@@ -102,16 +101,8 @@ def _run(dump: str, impl: str, level: str, fault: bool, arch: str) -> None:
     assert r.returncode == 0, r.stderr[-4000:]
 
 
-def _compare(bench: str, cmp_: str, out: str) -> tuple[int, dict[str, Any]]:
-    r = subprocess.run(
-        [probe_bin(), "compare", "-q", "-b", bench, "-c", cmp_, "-o", out, "--format", "json"],
-        capture_output=True,
-        text=True,
-        timeout=300,
-    )
-    assert r.returncode in (0, 1), r.stderr
-    with open(os.path.join(out, "summary.json")) as fh:
-        return r.returncode, json.load(fh)
+def compare_json(bench: str, cmp_: str, out: str) -> tuple[int, dict[str, Any]]:
+    return compare_summary(bench, cmp_, out, "--format", "json")
 
 
 @pytest.fixture(scope="module")
@@ -151,7 +142,7 @@ def _agree(s: dict[str, Any], layers: tuple[int, ...] = (0, 1)) -> None:
 def test_other_experts_implementations_agree(
     runs: dict[str, str], tmp_path: Any, impl: str
 ) -> None:
-    code, s = _compare(runs["eager"], runs[impl], str(tmp_path / "out"))
+    code, s = compare_json(runs["eager"], runs[impl], str(tmp_path / "out"))
     assert code == 0, s["headline"]
     _agree(s)
 
@@ -160,19 +151,19 @@ def test_deepseek_v3_experts_agree(runs: dict[str, str], tmp_path: Any) -> None:
     """A dense first layer, a shared expert beside the routed ones, and grouped top-k
     routing. Its router spreads step 1's tokens evenly (16 a routed expert): the eager loop
     then calls each op 4 times on a quarter of the grouped call's input."""
-    code, s = _compare(runs["deepseek_eager"], runs["deepseek_grouped_mm"], str(tmp_path / "out"))
+    code, s = compare_json(runs["deepseek_eager"], runs["deepseek_grouped_mm"], str(tmp_path / "out"))
     assert code == 0, s["headline"]
     _agree(s, layers=(1,))
 
 
 def test_they_agree_at_api_level_too(runs: dict[str, str], tmp_path: Any) -> None:
-    code, s = _compare(runs["eager_api"], runs["grouped_api"], str(tmp_path / "out"))
+    code, s = compare_json(runs["eager_api"], runs["grouped_api"], str(tmp_path / "out"))
     assert code == 0, s["headline"]
     _agree(s)
 
 
 def test_a_fault_in_the_grouped_experts_is_named(runs: dict[str, str], tmp_path: Any) -> None:
-    code, s = _compare(runs["eager"], runs["grouped_fault"], str(tmp_path / "out"))
+    code, s = compare_json(runs["eager"], runs["grouped_fault"], str(tmp_path / "out"))
     assert code == 1, s["headline"]
     assert s["headline"].startswith(
         "DIVERGENCE: code paths differ inside `model.layers.0.mlp.experts`"

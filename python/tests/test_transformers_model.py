@@ -19,7 +19,7 @@ from typing import Any
 
 import pytest
 
-from conftest import REPO, probe_bin, read_ops
+from conftest import REPO, compare_summary, probe_bin, read_ops
 
 pytest.importorskip("transformers")
 
@@ -80,18 +80,6 @@ def _run(dump: str, attn: str, fault: bool = False, eps: float = 1e-6) -> dict[s
     return last
 
 
-def _compare(bench: str, cmp_: str, out: str) -> tuple[int, dict[str, Any]]:
-    r = subprocess.run(
-        [probe_bin(), "compare", "-q", "-b", bench, "-c", cmp_, "-o", out],
-        capture_output=True,
-        text=True,
-        timeout=300,
-    )
-    assert r.returncode in (0, 1), r.stderr
-    with open(os.path.join(out, "summary.json")) as fh:
-        return r.returncode, json.load(fh)
-
-
 @pytest.fixture(scope="module")
 def runs(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
     probe_bin()  # skip before the runs when there is no binary
@@ -129,7 +117,7 @@ def test_the_model_output_is_recorded(runs: dict[str, Any]) -> None:
 def test_eager_and_sdpa_attention_agree(runs: dict[str, Any], tmp_path: Any) -> None:
     """Same weights, other attention operators: no op is blamed, the attention modules are
     compared at their boundary, and the rest pairs op by op."""
-    code, s = _compare(runs["eager"], runs["sdpa"], str(tmp_path / "out"))
+    code, s = compare_summary(runs["eager"], runs["sdpa"], str(tmp_path / "out"))
     assert code == 0, s["headline"]
     assert s["first_divergent"] == {"forward": None, "backward": None}, s["headline"]
     assert s["counts"]["matched_by"]["module"] > 0
@@ -138,7 +126,7 @@ def test_eager_and_sdpa_attention_agree(runs: dict[str, Any], tmp_path: Any) -> 
 
 
 def test_a_fault_under_other_attention_is_named(runs: dict[str, Any], tmp_path: Any) -> None:
-    code, s = _compare(runs["eager"], runs["sdpa_fault"], str(tmp_path / "out"))
+    code, s = compare_summary(runs["eager"], runs["sdpa_fault"], str(tmp_path / "out"))
     assert code == 1, s["headline"]
     assert s["first_divergent"]["forward"]["op"] == "Functional.silu.0.forward", s["headline"]
 
@@ -150,7 +138,7 @@ def test_a_norm_epsilon_ported_wrong_is_named_with_its_argument(runs: dict[str, 
     and the divergence shows one op later. The headline names the call with the argument."""
     port = str(tmp_path / "eps")
     _run(port, "eager", eps=1e-5)
-    code, s = _compare(runs["eager"], port, str(tmp_path / "out"))
+    code, s = compare_summary(runs["eager"], port, str(tmp_path / "out"))
     assert code == 1, s["headline"]
     assert "was called with different arguments (input.1 = 1e-6 vs 1e-5)" in s["headline"], s["headline"]
     f = s["other_args"]

@@ -45,21 +45,24 @@ impl MicroBatches {
     }
 }
 
-/// A step's forward API calls (not recomputed), in order: their API and their first
-/// input's element count.
-fn forward_calls(ops: &Ops) -> impl Iterator<Item = (&str, usize)> {
-    let end = ops.len();
-    forward_calls_before(ops, end)
-}
-
-/// The same, among the first `end` ops.
-fn forward_calls_before(ops: &Ops, end: usize) -> impl Iterator<Item = (&str, usize)> {
+/// A step's forward API calls (not recomputed) among its first `end` ops, in order: their
+/// API and their first input's element count.
+fn forward_calls(ops: &Ops, end: usize) -> impl Iterator<Item = (&str, usize)> {
     ops.iter()
         .take(end)
         .filter(|op| {
             op.kind() == OpKind::Api && op.direction() == Direction::Forward && !op.recompute()
         })
         .filter_map(|op| Some((op.key().base_text(), op.tensors().next()?.numel())))
+}
+
+/// The input size of each API's first call among the first `end` ops.
+fn first_sizes(ops: &Ops, end: usize) -> HashMap<&str, usize> {
+    let mut m = HashMap::new();
+    for (api, n) in forward_calls(ops, end) {
+        m.entry(api).or_insert(n);
+    }
+    m
 }
 
 /// The pair's micro-batching, when the two runs differ in it (module docs). The API it is
@@ -69,16 +72,18 @@ pub fn detect(dumps: &Sides<RankDump>) -> Option<MicroBatches> {
     if !whole_pass_differs(dumps) {
         return None;
     }
-    let mut first_cmp: HashMap<&str, usize> = HashMap::new();
-    for (api, n) in forward_calls(&dumps.cmp.ops) {
-        first_cmp.entry(api).or_insert(n);
-    }
+    let (bench, cmp) = (&dumps.bench.ops, &dumps.cmp.ops);
+    let mut first_cmp = first_sizes(cmp, cmp.len());
     // Each API's first call on the two sides.
-    let (api, nb, nc) = forward_calls(&dumps.bench.ops).find_map(|(api, nb)| {
+    let (api, nb, nc) = forward_calls(bench, bench.len()).find_map(|(api, nb)| {
         let nc = first_cmp.remove(api)?;
         (nb != nc).then_some((api, nb, nc))
     })?;
-    let count = |ops: &Ops, n: usize| forward_calls(ops).filter(|&c| c == (api, n)).count();
+    let count = |ops: &Ops, n: usize| {
+        forward_calls(ops, ops.len())
+            .filter(|&c| c == (api, n))
+            .count()
+    };
     let (b, c) = (count(&dumps.bench.ops, nb), count(&dumps.cmp.ops, nc));
     if b == 0 || c == 0 || b == c {
         return None;
@@ -109,22 +114,20 @@ pub fn detect(dumps: &Sides<RankDump>) -> Option<MicroBatches> {
 /// tokens: four experts on 16 tokens each against one grouped call on 64 looked like four
 /// micro-batches).
 fn whole_pass_differs(dumps: &Sides<RankDump>) -> bool {
-    fn first(ops: &Ops) -> HashMap<&str, usize> {
+    fn first_pass(ops: &Ops) -> HashMap<&str, usize> {
         let end = ops
             .iter()
             .position(|op| op.direction() == Direction::Backward)
             .unwrap_or(ops.len());
-        let mut m = HashMap::new();
-        for (api, n) in forward_calls_before(ops, end) {
-            m.entry(api).or_insert(n);
-        }
-        m
+        first_sizes(ops, end)
     }
-    let (b, c) = (first(&dumps.bench.ops), first(&dumps.cmp.ops));
-    let both: Vec<(usize, usize)> = b
-        .iter()
-        .filter_map(|(api, &nb)| Some((nb, *c.get(api)?)))
-        .collect();
-    let differ = both.iter().filter(|(nb, nc)| nb != nc).count();
-    2 * differ >= both.len()
+    let c = first_pass(&dumps.cmp.ops);
+    let (mut both, mut differ) = (0, 0);
+    for (api, nb) in first_pass(&dumps.bench.ops) {
+        if let Some(&nc) = c.get(api) {
+            both += 1;
+            differ += usize::from(nb != nc);
+        }
+    }
+    2 * differ >= both
 }
