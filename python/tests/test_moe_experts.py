@@ -117,6 +117,8 @@ def runs(tmp_path_factory: pytest.TempPathFactory) -> dict[str, str]:
         ("grouped_fault", "grouped_mm", "mix", True, "mixtral"),
         ("eager_api", "eager", "api", False, "mixtral"),
         ("grouped_api", "grouped_mm", "api", False, "mixtral"),
+        ("eager_module", "eager", "module", False, "mixtral"),
+        ("grouped_module", "grouped_mm", "module", False, "mixtral"),
         ("deepseek_eager", "eager", "mix", False, "deepseek"),
         ("deepseek_grouped_mm", "grouped_mm", "mix", False, "deepseek"),
     ):
@@ -160,6 +162,19 @@ def test_they_agree_at_api_level_too(runs: dict[str, str], tmp_path: Any) -> Non
     code, s = compare_json(runs["eager_api"], runs["grouped_api"], str(tmp_path / "out"))
     assert code == 0, s["headline"]
     _agree(s)
+
+
+def test_they_agree_with_module_records_only(runs: dict[str, str], tmp_path: Any) -> None:
+    """``level="module"`` (msprobe's L0): no API calls, so nothing else differs in the
+    experts' own module; their activation module's calls (one per expert against one) are
+    inside the experts' records, which pair and are compared."""
+    code, s = compare_json(runs["eager_module"], runs["grouped_module"], str(tmp_path / "out"))
+    assert code == 0, s["headline"]
+    c = s["counts"]
+    assert c["error"] == 0 and c["unmatched_bench"] == c["unmatched_cmp"] == 0, s["headline"]
+    assert c["inside"] > 0, c
+    for layer in (0, 1):
+        assert f"inside `model.layers.{layer}.mlp.experts`" in s["headline"], s["headline"]
 
 
 def test_a_fault_in_the_grouped_experts_is_named(runs: dict[str, str], tmp_path: Any) -> None:

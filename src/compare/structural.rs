@@ -341,6 +341,15 @@ fn same_kind(a: Tensor, b: Tensor) -> bool {
     }
 }
 
+/// The module path a module record is of (`Module.a.b.Class.forward.0`: `a.b`).
+fn record_path(op: Op<'_>) -> Option<&str> {
+    let key = op.key().text();
+    let rest = key
+        .strip_prefix("Module.")
+        .or_else(|| key.strip_prefix("Cell."))?;
+    rest.rsplitn(4, '.').nth(3)
+}
+
 /// Whether both sides say which module each call was made in.
 fn has_modules(d: &RankDump) -> bool {
     d.ops.iter().any(|op| op.module().is_some())
@@ -1028,6 +1037,59 @@ impl<'a> Builder<'a> {
         }
     }
 
+    /// A stretch of module records only (a dump without API calls: `level="module"`,
+    /// msprobe's L0) that no region could be made of, inside a call of an ancestor module
+    /// whose own records pair: the module's calls differ in number or shape inside it (an
+    /// MoE's experts call their activation module once per expert, or once), and the
+    /// ancestor's records compare what goes in and out. A region of that module, reported
+    /// under its record; returns whether it was made.
+    fn inside_record(&mut self, module: &str, b: &[usize], c: &[usize]) -> bool {
+        let modules_only = |v: &SideView, ops: &[usize]| {
+            ops.iter().all(|&o| v.ops().get(o).kind() == OpKind::Module)
+        };
+        if !modules_only(&self.bv, b) || !modules_only(&self.cv, c) {
+            return false;
+        }
+        let (Some(&bl), Some(&cl)) = (b.last(), c.last()) else {
+            return false;
+        };
+        let direction = self.cv.ops().get(cl).direction();
+        // The record of `path` that ends the call the stretch lies in: the next one after it.
+        let next = |v: &SideView, after: usize, path: &str| -> Option<usize> {
+            v.ops().iter().skip(after + 1).find_map(|op| {
+                (op.kind() == OpKind::Module
+                    && op.direction() == direction
+                    && record_path(op) == Some(path))
+                .then(|| op.index())
+            })
+        };
+        let mut q = module;
+        while let Some((up, _)) = q.rsplit_once('.') {
+            q = up;
+            let (Some(bq), Some(cq)) = (next(&self.bv, bl, q), next(&self.cv, cl, q)) else {
+                continue;
+            };
+            if self.op_pair[cq] != Some(bq as u32) {
+                return false;
+            }
+            let at = self.cv.ops().get(cq);
+            self.regions.push(Region {
+                module: q.to_string(),
+                direction,
+                by: MatchedBy::Module,
+                rule: None,
+                calls: self.calls(b, c),
+                at: OpInfo::of(at),
+                boundary: at.tensor_count(),
+            });
+            self.boundaries.push(Vec::new());
+            self.mark(Side::Bench, b, Why::Inside);
+            self.mark(Side::Cmp, c, Why::Inside);
+            return true;
+        }
+        false
+    }
+
     /// A stretch left on both sides that no region could be made of: other shapes for the
     /// same API are a shape mismatch, the rest unmatched.
     fn leftover(&mut self, b: &[usize], c: &[usize]) {
@@ -1291,7 +1353,7 @@ impl Builder<'_> {
                 continue;
             }
             let bounded = bounds.encloses(&b, &c);
-            if !self.region(&key.1, &b, &c, bounded) {
+            if !self.region(&key.1, &b, &c, bounded) && !self.inside_record(&key.1, &b, &c) {
                 self.leftover(&b, &c);
             }
         }
@@ -2274,6 +2336,70 @@ mod tests {
                 .all(|(x, y, _)| y != "Tensor.__getitem__.0.forward.input.1"
                     && !x.starts_with("Tensor.nonzero.0.forward.input")),
             "{p:?}"
+        );
+    }
+
+    #[test]
+    fn module_records_called_another_number_of_times_inside_a_paired_record_are_inside_it() {
+        // Module records only (level "module"): the bench's experts call their activation
+        // module twice (once per expert, on its share of the rows), the comparison's once
+        // on all of them. The experts' own records pair: the activation's calls are inside
+        // them. If the experts' records do not pair, nothing vouches for them.
+        const X: &[usize] = &[6, 4];
+        let (i, o) = (Role::Input, Role::Output);
+        let rec = |key: &str, m: &str, x: &'static [usize], y: &'static [usize]| {
+            op(key, m, &[(i, x, None, None), (o, y, None, None)])
+        };
+        let side = |acts: &[&'static [usize]], out: &'static [usize]| -> Vec<OpRec> {
+            let mut ops = vec![rec("Module.moe.gate.Linear.forward.0", "moe.gate", X, X)];
+            for (n, &a) in acts.iter().enumerate() {
+                let key = format!("Module.moe.experts.act.SiLU.forward.{n}");
+                ops.push(rec(&key, "moe.experts.act", a, a));
+            }
+            ops.push(rec(
+                "Module.moe.experts.Experts.forward.0",
+                "moe.experts",
+                X,
+                out,
+            ));
+            ops.push(rec("Module.moe.MoE.forward.0", "moe", X, X));
+            ops
+        };
+        let a = align(side(&[&[2, 4], &[4, 4]], X), side(&[X], X), true);
+        let left: Vec<&str> = a
+            .unmatched
+            .iter()
+            .filter(|u| u.why != Why::Inside)
+            .map(|u| u.name.as_str())
+            .collect();
+        assert!(left.is_empty(), "{left:?}");
+        assert_eq!(a.regions.len(), 1);
+        assert_eq!(a.regions[0].module, "moe.experts");
+        assert_eq!(
+            a.regions[0].at.key.as_str(),
+            "Module.moe.experts.Experts.forward.0"
+        );
+        // Without the experts' records (none captured), nothing vouches for them.
+        let bare = |ops: Vec<OpRec>| -> Vec<OpRec> {
+            ops.into_iter()
+                .filter(|o| {
+                    !o.key.as_str().starts_with("Module.moe.experts.Experts")
+                        && !o.key.as_str().starts_with("Module.moe.MoE")
+                })
+                .collect()
+        };
+        let a = align(
+            bare(side(&[&[2, 4], &[4, 4]], X)),
+            bare(side(&[X], X)),
+            true,
+        );
+        assert!(a.regions.is_empty());
+        assert!(
+            a.unmatched
+                .iter()
+                .any(|u| u.name.contains(".act.SiLU.") && u.why != Why::Inside),
+            "{:?}",
+            a.unmatched
         );
     }
 
