@@ -1054,14 +1054,24 @@ impl<'a> Builder<'a> {
             return false;
         };
         let direction = self.cv.ops().get(cl).direction();
-        // The record of `path` that ends the call the stretch lies in: the next one after it.
+        // The record of `path` that ends the call the stretch lies in: the next one after
+        // it, before any record of a module outside `path` (the call has ended then).
         let next = |v: &SideView, after: usize, path: &str| -> Option<usize> {
-            v.ops().iter().skip(after + 1).find_map(|op| {
-                (op.kind() == OpKind::Module
-                    && op.direction() == direction
-                    && record_path(op) == Some(path))
-                .then(|| op.index())
-            })
+            for op in v.ops().iter().skip(after + 1) {
+                if op.kind() != OpKind::Module || op.direction() != direction {
+                    continue;
+                }
+                let p = record_path(op)?;
+                if p == path {
+                    return Some(op.index());
+                }
+                let inside =
+                    p.len() > path.len() && p.starts_with(path) && p.as_bytes()[path.len()] == b'.';
+                if !inside {
+                    return None;
+                }
+            }
+            None
         };
         let mut q = module;
         while let Some((up, _)) = q.rsplit_once('.') {
