@@ -11,7 +11,7 @@ use crate::compare::{
 };
 use crate::dump::Direction;
 use crate::gate::{FailOn, EXIT_FAIL, EXIT_INCOMPLETE, EXIT_NOTHING_COMPARABLE, EXIT_PASS};
-use crate::op_key::{OpKey, Randomness};
+use crate::op_key::{OpKey, OpKind, Randomness};
 use crate::schema::summary::{
     label_key, ByDirection, Counts, Finding, Findings, IncompleteUnit, PairSummary, RunVerdict,
     Summary, WorstOp,
@@ -524,11 +524,10 @@ fn headline(verdict: Verdict, c: &Counts, pairs: &[PairSummary]) -> String {
                 },
                 Some((Story::Local, x)) => match region_of(pairs, x) {
                     Some(r) => format!(
-                        "DIVERGENCE: code paths differ inside {} ({} vs {} API calls{}) and its \
-                         outputs diverge: first divergent region, reported under {} {}",
+                        "DIVERGENCE: code paths differ inside {} ({}{}) and its outputs \
+                         diverge: first divergent region, reported under {} {}",
                         module_name(&r.module),
-                        r.calls.bench.len(),
-                        r.calls.cmp.len(),
+                        calls(r),
                         how(r),
                         x.op,
                         x.place()
@@ -567,6 +566,19 @@ fn module_name(m: &str) -> String {
     } else {
         format!("`{m}`")
     }
+}
+
+/// How many calls a region holds on each side, for a headline: API calls, or module calls
+/// where the dump has module records only (a region under an enclosing module's record).
+fn calls(r: &Region) -> String {
+    let mut keys = r.calls.bench.iter().chain(&r.calls.cmp).peekable();
+    let modules = keys.peek().is_some() && keys.all(|k| OpKey::parse(k).kind() != OpKind::Api);
+    format!(
+        "{} vs {} {} calls",
+        r.calls.bench.len(),
+        r.calls.cmp.len(),
+        if modules { "module" } else { "API" }
+    )
 }
 
 /// How a region was compared, for a headline.
@@ -683,10 +695,9 @@ fn regions_note(pairs: &[PairSummary]) -> String {
     let mut parts: Vec<String> = Vec::new();
     for r in regions.iter().take(3) {
         parts.push(format!(
-            "inside {} ({} vs {} API calls{})",
+            "inside {} ({}{})",
             module_name(&r.module),
-            r.calls.bench.len(),
-            r.calls.cmp.len(),
+            calls(r),
             how(r)
         ));
     }

@@ -8,6 +8,7 @@ import json
 import os
 import shutil
 import subprocess
+import sys
 import tempfile
 from typing import Any, Callable, Iterator
 
@@ -107,6 +108,16 @@ def train(dbg: Any, steps: int = 1, seed: int = 0) -> list[float]:
         for _ in range(steps)
     ]
     return run_steps(dbg, model, [opt], batches, lambda b: F.cross_entropy(model(b[0]), b[1]))
+
+
+def run_agent_script(
+    script: str, *args: str, timeout: int = 300
+) -> subprocess.CompletedProcess[str]:
+    """Run ``script`` (Python source) in a fresh interpreter with this checkout's agent on its
+    path, as a user's training script runs; its output is captured."""
+    env = dict(os.environ, PYTHONPATH=os.path.join(REPO, "python"))
+    cmd = [sys.executable, "-c", script, *args]
+    return subprocess.run(cmd, capture_output=True, text=True, timeout=timeout, env=env)
 
 
 def compare_summary(bench: str, cmp_: str, out: str, *extra: str) -> tuple[int, dict[str, Any]]:

@@ -19,14 +19,12 @@ router's even shares read as micro-batches.
 
 from __future__ import annotations
 
-import os
-import subprocess
-import sys
+import re
 from typing import Any
 
 import pytest
 
-from conftest import REPO, compare_summary, probe_bin
+from conftest import compare_summary, probe_bin, run_agent_script
 
 pytest.importorskip("transformers")
 
@@ -88,14 +86,7 @@ for step in range(2):
 
 
 def _run(dump: str, impl: str, level: str, fault: bool, arch: str) -> None:
-    env = dict(os.environ, PYTHONPATH=os.path.join(REPO, "python"))
-    r = subprocess.run(
-        [sys.executable, "-c", SCRIPT, dump, impl, level, "1" if fault else "0", arch],
-        capture_output=True,
-        text=True,
-        timeout=300,
-        env=env,
-    )
+    r = run_agent_script(SCRIPT, dump, impl, level, "1" if fault else "0", arch)
     if r.returncode == 3:
         pytest.skip("this transformers has no selectable experts implementations")
     assert r.returncode == 0, r.stderr[-4000:]
@@ -174,7 +165,10 @@ def test_they_agree_with_module_records_only(runs: dict[str, str], tmp_path: Any
     assert c["error"] == 0 and c["unmatched_bench"] == c["unmatched_cmp"] == 0, s["headline"]
     assert c["inside"] > 0, c
     for layer in (0, 1):
-        assert f"inside `model.layers.{layer}.mlp.experts`" in s["headline"], s["headline"]
+        # (the region holds the activation module's records: module calls, not API calls)
+        experts = rf"inside `model\.layers\.{layer}\.mlp\.experts`"
+        said = re.search(experts + r" \((\d+) vs 1 module calls", s["headline"])
+        assert said is not None and int(said.group(1)) > 1, s["headline"]
 
 
 def test_a_fault_in_the_grouped_experts_is_named(runs: dict[str, str], tmp_path: Any) -> None:

@@ -19,7 +19,7 @@ from typing import Any
 
 import pytest
 
-from conftest import REPO, compare_summary, probe_bin, read_ops
+from conftest import REPO, compare_summary, probe_bin, read_ops, run_agent_script
 
 pytest.importorskip("transformers")
 
@@ -67,14 +67,7 @@ print(json.dumps({"mean": h.mean().item(), "norm": h.norm().item(), "max": h.max
 
 
 def _run(dump: str, attn: str, fault: bool = False, eps: float = 1e-6) -> dict[str, float]:
-    env = dict(os.environ, PYTHONPATH=os.path.join(REPO, "python"))
-    r = subprocess.run(
-        [sys.executable, "-c", SCRIPT, dump, attn, "1" if fault else "0", repr(eps)],
-        capture_output=True,
-        text=True,
-        timeout=300,
-        env=env,
-    )
+    r = run_agent_script(SCRIPT, dump, attn, "1" if fault else "0", repr(eps))
     assert r.returncode == 0, r.stderr[-4000:]
     last: dict[str, float] = json.loads(r.stdout.strip().splitlines()[-1])
     return last

@@ -224,7 +224,8 @@ pub struct Region {
     pub by: MatchedBy,
     /// The mapping rule, when mapped.
     pub rule: Option<String>,
-    /// The API calls of each side, in order (op keys).
+    /// The calls of each side, in order (op keys): API calls, or module records where the
+    /// dump holds module records only.
     pub calls: Sides<Vec<String>>,
     /// The comparison-side op its rows are reported under.
     pub at: OpInfo,
