@@ -8,7 +8,9 @@
 //!    recomputed forward and backward apart, and within them the module the call was made
 //!    in (when both sides know it). A call inserted in one module cannot shift another's.
 //! 2. **Anchors.** In a group, the n-th call of an API on both sides with the same
-//!    signature (API, input and output shapes) is a candidate; the longest chain of
+//!    signature (API, input and output shapes) is a candidate, and so is the n-th call of
+//!    a signature on both sides (one call more of an API on one side shifts the first
+//!    count of its later calls, a call of other shapes the second); the longest chain of
 //!    candidates in the same order on both sides is kept (a longest increasing subsequence,
 //!    `O(n log n)`). On identical code paths every call is an anchor and nothing else runs.
 //! 3. **Gaps.** Between two anchors, the calls left are aligned by a longest common
@@ -464,7 +466,8 @@ fn align_group(
     cv: &SideView,
     scratch: &mut [u32],
 ) -> GroupAlignment {
-    // Anchors: the n-th call of an API in this group on both sides, same signature. The
+    // Anchors: the n-th call of an API in this group on both sides, same signature, and the
+    // n-th call of a signature (below). The
     // group's APIs are numbered densely (`scratch[api]` is the number + 1 while the group is
     // aligned), the benchmark's calls are then listed per API in call order (one flat
     // table), so the n-th call of an API is an index, not a lookup of (name, n) in a map of
@@ -516,6 +519,45 @@ fn align_group(
         }
     }
     drop((calls, start, fill, cid));
+    // Also the n-th call of a signature on both sides: one call more of an API on one side
+    // (a cast, the compiled model whose calls a dump lacks) shifts the count of that API's
+    // later calls, and a shifted pair of two calls with the same shapes (the updates of two
+    // parameters of one size) would be a candidate. Counted by signature those calls keep
+    // their pairs; the longest chain then takes the candidates that agree with the
+    // surrounding calls. (Counted by API, a call whose shapes differ on one side keeps the
+    // later calls of its signature paired: both counts are needed.)
+    let mut by_sig: HashMap<u64, (Vec<u32>, usize)> = HashMap::new();
+    for (i, &op) in b.iter().enumerate() {
+        by_sig
+            .entry(bv.sig[op as usize])
+            .or_default()
+            .0
+            .push(i as u32);
+    }
+    let mut both: Vec<(u32, u32)> = Vec::with_capacity(cand.len() + c.len());
+    let mut api_cand = cand.into_iter().peekable();
+    for (j, &op) in c.iter().enumerate() {
+        let j = j as u32;
+        // (For one comparison call, its candidates by decreasing bench position: the
+        // longest strictly increasing chain then takes at most one of them.)
+        let by_api = api_cand.next_if(|&(_, cj)| cj == j);
+        let by_count = by_sig.get_mut(&cv.sig[op as usize]).and_then(|(pos, n)| {
+            let i = pos.get(*n).copied();
+            *n += 1;
+            i
+        });
+        match (by_api, by_count) {
+            (Some(a), Some(i)) if a.0 != i => {
+                both.push((a.0.max(i), j));
+                both.push((a.0.min(i), j));
+            }
+            (Some(a), _) => both.push(a),
+            (None, Some(i)) => both.push((i, j)),
+            (None, None) => {}
+        }
+    }
+    drop(by_sig);
+    let cand = both;
     let bpos: Vec<u32> = cand.iter().map(|&(i, _)| i).collect();
     let anchors: Vec<(u32, u32)> = lis(&bpos).into_iter().map(|k| cand[k as usize]).collect();
     drop((bpos, cand));
@@ -1653,6 +1695,44 @@ mod tests {
             .unmatched
             .iter()
             .all(|u| u.side == Side::Bench && u.name.starts_with("Tensor.float.0.")));
+    }
+
+    #[test]
+    fn an_extra_call_of_other_shapes_does_not_shift_the_later_calls_of_its_api() {
+        // The optimizer's per-parameter updates (`add_` of each parameter's shape, two
+        // parameters of shape [8] in a row), after one more `add_` of another shape on the
+        // bench (a counter the model bumps, which a compiled comparison run does not show):
+        // counted by API, `add_.2` of both sides would be a candidate (both [8], but the
+        // second and the first [8] parameter). Each update pairs with its own.
+        const S: &[usize] = &[];
+        let updates = |first: usize| -> Vec<OpRec> {
+            [N, M, M, N, M]
+                .iter()
+                .enumerate()
+                .map(|(k, &shape)| unary(&format!("Tensor.add_.{}.forward", first + k), "", shape))
+                .collect()
+        };
+        let mut b = vec![unary("Tensor.add_.0.forward", "", S)];
+        b.extend(updates(1));
+        let c = updates(0);
+        let a = align(b, c, false);
+        let p = pairs(&a);
+        for k in 0..5 {
+            assert!(
+                p.contains(&(
+                    format!("Tensor.add_.{}.forward.output.0", k + 1),
+                    format!("Tensor.add_.{k}.forward.output.0"),
+                    "aligned"
+                )),
+                "update {k}: {p:?}"
+            );
+        }
+        assert_eq!(a.matches.len(), 10, "{p:?}");
+        let left: Vec<&str> = a.unmatched.iter().map(|u| u.name.as_str()).collect();
+        assert!(
+            left.len() == 2 && left.iter().all(|n| n.starts_with("Tensor.add_.0.")),
+            "{left:?}"
+        );
     }
 
     #[test]
