@@ -4,7 +4,9 @@ the eager calls only (none of the compiler's own), and the user is told once."""
 
 from __future__ import annotations
 
+import json
 import os
+import subprocess
 import warnings
 from typing import Any
 
@@ -13,7 +15,7 @@ import torch
 import torch.nn.functional as F
 
 import probe
-from conftest import Tiny, load_example, read_ops
+from conftest import SCHEMAS, Tiny, load_example, probe_bin, read_ops
 from probe.capture import compiled
 
 dynamo = pytest.importorskip("torch._dynamo")
@@ -94,6 +96,71 @@ def test_a_compiled_model_trains_as_without_the_agent(
     if level == "mix":
         grads = [k for k in keys[0] if k.endswith("parameters_grad")]
         assert "Module.block.fc1.Linear.parameters_grad" in grads, grads
+
+
+def _dump_sgd_steps(path: str, backend: str) -> None:
+    """Two captured SGD steps of the example's model at API level, compiled with
+    ``backend`` (``""``: eager)."""
+    dynamo.reset()
+    probe.seed_all(0)
+    model = EXAMPLE.SmallNet()
+    data = EXAMPLE.make_data(2, 4, torch.device("cpu"))
+    run = torch.compile(model, backend=backend) if backend else model
+    opt = torch.optim.SGD(model.parameters(), lr=0.1)
+    dbg = probe.Debugger(None, dump_path=path, level="api")
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        for x, y in data:
+            dbg.start(run)
+            opt.zero_grad()
+            out = run(x)
+            F.cross_entropy(out.reshape(-1, out.shape[-1]), y.reshape(-1)).backward()
+            opt.step()
+            dbg.stop()
+            dbg.step()
+    dbg.close()
+
+
+def test_a_compiled_run_against_an_eager_one_is_incomplete_not_divergent(tmp_path: Any) -> None:
+    """The benchmark captured eagerly, the comparison run compiled (a GPU run with
+    ``torch.compile`` against a port that cannot compile): the compiled run's dump holds the
+    loss and the optimizer's updates only. Its manifest says it ran compiled code, and
+    ``probe compare`` says the other run's calls have no counterpart and why, instead of
+    naming a divergence: the eager run's BatchNorm bumps its counter with one more
+    ``Tensor.add_``, which shifted every update's call number, and the updates of two
+    parameters of one shape were compared with each other (48 tensors out of tolerance)."""
+    eager, comp = str(tmp_path / "eager"), str(tmp_path / "compiled")
+    _dump_sgd_steps(eager, "")
+    _dump_sgd_steps(comp, "aot_eager")
+    jsonschema = pytest.importorskip("jsonschema")
+    with open(os.path.join(SCHEMAS, "probe-dump-manifest.v1.schema.json")) as fh:
+        schema = json.load(fh)
+    for path, flag in ((eager, None), (comp, True)):
+        with open(os.path.join(path, "manifest.json")) as fh:
+            manifest = json.load(fh)
+        assert manifest.get("compiled") is flag, path
+        jsonschema.validate(manifest, schema)
+    out = str(tmp_path / "out")
+    r = subprocess.run(
+        [probe_bin(), "compare", "-q", "-b", eager, "-c", comp, "-o", out, "--format", "json"],
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    with open(os.path.join(out, "summary.json")) as fh:
+        s = json.load(fh)
+    assert r.returncode == 4, s["headline"]  # INCOMPLETE
+    assert s["headline"].startswith("INCOMPLETE"), s["headline"]
+    c = s["counts"]
+    # Every call of the compiled run pairs (the updates of 22 parameters, the loss), and
+    # agrees: its updates are the eager run's.
+    assert c["error"] == 0 and c["unmatched_cmp"] == 0 and c["unmatched_bench"] > 0, c
+    updates = [o["op"] for o in read_ops(os.path.join(comp, "step0", "rank0"))]
+    assert sum(k.startswith("Tensor.add_.") for k in updates) == 22, updates
+    assert c["pass"] == c["tensors"] > 0, c
+    said = [w for w in s["warnings"] if w.startswith("the comparison run ran compiled code")]
+    assert len(said) == 1 and "torch.compile" in said[0], s["warnings"]
+    assert said[0] in r.stderr, r.stderr
 
 
 def test_the_paths_of_compiled_submodules_are_the_eager_ones() -> None:

@@ -36,7 +36,17 @@ pub struct Plan {
 pub fn plan(bench: &Path, cmp: &Path, selection: &Selection) -> Result<Plan> {
     let b = selection.apply(dump::discover(bench)?)?;
     let c = selection.apply(dump::discover(cmp)?)?;
-    let (pairs, warnings, unpaired) = pair_ranks(&b, &c);
+    let (pairs, mut warnings, unpaired) = pair_ranks(&b, &c);
+    for (set, side) in [(&b, "benchmark"), (&c, "comparison")] {
+        if set.compiled {
+            warnings.push(format!(
+                "the {side} run ran compiled code while it was captured (torch.compile, \
+                 TorchScript): the operators inside compiled graphs are not in its dump, so \
+                 the other run's calls there have no counterpart; capture it without \
+                 compiling to compare them"
+            ));
+        }
+    }
     let units = pairs
         .into_iter()
         .map(|(bl, cl)| Unit {

@@ -390,6 +390,9 @@ pub struct DumpSet {
     pub ranks: Vec<RankLoc>,
     /// Written in overflow mode: only ops that produced NaN/Inf are recorded.
     pub overflow: bool,
+    /// Its manifest says compiled code ran while it was captured (`torch.compile`,
+    /// TorchScript): the operators inside compiled graphs are not in its op logs.
+    pub compiled: bool,
 }
 
 /// The format of a rank folder from the op log it holds; an op log that is there but
@@ -515,6 +518,7 @@ pub fn discover(path: &Path) -> Result<DumpSet> {
         _ => None,
     };
     let overflow = manifest.as_ref().is_some_and(|m| m.overflow);
+    let compiled = manifest.as_ref().is_some_and(|m| m.compiled);
     if ranks.is_empty() && !overflow {
         return Err(ProbeError::NotADump(path.to_path_buf()));
     }
@@ -522,6 +526,7 @@ pub fn discover(path: &Path) -> Result<DumpSet> {
         path: path.to_path_buf(),
         mode: manifest.map(|m| m.mode),
         overflow,
+        compiled,
         ranks,
     })
 }

@@ -24,6 +24,8 @@ pub struct Manifest {
     pub mode: Mode,
     /// Written in overflow mode: only ops that produced NaN/Inf are recorded.
     pub overflow: bool,
+    /// Compiled code ran while the run was captured: its operators are not in the dump.
+    pub compiled: bool,
 }
 
 /// Reads and checks `manifest.json`.
@@ -51,6 +53,7 @@ pub fn read_manifest(path: &Path) -> Result<Manifest> {
     Ok(Manifest {
         mode,
         overflow: raw.overflow.is_some(),
+        compiled: raw.compiled == Some(true),
     })
 }
 

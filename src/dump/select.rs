@@ -185,6 +185,7 @@ mod tests {
             mode: None,
             ranks: vec![loc("step0", "rank0"), loc("step0", "rank1")],
             overflow: false,
+            compiled: false,
         };
         let sel = Selection {
             steps: None,

@@ -8,6 +8,10 @@ use serde::{Deserialize, Serialize};
 /// `manifest.json` at the root of a dump.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub struct ManifestRecord {
+    /// Present (true) when compiled code (`torch.compile`, TorchScript) ran while a step was
+    /// captured: the operators inside it are not in the dump.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub compiled: Option<bool>,
     /// Creation time (RFC 3339).
     #[serde(default)]
     pub created: String,

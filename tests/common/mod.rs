@@ -138,6 +138,7 @@ pub fn write_op_log_at(dir: &Path, step: &str, rank: &str, mode: &str, records: 
     let rank = dir.join(step).join(rank);
     std::fs::create_dir_all(&rank).unwrap();
     let manifest = ManifestRecord {
+        compiled: None,
         created: "2026-01-01T00:00:00Z".into(),
         device: "cpu".into(),
         format: "probe-dump".into(),

@@ -324,6 +324,10 @@ class Debugger:
         user is told once."""
         self._compiled = self._compiled or graph_count() > self._graphs
         if self._compiled:
+            try:
+                self._files.mark_compiled()
+            except Exception as exc:  # noqa: BLE001 - an unwritable manifest
+                self._guard.fail(exc, "stop()")
             self._tell_once(
                 "compiled",
                 f"probe: compiled code (torch.compile, TorchScript) ran while capturing step "

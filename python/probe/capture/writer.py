@@ -550,6 +550,10 @@ class DumpFiles:
         self._outbox: list[tuple[Any, ...]] = []
         self._outbox_bytes = 0
         self._manifest_done = False
+        #: Compiled code ran while a step was captured (:meth:`mark_compiled`).
+        self._compiled = False
+        #: The device the manifest names (the model's, once known).
+        self._device = ""
         #: Step folders appear at their first written op, as in overflow mode. Set when the
         #: agent counts iterations (ApiProfiler): the iteration opened by the last optimizer
         #: step may never run, and must not leave an empty folder behind.
@@ -575,14 +579,27 @@ class DumpFiles:
         if self._manifest_done:
             self._write_manifest(model)
 
+    def mark_compiled(self) -> None:
+        """Compiled code ran while a step was captured: the manifest says so (``compiled``),
+        so that ``probe compare`` can tell why the other run's calls there have no
+        counterpart. Rewritten once, when first known."""
+        if not self._compiled:
+            self._compiled = True
+            if self._manifest_done:
+                self._dump_manifest()
+
     def _write_manifest(self, model: Optional[torch.nn.Module]) -> None:
+        self._device = model_device(self._c.device, model)
+        self._dump_manifest()
+
+    def _dump_manifest(self) -> None:
         c = self._c
         manifest: dict[str, Any] = {
             "format": "probe-dump",
             "version": 1,
             "framework": "pytorch",
             "framework_version": torch.__version__.split("+")[0],
-            "device": model_device(c.device, model),
+            "device": self._device,
             # Overflow mode writes what tensor mode writes, for the ops it records.
             "mode": "tensor" if c.mode == "overflow" else c.mode,
             "level": c.level,
@@ -590,6 +607,8 @@ class DumpFiles:
             "producer": f"probe-agent {__version__}",
             "config": json.loads(json.dumps(c.raw, default=str)),
         }
+        if self._compiled:
+            manifest["compiled"] = True
         if c.mode == "overflow":
             # Readers must know that absent ops are finite ones, not missing ones.
             manifest["overflow"] = {"overflow_nums": c.overflow_nums}
