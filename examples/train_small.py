@@ -440,6 +440,13 @@ def main(argv: Optional[list[str]] = None) -> int:
         action="store_true",
         help="run the transformer block under activation checkpointing (non-reentrant)",
     )
+    ap.add_argument(
+        "--optimizer",
+        choices=["loop", "foreach"],
+        default="loop",
+        help="Adam per parameter (loop, PyTorch's default on CPU) or multi-tensor (foreach, its "
+        "default on GPUs: no dumper hooks its _foreach_ ops, so the update is not in the dump)",
+    )
     ap.add_argument("--data-seed", type=int, default=1234, help="seed of the generated batches")
     ap.add_argument(
         "--dropout",
@@ -501,7 +508,7 @@ def main(argv: Optional[list[str]] = None) -> int:
         torch.manual_seed(args.dropout_seed)
     if args.fp16_overflow:
         model.block.fp16_overflow_scale = 300.0
-    opt = torch.optim.Adam(model.parameters(), lr=1e-3, foreach=False)
+    opt = torch.optim.Adam(model.parameters(), lr=1e-3, foreach=args.optimizer == "foreach")
     data = make_data(args.steps, args.batch, device, args.data_seed)
     if pack is not None:
         # Output paths differ between runs by design: they are not hyperparameters.

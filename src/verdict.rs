@@ -228,7 +228,21 @@ fn coverage_gap(u: &UnitSummary, max: f64) -> Option<(&'static str, String)> {
         let stopped = o.ops > 0
             && h.tail_unmatched as f64 > max * h.tensors as f64
             && o.tail_unmatched.saturating_mul(10) <= h.tail_unmatched;
+        // The other side's dump ends with its gradients, and what this side has beyond
+        // them is its optimizer's update: the other run's update is not in its dump.
+        let no_update = o.update_ops == Some(0)
+            && h.update_unmatched > 0
+            && h.update_unmatched >= h.tail_unmatched;
         reasons.push(match (&o.last_op, stopped) {
+            (Some(last), _) if no_update => format!(
+                "{}'s dump has no optimizer update after its gradients (last: {last}): {} {} \
+                 tensors of the update have no counterpart (a multi-tensor or fused \
+                 optimizer, PyTorch's default on GPUs, is not hooked; or the update ran \
+                 outside the captured step)",
+                run_name(other),
+                thousands(h.update_unmatched),
+                have.name()
+            ),
             (Some(last), true) => format!(
                 "{}'s capture stopped after op {} ({last}); {} {} tensors have no counterpart",
                 run_name(other),

@@ -446,6 +446,36 @@ dbg.close()
 """
 
 
+def test_a_run_whose_optimizer_update_is_not_in_its_dump_is_said_to_lack_it(
+    tmp_path: Path,
+) -> None:
+    """The GPU run steps with PyTorch's default multi-tensor Adam, whose ``_foreach_`` ops no
+    dumper hooks; the port (or a CPU reference) with the per-parameter loop. The forward and
+    backward agree; the loop's update has no counterpart. The headline said the other run's
+    "capture stopped" after its last backward call: it did not stop, its update is not in
+    its dump. The next step's weights agree (the same update, computed another way)."""
+    loop, foreach = tmp_path / "loop", tmp_path / "foreach"
+    _train(loop, "--steps", "2")
+    _train(foreach, "--steps", "2", "--optimizer", "foreach")
+    ops = [json.loads(x) for x in (loop / "step0" / "rank0" / "ops.jsonl").open(encoding="utf-8")]
+    grads = [i for i, o in enumerate(ops) if o["direction"] == "backward"]
+    last_grad = max(i for i in grads if ops[i]["kind"] != "parameters_grad")
+    update = sum(len(o["tensors"]) for o in ops[last_grad + 1 :] if o["direction"] == "forward")
+    assert update > 100
+    r, s = _compare(loop, foreach, tmp_path / "out")
+    assert r.returncode == EXIT_INCOMPLETE, r.stdout + r.stderr
+    c = s["counts"]
+    assert c["error"] == 0 and c["unmatched_cmp"] == 0 and c["unmatched_bench"] == 2 * update, c
+    said = (
+        "the comparison run's dump has no optimizer update after its gradients (last: "
+        f"{ops[last_grad]['op']}): {update} bench tensors of the update have no counterpart"
+    )
+    assert s["headline"].count(said) == 2, s["headline"]
+    assert "capture stopped" not in s["headline"], s["headline"]
+    r, s = _compare(foreach, loop, tmp_path / "out2")
+    assert "the benchmark run's dump has no optimizer update" in s["headline"], s["headline"]
+
+
 def test_a_port_that_accumulates_micro_batches_is_said_to(tmp_path: Path) -> None:
     """The port, short of memory, takes each step's 8 rows as 2 micro-batches of 4 and
     accumulates their gradients; the GPU run takes them in one pass. Same update, other

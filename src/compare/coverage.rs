@@ -4,7 +4,9 @@
 //! ops it has agree.
 
 use super::align::{Alignment, Side};
+use super::loss_scale::holds_gradients;
 use super::Sides;
+use crate::dump::{Direction, Op, OpKind};
 use serde::{Deserialize, Serialize};
 
 /// The coverage of one side of a unit.
@@ -22,6 +24,11 @@ pub struct SideCoverage {
     /// Unmatched tensors of this side in ops after its last op holding a matched tensor:
     /// the tail the other side never reached, if the other side stopped.
     pub tail_unmatched: usize,
+    /// Forward calls after this side's last record of gradients (backward calls, DDP's
+    /// gradient all-reduce): its optimizer's update. None without gradient records.
+    pub update_ops: Option<usize>,
+    /// Unmatched tensors of this side in those calls.
+    pub update_unmatched: usize,
 }
 
 impl SideCoverage {
@@ -51,7 +58,24 @@ pub fn of(a: &Alignment) -> Sides<SideCoverage> {
             .unmatched
             .iter()
             .filter(|u| u.side == who && u.why.missing());
+        // (parameter gradients are recorded when capture stops, after everything: no mark)
+        let grads = |op: Op| holds_gradients(op) && op.kind() != OpKind::ParametersGrad;
+        let last_grad = d.ops.iter().rposition(grads);
+        let update = |index: usize, direction: Direction| {
+            last_grad.is_some_and(|g| index > g) && direction == Direction::Forward
+        };
         SideCoverage {
+            update_ops: last_grad.map(|g| {
+                d.ops
+                    .iter()
+                    .skip(g + 1)
+                    .filter(|o| o.direction() == Direction::Forward)
+                    .count()
+            }),
+            update_unmatched: unmatched
+                .clone()
+                .filter(|u| update(u.op.index, u.op.direction))
+                .count(),
             tensors: d.ops.tensor_count(),
             unmatched: unmatched.clone().count(),
             ops: d.ops.len(),
