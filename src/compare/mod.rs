@@ -349,6 +349,15 @@ pub enum Level {
 }
 
 impl Level {
+    /// The name `-l` takes.
+    pub fn name(self) -> &'static str {
+        match self {
+            Level::Api => "api",
+            Level::Module => "module",
+            Level::Mix => "mix",
+        }
+    }
+
     /// Whether records of `kind` are compared at this level.
     pub fn keeps(self, kind: dump::OpKind) -> bool {
         match self {
@@ -442,13 +451,23 @@ pub fn compare_unit(
     floor: Option<DType>,
 ) -> Result<(UnitSummary, UnitTable)> {
     let mut dumps = dumps;
-    if opts.level != Level::Mix {
-        for d in [&mut dumps.bench, &mut dumps.cmp] {
-            d.ops = std::mem::take(&mut d.ops).retained(|op| opts.level.keeps(op.kind()));
-        }
-    }
     let mut warnings = std::mem::take(&mut dumps.bench.warnings);
     warnings.append(&mut dumps.cmp.warnings);
+    let level = match opts.level {
+        Level::Mix => match common_level(&dumps) {
+            Some((level, said)) => {
+                warnings.push(said);
+                level
+            }
+            None => Level::Mix,
+        },
+        chosen => chosen,
+    };
+    if level != Level::Mix {
+        for d in [&mut dumps.bench, &mut dumps.cmp] {
+            d.ops = std::mem::take(&mut d.ops).retained(|op| level.keeps(op.kind()));
+        }
+    }
     let incomplete = cut_to_shorter(unit, &mut dumps);
     let ops = dumps.cmp.ops.len();
     let calls = cross_rank::calls_of(&dumps.cmp.ops);
@@ -589,6 +608,54 @@ pub fn compare_unit(
 }
 
 /// Which side of a unit is incomplete: `bench`, `cmp` or `both`.
+/// The level both sides were captured at, when one side has a kind of record the other
+/// lacks altogether (one run captured at `level="mix"`, the other at `"api"` or msprobe's
+/// L1): the records of that kind have nothing to pair with, and they summarise calls that
+/// are compared anyway, so they are left out (as `-l` does), with the warning that says so.
+/// Two sides with no kind in common keep everything, with a warning that says why nothing
+/// pairs. None when both sides hold the same kinds, or one side holds nothing.
+fn common_level(dumps: &Sides<dump::RankDump>) -> Option<(Level, String)> {
+    let kinds = |d: &dump::RankDump| {
+        let api = d.ops.iter().any(|op| op.kind() == dump::OpKind::Api);
+        let module = d.ops.iter().any(|op| op.kind() != dump::OpKind::Api);
+        (api, module)
+    };
+    let (b, c) = (kinds(&dumps.bench), kinds(&dumps.cmp));
+    let (level, what, lacking) = match (b, c) {
+        ((true, true), (true, false)) => (Level::Api, "module", "comparison"),
+        ((true, false), (true, true)) => (Level::Api, "module", "benchmark"),
+        ((true, true), (false, true)) => (Level::Module, "API", "comparison"),
+        ((false, true), (true, true)) => (Level::Module, "API", "benchmark"),
+        ((true, false), (false, true)) | ((false, true), (true, false)) => {
+            let only = |(api, _): (bool, bool)| if api { "API" } else { "module" };
+            return Some((
+                Level::Mix,
+                format!(
+                    "the benchmark run has only {} records, the comparison run only {} \
+                     records (captured at other levels): nothing can pair; capture both runs \
+                     at the same level",
+                    only(b),
+                    only(c)
+                ),
+            ));
+        }
+        _ => return None,
+    };
+    let other = if lacking == "comparison" {
+        "benchmark"
+    } else {
+        "comparison"
+    };
+    Some((
+        level,
+        format!(
+            "the {lacking} run has no {what} records (captured at another level): the {other} \
+             run's {what} records are left out, as `-l {}` does",
+            level.name()
+        ),
+    ))
+}
+
 fn side_name(bench: bool, cmp: bool) -> &'static str {
     match (bench, cmp) {
         (true, true) => "both",

@@ -24,7 +24,7 @@ use crate::report::{CopyPlan, ReportWriter, TablePart};
 use crate::schema::summary::{label_key, IncompleteUnit};
 use serde::{Deserialize, Serialize};
 use sha2::{Digest, Sha256};
-use std::collections::{BTreeMap, HashMap};
+use std::collections::{BTreeMap, HashMap, HashSet};
 use std::fmt;
 use std::path::{Path, PathBuf};
 use std::str::FromStr;
@@ -167,10 +167,16 @@ impl RunPart {
         let mut incomplete = self.frame.unpaired;
         let mut units = Vec::new();
         let mut tables = Vec::new();
+        // (a warning every unit gives, as the levels the runs were captured at, is said once)
+        let mut said: HashSet<String> = warnings.iter().cloned().collect();
         for (_, outcome) in self.outcomes {
             match outcome {
                 Outcome::Compared(u, t) => {
-                    warnings.extend(u.warnings.iter().cloned());
+                    for w in &u.warnings {
+                        if said.insert(w.clone()) {
+                            warnings.push(w.clone());
+                        }
+                    }
                     units.push(*u);
                     tables.push(t);
                 }
