@@ -86,6 +86,7 @@ fn pair_summary(u: &UnitSummary) -> PairSummary {
         loss_scale: u.loss_scale.clone(),
         scaler_skipped: u.scaler_skipped.clone(),
         micro_batches: u.micro_batches.clone(),
+        input_sizes: u.input_sizes.clone(),
     }
 }
 
@@ -635,22 +636,32 @@ fn scale_note(pairs: &[PairSummary]) -> String {
     format!("; the cmp run's gradients are {s} the bench's (a loss scale{where_}): compared divided by it")
 }
 
-/// The first step/rank pair whose runs differ in micro-batching: said first, since their
-/// calls pair only in part and the rest of the headline reads on that.
+/// The first step/rank pair whose runs differ in micro-batching (else, the first whose runs
+/// read data of other sizes): said first, since their calls pair only in part, or on other
+/// data, and the rest of the headline reads on that.
 fn micro_note(pairs: &[PairSummary]) -> String {
-    match pairs
-        .iter()
-        .find_map(|p| Some((p, p.micro_batches.as_ref()?)))
-    {
-        Some((p, m)) => format!(
+    let micro = pairs.iter().find_map(|p| {
+        Some(format!(
             "; {} in {}/{}: gradient accumulation differs, so the calls pair only in part \
              (compare runs with the same micro-batch size)",
-            m.brief(),
+            p.micro_batches.as_ref()?.brief(),
             p.step,
             p.rank
-        ),
-        None => String::new(),
-    }
+        ))
+    });
+    let sizes = || {
+        pairs.iter().find_map(|p| {
+            Some(format!(
+                "; {} in {}/{}: their batch size, sequence length or data differ, so every \
+                 call reads other data (compare runs of the same configuration; config-check: \
+                 hyperparameters, data)",
+                p.input_sizes.as_ref()?.brief(),
+                p.step,
+                p.rank
+            ))
+        })
+    };
+    micro.or_else(sizes).unwrap_or_default()
 }
 
 /// The first step/rank pair a run's loss scaler skipped, if any: its NaN/Inf and its missing

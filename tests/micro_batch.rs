@@ -67,19 +67,30 @@ fn two_micro_batches_against_one_are_said() {
 
 #[test]
 fn the_same_passes_or_an_inexact_ratio_are_not_micro_batching() {
-    // The same passes on other sizes (another batch size): no.
+    // The same passes on other sizes (another batch size): no. The runs read data of
+    // other sizes, and that is said instead (the linear layer's first input: 8 rows of 2
+    // against 4).
     let d = tempfile::tempdir().unwrap();
     let s = pair(d.path(), step(1, 8), step(1, 4));
     assert!(s["pairs"][0].get("micro_batches").is_none(), "{s}");
-    // Twice the calls on inputs of the same size (the model called twice): no.
+    let sizes = serde_json::json!({"bench": 16, "cmp": 8, "at": "Functional.linear"});
+    assert_eq!(s["pairs"][0]["input_sizes"], sizes, "{s}");
+    let said = "the runs' inputs differ in size from their first forward pass on \
+                (Functional.linear reads 16 elements in the bench run, 8 in the cmp run) in \
+                step0/rank0: their batch size, sequence length or data differ";
+    assert!(s["headline"].as_str().unwrap().contains(said), "{s}");
+    // Twice the calls on inputs of the same size (the model called twice): no, and the
+    // data's size is the same.
     let e = tempfile::tempdir().unwrap();
     let s = pair(e.path(), step(1, 8), step(2, 8));
     assert!(s["pairs"][0].get("micro_batches").is_none(), "{s}");
-    // Three passes of a third is not 8 rows: no.
+    assert!(s["pairs"][0].get("input_sizes").is_none(), "{s}");
+    // Three passes of a third is not 8 rows: no; the data's size differs.
     let f = tempfile::tempdir().unwrap();
     let s = pair(f.path(), step(1, 8), step(3, 3));
     assert!(s["pairs"][0].get("micro_batches").is_none(), "{s}");
     assert!(!s["headline"].as_str().unwrap().contains("micro-batches"));
+    assert_eq!(s["pairs"][0]["input_sizes"]["cmp"], 6, "{s}");
 }
 
 #[test]
@@ -126,6 +137,7 @@ fn an_expert_loop_against_one_grouped_call_is_not_micro_batching() {
         around(vec![gelu(0, 8)]),
     );
     assert!(s["pairs"][0].get("micro_batches").is_none(), "{s}");
+    assert!(s["pairs"][0].get("input_sizes").is_none(), "{s}");
     assert!(
         !s["headline"].as_str().unwrap().contains("micro-batches"),
         "{s}"

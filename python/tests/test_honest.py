@@ -8,6 +8,7 @@ on a kernel.
 from __future__ import annotations
 
 import json
+import math
 import os
 import subprocess
 import sys
@@ -474,6 +475,33 @@ def test_a_run_whose_optimizer_update_is_not_in_its_dump_is_said_to_lack_it(
     assert "capture stopped" not in s["headline"], s["headline"]
     r, s = _compare(foreach, loop, tmp_path / "out2")
     assert "the benchmark run's dump has no optimizer update" in s["headline"], s["headline"]
+
+
+def test_runs_of_another_batch_size_are_said_to_read_other_data(tmp_path: Path) -> None:
+    """The port trains on batches of 8, the GPU run on 16 (the example's default): every
+    call reads other data, and the localiser's verdict (a gradient "from outside") says
+    nothing of the kernels. The headline says the data's size differs, from the first
+    call on, and where."""
+    b16, b8 = tmp_path / "b16", tmp_path / "b8"
+    _train(b16, "--steps", "1")
+    _train(b8, "--steps", "1", "--batch", "8")
+    first = {}
+    for name, path in (("bench", b16), ("cmp", b8)):
+        with (path / "step0" / "rank0" / "ops.jsonl").open(encoding="utf-8") as fh:
+            op = json.loads(fh.readline())
+        assert op["op"] == "Functional.conv2d.0.forward", op["op"]
+        first[name] = math.prod(op["tensors"][0]["shape"])
+    assert first == {"bench": 16 * 3 * 32 * 32, "cmp": 8 * 3 * 32 * 32}
+    r, s = _compare(b16, b8, tmp_path / "out")
+    assert s["pairs"][0]["input_sizes"] == {**first, "at": "Functional.conv2d"}, s["pairs"][0]
+    said = (
+        "the runs' inputs differ in size from their first forward pass on (Functional.conv2d "
+        f"reads {first['bench']} elements in the bench run, {first['cmp']} in the cmp run) in "
+        "step0/rank0: their batch size, sequence length or data differ"
+    )
+    assert said in s["headline"], s["headline"]
+    r, s = _compare(b8, b8, tmp_path / "same")
+    assert r.returncode == 0 and "input_sizes" not in s["pairs"][0], s["headline"]
 
 
 def test_a_port_that_accumulates_micro_batches_is_said_to(tmp_path: Path) -> None:

@@ -65,10 +65,47 @@ fn first_sizes(ops: &Ops, end: usize) -> HashMap<&str, usize> {
     m
 }
 
-/// The pair's micro-batching, when the two runs differ in it (module docs). The API it is
-/// told by is the first, in the benchmark's order, whose first call reads inputs of another
-/// size on the two sides (calls before it, such as splitting the batch, read the same).
-pub fn detect(dumps: &Sides<RankDump>) -> Option<MicroBatches> {
+/// Input sizes of the two runs' first call of an API, when their whole first forward pass
+/// reads other sizes and the runs do not take the same batch in other numbers of passes:
+/// a batch size, a sequence length or data of another shape. Every call then pairs with a
+/// call on other data, and what fails says nothing of the kernels.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct InputSizes {
+    /// Elements of the benchmark's first input of that call.
+    pub bench: usize,
+    /// The comparison run's.
+    pub cmp: usize,
+    /// The API (`Functional.conv2d`).
+    pub at: String,
+}
+
+impl InputSizes {
+    /// `the runs' inputs differ in size from their first forward pass on (Functional.conv2d
+    /// reads 49152 elements in the bench run, 24576 in the cmp run)`.
+    pub fn brief(&self) -> String {
+        format!(
+            "the runs' inputs differ in size from their first forward pass on ({} reads {} \
+             elements in the bench run, {} in the cmp run)",
+            self.at, self.bench, self.cmp
+        )
+    }
+}
+
+/// How the two runs take their step's data, where it differs.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Batching {
+    /// One run takes it in more forward passes (module docs).
+    Micro(MicroBatches),
+    /// The runs read data of other sizes.
+    Sizes(InputSizes),
+}
+
+/// How the pair's runs differ in the data they take, if they do. The API it is told by is
+/// the first, in the benchmark's order, whose first call reads inputs of another size on
+/// the two sides (calls before it, such as splitting the batch, read the same): the runs
+/// differ in micro-batching when one calls it k times as often on inputs k times smaller
+/// (module docs), else in their data's size.
+pub fn detect(dumps: &Sides<RankDump>) -> Option<Batching> {
     if !whole_pass_differs(dumps) {
         return None;
     }
@@ -79,6 +116,19 @@ pub fn detect(dumps: &Sides<RankDump>) -> Option<MicroBatches> {
         let nc = first_cmp.remove(api)?;
         (nb != nc).then_some((api, nb, nc))
     })?;
+    Some(match micro_batches(dumps, api, nb, nc) {
+        Some(m) => Batching::Micro(m),
+        None => Batching::Sizes(InputSizes {
+            bench: nb,
+            cmp: nc,
+            at: api.to_string(),
+        }),
+    })
+}
+
+/// The pair's micro-batching, told by `api`, whose first call reads `nb` elements in the
+/// benchmark and `nc` in the comparison run.
+fn micro_batches(dumps: &Sides<RankDump>, api: &str, nb: usize, nc: usize) -> Option<MicroBatches> {
     let count = |ops: &Ops, n: usize| {
         forward_calls(ops, ops.len())
             .filter(|&c| c == (api, n))

@@ -135,6 +135,10 @@ pub struct UnitSummary {
     /// Forward passes a step on each side, when the runs differ in micro-batching.
     #[serde(default)]
     pub micro_batches: Option<micro_batch::MicroBatches>,
+    /// The size of the data the runs' first forward pass reads, when it differs and is not
+    /// micro-batching.
+    #[serde(default)]
+    pub input_sizes: Option<micro_batch::InputSizes>,
 }
 
 /// How many ops a unit's rows hold (consecutive rows of one op) and how many of them have
@@ -492,16 +496,28 @@ pub fn compare_unit(
         ));
     }
     // The runs take the step's batch in different numbers of forward passes.
-    let micro = micro_batch::detect(&dumps);
-    if let Some(m) = &micro {
-        warnings.push(format!(
-            "{}/{}: {}: gradient accumulation differs, so the runs' calls pair only in part; \
-             compare runs with the same micro-batch size",
-            unit.step,
-            unit.rank,
-            m.brief()
-        ));
-    }
+    let batching = micro_batch::detect(&dumps);
+    warnings.extend(batching.as_ref().map(|b| {
+        let (what, why) = match b {
+            micro_batch::Batching::Micro(m) => (
+                m.brief(),
+                "gradient accumulation differs, so the runs' calls pair only in part; compare \
+                 runs with the same micro-batch size",
+            ),
+            micro_batch::Batching::Sizes(i) => (
+                i.brief(),
+                "their batch size, sequence length or data differ, so every call reads other \
+                 data; compare runs of the same configuration (config-check: hyperparameters, \
+                 data)",
+            ),
+        };
+        format!("{}/{}: {what}: {why}", unit.step, unit.rank)
+    }));
+    let (micro, input_sizes) = match batching {
+        Some(micro_batch::Batching::Micro(m)) => (Some(m), None),
+        Some(micro_batch::Batching::Sizes(i)) => (None, Some(i)),
+        None => (None, None),
+    };
     let alignment = opts.aligner.align(dumps);
     // One run's scaler skipped the step: the other's update has no counterpart.
     let alignment = match (sb, sc) {
@@ -603,6 +619,7 @@ pub fn compare_unit(
         loss_scale: scale,
         scaler_skipped: skipped,
         micro_batches: micro,
+        input_sizes,
     };
     Ok((summary, table))
 }

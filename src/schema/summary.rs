@@ -344,6 +344,11 @@ pub struct PairSummary {
     /// accumulation): their calls pair only in part.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub micro_batches: Option<crate::compare::micro_batch::MicroBatches>,
+    /// The elements each run's first call of an API reads, when the runs' whole first
+    /// forward pass reads data of other sizes (not micro-batching): every call then reads
+    /// other data.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub input_sizes: Option<crate::compare::micro_batch::InputSizes>,
 }
 
 /// One of the worst ops of the compare.
