@@ -157,6 +157,84 @@ fn a_collective_whose_inputs_agree_everywhere_is_named_as_faulty() {
     assert_eq!(s["propagation"][0]["from_ranks"], serde_json::json!([1]));
 }
 
+/// A collective is faulty only when every rank of its group was compared and fed it
+/// agreeing inputs: with ranks 2 and 3 left out (`--ranks 0-1`), what they sent is unknown.
+#[test]
+fn a_collective_whose_group_was_not_all_compared_is_not_called_faulty() {
+    let t = tempfile::tempdir().unwrap();
+    synth(
+        t.path(),
+        &[
+            "--ranks",
+            "4",
+            "--perturb-rank",
+            "1",
+            "--perturb-collective",
+        ],
+    );
+    let o = compare(t.path(), &["-q"]);
+    assert_eq!(o.code, 1, "{}", o.stderr);
+    let s = summary(t.path());
+    assert_eq!(s["origin"]["kind"], "collective", "{s:#}");
+    let o = compare(t.path(), &["-q", "--ranks", "0-1"]);
+    assert_eq!(o.code, 1, "{}", o.stderr);
+    let s = summary(t.path());
+    let h = s["headline"].as_str().unwrap();
+    assert!(!h.contains("faulty communication"), "{h}");
+    assert!(s.get("origin").is_none(), "{s:#}");
+}
+
+/// The GPU job ran on 2 ranks, the NPU job on 4: a rank of each reads another share of the
+/// data, and each all-reduce sums over other ranks. That is said, and no collective is
+/// called faulty (its inputs agree on the ranks both runs have; ranks 2 and 3 are the
+/// comparison run's only).
+#[test]
+fn runs_of_another_world_size_are_said_to_be() {
+    let t = tempfile::tempdir().unwrap();
+    synth(
+        &t.path().join("two"),
+        &["--ranks", "2", "--mode", "statistics"],
+    );
+    synth(
+        &t.path().join("four"),
+        &["--ranks", "4", "--mode", "statistics"],
+    );
+    let out = t.path().join("out");
+    let o = compare_paths(
+        &t.path().join("two/bench"),
+        &t.path().join("four/cmp"),
+        &out,
+        &["-q"],
+    );
+    assert_ne!(o.code, 0, "{}", o.stderr);
+    let s: Value =
+        serde_json::from_str(&std::fs::read_to_string(out.join("summary.json")).unwrap()).unwrap();
+    let h = s["headline"].as_str().unwrap();
+    assert!(!h.contains("faulty communication"), "{h}");
+    assert!(s.get("origin").is_none(), "{s:#}");
+    let said = "step0: the benchmark has ranks 0-1 and the comparison run 0-3: in a \
+                data-parallel job of another world size a rank reads another share of the \
+                data";
+    assert!(
+        s["warnings"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .any(|w| w.as_str().unwrap().starts_with(said)),
+        "{s:#}"
+    );
+    assert!(o.stderr.contains(said), "{}", o.stderr);
+    // The same world size says nothing of it.
+    let o = compare_paths(
+        &t.path().join("four/bench"),
+        &t.path().join("four/cmp"),
+        &out,
+        &["-q"],
+    );
+    assert_eq!(o.code, 0, "{}", o.stderr);
+    assert!(!o.stderr.contains("world size"), "{}", o.stderr);
+}
+
 #[test]
 fn identical_multi_rank_runs_pass_without_a_cross_rank_story() {
     let (_t, o, s) = run(&["--ranks", "4"]);

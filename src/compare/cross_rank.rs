@@ -14,7 +14,7 @@ use super::{UnitRows, UnitSummary, Verdict};
 use crate::dump::{Collective, Direction, Ops, Role};
 use crate::error::Result;
 use crate::schema::summary::{label_key, Finding, Origin, Propagation, Via};
-use foldhash::{HashMap, HashMapExt};
+use foldhash::{HashMap, HashMapExt, HashSet};
 use serde::{Deserialize, Serialize};
 use std::collections::BTreeMap;
 
@@ -249,12 +249,23 @@ pub fn analyze(units: &[UnitSummary]) -> Option<CrossRank> {
         };
         firsts.push(((e, kind, label_key(&u.rank)), u, first));
     }
+    // The ranks of the step that were compared: a collective is only known to have got
+    // agreeing inputs when every rank of its group was (a rank in one run only, as in a
+    // job of another world size, reduces values nobody compared).
+    let compared: HashSet<u32> = units
+        .iter()
+        .filter(|u| label_key(&u.step) == step)
+        .filter_map(|u| rank_number(&u.rank))
+        .collect();
+    let seen_whole = |u: &UnitSummary, c: &CollectiveCall| {
+        u.collectives.group(c).iter().all(|r| compared.contains(r))
+    };
     // The origin: the earliest local divergence or faulty collective (inputs agree on every
     // rank of the group) on the timeline.
     firsts.sort_by(|a, b| a.0.cmp(&b.0));
     let (_, ou, of) = firsts.iter().find(|(_, u, f)| match f {
         First::Local(_) | First::Outside(..) => true,
-        First::Inherited(_, c) => differing(u, c).is_empty(),
+        First::Inherited(_, c) => differing(u, c).is_empty() && seen_whole(u, c),
     })?;
     let (finding, collective, kind) = match of {
         First::Local(f) => (*f, None, "op"),

@@ -37,6 +37,7 @@ pub fn plan(bench: &Path, cmp: &Path, selection: &Selection) -> Result<Plan> {
     let b = selection.apply(dump::discover(bench)?)?;
     let c = selection.apply(dump::discover(cmp)?)?;
     let (pairs, mut warnings, unpaired) = pair_ranks(&b, &c);
+    warnings.extend(other_world(&b, &c));
     for (set, side) in [(&b, "benchmark"), (&c, "comparison")] {
         if set.compiled {
             warnings.push(format!(
@@ -59,6 +60,35 @@ pub fn plan(bench: &Path, cmp: &Path, selection: &Selection) -> Result<Plan> {
         units,
         warnings,
         unpaired,
+    })
+}
+
+/// When the runs ran on other numbers of ranks (at the first step both hold, the highest
+/// `rank<N>` folder of each), the warning that says a rank of each holds another share of
+/// the job's data: in a data-parallel job of another world size rank N reads other samples,
+/// so its tensors differ with nothing wrong (GPU and NPU clusters are rarely the same size).
+fn other_world(b: &DumpSet, c: &DumpSet) -> Option<String> {
+    let world = |set: &DumpSet, step: &str| {
+        set.ranks
+            .iter()
+            .filter(|l| l.step == step)
+            .filter_map(|l| l.rank.strip_prefix("rank")?.parse::<usize>().ok())
+            .max()
+            .map(|n| n + 1)
+    };
+    b.ranks.iter().find_map(|l| {
+        let (wb, wc) = (world(b, &l.step)?, world(c, &l.step)?);
+        (wb != wc).then(|| {
+            format!(
+                "{}: the benchmark has ranks 0-{} and the comparison run 0-{}: in a \
+                 data-parallel job of another world size a rank reads another share of the \
+                 data, so its tensors differ with nothing wrong; compare runs of the same \
+                 world size",
+                l.step,
+                wb - 1,
+                wc - 1
+            )
+        })
     })
 }
 
