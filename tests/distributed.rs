@@ -322,6 +322,34 @@ fn comparing_different_ranks_warns_loudly() {
     ]);
     assert_eq!(o.code, 0, "{}", o.stderr);
     assert!(!o.stderr.contains("different ranks"), "{}", o.stderr);
+    assert!(
+        !o.stderr.contains("different training steps"),
+        "{}",
+        o.stderr
+    );
+}
+
+/// One step captured in each run, of another number (the GPU run's `steps=[0]`, the
+/// port's `steps=[3]`): their folders pair, since each run has one, and a warning says
+/// they are different steps.
+#[test]
+fn comparing_different_steps_warns() {
+    let t = tempfile::tempdir().unwrap();
+    synth(t.path(), &["--mode", "statistics"]);
+    let later = t.path().join("later");
+    std::fs::create_dir_all(later.join("step3")).unwrap();
+    std::fs::rename(t.path().join("cmp/step0/rank0"), later.join("step3/rank0")).unwrap();
+    std::fs::rename(
+        t.path().join("cmp/manifest.json"),
+        later.join("manifest.json"),
+    )
+    .unwrap();
+    let out = t.path().join("out");
+    let o = compare_paths(&t.path().join("bench"), &later, &out, &["-q"]);
+    assert_eq!(o.code, 0, "{}", o.stderr);
+    let needle = "comparing step0 of the benchmark with step3 of the comparison run: different \
+                  training steps";
+    assert!(o.stderr.contains(needle), "{}", o.stderr);
 }
 
 #[test]

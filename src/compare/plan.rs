@@ -114,6 +114,15 @@ pub fn pair_ranks(b: &DumpSet, c: &DumpSet) -> (Vec<(RankLoc, RankLoc)>, Vec<Str
                 bl.rank, cl.rank
             ));
         }
+        // (A step's weights have taken as many updates as its number.)
+        if bl.step != cl.step {
+            warnings.push(format!(
+                "comparing {} of the benchmark with {} of the comparison run: different \
+                 training steps (their weights have taken other numbers of updates, their \
+                 batches differ; compare the same step of each run)",
+                bl.step, cl.step
+            ));
+        }
         return (vec![(bl.clone(), cl.clone())], warnings, vec![]);
     }
     let key = |l: &RankLoc| (l.step.clone(), l.rank.clone());
