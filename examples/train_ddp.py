@@ -113,6 +113,13 @@ def main(argv: Optional[list[str]] = None) -> int:
         default="float32",
         help="bfloat16 runs forward under autocast; float16 too, with AMP's GradScaler",
     )
+    ap.add_argument(
+        "--optimizer",
+        choices=["loop", "foreach"],
+        default="loop",
+        help="Adam per parameter (loop) or multi-tensor (foreach, PyTorch's default on GPUs: "
+        "its _foreach_ ops are not hooked, so the update is not in the dump)",
+    )
     ap.add_argument("--quiet", action="store_true")
     ap.add_argument(
         "--no-collectives",
@@ -155,7 +162,7 @@ def main(argv: Optional[list[str]] = None) -> int:
         fully_shard(model)
     else:
         model = DistributedDataParallel(SmallNet(), bucket_cap_mb=args.bucket_cap_mb)
-    opt = torch.optim.Adam(model.parameters(), lr=1e-3, foreach=False)
+    opt = torch.optim.Adam(model.parameters(), lr=1e-3, foreach=args.optimizer == "foreach")
     data = [
         (
             x[rank * args.batch : (rank + 1) * args.batch],

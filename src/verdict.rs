@@ -229,19 +229,18 @@ fn coverage_gap(u: &UnitSummary, max: f64) -> Option<(&'static str, String)> {
         let stopped = o.ops > 0
             && h.tail_unmatched as f64 > max * h.tensors as f64
             && o.tail_unmatched.saturating_mul(10) <= h.tail_unmatched;
-        // The other side's dump ends with its gradients, and what this side has beyond
-        // them is its optimizer's update: the other run's update is not in its dump.
-        let no_update = o.update_ops == Some(0)
-            && h.update_unmatched > 0
-            && h.update_unmatched >= h.tail_unmatched;
+        // What this side lacks a counterpart for is mostly its forward calls after its
+        // gradients (its optimizer's update), and every such call of the other side has one
+        // (logging the loss, say): the other run's update is not in its dump.
+        let update = h.update_unmatched.unwrap_or(0);
+        let no_update = o.update_unmatched == Some(0) && update > 0 && 2 * update >= h.unmatched;
         reasons.push(match (&o.last_op, stopped) {
-            (Some(last), _) if no_update => format!(
-                "{}'s dump has no optimizer update after its gradients (last: {last}): {} {} \
-                 tensors of the update have no counterpart (a multi-tensor or fused \
-                 optimizer, PyTorch's default on GPUs, is not hooked; or the update ran \
-                 outside the captured step)",
+            (Some(_), _) if no_update => format!(
+                "{}'s dump has no optimizer update after its gradients: {} {} tensors of the \
+                 update have no counterpart (a multi-tensor or fused optimizer, PyTorch's \
+                 default on GPUs, is not hooked; or the update ran outside the captured step)",
                 run_name(other),
-                thousands(h.update_unmatched),
+                thousands(update),
                 have.name()
             ),
             (Some(last), true) => format!(

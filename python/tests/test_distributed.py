@@ -288,6 +288,24 @@ def test_probe_compare_names_a_faulty_collective(clean: tuple[str, Ops], tmp_pat
     assert s["origin"]["kind"] == "collective", s["origin"]
 
 
+def test_ddp_with_the_multi_tensor_optimizer_lacks_the_update_and_says_so(
+    clean: tuple[str, Ops], tmp_path: Any
+) -> None:
+    """The port's DDP job steps with the multi-tensor Adam (PyTorch's default on GPUs),
+    whose ``_foreach_`` ops are not hooked: its dump has no update after its gradients'
+    all-reduce, though it logs the loss after it as the bench does. Every rank's pair says
+    so, rather than that its capture stopped."""
+    foreach = str(tmp_path / "foreach")
+    torchrun(foreach, 2, "--optimizer", "foreach")
+    code, s = _compare(clean[0], foreach, tmp_path / "out")
+    assert code == 4, s["headline"]
+    assert s["counts"]["error"] == 0 and s["counts"]["unmatched_cmp"] == 0, s["counts"]
+    said = "the comparison run's dump has no optimizer update after its gradients"
+    for u in s["incomplete_units"]:
+        assert u["reason"].startswith(said), u
+    assert len(s["incomplete_units"]) == 4, s["incomplete_units"]
+
+
 def test_ddp_in_float16_with_its_scaler_against_bfloat16(tmp_path: Any) -> None:
     """Both runs train under autocast on 2 ranks; the port in float16 with GradScaler at its
     default scale (65536), under which this model's first gradients overflow: both ranks'

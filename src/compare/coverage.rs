@@ -24,11 +24,10 @@ pub struct SideCoverage {
     /// Unmatched tensors of this side in ops after its last op holding a matched tensor:
     /// the tail the other side never reached, if the other side stopped.
     pub tail_unmatched: usize,
-    /// Forward calls after this side's last record of gradients (backward calls, DDP's
-    /// gradient all-reduce): its optimizer's update. None without gradient records.
-    pub update_ops: Option<usize>,
-    /// Unmatched tensors of this side in those calls.
-    pub update_unmatched: usize,
+    /// Unmatched tensors of this side in the forward calls after its last record of
+    /// gradients (backward calls, DDP's gradient all-reduce): its optimizer's update, where
+    /// the other side has none. None without gradient records.
+    pub update_unmatched: Option<usize>,
 }
 
 impl SideCoverage {
@@ -61,21 +60,13 @@ pub fn of(a: &Alignment) -> Sides<SideCoverage> {
         // (parameter gradients are recorded when capture stops, after everything: no mark)
         let grads = |op: Op| holds_gradients(op) && op.kind() != OpKind::ParametersGrad;
         let last_grad = d.ops.iter().rposition(grads);
-        let update = |index: usize, direction: Direction| {
-            last_grad.is_some_and(|g| index > g) && direction == Direction::Forward
-        };
         SideCoverage {
-            update_ops: last_grad.map(|g| {
-                d.ops
-                    .iter()
-                    .skip(g + 1)
-                    .filter(|o| o.direction() == Direction::Forward)
+            update_unmatched: last_grad.map(|g| {
+                unmatched
+                    .clone()
+                    .filter(|u| u.op.index > g && u.op.direction == Direction::Forward)
                     .count()
             }),
-            update_unmatched: unmatched
-                .clone()
-                .filter(|u| update(u.op.index, u.op.direction))
-                .count(),
             tensors: d.ops.tensor_count(),
             unmatched: unmatched.clone().count(),
             ops: d.ops.len(),
