@@ -235,7 +235,7 @@ fn coverage_gap(u: &UnitSummary, max: f64) -> Option<(&'static str, String)> {
         let update = h.update_unmatched.unwrap_or(0);
         let no_update = o.update_unmatched == Some(0) && update > 0 && 2 * update >= h.unmatched;
         reasons.push(match (&o.last_op, stopped) {
-            (Some(_), _) if no_update => format!(
+            _ if no_update => format!(
                 "{}'s dump has no optimizer update after its gradients: {} {} tensors of the \
                  update have no counterpart (a multi-tensor or fused optimizer, PyTorch's \
                  default on GPUs, is not hooked; or the update ran outside the captured step)",

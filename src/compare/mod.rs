@@ -624,7 +624,6 @@ pub fn compare_unit(
     Ok((summary, table))
 }
 
-/// Which side of a unit is incomplete: `bench`, `cmp` or `both`.
 /// The level both sides were captured at, when one side has a kind of record the other
 /// lacks altogether (one run captured at `level="mix"`, the other at `"api"` or msprobe's
 /// L1): the records of that kind have nothing to pair with, and they summarise calls that
@@ -673,6 +672,7 @@ fn common_level(dumps: &Sides<dump::RankDump>) -> Option<(Level, String)> {
     ))
 }
 
+/// Which side of a unit is incomplete: `bench`, `cmp` or `both`.
 fn side_name(bench: bool, cmp: bool) -> &'static str {
     match (bench, cmp) {
         (true, true) => "both",

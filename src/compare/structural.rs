@@ -467,11 +467,10 @@ fn align_group(
     scratch: &mut [u32],
 ) -> GroupAlignment {
     // Anchors: the n-th call of an API in this group on both sides, same signature, and the
-    // n-th call of a signature (below). The
-    // group's APIs are numbered densely (`scratch[api]` is the number + 1 while the group is
-    // aligned), the benchmark's calls are then listed per API in call order (one flat
-    // table), so the n-th call of an API is an index, not a lookup of (name, n) in a map of
-    // every call.
+    // n-th call of a signature (below). The group's APIs are numbered densely
+    // (`scratch[api]` is the number + 1 while the group is aligned), the benchmark's calls
+    // are then listed per API in call order (one flat table), so the n-th call of an API is
+    // an index, not a lookup of (name, n) in a map of every call.
     let mut seen_apis: Vec<u32> = Vec::new();
     let mut id_of = |api: u32| -> u32 {
         let e = &mut scratch[api as usize];
