@@ -260,6 +260,16 @@ fn coverage_gap(u: &UnitSummary, max: f64) -> Option<(&'static str, String)> {
             ),
         });
     }
+    // A run that ran compiled code lacks the operators inside its graphs.
+    for (run, compiled) in [(Side::Bench, u.compiled.bench), (Side::Cmp, u.compiled.cmp)] {
+        if compiled && lacking.contains(&run) {
+            reasons.push(format!(
+                "{} ran compiled code (torch.compile, TorchScript): its graphs' operators are \
+                 not in its dump",
+                run_name(run)
+            ));
+        }
+    }
     let side = match lacking.as_slice() {
         [] => return None,
         [one] => one.name(),

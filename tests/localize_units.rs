@@ -105,6 +105,7 @@ fn run(bench: Log, cmp: Log) -> Compared {
         step: "step0".into(),
         rank: "rank0".into(),
         locs: Sides::new(loc(), loc()),
+        compiled: Sides::default(),
     };
     let caches = Sides::<ShardCache>::default();
     let (summary, table) = compare::compare_unit(

@@ -151,6 +151,11 @@ def test_a_compiled_run_against_an_eager_one_is_incomplete_not_divergent(tmp_pat
         s = json.load(fh)
     assert r.returncode == 4, s["headline"]  # INCOMPLETE
     assert s["headline"].startswith("INCOMPLETE"), s["headline"]
+    why = (
+        "the comparison run ran compiled code (torch.compile, TorchScript): its graphs' "
+        "operators are not in its dump"
+    )
+    assert s["headline"].count(why) == 2, s["headline"]  # (each step's pair says it)
     c = s["counts"]
     # Every call of the compiled run pairs (the updates of 22 parameters, the loss), and
     # agrees: its updates are the eager run's.

@@ -139,6 +139,9 @@ pub struct UnitSummary {
     /// micro-batching.
     #[serde(default)]
     pub input_sizes: Option<micro_batch::InputSizes>,
+    /// Whether each side ran compiled code while it was captured (its manifest says so).
+    #[serde(default)]
+    pub compiled: Sides<bool>,
 }
 
 /// How many ops a unit's rows hold (consecutive rows of one op) and how many of them have
@@ -620,6 +623,7 @@ pub fn compare_unit(
         scaler_skipped: skipped,
         micro_batches: micro,
         input_sizes,
+        compiled: unit.compiled,
     };
     Ok((summary, table))
 }

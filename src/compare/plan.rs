@@ -18,6 +18,8 @@ pub struct Unit {
     pub rank: String,
     /// Where each side's op log is.
     pub locs: Sides<RankLoc>,
+    /// Whether each side's manifest says compiled code ran while it was captured.
+    pub compiled: Sides<bool>,
 }
 
 /// The units of a compare, in step/rank order, with warnings about folders left unpaired.
@@ -54,6 +56,7 @@ pub fn plan(bench: &Path, cmp: &Path, selection: &Selection) -> Result<Plan> {
             step: cl.step.clone(),
             rank: cl.rank.clone(),
             locs: Sides::new(bl, cl),
+            compiled: Sides::new(b.compiled, c.compiled),
         })
         .collect();
     Ok(Plan {

@@ -669,6 +669,7 @@ mod tests {
             step: step.into(),
             rank: rank.into(),
             locs: Sides::new(loc.clone(), loc),
+            compiled: Sides::default(),
         }
     }
 
