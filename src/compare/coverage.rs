@@ -4,9 +4,9 @@
 //! ops it has agree.
 
 use super::align::{Alignment, Side};
-use super::loss_scale::holds_gradients;
+use super::loss_scale::last_gradients;
 use super::Sides;
-use crate::dump::{Direction, Op, OpKind};
+use crate::dump::Direction;
 use serde::{Deserialize, Serialize};
 
 /// The coverage of one side of a unit.
@@ -57,11 +57,8 @@ pub fn of(a: &Alignment) -> Sides<SideCoverage> {
             .unmatched
             .iter()
             .filter(|u| u.side == who && u.why.missing());
-        // (parameter gradients are recorded when capture stops, after everything: no mark)
-        let grads = |op: Op| holds_gradients(op) && op.kind() != OpKind::ParametersGrad;
-        let last_grad = d.ops.iter().rposition(grads);
         SideCoverage {
-            update_unmatched: last_grad.map(|g| {
+            update_unmatched: last_gradients(&d.ops).map(|g| {
                 unmatched
                     .clone()
                     .filter(|u| u.op.index > g && u.op.direction == Direction::Forward)

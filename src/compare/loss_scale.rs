@@ -59,6 +59,14 @@ pub fn holds_gradients(op: Op) -> bool {
         || op.key().base_text() == "Distributed.ddp_bucket_allreduce"
 }
 
+/// The index of a side's last record of gradients (a backward call, DDP's gradient
+/// all-reduce): the forward calls after it are the optimizer's update. Parameter gradients
+/// are recorded when capture stops, after everything: not a mark.
+pub fn last_gradients(ops: &Ops) -> Option<usize> {
+    ops.iter()
+        .rposition(|op| holds_gradients(op) && op.kind() != OpKind::ParametersGrad)
+}
+
 /// The loss scale between the two sides of an aligned unit, if its first shared gradient
 /// says there is one (see the module docs).
 pub fn detect(al: &Alignment) -> Option<LossScale> {
@@ -144,9 +152,7 @@ pub fn skipped_update(al: Alignment, skipped: Side) -> Alignment {
         Side::Bench => &al.dumps.cmp.ops,
         Side::Cmp => &al.dumps.bench.ops,
     };
-    // Parameter gradients are recorded when capture stops, after everything: not a mark.
-    let grad = |op: Op| holds_gradients(op) && op.kind() != OpKind::ParametersGrad;
-    let Some(last_grad) = ops.iter().rposition(grad) else {
+    let Some(last_grad) = last_gradients(ops) else {
         return al;
     };
     for u in &mut al.unmatched {
