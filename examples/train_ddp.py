@@ -122,6 +122,11 @@ def main(argv: Optional[list[str]] = None) -> int:
     )
     ap.add_argument("--quiet", action="store_true")
     ap.add_argument(
+        "--dump-ranks",
+        default=None,
+        help="the ranks to dump, e.g. 0,1 (the config's ranks; default: every rank)",
+    )
+    ap.add_argument(
         "--no-collectives",
         action="store_true",
         help="capture everything but Distributed.* records (bench/distributed_capture.sh)",
@@ -186,6 +191,7 @@ def main(argv: Optional[list[str]] = None) -> int:
             level=args.level,
             mode=args.mode,
             **({"exclude": ["Distributed.*"]} if args.no_collectives else {}),
+            **({"ranks": [int(r) for r in args.dump_ranks.split(",")]} if args.dump_ranks else {}),
         )
     )
     amp, scaler = mixed_precision(args.dtype, torch.device("cpu"))

@@ -299,7 +299,7 @@ impl RankWriter {
     }
 }
 
-fn write_manifest(root: &Path, mode: &str) -> Result<()> {
+fn write_manifest(root: &Path, mode: &str, ranks: usize) -> Result<()> {
     let m = ManifestRecord {
         compiled: None,
         created: "2026-01-01T00:00:00Z".into(),
@@ -312,6 +312,7 @@ fn write_manifest(root: &Path, mode: &str) -> Result<()> {
         overflow: None,
         producer: Some(concat!("probe synth ", env!("CARGO_PKG_VERSION")).into()),
         version: 1,
+        world_size: Some(ranks as u64),
     };
     let mut text = serde_json::to_string_pretty(&m).unwrap_or_default();
     text.push('\n');
@@ -671,7 +672,7 @@ pub fn write_pair(out: &Path, o: &SynthOptions) -> Result<()> {
             path: root.clone(),
             msg: e.to_string(),
         })?;
-        write_manifest(&root, &o.mode)?;
+        write_manifest(&root, &o.mode, o.ranks)?;
         for s in 0..o.steps {
             let mut w = RankWriter::new(root.join(format!("step{s}")).join("rank0"), &o.mode)?;
             let mut run = Run {
@@ -706,7 +707,7 @@ fn write_distributed(out: &Path, o: &SynthOptions) -> Result<()> {
             path: root.clone(),
             msg: e.to_string(),
         })?;
-        write_manifest(&root, &o.mode)?;
+        write_manifest(&root, &o.mode, o.ranks)?;
         for s in 0..o.steps {
             let weights_seed = o.seed.wrapping_add(s as u64);
             let mut ws = Vec::with_capacity(o.ranks);
@@ -817,7 +818,7 @@ pub fn write_bulk(
             path: root.clone(),
             msg: e.to_string(),
         })?;
-        write_manifest(&root, mode)?;
+        write_manifest(&root, mode, 1)?;
         let mut w = RankWriter::new(root.join("step0").join("rank0"), mode)?;
         let mut data = Rng(seed);
         let mut jitter = Rng(seed ^ 0x5555);

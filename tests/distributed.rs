@@ -5,6 +5,7 @@
 mod common;
 use common::*;
 use serde_json::Value;
+use std::path::Path;
 
 fn run(args: &[&str]) -> (tempfile::TempDir, Out, Value) {
     let t = tempfile::tempdir().unwrap();
@@ -200,30 +201,47 @@ fn runs_of_another_world_size_are_said_to_be() {
         &["--ranks", "4", "--mode", "statistics"],
     );
     let out = t.path().join("out");
-    let o = compare_paths(
+    let warned = |bench: &Path, cmp: &Path, said: &str| {
+        let o = compare_paths(bench, cmp, &out, &["-q"]);
+        assert_ne!(o.code, 0, "{}", o.stderr);
+        let s: Value =
+            serde_json::from_str(&std::fs::read_to_string(out.join("summary.json")).unwrap())
+                .unwrap();
+        let h = s["headline"].as_str().unwrap();
+        assert!(!h.contains("faulty communication"), "{h}");
+        assert!(s.get("origin").is_none(), "{s:#}");
+        assert!(
+            s["warnings"]
+                .as_array()
+                .unwrap()
+                .iter()
+                .any(|w| w.as_str().unwrap().starts_with(said)),
+            "{s:#}"
+        );
+        assert!(o.stderr.contains(said), "{}", o.stderr);
+    };
+    // The manifests say each job's world size.
+    warned(
         &t.path().join("two/bench"),
         &t.path().join("four/cmp"),
-        &out,
-        &["-q"],
+        "the benchmark ran on 2 ranks and the comparison run on 4: in a data-parallel job of \
+         another world size a rank reads another share of the data",
     );
-    assert_ne!(o.code, 0, "{}", o.stderr);
-    let s: Value =
-        serde_json::from_str(&std::fs::read_to_string(out.join("summary.json")).unwrap()).unwrap();
-    let h = s["headline"].as_str().unwrap();
-    assert!(!h.contains("faulty communication"), "{h}");
-    assert!(s.get("origin").is_none(), "{s:#}");
-    let said = "step0: the benchmark has ranks 0-1 and the comparison run 0-3: in a \
-                data-parallel job of another world size a rank reads another share of the \
-                data";
-    assert!(
-        s["warnings"]
-            .as_array()
-            .unwrap()
-            .iter()
-            .any(|w| w.as_str().unwrap().starts_with(said)),
-        "{s:#}"
+    // Dumps whose manifests do not (msprobe's, older probe ones): by their rank folders.
+    for side in ["two/bench", "four/cmp"] {
+        let m = t.path().join(side).join("manifest.json");
+        let mut v: Value = serde_json::from_str(&std::fs::read_to_string(&m).unwrap()).unwrap();
+        assert!(
+            v.as_object_mut().unwrap().remove("world_size").is_some(),
+            "{v}"
+        );
+        std::fs::write(&m, v.to_string()).unwrap();
+    }
+    warned(
+        &t.path().join("two/bench"),
+        &t.path().join("four/cmp"),
+        "step0: the benchmark has ranks 0-1 and the comparison run 0-3 (by their folders",
     );
-    assert!(o.stderr.contains(said), "{}", o.stderr);
     // The same world size says nothing of it.
     let o = compare_paths(
         &t.path().join("four/bench"),
@@ -233,6 +251,46 @@ fn runs_of_another_world_size_are_said_to_be() {
     );
     assert_eq!(o.code, 0, "{}", o.stderr);
     assert!(!o.stderr.contains("world size"), "{}", o.stderr);
+}
+
+/// A job of 4 ranks whose benchmark dumped ranks 0 and 1 only (its config's `rank` list),
+/// against all 4 of the comparison run: the same world size, which the manifests say, so
+/// no rank is said to hold another share of the data (the folders alone said 2 against 4).
+/// The comparison run's other ranks are said to have no counterpart.
+#[test]
+fn a_dump_of_some_ranks_of_a_job_is_not_another_world_size() {
+    let t = tempfile::tempdir().unwrap();
+    synth(t.path(), &["--ranks", "4", "--mode", "statistics"]);
+    for r in ["rank2", "rank3"] {
+        std::fs::remove_dir_all(t.path().join("bench/step0").join(r)).unwrap();
+    }
+    let out = t.path().join("out");
+    let o = compare_paths(
+        &t.path().join("bench"),
+        &t.path().join("cmp"),
+        &out,
+        &["-q"],
+    );
+    let s: Value =
+        serde_json::from_str(&std::fs::read_to_string(out.join("summary.json")).unwrap()).unwrap();
+    assert!(!o.stderr.contains("world size"), "{}", o.stderr);
+    let warnings: Vec<&str> = s["warnings"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|w| w.as_str().unwrap())
+        .collect();
+    assert!(
+        !warnings.iter().any(|w| w.contains("world size")),
+        "{warnings:?}"
+    );
+    assert!(
+        warnings.iter().any(|w| w.contains("rank2"))
+            && warnings.iter().any(|w| w.contains("rank3")),
+        "{warnings:?}"
+    );
+    // The ranks both have compare as ever: nothing differs there.
+    assert_eq!(s["counts"]["error"], 0, "{s:#}");
 }
 
 #[test]

@@ -30,6 +30,22 @@ def current_rank() -> int:
         return 0
 
 
+def world_size() -> int:
+    """The job's number of ranks, by the same rule as :func:`current_rank`: the process
+    group's, else ``$WORLD_SIZE``, else 1."""
+    try:
+        import torch.distributed as dist
+
+        if dist.is_available() and dist.is_initialized():
+            return int(dist.get_world_size())
+    except Exception:  # noqa: BLE001 - a broken or partial torch.distributed: fall back
+        pass
+    try:
+        return max(1, int(os.environ.get("WORLD_SIZE", "1")))
+    except ValueError:
+        return 1
+
+
 def device_kind() -> str:
     """The host's accelerator: ``npu`` (torch_npu loaded and a device present), ``cuda``,
     else ``cpu``. Never imports torch or torch_npu itself."""

@@ -52,6 +52,7 @@ def test_api_level_forward_and_backward(dump: str) -> None:
     # Optimizer in-place ops are captured (SGD uses Tensor.add_ / Torch._foreach? either way runs).
     man = json.load(open(os.path.join(dump, "manifest.json")))
     assert man["format"] == "probe-dump" and man["version"] == 1 and man["level"] == "api"
+    assert man["world_size"] == 1  # one process, no process group
 
 
 def test_module_level_and_param_grads(dump: str) -> None:

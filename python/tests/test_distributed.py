@@ -54,8 +54,11 @@ def torchrun(dump: str, nproc: int, *args: str, steps: int = 2, script: str = EX
     assert res.returncode == 0, res.stdout[-3000:] + res.stderr[-3000:]
     assert "probe: internal error" not in res.stderr, res.stderr[-3000:]
     ops: Ops = {}
+    dumped = range(nproc)
+    if "--dump-ranks" in args:
+        dumped = [int(r) for r in args[args.index("--dump-ranks") + 1].split(",")]
     for step in range(steps):
-        for rank in range(nproc):
+        for rank in dumped:
             path = os.path.join(dump, f"step{step}", f"rank{rank}", "ops.jsonl")
             assert os.path.isfile(path), f"missing {path}"
             with open(path, encoding="utf-8") as fh:
@@ -133,7 +136,13 @@ def test_every_rank_dumps_valid_records(clean: tuple[str, Ops]) -> None:
     jsonschema = pytest.importorskip("jsonschema")
     with open(os.path.join(SCHEMAS, "probe-dump-op.v1.schema.json"), encoding="utf-8") as fh:
         schema = json.load(fh)
-    _, ops = clean
+    d, ops = clean
+    with open(os.path.join(SCHEMAS, "probe-dump-manifest.v1.schema.json"), encoding="utf-8") as fh:
+        manifest_schema = json.load(fh)
+    with open(os.path.join(d, "manifest.json"), encoding="utf-8") as fh:
+        manifest = json.load(fh)
+    jsonschema.validate(manifest, manifest_schema)
+    assert manifest["world_size"] == 2, manifest
     for recs in ops.values():
         assert recs
         # jsonschema is slow: the collective records, and a sample of the others.
@@ -362,6 +371,29 @@ def test_four_ranks_one_perturbed_rank_is_the_origin(tmp_path: Any) -> None:
     assert "Functional.gelu.0.forward" in head, head
     assert "ranks 0, 1, 3 inherited it" in head, head
     assert sorted(p["rank"] for p in s["propagation"]) == ["rank0", "rank1", "rank3"]
+
+
+def test_a_job_that_dumped_two_of_its_four_ranks_is_not_another_world_size(
+    tmp_path: Any,
+) -> None:
+    """The benchmark job dumped ranks 0 and 1 of its 4 (its config's ``ranks``), the
+    comparison job all 4: the same world size, which the manifests say (their folders alone
+    read 2 against 4, and compare had warned that each rank reads another share of the
+    data). The ranks both dumped compare equal; the other two are said to have no
+    counterpart, and the comparison is not called complete."""
+    b, c = str(tmp_path / "b"), str(tmp_path / "c")
+    torchrun(b, 4, "--level", "api", "--dump-ranks", "0,1", steps=1)
+    torchrun(c, 4, "--level", "api", steps=1)
+    assert sorted(os.listdir(os.path.join(b, "step0"))) == ["rank0", "rank1"]
+    for d in (b, c):
+        with open(os.path.join(d, "manifest.json"), encoding="utf-8") as fh:
+            assert json.load(fh)["world_size"] == 4
+    code, s = _compare(b, c, tmp_path / "out")
+    assert not any("world size" in w for w in s["warnings"]), s["warnings"]
+    assert any("rank2" in w for w in s["warnings"]), s["warnings"]
+    assert any("rank3" in w for w in s["warnings"]), s["warnings"]
+    assert s["counts"]["error"] == 0, s["headline"]
+    assert not s["headline"].startswith("DIVERGENCE"), s["headline"]
 
 
 def test_four_ranks_with_pair_groups(tmp_path: Any) -> None:

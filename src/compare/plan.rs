@@ -66,11 +66,24 @@ pub fn plan(bench: &Path, cmp: &Path, selection: &Selection) -> Result<Plan> {
     })
 }
 
-/// When the runs ran on other numbers of ranks (at the first step both hold, the highest
-/// `rank<N>` folder of each), the warning that says a rank of each holds another share of
-/// the job's data: in a data-parallel job of another world size rank N reads other samples,
-/// so its tensors differ with nothing wrong (GPU and NPU clusters are rarely the same size).
+/// When the runs ran on other numbers of ranks, the warning that says a rank of each holds
+/// another share of the job's data: in a data-parallel job of another world size rank N
+/// reads other samples, so its tensors differ with nothing wrong (GPU and NPU clusters are
+/// rarely the same size). The manifests' world sizes when both say one; else the highest
+/// `rank<N>` folder of each at the first step both hold, which a job that dumped some of
+/// its ranks, or lost a rank's folder, can mislead (said as such).
 fn other_world(b: &DumpSet, c: &DumpSet) -> Option<String> {
+    const WHY: &str = "in a data-parallel job of another world size a rank reads another \
+                       share of the data, so its tensors differ with nothing wrong; compare \
+                       runs of the same world size";
+    if let (Some(wb), Some(wc)) = (b.world_size, c.world_size) {
+        return (wb != wc).then(|| {
+            format!(
+                "the benchmark ran on {wb} rank{} and the comparison run on {wc}: {WHY}",
+                if wb == 1 { "" } else { "s" }
+            )
+        });
+    }
     let world = |set: &DumpSet, step: &str| {
         set.ranks
             .iter()
@@ -83,10 +96,8 @@ fn other_world(b: &DumpSet, c: &DumpSet) -> Option<String> {
         let (wb, wc) = (world(b, &l.step)?, world(c, &l.step)?);
         (wb != wc).then(|| {
             format!(
-                "{}: the benchmark has ranks 0-{} and the comparison run 0-{}: in a \
-                 data-parallel job of another world size a rank reads another share of the \
-                 data, so its tensors differ with nothing wrong; compare runs of the same \
-                 world size",
+                "{}: the benchmark has ranks 0-{} and the comparison run 0-{} (by their \
+                 folders: a dump of some ranks only reads the same): {WHY}",
                 l.step,
                 wb - 1,
                 wc - 1

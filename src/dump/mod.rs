@@ -393,6 +393,10 @@ pub struct DumpSet {
     /// Its manifest says compiled code ran while it was captured (`torch.compile`,
     /// TorchScript): the operators inside compiled graphs are not in its op logs.
     pub compiled: bool,
+    /// The job's number of ranks, as its manifest says (probe dumps since the agent wrote
+    /// it); None for msprobe dumps and older ones, whose rank folders are all there is to go
+    /// by (a job may dump some of its ranks only).
+    pub world_size: Option<usize>,
 }
 
 /// The format of a rank folder from the op log it holds; an op log that is there but
@@ -519,6 +523,7 @@ pub fn discover(path: &Path) -> Result<DumpSet> {
     };
     let overflow = manifest.as_ref().is_some_and(|m| m.overflow);
     let compiled = manifest.as_ref().is_some_and(|m| m.compiled);
+    let world_size = manifest.as_ref().and_then(|m| m.world_size);
     if ranks.is_empty() && !overflow {
         return Err(ProbeError::NotADump(path.to_path_buf()));
     }
@@ -527,6 +532,7 @@ pub fn discover(path: &Path) -> Result<DumpSet> {
         mode: manifest.map(|m| m.mode),
         overflow,
         compiled,
+        world_size,
         ranks,
     })
 }

@@ -26,6 +26,8 @@ pub struct Manifest {
     pub overflow: bool,
     /// Compiled code ran while the run was captured: its operators are not in the dump.
     pub compiled: bool,
+    /// The job's number of ranks, when the manifest says it.
+    pub world_size: Option<usize>,
 }
 
 /// Reads and checks `manifest.json`.
@@ -54,6 +56,15 @@ pub fn read_manifest(path: &Path) -> Result<Manifest> {
         mode,
         overflow: raw.overflow.is_some(),
         compiled: raw.compiled == Some(true),
+        world_size: match raw.world_size {
+            None => None,
+            Some(n) => Some(
+                usize::try_from(n)
+                    .ok()
+                    .filter(|&n| n > 0)
+                    .ok_or_else(|| bad(format!("world_size {n} is not a number of ranks")))?,
+            ),
+        },
     })
 }
 

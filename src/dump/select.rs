@@ -186,6 +186,7 @@ mod tests {
             ranks: vec![loc("step0", "rank0"), loc("step0", "rank1")],
             overflow: false,
             compiled: false,
+            world_size: None,
         };
         let sel = Selection {
             steps: None,

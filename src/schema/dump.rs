@@ -40,6 +40,10 @@ pub struct ManifestRecord {
     pub producer: Option<String>,
     /// Format version; this probe reads 1.
     pub version: u64,
+    /// How many ranks the job ran on (`torch.distributed`'s world size; 1 without it).
+    /// Optional: dumps written before it, and msprobe's, are read without it.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub world_size: Option<u64>,
 }
 
 /// The overflow-mode settings of a dump.

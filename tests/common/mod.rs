@@ -149,6 +149,7 @@ pub fn write_op_log_at(dir: &Path, step: &str, rank: &str, mode: &str, records: 
         overflow: None,
         producer: None,
         version: 1,
+        world_size: None,
     };
     std::fs::write(
         dir.join("manifest.json"),

@@ -22,7 +22,7 @@ from typing import Any, Callable, Optional
 
 import torch
 
-from .._runtime import model_device
+from .._runtime import model_device, world_size
 from .._version import __version__
 from ..config import CaptureConfig
 from .api import tls
@@ -604,6 +604,9 @@ class DumpFiles:
             "mode": "tensor" if c.mode == "overflow" else c.mode,
             "level": c.level,
             "created": datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ"),
+            # The job's, not what this dump holds: a dump of some ranks, or one that lost a
+            # rank's folder, is not a job of another size (compare's world-size warning).
+            "world_size": world_size(),
             "producer": f"probe-agent {__version__}",
             "config": json.loads(json.dumps(c.raw, default=str)),
         }
