@@ -398,6 +398,76 @@ def test_calls_in_a_custom_backward_are_not_recompute(dump: str, reentrant: bool
     assert marks["Torch.mul.0.forward"] is False  # _Halve's backward
 
 
+def _backward_on(thread: bool, dump: str, reentrant: bool, level: str) -> list[dict[str, Any]]:
+    """One captured step of a checkpointed linear, GELU and custom function, its backward
+    called on this thread or on another one; then a call on this thread and, while it is
+    captured still, one on a thread that runs no backward. The records, in order."""
+    import threading
+
+    from torch.utils.checkpoint import checkpoint
+
+    torch.manual_seed(0)
+    model = torch.nn.Sequential(torch.nn.Linear(4, 4), torch.nn.GELU())
+    x = torch.randn(2, 4, requires_grad=True)
+    dbg = probe.Debugger(None, dump_path=dump, level=level)
+    dbg.start(model)
+    loss = checkpoint(lambda t: _Halve.apply(model(t)), x, use_reentrant=reentrant).sum()
+    errors: list[BaseException] = []
+
+    def run(fn: Any) -> None:
+        try:
+            fn()
+        except BaseException as exc:  # noqa: BLE001 - reported below
+            errors.append(exc)
+
+    if thread:
+        t = threading.Thread(target=run, args=(loss.backward,))
+        t.start()
+        t.join()
+    else:
+        loss.backward()
+    torch.mul(x.detach(), 2.0)  # this thread, after the backward
+    loader = threading.Thread(target=run, args=(lambda: torch.add(x.detach(), 1.0),))
+    loader.start()
+    loader.join()
+    dbg.stop()
+    dbg.close()
+    assert not errors, errors
+    return read_ops(os.path.join(dump, "step0", "rank0"))
+
+
+@pytest.mark.parametrize("level", ["api", "mix"])
+@pytest.mark.parametrize("reentrant", [False, True])
+def test_a_backward_on_another_thread_is_captured_as_on_the_calling_one(
+    tmp_path: Any, reentrant: bool, level: str
+) -> None:
+    """Autograd runs the backward of CUDA and NPU tensors on a device thread of its own
+    while the thread that called ``backward()`` waits. Only the thread that called
+    ``start()`` captured API calls, so on an accelerator a checkpoint's recompute and the
+    calls in a custom function's backward (a tensor-parallel layer's gradient all-reduce)
+    were missing from the dump, where a CPU run has them. On CPU autograd runs the backward
+    on the calling thread, so a backward called from another thread stands in for the
+    device thread here: it must write the records a backward on this thread writes
+    (``test_cuda.py`` runs the same on a GPU). A thread that runs no backward (data
+    loading) is still not captured."""
+    here = _backward_on(False, str(tmp_path / "here"), reentrant, level)
+    there = _backward_on(True, str(tmp_path / "there"), reentrant, level)
+
+    def facts(ops: list[dict[str, Any]]) -> list[Any]:
+        return [
+            (o["op"], o.get("recompute"), [(t["name"], t.get("stats")) for t in o["tensors"]])
+            for o in ops
+        ]
+
+    assert facts(there) == facts(here)
+    keys = _keys(there)
+    marks = {o["op"]: o.get("recompute") for o in there}
+    assert marks["Functional.linear.1.forward"] is True  # the checkpoint's recompute
+    assert marks["Torch.mul.0.forward"] is False  # _Halve's backward
+    assert "Torch.mul.1.forward" in keys  # this thread's call after the backward
+    assert not any(k.startswith("Torch.add.") for k in keys)  # the loader's
+
+
 @pytest.mark.parametrize("level", ["api", "mix"])
 def test_recompute_stopped_early_leaves_its_modules(dump: str, level: str) -> None:
     """Non-reentrant checkpointing ends a recompute by raising inside the module's forward

@@ -212,3 +212,58 @@ def test_checksum_capture_on_cuda_never_syncs_and_hashes_the_bytes_of_the_time(
     ups = [op for op in last if op["op"].startswith("Functional.linear.") and op["direction"] == "forward"]
     t = next(t for t in ups[-2]["tensors"] if t["role"] == "output")
     assert t["checksum"] == crc32_of(seen[-1].cpu())
+
+
+class _Halve(torch.autograd.Function):
+    """A custom function whose backward calls a hooked API (as a tensor-parallel layer's
+    all-reduces its gradient)."""
+
+    @staticmethod
+    def forward(ctx: Any, x: torch.Tensor) -> torch.Tensor:
+        return x * 0.5
+
+    @staticmethod
+    def backward(ctx: Any, g: torch.Tensor) -> torch.Tensor:
+        return torch.mul(g, 0.5)
+
+
+@pytest.mark.parametrize("level", ["api", "mix"])
+@pytest.mark.parametrize("reentrant", [False, True])
+def test_the_backward_on_autograds_device_thread_is_captured_as_on_cpu(
+    tmp_path: Any, reentrant: bool, level: str
+) -> None:
+    """Autograd runs a CUDA backward on a device thread of its own: a checkpoint's recompute
+    and the calls of a custom function's backward run there, and were missing from a CUDA
+    dump. The same step on CUDA and on the CPU writes the same records, with statistics
+    within float32 rounding."""
+    from torch.utils.checkpoint import checkpoint
+
+    def run(device: str) -> list[dict[str, Any]]:
+        torch.manual_seed(0)
+        model = nn.Sequential(nn.Linear(4, 4), nn.GELU()).to(device)
+        x = torch.randn(2, 4).to(device).requires_grad_()
+        dump = str(tmp_path / device)
+        dbg = probe.Debugger(None, dump_path=dump, level=level)
+        dbg.start(model)
+        loss = checkpoint(lambda t: _Halve.apply(model(t)), x, use_reentrant=reentrant).sum()
+        loss.backward()
+        dbg.stop()
+        dbg.close()
+        return read_ops(os.path.join(dump, "step0", "rank0"))
+
+    cpu, gpu = run("cpu"), run("cuda")
+    assert sorted((o["op"], o.get("recompute")) for o in gpu) == sorted(
+        (o["op"], o.get("recompute")) for o in cpu
+    )
+    marks = {o["op"]: o.get("recompute") for o in gpu}
+    assert marks["Functional.linear.1.forward"] is True  # the checkpoint's recompute
+    assert marks["Torch.mul.0.forward"] is False  # _Halve's backward
+    want = {(o["op"], t["name"]): t["stats"] for o in cpu for t in o["tensors"]}
+    for o in gpu:
+        for t in o["tensors"]:
+            w, g = want[(o["op"], t["name"])], t["stats"]
+            if w is None or g is None:
+                assert w == g, (o["op"], t["name"])
+                continue
+            for k in ("max", "min", "mean", "norm"):
+                assert abs(g[k] - w[k]) <= 1e-5 * max(1.0, abs(w[k])), (o["op"], t["name"], k)

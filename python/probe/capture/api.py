@@ -37,9 +37,12 @@ _LIST_PATH = os.path.join(os.path.dirname(os.path.dirname(__file__)), "api_list.
 
 
 class _TLS(threading.local):
-    """Per-thread capture flag. Class attribute = default for threads that never set it."""
+    """Per-thread capture flag: True while a thread's calls are captured, False while they
+    are not (the agent's own work, a stopped Debugger), None on a thread the agent never
+    set it on: its calls are captured only while it runs the captured step's backward
+    (:func:`capturing`). The class attribute is the default for such threads."""
 
-    active: bool = False
+    active: Optional[bool] = None
 
 
 tls = _TLS()
@@ -253,6 +256,38 @@ def in_transform() -> bool:
     return _peek_transform is not None and _peek_transform() is not None
 
 
+def capturing() -> bool:
+    """Whether this thread's calls of hooked APIs are captured now.
+
+    Where a Debugger switched capture on (the thread that called ``start()``), its flag
+    says. A thread it never switched captures while it runs a backward of the captured
+    step: autograd runs an accelerator's backward on a device thread of its own (CUDA,
+    NPU) while the thread that called ``backward()`` waits, and the calls made there (a
+    checkpoint's recompute, a custom function's backward: a tensor-parallel layer's
+    gradient all-reduce) are captured as the calling thread's are on CPU, where autograd
+    runs the backward on it. Other threads (data loading) run no backward: not captured."""
+    on = tls.active
+    return bool(on) or (on is None and _backward_thread())
+
+
+def _backward_thread() -> bool:
+    """A backward runs on this thread while a Debugger captures API calls."""
+    cap = DISPATCH.current
+    return (
+        cap is not None
+        and cap._dbg._api_on
+        and _graph_task_id is not None
+        and _graph_task_id() != -1
+    )
+
+
+def _after(was: Optional[bool], dbg: Debugger) -> Optional[bool]:
+    """What this thread's flag returns to once a captured call's own work is done: the
+    Debugger's API capture where it was set (a call may stop or start the Debugger), unset
+    again on a thread that captures only while it runs a backward (:func:`capturing`)."""
+    return None if was is None else dbg._api_on
+
+
 def in_recompute() -> bool:
     """Whether a forward is being recomputed now (activation checkpointing): autograd runs
     a backward graph, with gradients on. A checkpoint recomputes with them on (it rebuilds
@@ -458,7 +493,7 @@ def _storage_write(orig: Callable[..., Any], grows: bool) -> Any:
 def _allocator(orig: Callable[..., Any]) -> Any:
     def run(*args: Any, **kwargs: Any) -> Any:
         out = orig(*args, **kwargs)
-        if compiling() or not tls.active:
+        if compiling() or not capturing():
             return out
         cap = DISPATCH.current
         if cap is not None and isinstance(out, torch.Tensor):
@@ -481,7 +516,7 @@ def _make_wrapper(
 ) -> Any:
     def wrapper(*args: Any, **kwargs: Any) -> Any:
         # Compiling first: Dynamo would turn a read of the flag into a guard (compiled.py).
-        if compiling() or not tls.active:
+        if compiling() or not (tls.active or (tls.active is None and _backward_thread())):
             return orig(*args, **kwargs)
         return handler(orig, api, inplace, args, kwargs)
 
@@ -597,6 +632,7 @@ class ApiCapture:
         # (not on the plain path, which takes no collective: the optimizer's calls)
         if not plain and api == _BATCH_P2P and not dbg._overflow:
             return self._batch_p2p(orig, args, kwargs)
+        was = tls.active
         tls.active = False
         ctx: Optional[_Pending] = None
         fwd: Optional[OpRecord] = None  # a plain call's record
@@ -618,7 +654,7 @@ class ApiCapture:
         try:
             out = orig(*args, **kwargs)
         finally:
-            tls.active = dbg._api_on
+            tls.active = _after(was, dbg)
         if ctx is None and fwd is None:
             return out
         tls.active = False
@@ -634,7 +670,7 @@ class ApiCapture:
         except Exception as exc:  # noqa: BLE001
             dbg._guard.fail(exc, f"capturing outputs of {api}")
         finally:
-            tls.active = dbg._api_on
+            tls.active = _after(was, dbg)
         return out
 
     def _batch_p2p(
@@ -647,6 +683,7 @@ class ApiCapture:
         tensors to record. A receive's record is finished once its handle is waited on;
         when the backend coalesces the batch into fewer handles, once all of them are."""
         dbg = self._dbg
+        was = tls.active
         tls.active = False
         sends: list[tuple[_Pending, tuple[Any, ...], dict[str, Any]]] = []
         recvs: list[tuple[int, str, _Pending, tuple[Any, ...], dict[str, Any]]] = []
@@ -676,7 +713,7 @@ class ApiCapture:
         try:
             out = orig(*args, **kwargs)
         finally:
-            tls.active = dbg._api_on
+            tls.active = _after(was, dbg)
         if not (sends or recvs):
             return out
         tls.active = False
@@ -697,7 +734,7 @@ class ApiCapture:
         except Exception as exc:  # noqa: BLE001
             dbg._guard.fail(exc, f"capturing outputs of {_BATCH_P2P}")
         finally:
-            tls.active = dbg._api_on
+            tls.active = _after(was, dbg)
         return out
 
     def _plain_pre(
@@ -839,6 +876,7 @@ class ApiCapture:
         its record when that holds NaN/Inf. Most calls of a step take this path, so it
         allocates nothing but an in-place op's snapshot of its first argument."""
         dbg = self._dbg
+        was = tls.active
         tls.active = False
         call: Optional[int] = None
         meta: Optional[tuple[list[int], int]] = None
@@ -867,7 +905,7 @@ class ApiCapture:
         try:
             out = orig(*args, **kwargs)
         finally:
-            tls.active = dbg._api_on
+            tls.active = _after(was, dbg)
         if call is None:
             return out
         tls.active = False
@@ -883,7 +921,7 @@ class ApiCapture:
         except Exception as exc:  # noqa: BLE001
             dbg._guard.fail(exc, f"capturing outputs of {api}")
         finally:
-            tls.active = dbg._api_on
+            tls.active = _after(was, dbg)
         return out
 
     def _check(
