@@ -212,3 +212,61 @@ fn the_update_a_loss_scaler_skipped_is_accounted_for_not_missing() {
     assert_eq!(s["counts"]["loss_scaler"], 4, "{}", s["counts"]);
     assert_eq!(s["counts"]["unmatched_bench"], 2, "{}", s["counts"]);
 }
+
+/// Before the step's own calls, a forward on memory nothing had written (PyTorch's
+/// pipeline stages infer their shapes on `torch.empty` inputs) and its backward: leftover
+/// bytes, other in each run, whose gradients here happen to be 1024 times apart. They tell
+/// no loss scale: the runs' real gradients are equal and must compare as they are. (Read as
+/// a scale of 2^15 once, every gradient of a pipeline stage's step was divided by it and 76
+/// tensors failed: `test_distributed.py::test_pipeline_runs_compare_equal_and_a_garbled_transfer_is_named`.)
+#[test]
+fn gradients_computed_from_leftover_bytes_tell_no_loss_scale() {
+    let d = tempfile::tempdir().unwrap();
+    for (side, garbage) in [("bench", 1.0f32), ("cmp", 1024.0)] {
+        let leftovers: Vec<f32> = [3.0f32, -7.5, 1.25, 9.0]
+            .iter()
+            .map(|v| v * garbage)
+            .collect();
+        let mut infer = op_record(
+            "Functional.relu.0.forward",
+            &[
+                ("input.0", "input", leftovers.clone()),
+                (
+                    "output.0",
+                    "output",
+                    leftovers.iter().map(|v| v.max(0.0)).collect(),
+                ),
+            ],
+        );
+        infer.tensors[0].unwritten = true;
+        infer.tensors[0].stats = None;
+        let back = op_record(
+            "Functional.relu.0.backward",
+            &[
+                ("input.0", "input", leftovers.clone()),
+                ("output.0", "output", leftovers),
+            ],
+        );
+        let mut ops = vec![infer, back];
+        ops.extend(records(1.0, 1.0));
+        write_op_log(&d.path().join(side), ops);
+    }
+    let o = compare(d.path(), &[]);
+    let s = summary(d.path());
+    assert!(
+        s["pairs"][0].get("loss_scale").is_none(),
+        "{:#}",
+        s["pairs"][0]
+    );
+    assert_eq!(s["counts"]["error"], 0, "{}", s["headline"]);
+    // What the leftovers gave is not compared, so the pair is incomplete (exit 4).
+    assert_eq!(o.code, 4, "{}{}", o.stdout, o.stderr);
+    assert!(
+        s["headline"]
+            .as_str()
+            .unwrap()
+            .contains("computed from leftover bytes both runs read"),
+        "{}",
+        s["headline"]
+    );
+}

@@ -25,7 +25,7 @@
 use super::align::{Alignment, Side, Why};
 use crate::dump::{Direction, Op, OpKind, Ops, Role, TensorIn};
 use serde::{Deserialize, Serialize};
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, HashSet};
 
 /// The largest relative departure from a power of two that still reads as a loss scale.
 const NEAR: f64 = 0.05;
@@ -67,14 +67,44 @@ pub fn last_gradients(ops: &Ops) -> Option<usize> {
         .rposition(|op| holds_gradients(op) && op.kind() != OpKind::ParametersGrad)
 }
 
+/// The forward calls of a side computed from leftover bytes: calls that read memory
+/// nothing had written (`unwritten`, and not merely a target they overwrite) or a value
+/// computed from such (dataflow `src` links), as PyTorch's pipeline stages infer their
+/// shapes on `torch.empty` inputs. The gradients of their backward calls come from those
+/// bytes, which differ from run to run: they tell no loss scale. (One such gradient pair
+/// whose norms happened to be a power of two apart read as a scale of 2^15, and every
+/// gradient of the step was divided by it.)
+fn from_leftovers(ops: &Ops) -> HashSet<String> {
+    let mut ids: HashSet<u64> = HashSet::new();
+    let mut calls = HashSet::new();
+    for op in ops.iter().filter(|op| op.direction() == Direction::Forward) {
+        let fed = op.tensors().any(|t| {
+            t.role() != Role::Output
+                && ((t.unwritten() && !t.overwritten())
+                    || t.src().is_some_and(|s| ids.contains(&s)))
+        });
+        if fed {
+            ids.extend(op.tensors().filter_map(|t| t.id()));
+            calls.insert(op.key().text().to_string());
+        }
+    }
+    calls
+}
+
 /// The loss scale between the two sides of an aligned unit, if its first shared gradient
-/// says there is one (see the module docs).
+/// says there is one (see the module docs). Gradients computed from leftover bytes are
+/// passed over ([`from_leftovers`]).
 pub fn detect(al: &Alignment) -> Option<LossScale> {
     let (bench, cmp) = (&al.dumps.bench.ops, &al.dumps.cmp.ops);
+    let leftovers = from_leftovers(cmp);
     let seed = al.matches.iter().find(|m| {
         let op = cmp.get(m.refs.cmp.op());
         op.direction() == Direction::Backward
             && op.tensor(m.refs.cmp.tensor()).role() == Role::Input
+            && !op
+                .key()
+                .forward_twin()
+                .is_some_and(|k| leftovers.contains(&k))
     })?;
     let b = bench
         .get(seed.refs.bench.op())
