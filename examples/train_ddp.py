@@ -37,7 +37,14 @@ from torch.nn.parallel import DistributedDataParallel
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
-from train_small import Fault, SmallNet, make_data, mixed_precision, update  # noqa: E402
+from train_small import (  # noqa: E402
+    Fault,
+    SmallNet,
+    make_data,
+    mixed_precision,
+    resolve_device,
+    update,
+)
 
 import probe  # noqa: E402
 
@@ -87,6 +94,13 @@ def perturb_collective(spec: str, rel: float) -> None:
 def main(argv: Optional[list[str]] = None) -> int:
     ap = argparse.ArgumentParser(
         description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
+    ap.add_argument("--device", choices=["cpu", "cuda", "npu"], default="cpu")
+    ap.add_argument(
+        "--backend",
+        default="gloo",
+        help="the process group's backend: gloo (CPU, and CUDA tensors with every rank on "
+        "one GPU), nccl (a GPU per rank), hccl (an NPU per rank)",
     )
     ap.add_argument("--steps", type=int, default=2)
     ap.add_argument("--batch", type=int, default=8, help="per rank")
@@ -142,7 +156,15 @@ def main(argv: Optional[list[str]] = None) -> int:
     )
     args = ap.parse_args(argv)
 
-    dist.init_process_group("gloo")
+    device = resolve_device(args.device)
+    if device.type != "cpu":
+        # A device per local rank (nccl, hccl); with gloo every rank shares the first.
+        backend_mod: Any = torch.cuda if device.type == "cuda" else torch.npu
+        local = int(os.environ.get("LOCAL_RANK", "0"))
+        index = 0 if args.backend == "gloo" else local % backend_mod.device_count()
+        device = torch.device(device.type, index)
+        backend_mod.set_device(device)
+    dist.init_process_group(args.backend)
     rank, world = dist.get_rank(), dist.get_world_size()
     # Pair groups ({0,1}, {2,3}, ...): every rank creates every group, in the same order.
     pairs = [dist.new_group([r, r + 1]) for r in range(0, world - 1, 2)] if world >= 4 else []
@@ -160,20 +182,20 @@ def main(argv: Optional[list[str]] = None) -> int:
         except ImportError:
             print("train_ddp.py: --fsdp needs PyTorch >= 2.6 (fully_shard)", file=sys.stderr)
             return 2
-        model = SmallNet()
+        model = SmallNet().to(device)
         for sub in model.children():
             if any(True for _ in sub.parameters()):
                 fully_shard(sub)
         fully_shard(model)
     else:
-        model = DistributedDataParallel(SmallNet(), bucket_cap_mb=args.bucket_cap_mb)
+        model = DistributedDataParallel(SmallNet().to(device), bucket_cap_mb=args.bucket_cap_mb)
     opt = torch.optim.Adam(model.parameters(), lr=1e-3, foreach=args.optimizer == "foreach")
     data = [
         (
             x[rank * args.batch : (rank + 1) * args.batch],
             y[rank * args.batch : (rank + 1) * args.batch],
         )
-        for x, y in make_data(args.steps, args.batch * world, torch.device("cpu"))
+        for x, y in make_data(args.steps, args.batch * world, device)
     ]
     faults = []
     if rank == args.inject_rank:
@@ -194,7 +216,7 @@ def main(argv: Optional[list[str]] = None) -> int:
             **({"ranks": [int(r) for r in args.dump_ranks.split(",")]} if args.dump_ranks else {}),
         )
     )
-    amp, scaler = mixed_precision(args.dtype, torch.device("cpu"))
+    amp, scaler = mixed_precision(args.dtype, device)
     t0 = 0.0
     for step, (x, y) in enumerate(data):
         if step == 1:
@@ -212,9 +234,11 @@ def main(argv: Optional[list[str]] = None) -> int:
             dist.all_reduce(total)
             if my_pair is not None:
                 dist.all_reduce(loss.detach().clone(), group=my_pair)
-            got = torch.zeros(1)
+            # (gloo sends host memory only)
+            p2p = torch.device("cpu") if args.backend == "gloo" else device
+            got = torch.zeros(1, device=p2p)
             reqs = [
-                dist.isend(loss.detach().reshape(1), (rank + 1) % world),
+                dist.isend(loss.detach().reshape(1).to(p2p), (rank + 1) % world),
                 dist.irecv(got, (rank - 1) % world),
             ]
             for r in reqs:

@@ -358,6 +358,7 @@ fn finding(
         leftover: leftover(rows).map(|r| r.name.clone()),
         args: Vec::new(),
         one_sided_source: None,
+        carried: None,
     }
 }
 

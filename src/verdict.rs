@@ -526,8 +526,16 @@ fn headline(verdict: Verdict, c: &Counts, pairs: &[PairSummary]) -> String {
                         x.place()
                     )
                 }
-                Some((Story::Outside, e)) => match &e.one_sided_source {
-                    Some(o) => format!(
+                Some((Story::Outside, e)) => match (&e.one_sided_source, &e.carried) {
+                    (None, Some(w)) => format!(
+                        "DIVERGENCE from amplified rounding noise: {} (input of {}, {}/{}) is \
+                         the value {} wrote in {}/{} (the same statistics in both runs), where \
+                         it differed only by rounding noise that op amplified (a normalised \
+                         update of a near-zero gradient, as Adam's): no captured op is at \
+                         fault",
+                        e.tensor, e.op, e.step, e.rank, w.op, w.step, e.rank
+                    ),
+                    (Some(o), _) => format!(
                         "DIVERGENCE enters through {}: its output {} (input of {}, {}/{}) \
                          differs",
                         o.said(),
@@ -536,7 +544,7 @@ fn headline(verdict: Verdict, c: &Counts, pairs: &[PairSummary]) -> String {
                         e.step,
                         e.rank
                     ),
-                    None => format!(
+                    (None, None) => format!(
                         "DIVERGENCE enters from outside the captured ops: {} (input of {}, \
                          {}/{}){}",
                         e.tensor,

@@ -114,7 +114,7 @@ fn run(bench: Log, cmp: Log) -> Compared {
         &Options::default(),
         &caches,
         &probe::progress::Progress::hidden(),
-        None,
+        &compare::Carry::default(),
     )
     .expect("in-memory unit compares");
     Compared {

@@ -24,11 +24,11 @@ use super::align::Side;
 use super::judge::Equality;
 use super::measure::CompareKind;
 use super::tolerance::loosest;
-use super::{Row, Tolerances, Verdict};
+use super::{Carry, Row, Tolerances, Verdict};
 use crate::dump::args::ArgDiff;
 use crate::dump::{Direction, Role};
 use crate::op_key::{KeyRef, Randomness};
-use crate::schema::summary::{Finding, Findings, OneSided};
+use crate::schema::summary::{Carried, Finding, Findings, OneSided};
 use foldhash::HashMap;
 use std::borrow::Cow;
 use std::collections::BTreeMap;
@@ -144,6 +144,7 @@ fn finding(at: &Place, rows: &[&Row], focus: &Row, explanation: String) -> Findi
         leftover: leftover(rows).map(|r| r.tensor.name.clone()),
         args: Vec::new(),
         one_sided_source: None,
+        carried: None,
     }
 }
 
@@ -340,6 +341,7 @@ pub fn localize(
     step: &str,
     rank: &str,
     tols: &Tolerances,
+    carried: &Carry,
 ) -> Findings {
     let at = Place { step, rank, stacks };
     let briefs: Vec<Brief> = (0..unit.ops())
@@ -431,8 +433,14 @@ pub fn localize(
                     _ => "no earlier captured op fails".to_string(),
                 };
                 let source = unit.one_sided_source(k as usize, &inp.tensor.name);
-                let expl = match &source {
-                    Some((side, op, _)) => {
+                // The value a captured op of the previous step wrote, where it differed only
+                // by noise it amplified (judge.rs, `NoiseWrite`): no op is at fault.
+                let noise = match source {
+                    None => carried.noise_write(&inp.tensor),
+                    Some(_) => None,
+                };
+                let expl = match (&source, noise) {
+                    (Some((side, op, _)), _) => {
                         let (calls, other, why) = match side {
                             Side::Cmp => (
                                 "the comparison run",
@@ -452,7 +460,15 @@ pub fn localize(
                             inp.tensor.name
                         )
                     }
-                    None => format!(
+                    (None, Some(w)) => format!(
+                        "the divergence enters with {}, the value {} wrote in {} (the same \
+                         statistics in both runs), where it differed only by rounding noise \
+                         that op amplified (a normalised update of a near-zero gradient, as \
+                         Adam's): a warning there, not an op's error. No captured op is at \
+                         fault; {earlier}",
+                        inp.tensor.name, w.op, carried.step
+                    ),
+                    (None, None) => format!(
                         "the divergence enters from outside the captured ops: {} is {what}; \
                          {earlier}. Check the config-check categories (weights, dataset, \
                          random seeds) before suspecting this op",
@@ -466,6 +482,11 @@ pub fn localize(
                     at: stack
                         .and_then(|id| at.stacks.get(&id))
                         .and_then(|frames| frames.last().cloned()),
+                });
+                found.carried = noise.map(|w| Carried {
+                    step: carried.step.clone(),
+                    op: w.op.clone(),
+                    tensor: w.tensor.clone(),
                 });
                 *f.external_source.slot(dir) = Some(found);
             }

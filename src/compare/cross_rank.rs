@@ -332,9 +332,14 @@ pub fn headline(x: &CrossRank) -> String {
     let f = &x.finding;
     let mut out = match &o.collective {
         None if o.kind == "outside" => {
-            let how = match &f.one_sided_source {
-                Some(s) => format!("through {}", s.said()),
-                None => "from outside the captured ops".into(),
+            let how = match (&f.one_sided_source, &f.carried) {
+                (Some(s), _) => format!("through {}", s.said()),
+                (None, Some(w)) => format!(
+                    "with the value {} wrote in {}, where it differed only by rounding noise \
+                     that op amplified (no captured op is at fault)",
+                    w.op, w.step
+                ),
+                (None, None) => "from outside the captured ops".into(),
             };
             format!(
                 "DIVERGENCE: {} diverged first: it enters {how}, input {} of {} ({} {}/{})",

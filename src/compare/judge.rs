@@ -20,7 +20,7 @@ use super::align::{records, Alignment, TensorMatch, TensorRef, Unmatched};
 use super::judged::{Judged, Pair, NO_REASON};
 use super::measure::{CompareKind, Measured, Measurement};
 use super::tolerance::{loosest, Tol, Tolerances};
-use super::Sides;
+use super::{Carry, Sides};
 use crate::dtype::DType;
 use crate::dump::{Direction, Ops, RankDump, Role, Stats, Tensor};
 use rayon::prelude::*;
@@ -349,7 +349,7 @@ pub fn judge_all(
     measure: &Measure,
     tols: &Tolerances,
     carried: Option<DType>,
-) -> crate::error::Result<(Judged, Vec<Unmatched>, Option<DType>)> {
+) -> crate::error::Result<(Judged, Vec<Unmatched>, Carry)> {
     let Alignment {
         dumps,
         matches,
@@ -411,13 +411,58 @@ pub fn judge_all(
     drop(matches);
     let carry_out = if trained { floor.floor } else { carried };
     let ops = Sides::new(dumps.bench.ops, dumps.cmp.ops);
-    amplified_noise(&mut pairs, &mut reasons, &ops);
+    let amplified = amplified_noise(&mut pairs, &mut reasons, &ops);
+    let noise = amplified
+        .into_iter()
+        .filter_map(|i| NoiseWrite::of(&ops, &pairs[i]))
+        .take(MAX_NOISE_WRITES)
+        .collect();
     let leftovers = from_leftovers(&mut pairs, &mut reasons, &ops);
+    // (The step is the caller's to name.)
+    let carry = Carry {
+        step: String::new(),
+        floor: carry_out,
+        noise,
+    };
     Ok((
         Judged::new(ops, pairs, reasons, leftovers),
         unmatched,
-        carry_out,
+        carry,
     ))
+}
+
+/// The most [`NoiseWrite`]s a unit hands to its rank's next step (a bound on what a unit
+/// holds, not a number real runs reach: one per bias that normalisation cancels).
+const MAX_NOISE_WRITES: usize = 4096;
+
+/// An output that differed between the runs only by rounding noise it amplified (turned
+/// into a warning by [`amplified_noise`]), with both runs' statistics bit for bit. The
+/// rank's next step reads that very value where an input has the same statistics in both
+/// runs: a parameter the optimizer updated in place, whose normalised update turned a
+/// near-zero gradient's noise into ±lr. That input then differs with no captured op at
+/// fault (analyze.rs), where it looked as if it changed outside the captured ops.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct NoiseWrite {
+    /// The op that wrote it.
+    pub op: String,
+    /// Its output.
+    pub tensor: String,
+    /// Both runs' [`Stats::fingerprint`].
+    pub stats: Sides<[u64; 4]>,
+}
+
+impl NoiseWrite {
+    fn of(ops: &Sides<Ops>, p: &Pair) -> Option<NoiseWrite> {
+        let t = Judged::tensors(ops, p);
+        Some(NoiseWrite {
+            op: ops.cmp.get(p.at as usize).key().text().to_string(),
+            tensor: t.cmp.name().into_owned(),
+            stats: Sides::new(
+                t.bench.stats()?.fingerprint()?,
+                t.cmp.stats()?.fingerprint()?,
+            ),
+        })
+    }
 }
 
 /// Replaces pair `p`'s reason (or gives it one).
@@ -580,8 +625,14 @@ fn noise_level(p: &Pair, role: Role) -> bool {
 /// than that input are warnings, not errors: the op did what it should with what it was
 /// given, and the inputs' agreement is too weak to pin anything on it. An output further
 /// off than its noisiest input is the op's own error.
-fn amplified_noise(pairs: &mut [Pair], reasons: &mut Vec<Box<str>>, ops: &Sides<Ops>) {
+/// Returns the pairs so turned into warnings.
+fn amplified_noise(
+    pairs: &mut [Pair],
+    reasons: &mut Vec<Box<str>>,
+    ops: &Sides<Ops>,
+) -> Vec<usize> {
     let role = |p: &Pair| Judged::tensors(ops, p).cmp.role();
+    let mut turned = Vec::new();
     let mut start = 0;
     while start < pairs.len() {
         let op = pairs[start].at;
@@ -594,7 +645,7 @@ fn amplified_noise(pairs: &mut [Pair], reasons: &mut Vec<Box<str>>, ops: &Sides<
             .max_by(|a, b| a.raw_err.total_cmp(&b.raw_err))
             .map(|p| (Judged::tensors(ops, p).cmp.name().into_owned(), p.raw_err));
         if let Some((name, raw)) = noisy {
-            for p in &mut pairs[start..end] {
+            for (i, p) in pairs[start..end].iter_mut().enumerate() {
                 if role(p) == Role::Output && p.verdict == Verdict::Error && p.raw_err <= raw {
                     p.verdict = Verdict::Warning;
                     let was = reasons.get(p.reason as usize).map_or("", |r| &**r);
@@ -604,9 +655,11 @@ fn amplified_noise(pairs: &mut [Pair], reasons: &mut Vec<Box<str>>, ops: &Sides<
                          normalised update of a zero gradient), not this op's error"
                     );
                     set_reason(p, reasons, reason);
+                    turned.push(start + i);
                 }
             }
         }
         start = end;
     }
+    turned
 }

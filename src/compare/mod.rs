@@ -113,8 +113,8 @@ pub struct UnitSummary {
     pub incomplete: Option<IncompleteUnit>,
     /// How much of each side found a counterpart (`--max-unmatched`).
     pub coverage: Sides<coverage::SideCoverage>,
-    /// The precision floor this unit leaves to the rank's next step (judge.rs).
-    pub floor: Option<DType>,
+    /// What this unit leaves to the rank's next step.
+    pub carry: Carry,
     /// The comparison side's collectives (cross-rank analysis).
     pub collectives: cross_rank::Collectives,
     /// Tensor counts of this unit (`pairs` 1, `ops` as above).
@@ -142,6 +142,32 @@ pub struct UnitSummary {
     /// Whether each side ran compiled code while it was captured (its manifest says so).
     #[serde(default)]
     pub compiled: Sides<bool>,
+}
+
+/// What a rank's step leaves to the comparison of its next step (units of a rank are
+/// compared in step order, in one process: `compare_part`).
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+pub struct Carry {
+    /// The step it comes from (empty: none, a rank's first step).
+    pub step: String,
+    /// The precision floor its steps so far left (judge.rs).
+    pub floor: Option<DType>,
+    /// The outputs of that step that differed only by rounding noise they amplified
+    /// (judge.rs, `NoiseWrite`): an input of the next step with their statistics is their
+    /// value, carried over.
+    pub noise: Vec<judge::NoiseWrite>,
+}
+
+impl Carry {
+    /// The noise write whose value `t` is: both runs' statistics equal to its, bit for bit.
+    pub fn noise_write(&self, t: &Measured) -> Option<&judge::NoiseWrite> {
+        let s = &t.sides;
+        let bits = Sides::new(
+            s.bench.stats.as_ref()?.fingerprint()?,
+            s.cmp.stats.as_ref()?.fingerprint()?,
+        );
+        self.noise.iter().find(|w| w.stats == bits)
+    }
 }
 
 /// How many ops a unit's rows hold (consecutive rows of one op) and how many of them have
@@ -447,15 +473,15 @@ impl Default for Options {
 
 /// Compares one unit from its two op logs (already read): align, measure, judge, analyze.
 /// Returns what it found (small, held for the whole run) and its rows (parked until the
-/// reports). `floor` is the precision floor the rank's earlier steps left
-/// (`UnitSummary::floor` of the previous step; None for a first step).
+/// reports). `carried` is what the rank's previous step left (`UnitSummary::carry`; the
+/// default for a first step).
 pub fn compare_unit(
     unit: &Unit,
     dumps: Sides<dump::RankDump>,
     opts: &Options,
     caches: &Sides<ShardCache>,
     progress: &Progress,
-    floor: Option<DType>,
+    carried: &Carry,
 ) -> Result<(UnitSummary, UnitTable)> {
     let mut dumps = dumps;
     let mut warnings = std::mem::take(&mut dumps.bench.warnings);
@@ -562,8 +588,8 @@ pub fn compare_unit(
     let measure = |dumps: &Sides<dump::RankDump>, block: &[TensorMatch]| {
         measure::measure_pairs(dumps, block, caches, &tick)
     };
-    let (judged, unmatched, floor) =
-        judge::judge_all(alignment, &measure, &opts.tolerances, floor)?;
+    let (judged, unmatched, carry) =
+        judge::judge_all(alignment, &measure, &opts.tolerances, carried.floor)?;
     drop(bar);
     // What both runs computed from leftover bytes was not compared (judge::from_leftovers).
     let incomplete = match (incomplete, judged.leftovers()) {
@@ -595,6 +621,7 @@ pub fn compare_unit(
         &unit.step,
         &unit.rank,
         &opts.tolerances,
+        carried,
     );
     crate::memory::trace("judging and localising");
     let mut tally = Tally::new(unit, ops);
@@ -614,7 +641,10 @@ pub fn compare_unit(
         warnings,
         incomplete,
         coverage,
-        floor,
+        carry: Carry {
+            step: unit.step.clone(),
+            ..carry
+        },
         collectives,
         counts: tally.counts,
         worst: tally.worst,
@@ -781,7 +811,7 @@ pub fn run_part(
     let caches = Sides::<ShardCache>::default();
     let mut parking = Parking::new(opts.row_memory.clone());
     let mut outcomes = Vec::new();
-    let mut floors: HashMap<String, Option<DType>> = HashMap::new();
+    let mut carries: HashMap<String, Carry> = HashMap::new();
     let chosen = shard.take(&plan.units);
     let stage = progress.stage("compare", chosen.len() as u64, Count::Items);
     let last = chosen.last().copied();
@@ -827,12 +857,12 @@ pub fn run_part(
             stage.inc(1);
             continue;
         }
-        // Each rank's precision floor carries into its next step (units are in step order).
-        let carried = floors.get(&unit.rank).copied().flatten();
+        // What each rank's step leaves goes to its next step (units are in step order).
+        let carried = carries.remove(&unit.rank).unwrap_or_default();
         stage.note(format!("{}/{}: aligning, measuring", unit.step, unit.rank));
-        let (summary, table) = compare_unit(unit, dumps, opts, &caches, progress, carried)?;
+        let (summary, table) = compare_unit(unit, dumps, opts, &caches, progress, &carried)?;
         stage.inc(1);
-        floors.insert(unit.rank.clone(), summary.floor);
+        carries.insert(unit.rank.clone(), summary.carry.clone());
         let table = parking.park(table, Some(index) == last)?;
         outcomes.push((index, Outcome::Compared(Box::new(summary), table)));
     }

@@ -147,6 +147,17 @@ impl Stats {
         (self.present.get() & (1 << i) != 0).then_some(self.values[i])
     }
 
+    /// Max, min, mean and norm bit for bit, when all four are recorded and finite: what
+    /// tells a run's tensor from another of the same run with other values, for matching a
+    /// value a step wrote with the one its next step reads.
+    pub fn fingerprint(&self) -> Option<[u64; 4]> {
+        let mut out = [0; 4];
+        for (i, o) in out.iter_mut().enumerate() {
+            *o = self.value(i).filter(|v| v.is_finite())?.to_bits();
+        }
+        Some(out)
+    }
+
     fn count(&self, i: usize) -> Option<u64> {
         (self.present.get() & (1 << (4 + i)) != 0).then_some(self.counts[i])
     }

@@ -1050,6 +1050,7 @@ mod tests {
             leftover: None,
             args: Vec::new(),
             one_sided_source: None,
+            carried: None,
         };
         let marks = [Mark {
             title: "first divergent op (backward)",

@@ -81,6 +81,23 @@ pub struct Finding {
     /// whose output is the differing input (code the port adds, or leaves out).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub one_sided_source: Option<OneSided>,
+    /// Where a divergence enters with a value the rank's previous step wrote: the captured
+    /// op whose output it is, where it differed only by rounding noise the op amplified.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub carried: Option<Carried>,
+}
+
+/// The captured op of the previous step whose output a differing input is (the same
+/// statistics in both runs, bit for bit), where that output differed only by rounding noise
+/// the op amplified: a warning there (a normalised update of a near-zero gradient).
+#[derive(Debug, Clone, Serialize, Deserialize, PartialEq, Eq)]
+pub struct Carried {
+    /// Its step.
+    pub step: String,
+    /// Its op key.
+    pub op: String,
+    /// The output.
+    pub tensor: String,
 }
 
 /// An op only one run calls, named as the source of an input that differs.
