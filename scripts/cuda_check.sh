@@ -43,6 +43,18 @@ ex --device cuda --dump "$T/ovf" --mode overflow --inject-nan Functional.gelu.0
 check "cuda-overflow-mode-nan" 1 "$P" scan "$T/ovf" -o "$T/s2"
 ex --device cuda --dump "$T/ovf_clean" --mode overflow
 check "cuda-overflow-mode-clean" 0 "$P" scan "$T/ovf_clean" -o "$T/s3"
+# DDP on CUDA: two ranks on this GPU over gloo (nccl needs a GPU per rank); DDP's gradient
+# hooks and comm hook run on autograd's device thread. A rerun passes; a faulty op on rank 1
+# and a garbled bucket all-reduce on rank 1 are named.
+ddp() { timeout 300 "$PY" -m torch.distributed.run --standalone --nproc_per_node 2 \
+  examples/train_ddp.py --quiet --level mix --device cuda "$@" >>"$LOG/examples.log" 2>&1; }
+ddp --dump "$T/ddp"
+ddp --dump "$T/ddp2"
+ddp --dump "$T/ddp_op" --inject Functional.gelu.0 --inject-rank 1
+ddp --dump "$T/ddp_coll" --inject-collective ddp_bucket_allreduce --inject-rank 1
+check "cuda-ddp-vs-rerun" 0 "$P" compare -q -b "$T/ddp" -c "$T/ddp2" -o "$T/o6"
+check "cuda-ddp-inject-gelu-rank1" 1 "$P" compare -b "$T/ddp" -c "$T/ddp_op" -o "$T/o7"
+check "cuda-ddp-garbled-allreduce-rank1" 1 "$P" compare -b "$T/ddp" -c "$T/ddp_coll" -o "$T/o8"
 # The fused statistics kernel against float64, and capture with PyTorch's sync debugging
 # set to raise (statistics and tensor mode: no host sync inside a step).
 check "cuda-tests" 0 "$PY" -m pytest -q -p no:cacheprovider python/tests/test_cuda.py
