@@ -1018,22 +1018,27 @@ fn a_choice_among_nearly_equal_scores_that_went_the_other_way_is_a_near_tie() {
     }
 }
 
-/// Two steps of one rank: in step 0 an optimizer's in-place update (`Tensor.addcdiv_`)
-/// reads a moment at rounding-noise level (a gradient that is zero but for rounding: the
-/// bias of a convolution that a BatchNorm follows) and writes a weight the runs disagree on
-/// by ±lr; step 1's linear reads that weight (`weight_b`, `weight_c` per run).
-fn carried_update(dir: &Path, weight_b: &[f32], weight_c: &[f32]) {
+/// What step 0's update writes in each run (`carried_update`).
+const WRITTEN: [[f32; 4]; 2] = [[0.101, 0.199, -0.299, 0.401], [0.099, 0.201, -0.301, 0.399]];
+
+/// Two steps of one rank, compared: in step 0 an optimizer's in-place update
+/// (`Tensor.addcdiv_`) reads a moment at rounding-noise level (a gradient that is zero but
+/// for rounding: the bias of a convolution that a BatchNorm follows) and writes a weight
+/// the runs disagree on by ±lr ([`WRITTEN`]); step 1's linear reads the weight `read_c` in
+/// the comparison run, what the update wrote in the benchmark. The summary.
+fn carried_update(read_c: &[f32]) -> serde_json::Value {
+    let t = tempfile::tempdir().unwrap();
     let before = [0.1f32, 0.2, -0.3, 0.4];
-    // What the update wrote in each run.
-    let (wb, wc) = (
-        [0.101f32, 0.199, -0.299, 0.401],
-        [0.099f32, 0.201, -0.301, 0.399],
-    );
     let x = [1.0f32, -1.0, 0.5, 2.0];
     let dot = |w: &[f32]| vec![w.iter().zip(&x).map(|(a, b)| a * b).sum::<f32>()];
     for (side, moment, written, weight) in [
-        ("bench", [1e-9f32, -2e-9, 1e-9, 3e-9], wb, weight_b),
-        ("cmp", [4e-9f32, 1e-9, -1e-9, 2e-9], wc, weight_c),
+        (
+            "bench",
+            [1e-9f32, -2e-9, 1e-9, 3e-9],
+            WRITTEN[0],
+            &WRITTEN[0][..],
+        ),
+        ("cmp", [4e-9f32, 1e-9, -1e-9, 2e-9], WRITTEN[1], read_c),
     ] {
         let denom = moment.map(|m| m.abs() + 1e-8);
         let update = op_record(
@@ -1045,13 +1050,8 @@ fn carried_update(dir: &Path, weight_b: &[f32], weight_c: &[f32]) {
                 ("output.0", "output", written.to_vec()),
             ],
         );
-        write_op_log_at(
-            &dir.join(side),
-            "step0",
-            "rank0",
-            "statistics",
-            vec![update],
-        );
+        let dir = t.path().join(side);
+        write_op_log_at(&dir, "step0", "rank0", "statistics", vec![update]);
         let linear = op_record(
             "Functional.linear.0.forward",
             &[
@@ -1060,14 +1060,12 @@ fn carried_update(dir: &Path, weight_b: &[f32], weight_c: &[f32]) {
                 ("output.0", "output", dot(weight)),
             ],
         );
-        write_op_log_at(
-            &dir.join(side),
-            "step1",
-            "rank0",
-            "statistics",
-            vec![linear],
-        );
+        write_op_log_at(&dir, "step1", "rank0", "statistics", vec![linear]);
     }
+    let (b, c) = (t.path().join("bench"), t.path().join("cmp"));
+    let o = compare_paths(&b, &c, &t.path().join("out"), &["-q"]);
+    assert_eq!(o.code, 1, "{}", o.stderr);
+    summary(t.path())
 }
 
 /// The weight step 1 reads is, in each run, what step 0's update wrote there (the same
@@ -1078,20 +1076,7 @@ fn carried_update(dir: &Path, weight_b: &[f32], weight_c: &[f32]) {
 /// convolution bias that BatchNorm follows does this in `examples/train_ddp.py`.
 #[test]
 fn a_weight_an_update_wrote_from_amplified_noise_is_not_from_outside() {
-    let t = tempfile::tempdir().unwrap();
-    let (wb, wc) = (
-        [0.101f32, 0.199, -0.299, 0.401],
-        [0.099f32, 0.201, -0.301, 0.399],
-    );
-    carried_update(t.path(), &wb, &wc);
-    let o = compare_paths(
-        &t.path().join("bench"),
-        &t.path().join("cmp"),
-        &t.path().join("out"),
-        &["-q"],
-    );
-    assert_eq!(o.code, 1, "{}", o.stderr);
-    let s = summary(t.path());
+    let s = carried_update(&WRITTEN[1]);
     let h = s["headline"].as_str().unwrap();
     assert!(
         h.starts_with(
@@ -1102,34 +1087,21 @@ fn a_weight_an_update_wrote_from_amplified_noise_is_not_from_outside() {
         "{h}"
     );
     assert!(h.ends_with("no captured op is at fault"), "{h}");
-    let e = &s["external_source"]["forward"];
-    assert_eq!(e["carried"]["step"], "step0", "{e:#}");
-    assert_eq!(e["carried"]["op"], "Tensor.addcdiv_.0.forward", "{e:#}");
-    assert_eq!(
-        e["carried"]["tensor"], "Tensor.addcdiv_.0.forward.output.0",
-        "{e:#}"
-    );
+    let e = &s["external_source"]["forward"]["carried"];
+    assert_eq!(e["step"], "step0", "{e:#}");
+    assert_eq!(e["op"], "Tensor.addcdiv_.0.forward", "{e:#}");
+    assert_eq!(e["tensor"], "Tensor.addcdiv_.0.forward.output.0", "{e:#}");
     // Step 0: the update's output is a warning (amplified noise), nothing an error.
-    let pairs = s["pairs"].as_array().unwrap();
-    assert_eq!(pairs[0]["step"], "step0");
+    let p = &s["pairs"][0];
+    assert_eq!(p["step"], "step0");
     assert_eq!(
-        (pairs[0]["errors"].as_u64(), pairs[0]["warnings"].as_u64()),
+        (p["errors"].as_u64(), p["warnings"].as_u64()),
         (Some(0), Some(1))
     );
 
-    // A weight that is not what the update wrote on one side (something outside the
+    // A weight that is not what the update wrote in one run (something outside the
     // captured ops changed it between the steps) reads as before.
-    let t = tempfile::tempdir().unwrap();
-    let changed = [0.0995f32, 0.201, -0.301, 0.399];
-    carried_update(t.path(), &wb, &changed);
-    let o = compare_paths(
-        &t.path().join("bench"),
-        &t.path().join("cmp"),
-        &t.path().join("out"),
-        &["-q"],
-    );
-    assert_eq!(o.code, 1, "{}", o.stderr);
-    let s = summary(t.path());
+    let s = carried_update(&[0.0995, 0.201, -0.301, 0.399]);
     let h = s["headline"].as_str().unwrap();
     assert!(
         h.starts_with(

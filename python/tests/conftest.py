@@ -53,6 +53,19 @@ def probe_bin() -> str:
     raise AssertionError  # unreachable
 
 
+class Halve(torch.autograd.Function):
+    """A custom autograd function whose backward calls a hooked API, as tensor-parallel
+    layers all-reduce their gradients in theirs."""
+
+    @staticmethod
+    def forward(ctx: Any, x: torch.Tensor) -> torch.Tensor:
+        return x * 0.5
+
+    @staticmethod
+    def backward(ctx: Any, g: torch.Tensor) -> torch.Tensor:
+        return torch.mul(g, 0.5)
+
+
 class Tiny(nn.Module):
     """Small enough to run in milliseconds, rich enough to hit api/module/backward paths."""
 

@@ -18,7 +18,7 @@ import torch
 import torch.nn.functional as F
 
 import probe
-from conftest import SCHEMAS, Tiny, iter_tensors, read_ops, run_steps, train
+from conftest import SCHEMAS, Halve, Tiny, iter_tensors, read_ops, run_steps, train
 
 
 def _keys(ops: list[dict[str, Any]]) -> list[str]:
@@ -361,19 +361,6 @@ def test_recompute_marked(dump: str) -> None:
     ]
 
 
-class _Halve(torch.autograd.Function):
-    """A custom autograd function whose backward calls hooked APIs, as tensor-parallel
-    layers all-reduce their gradients in theirs."""
-
-    @staticmethod
-    def forward(ctx: Any, x: torch.Tensor) -> torch.Tensor:
-        return x * 0.5
-
-    @staticmethod
-    def backward(ctx: Any, g: torch.Tensor) -> torch.Tensor:
-        return torch.mul(g, 0.5)
-
-
 @pytest.mark.parametrize("reentrant", [False, True])
 def test_calls_in_a_custom_backward_are_not_recompute(dump: str, reentrant: bool) -> None:
     """A backward graph runs both for a custom function's backward and for a checkpoint's
@@ -387,7 +374,7 @@ def test_calls_in_a_custom_backward_are_not_recompute(dump: str, reentrant: bool
     x = torch.randn(2, 4, requires_grad=True)
     dbg = probe.Debugger(None, dump_path=dump, directions=["forward"], level="api")
     dbg.start()
-    y = checkpoint(lambda t: _Halve.apply(F.gelu(lin(t))), x, use_reentrant=reentrant)
+    y = checkpoint(lambda t: Halve.apply(F.gelu(lin(t))), x, use_reentrant=reentrant)
     y.sum().backward()
     dbg.stop()
     dbg.close()
@@ -395,7 +382,7 @@ def test_calls_in_a_custom_backward_are_not_recompute(dump: str, reentrant: bool
     marks = {o["op"]: o["recompute"] for o in ops}
     assert marks["Functional.linear.0.forward"] is False
     assert marks["Functional.linear.1.forward"] is True  # the checkpoint's recompute
-    assert marks["Torch.mul.0.forward"] is False  # _Halve's backward
+    assert marks["Torch.mul.0.forward"] is False  # Halve's backward
 
 
 def _backward_on(thread: bool, dump: str, reentrant: bool, level: str) -> list[dict[str, Any]]:
@@ -411,7 +398,7 @@ def _backward_on(thread: bool, dump: str, reentrant: bool, level: str) -> list[d
     x = torch.randn(2, 4, requires_grad=True)
     dbg = probe.Debugger(None, dump_path=dump, level=level)
     dbg.start(model)
-    loss = checkpoint(lambda t: _Halve.apply(model(t)), x, use_reentrant=reentrant).sum()
+    loss = checkpoint(lambda t: Halve.apply(model(t)), x, use_reentrant=reentrant).sum()
     errors: list[BaseException] = []
 
     def run(fn: Any) -> None:
@@ -463,7 +450,7 @@ def test_a_backward_on_another_thread_is_captured_as_on_the_calling_one(
     keys = _keys(there)
     marks = {o["op"]: o.get("recompute") for o in there}
     assert marks["Functional.linear.1.forward"] is True  # the checkpoint's recompute
-    assert marks["Torch.mul.0.forward"] is False  # _Halve's backward
+    assert marks["Torch.mul.0.forward"] is False  # Halve's backward
     assert "Torch.mul.1.forward" in keys  # this thread's call after the backward
     assert not any(k.startswith("Torch.add.") for k in keys)  # the loader's
 

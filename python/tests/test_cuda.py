@@ -16,7 +16,7 @@ import torch.nn as nn
 import torch.nn.functional as F
 
 import probe
-from conftest import read_ops
+from conftest import Halve, read_ops
 from fused_interp_check import reference, same
 from probe.capture import fused
 from probe.capture.buffer import StatsBuffer
@@ -214,19 +214,6 @@ def test_checksum_capture_on_cuda_never_syncs_and_hashes_the_bytes_of_the_time(
     assert t["checksum"] == crc32_of(seen[-1].cpu())
 
 
-class _Halve(torch.autograd.Function):
-    """A custom function whose backward calls a hooked API (as a tensor-parallel layer's
-    all-reduces its gradient)."""
-
-    @staticmethod
-    def forward(ctx: Any, x: torch.Tensor) -> torch.Tensor:
-        return x * 0.5
-
-    @staticmethod
-    def backward(ctx: Any, g: torch.Tensor) -> torch.Tensor:
-        return torch.mul(g, 0.5)
-
-
 @pytest.mark.parametrize("level", ["api", "mix"])
 @pytest.mark.parametrize("reentrant", [False, True])
 def test_the_backward_on_autograds_device_thread_is_captured_as_on_cpu(
@@ -245,7 +232,7 @@ def test_the_backward_on_autograds_device_thread_is_captured_as_on_cpu(
         dump = str(tmp_path / device)
         dbg = probe.Debugger(None, dump_path=dump, level=level)
         dbg.start(model)
-        loss = checkpoint(lambda t: _Halve.apply(model(t)), x, use_reentrant=reentrant).sum()
+        loss = checkpoint(lambda t: Halve.apply(model(t)), x, use_reentrant=reentrant).sum()
         loss.backward()
         dbg.stop()
         dbg.close()
@@ -257,7 +244,7 @@ def test_the_backward_on_autograds_device_thread_is_captured_as_on_cpu(
     )
     marks = {o["op"]: o.get("recompute") for o in gpu}
     assert marks["Functional.linear.1.forward"] is True  # the checkpoint's recompute
-    assert marks["Torch.mul.0.forward"] is False  # _Halve's backward
+    assert marks["Torch.mul.0.forward"] is False  # Halve's backward
     want = {(o["op"], t["name"]): t["stats"] for o in cpu for t in o["tensors"]}
     for o in gpu:
         for t in o["tensors"]:
