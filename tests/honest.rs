@@ -1063,9 +1063,18 @@ fn carried_update(read_c: &[f32]) -> serde_json::Value {
         write_op_log_at(&dir, "step1", "rank0", "statistics", vec![linear]);
     }
     let (b, c) = (t.path().join("bench"), t.path().join("cmp"));
-    let o = compare_paths(&b, &c, &t.path().join("out"), &["-q"]);
+    let o = compare_paths(&b, &c, &t.path().join("out"), &[]);
     assert_eq!(o.code, 1, "{}", o.stderr);
-    summary(t.path())
+    let s = summary(t.path());
+    // The finding's title on stdout says which it is.
+    let carried = s["external_source"]["forward"].get("carried").is_some();
+    let title = if carried {
+        "divergence enters with the previous step's value (forward): Functional.linear.0.forward"
+    } else {
+        "divergence enters from outside (forward): Functional.linear.0.forward"
+    };
+    assert!(o.stdout.contains(title), "{}", o.stdout);
+    s
 }
 
 /// The weight step 1 reads is, in each run, what step 0's update wrote there (the same

@@ -8,6 +8,7 @@ use super::{CopyPlan, Document, OpLine, Overview, Point, Table};
 use crate::compare::{op_groups, CompareRun, Row, UnitSummary, Verdict};
 use crate::error::Result as ProbeResult;
 use crate::metrics::Metrics;
+use crate::op_key::Direction;
 use crate::scan::{ScanRun, ScanSummary};
 use crate::schema::summary::{Finding, Summary};
 use crate::verdict;
@@ -67,17 +68,13 @@ impl<'a> CompareDocument<'a> {
                 ),
             ),
         ];
+        let entry = |d| s.external_source.entry_title(d);
+        let (entry_f, entry_b) = (entry(Direction::Forward), entry(Direction::Backward));
         let found = causal(findings([
-            (
-                "divergence enters from outside (forward)",
-                &s.external_source.forward,
-            ),
+            (entry_f.as_str(), &s.external_source.forward),
             ("first divergent op (forward)", &s.first_divergent.forward),
             ("first divergent op (backward)", &s.first_divergent.backward),
-            (
-                "divergence enters from outside (backward)",
-                &s.external_source.backward,
-            ),
+            (entry_b.as_str(), &s.external_source.backward),
             ("first NaN/Inf producer", &s.first_nonfinite),
             (
                 "first op called with different arguments",

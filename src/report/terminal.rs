@@ -1,5 +1,6 @@
 //! The short human summary printed on stdout.
 
+use crate::op_key::Direction;
 use crate::scan::ScanSummary;
 use crate::schema::summary::{Finding, RunVerdict, Summary};
 
@@ -91,20 +92,16 @@ pub fn terminal_summary(s: &Summary) -> String {
     // In causal order (step, execution order, rank): a later step's consequences never
     // come before an earlier step's cause. At the same place, in the order listed.
     let hint = s.other_args_hint().cloned();
+    let entry = |d| format!("  {}", s.external_source.entry_title(d));
+    let (entry_f, entry_b) = (entry(Direction::Forward), entry(Direction::Backward));
     let mut list: Vec<(&str, &Finding)> = [
-        (
-            "  divergence enters from outside (forward)",
-            &s.external_source.forward,
-        ),
+        (entry_f.as_str(), &s.external_source.forward),
         ("  first divergent op (forward)", &s.first_divergent.forward),
         (
             "  first divergent op (backward)",
             &s.first_divergent.backward,
         ),
-        (
-            "  divergence enters from outside (backward)",
-            &s.external_source.backward,
-        ),
+        (entry_b.as_str(), &s.external_source.backward),
         ("  first NaN/Inf producer", &s.first_nonfinite),
         ("  first op called with different arguments", &hint),
         (

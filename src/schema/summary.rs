@@ -87,6 +87,22 @@ pub struct Finding {
     pub carried: Option<Carried>,
 }
 
+impl ByDirection {
+    /// How reports title the `external_source` finding of a phase (`forward`, `backward`):
+    /// where the divergence enters, or the previous step's value it enters with.
+    pub fn entry_title(&self, phase: Direction) -> String {
+        let f = match phase {
+            Direction::Forward => &self.forward,
+            Direction::Backward => &self.backward,
+        };
+        let what = match f.as_ref().and_then(|f| f.carried.as_ref()) {
+            Some(_) => "divergence enters with the previous step's value",
+            None => "divergence enters from outside",
+        };
+        format!("{what} ({})", phase.name())
+    }
+}
+
 /// The captured op of the previous step whose output a differing input is (the same
 /// statistics in both runs, bit for bit), where that output differed only by rounding noise
 /// the op amplified: a warning there (a normalised update of a near-zero gradient).
