@@ -253,6 +253,23 @@ fn manifest_of_another_version() {
 }
 
 #[test]
+fn manifest_with_a_world_size_that_is_no_number_of_ranks() {
+    for (value, said) in [
+        ("0", "world_size 0 is not a number of ranks"),
+        ("-2", "bad manifest"),
+        ("\"four\"", "bad manifest"),
+    ] {
+        let t = tempfile::tempdir().unwrap();
+        demo(t.path());
+        let p = t.path().join("cmp/manifest.json");
+        let text = std::fs::read_to_string(&p).unwrap();
+        let text = text.replace("\"world_size\": 1", &format!("\"world_size\": {value}"));
+        std::fs::write(&p, text).unwrap();
+        assert_input_error(&compare(t.path(), &[]), 2, said);
+    }
+}
+
+#[test]
 fn output_path_is_a_file() {
     let t = tempfile::tempdir().unwrap();
     demo(t.path());

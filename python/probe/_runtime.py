@@ -15,35 +15,31 @@ from typing import Any, Optional
 DEVICES = ("cpu", "cuda", "npu")
 
 
-def current_rank() -> int:
-    """This process's rank: the process group's, else ``$RANK``, else 0."""
+def _from_job(what: str, env: str, default: int) -> int:
+    """``torch.distributed``'s ``get_<what>()`` when a process group is up, else ``$<env>``
+    (set by ``torchrun`` before the group exists), else ``default``."""
     try:
         import torch.distributed as dist
 
         if dist.is_available() and dist.is_initialized():
-            return int(dist.get_rank())
+            return int(getattr(dist, f"get_{what}")())
     except Exception:  # noqa: BLE001 - a broken or partial torch.distributed: fall back
         pass
     try:
-        return int(os.environ.get("RANK", "0"))
+        return int(os.environ.get(env, str(default)))
     except ValueError:
-        return 0
+        return default
+
+
+def current_rank() -> int:
+    """This process's rank: the process group's, else ``$RANK``, else 0."""
+    return _from_job("rank", "RANK", 0)
 
 
 def world_size() -> int:
     """The job's number of ranks, by the same rule as :func:`current_rank`: the process
     group's, else ``$WORLD_SIZE``, else 1."""
-    try:
-        import torch.distributed as dist
-
-        if dist.is_available() and dist.is_initialized():
-            return int(dist.get_world_size())
-    except Exception:  # noqa: BLE001 - a broken or partial torch.distributed: fall back
-        pass
-    try:
-        return max(1, int(os.environ.get("WORLD_SIZE", "1")))
-    except ValueError:
-        return 1
+    return max(1, _from_job("world_size", "WORLD_SIZE", 1))
 
 
 def device_kind() -> str:

@@ -516,6 +516,7 @@ def _make_wrapper(
 ) -> Any:
     def wrapper(*args: Any, **kwargs: Any) -> Any:
         # Compiling first: Dynamo would turn a read of the flag into a guard (compiled.py).
+        # (`capturing()`, inline: every call of a hooked API comes through here.)
         if compiling() or not (tls.active or (tls.active is None and _backward_thread())):
             return orig(*args, **kwargs)
         return handler(orig, api, inplace, args, kwargs)
