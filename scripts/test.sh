@@ -2,7 +2,7 @@
 # The one command that runs every test: Rust (format, lints, unit, integration) and the
 # Python capture agent (including the end-to-end dump -> probe compare test).
 # Installs what it needs itself: a virtualenv in .venv with torch (CPU use), safetensors,
-# numpy, pytest, jsonschema, ruff, mypy, maturin, transformers (a small LLaMA from a config,
+# numpy, pytest (with pytest-xdist), jsonschema, ruff, mypy, maturin, transformers (a small LLaMA from a config,
 # nothing downloaded: test_transformers_model.py; accelerate for its Trainer), and the wheel of this checkout (the probe
 # command and the agent: pyproject.toml). pip caches the torch wheel, cargo the release build.
 set -euo pipefail
@@ -21,7 +21,7 @@ if [ ! -x .venv/bin/python ]; then
   python3 -m venv --system-site-packages .venv
 fi
 PY=.venv/bin/python
-"$PY" -m pip install --quiet --disable-pip-version-check "torch>=2.1" numpy safetensors orjson pytest jsonschema ruff mypy "maturin>=1.5,<2" transformers accelerate
+"$PY" -m pip install --quiet --disable-pip-version-check "torch>=2.1" numpy safetensors orjson pytest pytest-xdist jsonschema ruff mypy "maturin>=1.5,<2" transformers accelerate
 
 echo "== python: ruff, mypy (pyproject.toml)"
 "$PY" -m ruff check python examples bench
@@ -41,7 +41,14 @@ export PROBE_WHEEL
 
 echo "== python: tests (the installed probe command; test_install.py checks a fresh venv)"
 unset PROBE_BIN
-"$PY" -m pytest python/tests -q -p no:cacheprovider
+# One worker per core, at most 4 (PROBE_TEST_WORKERS overrides; 0 runs them in this process):
+# most tests train a small model in one Python thread, so two workers take about two thirds
+# of the time one does on 2 cores. A file's tests stay on one worker (--dist loadfile), so
+# each module's runs (its fixtures) are made once. More than 4 gains little, as the
+# multi-rank tests start 2-4 processes each.
+workers="${PROBE_TEST_WORKERS:-$(nproc)}"
+[ "$workers" -le 4 ] || workers=4
+"$PY" -m pytest python/tests -q -p no:cacheprovider -n "$workers" --dist loadfile
 
 echo "== html: the reports in headless Chromium (skips without chromium; CI as root installs it)"
 PROBE_BIN="$PWD/.venv/bin/probe" bash scripts/check_html.sh
