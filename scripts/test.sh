@@ -8,27 +8,29 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 export CARGO_TERM_COLOR=never
+# Each stage's heading says when it began, in seconds since the start: where CI's time goes.
+stage() { echo "== $1 [${SECONDS}s]"; }
 
-echo "== rust: fmt, clippy"
+stage "rust: fmt, clippy"
 cargo fmt --all -- --check
 cargo clippy --all-targets --quiet -- -D warnings
 
-echo "== rust: tests"
+stage "rust: tests"
 cargo test --quiet 2>&1
 
-echo "== python: environment"
+stage "python: environment"
 if [ ! -x .venv/bin/python ]; then
   python3 -m venv --system-site-packages .venv
 fi
 PY=.venv/bin/python
 "$PY" -m pip install --quiet --disable-pip-version-check "torch>=2.1" numpy safetensors orjson pytest pytest-xdist jsonschema ruff mypy "maturin>=1.5,<2" transformers accelerate
 
-echo "== python: ruff, mypy (pyproject.toml)"
+stage "python: ruff, mypy (pyproject.toml)"
 "$PY" -m ruff check python examples bench
 "$PY" -m ruff format --check python examples bench
 "$PY" -m mypy
 
-echo "== wheel: pip wheel . (maturin: the probe command + the agent), installed into .venv"
+stage "wheel: pip wheel . (maturin: the probe command + the agent), installed into .venv"
 # The user's `pip install .` path (PEP 517 through maturin, release build; cargo caches it in
 # target/). Always this checkout's build, even when the same version is installed.
 rm -rf target/wheels
@@ -39,7 +41,7 @@ export PROBE_WHEEL
 "$PY" -m pip uninstall --quiet --disable-pip-version-check -y probe-agent 2>/dev/null || true  # the old agent-only name
 "$PY" -m pip install --quiet --disable-pip-version-check --no-deps --force-reinstall "$PROBE_WHEEL"
 
-echo "== python: tests (the installed probe command; test_install.py checks a fresh venv)"
+stage "python: tests (the installed probe command; test_install.py checks a fresh venv)"
 unset PROBE_BIN
 # One worker per core, at most 4 (PROBE_TEST_WORKERS overrides; 0 runs them in this process):
 # most tests train a small model in one Python thread, so two workers take about two thirds
@@ -50,5 +52,6 @@ workers="${PROBE_TEST_WORKERS:-$(nproc)}"
 [ "$workers" -le 4 ] || workers=4
 "$PY" -m pytest python/tests -q -p no:cacheprovider -n "$workers" --dist loadfile
 
-echo "== html: the reports in headless Chromium (skips without chromium; CI as root installs it)"
+stage "html: the reports in headless Chromium (skips without chromium; CI as root installs it)"
 PROBE_BIN="$PWD/.venv/bin/probe" bash scripts/check_html.sh
+echo "== done [${SECONDS}s]"
