@@ -43,12 +43,15 @@ export PROBE_WHEEL
 
 stage "python: tests (the installed probe command; test_install.py checks a fresh venv)"
 unset PROBE_BIN
-# One worker per core, at most 4 (PROBE_TEST_WORKERS overrides; 0 runs them in this process):
-# most tests train a small model in one Python thread, so two workers take about two thirds
-# of the time one does on 2 cores. A file's tests stay on one worker (--dist loadfile), so
-# each module's runs (its fixtures) are made once. More than 4 gains little, as the
-# multi-rank tests start 2-4 processes each.
+# One worker per core, at most 4 (PROBE_TEST_WORKERS sets the number; 0 runs them in this
+# process): most tests train a small model in one Python thread, so on 2 cores two workers
+# took 70 % of the time one did (8.75 against 12.5 minutes). A file's tests stay on one
+# worker (--dist loadfile), so each module's runs (its fixtures) are made once. The cap keeps
+# a large box from filling with training processes (the multi-rank tests start 2-4 each).
 workers="${PROBE_TEST_WORKERS:-$(nproc)}"
+case "$workers" in
+  '' | *[!0-9]*) echo "PROBE_TEST_WORKERS must be a whole number, not '$workers'" >&2; exit 2 ;;
+esac
 [ "$workers" -le 4 ] || workers=4
 "$PY" -m pytest python/tests -q -p no:cacheprovider -n "$workers" --dist loadfile
 
