@@ -602,9 +602,38 @@ fn module_name(m: &str) -> String {
 
 /// How many calls a region holds on each side, for a headline: API calls, or module calls
 /// where the dump has module records only (a region under an enclosing module's record).
+/// Where both sides made the same module calls, their records differ in the tensors they
+/// hold (an attention mask one attention backend is handed and the other is not): "1 vs 1
+/// module calls" would read as no difference, so the modules are named instead.
 fn calls(r: &Region) -> String {
     let mut keys = r.calls.bench.iter().chain(&r.calls.cmp).peekable();
     let modules = keys.peek().is_some() && keys.all(|k| OpKey::parse(k).kind() != OpKind::Api);
+    if modules && r.calls.bench == r.calls.cmp {
+        let names: Vec<String> = r
+            .calls
+            .bench
+            .iter()
+            .map(|k| {
+                let key = OpKey::parse(k);
+                let base = key.base();
+                // `Module.a.b.Class` -> `a.b`
+                let path = base
+                    .split_once('.')
+                    .and_then(|(_, rest)| rest.rsplit_once('.'))
+                    .map_or(base, |(path, _)| path);
+                format!("`{path}`")
+            })
+            .collect();
+        let (lead, verb) = if names.len() == 1 {
+            ("the call of", "holds")
+        } else {
+            ("the calls of", "hold")
+        };
+        return format!(
+            "{lead} {} {verb} other tensors on each side",
+            names.join(", ")
+        );
+    }
     format!(
         "{} vs {} {} calls",
         r.calls.bench.len(),
@@ -771,7 +800,50 @@ fn worst_ops(run: &CompareRun, k: usize) -> Vec<WorstOp> {
 
 #[cfg(test)]
 mod tests {
-    use super::thousands;
+    use super::{calls, thousands};
+    use crate::compare::{MatchedBy, OpInfo, Region, Sides};
+    use crate::op_key::{Direction, OpKey};
+
+    fn region(bench: &[&str], cmp: &[&str]) -> Region {
+        let keys = |k: &[&str]| k.iter().map(|s| s.to_string()).collect();
+        Region {
+            module: "model".into(),
+            direction: Direction::Forward,
+            by: MatchedBy::Module,
+            rule: None,
+            calls: Sides::new(keys(bench), keys(cmp)),
+            at: OpInfo {
+                index: 0,
+                seq: 0,
+                key: OpKey::parse(cmp[0]),
+                direction: Direction::Forward,
+                stack: None,
+                module: None,
+            },
+            boundary: 2,
+        }
+    }
+
+    #[test]
+    fn a_region_of_the_same_module_calls_names_them() {
+        let layer = "Module.model.layers.0.LlamaDecoderLayer.forward.0";
+        assert_eq!(
+            calls(&region(&[layer], &[layer])),
+            "the call of `model.layers.0` holds other tensors on each side"
+        );
+        let other = "Module.model.layers.1.LlamaDecoderLayer.forward.0";
+        assert_eq!(
+            calls(&region(&[layer, other], &[layer, other])),
+            "the calls of `model.layers.0`, `model.layers.1` hold other tensors on each side"
+        );
+        // Other calls, or API calls, are counted as before.
+        assert_eq!(
+            calls(&region(&[layer, other], &[layer])),
+            "2 vs 1 module calls"
+        );
+        let api = "Functional.silu.0.forward";
+        assert_eq!(calls(&region(&[api], &[api])), "1 vs 1 API calls");
+    }
 
     #[test]
     fn counts_are_written_with_thousands_separators() {

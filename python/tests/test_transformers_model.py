@@ -120,6 +120,9 @@ def test_eager_and_sdpa_attention_agree(runs: dict[str, Any], tmp_path: Any) -> 
     assert s["counts"]["matched_by"]["module"] > 0
     assert s["counts"]["error"] == 0
     assert "self_attn" in s["headline"], s["headline"]
+    # Eager attention hands each decoder layer a mask, sdpa none: the same module call on
+    # both sides with other tensors, said as such (not "1 vs 1 module calls").
+    assert "the call of `model.layers.0` holds other tensors on each side" in s["headline"], s["headline"]
 
 
 def test_a_fault_under_other_attention_is_named(runs: dict[str, Any], tmp_path: Any) -> None:
