@@ -175,6 +175,7 @@ pub fn summarize(run: &CompareRun, fail_on: FailOn, max_unmatched: f64) -> Summa
         random_draw: first_of(findings(), |f| &f.random_draw),
         near_tie: first_of(findings(), |f| &f.near_tie),
         other_args: earliest(findings().filter_map(|f| f.other_args.as_ref())).cloned(),
+        first_warning: first_warning(&pairs),
         counts: c,
         pairs,
         worst_ops: worst_ops(run, WORST_OPS),
@@ -478,9 +479,13 @@ fn headline(verdict: Verdict, c: &Counts, pairs: &[PairSummary]) -> String {
     match verdict {
         Verdict::Pass => format!("PASS: all {} tensors within tolerance{note}", c.tensors),
         Verdict::Warning => format!(
-            "WARNING: no tensor out of tolerance; {} warnings, {} unmatched tensors{note}",
+            "WARNING: no tensor out of tolerance; {} warnings, {} unmatched tensors{}{note}",
             c.warning,
-            c.unmatched_bench + c.unmatched_cmp
+            c.unmatched_bench + c.unmatched_cmp,
+            first_warning(pairs).map_or(String::new(), |x| format!(
+                "; the warnings begin at {} ({}/{})",
+                x.op, x.step, x.rank
+            ))
         ),
         Verdict::Error => {
             let in_step = error_step(pairs);
@@ -725,6 +730,20 @@ fn skipped_note(pairs: &[PairSummary]) -> String {
         "; {who} skipped {}/{} (gradients overflowed under the loss scale)",
         p.step, p.rank
     )
+}
+
+/// Where no tensor of any pair is out of tolerance: the earliest pair finding of where the
+/// warnings begin.
+fn first_warning(pairs: &[PairSummary]) -> Option<Finding> {
+    if pairs.iter().any(|p| p.errors > 0) {
+        return None;
+    }
+    earliest(
+        pairs
+            .iter()
+            .filter_map(|p| p.findings.first_warning.as_ref()),
+    )
+    .cloned()
 }
 
 /// Where no op is named (a pass, a warning, accumulated drift): the first op called with

@@ -483,3 +483,49 @@ fn headline_follows_the_earliest_step_with_an_error() {
         "Torch.matmul.0.forward.input.0"
     );
 }
+
+#[test]
+fn warnings_without_an_error_say_where_they_begin() {
+    // softmax's output is 2e-5 off (float32: past the warning tolerance, under the error
+    // one) while its input is identical; what follows inherits it. No culprit, but the
+    // warnings begin at softmax, and the headline says so.
+    let t = tempfile::tempdir().unwrap();
+    chain(
+        t.path(),
+        &[(1.0, 2.0), (2.0, 3.0), (3.0, 4.0), (4.0, 5.0)],
+        &[
+            (1.0, 2.0),
+            (2.0, 3.00006),
+            (3.00006, 4.00008),
+            (4.00008, 5.0001),
+        ],
+    );
+    let o = compare(t.path(), &[]);
+    assert_eq!(o.code, 0, "{}", o.stdout);
+    let s = summary(t.path());
+    assert_eq!(s["verdict"], "warning");
+    assert_eq!(s["first_warning"]["op"], "Functional.softmax.0.forward");
+    assert_eq!(
+        s["pairs"][0]["findings"]["first_warning"]["op"],
+        "Functional.softmax.0.forward"
+    );
+    let headline = s["headline"].as_str().unwrap();
+    assert!(
+        headline.contains("the warnings begin at Functional.softmax.0.forward (step0/rank0)"),
+        "{headline}"
+    );
+    assert!(s["first_divergent"]["forward"].is_null());
+
+    // Where a tensor is out of tolerance, the localiser's findings speak instead.
+    let t = tempfile::tempdir().unwrap();
+    chain(
+        t.path(),
+        &[(1.0, 2.0), (2.0, 3.0), (3.0, 4.0), (4.0, 5.0)],
+        &[(1.0, 2.0), (2.0, 3.00006), (3.00006, 4.4), (4.4, 5.5)],
+    );
+    let o = compare(t.path(), &[]);
+    assert_eq!(o.code, 1, "{}", o.stdout);
+    let s = summary(t.path());
+    assert!(s.get("first_warning").is_none(), "{s}");
+    assert!(s["pairs"][0]["findings"].get("first_warning").is_none());
+}

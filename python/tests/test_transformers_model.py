@@ -156,8 +156,8 @@ def test_a_small_fault_under_bfloat16_autocast_warns_and_a_tighter_tolerance_nam
 ) -> None:
     """A port in bfloat16 autocast (and sdpa) whose first ``F.silu`` a step is 5 % off. The
     bfloat16 error tolerance (1e-1) sits above the drift autocast itself brings, so by
-    default the fault is only warnings, far more of them than the clean port's; with the
-    error tolerance tightened to just above the clean port's worst (docs/compare.md, "Known
+    default the fault is only warnings, far more of them than the clean port's, and the
+    headline says they begin at the faulty op; with the error tolerance tightened to just above the clean port's worst (docs/compare.md, "Known
     limits"), the clean port still passes and the fault is named."""
     clean, faulty = str(tmp_path / "amp"), str(tmp_path / "amp_fault")
     _run(clean, "sdpa", amp=True)
@@ -170,6 +170,10 @@ def test_a_small_fault_under_bfloat16_autocast_warns_and_a_tighter_tolerance_nam
     assert code == 0 and f["verdict"] == "warning", f["headline"]
     assert f["first_divergent"] == {"forward": None, "backward": None}, f["headline"]
     assert f["counts"]["warning"] > 10 * max(c["counts"]["warning"], 1), (c["counts"], f["counts"])
+    # No culprit, but where the warnings begin: the faulty silu, not the clean port's one.
+    assert f["first_warning"]["op"] == "Functional.silu.0.forward", f["headline"]
+    assert "the warnings begin at Functional.silu.0.forward (step0/rank0)" in f["headline"]
+    assert c.get("first_warning", {}).get("op") != "Functional.silu.0.forward", c["headline"]
     tol = tmp_path / "tol.toml"
     tol.write_text("[dtype.bfloat16]\nwarning = 1.6e-2\nerror = 4e-2\nmax_abs = 2e-1\natol = 1e-5\n")
     code, c = compare_summary(runs["eager"], clean, str(tmp_path / "ct"), "--config", str(tol))
@@ -177,6 +181,7 @@ def test_a_small_fault_under_bfloat16_autocast_warns_and_a_tighter_tolerance_nam
     code, f = compare_summary(runs["eager"], faulty, str(tmp_path / "ft"), "--config", str(tol))
     assert code == 1, f["headline"]
     assert f["first_divergent"]["forward"]["op"] == "Functional.silu.0.forward", f["headline"]
+    assert "first_warning" not in f  # errors: the localiser's findings speak
 
 
 TRAINER = """

@@ -781,7 +781,38 @@ pub fn localize(
         }
     }
     f.other_args = other_args(unit, &at);
+    if !briefs.iter().any(|b| b.fails) {
+        f.first_warning = first_warning(unit, &briefs, &at);
+    }
     f
+}
+
+/// Where nothing fails: the first op, in execution order, whose output warns while every
+/// input of it passes. Below the error tolerance the localiser names no culprit, but where
+/// the warnings begin is where to look.
+fn first_warning(unit: &dyn OpRows, briefs: &[Brief], at: &Place) -> Option<Finding> {
+    (0..briefs.len())
+        .filter(|&k| briefs[k].flagged)
+        .find_map(|k| {
+            let rows = unit.rows(k);
+            let g: Vec<&Row> = rows.iter().collect();
+            if g.iter()
+                .any(|r| is_input(r) && r.judgement.verdict != Verdict::Pass)
+            {
+                return None;
+            }
+            let warned = g
+                .iter()
+                .filter(|r| is_output(r) && r.judgement.verdict == Verdict::Warning);
+            let out = worst(warned)?;
+            let expl = format!(
+                "the first op whose output {} warns while its inputs pass: where the warnings \
+                 begin (a difference below the error tolerance names no culprit; \
+                 docs/compare.md, \"Known limits\")",
+                out.tensor.name
+            );
+            Some(finding(at, &g, out, expl))
+        })
 }
 
 /// The first op called with different non-tensor arguments, whatever its outputs, with how

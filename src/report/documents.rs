@@ -87,6 +87,7 @@ impl<'a> CompareDocument<'a> {
             ),
             ("different random draw (forward)", &s.random_draw.forward),
             ("different random draw (backward)", &s.random_draw.backward),
+            ("where the warnings begin", &s.first_warning),
             ("earliest failing op (forward)", &s.earliest_failing.forward),
             (
                 "earliest failing op (backward)",

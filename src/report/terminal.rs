@@ -117,6 +117,7 @@ pub fn terminal_summary(s: &Summary) -> String {
             "  different random draw (backward)",
             &s.random_draw.backward,
         ),
+        ("  where the warnings begin", &s.first_warning),
     ]
     .into_iter()
     .filter_map(|(t, f)| f.as_ref().map(|f| (t, f)))

@@ -257,6 +257,11 @@ pub struct Findings {
     /// its outputs (`args`): a hint where no op is named, or where nothing diverged.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub other_args: Option<Finding>,
+    /// Where no tensor of the unit is out of tolerance: the first op whose output warns
+    /// while its inputs pass, where the warnings begin. A fault smaller than the error
+    /// tolerance (a bf16 kernel a few per cent off) shows only as warnings.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub first_warning: Option<Finding>,
 }
 
 /// Tensor counts over the whole compare.
@@ -463,6 +468,9 @@ pub struct Summary {
     /// The first op called with different non-tensor arguments, over all pairs.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub other_args: Option<Finding>,
+    /// Where no tensor is out of tolerance: the earliest [`Findings::first_warning`].
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub first_warning: Option<Finding>,
     /// Every pair with its findings.
     pub pairs: Vec<PairSummary>,
     /// The ops with the worst verdicts and errors.
