@@ -158,7 +158,7 @@ def test_a_small_fault_under_bfloat16_autocast_warns_and_a_tighter_tolerance_nam
     bfloat16 error tolerance (1e-1) sits above the drift autocast itself brings, so by
     default the fault is only warnings, far more of them than the clean port's, and the
     headline says they begin at the faulty op; with the error tolerance tightened to just above the clean port's worst (docs/compare.md, "Known
-    limits"), the clean port still passes and the fault is named."""
+    limits"), the clean port still fails no tensor and the fault is named."""
     clean, faulty = str(tmp_path / "amp"), str(tmp_path / "amp_fault")
     _run(clean, "sdpa", amp=True)
     _run(faulty, "sdpa", fault=True, amp=True)
