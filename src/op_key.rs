@@ -274,6 +274,15 @@ pub type OpKey = Key<Box<str>>;
 /// An op key borrowed from the store it was read into (no allocation).
 pub type KeyRef<'a> = Key<&'a str>;
 
+/// The module path of a module record's key (`Module.a.b.Class.forward.0`, msprobe's
+/// `Cell.` too: `a.b`); None for other keys.
+pub fn module_path(key: &str) -> Option<&str> {
+    let rest = key
+        .strip_prefix("Module.")
+        .or_else(|| key.strip_prefix("Cell."))?;
+    rest.rsplitn(4, '.').nth(3)
+}
+
 fn is_call(s: &str) -> bool {
     !s.is_empty() && s.bytes().all(|b| b.is_ascii_digit())
 }

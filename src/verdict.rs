@@ -11,7 +11,7 @@ use crate::compare::{
 };
 use crate::dump::Direction;
 use crate::gate::{FailOn, EXIT_FAIL, EXIT_INCOMPLETE, EXIT_NOTHING_COMPARABLE, EXIT_PASS};
-use crate::op_key::{OpKey, OpKind, Randomness};
+use crate::op_key::{module_path, OpKey, OpKind, Randomness};
 use crate::schema::summary::{
     label_key, ByDirection, Counts, Finding, Findings, IncompleteUnit, PairSummary, RunVerdict,
     Summary, WorstOp,
@@ -144,6 +144,7 @@ pub fn summarize(run: &CompareRun, fail_on: FailOn, max_unmatched: f64) -> Summa
     } else {
         None
     };
+    let warnings_begin = first_warning(&pairs);
     let mut headline = match &cross {
         // (With what the headline of one rank adds about how the runs were compared.)
         Some(x) => {
@@ -152,7 +153,7 @@ pub fn summarize(run: &CompareRun, fail_on: FailOn, max_unmatched: f64) -> Summa
                 + &scale_note(&pairs)
                 + &skipped_note(&pairs)
         }
-        None => headline(compared, &c, &pairs),
+        None => headline(compared, &c, &pairs, warnings_begin.as_ref()),
     };
     if !incomplete.is_empty() {
         headline = incomplete_headline(headline, compared, &c, &incomplete);
@@ -175,7 +176,7 @@ pub fn summarize(run: &CompareRun, fail_on: FailOn, max_unmatched: f64) -> Summa
         random_draw: first_of(findings(), |f| &f.random_draw),
         near_tie: first_of(findings(), |f| &f.near_tie),
         other_args: earliest(findings().filter_map(|f| f.other_args.as_ref())).cloned(),
-        first_warning: first_warning(&pairs),
+        first_warning: warnings_begin,
         counts: c,
         pairs,
         worst_ops: worst_ops(run, WORST_OPS),
@@ -467,7 +468,12 @@ pub fn culprit(s: &Summary) -> Option<&Finding> {
         .or(f.earliest_failing.backward.as_ref())
 }
 
-fn headline(verdict: Verdict, c: &Counts, pairs: &[PairSummary]) -> String {
+fn headline(
+    verdict: Verdict,
+    c: &Counts,
+    pairs: &[PairSummary],
+    first_warning: Option<&Finding>,
+) -> String {
     if c.tensors == 0 {
         return "NOTHING COMPARABLE: no tensor is present on both sides".into();
     }
@@ -482,7 +488,7 @@ fn headline(verdict: Verdict, c: &Counts, pairs: &[PairSummary]) -> String {
             "WARNING: no tensor out of tolerance; {} warnings, {} unmatched tensors{}{note}",
             c.warning,
             c.unmatched_bench + c.unmatched_cmp,
-            first_warning(pairs).map_or(String::new(), |x| format!(
+            first_warning.map_or(String::new(), |x| format!(
                 "; the warnings begin at {} ({}/{})",
                 x.op, x.step, x.rank
             ))
@@ -618,16 +624,7 @@ fn calls(r: &Region) -> String {
             .calls
             .bench
             .iter()
-            .map(|k| {
-                let key = OpKey::parse(k);
-                let base = key.base();
-                // `Module.a.b.Class` -> `a.b`
-                let path = base
-                    .split_once('.')
-                    .and_then(|(_, rest)| rest.rsplit_once('.'))
-                    .map_or(base, |(path, _)| path);
-                format!("`{path}`")
-            })
+            .map(|k| format!("`{}`", module_path(k).unwrap_or(k)))
             .collect();
         let (lead, verb) = if names.len() == 1 {
             ("the call of", "holds")

@@ -345,11 +345,7 @@ fn same_kind(a: Tensor, b: Tensor) -> bool {
 
 /// The module path a module record is of (`Module.a.b.Class.forward.0`: `a.b`).
 fn record_path(op: Op<'_>) -> Option<&str> {
-    let key = op.key().text();
-    let rest = key
-        .strip_prefix("Module.")
-        .or_else(|| key.strip_prefix("Cell."))?;
-    rest.rsplitn(4, '.').nth(3)
+    crate::op_key::module_path(op.key().text())
 }
 
 /// Whether both sides say which module each call was made in.
