@@ -345,12 +345,12 @@ pub fn merge(req: &MergeRequest, progress: &Progress) -> Result<Merged> {
         .par_iter()
         .map(|d| shard::read(d))
         .collect::<Result<Vec<_>>>()?;
-    let parts = shard::table_parts(&shards);
+    let parts = crate::report::shards::table_parts(&shards);
     let run = shard::combine(shards)?;
     // The parquet table is the shards' row groups copied in order, when they are all there
     // and fall on the run's parts; else its lines are encoded again, as a compare does.
     let (copy, encoded_again) = if writers.iter().any(|w| w.format() == "parquet") {
-        match shard::copy_plan(&parts, &run) {
+        match crate::report::shards::copy_plan(&parts, &run) {
             Ok(plan) => (Some(plan), None),
             Err(why) => (None, Some(why)),
         }

@@ -4,7 +4,7 @@
 //! over 50,000 tensors cannot guess which one was bad. `main.rs` maps the variants to
 //! exit codes ([`ProbeError::exit_code`]).
 
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 
 /// Result alias used across the library.
 pub type Result<T, E = ProbeError> = std::result::Result<T, E>;
@@ -104,7 +104,7 @@ pub enum ProbeError {
     /// A mapping file (`probe compare --mapping`) that cannot be used; the message names the
     /// file and line.
     #[error("bad mapping file: {0}")]
-    BadMapping(#[from] crate::compare::mapping::MappingError),
+    BadMapping(#[from] MappingError),
     /// An output that cannot be written.
     #[error("cannot write {}: {msg}", path.display())]
     Output {
@@ -201,6 +201,104 @@ impl ProbeError {
             ProbeError::NotFound(path)
         } else {
             ProbeError::Io { path, source }
+        }
+    }
+}
+
+/// What goes wrong reading a mapping file; each message names the file and, where known,
+/// the 1-based line.
+#[derive(Debug, thiserror::Error)]
+pub enum MappingError {
+    /// The file does not exist.
+    #[error("{}: no such file or directory", .0.display())]
+    NotFound(PathBuf),
+    /// The file cannot be read.
+    #[error("{}: {source}", path.display())]
+    Io {
+        /// The mapping file.
+        path: PathBuf,
+        /// The underlying I/O error.
+        #[source]
+        source: std::io::Error,
+    },
+    /// Larger than the cap (`compare::mapping::MAX_MAPPING_BYTES`).
+    #[error("{}: larger than {limit} bytes: not a mapping file", path.display())]
+    TooLarge {
+        /// The mapping file.
+        path: PathBuf,
+        /// The cap.
+        limit: u64,
+    },
+    /// Not UTF-8 text (a binary file given by mistake).
+    #[error("{}: not UTF-8 text: not a mapping file", path.display())]
+    NotText {
+        /// The mapping file.
+        path: PathBuf,
+    },
+    /// An extension that says neither probe's TOML nor msprobe's YAML.
+    #[error(
+        "{}: unknown kind of mapping file: expected .toml (probe) or .yaml/.yml (msprobe)",
+        path.display()
+    )]
+    UnknownKind {
+        /// The mapping file.
+        path: PathBuf,
+    },
+    /// Not valid TOML, or TOML that does not follow probe's mapping schema (unknown key,
+    /// wrong type, missing field).
+    #[error("{}: TOML: {msg}", At(path, *line))]
+    Toml {
+        /// The mapping file.
+        path: PathBuf,
+        /// 1-based line (0: unknown).
+        line: usize,
+        /// What the TOML reader said.
+        msg: String,
+    },
+    /// Not valid YAML, or YAML beyond what a mapping file needs (aliases, tags, more than
+    /// one document, deep nesting).
+    #[error("{}: YAML: {msg}", At(path, *line))]
+    Yaml {
+        /// The mapping file.
+        path: PathBuf,
+        /// 1-based line (0: unknown).
+        line: usize,
+        /// What is wrong.
+        msg: String,
+    },
+    /// Well-formed, but an entry is not what its place asks for: a malformed API name, a
+    /// duplicate, an empty file, a mix of msprobe mapping kinds, a slot remapping.
+    #[error("{}: {msg}", At(path, *line))]
+    Invalid {
+        /// The mapping file.
+        path: PathBuf,
+        /// 1-based line (0: unknown).
+        line: usize,
+        /// What is wrong.
+        msg: String,
+    },
+}
+
+/// `path:line`, or `path` alone when the line is unknown (0).
+struct At<'a>(&'a Path, usize);
+
+impl std::fmt::Display for At<'_> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self.1 {
+            0 => write!(f, "{}", self.0.display()),
+            n => write!(f, "{}:{n}", self.0.display()),
+        }
+    }
+}
+
+impl MappingError {
+    /// An [`MappingError::Invalid`] with its message made one line (names come from the
+    /// file and may hold control characters).
+    pub(crate) fn invalid(path: &Path, line: usize, msg: impl Into<String>) -> MappingError {
+        MappingError::Invalid {
+            path: path.to_path_buf(),
+            line,
+            msg: one_line(msg.into()),
         }
     }
 }

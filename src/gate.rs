@@ -1,7 +1,7 @@
 //! The CI gate: when a command fails, and the exit codes it says so with (README.md,
 //! "Exit codes"). The one place that knows these numbers.
 
-use crate::compare::Verdict;
+use crate::vocab::Verdict;
 use serde::{Deserialize, Serialize};
 use std::str::FromStr;
 

@@ -32,6 +32,7 @@ pub mod schema;
 pub mod synth;
 pub mod tensor;
 pub mod verdict;
+pub mod vocab;
 
 pub use compare::{CompareRun, Options, Sides, UnitSummary};
 pub use error::{ProbeError, Result};

@@ -21,14 +21,16 @@
 //! Statistics are enough (every probe and msprobe dump records them); the verdict rules are
 //! all here, the reports reuse [`crate::report`].
 
-use crate::compare::{OpInfo, Verdict};
 use crate::dtype::DType;
+use crate::dump::training::{holds_gradients, scaler_skipped};
 use crate::dump::{self, Direction, Op, RankDump, RankLoc, Role, Selection, Stats, Tensor};
 use crate::error::{ProbeError, Result};
 use crate::gate::{FailOn, EXIT_NOTHING_COMPARABLE};
 use crate::progress::{Count, Progress};
+use crate::schema::compare::OpInfo;
 pub use crate::schema::scan::{ScanCounts, ScanFindings, ScanSummary, UnitScan};
 use crate::schema::summary::{ByDirection, Finding};
+use crate::vocab::Verdict;
 use serde::{Deserialize, Serialize};
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
@@ -257,7 +259,7 @@ fn flag_of(t: Tensor, op: Op, inputs_nonzero: bool, margin: f64) -> (Flag, Strin
         }
         // A mask's -inf lives in the forward; its gradient is finite. -inf in a gradient
         // is an overflow (float16 under a loss scale, as a rule).
-        Flag::NegInfOnly if crate::compare::loss_scale::holds_gradients(op) => {
+        Flag::NegInfOnly if holds_gradients(op) => {
             return (
                 Flag::NonFinite,
                 "-inf in a gradient (an overflow, not a mask)".into(),
@@ -380,7 +382,7 @@ pub fn scan_unit(dump: RankDump, opts: &ScanOptions) -> ScanUnit {
         .map(|o| o.seq());
     let mut rows: Vec<ScanRow> = Vec::with_capacity(ops.tensor_count());
     let mut findings = ScanFindings {
-        loss_scaler_skipped: crate::compare::loss_scale::scaler_skipped(&ops),
+        loss_scaler_skipped: scaler_skipped(&ops),
         ..ScanFindings::default()
     };
     // Where each forward call's rows are: a backward call also consumes what its forward
@@ -460,8 +462,8 @@ pub fn scan_unit(dump: RankDump, opts: &ScanOptions) -> ScanUnit {
             }
             // In a step the loss scaler skipped, what the backward phase holds comes from
             // the gradients it found overflowed (gradient clipping reads them too).
-            let backward_phase = crate::compare::loss_scale::holds_gradients(op)
-                || first_backward.is_some_and(|s| op.seq() > s);
+            let backward_phase =
+                holds_gradients(op) || first_backward.is_some_and(|s| op.seq() > s);
             if flag == Flag::NonFinite && findings.loss_scaler_skipped && backward_phase {
                 flag = Flag::ScalerSkipped;
                 reason = format!(

@@ -6,30 +6,12 @@
 
 use super::Sides;
 use crate::dtype::AnyDType;
-use crate::dump::{Direction, Op, OpKey, OpKind, Ops, RankDump, Role, Tensor};
+use crate::dump::{Direction, Op, OpKind, Ops, RankDump, Role, Tensor};
+pub use crate::schema::compare::{OpInfo, Region};
+pub use crate::vocab::{MatchedBy, Side};
 use foldhash::{HashMap, HashMapExt};
 use serde::{Deserialize, Serialize};
 use std::borrow::Cow;
-use std::sync::Arc;
-
-/// The op a tensor belongs to, as reports and the localiser need it.
-#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
-pub struct OpInfo {
-    /// Position of the op in its side's execution order (the comparison side's for matches).
-    pub index: usize,
-    /// The op's sequence number in its dump.
-    pub seq: u64,
-    /// The op key.
-    pub key: OpKey,
-    /// Forward or backward.
-    pub direction: Direction,
-    /// Id of the op's call stack.
-    pub stack: Option<u64>,
-    /// The module path the call happened in, when the dump says (the html report's module
-    /// bands and tree; kept when rows are parked or merged from shards).
-    #[serde(default)]
-    pub module: Option<Arc<str>>,
-}
 
 impl OpInfo {
     /// The op, at its index in its side's op log.
@@ -74,38 +56,6 @@ impl TensorRef {
     }
 }
 
-/// How a pair of tensors was found (the `matched_by` column of every report).
-#[derive(
-    Debug, Clone, Copy, Default, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize, Deserialize,
-)]
-#[serde(rename_all = "lowercase")]
-pub enum MatchedBy {
-    /// Same op key (backward calls renumbered by occurrence) in the same module call.
-    #[default]
-    Exact,
-    /// Paired by sequence alignment of op signatures: same API and shapes in the same
-    /// module call, but another call counter (a call inserted or removed earlier).
-    Aligned,
-    /// The boundary of a region a mapping rule declares equivalent (a fused kernel and the
-    /// composition it replaces).
-    Mapped,
-    /// The boundary of a region whose API calls could not be aligned: compared at the
-    /// module call's boundary tensors (module fallback).
-    Module,
-}
-
-impl MatchedBy {
-    /// The name used in reports.
-    pub fn name(self) -> &'static str {
-        match self {
-            MatchedBy::Exact => "exact",
-            MatchedBy::Aligned => "aligned",
-            MatchedBy::Mapped => "mapped",
-            MatchedBy::Module => "module",
-        }
-    }
-}
-
 /// A tensor present on both sides: where it is on each. Small on purpose: a unit can hold
 /// millions of pairs, and the records themselves stay in the dumps until the judge moves
 /// them into rows.
@@ -121,26 +71,6 @@ pub struct TensorMatch {
     /// region compared at its boundary the region's last op (so that the localiser sees
     /// the region's inputs and outputs as one op's).
     pub at: u32,
-}
-
-/// Which side a tensor was found on.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
-#[serde(rename_all = "lowercase")]
-pub enum Side {
-    /// The benchmark.
-    Bench,
-    /// The comparison run.
-    Cmp,
-}
-
-impl Side {
-    /// `bench` or `cmp`.
-    pub fn name(self) -> &'static str {
-        match self {
-            Side::Bench => "bench",
-            Side::Cmp => "cmp",
-        }
-    }
 }
 
 /// Why a tensor has no counterpart.
@@ -210,27 +140,6 @@ pub struct Unmatched {
     /// Why it has no counterpart.
     #[serde(default)]
     pub why: Why,
-}
-
-/// A stretch of op calls inside one module call whose two sides differ, compared at its
-/// boundary tensors.
-#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
-pub struct Region {
-    /// The module path the calls happened in (`""`: top level or unknown).
-    pub module: String,
-    /// Forward or backward.
-    pub direction: Direction,
-    /// `mapped` (a rule says the runs are equivalent) or `module` (fallback).
-    pub by: MatchedBy,
-    /// The mapping rule, when mapped.
-    pub rule: Option<String>,
-    /// The calls of each side, in order (op keys): API calls, or module records where the
-    /// dump holds module records only.
-    pub calls: Sides<Vec<String>>,
-    /// The comparison-side op its rows are reported under.
-    pub at: OpInfo,
-    /// Boundary tensor pairs compared.
-    pub boundary: usize,
 }
 
 /// The result of aligning one unit: both op logs and how their tensors pair up.

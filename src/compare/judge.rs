@@ -23,31 +23,9 @@ use super::tolerance::{loosest, Tol, Tolerances};
 use super::{Carry, Sides};
 use crate::dtype::DType;
 use crate::dump::{Direction, Ops, RankDump, Role, Stats, Tensor};
+pub use crate::vocab::Verdict;
 use rayon::prelude::*;
 use serde::{Deserialize, Serialize};
-
-/// A tensor's verdict.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Serialize, Deserialize)]
-#[serde(rename_all = "lowercase")]
-pub enum Verdict {
-    /// Within tolerance.
-    Pass,
-    /// Past the warning threshold only.
-    Warning,
-    /// Out of tolerance.
-    Error,
-}
-
-impl Verdict {
-    /// The name used in reports.
-    pub fn name(self) -> &'static str {
-        match self {
-            Verdict::Pass => "pass",
-            Verdict::Warning => "warning",
-            Verdict::Error => "error",
-        }
-    }
-}
 
 /// The judge's word on one tensor pair.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]

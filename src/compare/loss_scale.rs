@@ -23,41 +23,13 @@
 //! as `loss_scaler`: accounted for, not missing.
 
 use super::align::{Alignment, Side, Why};
-use crate::dump::{Direction, Op, OpKind, Ops, Role, TensorIn};
-use serde::{Deserialize, Serialize};
+pub use crate::dump::training::{holds_gradients, scaler_skipped};
+use crate::dump::{Direction, OpKind, Ops, Role, TensorIn};
+pub use crate::schema::compare::LossScale;
 use std::collections::{BTreeMap, HashSet};
 
 /// The largest relative departure from a power of two that still reads as a loss scale.
 const NEAR: f64 = 0.05;
-
-/// A loss scale found in a step/rank pair.
-#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
-pub struct LossScale {
-    /// The comparison run's gradients over the benchmark's: a power of two (1024, 2^-16).
-    pub ratio: f64,
-    /// The op of the first gradient both runs recorded, where it was measured.
-    pub at: String,
-}
-
-impl LossScale {
-    /// `1024x (2^10)`, `1/65536x (2^-16)`.
-    pub fn brief(&self) -> String {
-        let k = self.ratio.log2().round();
-        if self.ratio < 1.0 {
-            format!("1/{}x (2^{k})", 1.0 / self.ratio)
-        } else {
-            format!("{}x (2^{k})", self.ratio)
-        }
-    }
-}
-
-/// Whether an op's tensors are gradients: backward records, parameter gradients and DDP's
-/// gradient all-reduce.
-pub fn holds_gradients(op: Op) -> bool {
-    op.direction() == Direction::Backward
-        || op.kind() == OpKind::ParametersGrad
-        || op.key().base_text() == "Distributed.ddp_bucket_allreduce"
-}
 
 /// The index of a side's last record of gradients (a backward call, DDP's gradient
 /// all-reduce): the forward calls after it are the optimizer's update. Parameter gradients
@@ -213,28 +185,4 @@ pub fn unscaled(al: Alignment, s: &LossScale) -> Alignment {
         }
     });
     al
-}
-
-/// Whether the loss scaler skipped this step: its `found_inf` is set where it is read after
-/// the gradients were checked (`_amp_update_scale_`'s third argument), or where msprobe
-/// records it after the check (`_amp_foreach_non_finite_check_and_unscale_`'s second).
-/// probe's agent records inputs before the call, so only the former tells there.
-pub fn scaler_skipped(ops: &Ops) -> bool {
-    ops.iter().any(|op| {
-        let key = op.key();
-        let base = key.base_text();
-        let slot = if base.ends_with("._amp_update_scale_") {
-            "input.2"
-        } else if base.ends_with("._amp_foreach_non_finite_check_and_unscale_") {
-            "input.1"
-        } else {
-            return false;
-        };
-        op.tensors().any(|t| {
-            let name = t.name();
-            (name.ends_with(slot) || name.ends_with("found_inf"))
-                && t.dtype().known().is_some_and(crate::dtype::DType::is_float)
-                && t.stats().and_then(|s| s.max()).is_some_and(|m| m > 0.0)
-        })
-    })
 }

@@ -24,6 +24,8 @@ mod builtin;
 mod msprobe_yaml;
 mod probe_toml;
 
+pub use crate::error::MappingError;
+
 use std::borrow::Cow;
 use std::collections::HashMap;
 use std::io::Read;
@@ -34,102 +36,6 @@ use std::path::{Path, PathBuf};
 /// [`crate::config_file::MAX_CONFIG_BYTES`]; still small enough that a mistyped path to a
 /// dump or `/dev/zero` is refused at once.
 pub const MAX_MAPPING_BYTES: u64 = 16 << 20;
-
-/// What goes wrong reading a mapping file; each message names the file and, where known,
-/// the 1-based line.
-#[derive(Debug, thiserror::Error)]
-pub enum MappingError {
-    /// The file does not exist.
-    #[error("{}: no such file or directory", .0.display())]
-    NotFound(PathBuf),
-    /// The file cannot be read.
-    #[error("{}: {source}", path.display())]
-    Io {
-        /// The mapping file.
-        path: PathBuf,
-        /// The underlying I/O error.
-        #[source]
-        source: std::io::Error,
-    },
-    /// Larger than [`MAX_MAPPING_BYTES`].
-    #[error("{}: larger than {MAX_MAPPING_BYTES} bytes: not a mapping file", path.display())]
-    TooLarge {
-        /// The mapping file.
-        path: PathBuf,
-    },
-    /// Not UTF-8 text (a binary file given by mistake).
-    #[error("{}: not UTF-8 text: not a mapping file", path.display())]
-    NotText {
-        /// The mapping file.
-        path: PathBuf,
-    },
-    /// An extension that says neither probe's TOML nor msprobe's YAML.
-    #[error(
-        "{}: unknown kind of mapping file: expected .toml (probe) or .yaml/.yml (msprobe)",
-        path.display()
-    )]
-    UnknownKind {
-        /// The mapping file.
-        path: PathBuf,
-    },
-    /// Not valid TOML, or TOML that does not follow probe's mapping schema (unknown key,
-    /// wrong type, missing field).
-    #[error("{}: TOML: {msg}", At(path, *line))]
-    Toml {
-        /// The mapping file.
-        path: PathBuf,
-        /// 1-based line (0: unknown).
-        line: usize,
-        /// What the TOML reader said.
-        msg: String,
-    },
-    /// Not valid YAML, or YAML beyond what a mapping file needs (aliases, tags, more than
-    /// one document, deep nesting).
-    #[error("{}: YAML: {msg}", At(path, *line))]
-    Yaml {
-        /// The mapping file.
-        path: PathBuf,
-        /// 1-based line (0: unknown).
-        line: usize,
-        /// What is wrong.
-        msg: String,
-    },
-    /// Well-formed, but an entry is not what its place asks for: a malformed API name, a
-    /// duplicate, an empty file, a mix of msprobe mapping kinds, a slot remapping.
-    #[error("{}: {msg}", At(path, *line))]
-    Invalid {
-        /// The mapping file.
-        path: PathBuf,
-        /// 1-based line (0: unknown).
-        line: usize,
-        /// What is wrong.
-        msg: String,
-    },
-}
-
-/// `path:line`, or `path` alone when the line is unknown (0).
-struct At<'a>(&'a Path, usize);
-
-impl std::fmt::Display for At<'_> {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        match self.1 {
-            0 => write!(f, "{}", self.0.display()),
-            n => write!(f, "{}:{n}", self.0.display()),
-        }
-    }
-}
-
-impl MappingError {
-    /// An [`MappingError::Invalid`] with its message made one line (names come from the
-    /// file and may hold control characters).
-    fn invalid(path: &Path, line: usize, msg: impl Into<String>) -> MappingError {
-        MappingError::Invalid {
-            path: path.to_path_buf(),
-            line,
-            msg: crate::error::one_line(msg.into()),
-        }
-    }
-}
 
 /// One equivalence between runs of ops: a fused computation and the ops a composition of
 /// it may be made of.
@@ -442,6 +348,7 @@ fn read_text(path: &Path) -> Result<String, MappingError> {
     if bytes.len() as u64 > MAX_MAPPING_BYTES {
         return Err(MappingError::TooLarge {
             path: path.to_path_buf(),
+            limit: MAX_MAPPING_BYTES,
         });
     }
     String::from_utf8(bytes).map_err(|_| MappingError::NotText {

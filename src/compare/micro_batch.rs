@@ -14,36 +14,8 @@
 
 use super::Sides;
 use crate::dump::{Direction, OpKind, Ops, RankDump};
-use serde::{Deserialize, Serialize};
+pub use crate::schema::compare::{InputSizes, MicroBatches};
 use std::collections::HashMap;
-
-/// Forward passes a step on each side, where they differ.
-#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
-pub struct MicroBatches {
-    /// The benchmark's forward passes a step.
-    pub bench: usize,
-    /// The comparison run's.
-    pub cmp: usize,
-    /// The API they were counted by (`Functional.linear`).
-    pub at: String,
-}
-
-impl MicroBatches {
-    /// `the cmp run takes its step in 2 micro-batches, the bench run in one (2x the
-    /// Functional.linear calls, on inputs 2x smaller)`.
-    pub fn brief(&self) -> String {
-        let (k, side, other) = if self.cmp > self.bench {
-            (self.cmp, "cmp", "bench")
-        } else {
-            (self.bench, "bench", "cmp")
-        };
-        format!(
-            "the {side} run takes its step in {k} micro-batches, the {other} run in one ({k}x \
-             the {} calls, on inputs {k}x smaller)",
-            self.at
-        )
-    }
-}
 
 /// A step's forward API calls (not recomputed) among its first `end` ops, in order: their
 /// API and their first input's element count.
@@ -63,32 +35,6 @@ fn first_sizes(ops: &Ops, end: usize) -> HashMap<&str, usize> {
         m.entry(api).or_insert(n);
     }
     m
-}
-
-/// Input sizes of the two runs' first call of an API, when their whole first forward pass
-/// reads other sizes and the runs do not take the same batch in other numbers of passes:
-/// a batch size, a sequence length or data of another shape. Every call then pairs with a
-/// call on other data, and what fails says nothing of the kernels.
-#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
-pub struct InputSizes {
-    /// Elements of the benchmark's first input of that call.
-    pub bench: usize,
-    /// The comparison run's.
-    pub cmp: usize,
-    /// The API (`Functional.conv2d`).
-    pub at: String,
-}
-
-impl InputSizes {
-    /// `the runs' inputs differ in size from their first forward pass on (Functional.conv2d
-    /// reads 49152 elements in the bench run, 24576 in the cmp run)`.
-    pub fn brief(&self) -> String {
-        format!(
-            "the runs' inputs differ in size from their first forward pass on ({} reads {} \
-             elements in the bench run, {} in the cmp run)",
-            self.at, self.bench, self.cmp
-        )
-    }
 }
 
 /// How the two runs take their step's data, where it differs.

@@ -36,9 +36,9 @@ use crate::error::{ProbeError, Result};
 use crate::progress::{Count, Progress};
 use crate::schema::summary::{Counts, Findings, IncompleteUnit, WorstOp};
 use crate::tensor::ShardCache;
+pub use crate::vocab::{MatchedBy, Side, Sides, Verdict};
 pub use align::{
-    Aligner, Alignment, MatchedBy, NameAligner, OpInfo, Region, Side, TensorMatch, TensorRef,
-    Unmatched, Why,
+    Aligner, Alignment, NameAligner, OpInfo, Region, TensorMatch, TensorRef, Unmatched, Why,
 };
 pub use judge::{Judgement, Row};
 pub use judged::Judged;
@@ -52,44 +52,7 @@ use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicUsize, Ordering};
 pub use structural::StructuralAligner;
 pub use tables::{Parked, Parking, RowMemory, Tables, UnitRows, UnitTable};
-pub use tolerance::{Tolerances, Verdict};
-
-/// A value for each side of a compare: the benchmark (trusted) and the comparison run.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Serialize, Deserialize)]
-pub struct Sides<T> {
-    /// The benchmark (`-b`).
-    pub bench: T,
-    /// The comparison run (`-c`).
-    pub cmp: T,
-}
-
-impl<T> Sides<T> {
-    /// Both values.
-    pub fn new(bench: T, cmp: T) -> Self {
-        Sides { bench, cmp }
-    }
-
-    /// The same function applied to both sides.
-    pub fn map<U>(self, mut f: impl FnMut(T) -> U) -> Sides<U> {
-        Sides {
-            bench: f(self.bench),
-            cmp: f(self.cmp),
-        }
-    }
-
-    /// Borrows both sides.
-    pub fn as_ref(&self) -> Sides<&T> {
-        Sides {
-            bench: &self.bench,
-            cmp: &self.cmp,
-        }
-    }
-
-    /// Bench then cmp.
-    pub fn pair(&self) -> (&T, &T) {
-        (&self.bench, &self.cmp)
-    }
-}
+pub use tolerance::Tolerances;
 
 /// What a unit found, without its rows: small, held for every unit of a run; all the
 /// run-wide verdict reads (its rows are in the run's [`Tables`]).

@@ -10,9 +10,9 @@
 //! is judged by what bf16 can do. Defaults can be overridden per dtype and per op pattern
 //! in a TOML file (`probe compare --config`), documented in docs/compare.md.
 
-pub use super::judge::Verdict;
 use crate::dtype::DType;
 use crate::error::{ProbeError, Result};
+pub use crate::vocab::Verdict;
 use serde::{Deserialize, Serialize};
 use std::collections::BTreeMap;
 use std::path::Path;

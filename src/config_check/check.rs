@@ -11,7 +11,7 @@ use super::rules::{self, matches_any, Level, Rules};
 use super::{
     Category, CategorySummary, CheckOptions, CheckReport, Counts, Item, PackInfo, StatsPair, Status,
 };
-use crate::compare::Verdict;
+use crate::vocab::Verdict;
 use std::collections::{BTreeMap, BTreeSet};
 
 struct Ctx<'a> {

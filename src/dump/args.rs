@@ -13,26 +13,8 @@
 //! `approximate="tanh"` to a GELU shows only so. Devices are not compared (`cuda:0` against
 //! `npu:0` is the migration itself).
 
-use serde::{Deserialize, Serialize};
+pub use crate::schema::compare::ArgDiff;
 use serde_json::{Map, Value};
-
-/// One argument recorded on both sides with different values.
-#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
-pub struct ArgDiff {
-    /// Its slot, as tensors are named: `input.1`, `input.eps`.
-    pub name: String,
-    /// The benchmark's value, as JSON.
-    pub bench: String,
-    /// The comparison run's value, as JSON.
-    pub cmp: String,
-}
-
-impl ArgDiff {
-    /// `input.1 = 1.0 vs 0.05`, as a headline says it.
-    pub fn brief(&self) -> String {
-        format!("{} = {} vs {}", self.name, self.bench, self.cmp)
-    }
-}
 
 /// The canonical text of recorded arguments, or None when there are none.
 pub fn canonical(args: &Map<String, Value>) -> Option<String> {

@@ -9,6 +9,7 @@ pub mod msprobe;
 mod probe_format;
 mod select;
 mod store;
+pub mod training;
 
 use crate::dtype::AnyDType;
 use crate::error::{ProbeError, Result};

@@ -13,6 +13,7 @@ pub(crate) mod html;
 mod json;
 mod parquet;
 pub mod plot;
+pub mod shards;
 mod terminal;
 pub(crate) mod xlsx;
 

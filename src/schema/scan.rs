@@ -1,8 +1,8 @@
 //! `summary.json` of a scan (`schemas/probe-scan-summary.v1.schema.json`).
 
-use crate::compare::Verdict;
 use crate::gate::FailOn;
 use crate::schema::summary::{ByDirection, Finding};
+use crate::vocab::Verdict;
 use serde::{Deserialize, Serialize};
 use std::collections::BTreeMap;
 

@@ -1,10 +1,10 @@
 //! `summary.json` of a compare (`schemas/probe-compare-summary.v2.schema.json`): the
 //! machine-readable verdict CI gates on, and the findings of the localiser it contains.
 
-use crate::compare::{Sides, Verdict};
-use crate::dump::args::ArgDiff;
+use super::compare::{ArgDiff, InputSizes, LossScale, MicroBatches, Region};
 use crate::gate::FailOn;
 use crate::op_key::Direction;
+use crate::vocab::{Sides, Verdict};
 use serde::{Deserialize, Serialize};
 use std::collections::BTreeMap;
 
@@ -369,11 +369,11 @@ pub struct PairSummary {
     pub findings: Findings,
     /// Stretches whose code paths differ, compared at their boundary tensors.
     #[serde(default)]
-    pub regions: Vec<crate::compare::Region>,
+    pub regions: Vec<Region>,
     /// The comparison run's gradients over the benchmark's when a power of two (a loss
     /// scale): its gradients were compared divided by it.
     #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub loss_scale: Option<crate::compare::loss_scale::LossScale>,
+    pub loss_scale: Option<LossScale>,
     /// Which run's loss scaler skipped this step (`bench`, `cmp`, `both`): its gradients
     /// overflowed under the loss scale.
     #[serde(default, skip_serializing_if = "Option::is_none")]
@@ -381,12 +381,12 @@ pub struct PairSummary {
     /// Forward passes a step on each side, when the runs differ in micro-batching (gradient
     /// accumulation): their calls pair only in part.
     #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub micro_batches: Option<crate::compare::micro_batch::MicroBatches>,
+    pub micro_batches: Option<MicroBatches>,
     /// The elements each run's first call of an API reads, when the runs' whole first
     /// forward pass reads data of other sizes (not micro-batching): every call then reads
     /// other data.
     #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub input_sizes: Option<crate::compare::micro_batch::InputSizes>,
+    pub input_sizes: Option<InputSizes>,
 }
 
 /// One of the worst ops of the compare.
