@@ -13,36 +13,11 @@ use crate::dump::Direction;
 use crate::gate::{FailOn, EXIT_FAIL, EXIT_INCOMPLETE, EXIT_NOTHING_COMPARABLE, EXIT_PASS};
 use crate::op_key::{module_path, OpKey, OpKind, Randomness};
 use crate::schema::summary::{
-    label_key, ByDirection, Counts, Finding, Findings, IncompleteUnit, PairSummary, RunVerdict,
+    label_key, Counts, Finding, Findings, IncompleteUnit, PairSummary, RunFindings, RunVerdict,
     Summary, WorstOp,
 };
+use crate::vocab::FindingKind;
 use std::collections::BTreeMap;
-
-/// The earliest finding over units, per direction, in causal order
-/// ([`Finding::causal_key`]: step, then execution order, then rank).
-fn first_of<'a>(
-    findings: impl Iterator<Item = &'a Findings>,
-    pick: impl Fn(&Findings) -> &ByDirection,
-) -> ByDirection {
-    let mut out = ByDirection::default();
-    for f in findings {
-        let b = pick(f);
-        for (slot, new) in [
-            (&mut out.forward, &b.forward),
-            (&mut out.backward, &b.backward),
-        ] {
-            if let Some(n) = new {
-                if slot
-                    .as_ref()
-                    .is_none_or(|o| n.causal_key() < o.causal_key())
-                {
-                    *slot = Some(n.clone());
-                }
-            }
-        }
-    }
-    out
-}
 
 /// The earliest of some findings in causal order.
 fn earliest<'a>(fs: impl Iterator<Item = &'a Finding>) -> Option<&'a Finding> {
@@ -137,14 +112,14 @@ pub fn summarize(run: &CompareRun, fail_on: FailOn, max_unmatched: f64) -> Summa
         Verdict::Warning => RunVerdict::Warning,
         Verdict::Pass => RunVerdict::Pass,
     };
-    let findings = || run.units.iter().map(|u| &u.findings);
     let pairs: Vec<PairSummary> = run.units.iter().map(pair_summary).collect();
+    let findings = run_findings(run, &pairs);
     let cross = if compared == Verdict::Error {
         cross_rank::analyze(&run.units)
     } else {
         None
     };
-    let warnings_begin = first_warning(&pairs);
+    let warnings_begin = findings.get(FindingKind::FirstWarning, None);
     let mut headline = match &cross {
         // (With what the headline of one rank adds about how the runs were compared.)
         Some(x) => {
@@ -153,7 +128,7 @@ pub fn summarize(run: &CompareRun, fail_on: FailOn, max_unmatched: f64) -> Summa
                 + &scale_note(&pairs)
                 + &skipped_note(&pairs)
         }
-        None => headline(compared, &c, &pairs, warnings_begin.as_ref()),
+        None => headline(compared, &c, &pairs, warnings_begin),
     };
     if !incomplete.is_empty() {
         headline = incomplete_headline(headline, compared, &c, &incomplete);
@@ -169,15 +144,8 @@ pub fn summarize(run: &CompareRun, fail_on: FailOn, max_unmatched: f64) -> Summa
         headline,
         bench: run.bench.display().to_string(),
         cmp: run.cmp.display().to_string(),
-        first_divergent: first_of(findings(), |f| &f.first_divergent),
-        earliest_failing: first_of(findings(), |f| &f.earliest_failing),
-        external_source: first_of(findings(), |f| &f.external_source),
-        first_nonfinite: earliest(findings().filter_map(|f| f.first_nonfinite.as_ref())).cloned(),
-        random_draw: first_of(findings(), |f| &f.random_draw),
-        near_tie: first_of(findings(), |f| &f.near_tie),
-        other_args: earliest(findings().filter_map(|f| f.other_args.as_ref())).cloned(),
-        first_warning: warnings_begin,
         counts: c,
+        findings,
         pairs,
         worst_ops: worst_ops(run, WORST_OPS),
         warnings: run.warnings.clone(),
@@ -347,21 +315,6 @@ fn incomplete_headline(
     format!("INCOMPLETE: {n} step/rank pair(s) not compared in full: {list}; {what}")
 }
 
-/// What a headline finding says, in order of preference at the same op.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord)]
-enum Story {
-    /// NaN/Inf produced from finite inputs.
-    NonFinite,
-    /// A random op whose inputs agree: a different random draw.
-    Random,
-    /// A decision (indices, a mask) from inputs within tolerance that went the other way.
-    NearTie,
-    /// A failing input no captured op produced.
-    Outside,
-    /// A locally divergent op.
-    Local,
-}
-
 /// The pairs of the earliest step with an error, which tells the story; later steps
 /// inherit it (a diverged update in step 0 is "different weights" in step 1).
 fn error_step(pairs: &[PairSummary]) -> Vec<&PairSummary> {
@@ -400,32 +353,20 @@ fn between_steps(pairs: &[PairSummary], e: &Finding) -> String {
 }
 
 /// The finding a headline tells, among every rank's findings of `in_step` (ranks run the
-/// same program): the earliest in execution order; at the same op, NaN/Inf says most.
-fn story<'a>(in_step: &[&'a PairSummary]) -> Option<(Story, &'a Finding)> {
-    let mut cands: Vec<(Story, &Finding)> = in_step
+/// same program): the earliest in execution order; at the same op, the kind that says most
+/// ([`FindingKind::story_rank`]: NaN/Inf first).
+fn story<'a>(in_step: &[&'a PairSummary]) -> Option<(FindingKind, &'a Finding)> {
+    let mut cands: Vec<(u8, FindingKind, &Finding)> = in_step
         .iter()
-        .flat_map(|p| {
-            let f = &p.findings;
-            [
-                (Story::Outside, &f.external_source.forward),
-                (Story::Local, &f.first_divergent.forward),
-                (Story::Local, &f.first_divergent.backward),
-                (Story::Outside, &f.external_source.backward),
-                (Story::NonFinite, &f.first_nonfinite),
-                (Story::Random, &f.random_draw.forward),
-                (Story::Random, &f.random_draw.backward),
-                (Story::NearTie, &f.near_tie.forward),
-                (Story::NearTie, &f.near_tie.backward),
-            ]
-        })
-        .filter_map(|(k, x)| x.as_ref().map(|x| (k, x)))
+        .flat_map(|p| p.findings.iter())
+        .filter_map(|f| Some((f.kind.story_rank()?, f.kind, &f.finding)))
         .collect();
-    cands.sort_by(|(k, x), (l, y)| {
+    cands.sort_by(|(k, _, x), (l, _, y)| {
         let (xs, _, xr) = x.causal_key();
         let (ys, _, yr) = y.causal_key();
         (xs, x.seq, *k, xr).cmp(&(ys, y.seq, *l, yr))
     });
-    cands.first().copied()
+    cands.first().map(|&(_, kind, f)| (kind, f))
 }
 
 /// The op a divergence's headline names (the reports label it as the culprit): the
@@ -436,22 +377,18 @@ pub fn culprit(s: &Summary) -> Option<&Finding> {
     // act later than the ranks that inherited it (cross_rank.rs).
     if let Some(o) = &s.origin {
         let at = |f: &&Finding| f.op == o.op && f.seq == o.seq;
+        let origins = [
+            FindingKind::FirstDivergent,
+            FindingKind::ExternalSource,
+            FindingKind::NearTie,
+        ];
         let found = s
             .pairs
             .iter()
             .filter(|p| p.step == o.step && p.rank == o.rank)
-            .flat_map(|p| {
-                let f = &p.findings;
-                [
-                    &f.first_divergent.forward,
-                    &f.first_divergent.backward,
-                    &f.external_source.forward,
-                    &f.external_source.backward,
-                    &f.near_tie.forward,
-                    &f.near_tie.backward,
-                ]
-            })
-            .filter_map(Option::as_ref)
+            .flat_map(|p| p.findings.iter())
+            .filter(|f| origins.contains(&f.kind))
+            .map(|f| &f.finding)
             .find(at);
         if found.is_some() {
             return found;
@@ -461,11 +398,10 @@ pub fn culprit(s: &Summary) -> Option<&Finding> {
     if let Some((_, f)) = story(&in_step) {
         return Some(f);
     }
-    let f = &in_step.first()?.findings;
-    f.earliest_failing
-        .forward
-        .as_ref()
-        .or(f.earliest_failing.backward.as_ref())
+    in_step
+        .first()?
+        .findings
+        .first(FindingKind::EarliestFailing)
 }
 
 fn headline(
@@ -499,21 +435,19 @@ fn headline(
                 return format!("DIVERGENCE: {} tensors out of tolerance", c.error);
             };
             let told = story(&in_step);
-            let f = &p.findings;
             // The first call with other arguments, where it comes before what is told (a
             // norm's `eps` whose difference atol forgives, ahead of the op where it shows).
             let hint = args_note(in_step.iter().copied().filter(|q| {
                 q.findings
-                    .other_args
-                    .as_ref()
+                    .get(FindingKind::OtherArgs, None)
                     .is_some_and(|a| told.is_none_or(|(_, x)| a.causal_key() < x.causal_key()))
             }));
             let line = match told {
-                Some((Story::NonFinite, x)) => format!(
+                Some((FindingKind::FirstNonfinite, x)) => format!(
                     "DIVERGENCE: NaN/Inf first produced by {}",
                     x.nonfinite_producer()
                 ),
-                Some((Story::NearTie, x)) => format!(
+                Some((FindingKind::NearTie, x)) => format!(
                     "DIVERGENCE from a near tie: {} {} takes a decision from inputs within \
                      tolerance and decides otherwise ({}): rounding at a boundary (a \
                      maximum among nearly equal scores, a top-k, a threshold), not a faulty \
@@ -522,7 +456,7 @@ fn headline(
                     x.place(),
                     x.tensor
                 ),
-                Some((Story::Random, x)) => {
+                Some((FindingKind::RandomDraw, x)) => {
                     let what = if OpKey::parse(&x.op).randomness() == Randomness::WhenDropoutActive
                     {
                         "a different random draw if its dropout is active (else a faulty kernel)"
@@ -537,7 +471,7 @@ fn headline(
                         x.place()
                     )
                 }
-                Some((Story::Outside, e)) => match (&e.one_sided_source, &e.carried) {
+                Some((FindingKind::ExternalSource, e)) => match (&e.one_sided_source, &e.carried) {
                     (None, Some(w)) => format!(
                         "DIVERGENCE from amplified rounding noise: {} (input of {}, {}/{}) is \
                          the value {} wrote in {}/{} (the same statistics in both runs), where \
@@ -565,7 +499,8 @@ fn headline(
                         between_steps(pairs, e)
                     ),
                 },
-                Some((Story::Local, x)) => match region_of(pairs, x) {
+                // The other kind a story tells: a locally divergent op.
+                Some((_, x)) => match region_of(pairs, x) {
                     Some(r) => format!(
                         "DIVERGENCE: code paths differ inside {} ({}{}) and its outputs \
                          diverge: first divergent region, reported under {} {}",
@@ -583,11 +518,7 @@ fn headline(
                     ),
                 },
                 None => {
-                    let first = f
-                        .earliest_failing
-                        .forward
-                        .as_ref()
-                        .or(f.earliest_failing.backward.as_ref());
+                    let first = p.findings.first(FindingKind::EarliestFailing);
                     format!(
                         "DIVERGENCE in {}/{}: no single op is locally divergent (accumulated drift); \
                          earliest failing op {}",
@@ -729,18 +660,12 @@ fn skipped_note(pairs: &[PairSummary]) -> String {
     )
 }
 
-/// Where no tensor of any pair is out of tolerance: the earliest pair finding of where the
-/// warnings begin.
-fn first_warning(pairs: &[PairSummary]) -> Option<Finding> {
-    if pairs.iter().any(|p| p.errors > 0) {
-        return None;
-    }
-    earliest(
-        pairs
-            .iter()
-            .filter_map(|p| p.findings.first_warning.as_ref()),
-    )
-    .cloned()
+/// The findings over the run: the earliest of each kind and phase over every pair; where
+/// the warnings begin only where no tensor of any pair is out of tolerance.
+fn run_findings(run: &CompareRun, pairs: &[PairSummary]) -> RunFindings {
+    let all = Findings::earliest(run.units.iter().map(|u| &u.findings));
+    let errors = pairs.iter().any(|p| p.errors > 0);
+    RunFindings(all.without(|f| errors && f.kind == FindingKind::FirstWarning))
 }
 
 /// Where no op is named (a pass, a warning, accumulated drift): the first op called with
@@ -749,7 +674,7 @@ fn args_note<'a>(pairs: impl IntoIterator<Item = &'a PairSummary>) -> String {
     match earliest(
         pairs
             .into_iter()
-            .filter_map(|p| p.findings.other_args.as_ref()),
+            .filter_map(|p| p.findings.get(FindingKind::OtherArgs, None)),
     ) {
         Some(x) => format!(
             "; {} ({}/{}) was called with different arguments ({})",

@@ -8,7 +8,9 @@ use probe::dtype::{AnyDType, DType};
 use probe::dump::{
     Direction, Format, OpRec, RankDump, RankLoc, Role, Stats, StatsFields, TensorRec,
 };
+use probe::schema::summary::{Finding, Findings};
 use probe::tensor::ShardCache;
+use probe::vocab::FindingKind;
 use std::path::PathBuf;
 
 /// Statistics of 100 equal values `v`: max = min = mean = v, norm = 10|v|, `nan` NaNs.
@@ -97,7 +99,7 @@ fn loc() -> RankLoc {
 struct Compared {
     rows: Vec<compare::Row>,
     unmatched: Vec<compare::Unmatched>,
-    findings: probe::schema::summary::Findings,
+    findings: Findings,
 }
 
 fn run(bench: Log, cmp: Log) -> Compared {
@@ -144,8 +146,13 @@ fn chain(vals: &[(f64, f64)]) -> Log {
 
 const CLEAN: [(f64, f64); 4] = [(1.0, 2.0), (2.0, 3.0), (3.0, 4.0), (4.0, 5.0)];
 
-fn op_of(f: &Option<probe::schema::summary::Finding>) -> Option<&str> {
-    f.as_ref().map(|f| f.op.as_str())
+fn op_of(f: Option<&Finding>) -> Option<&str> {
+    f.map(|f| f.op.as_str())
+}
+
+/// A unit's finding of a kind in the forward phase.
+fn fwd(f: &Findings, kind: FindingKind) -> Option<&Finding> {
+    f.get(kind, Some(Direction::Forward))
 }
 
 #[test]
@@ -170,9 +177,9 @@ fn the_op_with_identical_inputs_is_blamed_not_the_amplifier() {
     ];
     let u = run(chain(&CLEAN), chain(&cmp));
     let f = &u.findings;
-    assert_eq!(op_of(&f.first_divergent.forward), Some(CHAIN[0]));
-    assert_eq!(op_of(&f.earliest_failing.forward), Some(CHAIN[2]));
-    let expl = &f.first_divergent.forward.as_ref().unwrap().explanation;
+    assert_eq!(op_of(fwd(f, FindingKind::FirstDivergent)), Some(CHAIN[0]));
+    assert_eq!(op_of(fwd(f, FindingKind::EarliestFailing)), Some(CHAIN[2]));
+    let expl = &fwd(f, FindingKind::FirstDivergent).unwrap().explanation;
     assert!(
         expl.contains("have equal statistics on both sides"),
         "{expl}"
@@ -192,10 +199,10 @@ fn a_jump_in_error_blames_the_op_where_it_jumps() {
         (4.4, 5.5),
     ];
     let u = run(chain(&CLEAN), chain(&cmp));
-    let f = &u.findings.first_divergent.forward;
+    let f = fwd(&u.findings, FindingKind::FirstDivergent);
     assert_eq!(op_of(f), Some(CHAIN[1]));
     assert!(f.as_ref().unwrap().explanation.contains("within tolerance"));
-    assert!(u.findings.drift.is_empty());
+    assert!(u.findings.drift().is_empty());
 }
 
 #[test]
@@ -209,9 +216,9 @@ fn slow_drift_blames_nobody() {
     ];
     let u = run(chain(&bench), chain(&cmp));
     let f = &u.findings;
-    assert_eq!(f.first_divergent.forward, None);
-    assert_eq!(f.drift, vec![Direction::Forward]);
-    assert_eq!(op_of(&f.earliest_failing.forward), Some(CHAIN[3]));
+    assert_eq!(fwd(f, FindingKind::FirstDivergent), None);
+    assert_eq!(f.drift(), [Direction::Forward]);
+    assert_eq!(op_of(fwd(f, FindingKind::EarliestFailing)), Some(CHAIN[3]));
 }
 
 #[test]
@@ -220,9 +227,7 @@ fn a_failing_input_nobody_produced_enters_from_outside() {
     let u = run(chain(&CLEAN), chain(&cmp));
     let e = u
         .findings
-        .external_source
-        .forward
-        .as_ref()
+        .get(FindingKind::ExternalSource, Some(Direction::Forward))
         .expect("outside source");
     assert_eq!(e.tensor, "Torch.matmul.0.forward.input.0");
     assert!(
@@ -230,7 +235,7 @@ fn a_failing_input_nobody_produced_enters_from_outside() {
         "{}",
         e.explanation
     );
-    assert_eq!(u.findings.first_divergent.forward, None);
+    assert_eq!(fwd(&u.findings, FindingKind::FirstDivergent), None);
     assert!(u.rows[0].tensor.external);
 }
 
@@ -250,9 +255,7 @@ fn a_backward_op_counts_its_forward_calls_tensors_as_inputs() {
     let u = run(side(0.25), side(0.3));
     let f = u
         .findings
-        .first_divergent
-        .backward
-        .as_ref()
+        .get(FindingKind::FirstDivergent, Some(Direction::Backward))
         .expect("backward culprit");
     assert_eq!(f.op, "Functional.gelu.0.backward");
     assert!(
@@ -260,7 +263,7 @@ fn a_backward_op_counts_its_forward_calls_tensors_as_inputs() {
         "{}",
         f.explanation
     );
-    assert_eq!(u.findings.first_divergent.forward, None);
+    assert_eq!(fwd(&u.findings, FindingKind::FirstDivergent), None);
 }
 
 #[test]
@@ -278,7 +281,10 @@ fn the_first_nan_producer_has_finite_inputs() {
             .op("Torch.sum.0.forward", &[(0.7, Some(1))], &[(70.0, 2)])
     };
     let u = run(side(0), side(3));
-    let f = u.findings.first_nonfinite.as_ref().expect("NaN producer");
+    let f = u
+        .findings
+        .get(FindingKind::FirstNonfinite, None)
+        .expect("NaN producer");
     assert_eq!(f.op, "Torch.log.0.forward");
     let log_out = u
         .rows

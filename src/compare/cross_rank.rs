@@ -14,6 +14,7 @@ use super::{UnitRows, UnitSummary, Verdict};
 use crate::dump::{Collective, Direction, Ops, Role};
 use crate::error::Result;
 use crate::schema::summary::{label_key, Finding, Origin, Propagation, Via};
+use crate::vocab::FindingKind;
 use foldhash::{HashMap, HashMapExt, HashSet};
 use serde::{Deserialize, Serialize};
 use std::collections::BTreeMap;
@@ -166,16 +167,21 @@ enum First<'a> {
 /// begins so is where it began as much as one with a divergent op: the ranks it sends to
 /// inherit it.
 fn first_divergent(u: &UnitSummary) -> Option<(&Finding, &'static str)> {
-    let f = &u.findings;
-    [
-        (&f.first_divergent, "op"),
-        (&f.external_source, "outside"),
-        (&f.near_tie, "near_tie"),
-    ]
-    .into_iter()
-    .flat_map(|(b, kind)| [(b.forward.as_ref(), kind), (b.backward.as_ref(), kind)])
-    .filter_map(|(x, kind)| Some((x?, kind)))
-    .min_by_key(|(x, _)| x.seq)
+    u.findings
+        .iter()
+        .filter_map(|f| Some((&f.finding, origin_kind(f.kind)?)))
+        .min_by_key(|(x, _)| x.seq)
+}
+
+/// The origin kind a rank's finding makes where its divergence began, if it can begin
+/// one: its own op, a difference entering from outside, a near tie decided otherwise.
+fn origin_kind(kind: FindingKind) -> Option<&'static str> {
+    match kind {
+        FindingKind::FirstDivergent => Some("op"),
+        FindingKind::ExternalSource => Some("outside"),
+        FindingKind::NearTie => Some("near_tie"),
+        _ => None,
+    }
 }
 
 fn via(u: &UnitSummary, c: &CollectiveCall) -> Via {
@@ -303,8 +309,7 @@ pub fn analyze(units: &[UnitSummary]) -> Option<CrossRank> {
     }
     let nonfinite = ou
         .findings
-        .first_nonfinite
-        .as_ref()
+        .get(FindingKind::FirstNonfinite, None)
         .filter(|n| n.seq == finding.seq)
         .cloned();
     Some(CrossRank {

@@ -10,9 +10,9 @@
 //! ([`Judged::visit`]), made from the records and dropped after the visit.
 
 use super::align::{MatchedBy, OpInfo, Side};
-use super::analyze::{Head, OpRows};
 use super::judge::{Judgement, Row, Verdict};
 use super::measure::{CompareKind, Measured, Measurement};
+use super::op_rows::{Head, OpRows};
 use super::Sides;
 use crate::dtype::DType;
 use crate::dump::args::{self, ArgDiff};

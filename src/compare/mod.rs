@@ -24,6 +24,7 @@ pub mod loss_scale;
 pub mod mapping;
 pub mod measure;
 pub mod micro_batch;
+pub mod op_rows;
 pub mod plan;
 pub mod shard;
 pub mod structural;

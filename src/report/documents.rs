@@ -4,14 +4,14 @@
 
 use super::columns::{self, Line, COLUMNS, SCAN, UNMATCHED};
 use super::plot;
-use super::{CopyPlan, Document, OpLine, Overview, Point, Table};
+use super::{compare_findings, CopyPlan, Document, Listed, OpLine, Overview, Point, Table};
 use crate::compare::{op_groups, CompareRun, Row, UnitSummary, Verdict};
 use crate::error::Result as ProbeResult;
 use crate::metrics::Metrics;
-use crate::op_key::Direction;
 use crate::scan::{ScanRun, ScanSummary};
 use crate::schema::summary::{Finding, Summary};
 use crate::verdict;
+use crate::vocab::FindingKind;
 use std::sync::Mutex;
 
 /// A compare and its summary.
@@ -68,32 +68,7 @@ impl<'a> CompareDocument<'a> {
                 ),
             ),
         ];
-        let entry = |d| s.external_source.entry_title(d);
-        let (entry_f, entry_b) = (entry(Direction::Forward), entry(Direction::Backward));
-        let found = causal(findings([
-            (entry_f.as_str(), &s.external_source.forward),
-            ("first divergent op (forward)", &s.first_divergent.forward),
-            ("first divergent op (backward)", &s.first_divergent.backward),
-            (entry_b.as_str(), &s.external_source.backward),
-            ("first NaN/Inf producer", &s.first_nonfinite),
-            (
-                "first op called with different arguments",
-                &s.other_args_hint().cloned(),
-            ),
-            ("near tie decided otherwise (forward)", &s.near_tie.forward),
-            (
-                "near tie decided otherwise (backward)",
-                &s.near_tie.backward,
-            ),
-            ("different random draw (forward)", &s.random_draw.forward),
-            ("different random draw (backward)", &s.random_draw.backward),
-            ("where the warnings begin", &s.first_warning),
-            ("earliest failing op (forward)", &s.earliest_failing.forward),
-            (
-                "earliest failing op (backward)",
-                &s.earliest_failing.backward,
-            ),
-        ]));
+        let found = compare_findings(s, true);
         // One pass over the rows for the per-op table and the chart, whose culprit is the
         // op the headline names.
         let mut ops = OpLines::new(OP_LINES);
@@ -185,19 +160,19 @@ fn pretty(summary: &impl serde::Serialize) -> Result<String, String> {
     serde_json::to_string_pretty(summary).map_err(|e| e.to_string())
 }
 
-fn findings<'a>(
-    list: impl IntoIterator<Item = (&'a str, &'a Option<Finding>)>,
-) -> Vec<(String, Finding)> {
+/// Listed findings of a scan (untyped but for its first NaN/Inf producers).
+fn listed<'a>(
+    list: impl IntoIterator<Item = (&'a str, Option<FindingKind>, &'a Option<Finding>)>,
+) -> Vec<Listed> {
     list.into_iter()
-        .filter_map(|(t, f)| f.as_ref().map(|f| (t.to_string(), f.clone())))
+        .filter_map(|(t, kind, f)| {
+            f.as_ref().map(|f| Listed {
+                title: t.to_string(),
+                kind,
+                finding: f.clone(),
+            })
+        })
         .collect()
-}
-
-/// Findings in causal order (step, execution order, rank; the listed order at the same
-/// place): a later step's consequence never comes before an earlier step's cause.
-fn causal(mut v: Vec<(String, Finding)>) -> Vec<(String, Finding)> {
-    v.sort_by(|(_, a), (_, b)| a.causal_key().cmp(&b.causal_key()));
-    v
 }
 
 impl Document for CompareDocument<'_> {
@@ -317,33 +292,45 @@ impl Document for ScanDocument<'_> {
                 c.nonfinite_scaler_skipped.to_string(),
             ),
         ];
-        let mut found = findings([
+        let nonfinite = Some(FindingKind::FirstNonfinite);
+        let mut found = listed([
             (
                 "NaN/Inf enters from outside (forward)",
+                None,
                 &s.external_nonfinite.forward,
             ),
             (
                 "first NaN/Inf producer (forward)",
+                nonfinite,
                 &s.first_nonfinite.forward,
             ),
             (
                 "first NaN/Inf producer (backward)",
+                nonfinite,
                 &s.first_nonfinite.backward,
             ),
             (
                 "NaN/Inf enters from outside (backward)",
+                None,
                 &s.external_nonfinite.backward,
             ),
         ]);
+        let mut add = |title: &str, f: &Finding| {
+            found.push(Listed {
+                title: title.into(),
+                kind: None,
+                finding: f.clone(),
+            })
+        };
         if let Some(f) = &s.leftover_nonfinite {
-            found.push(("NaN/Inf from leftover bytes".into(), f.clone()));
+            add("NaN/Inf from leftover bytes", f);
         }
         for u in &s.units {
             for f in u.findings.overflow_risk.iter().take(3) {
-                found.push(("overflow risk".into(), f.clone()));
+                add("overflow risk", f);
             }
             for f in u.findings.underflow.iter().take(3) {
-                found.push(("underflow".into(), f.clone()));
+                add("underflow", f);
             }
         }
         Ok(Overview {

@@ -13,12 +13,13 @@
 //!
 //! The page is deterministic: the same run gives the same bytes (no clock, no hash order).
 
-use super::{Document, Overview, ReportWriter};
+use super::{Document, Listed, Overview, ReportWriter};
 use crate::atomic;
 use crate::compare::Verdict;
 use crate::error::Result;
 use crate::op_key::Direction;
 use crate::schema::summary::Finding;
+use crate::vocab::FindingKind;
 use std::collections::BTreeMap;
 use std::fmt::Write as _;
 use std::path::Path;
@@ -210,14 +211,10 @@ struct Mark<'a> {
 fn marks(ov: &Overview) -> Vec<Mark<'_>> {
     ov.findings
         .iter()
-        .filter(|(t, _)| {
-            t.starts_with("first divergent")
-                || t.starts_with("divergence enters")
-                || t.starts_with("first NaN")
-        })
-        .map(|(t, f)| Mark {
-            title: t,
-            finding: f,
+        .filter(|l| l.names_culprit())
+        .map(|l| Mark {
+            title: &l.title,
+            finding: &l.finding,
         })
         .collect()
 }
@@ -906,10 +903,13 @@ fn finding_body(out: &mut String, f: &Finding, open: bool) {
 /// The culprit: the first finding naming a divergent op (or entry point), with its
 /// evidence and stack open.
 fn culprit(out: &mut String, ov: &Overview) {
-    let Some((title, f)) = ov
+    let locates = |l: &&Listed| l.kind.is_some_and(FindingKind::locates_divergence);
+    let Some(Listed {
+        title, finding: f, ..
+    }) = ov
         .findings
         .iter()
-        .find(|(t, _)| t.starts_with("first divergent") || t.starts_with("divergence enters"))
+        .find(locates)
         .or_else(|| ov.findings.first())
     else {
         return;
@@ -928,7 +928,10 @@ fn findings(out: &mut String, ov: &Overview) {
         return;
     }
     out.push_str("<h2>Findings</h2>\n<div id=\"findings\">\n");
-    for (title, f) in &ov.findings {
+    for Listed {
+        title, finding: f, ..
+    } in &ov.findings
+    {
         let _ = writeln!(
             out,
             "<details class=\"card\"><summary><b>{}</b>: <code>{}</code></summary>",

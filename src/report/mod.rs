@@ -19,7 +19,8 @@ pub(crate) mod xlsx;
 
 use crate::compare::Verdict;
 use crate::error::Result;
-use crate::schema::summary::{Finding, WorstOp};
+use crate::schema::summary::{Finding, Found, Summary, WorstOp};
+use crate::vocab::FindingKind;
 use columns::{Column, Line};
 use std::path::Path;
 
@@ -73,7 +74,7 @@ pub struct Overview {
     /// Key facts (paths, counts, exit code), in order.
     pub facts: Vec<(String, String)>,
     /// Findings with a title each, in order.
-    pub findings: Vec<(String, Finding)>,
+    pub findings: Vec<Listed>,
     /// The worst ops (may be empty).
     pub worst_ops: Vec<WorstOp>,
     /// One line per op in execution order, as msprobe's per-API summary (may be empty).
@@ -82,6 +83,52 @@ pub struct Overview {
     pub ops_left_out: usize,
     /// The error-per-op chart (a compare's; None for a scan).
     pub plot: Option<plot::Plot>,
+}
+
+/// A finding as a report lists it.
+#[derive(Debug, Clone)]
+pub struct Listed {
+    /// Its title (`first divergent op (forward)`).
+    pub title: String,
+    /// What it says of its op: a compare's kinds, and a scan's first NaN/Inf producers
+    /// (None: a scan's other findings, which name no culprit).
+    pub kind: Option<FindingKind>,
+    /// The op and the evidence.
+    pub finding: Finding,
+}
+
+impl Listed {
+    /// Whether it names the culprit (the op a report marks).
+    pub fn names_culprit(&self) -> bool {
+        self.kind.is_some_and(FindingKind::names_culprit)
+    }
+}
+
+/// A compare's findings as reports list them: in causal order (step, execution order,
+/// rank), so that a later step's consequence never comes before an earlier step's cause;
+/// at the same op by kind ([`FindingKind`]'s order), then phase. The first op called with
+/// other arguments only where it adds to the rest ([`Summary::other_args_hint`]); the
+/// earliest failing ops only with `earliest`.
+pub fn compare_findings(s: &Summary, earliest: bool) -> Vec<Listed> {
+    let hint = s.other_args_hint().is_some();
+    let mut found: Vec<&Found> = s
+        .findings
+        .iter()
+        .filter(|f| match f.kind {
+            FindingKind::OtherArgs => hint,
+            FindingKind::EarliestFailing => earliest,
+            _ => true,
+        })
+        .collect();
+    found.sort_by(|a, b| a.order_key().cmp(&b.order_key()));
+    found
+        .into_iter()
+        .map(|f| Listed {
+            title: f.title(),
+            kind: Some(f.kind),
+            finding: f.finding.clone(),
+        })
+        .collect()
 }
 
 /// An op's line in the per-op table: its worst numbers and where its tensors are.

@@ -1,8 +1,10 @@
 //! The short human summary printed on stdout.
 
+use super::compare_findings;
 use crate::op_key::Direction;
 use crate::scan::ScanSummary;
 use crate::schema::summary::{Finding, RunVerdict, Summary};
+use crate::vocab::FindingKind;
 
 /// A finding: title, op, explanation, up to 8 lines of evidence, the innermost frame.
 fn show(out: &mut String, title: &str, f: &Finding) {
@@ -91,43 +93,16 @@ pub fn terminal_summary(s: &Summary) -> String {
     );
     // In causal order (step, execution order, rank): a later step's consequences never
     // come before an earlier step's cause. At the same place, in the order listed.
-    let hint = s.other_args_hint().cloned();
-    let entry = |d| format!("  {}", s.external_source.entry_title(d));
-    let (entry_f, entry_b) = (entry(Direction::Forward), entry(Direction::Backward));
-    let mut list: Vec<(&str, &Finding)> = [
-        (entry_f.as_str(), &s.external_source.forward),
-        ("  first divergent op (forward)", &s.first_divergent.forward),
-        (
-            "  first divergent op (backward)",
-            &s.first_divergent.backward,
-        ),
-        (entry_b.as_str(), &s.external_source.backward),
-        ("  first NaN/Inf producer", &s.first_nonfinite),
-        ("  first op called with different arguments", &hint),
-        (
-            "  near tie decided otherwise (forward)",
-            &s.near_tie.forward,
-        ),
-        (
-            "  near tie decided otherwise (backward)",
-            &s.near_tie.backward,
-        ),
-        ("  different random draw (forward)", &s.random_draw.forward),
-        (
-            "  different random draw (backward)",
-            &s.random_draw.backward,
-        ),
-        ("  where the warnings begin", &s.first_warning),
-    ]
-    .into_iter()
-    .filter_map(|(t, f)| f.as_ref().map(|f| (t, f)))
-    .collect();
-    list.sort_by(|(_, a), (_, b)| a.causal_key().cmp(&b.causal_key()));
-    for (title, f) in list {
-        show(&mut out, title, f);
+    for l in compare_findings(s, false) {
+        show(&mut out, &format!("  {}", l.title), &l.finding);
     }
-    if s.verdict == RunVerdict::Error && s.first_divergent.forward.is_none() {
-        if let Some(f) = &s.earliest_failing.forward {
+    let forward = Some(Direction::Forward);
+    if s.verdict == RunVerdict::Error
+        && s.findings
+            .get(FindingKind::FirstDivergent, forward)
+            .is_none()
+    {
+        if let Some(f) = s.findings.get(FindingKind::EarliestFailing, forward) {
             out += &format!("  earliest failing op (forward): {} ({})\n", f.op, f.reason);
         }
     }

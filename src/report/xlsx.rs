@@ -410,8 +410,8 @@ fn summary_sheet(ws: &mut Worksheet, s: &Overview, shown: Option<&Shown>, fs: &F
         row += 1;
     }
     row += 1;
-    for (title, f) in &s.findings {
-        finding_rows(ws, &mut row, title, f, fs)?;
+    for l in &s.findings {
+        finding_rows(ws, &mut row, &l.title, &l.finding, fs)?;
     }
     if !s.worst_ops.is_empty() {
         ws.write_string_with_format(row, 0, "worst ops", &fs.bold)?;

@@ -4,7 +4,7 @@
 use super::compare::{ArgDiff, InputSizes, LossScale, MicroBatches, Region};
 use crate::gate::FailOn;
 use crate::op_key::Direction;
-use crate::vocab::{Sides, Verdict};
+use crate::vocab::{FindingKind, Sides, Verdict};
 use serde::{Deserialize, Serialize};
 use std::collections::BTreeMap;
 
@@ -85,22 +85,6 @@ pub struct Finding {
     /// op whose output it is, where it differed only by rounding noise the op amplified.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub carried: Option<Carried>,
-}
-
-impl ByDirection {
-    /// How reports title the `external_source` finding of a phase (`forward`, `backward`):
-    /// where the divergence enters, or the previous step's value it enters with.
-    pub fn entry_title(&self, phase: Direction) -> String {
-        let f = match phase {
-            Direction::Forward => &self.forward,
-            Direction::Backward => &self.backward,
-        };
-        let what = match f.as_ref().and_then(|f| f.carried.as_ref()) {
-            Some(_) => "divergence enters with the previous step's value",
-            None => "divergence enters from outside",
-        };
-        format!("{what} ({})", phase.name())
-    }
 }
 
 /// The captured op of the previous step whose output a differing input is (the same
@@ -211,7 +195,124 @@ impl Finding {
     }
 }
 
-/// Per-direction findings.
+/// A finding of a kind, in the phase it was found in (None for a kind with one in all:
+/// [`FindingKind::phased`]).
+#[derive(Debug, Clone, PartialEq)]
+pub struct Found {
+    /// What it says of its op.
+    pub kind: FindingKind,
+    /// Forward or backward phase (the backward phase holds the optimizer's update).
+    pub phase: Option<Direction>,
+    /// The op and the evidence.
+    pub finding: Finding,
+}
+
+impl Found {
+    /// A finding of a kind found in a phase.
+    pub fn new(kind: FindingKind, phase: Option<Direction>, finding: Finding) -> Found {
+        Found {
+            kind,
+            phase: phase.filter(|_| kind.phased()),
+            finding,
+        }
+    }
+
+    /// How reports title it: `first divergent op (forward)`; where a divergence enters
+    /// with the previous step's value, it says so.
+    pub fn title(&self) -> String {
+        let what = match self.kind {
+            FindingKind::ExternalSource if self.finding.carried.is_some() => {
+                "divergence enters with the previous step's value"
+            }
+            k => k.title(),
+        };
+        match self.phase {
+            Some(d) => format!("{what} ({})", d.name()),
+            None => what.to_string(),
+        }
+    }
+
+    /// Where it sits among findings: the causal order ([`Finding::causal_key`]), then its
+    /// kind's listing order, then its phase.
+    pub fn order_key(&self) -> (CausalKey<'_>, FindingKind, Option<Direction>) {
+        (self.finding.causal_key(), self.kind, self.phase)
+    }
+}
+
+/// What the localiser found in one unit (step/rank pair), or over a whole compare: typed
+/// findings, at most one of each kind and phase, in listing order (kind, then phase), and
+/// the phases whose errors no op is locally responsible for (accumulated drift; a unit's
+/// only). `summary.json` writes them under one key per kind, as schema v2 always has
+/// (`FindingsWire`).
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+#[serde(from = "FindingsWire", into = "FindingsWire")]
+pub struct Findings {
+    found: Vec<Found>,
+    drift: Vec<Direction>,
+}
+
+impl Findings {
+    /// Findings in any order (the first of a kind and phase is kept), and the drifting phases.
+    pub fn new(mut found: Vec<Found>, drift: Vec<Direction>) -> Findings {
+        found.sort_by_key(|f| (f.kind, f.phase));
+        found.dedup_by_key(|f| (f.kind, f.phase));
+        Findings { found, drift }
+    }
+
+    /// Every finding, in listing order.
+    pub fn iter(&self) -> impl Iterator<Item = &Found> {
+        self.found.iter()
+    }
+
+    /// The finding of a kind in a phase (None for a kind with one in all).
+    pub fn get(&self, kind: FindingKind, phase: Option<Direction>) -> Option<&Finding> {
+        let phase = phase.filter(|_| kind.phased());
+        self.found
+            .iter()
+            .find(|f| f.kind == kind && f.phase == phase)
+            .map(|f| &f.finding)
+    }
+
+    /// The findings of a kind, forward first.
+    pub fn of(&self, kind: FindingKind) -> impl Iterator<Item = &Found> {
+        self.found.iter().filter(move |f| f.kind == kind)
+    }
+
+    /// The first finding of a kind, forward first.
+    pub fn first(&self, kind: FindingKind) -> Option<&Finding> {
+        self.of(kind).next().map(|f| &f.finding)
+    }
+
+    /// The phases with errors and no locally divergent op (a unit's only).
+    pub fn drift(&self) -> &[Direction] {
+        &self.drift
+    }
+
+    /// These findings less those `drop` says (drift kept).
+    pub fn without(self, drop: impl Fn(&Found) -> bool) -> Findings {
+        let found = self.found.into_iter().filter(|f| !drop(f)).collect();
+        Findings::new(found, self.drift)
+    }
+
+    /// The earliest finding of each kind and phase over many (units' findings, run-wide):
+    /// in causal order ([`Finding::causal_key`]: step, then execution order, then rank).
+    pub fn earliest<'a>(all: impl Iterator<Item = &'a Findings>) -> Findings {
+        let mut found: Vec<Found> = Vec::new();
+        for f in all.flat_map(Findings::iter) {
+            match found
+                .iter_mut()
+                .find(|o| o.kind == f.kind && o.phase == f.phase)
+            {
+                Some(o) if f.finding.causal_key() < o.finding.causal_key() => *o = f.clone(),
+                Some(_) => {}
+                None => found.push(f.clone()),
+            }
+        }
+        Findings::new(found, Vec::new())
+    }
+}
+
+/// Per-phase findings of a kind, as `summary.json` holds them (a scan's too).
 #[derive(Debug, Clone, Serialize, Deserialize, Default, PartialEq)]
 pub struct ByDirection {
     /// In the forward phase.
@@ -230,38 +331,133 @@ impl ByDirection {
     }
 }
 
-/// What the localiser found in one unit (step/rank pair).
+/// A unit's findings as `summary.json` holds them (schema v2): one key per kind.
 #[derive(Debug, Clone, Serialize, Deserialize, Default, PartialEq)]
-pub struct Findings {
-    /// The first locally divergent op, per phase.
-    pub first_divergent: ByDirection,
-    /// The first op with a tensor out of tolerance, per phase.
-    pub earliest_failing: ByDirection,
-    /// The divergence enters from outside the captured ops (per phase).
-    pub external_source: ByDirection,
-    /// The first op with finite inputs and new non-finite outputs.
-    pub first_nonfinite: Option<Finding>,
-    /// Errors exist in this direction but no op is locally divergent: accumulated drift.
-    pub drift: Vec<Direction>,
-    /// The first op that draws random numbers (dropout, `rand*`, ...) whose inputs agree
-    /// and whose outputs differ, per phase: a different random draw, never named in
-    /// `first_divergent`.
+struct FindingsWire {
+    first_divergent: ByDirection,
+    earliest_failing: ByDirection,
+    external_source: ByDirection,
+    first_nonfinite: Option<Finding>,
+    drift: Vec<Direction>,
     #[serde(default)]
-    pub random_draw: ByDirection,
-    /// The first op whose discrete output (indices, a mask) differs while its
-    /// floating-point inputs agree within tolerance, not exactly, per phase: a near tie
-    /// decided the other way (an MoE router's top-1), never named in `first_divergent`.
+    random_draw: ByDirection,
     #[serde(default)]
-    pub near_tie: ByDirection,
-    /// The first op called with different non-tensor arguments on the two sides, whatever
-    /// its outputs (`args`): a hint where no op is named, or where nothing diverged.
+    near_tie: ByDirection,
     #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub other_args: Option<Finding>,
-    /// Where no tensor of the unit is out of tolerance: the first op whose output warns
-    /// while its inputs pass, where the warnings begin. A fault smaller than the error
-    /// tolerance (a bf16 kernel a few per cent off) shows only as warnings.
+    other_args: Option<Finding>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub first_warning: Option<Finding>,
+    first_warning: Option<Finding>,
+}
+
+impl FindingsWire {
+    /// Where a finding of a kind and phase goes (a phased kind's without a phase: forward).
+    fn slot(&mut self, kind: FindingKind, phase: Option<Direction>) -> &mut Option<Finding> {
+        let by = match kind {
+            FindingKind::FirstNonfinite => return &mut self.first_nonfinite,
+            FindingKind::OtherArgs => return &mut self.other_args,
+            FindingKind::FirstWarning => return &mut self.first_warning,
+            FindingKind::FirstDivergent => &mut self.first_divergent,
+            FindingKind::EarliestFailing => &mut self.earliest_failing,
+            FindingKind::ExternalSource => &mut self.external_source,
+            FindingKind::RandomDraw => &mut self.random_draw,
+            FindingKind::NearTie => &mut self.near_tie,
+        };
+        by.slot(phase.unwrap_or(Direction::Forward))
+    }
+}
+
+impl From<Findings> for FindingsWire {
+    fn from(f: Findings) -> FindingsWire {
+        let mut w = FindingsWire {
+            drift: f.drift,
+            ..FindingsWire::default()
+        };
+        for x in f.found {
+            *w.slot(x.kind, x.phase) = Some(x.finding);
+        }
+        w
+    }
+}
+
+impl From<FindingsWire> for Findings {
+    fn from(mut w: FindingsWire) -> Findings {
+        let mut found = Vec::new();
+        for kind in FindingKind::ALL {
+            let phases: &[Option<Direction>] = if kind.phased() {
+                &[Some(Direction::Forward), Some(Direction::Backward)]
+            } else {
+                &[None]
+            };
+            for &phase in phases {
+                if let Some(f) = w.slot(kind, phase).take() {
+                    found.push(Found::new(kind, phase, f));
+                }
+            }
+        }
+        Findings::new(found, std::mem::take(&mut w.drift))
+    }
+}
+
+/// The findings over a whole compare: the earliest of each kind and phase over every pair
+/// ([`Findings::earliest`]; no drift), written in `summary.json` beside the counts, one
+/// key per kind, as schema v2 always has (`RunFindingsWire`).
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+#[serde(from = "RunFindingsWire", into = "RunFindingsWire")]
+pub struct RunFindings(pub Findings);
+
+impl std::ops::Deref for RunFindings {
+    type Target = Findings;
+    fn deref(&self) -> &Findings {
+        &self.0
+    }
+}
+
+/// [`RunFindings`] as `summary.json` holds them.
+#[derive(Debug, Clone, Serialize, Deserialize, Default, PartialEq)]
+struct RunFindingsWire {
+    first_divergent: ByDirection,
+    earliest_failing: ByDirection,
+    external_source: ByDirection,
+    first_nonfinite: Option<Finding>,
+    random_draw: ByDirection,
+    #[serde(default)]
+    near_tie: ByDirection,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    other_args: Option<Finding>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    first_warning: Option<Finding>,
+}
+
+impl From<RunFindings> for RunFindingsWire {
+    fn from(f: RunFindings) -> RunFindingsWire {
+        let w = FindingsWire::from(f.0);
+        RunFindingsWire {
+            first_divergent: w.first_divergent,
+            earliest_failing: w.earliest_failing,
+            external_source: w.external_source,
+            first_nonfinite: w.first_nonfinite,
+            random_draw: w.random_draw,
+            near_tie: w.near_tie,
+            other_args: w.other_args,
+            first_warning: w.first_warning,
+        }
+    }
+}
+
+impl From<RunFindingsWire> for RunFindings {
+    fn from(w: RunFindingsWire) -> RunFindings {
+        RunFindings(Findings::from(FindingsWire {
+            first_divergent: w.first_divergent,
+            earliest_failing: w.earliest_failing,
+            external_source: w.external_source,
+            first_nonfinite: w.first_nonfinite,
+            drift: Vec::new(),
+            random_draw: w.random_draw,
+            near_tie: w.near_tie,
+            other_args: w.other_args,
+            first_warning: w.first_warning,
+        }))
+    }
 }
 
 /// Tensor counts over the whole compare.
@@ -452,25 +648,11 @@ pub struct Summary {
     pub cmp: String,
     /// Tensor counts.
     pub counts: Counts,
-    /// The first locally divergent op over all pairs, per phase.
-    pub first_divergent: ByDirection,
-    /// The earliest failing op over all pairs, per phase.
-    pub earliest_failing: ByDirection,
-    /// Divergence entering from outside the captured ops, per phase.
-    pub external_source: ByDirection,
-    /// The first NaN/Inf producer.
-    pub first_nonfinite: Option<Finding>,
-    /// The first op whose different output is a different random draw, per phase.
-    pub random_draw: ByDirection,
-    /// Run-wide [`Findings::near_tie`].
-    #[serde(default)]
-    pub near_tie: ByDirection,
-    /// The first op called with different non-tensor arguments, over all pairs.
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub other_args: Option<Finding>,
-    /// Where no tensor is out of tolerance: the earliest [`Findings::first_warning`].
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub first_warning: Option<Finding>,
+    /// The earliest findings over all pairs, one key per kind (`first_divergent`,
+    /// `earliest_failing`, `external_source`, `first_nonfinite`, `random_draw`, `near_tie`,
+    /// `other_args`, `first_warning`): [`RunFindings`].
+    #[serde(flatten)]
+    pub findings: RunFindings,
     /// Every pair with its findings.
     pub pairs: Vec<PairSummary>,
     /// The ops with the worst verdicts and errors.
@@ -500,20 +682,13 @@ impl Summary {
     /// [`Summary::other_args`] where it adds to the other findings: not when one of them
     /// names the same call (a first divergent op called differently says so itself).
     pub fn other_args_hint(&self) -> Option<&Finding> {
-        let o = self.other_args.as_ref()?;
-        let named = [
-            &self.first_divergent.forward,
-            &self.first_divergent.backward,
-            &self.external_source.forward,
-            &self.external_source.backward,
-            &self.first_nonfinite,
-            &self.random_draw.forward,
-            &self.random_draw.backward,
-            &self.near_tie.forward,
-            &self.near_tie.backward,
-        ];
-        let same = |f: &Finding| f.op == o.op && f.step == o.step && f.rank == o.rank;
-        (!named.iter().any(|f| f.as_ref().is_some_and(same))).then_some(o)
+        let o = self.findings.get(FindingKind::OtherArgs, None)?;
+        let same = |f: &Found| {
+            let f = &f.finding;
+            f.op == o.op && f.step == o.step && f.rank == o.rank
+        };
+        let told = |f: &&Found| f.kind.story_rank().is_some();
+        (!self.findings.iter().filter(told).any(same)).then_some(o)
     }
 }
 

@@ -1,0 +1,156 @@
+//! What every rule of the localiser reads and adds to: the unit's ops (heads of all, rows
+//! when asked), where the unit is, the tolerances, what the rank's previous step left, the
+//! phase of each op, and the findings so far. Made once per unit by `localize`, handed to
+//! each rule in order.
+
+use crate::compare::op_rows::OpRows;
+use crate::compare::{Carry, Tolerances};
+use crate::dump::Direction;
+use crate::schema::summary::{Finding, Findings, Found};
+use crate::vocab::FindingKind;
+use foldhash::HashMap;
+use std::collections::BTreeMap;
+
+/// Where the findings of a unit are.
+pub(crate) struct Place<'a> {
+    /// Its step label.
+    pub step: &'a str,
+    /// Its rank label.
+    pub rank: &'a str,
+    /// The comparison side's call stacks by id.
+    pub stacks: &'a BTreeMap<u64, Vec<String>>,
+}
+
+/// What the localiser keeps of an op's head (16 bytes: a unit can have a million ops).
+#[derive(Debug, Clone, Copy)]
+pub(super) struct Brief {
+    pub seq: u64,
+    pub direction: Direction,
+    /// Its key says backward: it may have a forward twin.
+    pub twin: bool,
+    pub fails: bool,
+    pub flagged: bool,
+    pub nonfinite: bool,
+}
+
+/// One unit as the rules see it.
+pub(super) struct Context<'a> {
+    /// The unit's ops, in execution order.
+    pub unit: &'a dyn OpRows,
+    /// Where it is.
+    pub at: Place<'a>,
+    /// The thresholds in force.
+    pub tols: &'a Tolerances,
+    /// What the rank's previous step left.
+    pub carried: &'a Carry,
+    /// Every op's head.
+    pub briefs: Vec<Brief>,
+    /// Forward ops by key, for backward ops to find their forward twin (empty when no op
+    /// may have one: a forward-only unit of a million ops needs no map of a million keys).
+    pub by_key: HashMap<&'a str, usize>,
+    /// The sequence number of the first backward op: the backward phase starts there.
+    first_backward: Option<u64>,
+    /// What the rules found so far.
+    found: Vec<Found>,
+    /// Phases whose errors no op is locally responsible for.
+    drift: Vec<Direction>,
+}
+
+impl<'a> Context<'a> {
+    /// A unit's context, before any rule.
+    pub fn new(
+        unit: &'a dyn OpRows,
+        at: Place<'a>,
+        tols: &'a Tolerances,
+        carried: &'a Carry,
+    ) -> Context<'a> {
+        let briefs: Vec<Brief> = (0..unit.ops())
+            .map(|k| {
+                let h = unit.head(k);
+                Brief {
+                    seq: h.seq,
+                    direction: h.direction,
+                    twin: unit.key(k).direction() == Direction::Backward,
+                    fails: h.fails,
+                    flagged: h.flagged,
+                    nonfinite: h.nonfinite,
+                }
+            })
+            .collect();
+        let by_key = if briefs.iter().any(|b| b.twin) {
+            (0..briefs.len())
+                .filter(|&k| briefs[k].direction == Direction::Forward)
+                .map(|k| (unit.key(k).text(), k))
+                .collect()
+        } else {
+            HashMap::default()
+        };
+        let first_backward = briefs
+            .iter()
+            .filter(|h| h.direction == Direction::Backward)
+            .map(|h| h.seq)
+            .min();
+        Context {
+            unit,
+            at,
+            tols,
+            carried,
+            briefs,
+            by_key,
+            first_backward,
+            found: Vec::new(),
+            drift: Vec::new(),
+        }
+    }
+
+    /// The phase of an op: forward; backward, which also holds the forward-direction ops
+    /// that run after the first backward op (the optimizer update consumes gradients).
+    pub fn phase(&self, h: &Brief) -> Direction {
+        match self.first_backward {
+            Some(s) if h.seq > s => Direction::Backward,
+            _ => h.direction,
+        }
+    }
+
+    /// The ops of a phase, in execution order (u32: a store's op count fits).
+    pub fn phase_ops(&self, dir: Direction) -> Vec<u32> {
+        (0..self.briefs.len())
+            .filter(|&k| self.phase(&self.briefs[k]) == dir)
+            .map(|k| k as u32)
+            .collect()
+    }
+
+    /// Whether the backward phase inherits a diverged forward: gradients of a diverged
+    /// forward differ from the loss on (not an outside source, no local cause).
+    pub fn inherited(&self, dir: Direction) -> bool {
+        dir == Direction::Backward
+            && self
+                .briefs
+                .iter()
+                .any(|h| self.phase(h) == Direction::Forward && h.fails)
+    }
+
+    /// Whether some rule found a finding of this kind in this phase.
+    pub fn has(&self, kind: FindingKind, phase: Option<Direction>) -> bool {
+        self.found
+            .iter()
+            .any(|f| f.kind == kind && f.phase == phase.filter(|_| kind.phased()))
+    }
+
+    /// Adds a finding (the first of a kind and phase stands).
+    pub fn put(&mut self, kind: FindingKind, phase: Option<Direction>, finding: Finding) {
+        if !self.has(kind, phase) {
+            self.found.push(Found::new(kind, phase, finding));
+        }
+    }
+
+    /// Says that a phase's errors have no locally divergent op.
+    pub fn drifts(&mut self, dir: Direction) {
+        self.drift.push(dir);
+    }
+
+    /// What the rules found.
+    pub fn findings(self) -> Findings {
+        Findings::new(self.found, self.drift)
+    }
+}

@@ -1,0 +1,52 @@
+//! A unit's judged rows op by op, as the localiser reads them ([`OpRows`]): the judge's
+//! [`super::judged::Judged`] offers this view (`by_op`), the localiser (`super::analyze`)
+//! consumes it, and the tests build small ones by hand. Apart from both so that neither
+//! depends on the other.
+
+use super::align::Side;
+use super::judge::Row;
+use crate::dump::args::ArgDiff;
+use crate::op_key::{Direction, KeyRef};
+use std::borrow::Cow;
+
+/// What the localiser knows of an op before it reads its rows.
+#[derive(Debug, Clone, Copy)]
+pub struct Head {
+    /// The op's sequence number.
+    pub seq: u64,
+    /// Forward or backward.
+    pub direction: Direction,
+    /// Some tensor of it is out of tolerance.
+    pub fails: bool,
+    /// Some tensor of it is not within tolerance (a warning or an error).
+    pub flagged: bool,
+    /// Some tensor of it holds NaN/Inf on the comparison side.
+    pub nonfinite: bool,
+}
+
+/// A unit's rows op by op (an op's rows are consecutive), as the localiser reads them: the
+/// heads of all, the rows of those it looks into. Rows may be made when read, so the
+/// localiser reads only the ops that can matter (flagged or holding NaN/Inf, and the
+/// forward calls of those it examines).
+pub trait OpRows {
+    /// How many ops.
+    fn ops(&self) -> usize;
+    /// Op `k`'s key.
+    fn key(&self, k: usize) -> KeyRef<'_>;
+    /// Op `k`'s head.
+    fn head(&self, k: usize) -> Head;
+    /// Op `k`'s rows, in slot order.
+    fn rows(&self, k: usize) -> Cow<'_, [Row]>;
+    /// The non-tensor arguments op `k` was called with differently on the two sides (one
+    /// call of the same API on each; none otherwise); with `divergent`, also those one side
+    /// left out (`args::diff_at_divergence`).
+    fn arg_diffs(&self, _k: usize, _divergent: bool) -> Vec<ArgDiff> {
+        Vec::new()
+    }
+    /// The op only one side calls whose output is input `name` (the comparison side's
+    /// name) of op `k` on that side, with its stack id (comparison side only); None when
+    /// the producers on both sides have counterparts, or none was captured.
+    fn one_sided_source(&self, _k: usize, _name: &str) -> Option<(Side, String, Option<u64>)> {
+        None
+    }
+}
