@@ -6,6 +6,7 @@ use arrow_array::{Array, Float64Array, StringArray};
 use calamine::{open_workbook, Data, Reader, Xlsx};
 use common::*;
 use parquet::arrow::arrow_reader::ParquetRecordBatchReaderBuilder;
+use std::path::Path;
 
 fn run_demo() -> tempfile::TempDir {
     let t = tempfile::tempdir().unwrap();
@@ -177,4 +178,47 @@ fn summary_json_has_the_schema_fields() {
         .filter(|n| n.starts_with('.'))
         .collect();
     assert!(leftovers.is_empty(), "{leftovers:?}");
+}
+
+/// The text of `entry` in the zip at `path`.
+fn zip_entry(path: &Path, entry: &str) -> String {
+    let f = std::fs::File::open(path).unwrap();
+    let mut z = zip::ZipArchive::new(f).unwrap();
+    let mut text = String::new();
+    std::io::Read::read_to_string(&mut z.by_name(entry).unwrap(), &mut text).unwrap();
+    text
+}
+
+#[test]
+fn workbooks_carry_no_wall_clock_time() {
+    // rust_xlsxwriter writes the time of writing into docProps/core.xml unless told a
+    // date: two runs on the same inputs then differed in their workbooks' bytes. Every
+    // workbook probe writes (compare, scan, merge, config-check) says 1980-01-01, the
+    // date of its zip entries.
+    let fixed = "1980-01-01T00:00:00Z";
+    let t = run_demo();
+    let scan_out = t.path().join("scan");
+    assert_eq!(scan(&t.path().join("cmp"), &scan_out, &[]).code, 0);
+    let packs = root().join("testdata/config_check");
+    let check_out = t.path().join("check");
+    let o = probe(&[
+        "config-check",
+        packs.join("base.zip").to_str().unwrap(),
+        packs.join("seed.zip").to_str().unwrap(),
+        "-o",
+        check_out.to_str().unwrap(),
+        "-q",
+    ]);
+    assert!(!o.stderr.contains("panicked"), "{}", o.stderr);
+    for book in [
+        t.path().join("out/compare.xlsx"),
+        scan_out.join("scan.xlsx"),
+        check_out.join("config_check.xlsx"),
+    ] {
+        let core = zip_entry(&book, "docProps/core.xml");
+        for tag in ["dcterms:created", "dcterms:modified"] {
+            let want = format!(r#"<{tag} xsi:type="dcterms:W3CDTF">{fixed}</{tag}>"#);
+            assert!(core.contains(&want), "{}: {core}", book.display());
+        }
+    }
 }

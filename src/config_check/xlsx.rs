@@ -211,7 +211,7 @@ fn item_sheet(
 
 fn build(r: &CheckReport, rows_per_sheet: usize) -> X<Workbook> {
     let f = formats();
-    let mut wb = Workbook::new();
+    let mut wb = style::workbook()?;
     summary(wb.add_worksheet(), r, &f)?;
     for cat in Category::ALL {
         let items: Vec<&Item> = r.items.iter().filter(|i| i.category == cat).collect();

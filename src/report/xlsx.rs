@@ -24,8 +24,8 @@ use crate::verdict::thousands;
 use rust_xlsxwriter::{
     Chart, ChartAxisCrossing, ChartDataLabel, ChartDataLabelPosition, ChartEmptyCells, ChartFormat,
     ChartLegendPosition, ChartLine, ChartLineDashType, ChartMarker, ChartMarkerType,
-    ChartSolidFill, ChartType, Color, ConditionalFormatFormula, Format, FormatBorder,
-    FormatUnderline, Url, Workbook, Worksheet, XlsxError,
+    ChartSolidFill, ChartType, Color, ConditionalFormatFormula, DocProperties, ExcelDateTime,
+    Format, FormatBorder, FormatUnderline, Url, Workbook, Worksheet, XlsxError,
 };
 use std::path::Path;
 
@@ -744,13 +744,23 @@ fn sheets(
     close(wb.worksheet_from_index(sheet).map_err(err)?, n).map_err(err)
 }
 
+/// A new workbook whose document properties (`docProps/core.xml`) say it was created and
+/// modified on 1980-01-01T00:00:00Z, the date its zip entries carry: rust_xlsxwriter
+/// stamps the wall clock there by default, and the same inputs must give the same bytes.
+pub(crate) fn workbook() -> std::result::Result<Workbook, XlsxError> {
+    let created = ExcelDateTime::from_ymd(1980, 1, 1)?;
+    let mut wb = Workbook::new();
+    wb.set_properties(&DocProperties::new().set_creation_datetime(&created));
+    Ok(wb)
+}
+
 fn build(doc: &dyn Document, rows: XlsxRows, path: &Path) -> Result<Workbook> {
     let err = |e: XlsxError| ProbeError::Output {
         path: path.to_path_buf(),
         msg: format!("xlsx: {e}"),
     };
     let fs = formats();
-    let mut wb = Workbook::new();
+    let mut wb = workbook().map_err(err)?;
     // Level 1 deflate: several times faster than the default on large sheets, files ~20 % larger.
     wb.set_zip_compression_level(1);
     let overview = doc.overview()?;
