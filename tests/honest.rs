@@ -2,6 +2,7 @@
 //! verdict could claim more than the data shows.
 
 mod common;
+use common::dumps::with_extra_op;
 use common::*;
 use probe::schema::dump::OpRecord;
 use std::path::Path;
@@ -780,25 +781,6 @@ fn a_weight_that_changes_between_clean_steps_points_at_the_update() {
         h.contains("Functional.linear.0.forward.input.1") && !h.contains("between the steps"),
         "{h}"
     );
-}
-
-/// `linear` of ones into `h`, an extra `__mul__` scaling it by 1.5 where `extra` (an op the
-/// other run does not call), then `gelu` of what that leaves (`y` its output).
-fn with_extra_op(dir: &Path, extra: bool) {
-    let (mut ops, x, id) = linear_and_extra_mul(extra);
-    if extra {
-        ops[1].stack = Some(7);
-    }
-    let y: Vec<f32> = x.iter().map(|v| v + 1.0).collect();
-    let mut gelu = op_record(
-        "Functional.gelu.0.forward",
-        &[("input.0", "input", x), ("output.0", "output", y)],
-    );
-    gelu.tensors[0].src = Some(id);
-    ops.push(gelu);
-    write_op_log(dir, ops);
-    let stack = r#"{"id":7,"frames":["File \"port.py\", line 12, in forward: h = h * 1.5"]}"#;
-    std::fs::write(dir.join("step0/rank0/stacks.jsonl"), format!("{stack}\n")).unwrap();
 }
 
 #[test]

@@ -4,29 +4,10 @@
 //! the comparison incomplete; sides with no kind in common say why nothing pairs.
 
 mod common;
+use common::dumps::linear_at_levels as linear;
 use common::*;
 use probe::schema::dump::OpRecord;
 use std::path::Path;
-
-/// A linear layer's call, as an API record (`api`) and as its module's record (`module`);
-/// `scale` multiplies the output.
-fn linear(api: bool, module: bool, scale: f32) -> Vec<OpRecord> {
-    let x = vec![0.5, -1.0, 2.0, 0.25];
-    let y: Vec<f32> = x.iter().map(|v| v * 3.0 * scale).collect();
-    let tensors = [("input.0", "input", x), ("output.0", "output", y)];
-    let mut ops = Vec::new();
-    if module {
-        let mut m = op_record("Module.fc.Linear.forward.0", &tensors);
-        m.kind = "module".into();
-        ops.push(m);
-    }
-    if api {
-        let mut a = op_record("Functional.linear.0.forward", &tensors);
-        a.module = module.then(|| "fc".into());
-        ops.push(a);
-    }
-    ops
-}
 
 fn run(dir: &Path, bench: Vec<OpRecord>, cmp: Vec<OpRecord>) -> (Out, serde_json::Value) {
     write_op_log(&dir.join("bench"), bench);

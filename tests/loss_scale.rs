@@ -3,49 +3,14 @@
 //! or a gradient that differs beyond the scale, is still a divergence.
 
 mod common;
+use common::dumps::loss_scale_records as records;
 use common::*;
-use probe::schema::dump::OpRecord;
 use std::path::Path;
 
 /// A one-rank run: `gelu` forward, then its backward and a parameter gradient, with every
 /// gradient times `scale` and the parameter gradient also times `extra`.
 fn run(dir: &Path, scale: f32, extra: f32) {
     write_op_log(dir, records(scale, extra));
-}
-
-/// The op records of [`run`].
-fn records(scale: f32, extra: f32) -> Vec<OpRecord> {
-    let x = vec![1.0f32, -2.0, 3.0, 0.5];
-    let y = vec![0.84f32, -0.05, 2.99, 0.35];
-    let seed: Vec<f32> = vec![0.25 * scale; 4];
-    let dx: Vec<f32> = [0.27f32, -0.02, 0.26, 0.22]
-        .iter()
-        .map(|v| v * scale)
-        .collect();
-    let dw: Vec<f32> = [0.5f32, -0.1].iter().map(|v| v * scale * extra).collect();
-    let mut grad = op_record(
-        "Module.fc.Linear.parameters_grad",
-        &[("weight", "parameter", dw)],
-    );
-    grad.kind = "parameters_grad".into();
-    grad.direction = "backward".into();
-    grad.tensors[0].name = "Module.fc.Linear.parameters_grad.weight".into();
-    vec![
-        op_record(
-            "Functional.gelu.0.forward",
-            &[("input.0", "input", x.clone()), ("output.0", "output", y)],
-        ),
-        op_record(
-            "Functional.gelu.0.backward",
-            &[("input.0", "input", seed), ("output.0", "output", dx)],
-        ),
-        grad,
-        // The optimizer, after unscaling: as recorded on both sides.
-        op_record(
-            "Tensor.add_.0.forward",
-            &[("input.0", "input", x.clone()), ("output.0", "output", x)],
-        ),
-    ]
 }
 
 #[test]

@@ -3,31 +3,10 @@
 //! headline; the same call count, or a ratio that is not exact, is not.
 
 mod common;
+use common::dumps::micro_batch_step as step;
 use common::*;
 use probe::schema::dump::OpRecord;
 use std::path::Path;
-
-/// A step of `passes` forward passes through a linear layer and a GELU, each on
-/// `rows` rows of 2 (the batch split as gradient accumulation does), then its backward.
-fn step(passes: usize, rows: usize) -> Vec<OpRecord> {
-    let mut ops = vec![op_record(
-        "Tensor.chunk.0.forward",
-        &[("input.0", "input", vec![0.5; 16])],
-    )];
-    for i in 0..passes {
-        let x: Vec<f32> = (0..rows * 2).map(|v| v as f32 / 10.0).collect();
-        let y: Vec<f32> = x.iter().map(|v| v * 0.5).collect();
-        ops.push(op_record(
-            &format!("Functional.linear.{i}.forward"),
-            &[("input.0", "input", x), ("output.0", "output", y.clone())],
-        ));
-        ops.push(op_record(
-            &format!("Functional.gelu.{i}.forward"),
-            &[("input.0", "input", y.clone()), ("output.0", "output", y)],
-        ));
-    }
-    ops
-}
 
 fn pair(dir: &Path, bench: Vec<OpRecord>, cmp: Vec<OpRecord>) -> serde_json::Value {
     write_op_log(&dir.join("bench"), bench);

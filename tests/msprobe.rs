@@ -7,6 +7,7 @@
 mod common;
 
 use calamine::{open_workbook, Data as Cell, Reader, Xlsx};
+use common::dumps::probe_to_msprobe;
 use probe::compare::{self, CompareKind, Options, Row};
 use probe::dtype::{AnyDType, DType};
 use probe::tensor::{npy, pt, Data, TensorData};
@@ -573,88 +574,6 @@ fn cli_multi_step_proc_and_rank_folders_pair() {
     assert_eq!(s["counts"]["pairs"], 1);
     assert!(s["counts"]["unmatched_bench"].as_u64().unwrap() > 0);
     assert_eq!(s["counts"]["unmatched_cmp"], 0);
-}
-
-/// Rewrites a probe dump (tensor mode) as an msprobe dump whose tensors are `.npy` files.
-fn probe_to_msprobe(probe_root: &Path, out: &Path) {
-    let rank = probe_root.join("step0/rank0");
-    let dst = out.join("step0/rank0");
-    std::fs::create_dir_all(dst.join("dump_tensor_data")).unwrap();
-    let shard = std::fs::read(rank.join("tensors-00000.safetensors")).unwrap();
-    let st = safetensors::SafeTensors::deserialize(&shard).unwrap();
-    // serde_json's maps are sorted: write the op map by hand to keep execution order.
-    let mut data: Vec<String> = Vec::new();
-    for line in std::fs::read_to_string(rank.join("ops.jsonl"))
-        .unwrap()
-        .lines()
-    {
-        let op: serde_json::Value = serde_json::from_str(line).unwrap();
-        let key = op["op"].as_str().unwrap();
-        let bwd = op["direction"] == "backward";
-        let mut entry = serde_json::Map::new();
-        for t in op["tensors"].as_array().unwrap() {
-            let name = t["name"].as_str().unwrap();
-            let rest = name.strip_prefix(key).unwrap().trim_start_matches('.');
-            let (slot, idx) = rest.split_once('.').unwrap();
-            let s = &t["stats"];
-            let view = st.tensor(name).unwrap();
-            let descr = match t["dtype"].as_str().unwrap() {
-                "float32" => "<f4",
-                "float64" => "<f8",
-                "float16" => "<f2",
-                other => panic!("dtype {other}"),
-            };
-            let shape: Vec<String> = t["shape"]
-                .as_array()
-                .unwrap()
-                .iter()
-                .map(|d| d.to_string())
-                .collect();
-            let mut header = format!(
-                "{{'descr': '{descr}', 'fortran_order': False, 'shape': ({}{}), }}",
-                shape.join(", "),
-                if shape.len() == 1 { "," } else { "" }
-            );
-            while (10 + header.len() + 1) % 64 != 0 {
-                header.push(' ');
-            }
-            header.push('\n');
-            let mut f = b"\x93NUMPY\x01\x00".to_vec();
-            f.extend_from_slice(&(header.len() as u16).to_le_bytes());
-            f.extend_from_slice(header.as_bytes());
-            f.extend_from_slice(view.data());
-            std::fs::write(dst.join("dump_tensor_data").join(format!("{name}.npy")), f).unwrap();
-            let leaf = serde_json::json!({
-                "type": "torch.Tensor", "dtype": format!("torch.{}", t["dtype"].as_str().unwrap()),
-                "shape": t["shape"], "Max": s["max"], "Min": s["min"], "Mean": s["mean"], "Norm": s["norm"],
-                "requires_grad": false, "data_name": format!("{name}.npy"),
-            });
-            let slot_name = match (slot, bwd) {
-                ("input", false) => "input_args",
-                (other, _) => other,
-            };
-            let i: usize = idx.parse().unwrap();
-            let list = entry
-                .entry(slot_name)
-                .or_insert_with(|| serde_json::json!([]))
-                .as_array_mut()
-                .unwrap();
-            while list.len() <= i {
-                list.push(serde_json::Value::Null);
-            }
-            list[i] = leaf;
-        }
-        data.push(format!(
-            "{}: {}",
-            serde_json::Value::from(key),
-            serde_json::Value::Object(entry)
-        ));
-    }
-    let dump = format!(
-        "{{\"task\": \"tensor\", \"level\": \"L1\", \"framework\": \"pytorch\", \"dump_data_dir\": null, \"data\": {{\n{}\n}}}}",
-        data.join(",\n")
-    );
-    std::fs::write(dst.join("dump.json"), dump).unwrap();
 }
 
 #[test]

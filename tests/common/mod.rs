@@ -1,6 +1,8 @@
 //! Helpers shared by the integration tests: run the real `probe` binary on real files.
 #![allow(dead_code)]
 
+pub mod dumps;
+
 use probe::dump::OpKey;
 use probe::schema::dump::{ManifestRecord, OpRecord, Stat, StatsRecord, TensorRecord};
 use std::path::{Path, PathBuf};
