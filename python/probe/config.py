@@ -17,6 +17,8 @@ from collections.abc import Iterable
 from dataclasses import dataclass, field
 from typing import Any, Optional, Union
 
+from ._op_key import FORWARD, api_key, module_base, module_key
+
 LEVELS = ("api", "module", "mix")
 MODES = ("statistics", "tensor", "checksum", "overflow")
 DIRECTIONS = ("forward", "backward")
@@ -116,7 +118,7 @@ def op_candidates(api: str, call: int, direction: str = "forward") -> tuple[str,
     """Names an op pattern may match: ``gelu``, ``Functional.gelu``, ``Functional.gelu.0``,
     ``Functional.gelu.0.forward``."""
     short = api.split(".", 1)[1] if "." in api else api
-    return (short, api, f"{api}.{call}", f"{api}.{call}.{direction}")
+    return (short, api, f"{api}.{call}", api_key(api, call, direction))
 
 
 @dataclass(frozen=True)
@@ -187,8 +189,8 @@ def parse_api_list(value: Any) -> tuple[ListEntry, ...]:
 
 def module_candidates(path: str, cls: str, call: int) -> tuple[str, ...]:
     """Names a pattern may match for a module call (msprobe keys included)."""
-    base = f"Module.{path}.{cls}"
-    return (path, cls, base, f"{base}.forward.{call}", f"{base}.forward")
+    base = module_base(path, cls)
+    return (path, cls, base, module_key(base, FORWARD, call), f"{base}.{FORWARD}")
 
 
 def pattern_match(patterns: Iterable[str], names: tuple[str, ...]) -> bool:

@@ -1,0 +1,60 @@
+"""The op-key grammar, built in one place: what ``src/op_key.rs`` parses.
+
+Why: an op key is the one name two dumps are matched by (docs/format.md, "Op keys"), and
+the Rust side reads its parts back (kind, API or module, call index, direction). The agent
+built keys with f-strings at ten sites; a change at one of them (a separator, the order of
+call index and direction) would only have shown as ops that no longer pair. Every key the
+agent writes is built here, and ``testdata/op_keys.json`` pins this module and the Rust
+parser to the same examples (``python/tests/test_op_keys.py``, ``tests/op_key_golden.rs``).
+
+Pure string functions, without torch: ``probe.config`` builds its pattern candidates with
+them on a machine without PyTorch. The grammar (msprobe's):
+
+- API call: ``{ApiType}.{api}.{call}.{direction}`` (``Functional.gelu.3.forward``);
+- module call: ``Module.{path}.{Class}.{direction}.{call}`` (``Module.fc.Linear.forward.0``);
+- parameter gradients: ``Module.{path}.{Class}.parameters_grad``.
+
+A tensor's name is its op key, a dot and its slot (``.input.0``, ``.parameters.weight``).
+"""
+
+from __future__ import annotations
+
+FORWARD = "forward"
+BACKWARD = "backward"
+#: The first part of every module key (msprobe's MindSpore dumps say ``Cell``).
+MODULE = "Module"
+PARAMETERS_GRAD = "parameters_grad"
+
+
+def api_name(api_type: str, name: str) -> str:
+    """An API's name as keys hold it: ``Functional`` and ``gelu`` -> ``Functional.gelu``
+    (``name`` may hold dots: ``Torch.linalg.vector_norm``)."""
+    return f"{api_type}.{name}"
+
+
+def api_key(api: str, call: int, direction: str = FORWARD) -> str:
+    """The key of call ``call`` (per step, from 0) of API ``api`` (:func:`api_name`)."""
+    return f"{api}.{call}.{direction}"
+
+
+def api_backward(forward_key: str) -> str:
+    """The backward record's key of the API call whose forward key is ``forward_key``:
+    the same call index (``Functional.gelu.3.forward`` -> ``Functional.gelu.3.backward``)."""
+    return f"{forward_key[: -len(FORWARD)]}{BACKWARD}"
+
+
+def module_base(path: str, cls: str) -> str:
+    """What a module's keys start with: ``Module.{path}.{Class}`` (``path`` as
+    ``named_modules()`` gives it: ``layers.0.attn``)."""
+    return f"{MODULE}.{path}.{cls}"
+
+
+def module_key(base: str, direction: str, call: int) -> str:
+    """The key of call ``call`` of the module :func:`module_base` names: the direction
+    before the call index, unlike an API key (``Module.fc.Linear.backward.0``)."""
+    return f"{base}.{direction}.{call}"
+
+
+def parameters_grad_key(base: str) -> str:
+    """The key of the record holding the parameter gradients of the module ``base``."""
+    return f"{base}.{PARAMETERS_GRAD}"
