@@ -251,9 +251,11 @@ fn report_run(
     out: &Path,
     progress: &Progress,
 ) -> Result<Summary> {
-    let mut summary = verdict::summarize(run, fail_on, max_unmatched);
-    summary.warnings.extend(note);
-    summary.outputs = output_paths(writers, "compare", out);
+    let extras = verdict::Extras {
+        note,
+        outputs: output_paths(writers, "compare", out),
+    };
+    let summary = verdict::summarize(run, fail_on, max_unmatched, extras);
     let doc = CompareDocument::new(run, &summary).with_parquet_copy(copy);
     write_reports(writers, &doc, out, progress)?;
     crate::memory::trace("the reports");
@@ -301,7 +303,8 @@ pub fn compare_shard(
         let staging = atomic::Staging::new(&req.out)?;
         let mut names = shard::stage(&staging, shard, &identity, &part)?;
         let run = part.assemble();
-        let summary = verdict::summarize(&run, req.fail_on, req.max_unmatched);
+        let extras = verdict::Extras::default();
+        let summary = verdict::summarize(&run, req.fail_on, req.max_unmatched, extras);
         let doc = CompareDocument::new(&run, &summary);
         let table = report::ParquetTable;
         let name = table.file_name(doc.stem());
@@ -406,8 +409,8 @@ pub fn scan(req: &ScanRequest, progress: &Progress) -> Result<ScanSummary> {
     atomic::refuse_inside(&req.out, &[&req.dump])?;
     atomic::prepare_output_dir(&req.out)?;
     let run = scan::run(&req.dump, &req.options, progress)?;
-    let mut summary = scan::summarize(&run, req.fail_on);
-    summary.outputs = output_paths(&writers, "scan", &req.out);
+    let outputs = output_paths(&writers, "scan", &req.out);
+    let summary = scan::summarize(&run, req.fail_on, outputs);
     let doc = ScanDocument {
         run: &run,
         summary: &summary,

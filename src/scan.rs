@@ -608,8 +608,9 @@ pub fn run(dump: &Path, opts: &ScanOptions, progress: &Progress) -> Result<ScanR
     })
 }
 
-/// The run-wide verdict of a scan: counts, headline, exit code.
-pub fn summarize(run: &ScanRun, fail_on: FailOn) -> ScanSummary {
+/// The run-wide verdict of a scan: counts, headline, exit code; `outputs` are the report
+/// files the command writes, by format.
+pub fn summarize(run: &ScanRun, fail_on: FailOn, outputs: BTreeMap<String, String>) -> ScanSummary {
     let mut c = ScanCounts {
         units: run.units.len(),
         ..ScanCounts::default()
@@ -684,7 +685,7 @@ pub fn summarize(run: &ScanRun, fail_on: FailOn) -> ScanSummary {
             })
             .collect(),
         warnings: run.warnings.clone(),
-        outputs: BTreeMap::new(),
+        outputs,
     }
 }
 

@@ -80,10 +80,20 @@ fn unmatched_fraction(run: &CompareRun) -> Sides<f64> {
     total.map(|c| c.unmatched_fraction())
 }
 
-/// Builds the summary of a compare; `outputs` is left empty for the caller to fill.
-/// `max_unmatched` is the largest share of a side's tensors in a step/rank pair that may
-/// lack a counterpart before the comparison counts as incomplete.
-pub fn summarize(run: &CompareRun, fail_on: FailOn, max_unmatched: f64) -> Summary {
+/// What a command adds to the summary of its run: a note on how it ran (after the run's own
+/// warnings), and the report files it writes, by format (empty where it writes none).
+#[derive(Debug, Clone, Default)]
+pub struct Extras {
+    /// A warning of the command's (a thread count it could not set, say).
+    pub note: Option<String>,
+    /// Report files, by format.
+    pub outputs: BTreeMap<String, String>,
+}
+
+/// Builds the summary of a compare, whole. `max_unmatched` is the largest share of a
+/// side's tensors in a step/rank pair that may lack a counterpart before the comparison
+/// counts as incomplete.
+pub fn summarize(run: &CompareRun, fail_on: FailOn, max_unmatched: f64, extras: Extras) -> Summary {
     let c = counts(run);
     // The worst verdict of what was compared (unmatched tensors are a warning).
     let compared = if c.error > 0 {
@@ -148,10 +158,10 @@ pub fn summarize(run: &CompareRun, fail_on: FailOn, max_unmatched: f64) -> Summa
         findings,
         pairs,
         worst_ops: worst_ops(run, WORST_OPS),
-        warnings: run.warnings.clone(),
+        warnings: run.warnings.iter().cloned().chain(extras.note).collect(),
         partial: !incomplete.is_empty(),
         incomplete_units: incomplete,
-        outputs: BTreeMap::new(),
+        outputs: extras.outputs,
         origin: cross.as_ref().map(|x| x.origin.clone()),
         propagation: cross.map(|x| x.propagation).unwrap_or_default(),
     }

@@ -1,0 +1,71 @@
+//! What the passes of a unit note for the person reading the run, as typed values, and the
+//! one place that words them. A pass says *what* it found ([`Note`]); the warnings of the
+//! unit's summary, the terminal and every report carry the words made here.
+
+use super::super::micro_batch::{Batching, InputSizes, MicroBatches};
+use crate::schema::compare::LossScale;
+
+/// Something a pass found that changes how the unit's comparison reads.
+#[derive(Debug, Clone, PartialEq)]
+pub(crate) enum Note {
+    /// A reader's own warning (a truncated log, a missing tensor file), in its words.
+    Read(String),
+    /// The runs were captured at other levels: compared at the level they share, or
+    /// nothing can pair (the level's own sentence: `prepare::common_level`).
+    Level(String),
+    /// A run's loss scaler skipped the step: `bench`, `cmp` or `both`.
+    ScalerSkipped(&'static str),
+    /// The runs take the step's batch in other numbers of forward passes.
+    MicroBatches(MicroBatches),
+    /// The runs read data of other sizes.
+    InputSizes(InputSizes),
+    /// The comparison run's gradients are a power of two times the benchmark's.
+    LossScale(LossScale),
+}
+
+impl Note {
+    /// The notes a batching difference makes.
+    pub(crate) fn of_batching(b: &Batching) -> Note {
+        match b {
+            Batching::Micro(m) => Note::MicroBatches(m.clone()),
+            Batching::Sizes(i) => Note::InputSizes(i.clone()),
+        }
+    }
+
+    /// The warning it makes in unit `step`/`rank`.
+    pub(crate) fn said(&self, step: &str, rank: &str) -> String {
+        match self {
+            Note::Read(w) | Note::Level(w) => w.clone(),
+            Note::ScalerSkipped(side) => {
+                let who = if *side == "both" {
+                    "both runs' loss scalers".to_string()
+                } else {
+                    format!("the {side} run's loss scaler")
+                };
+                format!(
+                    "{step}/{rank}: {who} skipped this step (found_inf set: gradients \
+                     overflowed under the loss scale); NaN/Inf in its backward is the \
+                     scaler's, and it updated no weights"
+                )
+            }
+            Note::MicroBatches(m) => format!(
+                "{step}/{rank}: {}: gradient accumulation differs, so the runs' calls pair \
+                 only in part; compare runs with the same micro-batch size",
+                m.brief()
+            ),
+            Note::InputSizes(i) => format!(
+                "{step}/{rank}: {}: their batch size, sequence length or data differ, so \
+                 every call reads other data; compare runs of the same configuration \
+                 (config-check: hyperparameters, data)",
+                i.brief()
+            ),
+            Note::LossScale(s) => format!(
+                "{step}/{rank}: the cmp run's gradients are {} the bench's from {} on: a \
+                 loss scale (AMP's GradScaler, a static loss_scale); their statistics are \
+                 compared divided by it, their data and checksums not compared",
+                s.brief(),
+                s.at
+            ),
+        }
+    }
+}
