@@ -277,10 +277,45 @@ pub type KeyRef<'a> = Key<&'a str>;
 /// The module path of a module record's key (`Module.a.b.Class.forward.0`, msprobe's
 /// `Cell.` too: `a.b`); None for other keys.
 pub fn module_path(key: &str) -> Option<&str> {
+    module_class(key).map(|(path, _)| path)
+}
+
+/// A module record's key split into its module path and class (`Module.a.b.Class.forward.0`,
+/// msprobe's `Cell.` too: `("a.b", "Class")`); None for other keys.
+pub fn module_class(key: &str) -> Option<(&str, &str)> {
     let rest = key
         .strip_prefix("Module.")
         .or_else(|| key.strip_prefix("Cell."))?;
-    rest.rsplitn(4, '.').nth(3)
+    let mut parts = rest.rsplitn(4, '.');
+    let (_call, _direction, class, path) =
+        (parts.next()?, parts.next()?, parts.next()?, parts.next()?);
+    Some((path, class))
+}
+
+/// An API name without an op key's call counter and direction:
+/// `Functional.gelu.3.forward` → `Functional.gelu`; anything else unchanged.
+pub fn api_name(op: &str) -> &str {
+    let Some((rest, dir)) = op.rsplit_once('.') else {
+        return op;
+    };
+    if dir != "forward" && dir != "backward" {
+        return op;
+    }
+    match rest.rsplit_once('.') {
+        Some((api, call)) if !call.is_empty() && call.bytes().all(|b| b.is_ascii_digit()) => api,
+        _ => op,
+    }
+}
+
+/// The slot of a forward tensor's gradient in its backward call: a forward input's gradient
+/// is the backward call's output in the same position, a forward output's its input
+/// (`input.1` → `output.1`); None for other slots (parameters, keyword arguments' names).
+pub fn gradient_slot(slot: &str) -> Option<String> {
+    if let Some(i) = slot.strip_prefix("input.") {
+        Some(format!("output.{i}"))
+    } else {
+        slot.strip_prefix("output.").map(|i| format!("input.{i}"))
+    }
 }
 
 fn is_call(s: &str) -> bool {
@@ -616,6 +651,48 @@ impl<'de> Deserialize<'de> for OpKey {
 
 #[cfg(test)]
 mod tests {
+    #[test]
+    fn module_records_split_into_path_and_class() {
+        use super::{module_class, module_path};
+        let k = "Module.model.layers.0.LlamaDecoderLayer.forward.0";
+        assert_eq!(
+            module_class(k),
+            Some(("model.layers.0", "LlamaDecoderLayer"))
+        );
+        assert_eq!(module_path(k), Some("model.layers.0"));
+        assert_eq!(
+            module_class("Cell.net.Dense.backward.1"),
+            Some(("net", "Dense"))
+        );
+        assert_eq!(module_class("Module.Linear.forward.0"), None);
+        assert_eq!(module_class("Functional.linear.0.forward"), None);
+    }
+
+    #[test]
+    fn api_names_drop_the_call_counter_and_direction() {
+        use super::api_name;
+        assert_eq!(api_name("Functional.gelu.3.forward"), "Functional.gelu");
+        assert_eq!(api_name("Tensor.__add__.0.backward"), "Tensor.__add__");
+        // Outside the API grammar, unchanged.
+        assert_eq!(api_name("Functional.gelu"), "Functional.gelu");
+        assert_eq!(
+            api_name("Module.fc.Linear.forward.0"),
+            "Module.fc.Linear.forward.0"
+        );
+        assert_eq!(
+            api_name("Functional.gelu.x.forward"),
+            "Functional.gelu.x.forward"
+        );
+    }
+
+    #[test]
+    fn a_gradient_sits_in_the_mirrored_slot() {
+        use super::gradient_slot;
+        assert_eq!(gradient_slot("input.1").as_deref(), Some("output.1"));
+        assert_eq!(gradient_slot("output.0").as_deref(), Some("input.0"));
+        assert_eq!(gradient_slot("parameters.weight"), None);
+    }
+
     use super::*;
 
     #[test]

@@ -25,6 +25,7 @@ mod msprobe_yaml;
 mod probe_toml;
 
 pub use crate::error::MappingError;
+use crate::op_key::api_name;
 
 use std::borrow::Cow;
 use std::collections::HashMap;
@@ -298,21 +299,6 @@ impl Mapping {
         } else {
             Cow::Borrowed(cmp_module)
         }
-    }
-}
-
-/// An API name without an op key's call counter and direction:
-/// `Functional.gelu.3.forward` → `Functional.gelu`; anything else unchanged.
-fn api_name(op: &str) -> &str {
-    let Some((rest, dir)) = op.rsplit_once('.') else {
-        return op;
-    };
-    if dir != "forward" && dir != "backward" {
-        return op;
-    }
-    match rest.rsplit_once('.') {
-        Some((api, call)) if !call.is_empty() && call.bytes().all(|b| b.is_ascii_digit()) => api,
-        _ => op,
     }
 }
 

@@ -11,6 +11,7 @@ use super::view::SideView;
 use crate::compare::align::{OpInfo, Region, Side, TensorRef, Why};
 use crate::compare::Sides;
 use crate::dump::{Direction, Role};
+use crate::op_key;
 use foldhash::HashMap;
 use std::collections::BTreeMap;
 
@@ -146,13 +147,7 @@ impl Builder<'_> {
 /// input's is the backward call's output in the same slot, a forward output's its input.
 fn gradient(v: &SideView, fwd: TensorRef, bop: usize) -> Option<usize> {
     let slot = v.ops().get(fwd.op()).tensor(fwd.tensor()).slot_name()?;
-    let want = if let Some(i) = slot.strip_prefix("input.") {
-        format!("output.{i}")
-    } else if let Some(i) = slot.strip_prefix("output.") {
-        format!("input.{i}")
-    } else {
-        return None;
-    };
+    let want = op_key::gradient_slot(slot)?;
     v.ops()
         .get(bop)
         .tensors()

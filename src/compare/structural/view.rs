@@ -9,6 +9,7 @@ use super::dataflow::Dataflow;
 use crate::compare::align::match_keys;
 use crate::compare::mapping::Mapping;
 use crate::dump::{Direction, Op, OpKind, Ops, RankDump};
+use crate::op_key;
 use foldhash::{HashMap, HashMapExt};
 use std::collections::BTreeMap;
 
@@ -41,19 +42,11 @@ pub(super) struct SideView<'a> {
     by_key: HashMap<&'a str, usize>,
 }
 
+/// The module path an op's call happened in: as the dump says, or from the key of the
+/// parent module call msprobe's construct.json names (`Module.a.b.Class.forward.0`).
 fn module_path(op: Op) -> Option<String> {
     let m: &str = op.module()?;
-    // msprobe's construct.json names the parent module call (`Module.a.b.Class.forward.0`).
-    if let Some(rest) = m
-        .strip_prefix("Module.")
-        .or_else(|| m.strip_prefix("Cell."))
-    {
-        let parts: Vec<&str> = rest.split('.').collect();
-        if parts.len() >= 4 {
-            return Some(parts[..parts.len() - 3].join("."));
-        }
-    }
-    Some(m.to_string())
+    Some(op_key::module_path(m).unwrap_or(m).to_string())
 }
 
 fn phase(op: Op) -> Phase {
@@ -110,11 +103,7 @@ impl<'a> SideView<'a> {
         let classes: HashMap<&str, &str> = ops
             .iter()
             .filter(|op| op.kind() == OpKind::Module)
-            .filter_map(|op| {
-                let base = op.key().base_text();
-                let (path, class) = base.strip_prefix("Module.")?.rsplit_once('.')?;
-                Some((path, class))
-            })
+            .filter_map(|op| op_key::module_class(op.key().text()))
             .collect();
         let mut groups: BTreeMap<GroupKey, Vec<u32>> = BTreeMap::new();
         for op in ops.iter() {
