@@ -20,9 +20,10 @@ implementation of it could win at most. Each part:
 - ``none``: nothing: the whole agent, timed as an ablated configuration is. The control: the
   bench steps its configurations in turn, and this shows what that alone does to a reading.
 
-The stubs replace attributes of the configuration's own Debugger, its dataflow and stack
-table, and the agent module's ``json_args``, from its ``start()`` to its ``stop()``, so the
-other configurations of the run, taking turns with it step by step, are untouched.
+The stubs replace attributes of the configuration's own recorder (the Debugger's
+``_recorder``: capture/recorder.py), its dataflow and stack table, and the API module's
+``json_args``, from its ``start()`` to its ``stop()``, so the other configurations of the
+run, taking turns with it step by step, are untouched.
 """
 
 from __future__ import annotations
@@ -43,8 +44,9 @@ Patch = tuple[Any, str, Any]
 def patches(part: str, agent: Any, dbg: Any) -> list[Patch]:
     """``(owner, attribute, stub)`` for leaving ``part`` out of Debugger ``dbg`` of the agent
     package ``agent``."""
+    rec = dbg._recorder
     if part == "records":
-        finish = dbg._finish
+        finish = rec.finish
 
         def unfinished(op: Any) -> None:
             if op.kind == "api" and op.direction == "forward":
@@ -52,9 +54,9 @@ def patches(part: str, agent: Any, dbg: Any) -> list[Patch]:
                 return
             finish(op)
 
-        return [(dbg, "_finish", unfinished)]
+        return [(rec, "finish", unfinished)]
     if part == "facts":
-        add = dbg._add_tensor
+        add = rec.add_tensor
 
         def constant(
             op: Any,
@@ -71,9 +73,9 @@ def patches(part: str, agent: Any, dbg: Any) -> list[Patch]:
             op.entries.append((rec, _STATS, None))
             return rec
 
-        return [(dbg, "_add_tensor", constant)]
+        return [(rec, "add_tensor", constant)]
     if part == "dataflow":
-        flow = dbg._flow
+        flow = rec.flow
 
         def register(t: Any, folder: Any, known: Any = None, mem: Any = None) -> int:
             tid: int = folder.next_id
@@ -91,7 +93,7 @@ def patches(part: str, agent: Any, dbg: Any) -> list[Patch]:
         api = importlib.import_module(f"{agent.__name__}.capture.api")
         return [(api, "json_args", lambda args, kwargs: None)]
     if part == "stacks":
-        return [(dbg._stacks, "stack_id", lambda folder, ours=1: None if folder is None else 0)]
+        return [(rec.stacks, "stack_id", lambda folder, ours=1: None if folder is None else 0)]
     if part == "none":
         return []
     raise ValueError(f"unknown part {part!r} (one of {', '.join(PARTS)})")

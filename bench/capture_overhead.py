@@ -579,7 +579,7 @@ def _agent_runner(
     agent's wrappers must never wrap the other's). ``ablate``: a part of the agent's work
     left out from ``start()`` to ``stop()`` (bench/ablate.py)."""
     stats = importlib.import_module(f"{agent.__name__}.capture.stats")
-    patcher = getattr(importlib.import_module(f"{agent.__name__}.capture.api"), "PATCHER", None)
+    patcher = _patcher(agent)
     if hasattr(stats, "use_native"):
         stats.use_native()
     own = getattr(stats, "NATIVE", None)  # the agent's own kernel, if it has one that loaded
@@ -600,6 +600,19 @@ def _agent_runner(
 
         start, stop = wrap(Ablation(ablate, agent, dbg), start, stop)
     return Runner(ex, device, args, start, stop)
+
+
+def _patcher(agent: Any) -> Any:
+    """The agent's process-wide API wrappers (``capture.patcher.PATCHER``; ``capture.api``'s
+    in agents before 2026-11-27), or None."""
+    for name in ("patcher", "api"):
+        try:
+            module = importlib.import_module(f"{agent.__name__}.capture.{name}")
+        except ImportError:
+            continue
+        if hasattr(module, "PATCHER"):
+            return module.PATCHER
+    return None
 
 
 def _load_baseline(ref: str, tmp: str) -> Any:

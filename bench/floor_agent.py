@@ -7,8 +7,8 @@ Why: the agent's Python per call is spread over many small pieces (docs/capture.
 per-call path can only remove what lies above a floor that no implementation escapes. These
 are the three floors, each timed in the same run as the agent:
 
-1. ``wrappers``: the agent's own wrappers on every API of its list (``api.PATCHER``, which
-   routes a call to whichever capture is ``api.DISPATCH.current``: the floor, while it runs),
+1. ``wrappers``: the agent's own wrappers on every API of its list (``patcher.PATCHER``, which
+   routes a call to whichever capture is ``patcher.DISPATCH.current``: the floor, while it runs),
    and a handler that counts each call per API. Every record needs this count for its key.
 2. ``facts``: the wrappers, plus for every tensor argument and result, what a record reads
    of a tensor however it is written:
@@ -37,9 +37,11 @@ from typing import Any, Callable, Optional
 import orjson
 import torch
 
-from probe.capture.api import DISPATCH, PATCHER, alias_of, tls
+from probe.capture.backward import alias_of
+from probe.capture.patcher import DISPATCH, PATCHER
 from probe.capture.records import results
 from probe.capture.stats import DTYPE_NAMES
+from probe.capture.threadstate import tls
 
 #: (level, name) of each floor, in the order of the module doc.
 LEVELS = ((1, "wrappers"), (2, "facts"), (3, "hooks"))

@@ -1570,7 +1570,7 @@ def test_unwritten_marks_are_bounded_within_a_step(tmp_path: Any) -> None:
 
     dbg = probe.Debugger(None, dump_path=str(tmp_path), level="api")
     dbg.start(torch.nn.Linear(2, 2))
-    fresh = dbg._flow.fresh
+    fresh = dbg._recorder.flow.fresh
     live, other = torch.empty(4), torch.empty(4)
     batch = [torch.empty(4) for _ in range(records.FRESH_MAX - 2)]  # all alive: distinct
     assert len(fresh) == records.FRESH_MAX

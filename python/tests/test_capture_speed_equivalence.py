@@ -80,7 +80,7 @@ def _run(
     """An op sequence with in-place changes right after each capture; returns the records
     and, per captured tensor, (op key prefix, tensor name suffix, expected stats)."""
     dbg = probe.Debugger(None, dump_path=dump, level="api", stack=False, mode=mode)
-    dbg._pending.limit = limit
+    dbg._recorder.pending.limit = limit
     expected: list[tuple[str, str, Any]] = []
     g = torch.Generator().manual_seed(7)
     x = torch.randn(64, generator=g)
@@ -538,8 +538,8 @@ def test_a_tensor_captured_again_reuses_its_stats_until_it_is_written(
     """A gradient read by three optimizer ops is reduced once; a write to its storage
     through another tensor object (``.data``, which has a version counter of its own) makes
     the next capture reduce it again, for captured outputs as for remembered inputs."""
-    from probe.capture import debugger as dbg_mod
-    from probe.capture.api import tls
+    from probe.capture import recorder as dbg_mod
+    from probe.capture.threadstate import tls
 
     calls = []
     real = dbg_mod.stat_vector
@@ -588,7 +588,7 @@ def test_mix_level_reduces_a_module_parameter_and_output_once(
 ) -> None:
     """At mix level a Linear's weight is recorded by its module and by ``F.linear``, and its
     output by both: each is reduced once and both records hold its stats."""
-    from probe.capture import debugger as dbg_mod
+    from probe.capture import recorder as dbg_mod
 
     calls = []
     real = dbg_mod.stat_vector
@@ -617,7 +617,7 @@ def test_mix_level_reduces_a_module_parameter_and_output_once(
 
 
 def _counting(monkeypatch: Any) -> list[int]:
-    from probe.capture import debugger as dbg_mod
+    from probe.capture import recorder as dbg_mod
 
     calls: list[int] = []
     real = dbg_mod.stat_vector
@@ -633,7 +633,7 @@ def test_views_over_the_same_elements_reuse_their_stats_until_written(
     reduced again once anything was written there (through it, through another view, or
     through ``.data``, which has a version counter of its own), or when it reads other
     elements (a slice)."""
-    from probe.capture.api import tls
+    from probe.capture.threadstate import tls
     from probe.capture.records import LAYOUT_MIN
 
     calls = _counting(monkeypatch)
@@ -681,7 +681,7 @@ def test_checksum_mode_shares_a_checksum_only_in_the_same_byte_order(
     it views and may reuse its checksum, a transposed one has other bytes and must not."""
     import zlib
 
-    from probe.capture.api import tls
+    from probe.capture.threadstate import tls
 
     dump = str(tmp_path / "d")
     dbg = probe.Debugger(None, dump_path=dump, level="api", stack=False, mode="checksum")

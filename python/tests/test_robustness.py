@@ -13,7 +13,7 @@ import pytest
 import torch
 
 import probe
-import probe.capture.debugger as pd
+import probe.capture.recorder as pd
 from conftest import REPO, read_ops, train
 
 
@@ -48,14 +48,14 @@ def test_survives_exception_inside_hook(
 
 def test_survives_exception_in_backward_hook(dump: str, monkeypatch: pytest.MonkeyPatch) -> None:
     bare = train(None, steps=2)
-    real = pd.Debugger._finish
+    real = pd.Recorder.finish
 
     def bad_finish(self: Any, op: Any) -> None:
         if op.direction == "backward":
             raise OSError(28, "No space left on device")
         real(self, op)
 
-    monkeypatch.setattr(pd.Debugger, "_finish", bad_finish)
+    monkeypatch.setattr(pd.Recorder, "finish", bad_finish)
     dbg = probe.Debugger(None, dump_path=dump)
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
@@ -159,7 +159,8 @@ class _FlagData(torch.utils.data.Dataset):  # type: ignore[type-arg]
         return 8
 
     def __getitem__(self, i: int) -> tuple[torch.Tensor, torch.Tensor]:
-        from probe.capture.api import DISPATCH, tls
+        from probe.capture.patcher import DISPATCH
+        from probe.capture.threadstate import tls
 
         x = torch.arange(4.0) + i
         x = (x - x.mean()) / x.std()  # hooked calls, in the worker

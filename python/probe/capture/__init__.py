@@ -1,21 +1,30 @@
 """The capture agent: hooks PyTorch between ``start()`` and ``stop()`` and writes a probe dump.
 
-One module per concern:
+One module per concern, in layers (each imports only from the layers below it; checked by
+``lint-imports``, pyproject.toml):
 
-- ``debugger``: the ``Debugger`` facade (step lifecycle, failure switch, the path of a
-  captured tensor: record -> statistics -> writer) and ``seed_all``;
-- ``profiler``: ``ApiProfiler``, the tutorial's start/stop/save facade over a Debugger;
-- ``iterations``: automatic iteration counting (optimizer steps, else model forwards);
-- ``selection``: steps, ranks, op/module filters, api_list, scope window, per-step call
-  counters;
-- ``api``: the hooked API list, its wrappers (installed through ``probe._patch``) and the
-  capture of one API call;
-- ``modules``: forward hooks on submodules (module records, the module path of API calls);
-- ``backward``: autograd node hooks (backward records) and parameter gradient hooks;
-- ``stacks``: deduplicated call stacks (``stacks.jsonl``);
-- ``records``: op and tensor records, nested-argument walking, dataflow ids;
-- ``stats``: on-device statistics, checksums, dtype names;
-- ``writer``: manifest, ``ops.jsonl``, background safetensors shard writer.
+- the facade: ``profiler`` (``ApiProfiler``, the tutorial's start/stop/save over a
+  Debugger), ``debugger`` (the ``Debugger``: step lifecycle, failure switch; ``seed_all``),
+  ``iterations`` (automatic iteration counting: optimizer steps, else model forwards);
+- the hooks, each given the capture's narrow context (``context.HookContext``), never the
+  Debugger: ``api`` (the capture of one call of a hooked API), ``patcher`` (the hooked API
+  list, the wrappers, installed through ``probe._patch``, and the dispatch to the running
+  capture), ``modules`` (forward hooks on submodules: module records, the module path of
+  API calls), ``ddp`` (DDP's communication hook), ``backward`` (autograd node hooks: backward
+  records; parameter gradient hooks), ``waits`` (records of collectives whose result
+  arrives after the call);
+- ``context``: what a hook may use (recorder, lock, guard, selection, state flags);
+- ``recorder``: what every captured tensor becomes (record, statistics, data, dataflow)
+  and how a finished record reaches the dump;
+- data: ``records`` (op and tensor records, nested-argument walking, dataflow ids),
+  ``selection`` (steps, ranks, op/module filters, api_list, scope window, call counters),
+  ``collectives`` (``group``/``coll_seq``), ``stacks`` (``stacks.jsonl``), ``buffer``
+  (finished records whose statistics are still on the device), ``writer`` (manifest,
+  ``ops.jsonl``, safetensors shards), ``stats`` (statistics, checksums, dtype names),
+  ``fused`` and ``native`` (the CUDA and CPU statistics kernels);
+- leaves, importing nothing else of the agent: ``threadstate`` (the per-thread capture
+  flag; autograd's and torch.func's state), ``compiled`` (staying out of torch.compile's
+  way), ``inplace`` (which argument an in-place call writes).
 """
 
 from __future__ import annotations

@@ -8,37 +8,51 @@ ops). A record is written once all its gradients arrived, or at ``stop()`` with 
 arrived. Parameter gradients are taken by post-accumulate-grad hooks, kept per module, and
 written at ``stop()`` as ``Module.{path}.{Class}.parameters_grad``: the last accumulated
 value of the step.
+
+The API and module captures hand a call's inputs to the op as autograd aliases
+(:data:`alias_of`) and hook each alias's node here (:meth:`BackwardHooks.watch`): that is
+how an input's gradient reaches the call's backward record.
 """
 
 from __future__ import annotations
 
 import weakref
 from functools import partial
-from typing import TYPE_CHECKING, Any, Callable, Optional
+from typing import Any, Callable, Optional
 
 import torch
 
-from .api import tls
+from .._op_key import parameters_grad_key
 from .compiled import compiling
+from .context import HookContext
 from .records import Captured, Known, OpRecord
+from .threadstate import tls
 
-if TYPE_CHECKING:
-    from .debugger import Debugger
+#: An autograd alias of a tensor, through which an input's gradient reaches a hook: the
+#: ``aten::alias`` view, whose backward hands the gradient on as it comes. ``view_as``'s
+#: reshapes it, which a sparse gradient (``F.embedding(..., sparse=True)``) cannot do: the
+#: user's backward raised. An operator, not a hooked API: the wrappers never see it.
+alias_of: Callable[[torch.Tensor], torch.Tensor] = torch.ops.aten.alias.default
+
+#: A module's gradients kept until ``stop()``: parameter name -> (gradient, its captured
+#: stats and data, what is known of it already).
+_Grads = dict[str, tuple[torch.Tensor, Captured, Optional[Known]]]
 
 
 class BackwardHooks:
     """The gradient hooks of one Debugger, and its backward records still waiting."""
 
-    def __init__(self, dbg: Debugger) -> None:
-        self._dbg = dbg
-        self._ref = weakref.ref(dbg)  # what autograd's hooks hold: never keep it alive
+    def __init__(self, ctx: HookContext) -> None:
+        self._ctx = ctx
+        self._rec = ctx.recorder
+        self._ref = weakref.ref(ctx)  # what autograd's hooks hold: never keep it alive
         #: Backward records with hooked gradients, until they are complete or stop() comes.
         self.pending: list[OpRecord] = []
-        # Module base name -> parameter name -> (gradient, its captured stats and data).
-        self._param_grads: dict[str, dict[str, tuple[torch.Tensor, Captured, Optional[Known]]]] = {}
-        # Module base name -> parameter name -> parameter whose gradient was kept (DDP
-        # takes them again once reduced: retake_param_grads).
-        self._params: dict[str, dict[str, torch.Tensor]] = {}
+        # (Module path, module base name) -> its parameters' gradients.
+        self._param_grads: dict[tuple[str, str], _Grads] = {}
+        # (Module path, base name) -> parameter name -> parameter whose gradient was kept
+        # (DDP takes them again once reduced: retake_param_grads).
+        self._params: dict[tuple[str, str], dict[str, torch.Tensor]] = {}
 
     def watch(self, bwd: OpRecord, node: Any, index: int, name: str, role: str) -> None:
         """Hook autograd node ``node`` so ``bwd`` receives the gradient at ``index``.
@@ -48,67 +62,70 @@ class BackwardHooks:
         and the hooks live as long as the graph, past the collections that promote what is
         alive to older generations (docs/capture.md, "eighth pass")."""
         node.register_prehook(
-            partial(_grad_hook, self._ref, self._dbg._session, bwd, index, name, role)
+            partial(_grad_hook, self._ref, self._ctx.session, bwd, index, name, role)
         )
         bwd.expect += 1
 
-    def param_grad_hook(self, base: str, pname: str) -> Callable[[torch.Tensor], None]:
-        """A post-accumulate-grad hook keeping parameter ``pname`` of module ``base``'s
-        latest gradient (a partial, as in :meth:`watch`)."""
-        return partial(self._param_grad, self._dbg._session, base, pname)
+    def param_grad_hook(self, path: str, base: str, pname: str) -> Callable[[torch.Tensor], None]:
+        """A post-accumulate-grad hook keeping the latest gradient of parameter ``pname`` of
+        module ``base`` (at ``path``) (a partial, as in :meth:`watch`)."""
+        return partial(self._param_grad, self._ctx.session, (path, base), pname)
 
-    def _param_grad(self, session: int, base: str, pname: str, p: torch.Tensor) -> None:
+    def _param_grad(
+        self, session: int, module: tuple[str, str], pname: str, p: torch.Tensor
+    ) -> None:
         if compiling():
             return
-        dbg = self._dbg
-        if dbg._guard.failed or dbg._session != session or p.grad is None:
+        ctx = self._ctx
+        if ctx.guard.failed or ctx.session != session or p.grad is None:
             return
         was = tls.active
         tls.active = False
         try:
-            with dbg._lock, torch.no_grad():
+            with ctx.lock, torch.no_grad():
                 # Keep the latest (fully accumulated) gradient's stats and data now:
                 # zero_grad() may clear it before stop() emits the record.
-                self._param_grads.setdefault(base, {})[pname] = dbg.keep_gradient(p.grad)
-                self._params.setdefault(base, {})[pname] = p
+                kept = self._rec.keep_gradient(p.grad)
+                self._param_grads.setdefault(module, {})[pname] = kept
+                self._params.setdefault(module, {})[pname] = p
         except Exception as exc:  # noqa: BLE001
-            dbg._guard.fail(exc, f"gradient hook of {base}.{pname}")
+            ctx.guard.fail(exc, f"gradient hook of {module[1]}.{pname}")
         finally:
-            tls.active = was and dbg._api_on
+            tls.active = was and ctx.api_on
 
     def retake_param_grads(self) -> None:
         """Under DDP, at the end of backward: keep the reduced gradients of the parameters
-        seen so far instead of the local ones (distributed.py)."""
-        dbg = self._dbg
-        for base, params in self._params.items():
-            grads = self._param_grads.setdefault(base, {})
+        seen so far instead of the local ones (ddp.py)."""
+        rec = self._rec
+        for module, params in self._params.items():
+            grads = self._param_grads.setdefault(module, {})
             for pname, p in params.items():
                 if p.grad is not None:
-                    grads[pname] = dbg.keep_gradient(p.grad, reduced=True)
+                    grads[pname] = rec.keep_gradient(p.grad, reduced=True)
 
     def finish_step(self) -> None:
         """At ``stop()``: write the backward records that got some of their gradients, and
         one ``parameters_grad`` record per module with gradients."""
-        dbg = self._dbg
+        rec = self._rec
         for op in self.pending:
             if not op.done and op.got:
-                dbg._finish(op)
+                rec.finish(op)
         self.pending.clear()
         self._params.clear()
         if not self._param_grads:
             return
-        folder = dbg._files.folder
-        for base, grads in self._param_grads.items():
-            path = base.split(".", 1)[1].rsplit(".", 1)[0]
-            op = OpRecord(f"{base}.parameters_grad", "parameters_grad", "backward", path, folder)
+        folder = rec.files.folder
+        for (path, base), grads in self._param_grads.items():
+            key = parameters_grad_key(base)
+            op = OpRecord(key, "parameters_grad", "backward", path, folder)
             for pname, (g, pre, same) in grads.items():
-                dbg._add_tensor(op, f"{op.key}.{pname}", "parameter", g, True, pre, same)
-            dbg._finish(op)
+                rec.add_tensor(op, f"{key}.{pname}", "parameter", g, True, pre, same)
+            rec.finish(op)
         self._param_grads.clear()
 
 
 def _grad_hook(
-    ref: weakref.ReferenceType[Debugger],
+    ref: weakref.ReferenceType[HookContext],
     session: int,
     bwd: OpRecord,
     index: int,
@@ -117,32 +134,33 @@ def _grad_hook(
     grad_outputs: tuple[Optional[torch.Tensor], ...],
 ) -> None:
     """An autograd node pre-hook of :meth:`BackwardHooks.watch`: ``bwd`` receives the
-    gradient at ``index`` as tensor ``name`` in ``role``. ``ref``: the Debugger, held
-    weakly (autograd's hooks must never keep it alive); ``session``: the ``start()`` the
-    hook belongs to (a late gradient of a closed step is dropped)."""
+    gradient at ``index`` as tensor ``name`` in ``role``. ``ref``: the capture's context,
+    held weakly (autograd's hooks must never keep it alive); ``session``: the ``start()``
+    the hook belongs to (a late gradient of a closed step is dropped)."""
     if compiling():  # compiled autograd traces it: stay out (compiled.py)
         return None
-    dbg = ref()
-    if dbg is None or dbg._guard.failed or bwd.done or dbg._session != session:
+    ctx = ref()
+    if ctx is None or ctx.guard.failed or bwd.done or ctx.session != session:
         return None
     was = tls.active
     tls.active = False
     try:
-        with dbg._lock:
+        with ctx.lock:
+            rec = ctx.recorder
             g = grad_outputs[index] if index < len(grad_outputs) else None
             if g is not None:
                 # The gradient of an op's output is, tensor for tensor, the one the op
                 # that consumed it recorded for that input: reduced once.
-                flow = dbg._flow if dbg._dataflow else None
+                flow = rec.flow if rec.dataflow else None
                 same, mem = flow.find(g) if flow is not None else (None, None)
-                dbg._add_tensor(bwd, name, role, g, same_as=same)
+                rec.add_tensor(bwd, name, role, g, same_as=same)
                 if same is None and flow is not None:
                     flow.remember(g, bwd.entries[-1], mem)
             bwd.got += 1
             if bwd.got >= bwd.expect and not bwd.done:
-                dbg._finish(bwd)
+                rec.finish(bwd)
     except Exception as exc:  # noqa: BLE001
-        dbg._guard.fail(exc, f"backward hook of {bwd.key}")
+        ctx.guard.fail(exc, f"backward hook of {bwd.key}")
     finally:
-        tls.active = was and dbg._api_on
+        tls.active = was and ctx.api_on
     return None

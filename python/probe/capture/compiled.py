@@ -89,7 +89,7 @@ def compiler_call(args: tuple[Any, ...]) -> bool:
     mode or on fake tensors directly; and, once Dynamo is imported (``import torch`` does
     not), the caller is its code, with real tensors (constant folding while compiling, the
     runtime wrappers of a compiled graph). Called from the wrapper's handler
-    (``api._Dispatch``): the wrapper's caller is three frames up."""
+    (``patcher._Dispatch``): the wrapper's caller is three frames up."""
     if args and _FakeTensor is not None and type(args[0]) is _FakeTensor:
         return True
     if _get_mode is not None and _FAKE is not None and _get_mode(_FAKE) is not None:

@@ -29,27 +29,39 @@ from __future__ import annotations
 import logging
 import warnings
 import weakref
-from typing import TYPE_CHECKING, Any, Optional
+from typing import TYPE_CHECKING, Any, Callable, Optional
 
 import torch
 from torch.nn.modules.module import register_module_forward_pre_hook
 from torch.optim.optimizer import register_optimizer_step_post_hook
 
+from .._guard import Guard
 from .compiled import compiling
 
 if TYPE_CHECKING:
     from torch.utils.hooks import RemovableHandle
 
-    from .debugger import Debugger
-
 log = logging.getLogger("probe")
 
 
 class IterationCounter:
-    """Advances one Debugger's step at each iteration boundary, while installed."""
+    """Advances one Debugger's step at each iteration boundary, while installed.
 
-    def __init__(self, dbg: Debugger) -> None:
-        self._dbg = dbg
+    ``model``: the Debugger's model (None: not known yet); ``advance``: end this iteration
+    and begin the next (stop, step, start); ``adopt``: take the first module called as the
+    model; ``guard``: the Debugger's, which a failure goes to."""
+
+    def __init__(
+        self,
+        model: Callable[[], Optional[torch.nn.Module]],
+        advance: Callable[[], None],
+        adopt: Callable[[torch.nn.Module], None],
+        guard: Guard,
+    ) -> None:
+        self._model = model
+        self._advance_step = advance
+        self._adopt = adopt
+        self._guard = guard
         self._optimizer_hook: Optional[RemovableHandle] = None
         self._forward_hook: Optional[RemovableHandle] = None
         #: The optimizer whose steps count (the first one seen).
@@ -69,7 +81,7 @@ class IterationCounter:
         self._on = True
         if self._optimizer_hook is None:
             self._optimizer_hook = register_optimizer_step_post_hook(self._on_optimizer_step)
-        model = self._dbg.model
+        model = self._model()
         if model is None:
             self._forward_hook = register_module_forward_pre_hook(self._on_first_module)
         else:
@@ -100,12 +112,12 @@ class IterationCounter:
             return
         try:
             self._drop_forward_hook()
-            self._dbg._adopt_model(module)
+            self._adopt(module)
             self._forward_hook = module.register_forward_pre_hook(self._on_model_forward)
             # The hook just registered does not run for the call already under way.
             self._count_forward()
         except Exception as exc:  # noqa: BLE001 - never fail the training run
-            self._dbg._guard.fail(exc, "iteration counting (first forward)")
+            self._guard.fail(exc, "iteration counting (first forward)")
 
     def _on_model_forward(self, module: torch.nn.Module, args: Any) -> None:
         if compiling() or not self._on:
@@ -113,7 +125,7 @@ class IterationCounter:
         try:
             self._count_forward()
         except Exception as exc:  # noqa: BLE001
-            self._dbg._guard.fail(exc, "iteration counting (forward)")
+            self._guard.fail(exc, "iteration counting (forward)")
 
     def _count_forward(self) -> None:
         self.fresh = False
@@ -139,16 +151,13 @@ class IterationCounter:
                 return
             self._advance()
         except Exception as exc:  # noqa: BLE001
-            self._dbg._guard.fail(exc, "iteration counting (optimizer step)")
+            self._guard.fail(exc, "iteration counting (optimizer step)")
         finally:
             self._in_optimizer_hook = False
 
     def _advance(self) -> None:
-        dbg = self._dbg
         self._forwards = 0
-        dbg.stop()
-        dbg._next_step()
-        dbg.start()
+        self._advance_step()
         self.fresh = True
 
     def _report_forward_counting(self) -> None:

@@ -20,16 +20,18 @@ from typing import TYPE_CHECKING, Any, Callable, Optional
 
 import torch
 
-from .api import alias_of, in_recompute, in_transform, tls
+from .._op_key import BACKWARD, FORWARD, module_base, module_key
+from .backward import BackwardHooks, alias_of
 from .compiled import compiling, module_tree
+from .context import HookContext
 from .records import UNWRITTEN, Captured, Dataflow, Known, OpRecord, results, walk
+from .threadstate import in_recompute, in_transform, tls
 
 _is_lazy: Callable[[Any], bool] = getattr(torch.nn.parameter, "is_lazy", lambda p: False)
 
 if TYPE_CHECKING:
     from torch.utils.hooks import RemovableHandle
 
-    from .debugger import Debugger
     from .records import TensorRecord
 
 # A selected module call's forward record, backward record (None without autograd), and
@@ -41,7 +43,7 @@ def _leftover(
     flow: Optional[Dataflow], t: torch.Tensor, same: Optional[Known]
 ) -> Optional[Captured]:
     """:data:`UNWRITTEN` for a module's input or output over memory nothing has written yet
-    (as an API call's: ``ApiCapture._record_input``), else None."""
+    (as an API call's: ``api.ApiCapture``), else None."""
     if flow is not None and same is None and flow.fresh and flow.unwritten(t):
         return UNWRITTEN
     return None
@@ -50,8 +52,10 @@ def _leftover(
 class ModuleHooks:
     """The module hooks of one Debugger between ``start()`` and ``stop()``."""
 
-    def __init__(self, dbg: Debugger) -> None:
-        self._dbg = dbg
+    def __init__(self, ctx: HookContext, backward: BackwardHooks) -> None:
+        self._ctx = ctx
+        self._rec = ctx.recorder
+        self._backward = backward
         self._handles: list[RemovableHandle] = []
         #: Paths of the modules whose forward is running, innermost last.
         self.stack: list[str] = []
@@ -63,8 +67,7 @@ class ModuleHooks:
 
     def install(self, model: torch.nn.Module) -> None:
         """Hook every submodule of ``model`` (a compiled one's under its eager path)."""
-        dbg = self._dbg
-        c = dbg.config
+        c = self._ctx.config
         track_only = not c.module
         for path, mod in module_tree(model):
             if not path:
@@ -82,21 +85,21 @@ class ModuleHooks:
             )
             if c.module and c.backward:
                 params = dict(mod.named_parameters(recurse=False))
-                if params and dbg._select.module_parameters(path, cls):
-                    base = f"Module.{path}.{cls}"
+                if params and self._ctx.select.module_parameters(path, cls):
+                    base = module_base(path, cls)
                     if any(_is_lazy(p) for p in params.values()):
                         self._lazy[path] = (base, mod)
                     else:
-                        self._hook_grads(base, params)
+                        self._hook_grads(path, base, params)
 
-    def _hook_grads(self, base: str, params: dict[str, torch.nn.Parameter]) -> None:
+    def _hook_grads(self, path: str, base: str, params: dict[str, torch.nn.Parameter]) -> None:
         """Gradient hooks on a module's parameters, for its ``parameters_grad`` record."""
-        dbg = self._dbg
+        backward = self._backward
         for pname, p in params.items():
             if p.requires_grad:
                 self._handles.append(
                     p.register_post_accumulate_grad_hook(  # type: ignore[no-untyped-call]
-                        dbg._backward.param_grad_hook(base, pname)
+                        backward.param_grad_hook(path, base, pname)
                     )
                 )
 
@@ -108,7 +111,7 @@ class ModuleHooks:
         params = dict(mod.named_parameters(recurse=False))
         if not any(_is_lazy(p) for p in params.values()):
             del self._lazy[path]
-            self._hook_grads(base, params)
+            self._hook_grads(path, base, params)
 
     def remove(self) -> None:
         self.stack.clear()
@@ -133,8 +136,8 @@ class ModuleHooks:
         """The forward pre-hook of module ``path`` (class ``cls``)."""
         if compiling():  # before any read of the agent's state (compiled.py)
             return None
-        dbg = self._dbg
-        if not dbg._running:
+        ctx = self._ctx
+        if not ctx.running:
             return None
         was = tls.active
         tls.active = False
@@ -144,19 +147,19 @@ class ModuleHooks:
                 self._materialized(path)
             if track_only:
                 return None
-            if in_transform():  # (api.in_transform) its post hook pops the None
-                dbg._note_transform(f"Module.{path}.{cls}")
+            if in_transform():  # (threadstate.in_transform) its post hook pops the None
+                ctx.note_transform(module_base(path, cls))
                 self._pending.append(None)
                 return None
-            with dbg._lock:
+            with ctx.lock:
                 pending, new = self._pre(mod, path, cls, args, kwargs)
             self._pending.append(pending)
             return new
         except Exception as exc:  # noqa: BLE001
-            dbg._guard.fail(exc, f"forward pre-hook of module {path}")
+            ctx.guard.fail(exc, f"forward pre-hook of module {path}")
             return None
         finally:
-            tls.active = was and dbg._api_on
+            tls.active = was and ctx.api_on
 
     def _post_hook(
         self,
@@ -170,8 +173,8 @@ class ModuleHooks:
         """The forward hook of module ``path``: also called when the forward raised."""
         if compiling():
             return None
-        dbg = self._dbg
-        if not dbg._running:
+        ctx = self._ctx
+        if not ctx.running:
             return None
         was = tls.active
         tls.active = False
@@ -184,14 +187,14 @@ class ModuleHooks:
             if output is None and sys.exc_info()[1] is not None:
                 return None  # the forward raised: no output to record
             if pending is not None:
-                with dbg._lock:
+                with ctx.lock:
                     self._post(pending, output)
             return None
         except Exception as exc:  # noqa: BLE001
-            dbg._guard.fail(exc, f"forward hook of module {path}")
+            ctx.guard.fail(exc, f"forward hook of module {path}")
             return None
         finally:
-            tls.active = was and dbg._api_on
+            tls.active = was and ctx.api_on
 
     def _pre(
         self,
@@ -203,41 +206,43 @@ class ModuleHooks:
     ) -> tuple[Optional[_Pending], Optional[tuple[tuple[Any, ...], dict[str, Any]]]]:
         """Records the inputs and parameters of a selected module call; returns its
         pending records and the arguments that replace the call's (autograd aliases)."""
-        dbg = self._dbg
-        base = f"Module.{path}.{cls}"
-        call = dbg._select.module_call(base, path, cls)
+        ctx = self._ctx
+        rec = self._rec
+        select = ctx.select
+        base = module_base(path, cls)
+        call = select.module_call(base, path, cls)
         if call is None:
             return None, None
-        c = dbg.config
+        c = ctx.config
         forward, backward = c.forward, c.backward
-        if dbg._select.listed:
-            f, b = dbg._select.list_directions(None, path)
+        if select.listed:
+            f, b = select.list_directions(None, path)
             forward, backward = forward and f, backward and b
-        folder = dbg._files.folder
-        fwd = OpRecord(f"{base}.forward.{call}", "module", "forward", path, folder)
+        folder = rec.files.folder
+        fwd = OpRecord(module_key(base, FORWARD, call), "module", "forward", path, folder)
         fwd.recompute = in_recompute()
         bwd: Optional[OpRecord] = None
         if backward and torch.is_grad_enabled():
-            bwd = OpRecord(f"{base}.backward.{call}", "module", "backward", path, folder)
-        if dbg._call_stacks:
-            fwd.stack = dbg._stacks.stack_id(folder)
+            bwd = OpRecord(module_key(base, BACKWARD, call), "module", "backward", path, folder)
+        if rec.call_stacks:
+            fwd.stack = rec.stacks.stack_id(folder)
             if bwd is not None:
                 bwd.stack = fwd.stack
         want_in = forward and c.inputs
         changed = False
-        flow = dbg._flow if dbg._dataflow else None
-        watch = dbg._backward.watch
+        flow = rec.flow if rec.dataflow else None
+        watch = self._backward.watch
         made: dict[int, torch.Tensor] = {}  # id(input) -> its alias
 
         def on_input(name: str, t: torch.Tensor) -> torch.Tensor:
             nonlocal changed
             if want_in:
                 src, same, mem = flow.source(t) if flow is not None else (None, None, None)
-                rec = dbg._add_tensor(
+                added = rec.add_tensor(
                     fwd, f"{fwd.key}.{name}", "input", t, True, _leftover(flow, t, same), same
                 )
                 if src is not None:
-                    rec["src"] = src
+                    added["src"] = src
                 if same is None and flow is not None:
                     flow.remember(t, fwd.entries[-1], mem)
             if bwd is not None and c.outputs and t.requires_grad and t.layout == torch.strided:
@@ -255,39 +260,39 @@ class ModuleHooks:
         if forward:
             for pname, p in mod.named_parameters(recurse=False):
                 same, mem = flow.find(p) if flow is not None else (None, None)
-                dbg._add_tensor(fwd, f"{fwd.key}.parameters.{pname}", "parameter", p, same_as=same)
+                rec.add_tensor(fwd, f"{fwd.key}.parameters.{pname}", "parameter", p, same_as=same)
                 if same is None and flow is not None:
                     flow.remember(p, fwd.entries[-1], mem)
         return (fwd, bwd, forward), ((tuple(new_args), new_kwargs) if changed else None)
 
     def _post(self, pending: _Pending, output: Any) -> None:
         fwd, bwd, forward = pending
-        dbg = self._dbg
-        c = dbg.config
-        folder = dbg._files.folder
+        rec = self._rec
+        c = self._ctx.config
+        folder = rec.files.folder
         want_out = forward and c.outputs
-        flow = dbg._flow if dbg._dataflow else None
-        watch = dbg._backward.watch
+        flow = rec.flow if rec.dataflow else None
+        watch = self._backward.watch
 
         def on_output(name: str, t: torch.Tensor) -> torch.Tensor:
             if want_out:
                 assert folder is not None
                 # Mix level: the output of the op inside that made it has its stats already.
                 same, mem = flow.find(t) if flow is not None else (None, None)
-                rec: TensorRecord = dbg._add_tensor(
+                added: TensorRecord = rec.add_tensor(
                     fwd, f"{fwd.key}.{name}", "output", t, False, _leftover(flow, t, same), same
                 )
                 if flow is not None:
-                    rec["id"] = flow.register(t, folder, fwd.entries[-1], mem)
+                    added["id"] = flow.register(t, folder, fwd.entries[-1], mem)
             if bwd is not None and c.inputs and t.requires_grad and t.grad_fn is not None:
                 watch(bwd, t.grad_fn, t.output_nr, f"{bwd.key}.input{name[6:]}", "input")
             return t
 
         walk(results(output), "output", on_output)
         if forward:
-            dbg._finish(fwd)
+            rec.finish(fwd)
         if bwd is not None and bwd.expect:
-            dbg._backward.pending.append(bwd)
+            self._backward.pending.append(bwd)
 
 
 def _register_post_hook(mod: torch.nn.Module, hook: Callable[..., Any]) -> RemovableHandle:

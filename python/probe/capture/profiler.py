@@ -15,7 +15,6 @@ import torch
 
 from ..config import ConfigError
 from .debugger import Debugger
-from .iterations import IterationCounter
 
 #: The environment variable the tutorial's configuration is found through.
 CONFIG_ENV = "MSPROBE_PATH"
@@ -47,7 +46,7 @@ class ApiProfiler:
                 raise ConfigError(f"{CONFIG_ENV}={config!r} is not a file")
         self.debugger = Debugger(config, model=model, **overrides)
         self.debugger._files.lazy = True
-        self._counter = IterationCounter(self.debugger)
+        self._counter = self.debugger._iteration_counter()
         self._active = False
 
     def start(self, model: Optional[torch.nn.Module] = None) -> None:

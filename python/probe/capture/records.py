@@ -17,23 +17,13 @@ from typing import TYPE_CHECKING, Any, Callable, Optional, Union
 
 import torch
 
-from .stats import memory_runs
+from .stats import StatVector, memory_runs
 
 if TYPE_CHECKING:
     from typing_extensions import NotRequired, TypedDict
 
-    from .fused import Ref
+    from .stats import Stats
     from .writer import RankFolder
-
-    Number = Union[float, str, None]  # non-finite values are strings in JSON
-
-    class Stats(TypedDict):
-        max: Number
-        min: Number
-        mean: Number
-        norm: Number
-        nan: int
-        inf: int
 
     class TensorRecord(TypedDict):
         """One tensor of an op, as written (keys in this order, optional ones when known)."""
@@ -41,7 +31,7 @@ if TYPE_CHECKING:
         name: str
         role: str
         dtype: str
-        shape: tuple[int, ...]  # a tuple: see Debugger._add_tensor
+        shape: tuple[int, ...]  # a tuple: see Recorder.add_tensor
         dtensor: NotRequired[dict[str, Any]]  # a DTensor's placement (stats.dtensor_local)
         unwritten: NotRequired[bool]  # memory nothing wrote yet (Dataflow.unwritten)
         # first when reused from an earlier record, else last; None when unwritten
@@ -53,17 +43,12 @@ if TYPE_CHECKING:
         id: NotRequired[int]
 
 
-#: Statistics of one tensor, ``[max, min, sum, norm(, nan, inf)]``: numbers read on the
-#: host (CPU tensors; ``Debugger._capture`` makes them the record's finished ``stats``
-#: dict), one float64 vector still on an accelerator, or the slab slot that the fused CUDA
-#: kernel writes them to (``stats.stat_vector``).
-StatVector = Union[list[Any], dict[str, Any], torch.Tensor, "Ref", None]
 #: What capturing one tensor gives: stats vector, host copy (tensor mode), checksum (or,
 #: for an accelerator's tensor, the host copy it is taken of once the copy has landed).
 Captured = tuple[StatVector, Optional[torch.Tensor], Union[str, torch.Tensor, None]]
 
 #: What is taken of a tensor whose bytes nothing wrote yet (``Dataflow.unwritten``), passed
-#: as ``Debugger._add_tensor``'s ``pre``: no statistics, data or checksum. Told apart by
+#: as ``Recorder.add_tensor``'s ``pre``: no statistics, data or checksum. Told apart by
 #: identity, so it is built at run time: an equal tuple literal can be the same constant.
 UNWRITTEN: Captured = tuple([None, None, None])  # type: ignore[assignment]
 

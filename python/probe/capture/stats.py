@@ -19,7 +19,28 @@ from . import native
 from .fused import fused_stats
 
 if TYPE_CHECKING:
-    from .records import Stats, StatVector
+    from typing_extensions import TypedDict
+
+    from .fused import Ref
+
+    Number = Union[float, str, None]  # non-finite values are strings in JSON
+
+    class Stats(TypedDict):
+        """A tensor's statistics as written (docs/format.md)."""
+
+        max: Number
+        min: Number
+        mean: Number
+        norm: Number
+        nan: int
+        inf: int
+
+
+#: Statistics of one tensor, ``[max, min, sum, norm(, nan, inf)]``: numbers read on the
+#: host (CPU tensors; ``Recorder.capture`` makes them the record's finished ``stats``
+#: dict), one float64 vector still on an accelerator, or the slab slot that the fused CUDA
+#: kernel writes them to (:func:`stat_vector`).
+StatVector = Union[list[Any], dict[str, Any], torch.Tensor, "Ref", None]
 
 DTYPE_NAMES: dict[torch.dtype, str] = {
     torch.float64: "float64",

@@ -25,13 +25,11 @@ once.
 from __future__ import annotations
 
 import functools
-from typing import TYPE_CHECKING, Any, Callable, Optional
+from typing import Any, Callable, Optional
 
-from .api import Inplace, tls
-
-if TYPE_CHECKING:
-    from .debugger import Debugger
-
+from .context import HookContext
+from .inplace import Inplace
+from .threadstate import tls
 
 #: What finishes a waiting record, given the call's result: None (in place now) or
 #: :data:`UNWAITED`.
@@ -59,8 +57,8 @@ _WORK = work_type()
 class Waits:
     """The records of one Debugger that wait for their collective's result."""
 
-    def __init__(self, dbg: Debugger) -> None:
-        self._dbg = dbg
+    def __init__(self, ctx: HookContext) -> None:
+        self._ctx = ctx
         #: By the id of the handle they wait for: the API, the handle (held, so that its id
         #: stays its own) and what finishes the record.
         self.handles: dict[int, tuple[str, Any, Finish]] = {}
@@ -123,10 +121,10 @@ class Waits:
         while self.handles:
             _, (api, _, finish) = self.handles.popitem()
             self._run(api, finish, UNWAITED)
-            self._dbg._tell_once(
+            self._ctx.tell_once(
                 "unwaited",
                 f"probe: {api} ran asynchronously and its handle was not waited on "
-                f"(Work.wait()) before stop() at step {self._dbg.current_step}: its result is "
+                f"(Work.wait()) before stop() at step {self._ctx.current_step}: its result is "
                 "not recorded",
                 stacklevel=4,  # the caller of stop()
             )
@@ -137,14 +135,14 @@ class Waits:
         self.coalescing.clear()
 
     def _run(self, api: str, finish: Finish, out: Any) -> None:
-        dbg = self._dbg
+        ctx = self._ctx
         was = tls.active
         tls.active = False
         try:
-            with dbg._lock:
+            with ctx.lock:
                 finish(out)
         except Exception as exc:  # noqa: BLE001
-            dbg._guard.fail(exc, f"capturing outputs of {api}")
+            ctx.guard.fail(exc, f"capturing outputs of {api}")
         finally:
             tls.active = was
 

@@ -25,8 +25,8 @@ import torch
 from .._runtime import model_device, world_size
 from .._version import __version__
 from ..config import CaptureConfig
-from .api import tls
 from .stats import PLAIN, raw_bytes, wait_for_copy
+from .threadstate import tls
 
 log = logging.getLogger("probe")
 
