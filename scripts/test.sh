@@ -23,12 +23,14 @@ if [ ! -x .venv/bin/python ]; then
   python3 -m venv --system-site-packages .venv
 fi
 PY=.venv/bin/python
-"$PY" -m pip install --quiet --disable-pip-version-check "torch>=2.1" numpy safetensors orjson pytest pytest-xdist jsonschema ruff mypy "maturin>=1.5,<2" transformers accelerate
+"$PY" -m pip install --quiet --disable-pip-version-check "torch>=2.1" numpy safetensors orjson pytest pytest-xdist jsonschema ruff mypy import-linter "maturin>=1.5,<2" transformers accelerate
 
-stage "python: ruff, mypy (pyproject.toml)"
+stage "python: ruff, mypy, import contracts (pyproject.toml)"
 "$PY" -m ruff check python examples bench
 "$PY" -m ruff format --check python examples bench
 "$PY" -m mypy
+# No import circles in python/probe, and the agent's layers (the source tree, not the wheel).
+PYTHONPATH=python .venv/bin/lint-imports --no-cache
 
 stage "wheel: pip wheel . (maturin: the probe command + the agent), installed into .venv"
 # The user's `pip install .` path (PEP 517 through maturin, release build; cargo caches it in
