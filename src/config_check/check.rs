@@ -336,10 +336,18 @@ fn platform_fn(f: &str) -> bool {
     f.starts_with("torch.cuda.") || f.starts_with("torch.npu.")
 }
 
+/// The random-number items: seed calls, draw counts, generator states.
 fn random_items(ctx: &Ctx, b: &RandomInfo, c: &RandomInfo, notes: &mut Vec<String>) -> Vec<Item> {
+    let mut out = seed_items(ctx, b, c);
+    out.extend(draw_items(ctx, b, c));
+    out.extend(state_items(ctx, b, c, notes));
+    out
+}
+
+/// Seed calls: the k-th call of each function, per rank.
+fn seed_items(ctx: &Ctx, b: &RandomInfo, c: &RandomInfo) -> Vec<Item> {
     let cat = Category::Random;
     let mut out = vec![];
-    // Seed calls: the k-th call of each function, per rank.
     let group = |r: &'_ RandomInfo| -> BTreeMap<(u64, String), Vec<super::pack::SeedCall>> {
         let mut m: BTreeMap<(u64, String), Vec<super::pack::SeedCall>> = BTreeMap::new();
         for s in &r.seeds {
@@ -418,7 +426,13 @@ fn random_items(ctx: &Ctx, b: &RandomInfo, c: &RandomInfo, notes: &mut Vec<Strin
             out.push(it);
         }
     }
-    // Draw counts per function and call site, per rank.
+    out
+}
+
+/// Draw counts per function and call site, per rank.
+fn draw_items(ctx: &Ctx, b: &RandomInfo, c: &RandomInfo) -> Vec<Item> {
+    let cat = Category::Random;
+    let mut out = vec![];
     let summarize = |sites: &[(String, u64)]| -> (u64, BTreeMap<String, u64>) {
         let mut m = BTreeMap::new();
         for (s, n) in sites {
@@ -460,7 +474,13 @@ fn random_items(ctx: &Ctx, b: &RandomInfo, c: &RandomInfo, notes: &mut Vec<Strin
         }
         out.push(it);
     }
-    // RNG state hashes at pack time.
+    out
+}
+
+/// RNG state hashes at pack time (msprobe records none: a note then).
+fn state_items(ctx: &Ctx, b: &RandomInfo, c: &RandomInfo, notes: &mut Vec<String>) -> Vec<Item> {
+    let cat = Category::Random;
+    let mut out = vec![];
     match (&b.states, &c.states) {
         (Some(bs), Some(cs)) => {
             let keys: BTreeSet<&String> = bs.keys().chain(cs.keys()).collect();
