@@ -380,23 +380,62 @@ pub fn scan_unit(dump: RankDump, opts: &ScanOptions) -> ScanUnit {
         .iter()
         .find(|o| o.direction() == Direction::Backward)
         .map(|o| o.seq());
-    let mut rows: Vec<ScanRow> = Vec::with_capacity(ops.tensor_count());
-    let mut findings = ScanFindings {
-        loss_scaler_skipped: scaler_skipped(&ops),
-        ..ScanFindings::default()
+    let mut scan = Scanning {
+        opts,
+        loc: &loc,
+        stacks: &stacks,
+        first_backward,
+        rows: Vec::with_capacity(ops.tensor_count()),
+        findings: ScanFindings {
+            loss_scaler_skipped: scaler_skipped(&ops),
+            ..ScanFindings::default()
+        },
+        forward_rows: std::collections::HashMap::new(),
+        from_leftover: std::collections::HashMap::new(),
+        calls: std::collections::HashMap::new(),
     };
-    // Where each forward call's rows are: a backward call also consumes what its forward
-    // call saved, so NaN there is inherited, not produced.
-    let mut forward_rows: std::collections::HashMap<&str, std::ops::Range<usize>> =
-        std::collections::HashMap::new();
-    // Values computed from leftover bytes (dataflow ids), and the forward calls that
-    // computed from them (their backward calls do too), with the input that read them.
-    let mut from_leftover: std::collections::HashMap<u64, String> =
-        std::collections::HashMap::new();
-    let mut calls: std::collections::HashMap<String, String> = std::collections::HashMap::new();
     for op in ops.iter() {
-        let info = OpInfo::of(op);
-        // The input that read leftover bytes this op computes from, here or earlier.
+        let (from_twin, origin) = scan.trace_leftovers(op);
+        let start = scan.rows.len();
+        scan.flag_tensors(op, from_twin.is_some(), origin.as_ref());
+        scan.find(op, start, origin.as_ref());
+    }
+    let Scanning { rows, findings, .. } = scan;
+    ScanUnit {
+        step: loc.step.clone(),
+        rank: loc.rank.clone(),
+        dir: loc.dir.clone(),
+        ops: ops.len(),
+        rows,
+        findings,
+        warnings,
+    }
+}
+
+/// One step/rank being scanned op by op: its rows and findings so far, and what the ops so
+/// far tell the next ones.
+struct Scanning<'a> {
+    opts: &'a ScanOptions,
+    loc: &'a RankLoc,
+    stacks: &'a BTreeMap<u64, Vec<String>>,
+    /// The first backward call's sequence number.
+    first_backward: Option<u64>,
+    rows: Vec<ScanRow>,
+    findings: ScanFindings,
+    /// Where each forward call's rows are: a backward call also consumes what its forward
+    /// call saved, so NaN there is inherited, not produced.
+    forward_rows: std::collections::HashMap<&'a str, std::ops::Range<usize>>,
+    /// Values computed from leftover bytes (dataflow ids), and the forward calls that
+    /// computed from them (their backward calls do too), with the input that read them.
+    from_leftover: std::collections::HashMap<u64, String>,
+    calls: std::collections::HashMap<String, String>,
+}
+
+impl<'a> Scanning<'a> {
+    /// The input that read leftover bytes `op` computes from, here or earlier: through its
+    /// forward call (the first), else its inputs (the second); and records what it computes.
+    fn trace_leftovers(&mut self, op: Op) -> (Option<String>, Option<String>) {
+        let (from_leftover, calls) = (&mut self.from_leftover, &mut self.calls);
         let twin = (!calls.is_empty() && op.direction() == Direction::Backward)
             .then(|| op.key().forward_twin())
             .flatten();
@@ -434,6 +473,16 @@ pub fn scan_unit(dump: RankDump, opts: &ScanOptions) -> ScanUnit {
                 calls.insert(op.key().text().to_string(), o.clone());
             }
         }
+        (from_twin, origin)
+    }
+
+    /// The rows of `op`'s tensors, flagged. `through_twin`: its leftovers come through its
+    /// forward call; `origin`: the input that read them.
+    fn flag_tensors(&mut self, op: Op<'a>, through_twin: bool, origin: Option<&String>) {
+        let info = OpInfo::of(op);
+        let (opts, first_backward) = (self.opts, self.first_backward);
+        let (rows, from_leftover) = (&mut self.rows, &self.from_leftover);
+        let loss_scaler_skipped = self.findings.loss_scaler_skipped;
         let float_inputs: Vec<Tensor> = op
             .tensors()
             .filter(|&t| is_input(t, op) && is_float(t))
@@ -451,10 +500,10 @@ pub fn scan_unit(dump: RankDump, opts: &ScanOptions) -> ScanUnit {
                 }
             }
             // NaN/Inf computed from leftover bytes: this op's, or an input's from earlier.
-            let derived = if is_input(t, op) && from_twin.is_none() {
+            let derived = if is_input(t, op) && !through_twin {
                 t.src().and_then(|s| from_leftover.get(&s))
             } else {
-                origin.as_ref()
+                origin
             };
             if let (Flag::NonFinite, Some(o)) = (flag, derived) {
                 flag = Flag::Leftover;
@@ -464,7 +513,7 @@ pub fn scan_unit(dump: RankDump, opts: &ScanOptions) -> ScanUnit {
             // the gradients it found overflowed (gradient clipping reads them too).
             let backward_phase =
                 holds_gradients(op) || first_backward.is_some_and(|s| op.seq() > s);
-            if flag == Flag::NonFinite && findings.loss_scaler_skipped && backward_phase {
+            if flag == Flag::NonFinite && loss_scaler_skipped && backward_phase {
                 flag = Flag::ScalerSkipped;
                 reason = format!(
                     "{reason}, in the backward of a step the loss scaler skipped (gradients \
@@ -483,8 +532,16 @@ pub fn scan_unit(dump: RankDump, opts: &ScanOptions) -> ScanUnit {
             });
         }
         if op.direction() == Direction::Forward {
-            forward_rows.insert(op.key().text(), start..rows.len());
+            self.forward_rows.insert(op.key().text(), start..rows.len());
         }
+    }
+
+    /// The findings the rows of `op` (from `start` on) make: where NaN/Inf enters from
+    /// outside or is first produced, NaN/Inf computed from leftover bytes, overflow risk,
+    /// underflow.
+    fn find(&mut self, op: Op, start: usize, origin: Option<&String>) {
+        let (rows, findings, stacks) = (&self.rows, &mut self.findings, self.stacks);
+        let (forward_rows, first_backward) = (&self.forward_rows, self.first_backward);
         let saved_nonfinite = op
             .key()
             .forward_twin()
@@ -501,7 +558,7 @@ pub fn scan_unit(dump: RankDump, opts: &ScanOptions) -> ScanUnit {
                 .find(|r| r.consumed() == consumed && r.flag == Flag::NonFinite)
         };
         let (bad_in, bad_out) = (bad(true), bad(false));
-        let unit = &loc;
+        let unit = self.loc;
         if saved_nonfinite {
             // Inherited through the forward call's saved tensors, not produced here.
         } else if let Some(inp) = bad_in {
@@ -515,7 +572,7 @@ pub fn scan_unit(dump: RankDump, opts: &ScanOptions) -> ScanUnit {
                      from outside the captured ops (data, weights, or an uncaptured op)",
                     inp.name
                 );
-                *slot = Some(finding(unit, &stacks, &group, inp, expl));
+                *slot = Some(finding(unit, stacks, &group, inp, expl));
             }
         } else if let Some(out) = bad_out {
             let slot = findings.first_nonfinite.slot(phase);
@@ -525,14 +582,14 @@ pub fn scan_unit(dump: RankDump, opts: &ScanOptions) -> ScanUnit {
                      NaN/Inf in this phase",
                     out.name, out.reason
                 );
-                *slot = Some(finding(unit, &stacks, &group, out, expl));
+                *slot = Some(finding(unit, stacks, &group, out, expl));
             }
         }
         if findings.leftover_nonfinite.is_none() {
             let out = group
                 .iter()
                 .find(|r| !r.consumed() && r.flag == Flag::Leftover);
-            if let (Some(out), Some(o)) = (out, &origin) {
+            if let (Some(out), Some(o)) = (out, origin) {
                 let expl = format!(
                     "output {} holds NaN/Inf computed from leftover bytes: {o} read memory \
                      nothing had written. An uninitialised buffer, unless the result is \
@@ -540,7 +597,7 @@ pub fn scan_unit(dump: RankDump, opts: &ScanOptions) -> ScanUnit {
                      inputs by design)",
                     out.name
                 );
-                let mut f = finding(unit, &stacks, &group, out, expl);
+                let mut f = finding(unit, stacks, &group, out, expl);
                 f.leftover = Some(o.clone());
                 findings.leftover_nonfinite = Some(f);
             }
@@ -550,7 +607,7 @@ pub fn scan_unit(dump: RankDump, opts: &ScanOptions) -> ScanUnit {
                 let expl = format!("{}: overflow risk", r.reason);
                 findings
                     .overflow_risk
-                    .push(finding(unit, &stacks, &group, r, expl));
+                    .push(finding(unit, stacks, &group, r, expl));
             }
         }
         if let Some(r) = group.iter().find(|r| r.flag == Flag::Underflow) {
@@ -558,18 +615,9 @@ pub fn scan_unit(dump: RankDump, opts: &ScanOptions) -> ScanUnit {
                 let expl = "non-zero float inputs, all-zero output: underflow".to_string();
                 findings
                     .underflow
-                    .push(finding(unit, &stacks, &group, r, expl));
+                    .push(finding(unit, stacks, &group, r, expl));
             }
         }
-    }
-    ScanUnit {
-        step: loc.step.clone(),
-        rank: loc.rank.clone(),
-        dir: loc.dir.clone(),
-        ops: ops.len(),
-        rows,
-        findings,
-        warnings,
     }
 }
 
