@@ -370,240 +370,294 @@ pub fn parse_pickle(bytes: &[u8]) -> std::result::Result<PickledTensor, String> 
     run_pickle(bytes).map_err(crate::error::one_line)
 }
 
+/// What one opcode does to the machine.
+enum Step {
+    /// Push this value.
+    Push(V),
+    /// Nothing to push: the opcode changed the stack or the memo, or only read.
+    Next,
+    /// STOP with the tensor the pickle built.
+    Stop(PickledTensor),
+}
+
+fn pop(stack: &mut Vec<Val>) -> std::result::Result<Val, String> {
+    stack.pop().ok_or("pickle stack underflow".to_string())
+}
+
+fn top(stack: &[Val]) -> std::result::Result<Val, String> {
+    stack
+        .last()
+        .cloned()
+        .ok_or("pickle stack is empty".to_string())
+}
+
+/// Runs the opcodes, each by its family: a literal read from the stream, a container
+/// built or filled, or the machine's own (stack, memo, globals, calls).
 fn run_pickle(bytes: &[u8]) -> std::result::Result<PickledTensor, String> {
     let mut r = Reader { b: bytes, pos: 0 };
     let mut stack: Vec<Val> = Vec::new();
     let mut memo: HashMap<u32, Val> = HashMap::new();
-    let pop = |stack: &mut Vec<Val>| stack.pop().ok_or("pickle stack underflow".to_string());
-    let top = |stack: &Vec<Val>| {
-        stack
-            .last()
-            .cloned()
-            .ok_or("pickle stack is empty".to_string())
-    };
     for _ in 0..MAX_OPS {
         if stack.len() > MAX_STACK {
             return Err("pickle stack grows too deep".into());
         }
         let at = r.pos;
         let op = r.u8()?;
-        let v: V = match op {
-            0x80 => {
-                let p = r.u8()?;
-                if p > 5 {
-                    return Err(format!("pickle protocol {p} is not supported"));
-                }
-                continue;
-            }
-            0x95 => {
-                r.take(8)?; // FRAME: a length hint only
-                continue;
-            }
-            b'.' => {
-                let v = pop(&mut stack)?;
-                return match &*v {
-                    V::Tensor(t) => Ok((**t).clone()),
-                    o => Err(format!(
-                        "the file holds a {}, not a single tensor (msprobe saves one tensor per file)",
-                        o.kind()
-                    )),
-                };
-            }
-            b'(' => V::Mark,
-            b'0' => {
-                pop(&mut stack)?;
-                continue;
-            }
-            b'1' => {
-                pop_mark(&mut stack)?;
-                continue;
-            }
-            b'2' => {
-                let t = top(&stack)?;
-                stack.push(t);
-                continue;
-            }
-            b'N' => V::None,
-            0x88 => V::Bool(true),
-            0x89 => V::Bool(false),
-            b'J' => V::Int(i32::from_le_bytes(r.le()?) as i64),
-            b'K' => V::Int(r.u8()? as i64),
-            b'M' => V::Int(u16::from_le_bytes(r.le()?) as i64),
-            0x8a => {
-                let n = r.u8()? as usize;
-                let b = r.take(n)?;
-                if n > 8 {
-                    return Err(format!("integer of {n} bytes is too large"));
-                }
-                let mut a = if b.last().is_some_and(|x| x & 0x80 != 0) {
-                    [0xffu8; 8]
-                } else {
-                    [0u8; 8]
-                };
-                a[..n].copy_from_slice(b);
-                V::Int(i64::from_le_bytes(a))
-            }
-            b'I' => {
-                let s = r.line()?;
-                match s {
-                    "00" => V::Bool(false),
-                    "01" => V::Bool(true),
-                    _ => V::Int(s.parse().map_err(|_| format!("bad INT {s:?}"))?),
-                }
-            }
-            b'G' => {
-                r.take(8)?;
-                V::Float
-            }
-            b'X' => {
-                let n = u32::from_le_bytes(r.le()?) as usize;
-                V::Str(r.string(n)?)
-            }
-            0x8c => {
-                let n = r.u8()? as usize;
-                V::Str(r.string(n)?)
-            }
-            0x8d => {
-                let n = u64::from_le_bytes(r.le()?);
-                let n = usize::try_from(n).map_err(|_| "string too long")?;
-                V::Str(r.string(n)?)
-            }
-            b'U' | b'C' => {
-                let n = r.u8()? as usize;
-                r.take(n)?;
-                V::Bytes
-            }
-            b'T' | b'B' => {
-                let n = u32::from_le_bytes(r.le()?) as usize;
-                r.take(n)?;
-                V::Bytes
-            }
-            b')' => V::Tuple(vec![]),
-            b't' => V::Tuple(pop_mark(&mut stack)?),
-            0x85..=0x87 => {
-                let n = (op - 0x84) as usize;
-                if stack.len() < n {
-                    return Err("pickle stack underflow".into());
-                }
-                let items = stack.split_off(stack.len() - n);
-                if items.iter().any(|v| matches!(**v, V::Mark)) {
-                    return Err("a mark inside a tuple".into());
-                }
-                V::Tuple(items)
-            }
-            b']' => V::List(Rc::default()),
-            b'l' => V::List(Rc::new(RefCell::new(pop_mark(&mut stack)?))),
-            b'a' | b'e' => {
-                let items = if op == b'a' {
-                    vec![pop(&mut stack)?]
-                } else {
-                    pop_mark(&mut stack)?
-                };
-                let l = top(&stack)?;
-                let V::List(l) = &*l else {
-                    return Err(format!("append to a {}", l.kind()));
-                };
-                l.borrow_mut().extend(items);
-                continue;
-            }
-            b'}' => V::Dict(Rc::default()),
-            b'd' | b'u' | b's' => {
-                let items = if op == b's' {
-                    let v = pop(&mut stack)?;
-                    let k = pop(&mut stack)?;
-                    vec![k, v]
-                } else {
-                    pop_mark(&mut stack)?
-                };
-                if items.len() % 2 != 0 {
-                    return Err("odd number of dict items".into());
-                }
-                let pairs: Vec<(Val, Val)> = items
-                    .chunks_exact(2)
-                    .map(|kv| (kv[0].clone(), kv[1].clone()))
-                    .collect();
-                if op == b'd' {
-                    V::Dict(Rc::new(RefCell::new(pairs)))
-                } else {
-                    let d = top(&stack)?;
-                    let V::Dict(d) = &*d else {
-                        return Err(format!("set item on a {}", d.kind()));
-                    };
-                    d.borrow_mut().extend(pairs);
-                    continue;
-                }
-            }
-            b'q' | b'r' | 0x94 => {
-                let idx = match op {
-                    b'q' => r.u8()? as u32,
-                    b'r' => u32::from_le_bytes(r.le()?),
-                    _ => memo.len() as u32,
-                };
-                memo.insert(idx, top(&stack)?);
-                continue;
-            }
-            b'h' | b'j' => {
-                let idx = if op == b'h' {
-                    r.u8()? as u32
-                } else {
-                    u32::from_le_bytes(r.le()?)
-                };
-                let v = memo
-                    .get(&idx)
-                    .cloned()
-                    .ok_or_else(|| format!("memo entry {idx} read before it is written"))?;
-                stack.push(v);
-                continue;
-            }
-            b'c' => {
-                let module = r.line()?.to_string();
-                let name = r.line()?;
-                V::Global(resolve_global(&module, name)?)
-            }
-            0x93 => {
-                let name = pop(&mut stack)?;
-                let module = pop(&mut stack)?;
-                match (&*module, &*name) {
-                    (V::Str(m), V::Str(n)) => V::Global(resolve_global(m, n)?),
-                    _ => return Err("STACK_GLOBAL without two strings".into()),
-                }
-            }
-            b'R' => {
-                let args = pop(&mut stack)?;
-                let f = pop(&mut stack)?;
-                let V::Global(g) = &*f else {
-                    return Err(format!("call of a {}", f.kind()));
-                };
-                call(*g, &args)?
-            }
-            b'Q' => {
-                let pid = pop(&mut stack)?;
-                persistent_load(&pid)?
-            }
-            b'b' => {
-                // BUILD: only the empty state of an OrderedDict or a tensor is accepted.
-                let state = pop(&mut stack)?;
-                let obj = top(&stack)?;
-                let empty = match &*state {
-                    V::None => true,
-                    V::Dict(d) => d.borrow().is_empty(),
-                    V::Tuple(t) => t.is_empty(),
-                    _ => false,
-                };
-                if !(empty && matches!(*obj, V::Dict(_) | V::Tensor(_))) {
-                    return Err(format!("BUILD of a {} with state", obj.kind()));
-                }
-                continue;
-            }
-            other => {
-                return Err(format!(
-                    "pickle opcode 0x{other:02x} at byte {at} is not supported"
-                ))
-            }
+        let step = match literal(op, &mut r)? {
+            Some(v) => Step::Push(v),
+            None => match container(op, &mut stack)? {
+                Some(step) => step,
+                None => machine(op, at, &mut r, &mut stack, &mut memo)?,
+            },
         };
-        stack.push(Rc::new(v));
+        match step {
+            Step::Push(v) => stack.push(Rc::new(v)),
+            Step::Next => {}
+            Step::Stop(t) => return Ok(t),
+        }
     }
     Err("pickle runs too long".into())
+}
+
+/// The opcodes that push a value read from the stream (None, booleans, integers, floats,
+/// strings, bytes); None for any other opcode, with nothing read.
+fn literal(op: u8, r: &mut Reader) -> std::result::Result<Option<V>, String> {
+    Ok(Some(match op {
+        b'N' => V::None,
+        0x88 => V::Bool(true),
+        0x89 => V::Bool(false),
+        b'J' => V::Int(i32::from_le_bytes(r.le()?) as i64),
+        b'K' => V::Int(r.u8()? as i64),
+        b'M' => V::Int(u16::from_le_bytes(r.le()?) as i64),
+        0x8a => {
+            let n = r.u8()? as usize;
+            let b = r.take(n)?;
+            if n > 8 {
+                return Err(format!("integer of {n} bytes is too large"));
+            }
+            let mut a = if b.last().is_some_and(|x| x & 0x80 != 0) {
+                [0xffu8; 8]
+            } else {
+                [0u8; 8]
+            };
+            a[..n].copy_from_slice(b);
+            V::Int(i64::from_le_bytes(a))
+        }
+        b'I' => {
+            let s = r.line()?;
+            match s {
+                "00" => V::Bool(false),
+                "01" => V::Bool(true),
+                _ => V::Int(s.parse().map_err(|_| format!("bad INT {s:?}"))?),
+            }
+        }
+        b'G' => {
+            r.take(8)?;
+            V::Float
+        }
+        b'X' => {
+            let n = u32::from_le_bytes(r.le()?) as usize;
+            V::Str(r.string(n)?)
+        }
+        0x8c => {
+            let n = r.u8()? as usize;
+            V::Str(r.string(n)?)
+        }
+        0x8d => {
+            let n = u64::from_le_bytes(r.le()?);
+            let n = usize::try_from(n).map_err(|_| "string too long")?;
+            V::Str(r.string(n)?)
+        }
+        b'U' | b'C' => {
+            let n = r.u8()? as usize;
+            r.take(n)?;
+            V::Bytes
+        }
+        b'T' | b'B' => {
+            let n = u32::from_le_bytes(r.le()?) as usize;
+            r.take(n)?;
+            V::Bytes
+        }
+        _ => return Ok(None),
+    }))
+}
+
+/// The opcodes that build or fill a container (mark, tuple, list, dict); None for any
+/// other opcode, with the stack untouched.
+fn container(op: u8, stack: &mut Vec<Val>) -> std::result::Result<Option<Step>, String> {
+    Ok(Some(Step::Push(match op {
+        b'(' => V::Mark,
+        b')' => V::Tuple(vec![]),
+        b't' => V::Tuple(pop_mark(stack)?),
+        0x85..=0x87 => {
+            let n = (op - 0x84) as usize;
+            if stack.len() < n {
+                return Err("pickle stack underflow".into());
+            }
+            let items = stack.split_off(stack.len() - n);
+            if items.iter().any(|v| matches!(**v, V::Mark)) {
+                return Err("a mark inside a tuple".into());
+            }
+            V::Tuple(items)
+        }
+        b']' => V::List(Rc::default()),
+        b'l' => V::List(Rc::new(RefCell::new(pop_mark(stack)?))),
+        b'a' | b'e' => {
+            let items = if op == b'a' {
+                vec![pop(stack)?]
+            } else {
+                pop_mark(stack)?
+            };
+            let l = top(stack)?;
+            let V::List(l) = &*l else {
+                return Err(format!("append to a {}", l.kind()));
+            };
+            l.borrow_mut().extend(items);
+            return Ok(Some(Step::Next));
+        }
+        b'}' => V::Dict(Rc::default()),
+        b'd' | b'u' | b's' => {
+            let items = if op == b's' {
+                let v = pop(stack)?;
+                let k = pop(stack)?;
+                vec![k, v]
+            } else {
+                pop_mark(stack)?
+            };
+            if items.len() % 2 != 0 {
+                return Err("odd number of dict items".into());
+            }
+            let pairs: Vec<(Val, Val)> = items
+                .chunks_exact(2)
+                .map(|kv| (kv[0].clone(), kv[1].clone()))
+                .collect();
+            if op == b'd' {
+                V::Dict(Rc::new(RefCell::new(pairs)))
+            } else {
+                let d = top(stack)?;
+                let V::Dict(d) = &*d else {
+                    return Err(format!("set item on a {}", d.kind()));
+                };
+                d.borrow_mut().extend(pairs);
+                return Ok(Some(Step::Next));
+            }
+        }
+        _ => return Ok(None),
+    })))
+}
+
+/// The machine's own opcodes: protocol and frames, STOP, the stack, the memo, globals,
+/// calls, persistent ids, BUILD. Any other opcode (`at`: its byte) is refused.
+fn machine(
+    op: u8,
+    at: usize,
+    r: &mut Reader,
+    stack: &mut Vec<Val>,
+    memo: &mut HashMap<u32, Val>,
+) -> std::result::Result<Step, String> {
+    Ok(Step::Push(match op {
+        0x80 => {
+            let p = r.u8()?;
+            if p > 5 {
+                return Err(format!("pickle protocol {p} is not supported"));
+            }
+            return Ok(Step::Next);
+        }
+        0x95 => {
+            r.take(8)?; // FRAME: a length hint only
+            return Ok(Step::Next);
+        }
+        b'.' => {
+            let v = pop(stack)?;
+            return match &*v {
+                V::Tensor(t) => Ok(Step::Stop((**t).clone())),
+                o => Err(format!(
+                    "the file holds a {}, not a single tensor (msprobe saves one tensor per file)",
+                    o.kind()
+                )),
+            };
+        }
+        b'0' => {
+            pop(stack)?;
+            return Ok(Step::Next);
+        }
+        b'1' => {
+            pop_mark(stack)?;
+            return Ok(Step::Next);
+        }
+        b'2' => {
+            let t = top(stack)?;
+            stack.push(t);
+            return Ok(Step::Next);
+        }
+        b'q' | b'r' | 0x94 => {
+            let idx = match op {
+                b'q' => r.u8()? as u32,
+                b'r' => u32::from_le_bytes(r.le()?),
+                _ => memo.len() as u32,
+            };
+            memo.insert(idx, top(stack)?);
+            return Ok(Step::Next);
+        }
+        b'h' | b'j' => {
+            let idx = if op == b'h' {
+                r.u8()? as u32
+            } else {
+                u32::from_le_bytes(r.le()?)
+            };
+            let v = memo
+                .get(&idx)
+                .cloned()
+                .ok_or_else(|| format!("memo entry {idx} read before it is written"))?;
+            stack.push(v);
+            return Ok(Step::Next);
+        }
+        b'c' => {
+            let module = r.line()?.to_string();
+            let name = r.line()?;
+            V::Global(resolve_global(&module, name)?)
+        }
+        0x93 => {
+            let name = pop(stack)?;
+            let module = pop(stack)?;
+            match (&*module, &*name) {
+                (V::Str(m), V::Str(n)) => V::Global(resolve_global(m, n)?),
+                _ => return Err("STACK_GLOBAL without two strings".into()),
+            }
+        }
+        b'R' => {
+            let args = pop(stack)?;
+            let f = pop(stack)?;
+            let V::Global(g) = &*f else {
+                return Err(format!("call of a {}", f.kind()));
+            };
+            call(*g, &args)?
+        }
+        b'Q' => {
+            let pid = pop(stack)?;
+            persistent_load(&pid)?
+        }
+        b'b' => {
+            // BUILD: only the empty state of an OrderedDict or a tensor is accepted.
+            let state = pop(stack)?;
+            let obj = top(stack)?;
+            let empty = match &*state {
+                V::None => true,
+                V::Dict(d) => d.borrow().is_empty(),
+                V::Tuple(t) => t.is_empty(),
+                _ => false,
+            };
+            if !(empty && matches!(*obj, V::Dict(_) | V::Tensor(_))) {
+                return Err(format!("BUILD of a {} with state", obj.kind()));
+            }
+            return Ok(Step::Next);
+        }
+        other => {
+            return Err(format!(
+                "pickle opcode 0x{other:02x} at byte {at} is not supported"
+            ))
+        }
+    }))
 }
 
 /// A tensor inside a `.pt` file, located and checked.
