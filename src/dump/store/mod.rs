@@ -15,8 +15,8 @@
 //! Readers fill an [`OpsBuilder`] op by op ([`OpIn`], [`TensorIn`]: borrowed parts, so a
 //! parsed line is copied once, into the arenas); everything after reads through borrowed
 //! views ([`Op`], [`Tensor`]) whose accessors mirror the fields of the owned records
-//! ([`OpRec`], [`TensorRec`]), which remain the form a test or a tool builds ops in.
-
+//! ([`OpRec`], [`TensorRec`](crate::dump::TensorRec)), which remain the form a test or a
+//! tool builds ops in.
 //!
 //! The store's layout is here (the slots, the side tables, [`Ops`] and its whole-store
 //! operations); filling one is `builder`, reading one op or tensor is `views`.
@@ -76,7 +76,7 @@ struct OpSlot {
 /// dataflow `src` beside an `id`, NaN/Inf counts past `u32`, a name of its own.
 #[derive(Debug, Clone)]
 struct TensorSlot {
-    /// [`Stats`]' values; `present` is its presence mask (0: no statistics).
+    /// [`Stats`](crate::dump::Stats)' values; `present` is its presence mask (0: no statistics).
     values: [f64; 4],
     /// The dataflow id: `id` when HAS_ID, else `src` when HAS_SRC (with both, `src` is in
     /// `both_src`).
