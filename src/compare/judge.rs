@@ -17,83 +17,16 @@
 //! - A shape mismatch or NaN/Inf at different positions is an error.
 
 use super::align::{records, Alignment, TensorMatch, TensorRef, Unmatched};
+use super::carry::{Carry, NoiseWrite};
 use super::judged::{Judged, Pair, NO_REASON};
-use super::measure::{CompareKind, Measured, Measurement};
+use super::measure::{CompareKind, Measurement};
+pub use super::row::{Equality, Judgement, Row};
 use super::tolerance::{loosest, Tol, Tolerances};
-use super::{Carry, Sides};
+use super::Sides;
 use crate::dtype::DType;
 use crate::dump::{Direction, Ops, RankDump, Role, Stats, Tensor};
 pub use crate::vocab::Verdict;
 use rayon::prelude::*;
-use serde::{Deserialize, Serialize};
-
-/// The judge's word on one tensor pair.
-#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
-pub struct Judgement {
-    /// Pass, warning or error.
-    pub verdict: Verdict,
-    /// Why, for a person (empty for a pass).
-    pub reason: String,
-    /// The judged error measure (relative L2, or scaled statistics error): the smallest
-    /// error tolerance that would pass this tensor.
-    pub err: f64,
-    /// The same measure without the absolute floor (scale-free): what the localiser compares
-    /// between an op's inputs and outputs, since an op may rescale its data.
-    pub raw_err: f64,
-    /// The error tolerance applied.
-    pub tolerance: f64,
-    /// The precision floor in force (see the module docs).
-    pub precision: Option<DType>,
-}
-
-/// A judged tensor pair: one row of every report.
-#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
-pub struct Row {
-    /// What was measured.
-    pub tensor: Measured,
-    /// What the judge made of it.
-    pub judgement: Judgement,
-}
-
-/// How far the two sides of a pair are known to agree, when no difference was measured at
-/// all. The words differ because the evidence does: equal statistics say nothing about the
-/// elements (a permutation, or a sign flip that cancels in the mean, keeps them).
-#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord)]
-pub enum Equality {
-    /// Every recorded statistic is equal; the elements themselves were not compared.
-    Statistics,
-    /// The data is equal: every element (tensor mode) or the checksums.
-    Bitwise,
-}
-
-impl Row {
-    /// Whether, and how surely, the two sides are equal. None when any difference was
-    /// measured, even one within tolerance (`atol` forgives a difference, it does not make
-    /// the data equal: a pass with `rel_l2 = 2e-3` is not "identical").
-    pub fn equality(&self) -> Option<Equality> {
-        let (t, j) = (&self.tensor, &self.judgement);
-        if j.verdict != Verdict::Pass {
-            return None;
-        }
-        match t.kind {
-            CompareKind::Tensor => t
-                .metrics
-                .as_ref()
-                .filter(|m| m.euclid == 0.0 && m.nonfinite_mismatch == 0)
-                .map(|_| Equality::Bitwise),
-            CompareKind::Checksum if t.checksum_equal == Some(true) => Some(Equality::Bitwise),
-            CompareKind::Checksum | CompareKind::Statistics => {
-                (j.raw_err == 0.0).then_some(Equality::Statistics)
-            }
-            CompareKind::Unwritten | CompareKind::None => None,
-        }
-    }
-
-    /// Bitwise equal on both sides: every element, or the checksums.
-    pub fn identical(&self) -> bool {
-        self.equality() == Some(Equality::Bitwise)
-    }
-}
 
 /// An error measure against thresholds: the verdict and the reason a person reads.
 fn grade(err: f64, max_abs_scaled: f64, tol: &Tol, what: &str, dtype: &str) -> (Verdict, String) {
@@ -392,7 +325,7 @@ pub fn judge_all(
     let amplified = amplified_noise(&mut pairs, &mut reasons, &ops);
     let noise = amplified
         .into_iter()
-        .filter_map(|i| NoiseWrite::of(&ops, &pairs[i]))
+        .filter_map(|i| noise_write(&ops, &pairs[i]))
         .take(MAX_NOISE_WRITES)
         .collect();
     let leftovers = from_leftovers(&mut pairs, &mut reasons, &ops);
@@ -413,34 +346,17 @@ pub fn judge_all(
 /// holds, not a number real runs reach: one per bias that normalisation cancels).
 const MAX_NOISE_WRITES: usize = 4096;
 
-/// An output that differed between the runs only by rounding noise it amplified (turned
-/// into a warning by [`amplified_noise`]), with both runs' statistics bit for bit. The
-/// rank's next step reads that very value where an input has the same statistics in both
-/// runs: a parameter the optimizer updated in place, whose normalised update turned a
-/// near-zero gradient's noise into ±lr. That input then differs with no captured op at
-/// fault (analyze.rs), where it looked as if it changed outside the captured ops.
-#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
-pub struct NoiseWrite {
-    /// The op that wrote it.
-    pub op: String,
-    /// Its output.
-    pub tensor: String,
-    /// Both runs' [`Stats::fingerprint`].
-    pub stats: Sides<[u64; 4]>,
-}
-
-impl NoiseWrite {
-    fn of(ops: &Sides<Ops>, p: &Pair) -> Option<NoiseWrite> {
-        let t = Judged::tensors(ops, p);
-        Some(NoiseWrite {
-            op: ops.cmp.get(p.at as usize).key().text().to_string(),
-            tensor: t.cmp.name().into_owned(),
-            stats: Sides::new(
-                t.bench.stats()?.fingerprint()?,
-                t.cmp.stats()?.fingerprint()?,
-            ),
-        })
-    }
+/// The noise write of pair `p` (its op, its output, both runs' statistics bit for bit).
+fn noise_write(ops: &Sides<Ops>, p: &Pair) -> Option<NoiseWrite> {
+    let t = Judged::tensors(ops, p);
+    Some(NoiseWrite {
+        op: ops.cmp.get(p.at as usize).key().text().to_string(),
+        tensor: t.cmp.name().into_owned(),
+        stats: Sides::new(
+            t.bench.stats()?.fingerprint()?,
+            t.cmp.stats()?.fingerprint()?,
+        ),
+    })
 }
 
 /// Replaces pair `p`'s reason (or gives it one).

@@ -21,6 +21,7 @@
 //! the file and, where there is one, the line.
 
 mod builtin;
+mod files;
 mod msprobe_yaml;
 mod probe_toml;
 
@@ -29,8 +30,6 @@ use crate::op_key::api_name;
 
 use std::borrow::Cow;
 use std::collections::HashMap;
-use std::io::Read;
-use std::path::{Path, PathBuf};
 
 /// The largest mapping file read. msprobe's data mappings list one line per tensor (a few
 /// MB for a large model), far more than a tolerance file, hence a cap above
@@ -122,48 +121,6 @@ impl Mapping {
             passthrough: own(builtin::PASSTHROUGH),
             ..Mapping::default()
         }
-    }
-
-    /// Reads one mapping file: probe's TOML (`.toml`) or one of msprobe's YAML mapping files
-    /// (`.yaml`, `.yml`; which one is told by its content, see docs/compare.md). The
-    /// extension is checked before anything is read.
-    pub fn load(path: &Path) -> Result<Mapping, MappingError> {
-        let ext = path
-            .extension()
-            .and_then(|e| e.to_str())
-            .map(str::to_ascii_lowercase);
-        let parse: fn(&str, &Path) -> Result<Mapping, MappingError> = match ext.as_deref() {
-            Some("toml") => Mapping::from_toml,
-            Some("yaml" | "yml") => Mapping::from_yaml,
-            _ => {
-                return Err(MappingError::UnknownKind {
-                    path: path.to_path_buf(),
-                })
-            }
-        };
-        parse(&read_text(path)?, path)
-    }
-
-    /// The table for `probe compare --mapping A --mapping B`: A's entries, then B's, then
-    /// the built-in table's, so a file given earlier takes precedence.
-    pub fn with_files(paths: &[PathBuf]) -> Result<Mapping, MappingError> {
-        let mut all = Mapping::default();
-        for p in paths {
-            all = all.merge(Mapping::load(p)?);
-        }
-        Ok(all.merge(Mapping::builtin()))
-    }
-
-    /// probe's TOML mapping format from text (`path` names it in errors and in the rules'
-    /// `source`). The entry point of the TOML reader, for tests and fuzzing.
-    pub fn from_toml(text: &str, path: &Path) -> Result<Mapping, MappingError> {
-        probe_toml::parse(text, path)
-    }
-
-    /// One of msprobe's YAML mapping files from text: API mapping (`-am`), data mapping
-    /// (`-dm`), cell mapping (`-cm`) or layer mapping (`-lm`), told apart by content.
-    pub fn from_yaml(text: &str, path: &Path) -> Result<Mapping, MappingError> {
-        msprobe_yaml::parse(text, path)
     }
 
     /// Both tables in one: `self`'s entries first, so they win wherever the two disagree
@@ -315,31 +272,6 @@ fn name_matches(entry: &str, api: &str) -> bool {
 fn is_path_prefix(prefix: &str, path: &str) -> bool {
     path.strip_prefix(prefix)
         .is_some_and(|rest| rest.is_empty() || rest.starts_with('.'))
-}
-
-/// Reads a mapping file of at most [`MAX_MAPPING_BYTES`] as text.
-fn read_text(path: &Path) -> Result<String, MappingError> {
-    let io = |source: std::io::Error| match source.kind() {
-        std::io::ErrorKind::NotFound => MappingError::NotFound(path.to_path_buf()),
-        _ => MappingError::Io {
-            path: path.to_path_buf(),
-            source,
-        },
-    };
-    let f = std::fs::File::open(path).map_err(io)?;
-    let mut bytes = Vec::new();
-    f.take(MAX_MAPPING_BYTES + 1)
-        .read_to_end(&mut bytes)
-        .map_err(io)?;
-    if bytes.len() as u64 > MAX_MAPPING_BYTES {
-        return Err(MappingError::TooLarge {
-            path: path.to_path_buf(),
-            limit: MAX_MAPPING_BYTES,
-        });
-    }
-    String::from_utf8(bytes).map_err(|_| MappingError::NotText {
-        path: path.to_path_buf(),
-    })
 }
 
 /// Checks what an entry naming an API may be: `{ApiType}.{api}` in identifier characters

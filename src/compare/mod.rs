@@ -16,6 +16,8 @@
 
 pub mod align;
 pub mod analyze;
+pub mod carry;
+pub mod collectives;
 pub mod coverage;
 pub mod cross_rank;
 pub mod judge;
@@ -26,31 +28,30 @@ pub mod measure;
 pub mod micro_batch;
 pub mod op_rows;
 pub mod plan;
+pub mod row;
+mod run;
 pub mod shard;
 pub mod structural;
 pub mod tables;
 pub mod tolerance;
 mod unit;
 
-use crate::dtype::DType;
 use crate::dump::{self, Selection};
-use crate::error::{ProbeError, Result};
-use crate::progress::{Count, Progress};
 use crate::schema::summary::{Counts, Findings, IncompleteUnit, WorstOp};
-use crate::tensor::ShardCache;
 pub use crate::vocab::{MatchedBy, Side, Sides, Verdict};
 pub use align::{
     Aligner, Alignment, NameAligner, OpInfo, Region, TensorMatch, TensorRef, Unmatched, Why,
 };
-pub use judge::{Judgement, Row};
+pub use carry::Carry;
 pub use judged::Judged;
 pub use mapping::{MapRule, Mapping, MappingError};
 pub use measure::{CompareKind, Measured, Measurement, TensorSide};
 pub use plan::{Plan, Unit};
+pub use row::{Judgement, Row};
+pub use run::{run, run_part};
 use serde::{Deserialize, Serialize};
 pub use shard::{Frame, Outcome, RunPart, Shard};
-use std::collections::HashMap;
-use std::path::{Path, PathBuf};
+use std::path::PathBuf;
 pub use structural::StructuralAligner;
 pub use tables::{Parked, Parking, RowMemory, Tables, UnitRows, UnitTable};
 pub use tolerance::Tolerances;
@@ -81,7 +82,7 @@ pub struct UnitSummary {
     /// What this unit leaves to the rank's next step.
     pub carry: Carry,
     /// The comparison side's collectives (cross-rank analysis).
-    pub collectives: cross_rank::Collectives,
+    pub collectives: collectives::Collectives,
     /// Tensor counts of this unit (`pairs` 1, `ops` as above).
     pub counts: Counts,
     /// The unit's worst ops, worst first, at most [`WORST_OPS`]: the run's worst ops are
@@ -107,32 +108,6 @@ pub struct UnitSummary {
     /// Whether each side ran compiled code while it was captured (its manifest says so).
     #[serde(default)]
     pub compiled: Sides<bool>,
-}
-
-/// What a rank's step leaves to the comparison of its next step (units of a rank are
-/// compared in step order, in one process: `compare_part`).
-#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
-pub struct Carry {
-    /// The step it comes from (empty: none, a rank's first step).
-    pub step: String,
-    /// The precision floor its steps so far left (judge.rs).
-    pub floor: Option<DType>,
-    /// The outputs of that step that differed only by rounding noise they amplified
-    /// (judge.rs, `NoiseWrite`): an input of the next step with their statistics is their
-    /// value, carried over.
-    pub noise: Vec<judge::NoiseWrite>,
-}
-
-impl Carry {
-    /// The noise write whose value `t` is: both runs' statistics equal to its, bit for bit.
-    pub fn noise_write(&self, t: &Measured) -> Option<&judge::NoiseWrite> {
-        let s = &t.sides;
-        let bits = Sides::new(
-            s.bench.stats.as_ref()?.fingerprint()?,
-            s.cmp.stats.as_ref()?.fingerprint()?,
-        );
-        self.noise.iter().find(|w| w.stats == bits)
-    }
 }
 
 /// How many ops a unit's rows hold (consecutive rows of one op) and how many of them have
@@ -307,115 +282,4 @@ pub(crate) fn side_name(bench: bool, cmp: bool) -> &'static str {
         (true, false) => "bench",
         _ => "cmp",
     }
-}
-
-/// Compares every step/rank pair of the two dumps: the whole run.
-pub fn run(bench: &Path, cmp: &Path, opts: &Options, progress: &Progress) -> Result<CompareRun> {
-    Ok(run_part(bench, cmp, opts, Shard::All, progress)?.assemble())
-}
-
-/// Compares the step/rank pairs of `shard` (each rank's steps in order: the precision floor
-/// carries from step to step) and returns them with the plan's frame, for
-/// [`RunPart::assemble`] here or for `probe merge` after the other shards.
-pub fn run_part(
-    bench: &Path,
-    cmp: &Path,
-    opts: &Options,
-    shard: Shard,
-    progress: &Progress,
-) -> Result<RunPart> {
-    let plan = plan::plan(bench, cmp, &opts.selection)?;
-    if plan.units.is_empty() {
-        return Err(ProbeError::NothingComparable(format!(
-            "no step/rank of {} matches one of {}",
-            bench.display(),
-            cmp.display()
-        )));
-    }
-    let unpaired = plan
-        .unpaired
-        .iter()
-        .map(|(side, l)| IncompleteUnit {
-            step: l.step.clone(),
-            rank: l.rank.clone(),
-            side: match side {
-                Side::Bench => "cmp",
-                Side::Cmp => "bench",
-            }
-            .to_string(),
-            compared: false,
-            reason: format!("in the {} only", side.name()),
-        })
-        .collect();
-    let frame = Frame {
-        bench: bench.to_path_buf(),
-        cmp: cmp.to_path_buf(),
-        units: plan
-            .units
-            .iter()
-            .map(|u| format!("{}/{}", u.step, u.rank))
-            .collect(),
-        warnings: plan.warnings,
-        unpaired,
-    };
-    let caches = Sides::<ShardCache>::default();
-    let mut parking = Parking::new(opts.row_memory.clone());
-    let mut outcomes = Vec::new();
-    let mut carries: HashMap<String, Carry> = HashMap::new();
-    let chosen = shard.take(&plan.units);
-    let stage = progress.stage("compare", chosen.len() as u64, Count::Items);
-    let last = chosen.last().copied();
-    for index in chosen {
-        let unit = &plan.units[index];
-        stage.note(format!("{}/{}: reading", unit.step, unit.rank));
-        // The two sides are independent: read them at the same time.
-        let (b, c) = rayon::join(
-            || dump::load_rank(&unit.locs.bench),
-            || dump::load_rank(&unit.locs.cmp),
-        );
-        let dumps = Sides::new(b?, c?);
-        // A side without a single record (a run killed before its first flush): the pair
-        // is listed as incomplete and the other pairs are compared.
-        let (be, ce) = (dumps.bench.ops.is_empty(), dumps.cmp.ops.is_empty());
-        if be || ce {
-            let side = side_name(be, ce);
-            let dirs: Vec<String> = [(be, &unit.locs.bench), (ce, &unit.locs.cmp)]
-                .iter()
-                .filter(|(e, _)| *e)
-                .map(|(_, l)| l.dir.display().to_string())
-                .collect();
-            let warning = format!(
-                "{}: no op records (crashed run?); {}/{} not compared",
-                dirs.join(", "),
-                unit.step,
-                unit.rank
-            );
-            let incomplete = IncompleteUnit {
-                step: unit.step.clone(),
-                rank: unit.rank.clone(),
-                side: side.to_string(),
-                compared: false,
-                reason: format!("no op records in {side}"),
-            };
-            outcomes.push((
-                index,
-                Outcome::Skipped {
-                    warning,
-                    incomplete,
-                },
-            ));
-            stage.inc(1);
-            continue;
-        }
-        // What each rank's step leaves goes to its next step (units are in step order).
-        let carried = carries.remove(&unit.rank).unwrap_or_default();
-        stage.note(format!("{}/{}: aligning, measuring", unit.step, unit.rank));
-        let (summary, table) = compare_unit(unit, dumps, opts, &caches, progress, &carried)?;
-        stage.inc(1);
-        carries.insert(unit.rank.clone(), summary.carry.clone());
-        let table = parking.park(table, Some(index) == last)?;
-        outcomes.push((index, Outcome::Compared(Box::new(summary), table)));
-    }
-    parking.finish()?;
-    Ok(RunPart { frame, outcomes })
 }

@@ -5,8 +5,7 @@
 //! hint ([`rule`]).
 
 use super::context::{Context, Place};
-use super::local::Consumed;
-use super::rows::{finding, is_output, worst};
+use super::rows::{finding, is_output, worst, Consumed};
 use crate::compare::judge::Row;
 use crate::compare::op_rows::OpRows;
 use crate::dump::args::ArgDiff;

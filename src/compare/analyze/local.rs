@@ -10,7 +10,7 @@
 use super::context::Context;
 use super::rows::{
     cancellation, discrete, fails, finding, floating, is_input, is_output, leftover,
-    rounding_noise, unwritten_sides, worst,
+    rounding_noise, unwritten_sides, worst, Consumed,
 };
 use super::{arguments, decisions};
 use crate::compare::judge::{Equality, Row, Verdict};
@@ -50,36 +50,6 @@ pub(super) fn drift(cx: &mut Context) {
         .any(|&k| cx.has(k, Some(dir)));
         if fails && !explained && !cx.inherited(dir) {
             cx.drifts(dir);
-        }
-    }
-}
-
-/// What an op consumed, as the localiser weighs it.
-pub(super) struct Consumed<'r> {
-    /// Its inputs.
-    pub inputs: Vec<&'r &'r Row>,
-    /// Its outputs, less those that are rounding noise of the inputs (they cannot show a
-    /// local error).
-    pub outputs: Vec<&'r &'r Row>,
-    /// The tensors of its forward call, for a backward op.
-    pub saved: Vec<&'r Row>,
-    /// The weakest equality among everything it consumed (None: some differ).
-    pub equal: Option<Equality>,
-    /// The largest raw error among everything it consumed.
-    pub max_in: f64,
-}
-
-impl Consumed<'_> {
-    /// How a person counts what it consumed: `3 inputs and the 4 tensors of its forward call`.
-    pub fn said(&self) -> String {
-        if self.saved.is_empty() {
-            format!("{} inputs", self.inputs.len())
-        } else {
-            format!(
-                "{} inputs and the {} tensors of its forward call",
-                self.inputs.len(),
-                self.saved.len()
-            )
         }
     }
 }

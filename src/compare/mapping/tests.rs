@@ -1,4 +1,5 @@
 use super::*;
+use std::path::{Path, PathBuf};
 
 fn p(name: &str) -> PathBuf {
     PathBuf::from(name)

@@ -7,44 +7,8 @@
 //! only ever sees what it leaves between two anchors.
 
 use super::view::SideView;
-use crate::dump::{Op, Role};
-use foldhash::{HashMap, HashMapExt};
-use std::hash::{BuildHasher, Hash, Hasher};
 
-/// API name (module records: the module key base) and its input/output shapes. dtypes
-/// are left out on purpose: autocast changes them, not what the call computes. Signatures
-/// are only ever compared for equality within one process, so any well-mixed 64-bit hash
-/// does (foldhash with a fixed seed: SipHash took 7 % of a million-op compare).
-pub(super) fn signature(api: &str, op: Op) -> u64 {
-    let mut h = foldhash::quality::FixedState::with_seed(0).build_hasher();
-    api.hash(&mut h);
-    op.direction().name().hash(&mut h);
-    let inputs = || {
-        op.tensors()
-            .filter(|t| t.role() != Role::Output)
-            .map(|t| t.shape())
-    };
-    for t in op.tensors().filter(|t| t.role() == Role::Output) {
-        1u8.hash(&mut h);
-        t.shape().hash(&mut h);
-    }
-    // Inputs as a multiset: dumpers disagree on keyword vs positional slots. Most ops have
-    // a handful, sorted in place on the stack.
-    let mut few: [&[usize]; 8] = [&[]; 8];
-    let n = inputs().count();
-    if n <= few.len() {
-        for (slot, s) in few.iter_mut().zip(inputs()) {
-            *slot = s;
-        }
-        few[..n].sort_unstable();
-        few[..n].hash(&mut h);
-    } else {
-        let mut all: Vec<&[usize]> = inputs().collect();
-        all.sort_unstable();
-        all.hash(&mut h);
-    }
-    h.finish()
-}
+use foldhash::{HashMap, HashMapExt};
 
 /// The anchors of one group (`b`, `c`: its calls on each side): pairs of positions into
 /// `b` and `c`, increasing on both sides. `scratch` holds 0 for every API id (as many as

@@ -4,14 +4,14 @@
 //! before anything is paired, so that the passes compare ids and hashes instead of
 //! reading op records again (they take the groups out; the rest they only read).
 
-use super::anchors::signature;
 use super::dataflow::Dataflow;
 use crate::compare::align::match_keys;
 use crate::compare::mapping::Mapping;
-use crate::dump::{Direction, Op, OpKind, Ops, RankDump};
+use crate::dump::{Direction, Op, OpKind, Ops, RankDump, Role};
 use crate::op_key;
 use foldhash::{HashMap, HashMapExt};
 use std::collections::BTreeMap;
+use std::hash::{BuildHasher, Hash, Hasher};
 
 /// Forward, recomputed forward, backward.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash)]
@@ -175,4 +175,39 @@ impl<'a> SideView<'a> {
 /// Whether both sides say which module each call was made in.
 pub(super) fn has_modules(d: &RankDump) -> bool {
     d.ops.iter().any(|op| op.module().is_some())
+}
+
+/// API name (module records: the module key base) and its input/output shapes. dtypes
+/// are left out on purpose: autocast changes them, not what the call computes. Signatures
+/// are only ever compared for equality within one process, so any well-mixed 64-bit hash
+/// does (foldhash with a fixed seed: SipHash took 7 % of a million-op compare).
+pub(super) fn signature(api: &str, op: Op) -> u64 {
+    let mut h = foldhash::quality::FixedState::with_seed(0).build_hasher();
+    api.hash(&mut h);
+    op.direction().name().hash(&mut h);
+    let inputs = || {
+        op.tensors()
+            .filter(|t| t.role() != Role::Output)
+            .map(|t| t.shape())
+    };
+    for t in op.tensors().filter(|t| t.role() == Role::Output) {
+        1u8.hash(&mut h);
+        t.shape().hash(&mut h);
+    }
+    // Inputs as a multiset: dumpers disagree on keyword vs positional slots. Most ops have
+    // a handful, sorted in place on the stack.
+    let mut few: [&[usize]; 8] = [&[]; 8];
+    let n = inputs().count();
+    if n <= few.len() {
+        for (slot, s) in few.iter_mut().zip(inputs()) {
+            *slot = s;
+        }
+        few[..n].sort_unstable();
+        few[..n].hash(&mut h);
+    } else {
+        let mut all: Vec<&[usize]> = inputs().collect();
+        all.sort_unstable();
+        all.hash(&mut h);
+    }
+    h.finish()
 }
