@@ -13,10 +13,11 @@ use std::path::{Path, PathBuf};
 
 /// The kernel's bytes, when `build.rs` could build it for this target.
 #[cfg(probe_agent_kernel)]
-pub const KERNEL: Option<&[u8]> = Some(include_bytes!(concat!(env!("OUT_DIR"), "/agent_stats.so")));
+pub(crate) const KERNEL: Option<&[u8]> =
+    Some(include_bytes!(concat!(env!("OUT_DIR"), "/agent_stats.so")));
 /// The kernel's bytes, when `build.rs` could build it for this target.
 #[cfg(not(probe_agent_kernel))]
-pub const KERNEL: Option<&[u8]> = None;
+pub(crate) const KERNEL: Option<&[u8]> = None;
 
 /// Writes the kernel into `dir` (created when missing) unless the same bytes are there
 /// already, and returns its path.

@@ -25,7 +25,7 @@
 //! counts.
 
 /// The interface version the agent checks before it calls anything.
-pub const ABI: u32 = 1;
+pub(crate) const ABI: u32 = 1;
 
 const LANES: usize = 16;
 /// Elements a lane adds in float32 before flushing to its float64 total.
@@ -101,12 +101,12 @@ fn bf16_to_f32(b: u16) -> f32 {
 
 /// The statistics of float32 values (see the module doc), or None when empty or not all
 /// finite.
-pub fn stats_f32(x: &[f32]) -> Option<[f64; 4]> {
+pub(crate) fn stats_f32(x: &[f32]) -> Option<[f64; 4]> {
     stats(x, lanes_f32)
 }
 
 /// The statistics of bfloat16 values (their bits), widened to float32 exactly.
-pub fn stats_bf16(x: &[u16]) -> Option<[f64; 4]> {
+pub(crate) fn stats_bf16(x: &[u16]) -> Option<[f64; 4]> {
     stats(x, lanes_bf16)
 }
 
@@ -170,7 +170,7 @@ fn export<T>(x: *const T, n: usize, out: *mut f64, f: fn(&[T]) -> Option<[f64; 4
 
 /// The interface version ([`ABI`]).
 #[no_mangle]
-pub extern "C" fn probe_stats_abi() -> u32 {
+pub(crate) extern "C" fn probe_stats_abi() -> u32 {
     ABI
 }
 
@@ -179,7 +179,7 @@ pub extern "C" fn probe_stats_abi() -> u32 {
 /// # Safety
 /// `x` must point to `n` readable float32 values and `out` to room for four float64.
 #[no_mangle]
-pub unsafe extern "C" fn probe_stats_f32(x: *const f32, n: usize, out: *mut f64) -> i32 {
+pub(crate) unsafe extern "C" fn probe_stats_f32(x: *const f32, n: usize, out: *mut f64) -> i32 {
     export(x, n, out, stats_f32)
 }
 
@@ -188,7 +188,7 @@ pub unsafe extern "C" fn probe_stats_f32(x: *const f32, n: usize, out: *mut f64)
 /// # Safety
 /// `x` must point to `n` readable bfloat16 values and `out` to room for four float64.
 #[no_mangle]
-pub unsafe extern "C" fn probe_stats_bf16(x: *const u16, n: usize, out: *mut f64) -> i32 {
+pub(crate) unsafe extern "C" fn probe_stats_bf16(x: *const u16, n: usize, out: *mut f64) -> i32 {
     export(x, n, out, stats_bf16)
 }
 

@@ -1,5 +1,5 @@
 //! Atomic output files: write to a temporary file in the destination folder, then rename;
-//! and sets of files written all or nothing ([`Staging`]).
+//! and sets of files written all or nothing (`Staging`).
 //!
 //! A CI job that reads `summary.json` while probe is still writing, or after probe was
 //! killed, must never see half a file, nor a new `summary.json` beside the previous run's
@@ -10,7 +10,7 @@ use std::io::Write;
 use std::path::Path;
 
 /// Writes a file atomically; `fill` receives a buffered writer on the temporary file.
-pub fn write_with<F>(path: &Path, fill: F) -> Result<()>
+pub(crate) fn write_with<F>(path: &Path, fill: F) -> Result<()>
 where
     F: FnOnce(&mut std::io::BufWriter<std::fs::File>) -> std::result::Result<(), String>,
 {
@@ -34,12 +34,12 @@ where
 }
 
 /// Writes bytes atomically.
-pub fn write_bytes(path: &Path, bytes: &[u8]) -> Result<()> {
+pub(crate) fn write_bytes(path: &Path, bytes: &[u8]) -> Result<()> {
     write_with(path, |w| w.write_all(bytes).map_err(|e| e.to_string()))
 }
 
 /// The temporary name used next to `path` (same folder, so the rename cannot cross devices).
-pub fn temp_path(path: &Path) -> std::path::PathBuf {
+pub(crate) fn temp_path(path: &Path) -> std::path::PathBuf {
     let name = path
         .file_name()
         .map(|n| n.to_string_lossy().into_owned())
@@ -48,7 +48,7 @@ pub fn temp_path(path: &Path) -> std::path::PathBuf {
 }
 
 /// Checks before the long work that `dir` exists (creating it) and is writable.
-pub fn prepare_output_dir(dir: &Path) -> Result<()> {
+pub(crate) fn prepare_output_dir(dir: &Path) -> Result<()> {
     let err = |msg: String| ProbeError::Output {
         path: dir.to_path_buf(),
         msg,
@@ -68,7 +68,7 @@ pub fn prepare_output_dir(dir: &Path) -> Result<()> {
 /// once every one was written. Dropped without a commit (an error on the way), the staging
 /// folder is removed and the output folder keeps what it had.
 #[derive(Debug)]
-pub struct Staging {
+pub(crate) struct Staging {
     out: std::path::PathBuf,
     dir: std::path::PathBuf,
 }
@@ -89,14 +89,14 @@ impl Staging {
     }
 
     /// Where to write the file `name` of the set.
-    pub fn path(&self, name: &str) -> std::path::PathBuf {
+    pub(crate) fn path(&self, name: &str) -> std::path::PathBuf {
         self.dir.join(name)
     }
 
     /// Moves every staged file into the output folder (renames in one folder: no copy).
     /// Files are moved in the order given: put the one readers look at first (the summary)
     /// last. Nothing moves if a destination is a directory.
-    pub fn commit(self, names: &[String]) -> Result<()> {
+    pub(crate) fn commit(self, names: &[String]) -> Result<()> {
         if let Some(d) = names.iter().map(|n| self.out.join(n)).find(|p| p.is_dir()) {
             return Err(ProbeError::Output {
                 path: d,
@@ -149,7 +149,7 @@ fn resolved(p: &Path) -> std::path::PathBuf {
 
 /// Refuses an output folder inside one of the input dumps: reports would be written among
 /// the dump's files (and read back as part of it by the next compare).
-pub fn refuse_inside(out: &Path, inputs: &[&Path]) -> Result<()> {
+pub(crate) fn refuse_inside(out: &Path, inputs: &[&Path]) -> Result<()> {
     let o = resolved(out);
     for input in inputs {
         let i = resolved(input);

@@ -7,9 +7,9 @@ use std::io::Read;
 use std::path::Path;
 
 /// The largest configuration file read.
-pub const MAX_CONFIG_BYTES: u64 = 1 << 20;
+pub(crate) const MAX_CONFIG_BYTES: u64 = 1 << 20;
 
-/// Reads a configuration file of at most [`MAX_CONFIG_BYTES`].
+/// Reads a configuration file of at most `MAX_CONFIG_BYTES`.
 pub fn read(path: &Path) -> Result<String> {
     let bad = |msg: String| ProbeError::BadConfig {
         path: path.to_path_buf(),
@@ -31,7 +31,7 @@ pub fn read(path: &Path) -> Result<String> {
 
 /// `msg` with control characters (newlines, escapes, NUL ...) written as `\u{..}`, so a
 /// hostile file cannot break the one-line error or drive the terminal.
-pub fn printable(msg: &str) -> String {
+pub(crate) fn printable(msg: &str) -> String {
     msg.chars()
         .map(|c| {
             if c.is_control() {

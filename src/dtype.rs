@@ -82,13 +82,13 @@ impl DType {
     }
 
     /// Whether this is a floating-point type (f64, f32, f16 or bf16).
-    pub fn is_float(self) -> bool {
+    pub(crate) fn is_float(self) -> bool {
         matches!(self, DType::F64 | DType::F32 | DType::F16 | DType::BF16)
     }
 
     /// The gap between 1 and the next larger value of a float type (torch.finfo(...).eps):
     /// the relative rounding of one operation. None for integers and bool.
-    pub fn epsilon(self) -> Option<f64> {
+    pub(crate) fn epsilon(self) -> Option<f64> {
         match self {
             DType::F64 => Some(f64::EPSILON),
             DType::F32 => Some(f32::EPSILON as f64),
@@ -100,7 +100,7 @@ impl DType {
 
     /// Machine epsilon used by msprobe's relative error at positions where the benchmark
     /// is zero: float32's when the data is at most float32, else float64's.
-    pub fn rel_eps(self) -> f64 {
+    pub(crate) fn rel_eps(self) -> f64 {
         match self {
             DType::F64 => f64::EPSILON,
             _ => f32::EPSILON as f64,
@@ -164,7 +164,7 @@ impl AnyDType {
     }
 
     /// The decodable dtype, if this is one.
-    pub fn known(&self) -> Option<DType> {
+    pub(crate) fn known(&self) -> Option<DType> {
         match self {
             AnyDType::Known(d) => Some(*d),
             AnyDType::Other(_) => None,
@@ -172,7 +172,7 @@ impl AnyDType {
     }
 
     /// The canonical name of a known dtype, or the name as written.
-    pub fn name(&self) -> &str {
+    pub(crate) fn name(&self) -> &str {
         match self {
             AnyDType::Known(d) => d.name(),
             AnyDType::Other(s) => s,

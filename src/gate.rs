@@ -8,16 +8,16 @@ use std::str::FromStr;
 /// Within tolerance (compare), no difference at the gate's level (config-check).
 pub const EXIT_PASS: u8 = 0;
 /// A divergence (or difference) at or above `--fail-on`.
-pub const EXIT_FAIL: u8 = 1;
+pub(crate) const EXIT_FAIL: u8 = 1;
 /// A usage or input error; one line on stderr names the file, op or tensor.
 pub const EXIT_INPUT: u8 = 2;
 /// Nothing could be compared.
-pub const EXIT_NOTHING_COMPARABLE: u8 = 3;
+pub(crate) const EXIT_NOTHING_COMPARABLE: u8 = 3;
 /// Compared, but incomplete: some step/rank pairs or records are missing on one side (a
 /// crashed or full-disk run), or more than `--max-unmatched` of a side's tensors have no
 /// counterpart (a capture that stopped early), and nothing failed the gate in what could
 /// be compared (a divergence still exits [`EXIT_FAIL`]).
-pub const EXIT_INCOMPLETE: u8 = 4;
+pub(crate) const EXIT_INCOMPLETE: u8 = 4;
 
 /// The default of `probe compare --max-unmatched`: more than 5 % of a side's tensors
 /// without a counterpart makes a comparison incomplete.
@@ -38,7 +38,7 @@ pub fn parse_fraction(s: &str) -> Result<f64, String> {
 }
 
 /// A fraction is a number from 0 to 1 inclusive.
-pub fn check_fraction(v: f64) -> Result<f64, String> {
+pub(crate) fn check_fraction(v: f64) -> Result<f64, String> {
     if (0.0..=1.0).contains(&v) {
         Ok(v)
     } else {
@@ -60,7 +60,7 @@ pub enum FailOn {
 
 impl FailOn {
     /// Whether a verdict fails the gate.
-    pub fn fails(self, verdict: Verdict) -> bool {
+    pub(crate) fn fails(self, verdict: Verdict) -> bool {
         match self {
             FailOn::Error => verdict == Verdict::Error,
             FailOn::Warning => verdict >= Verdict::Warning,
@@ -69,7 +69,7 @@ impl FailOn {
     }
 
     /// The exit code for a verdict.
-    pub fn exit_code(self, verdict: Verdict) -> u8 {
+    pub(crate) fn exit_code(self, verdict: Verdict) -> u8 {
         if self.fails(verdict) {
             EXIT_FAIL
         } else {

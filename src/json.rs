@@ -74,7 +74,7 @@ pub fn accept_nonfinite(text: &[u8]) -> Cow<'_, [u8]> {
 }
 
 /// [`accept_nonfinite`] for text.
-pub fn accept_nonfinite_str(text: &str) -> Cow<'_, str> {
+pub(crate) fn accept_nonfinite_str(text: &str) -> Cow<'_, str> {
     match accept_nonfinite(text.as_bytes()) {
         Cow::Borrowed(_) => Cow::Borrowed(text),
         // Only ASCII was replaced by ASCII at token boundaries: still UTF-8.

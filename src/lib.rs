@@ -8,6 +8,17 @@
 //! config packs; [`synth`] writes deterministic synthetic dumps for tests, demos and
 //! benchmarks. [`schema`] holds the on-disk record types shared by readers and writers;
 //! [`progress`] draws progress bars on stderr for the long stages.
+//!
+//! # What the library exports
+//!
+//! The items are `pub(crate)` unless something outside the crate needs them: the `probe`
+//! binary (`main.rs`: the commands of [`app`], the gate's exit codes), the integration
+//! tests and fuzz targets (the readers' entry points on bytes, the record types tests build
+//! dumps from, the compare stages a test drives unit by unit), and a program that embeds
+//! probe: [`compare::run`] and [`verdict::summarize`] over two dump folders, the
+//! [`Summary`] they give, the report writers ([`report::writers`]) and [`config_check`]'s
+//! packs. The modules stay public so those paths hold; what a module keeps to the crate is
+//! its own business and may change without notice.
 #![warn(missing_docs)]
 
 pub mod agent_kernel;

@@ -175,7 +175,7 @@ struct VerdictArgs {
     fail_on: FailOn,
     /// The comparison is incomplete (exit 4) when more than this share of either side's
     /// tensors in a step/rank pair has no counterpart: 0.05 or 5%.
-    #[arg(long, value_name = "FRACTION", default_value = "0.05", value_parser = gate::parse_fraction)]
+    #[arg(long, value_name = "FRACTION", default_value_t = gate::DEFAULT_MAX_UNMATCHED, value_parser = gate::parse_fraction)]
     max_unmatched: f64,
     /// Report formats to write (comma separated): json, parquet, xlsx, html.
     #[arg(long, value_delimiter = ',', default_value = "json,parquet,xlsx,html")]

@@ -18,7 +18,7 @@ pub fn small_pages_only() {
 /// Where a compare's memory goes: with `PROBE_TRACE_MEMORY` set, prints the resident and
 /// peak resident memory after each stage (`stage`) on stderr, one line each. A diagnostic
 /// for benchmarks and bug reports (docs/performance.md); without the variable, nothing.
-pub fn trace(stage: &str) {
+pub(crate) fn trace(stage: &str) {
     if std::env::var_os("PROBE_TRACE_MEMORY").is_none() {
         return;
     }

@@ -94,7 +94,7 @@ pub enum Role {
 
 impl Role {
     /// The name used in the probe dump format and in reports.
-    pub fn name(self) -> &'static str {
+    pub(crate) fn name(self) -> &'static str {
         match self {
             Role::Input => "input",
             Role::Output => "output",
@@ -183,7 +183,7 @@ impl KeyParts {
     /// Parses a key's text. Never fails: a key outside the grammar is kept as written,
     /// with the direction read from its last `forward`/`backward` part (forward if none).
     /// Walks the key's bytes once and allocates nothing.
-    pub(crate) fn of(raw: &str) -> KeyParts {
+    pub fn of(raw: &str) -> KeyParts {
         // The last three dot-separated parts, and where each starts.
         let mut tail: [(usize, &str); 3] = [(0, ""); 3];
         let mut n = 0usize;
@@ -254,13 +254,13 @@ impl KeyParts {
     }
 
     /// The call counter, when the key has one.
-    pub(crate) fn call(&self) -> Option<u64> {
+    pub fn call(&self) -> Option<u64> {
         self.has_call.then_some(self.call)
     }
 }
 
 /// A parsed op key over its text `S`: owned ([`OpKey`], what records and rows hold) or
-/// borrowed from a compact op store ([`KeyRef`]). [`Key::as_str`] gives the key exactly as
+/// borrowed from a compact op store (`KeyRef`). [`Key::as_str`] gives the key exactly as
 /// written; equality and hashing go by that text (everything else follows from it).
 #[derive(Debug, Clone, Copy)]
 pub struct Key<S> {
@@ -272,7 +272,7 @@ pub struct Key<S> {
 pub type OpKey = Key<Box<str>>;
 
 /// An op key borrowed from the store it was read into (no allocation).
-pub type KeyRef<'a> = Key<&'a str>;
+pub(crate) type KeyRef<'a> = Key<&'a str>;
 
 /// The module path of a module record's key (`Module.a.b.Class.forward.0`, msprobe's
 /// `Cell.` too: `a.b`); None for other keys.
@@ -281,20 +281,30 @@ pub fn module_path(key: &str) -> Option<&str> {
 }
 
 /// A module record's key split into its module path and class (`Module.a.b.Class.forward.0`,
-/// msprobe's `Cell.` too: `("a.b", "Class")`); None for other keys.
-pub fn module_class(key: &str) -> Option<(&str, &str)> {
+/// a parameter-gradient record's `Module.a.b.Class.parameters_grad`, msprobe's `Cell.` too:
+/// `("a.b", "Class")`); None for other keys.
+pub(crate) fn module_class(key: &str) -> Option<(&str, &str)> {
     let rest = key
         .strip_prefix("Module.")
         .or_else(|| key.strip_prefix("Cell."))?;
-    let mut parts = rest.rsplitn(4, '.');
-    let (_call, _direction, class, path) =
-        (parts.next()?, parts.next()?, parts.next()?, parts.next()?);
+    let head = match rest.strip_suffix(".parameters_grad") {
+        Some(head) => head,
+        None => {
+            let (head, call) = rest.rsplit_once('.')?;
+            let (head, direction) = head.rsplit_once('.')?;
+            if !is_call(call) || Direction::parse(direction).is_none() {
+                return None;
+            }
+            head
+        }
+    };
+    let (path, class) = head.rsplit_once('.')?;
     Some((path, class))
 }
 
 /// An API name without an op key's call counter and direction:
 /// `Functional.gelu.3.forward` → `Functional.gelu`; anything else unchanged.
-pub fn api_name(op: &str) -> &str {
+pub(crate) fn api_name(op: &str) -> &str {
     let Some((rest, dir)) = op.rsplit_once('.') else {
         return op;
     };
@@ -310,7 +320,7 @@ pub fn api_name(op: &str) -> &str {
 /// The slot of a forward tensor's gradient in its backward call: a forward input's gradient
 /// is the backward call's output in the same position, a forward output's its input
 /// (`input.1` → `output.1`); None for other slots (parameters, keyword arguments' names).
-pub fn gradient_slot(slot: &str) -> Option<String> {
+pub(crate) fn gradient_slot(slot: &str) -> Option<String> {
     if let Some(i) = slot.strip_prefix("input.") {
         Some(format!("output.{i}"))
     } else {
@@ -330,7 +340,7 @@ impl OpKey {
     }
 
     /// [`OpKey::parse`] of an owned key (no copy).
-    pub fn from_string(raw: String) -> OpKey {
+    pub(crate) fn from_string(raw: String) -> OpKey {
         let parts = KeyParts::of(&raw);
         Key {
             raw: raw.into_boxed_str(),
@@ -346,7 +356,7 @@ impl<'a> KeyRef<'a> {
     }
 
     /// An owned copy.
-    pub fn to_owned(self) -> OpKey {
+    pub(crate) fn to_owned(self) -> OpKey {
         Key {
             raw: self.raw.into(),
             parts: self.parts,
@@ -354,12 +364,12 @@ impl<'a> KeyRef<'a> {
     }
 
     /// The key as written, for as long as its store lives.
-    pub fn text(self) -> &'a str {
+    pub(crate) fn text(self) -> &'a str {
         self.raw
     }
 
     /// [`Key::base`], for as long as its store lives.
-    pub fn base_text(self) -> &'a str {
+    pub(crate) fn base_text(self) -> &'a str {
         let end = (self.parts.base_len as usize).min(self.raw.len());
         self.raw.get(..end).unwrap_or(self.raw)
     }
@@ -445,14 +455,6 @@ impl<S: AsRef<str>> Key<S> {
     pub fn slot<'t>(&self, tensor: &'t str) -> Option<&'t str> {
         tensor.strip_prefix(self.as_str())?.strip_prefix('.')
     }
-
-    /// A tensor name of this op moved under another key of the same op (renumbering).
-    pub fn rename_tensor(&self, tensor: &str, new_key: &str) -> String {
-        match self.slot(tensor) {
-            Some(slot) => format!("{new_key}.{slot}"),
-            None => tensor.to_string(),
-        }
-    }
 }
 
 impl<S: AsRef<str>, T: AsRef<str>> PartialEq<Key<T>> for Key<S> {
@@ -472,7 +474,7 @@ impl<S: AsRef<str>> std::hash::Hash for Key<S> {
 /// Whether an op draws random numbers: then different outputs from agreeing inputs are a
 /// different random draw (seeds, generator state), not a faulty kernel.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Randomness {
+pub(crate) enum Randomness {
     /// Deterministic (as far as its name tells).
     None,
     /// Always draws: dropout, `rand*`, `bernoulli`, `normal_`, ...
@@ -485,7 +487,7 @@ pub enum Randomness {
 /// The APIs that draw random numbers, as `Type.api` with `*` for any characters: the one
 /// list the localiser reads (docs/compare.md, "Random ops"). Forward calls only: a backward
 /// call reuses its forward call's mask.
-pub const RANDOM_APIS: &[&str] = &[
+pub(crate) const RANDOM_APIS: &[&str] = &[
     "Functional.*dropout*",
     "Functional.rrelu*",
     "Functional.gumbel_softmax",
@@ -517,7 +519,7 @@ pub const RANDOM_APIS: &[&str] = &[
 ];
 
 /// Module classes that draw random numbers (`Module.drop.Dropout.forward.0`).
-pub const RANDOM_MODULES: &[&str] = &[
+pub(crate) const RANDOM_MODULES: &[&str] = &[
     "Dropout",
     "Dropout1d",
     "Dropout2d",
@@ -528,7 +530,7 @@ pub const RANDOM_MODULES: &[&str] = &[
 ];
 
 /// APIs and module classes that draw random numbers only when their dropout is active.
-pub const DROPOUT_WHEN_ACTIVE: &[&str] = &[
+pub(crate) const DROPOUT_WHEN_ACTIVE: &[&str] = &[
     "Functional.scaled_dot_product_attention",
     "Functional.multi_head_attention_forward",
     "Torch._scaled_dot_product_*attention*",
@@ -542,7 +544,7 @@ pub const DROPOUT_WHEN_ACTIVE: &[&str] = &[
 /// often memory just allocated, is not what they compute from. Matched as [`RANDOM_APIS`].
 /// So do the in-place random fills among [`RANDOM_APIS`] (`Tensor.normal_`, ...);
 /// `dist.gather` writes its second argument; any call writes an `out=` buffer this way.
-pub const WRITE_ONLY_APIS: &[&str] = &[
+pub(crate) const WRITE_ONLY_APIS: &[&str] = &[
     "Tensor.copy_",
     "Tensor.fill_",
     "Tensor.zero_",
@@ -579,7 +581,7 @@ fn wildcard(pattern: &str, s: &str) -> bool {
 impl<S: AsRef<str>> Key<S> {
     /// Whether the tensor in `slot` (`input.0`, `input.0.1`, `input.out`) is a target this
     /// op only writes ([`WRITE_ONLY_APIS`]): its value before the call is not an input.
-    pub fn only_writes(&self, slot: &str) -> bool {
+    pub(crate) fn only_writes(&self, slot: &str) -> bool {
         let under = |t: &str| slot == t || slot.strip_prefix(t).is_some_and(|r| r.starts_with('.'));
         if under("input.out") {
             return true;
@@ -610,7 +612,7 @@ impl<S: AsRef<str>> Key<S> {
 
     /// Whether this op draws random numbers ([`RANDOM_APIS`], [`RANDOM_MODULES`],
     /// [`DROPOUT_WHEN_ACTIVE`]).
-    pub fn randomness(&self) -> Randomness {
+    pub(crate) fn randomness(&self) -> Randomness {
         if self.parts.direction != Direction::Forward {
             return Randomness::None;
         }
@@ -665,6 +667,12 @@ mod tests {
             Some(("net", "Dense"))
         );
         assert_eq!(module_class("Module.Linear.forward.0"), None);
+        let grad = "Module.a.b.Linear.parameters_grad";
+        assert_eq!(module_class(grad), Some(("a.b", "Linear")));
+        assert_eq!(module_path(grad), Some("a.b"));
+        // Not a call of a module: no direction and call counter, or no path.
+        assert_eq!(module_class("Module.a.b.Linear.forward"), None);
+        assert_eq!(module_class("Module.a.b.Linear.output.0"), None);
         assert_eq!(module_class("Functional.linear.0.forward"), None);
     }
 
@@ -862,10 +870,6 @@ mod tests {
         let k = OpKey::parse("Functional.gelu.3.backward");
         let t = "Functional.gelu.3.backward.input.0";
         assert_eq!(k.slot(t), Some("input.0"));
-        assert_eq!(
-            k.rename_tensor(t, "Functional.gelu.0.backward"),
-            "Functional.gelu.0.backward.input.0"
-        );
         assert_eq!(k.slot("Functional.gelu.30.backward.input.0"), None);
     }
 }

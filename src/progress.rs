@@ -3,7 +3,7 @@
 //!
 //! The command layer decides once whether bars are shown ([`Progress::new`]: only when
 //! stderr is a terminal and `-q` was not given) and hands a [`Progress`] down by reference;
-//! the library stages only say what they are doing ([`Progress::stage`], [`Stage::inc`]).
+//! the library stages only say what they are doing (`Progress::stage`, `Stage::inc`).
 //! A hidden `Progress` does nothing at all, so a run whose stderr is a file or a pipe (CI,
 //! tests) writes exactly what it wrote before, and the stages stay deterministic. Bars are
 //! cleared when their stage ends: what stays on the terminal is the summary.
@@ -13,7 +13,7 @@ use std::io::IsTerminal;
 
 /// What a stage counts.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Count {
+pub(crate) enum Count {
     /// Things (units, tensors, files, reports).
     Items,
     /// Bytes (shown as KiB, MiB, ...).
@@ -27,7 +27,13 @@ pub struct Progress {
 }
 
 impl Progress {
-    /// Bars on stderr when `visible` is true ([`Progress::visible`] says when), else hidden.
+    /// Whether this one shows bars.
+    #[cfg(test)]
+    pub(crate) fn is_visible(&self) -> bool {
+        self.bars.is_some()
+    }
+
+    /// Bars on stderr when `visible` is true (`Progress::visible` says when), else hidden.
     pub fn new(visible: bool) -> Progress {
         Progress {
             bars: visible.then(|| MultiProgress::with_draw_target(ProgressDrawTarget::stderr())),
@@ -45,17 +51,12 @@ impl Progress {
     }
 
     /// Whether bars are shown: only on a terminal, and never with `-q`.
-    pub fn visible(quiet: bool, stderr_is_terminal: bool) -> bool {
+    pub(crate) fn visible(quiet: bool, stderr_is_terminal: bool) -> bool {
         !quiet && stderr_is_terminal
     }
 
-    /// Whether this one shows bars.
-    pub fn is_visible(&self) -> bool {
-        self.bars.is_some()
-    }
-
     /// A stage of `total` steps named `name`; its bar goes away when the stage is dropped.
-    pub fn stage(&self, name: &str, total: u64, count: Count) -> Stage {
+    pub(crate) fn stage(&self, name: &str, total: u64, count: Count) -> Stage {
         let Some(multi) = &self.bars else {
             return Stage { bar: None };
         };
@@ -82,30 +83,31 @@ pub struct Stage {
 }
 
 impl Stage {
+    /// Whether this one shows bars.
+    #[cfg(test)]
+    pub(crate) fn is_visible(&self) -> bool {
+        self.bar.is_some()
+    }
+
     /// `n` more steps done.
-    pub fn inc(&self, n: u64) {
+    pub(crate) fn inc(&self, n: u64) {
         if let Some(b) = &self.bar {
             b.inc(n);
         }
     }
 
     /// `done` steps done in all.
-    pub fn set(&self, done: u64) {
+    pub(crate) fn set(&self, done: u64) {
         if let Some(b) = &self.bar {
             b.set_position(done);
         }
     }
 
     /// What the stage is doing now (shown after the counts).
-    pub fn note(&self, msg: impl Into<String>) {
+    pub(crate) fn note(&self, msg: impl Into<String>) {
         if let Some(b) = &self.bar {
             b.set_message(msg.into());
         }
-    }
-
-    /// Whether a bar is drawn.
-    pub fn is_visible(&self) -> bool {
-        self.bar.is_some()
     }
 }
 

@@ -60,7 +60,7 @@ pub enum Flag {
 
 impl Flag {
     /// The name used in reports.
-    pub fn name(self) -> &'static str {
+    pub(crate) fn name(self) -> &'static str {
         match self {
             Flag::Finite => "",
             Flag::NegInfOnly => "-inf only",
@@ -69,17 +69,6 @@ impl Flag {
             Flag::NonFinite => "nan/inf",
             Flag::Leftover => "nan/inf from leftover bytes",
             Flag::ScalerSkipped => "nan/inf in a step the loss scaler skipped",
-        }
-    }
-
-    /// How much a tensor with this flag weighs in the verdict.
-    pub fn verdict(self) -> Verdict {
-        match self {
-            Flag::Finite | Flag::NegInfOnly => Verdict::Pass,
-            Flag::Underflow | Flag::OverflowRisk | Flag::ScalerSkipped => Verdict::Warning,
-            // An error still: memory that code the agent does not see (a C++ extension's
-            // kernel) wrote can look unwritten, and a real NaN must not pass as a warning.
-            Flag::NonFinite | Flag::Leftover => Verdict::Error,
         }
     }
 }
@@ -107,7 +96,7 @@ pub struct ScanRow {
 
 impl ScanRow {
     /// Whether the op consumed this tensor (an input, or a parameter of a forward call).
-    pub fn consumed(&self) -> bool {
+    pub(crate) fn consumed(&self) -> bool {
         self.role == Role::Input
             || (self.role == Role::Parameter && self.op.direction == Direction::Forward)
     }
@@ -368,7 +357,7 @@ fn finding(
 const KEEP: usize = 20;
 
 /// Scans one step/rank.
-pub fn scan_unit(dump: RankDump, opts: &ScanOptions) -> ScanUnit {
+pub(crate) fn scan_unit(dump: RankDump, opts: &ScanOptions) -> ScanUnit {
     let RankDump {
         loc,
         ops,
@@ -658,7 +647,11 @@ pub fn run(dump: &Path, opts: &ScanOptions, progress: &Progress) -> Result<ScanR
 
 /// The run-wide verdict of a scan: counts, headline, exit code; `outputs` are the report
 /// files the command writes, by format.
-pub fn summarize(run: &ScanRun, fail_on: FailOn, outputs: BTreeMap<String, String>) -> ScanSummary {
+pub(crate) fn summarize(
+    run: &ScanRun,
+    fail_on: FailOn,
+    outputs: BTreeMap<String, String>,
+) -> ScanSummary {
     let mut c = ScanCounts {
         units: run.units.len(),
         ..ScanCounts::default()

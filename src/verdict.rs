@@ -382,7 +382,7 @@ fn story<'a>(in_step: &[&'a PairSummary]) -> Option<(FindingKind, &'a Finding)> 
 /// The op a divergence's headline names (the reports label it as the culprit): the
 /// headline's finding, or with no single divergent op (accumulated drift) the earliest
 /// failing op. None when no tensor is out of tolerance.
-pub fn culprit(s: &Summary) -> Option<&Finding> {
+pub(crate) fn culprit(s: &Summary) -> Option<&Finding> {
     // A distributed run's headline names the rank where the divergence began, which may
     // act later than the ranks that inherited it (cross_rank.rs).
     if let Some(o) = &s.origin {

@@ -19,7 +19,7 @@ pub enum Verdict {
 
 impl Verdict {
     /// The name used in reports.
-    pub fn name(self) -> &'static str {
+    pub(crate) fn name(self) -> &'static str {
         match self {
             Verdict::Pass => "pass",
             Verdict::Warning => "warning",
@@ -40,7 +40,7 @@ pub enum Side {
 
 impl Side {
     /// `bench` or `cmp`.
-    pub fn name(self) -> &'static str {
+    pub(crate) fn name(self) -> &'static str {
         match self {
             Side::Bench => "bench",
             Side::Cmp => "cmp",
@@ -64,7 +64,7 @@ impl<T> Sides<T> {
     }
 
     /// The same function applied to both sides.
-    pub fn map<U>(self, mut f: impl FnMut(T) -> U) -> Sides<U> {
+    pub(crate) fn map<U>(self, mut f: impl FnMut(T) -> U) -> Sides<U> {
         Sides {
             bench: f(self.bench),
             cmp: f(self.cmp),
@@ -72,7 +72,7 @@ impl<T> Sides<T> {
     }
 
     /// Borrows both sides.
-    pub fn as_ref(&self) -> Sides<&T> {
+    pub(crate) fn as_ref(&self) -> Sides<&T> {
         Sides {
             bench: &self.bench,
             cmp: &self.cmp,
@@ -80,7 +80,7 @@ impl<T> Sides<T> {
     }
 
     /// Bench then cmp.
-    pub fn pair(&self) -> (&T, &T) {
+    pub(crate) fn pair(&self) -> (&T, &T) {
         (&self.bench, &self.cmp)
     }
 }
@@ -107,7 +107,7 @@ pub enum MatchedBy {
 
 impl MatchedBy {
     /// The name used in reports.
-    pub fn name(self) -> &'static str {
+    pub(crate) fn name(self) -> &'static str {
         match self {
             MatchedBy::Exact => "exact",
             MatchedBy::Aligned => "aligned",
@@ -146,7 +146,7 @@ pub enum FindingKind {
 
 impl FindingKind {
     /// Every kind, in listing order.
-    pub const ALL: [FindingKind; 8] = [
+    pub(crate) const ALL: [FindingKind; 8] = [
         FindingKind::ExternalSource,
         FindingKind::FirstDivergent,
         FindingKind::FirstNonfinite,
@@ -157,22 +157,8 @@ impl FindingKind {
         FindingKind::EarliestFailing,
     ];
 
-    /// Its key in `summary.json` (a phased kind holds `forward` and `backward`).
-    pub fn field(self) -> &'static str {
-        match self {
-            FindingKind::ExternalSource => "external_source",
-            FindingKind::FirstDivergent => "first_divergent",
-            FindingKind::FirstNonfinite => "first_nonfinite",
-            FindingKind::OtherArgs => "other_args",
-            FindingKind::NearTie => "near_tie",
-            FindingKind::RandomDraw => "random_draw",
-            FindingKind::FirstWarning => "first_warning",
-            FindingKind::EarliestFailing => "earliest_failing",
-        }
-    }
-
     /// Whether a unit has one per phase (forward, backward) rather than one in all.
-    pub fn phased(self) -> bool {
+    pub(crate) fn phased(self) -> bool {
         !matches!(
             self,
             FindingKind::FirstNonfinite | FindingKind::OtherArgs | FindingKind::FirstWarning
@@ -206,7 +192,7 @@ impl FindingKind {
 
     /// Whether it locates a divergence's start (the html report's culprit card): a locally
     /// divergent op, or where the divergence enters.
-    pub fn locates_divergence(self) -> bool {
+    pub(crate) fn locates_divergence(self) -> bool {
         matches!(
             self,
             FindingKind::FirstDivergent | FindingKind::ExternalSource
@@ -216,7 +202,7 @@ impl FindingKind {
     /// The story a headline tells with it, where it tells one: at the same op, the lower
     /// says more (NaN/Inf before a random draw, before a near tie, before an outside
     /// source, before a local divergence). None: the headline tells no story with it.
-    pub fn story_rank(self) -> Option<u8> {
+    pub(crate) fn story_rank(self) -> Option<u8> {
         match self {
             FindingKind::FirstNonfinite => Some(0),
             FindingKind::RandomDraw => Some(1),

@@ -46,12 +46,12 @@ impl TensorRef {
     }
 
     /// Index of the op.
-    pub fn op(self) -> usize {
+    pub(crate) fn op(self) -> usize {
         self.op as usize
     }
 
     /// Index of the tensor in the op.
-    pub fn tensor(self) -> usize {
+    pub(crate) fn tensor(self) -> usize {
         self.tensor as usize
     }
 }
@@ -100,24 +100,11 @@ pub enum Why {
 }
 
 impl Why {
-    /// The name used in reports.
-    pub fn name(self) -> &'static str {
-        match self {
-            Why::Unmatched => "unmatched",
-            Why::ShapeMismatch => "shape_mismatch",
-            Why::Recompute => "recompute",
-            Why::Inside => "inside",
-            Why::Unhooked => "unhooked",
-            Why::LossScaler => "loss_scaler",
-            Why::SkippedUpdate => "skipped_update",
-        }
-    }
-
     /// Whether the tensor counts as missing from the comparison (the `--max-unmatched`
     /// gate): recomputation, region interiors, views the other dumper does not hook, a
     /// one-sided loss scaler's arithmetic and the update it skipped are accounted for
     /// elsewhere.
-    pub fn missing(self) -> bool {
+    pub(crate) fn missing(self) -> bool {
         matches!(self, Why::Unmatched | Why::ShapeMismatch)
     }
 }
@@ -156,12 +143,7 @@ pub struct Alignment {
     pub regions: Vec<Region>,
 }
 
-impl Alignment {
-    /// The records of a pair.
-    pub fn records(&self, m: &TensorMatch) -> Sides<Tensor<'_>> {
-        records(&self.dumps, m)
-    }
-}
+impl Alignment {}
 
 /// The records of a pair in the two op logs it was found in.
 pub fn records<'a>(dumps: &'a Sides<RankDump>, m: &TensorMatch) -> Sides<Tensor<'a>> {
@@ -187,7 +169,7 @@ pub struct NameAligner;
 /// Per op, the key its tensors are matched under when it differs from the op's own key:
 /// backward calls renumbered by their occurrence among backward calls of the same API or
 /// module (None: the key as written, e.g. every forward call).
-pub fn match_keys(ops: &Ops) -> Vec<Option<Box<str>>> {
+pub(crate) fn match_keys(ops: &Ops) -> Vec<Option<Box<str>>> {
     let mut seen: HashMap<&str, u64> = HashMap::new();
     ops.iter()
         .map(|op| {

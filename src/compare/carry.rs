@@ -23,7 +23,7 @@ pub struct Carry {
 
 impl Carry {
     /// The noise write whose value `t` is: both runs' statistics equal to its, bit for bit.
-    pub fn noise_write(&self, t: &Measured) -> Option<&NoiseWrite> {
+    pub(crate) fn noise_write(&self, t: &Measured) -> Option<&NoiseWrite> {
         let s = &t.sides;
         let bits = Sides::new(
             s.bench.stats.as_ref()?.fingerprint()?,

@@ -42,7 +42,7 @@ pub struct Collectives {
 
 impl Collectives {
     /// The group of a call of this unit.
-    pub fn group(&self, c: &CollectiveCall) -> &[u32] {
+    pub(crate) fn group(&self, c: &CollectiveCall) -> &[u32] {
         self.groups
             .get(c.group as usize)
             .map_or(&[], |g| g.as_slice())

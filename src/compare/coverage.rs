@@ -33,7 +33,7 @@ pub struct SideCoverage {
 impl SideCoverage {
     /// The share of this side's tensors without a counterpart (0 for a side without
     /// tensors).
-    pub fn unmatched_fraction(&self) -> f64 {
+    pub(crate) fn unmatched_fraction(&self) -> f64 {
         if self.tensors == 0 {
             0.0
         } else {

@@ -10,7 +10,7 @@
 //! It reads [`UnitSummary`]s only: the collectives each unit recorded
 //! ([`UnitSummary::collectives`]) and its findings.
 
-pub use super::collectives::{calls_of, epoch, judge_calls, CollectiveCall, Collectives};
+pub use super::collectives::{calls_of, epoch, judge_calls, CollectiveCall};
 use super::UnitSummary;
 use crate::schema::summary::{label_key, Finding, Origin, Propagation, Via};
 use crate::vocab::FindingKind;
@@ -18,7 +18,7 @@ use foldhash::{HashMap, HashMapExt, HashSet};
 use std::collections::BTreeMap;
 
 /// The rank number of a `rank3` label (a `proc<PID>` label has none).
-pub fn rank_number(label: &str) -> Option<u32> {
+pub(crate) fn rank_number(label: &str) -> Option<u32> {
     label.strip_prefix("rank")?.parse().ok()
 }
 
@@ -27,7 +27,7 @@ type CallId<'a> = (&'a [u32], u64);
 
 /// What the cross-rank analysis found.
 #[derive(Debug, Clone, PartialEq)]
-pub struct CrossRank {
+pub(crate) struct CrossRank {
     /// Where the divergence began.
     pub origin: Origin,
     /// The ranks that inherited it.
@@ -86,7 +86,7 @@ fn via(u: &UnitSummary, c: &CollectiveCall) -> Via {
 /// ranks through a recorded collective (or a collective is itself the culprit); `None`
 /// otherwise (single-rank dumps, dumps without collective records, ranks that diverged
 /// each on their own).
-pub fn analyze(units: &[UnitSummary]) -> Option<CrossRank> {
+pub(crate) fn analyze(units: &[UnitSummary]) -> Option<CrossRank> {
     let failing = |u: &UnitSummary| u.counts.error > 0;
     let step = units
         .iter()
@@ -211,18 +211,18 @@ pub fn analyze(units: &[UnitSummary]) -> Option<CrossRank> {
 }
 
 /// `[0, 1, 2]`.
-pub fn group_text(g: &[u32]) -> String {
+pub(crate) fn group_text(g: &[u32]) -> String {
     let v: Vec<String> = g.iter().map(|n| n.to_string()).collect();
     format!("[{}]", v.join(", "))
 }
 
 /// A rank label as a headline names it: `rank 1` (a `proc` label as is).
-pub fn rank_text(label: &str) -> String {
+pub(crate) fn rank_text(label: &str) -> String {
     rank_number(label).map_or_else(|| label.to_string(), |n| format!("rank {n}"))
 }
 
 /// The headline of a cross-rank divergence.
-pub fn headline(x: &CrossRank) -> String {
+pub(crate) fn headline(x: &CrossRank) -> String {
     let o = &x.origin;
     let f = &x.finding;
     let mut out = match &o.collective {

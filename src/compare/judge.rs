@@ -11,7 +11,7 @@
 //!   and warned on by their largest elementwise error scaled by the largest |b| (so a
 //!   handful of wild elements cannot hide) when it exceeds `atol`.
 //! - **Statistics** are judged by their differences relative to the tensor's scale
-//!   ([`crate::metrics::StatDiff::scaled_err`]); NaN/Inf counts must agree.
+//!   (`crate::metrics::StatDiff::scaled_err`); NaN/Inf counts must agree.
 //! - **Checksums**: equal is a pass; different is an error unless statistics say the values
 //!   are within tolerance (then a warning).
 //! - A shape mismatch or NaN/Inf at different positions is an error.
@@ -104,7 +104,7 @@ fn nonfinite_mismatch(b: Option<&Stats>, c: Option<&Stats>) -> Option<String> {
 /// Judges one pair, read from its two records (`op` and `name` are the comparison
 /// side's), under the precision floor `precision` (`carried`: set by an earlier step of
 /// the rank, not by this one's ops).
-pub fn judge(
+pub(crate) fn judge(
     op: &str,
     t: Sides<Tensor>,
     m: &Measurement,
@@ -245,7 +245,7 @@ const JUDGE_BLOCK: usize = 1 << 14;
 
 /// Measures a block of a unit's pairs (in order): the measure stage, handed to the judge so
 /// that a unit's measurements are never all held at once.
-pub type Measure<'m> =
+pub(crate) type Measure<'m> =
     dyn Fn(&Sides<RankDump>, &[TensorMatch]) -> crate::error::Result<Vec<Measurement>> + Sync + 'm;
 
 /// Measures (with `measure`) and judges a unit's pairs in execution order, a block at a
@@ -255,7 +255,7 @@ pub type Measure<'m> =
 /// next step: the floor at the end of this unit when it has a backward phase (its update
 /// used gradients of that precision), else `carried` (a forward-only step changes no
 /// weight). The first measurement error (in pair order) stops it.
-pub fn judge_all(
+pub(crate) fn judge_all(
     a: Alignment,
     measure: &Measure,
     tols: &Tolerances,

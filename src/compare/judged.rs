@@ -51,7 +51,7 @@ pub(super) struct Pair {
 
 /// What a unit's summary counts of a pair ([`Judged::brief`]).
 #[derive(Debug, Clone, Copy)]
-pub struct Brief {
+pub(crate) struct Brief {
     /// Its verdict.
     pub verdict: Verdict,
     /// Its judged error.
@@ -98,18 +98,13 @@ impl Judged {
 
     /// How many differing pairs were computed from leftover bytes both runs read, and the
     /// op where that starts: what this unit could not compare.
-    pub fn leftovers(&self) -> Option<&(usize, String)> {
+    pub(crate) fn leftovers(&self) -> Option<&(usize, String)> {
         self.leftovers.as_ref()
     }
 
     /// How many pairs (rows).
-    pub fn len(&self) -> usize {
+    pub(crate) fn len(&self) -> usize {
         self.pairs.len()
-    }
-
-    /// Whether there are none.
-    pub fn is_empty(&self) -> bool {
-        self.pairs.is_empty()
     }
 
     /// The two tensors of pair `p`.
@@ -119,7 +114,7 @@ impl Judged {
     }
 
     /// The row of pair `i`.
-    pub fn row(&self, i: usize) -> Row {
+    pub(crate) fn row(&self, i: usize) -> Row {
         let p = &self.pairs[i];
         let op = OpInfo::of(self.ops.cmp.get(p.at as usize));
         let x = Measurement {
@@ -145,7 +140,7 @@ impl Judged {
     }
 
     /// What a unit's summary counts of pair `i`, without making its row.
-    pub fn brief(&self, i: usize) -> Brief {
+    pub(crate) fn brief(&self, i: usize) -> Brief {
         let p = &self.pairs[i];
         Brief {
             verdict: p.verdict,
@@ -157,7 +152,7 @@ impl Judged {
     }
 
     /// The rows of `range`.
-    pub fn rows(&self, range: Range<usize>) -> Vec<Row> {
+    pub(crate) fn rows(&self, range: Range<usize>) -> Vec<Row> {
         range.map(|i| self.row(i)).collect()
     }
 
@@ -172,7 +167,7 @@ impl Judged {
     }
 
     /// Where each op's rows are, in order (an op's rows are consecutive).
-    pub fn groups(&self) -> impl Iterator<Item = Range<usize>> + '_ {
+    pub(crate) fn groups(&self) -> impl Iterator<Item = Range<usize>> + '_ {
         let mut s = 0;
         std::iter::from_fn(move || {
             (s < self.pairs.len()).then(|| {
@@ -186,7 +181,7 @@ impl Judged {
 
     /// Calls `f` with the rows in order, a chunk of whole ops at a time; stops at the
     /// first error.
-    pub fn visit(&self, f: &mut dyn FnMut(&[Row]) -> Result<()>) -> Result<()> {
+    pub(crate) fn visit(&self, f: &mut dyn FnMut(&[Row]) -> Result<()>) -> Result<()> {
         let mut s = 0;
         while s < self.pairs.len() {
             let mut e = (s + CHUNK).min(self.pairs.len());
@@ -200,7 +195,7 @@ impl Judged {
     }
 
     /// About how many bytes it holds: the records of both sides and the pairs.
-    pub fn weight(&self) -> usize {
+    pub(crate) fn weight(&self) -> usize {
         let boxed = self
             .pairs
             .iter()
@@ -219,7 +214,7 @@ impl Judged {
 }
 
 /// A judged unit op by op, as the localiser reads it.
-pub struct ByOp<'a> {
+pub(crate) struct ByOp<'a> {
     judged: &'a Judged,
     /// Where each op's pairs start (`u32`: a unit of a million ops holds one each).
     starts: Vec<u32>,
@@ -237,7 +232,7 @@ impl ByOp<'_> {
 
 impl Judged {
     /// The unit op by op.
-    pub fn by_op(&self) -> ByOp<'_> {
+    pub(crate) fn by_op(&self) -> ByOp<'_> {
         ByOp {
             judged: self,
             // Pair positions, fewer than an op store's u32 tensors.

@@ -34,7 +34,7 @@ const NEAR: f64 = 0.05;
 /// The index of a side's last record of gradients (a backward call, DDP's gradient
 /// all-reduce): the forward calls after it are the optimizer's update. Parameter gradients
 /// are recorded when capture stops, after everything: not a mark.
-pub fn last_gradients(ops: &Ops) -> Option<usize> {
+pub(crate) fn last_gradients(ops: &Ops) -> Option<usize> {
     ops.iter()
         .rposition(|op| holds_gradients(op) && op.kind() != OpKind::ParametersGrad)
 }
@@ -66,7 +66,7 @@ fn from_leftovers(ops: &Ops) -> HashSet<String> {
 /// The loss scale between the two sides of an aligned unit, if its first shared gradient
 /// says there is one (see the module docs). Gradients computed from leftover bytes are
 /// passed over ([`from_leftovers`]).
-pub fn detect(al: &Alignment) -> Option<LossScale> {
+pub(crate) fn detect(al: &Alignment) -> Option<LossScale> {
     let (bench, cmp) = (&al.dumps.bench.ops, &al.dumps.cmp.ops);
     let leftovers = from_leftovers(cmp);
     let seed = al.matches.iter().find(|m| {
@@ -108,7 +108,7 @@ pub fn detect(al: &Alignment) -> Option<LossScale> {
 
 /// The unit with the one-sided loss scaler's arithmetic marked `loss_scaler` (module docs):
 /// run on the alignment as read, before [`unscaled`] divides the gradients' statistics.
-pub fn scaler_arithmetic(al: Alignment, s: &LossScale) -> Alignment {
+pub(crate) fn scaler_arithmetic(al: Alignment, s: &LossScale) -> Alignment {
     let mut al = al;
     // (on the comparison side, op index) -> its one-sided tensors
     let mut one_sided: BTreeMap<(bool, usize), Vec<usize>> = BTreeMap::new();
@@ -148,7 +148,7 @@ pub fn scaler_arithmetic(al: Alignment, s: &LossScale) -> Alignment {
 /// `skipped`'s scaler skipped this step, the other run's forward calls after its last
 /// backward or gradient all-reduce (the optimizer's update, which the skipping run never
 /// made) that found no counterpart are the skip's, not missing.
-pub fn skipped_update(al: Alignment, skipped: Side) -> Alignment {
+pub(crate) fn skipped_update(al: Alignment, skipped: Side) -> Alignment {
     let mut al = al;
     let ops = match skipped {
         Side::Bench => &al.dumps.cmp.ops,
@@ -170,7 +170,7 @@ pub fn skipped_update(al: Alignment, skipped: Side) -> Alignment {
 }
 
 /// The unit with the comparison side's gradients divided by the scale (module docs).
-pub fn unscaled(al: Alignment, s: &LossScale) -> Alignment {
+pub(crate) fn unscaled(al: Alignment, s: &LossScale) -> Alignment {
     let mut al = al;
     let ops = std::mem::take(&mut al.dumps.cmp.ops);
     al.dumps.cmp.ops = ops.with_tensors(|op, t| {

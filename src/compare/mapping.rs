@@ -29,13 +29,12 @@ pub use crate::error::MappingError;
 use crate::op_key::api_name;
 
 use std::borrow::Cow;
-use std::collections::HashMap;
 
 /// The largest mapping file read. msprobe's data mappings list one line per tensor (a few
 /// MB for a large model), far more than a tolerance file, hence a cap above
 /// [`crate::config_file::MAX_CONFIG_BYTES`]; still small enough that a mistyped path to a
 /// dump or `/dev/zero` is refused at once.
-pub const MAX_MAPPING_BYTES: u64 = 16 << 20;
+pub(crate) const MAX_MAPPING_BYTES: u64 = 16 << 20;
 
 /// One equivalence between runs of ops: a fused computation and the ops a composition of
 /// it may be made of.
@@ -56,12 +55,12 @@ pub struct MapRule {
 
 impl MapRule {
     /// Whether `api` is one of the fused APIs.
-    pub fn is_fused(&self, api: &str) -> bool {
+    pub(crate) fn is_fused(&self, api: &str) -> bool {
         self.fused.iter().any(|p| name_matches(p, api))
     }
 
     /// Whether `api` may appear in this rule's region: fused or composition.
-    pub fn covers(&self, api: &str) -> bool {
+    pub(crate) fn covers(&self, api: &str) -> bool {
         self.is_fused(api) || self.composition.iter().any(|p| name_matches(p, api))
     }
 
@@ -84,7 +83,7 @@ pub struct LayerRename {
 }
 
 /// The mapping table in force for a compare. Earlier entries take precedence over later
-/// ones: the files' entries come before the built-in table's ([`Mapping::merge`]).
+/// ones: the files' entries come before the built-in table's (`Mapping::merge`).
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
 pub struct Mapping {
     /// Equivalences between op runs, tried in order.
@@ -106,7 +105,7 @@ pub struct Mapping {
 impl Mapping {
     /// The documented built-in table (docs/compare.md, "Mapping files"): rules and the
     /// passthrough set; no renames (a rename is specific to one pair of runs).
-    pub fn builtin() -> Mapping {
+    pub(crate) fn builtin() -> Mapping {
         let own = |v: &[&str]| v.iter().map(|s| s.to_string()).collect::<Vec<_>>();
         Mapping {
             rules: builtin::RULES
@@ -126,7 +125,7 @@ impl Mapping {
     /// Both tables in one: `self`'s entries first, so they win wherever the two disagree
     /// (the first matching rule is the one returned, the first rename of a name the one
     /// applied). Merge user files over the built-in table as `user.merge(builtin)`.
-    pub fn merge(mut self, other: Mapping) -> Mapping {
+    pub(crate) fn merge(mut self, other: Mapping) -> Mapping {
         self.rules.extend(other.rules);
         self.api_renames.extend(other.api_renames);
         self.tensor_pairs.extend(other.tensor_pairs);
@@ -141,7 +140,7 @@ impl Mapping {
     }
 
     /// Whether region matching ignores `api` (a view, layout change, copy or cast).
-    pub fn is_passthrough(&self, api: &str) -> bool {
+    pub(crate) fn is_passthrough(&self, api: &str) -> bool {
         let api = api_name(api);
         self.passthrough.iter().any(|p| name_matches(p, api))
     }
@@ -156,7 +155,7 @@ impl Mapping {
     /// rule's fused APIs, and the other only APIs the rule names (its composition, or fused
     /// APIs too: `NPU.npu_rms_norm` against `Functional.rms_norm` is the same computation).
     /// Rules are tried in table order; the first that explains the pair is returned.
-    pub fn rule_for(&self, bench: &[&str], cmp: &[&str]) -> Option<&MapRule> {
+    pub(crate) fn rule_for(&self, bench: &[&str], cmp: &[&str]) -> Option<&MapRule> {
         let (b, c) = (self.significant(bench), self.significant(cmp));
         if b.is_empty() || c.is_empty() {
             return None;
@@ -177,28 +176,18 @@ impl Mapping {
 
     /// The benchmark's name for a comparison API name (the first rename of it), or the name
     /// itself.
-    pub fn bench_api<'a>(&'a self, cmp_api: &'a str) -> &'a str {
+    pub(crate) fn bench_api<'a>(&'a self, cmp_api: &'a str) -> &'a str {
         self.api_renames
             .iter()
             .find(|(c, _)| c == cmp_api)
             .map_or(cmp_api, |(_, b)| b.as_str())
     }
 
-    /// The tensor pairs as a lookup table, comparison name → benchmark name (the first pair
-    /// of a name wins). Built once per use: a data mapping can list every tensor of a model.
-    pub fn tensor_index(&self) -> HashMap<&str, &str> {
-        let mut index = HashMap::with_capacity(self.tensor_pairs.len());
-        for (c, b) in &self.tensor_pairs {
-            index.entry(c.as_str()).or_insert(b.as_str());
-        }
-        index
-    }
-
     /// A comparison module path (`model.layers.3.attn`, or the path-and-class part of a
     /// module key, `fc2.Dense`: no `Module.`/`Cell.` prefix) under the benchmark's names: the
     /// longest matching prefix of [`Mapping::module_renames`] replaced, prefixes matching on
     /// dotted boundaries only (`model.layer` is not a prefix of `model.layers.3`).
-    pub fn bench_module<'a>(&self, cmp_module: &'a str) -> Cow<'a, str> {
+    pub(crate) fn bench_module<'a>(&self, cmp_module: &'a str) -> Cow<'a, str> {
         let mut best: Option<&(String, String)> = None;
         for r in &self.module_renames {
             if is_path_prefix(&r.0, cmp_module) && best.is_none_or(|b| r.0.len() > b.0.len()) {
@@ -216,7 +205,7 @@ impl Mapping {
     /// comparison run's names) has a [`LayerRename`] for it takes the benchmark's name.
     /// `class_of` is how the caller knows classes (from module keys, `construct.json`); a
     /// parent it cannot name is passed over.
-    pub fn bench_module_in<'a, 'c>(
+    pub(crate) fn bench_module_in<'a, 'c>(
         &self,
         cmp_module: &'a str,
         class_of: impl Fn(&str) -> Option<&'c str>,

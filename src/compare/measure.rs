@@ -25,7 +25,7 @@ pub enum CompareKind {
     Checksum,
     /// Recorded statistics only.
     Statistics,
-    /// Not compared: a side read memory nothing had written ([`Tensor::unwritten`]), whose
+    /// Not compared: a side read memory nothing had written (`Tensor::unwritten`), whose
     /// leftover bytes no two runs share.
     Unwritten,
     /// Nothing usable on one side (no data, no statistics).
@@ -34,7 +34,7 @@ pub enum CompareKind {
 
 impl CompareKind {
     /// The name used in reports.
-    pub fn name(self) -> &'static str {
+    pub(crate) fn name(self) -> &'static str {
         match self {
             CompareKind::Tensor => "tensor",
             CompareKind::Checksum => "checksum",
@@ -54,14 +54,14 @@ pub struct TensorSide {
     pub shape: Vec<usize>,
     /// Statistics recorded at capture time.
     pub stats: Option<Stats>,
-    /// Read from memory nothing had written ([`Tensor::unwritten`]).
+    /// Read from memory nothing had written (`Tensor::unwritten`).
     #[serde(default, skip_serializing_if = "std::ops::Not::not")]
     pub unwritten: bool,
 }
 
 impl TensorSide {
     /// Number of elements.
-    pub fn numel(&self) -> usize {
+    pub(crate) fn numel(&self) -> usize {
         self.shape.iter().product()
     }
 }
@@ -106,7 +106,7 @@ impl Measured {
     }
 
     /// Whether the comparison side holds NaN/Inf that the benchmark does not.
-    pub fn new_nonfinite(&self) -> bool {
+    pub(crate) fn new_nonfinite(&self) -> bool {
         if let Some(m) = &self.metrics {
             return m.nonfinite_c > 0 && m.nonfinite_mismatch > 0;
         }
@@ -114,7 +114,7 @@ impl Measured {
     }
 
     /// Whether the comparison side holds any NaN/Inf.
-    pub fn cmp_nonfinite(&self) -> bool {
+    pub(crate) fn cmp_nonfinite(&self) -> bool {
         match &self.metrics {
             Some(m) => m.nonfinite_c > 0,
             None => nonfinite(&self.sides.cmp.stats) > 0,
@@ -123,7 +123,7 @@ impl Measured {
 }
 
 /// Non-finite element count from recorded statistics (0 when unknown).
-pub fn nonfinite(s: &Option<Stats>) -> u64 {
+pub(crate) fn nonfinite(s: &Option<Stats>) -> u64 {
     s.as_ref().and_then(|s| s.nonfinite()).unwrap_or(0)
 }
 
@@ -156,7 +156,7 @@ pub struct Measurement {
 
 /// Measures one pair (statistics differences are the judge's to derive, see
 /// [`Measured::stat_diff`]).
-pub fn measure(t: Sides<Tensor>, caches: &Sides<ShardCache>) -> Result<Measurement> {
+pub(crate) fn measure(t: Sides<Tensor>, caches: &Sides<ShardCache>) -> Result<Measurement> {
     let kind = kind_of(&t);
     let (b, c) = (t.bench, t.cmp);
     let metrics = match (b.data(), c.data()) {
@@ -215,7 +215,7 @@ impl Measured {
 /// Measures `pairs` of the two op logs in parallel, keeping their order; `tick` is called
 /// after each pair. The first error (in pair order) is returned, so the message does not
 /// depend on thread timing.
-pub fn measure_pairs(
+pub(crate) fn measure_pairs(
     dumps: &Sides<RankDump>,
     pairs: &[TensorMatch],
     caches: &Sides<ShardCache>,

@@ -39,7 +39,7 @@ fn first_sizes(ops: &Ops, end: usize) -> HashMap<&str, usize> {
 
 /// How the two runs take their step's data, where it differs.
 #[derive(Debug, Clone, PartialEq, Eq)]
-pub enum Batching {
+pub(crate) enum Batching {
     /// One run takes it in more forward passes (module docs).
     Micro(MicroBatches),
     /// The runs read data of other sizes.
@@ -51,7 +51,7 @@ pub enum Batching {
 /// the two sides (calls before it, such as splitting the batch, read the same): the runs
 /// differ in micro-batching when one calls it k times as often on inputs k times smaller
 /// (module docs), else in their data's size.
-pub fn detect(dumps: &Sides<RankDump>) -> Option<Batching> {
+pub(crate) fn detect(dumps: &Sides<RankDump>) -> Option<Batching> {
     if !whole_pass_differs(dumps) {
         return None;
     }

@@ -14,24 +14,24 @@
 //! (sharded) and their results combined. Its rows are parked ([`tables`]) so that a run's
 //! memory does not grow with its number of units.
 
-pub mod align;
-pub mod analyze;
-pub mod carry;
-pub mod collectives;
-pub mod coverage;
-pub mod cross_rank;
+pub(crate) mod align;
+pub(crate) mod analyze;
+pub(crate) mod carry;
+pub(crate) mod collectives;
+pub(crate) mod coverage;
+pub(crate) mod cross_rank;
 pub mod judge;
-pub mod judged;
-pub mod loss_scale;
-pub mod mapping;
-pub mod measure;
-pub mod micro_batch;
-pub mod op_rows;
-pub mod plan;
-pub mod row;
+pub(crate) mod judged;
+pub(crate) mod loss_scale;
+pub(crate) mod mapping;
+pub(crate) mod measure;
+pub(crate) mod micro_batch;
+pub(crate) mod op_rows;
+pub(crate) mod plan;
+pub(crate) mod row;
 mod run;
 pub mod shard;
-pub mod structural;
+pub(crate) mod structural;
 pub mod tables;
 pub mod tolerance;
 mod unit;
@@ -85,7 +85,7 @@ pub struct UnitSummary {
     pub collectives: collectives::Collectives,
     /// Tensor counts of this unit (`pairs` 1, `ops` as above).
     pub counts: Counts,
-    /// The unit's worst ops, worst first, at most [`WORST_OPS`]: the run's worst ops are
+    /// The unit's worst ops, worst first, at most `WORST_OPS`: the run's worst ops are
     /// the worst of these.
     pub worst: Vec<WorstCandidate>,
     /// Ops with compared tensors, and how many of them fail: the error chart's size, known
@@ -122,12 +122,12 @@ pub struct ChartCounts {
 
 /// Consecutive rows of one op (an op's tensors are adjacent in a unit's rows): the ops the
 /// chart and the per-op table show.
-pub fn op_groups(rows: &[Row]) -> impl Iterator<Item = &[Row]> {
+pub(crate) fn op_groups(rows: &[Row]) -> impl Iterator<Item = &[Row]> {
     rows.chunk_by(|a, b| a.tensor.op.index == b.tensor.op.index)
 }
 
 /// How many worst ops a unit keeps, and the summary lists.
-pub const WORST_OPS: usize = 20;
+pub(crate) const WORST_OPS: usize = 20;
 
 /// An op among the worst: its line in `worst_ops`, and its judged error as measured (the
 /// line's `err` is null when infinite; ordering needs the value).
@@ -141,7 +141,7 @@ pub struct WorstCandidate {
 
 impl WorstCandidate {
     /// Worst first: verdict, then error (NaN above everything, `total_cmp`).
-    pub fn order(a: &WorstCandidate, b: &WorstCandidate) -> std::cmp::Ordering {
+    pub(crate) fn order(a: &WorstCandidate, b: &WorstCandidate) -> std::cmp::Ordering {
         b.op.verdict
             .cmp(&a.op.verdict)
             .then(b.err.total_cmp(&a.err))
@@ -150,7 +150,7 @@ impl WorstCandidate {
 
 impl UnitSummary {
     /// About how many bytes its table takes in memory (what `--row-memory` counts).
-    pub fn weight(&self) -> usize {
+    pub(crate) fn weight(&self) -> usize {
         tables::weight(self.counts.tensors + self.counts.one_sided())
     }
 }
@@ -187,7 +187,7 @@ pub enum Level {
 
 impl Level {
     /// The name `-l` takes.
-    pub fn name(self) -> &'static str {
+    pub(crate) fn name(self) -> &'static str {
         match self {
             Level::Api => "api",
             Level::Module => "module",
@@ -196,7 +196,7 @@ impl Level {
     }
 
     /// Whether records of `kind` are compared at this level.
-    pub fn keeps(self, kind: dump::OpKind) -> bool {
+    pub(crate) fn keeps(self, kind: dump::OpKind) -> bool {
         match self {
             Level::Mix => true,
             Level::Api => kind == dump::OpKind::Api,
@@ -240,7 +240,7 @@ impl std::str::FromStr for AlignRule {
 
 impl AlignRule {
     /// The aligner of this rule.
-    pub fn aligner(self, mapping: mapping::Mapping) -> Box<dyn Aligner> {
+    pub(crate) fn aligner(self, mapping: mapping::Mapping) -> Box<dyn Aligner> {
         match self {
             AlignRule::Structural => Box::new(StructuralAligner::new(mapping)),
             AlignRule::Name => Box::new(NameAligner),

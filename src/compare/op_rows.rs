@@ -11,7 +11,7 @@ use std::borrow::Cow;
 
 /// What the localiser knows of an op before it reads its rows.
 #[derive(Debug, Clone, Copy)]
-pub struct Head {
+pub(crate) struct Head {
     /// The op's sequence number.
     pub seq: u64,
     /// Forward or backward.
@@ -28,7 +28,7 @@ pub struct Head {
 /// heads of all, the rows of those it looks into. Rows may be made when read, so the
 /// localiser reads only the ops that can matter (flagged or holding NaN/Inf, and the
 /// forward calls of those it examines).
-pub trait OpRows {
+pub(crate) trait OpRows {
     /// How many ops.
     fn ops(&self) -> usize;
     /// Op `k`'s key.

@@ -35,7 +35,7 @@ pub struct Plan {
 
 /// Discovers both dumps and pairs their ranks.
 /// Only the folders `selection` keeps take part (on both sides).
-pub fn plan(bench: &Path, cmp: &Path, selection: &Selection) -> Result<Plan> {
+pub(crate) fn plan(bench: &Path, cmp: &Path, selection: &Selection) -> Result<Plan> {
     let b = selection.apply(dump::discover(bench)?)?;
     let c = selection.apply(dump::discover(cmp)?)?;
     let (pairs, mut warnings, unpaired) = pair_ranks(&b, &c);
@@ -107,14 +107,17 @@ fn other_world(b: &DumpSet, c: &DumpSet) -> Option<String> {
 }
 
 /// Step/rank folders of one side that no folder of the other pairs with.
-pub type Unpaired = Vec<(Side, RankLoc)>;
+pub(crate) type Unpaired = Vec<(Side, RankLoc)>;
 
 /// Pairs ranks of the two sides: by (step, rank) name, or the only rank of each side.
 ///
 /// msprobe names a folder `proc<PID>` when it knows no rank, and the PID differs between
 /// runs: within a step, folders left unpaired by name are paired by sorted position when
 /// either side uses `proc` names (msprobe's own rule).
-pub fn pair_ranks(b: &DumpSet, c: &DumpSet) -> (Vec<(RankLoc, RankLoc)>, Vec<String>, Unpaired) {
+pub(crate) fn pair_ranks(
+    b: &DumpSet,
+    c: &DumpSet,
+) -> (Vec<(RankLoc, RankLoc)>, Vec<String>, Unpaired) {
     if b.ranks.len() == 1 && c.ranks.len() == 1 {
         let (bl, cl) = (&b.ranks[0], &c.ranks[0]);
         // Two `rank<N>` folders of different N hold different data (another batch, another

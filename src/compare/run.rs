@@ -23,7 +23,7 @@ pub fn run(bench: &Path, cmp: &Path, opts: &Options, progress: &Progress) -> Res
 
 /// Compares the step/rank pairs of `shard` (each rank's steps in order: the precision floor
 /// carries from step to step) and returns them with the plan's frame, for
-/// [`RunPart::assemble`] here or for `probe merge` after the other shards.
+/// `RunPart::assemble` here or for `probe merge` after the other shards.
 pub fn run_part(
     bench: &Path,
     cmp: &Path,

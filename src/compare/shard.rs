@@ -91,7 +91,7 @@ impl fmt::Display for Shard {
 
 impl Shard {
     /// The plan indices of the units this shard compares, in plan order.
-    pub fn take(&self, units: &[Unit]) -> Vec<usize> {
+    pub(crate) fn take(&self, units: &[Unit]) -> Vec<usize> {
         let Shard::Part { index, count } = *self else {
             return (0..units.len()).collect();
         };
@@ -161,7 +161,7 @@ pub struct RunPart {
 impl RunPart {
     /// The run these units make, warnings and incomplete pairs in the order an unsharded
     /// compare gives them: the plan's, then each unit's in unit order.
-    pub fn assemble(self) -> CompareRun {
+    pub(crate) fn assemble(self) -> CompareRun {
         let mut warnings = self.frame.warnings;
         let mut incomplete = self.frame.unpaired;
         let mut units = Vec::new();
@@ -211,7 +211,7 @@ pub struct RunIdentity {
 }
 
 /// SHA-256 of a file's bytes, hex: how an options file enters a [`RunIdentity`].
-pub fn file_digest(path: &Path) -> Result<String> {
+pub(crate) fn file_digest(path: &Path) -> Result<String> {
     let bytes = std::fs::read(path).map_err(|e| ProbeError::io(path, e))?;
     Ok(format!("{:x}", Sha256::digest(&bytes)))
 }
@@ -244,7 +244,7 @@ struct HeaderUnit {
 const FORMAT: &str = "probe-compare-shard";
 const VERSION: u32 = 1;
 /// The shard result's public file.
-pub const HEADER_FILE: &str = "shard.json";
+pub(crate) const HEADER_FILE: &str = "shard.json";
 const RESULTS_FILE: &str = "units.msgpack";
 const ROWS_FILE: &str = "rows.msgpack";
 
@@ -278,7 +278,7 @@ pub struct ShardResult {
 /// Writes `part` as a shard result into the staging folder (`rows.msgpack`,
 /// `units.msgpack` and `shard.json`); returns the file names, `shard.json` last (it names
 /// the others).
-pub fn stage(
+pub(crate) fn stage(
     staging: &atomic::Staging,
     shard: Shard,
     run: &RunIdentity,
@@ -473,7 +473,7 @@ pub fn read(dir: &Path) -> Result<ShardResult> {
 
 /// Combines shard results into the run they are parts of, refusing shards of different
 /// runs, overlapping shards and incomplete sets of parts.
-pub fn combine(shards: Vec<ShardResult>) -> Result<CompareRun> {
+pub(crate) fn combine(shards: Vec<ShardResult>) -> Result<CompareRun> {
     let Some(first) = shards.first() else {
         return Err(ProbeError::Usage(
             "probe merge needs at least one shard".into(),

@@ -53,21 +53,16 @@ impl Default for UnitRows {
 
 impl UnitRows {
     /// How many rows.
-    pub fn len(&self) -> usize {
+    pub(crate) fn len(&self) -> usize {
         match self {
             UnitRows::Made(r) => r.len(),
             UnitRows::Judged(j) => j.len(),
         }
     }
 
-    /// Whether there are none.
-    pub fn is_empty(&self) -> bool {
-        self.len() == 0
-    }
-
     /// Calls `f` with the rows in order, in chunks of whole ops (one for made rows);
     /// stops at the first error.
-    pub fn visit(&self, f: &mut dyn FnMut(&[Row]) -> Result<()>) -> Result<()> {
+    pub(crate) fn visit(&self, f: &mut dyn FnMut(&[Row]) -> Result<()>) -> Result<()> {
         match self {
             UnitRows::Made(r) => f(r),
             UnitRows::Judged(j) => j.visit(f),
@@ -135,7 +130,7 @@ impl Write for Counted<'_> {
 const ROW_BYTES: usize = 650;
 
 /// About how many bytes a table of `lines` rows and unmatched tensors holds in memory.
-pub fn weight(lines: usize) -> usize {
+pub(crate) fn weight(lines: usize) -> usize {
     lines.saturating_mul(ROW_BYTES)
 }
 
@@ -189,7 +184,7 @@ impl Drop for TableFile {
 pub struct Parked(Place);
 
 /// `(offset, len)` of an encoded part in a file.
-pub type Span = (u64, u64);
+pub(crate) type Span = (u64, u64);
 
 #[derive(Debug)]
 enum Place {
@@ -203,13 +198,13 @@ enum Place {
 
 impl Parked {
     /// A table kept in memory.
-    pub fn memory(table: UnitTable) -> Parked {
+    pub(crate) fn memory(table: UnitTable) -> Parked {
         Parked(Place::Memory(table))
     }
 
     /// Calls `f` with the rows in order, a chunk of whole ops at a time (made, or read
     /// back from the file); stops at the first error.
-    pub fn visit_rows(&self, f: &mut dyn FnMut(&[Row]) -> Result<()>) -> Result<()> {
+    pub(crate) fn visit_rows(&self, f: &mut dyn FnMut(&[Row]) -> Result<()>) -> Result<()> {
         match &self.0 {
             Place::Memory(t) => t.rows.visit(f),
             Place::File { file, rows, .. } => visit_file(&file.path, *rows, f),
@@ -217,7 +212,7 @@ impl Parked {
     }
 
     /// Every row.
-    pub fn rows(&self) -> Result<Vec<Row>> {
+    pub(crate) fn rows(&self) -> Result<Vec<Row>> {
         match &self.0 {
             Place::Memory(t) => Ok(t.rows.all()),
             Place::File { file, rows, .. } => decode(&file.path, *rows),
@@ -225,7 +220,7 @@ impl Parked {
     }
 
     /// The unmatched tensors, borrowed or read back from the file.
-    pub fn unmatched(&self) -> Result<Cow<'_, [Unmatched]>> {
+    pub(crate) fn unmatched(&self) -> Result<Cow<'_, [Unmatched]>> {
         match &self.0 {
             Place::Memory(t) => Ok(Cow::Borrowed(&t.unmatched)),
             Place::File {
@@ -431,7 +426,7 @@ impl Tables {
     /// The same tables, those in a file read into memory in unit order while their
     /// `weights` (bytes each) add up to at most `budget`: read once, rather than once by
     /// every report.
-    pub fn loaded(self, weights: &[usize], budget: usize) -> Result<Tables> {
+    pub(crate) fn loaded(self, weights: &[usize], budget: usize) -> Result<Tables> {
         let mut held = 0usize;
         let mut out = Vec::with_capacity(self.0.len());
         for (p, &w) in self.0.into_iter().zip(weights) {
@@ -448,16 +443,6 @@ impl Tables {
             });
         }
         Ok(Tables(out))
-    }
-
-    /// How many units.
-    pub fn len(&self) -> usize {
-        self.0.len()
-    }
-
-    /// Whether there are none.
-    pub fn is_empty(&self) -> bool {
-        self.0.is_empty()
     }
 
     /// Every row of unit `i` (made, or read back from its file). Panics past the end, as
@@ -481,7 +466,7 @@ impl Tables {
     }
 
     /// As [`Tables::visit_rows`], for the unmatched tensors.
-    pub fn visit_unmatched(
+    pub(crate) fn visit_unmatched(
         &self,
         mut f: impl FnMut(usize, &[Unmatched]) -> Result<()>,
     ) -> Result<()> {
@@ -495,7 +480,7 @@ impl Tables {
 
 /// Writes the tables, in order, into `path` (a shard's rows file, atomically); returns the
 /// places of each (rows, unmatched) and the SHA-256 of the file.
-pub fn write_file<'a>(
+pub(crate) fn write_file<'a>(
     tables: impl Iterator<Item = &'a Parked>,
     path: &Path,
 ) -> Result<(Vec<(Span, Span)>, String)> {
@@ -564,7 +549,7 @@ impl Parking {
     /// returned. The run's `last` unit stays in memory whatever the budget: nothing comes
     /// after it to make room for, and reading it back once per report would only add copies
     /// (a run of one huge pair would hold it several times over).
-    pub fn park(&mut self, table: UnitTable, last: bool) -> Result<Parked> {
+    pub(crate) fn park(&mut self, table: UnitTable, last: bool) -> Result<Parked> {
         let weight = table.weight();
         let over = !last
             && (self.memory.budget == 0 || self.held.saturating_add(weight) > self.memory.budget);
@@ -606,7 +591,7 @@ impl Parking {
     }
 
     /// Flushes the file (if any): every handle parked so far is readable after this.
-    pub fn finish(self) -> Result<()> {
+    pub(crate) fn finish(self) -> Result<()> {
         if let Some(mut s) = self.file {
             s.out.flush().map_err(|e| ProbeError::Output {
                 path: s.file.path.clone(),

@@ -20,7 +20,7 @@ use std::path::Path;
 /// Thresholds for one dtype or op pattern.
 #[derive(Debug, Clone, Copy, PartialEq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields)]
-pub struct Tol {
+pub(crate) struct Tol {
     /// Relative L2 error above which a tensor is a warning.
     pub warning: f64,
     /// Relative L2 error above which a tensor is an error.
@@ -165,13 +165,13 @@ fn check(t: &PartialTol) -> std::result::Result<(), String> {
 
 impl Tolerances {
     /// Reads a TOML tolerance file on top of the defaults.
-    pub fn from_file(path: &Path) -> Result<Tolerances> {
+    pub(crate) fn from_file(path: &Path) -> Result<Tolerances> {
         let text = crate::config_file::read(path)?;
         Tolerances::from_toml(&text, path)
     }
 
     /// Parses the text of a TOML tolerance file on top of the defaults (`path` only names
-    /// it in errors). [`Tolerances::from_file`] reads the file and calls this.
+    /// it in errors). `Tolerances::from_file` reads the file and calls this.
     pub fn from_toml(text: &str, path: &Path) -> Result<Tolerances> {
         let bad = |msg: String| ProbeError::BadConfig {
             path: path.to_path_buf(),
@@ -207,7 +207,7 @@ impl Tolerances {
 
     /// The tolerance for a tensor of `op`: from the less precise dtype, then the first op
     /// rule whose pattern matches the op key or the tensor name.
-    pub fn lookup<'t>(
+    pub(crate) fn lookup<'t>(
         &self,
         op: &str,
         tensor: impl FnOnce() -> std::borrow::Cow<'t, str>,
@@ -237,7 +237,7 @@ impl Tolerances {
 }
 
 /// The dtype whose tolerance applies when two dtypes meet: the less precise float.
-pub fn loosest(a: DType, b: DType) -> DType {
+pub(crate) fn loosest(a: DType, b: DType) -> DType {
     let rank = |d: DType| match d {
         DType::BF16 => 0,
         DType::F16 => 1,

@@ -57,7 +57,7 @@ impl Archive {
     }
 
     /// Parses an entry as JSON; a malformed one is an error naming pack and entry.
-    pub fn json<T: serde::de::DeserializeOwned>(&self, name: &str) -> Result<Option<T>> {
+    pub(crate) fn json<T: serde::de::DeserializeOwned>(&self, name: &str) -> Result<Option<T>> {
         match self.get(name) {
             None => Ok(None),
             Some(bytes) => serde_json::from_slice(&crate::json::accept_nonfinite(bytes))
@@ -67,7 +67,7 @@ impl Archive {
     }
 
     /// A [`ProbeError::BadPack`] naming this pack and `entry`.
-    pub fn bad(&self, entry: &str, msg: impl Into<String>) -> ProbeError {
+    pub(crate) fn bad(&self, entry: &str, msg: impl Into<String>) -> ProbeError {
         ProbeError::BadPack {
             path: self.path.clone(),
             entry: entry.to_string(),
@@ -156,7 +156,7 @@ pub fn read(path: &Path) -> Result<Archive> {
 }
 
 /// Reads `path` into memory, refusing anything unsafe.
-pub fn read_with(path: &Path, limits: &Limits) -> Result<Archive> {
+pub(crate) fn read_with(path: &Path, limits: &Limits) -> Result<Archive> {
     let meta = std::fs::metadata(path).map_err(|e| ProbeError::io(path, e))?;
     if meta.is_dir() {
         return Err(ProbeError::BadPack {
@@ -186,7 +186,7 @@ pub fn read_with(path: &Path, limits: &Limits) -> Result<Archive> {
 }
 
 /// Reads a pack zip already in memory (`path` only names it in errors), refusing anything
-/// unsafe. [`read_with`] reads the file and calls this; public for tools and fuzzing.
+/// unsafe. `read_with` reads the file and calls this; public for tools and fuzzing.
 pub fn from_bytes(path: &Path, bytes: Vec<u8>, limits: &Limits) -> Result<Archive> {
     if bytes.len() as u64 > limits.max_file_bytes {
         return Err(hostile(

@@ -682,7 +682,7 @@ fn side_missing(b: bool, c: bool) -> String {
 }
 
 /// Compares two loaded packs.
-pub fn compare(b: &Pack, c: &Pack, opts: &CheckOptions) -> CheckReport {
+pub(crate) fn compare(b: &Pack, c: &Pack, opts: &CheckOptions) -> CheckReport {
     let ctx = Ctx {
         rules: &opts.rules,
         cross: b.family() != c.family(),

@@ -16,7 +16,7 @@ const MAX_ITEMS: usize = 2000;
 const MAX_VALUE: usize = 200;
 
 /// Writes the page atomically.
-pub fn write(report: &CheckReport, path: &Path) -> Result<()> {
+pub(crate) fn write(report: &CheckReport, path: &Path) -> Result<()> {
     atomic::write_bytes(path, render(report).as_bytes())
 }
 
@@ -64,7 +64,7 @@ fn item_row(out: &mut String, i: &Item) {
 }
 
 /// The whole page.
-pub fn render(r: &CheckReport) -> String {
+pub(crate) fn render(r: &CheckReport) -> String {
     let mut out = String::new();
     open_page(&mut out, &format!("probe config-check: {}", r.verdict));
     let _ = writeln!(

@@ -138,7 +138,7 @@ fn platform_info() -> (Value, Value, Value) {
 }
 
 /// Decoded statistics (f64) and the sha256 of a tensor's raw little-endian bytes.
-pub fn fingerprint_bytes(dtype: &str, shape: &[usize], data: &[u8]) -> Fingerprint {
+pub(crate) fn fingerprint_bytes(dtype: &str, shape: &[usize], data: &[u8]) -> Fingerprint {
     let numel: usize = shape.iter().product();
     let mut fp = Fingerprint {
         sha256: Some(pack::sha256_hex(data)),

@@ -1,17 +1,17 @@
 //! `probe config-check` and `probe config-pack`: compare two environments' fingerprints.
 //!
-//! Data flow: [`pack::load`] reads either kind of pack (probe's, msprobe's
-//! `config_check_pack.zip`) safely ([`archive`]) into one model → [`check`] compares it
+//! Data flow: `pack::load` reads either kind of pack (probe's, msprobe's
+//! `config_check_pack.zip`) safely ([`archive`]) into one model → `check` compares it
 //! category by category under [`rules`] → [`output`] writes `config_check.json` and the
-//! terminal summary, beside `config_check.xlsx` and `config_check.html` ([`html`]). [`make`] builds a pack without Python.
+//! terminal summary, beside `config_check.xlsx` and `config_check.html` (`html`). [`make`] builds a pack without Python.
 //! Format and rules: docs/config-check.md.
 
 /// Reading a pack zip safely, in memory.
 pub mod archive;
 /// Comparing two loaded packs category by category.
-pub mod check;
+pub(crate) mod check;
 /// `config_check.html`: the differences by category, one self-contained page.
-pub mod html;
+pub(crate) mod html;
 /// `probe config-pack`: building a pack without Python.
 pub mod make;
 /// `config_check.json` and the terminal summary.
@@ -52,7 +52,7 @@ pub enum Category {
 
 impl Category {
     /// Every category, in report order.
-    pub const ALL: [Category; 7] = [
+    pub(crate) const ALL: [Category; 7] = [
         Category::Env,
         Category::Packages,
         Category::Determinism,
@@ -63,7 +63,7 @@ impl Category {
     ];
 
     /// The name used in reports, rules files and `config_check.json`.
-    pub fn name(self) -> &'static str {
+    pub(crate) fn name(self) -> &'static str {
         match self {
             Category::Env => "env",
             Category::Packages => "packages",
@@ -76,14 +76,14 @@ impl Category {
     }
 
     /// The name msprobe's config_check and its tutorial use (`pip` for packages).
-    pub fn msprobe_name(self) -> &'static str {
+    pub(crate) fn msprobe_name(self) -> &'static str {
         match self {
             Category::Packages => "pip",
             c => c.name(),
         }
     }
 
-    /// Parses a category name as [`Category::name`] gives it (`pip` for packages too).
+    /// Parses a category name as `Category::name` gives it (`pip` for packages too).
     pub fn parse(s: &str) -> Option<Category> {
         Category::ALL
             .into_iter()
@@ -109,7 +109,7 @@ pub enum Status {
 
 impl Status {
     /// The lowercase name, as in `config_check.json`.
-    pub fn name(self) -> &'static str {
+    pub(crate) fn name(self) -> &'static str {
         match self {
             Status::Pass => "pass",
             Status::Expected => "expected",
@@ -174,7 +174,7 @@ pub struct Counts {
 
 impl Counts {
     /// Counts one item of status `s`.
-    pub fn add(&mut self, s: Status) {
+    pub(crate) fn add(&mut self, s: Status) {
         match s {
             Status::Pass => self.pass += 1,
             Status::Expected => self.expected += 1,
@@ -231,12 +231,12 @@ impl PackInfo {
 }
 
 /// Schema id written into `config_check.json`.
-pub const SCHEMA: &str = "probe-config-check.v1";
+pub(crate) const SCHEMA: &str = "probe-config-check.v1";
 
 /// The whole result (`config_check.json`, schemas/probe-config-check.v1.schema.json).
 #[derive(Debug, Clone, Serialize)]
 pub struct CheckReport {
-    /// Always [`SCHEMA`].
+    /// Always `SCHEMA`.
     pub schema: &'static str,
     /// Version of probe that wrote the report.
     pub probe_version: &'static str,

@@ -7,7 +7,7 @@ use std::fmt::Write as _;
 use std::path::Path;
 
 /// Writes the report as JSON (schemas/probe-config-check.v1.schema.json), atomically.
-pub fn write_json(report: &CheckReport, path: &Path) -> Result<()> {
+pub(crate) fn write_json(report: &CheckReport, path: &Path) -> Result<()> {
     atomic::write_with(path, |w| {
         serde_json::to_writer_pretty(&mut *w, report).map_err(|e| e.to_string())?;
         std::io::Write::write_all(w, b"\n").map_err(|e| e.to_string())
@@ -29,7 +29,7 @@ fn show(v: &Option<String>) -> String {
 }
 
 /// Lines of differences shown on the terminal (the files have all of them).
-pub const MAX_LINES: usize = 20;
+pub(crate) const MAX_LINES: usize = 20;
 
 /// The readable summary printed on stdout.
 pub fn terminal_summary(r: &CheckReport) -> String {

@@ -17,9 +17,9 @@ use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
 
 /// Value of `format` in a probe pack's `manifest.json`.
-pub const FORMAT: &str = "probe-config-pack";
+pub(crate) const FORMAT: &str = "probe-config-pack";
 /// The pack format version this probe reads and writes.
-pub const VERSION: u32 = 1;
+pub(crate) const VERSION: u32 = 1;
 
 // ---------------------------------------------------------------------------------------
 // The probe pack format (v1), entry by entry.
@@ -27,9 +27,9 @@ pub const VERSION: u32 = 1;
 /// `manifest.json`: what the pack is and who made it.
 #[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]
 pub struct ManifestDoc {
-    /// Always [`FORMAT`].
+    /// Always `FORMAT`.
     pub format: String,
-    /// Pack format version ([`VERSION`]).
+    /// Pack format version (`VERSION`).
     pub version: u32,
     /// What wrote the pack (`probe.ConfigPack`, `probe config-pack`, ...).
     #[serde(default, skip_serializing_if = "Option::is_none")]
@@ -86,14 +86,14 @@ pub struct PackagesDoc {
 
 /// `determinism.json`: determinism and precision settings.
 #[derive(Debug, Clone, Serialize, Deserialize, PartialEq, Default)]
-pub struct DeterminismDoc {
+pub(crate) struct DeterminismDoc {
     /// Setting (`torch.backends.cudnn.deterministic`, `autocast.cuda.dtype`, ...) → value.
     pub flags: BTreeMap<String, Value>,
 }
 
 /// One seed call in `random.json`.
 #[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]
-pub struct SeedCallDoc {
+pub(crate) struct SeedCallDoc {
     /// The seeding function (`torch.manual_seed`, `numpy.random.seed`, ...).
     pub function: String,
     /// The seed it was given.
@@ -106,7 +106,7 @@ pub struct SeedCallDoc {
 
 /// Random draws of one function from one call site, in `random.json`.
 #[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]
-pub struct DrawSiteDoc {
+pub(crate) struct DrawSiteDoc {
     /// Call site: `path:line in function`.
     pub site: String,
     /// Number of draws during the captured steps.
@@ -115,7 +115,7 @@ pub struct DrawSiteDoc {
 
 /// `random.json`: seed calls, random draws and RNG state hashes.
 #[derive(Debug, Clone, Serialize, Deserialize, PartialEq, Default)]
-pub struct RandomDoc {
+pub(crate) struct RandomDoc {
     /// Every seed call, in order.
     #[serde(default)]
     pub seed_calls: Vec<SeedCallDoc>,
@@ -219,7 +219,7 @@ pub struct SeedCall {
     pub function: String,
     /// None where the producer did not record values (msprobe).
     pub value: Option<String>,
-    /// Call site as recorded (compared through [`normalize_site`]).
+    /// Call site as recorded (compared through `normalize_site`).
     pub site: String,
 }
 
@@ -235,7 +235,7 @@ pub struct RandomInfo {
 }
 
 /// One tensor fingerprint: (step, rank, name).
-pub type RecordKey = (u64, u64, String);
+pub(crate) type RecordKey = (u64, u64, String);
 
 /// A pack of either kind, read into one model; a category is None when the pack lacks it.
 #[derive(Debug, Clone)]
@@ -270,7 +270,7 @@ pub struct Pack {
 
 impl Pack {
     /// `npu` when the pack was made with torch_npu, else `gpu` (CUDA, ROCm or CPU builds).
-    pub fn family(&self) -> &'static str {
+    pub(crate) fn family(&self) -> &'static str {
         let npu_pkg = self
             .distributions
             .as_ref()
@@ -341,7 +341,7 @@ fn hyperparameters_of(mut v: Value, out: &mut BTreeMap<String, String>) {
 }
 
 /// PEP 503 normalisation: lowercase, runs of `-_.` become `-`.
-pub fn normalize_dist(name: &str) -> String {
+pub(crate) fn normalize_dist(name: &str) -> String {
     let mut out = String::with_capacity(name.len());
     let mut sep = false;
     for ch in name.trim().chars() {
@@ -359,7 +359,7 @@ pub fn normalize_dist(name: &str) -> String {
 }
 
 /// A JSON value as a short, canonical text (strings without quotes).
-pub fn value_text(v: &Value) -> String {
+pub(crate) fn value_text(v: &Value) -> String {
     match v {
         Value::String(s) => s.clone(),
         Value::Null => "null".into(),
@@ -368,7 +368,7 @@ pub fn value_text(v: &Value) -> String {
 }
 
 /// Flattens nested objects and arrays into `a.b.0.c` paths.
-pub fn flatten(prefix: &str, v: &Value, out: &mut BTreeMap<String, String>) {
+pub(crate) fn flatten(prefix: &str, v: &Value, out: &mut BTreeMap<String, String>) {
     match v {
         Value::Object(m) if !m.is_empty() => {
             for (k, x) in m {
@@ -393,7 +393,7 @@ pub fn flatten(prefix: &str, v: &Value, out: &mut BTreeMap<String, String>) {
 
 /// `basename:line in function` for both probe sites (`/a/b.py:31 in main`) and msprobe
 /// stack lines (`File /a/b.py, line 31, in main, code`): paths differ between machines.
-pub fn normalize_site(site: &str) -> String {
+pub(crate) fn normalize_site(site: &str) -> String {
     let s = site.trim();
     if let Some(rest) = s.strip_prefix("File ") {
         let mut parts = rest.splitn(4, ", ");
@@ -425,7 +425,7 @@ fn basename(p: &str) -> &str {
 // Loading
 
 /// Reads a pack of either kind.
-pub fn load(path: &Path) -> Result<Pack> {
+pub(crate) fn load(path: &Path) -> Result<Pack> {
     from_archive(&super::archive::read(path)?)
 }
 

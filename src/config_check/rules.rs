@@ -24,7 +24,7 @@ pub enum Level {
 /// The user's config-check TOML.
 #[derive(Debug, Clone, Deserialize, Default)]
 #[serde(deny_unknown_fields)]
-pub struct ConfigFile {
+pub(crate) struct ConfigFile {
     /// Use the built-in ignore lists, equivalences and severities (default true).
     #[serde(default)]
     pub use_defaults: Option<bool>,
@@ -45,7 +45,7 @@ pub struct ConfigFile {
 /// One `[[equivalence]]` table of the rules file.
 #[derive(Debug, Clone, Deserialize)]
 #[serde(deny_unknown_fields)]
-pub struct EquivalenceDoc {
+pub(crate) struct EquivalenceDoc {
     /// Category name (`env`, `packages`, ...).
     pub category: String,
     /// Item name (a trailing `*` captures a suffix) on one side ...
@@ -57,7 +57,7 @@ pub struct EquivalenceDoc {
 /// One `[[severity]]` table of the rules file.
 #[derive(Debug, Clone, Deserialize)]
 #[serde(deny_unknown_fields)]
-pub struct SeverityDoc {
+pub(crate) struct SeverityDoc {
     /// Category name (`env`, `packages`, ...).
     pub category: String,
     /// Glob over item names; default `*`.
@@ -97,7 +97,7 @@ pub struct Rules {
 }
 
 /// Environment variables that change numerics: a difference is an error.
-pub const ENV_PRECISION: &[&str] = &[
+pub(crate) const ENV_PRECISION: &[&str] = &[
     "CUDA_LAUNCH_BLOCKING",
     "ASCEND_LAUNCH_BLOCKING",
     "CUBLAS_WORKSPACE_CONFIG",
@@ -117,7 +117,7 @@ pub const ENV_PRECISION: &[&str] = &[
 ];
 
 /// Environment variables that differ between any two runs and mean nothing for numerics.
-pub const ENV_VOLATILE: &[&str] = &[
+pub(crate) const ENV_VOLATILE: &[&str] = &[
     "PWD",
     "OLDPWD",
     "_",
@@ -154,7 +154,7 @@ pub const ENV_VOLATILE: &[&str] = &[
 ];
 
 /// Env families that exist on one platform only (expected when the sides differ).
-pub const ENV_PLATFORM: &[&str] = &[
+pub(crate) const ENV_PLATFORM: &[&str] = &[
     "CUDA_*",
     "NCCL_*",
     "NVIDIA_*",
@@ -172,7 +172,7 @@ pub const ENV_PLATFORM: &[&str] = &[
 ];
 
 /// Packages whose version difference is an error (others: warning).
-pub const KEY_PACKAGES: &[&str] = &[
+pub(crate) const KEY_PACKAGES: &[&str] = &[
     "torch",
     "torch-npu",
     "numpy",
@@ -195,7 +195,7 @@ pub const KEY_PACKAGES: &[&str] = &[
 ];
 
 /// Packages that exist on one platform only.
-pub const PACKAGES_PLATFORM: &[&str] = &[
+pub(crate) const PACKAGES_PLATFORM: &[&str] = &[
     "torch-npu",
     "nvidia-*",
     "cuda-*",
@@ -264,12 +264,12 @@ fn pattern(p: &str, path: Option<&Path>) -> Result<glob::Pattern> {
 }
 
 /// Does `name` match a `*`-glob (case-sensitive)?
-pub fn matches(pat: &str, name: &str) -> bool {
+pub(crate) fn matches(pat: &str, name: &str) -> bool {
     glob::Pattern::new(pat).is_ok_and(|p| p.matches(name))
 }
 
 /// Does `name` match any of the `*`-globs `pats`?
-pub fn matches_any(pats: &[&str], name: &str) -> bool {
+pub(crate) fn matches_any(pats: &[&str], name: &str) -> bool {
     pats.iter().any(|p| matches(p, name))
 }
 
@@ -286,6 +286,12 @@ impl Default for Rules {
 }
 
 impl Rules {
+    /// The level a difference gets: a rule's, else the category's own judgement.
+    #[cfg(test)]
+    pub(crate) fn level(&self, c: Category, item: &str, own: Level) -> Level {
+        self.rule_level(c, item).unwrap_or(own)
+    }
+
     /// Reads a rules TOML file (`--config`) and builds the rules from it.
     pub fn from_file(path: &Path) -> Result<Rules> {
         let text = crate::config_file::read(path)?;
@@ -304,7 +310,7 @@ impl Rules {
 
     /// Builds the rules from a parsed rules file (`path` names it in errors), adding the
     /// built-in defaults unless `use_defaults = false`.
-    pub fn build(cfg: &ConfigFile, path: Option<&Path>) -> Result<Rules> {
+    pub(crate) fn build(cfg: &ConfigFile, path: Option<&Path>) -> Result<Rules> {
         let bad = |msg: String| ProbeError::BadConfig {
             path: path.map(Path::to_path_buf).unwrap_or_default(),
             msg,
@@ -369,7 +375,7 @@ impl Rules {
     }
 
     /// Whether an ignore pattern of category `c` matches `item`.
-    pub fn ignored(&self, c: Category, item: &str) -> bool {
+    pub(crate) fn ignored(&self, c: Category, item: &str) -> bool {
         self.ignore.iter().any(|(k, p)| *k == c && p.matches(item))
     }
 
@@ -386,13 +392,8 @@ impl Rules {
             .map(|s| s.level)
     }
 
-    /// The level a difference gets: a rule's, else the category's own judgement.
-    pub fn level(&self, c: Category, item: &str, own: Level) -> Level {
-        self.rule_level(c, item).unwrap_or(own)
-    }
-
     /// The counterpart of `name` on the other side under an equivalence, if any.
-    pub fn counterparts(&self, c: Category, name: &str) -> Vec<String> {
+    pub(crate) fn counterparts(&self, c: Category, name: &str) -> Vec<String> {
         let mut out = vec![];
         for e in self.equivalences.iter().filter(|e| e.category == c) {
             for (from, to) in [(&e.a, &e.b), (&e.b, &e.a)] {

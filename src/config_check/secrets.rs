@@ -36,7 +36,7 @@ impl FromStr for RedactMode {
 }
 
 /// Name parts that mark a value as secret, matched whole (`GITHUB_PAT`, not `PATH`).
-pub const NAME_PARTS: &[&str] = &[
+pub(crate) const NAME_PARTS: &[&str] = &[
     "TOKEN",
     "SECRET",
     "SECRETS",
@@ -64,7 +64,7 @@ pub const NAME_PARTS: &[&str] = &[
 ];
 
 /// Endings of a name part that mark it as secret (`HFTOKEN`, `DBPASSWORD`).
-pub const NAME_SUFFIXES: &[&str] = &[
+pub(crate) const NAME_SUFFIXES: &[&str] = &[
     "TOKEN",
     "SECRET",
     "PASSWORD",
@@ -81,26 +81,26 @@ pub const NAME_SUFFIXES: &[&str] = &[
 
 /// A marking part followed by one of these names something about a secret, not the
 /// secret (`PAD_TOKEN_ID`, `XDG_SESSION_TYPE`, `HF_TOKEN_PATH`, `SSH_AUTH_SOCK`).
-pub const NEXT_EXCEPTIONS: &[&str] = &[
+pub(crate) const NEXT_EXCEPTIONS: &[&str] = &[
     "ID", "IDS", "TYPE", "TYPES", "LEN", "LENGTH", "SIZE", "COUNT", "PATH", "FILE", "DIR", "NAME",
     "SOCK",
 ];
 
 /// A marking part preceded by one of these is a tokenizer's special token or a count
 /// (`EOS_TOKEN`, `MAX_TOKEN`).
-pub const PREV_EXCEPTIONS: &[&str] = &[
+pub(crate) const PREV_EXCEPTIONS: &[&str] = &[
     "PAD", "EOS", "BOS", "UNK", "SEP", "CLS", "MASK", "MAX", "NUM",
 ];
 
 /// Values that are never secrets, whatever the name (compared case-insensitively).
-pub const PLAIN_VALUES: &[&str] = &[
+pub(crate) const PLAIN_VALUES: &[&str] = &[
     "", "true", "false", "none", "null", "yes", "no", "on", "off",
 ];
 
 /// Well-known token prefixes; a word starting with one is a secret when at least
 /// [`PREFIX_MIN_TAIL`] characters of `[A-Za-z0-9_-]` follow the prefix and they hold a
 /// digit or both an upper and a lower case letter.
-pub const TOKEN_PREFIXES: &[&str] = &[
+pub(crate) const TOKEN_PREFIXES: &[&str] = &[
     "github_pat_",
     "ghp_",
     "gho_",
@@ -128,22 +128,22 @@ pub const TOKEN_PREFIXES: &[&str] = &[
     "pypi-",
 ];
 /// See [`TOKEN_PREFIXES`].
-pub const PREFIX_MIN_TAIL: usize = 16;
+pub(crate) const PREFIX_MIN_TAIL: usize = 16;
 
 /// The high-entropy rule: a run of `[A-Za-z0-9+_-]` at least this long, holding an upper
 /// case letter, a lower case letter and a digit, whose Shannon entropy per character is at
 /// least [`ENTROPY_MIN_BITS`]. Lower-case hex digests never match.
-pub const ENTROPY_MIN_LEN: usize = 32;
+pub(crate) const ENTROPY_MIN_LEN: usize = 32;
 /// See [`ENTROPY_MIN_LEN`].
-pub const ENTROPY_MIN_BITS: f64 = 4.0;
+pub(crate) const ENTROPY_MIN_BITS: f64 = 4.0;
 
 /// Userinfo without a password (`https://TOKEN@host`) is redacted from this length on.
-pub const USERINFO_MIN_LEN: usize = 16;
+pub(crate) const USERINFO_MIN_LEN: usize = 16;
 
 /// Hosts whose URLs are secrets themselves (everything after `host/` is redacted).
-pub const WEBHOOK_HOSTS: &[&str] = &["hooks.slack.com"];
+pub(crate) const WEBHOOK_HOSTS: &[&str] = &["hooks.slack.com"];
 /// Hosts whose `/api/webhooks/...` URLs are secrets.
-pub const DISCORD_HOSTS: &[&str] = &["discord.com", "discordapp.com"];
+pub(crate) const DISCORD_HOSTS: &[&str] = &["discord.com", "discordapp.com"];
 
 const HASH_PREFIX: &str = "<redacted:sha256:";
 const DROPPED: &str = "<redacted>";
@@ -168,7 +168,7 @@ fn is_authority_end(c: u8) -> bool {
 }
 
 /// What replaces `secret`: `<redacted:sha256:XXXXXXXX>`, or `<redacted>` in drop mode.
-pub fn marker(secret: &str, mode: RedactMode) -> String {
+pub(crate) fn marker(secret: &str, mode: RedactMode) -> String {
     match mode {
         RedactMode::Drop => DROPPED.to_string(),
         RedactMode::Hash => {
@@ -179,7 +179,7 @@ pub fn marker(secret: &str, mode: RedactMode) -> String {
 }
 
 /// Whether `value` is already a redaction marker.
-pub fn is_marker(value: &str) -> bool {
+pub(crate) fn is_marker(value: &str) -> bool {
     if value == DROPPED {
         return true;
     }
@@ -194,7 +194,7 @@ pub fn is_marker(value: &str) -> bool {
 
 /// `hfToken-v2.X` → `["HF", "TOKEN", "V2", "X"]`: runs of ASCII letters and digits, split
 /// again at camelCase boundaries, upper-cased.
-pub fn name_parts(name: &str) -> Vec<String> {
+pub(crate) fn name_parts(name: &str) -> Vec<String> {
     let mut parts = vec![];
     for run in name.split(|c: char| !c.is_ascii_alphanumeric()) {
         let b = run.as_bytes();
@@ -407,7 +407,7 @@ fn redact_urls(s: &str, mode: RedactMode) -> String {
 
 /// The value rules alone (whatever the name): credentials and secret query parameters in
 /// URLs, webhook URLs, token-shaped words, high-entropy words.
-pub fn redact_value(value: &str, mode: RedactMode) -> String {
+pub(crate) fn redact_value(value: &str, mode: RedactMode) -> String {
     if is_marker(value) {
         return value.to_string();
     }

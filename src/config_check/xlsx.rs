@@ -230,7 +230,7 @@ fn build(r: &CheckReport, rows_per_sheet: usize) -> X<Workbook> {
 }
 
 /// Writes the workbook atomically.
-pub fn write(r: &CheckReport, path: &Path) -> Result<()> {
+pub(crate) fn write(r: &CheckReport, path: &Path) -> Result<()> {
     let mut wb = build(r, ROWS_PER_SHEET).map_err(|e| ProbeError::Output {
         path: path.to_path_buf(),
         msg: e.to_string(),

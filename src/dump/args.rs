@@ -17,7 +17,7 @@ pub use crate::schema::compare::ArgDiff;
 use serde_json::{Map, Value};
 
 /// The canonical text of recorded arguments, or None when there are none.
-pub fn canonical(args: &Map<String, Value>) -> Option<String> {
+pub(crate) fn canonical(args: &Map<String, Value>) -> Option<String> {
     if args.is_empty() {
         return None;
     }
@@ -71,7 +71,7 @@ fn show(v: &Value) -> String {
 
 /// The arguments recorded on both sides whose values differ, by slot. Either text that is
 /// not a JSON object compares as no arguments (what a reader stored is always one).
-pub fn diff(bench: &str, cmp: &str) -> Vec<ArgDiff> {
+pub(crate) fn diff(bench: &str, cmp: &str) -> Vec<ArgDiff> {
     let parse = |s: &str| match serde_json::from_str::<Value>(s) {
         Ok(Value::Object(m)) => m,
         _ => Map::new(),
@@ -90,7 +90,7 @@ pub fn diff(bench: &str, cmp: &str) -> Vec<ArgDiff> {
 }
 
 /// What a side that left an argument out shows for it.
-pub const NOT_PASSED: &str = "(not passed)";
+pub(crate) const NOT_PASSED: &str = "(not passed)";
 
 /// [`diff`], and the slots only one side recorded whose value none of the other side's
 /// own slots holds: an argument one run passed and the other left to its default (the
@@ -98,7 +98,7 @@ pub const NOT_PASSED: &str = "(not passed)";
 /// and is not listed). For an op named as where the runs part: there an argument the port
 /// added is a likely cause; elsewhere an explicit default would only be noise.
 /// `None`: the side recorded no arguments.
-pub fn diff_at_divergence(bench: Option<&str>, cmp: Option<&str>) -> Vec<ArgDiff> {
+pub(crate) fn diff_at_divergence(bench: Option<&str>, cmp: Option<&str>) -> Vec<ArgDiff> {
     let parse = |s: Option<&str>| match s.map(serde_json::from_str::<Value>) {
         Some(Ok(Value::Object(m))) => m,
         _ => Map::new(),

@@ -4,12 +4,12 @@
 //! A dump is read one rank at a time ([`load_rank`]); op records are small and held in
 //! memory, tensor data never is (see [`crate::tensor`]).
 
-pub mod args;
+pub(crate) mod args;
 pub mod msprobe;
 mod probe_format;
 mod select;
 mod store;
-pub mod training;
+pub(crate) mod training;
 
 use crate::dtype::AnyDType;
 use crate::error::{ProbeError, Result};
@@ -136,7 +136,7 @@ impl std::fmt::Debug for Stats {
 impl Stats {
     /// The statistics of the tensor divided by `s` (a loss scale: a power of two, so the
     /// division is exact): max, min, mean and norm; NaN/Inf counts unchanged.
-    pub fn divided(self, s: f64) -> Stats {
+    pub(crate) fn divided(self, s: f64) -> Stats {
         let mut out = self;
         for v in &mut out.values {
             *v /= s;
@@ -151,7 +151,7 @@ impl Stats {
     /// Max, min, mean and norm bit for bit, when all four are recorded and finite: what
     /// tells a run's tensor from another of the same run with other values, for matching a
     /// value a step wrote with the one its next step reads.
-    pub fn fingerprint(&self) -> Option<[u64; 4]> {
+    pub(crate) fn fingerprint(&self) -> Option<[u64; 4]> {
         let mut out = [0; 4];
         for (i, o) in out.iter_mut().enumerate() {
             *o = self.value(i).filter(|v| v.is_finite())?.to_bits();
@@ -184,18 +184,18 @@ impl Stats {
     }
 
     /// NaN count, when recorded.
-    pub fn nan(&self) -> Option<u64> {
+    pub(crate) fn nan(&self) -> Option<u64> {
         self.count(0)
     }
 
     /// Infinity count, when recorded.
-    pub fn inf(&self) -> Option<u64> {
+    pub(crate) fn inf(&self) -> Option<u64> {
         self.count(1)
     }
 
     /// Non-finite element count when known: the recorded counts, or a non-finite statistic
     /// other than an overflowed mean or norm ([`Stats::comparable_norm`]).
-    pub fn nonfinite(&self) -> Option<u64> {
+    pub(crate) fn nonfinite(&self) -> Option<u64> {
         match (self.nan(), self.inf()) {
             (Some(a), Some(b)) => Some(a + b),
             _ => {
@@ -215,14 +215,14 @@ impl Stats {
 
     /// The mean, unless it is not finite while the elements are: a float32 sum that
     /// overflowed on finite values (past 3.4e38), which says nothing of the tensor.
-    pub fn comparable_mean(&self) -> Option<f64> {
+    pub(crate) fn comparable_mean(&self) -> Option<f64> {
         self.comparable(self.mean())
     }
 
     /// The norm, unless it is not finite while the elements are: a float32 sum of squares
     /// that overflowed on finite values (|x| past ~1.8e19), as msprobe's norm and PyTorch's
     /// float32 reductions on an accelerator give it. Such a norm is not compared.
-    pub fn comparable_norm(&self) -> Option<f64> {
+    pub(crate) fn comparable_norm(&self) -> Option<f64> {
         self.comparable(self.norm())
     }
 
@@ -236,7 +236,7 @@ impl Stats {
 }
 
 /// One tensor of an op record, as either format describes it: the owned form a test or a
-/// tool builds records in ([`Ops`] holds them compactly; [`Tensor::to_rec`] gives one back).
+/// tool builds records in ([`Ops`] holds them compactly; `Tensor::to_rec` gives one back).
 #[derive(Debug, Clone)]
 pub struct TensorRec {
     /// Flattened name: op key + slot.
@@ -262,12 +262,7 @@ pub struct TensorRec {
     pub unwritten: bool,
 }
 
-impl TensorRec {
-    /// Number of elements (saturating; readers refuse shapes whose count overflows).
-    pub fn numel(&self) -> usize {
-        checked_numel(&self.shape).unwrap_or(usize::MAX)
-    }
-}
+impl TensorRec {}
 
 /// The product of `shape`, `None` when it overflows `usize`.
 pub(crate) fn checked_numel(shape: &[usize]) -> Option<usize> {
@@ -281,7 +276,7 @@ pub(crate) struct ModulePaths(foldhash::HashSet<Arc<str>>);
 
 impl ModulePaths {
     /// The shared copy of `path`.
-    pub(crate) fn get(&mut self, path: &str) -> Arc<str> {
+    pub fn get(&mut self, path: &str) -> Arc<str> {
         if let Some(known) = self.0.get(path) {
             return known.clone();
         }
@@ -314,7 +309,7 @@ pub struct OpRec {
     /// Set on a collective (`Distributed.*`) whose record names its group and sequence
     /// (boxed: most ops are not collectives, and a million-op log would carry the room).
     pub collective: Option<Box<Collective>>,
-    /// Its non-tensor arguments as canonical JSON ([`args`]), when recorded.
+    /// Its non-tensor arguments as canonical JSON (`args`), when recorded.
     pub args: Option<Box<str>>,
 }
 

@@ -23,7 +23,7 @@ use std::sync::Arc;
 
 /// A JSON value whose objects keep their order (dump.json's op order is execution order).
 #[derive(Debug, Clone, PartialEq)]
-pub enum J {
+pub(crate) enum J {
     /// `null`.
     Null,
     /// `true` / `false`.
@@ -118,7 +118,7 @@ impl<'de> Deserialize<'de> for J {
 
 /// Parses JSON text keeping object order; Python's bare `NaN`/`Infinity` tokens are read
 /// as the strings `"nan"`/`"inf"` (see [`crate::json`]). Public for tests and tools.
-pub fn parse_json(text: &[u8]) -> std::result::Result<J, String> {
+pub(crate) fn parse_json(text: &[u8]) -> std::result::Result<J, String> {
     serde_json::from_slice(&crate::json::accept_nonfinite(text)).map_err(|e| e.to_string())
 }
 
@@ -421,7 +421,7 @@ fn number(x: f64, whole: bool) -> serde_json::Value {
 
 /// `stack.json`: `{"0": [[op, ...], [frame, ...]]}`, or the older `{op: [frame, ...]}`.
 /// Stacks by id, and the stack id of each op.
-pub type Stacks = (BTreeMap<u64, Vec<String>>, HashMap<String, u64>);
+pub(crate) type Stacks = (BTreeMap<u64, Vec<String>>, HashMap<String, u64>);
 
 /// Parses the text of a `stack.json` (either layout): stacks by id, and the stack id of
 /// each op. Public for tools and fuzzing; the error is one line.
@@ -513,7 +513,7 @@ pub struct DumpJson {
 }
 
 /// Parses the text of a `dump.json` whose rank folder is `dir` (tensor files are looked up
-/// under `dir/dump_tensor_data/`). [`load`] reads `dump.json` through this; public for
+/// under `dir/dump_tensor_data/`). `load` reads `dump.json` through this; public for
 /// tools and fuzzing. The error is one line, without the file name.
 pub fn parse_dump(text: &[u8], dir: &Path) -> std::result::Result<DumpJson, String> {
     dump_ops(text, dir, &Context::default()).map_err(one_line)
@@ -689,7 +689,7 @@ fn dump_ops(text: &[u8], dir: &Path, context: &Context) -> std::result::Result<D
 }
 
 /// Reads one msprobe rank folder.
-pub fn load(loc: &RankLoc) -> Result<RankDump> {
+pub(crate) fn load(loc: &RankLoc) -> Result<RankDump> {
     let path = loc.dir.join("dump.json");
     let text = std::fs::read(&path).map_err(|e| ProbeError::io(&path, e))?;
     let (stacks, stack_of) = read_stacks(&loc.dir.join("stack.json"))?;

@@ -182,7 +182,7 @@ fn push_op(ops: &mut OpsBuilder, raw: &OpRecord, c: Checked) -> std::result::Res
 
 /// The longest op-log (or stacks) line read: a longer one is a bad record naming its file
 /// and line, not an attempt to hold it in memory.
-pub const MAX_LINE: usize = 64 << 20;
+pub(crate) const MAX_LINE: usize = 64 << 20;
 
 /// Reads JSON Lines from `reader` (the file at `path`, named in errors), calling
 /// `each(line_no, text)` for every complete line, and returns a warning if the last line
@@ -551,7 +551,7 @@ fn parse_into(
 
 /// Reads one rank folder of a probe dump: `ops.jsonl`, and `stacks.jsonl` when present.
 /// Shards a crash left unfinished or absent are salvaged (see `salvage_shards`).
-pub fn load(loc: &RankLoc) -> Result<RankDump> {
+pub(crate) fn load(loc: &RankLoc) -> Result<RankDump> {
     let ops_path = loc.dir.join("ops.jsonl");
     let reader = open_jsonl(&ops_path)?;
     let bytes = reader.get_ref().metadata().map_or(0, |m| m.len());

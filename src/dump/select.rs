@@ -16,7 +16,7 @@ pub struct Numbers(Vec<(u64, u64)>);
 
 impl Numbers {
     /// Whether `n` is in the set.
-    pub fn contains(&self, n: u64) -> bool {
+    pub(crate) fn contains(&self, n: u64) -> bool {
         self.0.iter().any(|&(lo, hi)| lo <= n && n <= hi)
     }
 }
@@ -79,12 +79,12 @@ fn label_number(label: &str, prefix: &str) -> Option<u64> {
 
 impl Selection {
     /// Whether nothing is selected away.
-    pub fn is_all(&self) -> bool {
+    pub(crate) fn is_all(&self) -> bool {
         self.steps.is_none() && self.ranks.is_none()
     }
 
     /// Whether the folder at `loc` is selected.
-    pub fn keeps(&self, loc: &RankLoc) -> bool {
+    pub(crate) fn keeps(&self, loc: &RankLoc) -> bool {
         let within = |set: &Option<Numbers>, label: &str, prefix: &str| match set {
             None => true,
             Some(s) => label_number(label, prefix).is_some_and(|n| s.contains(n)),
@@ -94,7 +94,7 @@ impl Selection {
 
     /// `set` with only the selected step/rank folders. A selection that keeps none of a
     /// dump's folders is a usage error naming what the dump holds.
-    pub fn apply(&self, set: DumpSet) -> Result<DumpSet> {
+    pub(crate) fn apply(&self, set: DumpSet) -> Result<DumpSet> {
         if self.is_all() || set.ranks.is_empty() {
             return Ok(set);
         }

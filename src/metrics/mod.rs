@@ -2,7 +2,7 @@
 //!
 //! Definitions follow msprobe's (docs/msprobe.md lists them) so numbers agree with what
 //! users know, plus the relative L2 error and the scaled max error that probe's verdicts
-//! use. Data is cut into fixed chunks of [`CHUNK`] elements; each chunk yields a [`Partial`],
+//! use. Data is cut into fixed chunks of `CHUNK` elements; each chunk yields a `Partial`,
 //! and partials are combined in chunk order, so the result is bit-identical for any thread
 //! count.
 //!
@@ -29,7 +29,7 @@ use kernel_f64::block;
 pub use stats::{stat_diff, StatDiff};
 
 /// Elements per partial result. Fixed: changing it changes the last bits of the sums.
-pub const CHUNK: usize = 1 << 16;
+pub(crate) const CHUNK: usize = 1 << 16;
 /// Elements decoded to f64 at a time (stays in L1 cache).
 const BLOCK: usize = 1024;
 /// Elements per window of bytes fetched from disk (a multiple of CHUNK).
@@ -37,7 +37,7 @@ const WINDOW: usize = 64 * CHUNK;
 
 /// Sums and extremes over a run of elements.
 #[derive(Debug, Clone, Copy, Default, PartialEq)]
-pub struct Partial {
+pub(crate) struct Partial {
     /// Elements counted.
     pub n: u64,
     /// Σ b·c over finite pairs.
@@ -70,7 +70,7 @@ pub struct Partial {
 
 impl Partial {
     /// Adds another run's sums and counts and keeps the larger extremes.
-    pub fn merge(&mut self, o: &Partial) {
+    pub(crate) fn merge(&mut self, o: &Partial) {
         self.n += o.n;
         self.dot += o.dot;
         self.bb += o.bb;
@@ -93,7 +93,14 @@ impl Partial {
 /// On x86-64 CPUs with AVX2 the same code is compiled a second time for AVX2 and picked at
 /// run time. Results are bit-identical either way: the lanes and the order of every
 /// operation are spelled out in `block`, and Rust never contracts or reorders float math.
-pub fn chunk_partial(bd: DType, b: &[u8], cd: DType, c: &[u8], n: usize, eps: f64) -> Partial {
+pub(crate) fn chunk_partial(
+    bd: DType,
+    b: &[u8],
+    cd: DType,
+    c: &[u8],
+    n: usize,
+    eps: f64,
+) -> Partial {
     #[cfg(target_arch = "x86_64")]
     {
         if std::arch::is_x86_feature_detected!("avx2") {
@@ -271,7 +278,7 @@ pub fn compare_bytes(bd: DType, b: &[u8], cd: DType, c: &[u8], n: usize) -> Metr
 }
 
 /// Metrics of two tensors on disk, read window by window (bounded memory).
-pub fn compare_tensors(b: &TensorData, c: &TensorData) -> Result<Metrics> {
+pub(crate) fn compare_tensors(b: &TensorData, c: &TensorData) -> Result<Metrics> {
     let n = b.numel.min(c.numel);
     let eps = eps_for(b.dtype, c.dtype);
     let mut parts: Vec<Partial> = Vec::with_capacity(n.div_ceil(CHUNK));

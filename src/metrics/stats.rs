@@ -64,7 +64,7 @@ impl StatDiff {
     /// `b`, Δnorm against its norm. The first `atol` of each difference (`atol·√n` of Δnorm)
     /// is forgiven, as in allclose (see [`crate::compare::tolerance::Tol::atol`]), so tensors
     /// that are zero up to rounding compare as equal.
-    pub fn scaled_err(&self, b: &Stats, numel: usize, atol: f64) -> f64 {
+    pub(crate) fn scaled_err(&self, b: &Stats, numel: usize, atol: f64) -> f64 {
         let root_n = (numel.max(1) as f64).sqrt();
         let norm = b.comparable_norm();
         let rms = norm.map(|n| n / root_n);

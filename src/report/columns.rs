@@ -69,7 +69,7 @@ pub struct Column {
 
 impl<'a> Line<'a> {
     /// The step label of the line's unit.
-    pub fn step(&self) -> &'a str {
+    pub(crate) fn step(&self) -> &'a str {
         match *self {
             Line::Tensor(u, _) | Line::Unmatched(u, _) => &u.step,
             Line::Scan(u, _) => &u.step,
@@ -84,7 +84,7 @@ impl<'a> Line<'a> {
     /// The part of its table a line belongs to: its unit (by address, valid while the table
     /// is visited) and its kind (matched, unmatched, scanned). The parquet table starts row
     /// groups only where parts start, which lets `probe merge` copy the shards' row groups.
-    pub fn part(&self) -> (usize, u8) {
+    pub(crate) fn part(&self) -> (usize, u8) {
         match *self {
             Line::Tensor(u, _) => (std::ptr::from_ref(u) as usize, 0),
             Line::Unmatched(u, _) => (std::ptr::from_ref(u) as usize, 1),
@@ -244,7 +244,7 @@ macro_rules! col {
 }
 
 /// Every column of the tensors table, in order.
-pub const COLUMNS: &[Column] = &[
+pub(crate) const COLUMNS: &[Column] = &[
     col!("step", "Step", 8.0, Text, step),
     col!("rank", "Rank", 8.0, Text, rank),
     col!("seq", "Seq", 7.0, Count, seq),
@@ -415,7 +415,7 @@ pub const COLUMNS: &[Column] = &[
 ];
 
 /// The workbook's `unmatched` sheet: a narrower view of the unmatched lines.
-pub const UNMATCHED: &[Column] = &[
+pub(crate) const UNMATCHED: &[Column] = &[
     col!("step", "Step", 8.0, Text, step),
     col!("rank", "Rank", 8.0, Text, rank),
     col!("only_in", "Only In", 9.0, Text, |l| match l {
@@ -498,7 +498,7 @@ fn scan_stat(l: &Line, f: fn(&Stats) -> Option<f64>) -> Cell<'static> {
 }
 
 /// The scan's table: every tensor of the run with its flag.
-pub const SCAN: &[Column] = &[
+pub(crate) const SCAN: &[Column] = &[
     col!("step", "Step", 8.0, Text, step),
     col!("rank", "Rank", 8.0, Text, rank),
     col!("seq", "Seq", 7.0, Count, seq),
@@ -529,13 +529,16 @@ pub const SCAN: &[Column] = &[
 
 /// Calls `f` with every line of a compare in report order: all matched tensors of every
 /// unit, then all unmatched ones.
-pub fn lines(run: &CompareRun, f: &mut dyn FnMut(Line<'_>) -> Result<()>) -> Result<()> {
+pub(crate) fn lines(run: &CompareRun, f: &mut dyn FnMut(Line<'_>) -> Result<()>) -> Result<()> {
     tensor_lines(run, f)?;
     unmatched_lines(run, f)
 }
 
 /// Calls `f` with the unmatched lines of a compare.
-pub fn unmatched_lines(run: &CompareRun, f: &mut dyn FnMut(Line<'_>) -> Result<()>) -> Result<()> {
+pub(crate) fn unmatched_lines(
+    run: &CompareRun,
+    f: &mut dyn FnMut(Line<'_>) -> Result<()>,
+) -> Result<()> {
     run.tables.visit_unmatched(|i, unmatched| {
         let u = &run.units[i];
         unmatched.iter().try_for_each(|x| f(Line::Unmatched(u, x)))
@@ -543,7 +546,10 @@ pub fn unmatched_lines(run: &CompareRun, f: &mut dyn FnMut(Line<'_>) -> Result<(
 }
 
 /// Calls `f` with the matched lines of a compare.
-pub fn tensor_lines(run: &CompareRun, f: &mut dyn FnMut(Line<'_>) -> Result<()>) -> Result<()> {
+pub(crate) fn tensor_lines(
+    run: &CompareRun,
+    f: &mut dyn FnMut(Line<'_>) -> Result<()>,
+) -> Result<()> {
     run.tables.visit_rows(|i, rows| {
         let u = &run.units[i];
         rows.iter().try_for_each(|r| f(Line::Tensor(u, r)))

@@ -38,7 +38,7 @@ impl<'a> CompareDocument<'a> {
     }
 
     /// The same document, whose parquet table is copied from the row groups of `plan`.
-    pub fn with_parquet_copy(self, plan: Option<CopyPlan>) -> CompareDocument<'a> {
+    pub(crate) fn with_parquet_copy(self, plan: Option<CopyPlan>) -> CompareDocument<'a> {
         CompareDocument { copy: plan, ..self }
     }
 

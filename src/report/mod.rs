@@ -1,19 +1,19 @@
 //! Reports of a compare or a scan: the JSON summary (the CI contract, `schemas/`), the
 //! parquet table, the xlsx workbook, the self-contained html page and the terminal summary. Rendering only: every number
 //! comes from a [`Document`] (a finished run with its summary); the tabular formats render
-//! the column tables of [`columns`].
+//! the column tables of `columns`.
 //!
 //! Every file format implements [`ReportWriter`]; adding one means one new file here and
-//! one line in [`writers`]. A new kind of run implements [`Document`] (see [`documents`]).
+//! one line in [`writers`]. A new kind of run implements [`Document`] (see `documents`).
 //! Files are written atomically (see [`crate::atomic`]).
 
-pub mod columns;
-pub mod documents;
+pub(crate) mod columns;
+pub(crate) mod documents;
 pub(crate) mod html;
 mod json;
 mod parquet;
-pub mod plot;
-pub mod shards;
+pub(crate) mod plot;
+pub(crate) mod shards;
 mod terminal;
 pub(crate) mod xlsx;
 
@@ -62,7 +62,7 @@ pub trait Document: Sync {
 /// The lines of a table, handed one at a time to the function it is called with, in order
 /// (rows may be read back from a file unit by unit, so a line lives only for its call);
 /// stops at the first error. Callable more than once.
-pub type Lines<'a> = Box<dyn Fn(&mut dyn FnMut(Line<'_>) -> Result<()>) -> Result<()> + 'a>;
+pub(crate) type Lines<'a> = Box<dyn Fn(&mut dyn FnMut(Line<'_>) -> Result<()>) -> Result<()> + 'a>;
 
 /// The summary of a run for people: verdict, headline, facts, findings, worst ops.
 #[derive(Debug, Clone)]
@@ -109,7 +109,7 @@ impl Listed {
 /// at the same op by kind ([`FindingKind`]'s order), then phase. The first op called with
 /// other arguments only where it adds to the rest ([`Summary::other_args_hint`]); the
 /// earliest failing ops only with `earliest`.
-pub fn compare_findings(s: &Summary, earliest: bool) -> Vec<Listed> {
+pub(crate) fn compare_findings(s: &Summary, earliest: bool) -> Vec<Listed> {
     let hint = s.other_args_hint().is_some();
     let mut found: Vec<&Found> = s
         .findings

@@ -10,15 +10,14 @@
 
 use crate::compare::{op_groups, CompareRun, Row, UnitSummary, Verdict};
 use crate::dump::Direction;
-use crate::error::Result;
 use crate::schema::summary::Finding;
 
 /// At most about this many points on the chart (more only when more ops fail).
-pub const MAX_POINTS: usize = 4000;
+pub(crate) const MAX_POINTS: usize = 4000;
 
 /// A logarithmic axis cannot show 0: an error of exactly 0 (bitwise-equal data) is drawn
 /// at this floor.
-pub const FLOOR: f64 = 1e-10;
+pub(crate) const FLOOR: f64 = 1e-10;
 
 /// One op on the chart.
 #[derive(Debug, Clone, PartialEq)]
@@ -61,13 +60,13 @@ pub struct Plot {
 
 impl Plot {
     /// Whether some ops were left out.
-    pub fn downsampled(&self) -> bool {
+    pub(crate) fn downsampled(&self) -> bool {
         self.points.len() < self.ops
     }
 
     /// Where `err` is drawn: non-finite errors at the top of the chart (ten times the
     /// largest finite value on it), zero at [`FLOOR`].
-    pub fn drawn(&self, err: f64) -> f64 {
+    pub(crate) fn drawn(&self, err: f64) -> f64 {
         if err.is_finite() {
             err.max(FLOOR)
         } else {
@@ -100,21 +99,10 @@ fn severity(err: f64, tolerance: f64) -> f64 {
     }
 }
 
-/// The chart of `run`, with `culprit` (the headline's op) marked when it is one of its
-/// ops; at most about `cap` points.
-pub fn of(run: &CompareRun, culprit: Option<&Finding>, cap: usize) -> Result<Plot> {
-    let mut g = Gather::new(run, culprit, cap);
-    run.tables.visit_rows(|i, rows| {
-        g.unit(&run.units[i], rows);
-        Ok(())
-    })?;
-    Ok(g.finish())
-}
-
 /// The chart's points gathered unit by unit, in one pass over the rows that other readers
 /// share ([`of`] is the pass on its own), downsampled as they come (see [`Downsampler`]):
 /// memory is bounded by the cap, not by the run's number of ops.
-pub struct Gather<'f> {
+pub(crate) struct Gather<'f> {
     culprit: Option<&'f Finding>,
     found_culprit: bool,
     x: u64,
@@ -137,7 +125,7 @@ impl<'f> Gather<'f> {
     }
 
     /// Adds the ops of the next unit.
-    pub fn unit(&mut self, u: &UnitSummary, rows: &[Row]) {
+    pub(crate) fn unit(&mut self, u: &UnitSummary, rows: &[Row]) {
         for op in op_groups(rows) {
             let Some(first) = op.first() else { continue };
             // The op's worst tensor: the one furthest past its tolerance (the first of equals).
@@ -175,7 +163,7 @@ impl<'f> Gather<'f> {
     }
 
     /// The chart.
-    pub fn finish(self) -> Plot {
+    pub(crate) fn finish(self) -> Plot {
         let ops = self.sampler.ops;
         let (points, culprit, all_failing) = self.sampler.finish();
         Plot {
@@ -193,7 +181,7 @@ impl<'f> Gather<'f> {
 /// about `cap` points remain, and keeps the worst of each. When the failing points alone
 /// would fill more than three quarters of `cap` (a divergence spreads to every later op),
 /// they are bucketed too: only the culprit is always kept.
-pub struct Downsampler {
+pub(crate) struct Downsampler {
     ops: usize,
     keep_failing: bool,
     /// Points per bucket; 1 keeps every point.
@@ -230,7 +218,7 @@ impl Downsampler {
     }
 
     /// The next point in execution order.
-    pub fn push(&mut self, p: Point, is_culprit: bool) {
+    pub(crate) fn push(&mut self, p: Point, is_culprit: bool) {
         if is_culprit {
             self.culprit_x = Some(p.x);
         }
@@ -254,7 +242,7 @@ impl Downsampler {
 
     /// The points kept, in execution order; the culprit's index among them; whether every
     /// failing point was kept.
-    pub fn finish(self) -> (Vec<Point>, Option<usize>, bool) {
+    pub(crate) fn finish(self) -> (Vec<Point>, Option<usize>, bool) {
         let mut out = self.out;
         out.extend(self.best);
         // Kept points went out as they came; a bucket's worst went out at the bucket's end.

@@ -12,7 +12,7 @@ use std::path::PathBuf;
 /// and their line counts: what `probe merge` needs to copy the shards' row groups
 /// ([`CopyPlan`]). A shard's table lists its compared pairs' matched
 /// tensors, then their unmatched ones, as every compare's table does.
-pub fn table_parts(shards: &[ShardResult]) -> Vec<(PathBuf, Vec<(TablePart, usize)>)> {
+pub(crate) fn table_parts(shards: &[ShardResult]) -> Vec<(PathBuf, Vec<(TablePart, usize)>)> {
     let file = ParquetTable.file_name("compare");
     shards
         .iter()
@@ -33,7 +33,7 @@ pub fn table_parts(shards: &[ShardResult]) -> Vec<(PathBuf, Vec<(TablePart, usiz
 
 /// The plan that copies the shards' parquet row groups (`parts`: [`table_parts`]) into the
 /// table of the run they make, or why they cannot be copied.
-pub fn copy_plan(
+pub(crate) fn copy_plan(
     parts: &[(PathBuf, Vec<(TablePart, usize)>)],
     run: &CompareRun,
 ) -> std::result::Result<CopyPlan, String> {

@@ -52,13 +52,13 @@ pub enum XlsxRows {
 }
 
 /// Flagged lines past the first `n` are shown up to `max(n, FLAGGED_MIN)` more lines.
-pub const FLAGGED_MIN: usize = 1000;
+pub(crate) const FLAGGED_MIN: usize = 1000;
 
 /// Lines kept before and after a flagged line past the first `n`.
-pub const CONTEXT: usize = 2;
+pub(crate) const CONTEXT: usize = 2;
 
 /// The default of `--xlsx-rows`.
-pub const DEFAULT_ROWS: usize = 20_000;
+pub(crate) const DEFAULT_ROWS: usize = 20_000;
 
 impl Default for XlsxRows {
     fn default() -> Self {
@@ -213,7 +213,7 @@ impl Shown {
 }
 
 /// Data rows per sheet: Excel's 1,048,576 rows less the header.
-pub const MAX_ROWS: usize = 1_048_575;
+pub(crate) const MAX_ROWS: usize = 1_048_575;
 
 struct Formats {
     header: Format,

@@ -60,7 +60,7 @@ pub struct LossScale {
 
 impl LossScale {
     /// `1024x (2^10)`, `1/65536x (2^-16)`.
-    pub fn brief(&self) -> String {
+    pub(crate) fn brief(&self) -> String {
         let k = self.ratio.log2().round();
         if self.ratio < 1.0 {
             format!("1/{}x (2^{k})", 1.0 / self.ratio)
@@ -84,7 +84,7 @@ pub struct MicroBatches {
 impl MicroBatches {
     /// `the cmp run takes its step in 2 micro-batches, the bench run in one (2x the
     /// Functional.linear calls, on inputs 2x smaller)`.
-    pub fn brief(&self) -> String {
+    pub(crate) fn brief(&self) -> String {
         let (k, side, other) = if self.cmp > self.bench {
             (self.cmp, "cmp", "bench")
         } else {
@@ -115,7 +115,7 @@ pub struct InputSizes {
 impl InputSizes {
     /// `the runs' inputs differ in size from their first forward pass on (Functional.conv2d
     /// reads 49152 elements in the bench run, 24576 in the cmp run)`.
-    pub fn brief(&self) -> String {
+    pub(crate) fn brief(&self) -> String {
         format!(
             "the runs' inputs differ in size from their first forward pass on ({} reads {} \
              elements in the bench run, {} in the cmp run)",
@@ -137,7 +137,7 @@ pub struct ArgDiff {
 
 impl ArgDiff {
     /// `input.1 = 1.0 vs 0.05`, as a headline says it.
-    pub fn brief(&self) -> String {
+    pub(crate) fn brief(&self) -> String {
         format!("{} = {} vs {}", self.name, self.bench, self.cmp)
     }
 }

@@ -148,7 +148,7 @@ pub struct StatsRecord {
 
 /// One line of `stacks.jsonl`.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
-pub struct StackRecord {
+pub(crate) struct StackRecord {
     /// Python frames, outermost first.
     pub frames: Vec<String>,
     /// The id op records refer to.
@@ -207,7 +207,7 @@ impl<'de> Deserialize<'de> for Stat {
 }
 
 /// A statistic written as a string: the non-finite values JSON cannot hold, or a number.
-pub fn parse_stat(s: &str) -> Result<f64, String> {
+pub(crate) fn parse_stat(s: &str) -> Result<f64, String> {
     match s.trim().to_ascii_lowercase().as_str() {
         "nan" | "-nan" => Ok(f64::NAN),
         "inf" | "+inf" | "infinity" => Ok(f64::INFINITY),

@@ -2,13 +2,13 @@
 //! by the readers, the writers (`probe synth`, the reports) and the tests, so that no
 //! writer can drift from what the reader accepts.
 //!
-//! - [`compare`]: the plain records of a compare that summary.json and the reports hold.
+//! - `compare`: the plain records of a compare that summary.json and the reports hold.
 //! - [`dump`]: the probe dump format v1 (`manifest.json`, `ops.jsonl`, `stacks.jsonl`;
 //!   `schemas/probe-dump-*.v1.schema.json`).
 //! - [`summary`]: `summary.json` of a compare (`schemas/probe-compare-summary.v2.schema.json`).
-//! - [`scan`]: `summary.json` of a scan (`schemas/probe-scan-summary.v1.schema.json`).
+//! - `scan`: `summary.json` of a scan (`schemas/probe-scan-summary.v1.schema.json`).
 
-pub mod compare;
+pub(crate) mod compare;
 pub mod dump;
-pub mod scan;
+pub(crate) mod scan;
 pub mod summary;

@@ -26,18 +26,8 @@ pub enum RunVerdict {
 }
 
 impl RunVerdict {
-    /// The name used in reports.
-    pub fn name(self) -> &'static str {
-        match self {
-            RunVerdict::Pass => "pass",
-            RunVerdict::Warning => "warning",
-            RunVerdict::Error => "error",
-            RunVerdict::Incomplete => "incomplete",
-        }
-    }
-
     /// How a report colours it: an incomplete comparison is a warning, not a pass.
-    pub fn severity(self) -> Verdict {
+    pub(crate) fn severity(self) -> Verdict {
         match self {
             RunVerdict::Pass => Verdict::Pass,
             RunVerdict::Warning | RunVerdict::Incomplete => Verdict::Warning,
@@ -115,7 +105,7 @@ pub struct OneSided {
 impl OneSided {
     /// `Tensor.__mul__.0.forward, which only the comparison run calls (File ...)`, as a
     /// headline names it.
-    pub fn said(&self) -> String {
+    pub(crate) fn said(&self) -> String {
         let run = if self.side == "cmp" {
             "comparison run"
         } else {
@@ -131,7 +121,7 @@ impl OneSided {
 
 /// Sort key of a `step12` / `rank3` / `proc456` label: its number, then the name (so that
 /// `step2` comes before `step10`).
-pub fn label_key(s: &str) -> (u64, &str) {
+pub(crate) fn label_key(s: &str) -> (u64, &str) {
     let digits: String = s.chars().filter(|c| c.is_ascii_digit()).collect();
     (digits.parse().unwrap_or(u64::MAX), s)
 }
@@ -140,11 +130,11 @@ pub fn label_key(s: &str) -> (u64, &str) {
 /// earlier step's divergence: its weights were updated from it), then execution order
 /// within the step, then rank. Ranks run the same program, so the same sequence number is
 /// about the same moment on each.
-pub type CausalKey<'a> = ((u64, &'a str), u64, (u64, &'a str));
+pub(crate) type CausalKey<'a> = ((u64, &'a str), u64, (u64, &'a str));
 
 impl Finding {
     /// Where it is, for a headline: `(forward step0/rank1, tensor <name>)`.
-    pub fn place(&self) -> String {
+    pub(crate) fn place(&self) -> String {
         format!(
             "({} {}/{}, tensor {})",
             self.direction.name(),
@@ -156,7 +146,7 @@ impl Finding {
 
     /// A NaN/Inf producer for a headline: its op, how it got its values (from finite
     /// inputs, or from leftover bytes) and [`Finding::place`].
-    pub fn nonfinite_producer(&self) -> String {
+    pub(crate) fn nonfinite_producer(&self) -> String {
         let from = match &self.leftover {
             Some(t) => format!("from leftover bytes in {t}"),
             None => "from finite inputs".into(),
@@ -166,7 +156,7 @@ impl Finding {
 
     /// What a headline adds about the cause it found at the op: leftover bytes read, or
     /// arguments that differ (at most three named). Empty when neither.
-    pub fn cause(&self) -> String {
+    pub(crate) fn cause(&self) -> String {
         if let Some(t) = &self.leftover {
             return format!(": it read leftover bytes in {t}");
         }
@@ -180,7 +170,7 @@ impl Finding {
     }
 
     /// The arguments that differ, as a headline lists them (at most three named).
-    pub fn args_brief(&self) -> String {
+    pub(crate) fn args_brief(&self) -> String {
         let named: Vec<String> = self.args.iter().take(3).map(ArgDiff::brief).collect();
         let more = match self.args.len() {
             n if n > 3 => format!(" and {} more", n - 3),
@@ -190,13 +180,13 @@ impl Finding {
     }
 
     /// Where this finding sits in the causal order ([`CausalKey`]).
-    pub fn causal_key(&self) -> CausalKey<'_> {
+    pub(crate) fn causal_key(&self) -> CausalKey<'_> {
         (label_key(&self.step), self.seq, label_key(&self.rank))
     }
 }
 
 /// A finding of a kind, in the phase it was found in (None for a kind with one in all:
-/// [`FindingKind::phased`]).
+/// `FindingKind::phased`).
 #[derive(Debug, Clone, PartialEq)]
 pub struct Found {
     /// What it says of its op.
@@ -234,7 +224,7 @@ impl Found {
 
     /// Where it sits among findings: the causal order ([`Finding::causal_key`]), then its
     /// kind's listing order, then its phase.
-    pub fn order_key(&self) -> (CausalKey<'_>, FindingKind, Option<Direction>) {
+    pub(crate) fn order_key(&self) -> (CausalKey<'_>, FindingKind, Option<Direction>) {
         (self.finding.causal_key(), self.kind, self.phase)
     }
 }
@@ -279,7 +269,7 @@ impl Findings {
     }
 
     /// The first finding of a kind, forward first.
-    pub fn first(&self, kind: FindingKind) -> Option<&Finding> {
+    pub(crate) fn first(&self, kind: FindingKind) -> Option<&Finding> {
         self.of(kind).next().map(|f| &f.finding)
     }
 
@@ -289,13 +279,13 @@ impl Findings {
     }
 
     /// These findings less those `drop` says (drift kept).
-    pub fn without(self, drop: impl Fn(&Found) -> bool) -> Findings {
+    pub(crate) fn without(self, drop: impl Fn(&Found) -> bool) -> Findings {
         let found = self.found.into_iter().filter(|f| !drop(f)).collect();
         Findings::new(found, self.drift)
     }
 
     /// The earliest finding of each kind and phase over many (units' findings, run-wide):
-    /// in causal order ([`Finding::causal_key`]: step, then execution order, then rank).
+    /// in causal order (`Finding::causal_key`: step, then execution order, then rank).
     pub fn earliest<'a>(all: impl Iterator<Item = &'a Findings>) -> Findings {
         let mut found: Vec<Found> = Vec::new();
         for f in all.flat_map(Findings::iter) {
@@ -323,7 +313,7 @@ pub struct ByDirection {
 
 impl ByDirection {
     /// The slot of a direction.
-    pub fn slot(&mut self, d: Direction) -> &mut Option<Finding> {
+    pub(crate) fn slot(&mut self, d: Direction) -> &mut Option<Finding> {
         match d {
             Direction::Forward => &mut self.forward,
             Direction::Backward => &mut self.backward,
@@ -505,7 +495,7 @@ pub struct Counts {
 
 impl Counts {
     /// Adds another part's counts (a unit's to the run's).
-    pub fn add(&mut self, o: &Counts) {
+    pub(crate) fn add(&mut self, o: &Counts) {
         self.pairs += o.pairs;
         self.ops += o.ops;
         self.tensors += o.tensors;
@@ -530,7 +520,7 @@ impl Counts {
 
     /// Tensors found on one side only, whatever the reason (missing, recomputed, inside a
     /// region, unhooked, a loss scaler's).
-    pub fn one_sided(&self) -> usize {
+    pub(crate) fn one_sided(&self) -> usize {
         self.unmatched_bench
             + self.unmatched_cmp
             + self.recompute
@@ -681,7 +671,7 @@ pub struct Summary {
 impl Summary {
     /// [`Summary::other_args`] where it adds to the other findings: not when one of them
     /// names the same call (a first divergent op called differently says so itself).
-    pub fn other_args_hint(&self) -> Option<&Finding> {
+    pub(crate) fn other_args_hint(&self) -> Option<&Finding> {
         let o = self.findings.get(FindingKind::OtherArgs, None)?;
         let same = |f: &Found| {
             let f = &f.finding;

@@ -64,7 +64,7 @@ pub struct ShardIndex {
 impl ShardIndex {
     /// Parses and validates the header of a shard from the shard's bytes (the whole file:
     /// the `safetensors` crate checks that the data the header declares fills it exactly).
-    /// [`Shard::open`] reads every shard through this; the error is one line.
+    /// `Shard::open` reads every shard through this; the error is one line.
     pub fn parse(bytes: &[u8]) -> std::result::Result<ShardIndex, String> {
         let (n, meta) = safetensors::SafeTensors::read_metadata(bytes)
             .map_err(|e| crate::error::one_line(e.to_string()))?;
@@ -87,21 +87,6 @@ impl ShardIndex {
             .collect();
         Ok(ShardIndex { entries })
     }
-
-    /// Number of tensors in the shard.
-    pub fn len(&self) -> usize {
-        self.entries.len()
-    }
-
-    /// Whether the shard holds no tensor.
-    pub fn is_empty(&self) -> bool {
-        self.entries.is_empty()
-    }
-
-    /// The tensors' names, in no particular order.
-    pub fn names(&self) -> impl Iterator<Item = &str> {
-        self.entries.keys().map(String::as_str)
-    }
 }
 
 /// The parsed header of one shard, with the open file.
@@ -114,7 +99,7 @@ pub struct Shard {
 
 impl Shard {
     /// Opens a safetensors shard and parses and validates its header ([`ShardIndex::parse`]).
-    pub fn open(path: &Path) -> Result<Shard> {
+    pub(crate) fn open(path: &Path) -> Result<Shard> {
         let file = File::open(path).map_err(|e| ProbeError::io(path, e))?;
         // SAFETY: the map is read-only and only used for header validation below; a file
         // truncated by another process while mapped would fault, which dump files are not.
@@ -154,7 +139,7 @@ impl ShardCache {
     }
 
     /// Resolves a tensor and checks it against what the op log says about it.
-    pub fn tensor(
+    pub(crate) fn tensor(
         &self,
         shard_path: &Path,
         key: &str,
@@ -206,7 +191,7 @@ impl ShardCache {
 impl ShardCache {
     /// Resolves a tensor wherever it is stored (safetensors shard, `.pt`, `.npy`) and
     /// checks it against the dtype and shape the op log records.
-    pub fn open(
+    pub(crate) fn open(
         &self,
         data: &Data,
         name: &str,

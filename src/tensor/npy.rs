@@ -45,7 +45,7 @@ fn field<'a>(header: &'a str, key: &str) -> Option<&'a str> {
 
 /// Parses a `.npy` header (`bytes` starts at the magic string).
 /// Returns dtype, shape and the data offset.
-pub fn parse_header(bytes: &[u8]) -> std::result::Result<(DType, Vec<usize>, u64), String> {
+pub(crate) fn parse_header(bytes: &[u8]) -> std::result::Result<(DType, Vec<usize>, u64), String> {
     if bytes.len() < 10 || &bytes[..6] != b"\x93NUMPY" {
         return Err("not a .npy file (no \\x93NUMPY magic)".into());
     }

@@ -105,7 +105,7 @@ impl<'a> Context<'a> {
 
     /// The phase of an op: forward; backward, which also holds the forward-direction ops
     /// that run after the first backward op (the optimizer update consumes gradients).
-    pub fn phase(&self, h: &Brief) -> Direction {
+    pub(crate) fn phase(&self, h: &Brief) -> Direction {
         match self.first_backward {
             Some(s) if h.seq > s => Direction::Backward,
             _ => h.direction,
@@ -113,7 +113,7 @@ impl<'a> Context<'a> {
     }
 
     /// The ops of a phase, in execution order (u32: a store's op count fits).
-    pub fn phase_ops(&self, dir: Direction) -> Vec<u32> {
+    pub(crate) fn phase_ops(&self, dir: Direction) -> Vec<u32> {
         (0..self.briefs.len())
             .filter(|&k| self.phase(&self.briefs[k]) == dir)
             .map(|k| k as u32)
@@ -122,7 +122,7 @@ impl<'a> Context<'a> {
 
     /// Whether the backward phase inherits a diverged forward: gradients of a diverged
     /// forward differ from the loss on (not an outside source, no local cause).
-    pub fn inherited(&self, dir: Direction) -> bool {
+    pub(crate) fn inherited(&self, dir: Direction) -> bool {
         dir == Direction::Backward
             && self
                 .briefs
@@ -131,26 +131,26 @@ impl<'a> Context<'a> {
     }
 
     /// Whether some rule found a finding of this kind in this phase.
-    pub fn has(&self, kind: FindingKind, phase: Option<Direction>) -> bool {
+    pub(crate) fn has(&self, kind: FindingKind, phase: Option<Direction>) -> bool {
         self.found
             .iter()
             .any(|f| f.kind == kind && f.phase == phase.filter(|_| kind.phased()))
     }
 
     /// Adds a finding (the first of a kind and phase stands).
-    pub fn put(&mut self, kind: FindingKind, phase: Option<Direction>, finding: Finding) {
+    pub(crate) fn put(&mut self, kind: FindingKind, phase: Option<Direction>, finding: Finding) {
         if !self.has(kind, phase) {
             self.found.push(Found::new(kind, phase, finding));
         }
     }
 
     /// Says that a phase's errors have no locally divergent op.
-    pub fn drifts(&mut self, dir: Direction) {
+    pub(crate) fn drifts(&mut self, dir: Direction) {
         self.drift.push(dir);
     }
 
     /// What the rules found.
-    pub fn findings(self) -> Findings {
+    pub(crate) fn findings(self) -> Findings {
         Findings::new(self.found, self.drift)
     }
 }

@@ -49,8 +49,6 @@ use crate::schema::summary::Findings;
 use context::{Context, Place};
 use std::collections::BTreeMap;
 
-pub use rows::evidence_line;
-
 /// One rule of the localiser: reads the unit through the context, adds what it finds.
 type Rule = fn(&mut Context);
 
@@ -66,7 +64,7 @@ const RULES: [Rule; 6] = [
 ];
 
 /// Localises one unit. Its ops must be in execution order (as the judge hands them on).
-pub fn localize(
+pub(crate) fn localize(
     unit: &dyn OpRows,
     stacks: &BTreeMap<u64, Vec<String>>,
     step: &str,

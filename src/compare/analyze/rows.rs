@@ -251,7 +251,7 @@ pub(super) struct Consumed<'r> {
 
 impl Consumed<'_> {
     /// How a person counts what it consumed: `3 inputs and the 4 tensors of its forward call`.
-    pub fn said(&self) -> String {
+    pub(crate) fn said(&self) -> String {
         if self.saved.is_empty() {
             format!("{} inputs", self.inputs.len())
         } else {

@@ -10,7 +10,7 @@ impl Mapping {
     /// Reads one mapping file: probe's TOML (`.toml`) or one of msprobe's YAML mapping files
     /// (`.yaml`, `.yml`; which one is told by its content, see docs/compare.md). The
     /// extension is checked before anything is read.
-    pub fn load(path: &Path) -> Result<Mapping, MappingError> {
+    pub(crate) fn load(path: &Path) -> Result<Mapping, MappingError> {
         let ext = path
             .extension()
             .and_then(|e| e.to_str())
@@ -29,7 +29,7 @@ impl Mapping {
 
     /// The table for `probe compare --mapping A --mapping B`: A's entries, then B's, then
     /// the built-in table's, so a file given earlier takes precedence.
-    pub fn with_files(paths: &[PathBuf]) -> Result<Mapping, MappingError> {
+    pub(crate) fn with_files(paths: &[PathBuf]) -> Result<Mapping, MappingError> {
         let mut all = Mapping::default();
         for p in paths {
             all = all.merge(Mapping::load(p)?);

@@ -33,11 +33,11 @@ use std::path::Path;
 /// Deepest nesting read. A mapping file needs 3 levels (a list of entries holding lists of
 /// slots); the bound stops a file of nested brackets from building a tree that is costly to
 /// build and to drop.
-pub const MAX_DEPTH: usize = 16;
+pub(crate) const MAX_DEPTH: usize = 16;
 
 /// Most values (names, lists, mappings) read from one file: about twice what a data mapping
 /// of a very large model holds.
-pub const MAX_NODES: usize = 2_000_000;
+pub(crate) const MAX_NODES: usize = 2_000_000;
 
 /// A scalar: its text, whether it was written plain (unquoted; only then can it be a YAML
 /// null), and its line.

@@ -1,4 +1,5 @@
 use super::*;
+use std::collections::HashMap;
 use std::path::{Path, PathBuf};
 
 fn p(name: &str) -> PathBuf {
@@ -351,20 +352,6 @@ fn with_files_reads_files_in_order_over_the_builtin_table() {
 }
 
 #[test]
-fn tensor_index_keeps_the_first_pair() {
-    let m = Mapping {
-        tensor_pairs: vec![
-            ("a.0.forward.input.0".into(), "b.0.forward.input.0".into()),
-            ("a.0.forward.input.0".into(), "c.0.forward.input.0".into()),
-        ],
-        ..Mapping::default()
-    };
-    let ix = m.tensor_index();
-    assert_eq!(ix.len(), 1);
-    assert_eq!(ix["a.0.forward.input.0"], "b.0.forward.input.0");
-}
-
-#[test]
 fn module_renames_take_the_longest_prefix_on_dotted_boundaries() {
     let m = Mapping {
         module_renames: vec![
@@ -647,10 +634,10 @@ fn msprobe_flat_mappings_by_their_first_key() {
     )
     .unwrap();
     assert_eq!(m.tensor_pairs.len(), 3);
-    assert_eq!(
-        m.tensor_index()["Cell.relu.ReLU.forward.0.input.0"],
-        "Module.emb.Embedding.forward.0.input.0"
-    );
+    assert!(m.tensor_pairs.contains(&(
+        "Cell.relu.ReLU.forward.0.input.0".to_string(),
+        "Module.emb.Embedding.forward.0.input.0".to_string()
+    )));
     // Cell mapping.
     let m = yaml("fc2.Dense: fc2.Linear\nconv1.Conv2d: conv3.Conv2d\n").unwrap();
     assert_eq!(m.bench_module("conv1.Conv2d"), "conv3.Conv2d");

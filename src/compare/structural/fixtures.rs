@@ -85,7 +85,7 @@ pub(super) fn pairs(a: &Alignment) -> Vec<(String, String, &'static str)> {
     a.matches
         .iter()
         .map(|m| {
-            let r = a.records(m);
+            let r = crate::compare::align::records(&a.dumps, m);
             (
                 r.bench.name().to_string(),
                 r.cmp.name().to_string(),

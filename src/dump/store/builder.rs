@@ -14,7 +14,7 @@ use crate::op_key::KeyParts;
 use crate::tensor::Data;
 use std::sync::Arc;
 
-/// An op as a reader hands it to [`OpsBuilder::push`], borrowed from what it parsed.
+/// An op as a reader hands it to `OpsBuilder::push`, borrowed from what it parsed.
 #[derive(Debug, Clone)]
 pub struct OpIn<'x> {
     /// Execution order within the rank.
@@ -33,11 +33,11 @@ pub struct OpIn<'x> {
     pub recompute: bool,
     /// The collective call it is, when it is one.
     pub collective: Option<Collective>,
-    /// Its non-tensor arguments, canonical ([`crate::dump::args::canonical`]).
+    /// Its non-tensor arguments, canonical (`crate::dump::args::canonical`).
     pub args: Option<&'x str>,
 }
 
-/// A tensor of an op as a reader hands it to [`OpsBuilder::push`].
+/// A tensor of an op as a reader hands it to `OpsBuilder::push`.
 #[derive(Debug, Clone)]
 pub struct TensorIn<'x> {
     /// Flattened name: op key + slot.
@@ -80,9 +80,15 @@ fn index(n: usize, what: &str) -> Result<u32, String> {
 }
 
 impl OpsBuilder {
+    /// Whether none was pushed.
+    #[cfg(test)]
+    pub(crate) fn is_empty(&self) -> bool {
+        self.ops.is_empty()
+    }
+
     /// A builder with room reserved for an op log of about `bytes` bytes (reserved memory
     /// that is never written costs nothing; growing by doubling copies and touches it all).
-    pub fn for_log_bytes(bytes: u64) -> OpsBuilder {
+    pub(crate) fn for_log_bytes(bytes: u64) -> OpsBuilder {
         let b = usize::try_from(bytes).unwrap_or(usize::MAX);
         let mut o = Ops::default();
         // What an op log line holds at least, about: an op in ~250 bytes, a tensor in
@@ -98,18 +104,13 @@ impl OpsBuilder {
     }
 
     /// What was pushed so far.
-    pub fn ops(&self) -> &Ops {
+    pub(crate) fn ops(&self) -> &Ops {
         &self.ops
     }
 
     /// Ops pushed so far.
-    pub fn len(&self) -> usize {
+    pub(crate) fn len(&self) -> usize {
         self.ops.len()
-    }
-
-    /// Whether none was pushed.
-    pub fn is_empty(&self) -> bool {
-        self.ops.is_empty()
     }
 
     fn text(&mut self, s: &str) -> Result<(u32, u32), String> {
@@ -160,7 +161,7 @@ impl OpsBuilder {
     }
 
     /// Appends one op and its tensors, or nothing (an error names what does not fit).
-    pub fn push<'x>(
+    pub(crate) fn push<'x>(
         &mut self,
         op: OpIn<'x>,
         tensors: impl IntoIterator<Item = TensorIn<'x>>,
@@ -344,7 +345,7 @@ impl OpsBuilder {
     }
 
     /// Appends an owned record.
-    pub fn push_rec(&mut self, op: &OpRec) -> Result<(), String> {
+    pub(crate) fn push_rec(&mut self, op: &OpRec) -> Result<(), String> {
         let tensors = op.tensors.iter().map(|t| TensorIn {
             name: &t.name,
             role: t.role,
@@ -391,7 +392,7 @@ impl OpsBuilder {
     }
 
     /// The finished store.
-    pub fn finish(self) -> Ops {
+    pub(crate) fn finish(self) -> Ops {
         self.ops
     }
 }

@@ -153,7 +153,7 @@ fn known_index(d: DType) -> u8 {
 }
 
 /// The op records of one rank, in execution order, held compactly (see the module docs).
-/// Immutable once built: [`Ops::retained`] and [`Ops::truncated`] make new ones.
+/// Immutable once built: `Ops::retained` and `Ops::truncated` make new ones.
 #[derive(Debug, Clone, Default)]
 pub struct Ops {
     ops: Vec<OpSlot>,
@@ -218,7 +218,7 @@ impl Ops {
     }
 
     /// How many tensors, over every op.
-    pub fn tensor_count(&self) -> usize {
+    pub(crate) fn tensor_count(&self) -> usize {
         self.tensors.len()
     }
 
@@ -243,7 +243,7 @@ impl Ops {
     }
 
     /// The last op.
-    pub fn last(&self) -> Option<Op<'_>> {
+    pub(crate) fn last(&self) -> Option<Op<'_>> {
         self.len().checked_sub(1).map(|i| self.get(i))
     }
 
@@ -254,7 +254,7 @@ impl Ops {
 
     /// About how many bytes it holds (what the row budget counts; room reserved and never
     /// written is not counted: it costs no memory).
-    pub fn weight(&self) -> usize {
+    pub(crate) fn weight(&self) -> usize {
         use std::mem::size_of;
         self.ops.len() * size_of::<OpSlot>()
             + self.tensors.len() * size_of::<TensorSlot>()
@@ -285,7 +285,7 @@ impl Ops {
     }
 
     /// The ops `keep` keeps, in order (a new store; the others' tensors go with them).
-    pub fn retained(self, keep: impl Fn(Op) -> bool) -> Ops {
+    pub(crate) fn retained(self, keep: impl Fn(Op) -> bool) -> Ops {
         if self.iter().all(&keep) {
             return self;
         }
@@ -304,7 +304,10 @@ impl Ops {
 
     /// The same ops and tensors, in the same places, each tensor's record as `f` makes it
     /// from its op and its own (a new store: what compare reads through a transformation).
-    pub fn with_tensors(self, f: impl for<'a> Fn(Op<'a>, TensorIn<'a>) -> TensorIn<'a>) -> Ops {
+    pub(crate) fn with_tensors(
+        self,
+        f: impl for<'a> Fn(Op<'a>, TensorIn<'a>) -> TensorIn<'a>,
+    ) -> Ops {
         let mut b = OpsBuilder::default();
         for op in self.iter() {
             let names: Vec<Cow<str>> = op.tensors().map(Tensor::name).collect();
@@ -319,7 +322,7 @@ impl Ops {
     }
 
     /// The first `n` ops (all when there are fewer).
-    pub fn truncated(mut self, n: usize) -> Ops {
+    pub(crate) fn truncated(mut self, n: usize) -> Ops {
         if n < self.ops.len() {
             let tensors = self.ops[n].first as usize;
             self.ops.truncate(n);

@@ -28,17 +28,17 @@ impl<'a> Op<'a> {
     }
 
     /// Its position in its store.
-    pub fn index(self) -> usize {
+    pub(crate) fn index(self) -> usize {
         self.i
     }
 
     /// Execution order within the rank.
-    pub fn seq(self) -> u64 {
+    pub(crate) fn seq(self) -> u64 {
         self.slot().seq
     }
 
     /// The op key.
-    pub fn key(self) -> KeyRef<'a> {
+    pub(crate) fn key(self) -> KeyRef<'a> {
         let s = self.slot();
         let raw = self
             .ops
@@ -61,7 +61,7 @@ impl<'a> Op<'a> {
     }
 
     /// Forward or backward.
-    pub fn direction(self) -> Direction {
+    pub(crate) fn direction(self) -> Direction {
         if self.slot().bits & BACKWARD != 0 {
             Direction::Backward
         } else {
@@ -70,23 +70,23 @@ impl<'a> Op<'a> {
     }
 
     /// The module path the call happened in, when known (shared by the module's ops).
-    pub fn module(self) -> Option<&'a Arc<str>> {
+    pub(crate) fn module(self) -> Option<&'a Arc<str>> {
         self.ops.modules.get(self.slot().module as usize)
     }
 
     /// Id of the call stack.
-    pub fn stack(self) -> Option<u64> {
+    pub(crate) fn stack(self) -> Option<u64> {
         let s = self.slot();
         (s.bits & HAS_STACK != 0).then_some(s.stack)
     }
 
     /// A recomputation (activation checkpointing).
-    pub fn recompute(self) -> bool {
+    pub(crate) fn recompute(self) -> bool {
         self.slot().bits & RECOMPUTE != 0
     }
 
     /// The collective call it is, when its record says.
-    pub fn collective(self) -> Option<&'a Collective> {
+    pub(crate) fn collective(self) -> Option<&'a Collective> {
         if self.slot().bits & HAS_COLLECTIVE == 0 {
             return None;
         }
@@ -94,7 +94,7 @@ impl<'a> Op<'a> {
     }
 
     /// Its non-tensor arguments as canonical JSON ([`crate::dump::args`]), when recorded.
-    pub fn args(self) -> Option<&'a str> {
+    pub(crate) fn args(self) -> Option<&'a str> {
         if self.slot().bits & HAS_ARGS == 0 {
             return None;
         }
@@ -103,7 +103,7 @@ impl<'a> Op<'a> {
     }
 
     /// How many tensors it has.
-    pub fn tensor_count(self) -> usize {
+    pub(crate) fn tensor_count(self) -> usize {
         self.ops.range(self.i).len()
     }
 
@@ -131,7 +131,7 @@ impl<'a> Op<'a> {
     }
 
     /// The position of its first tensor among all tensors of the store.
-    pub fn first_tensor(self) -> usize {
+    pub(crate) fn first_tensor(self) -> usize {
         self.slot().first as usize
     }
 
@@ -195,7 +195,7 @@ impl<'a> Tensor<'a> {
     }
 
     /// Its op.
-    pub fn op(self) -> Op<'a> {
+    pub(crate) fn op(self) -> Op<'a> {
         Op {
             ops: self.ops,
             i: self.op as usize,
@@ -203,12 +203,12 @@ impl<'a> Tensor<'a> {
     }
 
     /// Its position among all tensors of the store.
-    pub fn flat(self) -> usize {
+    pub(crate) fn flat(self) -> usize {
         self.i as usize
     }
 
     /// Flattened name: op key + slot.
-    pub fn name(self) -> Cow<'a, str> {
+    pub(crate) fn name(self) -> Cow<'a, str> {
         match self.slot() {
             s if s.bits & SLOT_NAME != 0 => {
                 let key = self.op().key().text();
@@ -224,7 +224,7 @@ impl<'a> Tensor<'a> {
     }
 
     /// Whether its name is `name` (without building it).
-    pub fn name_is(self, name: &str) -> bool {
+    pub(crate) fn name_is(self, name: &str) -> bool {
         match self.slot().bits & SLOT_NAME {
             0 => self.stored() == name,
             _ => self.op().key().slot(name) == Some(self.stored()),
@@ -233,17 +233,17 @@ impl<'a> Tensor<'a> {
 
     /// Its slot (`input.0`, `output.1`): the name after its op key, when the name starts
     /// with the key.
-    pub fn slot_name(self) -> Option<&'a str> {
+    pub(crate) fn slot_name(self) -> Option<&'a str> {
         (self.slot().bits & SLOT_NAME != 0).then(|| self.stored())
     }
 
     /// Its slot when it has one, else its whole name (what pairs tensors of paired ops).
-    pub fn slot_or_name(self) -> &'a str {
+    pub(crate) fn slot_or_name(self) -> &'a str {
         self.stored()
     }
 
     /// Input, output or parameter.
-    pub fn role(self) -> Role {
+    pub(crate) fn role(self) -> Role {
         match self.slot().bits & 3 {
             0 => Role::Input,
             1 => Role::Output,
@@ -252,7 +252,7 @@ impl<'a> Tensor<'a> {
     }
 
     /// The element type.
-    pub fn dtype(self) -> &'a AnyDType {
+    pub(crate) fn dtype(self) -> &'a AnyDType {
         let d = self.slot().dtype as usize;
         KNOWN
             .get(d)
@@ -261,14 +261,14 @@ impl<'a> Tensor<'a> {
     }
 
     /// Dimensions.
-    pub fn shape(self) -> &'a [usize] {
+    pub(crate) fn shape(self) -> &'a [usize] {
         let s = self.slot();
         let at = s.dims as usize;
         self.ops.dims.get(at..at + s.ndim as usize).unwrap_or(&[])
     }
 
     /// Number of elements (saturating; readers refuse shapes whose count overflows).
-    pub fn numel(self) -> usize {
+    pub(crate) fn numel(self) -> usize {
         crate::dump::checked_numel(self.shape()).unwrap_or(usize::MAX)
     }
 
@@ -298,19 +298,19 @@ impl<'a> Tensor<'a> {
     }
 
     /// A checksum of the raw bytes.
-    pub fn checksum(self) -> Option<&'a str> {
+    pub(crate) fn checksum(self) -> Option<&'a str> {
         let (at, len) = self.extra()?.checksum?;
         self.ops.text.get(at as usize..(at + len) as usize)
     }
 
     /// Dataflow id of an output.
-    pub fn id(self) -> Option<u64> {
+    pub(crate) fn id(self) -> Option<u64> {
         let s = self.slot();
         (s.bits & HAS_ID != 0).then_some(s.flow)
     }
 
     /// Dataflow id of the captured output an input came from.
-    pub fn src(self) -> Option<u64> {
+    pub(crate) fn src(self) -> Option<u64> {
         let s = self.slot();
         match (s.bits & HAS_ID != 0, s.bits & HAS_SRC != 0) {
             (_, false) => None,
@@ -326,13 +326,13 @@ impl<'a> Tensor<'a> {
 
     /// Whether it was read from memory nothing had written since it was allocated: its
     /// bytes are leftovers of earlier use, which no two runs share.
-    pub fn unwritten(self) -> bool {
+    pub(crate) fn unwritten(self) -> bool {
         self.slot().bits & UNWRITTEN != 0
     }
 
     /// Whether it is the value before the call of a target the op only writes
     /// ([`crate::op_key::WRITE_ONLY_APIS`]): not something the op computes from.
-    pub fn overwritten(self) -> bool {
+    pub(crate) fn overwritten(self) -> bool {
         self.slot_name()
             .is_some_and(|s| self.op().key().only_writes(s))
     }
@@ -354,7 +354,7 @@ impl<'a> Tensor<'a> {
     }
 
     /// An owned copy of the record.
-    pub fn to_rec(self) -> TensorRec {
+    pub(crate) fn to_rec(self) -> TensorRec {
         TensorRec {
             name: self.name().into(),
             role: self.role(),

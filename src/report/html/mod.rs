@@ -80,7 +80,7 @@ pub struct Point<'a> {
 }
 
 /// Out-of-tolerance points drawn one by one at most; past this they are bucketed too.
-pub const MAX_FAILING: usize = 3000;
+pub(crate) const MAX_FAILING: usize = 3000;
 /// Distinct module paths in the module tree at most (the rest are counted, not shown).
 const MAX_MODULES: usize = 2000;
 /// Module runs along execution order remembered for the bands at most.
@@ -91,7 +91,7 @@ fn verdict_class(v: Verdict) -> &'static str {
 }
 
 /// The whole page of a document.
-pub fn render(doc: &dyn Document) -> Result<String> {
+pub(crate) fn render(doc: &dyn Document) -> Result<String> {
     let ov = doc.overview()?;
     let mut out = String::new();
     open_page(
