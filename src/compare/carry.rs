@@ -38,7 +38,7 @@ impl Carry {
 /// rank's next step reads that very value where an input has the same statistics in both
 /// runs: a parameter the optimizer updated in place, whose normalised update turned a
 /// near-zero gradient's noise into ±lr. That input then differs with no captured op at
-/// fault (analyze.rs), where it looked as if it changed outside the captured ops.
+/// fault (`analyze/entry.rs`), where it looked as if it changed outside the captured ops.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub struct NoiseWrite {
     /// The op that wrote it.
