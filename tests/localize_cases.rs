@@ -529,3 +529,170 @@ fn warnings_without_an_error_say_where_they_begin() {
     assert!(s.get("first_warning").is_none(), "{s}");
     assert!(s["pairs"][0]["findings"].get("first_warning").is_none());
 }
+
+/// Statistics of `n` values from `min` to `max` with the given mean and norm.
+fn spread(min: f64, max: f64, mean: f64, norm: f64) -> StatsRecord {
+    StatsRecord {
+        max: Stat(Some(max)),
+        min: Stat(Some(min)),
+        mean: Stat(Some(mean)),
+        norm: Stat(Some(norm)),
+        nan: Some(0),
+        inf: Some(0),
+    }
+}
+
+#[test]
+fn a_loss_whose_integer_target_is_large_is_still_blamed_not_drift() {
+    // A cross-entropy: float32 logits [n, c] (equal on both sides), an int64 class-index
+    // target [n] with values 0..c-1 (equal), a scalar loss that differs (one side smooths
+    // its labels). Integer inputs are not rounded: the bound on the rounding noise of the
+    // loss is k·ε·s over the logits only (k = n·c logits per loss element), far below the
+    // loss. Counting the target's scale (c - 1) in it made the bound exceed the loss: the
+    // loss was "rounding noise" and the phase drift. Sizes and values vary: the rule, not
+    // one case.
+    let eps = f32::EPSILON as f64;
+    let key = "Functional.cross_entropy.0.forward";
+    let mut cases = 0;
+    for (n, c) in [(512usize, 512usize), (1024, 1000), (512, 2048), (4096, 300)] {
+        for (logit_scale, shift) in [(2.0, 0.02), (6.0, 0.1), (0.5, 0.3)] {
+            let loss_b = (c as f64).ln() + 0.1 * logit_scale;
+            let loss_c = loss_b * (1.0 + shift);
+            // The case is one the flaw hit: with the target, k·ε·(c - 1) covers the loss and
+            // its difference; without it, k·ε·logit_scale is far below the loss.
+            let k = (n * c) as f64;
+            let with_target = k * eps * (c as f64 - 1.0).max(logit_scale);
+            assert!(with_target >= loss_c && with_target >= loss_c - loss_b);
+            assert!(k * eps * logit_scale < loss_b / 4.0);
+
+            let t = tempfile::tempdir().unwrap();
+            for (side, loss) in [("bench", loss_b), ("cmp", loss_c)] {
+                let mut logits = tensor(
+                    format!("{key}.input.0"),
+                    "input",
+                    "float32",
+                    0.0,
+                    None,
+                    None,
+                );
+                logits.shape = vec![n, c];
+                let nl = (n * c) as f64;
+                logits.stats = Some(spread(
+                    -logit_scale,
+                    logit_scale,
+                    0.0,
+                    logit_scale * nl.sqrt() / 2.0,
+                ));
+                let mut target =
+                    tensor(format!("{key}.input.1"), "input", "int64", 0.0, None, None);
+                target.shape = vec![n];
+                let top = c as f64 - 1.0;
+                target.stats = Some(spread(
+                    0.0,
+                    top,
+                    top / 2.0,
+                    (n as f64 * top * top / 3.0).sqrt(),
+                ));
+                let mut out = tensor(
+                    format!("{key}.output.0"),
+                    "output",
+                    "float32",
+                    loss,
+                    None,
+                    Some(0),
+                );
+                out.shape = vec![];
+                out.stats = Some(spread(loss, loss, loss, loss));
+                write_op_log(
+                    &t.path().join(side),
+                    vec![record(key, vec![logits, target, out])],
+                );
+            }
+            let o = compare(t.path(), &[]);
+            assert_eq!(o.code, 1, "n={n} c={c}: {}", o.stdout);
+            let s = summary(t.path());
+            let f = &s["first_divergent"]["forward"];
+            assert_eq!(f["op"], key, "n={n} c={c} scale={logit_scale}: {s}");
+            assert_eq!(f["tensor"], format!("{key}.output.0"));
+            let expl = f["explanation"].as_str().unwrap();
+            assert!(expl.contains("equal statistics"), "{expl}");
+            assert!(!s["headline"].as_str().unwrap().contains("drift"), "{s}");
+            cases += 1;
+        }
+    }
+    assert_eq!(cases, 12);
+}
+
+#[test]
+fn a_sum_over_an_integer_index_is_no_cancellation() {
+    // A scatter_add: float32 values [n] (within tolerance, 1e-6 apart), an int64 index [n]
+    // into m buckets (equal), an output [m] 1 % apart. Every value is positive: nothing
+    // cancels, the op is the culprit. The index is no term of the sum: counted as one (its
+    // root mean square ~ m/√3), the "cancellation" n/√3 over the output's scale divided the
+    // output's error below the local gain over its inputs', and the phase was drift.
+    let key = "Torch.scatter_add.0.forward";
+    let (gain, in_err, out_err) = (10.0, 1e-6, 1e-2);
+    let mut cases = 0;
+    for m in [5_000usize, 20_000, 100_000] {
+        for per in [4usize, 10, 33] {
+            let n = m * per;
+            let out_scale = per as f64 * 1.5;
+            // The case is one the flaw hit: the index's terms over the output's scale.
+            let index_rms = (m as f64 - 1.0) / 3f64.sqrt();
+            let old_cancellation = per as f64 * index_rms / out_scale;
+            assert!(out_err / old_cancellation <= gain * in_err * (1.0 + in_err));
+            let t = tempfile::tempdir().unwrap();
+            for (side, f_in, f_out) in [("bench", 1.0, 1.0), ("cmp", 1.0 + in_err, 1.0 + out_err)] {
+                let nf = n as f64;
+                let mut src = tensor(
+                    format!("{key}.input.0"),
+                    "input",
+                    "float32",
+                    0.0,
+                    None,
+                    None,
+                );
+                src.shape = vec![n];
+                src.stats = Some(spread(
+                    0.5 * f_in,
+                    1.5 * f_in,
+                    f_in,
+                    1.04 * f_in * nf.sqrt(),
+                ));
+                let mut index = tensor(format!("{key}.input.1"), "input", "int64", 0.0, None, None);
+                index.shape = vec![n];
+                let top = m as f64 - 1.0;
+                index.stats = Some(spread(0.0, top, top / 2.0, index_rms * nf.sqrt()));
+                let mut out = tensor(
+                    format!("{key}.output.0"),
+                    "output",
+                    "float32",
+                    0.0,
+                    None,
+                    Some(0),
+                );
+                out.shape = vec![m];
+                let mean = per as f64 * f_out;
+                out.stats = Some(spread(
+                    0.5 * mean,
+                    1.5 * mean,
+                    mean,
+                    1.04 * mean * (m as f64).sqrt(),
+                ));
+                write_op_log(
+                    &t.path().join(side),
+                    vec![record(key, vec![src, index, out])],
+                );
+            }
+            let o = compare(t.path(), &[]);
+            assert_eq!(o.code, 1, "n={n} m={m}: {}", o.stdout);
+            let s = summary(t.path());
+            let f = &s["first_divergent"]["forward"];
+            assert_eq!(f["op"], key, "n={n} m={m}: {s}");
+            let expl = f["explanation"].as_str().unwrap();
+            assert!(expl.contains("within tolerance"), "{expl}");
+            cases += 1;
+        }
+    }
+    assert_eq!(cases, 9);
+}

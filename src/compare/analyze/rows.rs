@@ -182,7 +182,12 @@ pub(super) fn abs_diff(r: &Row) -> Option<f64> {
 /// tensor is mathematically zero — the bias gradient of a convolution followed by a
 /// normalisation — and its relative error (1e-4 against 3e-8 is "5e3") says nothing about
 /// the op: it is never the output that names a culprit.
+///
+/// Only floating-point inputs are summed and rounded: integer and boolean inputs (class
+/// indices, positions, masks; [`discrete`]) enter neither s_in nor k. A loss's int64
+/// target (max 511) would otherwise make the bound exceed the loss itself.
 pub(super) fn rounding_noise(out: &Row, inputs: &[&&Row]) -> bool {
+    let inputs: Vec<&&Row> = inputs.iter().copied().filter(|r| !discrete(r)).collect();
     let t = &out.tensor;
     let float = |d: &crate::dtype::AnyDType| d.known().filter(|d| d.is_float());
     let Some(bench) = float(&t.sides.bench.dtype) else {
@@ -216,11 +221,13 @@ pub(super) fn rounding_noise(out: &Row, inputs: &[&&Row]) -> bool {
 /// each of the input's root mean square) over the output's own scale; 1 when nothing
 /// cancels. A bias gradient is the sum of the output gradient over the batch, whose terms
 /// cancel to a small fraction of their size: in a bfloat16 run against a float32 one its
-/// relative error is the gradient's, times that ratio, and no fault of the op.
+/// relative error is the gradient's, times that ratio, and no fault of the op. Integer and
+/// boolean inputs ([`discrete`]: indices, masks) are no terms of a sum: left out.
 pub(super) fn cancellation(out: &Row, inputs: &[&&Row]) -> f64 {
     let n_out = out.tensor.sides.bench.numel().max(1) as f64;
     let terms = inputs
         .iter()
+        .filter(|r| !discrete(r))
         .filter_map(|r| {
             let b = &r.tensor.sides.bench;
             let n = b.numel() as f64;
