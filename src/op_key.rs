@@ -480,7 +480,8 @@ pub(crate) enum Randomness {
     /// Always draws: dropout, `rand*`, `bernoulli`, `normal_`, ...
     Always,
     /// Draws only when its dropout is active (fused attention with `dropout_p > 0` or
-    /// `keep_prob < 1`); the dumps do not record the argument.
+    /// `keep_prob < 1`); what the runs recorded of it is read where the op is judged
+    /// (`args::draw_switch`).
     WhenDropoutActive,
 }
 

@@ -696,3 +696,143 @@ fn a_sum_over_an_integer_index_is_no_cancellation() {
     }
     assert_eq!(cases, 9);
 }
+
+/// `layers` attention layers, each a projection (`Torch.matmul`) then a fused attention
+/// (`Functional.scaled_dot_product_attention`) of the projection's output as query, key and
+/// value; layer `fault`'s attention returns `1 + rel` times as much on the comparison side
+/// (what follows inherits it). `args(side)` is what each side's attention calls record.
+fn attention_run(
+    dir: &Path,
+    layers: usize,
+    fault: usize,
+    rel: f64,
+    args: impl Fn(&str) -> Option<serde_json::Value>,
+) {
+    for side in ["bench", "cmp"] {
+        let mut records = Vec::new();
+        let (mut v, mut src) = (0.75, None);
+        for i in 0..layers {
+            let proj = format!("Torch.matmul.{i}.forward");
+            let (h, hid) = (v * 1.5, 2 * i as u64);
+            records.push(record(
+                &proj,
+                vec![
+                    tensor(format!("{proj}.input.0"), "input", "float32", v, src, None),
+                    tensor(
+                        format!("{proj}.output.0"),
+                        "output",
+                        "float32",
+                        h,
+                        None,
+                        Some(hid),
+                    ),
+                ],
+            ));
+            let sdpa = format!("Functional.scaled_dot_product_attention.{i}.forward");
+            let mut out = h * 0.8;
+            if side == "cmp" && i == fault {
+                out *= 1.0 + rel;
+            }
+            let mut tensors: Vec<TensorRecord> = (0..3)
+                .map(|j| {
+                    let name = format!("{sdpa}.input.{j}");
+                    tensor(name, "input", "float32", h, Some(hid), None)
+                })
+                .collect();
+            let oid = hid + 1;
+            let name = format!("{sdpa}.output.0");
+            tensors.push(tensor(name, "output", "float32", out, None, Some(oid)));
+            let mut r = record(&sdpa, tensors);
+            r.args = match args(side) {
+                Some(serde_json::Value::Object(m)) => Some(m),
+                _ => None,
+            };
+            records.push(r);
+            (v, src) = (out, Some(oid));
+        }
+        write_op_log(&dir.join(side), records);
+    }
+}
+
+/// A fused attention draws random numbers only with its dropout on: where both runs
+/// recorded it off, agreeing inputs and a differing output are its kernel's fault, named as
+/// the first divergent op with the argument cited; recorded on, or not recorded, a
+/// different random draw (the latter said as both readings). Sizes and the faulty layer vary.
+#[test]
+fn a_fused_attention_with_its_dropout_recorded_off_is_a_faulty_kernel() {
+    use serde_json::json;
+    for (layers, fault, rel) in [(1, 0, 0.005), (3, 1, 0.005), (5, 4, 0.02)] {
+        let at = format!("Functional.scaled_dot_product_attention.{fault}.forward");
+
+        // Off on both sides, by keyword (and, in one case, by position on one side).
+        let t = tempfile::tempdir().unwrap();
+        attention_run(t.path(), layers, fault, rel, |side| {
+            Some(if side == "cmp" && layers == 3 {
+                json!({"input.4": 0, "input.is_causal": true})
+            } else {
+                json!({"input.dropout_p": 0.0, "input.is_causal": true})
+            })
+        });
+        let o = compare(t.path(), &[]);
+        assert_eq!(o.code, 1, "{}{}", o.stdout, o.stderr);
+        let s = summary(t.path());
+        let f = &s["first_divergent"]["forward"];
+        assert_eq!(f["op"], at.as_str(), "{s:#}");
+        assert!(s["random_draw"]["forward"].is_null(), "{s:#}");
+        let e = f["explanation"].as_str().unwrap();
+        let cited = if layers == 3 {
+            "(input.dropout_p = 0.0 in the benchmark, input.4 = 0 in the comparison run)"
+        } else {
+            "(input.dropout_p = 0.0 on both sides)"
+        };
+        assert!(
+            e.contains("a faulty kernel, not a different random draw") && e.ends_with(cited),
+            "{e}"
+        );
+        let h = s["headline"].as_str().unwrap();
+        assert!(
+            h.contains(&format!("first divergent op {at}"))
+                && !h.contains("random numbers")
+                && !h.contains("if its dropout is active"),
+            "{h}"
+        );
+
+        // On on both sides: a different draw, said without the hedge.
+        let t = tempfile::tempdir().unwrap();
+        attention_run(t.path(), layers, fault, rel, |_| {
+            Some(json!({"input.dropout_p": 0.1}))
+        });
+        compare(t.path(), &[]);
+        let s = summary(t.path());
+        assert!(s["first_divergent"]["forward"].is_null(), "{s:#}");
+        let r = &s["random_draw"]["forward"];
+        assert_eq!(r["op"], at.as_str());
+        let e = r["explanation"].as_str().unwrap();
+        assert!(
+            e.contains("it draws random numbers (input.dropout_p = 0.1 on both sides)")
+                && !e.contains("does not record"),
+            "{e}"
+        );
+        assert!(s["headline"]
+            .as_str()
+            .unwrap()
+            .starts_with(&format!("DIVERGENCE from random numbers: {at}")));
+
+        // Not recorded: today's words, both readings.
+        let t = tempfile::tempdir().unwrap();
+        attention_run(t.path(), layers, fault, rel, |_| None);
+        compare(t.path(), &[]);
+        let s = summary(t.path());
+        assert!(s["first_divergent"]["forward"].is_null(), "{s:#}");
+        let r = &s["random_draw"]["forward"];
+        assert_eq!(r["op"], at.as_str());
+        let e = r["explanation"].as_str().unwrap();
+        assert!(e.contains("the dump does not record which"), "{e}");
+        let h = s["headline"].as_str().unwrap();
+        assert!(
+            h.starts_with(&format!("DIVERGENCE from random numbers: {at}"))
+                && h.contains("if its dropout is active (else a faulty kernel)"),
+            "{h}"
+        );
+    }
+}

@@ -12,11 +12,11 @@
 use super::align::{MatchedBy, OpInfo, Side};
 use super::judge::{Judgement, Row, Verdict};
 use super::measure::{CompareKind, Measured, Measurement};
-use super::op_rows::{Head, OpRows};
+use super::op_rows::{Draw, Head, OpRows};
 use super::Sides;
 use crate::dtype::DType;
 use crate::dump::args::{self, ArgDiff};
-use crate::dump::{Ops, Role, Tensor};
+use crate::dump::{Op, Ops, Role, Tensor};
 use crate::error::Result;
 use crate::metrics::Metrics;
 use crate::op_key::KeyRef;
@@ -228,6 +228,19 @@ impl ByOp<'_> {
             .map_or(self.judged.pairs.len(), |&e| e as usize);
         self.starts[k] as usize..end
     }
+
+    /// Op `k`'s one call on each side (benchmark, comparison), of the same API; None for a
+    /// region or a mapped fused kernel (several calls, or other APIs).
+    fn one_call(&self, k: usize) -> Option<(Op<'_>, Op<'_>)> {
+        let j = self.judged;
+        let pairs = &j.pairs[self.group(k)];
+        let (at, bench) = (pairs[0].at, pairs[0].bench.0);
+        if pairs.iter().any(|p| p.cmp.0 != at || p.bench.0 != bench) {
+            return None;
+        }
+        let (b, c) = (j.ops.bench.get(bench as usize), j.ops.cmp.get(at as usize));
+        (b.key().base_text() == c.key().base_text()).then_some((b, c))
+    }
 }
 
 impl Judged {
@@ -278,23 +291,33 @@ impl OpRows for ByOp<'_> {
     }
 
     fn arg_diffs(&self, k: usize, divergent: bool) -> Vec<ArgDiff> {
-        let j = self.judged;
-        let pairs = &j.pairs[self.group(k)];
-        let (at, bench) = (pairs[0].at, pairs[0].bench.0);
-        // One call on each side, of the same API (not a region, a mapped fused kernel).
-        if pairs.iter().any(|p| p.cmp.0 != at || p.bench.0 != bench) {
+        let Some((b, c)) = self.one_call(k) else {
             return Vec::new();
-        }
-        let (b, c) = (j.ops.bench.get(bench as usize), j.ops.cmp.get(at as usize));
-        if b.key().base_text() != c.key().base_text() {
-            return Vec::new();
-        }
+        };
         match (b.args(), c.args()) {
             (x, y) if x == y => Vec::new(),
             (x, y) if divergent => args::diff_at_divergence(x, y),
             (Some(x), Some(y)) => args::diff(x, y),
             _ => Vec::new(),
         }
+    }
+
+    fn draw(&self, k: usize) -> Option<Draw> {
+        let (b, c) = self.one_call(k)?;
+        let api = c.key().base_text();
+        let (x, y) = (
+            args::draw_switch(api, b.args()?)?,
+            args::draw_switch(api, c.args()?)?,
+        );
+        if x.0 != y.0 {
+            return None;
+        }
+        let said = if x.1 == y.1 {
+            format!("{} on both sides", x.1)
+        } else {
+            format!("{} in the benchmark, {} in the comparison run", x.1, y.1)
+        };
+        Some(if x.0 { Draw::Off(said) } else { Draw::On(said) })
     }
 
     fn one_sided_source(&self, k: usize, name: &str) -> Option<(Side, String, Option<u64>)> {

@@ -24,6 +24,17 @@ pub(crate) struct Head {
     pub nonfinite: bool,
 }
 
+/// What both runs recorded of a random op's draw ([`OpRows::draw`]): on or off, with the
+/// recorded arguments that say so (`input.dropout_p = 0.0 on both sides`).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub(crate) enum Draw {
+    /// Both runs called it with its draw on (`dropout_p = 0.1`).
+    On(String),
+    /// Both runs called it with its draw off (`dropout_p = 0.0`, `training = False`): it
+    /// computes deterministically.
+    Off(String),
+}
+
 /// A unit's rows op by op (an op's rows are consecutive), as the localiser reads them: the
 /// heads of all, the rows of those it looks into. Rows may be made when read, so the
 /// localiser reads only the ops that can matter (flagged or holding NaN/Inf, and the
@@ -42,6 +53,12 @@ pub(crate) trait OpRows {
     /// left out (`args::diff_at_divergence`).
     fn arg_diffs(&self, _k: usize, _divergent: bool) -> Vec<ArgDiff> {
         Vec::new()
+    }
+    /// For a random op (`op_key::Randomness`), whether both sides recorded its random draw
+    /// on or off (`args::draw_switch`): one call of the same API on each side, the same
+    /// answer on both. None when either side recorded no switch, or they disagree.
+    fn draw(&self, _k: usize) -> Option<Draw> {
+        None
     }
     /// The op only one side calls whose output is input `name` (the comparison side's
     /// name) of op `k` on that side, with its stack id (comparison side only); None when

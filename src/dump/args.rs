@@ -141,6 +141,118 @@ pub(crate) fn diff_at_divergence(bench: Option<&str>, cmp: Option<&str>) -> Vec<
     out
 }
 
+/// How a recorded argument turns a random op's draw off.
+#[derive(Debug, Clone, Copy)]
+enum Off {
+    /// A probability of zero (`dropout_p`, `p`).
+    Zero,
+    /// A keep probability of one (`keep_prob`).
+    One,
+    /// A training flag that is false (`training`, `train`).
+    False,
+}
+
+/// The slots of API `api` (`Type.api`, an overload after it ignored) that turn its random
+/// draw off, as recorded by keyword (`input.dropout_p`) or by position (`input.4`, from the
+/// API's signature), and the value that turns it off. Empty for APIs not listed here, whose
+/// draw is then never taken as off.
+fn draw_switches(api: &str) -> &'static [(&'static str, Off)] {
+    use Off::*;
+    let mut parts = api.split('.');
+    let (ty, name) = (parts.next().unwrap_or(""), parts.next().unwrap_or(""));
+    match (ty, name) {
+        // F.dropout(input, p, training, inplace) and kin; torch.dropout(input, p, train),
+        // aten::dropout / native_dropout(input, p, train).
+        (
+            "Functional" | "Torch" | "Aten",
+            "dropout"
+            | "dropout_"
+            | "dropout1d"
+            | "dropout2d"
+            | "dropout3d"
+            | "alpha_dropout"
+            | "alpha_dropout_"
+            | "feature_dropout"
+            | "feature_dropout_"
+            | "feature_alpha_dropout"
+            | "feature_alpha_dropout_"
+            | "native_dropout",
+        ) => &[
+            ("input.p", Zero),
+            ("input.1", Zero),
+            ("input.training", False),
+            ("input.train", False),
+            ("input.2", False),
+        ],
+        // F.rrelu(input, lower, upper, training, inplace): out of training, a fixed slope.
+        ("Functional" | "Torch", "rrelu" | "rrelu_") => {
+            &[("input.training", False), ("input.3", False)]
+        }
+        ("Functional", "scaled_dot_product_attention")
+        | (
+            "Torch" | "Aten",
+            "_scaled_dot_product_attention_math"
+            | "_scaled_dot_product_fused_attention_overrideable",
+        ) => &[("input.dropout_p", Zero), ("input.4", Zero)],
+        (
+            "Torch" | "Aten",
+            "_scaled_dot_product_flash_attention" | "_scaled_dot_product_flash_attention_for_cpu",
+        ) => &[("input.dropout_p", Zero), ("input.3", Zero)],
+        (
+            "Torch" | "Aten",
+            "_scaled_dot_product_efficient_attention" | "_scaled_dot_product_cudnn_attention",
+        ) => &[("input.dropout_p", Zero), ("input.5", Zero)],
+        ("Torch" | "Aten", n) if n.starts_with("_scaled_dot_product_") => {
+            &[("input.dropout_p", Zero)]
+        }
+        // F.multi_head_attention_forward(query, key, value, embed_dim_to_check, num_heads,
+        // in_proj_weight, in_proj_bias, bias_k, bias_v, add_zero_attn, dropout_p,
+        // out_proj_weight, out_proj_bias, training, ...).
+        ("Functional", "multi_head_attention_forward") => &[
+            ("input.dropout_p", Zero),
+            ("input.10", Zero),
+            ("input.training", False),
+            ("input.13", False),
+        ],
+        // torch_npu.npu_fusion_attention(query, key, value, head_num, input_layout, pse,
+        // padding_mask, atten_mask, scale, keep_prob, ...).
+        ("NPU", "npu_fusion_attention") => &[("input.keep_prob", One), ("input.9", One)],
+        ("NPU", n)
+            if n.starts_with("npu_fusion_attention") || n.starts_with("npu_flash_attention") =>
+        {
+            &[("input.keep_prob", One)]
+        }
+        _ => &[],
+    }
+}
+
+/// Whether random op `api` (`Type.api`) was called with its random draw off, by what its
+/// recorded arguments `args` (canonical text) say: `Some(slot = value)` citing the slot that
+/// says so (`input.dropout_p = 0.0`, `input.training = false`, `input.keep_prob = 1.0`) when
+/// off, `Some` of the recorded switches when on, None when no switch of the API is recorded
+/// (or the API is not one [`draw_switches`] knows).
+pub(crate) fn draw_switch(api: &str, args: &str) -> Option<(bool, String)> {
+    let Ok(Value::Object(m)) = serde_json::from_str::<Value>(args) else {
+        return None;
+    };
+    let mut on = Vec::new();
+    for &(slot, off) in draw_switches(api) {
+        let Some(v) = m.get(slot) else { continue };
+        let is_off = match (off, v) {
+            (Off::Zero, Value::Number(n)) => n.as_f64() == Some(0.0),
+            (Off::One, Value::Number(n)) => n.as_f64() == Some(1.0),
+            (Off::False, Value::Bool(b)) => !b,
+            _ => false,
+        };
+        let said = format!("{slot} = {}", show(v));
+        if is_off {
+            return Some((true, said));
+        }
+        on.push(said);
+    }
+    (!on.is_empty()).then(|| (false, on.join(", ")))
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -235,5 +347,69 @@ mod tests {
     fn text_that_is_not_an_object_has_no_arguments() {
         assert!(diff("[1]", r#"{"x":1}"#).is_empty());
         assert!(diff("not json", "").is_empty());
+    }
+
+    #[test]
+    fn a_random_op_s_draw_is_off_by_the_argument_its_api_reads() {
+        let sw = |api: &str, v: Value| draw_switch(api, &text(v));
+        let sdpa = "Functional.scaled_dot_product_attention";
+        assert_eq!(
+            sw(
+                sdpa,
+                json!({"input.dropout_p": 0.0, "input.is_causal": true})
+            ),
+            Some((true, "input.dropout_p = 0.0".into()))
+        );
+        assert_eq!(
+            sw(sdpa, json!({"input.4": 0})),
+            Some((true, "input.4 = 0".into()))
+        );
+        assert_eq!(
+            sw(sdpa, json!({"input.dropout_p": 0.1})),
+            Some((false, "input.dropout_p = 0.1".into()))
+        );
+        // Not a switch of this API: says nothing.
+        assert_eq!(
+            sw(sdpa, json!({"input.p": 0.0, "input.is_causal": true})),
+            None
+        );
+        // Dropout: p = 0 or out of training, either is enough.
+        let d = "Functional.dropout";
+        assert_eq!(
+            sw(d, json!({"input.p": 0.5, "input.training": false})),
+            Some((true, "input.training = false".into()))
+        );
+        assert_eq!(
+            sw(d, json!({"input.1": 0.5, "input.2": true})),
+            Some((false, "input.1 = 0.5, input.2 = true".into()))
+        );
+        assert_eq!(
+            sw(
+                "Aten.native_dropout.default",
+                json!({"input.1": 0.0, "input.2": true})
+            ),
+            Some((true, "input.1 = 0.0".into()))
+        );
+        assert_eq!(
+            sw(
+                "Aten._scaled_dot_product_efficient_attention.default",
+                json!({"input.4": false, "input.5": 0.0})
+            ),
+            Some((true, "input.5 = 0.0".into()))
+        );
+        assert_eq!(
+            sw(
+                "NPU.npu_fusion_attention",
+                json!({"input.3": 8, "input.keep_prob": 1.0})
+            ),
+            Some((true, "input.keep_prob = 1.0".into()))
+        );
+        assert_eq!(
+            sw("NPU.npu_fusion_attention", json!({"input.9": 0.9})),
+            Some((false, "input.9 = 0.9".into()))
+        );
+        // An API without a switch, or not random at all.
+        assert_eq!(sw("Torch.randn", json!({"input.0": 4})), None);
+        assert_eq!(sw("Functional.normalize", json!({"input.p": 0.0})), None);
     }
 }

@@ -791,6 +791,37 @@ mod tests {
     }
 
     #[test]
+    fn a_recorded_dropout_switch_reads_as_probe_s() {
+        // SDPA's dropout_p by keyword, F.dropout's training by position: the slots
+        // args::draw_switch reads in probe's form.
+        let sdpa = convert(
+            &parse_json(
+                br#"{"input_args": [{"type": "torch.Tensor", "dtype": "torch.float32", "shape": [2]}],
+                    "input_kwargs": {"dropout_p": {"type": "float", "value": 0.0}, "is_causal": {"type": "bool", "value": true}}}"#,
+            )
+            .unwrap(),
+        );
+        assert_eq!(
+            crate::dump::args::draw_switch(
+                "Functional.scaled_dot_product_attention",
+                sdpa.args.as_deref().unwrap()
+            ),
+            Some((true, "input.dropout_p = 0.0".into()))
+        );
+        let dropout = convert(
+            &parse_json(
+                br#"{"input_args": [{"type": "torch.Tensor", "dtype": "torch.float32", "shape": [2]},
+                    {"type": "float", "value": 0.1}, {"type": "bool", "value": false}]}"#,
+            )
+            .unwrap(),
+        );
+        assert_eq!(
+            crate::dump::args::draw_switch("Functional.dropout", dropout.args.as_deref().unwrap()),
+            Some((true, "input.2 = false".into()))
+        );
+    }
+
+    #[test]
     fn dump_json_is_read_entry_by_entry_with_the_same_answers() {
         let dir = Path::new("/nonexistent");
         let leaf = r#"{"type": "torch.Tensor", "dtype": "torch.float32", "shape": [2]}"#;

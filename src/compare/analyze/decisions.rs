@@ -23,17 +23,23 @@ pub(super) fn near_tie_explanation(out: &Row) -> String {
     )
 }
 
-/// Why a random op whose inputs agree and whose outputs differ is no culprit.
-pub(super) fn random_explanation(r: Randomness, consumed: &str) -> String {
+/// Why a random op whose inputs agree and whose outputs differ is no culprit; `on`: the
+/// recorded arguments that show its draw on in both runs, when recorded.
+pub(super) fn random_explanation(r: Randomness, consumed: &str, on: Option<&str>) -> String {
     let check = "check config-check's random category (seeds, generator states) and \
                  deterministic algorithms (torch.use_deterministic_algorithms), or compare \
                  with the random op off";
-    match r {
-        Randomness::WhenDropoutActive => format!(
+    match (r, on) {
+        (Randomness::WhenDropoutActive, None) => format!(
             "what it consumed agrees on both sides ({consumed}), yet its outputs differ. It draws random \
              numbers when its dropout is active (dropout_p > 0, keep_prob < 1; the dump does \
              not record which): then this is a different random draw, not a faulty kernel — \
              {check}; with dropout off, the error is local to this op"
+        ),
+        (_, Some(on)) => format!(
+            "what it consumed agrees on both sides ({consumed}), yet its outputs differ: it draws random \
+             numbers ({on}), so this is a different random draw (another seed or generator \
+             state), not a faulty kernel — {check}"
         ),
         _ => format!(
             "what it consumed agrees on both sides ({consumed}), yet its outputs differ: it draws random \

@@ -14,6 +14,7 @@ use super::rows::{
 };
 use super::{arguments, decisions};
 use crate::compare::judge::{Equality, Row, Verdict};
+use crate::compare::op_rows::Draw;
 use crate::dump::Direction;
 use crate::op_key::Randomness;
 use crate::vocab::FindingKind;
@@ -160,11 +161,25 @@ fn examine(cx: &mut Context, dir: Direction, k: usize) -> bool {
         return true;
     }
     let randomness = g[0].tensor.op.key.randomness();
-    if randomness != Randomness::None {
-        // Agreeing inputs, differing outputs, and the op draws random numbers: a different
-        // draw, not a faulty kernel. Not the culprit; look on.
+    let draw = if randomness == Randomness::None {
+        None
+    } else {
+        unit.draw(k)
+    };
+    let off = match draw {
+        Some(Draw::Off(ref said)) => Some(said),
+        _ => None,
+    };
+    if randomness != Randomness::None && off.is_none() {
+        // Agreeing inputs, differing outputs, and the op draws random numbers (both runs
+        // recorded its dropout on, or neither recorded it): a different draw, not a faulty
+        // kernel. Not the culprit; look on.
         if !cx.has(FindingKind::RandomDraw, Some(dir)) {
-            let expl = decisions::random_explanation(randomness, &c.said());
+            let on = match draw {
+                Some(Draw::On(ref said)) => Some(said.as_str()),
+                _ => None,
+            };
+            let expl = decisions::random_explanation(randomness, &c.said(), on);
             let f = finding(&cx.at, &g, out, expl);
             cx.put(FindingKind::RandomDraw, Some(dir), f);
         }
@@ -175,7 +190,16 @@ fn examine(cx: &mut Context, dir: Direction, k: usize) -> bool {
     if c.inputs.is_empty() && c.saved.is_empty() && !cx.tols.blame_without_inputs {
         return false;
     }
-    let expl = noted(cx, dir, explanation(&g, &c, out));
+    let mut expl = explanation(&g, &c, out);
+    // A random op both runs called with its draw off computes deterministically: its own
+    // fault, as any op's.
+    if let Some(said) = off {
+        expl = format!(
+            "{expl}: a faulty kernel, not a different random draw, since both runs called it \
+             with its random draw off ({said})"
+        );
+    }
+    let expl = noted(cx, dir, expl);
     let f = finding(&cx.at, &g, out, expl);
     cx.put(FindingKind::FirstDivergent, Some(dir), f);
     true
