@@ -131,6 +131,74 @@ def test_a_fault_under_other_attention_is_named(runs: dict[str, Any], tmp_path: 
     assert s["first_divergent"]["forward"]["op"] == "Functional.silu.0.forward", s["headline"]
 
 
+SDPA_FAULT_SCRIPT = """
+import sys
+import torch
+import torch.nn.functional as F
+import probe
+from transformers import LlamaConfig, LlamaForCausalLM
+
+dump, layers, hidden, fault = sys.argv[1], int(sys.argv[2]), int(sys.argv[3]), int(sys.argv[4])
+if fault >= 0:  # layer `fault`'s attention, 0.5 % too large: a faulty fused kernel
+    sdpa, calls = F.scaled_dot_product_attention, [0]
+
+    def faulty(*args, **kwargs):
+        calls[0] += 1
+        y = sdpa(*args, **kwargs)
+        return y * 1.005 if (calls[0] - 1) % layers == fault else y
+
+    F.scaled_dot_product_attention = faulty
+probe.seed_all(0)
+cfg = LlamaConfig(vocab_size=128, hidden_size=hidden, intermediate_size=2 * hidden,
+                  num_hidden_layers=layers, num_attention_heads=4, num_key_value_heads=2,
+                  max_position_embeddings=64, attn_implementation="sdpa")
+model = LlamaForCausalLM(cfg)
+opt = torch.optim.AdamW(model.parameters(), lr=1e-3)
+ids = torch.randint(0, 128, (2, 16), generator=torch.Generator().manual_seed(1))
+dbg = probe.Debugger(None, dump_path=dump, level="mix", mode="statistics")
+for step in range(2):
+    dbg.start(model)
+    out = model(input_ids=ids, labels=ids)
+    out.loss.backward()
+    opt.step()
+    opt.zero_grad()
+    dbg.stop()
+    dbg.step()
+"""
+
+
+@pytest.mark.parametrize(("layers", "hidden", "fault"), [(2, 64, 1), (3, 32, 0)])
+def test_a_faulty_fused_attention_with_dropout_off_is_named_not_a_random_draw(
+    tmp_path: Any, layers: int, hidden: int, fault: int
+) -> None:
+    """One layer's ``scaled_dot_product_attention`` returns 0.5 % too much, its dropout off
+    (``dropout_p=0.0``, as ``transformers`` passes it, recorded on both sides): that call is
+    the first divergent op, a faulty kernel, not a different random draw (issue 47)."""
+    probe_bin()
+    dumps = {}
+    for name, f in (("clean", -1), ("fault", fault)):
+        dumps[name] = str(tmp_path / name)
+        r = run_agent_script(SDPA_FAULT_SCRIPT, dumps[name], str(layers), str(hidden), str(f))
+        assert r.returncode == 0, r.stderr[-4000:]
+    # Each step's calls in layer order: layer `fault`'s is the one, with dropout off.
+    ops = read_ops(os.path.join(dumps["fault"], "step0", "rank0"))
+    sdpa = "Functional.scaled_dot_product_attention."
+    calls = [o for o in ops if o["op"].startswith(sdpa) and o["direction"] == "forward"]
+    assert len(calls) == layers
+    assert all(c["args"]["input.dropout_p"] == 0.0 for c in calls)
+    faulty = calls[fault]["op"]
+    code, s = compare_summary(dumps["clean"], dumps["fault"], str(tmp_path / "out"))
+    assert code == 1, s["headline"]
+    f = s["first_divergent"]["forward"]
+    assert f is not None and f["op"] == faulty, s["headline"]
+    assert f["step"] == "step0", f
+    assert "input.dropout_p = 0.0 on both sides" in f["explanation"], f["explanation"]
+    assert "a faulty kernel" in f["explanation"], f["explanation"]
+    assert s["random_draw"]["forward"] is None, s["random_draw"]
+    h = s["headline"]
+    assert f"first divergent op {faulty}" in h and "random" not in h, h
+
+
 def test_a_norm_epsilon_ported_wrong_is_named_with_its_argument(runs: dict[str, Any], tmp_path: Any) -> None:
     """The port's config sets the RMS norms' epsilon to 1e-5 (the original: 1e-6). It is a
     Python number added to the variance (``variance + self.variance_epsilon``), so no tensor
