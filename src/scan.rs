@@ -6,6 +6,9 @@
 //!   an input that no earlier op produced *enters from outside* the captured ops.
 //! - `-inf` alone (max finite, min `-inf`, no NaN) is what attention masks hold: noted as
 //!   `-inf only`, never an error, so that every transformer dump does not fail the gate.
+//!   Unless the op made it from finite inputs by what it computes (a log of 0, a division by
+//!   0, a cast that overflows): then it is NaN/Inf produced there, and named (an entropy
+//!   `p * log(p)` names the `log`, not the `mul` whose `0 * -inf` is NaN).
 //! - **overflow risk**: a finite float tensor whose largest |value| is within `margin` of its
 //!   dtype's largest finite value (fp16 65504, bf16/fp32 3.4e38), or a cast to fp16/bf16
 //!   whose input does not fit the output dtype.
@@ -292,6 +295,59 @@ fn cast_overflow(op: Op) -> Option<String> {
     })
 }
 
+/// Why `op`'s `-inf`-only output was produced here rather than passed on as a mask: an op
+/// that makes `-inf` out of finite inputs by what it computes (a log of 0, a division by
+/// 0, a cast that overflows). Mask-making ops (`masked_fill`, `full`, `where`, `fill_`,
+/// `triu` of a mask: their `-inf` is a constant argument or an input's) are none of these,
+/// nor is an op one of whose inputs already holds NaN/Inf or is not known.
+fn makes_neg_inf(op: Op) -> Option<String> {
+    let inputs: Vec<Tensor> = op.tensors().filter(|&t| is_input(t, op)).collect();
+    let finite = |t: &Tensor| {
+        !is_float(*t)
+            || (!t.unwritten()
+                && t.stats()
+                    .as_ref()
+                    .is_some_and(|s| nonfinite_kind(s) == Flag::Finite))
+    };
+    if !inputs.iter().all(finite) {
+        return None;
+    }
+    let floats: Vec<&Tensor> = inputs.iter().filter(|t| is_float(**t)).collect();
+    // The range of the `i`-th float input holds `at` (statistics only see the range).
+    let reaches = |i: usize, at: f64| {
+        floats.get(i).is_some_and(|t| {
+            t.stats().as_ref().is_some_and(|s| {
+                s.min().is_some_and(|m| m <= at) && s.max().is_some_and(|m| m >= at)
+            })
+        })
+    };
+    let key = op.key();
+    let name = key.base().rsplit('.').next().unwrap_or("");
+    // In place (`log_`), not a dunder (`__truediv__`).
+    let name = match name.strip_suffix('_') {
+        Some(n) if !name.starts_with("__") => n,
+        _ => name,
+    };
+    let name = name.strip_prefix("special_").unwrap_or(name);
+    match name {
+        "log" | "log2" | "log10" if reaches(0, 0.0) => Some(format!(
+            "-inf made from finite inputs: {name} of 0 (no clamp or eps), not a mask"
+        )),
+        "log1p" if reaches(0, -1.0) => {
+            Some("-inf made from finite inputs: log1p of -1, not a mask".into())
+        }
+        "div" | "divide" | "true_divide" | "__truediv__" | "__itruediv__" | "__div__"
+            if reaches(1, 0.0) =>
+        {
+            Some("-inf made from finite inputs: a division by 0, not a mask".into())
+        }
+        "__rtruediv__" | "__rdiv__" | "reciprocal" if reaches(0, 0.0) => {
+            Some("-inf made from finite inputs: a division by 0, not a mask".into())
+        }
+        _ => cast_overflow(op).map(|r| format!("-inf made from finite inputs by a cast: {r}")),
+    }
+}
+
 /// A tensor the op consumed that was read from memory nothing had written.
 fn leftover<'a>(rows: &[&'a ScanRow]) -> Option<&'a ScanRow> {
     rows.iter()
@@ -483,6 +539,12 @@ impl<'a> Scanning<'a> {
         let start = rows.len();
         for t in op.tensors() {
             let (mut flag, mut reason) = flag_of(t, op, inputs_nonzero, opts.margin);
+            // `-inf` alone is a mask's, unless this op made it from finite inputs.
+            if flag == Flag::NegInfOnly && !is_input(t, op) {
+                if let Some(r) = makes_neg_inf(op) {
+                    (flag, reason) = (Flag::NonFinite, r);
+                }
+            }
             if flag == Flag::Finite && !is_input(t, op) {
                 if let Some(r) = cast_overflow(op) {
                     (flag, reason) = (Flag::OverflowRisk, r);

@@ -446,3 +446,149 @@ fn negative_infinity_in_a_gradient_is_an_overflow_not_a_mask() {
         "{s}"
     );
 }
+
+#[test]
+fn negative_infinity_made_from_finite_inputs_is_named_not_its_consumer() {
+    // An entropy term `p * log(p)` without a clamp: log(0) = -inf from finite inputs is
+    // produced by the log; the mul's `0 * -inf` = NaN only passes it on. A mask's -inf
+    // (masked_fill, full, where of a -inf input, a division by a non-zero scalar of a
+    // tensor that already held it) is not named.
+    let t = tempfile::tempdir().unwrap();
+    let fine = || stats(1.0, -1.0, 0, 0);
+    let run = |tag: &str, ops: &[(&str, Vec<T>)]| {
+        let dump = write_dump(&t.path().join(tag), ops);
+        let out = t.path().join(format!("o-{tag}"));
+        let o = scan(&dump, &out, &[]);
+        (o.code, json(&out), o.stdout)
+    };
+    for before in [0usize, 1, 3] {
+        for (dtype, n_inf) in [("float32", 1u64), ("float16", 7), ("bfloat16", 100)] {
+            // p: softmax/relu output holding exact zeros.
+            let p = || stats(0.9, 0.0, 0, 0);
+            let logp = || {
+                stats(
+                    if n_inf == 100 {
+                        f64::NEG_INFINITY
+                    } else {
+                        -0.1
+                    },
+                    f64::NEG_INFINITY,
+                    0,
+                    n_inf,
+                )
+            };
+            let filler: Vec<(String, Vec<T>)> = (0..before)
+                .map(|i| {
+                    (
+                        format!("Functional.linear.{i}.forward"),
+                        vec![("input", dtype, fine()), ("output", dtype, fine())],
+                    )
+                })
+                .collect();
+            let mut ops: Vec<(&str, Vec<T>)> = filler
+                .iter()
+                .map(|(k, v)| (k.as_str(), v.clone()))
+                .collect();
+            ops.push((
+                "Functional.relu.0.forward",
+                vec![("input", dtype, fine()), ("output", dtype, p())],
+            ));
+            ops.push((
+                "Torch.log.0.forward",
+                vec![("input", dtype, p()), ("output", dtype, logp())],
+            ));
+            ops.push((
+                "Tensor.__mul__.6.forward",
+                vec![
+                    ("input", dtype, p()),
+                    ("input", dtype, logp()),
+                    ("output", dtype, stats(0.0, 0.0, n_inf, 0)),
+                ],
+            ));
+            let tag = format!("log-{before}-{dtype}");
+            let (code, s, out) = run(&tag, &ops);
+            assert_eq!(code, 1, "{tag}: {out}");
+            let f = &s["first_nonfinite"]["forward"];
+            assert_eq!(f["op"], "Torch.log.0.forward", "{tag}: {s}");
+            assert_eq!(f["tensor"], "Torch.log.0.forward.output.0", "{tag}");
+            if n_inf < 100 {
+                // -inf only: a mask's, were it not made here from finite inputs.
+                assert!(
+                    f["reason"].as_str().unwrap().contains("log of 0"),
+                    "{tag}: {f}"
+                );
+                // The log's -inf is not counted as a mask; the mul's input reading it is.
+                assert_eq!(s["counts"]["neg_inf_only"], 1, "{tag}: {s}");
+            }
+            assert!(
+                s["headline"]
+                    .as_str()
+                    .unwrap()
+                    .contains("Torch.log.0.forward"),
+                "{tag}"
+            );
+
+            // The mask case: same positions, -inf from masked_fill / full / where /
+            // a division by a non-zero scalar: never named, exit 0.
+            for maker in [
+                "Tensor.masked_fill.0.forward",
+                "Torch.full.0.forward",
+                "Torch.where.0.forward",
+                "Tensor.__truediv__.0.forward",
+            ] {
+                let mask = || stats(0.5, f64::NEG_INFINITY, 0, n_inf);
+                let mut ops: Vec<(&str, Vec<T>)> = filler
+                    .iter()
+                    .map(|(k, v)| (k.as_str(), v.clone()))
+                    .collect();
+                let maker_ts = match maker {
+                    "Torch.full.0.forward" => vec![("output", dtype, mask())],
+                    "Torch.where.0.forward" => vec![
+                        ("input", "bool", stats(1.0, 0.0, 0, 0)),
+                        ("input", dtype, fine()),
+                        ("input", dtype, stats(0.0, f64::NEG_INFINITY, 0, 1)),
+                        ("output", dtype, mask()),
+                    ],
+                    // A scalar divisor: no tensor that could hold 0.
+                    _ => vec![("input", dtype, fine()), ("output", dtype, mask())],
+                };
+                ops.push((maker, maker_ts));
+                ops.push((
+                    "Tensor.__add__.0.forward",
+                    vec![
+                        ("input", dtype, fine()),
+                        ("input", dtype, mask()),
+                        ("output", dtype, mask()),
+                    ],
+                ));
+                let tag = format!("mask-{before}-{dtype}-{maker}");
+                let (code, s, out) = run(&tag, &ops);
+                assert_eq!(code, 0, "{tag}: {out}");
+                assert_eq!(s["counts"]["nonfinite"], 0, "{tag}: {s}");
+                assert!(s["first_nonfinite"]["forward"].is_null(), "{tag}: {s}");
+            }
+        }
+    }
+    // A division by a tensor that reaches 0 is a producer too; one that does not is not.
+    for (divisor_min, code) in [(0.0, 1), (0.5, 0)] {
+        let tag = format!("div-{divisor_min}");
+        let (c, s, out) = run(
+            &tag,
+            &[(
+                "Tensor.__truediv__.0.forward",
+                vec![
+                    ("input", "float32", stats(-0.5, -1.0, 0, 0)),
+                    ("input", "float32", stats(1.0, divisor_min, 0, 0)),
+                    ("output", "float32", stats(-0.5, f64::NEG_INFINITY, 0, 2)),
+                ],
+            )],
+        );
+        assert_eq!(c, code, "{tag}: {out}");
+        if code == 1 {
+            assert_eq!(
+                s["first_nonfinite"]["forward"]["op"], "Tensor.__truediv__.0.forward",
+                "{s}"
+            );
+        }
+    }
+}

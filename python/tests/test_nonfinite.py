@@ -329,6 +329,35 @@ def test_gradients_that_overflow_in_a_step_the_loss_scaler_skips_are_a_warning(
     assert c["loss_scaler_skipped_steps"] == int(skipped), c
     if verdict == "warning":
         assert code == 0 and c["nonfinite"] == 0 and c["nonfinite_scaler_skipped"] > 0, c
-        assert s["headline"].startswith("NaN/Inf only in the gradients of 1 step/rank folder(s) the loss scaler skipped")
+        assert s["headline"].startswith(
+            "NaN/Inf only in the gradients of 1 step/rank folder(s) the loss scaler skipped"
+        )
     if verdict == "error":
         assert code == 1 and c["nonfinite"] > 0, c
+
+
+def test_scan_names_the_log_of_an_unclamped_entropy_term(tmp_path: Any) -> None:
+    """An entropy term ``p * log(p)`` without a clamp: a large logit gap underflows softmax
+    to exact zeros, ``log`` makes -inf of them from finite inputs, and ``mul``'s ``0 * -inf``
+    is NaN. The log is the producer, not the mul reading its -inf (which is no mask)."""
+    dump = str(tmp_path / "dump")
+    torch.manual_seed(0)
+    model = torch.nn.Linear(8, 4)
+    with torch.no_grad():
+        model.bias.copy_(torch.tensor([0.0, 0.0, -200.0, 0.0]))
+    dbg = probe.Debugger(None, dump_path=dump, mode="statistics")
+    dbg.start(model)
+    logits = model(torch.randn(6, 8))
+    p = torch.softmax(logits, dim=-1)
+    entropy = (p * torch.log(p)).sum()
+    loss = F.cross_entropy(logits, torch.tensor([0, 1, 3, 0, 1, 3])) + 0.1 * entropy
+    dbg.stop()
+    dbg.step()
+    dbg.close()
+    assert torch.isnan(loss) and (p == 0).any()
+    code, s = _scan(dump, str(tmp_path / "out"))
+    assert code == 1, s
+    first = s["first_nonfinite"]["forward"]
+    assert first["op"].startswith("Torch.log."), first
+    assert "log of 0" in first["reason"], first
+    assert first["op"] in s["headline"]
