@@ -413,6 +413,13 @@ impl<S: AsRef<str>> Key<S> {
         raw.get(..end).unwrap_or(raw)
     }
 
+    /// The base's last part: an API's own name (`log` of `Torch.log`, `__truediv__` of
+    /// `Tensor.__truediv__`), a module record's class.
+    pub(crate) fn leaf(&self) -> &str {
+        let base = self.base();
+        base.rsplit('.').next().unwrap_or(base)
+    }
+
     /// The per-process call counter, when the key has one.
     pub fn call(&self) -> Option<u64> {
         self.parts.call()
@@ -872,5 +879,10 @@ mod tests {
         let t = "Functional.gelu.3.backward.input.0";
         assert_eq!(k.slot(t), Some("input.0"));
         assert_eq!(k.slot("Functional.gelu.30.backward.input.0"), None);
+        assert_eq!(k.leaf(), "gelu");
+        assert_eq!(
+            OpKey::parse("Tensor.__truediv__.0.forward").leaf(),
+            "__truediv__"
+        );
     }
 }

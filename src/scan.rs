@@ -322,7 +322,7 @@ fn makes_neg_inf(op: Op) -> Option<String> {
         })
     };
     let key = op.key();
-    let name = key.base().rsplit('.').next().unwrap_or("");
+    let name = key.leaf();
     // In place (`log_`), not a dunder (`__truediv__`).
     let name = match name.strip_suffix('_') {
         Some(n) if !name.starts_with("__") => n,
