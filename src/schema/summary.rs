@@ -321,14 +321,16 @@ impl ByDirection {
     }
 }
 
-/// A unit's findings as `summary.json` holds them (schema v2): one key per kind.
+/// Findings as `summary.json` holds them (schema v2): one key per kind; a unit's with its
+/// `drift`, the run's ([`RunFindings`]) without.
 #[derive(Debug, Clone, Serialize, Deserialize, Default, PartialEq)]
 struct FindingsWire {
     first_divergent: ByDirection,
     earliest_failing: ByDirection,
     external_source: ByDirection,
     first_nonfinite: Option<Finding>,
-    drift: Vec<Direction>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    drift: Option<Vec<Direction>>,
     #[serde(default)]
     random_draw: ByDirection,
     #[serde(default)]
@@ -359,7 +361,7 @@ impl FindingsWire {
 impl From<Findings> for FindingsWire {
     fn from(f: Findings) -> FindingsWire {
         let mut w = FindingsWire {
-            drift: f.drift,
+            drift: Some(f.drift),
             ..FindingsWire::default()
         };
         for x in f.found {
@@ -384,15 +386,15 @@ impl From<FindingsWire> for Findings {
                 }
             }
         }
-        Findings::new(found, std::mem::take(&mut w.drift))
+        Findings::new(found, w.drift.take().unwrap_or_default())
     }
 }
 
 /// The findings over a whole compare: the earliest of each kind and phase over every pair
 /// ([`Findings::earliest`]; no drift), written in `summary.json` beside the counts, one
-/// key per kind, as schema v2 always has (`RunFindingsWire`).
+/// key per kind, as schema v2 always has (`FindingsWire` without `drift`).
 #[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
-#[serde(from = "RunFindingsWire", into = "RunFindingsWire")]
+#[serde(from = "FindingsWire", into = "FindingsWire")]
 pub struct RunFindings(pub Findings);
 
 impl std::ops::Deref for RunFindings {
@@ -402,51 +404,18 @@ impl std::ops::Deref for RunFindings {
     }
 }
 
-/// [`RunFindings`] as `summary.json` holds them.
-#[derive(Debug, Clone, Serialize, Deserialize, Default, PartialEq)]
-struct RunFindingsWire {
-    first_divergent: ByDirection,
-    earliest_failing: ByDirection,
-    external_source: ByDirection,
-    first_nonfinite: Option<Finding>,
-    random_draw: ByDirection,
-    #[serde(default)]
-    near_tie: ByDirection,
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    other_args: Option<Finding>,
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    first_warning: Option<Finding>,
-}
-
-impl From<RunFindings> for RunFindingsWire {
-    fn from(f: RunFindings) -> RunFindingsWire {
-        let w = FindingsWire::from(f.0);
-        RunFindingsWire {
-            first_divergent: w.first_divergent,
-            earliest_failing: w.earliest_failing,
-            external_source: w.external_source,
-            first_nonfinite: w.first_nonfinite,
-            random_draw: w.random_draw,
-            near_tie: w.near_tie,
-            other_args: w.other_args,
-            first_warning: w.first_warning,
+impl From<RunFindings> for FindingsWire {
+    fn from(f: RunFindings) -> FindingsWire {
+        FindingsWire {
+            drift: None,
+            ..FindingsWire::from(f.0)
         }
     }
 }
 
-impl From<RunFindingsWire> for RunFindings {
-    fn from(w: RunFindingsWire) -> RunFindings {
-        RunFindings(Findings::from(FindingsWire {
-            first_divergent: w.first_divergent,
-            earliest_failing: w.earliest_failing,
-            external_source: w.external_source,
-            first_nonfinite: w.first_nonfinite,
-            drift: Vec::new(),
-            random_draw: w.random_draw,
-            near_tie: w.near_tie,
-            other_args: w.other_args,
-            first_warning: w.first_warning,
-        }))
+impl From<FindingsWire> for RunFindings {
+    fn from(w: FindingsWire) -> RunFindings {
+        RunFindings(Findings::from(w))
     }
 }
 
