@@ -50,6 +50,8 @@ pub(super) struct Context<'a> {
     pub by_key: HashMap<&'a str, usize>,
     /// The sequence number of the first backward op: the backward phase starts there.
     first_backward: Option<u64>,
+    /// Some op of the forward phase fails.
+    forward_fails: bool,
     /// What the rules found so far.
     found: Vec<Found>,
     /// Phases whose errors no op is locally responsible for.
@@ -90,6 +92,9 @@ impl<'a> Context<'a> {
             .filter(|h| h.direction == Direction::Backward)
             .map(|h| h.seq)
             .min();
+        let forward_fails = briefs
+            .iter()
+            .any(|h| phase_of(first_backward, h) == Direction::Forward && h.fails);
         Context {
             unit,
             at,
@@ -98,6 +103,7 @@ impl<'a> Context<'a> {
             briefs,
             by_key,
             first_backward,
+            forward_fails,
             found: Vec::new(),
             drift: Vec::new(),
         }
@@ -106,10 +112,7 @@ impl<'a> Context<'a> {
     /// The phase of an op: forward; backward, which also holds the forward-direction ops
     /// that run after the first backward op (the optimizer update consumes gradients).
     pub(crate) fn phase(&self, h: &Brief) -> Direction {
-        match self.first_backward {
-            Some(s) if h.seq > s => Direction::Backward,
-            _ => h.direction,
-        }
+        phase_of(self.first_backward, h)
     }
 
     /// The ops of a phase, in execution order (u32: a store's op count fits).
@@ -123,11 +126,7 @@ impl<'a> Context<'a> {
     /// Whether the backward phase inherits a diverged forward: gradients of a diverged
     /// forward differ from the loss on (not an outside source, no local cause).
     pub(crate) fn inherited(&self, dir: Direction) -> bool {
-        dir == Direction::Backward
-            && self
-                .briefs
-                .iter()
-                .any(|h| self.phase(h) == Direction::Forward && h.fails)
+        dir == Direction::Backward && self.forward_fails
     }
 
     /// Whether some rule found a finding of this kind in this phase.
@@ -152,5 +151,13 @@ impl<'a> Context<'a> {
     /// What the rules found.
     pub(crate) fn findings(self) -> Findings {
         Findings::new(self.found, self.drift)
+    }
+}
+
+/// The phase of an op, the backward phase starting after the op at `first_backward`.
+fn phase_of(first_backward: Option<u64>, h: &Brief) -> Direction {
+    match first_backward {
+        Some(s) if h.seq > s => Direction::Backward,
+        _ => h.direction,
     }
 }
