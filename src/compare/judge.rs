@@ -513,12 +513,69 @@ fn noise_level(p: &Pair, role: Role) -> bool {
     role != Role::Output && p.verdict == Verdict::Pass && p.err == 0.0 && p.raw_err > p.tolerance
 }
 
+/// Ops that normalise what they are given, so that an input element near zero moves the
+/// output by a whole unit whichever way its rounding tips it: Adam's update
+/// `p.addcdiv_(m, sqrt(v) + eps, value=-lr)` divides a gradient's moment by its own root
+/// (a near-zero gradient element's update is ±lr, its sign the rounding's), and `sign` is
+/// that normalisation bare (Lion's update).
+const NORMALISING: [&str; 6] = [
+    "addcdiv",
+    "addcdiv_",
+    "_foreach_addcdiv",
+    "_foreach_addcdiv_",
+    "sign",
+    "sign_",
+];
+
+/// What explains an op's failing outputs as amplified rounding rather than its own error.
+enum Amplifier {
+    /// An input agreeing only within atol, its scale-free error: outputs no further off
+    /// than that are explained.
+    NoiseLevel(String, f64),
+    /// A normalising op ([`NORMALISING`]) with an input that differs: every output is
+    /// explained, since statistics (and even elementwise errors) cannot bound how many
+    /// elements near zero the difference tips.
+    Normalising(String, f64),
+}
+
+impl Amplifier {
+    /// Whether it explains an output whose scale-free error is `raw`.
+    fn explains(&self, raw: f64) -> bool {
+        match self {
+            Amplifier::NoiseLevel(_, noise) => raw <= *noise,
+            Amplifier::Normalising(..) => true,
+        }
+    }
+
+    /// What a person reads after the output's own reason.
+    fn said(&self) -> String {
+        match self {
+            Amplifier::NoiseLevel(name, raw) => format!(
+                "input {name} agrees only within atol (values at rounding-noise level, \
+                 scale-free error {raw:.3e}): amplified noise (e.g. Adam's normalised update \
+                 of a zero gradient), not this op's error"
+            ),
+            Amplifier::Normalising(name, raw) => format!(
+                "the op normalises its inputs (Adam's update divides a gradient's moment by \
+                 its root; sign) and input {name} differs (scale-free error {raw:.3e}, within \
+                 tolerance): each element near zero whose sign that difference tips moves the \
+                 output by a whole step, so the output's difference is amplified rounding, \
+                 which the comparison cannot tell from an error of this op"
+            ),
+        }
+    }
+}
+
 /// An op fed by an input at noise level (a gradient that is mathematically zero) may turn
 /// that noise into a visible difference: Adam normalises the update, so a zero gradient's
 /// rounding noise becomes ±lr. Its failing outputs that are no further off (scale-free)
 /// than that input are warnings, not errors: the op did what it should with what it was
 /// given, and the inputs' agreement is too weak to pin anything on it. An output further
-/// off than its noisiest input is the op's own error.
+/// off than its noisiest input is the op's own error. A normalising op ([`NORMALISING`])
+/// turns any difference of its inputs into whole steps of the elements near zero (a
+/// bfloat16 port's gradients tip the signs of a zero-initialised bias's gradient): its
+/// failing outputs are warnings too, unless its inputs are equal, when the difference is
+/// its own.
 /// Returns the pairs so turned into warnings.
 fn amplified_noise(
     pairs: &mut [Pair],
@@ -526,28 +583,40 @@ fn amplified_noise(
     ops: &Sides<Ops>,
 ) -> Vec<usize> {
     let role = |p: &Pair| Judged::tensors(ops, p).cmp.role();
+    let name = |p: &Pair| Judged::tensors(ops, p).cmp.name().into_owned();
     let mut turned = Vec::new();
     let mut start = 0;
     while start < pairs.len() {
         let op = pairs[start].at;
         let end = start + pairs[start..].iter().take_while(|p| p.at == op).count();
-        // The noisiest such input: an output no further off (scale-free) than it is within
-        // what that noise explains; one further off is the op's own error.
-        let noisy = pairs[start..end]
-            .iter()
-            .filter(|p| noise_level(p, role(p)))
-            .max_by(|a, b| a.raw_err.total_cmp(&b.raw_err))
-            .map(|p| (Judged::tensors(ops, p).cmp.name().into_owned(), p.raw_err));
-        if let Some((name, raw)) = noisy {
+        let group = &pairs[start..end];
+        let noisiest = |keep: &dyn Fn(&Pair) -> bool| {
+            group
+                .iter()
+                .filter(|p| role(p) != Role::Output && keep(p))
+                .max_by(|a, b| a.raw_err.total_cmp(&b.raw_err))
+                .map(|p| (name(p), p.raw_err))
+        };
+        let normalising = NORMALISING.contains(&ops.cmp.get(op as usize).key().leaf());
+        let amplifier = match noisiest(&|p| noise_level(p, role(p))) {
+            Some((n, raw)) => Some(Amplifier::NoiseLevel(n, raw)),
+            // (An input out of tolerance is a divergence that reaches the op, not noise.)
+            None if normalising
+                && !group
+                    .iter()
+                    .any(|p| p.verdict == Verdict::Error && role(p) != Role::Output) =>
+            {
+                noisiest(&differs).map(|(n, raw)| Amplifier::Normalising(n, raw))
+            }
+            None => None,
+        };
+        if let Some(amp) = amplifier {
             for (i, p) in pairs[start..end].iter_mut().enumerate() {
-                if role(p) == Role::Output && p.verdict == Verdict::Error && p.raw_err <= raw {
+                if role(p) == Role::Output && p.verdict == Verdict::Error && amp.explains(p.raw_err)
+                {
                     p.verdict = Verdict::Warning;
                     let was = reasons.get(p.reason as usize).map_or("", |r| &**r);
-                    let reason = format!(
-                        "{was}; input {name} agrees only within atol (values at rounding-noise \
-                         level, scale-free error {raw:.3e}): amplified noise (e.g. Adam's \
-                         normalised update of a zero gradient), not this op's error"
-                    );
+                    let reason = format!("{was}; {}", amp.said());
                     set_reason(p, reasons, reason);
                     turned.push(start + i);
                 }
@@ -556,4 +625,9 @@ fn amplified_noise(
         start = end;
     }
     turned
+}
+
+/// Whether a pair's two sides differ at all (a difference within tolerance included).
+fn differs(p: &Pair) -> bool {
+    p.raw_err > 0.0 || p.checksum_equal == Some(false)
 }
