@@ -406,6 +406,7 @@ fn finding(
         args: Vec::new(),
         one_sided_source: None,
         carried: None,
+        outside: None,
     }
 }
 

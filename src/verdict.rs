@@ -13,8 +13,8 @@ use crate::dump::Direction;
 use crate::gate::{FailOn, EXIT_FAIL, EXIT_INCOMPLETE, EXIT_NOTHING_COMPARABLE, EXIT_PASS};
 use crate::op_key::{module_path, OpKey, OpKind, Randomness};
 use crate::schema::summary::{
-    label_key, Counts, Finding, Findings, IncompleteUnit, PairSummary, RunFindings, RunVerdict,
-    Summary, WorstOp,
+    label_key, Counts, Finding, Findings, IncompleteUnit, Outside, PairSummary, RunFindings,
+    RunVerdict, Summary, WorstOp,
 };
 use crate::vocab::FindingKind;
 use std::collections::BTreeMap;
@@ -213,8 +213,21 @@ fn coverage_gap(u: &UnitSummary, max: f64) -> Option<(&'static str, String)> {
         // gradients (its optimizer's update), and every such call of the other side has one
         // (logging the loss, say): the other run's update is not in its dump.
         let update = h.update_unmatched.unwrap_or(0);
-        let no_update = o.update_unmatched == Some(0) && update > 0 && 2 * update >= h.unmatched;
+        let after = update > 0 && 2 * update >= h.unmatched;
+        let no_update = o.update_unmatched == Some(0) && after && o.update_matched == 0;
+        // The other side's update is there and pairs: this side runs more after its
+        // gradients than the update (gradient clipping, a norm it logs).
+        let more = o.update_unmatched == Some(0) && after && o.update_matched > 0;
         reasons.push(match (&o.last_op, stopped) {
+            _ if more => format!(
+                "{} runs ops after its gradients that {} does not: {} {} tensors have no \
+                 counterpart there, while both runs' optimizer updates pair (gradient \
+                 clipping, unscaling or a norm logged on one side only)",
+                run_name(have),
+                run_name(other),
+                thousands(update),
+                have.name()
+            ),
             _ if no_update => format!(
                 "{}'s dump has no optimizer update after its gradients: {} {} tensors of the \
                  update have no counterpart (a multi-tensor or fused optimizer, PyTorch's \
@@ -500,8 +513,11 @@ fn headline(
                         e.rank
                     ),
                     (None, None) => format!(
-                        "DIVERGENCE enters from outside the captured ops: {} (input of {}, \
+                        "DIVERGENCE enters from outside the captured ops: {}{} (input of {}, \
                          {}/{}){}",
+                        e.outside
+                            .as_ref()
+                            .map_or_else(String::new, Outside::headline),
                         e.tensor,
                         e.op,
                         e.step,

@@ -28,6 +28,10 @@ pub struct SideCoverage {
     /// gradients (backward calls, DDP's gradient all-reduce): its optimizer's update, where
     /// the other side has none. None without gradient records.
     pub update_unmatched: Option<usize>,
+    /// Matched tensors of this side in those same calls: its update is there and pairs,
+    /// so what the other side adds after its gradients is more than an update (clipping).
+    #[serde(default)]
+    pub update_matched: usize,
 }
 
 impl SideCoverage {
@@ -52,18 +56,33 @@ pub fn of(a: &Alignment) -> Sides<SideCoverage> {
         last_matched.cmp = last_matched.cmp.max(Some(c));
     }
     let side = |d: &crate::dump::RankDump, who: Side, last: Option<usize>| {
+        let grads = last_gradients(&d.ops);
+        let after_grads = |op: usize| {
+            grads.is_some_and(|g| op > g) && d.ops.get(op).direction() == Direction::Forward
+        };
         // Recomputation and region interiors are accounted for, not missing.
         let unmatched = a
             .unmatched
             .iter()
             .filter(|u| u.side == who && u.why.missing());
         SideCoverage {
-            update_unmatched: last_gradients(&d.ops).map(|g| {
+            update_unmatched: grads.map(|g| {
                 unmatched
                     .clone()
                     .filter(|u| u.op.index > g && u.op.direction == Direction::Forward)
                     .count()
             }),
+            update_matched: a
+                .matches
+                .iter()
+                .filter(|m| {
+                    let r = match who {
+                        Side::Bench => m.refs.bench,
+                        Side::Cmp => m.refs.cmp,
+                    };
+                    after_grads(r.op())
+                })
+                .count(),
             tensors: d.ops.tensor_count(),
             unmatched: unmatched.clone().count(),
             ops: d.ops.len(),

@@ -75,6 +75,33 @@ pub struct Finding {
     /// op whose output it is, where it differed only by rounding noise the op amplified.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub carried: Option<Carried>,
+    /// Where a divergence enters from outside the captured ops: what the differing input
+    /// is, as far as the dump tells (a parameter, a parameter's gradient, data).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub outside: Option<Outside>,
+}
+
+/// What a tensor from outside the captured ops is, as far as the dump tells (its module
+/// and gradient records, by their statistics bit for bit).
+#[derive(Debug, Clone, Serialize, Deserialize, PartialEq, Eq)]
+pub struct Outside {
+    /// `parameter`, `gradient` (of a parameter), `data` (integer: ids, labels, masks) or
+    /// `other` (a buffer, a data batch, a random draw).
+    pub kind: String,
+    /// The parameter's dotted name (`transformer.wte.weight`), for a parameter or gradient.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub parameter: Option<String>,
+    /// A parameter held as one with this one in one run and as two in the other (tied
+    /// weights on one side only): its dotted name.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub tied_with: Option<String>,
+    /// The run that ties them: `bench` or `cmp`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub tied_in: Option<String>,
+    /// For a gradient that autograd left the same in both runs: the run that changed it
+    /// before its optimizer read it (clipping, unscaling, a hook), `bench` or `cmp`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub changed_in: Option<String>,
 }
 
 /// The captured op of the previous step whose output a differing input is (the same
@@ -88,6 +115,42 @@ pub struct Carried {
     pub op: String,
     /// The output.
     pub tensor: String,
+}
+
+impl Outside {
+    /// What the headline says of it before the tensor's name: "the gradient of
+    /// `wte.weight` (tied with `lm_head.weight` in the benchmark only), "; empty where the
+    /// dump does not tell.
+    pub fn headline(&self) -> String {
+        let of = |what: &str| match &self.parameter {
+            Some(p) => format!("{what} `{p}`"),
+            None => what.to_string(),
+        };
+        let said = match self.kind.as_str() {
+            "parameter" => of("the parameter"),
+            "gradient" => of("the gradient of"),
+            "data" => "data".to_string(),
+            _ => return String::new(),
+        };
+        let run = |side: &str| match side {
+            "bench" => "the benchmark",
+            _ => "the comparison run",
+        };
+        if let Some(side) = &self.changed_in {
+            return format!("{said} after {} changed it, ", run(side));
+        }
+        match (&self.tied_with, self.tied_in.as_deref()) {
+            (Some(w), Some(side)) => {
+                let run = if side == "bench" {
+                    "the benchmark"
+                } else {
+                    "the comparison run"
+                };
+                format!("{said} (tied with `{w}` in {run} only), ")
+            }
+            _ => format!("{said}, "),
+        }
+    }
 }
 
 /// An op only one run calls, named as the source of an input that differs.

@@ -5,6 +5,7 @@
 //! where it differed only by amplified rounding noise.
 
 use super::context::Context;
+use super::identity::Catalogue;
 use super::rows::{fails, finding, is_input, worst};
 use crate::compare::align::Side;
 use crate::compare::judge::Row;
@@ -73,13 +74,11 @@ fn entering(
     inp: &Row,
     earlier: &str,
 ) -> crate::schema::summary::Finding {
-    let what = match (inp.tensor.role, inp.tensor.external) {
-        (Role::Parameter, _) => "a parameter",
-        (_, true) => "a tensor no captured op produced (weight, data batch or random draw)",
-        _ => {
-            "a tensor that differs before any captured op fails (produced or changed outside \
-             the captured ops)"
-        }
+    // What the input is, and so what to check: only for a tensor from outside the captured
+    // ops (one that a captured op produced differs for another reason).
+    let identity = match (inp.tensor.role, inp.tensor.external) {
+        (Role::Parameter, _) | (_, true) => Some(Catalogue::of(cx).identify(inp)),
+        _ => None,
     };
     let source = cx.unit.one_sided_source(k, &inp.tensor.name);
     // The value a captured op of the previous step wrote, where it differed only by noise
@@ -116,14 +115,27 @@ fn entering(
              op's error. No captured op is at fault; {earlier}",
             inp.tensor.name, w.op, cx.carried.step
         ),
-        (None, None) => format!(
-            "the divergence enters from outside the captured ops: {} is {what}; {earlier}. \
-             Check the config-check categories (weights, dataset, random seeds) before \
-             suspecting this op",
-            inp.tensor.name
-        ),
+        (None, None) => match &identity {
+            Some(id) => format!(
+                "the divergence enters from outside the captured ops: {} is {}; {earlier}. {}",
+                inp.tensor.name,
+                id.said(),
+                id.advice()
+            ),
+            None => format!(
+                "the divergence enters from outside the captured ops: {} is a tensor that \
+                 differs before any captured op fails (produced or changed outside the \
+                 captured ops); {earlier}. Check the config-check categories (weights, \
+                 dataset, random seeds) before suspecting this op",
+                inp.tensor.name
+            ),
+        },
     };
     let mut found = finding(&cx.at, g, inp, expl);
+    found.outside = match (&source, noise) {
+        (None, None) => identity.map(|id| id.outside()),
+        _ => None,
+    };
     found.one_sided_source = source.map(|(side, op, stack)| OneSided {
         side: side.name().into(),
         op,

@@ -38,6 +38,7 @@ mod arguments;
 mod context;
 mod decisions;
 mod entry;
+mod identity;
 mod local;
 mod nonfinite;
 pub(crate) mod rows;

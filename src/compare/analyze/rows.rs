@@ -118,6 +118,7 @@ pub(super) fn finding(at: &Place, rows: &[&Row], focus: &Row, explanation: Strin
         args: Vec::new(),
         one_sided_source: None,
         carried: None,
+        outside: None,
     }
 }
 

@@ -490,6 +490,7 @@ mod tests {
             args: Vec::new(),
             one_sided_source: None,
             carried: None,
+            outside: None,
         };
         let marks = [Mark {
             title: "first divergent op (backward)",
