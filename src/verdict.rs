@@ -495,6 +495,15 @@ fn headline(
                     )
                 }
                 Some((FindingKind::ExternalSource, e)) => match (&e.one_sided_source, &e.carried) {
+                    _ if e.outside.as_ref().is_some_and(|o| o.tied_with.is_some()) => format!(
+                        "DIVERGENCE from weights tied on one side only: {}; the gradients \
+                         differ from {} (input of {}, {}/{}) on",
+                        e.outside.as_ref().map_or_else(String::new, Outside::tie),
+                        e.tensor,
+                        e.op,
+                        e.step,
+                        e.rank
+                    ),
                     (None, Some(w)) => format!(
                         "DIVERGENCE from amplified rounding noise: {} (input of {}, {}/{}) is \
                          the value {} wrote in {}/{} (the same statistics in both runs), where \

@@ -118,6 +118,20 @@ pub struct Carried {
 }
 
 impl Outside {
+    /// The tie on one side only, for a person: "`a` and `b` are one parameter in the
+    /// benchmark and two in the comparison run"; empty for none.
+    pub fn tie(&self) -> String {
+        let (Some(p), Some(w), Some(side)) = (&self.parameter, &self.tied_with, &self.tied_in)
+        else {
+            return String::new();
+        };
+        let (one, two) = match side.as_str() {
+            "bench" => ("the benchmark", "the comparison run"),
+            _ => ("the comparison run", "the benchmark"),
+        };
+        format!("`{p}` and `{w}` are one parameter in {one} and two in {two}")
+    }
+
     /// What the headline says of it before the tensor's name: "the gradient of
     /// `wte.weight` (tied with `lm_head.weight` in the benchmark only), "; empty where the
     /// dump does not tell.

@@ -66,6 +66,14 @@ fn earlier_warnings(cx: &Context, ops: &[u32], k: u32, inp: &Row) -> String {
     }
 }
 
+/// A run, as the explanations name it.
+fn run_of(side: Side) -> &'static str {
+    match side {
+        Side::Bench => "the benchmark",
+        Side::Cmp => "the comparison run",
+    }
+}
+
 /// The finding of a divergence entering op `k` through its failing input `inp`.
 fn entering(
     cx: &Context,
@@ -76,8 +84,20 @@ fn entering(
 ) -> crate::schema::summary::Finding {
     // What the input is, and so what to check: only for a tensor from outside the captured
     // ops (one that a captured op produced differs for another reason).
-    let identity = match (inp.tensor.role, inp.tensor.external) {
-        (Role::Parameter, _) | (_, true) => Some(Catalogue::of(cx).identify(inp)),
+    // A parameter tied on one side only explains any divergence of the backward phase:
+    // autograd sums the tied parameter's uses into one gradient on that side (and the
+    // parameter lists differ, so what is computed over all gradients differs too).
+    let backward = cx.phase(&cx.briefs[k]) == Direction::Backward;
+    let catalogue = (backward || inp.tensor.external || inp.tensor.role == Role::Parameter)
+        .then(|| Catalogue::of(cx));
+    let tie = catalogue
+        .as_ref()
+        .filter(|_| backward)
+        .and_then(Catalogue::tie);
+    let tied = tie.is_some();
+    let identity = match (inp.tensor.role, inp.tensor.external, &catalogue) {
+        _ if tie.is_some() => tie,
+        (Role::Parameter, _, Some(c)) | (_, true, Some(c)) => Some(c.identify(inp)),
         _ => None,
     };
     let source = cx.unit.one_sided_source(k, &inp.tensor.name);
@@ -88,6 +108,23 @@ fn entering(
         Some(_) => None,
     };
     let expl = match (&source, noise) {
+        _ if tied => {
+            let id = identity.as_ref().expect("the tie is the identity");
+            let through = match &source {
+                Some((side, op, _)) => format!(
+                    " (it reaches this op through {op}, which only {} calls: it runs over \
+                     every gradient, and the parameter lists differ)",
+                    run_of(*side)
+                ),
+                None => String::new(),
+            };
+            format!(
+                "the divergence enters with {}{through}, in the backward phase of a model \
+                 whose weights are tied differently; {earlier}. {}",
+                inp.tensor.name,
+                id.advice()
+            )
+        }
         (Some((side, op, _)), _) => {
             let (calls, other, why) = match side {
                 Side::Cmp => (
@@ -133,6 +170,7 @@ fn entering(
     };
     let mut found = finding(&cx.at, g, inp, expl);
     found.outside = match (&source, noise) {
+        _ if tied => identity.map(|id| id.outside()),
         (None, None) => identity.map(|id| id.outside()),
         _ => None,
     };

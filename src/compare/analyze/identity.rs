@@ -123,6 +123,15 @@ impl Catalogue {
         }
     }
 
+    /// A parameter tied with another in one run only, as the identity of the gradient it
+    /// has (the first by name, if there are several).
+    pub(super) fn tie(&self) -> Option<Identity> {
+        self.gradients.iter().find_map(|g| {
+            self.tied(g)
+                .map(|t| Identity::Gradient(g.name.clone(), Some(t)))
+        })
+    }
+
     /// The parameter whose gradient is `g`'s in one run only: the same statistics bit for
     /// bit (one tensor, shared by two modules) on that side, others on the other.
     fn tied(&self, g: &Known) -> Option<Tied> {
