@@ -1105,3 +1105,73 @@ fn a_weight_an_update_wrote_from_amplified_noise_is_not_from_outside() {
         "{s:#}"
     );
 }
+
+/// One step of one rank whose only op, `op`, reads a parameter, a moment and its root
+/// (`input.0..2`) and writes `written` (bench, cmp): the moment and root are `moment` in the
+/// benchmark and `moment_c` in the comparison run. The summary.
+fn one_update(op: &str, moment_c: [f32; 4], written: [[f32; 4]; 2]) -> (i32, serde_json::Value) {
+    let t = tempfile::tempdir().unwrap();
+    let before = [0.0f32; 4];
+    let moment = [2e-3f32, -1e-3, 3e-3, 1e-3];
+    for (side, m, w) in [("bench", moment, written[0]), ("cmp", moment_c, written[1])] {
+        let root = m.map(|v| v.abs() + 1e-8);
+        let rec = op_record(
+            op,
+            &[
+                ("input.0", "input", before.to_vec()),
+                ("input.1", "input", m.to_vec()),
+                ("input.2", "input", root.to_vec()),
+                ("output.0", "output", w.to_vec()),
+            ],
+        );
+        write_op_log_at(
+            &t.path().join(side),
+            "step0",
+            "rank0",
+            "statistics",
+            vec![rec],
+        );
+    }
+    let (b, c) = (t.path().join("bench"), t.path().join("cmp"));
+    let o = compare_paths(&b, &c, &t.path().join("out"), &[]);
+    (o.code, summary(t.path()))
+}
+
+/// Adam's update normalises each gradient element to about ±lr: an element near zero whose
+/// sign the runs' rounding tips moves the output by 2·lr. Moments that differ within
+/// tolerance (a relative 2e-5 here) then move the update's mean by a third: amplified
+/// rounding, a warning, no culprit (a correct bfloat16 port of GPT-NeoX had its first
+/// `addcdiv_` of a zero bias named). With equal inputs the same difference is the op's own,
+/// and an op that does not normalise (`mul_`) is named with differing inputs too.
+#[test]
+fn a_normalised_update_of_inputs_that_differ_within_tolerance_is_no_culprit() {
+    let lr = 1e-3f32;
+    let written = [[lr, -lr, lr, lr], [lr, -lr, lr, -lr]];
+    let tipped = [2e-3f32, -1e-3, 3e-3, 1.00002e-3];
+    let (code, s) = one_update("Tensor.addcdiv_.0.forward", tipped, written);
+    assert!(s["first_divergent"]["forward"].is_null(), "{s:#}");
+    let p = &s["pairs"][0];
+    assert_eq!(
+        (p["errors"].as_u64(), p["warnings"].as_u64()),
+        (Some(0), Some(1)),
+        "{p:#}"
+    );
+    assert_eq!(code, 0, "{}", s["headline"]);
+
+    // The same inputs on both sides: the op's own error.
+    let equal = [2e-3f32, -1e-3, 3e-3, 1e-3];
+    let (code, s) = one_update("Tensor.addcdiv_.0.forward", equal, written);
+    assert_eq!(code, 1, "{}", s["headline"]);
+    assert_eq!(
+        s["first_divergent"]["forward"]["op"], "Tensor.addcdiv_.0.forward",
+        "{s:#}"
+    );
+
+    // An op that does not normalise is judged by its gain as ever.
+    let (code, s) = one_update("Tensor.mul_.0.forward", tipped, written);
+    assert_eq!(code, 1, "{}", s["headline"]);
+    assert_eq!(
+        s["first_divergent"]["forward"]["op"], "Tensor.mul_.0.forward",
+        "{s:#}"
+    );
+}
