@@ -46,6 +46,14 @@ impl Side {
             Side::Cmp => "cmp",
         }
     }
+
+    /// The other side.
+    pub(crate) fn other(self) -> Side {
+        match self {
+            Side::Bench => Side::Cmp,
+            Side::Cmp => Side::Bench,
+        }
+    }
 }
 
 /// A value for each side of a compare: the benchmark (trusted) and the comparison run.

@@ -836,3 +836,75 @@ fn a_fused_attention_with_its_dropout_recorded_off_is_a_faulty_kernel() {
         );
     }
 }
+
+/// One step whose optimizer (`Tensor.lerp_`, Adam's first moment) reads, in the
+/// benchmark, half the gradient autograd left in `fc.weight` (both runs record the same
+/// one in `parameters_grad`): the benchmark changed it after backward (clipping,
+/// unscaling, a hook outside the captured ops). Said as such, with the parameter named,
+/// not as "a tensor no captured op produced" with config-check's weights and seeds.
+#[test]
+fn a_gradient_one_run_changed_before_its_optimizer_read_it_is_named() {
+    let t = tempfile::tempdir().unwrap();
+    let x = vec![1.0f32, -0.5, 0.25, 2.0];
+    let w = vec![0.3f32, -0.2, 0.1, 0.4];
+    let g = vec![0.02f32, -0.04, 0.01, 0.03];
+    for (side, read) in [("bench", 0.5f32), ("cmp", 1.0)] {
+        let seen: Vec<f32> = g.iter().map(|v| v * read).collect();
+        let moment: Vec<f32> = seen.iter().map(|v| 0.1 * v).collect();
+        let mut grads = op_record(
+            "Module.fc.Linear.parameters_grad",
+            &[("weight", "parameter", g.clone())],
+        );
+        grads.kind = "parameters_grad".into();
+        let records = vec![
+            op_record(
+                "Functional.linear.0.forward",
+                &[
+                    ("input.0", "input", x.clone()),
+                    ("input.1", "input", w.clone()),
+                    ("output.0", "output", vec![0.55]),
+                ],
+            ),
+            op_record(
+                "Functional.linear.0.backward",
+                &[
+                    ("input.0", "input", vec![1.0]),
+                    ("output.1", "output", g.clone()),
+                ],
+            ),
+            op_record(
+                "Tensor.lerp_.0.forward",
+                &[
+                    ("input.0", "input", vec![0.0; 4]),
+                    ("input.1", "input", seen),
+                    ("output.0", "output", moment),
+                ],
+            ),
+            grads,
+        ];
+        write_op_log_at(
+            &t.path().join(side),
+            "step0",
+            "rank0",
+            "statistics",
+            records,
+        );
+    }
+    let (b, c) = (t.path().join("bench"), t.path().join("cmp"));
+    let o = compare_paths(&b, &c, &t.path().join("out"), &[]);
+    assert_eq!(o.code, 1, "{}", o.stderr);
+    let s = summary(t.path());
+    let e = &s["external_source"]["backward"];
+    assert_eq!(e["op"], "Tensor.lerp_.0.forward", "{s:#}");
+    assert_eq!(e["outside"]["kind"], "gradient", "{e:#}");
+    assert_eq!(e["outside"]["parameter"], "fc.weight", "{e:#}");
+    assert_eq!(e["outside"]["changed_in"], "bench", "{e:#}");
+    let h = s["headline"].as_str().unwrap();
+    assert!(
+        h.contains("the gradient of `fc.weight` after the benchmark changed it"),
+        "{h}"
+    );
+    let x = e["explanation"].as_str().unwrap();
+    assert!(x.contains("gradient clipping"), "{x}");
+    assert!(!x.contains("config-check"), "{x}");
+}

@@ -6,6 +6,8 @@ as a two-rank DDP job (torchrun, gloo):
   first update of a zero-initialised bias (``addcdiv_``) normalises each gradient element to
   ±lr, so elements near zero whose sign bfloat16 tips move its statistics past tolerance;
   that is amplified rounding, carried into the next step as such, not an op's error;
+- a port that leaves out the benchmark's gradient clipping is told as clipping only the
+  benchmark runs, not as a run without an optimizer update;
 - a port that unties the LM head from the embedding (a converter copied the tied weight) is
   told as weights tied on one side only, naming both parameters, not as "enters from
   outside" with config-check's weights, data and seeds as advice.
@@ -62,6 +64,8 @@ for step in range(2):
     with torch.autocast("cpu", dtype=torch.bfloat16, enabled=variant == "bf16"):
         out = net(input_ids=ids, labels=ids)
     out.loss.backward()
+    if variant.startswith("clip"):  # clip_grad_norm_, per tensor or multi-tensor (_foreach_)
+        torch.nn.utils.clip_grad_norm_(model.parameters(), 0.5, foreach=variant == "clip_foreach")
     opt.step()
     opt.zero_grad()
     dbg.stop()
@@ -87,12 +91,14 @@ def _run(dump: str, arch: str, variant: str, ranks: int) -> None:
     assert r.returncode == 0, r.stdout[-2000:] + r.stderr[-4000:]
 
 
-def _pair(tmp_path: Any, arch: str, variant: str, ranks: int) -> tuple[int, dict[str, Any]]:
+def _pair(
+    tmp_path: Any, arch: str, variant: str, ranks: int, bench_variant: str = "base"
+) -> tuple[int, dict[str, Any]]:
     probe_bin()  # skip before the runs when there is no binary
     bench, cmp_ = str(tmp_path / "bench"), str(tmp_path / "cmp")
     os.makedirs(bench)
     os.makedirs(cmp_)
-    _run(bench, arch, "base", ranks)
+    _run(bench, arch, bench_variant, ranks)
     _run(cmp_, arch, variant, ranks)
     return compare_summary(bench, cmp_, str(tmp_path / "out"))
 
@@ -158,3 +164,32 @@ def test_an_lm_head_untied_by_the_port_is_named_as_a_tie_on_one_side(
             if p["step"] == "step0":
                 e = p["findings"]["external_source"]["backward"]
                 assert e is not None and e["outside"]["tied_in"] == "bench", p
+
+
+@pytest.mark.parametrize("ranks", [1, 2])
+def test_a_port_without_the_benchmarks_gradient_clipping_is_told_so(
+    tmp_path: Any, ranks: int
+) -> None:
+    """The bench clips its gradients (``clip_grad_norm_``, max norm 0.5, per tensor), the
+    port does not. Both optimizer updates are there and pair: the divergence enters the
+    update through the clipping's scaling, which only the bench runs, and the unpaired bench
+    tensors are said to be more than an update (the trial read "no optimizer update")."""
+    code, s = _pair(tmp_path, "llama", "base", ranks, bench_variant="clip")
+    assert code == 1, s["headline"]
+    head = s["headline"]
+    assert head.startswith(
+        "DIVERGENCE enters through gradient clipping only the benchmark runs ("
+    ), head
+    assert "no optimizer update" not in head, head
+    entry = s["external_source"]["backward"]
+    assert entry["step"] == "step0", entry
+    one = entry["one_sided_source"]
+    assert one["side"] == "bench" and one["computes"] == "gradient clipping", one
+    assert "Clip the same way on both sides" in entry["explanation"], entry["explanation"]
+    for u in s["incomplete_units"]:
+        assert u["reason"].startswith(
+            "the benchmark run runs ops after its gradients that the comparison run does not"
+        ), u
+    for p in s["pairs"]:  # no op of the port is blamed for the clipping it left out
+        for f in p["findings"]["first_divergent"].values():
+            assert f is None or f["step"] != "step0", f

@@ -12,7 +12,7 @@
 use super::align::{MatchedBy, OpInfo, Side};
 use super::judge::{Judgement, Row, Verdict};
 use super::measure::{CompareKind, Measured, Measurement};
-use super::op_rows::{Draw, Head, OpRows};
+use super::op_rows::{Draw, Head, OneSidedOp, OpRows, UPSTREAM};
 use super::Sides;
 use crate::dtype::DType;
 use crate::dump::args::{self, ArgDiff};
@@ -20,6 +20,7 @@ use crate::dump::{Op, Ops, Role, Tensor};
 use crate::error::Result;
 use crate::metrics::Metrics;
 use crate::op_key::KeyRef;
+use foldhash::{HashMap, HashSet};
 use std::borrow::Cow;
 use std::ops::Range;
 
@@ -320,7 +321,7 @@ impl OpRows for ByOp<'_> {
         Some(if x.0 { Draw::Off(said) } else { Draw::On(said) })
     }
 
-    fn one_sided_source(&self, k: usize, name: &str) -> Option<(Side, String, Option<u64>)> {
+    fn one_sided_source(&self, k: usize, name: &str) -> Option<OneSidedOp> {
         let j = self.judged;
         let p = j.pairs[self.group(k)]
             .iter()
@@ -332,18 +333,52 @@ impl OpRows for ByOp<'_> {
         ];
         sides.into_iter().find_map(|(side, src, ops)| {
             let src = src?;
+            let paired_ops: HashSet<u32> = j
+                .pairs
+                .iter()
+                .map(|q| match side {
+                    Side::Cmp => q.cmp.0,
+                    Side::Bench => q.bench.0,
+                })
+                .collect();
+            let paired = |at: usize| paired_ops.contains(&(at as u32));
             // (Read once per unit and phase, where a divergence enters from outside.)
-            let op = ops.iter().find(|o| {
-                o.tensors()
-                    .any(|x| x.role() == Role::Output && x.id() == Some(src))
-            })?;
-            let at = op.index() as u32;
-            let paired = j.pairs.iter().any(|q| match side {
-                Side::Cmp => q.cmp.0 == at,
-                Side::Bench => q.bench.0 == at,
-            });
-            let stack = (side == Side::Cmp).then(|| op.stack()).flatten();
-            (!paired).then(|| (side, op.key().text().to_string(), stack))
+            let producers: HashMap<u64, usize> = ops
+                .iter()
+                .flat_map(|o| {
+                    o.tensors()
+                        .filter(|x| x.role() == Role::Output)
+                        .filter_map(move |x| Some((x.id()?, o.index())))
+                })
+                .collect();
+            let at = *producers.get(&src)?;
+            if paired(at) {
+                return None;
+            }
+            let op = ops.get(at);
+            // What it was computed from: the unpaired ops of its side upstream of it,
+            // breadth first through the dataflow's `src` links.
+            let mut upstream = Vec::new();
+            let mut seen = vec![at];
+            let mut queue = std::collections::VecDeque::from([at]);
+            while let Some(i) = queue.pop_front() {
+                for x in ops.get(i).tensors().filter(|x| x.role() != Role::Output) {
+                    let Some(&from) = x.src().and_then(|s| producers.get(&s)) else {
+                        continue;
+                    };
+                    if upstream.len() < UPSTREAM && !seen.contains(&from) && !paired(from) {
+                        seen.push(from);
+                        upstream.push(ops.get(from).key().leaf().to_string());
+                        queue.push_back(from);
+                    }
+                }
+            }
+            Some(OneSidedOp {
+                side,
+                op: op.key().text().to_string(),
+                stack: (side == Side::Cmp).then(|| op.stack()).flatten(),
+                upstream,
+            })
         })
     }
 }

@@ -61,9 +61,28 @@ pub(crate) trait OpRows {
         None
     }
     /// The op only one side calls whose output is input `name` (the comparison side's
-    /// name) of op `k` on that side, with its stack id (comparison side only); None when
-    /// the producers on both sides have counterparts, or none was captured.
-    fn one_sided_source(&self, _k: usize, _name: &str) -> Option<(Side, String, Option<u64>)> {
+    /// name) of op `k` on that side; None when the producers on both sides have
+    /// counterparts, or none was captured.
+    fn one_sided_source(&self, _k: usize, _name: &str) -> Option<OneSidedOp> {
         None
     }
 }
+
+/// An op only one side calls, the source of an input that differs.
+#[derive(Debug, Clone, PartialEq)]
+pub(crate) struct OneSidedOp {
+    /// The side that calls it.
+    pub side: Side,
+    /// Its key.
+    pub op: String,
+    /// Its stack id (comparison side only).
+    pub stack: Option<u64>,
+    /// What it was computed from on that side, as far as other ops of that side without a
+    /// counterpart go: their API names' last parts (`vector_norm`, `clamp`), nearest first,
+    /// at most [`UPSTREAM`] of them.
+    pub upstream: Vec<String>,
+}
+
+/// The most upstream ops [`OneSidedOp`] names (a one-sided stretch longer than this is
+/// told by its nearest ops: what a stretch computes shows near its end).
+pub(crate) const UPSTREAM: usize = 64;

@@ -177,6 +177,10 @@ pub struct OneSided {
     /// The innermost frame of its call stack, when that run recorded one.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub at: Option<String>,
+    /// What the stretch of ops only that run calls computes, where its ops tell
+    /// (`gradient clipping`: a scaling of the gradients by a coefficient from their norm).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub computes: Option<String>,
 }
 
 impl OneSided {
@@ -192,7 +196,10 @@ impl OneSided {
             .at
             .as_ref()
             .map_or(String::new(), |f| format!(" ({f})"));
-        format!("{}, which only the {run} calls{at}", self.op)
+        match &self.computes {
+            Some(what) => format!("{what} only the {run} runs ({}{at})", self.op),
+            None => format!("{}, which only the {run} calls{at}", self.op),
+        }
     }
 }
 

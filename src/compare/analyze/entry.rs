@@ -9,6 +9,7 @@ use super::identity::Catalogue;
 use super::rows::{fails, finding, is_input, worst};
 use crate::compare::align::Side;
 use crate::compare::judge::Row;
+use crate::compare::op_rows::OneSidedOp;
 use crate::dump::{Direction, Role};
 use crate::schema::summary::{Carried, OneSided};
 use crate::vocab::FindingKind;
@@ -66,6 +67,60 @@ fn earlier_warnings(cx: &Context, ops: &[u32], k: u32, inp: &Row) -> String {
     }
 }
 
+/// What a one-sided stretch of the backward phase computes, where its ops tell: gradient
+/// clipping scales the gradients (`mul_`, `_foreach_mul_`) by a coefficient computed from
+/// their norm (`vector_norm`, `_foreach_norm`, upstream of the scaling on the same side).
+fn stretch_computes(one: &OneSidedOp) -> Option<&'static str> {
+    const SCALES: [&str; 6] = [
+        "mul",
+        "mul_",
+        "__mul__",
+        "__imul__",
+        "_foreach_mul",
+        "_foreach_mul_",
+    ];
+    const NORMS: [&str; 4] = ["norm", "vector_norm", "_foreach_norm", "clip_grad_norm_"];
+    let leaf = crate::op_key::OpKey::parse(&one.op).leaf().to_string();
+    let norm = one.upstream.iter().any(|l| NORMS.contains(&l.as_str()));
+    (SCALES.contains(&leaf.as_str()) && norm).then_some("gradient clipping")
+}
+
+/// The explanation of a divergence entering through an op only one run calls (`computes`:
+/// what its stretch computes, where its ops tell).
+fn through_one_sided(
+    one: &OneSidedOp,
+    computes: Option<&str>,
+    input: &str,
+    earlier: &str,
+) -> String {
+    let (calls, other) = (run_of(one.side), run_of(one.side.other()));
+    let op = &one.op;
+    if let Some(what) = computes {
+        let from = one
+            .upstream
+            .iter()
+            .take(6)
+            .cloned()
+            .collect::<Vec<_>>()
+            .join(", ");
+        return format!(
+            "the divergence enters through {what} only {calls} runs: {input} is the output \
+             of {op} there, which scales the gradients by a coefficient computed from their \
+             norm (from {from}), and {other} does not clip; {earlier}. Clip the same way on \
+             both sides (`clip_grad_norm_` with the same max_norm) before suspecting this op"
+        );
+    }
+    let why = match one.side {
+        Side::Cmp => "code the port adds, or a call it makes another way",
+        Side::Bench => "a step the port leaves out, or makes another way",
+    };
+    format!(
+        "the divergence enters through an op only {calls} calls: {input} is the output of \
+         {op} there, which {other} does not call ({why}); {earlier}. Check that call before \
+         suspecting this op"
+    )
+}
+
 /// A run, as the explanations name it.
 fn run_of(side: Side) -> &'static str {
     match side {
@@ -88,19 +143,19 @@ fn entering(
     // autograd sums the tied parameter's uses into one gradient on that side (and the
     // parameter lists differ, so what is computed over all gradients differs too).
     let backward = cx.phase(&cx.briefs[k]) == Direction::Backward;
-    let catalogue = (backward || inp.tensor.external || inp.tensor.role == Role::Parameter)
-        .then(|| Catalogue::of(cx));
-    let tie = catalogue
+    let catalogue = Catalogue::of(cx);
+    let tie = catalogue.tie().filter(|_| backward);
+    let tied = tie.is_some();
+    // What the input is, and so what to check. A tensor that a captured op produced and
+    // that is neither a parameter, a gradient nor data differs for another reason.
+    let identity = tie
+        .or_else(|| Some(catalogue.identify(inp)))
+        .filter(|id| inp.tensor.external || inp.tensor.role == Role::Parameter || id.known());
+    let source = cx.unit.one_sided_source(k, &inp.tensor.name);
+    let computes = source
         .as_ref()
         .filter(|_| backward)
-        .and_then(Catalogue::tie);
-    let tied = tie.is_some();
-    let identity = match (inp.tensor.role, inp.tensor.external, &catalogue) {
-        _ if tie.is_some() => tie,
-        (Role::Parameter, _, Some(c)) | (_, true, Some(c)) => Some(c.identify(inp)),
-        _ => None,
-    };
-    let source = cx.unit.one_sided_source(k, &inp.tensor.name);
+        .and_then(stretch_computes);
     // The value a captured op of the previous step wrote, where it differed only by noise
     // it amplified (judge.rs, `NoiseWrite`): no op is at fault.
     let noise = match source {
@@ -111,10 +166,11 @@ fn entering(
         _ if tied => {
             let id = identity.as_ref().expect("the tie is the identity");
             let through = match &source {
-                Some((side, op, _)) => format!(
-                    " (it reaches this op through {op}, which only {} calls: it runs over \
+                Some(one) => format!(
+                    " (it reaches this op through {}, which only {} calls: it runs over \
                      every gradient, and the parameter lists differ)",
-                    run_of(*side)
+                    one.op,
+                    run_of(one.side)
                 ),
                 None => String::new(),
             };
@@ -125,26 +181,7 @@ fn entering(
                 id.advice()
             )
         }
-        (Some((side, op, _)), _) => {
-            let (calls, other, why) = match side {
-                Side::Cmp => (
-                    "the comparison run",
-                    "the benchmark",
-                    "code the port adds, or a call it makes another way",
-                ),
-                Side::Bench => (
-                    "the benchmark",
-                    "the comparison run",
-                    "a step the port leaves out, or makes another way",
-                ),
-            };
-            format!(
-                "the divergence enters through an op only {calls} calls: {} is the output of \
-                 {op} there, which {other} does not call ({why}); {earlier}. Check that call \
-                 before suspecting this op",
-                inp.tensor.name
-            )
-        }
+        (Some(one), _) => through_one_sided(one, computes, &inp.tensor.name, earlier),
         (None, Some(w)) => format!(
             "the divergence enters with {}, the value {} wrote in {} (the same statistics in \
              both runs), where it differed only by rounding noise that op amplified (a \
@@ -174,12 +211,14 @@ fn entering(
         (None, None) => identity.map(|id| id.outside()),
         _ => None,
     };
-    found.one_sided_source = source.map(|(side, op, stack)| OneSided {
-        side: side.name().into(),
-        op,
-        at: stack
+    found.one_sided_source = source.map(|one| OneSided {
+        side: one.side.name().into(),
+        op: one.op,
+        at: one
+            .stack
             .and_then(|id| cx.at.stacks.get(&id))
             .and_then(|frames| frames.last().cloned()),
+        computes: computes.map(Into::into),
     });
     found.carried = noise.map(|w| Carried {
         step: cx.carried.step.clone(),

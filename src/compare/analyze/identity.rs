@@ -170,6 +170,11 @@ fn fingerprint(r: &Row, bench: bool) -> Option<[u64; 4]> {
 }
 
 impl Identity {
+    /// Whether the dump tells what the tensor is (a parameter, a gradient, data).
+    pub(super) fn known(&self) -> bool {
+        !matches!(self, Identity::Unknown | Identity::Unrecorded)
+    }
+
     /// What the tensor is, as data.
     pub(super) fn outside(&self) -> Outside {
         let (kind, parameter, tied) = match self {
