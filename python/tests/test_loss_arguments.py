@@ -14,11 +14,13 @@ one case.
 from __future__ import annotations
 
 import os
-from typing import Any
+from pathlib import Path
+from typing import Any, Callable
 
 import pytest
 
 from conftest import compare_summary, probe_bin, run_agent_script
+from msprobe_like import to_msprobe
 
 pytest.importorskip("transformers")
 
@@ -74,14 +76,38 @@ def _run(dump: str, size: tuple[int, int, int, int], smoothing: float) -> None:
 SIZES = [(512, 64, 3, 129), (1024, 32, 2, 65)]
 
 
+@pytest.fixture(scope="module")
+def runs(tmp_path_factory: pytest.TempPathFactory) -> Callable[[tuple[int, ...]], Path]:
+    """The two runs of a size (``bench``, ``cmp`` under the folder returned), made once."""
+    made: dict[tuple[int, ...], Path] = {}
+
+    def of(size: tuple[int, ...]) -> Path:
+        if size not in made:
+            root = tmp_path_factory.mktemp(f"vocab{size[0]}")
+            _run(str(root / "bench"), size, 0.0)
+            _run(str(root / "cmp"), size, 0.1)
+            made[size] = root
+        return made[size]
+
+    return of
+
+
+@pytest.mark.parametrize("msprobe", [False, True], ids=["probe", "msprobe"])
 @pytest.mark.parametrize("size", SIZES, ids=lambda s: f"vocab{s[0]}")
 def test_a_loss_called_with_label_smoothing_is_named_not_drift(
-    size: tuple[int, int, int, int], tmp_path: Any
+    size: tuple[int, int, int, int],
+    msprobe: bool,
+    runs: Callable[[tuple[int, ...]], Path],
+    tmp_path: Path,
 ) -> None:
+    """Also on the same runs written as msprobe dumps them (``msprobe_like.to_msprobe``:
+    its ``input_kwargs``, no module records, no dataflow ids)."""
     probe_bin()  # skip before the runs when there is no binary
-    bench, cmp_ = str(tmp_path / "bench"), str(tmp_path / "cmp")
-    _run(bench, size, 0.0)
-    _run(cmp_, size, 0.1)
+    root = runs(size)
+    bench, cmp_ = str(root / "bench"), str(root / "cmp")
+    if msprobe:
+        bench = str(to_msprobe(root / "bench", tmp_path / "ms_bench"))
+        cmp_ = str(to_msprobe(root / "cmp", tmp_path / "ms_cmp"))
     code, s = compare_summary(bench, cmp_, os.path.join(tmp_path, "out"))
     assert code == 1, s["headline"]
     f = s["first_divergent"]["forward"]
