@@ -407,6 +407,7 @@ fn finding(
         one_sided_source: None,
         carried: None,
         outside: None,
+        draw: None,
     }
 }
 

@@ -480,11 +480,13 @@ fn headline(
                     x.tensor
                 ),
                 Some((FindingKind::RandomDraw, x)) => {
-                    let what = if OpKey::parse(&x.op).randomness() == Randomness::WhenDropoutActive
-                    {
-                        "a different random draw if its dropout is active (else a faulty kernel)"
-                    } else {
-                        "a different random draw, not a faulty kernel"
+                    let active = OpKey::parse(&x.op).randomness() == Randomness::WhenDropoutActive;
+                    let what = match &x.draw {
+                        Some(on) => format!("a different random draw ({on}), not a faulty kernel"),
+                        None if active => "a different random draw if its dropout is active \
+                                           (else a faulty kernel)"
+                            .into(),
+                        None => "a different random draw, not a faulty kernel".into(),
                     };
                     format!(
                         "DIVERGENCE from random numbers: {} {} gets agreeing inputs and returns \

@@ -23,6 +23,7 @@ fn finding(op: &str, step: &str, seq: u64) -> Finding {
         one_sided_source: None,
         carried: None,
         outside: None,
+        draw: None,
     }
 }
 

@@ -813,10 +813,17 @@ fn a_fused_attention_with_its_dropout_recorded_off_is_a_faulty_kernel() {
                 && !e.contains("does not record"),
             "{e}"
         );
-        assert!(s["headline"]
-            .as_str()
-            .unwrap()
-            .starts_with(&format!("DIVERGENCE from random numbers: {at}")));
+        let h = s["headline"].as_str().unwrap();
+        assert!(
+            h.starts_with(&format!("DIVERGENCE from random numbers: {at}"))
+                && h.contains(
+                    "a different random draw (input.dropout_p = 0.1 on both sides), not a \
+                     faulty kernel"
+                )
+                && !h.contains("if its dropout is active"),
+            "{h}"
+        );
+        assert_eq!(r["draw"], "input.dropout_p = 0.1 on both sides", "{r:#}");
 
         // Not recorded: today's words, both readings.
         let t = tempfile::tempdir().unwrap();

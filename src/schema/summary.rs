@@ -75,6 +75,10 @@ pub struct Finding {
     /// op whose output it is, where it differed only by rounding noise the op amplified.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub carried: Option<Carried>,
+    /// A random op's recorded switch that says it drew (`input.dropout_p = 0.1 on both
+    /// sides`), where the finding is a different random draw.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub draw: Option<String>,
     /// Where a divergence enters from outside the captured ops: what the differing input
     /// is, as far as the dump tells (a parameter, a parameter's gradient, data).
     #[serde(default, skip_serializing_if = "Option::is_none")]

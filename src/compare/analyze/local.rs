@@ -180,7 +180,8 @@ fn examine(cx: &mut Context, dir: Direction, k: usize) -> bool {
                 _ => None,
             };
             let expl = decisions::random_explanation(randomness, &c.said(), on);
-            let f = finding(&cx.at, &g, out, expl);
+            let mut f = finding(&cx.at, &g, out, expl);
+            f.draw = on.map(Into::into);
             cx.put(FindingKind::RandomDraw, Some(dir), f);
         }
         return false;

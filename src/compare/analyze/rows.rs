@@ -119,6 +119,7 @@ pub(super) fn finding(at: &Place, rows: &[&Row], focus: &Row, explanation: Strin
         one_sided_source: None,
         carried: None,
         outside: None,
+        draw: None,
     }
 }
 

@@ -491,6 +491,7 @@ mod tests {
             one_sided_source: None,
             carried: None,
             outside: None,
+            draw: None,
         };
         let marks = [Mark {
             title: "first divergent op (backward)",
