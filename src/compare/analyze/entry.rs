@@ -80,9 +80,9 @@ fn stretch_computes(one: &OneSidedOp) -> Option<&'static str> {
         "_foreach_mul_",
     ];
     const NORMS: [&str; 4] = ["norm", "vector_norm", "_foreach_norm", "clip_grad_norm_"];
-    let leaf = crate::op_key::OpKey::parse(&one.op).leaf().to_string();
+    let key = crate::op_key::OpKey::parse(&one.op);
     let norm = one.upstream.iter().any(|l| NORMS.contains(&l.as_str()));
-    (SCALES.contains(&leaf.as_str()) && norm).then_some("gradient clipping")
+    (SCALES.contains(&key.leaf()) && norm).then_some("gradient clipping")
 }
 
 /// The explanation of a divergence entering through an op only one run calls (`computes`:
