@@ -406,6 +406,8 @@ fn finding(
         args: Vec::new(),
         one_sided_source: None,
         carried: None,
+        module: focus.op.module_path(),
+        consequence_of: None,
     }
 }
 

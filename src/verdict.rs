@@ -436,7 +436,9 @@ fn headline(
             c.unmatched_bench + c.unmatched_cmp,
             first_warning.map_or(String::new(), |x| format!(
                 "; the warnings begin at {} ({}/{})",
-                x.op, x.step, x.rank
+                x.named(),
+                x.step,
+                x.rank
             ))
         ),
         Verdict::Error => {
@@ -462,7 +464,7 @@ fn headline(
                      tolerance and decides otherwise ({}): rounding at a boundary (a \
                      maximum among nearly equal scores, a top-k, a threshold), not a faulty \
                      kernel; what follows takes other paths",
-                    x.op,
+                    x.named(),
                     x.place(),
                     x.tensor
                 ),
@@ -477,38 +479,44 @@ fn headline(
                         "DIVERGENCE from random numbers: {} {} gets agreeing inputs and returns \
                          different outputs: {what}; check config-check's random category \
                          (seeds, generator states) and deterministic algorithms",
-                        x.op,
+                        x.named(),
                         x.place()
                     )
                 }
-                Some((FindingKind::ExternalSource, e)) => match (&e.one_sided_source, &e.carried) {
-                    (None, Some(w)) => format!(
+                Some((FindingKind::ExternalSource, e)) => {
+                    match (&e.one_sided_source, &e.carried) {
+                        (None, Some(w)) => {
+                            format!(
                         "DIVERGENCE from amplified rounding noise: {} (input of {}, {}/{}) is \
                          the value {} wrote in {}/{} (the same statistics in both runs), where \
                          it differed only by rounding noise that op amplified (a normalised \
                          update of a near-zero gradient, as Adam's): no captured op is at \
                          fault",
-                        e.tensor, e.op, e.step, e.rank, w.op, w.step, e.rank
-                    ),
-                    (Some(o), _) => format!(
-                        "DIVERGENCE enters through {}: its output {} (input of {}, {}/{}) \
+                        e.tensor,
+                        e.named(),
+                        e.step, e.rank, w.op, w.step, e.rank
+                    )
+                        }
+                        (Some(o), _) => format!(
+                            "DIVERGENCE enters through {}: its output {} (input of {}, {}/{}) \
                          differs",
-                        o.said(),
-                        e.tensor,
-                        e.op,
-                        e.step,
-                        e.rank
-                    ),
-                    (None, None) => format!(
-                        "DIVERGENCE enters from outside the captured ops: {} (input of {}, \
+                            o.said(),
+                            e.tensor,
+                            e.named(),
+                            e.step,
+                            e.rank
+                        ),
+                        (None, None) => format!(
+                            "DIVERGENCE enters from outside the captured ops: {} (input of {}, \
                          {}/{}){}",
-                        e.tensor,
-                        e.op,
-                        e.step,
-                        e.rank,
-                        between_steps(pairs, e)
-                    ),
-                },
+                            e.tensor,
+                            e.named(),
+                            e.step,
+                            e.rank,
+                            between_steps(pairs, e)
+                        ),
+                    }
+                }
                 // The other kind a story tells: a locally divergent op.
                 Some((_, x)) => match region_of(pairs, x) {
                     Some(r) => format!(
@@ -517,15 +525,28 @@ fn headline(
                         module_name(&r.module),
                         calls(r),
                         how(r),
-                        x.op,
+                        x.named(),
                         x.place()
                     ),
-                    None => format!(
-                        "DIVERGENCE: first divergent op {} {}{}",
-                        x.op,
-                        x.place(),
-                        x.cause()
-                    ),
+                    // A module record whose own call is all that was captured of it: the
+                    // divergence is inside the module, not in one op (`analyze/local.rs`).
+                    None => match module_path(&x.op) {
+                        Some(m) => format!(
+                            "DIVERGENCE inside module {}: first divergent module call {} {}{}; \
+                             its inputs agree and its outputs differ (its parameters or the \
+                             ops it calls, not captured at this level)",
+                            module_name(m),
+                            x.op,
+                            x.place(),
+                            x.cause()
+                        ),
+                        None => format!(
+                            "DIVERGENCE: first divergent op {} {}{}",
+                            x.named(),
+                            x.place(),
+                            x.cause()
+                        ),
+                    },
                 },
                 None => {
                     let first = p.findings.first(FindingKind::EarliestFailing);
@@ -534,7 +555,7 @@ fn headline(
                          earliest failing op {}",
                         p.step,
                         p.rank,
-                        first.map_or("?", |x| x.op.as_str())
+                        first.map_or("?".to_string(), Finding::named)
                     )
                 }
             };

@@ -22,6 +22,8 @@ fn finding(op: &str, step: &str, seq: u64) -> Finding {
         args: Vec::new(),
         one_sided_source: None,
         carried: None,
+        module: None,
+        consequence_of: None,
     }
 }
 

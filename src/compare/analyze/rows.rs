@@ -118,6 +118,8 @@ pub(super) fn finding(at: &Place, rows: &[&Row], focus: &Row, explanation: Strin
         args: Vec::new(),
         one_sided_source: None,
         carried: None,
+        module: t.op.module_path(),
+        consequence_of: None,
     }
 }
 

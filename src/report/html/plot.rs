@@ -490,6 +490,8 @@ mod tests {
             args: Vec::new(),
             one_sided_source: None,
             carried: None,
+            module: None,
+            consequence_of: None,
         };
         let marks = [Mark {
             title: "first divergent op (backward)",
