@@ -408,6 +408,8 @@ fn finding(
         carried: None,
         outside: None,
         draw: None,
+        module: focus.op.module_path(),
+        consequence_of: None,
     }
 }
 

@@ -427,6 +427,58 @@ pub(crate) fn culprit(s: &Summary) -> Option<&Finding> {
         .first(FindingKind::EarliestFailing)
 }
 
+/// The headline of a divergence entering from outside an op (`FindingKind::ExternalSource`):
+/// through weights tied on one side only, with a value an amplifying op of the previous step
+/// wrote, through an op only one run calls, or from outside the captured ops.
+fn entry_headline(e: &Finding, pairs: &[PairSummary]) -> String {
+    match (&e.one_sided_source, &e.carried) {
+        _ if e.outside.as_ref().is_some_and(|o| o.tied_with.is_some()) => format!(
+            "DIVERGENCE from weights tied on one side only: {}; the gradients \
+             differ from {} (input of {}, {}/{}) on",
+            e.outside.as_ref().map_or_else(String::new, Outside::tie),
+            e.tensor,
+            e.named(),
+            e.step,
+            e.rank
+        ),
+        (None, Some(w)) => format!(
+            "DIVERGENCE from amplified rounding noise: {} (input of {}, {}/{}) is \
+             the value {} wrote in {}/{} (the same statistics in both runs), where \
+             it differed only by rounding noise that op amplified (a normalised \
+             update of a near-zero gradient, as Adam's): no captured op is at \
+             fault",
+            e.tensor,
+            e.named(),
+            e.step,
+            e.rank,
+            w.op,
+            w.step,
+            e.rank
+        ),
+        (Some(o), _) => format!(
+            "DIVERGENCE enters through {}: its output {} (input of {}, {}/{}) \
+             differs",
+            o.said(),
+            e.tensor,
+            e.named(),
+            e.step,
+            e.rank
+        ),
+        (None, None) => format!(
+            "DIVERGENCE enters from outside the captured ops: {}{} (input of {}, \
+             {}/{}){}",
+            e.outside
+                .as_ref()
+                .map_or_else(String::new, Outside::headline),
+            e.tensor,
+            e.named(),
+            e.step,
+            e.rank,
+            between_steps(pairs, e)
+        ),
+    }
+}
+
 fn headline(
     verdict: Verdict,
     c: &Counts,
@@ -449,7 +501,9 @@ fn headline(
             c.unmatched_bench + c.unmatched_cmp,
             first_warning.map_or(String::new(), |x| format!(
                 "; the warnings begin at {} ({}/{})",
-                x.op, x.step, x.rank
+                x.named(),
+                x.step,
+                x.rank
             ))
         ),
         Verdict::Error => {
@@ -475,7 +529,7 @@ fn headline(
                      tolerance and decides otherwise ({}): rounding at a boundary (a \
                      maximum among nearly equal scores, a top-k, a threshold), not a faulty \
                      kernel; what follows takes other paths",
-                    x.op,
+                    x.named(),
                     x.place(),
                     x.tensor
                 ),
@@ -492,50 +546,11 @@ fn headline(
                         "DIVERGENCE from random numbers: {} {} gets agreeing inputs and returns \
                          different outputs: {what}; check config-check's random category \
                          (seeds, generator states) and deterministic algorithms",
-                        x.op,
+                        x.named(),
                         x.place()
                     )
                 }
-                Some((FindingKind::ExternalSource, e)) => match (&e.one_sided_source, &e.carried) {
-                    _ if e.outside.as_ref().is_some_and(|o| o.tied_with.is_some()) => format!(
-                        "DIVERGENCE from weights tied on one side only: {}; the gradients \
-                         differ from {} (input of {}, {}/{}) on",
-                        e.outside.as_ref().map_or_else(String::new, Outside::tie),
-                        e.tensor,
-                        e.op,
-                        e.step,
-                        e.rank
-                    ),
-                    (None, Some(w)) => format!(
-                        "DIVERGENCE from amplified rounding noise: {} (input of {}, {}/{}) is \
-                         the value {} wrote in {}/{} (the same statistics in both runs), where \
-                         it differed only by rounding noise that op amplified (a normalised \
-                         update of a near-zero gradient, as Adam's): no captured op is at \
-                         fault",
-                        e.tensor, e.op, e.step, e.rank, w.op, w.step, e.rank
-                    ),
-                    (Some(o), _) => format!(
-                        "DIVERGENCE enters through {}: its output {} (input of {}, {}/{}) \
-                         differs",
-                        o.said(),
-                        e.tensor,
-                        e.op,
-                        e.step,
-                        e.rank
-                    ),
-                    (None, None) => format!(
-                        "DIVERGENCE enters from outside the captured ops: {}{} (input of {}, \
-                         {}/{}){}",
-                        e.outside
-                            .as_ref()
-                            .map_or_else(String::new, Outside::headline),
-                        e.tensor,
-                        e.op,
-                        e.step,
-                        e.rank,
-                        between_steps(pairs, e)
-                    ),
-                },
+                Some((FindingKind::ExternalSource, e)) => entry_headline(e, pairs),
                 // The other kind a story tells: a locally divergent op.
                 Some((_, x)) => match region_of(pairs, x) {
                     Some(r) => format!(
@@ -544,15 +559,28 @@ fn headline(
                         module_name(&r.module),
                         calls(r),
                         how(r),
-                        x.op,
+                        x.named(),
                         x.place()
                     ),
-                    None => format!(
-                        "DIVERGENCE: first divergent op {} {}{}",
-                        x.op,
-                        x.place(),
-                        x.cause()
-                    ),
+                    // A module record whose own call is all that was captured of it: the
+                    // divergence is inside the module, not in one op (`analyze/local.rs`).
+                    None => match module_path(&x.op) {
+                        Some(m) => format!(
+                            "DIVERGENCE inside module {}: first divergent module call {} {}{}; \
+                             its inputs agree and its outputs differ (its parameters or the \
+                             ops it calls, not captured at this level)",
+                            module_name(m),
+                            x.op,
+                            x.place(),
+                            x.cause()
+                        ),
+                        None => format!(
+                            "DIVERGENCE: first divergent op {} {}{}",
+                            x.named(),
+                            x.place(),
+                            x.cause()
+                        ),
+                    },
                 },
                 None => {
                     let first = p.findings.first(FindingKind::EarliestFailing);
@@ -561,7 +589,7 @@ fn headline(
                          earliest failing op {}",
                         p.step,
                         p.rank,
-                        first.map_or("?", |x| x.op.as_str())
+                        first.map_or("?".to_string(), Finding::named)
                     )
                 }
             };

@@ -188,6 +188,24 @@ impl FindingKind {
         }
     }
 
+    /// How reports title it in a step after an earlier one of its rank diverged (after
+    /// `consequence of step0's divergence, `): what it says there, where the step's weights
+    /// already differ. Not "first divergent op": an op whose error grows in such a step
+    /// amplifies what it inherited (a norm, a rotary embedding), and its gain over inputs
+    /// that barely differ says nothing of a fault of its own.
+    pub fn consequence_title(self) -> &'static str {
+        match self {
+            FindingKind::ExternalSource => "where it enters",
+            FindingKind::FirstDivergent => "first op whose error grows",
+            FindingKind::FirstNonfinite => "first NaN/Inf producer",
+            FindingKind::OtherArgs => "first op called with different arguments",
+            FindingKind::NearTie => "near tie decided otherwise",
+            FindingKind::RandomDraw => "different random draw",
+            FindingKind::FirstWarning => "where the warnings begin",
+            FindingKind::EarliestFailing => "earliest failing op",
+        }
+    }
+
     /// Whether it names the culprit of a divergence (the op a report marks): where the
     /// divergence is local, where it enters, where NaN/Inf is first made. The other kinds
     /// are hints or say why an op is no culprit.

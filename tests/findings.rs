@@ -24,6 +24,8 @@ fn finding(op: &str, step: &str, seq: u64) -> Finding {
         carried: None,
         outside: None,
         draw: None,
+        module: None,
+        consequence_of: None,
     }
 }
 

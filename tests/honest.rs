@@ -179,12 +179,24 @@ fn findings_are_told_in_causal_order() {
             .find(needle)
             .unwrap_or_else(|| panic!("{needle:?} not in {}", o.stdout))
     };
+    // Step 10 starts from what step 2's diverged update left: its findings are told as
+    // consequences, never as a first divergent op.
+    let later = "consequence of step2's divergence, first op whose error grows (forward): \
+                 Torch.matmul.0.forward (step10/rank0";
     assert!(
-        at("first divergent op (backward): Functional.gelu.0.backward (step2/rank0")
-            < at("first divergent op (forward): Torch.matmul.0.forward (step10/rank0"),
+        at("first divergent op (backward): Functional.gelu.0.backward (step2/rank0") < at(later),
         "{}",
         o.stdout
     );
+    assert!(
+        !o.stdout.contains("first divergent op (forward)"),
+        "{}",
+        o.stdout
+    );
+    assert_eq!(s["first_divergent"]["forward"]["consequence_of"], "step2");
+    assert!(s["first_divergent"]["backward"]
+        .get("consequence_of")
+        .is_none());
     // The workbook's summary sheet tells them in the same order.
     use calamine::{open_workbook, Reader, Xlsx};
     let mut wb: Xlsx<_> = open_workbook(t.path().join("out/compare.xlsx")).unwrap();
@@ -195,7 +207,10 @@ fn findings_are_told_in_causal_order() {
             .position(|r| r.iter().any(|c| c.to_string().starts_with(needle)))
             .unwrap_or_else(|| panic!("{needle:?} not in the summary sheet"))
     };
-    assert!(row_of("first divergent op (backward)") < row_of("first divergent op (forward)"));
+    assert!(
+        row_of("first divergent op (backward)")
+            < row_of("consequence of step2's divergence, first op whose error grows (forward)")
+    );
 }
 
 /// Within a step, findings of all ranks in execution order, then by numeric rank.

@@ -173,10 +173,14 @@ def test_the_same_run_on_another_number_of_threads_names_no_culprit(tmp_path: Pa
     head = s["headline"]
     assert head.startswith(
         "DIVERGENCE from amplified rounding noise: Functional.conv2d.0.forward.input.2 "
-        "(input of Functional.conv2d.0.forward, step1/rank0) is the value Tensor.addcdiv_."
+        "(input of Functional.conv2d.0.forward in `conv1`, step1/rank0) is the value Tensor.addcdiv_."
     ), head
     assert "wrote in step0/rank0 (the same statistics in both runs)" in head, head
     assert head.endswith("no captured op is at fault"), head
+    # The example's first convolution is its model's ``conv1``; step 0 failed no tensor,
+    # so step 1's finding is no consequence of an earlier divergence.
+    assert s["external_source"]["forward"]["module"] == "conv1"
+    assert "consequence_of" not in s["external_source"]["forward"]
     carried = s["external_source"]["forward"]["carried"]
     assert carried["step"] == "step0" and carried["op"].startswith("Tensor.addcdiv_."), carried
     assert s["first_divergent"] == {"forward": None, "backward": None}, s["first_divergent"]

@@ -240,7 +240,10 @@ def test_a_small_fault_under_bfloat16_autocast_warns_and_a_tighter_tolerance_nam
     assert f["counts"]["warning"] > 10 * max(c["counts"]["warning"], 1), (c["counts"], f["counts"])
     # No culprit, but where the warnings begin: the faulty silu, not the clean port's one.
     assert f["first_warning"]["op"] == "Functional.silu.0.forward", f["headline"]
-    assert "the warnings begin at Functional.silu.0.forward (step0/rank0)" in f["headline"]
+    # Named with the module it ran in: the first silu is layer 0's MLP activation.
+    module = f["first_warning"]["module"]
+    assert module.startswith("model.layers.0.mlp"), module
+    assert f"the warnings begin at Functional.silu.0.forward in `{module}` (step0/rank0)" in f["headline"]
     assert c.get("first_warning", {}).get("op") != "Functional.silu.0.forward", c["headline"]
     tol = tmp_path / "tol.toml"
     tol.write_text("[dtype.bfloat16]\nwarning = 1.6e-2\nerror = 4e-2\nmax_abs = 2e-1\natol = 1e-5\n")

@@ -19,6 +19,12 @@ pub struct Carry {
     /// (judge.rs, `NoiseWrite`): an input of the next step with their statistics is their
     /// value, carried over.
     pub noise: Vec<NoiseWrite>,
+    /// The rank's first step compared with a tensor out of tolerance, when one was (this
+    /// step's, or an earlier one's): every later step starts from what its diverged update
+    /// left, so what the localiser finds there is a consequence of that divergence
+    /// (`Finding::consequence_of`), not a first divergent op of its own.
+    #[serde(default)]
+    pub diverged: Option<String>,
 }
 
 impl Carry {

@@ -240,7 +240,7 @@ pub(crate) fn headline(x: &CrossRank) -> String {
                 "DIVERGENCE: {} diverged first: it enters {how}, input {} of {} ({} {}/{})",
                 rank_text(&o.rank),
                 f.tensor,
-                o.op,
+                f.named(),
                 f.direction.name(),
                 o.step,
                 o.rank
@@ -260,10 +260,10 @@ pub(crate) fn headline(x: &CrossRank) -> String {
                 format!(
                     "{} took a decision from inputs within tolerance and decided otherwise, \
                      a near tie",
-                    o.op
+                    f.named()
                 )
             } else {
-                format!("first divergent op {}", o.op)
+                format!("first divergent op {}", f.named())
             },
             f.direction.name(),
             o.step,

@@ -334,6 +334,7 @@ pub(crate) fn judge_all(
         step: String::new(),
         floor: carry_out,
         noise,
+        diverged: None,
     };
     Ok((
         Judged::new(ops, pairs, reasons, leftovers),

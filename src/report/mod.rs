@@ -98,9 +98,15 @@ pub struct Listed {
 }
 
 impl Listed {
-    /// Whether it names the culprit (the op a report marks).
+    /// Whether it names the culprit (the op a report marks): never a consequence of an
+    /// earlier step's divergence (`Finding::consequence_of`).
     pub fn names_culprit(&self) -> bool {
-        self.kind.is_some_and(FindingKind::names_culprit)
+        self.kind.is_some_and(FindingKind::names_culprit) && !self.consequence()
+    }
+
+    /// Whether it is a consequence of an earlier step's divergence.
+    pub fn consequence(&self) -> bool {
+        self.finding.consequence_of.is_some()
     }
 }
 

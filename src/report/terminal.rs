@@ -3,14 +3,19 @@
 use super::compare_findings;
 use crate::op_key::Direction;
 use crate::scan::ScanSummary;
-use crate::schema::summary::{Finding, RunVerdict, Summary};
+use crate::schema::summary::{Finding, Found, RunVerdict, Summary};
 use crate::vocab::FindingKind;
 
-/// A finding: title, op, explanation, up to 8 lines of evidence, the innermost frame.
+/// A finding: title, op (and the module it ran in), explanation, up to 8 lines of
+/// evidence, the innermost frame.
 fn show(out: &mut String, title: &str, f: &Finding) {
     *out += &format!(
         "{title}: {} ({}/{}, seq {})\n    {}\n",
-        f.op, f.step, f.rank, f.seq, f.explanation
+        f.named(),
+        f.step,
+        f.rank,
+        f.seq,
+        f.explanation
     );
     for e in f.evidence.iter().take(8) {
         *out += &format!("      {e}\n");
@@ -103,7 +108,8 @@ pub fn terminal_summary(s: &Summary) -> String {
             .is_none()
     {
         if let Some(f) = s.findings.get(FindingKind::EarliestFailing, forward) {
-            out += &format!("  earliest failing op (forward): {} ({})\n", f.op, f.reason);
+            let title = Found::new(FindingKind::EarliestFailing, forward, f.clone()).title();
+            out += &format!("  {title}: {} ({})\n", f.named(), f.reason);
         }
     }
     for w in s.warnings.iter().take(5) {

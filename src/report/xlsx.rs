@@ -349,6 +349,16 @@ fn finding_rows(
     ws.write_string_with_format(*row, 0, title, &fs.bold)?;
     ws.write_string_with_format(*row, 1, &f.op, &fs.err)?;
     *row += 1;
+    // The module an API call ran in (a module record's key names its own).
+    let module = f
+        .module
+        .as_ref()
+        .filter(|_| crate::op_key::module_path(&f.op).is_none());
+    if let Some(m) = module {
+        ws.write_string(*row, 0, "module")?;
+        ws.write_string_with_format(*row, 1, m, &fs.wrap)?;
+        *row += 1;
+    }
     let kv = [
         ("step / rank", format!("{} / {}", f.step, f.rank)),
         ("seq", f.seq.to_string()),

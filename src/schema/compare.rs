@@ -28,6 +28,21 @@ pub struct OpInfo {
     pub module: Option<Arc<str>>,
 }
 
+impl OpInfo {
+    /// The dotted path of the module the op ran in, for a person (a finding's `module`): a
+    /// module record's own path, else the one the dump recorded (msprobe's parent is a
+    /// module record's key: its path); None when the dump does not say or the op ran at
+    /// the top level.
+    pub(crate) fn module_path(&self) -> Option<String> {
+        let own = crate::op_key::module_path(self.key.as_str());
+        let path = own.or_else(|| {
+            let m = self.module.as_deref()?;
+            Some(crate::op_key::module_path(m).unwrap_or(m))
+        })?;
+        (!path.is_empty()).then(|| path.to_string())
+    }
+}
+
 /// A stretch of op calls inside one module call whose two sides differ, compared at its
 /// boundary tensors.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]

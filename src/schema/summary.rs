@@ -75,6 +75,18 @@ pub struct Finding {
     /// op whose output it is, where it differed only by rounding noise the op amplified.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub carried: Option<Carried>,
+    /// The dotted path of the module the op ran in (`model.layers.1.mlp.down_proj`; a
+    /// module record's own): what a person looks for in the model, where an op key
+    /// (`Functional.linear.13`) names only a call. None when the dump does not say, or the
+    /// op ran at the top level.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub module: Option<String>,
+    /// The earlier step of the same rank that diverged first (`step0`), when there is one:
+    /// this step started from what that step's diverged update left (weights, optimizer
+    /// state), so the finding is a consequence of that divergence, not a first divergent
+    /// op of its own. None in the rank's first diverged step.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub consequence_of: Option<String>,
     /// A random op's recorded switch that says it drew (`input.dropout_p = 0.1 on both
     /// sides`), where the finding is a different random draw.
     #[serde(default, skip_serializing_if = "Option::is_none")]
@@ -221,6 +233,18 @@ pub(crate) fn label_key(s: &str) -> (u64, &str) {
 pub(crate) type CausalKey<'a> = ((u64, &'a str), u64, (u64, &'a str));
 
 impl Finding {
+    /// The op for a person: its key and, for an API call, the module it ran in
+    /// (`Functional.linear.13.forward in `model.layers.1.mlp.down_proj``); a module
+    /// record's key names its module already.
+    pub(crate) fn named(&self) -> String {
+        match &self.module {
+            Some(m) if crate::op_key::module_path(&self.op).is_none() => {
+                format!("{} in `{m}`", self.op)
+            }
+            _ => self.op.clone(),
+        }
+    }
+
     /// Where it is, for a headline: `(forward step0/rank1, tensor <name>)`.
     pub(crate) fn place(&self) -> String {
         format!(
@@ -239,7 +263,7 @@ impl Finding {
             Some(t) => format!("from leftover bytes in {t}"),
             None => "from finite inputs".into(),
         };
-        format!("{} {from} {}", self.op, self.place())
+        format!("{} {from} {}", self.named(), self.place())
     }
 
     /// What a headline adds about the cause it found at the op: leftover bytes read, or
@@ -296,18 +320,30 @@ impl Found {
     }
 
     /// How reports title it: `first divergent op (forward)`; where a divergence enters
-    /// with the previous step's value, it says so.
+    /// with the previous step's value, it says so; in a step after an earlier one diverged,
+    /// as a consequence of that step's divergence (`consequence of step0's divergence,
+    /// first op whose error grows (forward)`), never as a first divergent op.
     pub fn title(&self) -> String {
-        let what = match self.kind {
-            FindingKind::ExternalSource if self.finding.carried.is_some() => {
-                "divergence enters with the previous step's value"
+        let what = match (self.kind, &self.finding.consequence_of) {
+            (k, Some(step)) => format!(
+                "consequence of {step}'s divergence, {}",
+                k.consequence_title()
+            ),
+            (FindingKind::ExternalSource, None) if self.finding.carried.is_some() => {
+                "divergence enters with the previous step's value".to_string()
             }
-            k => k.title(),
+            (k, None) => k.title().to_string(),
         };
         match self.phase {
             Some(d) => format!("{what} ({})", d.name()),
-            None => what.to_string(),
+            None => what,
         }
+    }
+
+    /// Whether it names the culprit of a divergence (`FindingKind::names_culprit`), which
+    /// a consequence of an earlier step's divergence never does.
+    pub fn names_culprit(&self) -> bool {
+        self.kind.names_culprit() && self.finding.consequence_of.is_none()
     }
 
     /// Where it sits among findings: the causal order ([`Finding::causal_key`]), then its

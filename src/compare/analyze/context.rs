@@ -6,6 +6,7 @@
 use crate::compare::op_rows::OpRows;
 use crate::compare::{Carry, Tolerances};
 use crate::dump::Direction;
+use crate::op_key::OpKind;
 use crate::schema::summary::{Finding, Findings, Found};
 use crate::vocab::FindingKind;
 use foldhash::HashMap;
@@ -52,6 +53,10 @@ pub(super) struct Context<'a> {
     first_backward: Option<u64>,
     /// Some op of the forward phase fails.
     forward_fails: bool,
+    /// The unit holds API calls, not module records only (the agent's `mix` level, or
+    /// `api`): the ops a module calls are captured, so one of them, not the module's
+    /// record, is where a divergence inside the module starts.
+    pub apis: bool,
     /// What the rules found so far.
     found: Vec<Found>,
     /// Phases whose errors no op is locally responsible for.
@@ -95,6 +100,7 @@ impl<'a> Context<'a> {
         let forward_fails = briefs
             .iter()
             .any(|h| phase_of(first_backward, h) == Direction::Forward && h.fails);
+        let apis = (0..unit.ops()).any(|k| unit.key(k).kind() == OpKind::Api);
         Context {
             unit,
             at,
@@ -104,6 +110,7 @@ impl<'a> Context<'a> {
             by_key,
             first_backward,
             forward_fails,
+            apis,
             found: Vec::new(),
             drift: Vec::new(),
         }
@@ -136,11 +143,28 @@ impl<'a> Context<'a> {
             .any(|f| f.kind == kind && f.phase == phase.filter(|_| kind.phased()))
     }
 
-    /// Adds a finding (the first of a kind and phase stands).
-    pub(crate) fn put(&mut self, kind: FindingKind, phase: Option<Direction>, finding: Finding) {
-        if !self.has(kind, phase) {
-            self.found.push(Found::new(kind, phase, finding));
+    /// Adds a finding (the first of a kind and phase stands). In a step after an earlier
+    /// one of the rank diverged it is a consequence of that divergence: marked so
+    /// (`Finding::consequence_of`), and its explanation says so, whatever rule found it.
+    pub(crate) fn put(
+        &mut self,
+        kind: FindingKind,
+        phase: Option<Direction>,
+        mut finding: Finding,
+    ) {
+        if self.has(kind, phase) {
+            return;
         }
+        if let Some(step) = &self.carried.diverged {
+            finding.explanation = format!(
+                "{} (note: {step} diverged first; this step starts from the weights and \
+                 optimizer state its diverged update left: a consequence of that divergence, \
+                 not a cause of its own)",
+                finding.explanation
+            );
+            finding.consequence_of = Some(step.clone());
+        }
+        self.found.push(Found::new(kind, phase, finding));
     }
 
     /// Says that a phase's errors have no locally divergent op.

@@ -189,21 +189,30 @@ fn entering(
              op's error. No captured op is at fault; {earlier}",
             inp.tensor.name, w.op, cx.carried.step
         ),
-        (None, None) => match &identity {
-            Some(id) => format!(
-                "the divergence enters from outside the captured ops: {} is {}; {earlier}. {}",
-                inp.tensor.name,
-                id.said(),
-                id.advice()
-            ),
-            None => format!(
-                "the divergence enters from outside the captured ops: {} is a tensor that \
-                 differs before any captured op fails (produced or changed outside the \
-                 captured ops); {earlier}. Check the config-check categories (weights, \
-                 dataset, random seeds) before suspecting this op",
+        (None, None) => {
+            let (what, advice) = match &identity {
+                Some(id) => (id.said(), id.advice()),
+                None => (
+                    "a tensor that differs before any captured op fails (produced or changed \
+                     outside the captured ops)"
+                        .to_string(),
+                    "Check the config-check categories (weights, dataset, random seeds) \
+                     before suspecting this op"
+                        .to_string(),
+                ),
+            };
+            // After an earlier step of the rank diverged, the weights are what its update
+            // wrote (the context's note says so): no configuration to check.
+            let advice = match cx.carried.diverged {
+                Some(_) => String::new(),
+                None => format!(" {advice}"),
+            };
+            format!(
+                "the divergence enters from outside the captured ops: {} is {what}; \
+                 {earlier}.{advice}",
                 inp.tensor.name
-            ),
-        },
+            )
+        }
     };
     let mut found = finding(&cx.at, g, inp, expl);
     found.outside = match (&source, noise) {

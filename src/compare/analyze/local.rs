@@ -16,7 +16,7 @@ use super::{arguments, decisions};
 use crate::compare::judge::{Equality, Row, Verdict};
 use crate::compare::op_rows::Draw;
 use crate::dump::Direction;
-use crate::op_key::Randomness;
+use crate::op_key::{OpKind, Randomness};
 use crate::vocab::FindingKind;
 
 /// Per phase with an error: its first locally divergent op, if any.
@@ -28,11 +28,21 @@ pub(super) fn rule(cx: &mut Context) {
         };
         for &k in &ops[..=last_error] {
             // Every tensor within tolerance: its worst output is no divergence.
-            if cx.briefs[k as usize].flagged && examine(cx, dir, k as usize) {
+            let k = k as usize;
+            if cx.briefs[k].flagged && !calls_captured(cx, k) && examine(cx, dir, k) {
                 break;
             }
         }
     }
+}
+
+/// Whether op `k` is a module's record whose calls inside are captured too (the unit holds
+/// API calls: `level="mix"`). Such a record is never a culprit: it holds what the module was
+/// called with, not its submodules' parameters nor the values inside it, so inputs that
+/// agree do not show that the module's own computation is at fault (a submodule's weight
+/// may differ); one of the calls inside is where the divergence starts, or enters.
+fn calls_captured(cx: &Context, k: usize) -> bool {
+    cx.apis && cx.unit.key(k).kind() == OpKind::Module
 }
 
 /// Per phase with an error: drift, where no rule named an op that explains it (a local
@@ -240,8 +250,15 @@ fn explanation(g: &[&Row], c: &Consumed, out: &Row) -> String {
         );
     }
     // A collective's output is computed from every rank's input, of which this rank sees
-    // its own: the cross-rank verdict says which rank it came from.
-    let local = if g[0].tensor.op.key.base().starts_with("Distributed.") {
+    // its own: the cross-rank verdict says which rank it came from. A module's record (the
+    // dump holds no calls inside it) holds its inputs but not its submodules' parameters:
+    // the divergence is somewhere inside the module, not in one op.
+    let key = &g[0].tensor.op.key;
+    let local = if key.kind() == OpKind::Module {
+        "the divergence is inside this module: its parameters or the ops it calls (its \
+         record holds its inputs, not its submodules' parameters, and the dump holds no \
+         call inside it)"
+    } else if key.base().starts_with("Distributed.") {
         "the error is local to this op, or came with another rank's input to it \
          (the cross-rank verdict says which)"
     } else {

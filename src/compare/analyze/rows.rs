@@ -120,6 +120,8 @@ pub(super) fn finding(at: &Place, rows: &[&Row], focus: &Row, explanation: Strin
         carried: None,
         outside: None,
         draw: None,
+        module: t.op.module_path(),
+        consequence_of: None,
     }
 }
 

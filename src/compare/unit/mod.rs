@@ -88,6 +88,11 @@ pub fn compare_unit(
         coverage,
         carry: Carry {
             step: unit.step.clone(),
+            // The earliest step of the rank that diverged stays the one later steps follow.
+            diverged: carried
+                .diverged
+                .clone()
+                .or_else(|| (tally.counts.error > 0).then(|| unit.step.clone())),
             ..carry
         },
         collectives,

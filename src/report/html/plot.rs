@@ -492,6 +492,8 @@ mod tests {
             carried: None,
             outside: None,
             draw: None,
+            module: None,
+            consequence_of: None,
         };
         let marks = [Mark {
             title: "first divergent op (backward)",

@@ -73,13 +73,25 @@ impl Node {
     }
 }
 
+/// ` in <code>model.layers.1.mlp</code>`: the module an API call ran in, escaped (a module
+/// record's key names its module already); empty when the dump does not say.
+fn in_module(f: &Finding) -> String {
+    match &f.module {
+        Some(m) if crate::op_key::module_path(&f.op).is_none() => {
+            format!(" in <code>{}</code>", esc(m))
+        }
+        _ => String::new(),
+    }
+}
+
 /// One finding: what, where, why; evidence and stack when given.
 fn finding_body(out: &mut String, f: &Finding, open: bool) {
     let _ = writeln!(
         out,
-        "<div><code>{}</code> <span class=\"muted\">({} {}/{}, seq {})</span></div>\n\
+        "<div><code>{}</code>{} <span class=\"muted\">({} {}/{}, seq {})</span></div>\n\
 <div>tensor <code>{}</code>: {}</div>\n<div>{}</div>",
         esc(&f.op),
+        in_module(f),
         f.direction.name(),
         esc(&f.step),
         esc(&f.rank),
@@ -108,7 +120,9 @@ fn finding_body(out: &mut String, f: &Finding, open: bool) {
 /// The culprit: the first finding naming a divergent op (or entry point), with its
 /// evidence and stack open.
 pub(super) fn culprit(out: &mut String, ov: &Overview) {
-    let locates = |l: &&Listed| l.kind.is_some_and(FindingKind::locates_divergence);
+    // A consequence of an earlier step's divergence locates nothing.
+    let locates =
+        |l: &&Listed| l.kind.is_some_and(FindingKind::locates_divergence) && !l.consequence();
     let Some(Listed {
         title, finding: f, ..
     }) = ov
@@ -139,9 +153,10 @@ pub(super) fn findings(out: &mut String, ov: &Overview) {
     {
         let _ = writeln!(
             out,
-            "<details class=\"card\"><summary><b>{}</b>: <code>{}</code></summary>",
+            "<details class=\"card\"><summary><b>{}</b>: <code>{}</code>{}</summary>",
             esc(title),
-            esc(&f.op)
+            esc(&f.op),
+            in_module(f)
         );
         finding_body(out, f, false);
         out.push_str("</details>\n");
