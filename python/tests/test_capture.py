@@ -1244,7 +1244,8 @@ class _Pair(torch.nn.Module):
 
 
 def test_a_module_given_one_tensor_twice_gets_one_object(tmp_path: Any) -> None:
-    """The module level's aliases keep identity too (modules.py)."""
+    """The module level hands a module its arguments as they are (modules.py): one tensor
+    passed twice stays one object, and its gradient is recorded once, under the first name."""
     outer = torch.nn.ModuleDict({"pair": _Pair()})
     x = torch.randn(3, requires_grad=True)
     dbg = probe.Debugger(None, dump_path=str(tmp_path), level="module")
@@ -1650,13 +1651,14 @@ def test_lazy_modules_are_hooked_once_their_parameters_exist(tmp_path: Any, leve
 def test_an_input_a_module_rewraps_links_to_its_producer_when_a_view_of_it_died(
     tmp_path: Any,
 ) -> None:
-    """At mix level a module's backward hook hands its forward new tensor objects over its
-    inputs' memory, so an op inside reads one the agent never saw: it is linked to the
-    output captured over that memory (``src``). When the newest such output was a view
-    that has died since (a router's ``x.reshape(...)``, as an MoE block runs before its
-    experts), the link was lost: the experts' input looked like data from outside, and
-    compare could not tell that each expert read the same tokens. The older output, still
-    alive, is linked now."""
+    """An op can read a tensor object the agent never saw over memory it captured (a view
+    made by uncaptured code: here an ``aten`` view, which no wrapper sees; once, at mix
+    level, the alias the module capture handed a module): it is linked to the output
+    captured over that memory (``src``). When the newest such output was a view that has
+    died since (a router's ``x.reshape(...)``, as an MoE block runs before its experts), the
+    link was lost: the experts' input looked like data from outside, and compare could not
+    tell that each expert read the same tokens. The older output, still alive, is linked
+    now."""
 
     class Gate(torch.nn.Module):
         def forward(self, h: torch.Tensor) -> torch.Tensor:
@@ -1674,7 +1676,7 @@ def test_an_input_a_module_rewraps_links_to_its_producer_when_a_view_of_it_died(
         def forward(self, x: torch.Tensor) -> torch.Tensor:
             h = self.lin(x).view(-1, 8)
             g = self.gate(h)
-            return self.experts(h).sum() + g
+            return self.experts(torch.ops.aten.view.default(h, [-1, 8])).sum() + g
 
     torch.manual_seed(0)
     model = Block()

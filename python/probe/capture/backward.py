@@ -9,9 +9,15 @@ arrived. Parameter gradients are taken by post-accumulate-grad hooks, kept per m
 written at ``stop()`` as ``Module.{path}.{Class}.parameters_grad``: the last accumulated
 value of the step.
 
-The API and module captures hand a call's inputs to the op as autograd aliases
-(:data:`alias_of`) and hook each alias's node here (:meth:`BackwardHooks.watch`): that is
-how an input's gradient reaches the call's backward record.
+The API capture hands a call's inputs to the op as autograd aliases (:data:`alias_of`) and
+hooks each alias's node here (:meth:`BackwardHooks.watch`): that is how an input's gradient
+reaches the call's backward record. The module capture cannot: an alias of a module's input
+gathers the gradients of all the module's uses of it into one sum before autograd adds the
+uses outside the module, and float addition is not associative, so the training computed
+other bits than without the agent (a LLaMA's RMSNorm reads its input twice, its residual
+once more). It hooks, after each node inside the module that uses the input, the gradient
+that node hands it (:meth:`BackwardHooks.watch_uses`), and adds them up itself: the graph
+is the one the model built.
 """
 
 from __future__ import annotations
@@ -64,6 +70,17 @@ class BackwardHooks:
         node.register_prehook(
             partial(_grad_hook, self._ref, self._ctx.session, bwd, index, name, role)
         )
+        bwd.expect += 1
+
+    def watch_uses(self, bwd: OpRecord, uses: list[tuple[Any, tuple[int, ...]]], name: str) -> None:
+        """Hook the autograd nodes that use a module's input inside the module (``uses``:
+        each node and the positions of its ``next_functions`` that lead to the input), so
+        that ``bwd`` receives the sum of the gradients they hand the input, as its tensor
+        ``name`` in role ``output``. Post-hooks that return nothing: they neither change a
+        gradient nor add a node (the module capture's reason, module docstring)."""
+        acc = _Uses(bwd, name, sum(len(ix) for _, ix in uses))
+        for node, ix in uses:
+            node.register_hook(partial(_use_hook, self._ref, self._ctx.session, acc, ix))
         bwd.expect += 1
 
     def param_grad_hook(self, path: str, base: str, pname: str) -> Callable[[torch.Tensor], None]:
@@ -156,6 +173,76 @@ def _grad_hook(
                 rec.add_tensor(bwd, name, role, g, same_as=same)
                 if same is None and flow is not None:
                     flow.remember(g, bwd.entries[-1], mem)
+            bwd.got += 1
+            if bwd.got >= bwd.expect and not bwd.done:
+                rec.finish(bwd)
+    except Exception as exc:  # noqa: BLE001
+        ctx.guard.fail(exc, f"backward hook of {bwd.key}")
+    finally:
+        tls.active = was and ctx.api_on
+    return None
+
+
+class _Uses:
+    """The gradients a module's input receives from its uses inside the module, summed as
+    they come (:meth:`BackwardHooks.watch_uses`)."""
+
+    __slots__ = ("bwd", "name", "left", "total", "owned")
+
+    def __init__(self, bwd: OpRecord, name: str, left: int) -> None:
+        self.bwd = bwd
+        self.name = name
+        self.left = left  # the uses whose gradient has not come yet
+        self.total: Optional[torch.Tensor] = None  # the sum so far
+        self.owned = False  # whether ``total`` is the agent's tensor, not autograd's
+
+
+def _use_hook(
+    ref: weakref.ReferenceType[HookContext],
+    session: int,
+    acc: _Uses,
+    index: tuple[int, ...],
+    grad_inputs: tuple[Optional[torch.Tensor], ...],
+    grad_outputs: tuple[Optional[torch.Tensor], ...],
+) -> None:
+    """An autograd node post-hook of :meth:`BackwardHooks.watch_uses`: the node's gradients
+    at ``index`` (what it hands the module's input) are added to ``acc``; the last one
+    completes the tensor in ``acc.bwd``. Autograd's gradients are only read: sums are new
+    tensors (an in-place add would change the gradient autograd goes on with)."""
+    if compiling():  # (as _grad_hook)
+        return None
+    ctx = ref()
+    bwd = acc.bwd
+    if ctx is None or ctx.guard.failed or bwd.done or ctx.session != session or acc.left <= 0:
+        return None
+    was = tls.active
+    tls.active = False
+    try:
+        with ctx.lock, torch.no_grad():
+            for i in index:
+                acc.left -= 1
+                g = grad_inputs[i] if i < len(grad_inputs) else None
+                if g is None:
+                    continue
+                if acc.total is None:
+                    acc.total, acc.owned = g, False
+                else:  # in the order autograd's own sum would take: earlier + later
+                    acc.total, acc.owned = acc.total + g, True
+            if acc.left > 0:
+                if acc.total is not None and not acc.owned:
+                    # Kept past this hook: a copy, which a later in-place accumulation
+                    # into the same gradient (a leaf's .grad) cannot change.
+                    acc.total, acc.owned = acc.total.clone(), True
+                return None
+            total, acc.total = acc.total, None
+            rec = ctx.recorder
+            if total is not None:
+                # A lone use's gradient may be one captured already (as _grad_hook's).
+                flow = rec.flow if rec.dataflow else None
+                same, mem = flow.find(total) if flow is not None else (None, None)
+                rec.add_tensor(bwd, acc.name, "output", total, same_as=same)
+                if same is None and flow is not None:
+                    flow.remember(total, bwd.entries[-1], mem)
             bwd.got += 1
             if bwd.got >= bwd.expect and not bwd.done:
                 rec.finish(bwd)

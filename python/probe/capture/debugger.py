@@ -94,6 +94,13 @@ class Debugger:
             dbg.step()
 
     or ``with dbg: ...`` per step (start on enter; stop and step on exit).
+
+    Capture does not change what the training computes, to the bit, with one exception
+    (docs/capture.md, "Transparency"): at api and mix level, an API call whose own autograd
+    graph reads one input twice (``x * x``; ``F.normalize``, ``F.rms_norm`` on CPU, built of
+    several autograd nodes) while that input has other uses too (a residual) gets the two
+    gradients summed before the others, and the input's gradient may differ in its last
+    bits. Module level hands modules their arguments untouched and is transparent.
     """
 
     def __init__(

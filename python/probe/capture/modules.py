@@ -4,7 +4,10 @@ The hooks are installed on every submodule even at api level, where they only ke
 stack of module paths that ``include_modules``/``exclude_modules`` select API calls by; at
 module and mix level they also record ``Module.{path}.{Class}.forward.{n}`` (inputs,
 parameters, outputs), its backward, and, through parameter gradient hooks (backward.py),
-``Module.{path}.{Class}.parameters_grad``. The root module has no record: its path would
+``Module.{path}.{Class}.parameters_grad``. They never replace a module's arguments or
+results: the backward record's gradients are taken by hooks on the autograd nodes the
+forward made (:meth:`ModuleHooks._watch_inputs`), so the graph, and the bits it computes,
+are those of the run without the agent ("Transparency" in docs/capture.md). The root module has no record: its path would
 be empty; its submodules cover it.
 
 A forward that raises (activation checkpointing stops a recompute that way once it has what
@@ -21,7 +24,7 @@ from typing import TYPE_CHECKING, Any, Callable, Optional
 import torch
 
 from .._op_key import BACKWARD, FORWARD, module_base, module_key
-from .backward import BackwardHooks, alias_of
+from .backward import BackwardHooks
 from .compiled import compiling, module_tree
 from .context import HookContext
 from .records import UNWRITTEN, Captured, Dataflow, Known, OpRecord, results, walk
@@ -29,14 +32,25 @@ from .threadstate import in_recompute, in_transform, tls
 
 _is_lazy: Callable[[Any], bool] = getattr(torch.nn.parameter, "is_lazy", lambda p: False)
 
+#: The sequence number autograd gives its next node (per thread, rising): every node a
+#: module's forward makes has one at least as high as this was when the forward started.
+#: Absent from some older PyTorch releases: the inputs' own nodes then bound the search.
+_next_sequence_nr: Optional[Callable[[], int]] = getattr(torch.autograd, "_get_sequence_nr", None)
+
 if TYPE_CHECKING:
     from torch.utils.hooks import RemovableHandle
 
     from .records import TensorRecord
 
-# A selected module call's forward record, backward record (None without autograd), and
-# whether the forward record is written (an api_list entry may select the backward only).
-_Pending = tuple[OpRecord, Optional[OpRecord], bool]
+# A module input whose gradient the backward record takes: its name ("input.0"), the
+# tensor, and the autograd edge it is (its grad_fn, None for a leaf, and output_nr).
+_Input = tuple[str, torch.Tensor, Any, int]
+
+# A selected module call's forward record, backward record (None without autograd), whether
+# the forward record is written (an api_list entry may select the backward only), the
+# inputs whose gradients its backward record takes, and the first autograd sequence number
+# its forward could give a node.
+_Pending = tuple[OpRecord, Optional[OpRecord], bool, list[_Input], int]
 
 
 def _leftover(
@@ -152,9 +166,9 @@ class ModuleHooks:
                 self._pending.append(None)
                 return None
             with ctx.lock:
-                pending, new = self._pre(mod, path, cls, args, kwargs)
+                pending = self._pre(mod, path, cls, args, kwargs)
             self._pending.append(pending)
-            return new
+            return None
         except Exception as exc:  # noqa: BLE001
             ctx.guard.fail(exc, f"forward pre-hook of module {path}")
             return None
@@ -203,16 +217,19 @@ class ModuleHooks:
         cls: str,
         args: tuple[Any, ...],
         kwargs: dict[str, Any],
-    ) -> tuple[Optional[_Pending], Optional[tuple[tuple[Any, ...], dict[str, Any]]]]:
+    ) -> Optional[_Pending]:
         """Records the inputs and parameters of a selected module call; returns its
-        pending records and the arguments that replace the call's (autograd aliases)."""
+        pending records. The call's arguments stay as they are: an autograd alias of an
+        input (as an API call's) would change the sums of its gradients ("Transparency"
+        in docs/capture.md); the gradient w.r.t. an input is taken after the forward, at
+        the nodes inside the module that use it (:meth:`_post`)."""
         ctx = self._ctx
         rec = self._rec
         select = ctx.select
         base = module_base(path, cls)
         call = select.module_call(base, path, cls)
         if call is None:
-            return None, None
+            return None
         c = ctx.config
         forward, backward = c.forward, c.backward
         if select.listed:
@@ -229,13 +246,11 @@ class ModuleHooks:
             if bwd is not None:
                 bwd.stack = fwd.stack
         want_in = forward and c.inputs
-        changed = False
         flow = rec.flow if rec.dataflow else None
-        watch = self._backward.watch
-        made: dict[int, torch.Tensor] = {}  # id(input) -> its alias
+        grads_out = bwd is not None and c.outputs
+        inputs: list[_Input] = []
 
         def on_input(name: str, t: torch.Tensor) -> torch.Tensor:
-            nonlocal changed
             if want_in:
                 src, same, mem = flow.source(t) if flow is not None else (None, None, None)
                 added = rec.add_tensor(
@@ -245,34 +260,37 @@ class ModuleHooks:
                     added["src"] = src
                 if same is None and flow is not None:
                     flow.remember(t, fwd.entries[-1], mem)
-            if bwd is not None and c.outputs and t.requires_grad and t.layout == torch.strided:
-                # One alias per tensor, as for API calls (api.py, ApiCapture._pre).
-                alias = made.get(id(t))
-                if alias is None:
-                    alias = made[id(t)] = alias_of(t)
-                    watch(bwd, alias.grad_fn, 0, f"{bwd.key}.output{name[5:]}", "output")
-                changed = True
-                return alias
+            if grads_out and t.requires_grad and t.layout == torch.strided:
+                inputs.append((name, t, t.grad_fn, t.output_nr))
             return t
 
-        new_args = walk(args, "input", on_input)
-        new_kwargs = {k: walk(v, f"input.{k}", on_input) for k, v in kwargs.items()}
+        walk(args, "input", on_input)
+        for k, v in kwargs.items():
+            walk(v, f"input.{k}", on_input)
         if forward:
             for pname, p in mod.named_parameters(recurse=False):
                 same, mem = flow.find(p) if flow is not None else (None, None)
                 rec.add_tensor(fwd, f"{fwd.key}.parameters.{pname}", "parameter", p, same_as=same)
                 if same is None and flow is not None:
                     flow.remember(p, fwd.entries[-1], mem)
-        return (fwd, bwd, forward), ((tuple(new_args), new_kwargs) if changed else None)
+        start = -1
+        if inputs:
+            if _next_sequence_nr is not None:
+                start = _next_sequence_nr()
+            else:
+                nodes = [n for _, _, n, _ in inputs if n is not None]
+                start = 1 + max((n._sequence_nr() for n in nodes), default=-1)
+        return (fwd, bwd, forward, inputs, start)
 
     def _post(self, pending: _Pending, output: Any) -> None:
-        fwd, bwd, forward = pending
+        fwd, bwd, forward, inputs, start = pending
         rec = self._rec
         c = self._ctx.config
         folder = rec.files.folder
         want_out = forward and c.outputs
         flow = rec.flow if rec.dataflow else None
         watch = self._backward.watch
+        roots: list[tuple[Any, int]] = []  # the outputs' autograd edges: grad_fn, output_nr
 
         def on_output(name: str, t: torch.Tensor) -> torch.Tensor:
             if want_out:
@@ -284,15 +302,89 @@ class ModuleHooks:
                 )
                 if flow is not None:
                     added["id"] = flow.register(t, folder, fwd.entries[-1], mem)
-            if bwd is not None and c.inputs and t.requires_grad and t.grad_fn is not None:
-                watch(bwd, t.grad_fn, t.output_nr, f"{bwd.key}.input{name[6:]}", "input")
+            if bwd is not None and t.requires_grad and t.grad_fn is not None:
+                if c.inputs:
+                    watch(bwd, t.grad_fn, t.output_nr, f"{bwd.key}.input{name[6:]}", "input")
+                roots.append((t.grad_fn, t.output_nr))
             return t
 
         walk(results(output), "output", on_output)
         if forward:
             rec.finish(fwd)
+        if bwd is not None and inputs:
+            self._watch_inputs(bwd, inputs, start, roots)
         if bwd is not None and bwd.expect:
             self._backward.pending.append(bwd)
+
+    def _watch_inputs(
+        self, bwd: OpRecord, inputs: list[_Input], start: int, roots: list[tuple[Any, int]]
+    ) -> None:
+        """Hook the gradients w.r.t. a module call's ``inputs`` for ``bwd``: at the autograd
+        nodes its forward made (sequence number ``start`` or later) that use them, found
+        from the outputs' nodes ``roots``. A tensor passed twice is one input, under its
+        first name (as an API call's). An input the module returns as it is (``nn.Identity``,
+        a dropout off) has its gradient taken at its node, where the output's is: an
+        identity's are the same."""
+        watch = self._backward.watch
+        edges: dict[tuple[int, int], int] = {}  # (id(grad_fn), output_nr) -> index in keep
+        leaves: dict[int, int] = {}  # id(leaf tensor) -> index in keep
+        keep: list[_Input] = []
+        for inp in inputs:
+            _, t, node, nr = inp
+            if node is None:
+                if id(t) not in leaves:
+                    leaves[id(t)] = len(keep)
+                    keep.append(inp)
+            elif (id(node), nr) not in edges:
+                edges[(id(node), nr)] = len(keep)
+                keep.append(inp)
+        returned = set()
+        for node, nr in roots:
+            k = edges.get((id(node), nr))
+            if k is not None and k not in returned:
+                returned.add(k)
+                name = keep[k][0]
+                watch(bwd, node, nr, f"{bwd.key}.output{name[5:]}", "output")
+        uses = _uses([n for n, _ in roots], edges, leaves, start, len(keep))
+        for k, found in enumerate(uses):
+            if found and k not in returned:
+                self._backward.watch_uses(bwd, found, f"{bwd.key}.output{keep[k][0][5:]}")
+
+
+def _uses(
+    roots: list[Any], edges: dict[tuple[int, int], int], leaves: dict[int, int], start: int, n: int
+) -> list[list[tuple[Any, tuple[int, ...]]]]:
+    """The autograd nodes made since sequence number ``start`` that use each of ``n``
+    inputs (``edges``: by their grad_fn and output_nr; ``leaves``: by the leaf tensor), with
+    the positions of their ``next_functions`` that lead to it: a search back from the
+    module's outputs' nodes ``roots`` through the nodes its forward made, which stops at
+    older ones (the graph before the module is not walked)."""
+    found: list[list[tuple[Any, tuple[int, ...]]]] = [[] for _ in range(n)]
+    seen: dict[int, Any] = {}  # id -> node, kept alive so that ids stay unique
+    stack = []
+    for r in roots:
+        if id(r) not in seen and r._sequence_nr() >= start:
+            seen[id(r)] = r
+            stack.append(r)
+    while stack:
+        node = stack.pop()
+        hits: dict[int, list[int]] = {}
+        for i, (nxt, nr) in enumerate(node.next_functions):
+            if nxt is None:
+                continue
+            k = edges.get((id(nxt), nr))
+            if k is None and leaves:
+                v = getattr(nxt, "variable", None)  # an AccumulateGrad's leaf
+                if v is not None:
+                    k = leaves.get(id(v))
+            if k is not None:
+                hits.setdefault(k, []).append(i)
+            elif id(nxt) not in seen and nxt._sequence_nr() >= start:
+                seen[id(nxt)] = nxt
+                stack.append(nxt)
+        for k, ix in hits.items():
+            found[k].append((node, tuple(ix)))
+    return found
 
 
 def _register_post_hook(mod: torch.nn.Module, hook: Callable[..., Any]) -> RemovableHandle:
