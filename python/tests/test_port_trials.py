@@ -8,6 +8,9 @@ as a two-rank DDP job (torchrun, gloo):
   that is amplified rounding, carried into the next step as such, not an op's error;
 - a port that leaves out the benchmark's gradient clipping is told as clipping only the
   benchmark runs, not as a run without an optimizer update;
+- a config value ported wrong that lands in a buffer (``rope_theta``: the rotary
+  frequencies, a non-persistent buffer) is told as a tensor of that module that is none of
+  the model's parameters, with the model configs to check;
 - a port that unties the LM head from the embedding (a converter copied the tied weight) is
   told as weights tied on one side only, naming both parameters, not as "enters from
   outside" with config-check's weights, data and seeds as advice.
@@ -50,7 +53,7 @@ if arch == "neox":  # biases initialised to zero
 else:  # a LLaMA whose LM head is the embedding (tied)
     cfg = LlamaConfig(vocab_size=V, hidden_size=48, intermediate_size=96, num_hidden_layers=2,
                       num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=32,
-                      tie_word_embeddings=True)
+                      tie_word_embeddings=True, rope_theta=5e5 if variant == "rope" else 1e4)
     model = LlamaForCausalLM(cfg)
     if variant == "untied":  # the port's converter copied the tied weight into its own head
         model.config.tie_word_embeddings = False
@@ -193,3 +196,22 @@ def test_a_port_without_the_benchmarks_gradient_clipping_is_told_so(
     for p in s["pairs"]:  # no op of the port is blamed for the clipping it left out
         for f in p["findings"]["first_divergent"].values():
             assert f is None or f["step"] != "step0", f
+
+
+def test_a_config_value_in_a_buffer_is_told_as_such(tmp_path: Any) -> None:
+    """The port's config has another ``rope_theta``: the rotary embedding's ``inv_freq``
+    buffer differs, no parameter does. The divergence enters in ``model.rotary_emb`` through
+    a tensor none of the model's recorded parameters, the model configs to check; the
+    rotary module's own record is no culprit (the calls inside it are captured)."""
+    code, s = _pair(tmp_path, "llama", "rope", 1)
+    assert code == 1, s["headline"]
+    entry = s["external_source"]["forward"]
+    assert entry is not None and entry["step"] == "step0", s["headline"]
+    assert entry["module"] == "model.rotary_emb", entry
+    assert entry["outside"] == {"kind": "other"}, entry
+    x = entry["explanation"]
+    assert "read in `model.rotary_emb`, and none of the model's recorded parameters" in x, x
+    assert "hyperparameters (the model configs)" in x, x
+    assert "in `model.rotary_emb`" in s["headline"], s["headline"]
+    first = s["first_divergent"]["forward"]
+    assert first is None or not first["op"].startswith("Module."), first

@@ -32,8 +32,9 @@ pub(super) enum Identity {
     Changed(String, bool),
     /// Integer or boolean data: token ids, labels, positions, masks.
     Data,
-    /// A floating-point tensor that is neither a recorded parameter nor a gradient.
-    Unknown,
+    /// A floating-point tensor that is neither a recorded parameter nor a gradient, read
+    /// inside this module, where the dump says.
+    Unknown(Option<String>),
     /// A floating-point tensor of a dump that records no parameters (API level).
     Unrecorded,
 }
@@ -119,7 +120,7 @@ impl Catalogue {
         match find(&self.parameters, bench, cmp) {
             Some(p) => Identity::Parameter(p.name.clone()),
             None if self.parameters.is_empty() => Identity::Unrecorded,
-            None => Identity::Unknown,
+            None => Identity::Unknown(r.tensor.op.module_path()),
         }
     }
 
@@ -172,7 +173,7 @@ fn fingerprint(r: &Row, bench: bool) -> Option<[u64; 4]> {
 impl Identity {
     /// Whether the dump tells what the tensor is (a parameter, a gradient, data).
     pub(super) fn known(&self) -> bool {
-        !matches!(self, Identity::Unknown | Identity::Unrecorded)
+        !matches!(self, Identity::Unknown(_) | Identity::Unrecorded)
     }
 
     /// What the tensor is, as data.
@@ -182,7 +183,7 @@ impl Identity {
             Identity::Gradient(p, t) => ("gradient", Some(p), t.as_ref()),
             Identity::Changed(p, _) => ("gradient", Some(p), None),
             Identity::Data => ("data", None, None),
-            Identity::Unknown | Identity::Unrecorded => ("other", None, None),
+            Identity::Unknown(_) | Identity::Unrecorded => ("other", None, None),
         };
         Outside {
             kind: kind.into(),
@@ -210,7 +211,11 @@ impl Identity {
                 }
             ),
             Identity::Data => "data (integer: token ids, labels, positions or a mask)".into(),
-            Identity::Unknown => "a tensor no captured op produced".into(),
+            Identity::Unknown(None) => "a tensor no captured op produced".into(),
+            Identity::Unknown(Some(m)) => format!(
+                "a tensor no captured op produced, read in `{m}`, and none of the model's \
+                 recorded parameters"
+            ),
             Identity::Unrecorded => {
                 "a tensor no captured op produced (weight, data batch or random draw)".into()
             }
@@ -263,13 +268,19 @@ impl Identity {
             Identity::Data => "Check config-check's dataset and random seeds (the batch, its \
                                padding and masks) before suspecting this op"
                 .into(),
-            Identity::Unknown => "It is not a recorded parameter (at module or mix level the \
-                                  dump holds every module's parameters): a buffer computed \
-                                  from a config value (rotary frequencies from `rope_theta`, \
-                                  say), a data batch or a random draw. Check config-check's \
-                                  hyperparameters, dataset and random seeds before \
-                                  suspecting this op"
-                .into(),
+            Identity::Unknown(module) => {
+                let held = match module {
+                    Some(m) => format!("a buffer of `{m}` or its modules"),
+                    None => "a buffer".to_string(),
+                };
+                format!(
+                    "At module or mix level the dump holds every module's parameters, so it \
+                     is {held} computed from a config value (rotary frequencies from \
+                     `rope_theta`, say), a data batch or a random draw. Check config-check's \
+                     hyperparameters (the model configs), dataset and random seeds before \
+                     suspecting this op"
+                )
+            }
             Identity::Unrecorded => "Check the config-check categories (weights, dataset, \
                                      random seeds) before suspecting this op"
                 .into(),
