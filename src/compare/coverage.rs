@@ -28,6 +28,11 @@ pub struct SideCoverage {
     /// gradients (backward calls, DDP's gradient all-reduce): its optimizer's update, where
     /// the other side has none. None without gradient records.
     pub update_unmatched: Option<usize>,
+    /// Tensors of this side in the forward calls after its last record of gradients,
+    /// matched or not: how much update this side has (a multi-tensor optimizer's calls are
+    /// hooked, a fused one's are not). None without gradient records.
+    #[serde(default)]
+    pub update_tensors: Option<usize>,
 }
 
 impl SideCoverage {
@@ -57,12 +62,21 @@ pub fn of(a: &Alignment) -> Sides<SideCoverage> {
             .unmatched
             .iter()
             .filter(|u| u.side == who && u.why.missing());
+        let grads = last_gradients(&d.ops);
         SideCoverage {
-            update_unmatched: last_gradients(&d.ops).map(|g| {
+            update_unmatched: grads.map(|g| {
                 unmatched
                     .clone()
                     .filter(|u| u.op.index > g && u.op.direction == Direction::Forward)
                     .count()
+            }),
+            update_tensors: grads.map(|g| {
+                d.ops
+                    .iter()
+                    .skip(g + 1)
+                    .filter(|op| op.direction() == Direction::Forward)
+                    .map(|op| op.tensor_count())
+                    .sum()
             }),
             tensors: d.ops.tensor_count(),
             unmatched: unmatched.clone().count(),
