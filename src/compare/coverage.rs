@@ -30,8 +30,11 @@ pub struct SideCoverage {
     pub update_unmatched: Option<usize>,
     /// Tensors of this side in the forward calls after its last record of gradients,
     /// matched or not: how much update this side has (a multi-tensor optimizer's calls are
-    /// hooked, a fused one's are not). None without gradient records.
-    #[serde(default)]
+    /// hooked, a fused one's are not), which tells whether it lacks one. Taken only where
+    /// the other side has calls after its gradients without a counterpart (otherwise
+    /// nothing asks): None there and without gradient records, and then not written, so
+    /// that units that never ask pack as before.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
     pub update_tensors: Option<usize>,
 }
 
@@ -87,8 +90,15 @@ pub fn of(a: &Alignment) -> Sides<SideCoverage> {
                 .count(),
         }
     };
-    Sides::new(
-        side(&a.dumps.bench, Side::Bench, last_matched.bench),
-        side(&a.dumps.cmp, Side::Cmp, last_matched.cmp),
-    )
+    let mut bench = side(&a.dumps.bench, Side::Bench, last_matched.bench);
+    let mut cmp = side(&a.dumps.cmp, Side::Cmp, last_matched.cmp);
+    // A side's update size is read only where the other side lacks counterparts after its
+    // gradients (the verdict's "no optimizer update").
+    if cmp.update_unmatched.unwrap_or(0) == 0 {
+        bench.update_tensors = None;
+    }
+    if bench.update_unmatched.unwrap_or(0) == 0 {
+        cmp.update_tensors = None;
+    }
+    Sides::new(bench, cmp)
 }
