@@ -129,10 +129,11 @@ def main(argv: Optional[list[str]] = None) -> int:
     )
     ap.add_argument(
         "--optimizer",
-        choices=["loop", "foreach"],
+        choices=["loop", "foreach", "fused"],
         default="loop",
-        help="Adam per parameter (loop) or multi-tensor (foreach, PyTorch's default on GPUs: "
-        "its _foreach_ ops are not hooked, so the update is not in the dump)",
+        help="Adam per parameter (loop), multi-tensor (foreach, PyTorch's default on GPUs: "
+        "its _foreach_ ops are hooked) or one fused kernel (fused: not hooked, so the update "
+        "is not in the dump)",
     )
     ap.add_argument("--quiet", action="store_true")
     ap.add_argument(
@@ -189,7 +190,12 @@ def main(argv: Optional[list[str]] = None) -> int:
         fully_shard(model)
     else:
         model = DistributedDataParallel(SmallNet().to(device), bucket_cap_mb=args.bucket_cap_mb)
-    opt = torch.optim.Adam(model.parameters(), lr=1e-3, foreach=args.optimizer == "foreach")
+    opt = torch.optim.Adam(
+        model.parameters(),
+        lr=1e-3,
+        foreach=args.optimizer == "foreach",
+        fused=args.optimizer == "fused" or None,
+    )
     data = [
         (
             x[rank * args.batch : (rank + 1) * args.batch],

@@ -442,10 +442,11 @@ def main(argv: Optional[list[str]] = None) -> int:
     )
     ap.add_argument(
         "--optimizer",
-        choices=["loop", "foreach"],
+        choices=["loop", "foreach", "fused"],
         default="loop",
-        help="Adam per parameter (loop, PyTorch's default on CPU) or multi-tensor (foreach, its "
-        "default on GPUs: no dumper hooks its _foreach_ ops, so the update is not in the dump)",
+        help="Adam per parameter (loop, PyTorch's default on CPU), multi-tensor (foreach, its "
+        "default on GPUs: its _foreach_ ops are hooked) or one fused kernel (fused: not hooked, "
+        "so the update is not in the dump)",
     )
     ap.add_argument("--data-seed", type=int, default=1234, help="seed of the generated batches")
     ap.add_argument(
@@ -508,7 +509,12 @@ def main(argv: Optional[list[str]] = None) -> int:
         torch.manual_seed(args.dropout_seed)
     if args.fp16_overflow:
         model.block.fp16_overflow_scale = 300.0
-    opt = torch.optim.Adam(model.parameters(), lr=1e-3, foreach=args.optimizer == "foreach")
+    opt = torch.optim.Adam(
+        model.parameters(),
+        lr=1e-3,
+        foreach=args.optimizer == "foreach",
+        fused=args.optimizer == "fused" or None,
+    )
     data = make_data(args.steps, args.batch, device, args.data_seed)
     if pack is not None:
         # Output paths differ between runs by design: they are not hyperparameters.

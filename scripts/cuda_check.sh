@@ -62,7 +62,7 @@ check "cuda-tests" 0 "$PY" -m pytest -q -p no:cacheprovider python/tests/test_cu
 "$PY" bench/capture_overhead.py --device cuda --model transformer --modes statistics,tensor \
   --levels mix --steps 4 2>&1 | tee "$LOG/capture_overhead_cuda_transformer.txt" | tail -12
 # The same with Adam's per-tensor loop forced (400 captured calls a step; PyTorch's default on
-# CUDA is the multi-tensor optimizer, whose _foreach_ ops are not hooked): the runs before
-# 2026-11-25 measured this.
+# CUDA is the multi-tensor optimizer, whose _foreach_ ops are hooked too, a call per op over
+# every parameter): the runs before 2026-11-25 measured this.
 "$PY" bench/capture_overhead.py --device cuda --model transformer --modes statistics --levels mix \
   --steps 4 --optimizer-loop 2>&1 | tee "$LOG/capture_overhead_cuda_transformer_loop.txt" | tail -12

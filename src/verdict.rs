@@ -210,14 +210,23 @@ fn coverage_gap(u: &UnitSummary, max: f64) -> Option<(&'static str, String)> {
             && h.tail_unmatched as f64 > max * h.tensors as f64
             && o.tail_unmatched.saturating_mul(10) <= h.tail_unmatched;
         // What this side lacks a counterpart for is mostly its forward calls after its
-        // gradients (its optimizer's update), and every such call of the other side has one
-        // (logging the loss, say): the other run's update is not in its dump.
+        // gradients (its optimizer's update), and the other side's such calls nearly all
+        // have one (logging the loss, say; a fused optimizer's one hooked call, the
+        // `_foreach_add_` of its step counters, may have none): the other run's update is
+        // not in its dump. Where the other side's calls after its gradients outnumber what
+        // this side lacks there, they are an update: this side's unmatched calls are steps
+        // the other run leaves out (gradient clipping's `_foreach_norm` and
+        // `_foreach_mul_`), not its whole update.
         let update = h.update_unmatched.unwrap_or(0);
-        let after = update > 0 && 2 * update >= h.unmatched;
-        let no_update = o.update_unmatched == Some(0) && after && o.update_matched == 0;
-        // The other side's update is there and pairs: this side runs more after its
-        // gradients than the update (gradient clipping, a norm it logs).
-        let more = o.update_unmatched == Some(0) && after && o.update_matched > 0;
+        let lacks = o
+            .update_unmatched
+            .is_some_and(|u| u.saturating_mul(10) <= update)
+            && update > 0
+            && 2 * update >= h.unmatched;
+        let no_update = lacks && o.update_tensors.unwrap_or(0) < update;
+        // The other side's update is there: this side runs more after its gradients than
+        // an update (gradient clipping, a norm it logs).
+        let more = lacks && !no_update;
         reasons.push(match (&o.last_op, stopped) {
             _ if more => format!(
                 "{} runs ops after its gradients that {} does not: {} {} tensors have no \
@@ -230,8 +239,8 @@ fn coverage_gap(u: &UnitSummary, max: f64) -> Option<(&'static str, String)> {
             ),
             _ if no_update => format!(
                 "{}'s dump has no optimizer update after its gradients: {} {} tensors of the \
-                 update have no counterpart (a multi-tensor or fused optimizer, PyTorch's \
-                 default on GPUs, is not hooked; or the update ran outside the captured step)",
+                 update have no counterpart (a fused optimizer's kernel is not hooked; or the \
+                 update ran outside the captured step)",
                 run_name(other),
                 thousands(update),
                 have.name()

@@ -297,18 +297,25 @@ def test_probe_compare_names_a_faulty_collective(clean: tuple[str, Ops], tmp_pat
     assert s["origin"]["kind"] == "collective", s["origin"]
 
 
-def test_ddp_with_the_multi_tensor_optimizer_lacks_the_update_and_says_so(
+def test_ddp_with_the_fused_optimizer_lacks_the_update_and_says_so(
     clean: tuple[str, Ops], tmp_path: Any
 ) -> None:
-    """The port's DDP job steps with the multi-tensor Adam (PyTorch's default on GPUs),
-    whose ``_foreach_`` ops are not hooked: its dump has no update after its gradients'
-    all-reduce, though it logs the loss after it as the bench does. Every rank's pair says
-    so, rather than that its capture stopped."""
-    foreach = str(tmp_path / "foreach")
-    torchrun(foreach, 2, "--optimizer", "foreach")
+    """The port's DDP job steps with the fused Adam (``fused=True``), whose one kernel is
+    not hooked: its dump has no update after its gradients' all-reduce but the
+    ``_foreach_add_`` of its step counters, though it logs the loss after it as the bench
+    does. Every rank's pair says so, rather than that its capture stopped."""
+    foreach = str(tmp_path / "fused")
+    ops = torchrun(foreach, 2, "--optimizer", "fused")
+    counters = sum(
+        len(r["tensors"])
+        for recs in ops.values()
+        for r in recs
+        if r["op"].startswith("Torch._foreach_add_.")
+    )
+    assert counters > 0
     code, s = _compare(clean[0], foreach, tmp_path / "out")
     assert code == 4, s["headline"]
-    assert s["counts"]["error"] == 0 and s["counts"]["unmatched_cmp"] == 0, s["counts"]
+    assert s["counts"]["error"] == 0 and s["counts"]["unmatched_cmp"] == counters, s["counts"]
     said = "the comparison run's dump has no optimizer update after its gradients"
     for u in s["incomplete_units"]:
         assert u["reason"].startswith(said), u

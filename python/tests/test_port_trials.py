@@ -169,15 +169,15 @@ def test_an_lm_head_untied_by_the_port_is_named_as_a_tie_on_one_side(
                 assert e is not None and e["outside"]["tied_in"] == "bench", p
 
 
-@pytest.mark.parametrize("ranks", [1, 2])
+@pytest.mark.parametrize("ranks, clip", [(1, "clip"), (1, "clip_foreach"), (2, "clip_foreach")])
 def test_a_port_without_the_benchmarks_gradient_clipping_is_told_so(
-    tmp_path: Any, ranks: int
+    tmp_path: Any, ranks: int, clip: str
 ) -> None:
-    """The bench clips its gradients (``clip_grad_norm_``, max norm 0.5, per tensor), the
-    port does not. Both optimizer updates are there and pair: the divergence enters the
+    """The bench clips its gradients (``clip_grad_norm_``, max norm 0.5, per tensor or with
+    the multi-tensor ops ``_foreach_norm`` and ``_foreach_mul_``), the port does not. Both optimizer updates are there and pair: the divergence enters the
     update through the clipping's scaling, which only the bench runs, and the unpaired bench
     tensors are said to be more than an update (the trial read "no optimizer update")."""
-    code, s = _pair(tmp_path, "llama", "base", ranks, bench_variant="clip")
+    code, s = _pair(tmp_path, "llama", "base", ranks, bench_variant=clip)
     assert code == 1, s["headline"]
     head = s["headline"]
     assert head.startswith(

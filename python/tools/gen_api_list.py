@@ -321,11 +321,18 @@ NPU = [
 ]
 
 
-#: Under ``Torch``, beside torch's own functions: the norm of every gradient that
-#: ``clip_grad_norm_`` takes in one call and ``torch.linalg``'s functions as ``linalg.<name>``
-#: (the clipping's total norm is ``linalg.vector_norm``), as msprobe hooks them; and AMP's
-#: loss-scale update, whose ``found_inf`` says the scaler skipped the step (``probe scan``).
-TORCH_EXTRA = ["_foreach_norm", "_amp_update_scale_"]
+#: Under ``Torch``, beside torch's own functions: ``torch.linalg``'s functions as
+#: ``linalg.<name>`` (the clipping's total norm is ``linalg.vector_norm``), as msprobe hooks
+#: them; and AMP's loss-scale update, whose ``found_inf`` says the scaler skipped the step
+#: (``probe scan``).
+TORCH_EXTRA = ["_amp_update_scale_"]
+#: The multi-tensor ops (``torch._foreach_*``), private but what a step runs on GPUs:
+#: ``clip_grad_norm_`` takes every gradient's norm with ``_foreach_norm`` and scales them with
+#: ``_foreach_mul_``, and the multi-tensor optimizers (PyTorch's default on CUDA) update
+#: with ``_foreach_lerp_``, ``_foreach_addcdiv_`` and the like. Unhooked, the gradients and
+#: weights they wrote had no captured producer: a port without the clipping was
+#: misdiagnosed. Every one the installed PyTorch has, in-place and out-of-place.
+FOREACH_PREFIX = "_foreach_"
 
 
 def _skip(name: str) -> bool:
@@ -364,6 +371,9 @@ def main() -> None:
         if hasattr(torch, extra) and extra not in torch_ops:
             torch_ops.append(extra)
     torch_ops += [n for n in TORCH_EXTRA if hasattr(torch, n)]
+    torch_ops += [
+        n for n in variable_functions if n.startswith(FOREACH_PREFIX) and hasattr(torch, n)
+    ]
     torch_ops += [
         f"linalg.{n}"
         for n in dir(torch.linalg)

@@ -28,10 +28,14 @@ pub struct SideCoverage {
     /// gradients (backward calls, DDP's gradient all-reduce): its optimizer's update, where
     /// the other side has none. None without gradient records.
     pub update_unmatched: Option<usize>,
-    /// Matched tensors of this side in those same calls: its update is there and pairs,
-    /// so what the other side adds after its gradients is more than an update (clipping).
-    #[serde(default)]
-    pub update_matched: usize,
+    /// Tensors of this side in the forward calls after its last record of gradients,
+    /// matched or not: how much update this side has (a multi-tensor optimizer's calls are
+    /// hooked, a fused one's are not), which tells whether it lacks one. Taken only where
+    /// the other side has calls after its gradients without a counterpart (otherwise
+    /// nothing asks): None there and without gradient records, and then not written, so
+    /// that units that never ask pack as before.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub update_tensors: Option<usize>,
 }
 
 impl SideCoverage {
@@ -56,15 +60,12 @@ pub fn of(a: &Alignment) -> Sides<SideCoverage> {
         last_matched.cmp = last_matched.cmp.max(Some(c));
     }
     let side = |d: &crate::dump::RankDump, who: Side, last: Option<usize>| {
-        let grads = last_gradients(&d.ops);
-        let after_grads = |op: usize| {
-            grads.is_some_and(|g| op > g) && d.ops.get(op).direction() == Direction::Forward
-        };
         // Recomputation and region interiors are accounted for, not missing.
         let unmatched = a
             .unmatched
             .iter()
             .filter(|u| u.side == who && u.why.missing());
+        let grads = last_gradients(&d.ops);
         SideCoverage {
             update_unmatched: grads.map(|g| {
                 unmatched
@@ -72,17 +73,14 @@ pub fn of(a: &Alignment) -> Sides<SideCoverage> {
                     .filter(|u| u.op.index > g && u.op.direction == Direction::Forward)
                     .count()
             }),
-            update_matched: a
-                .matches
-                .iter()
-                .filter(|m| {
-                    let r = match who {
-                        Side::Bench => m.refs.bench,
-                        Side::Cmp => m.refs.cmp,
-                    };
-                    after_grads(r.op())
-                })
-                .count(),
+            update_tensors: grads.map(|g| {
+                d.ops
+                    .iter()
+                    .skip(g + 1)
+                    .filter(|op| op.direction() == Direction::Forward)
+                    .map(|op| op.tensor_count())
+                    .sum()
+            }),
             tensors: d.ops.tensor_count(),
             unmatched: unmatched.clone().count(),
             ops: d.ops.len(),
@@ -92,8 +90,15 @@ pub fn of(a: &Alignment) -> Sides<SideCoverage> {
                 .count(),
         }
     };
-    Sides::new(
-        side(&a.dumps.bench, Side::Bench, last_matched.bench),
-        side(&a.dumps.cmp, Side::Cmp, last_matched.cmp),
-    )
+    let mut bench = side(&a.dumps.bench, Side::Bench, last_matched.bench);
+    let mut cmp = side(&a.dumps.cmp, Side::Cmp, last_matched.cmp);
+    // A side's update size is read only where the other side lacks counterparts after its
+    // gradients (the verdict's "no optimizer update").
+    if cmp.update_unmatched.unwrap_or(0) == 0 {
+        bench.update_tensors = None;
+    }
+    if bench.update_unmatched.unwrap_or(0) == 0 {
+        cmp.update_tensors = None;
+    }
+    Sides::new(bench, cmp)
 }

@@ -400,7 +400,8 @@ class ApiCapture:
                 seen = None  # (the call's own arguments)
                 if call is not None and inplace:
                     # The value the op saw, kept in case it overflows (it changes in place).
-                    seen = as_seen(self._rec.snapshot, args, kwargs, inplace)
+                    lists = not api.startswith("Distributed.")
+                    seen = as_seen(self._rec.snapshot, args, kwargs, inplace, lists)
         except Exception as exc:  # noqa: BLE001
             ctx.guard.fail(exc, f"capturing inputs of {api}")
             call = None
@@ -486,7 +487,10 @@ class ApiCapture:
         def on_input(name: str, t: torch.Tensor) -> torch.Tensor:
             if want_fwd_in:  # (never in overflow mode: the dataflow is on)
                 self._record_input(fwd, name, t)
-            first = inplace and name == "input.0"
+            # What an in-place call writes keeps its object: its first argument, or every
+            # tensor of it when that is a list (``torch._foreach_mul_(grads, c)``). An alias
+            # took the write instead, and the tensors written left no backward record.
+            first = inplace and (name == "input.0" or name.startswith("input.0."))
             if (
                 alias_in
                 and not first
@@ -532,7 +536,11 @@ class ApiCapture:
         if self._overflow:
             # The value an in-place op saw, kept in case it overflows (it changes in place).
             fwd.call_args = (
-                as_seen(self._rec.snapshot, args, kwargs, inplace) if inplace else (args, kwargs)
+                as_seen(
+                    self._rec.snapshot, args, kwargs, inplace, not api.startswith("Distributed.")
+                )
+                if inplace
+                else (args, kwargs)
             )
         elif want_fwd_in:
             fwd.args = json_args(args, kwargs)

@@ -118,15 +118,27 @@ def as_seen(
     args: tuple[Any, ...],
     kwargs: dict[str, Any],
     inplace: Inplace = True,
+    lists: bool = False,
 ) -> tuple[tuple[Any, ...], dict[str, Any]]:
     """An in-place call's arguments as it saw them: the tensor it writes replaced by a
-    snapshot (overflow mode keeps these in case the call overflows)."""
+    snapshot (overflow mode keeps these in case the call overflows).
+
+    ``lists``: a list of tensors it writes is replaced by a list of their snapshots (the
+    multi-tensor ops, ``torch._foreach_add_``: without them an update that made NaN was
+    recorded reading the NaN it wrote, as if it came from upstream). Collectives pass
+    False: a gather's output list holds no input, and copying it would read leftovers."""
     key, first = target(args, kwargs, inplace)
-    if not isinstance(first, torch.Tensor) or type(inplace) is Writes:
+    if type(inplace) is Writes:
+        return args, kwargs
+    if isinstance(first, torch.Tensor):
+        seen: Any = snapshot(first)
+    elif lists and isinstance(first, list) and all(isinstance(t, torch.Tensor) for t in first):
+        seen = [snapshot(t) for t in first]
+    else:
         return args, kwargs
     if key is None:
-        return (snapshot(first), *args[1:]), kwargs
-    return args, {**kwargs, key: snapshot(first)}
+        return (seen, *args[1:]), kwargs
+    return args, {**kwargs, key: seen}
 
 
 def result_of(out: Any, inplace: Inplace, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:

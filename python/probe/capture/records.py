@@ -487,11 +487,20 @@ class Dataflow:
 
     def note_write(self, written: Any) -> None:
         """Count a captured in-place write to ``written`` (a tensor, or the tensors of a
-        list: a collective's), before its op's outputs are registered."""
+        list: a collective's, a multi-tensor op's), before its op's outputs are registered.
+
+        Over memory not written yet (:meth:`mark_unwritten`), a write to part of it leaves
+        the rest unwritten, as an uncaptured write through a view does (:meth:`unwritten`):
+        FSDP2's ``_foreach_copy_`` of the local shard into its half of the all-gather
+        buffer, read whole by the gather, ended the mark, and the gather's record read the
+        other rank's half as the allocator left it (NaN)."""
         if isinstance(written, torch.Tensor):
             ptr = self._storage(written)
             if ptr is not None:
-                self._writes[ptr] = self._writes.get(ptr, 0) + 1
+                n = self._writes[ptr] = self._writes.get(ptr, 0) + 1
+                e = self.fresh.get(ptr)
+                if e is not None and not _covers(written):
+                    e[1], e[4] = n, True  # partly set
         elif isinstance(written, (tuple, list)):
             for w in written:
                 self.note_write(w)
@@ -579,6 +588,18 @@ BY_STORAGE_MAX = 8
 #: Tensors of fewer elements are not looked up by the memory they read: their reductions
 #: cost about what the lookup would (~2 us).
 LAYOUT_MIN = 1 << 12
+
+
+def _covers(t: torch.Tensor) -> bool:
+    """Whether ``t`` spans its whole storage (a write to it sets every byte there)."""
+    try:
+        return bool(
+            t.storage_offset() == 0
+            and t.is_contiguous()
+            and t.numel() * t.element_size() >= t.untyped_storage().nbytes()
+        )
+    except Exception:  # noqa: BLE001 - no storage (meta, sparse)
+        return True
 
 
 def layout_key(t: torch.Tensor, storage: int, permuted: bool) -> tuple[Any, ...]:
