@@ -122,3 +122,44 @@ fn an_expert_loop_against_one_grouped_call_is_not_micro_batching() {
         "{s}"
     );
 }
+
+#[test]
+fn a_call_one_side_adds_on_other_data_is_no_other_input_size() {
+    // The same step, but the comparison run first calls the same API once more on a
+    // small mask: its first call reads 2 elements where the bench's reads 16, yet its
+    // other call reads the bench's 16. No size of data differs: nothing is said.
+    let d = tempfile::tempdir().unwrap();
+    // (The linear and the gelu of one pass: the extra gelu call makes half the APIs'
+    // first calls read other sizes.)
+    let bench = step(1, 8)[1..].to_vec();
+    let mask = vec![1.0f32, 0.0];
+    let mut cmp = vec![op_record(
+        "Functional.gelu.0.forward",
+        &[
+            ("input.0", "input", mask.clone()),
+            ("output.0", "output", mask),
+        ],
+    )];
+    for op in &bench {
+        cmp.push(match op.op.as_str() {
+            "Functional.gelu.0.forward" => renamed(op.clone(), "Functional.gelu.1.forward"),
+            _ => op.clone(),
+        });
+    }
+    let s = pair(d.path(), bench, cmp);
+    assert!(s["pairs"][0].get("input_sizes").is_none(), "{s}");
+    assert!(s["pairs"][0].get("micro_batches").is_none(), "{s}");
+    assert!(
+        !s["headline"].as_str().unwrap().contains("differ in size"),
+        "{s}"
+    );
+}
+
+/// An op record under another key, its tensors' names with it.
+fn renamed(mut op: OpRecord, key: &str) -> OpRecord {
+    for t in &mut op.tensors {
+        t.name = t.name.replacen(&op.op, key, 1);
+    }
+    op.op = key.into();
+    op
+}

@@ -28,13 +28,25 @@ fn forward_calls(ops: &Ops, end: usize) -> impl Iterator<Item = (&str, usize)> {
         .filter_map(|op| Some((op.key().base_text(), op.tensors().next()?.numel())))
 }
 
-/// The input size of each API's first call among the first `end` ops.
-fn first_sizes(ops: &Ops, end: usize) -> HashMap<&str, usize> {
-    let mut m = HashMap::new();
+/// The input sizes of each API's calls among the first `end` ops, in call order (the
+/// first call's first).
+fn sizes(ops: &Ops, end: usize) -> HashMap<&str, Vec<usize>> {
+    let mut m: HashMap<&str, Vec<usize>> = HashMap::new();
     for (api, n) in forward_calls(ops, end) {
-        m.entry(api).or_insert(n);
+        m.entry(api).or_default().push(n);
     }
     m
+}
+
+/// Whether an API reads data of another size on the two sides: the first call of each side
+/// reads a size no call of the other side reads. (A call one side adds before the calls
+/// both make, on a mask say, is not another size of data: the other side's first call
+/// still finds its size there.)
+fn other_size(bench: &[usize], cmp: &[usize]) -> bool {
+    match (bench.first(), cmp.first()) {
+        (Some(b), Some(c)) => !cmp.contains(b) && !bench.contains(c),
+        _ => false,
+    }
 }
 
 /// How the two runs take their step's data, where it differs.
@@ -56,11 +68,15 @@ pub(crate) fn detect(dumps: &Sides<RankDump>) -> Option<Batching> {
         return None;
     }
     let (bench, cmp) = (&dumps.bench.ops, &dumps.cmp.ops);
-    let mut first_cmp = first_sizes(cmp, cmp.len());
-    // Each API's first call on the two sides.
-    let (api, nb, nc) = forward_calls(bench, bench.len()).find_map(|(api, nb)| {
-        let nc = first_cmp.remove(api)?;
-        (nb != nc).then_some((api, nb, nc))
+    let (of_bench, of_cmp) = (sizes(bench, bench.len()), sizes(cmp, cmp.len()));
+    // The first API, in the benchmark's order, whose first calls read other sizes.
+    let mut seen = std::collections::HashSet::new();
+    let (api, nb, nc) = forward_calls(bench, bench.len()).find_map(|(api, _)| {
+        if !seen.insert(api) {
+            return None;
+        }
+        let (b, c) = (of_bench.get(api)?, of_cmp.get(api)?);
+        other_size(b, c).then(|| (api, b[0], c[0]))
     })?;
     Some(match micro_batches(dumps, api, nb, nc) {
         Some(m) => Batching::Micro(m),
@@ -110,20 +126,20 @@ fn micro_batches(dumps: &Sides<RankDump>, api: &str, nb: usize, nc: usize) -> Op
 /// tokens: four experts on 16 tokens each against one grouped call on 64 looked like four
 /// micro-batches).
 fn whole_pass_differs(dumps: &Sides<RankDump>) -> bool {
-    fn first_pass(ops: &Ops) -> HashMap<&str, usize> {
+    fn first_pass(ops: &Ops) -> HashMap<&str, Vec<usize>> {
         let end = ops
             .iter()
             .position(|op| op.direction() == Direction::Backward)
             .unwrap_or(ops.len());
-        first_sizes(ops, end)
+        sizes(ops, end)
     }
     let c = first_pass(&dumps.cmp.ops);
     let (mut both, mut differ) = (0, 0);
     for (api, nb) in first_pass(&dumps.bench.ops) {
-        if let Some(&nc) = c.get(api) {
+        if let Some(nc) = c.get(api) {
             both += 1;
-            differ += usize::from(nb != nc);
+            differ += usize::from(other_size(&nb, nc));
         }
     }
-    2 * differ >= both
+    both > 0 && 2 * differ >= both
 }
