@@ -121,7 +121,7 @@ def test_the_later_steps_findings_are_consequences(compared: dict[str, Any]) -> 
         assert "step0 diverged first" in f["explanation"], f["explanation"]
     # stdout lists them as consequences, never as a first divergent op of step 1.
     lines = compared["stdout"].splitlines()
-    assert any(l.startswith("  consequence of step0's divergence, ") and "(step1/rank0" in l for l in lines), lines
-    assert not any("first divergent op" in l and "step1/" in l for l in lines), lines
+    assert any(line.startswith("  consequence of step0's divergence, ") and "(step1/rank0" in line for line in lines), lines
+    assert not any("first divergent op" in line and "step1/" in line for line in lines), lines
     # Nor is a module's record named anywhere on the grounds of inputs that agree.
-    assert "Module." not in "".join(l for l in lines if l.startswith("  first divergent op"))
+    assert "Module." not in "".join(line for line in lines if line.startswith("  first divergent op"))
