@@ -38,15 +38,19 @@ fn sizes(ops: &Ops, end: usize) -> HashMap<&str, Vec<usize>> {
     m
 }
 
-/// Whether an API reads data of another size on the two sides: the first call of each side
-/// reads a size no call of the other side reads. (A call one side adds before the calls
-/// both make, on a mask say, is not another size of data: the other side's first call
-/// still finds its size there.)
+/// Whether an API reads data of another size on the two sides: neither side's sizes, call
+/// by call, are the other's with calls left out. (A call one side adds on a mask before the
+/// calls both make is not another size of data; sizes matched across other positions are
+/// no evidence of the same data either: a micro-batch's hidden layer may read as many
+/// elements as the whole batch's input layer.)
 fn other_size(bench: &[usize], cmp: &[usize]) -> bool {
-    match (bench.first(), cmp.first()) {
-        (Some(b), Some(c)) => !cmp.contains(b) && !bench.contains(c),
-        _ => false,
-    }
+    !(within(bench, cmp) || within(cmp, bench))
+}
+
+/// Whether `part` is `whole` with some elements left out (in order).
+fn within(part: &[usize], whole: &[usize]) -> bool {
+    let mut rest = whole.iter();
+    part.iter().all(|p| rest.any(|w| w == p))
 }
 
 /// How the two runs take their step's data, where it differs.
