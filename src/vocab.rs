@@ -47,6 +47,14 @@ impl Side {
         }
     }
 
+    /// The run, as explanations name it: `the benchmark`, `the comparison run`.
+    pub(crate) fn run(self) -> &'static str {
+        match self {
+            Side::Bench => "the benchmark",
+            Side::Cmp => "the comparison run",
+        }
+    }
+
     /// The other side.
     pub(crate) fn other(self) -> Side {
         match self {

@@ -4,7 +4,7 @@
 use super::compare::{ArgDiff, InputSizes, LossScale, MicroBatches, Region};
 use crate::gate::FailOn;
 use crate::op_key::Direction;
-use crate::vocab::{FindingKind, Sides, Verdict};
+use crate::vocab::{FindingKind, Side, Sides, Verdict};
 use serde::{Deserialize, Serialize};
 use std::collections::BTreeMap;
 
@@ -101,9 +101,8 @@ pub struct Finding {
 /// and gradient records, by their statistics bit for bit).
 #[derive(Debug, Clone, Serialize, Deserialize, PartialEq, Eq)]
 pub struct Outside {
-    /// `parameter`, `gradient` (of a parameter), `data` (integer: ids, labels, masks) or
-    /// `other` (a buffer, a data batch, a random draw).
-    pub kind: String,
+    /// What kind of tensor it is.
+    pub kind: OutsideKind,
     /// The parameter's dotted name (`transformer.wte.weight`), for a parameter or gradient.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub parameter: Option<String>,
@@ -111,13 +110,27 @@ pub struct Outside {
     /// weights on one side only): its dotted name.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub tied_with: Option<String>,
-    /// The run that ties them: `bench` or `cmp`.
+    /// The run that ties them.
     #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub tied_in: Option<String>,
+    pub tied_in: Option<Side>,
     /// For a gradient that autograd left the same in both runs: the run that changed it
-    /// before its optimizer read it (clipping, unscaling, a hook), `bench` or `cmp`.
+    /// before its optimizer read it (clipping, unscaling, a hook).
     #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub changed_in: Option<String>,
+    pub changed_in: Option<Side>,
+}
+
+/// The kind of a tensor from outside the captured ops.
+#[derive(Debug, Clone, Copy, Serialize, Deserialize, PartialEq, Eq)]
+#[serde(rename_all = "lowercase")]
+pub enum OutsideKind {
+    /// A model parameter.
+    Parameter,
+    /// A parameter's gradient.
+    Gradient,
+    /// Integer or boolean data: ids, labels, masks.
+    Data,
+    /// Something else: a buffer, a data batch, a random draw.
+    Other,
 }
 
 /// The captured op of the previous step whose output a differing input is (the same
@@ -137,15 +150,15 @@ impl Outside {
     /// The tie on one side only, for a person: "`a` and `b` are one parameter in the
     /// benchmark and two in the comparison run"; empty for none.
     pub fn tie(&self) -> String {
-        let (Some(p), Some(w), Some(side)) = (&self.parameter, &self.tied_with, &self.tied_in)
+        let (Some(p), Some(w), Some(side)) = (&self.parameter, &self.tied_with, self.tied_in)
         else {
             return String::new();
         };
-        let (one, two) = match side.as_str() {
-            "bench" => ("the benchmark", "the comparison run"),
-            _ => ("the comparison run", "the benchmark"),
-        };
-        format!("`{p}` and `{w}` are one parameter in {one} and two in {two}")
+        format!(
+            "`{p}` and `{w}` are one parameter in {} and two in {}",
+            side.run(),
+            side.other().run()
+        )
     }
 
     /// What the headline says of it before the tensor's name: "the gradient of
@@ -156,28 +169,17 @@ impl Outside {
             Some(p) => format!("{what} `{p}`"),
             None => what.to_string(),
         };
-        let said = match self.kind.as_str() {
-            "parameter" => of("the parameter"),
-            "gradient" => of("the gradient of"),
-            "data" => "data".to_string(),
-            _ => return String::new(),
+        let said = match self.kind {
+            OutsideKind::Parameter => of("the parameter"),
+            OutsideKind::Gradient => of("the gradient of"),
+            OutsideKind::Data => "data".to_string(),
+            OutsideKind::Other => return String::new(),
         };
-        let run = |side: &str| match side {
-            "bench" => "the benchmark",
-            _ => "the comparison run",
-        };
-        if let Some(side) = &self.changed_in {
-            return format!("{said} after {} changed it, ", run(side));
+        if let Some(side) = self.changed_in {
+            return format!("{said} after {} changed it, ", side.run());
         }
-        match (&self.tied_with, self.tied_in.as_deref()) {
-            (Some(w), Some(side)) => {
-                let run = if side == "bench" {
-                    "the benchmark"
-                } else {
-                    "the comparison run"
-                };
-                format!("{said} (tied with `{w}` in {run} only), ")
-            }
+        match (&self.tied_with, self.tied_in) {
+            (Some(w), Some(side)) => format!("{said} (tied with `{w}` in {} only), ", side.run()),
             _ => format!("{said}, "),
         }
     }

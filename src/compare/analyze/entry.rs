@@ -93,7 +93,7 @@ fn through_one_sided(
     input: &str,
     earlier: &str,
 ) -> String {
-    let (calls, other) = (run_of(one.side), run_of(one.side.other()));
+    let (calls, other) = (one.side.run(), one.side.other().run());
     let op = &one.op;
     if let Some(what) = computes {
         let from = one
@@ -119,14 +119,6 @@ fn through_one_sided(
          {op} there, which {other} does not call ({why}); {earlier}. Check that call before \
          suspecting this op"
     )
-}
-
-/// A run, as the explanations name it.
-fn run_of(side: Side) -> &'static str {
-    match side {
-        Side::Bench => "the benchmark",
-        Side::Cmp => "the comparison run",
-    }
 }
 
 /// The finding of a divergence entering op `k` through its failing input `inp`.
@@ -170,7 +162,7 @@ fn entering(
                     " (it reaches this op through {}, which only {} calls: it runs over \
                      every gradient, and the parameter lists differ)",
                     one.op,
-                    run_of(one.side)
+                    one.side.run()
                 ),
                 None => String::new(),
             };
@@ -215,11 +207,10 @@ fn entering(
         }
     };
     let mut found = finding(&cx.at, g, inp, expl);
-    found.outside = match (&source, noise) {
-        _ if tied => identity.map(|id| id.outside()),
-        (None, None) => identity.map(|id| id.outside()),
-        _ => None,
-    };
+    // What the input is, where the explanation says so (a tie, or no other source).
+    found.outside = identity
+        .filter(|_| tied || (source.is_none() && noise.is_none()))
+        .map(|id| id.outside());
     found.one_sided_source = source.map(|one| OneSided {
         side: one.side.name().into(),
         op: one.op,

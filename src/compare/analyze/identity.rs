@@ -15,7 +15,8 @@ use super::rows::discrete;
 use crate::compare::judge::Row;
 use crate::dump::Role;
 use crate::op_key::{module_path, OpKind};
-use crate::schema::summary::Outside;
+use crate::schema::summary::{Outside, OutsideKind};
+use crate::vocab::Side;
 use std::collections::BTreeMap;
 
 /// What an outside tensor is.
@@ -28,8 +29,8 @@ pub(super) enum Identity {
     Gradient(String, Option<Tied>),
     /// What one run's optimizer reads in place of a parameter's gradient, which autograd
     /// left the same in both runs: that run changed it after backward (clipping, scaling, a
-    /// hook). The parameter's dotted name, and whether the benchmark is that run.
-    Changed(String, bool),
+    /// hook). The parameter's dotted name, and that run.
+    Changed(String, Side),
     /// Integer or boolean data: token ids, labels, positions, masks.
     Data,
     /// A floating-point tensor that is neither a recorded parameter nor a gradient, read
@@ -42,8 +43,8 @@ pub(super) enum Identity {
 /// A parameter shared by two modules in one run and held twice in the other.
 #[derive(Debug, Clone, PartialEq)]
 pub(super) struct Tied {
-    /// Whether the benchmark is the run that ties them (else the comparison run).
-    pub in_bench: bool,
+    /// The run that ties them.
+    pub side: Side,
     /// The other module's name for it.
     pub with: String,
 }
@@ -113,7 +114,8 @@ impl Catalogue {
             // though autograd left it the same in both: the other changed it.
             let (on_bench, on_cmp) = (g.bench == bench, g.cmp == cmp);
             if g.agree && on_bench != on_cmp {
-                return Identity::Changed(g.name.clone(), on_cmp);
+                let changer = if on_cmp { Side::Bench } else { Side::Cmp };
+                return Identity::Changed(g.name.clone(), changer);
             }
             return Identity::Gradient(g.name.clone(), self.tied(g));
         }
@@ -143,7 +145,7 @@ impl Catalogue {
                 let bench = g.bench.is_some() && o.bench == g.bench;
                 let cmp = g.cmp.is_some() && o.cmp == g.cmp;
                 (bench != cmp).then(|| Tied {
-                    in_bench: bench,
+                    side: if bench { Side::Bench } else { Side::Cmp },
                     with: o.name.clone(),
                 })
             })
@@ -156,11 +158,6 @@ impl Catalogue {
 fn find(known: &[Known], bench: Option<[u64; 4]>, cmp: Option<[u64; 4]>) -> Option<&Known> {
     let on_cmp = cmp.and_then(|w| known.iter().find(|k| k.cmp == Some(w)));
     on_cmp.or_else(|| bench.and_then(|w| known.iter().find(|k| k.bench == Some(w))))
-}
-
-/// A run's name in the summary: `bench` or `cmp`.
-fn side(bench: bool) -> String {
-    if bench { "bench" } else { "cmp" }.into()
 }
 
 /// One side's statistics of a row, bit for bit.
@@ -179,19 +176,19 @@ impl Identity {
     /// What the tensor is, as data.
     pub(super) fn outside(&self) -> Outside {
         let (kind, parameter, tied) = match self {
-            Identity::Parameter(p) => ("parameter", Some(p), None),
-            Identity::Gradient(p, t) => ("gradient", Some(p), t.as_ref()),
-            Identity::Changed(p, _) => ("gradient", Some(p), None),
-            Identity::Data => ("data", None, None),
-            Identity::Unknown(_) | Identity::Unrecorded => ("other", None, None),
+            Identity::Parameter(p) => (OutsideKind::Parameter, Some(p), None),
+            Identity::Gradient(p, t) => (OutsideKind::Gradient, Some(p), t.as_ref()),
+            Identity::Changed(p, _) => (OutsideKind::Gradient, Some(p), None),
+            Identity::Data => (OutsideKind::Data, None, None),
+            Identity::Unknown(_) | Identity::Unrecorded => (OutsideKind::Other, None, None),
         };
         Outside {
-            kind: kind.into(),
+            kind,
             parameter: parameter.cloned(),
             tied_with: tied.map(|t| t.with.clone()),
-            tied_in: tied.map(|t| side(t.in_bench)),
+            tied_in: tied.map(|t| t.side),
             changed_in: match self {
-                Identity::Changed(_, in_bench) => Some(side(*in_bench)),
+                Identity::Changed(_, side) => Some(*side),
                 _ => None,
             },
         }
@@ -202,13 +199,9 @@ impl Identity {
         match self {
             Identity::Parameter(p) => format!("the parameter `{p}`"),
             Identity::Gradient(p, _) => format!("the gradient of `{p}`"),
-            Identity::Changed(p, in_bench) => format!(
+            Identity::Changed(p, side) => format!(
                 "the gradient of `{p}` as {} changed it after backward",
-                if *in_bench {
-                    "the benchmark"
-                } else {
-                    "the comparison run"
-                }
+                side.run()
             ),
             Identity::Data => "data (integer: token ids, labels, positions or a mask)".into(),
             Identity::Unknown(None) => "a tensor no captured op produced".into(),
@@ -231,11 +224,7 @@ impl Identity {
                  suspecting this op"
             ),
             Identity::Gradient(p, Some(t)) => {
-                let (tying, other) = if t.in_bench {
-                    ("the benchmark", "the comparison run")
-                } else {
-                    ("the comparison run", "the benchmark")
-                };
+                let (tying, other) = (t.side.run(), t.side.other().run());
                 format!(
                     "`{p}` and `{}` are one parameter in {tying} (their gradients are one \
                      tensor) and two in {other}: the weights are tied on one side and \
@@ -245,12 +234,8 @@ impl Identity {
                     t.with
                 )
             }
-            Identity::Changed(p, in_bench) => {
-                let (changes, other) = if *in_bench {
-                    ("the benchmark", "the comparison run")
-                } else {
-                    ("the comparison run", "the benchmark")
-                };
+            Identity::Changed(p, side) => {
+                let (changes, other) = (side.run(), side.other().run());
                 format!(
                     "Autograd left the gradient of `{p}` the same in both runs (its \
                      parameters_grad record agrees), but {changes} changes it before its \
