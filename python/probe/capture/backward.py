@@ -31,6 +31,7 @@ import torch
 from .._op_key import parameters_grad_key
 from .compiled import compiling
 from .context import HookContext
+from .recorder import Recorder
 from .records import Captured, Known, OpRecord
 from .threadstate import tls
 
@@ -165,22 +166,29 @@ def _grad_hook(
         with ctx.lock:
             rec = ctx.recorder
             g = grad_outputs[index] if index < len(grad_outputs) else None
-            if g is not None:
-                # The gradient of an op's output is, tensor for tensor, the one the op
-                # that consumed it recorded for that input: reduced once.
-                flow = rec.flow if rec.dataflow else None
-                same, mem = flow.find(g) if flow is not None else (None, None)
-                rec.add_tensor(bwd, name, role, g, same_as=same)
-                if same is None and flow is not None:
-                    flow.remember(g, bwd.entries[-1], mem)
-            bwd.got += 1
-            if bwd.got >= bwd.expect and not bwd.done:
-                rec.finish(bwd)
+            # The gradient of an op's output is, tensor for tensor, the one the op that
+            # consumed it recorded for that input: reduced once.
+            _arrived(rec, bwd, name, role, g)
     except Exception as exc:  # noqa: BLE001
         ctx.guard.fail(exc, f"backward hook of {bwd.key}")
     finally:
         tls.active = was and ctx.api_on
     return None
+
+
+def _arrived(rec: Recorder, bwd: OpRecord, name: str, role: str, g: Optional[torch.Tensor]) -> None:
+    """One gradient ``bwd`` waits for has come (None: autograd passed none): recorded as
+    ``name`` (as a tensor the dataflow already holds, if it is one), and ``bwd`` finished
+    once all it waits for have come."""
+    if g is not None:
+        flow = rec.flow if rec.dataflow else None
+        same, mem = flow.find(g) if flow is not None else (None, None)
+        rec.add_tensor(bwd, name, role, g, same_as=same)
+        if same is None and flow is not None:
+            flow.remember(g, bwd.entries[-1], mem)
+    bwd.got += 1
+    if bwd.got >= bwd.expect and not bwd.done:
+        rec.finish(bwd)
 
 
 class _Uses:
@@ -235,17 +243,8 @@ def _use_hook(
                     acc.total, acc.owned = acc.total.clone(), True
                 return None
             total, acc.total = acc.total, None
-            rec = ctx.recorder
-            if total is not None:
-                # A lone use's gradient may be one captured already (as _grad_hook's).
-                flow = rec.flow if rec.dataflow else None
-                same, mem = flow.find(total) if flow is not None else (None, None)
-                rec.add_tensor(bwd, acc.name, "output", total, same_as=same)
-                if same is None and flow is not None:
-                    flow.remember(total, bwd.entries[-1], mem)
-            bwd.got += 1
-            if bwd.got >= bwd.expect and not bwd.done:
-                rec.finish(bwd)
+            # A lone use's gradient may be one captured already (as _grad_hook's).
+            _arrived(ctx.recorder, bwd, acc.name, "output", total)
     except Exception as exc:  # noqa: BLE001
         ctx.guard.fail(exc, f"backward hook of {bwd.key}")
     finally:
