@@ -147,6 +147,65 @@ fn an_op_that_read_leftover_bytes_and_diverges_is_named_with_them() {
     );
 }
 
+/// `add` reading a buffer (leftover bytes where `leftover`, else `buf`) and ones into
+/// `buf + 1`, then `exp` of that, grown `gain`-fold into the error: a run whose leftover
+/// bytes were near zero.
+fn amplified(dir: &Path, leftover: bool, buf: f32, gain: f32) {
+    let out = vec![1.0 + buf; 4];
+    let grown: Vec<f32> = out.iter().map(|v| 1.0 + (v - 1.0) * gain).collect();
+    let mut a = op(
+        "Tensor.add.0.forward",
+        &[
+            ("input.0", "input", vec![buf; 4]),
+            ("input.1", "input", vec![1.0; 4]),
+            ("output.0", "output", out.clone()),
+        ],
+        if leftover { &[0] } else { &[] },
+    );
+    a.tensors[2].id = Some(1);
+    let mut e = op(
+        "Tensor.exp.0.forward",
+        &[("input.0", "input", out), ("output.0", "output", grown)],
+        &[],
+    );
+    e.tensors[0].src = Some(1);
+    write_op_log(dir, vec![a, e]);
+}
+
+#[test]
+fn leftover_bytes_that_move_an_output_within_tolerance_start_a_later_error() {
+    // The cmp run's buffer held leftovers near zero: `add`'s output moves 5e-5 (a float32
+    // warning, no error), and `exp` grows that 6-fold into an error, less than the local
+    // gain: without the leftover read, accumulated drift. With it, `add` is where the runs
+    // part, however small its move.
+    let d = tempfile::tempdir().unwrap();
+    amplified(&d.path().join("bench"), false, 0.0, 6.0);
+    amplified(&d.path().join("cmp"), true, 5e-5, 6.0);
+    let o = compare(d.path(), &[]);
+    assert_eq!(o.code, 1, "{}{}", o.stdout, o.stderr);
+    let s = summary(d.path());
+    let f = &s["first_divergent"]["forward"];
+    assert_eq!(f["op"], "Tensor.add.0.forward", "{s}");
+    assert_eq!(f["leftover"], "Tensor.add.0.forward.input.0", "{f}");
+    let h = s["headline"].as_str().unwrap();
+    assert!(
+        h.contains("leftover bytes in Tensor.add.0.forward.input.0"),
+        "{h}"
+    );
+    // The same values with every byte written on both sides: `add`'s input differs as its
+    // output does (from outside the captured ops), and `exp` grows the error less than the
+    // local gain: no op is named.
+    let d = tempfile::tempdir().unwrap();
+    amplified(&d.path().join("bench"), false, 0.0, 6.0);
+    amplified(&d.path().join("cmp"), false, 5e-5, 6.0);
+    let o = compare(d.path(), &[]);
+    assert_eq!(o.code, 1, "{}{}", o.stdout, o.stderr);
+    let s = summary(d.path());
+    assert!(s["first_divergent"]["forward"].is_null(), "{s}");
+    let h = s["headline"].as_str().unwrap();
+    assert!(!h.contains("leftover"), "{h}");
+}
+
 #[test]
 fn scan_names_leftover_bytes_as_the_source_of_nan() {
     let d = tempfile::tempdir().unwrap();

@@ -148,7 +148,21 @@ fn examine(cx: &mut Context, dir: Direction, k: usize) -> bool {
             return false;
         }
     }
-    let Some(out) = worst(c.outputs.iter().copied().filter(local)) else {
+    // Leftover bytes read on one side are no rounding: an output they move at all, ahead
+    // of an error of the phase, is where the runs part, however small the move (the
+    // tolerance allows for arithmetic, not for an uninitialised buffer; a read of a few
+    // leftover bytes near zero stays within it, and the error surfaces ops later).
+    let moved = |r: &&&Row| r.judgement.raw_err > 0.0 || r.judgement.verdict >= threshold;
+    let one_sided = leftover(&g).is_some_and(|u| {
+        let s = &u.tensor.sides;
+        s.bench.unwritten != s.cmp.unwritten
+    });
+    let out = if one_sided {
+        worst(c.outputs.iter().copied().filter(moved))
+    } else {
+        worst(c.outputs.iter().copied().filter(local))
+    };
+    let Some(out) = out else {
         return false;
     };
     // After a near tie, a decision's consequences: what it consumed agrees by its
@@ -170,32 +184,11 @@ fn examine(cx: &mut Context, dir: Direction, k: usize) -> bool {
         cx.put(FindingKind::FirstDivergent, Some(dir), at_op);
         return true;
     }
-    let randomness = g[0].tensor.op.key.randomness();
-    let draw = if randomness == Randomness::None {
-        None
-    } else {
-        unit.draw(k)
-    };
-    let off = match draw {
-        Some(Draw::Off(ref said)) => Some(said),
-        _ => None,
-    };
-    if randomness != Randomness::None && off.is_none() {
-        // Agreeing inputs, differing outputs, and the op draws random numbers (both runs
-        // recorded its dropout on, or neither recorded it): a different draw, not a faulty
-        // kernel. Not the culprit; look on.
-        if !cx.has(FindingKind::RandomDraw, Some(dir)) {
-            let on = match draw {
-                Some(Draw::On(ref said)) => Some(said.as_str()),
-                _ => None,
-            };
-            let expl = decisions::random_explanation(randomness, &c.said(), on);
-            let mut f = finding(&cx.at, &g, out, expl);
-            f.draw = on.map(Into::into);
-            cx.put(FindingKind::RandomDraw, Some(dir), f);
-        }
+    // A different random draw explains it (not the culprit; look on), or both runs called
+    // it with its draw off.
+    let Some(off) = draw_off(cx, dir, k, &g, &c, out) else {
         return false;
-    }
+    };
     // Nothing it consumed is on record (a parameters_grad record): nothing shows that the
     // difference starts here rather than in what computed it.
     if c.inputs.is_empty() && c.saved.is_empty() && !cx.tols.blame_without_inputs {
@@ -204,7 +197,7 @@ fn examine(cx: &mut Context, dir: Direction, k: usize) -> bool {
     let mut expl = explanation(&g, &c, out);
     // A random op both runs called with its draw off computes deterministically: its own
     // fault, as any op's.
-    if let Some(said) = off {
+    if let Some(said) = &off {
         expl = format!(
             "{expl}: a faulty kernel, not a different random draw, since both runs called it \
              with its random draw off ({said})"
@@ -214,6 +207,39 @@ fn examine(cx: &mut Context, dir: Direction, k: usize) -> bool {
     let f = finding(&cx.at, &g, out, expl);
     cx.put(FindingKind::FirstDivergent, Some(dir), f);
     true
+}
+
+/// Whether a random draw explains op `k`'s differing output `out` (what it consumed, `c`,
+/// agrees): `None` when it does (the op draws random numbers, both runs recorded its draw
+/// on or neither recorded it: a different draw, not a faulty kernel; said once per phase),
+/// else what the runs said of the draw when both called it with the draw off.
+fn draw_off(
+    cx: &mut Context,
+    dir: Direction,
+    k: usize,
+    g: &[&Row],
+    c: &Consumed,
+    out: &Row,
+) -> Option<Option<String>> {
+    let randomness = g[0].tensor.op.key.randomness();
+    if randomness == Randomness::None {
+        return Some(None);
+    }
+    let draw = cx.unit.draw(k);
+    if let Some(Draw::Off(said)) = draw {
+        return Some(Some(said));
+    }
+    if !cx.has(FindingKind::RandomDraw, Some(dir)) {
+        let on = match draw {
+            Some(Draw::On(ref said)) => Some(said.as_str()),
+            _ => None,
+        };
+        let expl = decisions::random_explanation(randomness, &c.said(), on);
+        let mut f = finding(&cx.at, g, out, expl);
+        f.draw = on.map(Into::into);
+        cx.put(FindingKind::RandomDraw, Some(dir), f);
+    }
+    None
 }
 
 /// A first divergent op's explanation in a phase that inherits a diverged forward says so.
