@@ -29,6 +29,8 @@ pub struct CompareRequest {
     pub out: PathBuf,
     /// Tolerance overrides (TOML).
     pub config: Option<PathBuf>,
+    /// A reference run the verdicts are calibrated against (`--reference`).
+    pub reference: Option<compare::envelope::Reference>,
     /// When the gate fails.
     pub fail_on: FailOn,
     /// Report formats to write (`json`, `parquet`, `xlsx`, `html`).
@@ -198,7 +200,17 @@ fn prepare(
     let mapping = compare::Mapping::with_files(&req.mappings)?;
     check_max_unmatched(req.max_unmatched)?;
     let (pool, threads_note) = thread_pool(req.threads)?;
-    atomic::refuse_inside(&req.out, &[&req.bench, &req.cmp])?;
+    let mut inputs: Vec<&std::path::Path> = vec![&req.bench, &req.cmp];
+    if let Some(r) = &req.reference {
+        if !(r.k.is_finite() && r.k >= 1.0) {
+            return Err(ProbeError::Usage(format!(
+                "--reference-k {} must be a number of at least 1",
+                r.k
+            )));
+        }
+        inputs.push(&r.root);
+    }
+    atomic::refuse_inside(&req.out, &inputs)?;
     let opts = compare::Options {
         tolerances,
         level: req.level,
@@ -209,6 +221,7 @@ fn prepare(
                 .unwrap_or(usize::MAX),
             dir: Some(req.out.clone()),
         },
+        reference: req.reference.clone(),
     };
     Ok((opts, pool, threads_note))
 }
@@ -280,6 +293,9 @@ fn run_identity(req: &CompareRequest) -> Result<RunIdentity> {
         .collect::<Result<_>>()?;
     options.insert("mappings".into(), mappings.join(","));
     options.insert("selection".into(), req.selection.to_string());
+    if let Some(r) = &req.reference {
+        options.insert("reference_k".into(), r.k.to_string());
+    }
     Ok(RunIdentity {
         probe: env!("CARGO_PKG_VERSION").into(),
         options,

@@ -212,6 +212,14 @@ struct CompareArgs {
     /// Tolerance overrides (TOML): per dtype and per op pattern. See docs/compare.md.
     #[arg(long, value_name = "FILE")]
     config: Option<PathBuf>,
+    /// A reference run: the benchmark's own device under the comparison's precision (or a
+    /// rerun), differing from the benchmark by expected drift only. Each tensor is judged
+    /// against k times the reference's error on it. See docs/compare.md, "Drift or defect".
+    #[arg(long, value_name = "DUMP")]
+    reference: Option<PathBuf>,
+    /// With --reference: how many times the reference's error a tensor may have.
+    #[arg(long = "reference-k", value_name = "K", default_value_t = probe::compare::envelope::DEFAULT_K)]
+    reference_k: f64,
     #[command(flatten)]
     verdict: VerdictArgs,
     /// Worker threads (default: all cores). Results do not depend on it.
@@ -419,6 +427,10 @@ fn run_compare(a: CompareArgs) -> Result<u8, ProbeError> {
         cmp: a.cmp,
         out: a.out,
         config: a.config,
+        reference: a.reference.map(|root| probe::compare::envelope::Reference {
+            root,
+            k: a.reference_k,
+        }),
         fail_on: a.verdict.fail_on,
         formats: a.verdict.format,
         threads: a.threads,

@@ -143,6 +143,18 @@ pub fn summarize(run: &CompareRun, fail_on: FailOn, max_unmatched: f64, extras: 
     if !incomplete.is_empty() {
         headline = incomplete_headline(headline, compared, &c, &incomplete);
     }
+    let reference = run.reference.as_ref().map(|r| {
+        let measured = ["tensor", "statistics"]
+            .iter()
+            .filter_map(|k| c.compared_by.get(*k))
+            .sum::<usize>();
+        crate::schema::summary::ReferenceUse {
+            path: r.root.display().to_string(),
+            k: r.k,
+            calibrated: c.calibrated,
+            fallback: measured.saturating_sub(c.calibrated),
+        }
+    });
     Summary {
         format: "probe-compare-summary".into(),
         version: 2,
@@ -164,6 +176,7 @@ pub fn summarize(run: &CompareRun, fail_on: FailOn, max_unmatched: f64, extras: 
         outputs: extras.outputs,
         origin: cross.as_ref().map(|x| x.origin.clone()),
         propagation: cross.map(|x| x.propagation).unwrap_or_default(),
+        reference,
     }
 }
 

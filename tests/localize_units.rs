@@ -117,6 +117,7 @@ fn run(bench: Log, cmp: Log) -> Compared {
         &caches,
         &probe::progress::Progress::hidden(),
         &compare::Carry::default(),
+        None,
     )
     .expect("in-memory unit compares");
     Compared {

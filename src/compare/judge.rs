@@ -18,6 +18,7 @@
 
 use super::align::{records, Alignment, TensorMatch, TensorRef, Unmatched};
 use super::carry::{Carry, NoiseWrite};
+use super::envelope::{self, Bound, Envelope};
 use super::judged::{Judged, Pair, NO_REASON};
 use super::measure::{CompareKind, Measurement};
 pub use super::row::{Equality, Judgement, Row};
@@ -103,8 +104,79 @@ fn nonfinite_mismatch(b: Option<&Stats>, c: Option<&Stats>) -> Option<String> {
 
 /// Judges one pair, read from its two records (`op` and `name` are the comparison
 /// side's), under the precision floor `precision` (`carried`: set by an earlier step of
-/// the rank, not by this one's ops).
+/// the rank, not by this one's ops): against the tolerances, or, where a reference run
+/// measured the tensor (`bound`), against its envelope ([`calibrated`]).
 pub(crate) fn judge(
+    op: &str,
+    t: Sides<Tensor>,
+    m: &Measurement,
+    precision: Option<DType>,
+    carried: bool,
+    tols: &Tolerances,
+    bound: Option<Bound>,
+) -> Judgement {
+    let j = by_tolerance(op, t, m, precision, carried, tols);
+    let what = match m.kind {
+        CompareKind::Tensor => "relative L2 error",
+        CompareKind::Statistics => "statistics error",
+        _ => return j,
+    };
+    let err = envelope::measure(m.kind, j.err, j.raw_err);
+    match bound {
+        // A shape mismatch, NaN/Inf where the other has none: errors whatever the drift.
+        Some(b) if err.is_finite() => {
+            let d = [t.bench.dtype().known(), t.cmp.dtype().known(), precision]
+                .into_iter()
+                .flatten()
+                .filter(|d| d.is_float())
+                .reduce(loosest);
+            calibrated(Judgement { err, ..j }, b, what, d)
+        }
+        _ => j,
+    }
+}
+
+/// A judgement against a reference's envelope (`compare::envelope`): a pass within `k` ×
+/// the reference's error on the tensor, at least the floor of the dtype judged `d`, an error
+/// beyond it, a warning half way; the reason gives the ratio to the reference's error.
+fn calibrated(j: Judgement, b: Bound, what: &str, d: Option<DType>) -> Judgement {
+    let (error, warning) = (b.error(d), b.warning(d));
+    let err = j.err;
+    let ratio = if b.reference > 0.0 {
+        format!(
+            "{:.1}x the reference's {:.1e}",
+            err / b.reference,
+            b.reference
+        )
+    } else {
+        "the reference's is 0".to_string()
+    };
+    let dname = d.map_or("", |d| d.name());
+    let envelope = format!(
+        "{}x the reference, at least {:.1e} ({dname})",
+        b.k,
+        envelope::floor(d)
+    );
+    let (verdict, reason) = if err > error {
+        let r = format!("{what} {err:.3e}, {ratio} > {error:.1e} = {envelope}");
+        (Verdict::Error, r)
+    } else if err > warning {
+        let r = format!("{what} {err:.3e}, {ratio} > warning {warning:.1e}");
+        (Verdict::Warning, r)
+    } else {
+        (Verdict::Pass, String::new())
+    };
+    Judgement {
+        verdict,
+        reason,
+        tolerance: error,
+        reference: Some(b.reference),
+        ..j
+    }
+}
+
+/// Judges one pair against the tolerance table (see [`judge`]).
+fn by_tolerance(
     op: &str,
     t: Sides<Tensor>,
     m: &Measurement,
@@ -135,6 +207,7 @@ pub(crate) fn judge(
         raw_err,
         tolerance: tol.error,
         precision,
+        reference: None,
     };
     let inf = f64::INFINITY;
     if sb.shape() != sc.shape() {
@@ -260,6 +333,7 @@ pub(crate) fn judge_all(
     measure: &Measure,
     tols: &Tolerances,
     carried: Option<DType>,
+    envelope: Option<&Envelope>,
 ) -> crate::error::Result<(Judged, Vec<Unmatched>, Carry)> {
     let Alignment {
         dumps,
@@ -276,6 +350,7 @@ pub(crate) fn judge_all(
     };
     let mut pairs: Vec<Pair> = Vec::with_capacity(matches.len());
     let mut reasons: Vec<Box<str>> = Vec::new();
+    let mut references: Vec<f64> = Vec::new();
     for block in matches.chunks(JUDGE_BLOCK) {
         let xs = measure(&dumps, block)?;
         let floors: Vec<(Option<DType>, bool)> = block
@@ -288,7 +363,9 @@ pub(crate) fn judge_all(
             .zip(floors)
             .map(|((m, x), (p, from_earlier))| {
                 let op = dumps.cmp.ops.get(m.refs.cmp.op()).key().text();
-                judge(op, records(&dumps, m), x, p, from_earlier, tols)
+                let t = records(&dumps, m);
+                let bound = envelope.and_then(|e| e.bound(&t.bench.name()));
+                judge(op, t, x, p, from_earlier, tols, bound)
             })
             .collect();
         for ((m, x), j) in block.iter().zip(xs).zip(judgements) {
@@ -317,6 +394,9 @@ pub(crate) fn judge_all(
                 verdict: j.verdict,
                 precision: j.precision,
             });
+            if envelope.is_some() {
+                references.push(j.reference.unwrap_or(f64::NAN));
+            }
         }
     }
     drop(matches);
@@ -337,7 +417,7 @@ pub(crate) fn judge_all(
         diverged: None,
     };
     Ok((
-        Judged::new(ops, pairs, reasons, leftovers),
+        Judged::new(ops, pairs, reasons, leftovers, references),
         unmatched,
         carry,
     ))

@@ -63,6 +63,8 @@ pub(crate) struct Brief {
     pub matched_by: MatchedBy,
     /// The sequence number of the op it is reported under.
     pub seq: u64,
+    /// Judged against a reference run's envelope.
+    pub calibrated: bool,
 }
 
 /// A pair's reason index when it has none.
@@ -79,6 +81,9 @@ pub struct Judged {
     /// How many differing pairs were computed from leftover bytes both runs read, and the
     /// op where that starts (`judge::from_leftovers`): not compared.
     leftovers: Option<(usize, String)>,
+    /// Under a reference run (`--reference`), each pair's reference error (NaN: judged by
+    /// the tolerances); empty without one. Apart from the pairs, which stay 64 bytes.
+    references: Vec<f64>,
 }
 
 impl Judged {
@@ -88,13 +93,20 @@ impl Judged {
         pairs: Vec<Pair>,
         reasons: Vec<Box<str>>,
         leftovers: Option<(usize, String)>,
+        references: Vec<f64>,
     ) -> Judged {
         Judged {
             ops,
             pairs,
             reasons,
             leftovers,
+            references,
         }
+    }
+
+    /// The reference run's error that pair `i` was judged against, if any.
+    fn reference(&self, i: usize) -> Option<f64> {
+        self.references.get(i).copied().filter(|r| !r.is_nan())
     }
 
     /// How many differing pairs were computed from leftover bytes both runs read, and the
@@ -112,6 +124,18 @@ impl Judged {
     pub(super) fn tensors<'a>(ops: &'a Sides<Ops>, p: &Pair) -> Sides<Tensor<'a>> {
         let t = |o: &'a Ops, (op, t): (u32, u32)| o.get(op as usize).tensor(t as usize);
         Sides::new(t(&ops.bench, p.bench), t(&ops.cmp, p.cmp))
+    }
+
+    /// Each measured pair's benchmark tensor and error as a reference calibrates it (full
+    /// tensors or statistics; what a reference run's envelope is made of).
+    pub(crate) fn errors(&self) -> impl Iterator<Item = (Tensor<'_>, f64)> + '_ {
+        self.pairs
+            .iter()
+            .filter(|p| matches!(p.kind, CompareKind::Tensor | CompareKind::Statistics))
+            .map(|p| {
+                let err = super::envelope::measure(p.kind, p.err, p.raw_err);
+                (Judged::tensors(&self.ops, p).bench, err)
+            })
     }
 
     /// The row of pair `i`.
@@ -136,6 +160,7 @@ impl Judged {
                 raw_err: p.raw_err,
                 tolerance: p.tolerance,
                 precision: p.precision,
+                reference: self.reference(i),
             },
         }
     }
@@ -149,6 +174,7 @@ impl Judged {
             kind: p.kind,
             matched_by: p.by,
             seq: self.ops.cmp.get(p.at as usize).seq(),
+            calibrated: self.reference(i).is_some(),
         }
     }
 

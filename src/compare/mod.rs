@@ -20,6 +20,7 @@ pub(crate) mod carry;
 pub(crate) mod collectives;
 pub(crate) mod coverage;
 pub(crate) mod cross_rank;
+pub mod envelope;
 pub mod judge;
 pub(crate) mod judged;
 pub(crate) mod loss_scale;
@@ -162,6 +163,8 @@ pub struct CompareRun {
     pub bench: PathBuf,
     /// The comparison path as given.
     pub cmp: PathBuf,
+    /// The reference run the verdicts were calibrated against (`--reference`).
+    pub reference: Option<envelope::Reference>,
     /// One summary per compared step/rank pair.
     pub units: Vec<UnitSummary>,
     /// Their rows: `tables.get(i)` is unit `i`'s.
@@ -261,6 +264,8 @@ pub struct Options {
     pub selection: Selection,
     /// How many rows stay in memory until the reports (`--row-memory`).
     pub row_memory: RowMemory,
+    /// A reference run the verdicts are calibrated against (`--reference`).
+    pub reference: Option<envelope::Reference>,
 }
 
 impl Default for Options {
@@ -271,6 +276,7 @@ impl Default for Options {
             aligner: Box::new(StructuralAligner::default()),
             selection: Selection::default(),
             row_memory: RowMemory::default(),
+            reference: None,
         }
     }
 }

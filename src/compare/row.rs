@@ -24,6 +24,10 @@ pub struct Judgement {
     pub tolerance: f64,
     /// The precision floor in force (see the module docs).
     pub precision: Option<DType>,
+    /// The reference run's error on the same tensor (its envelope's base, see
+    /// `compare::envelope`), when the verdict was calibrated against one.
+    #[serde(default)]
+    pub reference: Option<f64>,
 }
 
 /// A judged tensor pair: one row of every report.

@@ -5,7 +5,7 @@
 use super::plan;
 use super::shard::{Frame, Outcome, RunPart, Shard};
 use super::tables::Parking;
-use super::unit::compare_unit;
+use super::unit::{compare_unit, Reference};
 use super::{side_name, Carry, CompareRun, Options};
 use crate::dump;
 use crate::error::{ProbeError, Result};
@@ -54,6 +54,7 @@ pub fn run_part(
             reason: format!("in the {} only", side.name()),
         })
         .collect();
+    let (references, reference_warnings) = references(bench, opts)?;
     let frame = Frame {
         bench: bench.to_path_buf(),
         cmp: cmp.to_path_buf(),
@@ -62,10 +63,16 @@ pub fn run_part(
             .iter()
             .map(|u| format!("{}/{}", u.step, u.rank))
             .collect(),
-        warnings: plan.warnings,
+        warnings: plan
+            .warnings
+            .into_iter()
+            .chain(reference_warnings)
+            .collect(),
         unpaired,
+        reference: opts.reference.clone(),
     };
     let caches = Sides::<ShardCache>::default();
+    let ref_caches = Sides::<ShardCache>::default();
     let mut parking = Parking::new(opts.row_memory.clone());
     let mut outcomes = Vec::new();
     let mut carries: HashMap<String, Carry> = HashMap::new();
@@ -75,12 +82,22 @@ pub fn run_part(
     for index in chosen {
         let unit = &plan.units[index];
         stage.note(format!("{}/{}: reading", unit.step, unit.rank));
-        // The two sides are independent: read them at the same time.
-        let (b, c) = rayon::join(
-            || dump::load_rank(&unit.locs.bench),
-            || dump::load_rank(&unit.locs.cmp),
+        // The sides are independent: read them at the same time.
+        let reference = references.get(&unit.locs.bench.dir);
+        let ((b, c), r) = rayon::join(
+            || {
+                rayon::join(
+                    || dump::load_rank(&unit.locs.bench),
+                    || dump::load_rank(&unit.locs.cmp),
+                )
+            },
+            || reference.map(dump::load_rank).transpose(),
         );
         let dumps = Sides::new(b?, c?);
+        let reference = r?.map(|dump| Reference {
+            dump,
+            caches: &ref_caches,
+        });
         // A side without a single record (a run killed before its first flush): the pair
         // is listed as incomplete and the other pairs are compared.
         let (be, ce) = (dumps.bench.ops.is_empty(), dumps.cmp.ops.is_empty());
@@ -117,7 +134,8 @@ pub fn run_part(
         // What each rank's step leaves goes to its next step (units are in step order).
         let carried = carries.remove(&unit.rank).unwrap_or_default();
         stage.note(format!("{}/{}: aligning, measuring", unit.step, unit.rank));
-        let (summary, table) = compare_unit(unit, dumps, opts, &caches, progress, &carried)?;
+        let (summary, table) =
+            compare_unit(unit, dumps, opts, &caches, progress, &carried, reference)?;
         stage.inc(1);
         carries.insert(unit.rank.clone(), summary.carry.clone());
         let table = parking.park(table, Some(index) == last)?;
@@ -125,4 +143,44 @@ pub fn run_part(
     }
     parking.finish()?;
     Ok(RunPart { frame, outcomes })
+}
+
+/// The reference run's step/rank folders by the benchmark folder each is paired with
+/// (`--reference`), and what the pairing warns of: the reference's folders are paired with
+/// the benchmark's as the comparison's are. A benchmark folder without one is judged by the
+/// tolerances, said per unit; a reference that pairs with none is an error.
+fn references(
+    bench: &Path,
+    opts: &Options,
+) -> Result<(HashMap<std::path::PathBuf, dump::RankLoc>, Vec<String>)> {
+    let Some(r) = &opts.reference else {
+        return Ok(Default::default());
+    };
+    let plan = plan::plan(bench, &r.root, &opts.selection)?;
+    if plan.units.is_empty() {
+        return Err(ProbeError::NothingComparable(format!(
+            "the reference {} has no step/rank of {}",
+            r.root.display(),
+            bench.display()
+        )));
+    }
+    let mut warnings: Vec<String> = plan
+        .warnings
+        .iter()
+        .map(|w| format!("reference: {w}"))
+        .collect();
+    for (side, l) in &plan.unpaired {
+        if *side == Side::Bench {
+            warnings.push(format!(
+                "{}/{}: the reference has no counterpart; judged by the dtype tolerances",
+                l.step, l.rank
+            ));
+        }
+    }
+    let by_bench = plan
+        .units
+        .into_iter()
+        .map(|u| (u.locs.bench.dir, u.locs.cmp))
+        .collect();
+    Ok((by_bench, warnings))
 }

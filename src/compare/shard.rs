@@ -124,6 +124,9 @@ pub struct Frame {
     pub warnings: Vec<String>,
     /// Pairs present on one side only.
     pub unpaired: Vec<IncompleteUnit>,
+    /// The reference run the verdicts were calibrated against (`--reference`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub reference: Option<crate::compare::envelope::Reference>,
 }
 
 /// What became of one planned unit.
@@ -191,6 +194,7 @@ impl RunPart {
         CompareRun {
             bench: self.frame.bench,
             cmp: self.frame.cmp,
+            reference: self.frame.reference,
             units,
             tables: Tables::from(tables),
             warnings,
@@ -551,6 +555,17 @@ fn differs(a: &RunIdentity, fa: &Frame, b: &RunIdentity, fb: &Frame) -> Option<S
             "comparison {} vs {}",
             fa.cmp.display(),
             fb.cmp.display()
+        ));
+    }
+    if fa.reference != fb.reference {
+        let show = |r: &Option<crate::compare::envelope::Reference>| {
+            r.as_ref()
+                .map_or("(none)".to_string(), |r| r.root.display().to_string())
+        };
+        return Some(format!(
+            "reference {} vs {}",
+            show(&fa.reference),
+            show(&fb.reference)
         ));
     }
     if a.probe != b.probe {

@@ -333,6 +333,13 @@ pub(crate) const COLUMNS: &[Column] = &[
     col!("tolerance", "Tolerance", 11.0, Number, |l| Cell::Number(
         l.row().map(|r| r.judgement.tolerance)
     )),
+    col!(
+        "reference_err",
+        "Reference Error (--reference)",
+        11.0,
+        Number,
+        |l| Cell::Number(l.row().and_then(|r| r.judgement.reference))
+    ),
     col!("bench_max", "Bench Max", 11.0, Number, |l| stat(
         l,
         true,

@@ -586,6 +586,15 @@ pub struct Counts {
     /// (the other's optimizer calls): neither compared nor missing.
     #[serde(default)]
     pub loss_scaler: usize,
+    /// Tensors judged against a reference run's envelope (`--reference`): the others of
+    /// those measured fell back to the tolerances (the reference lacks them).
+    #[serde(default, skip_serializing_if = "is_zero")]
+    pub calibrated: usize,
+}
+
+/// Whether a count is 0 (left out of the JSON).
+fn is_zero(n: &usize) -> bool {
+    *n == 0
 }
 
 impl Counts {
@@ -603,6 +612,7 @@ impl Counts {
         self.inside += o.inside;
         self.unhooked += o.unhooked;
         self.loss_scaler += o.loss_scaler;
+        self.calibrated += o.calibrated;
         for (into, from) in [
             (&mut self.compared_by, &o.compared_by),
             (&mut self.matched_by, &o.matched_by),
@@ -761,6 +771,24 @@ pub struct Summary {
     /// collective.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub propagation: Vec<Propagation>,
+    /// The reference run the verdicts were calibrated against (`--reference`; docs/compare.md,
+    /// "Drift or defect"); absent without one.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub reference: Option<ReferenceUse>,
+}
+
+/// How a compare used its reference run.
+#[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]
+pub struct ReferenceUse {
+    /// The reference path as given.
+    pub path: String,
+    /// A tensor passes within `k` times the reference's error on it (at least the dtype's
+    /// floor).
+    pub k: f64,
+    /// Tensors judged against the reference's envelope.
+    pub calibrated: usize,
+    /// Tensors measured that the reference lacks: judged by the tolerances.
+    pub fallback: usize,
 }
 
 impl Summary {

@@ -4,6 +4,7 @@
 //! from leftover bytes, which was not compared.
 
 use crate::compare::align::{Alignment, TensorMatch, Unmatched};
+use crate::compare::envelope::Envelope;
 use crate::compare::judge;
 use crate::compare::judged::Judged;
 use crate::compare::measure;
@@ -25,6 +26,7 @@ pub(super) fn judge(
     caches: &Sides<ShardCache>,
     progress: &Progress,
     carried: &Carry,
+    envelope: Option<&Envelope>,
 ) -> Result<(Judged, Vec<Unmatched>, Carry)> {
     let name = format!("{}/{} tensors", unit.step, unit.rank);
     let total = alignment.matches.len();
@@ -40,7 +42,13 @@ pub(super) fn judge(
     let measure = |dumps: &Sides<dump::RankDump>, block: &[TensorMatch]| {
         measure::measure_pairs(dumps, block, caches, &tick)
     };
-    judge::judge_all(alignment, &measure, &opts.tolerances, carried.floor)
+    judge::judge_all(
+        alignment,
+        &measure,
+        &opts.tolerances,
+        carried.floor,
+        envelope,
+    )
 }
 
 /// What is incomplete about the unit (`cut`: a side cut short by a crash), with what both

@@ -17,6 +17,7 @@ mod adjust;
 mod judging;
 pub(crate) mod notes;
 mod prepare;
+mod reference;
 mod tally;
 
 use super::plan::Unit;
@@ -29,6 +30,13 @@ use crate::tensor::ShardCache;
 use crate::vocab::Sides;
 use notes::Note;
 
+/// A unit's reference run (`--reference`): its op log, read, and where its tensors' shards
+/// are opened (with the benchmark's, again).
+pub struct Reference<'a> {
+    pub dump: dump::RankDump,
+    pub caches: &'a Sides<ShardCache>,
+}
+
 /// Compares one unit from its two op logs (already read): prepare, align, adjust, judge,
 /// analyze, tally. Returns what it found (small, held for the whole run) and its rows
 /// (parked until the reports). `carried` is what the rank's previous step left
@@ -40,7 +48,16 @@ pub fn compare_unit(
     caches: &Sides<ShardCache>,
     progress: &Progress,
     carried: &Carry,
+    reference: Option<Reference>,
 ) -> Result<(UnitSummary, UnitTable)> {
+    let (envelope, lacks) = match reference {
+        Some(r) => {
+            let sides = Sides::new(dumps.bench.clone(), r.dump);
+            let (e, lacks) = reference::envelope(unit, sides, opts, r.caches, progress, carried)?;
+            (Some(e), lacks)
+        }
+        None => (None, None),
+    };
     let prepared = prepare::prepare(unit, dumps, opts.level);
     crate::memory::trace("reading");
     let alignment = opts.aligner.align(prepared.dumps);
@@ -48,8 +65,15 @@ pub fn compare_unit(
     crate::memory::trace("aligning");
     let regions = adjusted.alignment.regions.clone();
     let coverage = coverage::of(&adjusted.alignment);
-    let (judged, unmatched, carry) =
-        judging::judge(unit, adjusted.alignment, opts, caches, progress, carried)?;
+    let (judged, unmatched, carry) = judging::judge(
+        unit,
+        adjusted.alignment,
+        opts,
+        caches,
+        progress,
+        carried,
+        envelope.as_ref(),
+    )?;
     let incomplete = judging::incomplete(unit, prepared.incomplete, &judged);
     let findings = analyze::localize(
         &judged.by_op(),
@@ -69,7 +93,8 @@ pub fn compare_unit(
     let notes = prepared
         .notes
         .into_iter()
-        .chain(adjusted.scale.clone().map(Note::LossScale));
+        .chain(adjusted.scale.clone().map(Note::LossScale))
+        .chain(lacks);
     let (micro_batches, input_sizes) = match prepared.batching {
         Some(micro_batch::Batching::Micro(m)) => (Some(m), None),
         Some(micro_batch::Batching::Sizes(i)) => (None, Some(i)),

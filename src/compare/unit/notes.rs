@@ -21,6 +21,9 @@ pub(crate) enum Note {
     InputSizes(InputSizes),
     /// The comparison run's gradients are a power of two times the benchmark's.
     LossScale(LossScale),
+    /// The reference run (`--reference`) lacks counterparts for a share of the benchmark's
+    /// tensors: (unmatched, benchmark tensors).
+    ReferenceLacks(usize, usize),
 }
 
 impl Note {
@@ -36,6 +39,11 @@ impl Note {
     pub(crate) fn said(&self, step: &str, rank: &str) -> String {
         match self {
             Note::Read(w) | Note::Level(w) => w.clone(),
+            Note::ReferenceLacks(n, of) => format!(
+                "{step}/{rank}: the reference run has no counterpart for {n} of the \
+                 benchmark's {of} tensors (another model, configuration or capture?): they \
+                 are judged by the tolerances, not against the reference"
+            ),
             Note::ScalerSkipped(side) => {
                 let who = if *side == "both" {
                     "both runs' loss scalers".to_string()

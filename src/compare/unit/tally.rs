@@ -62,6 +62,7 @@ impl<'u> Tally<'u> {
                 Verdict::Warning => c.warning += 1,
                 Verdict::Error => c.error += 1,
             }
+            c.calibrated += usize::from(b.calibrated);
             kinds[KINDS.iter().position(|&k| k == b.kind).unwrap_or(4)] += 1;
             by[BY.iter().position(|&m| m == b.matched_by).unwrap_or(0)] += 1;
         }
