@@ -18,7 +18,16 @@ import torch
 import torch.nn.functional as F
 
 import probe
-from conftest import SCHEMAS, Halve, Tiny, iter_tensors, read_ops, run_steps, train
+from conftest import (
+    SCHEMAS,
+    Halve,
+    Tiny,
+    iter_tensors,
+    read_ops,
+    run_agent_script,
+    run_steps,
+    train,
+)
 
 
 def _keys(ops: list[dict[str, Any]]) -> list[str]:
@@ -1328,10 +1337,12 @@ def test_gradient_clipping_norms_are_recorded(tmp_path: Any) -> None:
     ops = {o["op"]: o for o in read_ops(os.path.join(tmp_path, "step0", "rank0"))}
     grads = [p for p in model.parameters() if p.grad is not None]
     norms = ops["Torch._foreach_norm.0.forward"]["tensors"]
-    assert [t["name"].split(".forward.")[1] for t in norms] == [f"input.0.{i}" for i in range(len(grads))] + [
-        f"output.{i}" for i in range(len(grads))
+    assert [t["name"].split(".forward.")[1] for t in norms] == [
+        f"input.0.{i}" for i in range(len(grads))
+    ] + [f"output.{i}" for i in range(len(grads))]
+    (out,) = [
+        t for t in ops["Torch.linalg.vector_norm.0.forward"]["tensors"] if t["role"] == "output"
     ]
-    (out,) = [t for t in ops["Torch.linalg.vector_norm.0.forward"]["tensors"] if t["role"] == "output"]
     # The total norm clip_grad_norm_ returned, before it scaled the gradients.
     assert math.isclose(out["stats"]["max"], float(total), rel_tol=1e-6)
 
@@ -1359,7 +1370,9 @@ def test_gradients_unscaled_by_amp_are_recorded_unscaled(tmp_path: Any) -> None:
     (grad,) = [t for t in ops["Tensor.lerp_.0.forward"]["tensors"] if t["name"].endswith("input.1")]
     first = next(model.parameters())
     assert first.grad is not None
-    assert math.isclose(grad["stats"]["norm"], float(first.grad.double().norm()), rel_tol=1e-6), grad
+    assert math.isclose(grad["stats"]["norm"], float(first.grad.double().norm()), rel_tol=1e-6), (
+        grad
+    )
 
 
 def test_printing_a_tensor_or_a_state_dict_leaves_no_records(tmp_path: Any) -> None:
@@ -1385,11 +1398,15 @@ def test_printing_a_tensor_or_a_state_dict_leaves_no_records(tmp_path: Any) -> N
         dbg.step()
         dbg.close()
         dumps.append([o["op"] for o in read_ops(os.path.join(dump, "step0", "rank0"))])
-    assert dumps[0] == dumps[1] == [
-        "Torch.tanh.0.forward",
-        "Tensor.__mul__.0.forward",
-        "Tensor.sum.0.forward",
-    ], dumps
+    assert (
+        dumps[0]
+        == dumps[1]
+        == [
+            "Torch.tanh.0.forward",
+            "Tensor.__mul__.0.forward",
+            "Tensor.sum.0.forward",
+        ]
+    ), dumps
 
 
 @pytest.mark.parametrize("mode", ["statistics", "tensor", "overflow"])
@@ -1608,7 +1625,8 @@ def test_a_module_fed_memory_nothing_wrote_records_it_as_unwritten(tmp_path: Any
     dbg.close()
     ops = _by_op(os.path.join(tmp_path, "step0", "rank0"))
     first, second = (
-        {k.split(".", 1)[1]: t for k, t in ops[f"Module.0.Linear.forward.{i}"].items()} for i in (0, 1)
+        {k.split(".", 1)[1]: t for k, t in ops[f"Module.0.Linear.forward.{i}"].items()}
+        for i in (0, 1)
     )
     assert first["input.0"].get("unwritten") and first["input.0"]["stats"] is None, first
     assert not first["output.0"].get("unwritten") and first["output.0"]["stats"], first
@@ -1725,3 +1743,39 @@ def test_an_identity_ops_backward_record_has_both_gradients(tmp_path: Any) -> No
         assert math.isclose(t["stats"]["norm"], float(want.norm()), rel_tol=1e-6), t
     # Written in the backward's order: before the linear's backward record, not at stop().
     assert keys.index("Tensor.float.0.backward") < keys.index("Functional.linear.0.backward"), keys
+
+
+REPLACED = """
+import sys, torch, probe
+import torch.nn.functional as F
+x = torch.linspace(-1.0, 2.0, 8)
+for i, dump in enumerate(sys.argv[1:]):
+    if i == 1:  # a port's kernel swapped in between two sessions of one process
+        gelu = F.gelu
+        F.gelu = lambda t, approximate="none": gelu(t, approximate=approximate) * 2.0
+    dbg = probe.Debugger(None, dump_path=dump, level="api", mode="statistics")
+    dbg.start()
+    F.gelu(x)
+    dbg.stop()
+    dbg.step()
+    dbg.close()
+"""
+
+
+def test_an_api_replaced_between_two_sessions_is_captured_as_replaced(tmp_path: Any) -> None:
+    """The agent wraps each API once per process; code that replaces an API after a first
+    session (a library's patch, a port's kernel) is what a later session captures, not the
+    function the first one wrapped."""
+    dumps = [str(tmp_path / "first"), str(tmp_path / "second")]
+    r = run_agent_script(REPLACED, *dumps)
+    assert r.returncode == 0, r.stderr[-3000:]
+    outs = []
+    for d in dumps:
+        (op,) = [
+            o
+            for o in read_ops(os.path.join(d, "step0", "rank0"))
+            if o["op"].startswith("Functional.gelu")
+        ]
+        outs.append(op["tensors"][-1]["stats"]["max"])
+    expected = float(torch.nn.functional.gelu(torch.tensor(2.0)))
+    assert outs[0] == pytest.approx(expected) and outs[1] == pytest.approx(2 * expected), outs

@@ -231,8 +231,31 @@ class ApiPatcher:
             return
         if self._wrappers is None:
             self._wrappers = self._build()
+        self._wrappers = [self._rewrapped(w) for w in self._wrappers]
         for owner, name, wrapper in self._wrappers:
             self._patches.replace(owner, name, wrapper)
+
+    def _rewrapped(self, entry: tuple[Any, str, Any]) -> tuple[Any, str, Any]:
+        """``entry``, or a wrapper of what its API is now when code replaced it since the
+        wrapper was made (a library that patches ``F.silu`` or ``torch.rsqrt`` after a
+        first Debugger session, a port's kernel swapped in between two runs of one
+        process): the call made is the one captured."""
+        owner, name, wrapper = entry
+        orig = getattr(wrapper, "__probe_wrapped__", None)
+        api = getattr(wrapper, "__probe_api__", None)
+        now = getattr(owner, name, None)
+        if (
+            orig is None
+            or api is None
+            or now is None
+            or now is orig
+            or now is wrapper
+            or not callable(now)
+            or isinstance(now, type)
+            or getattr(now, "__probe_wrapped__", None) is not None
+        ):
+            return entry
+        return owner, name, _make_wrapper(self._handler, now, api, wrapper.__probe_inplace__)
 
     def uninstall(self) -> None:
         self._patches.remove_all()
@@ -371,6 +394,8 @@ def _make_wrapper(
     except Exception:  # noqa: BLE001 - some builtins lack attributes; cosmetic only
         pass
     wrapper.__probe_wrapped__ = orig  # type: ignore[attr-defined]
+    wrapper.__probe_api__ = api  # type: ignore[attr-defined]
+    wrapper.__probe_inplace__ = inplace  # type: ignore[attr-defined]
     return wrapper
 
 
