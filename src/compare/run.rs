@@ -157,28 +157,33 @@ fn references(
         return Ok(Default::default());
     };
     let plan = plan::plan(bench, &r.root, &opts.selection)?;
-    if plan.units.is_empty() {
+    // A reference is the same step of the same rank under other precision: a pairing by
+    // position (another step, another rank) is none.
+    let same = |u: &plan::Unit| {
+        u.locs.bench.step == u.locs.cmp.step && u.locs.bench.rank == u.locs.cmp.rank
+    };
+    let (units, other): (Vec<plan::Unit>, Vec<plan::Unit>) = plan.units.into_iter().partition(same);
+    if units.is_empty() {
         return Err(ProbeError::NothingComparable(format!(
             "the reference {} has no step/rank of {}",
             r.root.display(),
             bench.display()
         )));
     }
-    let mut warnings: Vec<String> = plan
-        .warnings
+    let mut warnings: Vec<String> = Vec::new();
+    let lacking = plan
+        .unpaired
         .iter()
-        .map(|w| format!("reference: {w}"))
-        .collect();
-    for (side, l) in &plan.unpaired {
-        if *side == Side::Bench {
-            warnings.push(format!(
-                "{}/{}: the reference has no counterpart; judged by the dtype tolerances",
-                l.step, l.rank
-            ));
-        }
+        .filter(|(side, _)| *side == Side::Bench)
+        .map(|(_, l)| l)
+        .chain(other.iter().map(|u| &u.locs.bench));
+    for l in lacking {
+        warnings.push(format!(
+            "{}/{}: the reference has no counterpart; judged by the dtype tolerances",
+            l.step, l.rank
+        ));
     }
-    let by_bench = plan
-        .units
+    let by_bench = units
         .into_iter()
         .map(|u| (u.locs.bench.dir, u.locs.cmp))
         .collect();
