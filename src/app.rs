@@ -434,3 +434,123 @@ pub fn scan(req: &ScanRequest, progress: &Progress) -> Result<ScanSummary> {
     write_reports(&writers, &doc, &req.out, progress)?;
     Ok(summary)
 }
+
+/// What `probe calibrate` was asked to do.
+#[derive(Debug, Clone)]
+pub struct CalibrateRequest {
+    /// The benchmark dump.
+    pub bench: PathBuf,
+    /// The reference runs (or reruns), each compared with the benchmark.
+    pub references: Vec<PathBuf>,
+    /// Whether they are reruns of the benchmark's configuration on its device (the
+    /// determinism map).
+    pub reruns: bool,
+    /// The calibration file to write.
+    pub out: PathBuf,
+    /// A tensor passes within `k` times its group's reference error.
+    pub k: f64,
+    /// The quantile of a group's errors taken as its reference error.
+    pub quantile: f64,
+    /// Worker threads (None: all cores).
+    pub threads: Option<usize>,
+    /// Which records to compare.
+    pub level: Level,
+    /// Mapping files (`--mapping`).
+    pub mappings: Vec<PathBuf>,
+    /// The steps and ranks to compare.
+    pub selection: Selection,
+}
+
+/// What `probe calibrate` wrote.
+#[derive(Debug, Clone)]
+pub struct CalibrateReport {
+    /// The calibration file.
+    pub path: PathBuf,
+    /// Its rules.
+    pub rules: usize,
+    /// The tensors observed, over every pair.
+    pub tensors: usize,
+    /// With reruns: the groups of nondeterministic ops and their largest run-to-run error.
+    pub nondeterministic: Vec<(String, f64)>,
+    /// Non-fatal problems of the pairs' compares.
+    pub warnings: Vec<String>,
+}
+
+/// Runs `probe calibrate`: compares the benchmark with each reference run, and writes the
+/// tolerances learnt from them (`compare::calibrate`) as a `--config` file, all or nothing.
+pub fn calibrate(req: &CalibrateRequest, progress: &Progress) -> Result<CalibrateReport> {
+    if !(req.k.is_finite() && req.k >= 1.0) {
+        return Err(ProbeError::Usage(format!(
+            "--k {} must be a number of at least 1",
+            req.k
+        )));
+    }
+    if !(req.quantile > 0.0 && req.quantile <= 1.0) {
+        return Err(ProbeError::Usage(format!(
+            "--quantile {} must be above 0 and at most 1",
+            req.quantile
+        )));
+    }
+    if req.references.is_empty() {
+        return Err(ProbeError::Usage(
+            "give at least one reference run (-r)".into(),
+        ));
+    }
+    let dir = match req.out.parent() {
+        Some(p) if !p.as_os_str().is_empty() => p.to_path_buf(),
+        _ => PathBuf::from("."),
+    };
+    if !dir.is_dir() {
+        return Err(ProbeError::Usage(format!(
+            "{}: its folder does not exist",
+            req.out.display()
+        )));
+    }
+    if req.out.is_dir() {
+        return Err(ProbeError::Usage(format!(
+            "{} is a folder: give the calibration file's path",
+            req.out.display()
+        )));
+    }
+    let mapping = compare::Mapping::with_files(&req.mappings)?;
+    let (pool, threads_note) = thread_pool(req.threads)?;
+    let opts = compare::Options {
+        level: req.level,
+        aligner: compare::AlignRule::Structural.aligner(mapping),
+        selection: req.selection.clone(),
+        row_memory: compare::RowMemory {
+            dir: Some(dir),
+            ..compare::RowMemory::default()
+        },
+        ..compare::Options::default()
+    };
+    let mut obs = compare::calibrate::Observations::default();
+    let mut warnings: Vec<String> = threads_note.into_iter().collect();
+    within(pool, || -> Result<()> {
+        for r in &req.references {
+            let run = compare::run(&req.bench, r, &opts, progress)?;
+            warnings.extend(run.warnings.iter().cloned());
+            for u in &run.units {
+                warnings.extend(u.warnings.iter().cloned());
+            }
+            obs.observe(&run, req.reruns)?;
+        }
+        Ok(())
+    })?;
+    let mut source = vec![format!("benchmark {}", req.bench.display())];
+    let what = if req.reruns { "rerun" } else { "reference" };
+    source.extend(
+        req.references
+            .iter()
+            .map(|r| format!("{what} {}", r.display())),
+    );
+    let text = obs.toml(req.k, req.quantile, &source);
+    atomic::write_bytes(&req.out, text.as_bytes())?;
+    Ok(CalibrateReport {
+        path: req.out.clone(),
+        rules: obs.groups(),
+        tensors: obs.tensors,
+        nondeterministic: obs.nondeterministic(),
+        warnings,
+    })
+}

@@ -41,6 +41,9 @@ enum Cmd {
     Scan(ScanArgs),
     /// Write a deterministic synthetic benchmark/comparison dump pair (for tests and demos).
     Synth(SynthArgs),
+    /// Learn per-op tolerances from clean pairs (the benchmark against reference runs or
+    /// reruns) and write them as a `probe compare --config` file.
+    Calibrate(CalibrateArgs),
     /// Combine the shard results of `probe compare --shard` into the reports of the whole
     /// run (the same summary.json as one unsharded compare), without reading a tensor.
     Merge(MergeArgs),
@@ -255,6 +258,96 @@ struct CompareArgs {
     /// Print nothing on stdout, and no progress bars on stderr.
     #[arg(short, long)]
     quiet: bool,
+}
+
+#[derive(clap::Args)]
+struct CalibrateArgs {
+    /// Benchmark dump (the trusted run).
+    #[arg(short = 'b', long = "bench", value_name = "DUMP")]
+    bench: PathBuf,
+    /// A reference run (repeatable): the benchmark's own device under the port's precision,
+    /// or, with --reruns, a rerun of the benchmark's configuration.
+    #[arg(short = 'r', long = "reference", value_name = "DUMP", required = true)]
+    references: Vec<PathBuf>,
+    /// The references are reruns of the benchmark's configuration on its device: the ops
+    /// whose outputs differ from run to run are named nondeterministic (a determinism map).
+    #[arg(long)]
+    reruns: bool,
+    /// The calibration file to write (TOML, for `probe compare --config`).
+    #[arg(
+        short = 'o',
+        long = "out",
+        value_name = "FILE",
+        default_value = "tolerances.toml"
+    )]
+    out: PathBuf,
+    /// A tensor passes within K times its op's reference error.
+    #[arg(long, value_name = "K", default_value_t = probe::compare::envelope::DEFAULT_K)]
+    k: f64,
+    /// The quantile of an op's errors over every pair, step and rank taken as its
+    /// reference error.
+    #[arg(long, value_name = "Q", default_value_t = 0.99)]
+    quantile: f64,
+    /// Worker threads (default: all cores).
+    #[arg(long)]
+    threads: Option<usize>,
+    /// Compare only API records (`api`), only module records (`module`), or both (`mix`).
+    #[arg(short = 'l', long = "level", default_value = "mix")]
+    level: Level,
+    /// Mapping file (repeatable), as for compare.
+    #[arg(long = "mapping", value_name = "FILE")]
+    mapping: Vec<PathBuf>,
+    /// Only these steps (`0,2,5-9`).
+    #[arg(long, value_name = "LIST")]
+    steps: Option<Numbers>,
+    /// Only these ranks (`0-7`).
+    #[arg(long, value_name = "LIST")]
+    ranks: Option<Numbers>,
+    /// No progress bars on stderr, nothing on stdout.
+    #[arg(short, long)]
+    quiet: bool,
+}
+
+fn run_calibrate(a: CalibrateArgs) -> Result<u8, ProbeError> {
+    let req = app::CalibrateRequest {
+        bench: a.bench,
+        references: a.references,
+        reruns: a.reruns,
+        out: a.out,
+        k: a.k,
+        quantile: a.quantile,
+        threads: a.threads,
+        level: a.level,
+        mappings: a.mapping,
+        selection: Selection {
+            steps: a.steps,
+            ranks: a.ranks,
+        },
+    };
+    let r = app::calibrate(&req, &Progress::for_stderr(a.quiet))?;
+    for w in &r.warnings {
+        eprintln!("probe: warning: {}", report::printable(w));
+    }
+    if !a.quiet {
+        println!(
+            "wrote {}: {} rules from {} tensors",
+            report::printable(&r.path.display().to_string()),
+            r.rules,
+            r.tensors
+        );
+        if req.reruns {
+            if r.nondeterministic.is_empty() {
+                println!("no op's outputs differ from run to run");
+            }
+            for (p, e) in &r.nondeterministic {
+                println!(
+                    "nondeterministic: {} (run-to-run error up to {e:.3e})",
+                    report::printable(p)
+                );
+            }
+        }
+    }
+    Ok(EXIT_PASS)
 }
 
 #[derive(clap::Args)]
@@ -518,6 +611,7 @@ fn main() -> ExitCode {
     let outcome = match cli.cmd {
         Cmd::Compare(a) => run_compare(a),
         Cmd::Merge(a) => run_merge(a),
+        Cmd::Calibrate(a) => run_calibrate(a),
         Cmd::Scan(a) => run_scan(a),
         Cmd::Synth(a) => run_synth(a),
         Cmd::ConfigCheck(a) => run_config_check(a),

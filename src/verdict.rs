@@ -143,18 +143,10 @@ pub fn summarize(run: &CompareRun, fail_on: FailOn, max_unmatched: f64, extras: 
     if !incomplete.is_empty() {
         headline = incomplete_headline(headline, compared, &c, &incomplete);
     }
-    let reference = run.reference.as_ref().map(|r| {
-        let measured = ["tensor", "statistics"]
-            .iter()
-            .filter_map(|k| c.compared_by.get(*k))
-            .sum::<usize>();
-        crate::schema::summary::ReferenceUse {
-            path: r.root.display().to_string(),
-            k: r.k,
-            calibrated: c.calibrated,
-            fallback: measured.saturating_sub(c.calibrated),
-        }
-    });
+    let calibration = run
+        .calibration
+        .as_ref()
+        .map(|r| crate::schema::summary::CalibrationUse::of(r.by(), r.path(), r.k(), &c));
     Summary {
         format: "probe-compare-summary".into(),
         version: 2,
@@ -170,13 +162,19 @@ pub fn summarize(run: &CompareRun, fail_on: FailOn, max_unmatched: f64, extras: 
         findings,
         pairs,
         worst_ops: worst_ops(run, WORST_OPS),
-        warnings: run.warnings.iter().cloned().chain(extras.note).collect(),
+        warnings: run
+            .warnings
+            .iter()
+            .cloned()
+            .chain(extras.note)
+            .chain(calibration.as_ref().and_then(|c| c.warning()))
+            .collect(),
         partial: !incomplete.is_empty(),
         incomplete_units: incomplete,
         outputs: extras.outputs,
         origin: cross.as_ref().map(|x| x.origin.clone()),
         propagation: cross.map(|x| x.propagation).unwrap_or_default(),
-        reference,
+        calibration,
     }
 }
 

@@ -176,8 +176,8 @@ def test_a_kernel_3_percent_off_is_named_against_a_reference_and_lost_without(
     assert f["op"] == op, json.dumps(f, indent=1)
     # The reason gives the ratio to the reference's error on the same tensor.
     assert "the reference" in f["reason"], f["reason"]
-    ref = s["reference"]
-    assert ref["path"] == d[reference] and ref["k"] == 4.0, ref
+    ref = s["calibration"]
+    assert ref["by"] == "reference" and ref["path"] == d[reference] and ref["k"] == 4.0, ref
     assert ref["calibrated"] > 0.9 * (ref["calibrated"] + ref["fallback"]), ref
 
 

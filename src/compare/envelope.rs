@@ -30,6 +30,51 @@ pub struct Reference {
     pub k: f64,
 }
 
+/// What a compare's verdicts were calibrated against: a reference run (`--reference`) or
+/// a calibration file (`--config` written by `probe calibrate`).
+#[derive(Debug, Clone, PartialEq, serde::Serialize, serde::Deserialize)]
+#[serde(tag = "by", rename_all = "lowercase")]
+pub enum Source {
+    /// A reference run, compared unit by unit.
+    Reference {
+        /// Its root.
+        path: std::path::PathBuf,
+        /// `k`.
+        k: f64,
+    },
+    /// A calibration file's rules.
+    File {
+        /// The file.
+        path: std::path::PathBuf,
+        /// `k`.
+        k: f64,
+    },
+}
+
+impl Source {
+    /// The reference run or file, as given.
+    pub fn path(&self) -> &std::path::Path {
+        match self {
+            Source::Reference { path, .. } | Source::File { path, .. } => path,
+        }
+    }
+
+    /// `k`.
+    pub fn k(&self) -> f64 {
+        match self {
+            Source::Reference { k, .. } | Source::File { k, .. } => *k,
+        }
+    }
+
+    /// `reference` or `file`.
+    pub fn by(&self) -> &'static str {
+        match self {
+            Source::Reference { .. } => "reference",
+            Source::File { .. } => "file",
+        }
+    }
+}
+
 /// The default `k`: a correct port's error, from another device's roundings, stays within a
 /// few times the reference's; a kernel 2 % off under bf16 is ten times it.
 pub const DEFAULT_K: f64 = 4.0;

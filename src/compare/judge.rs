@@ -22,7 +22,7 @@ use super::envelope::{self, Bound, Envelope};
 use super::judged::{Judged, Pair, NO_REASON};
 use super::measure::{CompareKind, Measurement};
 pub use super::row::{Equality, Judgement, Row};
-use super::tolerance::{loosest, Tol, Tolerances};
+use super::tolerance::{loosest, Calibrated, Tol, Tolerances};
 use super::Sides;
 use crate::dtype::DType;
 use crate::dump::{Direction, Ops, RankDump, Role, Stats, Tensor};
@@ -104,8 +104,9 @@ fn nonfinite_mismatch(b: Option<&Stats>, c: Option<&Stats>) -> Option<String> {
 
 /// Judges one pair, read from its two records (`op` and `name` are the comparison
 /// side's), under the precision floor `precision` (`carried`: set by an earlier step of
-/// the rank, not by this one's ops): against the tolerances, or, where a reference run
-/// measured the tensor (`bound`), against its envelope ([`calibrated`]).
+/// the rank, not by this one's ops): against the tolerances, or, where a reference run or
+/// a calibration file measured the tensor (`bound`), against its envelope
+/// ([`calibrated`]).
 pub(crate) fn judge(
     op: &str,
     t: Sides<Tensor>,
@@ -113,7 +114,7 @@ pub(crate) fn judge(
     precision: Option<DType>,
     carried: bool,
     tols: &Tolerances,
-    bound: Option<Bound>,
+    bound: Option<Calibrated>,
 ) -> Judgement {
     let j = by_tolerance(op, t, m, precision, carried, tols);
     let what = match m.kind {
@@ -130,7 +131,16 @@ pub(crate) fn judge(
                 .flatten()
                 .filter(|d| d.is_float())
                 .reduce(loosest);
-            calibrated(Judgement { err, ..j }, b, what, d)
+            let j = calibrated(Judgement { err, ..j }, b.bound, what, d);
+            if b.nondeterministic && j.verdict != Verdict::Pass {
+                let reason = format!(
+                    "{}; a nondeterministic op (its outputs differ from run to run: the \
+                     calibration's reference error is that noise)",
+                    j.reason
+                );
+                return Judgement { reason, ..j };
+            }
+            j
         }
         _ => j,
     }
@@ -350,6 +360,8 @@ pub(crate) fn judge_all(
     };
     let mut pairs: Vec<Pair> = Vec::with_capacity(matches.len());
     let mut reasons: Vec<Box<str>> = Vec::new();
+    // Kept apart from the pairs, only where verdicts may be calibrated.
+    let calibrated = envelope.is_some() || tols.has_calibration();
     let mut references: Vec<f64> = Vec::new();
     for block in matches.chunks(JUDGE_BLOCK) {
         let xs = measure(&dumps, block)?;
@@ -364,7 +376,15 @@ pub(crate) fn judge_all(
             .map(|((m, x), (p, from_earlier))| {
                 let op = dumps.cmp.ops.get(m.refs.cmp.op()).key().text();
                 let t = records(&dumps, m);
-                let bound = envelope.and_then(|e| e.bound(&t.bench.name()));
+                // A reference run's envelope, else a calibration file's rule.
+                let bound = match envelope {
+                    Some(e) => e.bound(&t.bench.name()).map(|bound| Calibrated {
+                        bound,
+                        nondeterministic: false,
+                    }),
+                    None if tols.has_calibration() => tols.calibrated(op, &t.cmp.name()),
+                    None => None,
+                };
                 judge(op, t, x, p, from_earlier, tols, bound)
             })
             .collect();
@@ -394,7 +414,7 @@ pub(crate) fn judge_all(
                 verdict: j.verdict,
                 precision: j.precision,
             });
-            if envelope.is_some() {
+            if calibrated {
                 references.push(j.reference.unwrap_or(f64::NAN));
             }
         }

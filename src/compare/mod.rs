@@ -16,6 +16,7 @@
 
 pub(crate) mod align;
 pub(crate) mod analyze;
+pub mod calibrate;
 pub(crate) mod carry;
 pub(crate) mod collectives;
 pub(crate) mod coverage;
@@ -163,8 +164,8 @@ pub struct CompareRun {
     pub bench: PathBuf,
     /// The comparison path as given.
     pub cmp: PathBuf,
-    /// The reference run the verdicts were calibrated against (`--reference`).
-    pub reference: Option<envelope::Reference>,
+    /// What the verdicts were calibrated against (`--reference`, a calibration file).
+    pub calibration: Option<envelope::Source>,
     /// One summary per compared step/rank pair.
     pub units: Vec<UnitSummary>,
     /// Their rows: `tables.get(i)` is unit `i`'s.

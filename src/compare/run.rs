@@ -6,7 +6,7 @@ use super::plan;
 use super::shard::{Frame, Outcome, RunPart, Shard};
 use super::tables::Parking;
 use super::unit::{compare_unit, Reference};
-use super::{side_name, Carry, CompareRun, Options};
+use super::{envelope, side_name, Carry, CompareRun, Options};
 use crate::dump;
 use crate::error::{ProbeError, Result};
 use crate::progress::{Count, Progress};
@@ -69,7 +69,13 @@ pub fn run_part(
             .chain(reference_warnings)
             .collect(),
         unpaired,
-        reference: opts.reference.clone(),
+        calibration: match &opts.reference {
+            Some(r) => Some(envelope::Source::Reference {
+                path: r.root.clone(),
+                k: r.k,
+            }),
+            None => opts.tolerances.calibration(),
+        },
     };
     let caches = Sides::<ShardCache>::default();
     let ref_caches = Sides::<ShardCache>::default();

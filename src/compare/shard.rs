@@ -124,9 +124,9 @@ pub struct Frame {
     pub warnings: Vec<String>,
     /// Pairs present on one side only.
     pub unpaired: Vec<IncompleteUnit>,
-    /// The reference run the verdicts were calibrated against (`--reference`).
+    /// What the verdicts were calibrated against (`--reference`, a calibration file).
     #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub reference: Option<crate::compare::envelope::Reference>,
+    pub calibration: Option<crate::compare::envelope::Source>,
 }
 
 /// What became of one planned unit.
@@ -194,7 +194,7 @@ impl RunPart {
         CompareRun {
             bench: self.frame.bench,
             cmp: self.frame.cmp,
-            reference: self.frame.reference,
+            calibration: self.frame.calibration,
             units,
             tables: Tables::from(tables),
             warnings,
@@ -557,15 +557,15 @@ fn differs(a: &RunIdentity, fa: &Frame, b: &RunIdentity, fb: &Frame) -> Option<S
             fb.cmp.display()
         ));
     }
-    if fa.reference != fb.reference {
-        let show = |r: &Option<crate::compare::envelope::Reference>| {
+    if fa.calibration != fb.calibration {
+        let show = |r: &Option<crate::compare::envelope::Source>| {
             r.as_ref()
-                .map_or("(none)".to_string(), |r| r.root.display().to_string())
+                .map_or("(none)".to_string(), |r| r.path().display().to_string())
         };
         return Some(format!(
-            "reference {} vs {}",
-            show(&fa.reference),
-            show(&fb.reference)
+            "calibration {} vs {}",
+            show(&fa.calibration),
+            show(&fb.calibration)
         ));
     }
     if a.probe != b.probe {

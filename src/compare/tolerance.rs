@@ -10,6 +10,7 @@
 //! is judged by what bf16 can do. Defaults can be overridden per dtype and per op pattern
 //! in a TOML file (`probe compare --config`), documented in docs/compare.md.
 
+use super::envelope::{Bound, Source};
 use crate::dtype::DType;
 use crate::error::{ProbeError, Result};
 pub use crate::vocab::Verdict;
@@ -46,8 +47,26 @@ struct PartialTol {
 #[serde(deny_unknown_fields)]
 struct OpRule {
     pattern: String,
+    /// A calibration's reference error for the tensors it matches (`probe calibrate`):
+    /// they are judged against `k` times it, as against a reference run.
+    reference: Option<f64>,
+    /// The calibration found the op's outputs differ from run to run (`--reruns`).
+    #[serde(default)]
+    nondeterministic: bool,
     #[serde(flatten)]
     tol: PartialTol,
+}
+
+/// Where a calibration file came from (`probe calibrate` writes it; compare reads `k`).
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields)]
+struct RawCalibration {
+    k: f64,
+    #[allow(dead_code)] // a person's record of the runs, not read
+    #[serde(default)]
+    source: Vec<String>,
+    #[allow(dead_code)]
+    quantile: Option<f64>,
 }
 
 #[derive(Debug, Clone, Deserialize, Default)]
@@ -59,6 +78,16 @@ struct RawConfig {
     op: Vec<OpRule>,
     local_gain: Option<f64>,
     blame_without_inputs: Option<bool>,
+    calibration: Option<RawCalibration>,
+}
+
+/// What a calibration file says of the tensors one of its rules matches.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub(crate) struct Calibrated {
+    /// Their reference error and `k`.
+    pub bound: Bound,
+    /// Their op's outputs differ from run to run.
+    pub nondeterministic: bool,
 }
 
 /// The tolerance table in force for a compare.
@@ -66,6 +95,10 @@ struct RawConfig {
 pub struct Tolerances {
     by_dtype: BTreeMap<DType, Tol>,
     rules: Vec<(glob::Pattern, PartialTol)>,
+    /// A calibration file's rules (`probe calibrate`), in its order.
+    calibrated: Vec<(glob::Pattern, Calibrated)>,
+    /// The calibration file, when the table came from one.
+    calibration: Option<Source>,
     /// An op whose inputs differ is blamed only if its output error exceeds this many times
     /// its largest input error: otherwise it is carrying (or mildly amplifying) inherited error.
     pub local_gain: f64,
@@ -130,6 +163,8 @@ impl Default for Tolerances {
         Tolerances {
             by_dtype: ALL_DTYPES.iter().map(|&d| (d, default_tol(d))).collect(),
             rules: Vec::new(),
+            calibrated: Vec::new(),
+            calibration: None,
             local_gain: 10.0,
             blame_without_inputs: false,
         }
@@ -187,10 +222,37 @@ impl Tolerances {
                 apply(e, p);
             }
         }
+        let k = match &raw.calibration {
+            Some(c) if c.k.is_finite() && c.k >= 1.0 => Some(c.k),
+            Some(c) => return Err(bad(format!("calibration k {} must be at least 1", c.k))),
+            None => None,
+        };
         for r in raw.op {
             let pat = glob::Pattern::new(&r.pattern)
                 .map_err(|e| bad(format!("op pattern {:?}: {e}", r.pattern)))?;
             check(&r.tol).map_err(&bad)?;
+            if let Some(reference) = r.reference {
+                let k = k.ok_or_else(|| {
+                    bad(format!(
+                        "op pattern {:?} has a reference error but the file no [calibration] k",
+                        r.pattern
+                    ))
+                })?;
+                if !(reference.is_finite() && reference >= 0.0) {
+                    return Err(bad(format!(
+                        "reference {reference} must be a non-negative number"
+                    )));
+                }
+                let bound = Bound { reference, k };
+                let nondeterministic = r.nondeterministic;
+                t.calibrated.push((
+                    pat.clone(),
+                    Calibrated {
+                        bound,
+                        nondeterministic,
+                    },
+                ));
+            }
             t.rules.push((pat, r.tol));
         }
         if let Some(g) = raw.local_gain {
@@ -202,7 +264,30 @@ impl Tolerances {
         if let Some(b) = raw.blame_without_inputs {
             t.blame_without_inputs = b;
         }
+        t.calibration = k.map(|k| Source::File {
+            path: path.to_path_buf(),
+            k,
+        });
         Ok(t)
+    }
+
+    /// What a calibration file says of `tensor` (of op `op`): the first of its rules whose
+    /// pattern matches the op key or the tensor name, if any.
+    pub(crate) fn calibrated(&self, op: &str, tensor: &str) -> Option<Calibrated> {
+        self.calibrated
+            .iter()
+            .find(|(pat, _)| pat.matches(op) || pat.matches(tensor))
+            .map(|(_, c)| *c)
+    }
+
+    /// The calibration file in force, if the table came from one.
+    pub(crate) fn calibration(&self) -> Option<Source> {
+        self.calibration.clone()
+    }
+
+    /// Whether a calibration file is in force.
+    pub(crate) fn has_calibration(&self) -> bool {
+        !self.calibrated.is_empty()
     }
 
     /// The tolerance for a tensor of `op`: from the less precise dtype, then the first op

@@ -190,3 +190,9 @@ pub fn writers(xlsx_rows: XlsxRows) -> Vec<Box<dyn ReportWriter>> {
         Box::new(HtmlReport),
     ]
 }
+
+/// `s` (a path, an op pattern: data from an input) with control characters written as
+/// `\u{..}`, for a line on the terminal.
+pub fn printable(s: &str) -> String {
+    crate::config_file::printable(s)
+}

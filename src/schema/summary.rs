@@ -771,23 +771,26 @@ pub struct Summary {
     /// collective.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub propagation: Vec<Propagation>,
-    /// The reference run the verdicts were calibrated against (`--reference`; docs/compare.md,
-    /// "Drift or defect"); absent without one.
+    /// What the verdicts were calibrated against (`--reference`, or a calibration file
+    /// given as `--config`; docs/compare.md, "Drift or defect"); absent without either.
     #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub reference: Option<ReferenceUse>,
+    pub calibration: Option<CalibrationUse>,
 }
 
-/// How a compare used its reference run.
+/// How a compare used a reference run or a calibration file.
 #[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]
-pub struct ReferenceUse {
-    /// The reference path as given.
+pub struct CalibrationUse {
+    /// `reference` (a reference run) or `file` (a calibration file).
+    pub by: String,
+    /// The reference run or the file, as given.
     pub path: String,
     /// A tensor passes within `k` times the reference's error on it (at least the dtype's
     /// floor).
     pub k: f64,
     /// Tensors judged against the reference's envelope.
     pub calibrated: usize,
-    /// Tensors measured that the reference lacks: judged by the tolerances.
+    /// Tensors measured that the reference lacks (or no rule of the file matches): judged
+    /// by the tolerances.
     pub fallback: usize,
 }
 
@@ -802,6 +805,42 @@ impl Summary {
         };
         let told = |f: &&Found| f.kind.story_rank().is_some();
         (!self.findings.iter().filter(told).any(same)).then_some(o)
+    }
+}
+
+impl CalibrationUse {
+    /// How a compare of counts `c` used calibration `by` (`reference` or `file`) at `path`
+    /// with `k`: the tensors measured (full tensors or statistics) that it calibrated, and
+    /// the others.
+    pub(crate) fn of(by: &str, path: &std::path::Path, k: f64, c: &Counts) -> CalibrationUse {
+        let measured = ["tensor", "statistics"]
+            .iter()
+            .filter_map(|k| c.compared_by.get(*k))
+            .sum::<usize>();
+        CalibrationUse {
+            by: by.into(),
+            path: path.display().to_string(),
+            k,
+            calibrated: c.calibrated,
+            fallback: measured.saturating_sub(c.calibrated),
+        }
+    }
+
+    /// The warning a calibration file gives when its rules match fewer than half the
+    /// tensors measured: it was made from another model or capture, and the rest were
+    /// judged by the tolerances. (A reference run that lacks tensors says so per unit.)
+    pub(crate) fn warning(&self) -> Option<String> {
+        (self.by == "file" && self.fallback > self.calibrated).then(|| {
+            format!(
+                "the calibration file {} matches {} of the {} tensors measured (one made \
+                 from another model, configuration or capture?): the other {} were judged \
+                 by the dtype tolerances",
+                self.path,
+                self.calibrated,
+                self.calibrated + self.fallback,
+                self.fallback
+            )
+        })
     }
 }
 
