@@ -4,7 +4,8 @@
 #     /dev/null (page-cached), their ratio, GB/s of dump read, peak RSS;
 #   - start-up time (`probe --version`);
 #   - statistics-only dump of STATS_TENSORS tensors: compare time including the xlsx, with
-#     the structural aligner and with `--align name`, and their ratio (alignment cost).
+#     the structural aligner and with `--align name`, and their ratio (alignment cost); and
+#     with `--reference` (a third run read, aligned and measured: issue 48's goal <= 1.6x).
 #   Tensor figures are the best of RUNS (3) runs each, with CPU time (user + sys, from
 #   /usr/bin/time) next to wall time: on a shared machine CPU time is the steadier measure.
 # Usage: bash bench/compare_bench.sh            (SIZE_GB=2 STATS_TENSORS=100000 RUNS=3 by default)
@@ -75,6 +76,15 @@ read -r STATS_T STATS_RSS < <(for _ in 1 2 3; do stats_run; done | best)
 read -r NAME_T NAME_RSS < <(for _ in 1 2 3; do stats_run --align name; done | best)
 ALIGN_T=$(awk -v a="$STATS_T" -v b="$NAME_T" 'BEGIN { printf "%.2f", a / b }')
 ALIGN_RSS=$(awk -v a="$STATS_RSS" -v b="$NAME_RSS" 'BEGIN { printf "%.2f", a / b }')
+# A reference run: the same benchmark (same seed), other noise on the comparison side.
+if [ ! -f "$WORK/stats-ref/cmp/step0/rank0/ops.jsonl" ] || [ "$(cat "$WORK/stats-ref/.count" 2>/dev/null)" != "$STATS_TENSORS" ]; then
+  rm -rf "$WORK/stats-ref"
+  "$P" synth -o "$WORK/stats-ref" --mode statistics --bulk "$STATS_TENSORS" --bulk-elems 64 --noise 2e-6 2>/dev/null
+  echo "$STATS_TENSORS" > "$WORK/stats-ref/.count"
+fi
+read -r REF_T REF_RSS < <(for _ in 1 2 3; do stats_run --reference "$WORK/stats-ref/cmp"; done | best)
+REF_RT=$(awk -v a="$REF_T" -v b="$STATS_T" 'BEGIN { printf "%.2f", a / b }')
+REF_RRSS=$(awk -v a="$REF_RSS" -v b="$STATS_RSS" 'BEGIN { printf "%.2f", a / b }')
 fi
 
 echo "probe compare benchmark ($(nproc) cores, $(uname -m))"
@@ -90,3 +100,5 @@ echo "start-up (probe --version)    : ${START_MS} ms"
 echo "statistics dump, $STATS_TENSORS tensors, json+parquet+xlsx: ${STATS_T} s  peak RSS $((STATS_RSS / 1024)) MB"
 echo "  same with --align name      : ${NAME_T} s  peak RSS $((NAME_RSS / 1024)) MB"
 echo "  structural / name           : time ${ALIGN_T}x  peak RSS ${ALIGN_RSS}x  (goal <= 1.2x)"
+echo "  same with --reference       : ${REF_T} s  peak RSS $((REF_RSS / 1024)) MB"
+echo "  --reference / plain         : time ${REF_RT}x  peak RSS ${REF_RRSS}x  (goal <= 1.6x)"

@@ -20,9 +20,10 @@ from typing import Any
 
 import pytest
 
-from conftest import compare_summary, probe_bin, run_agent_script
+from conftest import SCHEMAS, compare_summary, probe_bin, run_agent_script
 
 pytest.importorskip("transformers")
+jsonschema = pytest.importorskip("jsonschema")
 
 # One interpreter trains every variant of a model in turn (each with its own dump, model
 # and patches, restored after): the import of torch and transformers dominates a run.
@@ -219,6 +220,8 @@ def test_a_calibration_file_from_the_clean_pair_judges_as_the_reference_did(
             "headline"
         ]
         assert s["calibration"]["by"] == "file", s["calibration"]
+        with open(os.path.join(SCHEMAS, "probe-compare-summary.v2.schema.json")) as fh:
+            jsonschema.validate(s, json.load(fh))
     for clean in ("clean_threads", "clean_eager"):
         code, s = _compare(root, d["bench"], d[clean], f"{clean}-cal", "--config", cal["sdpa"])
         assert code == 0 and s["counts"]["error"] == 0, s["headline"]

@@ -15,6 +15,9 @@
 //! - **Checksums**: equal is a pass; different is an error unless statistics say the values
 //!   are within tolerance (then a warning).
 //! - A shape mismatch or NaN/Inf at different positions is an error.
+//! - **Calibrated**: where a reference run (`--reference`) or a calibration file measured a
+//!   tensor, it is judged against `k` times that reference error instead, at least the
+//!   dtype's floor ([`calibrated`], `compare::envelope`).
 
 use super::align::{records, Alignment, TensorMatch, TensorRef, Unmatched};
 use super::carry::{Carry, NoiseWrite};

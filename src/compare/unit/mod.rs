@@ -2,6 +2,8 @@
 //! own file, each handing the next an immutable value.
 //!
 //! ```text
+//! reference bench + REF      -> Envelope   under --reference: the reference's error per
+//!                                           benchmark tensor (these same passes, bench/REF)
 //! prepare   Sides<RankDump>  -> Prepared   level both share, a crashed side's cut, the
 //!                                           scaler's skipped step, micro-batching (notes)
 //! align     Prepared.dumps   -> Alignment  the aligner of the options (structural, name)
