@@ -117,11 +117,7 @@ fn examine(cx: &mut Context, dir: Direction, k: usize) -> bool {
         max_in,
     };
     let identical = c.equal.is_some();
-    let threshold = if identical {
-        Verdict::Warning
-    } else {
-        Verdict::Error
-    };
+    let threshold = threshold(&c);
     // An output grown past its inputs' error by more than the local gain, once a sum's
     // cancellation is allowed for. (The cancellation is at least 1: it is worked out only
     // past the plain test.)
@@ -216,6 +212,25 @@ fn examine(cx: &mut Context, dir: Direction, k: usize) -> bool {
     let f = finding(&cx.at, &g, out, expl);
     cx.put(FindingKind::FirstDivergent, Some(dir), f);
     true
+}
+
+/// The verdict an output of an op that consumed `c` must reach to be locally divergent: an
+/// error, or a warning where what it consumed is identical (nothing else explains any
+/// difference). Judged against a reference's envelope, a warning too (past half way to the
+/// envelope) where everything it consumed is within its own reference's error: the excess
+/// over the drift begins there, when an error follows in the phase (a fault of a few times
+/// the drift leaves its own output just short of the envelope, and the op after it, which
+/// adds its own drift, past it).
+fn threshold(c: &Consumed) -> Verdict {
+    let mut consumed = c.inputs.iter().copied().chain(c.saved.iter()).peekable();
+    let calibrated_start = consumed.peek().is_some()
+        && consumed
+            .all(|r| r.judgement.reference.is_some() && r.judgement.verdict == Verdict::Pass);
+    if c.equal.is_some() || calibrated_start {
+        Verdict::Warning
+    } else {
+        Verdict::Error
+    }
 }
 
 /// Whether a random draw explains op `k`'s differing output `out` (what it consumed, `c`,
