@@ -299,3 +299,50 @@ def test_reruns_map_a_nondeterministic_kernel_and_it_is_not_blamed_for_its_noise
     assert s["headline"].startswith("DIVERGENCE: first divergent op Torch.mul.0.forward "), s[
         "headline"
     ]
+
+
+def test_a_sharded_compare_with_a_reference_merges_to_the_same_verdict(
+    runs: tuple[str, dict[str, str]], tmp_path: Any
+) -> None:
+    root, d = runs
+    extra = ["--reference", d["reference"]]
+    code, whole = _compare(root, d["bench"], d["silu"], "silu-whole", *extra)
+    shard = str(tmp_path / "shard")
+    r = subprocess.run(
+        [
+            probe_bin(),
+            "compare",
+            "-q",
+            "-b",
+            d["bench"],
+            "-c",
+            d["silu"],
+            "-o",
+            shard,
+            "--shard",
+            "0/1",
+            *extra,
+        ],
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    assert r.returncode == 0, r.stderr
+    with (
+        open(os.path.join(shard, "shard.json")) as fh,
+        open(os.path.join(SCHEMAS, "probe-compare-shard.v1.schema.json")) as sh,
+    ):
+        header = json.load(fh)
+        jsonschema.validate(header, json.load(sh))
+    assert header["frame"]["calibration"] == {"by": "reference", "path": d["reference"], "k": 4.0}
+    merged = str(tmp_path / "merged")
+    r = subprocess.run(
+        [probe_bin(), "merge", "-q", shard, "-o", merged],
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    assert r.returncode == code, r.stderr
+    with open(os.path.join(merged, "summary.json")) as fh:
+        s = json.load(fh)
+    assert (s["headline"], s["calibration"]) == (whole["headline"], whole["calibration"])
