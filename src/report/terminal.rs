@@ -96,6 +96,20 @@ pub fn terminal_summary(s: &Summary) -> String {
         "  {} tensors in {} ops ({} step/rank pairs): {} pass, {} warning, {} error; unmatched: {} bench-only, {} cmp-only\n",
         c.tensors, c.ops, c.pairs, c.pass, c.warning, c.error, c.unmatched_bench, c.unmatched_cmp
     );
+    if let Some(c) = &s.calibration {
+        let what = if c.by == "file" {
+            "calibration file"
+        } else {
+            "reference run"
+        };
+        out += &format!(
+            "  judged against the {what} {} (k = {}): {} tensors, {} by the dtype tolerances\n",
+            super::printable(&c.path),
+            c.k,
+            c.calibrated,
+            c.fallback
+        );
+    }
     // In causal order (step, execution order, rank): a later step's consequences never
     // come before an earlier step's cause. At the same place, in the order listed.
     for l in compare_findings(s, false) {

@@ -314,6 +314,19 @@ fn explanation(g: &[&Row], c: &Consumed, out: &Row) -> String {
     } else {
         "the error is local to this op"
     };
+    // Judged against a reference run's (or a calibration file's) envelope: the ratio says it.
+    if let (Some(r), None) = (out.judgement.reference, c.equal) {
+        let ratio = if r > 0.0 {
+            format!("{:.1}x the reference's {r:.1e}", out_err / r)
+        } else {
+            "where the reference's is 0".to_string()
+        };
+        return format!(
+            "all {consumed} are within the reference's drift (largest relative error \
+             {max_in:.3e}), yet output {} has relative error {out_err:.3e}, {ratio}: {local}",
+            out.tensor.name
+        );
+    }
     if c.equal.is_some() {
         let how = if c.equal == Some(Equality::Bitwise) {
             "are identical on both sides"
