@@ -370,3 +370,47 @@ fn calibrate_refuses_bad_arguments_before_the_work() {
     let o = compare(d.path(), &["--config", bad.to_str().unwrap()]);
     assert_input_error(&o, 2, "no [calibration] k");
 }
+
+#[test]
+fn a_reference_cut_short_or_equal_to_the_benchmark_is_said() {
+    let d = tempfile::tempdir().unwrap();
+    chain(&d.path().join("bench"), 0.0, 0.0);
+    chain(&d.path().join("cmp"), 2e-3, 2e-3);
+    // The reference's log cut in its last line (a crashed run): B's tensors fall back.
+    chain(&d.path().join("ref"), 1e-3, 1e-3);
+    let log = d
+        .path()
+        .join("ref")
+        .join("step0")
+        .join("rank0")
+        .join("ops.jsonl");
+    let text = std::fs::read_to_string(&log).unwrap();
+    std::fs::write(&log, &text[..text.len() - 40]).unwrap();
+    let o = with_reference(d.path(), &[]);
+    assert!(!o.stderr.contains("panicked"), "{}", o.stderr);
+    let s = summary(d.path());
+    let said = s["warnings"].as_array().unwrap().iter().any(|w| {
+        let w = w.as_str().unwrap();
+        w.starts_with("step0/rank0: the reference run: ") && w.contains("incomplete")
+    });
+    assert!(said, "{}", s["warnings"]);
+    let c = &s["calibration"];
+    assert_eq!(
+        (c["calibrated"].as_u64(), c["fallback"].as_u64()),
+        (Some(2), Some(2)),
+        "{c}"
+    );
+    // The benchmark given as its own reference: no drift to judge by, said.
+    let o = compare(
+        d.path(),
+        &["--reference", d.path().join("bench").to_str().unwrap()],
+    );
+    assert!(!o.stderr.contains("panicked"), "{}", o.stderr);
+    let s = summary(d.path());
+    let said = s["warnings"].as_array().unwrap().iter().any(|w| {
+        w.as_str()
+            .unwrap()
+            .contains("the reference run equals the benchmark")
+    });
+    assert!(said, "{}", s["warnings"]);
+}

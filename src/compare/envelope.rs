@@ -179,6 +179,12 @@ impl Envelope {
         Envelope { by_tensor, k }
     }
 
+    /// Whether the reference measured tensors and none differs: it is the benchmark again
+    /// (or of its precision), and shows no drift.
+    pub fn shows_no_drift(&self) -> bool {
+        !self.by_tensor.is_empty() && self.by_tensor.values().all(|&e| e == 0.0)
+    }
+
     /// The bound of the benchmark tensor `name`, if the reference has it.
     pub fn bound(&self, name: &str) -> Option<Bound> {
         self.by_tensor.get(name).map(|&reference| Bound {

@@ -52,13 +52,13 @@ pub fn compare_unit(
     carried: &Carry,
     reference: Option<Reference>,
 ) -> Result<(UnitSummary, UnitTable)> {
-    let (envelope, lacks) = match reference {
+    let (envelope, said) = match reference {
         Some(r) => {
             let sides = Sides::new(dumps.bench.clone(), r.dump);
-            let (e, lacks) = reference::envelope(unit, sides, opts, r.caches, progress, carried)?;
-            (Some(e), lacks)
+            let (e, said) = reference::envelope(unit, sides, opts, r.caches, progress, carried)?;
+            (Some(e), said)
         }
-        None => (None, None),
+        None => (None, Vec::new()),
     };
     let prepared = prepare::prepare(unit, dumps, opts.level);
     crate::memory::trace("reading");
@@ -96,7 +96,7 @@ pub fn compare_unit(
         .notes
         .into_iter()
         .chain(adjusted.scale.clone().map(Note::LossScale))
-        .chain(lacks);
+        .chain(said);
     let (micro_batches, input_sizes) = match prepared.batching {
         Some(micro_batch::Batching::Micro(m)) => (Some(m), None),
         Some(micro_batch::Batching::Sizes(i)) => (None, Some(i)),

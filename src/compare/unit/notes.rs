@@ -24,6 +24,10 @@ pub(crate) enum Note {
     /// The reference run (`--reference`) lacks counterparts for a share of the benchmark's
     /// tensors: (unmatched, benchmark tensors).
     ReferenceLacks(usize, usize),
+    /// The reference run's reader found it incomplete or damaged (its words).
+    ReferenceRead(String),
+    /// The reference run equals the benchmark on every tensor they share: it shows no drift.
+    ReferenceEqual,
 }
 
 impl Note {
@@ -39,6 +43,16 @@ impl Note {
     pub(crate) fn said(&self, step: &str, rank: &str) -> String {
         match self {
             Note::Read(w) | Note::Level(w) => w.clone(),
+            Note::ReferenceRead(w) => format!(
+                "{step}/{rank}: the reference run: {w}; what it lacks is judged by the \
+                 tolerances"
+            ),
+            Note::ReferenceEqual => format!(
+                "{step}/{rank}: the reference run equals the benchmark on every tensor they \
+                 share (the same run, or the same precision?): it shows no drift, so every \
+                 tensor is judged against its dtype's floor; give the benchmark's device \
+                 under the port's precision"
+            ),
             Note::ReferenceLacks(n, of) => format!(
                 "{step}/{rank}: the reference run has no counterpart for {n} of the \
                  benchmark's {of} tensors (another model, configuration or capture?): they \

@@ -20,9 +20,11 @@ use crate::vocab::Sides;
 const MAY_LACK: f64 = crate::gate::DEFAULT_MAX_UNMATCHED;
 
 /// The envelope of `unit` from the benchmark and the reference run (`dumps.cmp`), with
-/// `k` of the options' reference, starting from the precision floor `carried` left; and a
-/// note when the reference lacks more of the benchmark's tensors than [`MAY_LACK`] (a
-/// reference of another model pairs with little of it).
+/// `k` of the options' reference, starting from the precision floor `carried` left; and
+/// what a person should know of the reference: what its reader said (a truncated log, a
+/// crashed run), that it lacks more of the benchmark's tensors than [`MAY_LACK`] (a
+/// reference of another model pairs with little of it), or that it equals the benchmark
+/// (no drift to judge by).
 pub(super) fn envelope(
     unit: &Unit,
     dumps: Sides<dump::RankDump>,
@@ -30,14 +32,23 @@ pub(super) fn envelope(
     caches: &Sides<ShardCache>,
     progress: &Progress,
     carried: &Carry,
-) -> Result<(Envelope, Option<Note>)> {
+) -> Result<(Envelope, Vec<Note>)> {
     let k = opts.reference.as_ref().map_or(1.0, |r| r.k);
+    let mut dumps = dumps;
+    // The benchmark's own words are the unit's already; the reference's are said here.
+    dumps.bench.warnings.clear();
+    let mut notes: Vec<Note> = std::mem::take(&mut dumps.cmp.warnings)
+        .into_iter()
+        .chain(dumps.cmp.incomplete.iter().cloned())
+        .map(Note::ReferenceRead)
+        .collect();
     let prepared = prepare::prepare(unit, dumps, opts.level);
     let alignment = opts.aligner.align(prepared.dumps);
     let adjusted = adjust::adjust(alignment, prepared.skipped);
     let bench = coverage::of(&adjusted.alignment).bench;
-    let lacks = (bench.unmatched as f64 > MAY_LACK * bench.tensors as f64)
-        .then_some(Note::ReferenceLacks(bench.unmatched, bench.tensors));
+    if bench.unmatched as f64 > MAY_LACK * bench.tensors as f64 {
+        notes.push(Note::ReferenceLacks(bench.unmatched, bench.tensors));
+    }
     let (judged, _, _) = judging::judge(
         unit,
         adjusted.alignment,
@@ -60,5 +71,8 @@ pub(super) fn envelope(
         }),
         k,
     );
-    Ok((envelope, lacks))
+    if envelope.shows_no_drift() {
+        notes.push(Note::ReferenceEqual);
+    }
+    Ok((envelope, notes))
 }
