@@ -24,7 +24,6 @@ use super::tolerance::loosest;
 use super::CompareRun;
 use crate::dtype::DType;
 use crate::error::Result;
-use crate::op_key::{Direction, Role};
 use std::collections::BTreeMap;
 use std::fmt::Write;
 
@@ -68,12 +67,6 @@ fn pattern(r: &Row) -> String {
     out
 }
 
-/// Whether a row is something its op consumed: an input, or a forward call's parameter.
-fn consumed(r: &Row) -> bool {
-    let t = &r.tensor;
-    t.role == Role::Input || (t.role == Role::Parameter && t.op.direction == Direction::Forward)
-}
-
 impl Observations {
     /// Adds what one compared pair (`run`: the benchmark against a reference or a rerun)
     /// shows; `reruns` when its two runs share one configuration and device.
@@ -83,7 +76,7 @@ impl Observations {
                 // Equal data, or equal statistics in a statistics dump.
                 let agrees = op
                     .iter()
-                    .filter(|r| consumed(r))
+                    .filter(|r| r.consumed())
                     .all(|r| r.equality().is_some());
                 for r in op {
                     let kind = r.tensor.kind;
@@ -105,7 +98,7 @@ impl Observations {
                     {
                         g.dtype = Some(g.dtype.map_or(d, |x| loosest(x, d)));
                     }
-                    if reruns && !consumed(r) && err > 0.0 && agrees {
+                    if reruns && !r.consumed() && err > 0.0 && agrees {
                         g.nondeterministic = true;
                     }
                 }

@@ -108,8 +108,8 @@ fn nonfinite_mismatch(b: Option<&Stats>, c: Option<&Stats>) -> Option<String> {
 /// Judges one pair, read from its two records (`op` and `name` are the comparison
 /// side's), under the precision floor `precision` (`carried`: set by an earlier step of
 /// the rank, not by this one's ops): against the tolerances, or, where a reference run or
-/// a calibration file measured the tensor (`bound`), against its envelope
-/// ([`calibrated`]).
+/// a calibration file measured the tensor (a reference's `envelope`, else the tolerance
+/// rule's calibration), against its envelope ([`calibrated`]).
 pub(crate) fn judge(
     op: &str,
     t: Sides<Tensor>,
@@ -117,15 +117,25 @@ pub(crate) fn judge(
     precision: Option<DType>,
     carried: bool,
     tols: &Tolerances,
-    bound: Option<Calibrated>,
+    envelope: Option<&Envelope>,
 ) -> Judgement {
-    let j = by_tolerance(op, t, m, precision, carried, tols);
+    let (db, dc, dname) = judged_dtypes(t, precision, carried);
+    let (tol, rule) = tols.lookup(op, || t.cmp.name(), db, dc);
+    let j = by_tolerance(t, m, precision, &tol, &dname);
     let what = match m.kind {
         CompareKind::Tensor => "relative L2 error",
         CompareKind::Statistics => "statistics error",
         _ => return j,
     };
     let err = envelope::measure(m.kind, j.err, j.raw_err);
+    // A reference run's envelope, else a calibration file's rule.
+    let bound = match envelope {
+        Some(e) => e.bound(&t.bench.name()).map(|bound| Calibrated {
+            bound,
+            nondeterministic: false,
+        }),
+        None => rule,
+    };
     match bound {
         // A shape mismatch, NaN/Inf where the other has none: errors whatever the drift.
         Some(b) if err.is_finite() => {
@@ -188,15 +198,13 @@ fn calibrated(j: Judgement, b: Bound, what: &str, d: Option<DType>) -> Judgement
     }
 }
 
-/// Judges one pair against the tolerance table (see [`judge`]).
-fn by_tolerance(
-    op: &str,
+/// The dtypes a pair is judged at (each side's, loosened by the precision floor where the
+/// pair is float), and how the reason names them.
+fn judged_dtypes(
     t: Sides<Tensor>,
-    m: &Measurement,
     precision: Option<DType>,
     carried: bool,
-    tols: &Tolerances,
-) -> Judgement {
+) -> (Option<DType>, Option<DType>, String) {
     let (sb, sc) = (t.bench, t.cmp);
     let (mut db, mut dc) = (sb.dtype().known(), sc.dtype().known());
     let own = db.zip(dc).map(|(x, y)| loosest(x, y));
@@ -212,7 +220,19 @@ fn by_tolerance(
             };
         }
     }
-    let tol = tols.lookup(op, || sc.name(), db, dc);
+    (db, dc, dname)
+}
+
+/// Judges one pair against its tolerance `tol` (`dname`: its dtypes as the reason names
+/// them; see [`judge`]).
+fn by_tolerance(
+    t: Sides<Tensor>,
+    m: &Measurement,
+    precision: Option<DType>,
+    tol: &Tol,
+    dname: &str,
+) -> Judgement {
+    let (sb, sc) = (t.bench, t.cmp);
     let verdict = |verdict: Verdict, reason: String, err: f64, raw_err: f64| Judgement {
         verdict,
         reason,
@@ -254,7 +274,7 @@ fn by_tolerance(
             } else {
                 0.0
             };
-            let (v, r) = grade(rel, outlier, &tol, "relative L2 error", &dname);
+            let (v, r) = grade(rel, outlier, tol, "relative L2 error", dname);
             let raw = if x.euclid == 0.0 { 0.0 } else { x.rel_l2 };
             verdict(v, r, rel, raw)
         }
@@ -277,7 +297,7 @@ fn by_tolerance(
             let numel = sc.numel();
             let sd = crate::metrics::stat_diff(&bstats, &cstats);
             let err = sd.scaled_err(&bstats, numel, tol.atol);
-            let (mut v, mut r) = grade(err, 0.0, &tol, "statistics error", &dname);
+            let (mut v, mut r) = grade(err, 0.0, tol, "statistics error", dname);
             if m.checksum_equal == Some(false) && v == Verdict::Pass {
                 v = Verdict::Warning;
                 r = "checksums differ; statistics within tolerance".into();
@@ -378,17 +398,7 @@ pub(crate) fn judge_all(
             .zip(floors)
             .map(|((m, x), (p, from_earlier))| {
                 let op = dumps.cmp.ops.get(m.refs.cmp.op()).key().text();
-                let t = records(&dumps, m);
-                // A reference run's envelope, else a calibration file's rule.
-                let bound = match envelope {
-                    Some(e) => e.bound(&t.bench.name()).map(|bound| Calibrated {
-                        bound,
-                        nondeterministic: false,
-                    }),
-                    None if tols.has_calibration() => tols.calibrated(op, &t.cmp.name()),
-                    None => None,
-                };
-                judge(op, t, x, p, from_earlier, tols, bound)
+                judge(op, records(&dumps, m), x, p, from_earlier, tols, envelope)
             })
             .collect();
         for ((m, x), j) in block.iter().zip(xs).zip(judgements) {

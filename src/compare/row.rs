@@ -4,6 +4,7 @@
 
 use super::measure::{CompareKind, Measured};
 use crate::dtype::DType;
+use crate::op_key::{Direction, Role};
 use crate::vocab::Verdict;
 use serde::{Deserialize, Serialize};
 
@@ -71,6 +72,13 @@ impl Row {
             }
             CompareKind::Unwritten | CompareKind::None => None,
         }
+    }
+
+    /// Whether it is something its op consumed: an input, or a parameter of a forward call
+    /// (a backward call's parameter records are the gradients it produced).
+    pub fn consumed(&self) -> bool {
+        let t = &self.tensor;
+        t.role == Role::Input || (t.role == Role::Parameter && t.op.direction == Direction::Forward)
     }
 
     /// Bitwise equal on both sides: every element, or the checksums.

@@ -94,9 +94,9 @@ pub(crate) struct Calibrated {
 #[derive(Debug, Clone)]
 pub struct Tolerances {
     by_dtype: BTreeMap<DType, Tol>,
-    rules: Vec<(glob::Pattern, PartialTol)>,
-    /// A calibration file's rules (`probe calibrate`), in its order.
-    calibrated: Vec<(glob::Pattern, Calibrated)>,
+    /// The `[[op]]` rules in order, with what a calibration file's rule (`probe calibrate`)
+    /// says of the tensors it matches.
+    rules: Vec<(glob::Pattern, PartialTol, Option<Calibrated>)>,
     /// The calibration file, when the table came from one.
     calibration: Option<Source>,
     /// An op whose inputs differ is blamed only if its output error exceeds this many times
@@ -163,7 +163,6 @@ impl Default for Tolerances {
         Tolerances {
             by_dtype: ALL_DTYPES.iter().map(|&d| (d, default_tol(d))).collect(),
             rules: Vec::new(),
-            calibrated: Vec::new(),
             calibration: None,
             local_gain: 10.0,
             blame_without_inputs: false,
@@ -231,29 +230,27 @@ impl Tolerances {
             let pat = glob::Pattern::new(&r.pattern)
                 .map_err(|e| bad(format!("op pattern {:?}: {e}", r.pattern)))?;
             check(&r.tol).map_err(&bad)?;
-            if let Some(reference) = r.reference {
-                let k = k.ok_or_else(|| {
-                    bad(format!(
-                        "op pattern {:?} has a reference error but the file no [calibration] k",
-                        r.pattern
-                    ))
-                })?;
-                if !(reference.is_finite() && reference >= 0.0) {
-                    return Err(bad(format!(
-                        "reference {reference} must be a non-negative number"
-                    )));
+            let calibrated = match r.reference {
+                None => None,
+                Some(reference) => {
+                    let k = k.ok_or_else(|| {
+                        bad(format!(
+                            "op pattern {:?} has a reference error but the file no [calibration] k",
+                            r.pattern
+                        ))
+                    })?;
+                    if !(reference.is_finite() && reference >= 0.0) {
+                        return Err(bad(format!(
+                            "reference {reference} must be a non-negative number"
+                        )));
+                    }
+                    Some(Calibrated {
+                        bound: Bound { reference, k },
+                        nondeterministic: r.nondeterministic,
+                    })
                 }
-                let bound = Bound { reference, k };
-                let nondeterministic = r.nondeterministic;
-                t.calibrated.push((
-                    pat.clone(),
-                    Calibrated {
-                        bound,
-                        nondeterministic,
-                    },
-                ));
-            }
-            t.rules.push((pat, r.tol));
+            };
+            t.rules.push((pat, r.tol, calibrated));
         }
         if let Some(g) = raw.local_gain {
             if g.is_nan() || g < 1.0 {
@@ -271,15 +268,6 @@ impl Tolerances {
         Ok(t)
     }
 
-    /// What a calibration file says of `tensor` (of op `op`): the first of its rules whose
-    /// pattern matches the op key or the tensor name, if any.
-    pub(crate) fn calibrated(&self, op: &str, tensor: &str) -> Option<Calibrated> {
-        self.calibrated
-            .iter()
-            .find(|(pat, _)| pat.matches(op) || pat.matches(tensor))
-            .map(|(_, c)| *c)
-    }
-
     /// The calibration file in force, if the table came from one.
     pub(crate) fn calibration(&self) -> Option<Source> {
         self.calibration.clone()
@@ -287,18 +275,19 @@ impl Tolerances {
 
     /// Whether a calibration file is in force.
     pub(crate) fn has_calibration(&self) -> bool {
-        !self.calibrated.is_empty()
+        self.calibration.is_some()
     }
 
     /// The tolerance for a tensor of `op`: from the less precise dtype, then the first op
-    /// rule whose pattern matches the op key or the tensor name.
+    /// rule whose pattern matches the op key or the tensor name; with what that rule says
+    /// as a calibration file's, if it is one (one match per tensor for both).
     pub(crate) fn lookup<'t>(
         &self,
         op: &str,
         tensor: impl FnOnce() -> std::borrow::Cow<'t, str>,
         b: Option<DType>,
         c: Option<DType>,
-    ) -> Tol {
+    ) -> (Tol, Option<Calibrated>) {
         let d = match (b, c) {
             (Some(x), Some(y)) => loosest(x, y),
             (Some(x), None) | (None, Some(x)) => x,
@@ -306,18 +295,21 @@ impl Tolerances {
         };
         let mut t = self.by_dtype.get(&d).copied().unwrap_or(default_tol(d));
         if self.rules.is_empty() {
-            return t;
+            return (t, None);
         }
         // The tensor's name is only built when a rule may match it.
         let tensor = tensor();
-        if let Some((_, p)) = self
+        let rule = self
             .rules
             .iter()
-            .find(|(pat, _)| pat.matches(op) || pat.matches(&tensor))
-        {
-            apply(&mut t, p);
+            .find(|(pat, _, _)| pat.matches(op) || pat.matches(&tensor));
+        match rule {
+            Some((_, p, calibrated)) => {
+                apply(&mut t, p);
+                (t, *calibrated)
+            }
+            None => (t, None),
         }
-        t
     }
 }
 

@@ -6,13 +6,11 @@ use super::context::Place;
 use crate::compare::judge::{Equality, Row, Verdict};
 use crate::compare::measure::CompareKind;
 use crate::compare::tolerance::loosest;
-use crate::dump::{Direction, Role};
 use crate::schema::summary::Finding;
 
 /// Whether a row is something the op consumed: an input, or a parameter of a forward call.
 pub(super) fn is_input(r: &Row) -> bool {
-    let t = &r.tensor;
-    t.role == Role::Input || (t.role == Role::Parameter && t.op.direction == Direction::Forward)
+    r.consumed()
 }
 
 /// Whether a row is something the op produced.
