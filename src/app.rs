@@ -7,7 +7,9 @@ use crate::compare::{self, Level, Shard, Tolerances};
 use crate::dump::Selection;
 use crate::error::{ProbeError, Result};
 use crate::gate::{self, FailOn};
+use crate::monitor::{self, summary::MonitorSummary};
 use crate::progress::{Count, Progress};
+use crate::report::MonitorDocument;
 use crate::report::{
     self, CompareDocument, CopyPlan, Document, ReportWriter, ScanDocument, XlsxRows,
 };
@@ -138,8 +140,23 @@ fn write_reports(
     out: &Path,
     progress: &Progress,
 ) -> Result<()> {
+    write_reports_with(writers, doc, &[], out, progress)
+}
+
+/// [`write_reports`] with other files of the same set (`extras`: name and bytes), which
+/// move into place with the reports or not at all.
+fn write_reports_with(
+    writers: &[Box<dyn ReportWriter>],
+    doc: &dyn Document,
+    extras: &[(String, Vec<u8>)],
+    out: &Path,
+    progress: &Progress,
+) -> Result<()> {
     let staging = atomic::Staging::new(out)?;
-    let names: Vec<String> = writers.iter().map(|w| w.file_name(doc.stem())).collect();
+    for (name, bytes) in extras {
+        atomic::write_bytes(&staging.path(name), bytes)?;
+    }
+    let mut names: Vec<String> = writers.iter().map(|w| w.file_name(doc.stem())).collect();
     let stage = progress.stage("reports", writers.len() as u64, Count::Items);
     stage.note(names.join(", "));
     let written: Vec<Result<()>> = writers
@@ -154,6 +171,7 @@ fn write_reports(
     drop(stage);
     written.into_iter().collect::<Result<Vec<()>>>()?;
     // summary.json (written first) moves into place last: it names the others.
+    names.extend(extras.iter().map(|(n, _)| n.clone()));
     let mut order = names;
     order.rotate_left(1);
     staging.commit(&order)
@@ -553,4 +571,102 @@ pub fn calibrate(req: &CalibrateRequest, progress: &Progress) -> Result<Calibrat
         nondeterministic: obs.nondeterministic(),
         warnings,
     })
+}
+
+/// What `probe compare` on two monitor folders was asked to do.
+#[derive(Debug, Clone)]
+pub struct TrendRequest {
+    /// The benchmark monitor.
+    pub bench: PathBuf,
+    /// The comparison monitor.
+    pub cmp: PathBuf,
+    /// Output folder.
+    pub out: PathBuf,
+    /// How the series are judged.
+    pub options: monitor::trend::TrendOptions,
+    /// When the gate fails.
+    pub fail_on: FailOn,
+    /// Report formats to write.
+    pub formats: Vec<String>,
+}
+
+/// The name of the recapture configuration in the output folder.
+pub const RECAPTURE: &str = "recapture.json";
+
+/// Files written with the reports: name and bytes.
+type Extras = Vec<(String, Vec<u8>)>;
+
+/// The recapture configuration of a target as file bytes, and its path in `out`.
+fn recapture(
+    target: Option<monitor::recapture::Target>,
+    out: &Path,
+) -> Result<(Extras, Option<String>)> {
+    let Some(t) = target else {
+        return Ok((Vec::new(), None));
+    };
+    let mut bytes = serde_json::to_vec_pretty(&monitor::recapture::config(&t))
+        .map_err(|e| ProbeError::Usage(format!("recapture.json: {e}")))?;
+    bytes.push(b'\n');
+    let path = out.join(RECAPTURE).display().to_string();
+    Ok((vec![(RECAPTURE.to_string(), bytes)], Some(path)))
+}
+
+/// Runs `probe compare` on two monitor folders: where the runs part, the reports and the
+/// recapture configuration. Returns the summary, whose `exit_code` is the gate's answer.
+pub fn trend(req: &TrendRequest, progress: &Progress) -> Result<MonitorSummary> {
+    let writers = chosen_writers(&req.formats, XlsxRows::All)?;
+    let o = &req.options;
+    if o.envelope.is_some_and(|e| !(e.is_finite() && e > 0.0)) {
+        return Err(ProbeError::Usage(
+            "--envelope must be a positive number".into(),
+        ));
+    }
+    if !(o.k.is_finite() && o.k >= 1.0) {
+        return Err(ProbeError::Usage("--trend-k must be at least 1".into()));
+    }
+    if o.calibration_steps == Some(0) {
+        return Err(ProbeError::Usage(
+            "--calibration-steps must be at least 1".into(),
+        ));
+    }
+    atomic::refuse_inside(&req.out, &[&req.bench, &req.cmp])?;
+    atomic::prepare_output_dir(&req.out)?;
+    let stage = progress.stage("monitor files", 2, Count::Items);
+    let (bench, cmp) = rayon::join(
+        || monitor::read_run(&req.bench),
+        || monitor::read_run(&req.cmp),
+    );
+    let (bench, cmp) = (bench?, cmp?);
+    drop(stage);
+    let run = monitor::trend::compare(
+        crate::vocab::Sides {
+            bench: &bench,
+            cmp: &cmp,
+        },
+        o,
+    )?;
+    let (extras, path) = recapture(monitor::summary::trend_target(&run), &req.out)?;
+    let outputs = output_paths(&writers, "monitor", &req.out);
+    let summary = monitor::summary::of_trend(&run, o, req.fail_on, path, outputs);
+    let doc = MonitorDocument::Trend(&run, &summary);
+    write_reports_with(&writers, &doc, &extras, &req.out, progress)?;
+    Ok(summary)
+}
+
+/// Runs `probe scan` on a monitor folder: the run's first events, the reports and the
+/// recapture configuration of the first.
+pub fn monitor_scan(req: &ScanRequest, progress: &Progress) -> Result<MonitorSummary> {
+    let writers = chosen_writers(&req.formats, XlsxRows::All)?;
+    atomic::refuse_inside(&req.out, &[&req.dump])?;
+    atomic::prepare_output_dir(&req.out)?;
+    let stage = progress.stage("monitor files", 1, Count::Items);
+    let run = monitor::read_run(&req.dump)?;
+    drop(stage);
+    let events = monitor::events::scan(&run);
+    let (extras, path) = recapture(monitor::summary::scan_target(&events), &req.out)?;
+    let outputs = output_paths(&writers, "monitor", &req.out);
+    let summary = monitor::summary::of_scan(&events, req.fail_on, path, outputs);
+    let doc = MonitorDocument::Scan(&events, &summary);
+    write_reports_with(&writers, &doc, &extras, &req.out, progress)?;
+    Ok(summary)
 }

@@ -151,6 +151,14 @@ pub enum ProbeError {
     /// Shard results that do not make one run (another run, overlapping or missing parts).
     #[error("shards do not make one run: {0}")]
     ShardMismatch(String),
+    /// A monitor file (`probe.Monitor`'s `rank<R>.arrows`) that cannot be read as one.
+    #[error("{}: bad monitor file: {}", path.display(), OneLine(msg))]
+    BadMonitor {
+        /// The file.
+        path: PathBuf,
+        /// What is wrong.
+        msg: String,
+    },
     /// The two sides have nothing in common to compare.
     #[error("nothing comparable: {0}")]
     NothingComparable(String),

@@ -35,6 +35,7 @@ pub mod gate;
 pub mod json;
 pub mod memory;
 pub mod metrics;
+pub mod monitor;
 pub mod op_key;
 pub mod progress;
 pub mod report;

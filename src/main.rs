@@ -103,6 +103,23 @@ struct ConfigCheckArgs {
     quiet: bool,
 }
 
+/// `probe compare` of two monitor folders (`probe.Monitor`; docs/monitor.md).
+#[derive(clap::Args)]
+struct TrendArgs {
+    /// Monitors: one envelope (relative difference) for every series instead of
+    /// calibrating on the first steps.
+    #[arg(long, value_name = "REL")]
+    envelope: Option<f64>,
+    /// Monitors: calibrate the envelopes on this many first steps (default: a tenth of the
+    /// steps, 3 to 20).
+    #[arg(long, value_name = "N")]
+    calibration_steps: Option<usize>,
+    /// Monitors: a series parts beyond K times its largest difference on the calibration
+    /// steps.
+    #[arg(long = "trend-k", value_name = "K", default_value_t = probe::monitor::trend::DEFAULT_K)]
+    trend_k: f64,
+}
+
 #[derive(clap::Args)]
 struct ConfigPackArgs {
     /// The pack to write.
@@ -255,6 +272,8 @@ struct CompareArgs {
     /// See docs/compare.md, "Mapping files".
     #[arg(long = "mapping", value_name = "FILE")]
     mapping: Vec<PathBuf>,
+    #[command(flatten)]
+    trend: TrendArgs,
     /// Print nothing on stdout, and no progress bars on stderr.
     #[arg(short, long)]
     quiet: bool,
@@ -435,6 +454,12 @@ struct ScanArgs {
 }
 
 fn run_scan(a: ScanArgs) -> Result<u8, ProbeError> {
+    let monitor = probe::monitor::is_monitor(&a.dump);
+    if monitor && (a.steps.is_some() || a.ranks.is_some()) {
+        return Err(ProbeError::Usage(
+            "--steps and --ranks apply to dumps, not to monitor folders".into(),
+        ));
+    }
     let req = app::ScanRequest {
         dump: a.dump,
         out: a.out,
@@ -448,6 +473,10 @@ fn run_scan(a: ScanArgs) -> Result<u8, ProbeError> {
             },
         },
     };
+    if monitor {
+        let summary = app::monitor_scan(&req, &Progress::for_stderr(a.quiet))?;
+        return Ok(print_monitor(&summary, a.quiet));
+    }
     let summary = app::scan(&req, &Progress::for_stderr(a.quiet))?;
     for w in &summary.warnings {
         eprintln!("probe: warning: {w}");
@@ -514,7 +543,72 @@ struct SynthArgs {
     bulk_elems: usize,
 }
 
+/// The dump options `probe compare` refuses with monitor folders (they would be ignored).
+fn refuse_dump_options(a: &CompareArgs) -> Result<(), ProbeError> {
+    let given = [
+        ("--config", a.config.is_some()),
+        ("--reference", a.reference.is_some()),
+        ("--shard", a.shard.is_some()),
+        ("--mapping", !a.mapping.is_empty()),
+        ("--steps", a.steps.is_some()),
+        ("--ranks", a.ranks.is_some()),
+    ];
+    match given.iter().find(|(_, g)| *g) {
+        Some((name, _)) => Err(ProbeError::Usage(format!(
+            "{name} applies to dumps, not to monitor folders"
+        ))),
+        None => Ok(()),
+    }
+}
+
+/// `probe compare` of two monitor folders.
+fn run_trend(a: CompareArgs) -> Result<u8, ProbeError> {
+    for (side, path) in [("benchmark", &a.bench), ("comparison", &a.cmp)] {
+        if !probe::monitor::is_monitor(path) {
+            return Err(ProbeError::Usage(format!(
+                "the {side} {} is not a monitor folder, the other is: compare two monitors or two dumps",
+                path.display()
+            )));
+        }
+    }
+    refuse_dump_options(&a)?;
+    let req = app::TrendRequest {
+        bench: a.bench,
+        cmp: a.cmp,
+        out: a.out,
+        options: probe::monitor::trend::TrendOptions {
+            envelope: a.trend.envelope,
+            calibration_steps: a.trend.calibration_steps,
+            k: a.trend.trend_k,
+        },
+        fail_on: a.verdict.fail_on,
+        formats: a.verdict.format,
+    };
+    let summary = app::trend(&req, &Progress::for_stderr(a.quiet))?;
+    Ok(print_monitor(&summary, a.quiet))
+}
+
+/// A monitor compare's or scan's warnings on stderr, its headline on stdout; its exit code.
+fn print_monitor(s: &probe::monitor::summary::MonitorSummary, quiet: bool) -> u8 {
+    for w in &s.warnings {
+        eprintln!("probe: warning: {}", report::printable(w));
+    }
+    if !quiet {
+        println!("{}: {}", s.verdict_name(), report::printable(&s.headline));
+        if let Some(r) = &s.recapture {
+            println!("recapture: {}", report::printable(r));
+        }
+        for (format, path) in &s.outputs {
+            println!("{format}: {}", report::printable(path));
+        }
+    }
+    s.exit_code
+}
+
 fn run_compare(a: CompareArgs) -> Result<u8, ProbeError> {
+    if probe::monitor::is_monitor(&a.bench) || probe::monitor::is_monitor(&a.cmp) {
+        return run_trend(a);
+    }
     let req = app::CompareRequest {
         bench: a.bench,
         cmp: a.cmp,

@@ -35,7 +35,10 @@ const LAYERS: &[(&str, &[&str])] = &[
     ),
     ("dumps: op logs read (both formats) and written (synthetic)", &["dump", "synth"]),
     ("one side's numbers: the per-tensor kernels, the one-run scan", &["metrics", "scan"]),
-    ("the comparison: plan, align, measure, judge, analyze", &["compare"]),
+    (
+        "the comparison: plan, align, measure, judge, analyze; two monitors' curves",
+        &["compare", "monitor"],
+    ),
     ("the run's verdict: the run-wide summary and headline", &["verdict"]),
     ("output: the report writers", &["report"]),
     (

@@ -20,6 +20,8 @@ pub enum Line<'a> {
     Unmatched(&'a UnitSummary, &'a Unmatched),
     /// A tensor of a scanned run.
     Scan(&'a ScanUnit, &'a ScanRow),
+    /// A series or an event of a monitor (their own columns: `report/monitor.rs`).
+    Monitor(super::monitor::MonitorLine<'a>),
 }
 
 /// A cell's value.
@@ -73,12 +75,14 @@ impl<'a> Line<'a> {
         match *self {
             Line::Tensor(u, _) | Line::Unmatched(u, _) => &u.step,
             Line::Scan(u, _) => &u.step,
+            Line::Monitor(_) => "",
         }
     }
     fn rank(&self) -> &'a str {
         match *self {
             Line::Tensor(u, _) | Line::Unmatched(u, _) => &u.rank,
             Line::Scan(u, _) => &u.rank,
+            Line::Monitor(_) => "",
         }
     }
     /// The part of its table a line belongs to: its unit (by address, valid while the table
@@ -89,12 +93,13 @@ impl<'a> Line<'a> {
             Line::Tensor(u, _) => (std::ptr::from_ref(u) as usize, 0),
             Line::Unmatched(u, _) => (std::ptr::from_ref(u) as usize, 1),
             Line::Scan(u, _) => (std::ptr::from_ref(u) as usize, 2),
+            Line::Monitor(_) => (0, 3),
         }
     }
     fn row(&self) -> Option<&'a Row> {
         match *self {
             Line::Tensor(_, r) => Some(r),
-            Line::Unmatched(..) | Line::Scan(..) => None,
+            Line::Unmatched(..) | Line::Scan(..) | Line::Monitor(_) => None,
         }
     }
     fn scanned(&self) -> Option<&'a ScanRow> {
@@ -163,7 +168,7 @@ fn side_text<'a>(l: &Line<'a>, bench: bool, shape_col: bool) -> Cell<'a> {
                 opt(Some(s.dtype.name()))
             }
         }
-        Line::Scan(..) => Cell::OptText(None),
+        Line::Scan(..) | Line::Monitor(_) => Cell::OptText(None),
         Line::Unmatched(_, u) => {
             if (u.side == crate::compare::Side::Bench) != bench {
                 Cell::OptText(None)
@@ -176,11 +181,13 @@ fn side_text<'a>(l: &Line<'a>, bench: bool, shape_col: bool) -> Cell<'a> {
     }
 }
 
-fn op_info<'a>(l: &Line<'a>) -> &'a crate::compare::OpInfo {
+/// The op of a tensor line (None: a monitor's line, which has none).
+fn op_info<'a>(l: &Line<'a>) -> Option<&'a crate::compare::OpInfo> {
     match *l {
-        Line::Tensor(_, r) => &r.tensor.op,
-        Line::Unmatched(_, u) => &u.op,
-        Line::Scan(_, r) => &r.op,
+        Line::Tensor(_, r) => Some(&r.tensor.op),
+        Line::Unmatched(_, u) => Some(&u.op),
+        Line::Scan(_, r) => Some(&r.op),
+        Line::Monitor(_) => None,
     }
 }
 
@@ -193,15 +200,15 @@ fn rank<'a>(l: &Line<'a>) -> Cell<'a> {
 }
 
 fn seq<'a>(l: &Line<'a>) -> Cell<'a> {
-    Cell::Count(op_info(l).seq)
+    Cell::Count(op_info(l).map_or(0, |o| o.seq))
 }
 
 fn op<'a>(l: &Line<'a>) -> Cell<'a> {
-    text(op_info(l).key.as_str())
+    text(op_info(l).map_or("", |o| o.key.as_str()))
 }
 
 fn direction<'a>(l: &Line<'a>) -> Cell<'a> {
-    text(op_info(l).direction.name())
+    text(op_info(l).map_or("", |o| o.direction.name()))
 }
 
 fn role<'a>(l: &Line<'a>) -> Cell<'a> {
@@ -209,6 +216,7 @@ fn role<'a>(l: &Line<'a>) -> Cell<'a> {
         Line::Tensor(_, r) => text(r.tensor.role.name()),
         Line::Unmatched(_, u) => text(u.role.name()),
         Line::Scan(_, r) => text(r.role.name()),
+        Line::Monitor(_) => text(""),
     }
 }
 
@@ -217,6 +225,7 @@ fn tensor<'a>(l: &Line<'a>) -> Cell<'a> {
         Line::Tensor(_, r) => text(&r.tensor.name),
         Line::Unmatched(_, u) => text(&u.name),
         Line::Scan(_, r) => text(&r.name),
+        Line::Monitor(_) => text(""),
     }
 }
 
@@ -280,6 +289,7 @@ pub(crate) const COLUMNS: &[Column] = &[
         Line::Tensor(_, r) => text(&r.judgement.reason),
         Line::Unmatched(_, u) => text(unmatched_reason(u)),
         Line::Scan(_, r) => text(&r.reason),
+        Line::Monitor(_) => text(""),
     }),
     // msprobe's metric columns first, then probe's.
     col!("cosine", "Cosine", 11.0, Number, |l| metric(l, |m| m
@@ -486,7 +496,7 @@ fn dtype<'a>(l: &Line<'a>) -> Cell<'a> {
     match *l {
         Line::Unmatched(_, u) => text(u.dtype.name()),
         Line::Scan(_, r) => text(r.dtype.name()),
-        Line::Tensor(..) => text(""),
+        Line::Tensor(..) | Line::Monitor(_) => text(""),
     }
 }
 
@@ -495,7 +505,7 @@ fn one_shape<'a>(l: &Line<'a>) -> Cell<'a> {
     match *l {
         Line::Unmatched(_, u) => Cell::Text(shape(&u.shape)),
         Line::Scan(_, r) => Cell::Text(shape(&r.shape)),
-        Line::Tensor(..) => text(""),
+        Line::Tensor(..) | Line::Monitor(_) => text(""),
     }
 }
 

@@ -11,6 +11,7 @@ pub(crate) mod columns;
 pub(crate) mod documents;
 pub(crate) mod html;
 mod json;
+pub(crate) mod monitor;
 mod parquet;
 pub(crate) mod plot;
 pub(crate) mod shards;
@@ -25,6 +26,7 @@ use columns::{Column, Line};
 use std::path::Path;
 
 pub use documents::{CompareDocument, ScanDocument};
+pub use monitor::MonitorDocument;
 
 pub use html::{HtmlReport, Point};
 pub use json::JsonSummary;
@@ -56,6 +58,10 @@ pub trait Document: Sync {
     /// shards'), for the parquet writer; None: encode the lines.
     fn parquet_copy(&self) -> Option<&CopyPlan> {
         None
+    }
+    /// A monitor's metrics over the steps, as the html report draws them (none: no chart).
+    fn curves(&self) -> &[crate::monitor::Curve] {
+        &[]
     }
 }
 

@@ -25,6 +25,7 @@ use crate::op_key::Direction;
 use std::fmt::Write as _;
 use std::path::Path;
 
+mod curves;
 mod page;
 mod plot;
 mod sections;
@@ -113,6 +114,7 @@ pub(crate) fn render(doc: &dyn Document) -> Result<String> {
         out.push_str("<h2>Error along execution order</h2>\n");
         p.svg(&mut out, &marks);
     }
+    curves::curves(&mut out, doc.curves());
     culprit(&mut out, &ov);
     if let Some(p) = &plot {
         p.module_tree(&mut out);

@@ -1,0 +1,393 @@
+//! Two monitor runs, step by step: where they part.
+//!
+//! Every series (rank, module, metric) of the benchmark is paired with the comparison's by
+//! name, over the steps both have. Its difference at a step is relative (`|a - b| /
+//! max(|a|, |b|, atol)`, atol a thousandth of the series' typical size on its first steps,
+//! so that a value passing through zero is not a huge relative change); a value on one
+//! side only, or non-finite on one side only, is an infinite difference.
+//!
+//! The envelope is calibrated on the first steps: two runs that will part later agree
+//! there up to their own drift (another thread count, another device's rounding), and each
+//! series may differ by up to `k` times its largest difference there (default 4), at least
+//! a floor (1e-5, the float32 norms' resolution with room). Measured on a 4-layer
+//! transformer, the drift of another thread count stays at 1e-7 over 300 AdamW steps: a
+//! fault changes a norm by orders of magnitude more. `--envelope` gives one envelope for
+//! every series instead (then every step is judged).
+//!
+//! The first step where any series leaves its envelope is where the runs part; among the
+//! series that leave it at that step, the one earliest in the step's data flow
+//! ([`super::flow`]) is named: a faulty module's output parts before its consumers', the
+//! loss and every gradient after it.
+
+use super::read::{present, RankSeries};
+use super::{curve, flow, module_label, module_order, Curve, MonitorRun};
+use crate::error::{ProbeError, Result};
+use crate::vocab::Sides;
+use serde::Serialize;
+use std::path::PathBuf;
+
+/// How two monitor runs are judged.
+#[derive(Debug, Clone, Copy)]
+pub struct TrendOptions {
+    /// One envelope for every series (relative difference), instead of calibrating.
+    pub envelope: Option<f64>,
+    /// Calibrate on this many first steps (None: a tenth of the steps, 3 to 20).
+    pub calibration_steps: Option<usize>,
+    /// A series parts beyond `k` times its largest difference on the calibration steps.
+    pub k: f64,
+}
+
+/// The default `k`.
+pub const DEFAULT_K: f64 = 4.0;
+
+/// The least envelope a calibrated series gets: float32 norms of equal runs differ by a
+/// few 1e-7 (their last bits, a reduction's order); this leaves a margin of ten and more.
+pub const FLOOR: f64 = 1e-5;
+
+/// The calibration window when none is given: a tenth of the steps, 3 to 20.
+fn default_window(steps: usize) -> usize {
+    (steps / 10).clamp(3, 20)
+}
+
+/// One series of the two runs, judged.
+#[derive(Debug, Clone, Serialize)]
+pub struct SeriesResult {
+    /// The rank.
+    pub rank: u32,
+    /// The module (`""`: the model).
+    pub module: String,
+    /// The metric.
+    pub metric: String,
+    /// The envelope its differences were judged against.
+    pub envelope: f64,
+    /// Its largest difference on the calibration steps (None: an envelope was given).
+    pub calibrated: Option<f64>,
+    /// The first step where it left the envelope.
+    pub parts_at: Option<i64>,
+    /// The benchmark's value there.
+    pub bench: Option<f64>,
+    /// The comparison's value there.
+    pub cmp: Option<f64>,
+    /// The difference there.
+    pub difference: Option<f64>,
+    /// Its largest difference over the judged steps, divided by the envelope.
+    pub worst_ratio: f64,
+    /// Where it comes in the data flow of the step it parts at (not written).
+    #[serde(skip)]
+    pub flow: (u8, i64),
+}
+
+/// Where the runs part: the series named and the step before it.
+#[derive(Debug, Clone, Serialize)]
+pub struct Parting {
+    /// The first step beyond the envelope.
+    pub step: i64,
+    /// The step before it both runs have (None: it is their first).
+    pub previous_step: Option<i64>,
+    /// The series that parts first in that step's data flow.
+    pub series: SeriesResult,
+    /// The module that returned just before it in that step (its producer, for a forward
+    /// output), when there is one.
+    pub producer: Option<String>,
+    /// How many series part at that step.
+    pub parting_series: usize,
+}
+
+/// Two monitor runs compared.
+#[derive(Debug, Clone)]
+pub struct TrendRun {
+    /// The benchmark folder.
+    pub bench: PathBuf,
+    /// The comparison folder.
+    pub cmp: PathBuf,
+    /// The ranks compared.
+    pub ranks: Vec<u32>,
+    /// Steps both runs have (the most over ranks).
+    pub steps: usize,
+    /// Calibration steps (0: an envelope was given).
+    pub window: usize,
+    /// Every series, parting ones first (by step, then data flow), then the rest.
+    pub series: Vec<SeriesResult>,
+    /// Where the runs part.
+    pub parting: Option<Parting>,
+    /// What the html report draws.
+    pub curves: Vec<Curve>,
+    /// Ranks in one run only.
+    pub unpaired: usize,
+    /// What was left out or doubtful.
+    pub warnings: Vec<String>,
+}
+
+/// The relative difference of two stored values (see the module doc).
+pub(crate) fn difference(a: f64, b: f64, atol: f64) -> f64 {
+    match (present(a), present(b)) {
+        (None, None) => 0.0,
+        (None, Some(_)) | (Some(_), None) => f64::INFINITY,
+        (Some(a), Some(b)) => {
+            if a == b || (a.is_nan() && b.is_nan()) {
+                0.0
+            } else if !a.is_finite() || !b.is_finite() {
+                f64::INFINITY
+            } else {
+                (a - b).abs() / a.abs().max(b.abs()).max(atol)
+            }
+        }
+    }
+}
+
+/// A thousandth of the typical size of a series on its first `n` steps (the median of the
+/// larger magnitude of the two runs).
+fn atol(a: &[f64], b: &[f64], n: usize) -> f64 {
+    let mut m: Vec<f64> = a
+        .iter()
+        .zip(b)
+        .take(n)
+        .filter_map(|(&x, &y)| Some(present(x)?.abs().max(present(y)?.abs())))
+        .filter(|v| v.is_finite())
+        .collect();
+    if m.is_empty() {
+        return 0.0;
+    }
+    m.sort_by(f64::total_cmp);
+    m[m.len() / 2] * 1e-3
+}
+
+/// One rank's pair of files, on the steps, modules and metrics both have.
+struct RankPair<'a> {
+    sides: Sides<&'a RankSeries>,
+    /// Step indices into each side, for the steps both have.
+    steps: Vec<(usize, usize)>,
+}
+
+impl<'a> RankPair<'a> {
+    fn new(bench: &'a RankSeries, cmp: &'a RankSeries) -> RankPair<'a> {
+        let steps = bench
+            .steps
+            .iter()
+            .enumerate()
+            .filter_map(|(i, s)| cmp.steps.binary_search(s).ok().map(|j| (i, j)))
+            .collect();
+        RankPair {
+            sides: Sides { bench, cmp },
+            steps,
+        }
+    }
+
+    /// A series of both sides on the shared steps.
+    fn values(&self, metric: &str, module: &str) -> Option<(Vec<f64>, Vec<f64>)> {
+        let (b, c) = (self.sides.bench, self.sides.cmp);
+        let bs = b.series(b.metric(metric)?, b.module(module)?);
+        let cs = c.series(c.metric(metric)?, c.module(module)?);
+        Some((
+            self.steps.iter().map(|&(i, _)| bs[i]).collect(),
+            self.steps.iter().map(|&(_, j)| cs[j]).collect(),
+        ))
+    }
+}
+
+/// Judges one series.
+fn judge(
+    pair: &RankPair<'_>,
+    module: usize,
+    metric: &str,
+    window: usize,
+    opts: &TrendOptions,
+) -> Option<SeriesResult> {
+    let b = pair.sides.bench;
+    let name = &b.modules[module];
+    let (x, y) = pair.values(metric, name)?;
+    let tol = atol(&x, &y, window.max(20));
+    let d: Vec<f64> = x
+        .iter()
+        .zip(&y)
+        .map(|(&a, &c)| difference(a, c, tol))
+        .collect();
+    let calibrated =
+        (opts.envelope.is_none()).then(|| d[..window].iter().copied().fold(0.0, f64::max));
+    let envelope = opts
+        .envelope
+        .unwrap_or_else(|| (opts.k * calibrated.unwrap_or(0.0)).max(FLOOR));
+    let first = (window..d.len()).find(|&t| d[t] > envelope);
+    let worst_ratio = d[window..].iter().copied().fold(0.0, f64::max) / envelope;
+    let step_of = |t: usize| b.steps[pair.steps[t].0];
+    Some(SeriesResult {
+        rank: b.rank,
+        module: name.clone(),
+        metric: metric.to_string(),
+        envelope,
+        calibrated,
+        parts_at: first.map(step_of),
+        bench: first.and_then(|t| present(x[t])),
+        cmp: first.and_then(|t| present(y[t])),
+        difference: first.map(|t| d[t]),
+        worst_ratio,
+        flow: first.map_or((u8::MAX, 0), |t| {
+            flow(metric, module_order(b, module, pair.steps[t].0))
+        }),
+    })
+}
+
+/// Compares two monitor runs.
+pub fn compare(runs: Sides<&MonitorRun>, opts: &TrendOptions) -> Result<TrendRun> {
+    let mut warnings = Vec::new();
+    let mut pairs = Vec::new();
+    let mut unpaired = 0;
+    for b in &runs.bench.ranks {
+        match runs.cmp.ranks.iter().find(|c| c.rank == b.rank) {
+            Some(c) => pairs.push(RankPair::new(b, c)),
+            None => {
+                unpaired += 1;
+                warnings.push(format!("rank {}: in the benchmark only", b.rank));
+            }
+        }
+    }
+    for c in &runs.cmp.ranks {
+        if !runs.bench.ranks.iter().any(|b| b.rank == c.rank) {
+            unpaired += 1;
+            warnings.push(format!("rank {}: in the comparison only", c.rank));
+        }
+    }
+    for side in [&runs.bench, &runs.cmp] {
+        for r in side.ranks.iter().filter(|r| r.cut_short) {
+            warnings.push(format!(
+                "{}: ends inside a step (a run killed while writing it): its completed steps are compared",
+                r.path.display()
+            ));
+        }
+    }
+    pairs.retain(|p| !p.steps.is_empty());
+    let steps = pairs.iter().map(|p| p.steps.len()).max().unwrap_or(0);
+    let window = match (opts.envelope, opts.calibration_steps) {
+        (Some(_), _) => 0,
+        (None, Some(w)) => w,
+        (None, None) => default_window(steps),
+    };
+    if pairs.is_empty() {
+        return Err(ProbeError::NothingComparable(
+            "the two monitor runs share no rank and step".into(),
+        ));
+    }
+    if steps <= window {
+        return Err(ProbeError::NothingComparable(format!(
+            "the runs share {steps} steps: too few to calibrate an envelope on the first {window} and judge the rest (give --envelope, or monitor more steps)"
+        )));
+    }
+    let mut series = Vec::new();
+    for p in &pairs {
+        if p.steps.len() <= window {
+            warnings.push(format!(
+                "rank {}: {} shared steps, within the calibration steps: not judged",
+                p.sides.bench.rank,
+                p.steps.len()
+            ));
+            continue;
+        }
+        let b = p.sides.bench;
+        for (m, _) in b.modules.iter().enumerate() {
+            for metric in &b.metrics {
+                series.extend(judge(p, m, metric, window, opts));
+            }
+        }
+    }
+    note_early_differences(&series, window, &mut warnings);
+    series.sort_by(|a, b| {
+        (a.parts_at.is_none(), a.parts_at, a.flow, a.rank).cmp(&(
+            b.parts_at.is_none(),
+            b.parts_at,
+            b.flow,
+            b.rank,
+        ))
+    });
+    let parting = parting(&series, &pairs);
+    let curves = curves(&pairs, parting.as_ref());
+    Ok(TrendRun {
+        bench: runs.bench.root.clone(),
+        cmp: runs.cmp.root.clone(),
+        ranks: pairs.iter().map(|p| p.sides.bench.rank).collect(),
+        steps,
+        window,
+        series,
+        parting,
+        curves,
+        unpaired,
+        warnings,
+    })
+}
+
+/// Says when the runs' loss differs much already on the calibration steps: the envelope
+/// then allows that much, and a later parting smaller than it is not seen.
+fn note_early_differences(series: &[SeriesResult], window: usize, warnings: &mut Vec<String>) {
+    let early = series
+        .iter()
+        .filter(|s| s.module.is_empty() && s.metric == "loss")
+        .filter_map(|s| Some((s.rank, s.calibrated?)))
+        .filter(|&(_, c)| c > 1e-2)
+        .max_by(|a, b| a.1.total_cmp(&b.1));
+    if let Some((rank, c)) = early {
+        warnings.push(format!(
+            "rank {rank}: the losses differ by up to {c:.1e} (relative) on the first {window} steps already: the envelope allows that much; if the runs should agree there, compare the configurations (probe config-check)"
+        ));
+    }
+}
+
+/// The series named where the runs part (the sort put it first), with its context.
+fn parting(series: &[SeriesResult], pairs: &[RankPair<'_>]) -> Option<Parting> {
+    let first = series.first().filter(|s| s.parts_at.is_some())?;
+    let step = first.parts_at?;
+    let pair = pairs.iter().find(|p| p.sides.bench.rank == first.rank)?;
+    let b = pair.sides.bench;
+    let at = pair.steps.iter().position(|&(i, _)| b.steps[i] == step)?;
+    let previous_step = at.checked_sub(1).map(|t| b.steps[pair.steps[t].0]);
+    let producer = b.module(&first.module).and_then(|m| {
+        let o = module_order(b, m, pair.steps[at].0)?;
+        (0..b.modules.len())
+            .find(|&i| o > 0 && b.order(i, pair.steps[at].0) == Some(o - 1))
+            .map(|i| b.modules[i].clone())
+    });
+    Some(Parting {
+        step,
+        previous_step,
+        series: first.clone(),
+        producer,
+        parting_series: series.iter().filter(|s| s.parts_at == Some(step)).count(),
+    })
+}
+
+/// The curves the html report draws: the model's loss, gradient norm, learning rate and
+/// update norm, and every metric of the module named, on the rank that parts (else the
+/// first rank).
+fn curves(pairs: &[RankPair<'_>], parting: Option<&Parting>) -> Vec<Curve> {
+    let rank = parting.map(|p| p.series.rank);
+    let Some(pair) = pairs
+        .iter()
+        .find(|p| rank.is_none_or(|r| p.sides.bench.rank == r))
+    else {
+        return Vec::new();
+    };
+    let b = pair.sides.bench;
+    let steps: Vec<i64> = pair.steps.iter().map(|&(i, _)| b.steps[i]).collect();
+    let mark = parting.map(|p| p.step);
+    let mut wanted: Vec<(String, String)> = ["loss", "grad_norm", "lr", "update_norm"]
+        .iter()
+        .map(|m| (String::new(), m.to_string()))
+        .collect();
+    if let Some(p) = parting.filter(|p| !p.series.module.is_empty()) {
+        wanted.extend(
+            b.metrics
+                .iter()
+                .map(|m| (p.series.module.clone(), m.clone())),
+        );
+    }
+    wanted
+        .into_iter()
+        .filter_map(|(module, metric)| {
+            let (x, y) = pair.values(&metric, &module)?;
+            Some(curve(
+                format!("rank {} {} {metric}", b.rank, module_label(&module)),
+                &steps,
+                vec![("benchmark".into(), x), ("comparison".into(), y)],
+                mark,
+            ))
+        })
+        .collect()
+}
