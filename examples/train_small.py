@@ -388,6 +388,12 @@ def main(argv: Optional[list[str]] = None) -> int:
     ap.add_argument("--batch", type=int, default=16)
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--dump", default="./probe_dump", help="dump folder")
+    ap.add_argument(
+        "--monitor",
+        default=None,
+        metavar="DIR",
+        help="also monitor every step into DIR (probe.Monitor; docs/monitor.md)",
+    )
     ap.add_argument("--no-dump", action="store_true", help="train without the agent")
     ap.add_argument("--level", choices=["api", "module", "mix"], default="api")
     ap.add_argument(
@@ -518,7 +524,11 @@ def main(argv: Optional[list[str]] = None) -> int:
     data = make_data(args.steps, args.batch, device, args.data_seed)
     if pack is not None:
         # Output paths differ between runs by design: they are not hyperparameters.
-        hyper = {k: v for k, v in vars(args).items() if k not in ("dump", "config_pack", "quiet")}
+        hyper = {
+            k: v
+            for k, v in vars(args).items()
+            if k not in ("dump", "config_pack", "quiet", "monitor")
+        }
         pack.capture(model=model, optimizer=opt, args=hyper)
     faults = [
         Fault(spec, args.inject_rel, value)
@@ -545,6 +555,7 @@ def main(argv: Optional[list[str]] = None) -> int:
             )
 
     amp, scaler = mixed_precision(args.dtype, device)
+    mon = probe.Monitor(args.monitor, model, opt, scaler=scaler) if args.monitor else None
     t0 = time.perf_counter()
     for step, (x, y) in enumerate(data):
         for fault in faults:
@@ -559,8 +570,12 @@ def main(argv: Optional[list[str]] = None) -> int:
         if dbg is not None:
             dbg.stop()
             dbg.step()
+        if mon is not None:
+            mon.step(loss)
         if not args.quiet:
             print(f"step {step}: loss {loss.item():.6f}")
+    if mon is not None:
+        mon.close()
     if dbg is not None:
         dbg.close()
     if pack is not None:

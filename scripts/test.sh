@@ -23,7 +23,7 @@ if [ ! -x .venv/bin/python ]; then
   python3 -m venv --system-site-packages .venv
 fi
 PY=.venv/bin/python
-"$PY" -m pip install --quiet --disable-pip-version-check "torch>=2.1" numpy safetensors orjson pytest pytest-xdist jsonschema ruff mypy import-linter "maturin>=1.5,<2" transformers accelerate
+"$PY" -m pip install --quiet --disable-pip-version-check "torch>=2.1" numpy safetensors orjson pytest pytest-xdist jsonschema ruff mypy import-linter "maturin>=1.5,<2" transformers accelerate pyarrow
 
 stage "python: ruff, mypy, import contracts (pyproject.toml)"
 "$PY" -m ruff check python examples bench

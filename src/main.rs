@@ -594,12 +594,20 @@ fn print_monitor(s: &probe::monitor::summary::MonitorSummary, quiet: bool) -> u8
         eprintln!("probe: warning: {}", report::printable(w));
     }
     if !quiet {
-        println!("{}: {}", s.verdict_name(), report::printable(&s.headline));
+        // A closed stdout (`| head`) is the reader's choice, not an error of the run.
+        use std::io::Write as _;
+        let mut out = std::io::stdout().lock();
+        let _ = writeln!(
+            out,
+            "{}: {}",
+            s.verdict_name(),
+            report::printable(&s.headline)
+        );
         if let Some(r) = &s.recapture {
-            println!("recapture: {}", report::printable(r));
+            let _ = writeln!(out, "recapture: {}", report::printable(r));
         }
         for (format, path) in &s.outputs {
-            println!("{format}: {}", report::printable(path));
+            let _ = writeln!(out, "{format}: {}", report::printable(path));
         }
     }
     s.exit_code

@@ -28,12 +28,14 @@ from .config import CaptureConfig, ConfigError, load_config
 if TYPE_CHECKING:
     from .capture import ApiProfiler, Debugger, seed_all
     from .config_pack import ConfigChecker, ConfigPack
+    from .monitor import Monitor
 
 # name -> submodule that defines it; these import torch.
 _LAZY = {
     "Debugger": ".capture",
     "ApiProfiler": ".capture",
     "seed_all": ".capture",
+    "Monitor": ".monitor",
     "ConfigPack": ".config_pack",
     "ConfigChecker": ".config_pack",
 }
@@ -59,6 +61,7 @@ def __getattr__(name: str) -> Any:
 
 __all__ = [
     "Debugger",
+    "Monitor",
     "ApiProfiler",
     "seed_all",
     "ConfigPack",

@@ -277,7 +277,15 @@ pub fn scan(run: &MonitorRun) -> EventRun {
         ));
     }
     let mut events: Vec<Event> = run.ranks.iter().flat_map(rank_events).collect();
-    events.sort_by_key(|a| (a.step, a.flow, a.rank, a.kind));
+    events.sort_by_key(|e| {
+        (
+            e.step,
+            e.flow,
+            e.rank,
+            std::cmp::Reverse(super::depth(&e.module)),
+            e.kind,
+        )
+    });
     let curves = scan_curves(run, events.first());
     EventRun {
         root: run.root.clone(),

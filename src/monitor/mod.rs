@@ -57,6 +57,15 @@ pub fn module_order(rank: &RankSeries, module: usize, step: usize) -> Option<i32
         .max()
 }
 
+/// How deep a module sits: 0 for the model, 1 for `layers`, 2 for `layers.0`.
+pub fn depth(name: &str) -> usize {
+    if name.is_empty() {
+        0
+    } else {
+        name.matches('.').count() + 1
+    }
+}
+
 /// A module as people read it: the root module (`""`) is the model.
 pub fn module_label(name: &str) -> &str {
     if name.is_empty() {

@@ -290,13 +290,16 @@ pub fn compare(runs: Sides<&MonitorRun>, opts: &TrendOptions) -> Result<TrendRun
         }
     }
     note_early_differences(&series, window, &mut warnings);
-    series.sort_by(|a, b| {
-        (a.parts_at.is_none(), a.parts_at, a.flow, a.rank).cmp(&(
-            b.parts_at.is_none(),
-            b.parts_at,
-            b.flow,
-            b.rank,
-        ))
+    // At one place in the flow (a container sits where the last module inside it does),
+    // the innermost module is the more precise answer.
+    series.sort_by_key(|s| {
+        (
+            s.parts_at.is_none(),
+            s.parts_at,
+            s.flow,
+            s.rank,
+            std::cmp::Reverse(super::depth(&s.module)),
+        )
     });
     let parting = parting(&series, &pairs);
     let curves = curves(&pairs, parting.as_ref());
