@@ -218,6 +218,11 @@ def _message(header_type: int, header: _Writer, body: bytes) -> bytes:
     return _CONTINUATION + struct.pack("<i", len(meta)) + meta + body
 
 
+#: Record batch metadata by layout: a monitor's steps share one (the same rows, columns
+#: and nulls), so the flatbuffer is built once, not every step.
+_LAYOUTS: dict[tuple[object, ...], bytes] = {}
+
+
 def schema_message(columns: list[Column], metadata: dict[str, str]) -> bytes:
     """The stream's first message."""
     fields = [_field(c) for c in columns]
@@ -289,4 +294,11 @@ def record_batch_message(
     body = _Body()
     for col, (values, valid) in zip(columns, data):
         body.column(np.asarray(values, dtype=_NUMPY[col.kind]), valid)
-    return _message(_RECORD_BATCH, body.batch_table(length), bytes(body.data))
+    key = (length, tuple(body.nodes), tuple(body.buffers))
+    head = _LAYOUTS.get(key)
+    if head is None:
+        head = _message(_RECORD_BATCH, body.batch_table(length), bytes(len(body.data)))
+        head = head[: len(head) - len(body.data)]
+        if len(_LAYOUTS) < 64:
+            _LAYOUTS[key] = head
+    return head + bytes(body.data)

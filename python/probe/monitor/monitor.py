@@ -129,8 +129,8 @@ class Monitor:
 
     def _reset(self) -> None:
         n = len(self.names)
-        self._out_sq: list[Optional[torch.Tensor]] = [None] * n
-        self._out_bad: list[Optional[torch.Tensor]] = [None] * n
+        self._out_norms: list[torch.Tensor] = []
+        self._out_index: list[int] = []
         self._order: list[Optional[int]] = [None] * n
         self._calls = 0
         self._grads: Optional[tuple[torch.Tensor, torch.Tensor]] = None
@@ -156,14 +156,10 @@ class Monitor:
                     _floating(out, found)
                     if not found:
                         return
-                    sq = torch.stack(
-                        [torch.linalg.vector_norm(t, dtype=torch.float32) ** 2 for t in found]
-                    ).sum()
-                    bad = torch.stack([(~torch.isfinite(t)).sum() for t in found]).sum()
-                    prev = self._out_sq[i]
-                    self._out_sq[i] = sq if prev is None else prev + sq
-                    pb = self._out_bad[i]
-                    self._out_bad[i] = bad if pb is None else pb + bad
+                    # One kernel per output tensor; squares and sums wait for the step's end.
+                    for t in found:
+                        self._out_norms.append(torch.linalg.vector_norm(t, dtype=torch.float32))
+                        self._out_index.append(i)
                     if self._order[i] is None:
                         self._order[i] = self._calls
                         self._calls += 1
@@ -218,17 +214,14 @@ class Monitor:
                 if self._columns is None and not self._state_keys:
                     self._state_keys = self._find_state_keys()
                 states = []
+                zero = torch.zeros((), device=self._device)
                 for key in self._state_keys:
-                    per = []
+                    values: list[torch.Tensor] = []
                     for p in self._params:
                         v = self._optimizer.state.get(p, {}).get(key) if self._optimizer else None
                         ok = isinstance(v, torch.Tensor) and v.shape == p.shape
-                        per.append(
-                            torch.linalg.vector_norm(v, dtype=torch.float32)
-                            if ok
-                            else torch.zeros((), device=p.device)
-                        )
-                    states.append(self._per_module(per))
+                        values.append(v if ok and isinstance(v, torch.Tensor) else zero)
+                    states.append(self._per_module(torch._foreach_norm(values)))
                 state = (
                     torch.stack(states)
                     if states
@@ -269,12 +262,12 @@ class Monitor:
         if self._grads is None:
             self._read_grads()
         z = torch.zeros(n, dtype=torch.float64, device=dev)
-        out_sq = torch.stack(
-            [v.to(dev, torch.float64) if v is not None else z[0] for v in self._out_sq]
-        )
-        out_bad = torch.stack(
-            [v.to(dev, torch.float64) if v is not None else z[0] for v in self._out_bad]
-        )
+        out_sq, out_bad = z, z
+        if self._out_norms:
+            norms = torch.stack(self._out_norms).to(dev, torch.float64)
+            index = torch.tensor(self._out_index, device=dev)
+            out_sq = z.index_add(0, index, norms**2)
+            out_bad = z.index_add(0, index, (~torch.isfinite(norms)).to(torch.float64))
         grad_sq, grad_bad = self._grads if self._grads is not None else (z, z)
         param_sq, upd, state = self._after if self._after is not None else (None, None, None)
         if param_sq is None:
@@ -312,7 +305,7 @@ class Monitor:
         flat = torch.cat(parts)
         info = {
             "order": list(self._order),
-            "has_output": [v is not None for v in self._out_sq],
+            "has_output": [o is not None for o in self._order],
             "has_grad": self._grads is not None,
             "has_update": upd is not None,
             "has_scale": isinstance(scale, torch.Tensor)
