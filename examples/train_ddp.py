@@ -107,6 +107,15 @@ def main(argv: Optional[list[str]] = None) -> int:
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--dump", default="./probe_dump")
     ap.add_argument("--no-dump", action="store_true")
+    ap.add_argument(
+        "--monitor",
+        "--monitor-dir",
+        dest="monitor",
+        default=None,
+        metavar="DIR",
+        help="also record every step with probe.Monitor (DIR/rank<R>.arrows, docs/monitor.md); "
+        "under torchrun write --monitor-dir (torchrun takes --monitor for its --monitor-interval)",
+    )
     ap.add_argument("--level", choices=["api", "module", "mix"], default="mix")
     ap.add_argument("--mode", choices=["statistics", "tensor", "checksum"], default="statistics")
     ap.add_argument("--inject", default=None, help="op to perturb, e.g. Functional.gelu.0")
@@ -223,6 +232,7 @@ def main(argv: Optional[list[str]] = None) -> int:
         )
     )
     amp, scaler = mixed_precision(args.dtype, device)
+    monitor = probe.Monitor(args.monitor, model, opt, scaler=scaler) if args.monitor else None
     t0 = 0.0
     for step, (x, y) in enumerate(data):
         if step == 1:
@@ -235,6 +245,8 @@ def main(argv: Optional[list[str]] = None) -> int:
         with amp:
             loss = F.cross_entropy(model(x), y)
         update(loss, opt, scaler)
+        if monitor is not None:
+            monitor.step(loss)
         with torch.no_grad():
             total = loss.detach().clone()
             dist.all_reduce(total)
@@ -258,6 +270,8 @@ def main(argv: Optional[list[str]] = None) -> int:
     if args.time and rank == 0 and len(data) > 1:
         ms = (time.perf_counter() - t0) * 1e3 / (len(data) - 1)
         print(f"ms/step {ms:.2f}")
+    if monitor is not None:
+        monitor.close()
     if dbg is not None:
         dbg.close()
     dist.destroy_process_group()

@@ -175,6 +175,16 @@ def main() -> None:
         default="float32",
         help="bfloat16: the forward under autocast, as a port to bfloat16 runs it",
     )
+    ap.add_argument(
+        "--monitor",
+        "--monitor-dir",
+        dest="monitor",
+        default=None,
+        metavar="DIR",
+        help="also record every step with probe.Monitor (DIR/rank<R>.arrows, docs/monitor.md); "
+        "under torchrun write --monitor-dir (torchrun takes --monitor for its --monitor-interval)",
+    )
+    ap.add_argument("--no-dump", action="store_true", help="train without the agent")
     ap.add_argument("--quiet", action="store_true")
     a = ap.parse_args()
 
@@ -187,11 +197,14 @@ def main() -> None:
     replicated = [p for n, p in model.named_parameters() if ".experts." not in n]
     opt = torch.optim.SGD(model.parameters(), lr=0.05)
     g = torch.Generator().manual_seed(a.seed + 1 + rank)
-    dbg = probe.Debugger(None, dump_path=a.dump, level=a.level, mode=a.mode)
+    dbg = None if a.no_dump else probe.Debugger(None, dump_path=a.dump, level=a.level, mode=a.mode)
+    # The optimizer's step hooks read the gradients before the zero_grad() below.
+    monitor = probe.Monitor(a.monitor, model, opt) if a.monitor else None
     for step in range(a.steps):
         x = torch.randn(a.tokens, a.dim, generator=g)
         target = torch.randn(a.tokens, 1, generator=g)
-        dbg.start(model)
+        if dbg is not None:
+            dbg.start(model)
         with torch.autocast("cpu", dtype=torch.bfloat16, enabled=a.dtype == "bfloat16"):
             out = model(x)
         loss = F.mse_loss(out.float(), target)
@@ -202,11 +215,17 @@ def main() -> None:
             p.grad /= world
         opt.step()
         opt.zero_grad()
-        dbg.stop()
-        dbg.step()
+        if monitor is not None:
+            monitor.step(loss)
+        if dbg is not None:
+            dbg.stop()
+            dbg.step()
         if not a.quiet:
             print(f"rank {rank} step {step} loss {loss.item():.6f}", flush=True)
-    dbg.close()
+    if monitor is not None:
+        monitor.close()
+    if dbg is not None:
+        dbg.close()
     dist.destroy_process_group()
     sys.stdout.flush()
     # PyTorch's gloo teardown at interpreter exit aborts now and then after a job whose

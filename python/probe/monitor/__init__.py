@@ -1,7 +1,11 @@
-"""The monitor: a few numbers per module and step, every step, for almost nothing
-(docs/monitor.md). ``probe compare`` of two monitor folders names the first step where
-runs part; ``probe scan`` of one names where it goes bad; both write the capture
-configuration that dumps exactly that step."""
+"""Monitor mode: a few norms per module and step, for every step of a run (docs/monitor.md).
+
+``probe.Monitor`` (monitor.py) hooks the model and the optimizer; norms.py computes on the
+device; table.py lays the numbers out as the monitor file's columns; arrow_ipc.py encodes
+them as an Arrow IPC stream without pyarrow.
+"""
+
+from __future__ import annotations
 
 from .monitor import Monitor
 

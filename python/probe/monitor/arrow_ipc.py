@@ -1,304 +1,318 @@
-"""A small Arrow IPC *stream* writer (numpy only), for the monitor's files.
+"""A small Arrow IPC *stream* writer (the monitor file's format, docs/monitor.md), with numpy.
 
-Why hand-written: the agent runs inside training jobs whose environments we do not control,
-and depends only on numpy, safetensors and orjson; pyarrow is a large dependency for a few
-columns. The stream format is simple: encapsulated messages (continuation marker, metadata
-length, a flatbuffer ``Message``, an 8-byte aligned body), a ``Schema`` first, then
-``DictionaryBatch`` and ``RecordBatch`` messages, then an end marker. Only what the monitor
-needs is supported: int32, float32 and float64 columns (nullable), and one utf8 column
-dictionary-encoded with int32 indices, its dictionary written once.
+Why hand-written: the agent runs inside training environments whose packages it must not
+pull in or fight with (it depends on numpy, safetensors and orjson only), and the monitor
+needs a tiny part of Arrow: flat columns of int32, float32 and float64 with validity, one
+dictionary-encoded utf8 column whose dictionary is fixed, a schema with custom metadata,
+and the stream framing. pyarrow, polars and the ``probe`` command read the result.
 
-Each ``record_batch`` call returns the complete bytes of one message, which the caller writes
-with one ``write``: a process killed mid-run leaves whole messages (or a torn last one, which
-readers detect) but never a message spliced from two steps.
+What is written (https://arrow.apache.org/docs/format/Columnar.html#ipc-streaming-format):
+the Schema message, one DictionaryBatch (id 0, the dictionary of the one dictionary field),
+then one RecordBatch message per :meth:`StreamEncoder.batch` call, and the end-of-stream
+marker. Each encapsulated message is ``0xFFFFFFFF``, the int32 length of the metadata
+flatbuffer (padded so that the body starts 8-aligned), the flatbuffer, then the body, each
+buffer padded to 8 bytes. Metadata version V5, little endian.
 
-The flatbuffers are laid out front to back: a table's vtable just before it, the objects it
-refers to after it (flatbuffer offsets point forward), every scalar aligned to its size from
-the buffer's start, which is what the readers' verifiers check.
+The encoder only *returns* bytes: the caller writes each message (or each step's batch) with
+one ``write``, so a killed process leaves whole messages and at most a cut-short last one.
+
+The flatbuffers are encoded by :func:`_encode`: parents before children (so every uoffset
+points forward), each vtable just before its table, each table placed at 4 mod 8 so that
+its 8-byte fields come right after the 4-byte soffset on an 8-byte boundary, fields by
+decreasing size; vectors of 8-byte structs start their elements 8-aligned. pyarrow's
+flatbuffer verifier checks these alignments.
 """
 
 from __future__ import annotations
 
 import struct
 from dataclasses import dataclass
-from typing import Callable, Optional, Union
+from typing import Any, Optional, Union
 
 import numpy as np
 
-# Message header types, type ids and enums of Arrow's Schema.fbs / Message.fbs.
-_SCHEMA, _DICTIONARY_BATCH, _RECORD_BATCH = 1, 2, 3
-_TYPE_INT, _TYPE_FLOAT, _TYPE_UTF8 = 2, 3, 5
+#: Column kinds: the Arrow type each is written as.
+INT32 = "int32"
+FLOAT32 = "float32"
+FLOAT64 = "float64"
+DICT_UTF8 = "dictionary<int32, utf8>"
+
+_NUMPY: dict[str, np.dtype[Any]] = {
+    INT32: np.dtype("<i4"),
+    FLOAT32: np.dtype("<f4"),
+    FLOAT64: np.dtype("<f8"),
+}
+_NUMPY[DICT_UTF8] = _NUMPY[INT32]
+
+# Flatbuffer enum values of Schema.fbs / Message.fbs.
 _V5 = 4
-_PRECISION = {np.dtype(np.float32): 1, np.dtype(np.float64): 2}
-_CONTINUATION = b"\xff\xff\xff\xff"
-END_OF_STREAM = _CONTINUATION + b"\x00\x00\x00\x00"
+_HEADER_SCHEMA, _HEADER_DICTIONARY, _HEADER_RECORD_BATCH = 1, 2, 3
+_TYPE_INT, _TYPE_FLOAT, _TYPE_UTF8 = 2, 3, 5
+_PRECISION = {FLOAT32: 1, FLOAT64: 2}  # SINGLE, DOUBLE
+
+CONTINUATION = b"\xff\xff\xff\xff"
+#: The stream's end marker: a continuation and a zero metadata length.
+END_OF_STREAM = CONTINUATION + b"\x00\x00\x00\x00"
 
 
 @dataclass(frozen=True)
 class Column:
-    """A column: its name and type (``int32``, ``float32``, ``float64`` or ``dict_utf8``)."""
+    """One field of the schema: its name, kind (:data:`INT32`, ...) and nullability."""
 
     name: str
     kind: str
     nullable: bool = True
 
 
-_Writer = Callable[["_Flatbuffer"], int]
+# --- flatbuffers ---------------------------------------------------------------------------
 
 
 @dataclass(frozen=True)
 class _Scalar:
-    """A scalar field of a table: its size, struct format and value."""
-
-    size: int
-    fmt: str
-    value: Union[int, bool]
+    fmt: str  # struct format of one little-endian scalar: "b", "B", "h", "i", "q", "d", "?"
+    value: Union[int, float, bool]
 
 
 @dataclass(frozen=True)
-class _Offset:
-    """A field referring to an object written after the table."""
-
-    write: _Writer
-
-
-_Field = Optional[Union[_Scalar, _Offset]]
+class _Table:
+    #: (field id, value): a scalar, or a child (table, vector, string) stored by offset.
+    fields: tuple[tuple[int, _Value], ...]
 
 
-def _size(f: Union[_Scalar, _Offset]) -> int:
-    return f.size if isinstance(f, _Scalar) else 4
+@dataclass(frozen=True)
+class _Tables:
+    """A vector of tables (a vector of uoffsets)."""
+
+    items: tuple[_Table, ...]
 
 
-class _Flatbuffer:
-    """Builds one flatbuffer front to back (see the module docstring)."""
+@dataclass(frozen=True)
+class _Structs:
+    """A vector of 16-byte structs of two int64 (FieldNode, Buffer), given as raw bytes."""
 
-    def __init__(self) -> None:
-        self.buf = bytearray(4)  # the root table's offset, patched by finish()
-
-    def _pad(self, align: int, extra: int = 0) -> None:
-        while (len(self.buf) + extra) % align:
-            self.buf.append(0)
-
-    def _patch_offset(self, at: int, target: int) -> None:
-        struct.pack_into("<I", self.buf, at, target - at)
-
-    def table(self, fields: list[_Field]) -> int:
-        """Writes a table (``fields`` by field id; None: absent) and what it refers to."""
-        scalars = [(i, f) for i, f in enumerate(fields) if f is not None]
-        # The vtable: its size, the table's size, each field's offset in the table.
-        layout: list[tuple[int, int]] = []  # (field id, offset in table)
-        widest = max([4] + [_size(f) for _, f in scalars])
-        self._pad(2)
-        vt_len = 4 + 2 * len(fields)
-        # Place the table so that it starts aligned to its widest scalar.
-        vt_at = len(self.buf)
-        table_at = vt_at + vt_len
-        pad = (-table_at) % widest
-        pos = table_at + pad + 4
-        ordered = sorted(scalars, key=lambda f: -_size(f[1]))
-        for i, f in ordered:
-            size = _size(f)
-            pos += (-pos) % size
-            layout.append((i, pos - (table_at + pad)))
-            pos += size
-        table_size = pos - (table_at + pad)
-        offsets = [0] * len(fields)
-        for i, off in layout:
-            offsets[i] = off
-        self.buf += b"\x00" * pad  # padding before the vtable keeps the vtable adjacent
-        vt_at += pad
-        table_at += pad
-        self.buf += struct.pack(f"<HH{len(fields)}H", vt_len, table_size, *offsets)
-        assert len(self.buf) == table_at
-        self.buf += b"\x00" * table_size
-        struct.pack_into("<i", self.buf, table_at, table_at - vt_at)
-        children: list[tuple[int, _Writer]] = []
-        for i, off in layout:
-            field = fields[i]
-            if isinstance(field, _Offset):
-                children.append((table_at + off, field.write))
-            elif isinstance(field, _Scalar):
-                struct.pack_into("<" + field.fmt, self.buf, table_at + off, field.value)
-        for at, write in children:
-            self._patch_offset(at, write(self))
-        return table_at
-
-    def string(self, s: str) -> int:
-        data = s.encode()
-        self._pad(4)
-        at = len(self.buf)
-        self.buf += struct.pack("<I", len(data)) + data + b"\x00"
-        return at
-
-    def tables(self, items: list[_Writer]) -> int:
-        self._pad(4)
-        at = len(self.buf)
-        self.buf += struct.pack("<I", len(items)) + b"\x00" * (4 * len(items))
-        for k, write in enumerate(items):
-            self._patch_offset(at + 4 + 4 * k, write(self))
-        return at
-
-    def structs(self, rows: list[tuple[int, int]]) -> int:
-        """A vector of structs of two int64 (FieldNode, Buffer), elements 8-aligned."""
-        self._pad(8, extra=4)
-        at = len(self.buf)
-        self.buf += struct.pack("<I", len(rows))
-        for a, b in rows:
-            self.buf += struct.pack("<qq", a, b)
-        return at
-
-    def finish(self, root: _Writer) -> bytes:
-        self._patch_offset(0, root(self))
-        self._pad(8)
-        return bytes(self.buf)
+    count: int
+    data: bytes
 
 
-def _u8(v: int) -> _Field:
-    return _Scalar(1, "B", v)
+@dataclass(frozen=True)
+class _String:
+    text: str
 
 
-def _bool(v: bool) -> _Field:
-    return _Scalar(1, "?", v)
+_Value = Union[_Scalar, _Table, _Tables, _Structs, _String]
+_Child = Union[_Table, _Tables, _Structs, _String]
 
 
-def _i16(v: int) -> _Field:
-    return _Scalar(2, "h", v)
+def _pad_to(buf: bytearray, align: int, rest: int = 0) -> None:
+    """Append zeros until ``len(buf) % align == rest``."""
+    buf.extend(b"\x00" * ((rest - len(buf)) % align))
 
 
-def _i32(v: int) -> _Field:
-    return _Scalar(4, "i", v)
+def _place_table(table: _Table, buf: bytearray, todo: list[tuple[int, _Child]]) -> int:
+    slots = 1 + max((fid for fid, _ in table.fields), default=-1)
+    sized = [
+        (struct.calcsize(v.fmt) if isinstance(v, _Scalar) else 4, fid, v) for fid, v in table.fields
+    ]
+    sized.sort(key=lambda s: -s[0])  # 8-byte fields first, right after the soffset
+    offsets = [0] * slots
+    at = 4
+    for size, fid, _ in sized:
+        offsets[fid] = at
+        at += size
+    vtable = struct.pack(f"<HH{slots}H", 4 + 2 * slots, at, *offsets)
+    _pad_to(buf, 2)
+    vt_pos = len(buf)
+    buf.extend(vtable)
+    _pad_to(buf, 8, 4)
+    pos = len(buf)
+    buf.extend(struct.pack("<i", pos - vt_pos))
+    for _, _, v in sized:
+        if isinstance(v, _Scalar):
+            buf.extend(struct.pack("<" + v.fmt, v.value))
+        else:
+            todo.append((len(buf), v))
+            buf.extend(b"\x00\x00\x00\x00")
+    return pos
 
 
-def _i64(v: int) -> _Field:
-    return _Scalar(8, "q", v)
+def _place(obj: _Child, buf: bytearray, todo: list[tuple[int, _Child]]) -> int:
+    """Append ``obj`` (its children go to ``todo``, to be placed after it); its position."""
+    if isinstance(obj, _Table):
+        return _place_table(obj, buf, todo)
+    if isinstance(obj, _Tables):
+        _pad_to(buf, 4)
+        pos = len(buf)
+        buf.extend(struct.pack("<I", len(obj.items)))
+        for item in obj.items:
+            todo.append((len(buf), item))
+            buf.extend(b"\x00\x00\x00\x00")
+        return pos
+    if isinstance(obj, _Structs):
+        _pad_to(buf, 8, 4)  # the elements start 8-aligned
+        pos = len(buf)
+        buf.extend(struct.pack("<I", obj.count))
+        buf.extend(obj.data)
+        return pos
+    _pad_to(buf, 4)
+    pos = len(buf)
+    raw = obj.text.encode("utf-8")
+    buf.extend(struct.pack("<I", len(raw)))
+    buf.extend(raw + b"\x00")
+    return pos
 
 
-def _off(w: _Writer) -> _Field:
-    return _Offset(w)
+def _encode(root: _Table) -> bytes:
+    """The flatbuffer whose root table is ``root``, its length a multiple of 8."""
+    buf = bytearray(4)
+    todo: list[tuple[int, _Child]] = [(0, root)]
+    i = 0
+    while i < len(todo):
+        slot, obj = todo[i]
+        i += 1
+        pos = _place(obj, buf, todo)
+        struct.pack_into("<I", buf, slot, pos - slot)
+    _pad_to(buf, 8)
+    return bytes(buf)
 
 
-def _int_type(bits: int) -> _Writer:
-    return lambda fb: fb.table([_i32(bits), _bool(True)])
+# --- messages ------------------------------------------------------------------------------
 
 
-def _field(col: Column) -> _Writer:
-    if col.kind == "int32":
-        type_id, type_w = _TYPE_INT, _int_type(32)
-    elif col.kind in ("float32", "float64"):
-        precision = _PRECISION[np.dtype(col.kind)]
-        type_id, type_w = _TYPE_FLOAT, (lambda fb: fb.table([_i16(precision)]))
-    elif col.kind == "dict_utf8":
-        type_id, type_w = _TYPE_UTF8, (lambda fb: fb.table([]))
-    else:
-        raise ValueError(f"column {col.name}: unsupported kind {col.kind!r}")
-    dictionary: _Field = None
-    if col.kind == "dict_utf8":
-        dictionary = _off(lambda fb: fb.table([_i64(0), _off(_int_type(32)), _bool(False)]))
-    return lambda fb: fb.table(
-        [
-            _off(lambda fb: fb.string(col.name)),
-            _bool(col.nullable),
-            _u8(type_id),
-            _off(type_w),
-            dictionary,
-            _off(lambda fb: fb.tables([])),
+def _message(header_type: int, header: _Table, body: bytes) -> bytes:
+    """An encapsulated message: continuation, metadata length, metadata, body."""
+    return _prefix(header_type, header, len(body)) + body
+
+
+#: Encoded batch metadata by (nodes, buffers): a monitor's steps repeat a few null
+#: patterns, and encoding the flatbuffer in Python is most of a step's writing time.
+_BATCH_PREFIXES: dict[tuple[tuple[int, ...], tuple[int, ...]], bytes] = {}
+_MAX_CACHED = 256
+
+
+def _prefix(header_type: int, header: _Table, body_length: int) -> bytes:
+    """Continuation, metadata length and metadata of a message whose body has that length."""
+    meta = _encode(
+        _Table(
+            (
+                (0, _Scalar("h", _V5)),
+                (1, _Scalar("B", header_type)),
+                (2, header),
+                (3, _Scalar("q", body_length)),
+            )
+        )
+    )
+    return CONTINUATION + struct.pack("<i", len(meta)) + meta
+
+
+def _int32_type() -> _Table:
+    return _Table(((0, _Scalar("i", 32)), (1, _Scalar("?", True))))
+
+
+def _field(col: Column) -> _Table:
+    fields: list[tuple[int, _Value]] = [
+        (0, _String(col.name)),
+        (1, _Scalar("?", col.nullable)),
+        (5, _Tables(())),
+    ]
+    if col.kind == INT32:
+        fields += [(2, _Scalar("B", _TYPE_INT)), (3, _int32_type())]
+    elif col.kind in _PRECISION:
+        fields += [
+            (2, _Scalar("B", _TYPE_FLOAT)),
+            (3, _Table(((0, _Scalar("h", _PRECISION[col.kind])),))),
         ]
-    )
-
-
-def _key_value(k: str, v: str) -> _Writer:
-    return lambda fb: fb.table([_off(lambda fb: fb.string(k)), _off(lambda fb: fb.string(v))])
-
-
-def _message(header_type: int, header: _Writer, body: bytes) -> bytes:
-    fb = _Flatbuffer()
-    meta = fb.finish(
-        lambda fb: fb.table([_i16(_V5), _u8(header_type), _off(header), _i64(len(body))])
-    )
-    return _CONTINUATION + struct.pack("<i", len(meta)) + meta + body
-
-
-#: Record batch metadata by layout: a monitor's steps share one (the same rows, columns
-#: and nulls), so the flatbuffer is built once, not every step.
-_LAYOUTS: dict[tuple[object, ...], bytes] = {}
+    elif col.kind == DICT_UTF8:
+        encoding = _Table(((0, _Scalar("q", 0)), (1, _int32_type()), (2, _Scalar("?", False))))
+        fields += [(2, _Scalar("B", _TYPE_UTF8)), (3, _Table(())), (4, encoding)]
+    else:
+        raise ValueError(f"unknown column kind {col.kind!r}")
+    return _Table(tuple(fields))
 
 
 def schema_message(columns: list[Column], metadata: dict[str, str]) -> bytes:
-    """The stream's first message."""
-    fields = [_field(c) for c in columns]
-    kvs = [_key_value(k, v) for k, v in metadata.items()]
-    header: _Writer = lambda fb: fb.table(  # noqa: E731
-        [_i16(0), _off(lambda fb: fb.tables(fields)), _off(lambda fb: fb.tables(kvs))]
+    """The Schema message (little endian, the columns, the custom metadata)."""
+    pairs = tuple(_Table(((0, _String(k)), (1, _String(v)))) for k, v in metadata.items())
+    schema = _Table(
+        (
+            (0, _Scalar("h", 0)),
+            (1, _Tables(tuple(_field(c) for c in columns))),
+            (2, _Tables(pairs)),
+        )
     )
-    return _message(_SCHEMA, header, b"")
+    return _message(_HEADER_SCHEMA, schema, b"")
 
 
 class _Body:
-    """A message body: buffers, each padded to 8 bytes, and the nodes and buffer specs."""
+    """The body of a batch being built: buffers padded to 8, with their (offset, length)."""
 
     def __init__(self) -> None:
-        self.data = bytearray()
-        self.buffers: list[tuple[int, int]] = []
-        self.nodes: list[tuple[int, int]] = []
+        self.parts: list[bytes] = []
+        self.specs: list[int] = []
+        self.size = 0
 
-    def buffer(self, raw: bytes) -> None:
-        self.buffers.append((len(self.data), len(raw)))
-        self.data += raw
-        self.data += b"\x00" * ((-len(self.data)) % 8)
+    def add(self, data: bytes) -> None:
+        self.specs += [self.size, len(data)]
+        pad = -len(data) % 8
+        self.parts.append(data + b"\x00" * pad if pad else data)
+        self.size += len(data) + pad
 
-    def column(self, values: np.ndarray, valid: Optional[np.ndarray]) -> None:
-        n = len(values)
-        nulls = 0 if valid is None else int(n - np.count_nonzero(valid))
-        self.nodes.append((n, nulls))
-        if nulls:
-            assert valid is not None
-            self.buffer(np.packbits(valid.astype(np.uint8), bitorder="little").tobytes())
-        else:
-            self.buffer(b"")
-        self.buffer(np.ascontiguousarray(values).astype(values.dtype.newbyteorder("<")).tobytes())
+    def bytes(self) -> bytes:
+        return b"".join(self.parts)
 
-    def batch_table(self, length: int) -> _Writer:
-        nodes, buffers = list(self.nodes), list(self.buffers)
-        return lambda fb: fb.table(
-            [
-                _i64(length),
-                _off(lambda fb: fb.structs(nodes)),
-                _off(lambda fb: fb.structs(buffers)),
-            ]
+
+def _record_batch(length: int, nodes: list[int], body: _Body) -> _Table:
+    return _Table(
+        (
+            (0, _Scalar("q", length)),
+            (1, _Structs(len(nodes) // 2, struct.pack(f"<{len(nodes)}q", *nodes))),
+            (2, _Structs(len(body.specs) // 2, struct.pack(f"<{len(body.specs)}q", *body.specs))),
         )
+    )
 
 
-def dictionary_message(values: list[str]) -> bytes:
-    """The dictionary (id 0) of the utf8 column: every value, once."""
-    encoded = [v.encode() for v in values]
-    offsets = np.zeros(len(encoded) + 1, dtype=np.int32)
-    offsets[1:] = np.cumsum([len(e) for e in encoded])
+def dictionary_message(values: list[str], dictionary_id: int = 0) -> bytes:
+    """The DictionaryBatch of a utf8 dictionary (not a delta)."""
+    raw = [v.encode("utf-8") for v in values]
+    offsets = np.zeros(len(raw) + 1, dtype="<i4")
+    np.cumsum([len(r) for r in raw], out=offsets[1:])
     body = _Body()
-    body.nodes.append((len(values), 0))
-    body.buffer(b"")
-    body.buffer(offsets.astype("<i4").tobytes())
-    body.buffer(b"".join(encoded))
-    batch = body.batch_table(len(values))
-    header: _Writer = lambda fb: fb.table([_i64(0), _off(batch), _bool(False)])  # noqa: E731
-    return _message(_DICTIONARY_BATCH, header, bytes(body.data))
-
-
-_NUMPY = {"int32": np.int32, "float32": np.float32, "float64": np.float64, "dict_utf8": np.int32}
+    body.add(b"")  # validity: none null
+    body.add(offsets.tobytes())
+    body.add(b"".join(raw))
+    batch = _record_batch(len(raw), [len(raw), 0], body)
+    header = _Table(((0, _Scalar("q", dictionary_id)), (1, batch), (2, _Scalar("?", False))))
+    return _message(_HEADER_DICTIONARY, header, body.bytes())
 
 
 def record_batch_message(
-    columns: list[Column], data: list[tuple[np.ndarray, Optional[np.ndarray]]]
+    columns: list[Column],
+    length: int,
+    values: list[np.ndarray[Any, Any]],
+    valid: list[Optional[np.ndarray[Any, Any]]],
 ) -> bytes:
-    """One record batch: per column its values and validity (None: no nulls)."""
-    length = len(data[0][0]) if data else 0
+    """One RecordBatch message: ``values[i]`` holds column i's ``length`` values (cast to
+    the column's type); ``valid[i]`` is a bool mask of its non-null rows, or None (no null).
+    Null rows' values are written as they are (Arrow leaves them undefined)."""
     body = _Body()
-    for col, (values, valid) in zip(columns, data):
-        body.column(np.asarray(values, dtype=_NUMPY[col.kind]), valid)
-    key = (length, tuple(body.nodes), tuple(body.buffers))
-    head = _LAYOUTS.get(key)
-    if head is None:
-        head = _message(_RECORD_BATCH, body.batch_table(length), bytes(len(body.data)))
-        head = head[: len(head) - len(body.data)]
-        if len(_LAYOUTS) < 64:
-            _LAYOUTS[key] = head
-    return head + bytes(body.data)
+    nodes: list[int] = []
+    for col, data, mask in zip(columns, values, valid):
+        nulls = 0 if mask is None else length - int(np.count_nonzero(mask))
+        if nulls and not col.nullable:
+            raise ValueError(f"column {col.name!r} is not nullable but has {nulls} nulls")
+        nodes += [length, nulls]
+        if nulls:
+            assert mask is not None
+            body.add(np.packbits(mask, bitorder="little").tobytes())
+        else:
+            body.add(b"")
+        arr = np.asarray(data, dtype=_NUMPY[col.kind])
+        if arr.shape != (length,):
+            raise ValueError(f"column {col.name!r}: {arr.shape} values for {length} rows")
+        body.add(arr.tobytes())
+    key = (tuple(nodes), tuple(body.specs))
+    prefix = _BATCH_PREFIXES.get(key)
+    if prefix is None:
+        prefix = _prefix(_HEADER_RECORD_BATCH, _record_batch(length, nodes, body), body.size)
+        if len(_BATCH_PREFIXES) < _MAX_CACHED:
+            _BATCH_PREFIXES[key] = prefix
+    return prefix + body.bytes()

@@ -1,421 +1,446 @@
-"""``probe.Monitor``: per-step, per-module metrics of a training run, one Arrow IPC stream
-per rank (the format: docs/monitor.md, read by ``probe compare`` / ``probe scan`` and by
-pyarrow, polars, pandas, DuckDB).
+"""``probe.Monitor``: a few numbers per module and step, for every step of a long run.
 
-Why this shape: a migrated job parts from its reference after hundreds of steps, and the
-step to dump is what users lack. Every step therefore costs little: forward hooks add the
-squared norm (and the NaN/Inf count) of each monitored module's output to a device tensor;
-at the optimizer step, per-parameter norms of gradients, parameters, updates and optimizer
-state come from ``torch._foreach_norm`` and are summed per module by one matrix product; the
-step's numbers are concatenated into one tensor and copied to the host once (asynchronously
-into pinned memory on an accelerator, read at the next step). Nothing the model computes is
-touched: hooks read outputs under ``no_grad``, and return nothing. A failure inside the
-monitor warns once and switches it off; training goes on.
+Why: the capture agent (``probe.Debugger``) records every operator of a step, too much to
+leave on for a whole run. The monitor records, per monitored module and step, the norms
+that show where a run starts to go wrong (outputs, gradients, parameters, the update and
+the optimizer state, NaN/Inf counts) and the loss, loss scale and learning rate, cheaply
+enough to stay on; the file (docs/monitor.md) then tells which step to recapture.
+
+Call order, once per iteration::
+
+    mon = probe.Monitor("monitor", model, optimizer, scaler=scaler)
+    for x, y in data:
+        loss = loss_fn(model(x), y)        # forward hooks: output norms, order
+        loss.backward()
+        optimizer.step()                   # step pre-hook: gradients, parameter snapshot
+        optimizer.zero_grad()              #   post-hook: the update (zero_grad may go here)
+        mon.step(loss)                     # parameters, optimizer state, loss: one row each
+    mon.close()
+
+With a GradScaler: ``scaler.step(optimizer); scaler.update(); mon.step(loss)`` (the scale
+recorded is the scale after ``update()``). When no optimizer step ran (the scaler skipped
+it), ``step()`` reads the gradients itself, if they are still there.
+
+Rules: the monitor never changes what training computes (no random numbers, no in-place
+edit of a model tensor, outputs returned untouched, hooks removed at ``close()``), and
+never breaks training: an internal failure warns once and switches it off (probe/_guard.py).
+On CUDA the step's numbers go to pinned host memory without a sync and are written at the
+next step (or at ``close()``).
 """
 
 from __future__ import annotations
 
+import atexit
 import json
-import os
+import logging
 import warnings
+import weakref
 from collections.abc import Sequence
 from typing import Any, Optional, Union
 
 import numpy as np
 import torch
 
+from .._guard import Guard
+from .._runtime import current_rank, world_size
 from .._version import __version__
-from . import arrow_ipc
-from .arrow_ipc import Column
+from .norms import Membership, floating_tensors, output_count
+from .table import FORMAT_VERSION, METRICS, MonitorFile, StepRows
 
-#: Metrics of a module's row, per module (squared norms summed, then rooted on the host).
-_FIXED = [
-    "output_norm",
-    "output_nonfinite",
-    "grad_norm",
-    "grad_nonfinite",
-    "param_norm",
-    "update_norm",
-]
+log = logging.getLogger("probe")
+
+#: At most this many steps are held in memory (state columns unknown) while no optimizer
+#: step has run yet: the optimizer state, hence the ``state_<key>_norm`` columns, appears
+#: with the first real step (a GradScaler skips the first ones of a run).
+MAX_HELD_STEPS = 64
+
+#: A root scalar whose value is in the step's device vector (a tensor loss, the scaler's
+#: scale), compared by identity.
+ON_DEVICE = float("nan")
 
 
-def _floating(out: Any, found: list[torch.Tensor]) -> None:
-    """Every floating tensor in a module's output (tuples, lists, dicts, ModelOutput)."""
-    if isinstance(out, torch.Tensor):
-        if out.is_floating_point():
-            found.append(out)
-    elif isinstance(out, (list, tuple)):
-        for o in out:
-            _floating(o, found)
-    elif isinstance(out, dict):
-        for o in out.values():
-            _floating(o, found)
+def _unwrap(model: torch.nn.Module) -> torch.nn.Module:
+    """The model a wrapper (DistributedDataParallel, ``torch.compile``) holds: module
+    names are then those of the bare model, the same on every rank and in every run."""
+    for _ in range(4):
+        inner = (
+            getattr(model, "module", None)
+            if type(model).__name__.endswith("DataParallel")
+            else None
+        )
+        inner = inner if inner is not None else getattr(model, "_orig_mod", None)
+        if not isinstance(inner, torch.nn.Module):
+            return model
+        model = inner
+    return model
+
+
+def select_modules(
+    model: torch.nn.Module, depth: int, names: Optional[Sequence[str]]
+) -> list[tuple[str, torch.nn.Module]]:
+    """The root (``""``) then, in ``named_modules()`` order, the modules at most ``depth``
+    deep (``a.b`` is 2 deep) or exactly those in ``names``."""
+    named = list(model.named_modules())
+    if names is None:
+        return [(n, m) for n, m in named if n == "" or n.count(".") + 1 <= depth]
+    known = {n for n, _ in named}
+    missing = [n for n in names if n not in known]
+    if missing:
+        raise ValueError(f"probe.Monitor: no module named {missing} in the model")
+    wanted = set(names)
+    return [(n, m) for n, m in named if n == "" or n in wanted]
+
+
+def _in_backward() -> bool:
+    """Whether autograd is running a backward (a checkpointed forward being recomputed)."""
+    task = getattr(torch._C, "_current_graph_task_id", None)
+    return task is not None and int(task()) >= 0
+
+
+class _StepState:
+    """What the hooks gather during one step (reset by ``Monitor.step``)."""
+
+    def __init__(self, modules: int) -> None:
+        self.order = [-1] * modules
+        self.next_order = 0
+        self.out_norms: list[torch.Tensor] = []
+        self.out_rows: list[int] = []
+        self.host_counts = np.zeros(modules)
+        self.dev_counts: list[tuple[int, torch.Tensor]] = []
+        #: Per module: sum of squared gradient norms, NaN/Inf count, holds a gradient.
+        self.grads: Optional[tuple[torch.Tensor, torch.Tensor, np.ndarray]] = None
+        self.before: Optional[list[torch.Tensor]] = None
+        self.update: Optional[torch.Tensor] = None
 
 
 class Monitor:
-    """Monitors ``model`` (and ``optimizer``): call :meth:`step` once per iteration, after
-    the optimizer step, with the loss; :meth:`close` at the end (or use ``with``).
+    """Writes ``path/rank<R>.arrows`` (docs/monitor.md): one row per monitored module and
+    step. See the module docstring for the call order.
 
-    ``depth``: the modules monitored are the model (``""``) and every module whose qualified
-    name has at most ``depth`` parts (``layers.0`` has two); ``modules`` names them instead.
-    ``scaler``: a ``torch.amp.GradScaler``, for the loss scale. ``update_norm``: keep a copy
-    of the parameters across the optimizer step to measure the update (memory of one copy
-    of the parameters, during the step only).
+    ``depth``: the modules at most that deep are monitored (the root always);
+    ``modules``: exactly these names instead. ``update_norm=False`` saves the copy of the
+    parameters that the update's norm needs. ``rank``/``world_size``: the process group's
+    when one is up, else ``$RANK``/``$WORLD_SIZE``.
     """
 
     def __init__(
         self,
-        path: Union[str, os.PathLike[str]],
+        path: str,
         model: torch.nn.Module,
         optimizer: Optional[torch.optim.Optimizer] = None,
         *,
         scaler: Optional[Any] = None,
         depth: int = 2,
-        modules: Optional[list[str]] = None,
+        modules: Optional[Sequence[str]] = None,
         update_norm: bool = True,
         rank: Optional[int] = None,
         world_size: Optional[int] = None,
     ) -> None:
-        dist = torch.distributed
-        live = dist.is_available() and dist.is_initialized()
-        self.rank = rank if rank is not None else (dist.get_rank() if live else 0)
-        self.world_size = (
-            world_size if world_size is not None else (dist.get_world_size() if live else 1)
-        )
-        named = dict(model.named_modules())
-        if modules is not None:
-            unknown = [m for m in modules if m not in named]
-            if unknown:
-                raise ValueError(f"Monitor: no module named {unknown[0]!r} in the model")
-            names = [""] + [m for m in modules if m != ""]
-        else:
-            names = [""] + [n for n in named if n and n.count(".") < depth]
-        self.names = names
-        self._model = model
+        if isinstance(modules, str):
+            raise TypeError("probe.Monitor: modules is a list of module names, not one string")
+        self._guard = Guard(self._report, self._switch_off)
+        self._on = False
+        self._handles: list[Any] = []
+        self.step_index = 0
+        self._model = _unwrap(model)
         self._optimizer = optimizer
         self._scaler = scaler
-        self._update = update_norm
+        self._update_norm = update_norm
+        selected = select_modules(self._model, depth, modules)
+        self.module_names = [n for n, _ in selected]
+        self._file: Optional[MonitorFile] = None
+        self._held: list[StepRows] = []
+        self._keys: Optional[list[str]] = None
+        self._stepped_ever = False
+        self._inflight: Optional[tuple[torch.Tensor, Any, dict[str, Any]]] = None
+        self._state = _StepState(len(selected))
+        try:
+            self._setup(
+                path, selected, depth if modules is None else list(modules), rank, world_size
+            )
+        except Exception as exc:  # noqa: BLE001 - an unusable path must not stop training
+            self._guard.fail(exc, "Monitor()")
+
+    def _setup(
+        self,
+        path: str,
+        selected: list[tuple[str, torch.nn.Module]],
+        config: Union[int, list[str]],
+        rank: Optional[int],
+        world: Optional[int],
+    ) -> None:
+        rank = current_rank() if rank is None else rank
+        world = world_size() if world is None else world
+        first = next(self._model.parameters(), None)
+        self._device = first.device if first is not None else torch.device("cpu")
+        self._members = Membership([m for _, m in selected], self._device)
+        self._all = list(range(len(self._members.params)))
+        self._has_params = np.asarray(self._members.member.any(axis=1))
+        meta = {
+            "format": "probe.monitor",
+            "version": FORMAT_VERSION,
+            "rank": rank,
+            "world_size": world,
+            "probe_version": __version__,
+            "modules": config,
+        }
+        self._file = MonitorFile(path, rank, self.module_names, json.dumps(meta))
         self._on = True
-        self._step = 0
-        params = [p for p in model.parameters()]
-        index = {id(p): k for k, p in enumerate(params)}
-        self._params = params
-        device = params[0].device if params else torch.device("cpu")
-        self._device = device
-        member = torch.zeros(len(names), max(1, len(params)), dtype=torch.float64)
-        for i, n in enumerate(names):
-            for p in named[n].parameters():
-                member[i, index[id(p)]] = 1.0
-        self._member = member.to(device)
-        self._has_params = member.sum(dim=1).numpy() > 0
-        self._hooks = [
-            named[n].register_forward_hook(self._forward_hook(i)) for i, n in enumerate(names)
-        ]
-        self._opt_hooks: list[Any] = []
-        if optimizer is not None:
-            self._opt_hooks = [
-                optimizer.register_step_pre_hook(self._pre_step),
-                optimizer.register_step_post_hook(self._post_step),
-            ]
-        os.makedirs(path, exist_ok=True)
-        self.file = os.path.join(os.fspath(path), f"rank{self.rank}.arrows")
-        self._fd = os.open(self.file, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
-        self._columns: Optional[list[Column]] = None
-        self._state_keys: list[str] = []
-        self._pending: Optional[tuple[int, torch.Tensor, Any, dict[str, Any]]] = None
-        self._reset()
+        for i, (_, mod) in enumerate(selected):
+            self._handles.append(mod.register_forward_hook(self._forward_hook(i)))
+        if self._optimizer is not None:
+            self._handles.append(self._optimizer.register_step_pre_hook(self._pre_step))
+            self._handles.append(self._optimizer.register_step_post_hook(self._post_step))
+        ref = weakref.ref(self)
+        atexit.register(lambda: (lambda m: m.close() if m is not None else None)(ref()))
 
-    # -- per step state ---------------------------------------------------------------------
-
-    def _reset(self) -> None:
-        n = len(self.names)
-        self._out_norms: list[torch.Tensor] = []
-        self._out_index: list[int] = []
-        self._order: list[Optional[int]] = [None] * n
-        self._calls = 0
-        self._grads: Optional[tuple[torch.Tensor, torch.Tensor]] = None
-        self._snapshot: Optional[list[torch.Tensor]] = None
-        self._after: Optional[tuple[torch.Tensor, Optional[torch.Tensor], torch.Tensor]] = None
-
-    def _fail(self, exc: BaseException) -> None:
-        self._on = False
-        warnings.warn(
-            f"probe.Monitor switched off after an internal error ({type(exc).__name__}: {exc}); "
-            "training is not affected",
-            RuntimeWarning,
-            stacklevel=3,
-        )
+    # --- hooks ---------------------------------------------------------------------------
 
     def _forward_hook(self, i: int) -> Any:
-        def hook(module: torch.nn.Module, args: Any, out: Any) -> None:
-            if not self._on:
-                return
-            try:
-                with torch.no_grad():
-                    found: list[torch.Tensor] = []
-                    _floating(out, found)
-                    if not found:
-                        return
-                    # One kernel per output tensor; squares and sums wait for the step's end.
-                    for t in found:
-                        self._out_norms.append(torch.linalg.vector_norm(t, dtype=torch.float32))
-                        self._out_index.append(i)
-                    if self._order[i] is None:
-                        self._order[i] = self._calls
-                        self._calls += 1
-            except Exception as exc:  # noqa: BLE001 - never fail the training run
-                self._fail(exc)
+        def hook(module: torch.nn.Module, args: Any, output: Any) -> None:
+            if self._on:
+                self._record_output(i, output)
 
         return hook
 
-    def _per_module(self, per_param: Sequence[torch.Tensor]) -> torch.Tensor:
-        """Per-parameter norms (0-d tensors, params order) -> per-module squared norms."""
-        sq = torch.stack([n.to(torch.float64) for n in per_param]) ** 2
-        return self._member @ sq
+    def _record_output(self, i: int, output: Any) -> None:
+        try:
+            if _in_backward():
+                return
+            s = self._state
+            if s.order[i] < 0:
+                s.order[i] = s.next_order
+                s.next_order += 1
+            for t in floating_tensors(output):
+                n = torch.linalg.vector_norm(t, dtype=torch.float32)
+                s.out_norms.append(n)
+                s.out_rows.append(i)
+                count = output_count(t, n)
+                if isinstance(count, torch.Tensor):
+                    s.dev_counts.append((i, count))
+                elif count:
+                    s.host_counts[i] += count
+        except Exception as exc:  # noqa: BLE001 - must never fail the training run
+            self._guard.fail(exc, f"the forward hook of module {self.module_names[i]!r}")
+
+    def _pre_step(self, optimizer: Any, args: Any, kwargs: Any) -> None:
+        if not self._on:
+            return
+        try:
+            with torch.no_grad():
+                if self._state.grads is None:
+                    self._read_grads()
+                if self._update_norm:
+                    self._state.before = [p.detach().clone() for p in self._members.params]
+        except Exception as exc:  # noqa: BLE001 - must never fail the training run
+            self._guard.fail(exc, "the optimizer step pre-hook")
+
+    def _post_step(self, optimizer: Any, args: Any, kwargs: Any) -> None:
+        if not self._on:
+            return
+        try:
+            self._stepped_ever = True
+            before = self._state.before
+            if before is not None:
+                self._state.before = None
+                with torch.no_grad():
+                    torch._foreach_sub_(before, [p.detach() for p in self._members.params])
+                    self._state.update = self._members.squares(self._all, before)
+        except Exception as exc:  # noqa: BLE001 - must never fail the training run
+            self._guard.fail(exc, "the optimizer step post-hook")
 
     def _read_grads(self) -> None:
-        with torch.no_grad():
-            grads = [
-                p.grad if p.grad is not None else torch.zeros((), device=p.device)
-                for p in self._params
-            ]
-            if not grads:
-                return
-            norms = torch._foreach_norm(grads)
-            sq = self._per_module(norms)
-            bad = self._member @ torch.stack(
-                [(~torch.isfinite(n)).to(torch.float64) for n in norms]
-            )
-            self._grads = (sq, bad)
+        params = self._members.params
+        which = [j for j, p in enumerate(params) if p.grad is not None]
+        grads = [params[j].grad for j in which]
+        sq, nf = self._members.squares_and_counts(which, grads)  # type: ignore[arg-type]
+        self._state.grads = (sq, nf, self._members.present(which))
 
-    def _pre_step(self, opt: Any, args: Any, kwargs: Any) -> None:
-        if not self._on:
-            return
-        try:
-            self._read_grads()
-            if self._update and self._params:
+    # --- the step ------------------------------------------------------------------------
+
+    def step(self, loss: Union[torch.Tensor, float, None] = None) -> None:
+        """Record this step (call it once per iteration, after the optimizer step)."""
+        if self._on:
+            try:
                 with torch.no_grad():
-                    self._snapshot = [p.detach().clone() for p in self._params]
-        except Exception as exc:  # noqa: BLE001 - never fail the training run
-            self._fail(exc)
+                    self._deliver_inflight()
+                    self._gather(loss)
+            except Exception as exc:  # noqa: BLE001 - must never fail the training run
+                self._guard.fail(exc, f"step() at step {self.step_index}")
+        self.step_index += 1
+        self._state = _StepState(len(self.module_names))
 
-    def _post_step(self, opt: Any, args: Any, kwargs: Any) -> None:
-        if not self._on or not self._params:
-            return
-        try:
-            with torch.no_grad():
-                params = [p.detach() for p in self._params]
-                param_sq = self._per_module(torch._foreach_norm(params))
-                upd = None
-                if self._snapshot is not None:
-                    diffs = torch._foreach_sub(params, self._snapshot)
-                    upd = self._per_module(torch._foreach_norm(diffs))
-                    self._snapshot = None
-                if self._columns is None and not self._state_keys:
-                    self._state_keys = self._find_state_keys()
-                states = []
-                zero = torch.zeros((), device=self._device)
-                for key in self._state_keys:
-                    values: list[torch.Tensor] = []
-                    for p in self._params:
-                        v = self._optimizer.state.get(p, {}).get(key) if self._optimizer else None
-                        ok = isinstance(v, torch.Tensor) and v.shape == p.shape
-                        values.append(v if ok and isinstance(v, torch.Tensor) else zero)
-                    states.append(self._per_module(torch._foreach_norm(values)))
-                state = (
-                    torch.stack(states)
-                    if states
-                    else torch.zeros(0, len(self.names), dtype=torch.float64, device=self._device)
-                )
-                self._after = (param_sq, upd, state)
-        except Exception as exc:  # noqa: BLE001 - never fail the training run
-            self._fail(exc)
-
-    def _find_state_keys(self) -> list[str]:
+    def _state_keys(self) -> list[str]:
+        """The optimizer state entries shaped like their parameter (``exp_avg``, ...)."""
         keys: list[str] = []
-        if self._optimizer is None:
-            return keys
-        for p in self._params:
-            for k, v in self._optimizer.state.get(p, {}).items():
-                if isinstance(v, torch.Tensor) and v.shape == p.shape and k not in keys:
-                    keys.append(k)
+        state = self._optimizer.state if self._optimizer is not None else {}
+        for p in self._members.params:
+            for key, value in state.get(p, {}).items():
+                if isinstance(value, torch.Tensor) and value.shape == p.shape and key not in keys:
+                    keys.append(str(key))
         return keys
 
-    # -- the step ---------------------------------------------------------------------------
-
-    def step(self, loss: Optional[torch.Tensor] = None) -> None:
-        """Ends a step: its numbers go to the file (one host copy; on an accelerator the
-        copy completes while the next step runs)."""
-        if not self._on:
-            self._step += 1
-            return
-        try:
-            self._end_step(loss)
-        except Exception as exc:  # noqa: BLE001 - never fail the training run
-            self._fail(exc)
-        self._step += 1
-        self._reset()
-
-    def _end_step(self, loss: Optional[torch.Tensor]) -> None:
-        n = len(self.names)
-        dev = self._device
-        if self._grads is None:
+    def _gather(self, loss: Union[torch.Tensor, float, None]) -> None:
+        """This step's numbers, as one vector on the device, sent to the host."""
+        s, m = self._state, self._members
+        if s.grads is None:
             self._read_grads()
-        z = torch.zeros(n, dtype=torch.float64, device=dev)
-        out_sq, out_bad = z, z
-        if self._out_norms:
-            norms = torch.stack(self._out_norms).to(dev, torch.float64)
-            index = torch.tensor(self._out_index, device=dev)
-            out_sq = z.index_add(0, index, norms**2)
-            out_bad = z.index_add(0, index, (~torch.isfinite(norms)).to(torch.float64))
-        grad_sq, grad_bad = self._grads if self._grads is not None else (z, z)
-        param_sq, upd, state = self._after if self._after is not None else (None, None, None)
-        if param_sq is None:
-            with torch.no_grad():
-                param_sq = (
-                    self._per_module(torch._foreach_norm([p.detach() for p in self._params]))
-                    if self._params
-                    else z
-                )
-        scalars = [
-            loss.detach().to(dev, torch.float64).reshape(())
-            if isinstance(loss, torch.Tensor)
-            else torch.tensor(
-                float("nan") if loss is None else float(loss), dtype=torch.float64, device=dev
-            ),
-        ]
-        scale = getattr(self._scaler, "_scale", None) if self._scaler is not None else None
-        scalars.append(
-            scale.detach().to(dev, torch.float64).reshape(())
-            if isinstance(scale, torch.Tensor)
-            else torch.tensor(float("nan"), dtype=torch.float64, device=dev)
-        )
-        if state is None:
-            state = torch.zeros(len(self._state_keys), n, dtype=torch.float64, device=dev)
-        parts = [
-            torch.stack(scalars),
-            out_sq,
-            out_bad,
-            grad_sq,
-            grad_bad,
-            param_sq,
-            upd if upd is not None else z,
-            state.reshape(-1),
-        ]
-        flat = torch.cat(parts)
-        info = {
-            "order": list(self._order),
-            "has_output": [o is not None for o in self._order],
-            "has_grad": self._grads is not None,
-            "has_update": upd is not None,
-            "has_scale": isinstance(scale, torch.Tensor)
-            and self._scaler is not None
-            and bool(getattr(self._scaler, "is_enabled", lambda: True)()),
-            "loss_given": loss is not None,
-            "lr": self._lr(),
+        assert s.grads is not None
+        if self._keys is None and (
+            self._optimizer is None or self._stepped_ever or len(self._held) >= MAX_HELD_STEPS
+        ):
+            self._keys = self._state_keys()
+        n = len(self.module_names)
+        zeros = torch.zeros(n, dtype=m.dtype, device=self._device)
+        out_sq, out_nf = zeros.clone(), zeros.clone()
+        if s.out_norms:
+            rows = torch.tensor(s.out_rows, device=self._device)
+            sq = torch.stack(s.out_norms).to(m.dtype)
+            out_sq.index_add_(0, rows, sq * sq)
+        for i, c in s.dev_counts:
+            out_nf[i] += c
+        pieces = [out_sq, out_nf, s.grads[0], s.grads[1], m.squares(self._all, m.params)]
+        pieces.append(s.update if s.update is not None else zeros)
+        present = []
+        for key in self._keys or []:
+            which, tensors = self._state_of(key)
+            pieces.append(m.squares(which, tensors))
+            present.append(m.present(which))
+        scalars, host = self._scalars(loss)
+        pieces.append(scalars)
+        meta = {
+            "step": self.step_index,
+            "order": np.array(s.order, dtype=np.int32),
+            "host_counts": s.host_counts,
+            "grad_present": s.grads[2],
+            "updated": s.update is not None,
+            "keys": list(self._keys or []),
+            "state_present": present,
+            "host_scalars": host,
         }
-        if flat.device.type == "cpu":
-            self._flush(self._step, flat.numpy().copy(), info)
-            return
-        host = torch.empty(flat.shape, dtype=flat.dtype, pin_memory=True)
-        host.copy_(flat, non_blocking=True)
-        event = torch.cuda.Event() if flat.device.type == "cuda" else None  # type: ignore[no-untyped-call]
-        if event is not None:
+        vec = torch.cat([p.to(m.dtype) for p in pieces])
+        if vec.device.type == "cuda":
+            pinned = torch.empty(vec.shape, dtype=vec.dtype, pin_memory=True)
+            pinned.copy_(vec, non_blocking=True)
+            event = torch.cuda.Event()  # type: ignore[no-untyped-call]
             event.record()
-        self._drain()
-        self._pending = (self._step, host, event, info)
+            self._inflight = (pinned, event, meta)
+        else:
+            self._deliver(vec.cpu().numpy(), meta)
 
-    def _lr(self) -> Optional[float]:
-        if self._optimizer is None or not self._optimizer.param_groups:
-            return None
-        lr = self._optimizer.param_groups[0].get("lr")
-        return float(lr) if lr is not None else None
+    def _state_of(self, key: str) -> tuple[list[int], list[torch.Tensor]]:
+        assert self._optimizer is not None
+        state = self._optimizer.state
+        which, tensors = [], []
+        for j, p in enumerate(self._members.params):
+            value = state.get(p, {}).get(key)
+            if isinstance(value, torch.Tensor) and value.shape == p.shape:
+                which.append(j)
+                tensors.append(value)
+        return which, tensors
 
-    def _drain(self) -> None:
-        if self._pending is None:
-            return
-        step, host, event, info = self._pending
-        self._pending = None
-        if event is not None:
+    def _scalars(
+        self, loss: Union[torch.Tensor, float, None]
+    ) -> tuple[torch.Tensor, dict[str, Optional[float]]]:
+        """loss, loss scale, lr: device values in a vector, host values (and nulls) apart,
+        so that nothing here waits for the device."""
+        dev = torch.zeros(3, dtype=self._members.dtype, device=self._device)
+        host: dict[str, Optional[float]] = {}
+        scale = getattr(self._scaler, "_scale", None) if self._scaler is not None else None
+        lr = self._optimizer.param_groups[0].get("lr") if self._optimizer is not None else None
+        for k, (name, value) in enumerate((("loss", loss), ("loss_scale", scale), ("lr", lr))):
+            if isinstance(value, torch.Tensor):
+                dev[k] = value.detach().reshape(-1)[0].to(dev.device, dev.dtype)
+                host[name] = ON_DEVICE
+            else:
+                host[name] = None if value is None else float(value)
+        return dev, host
+
+    def _deliver_inflight(self) -> None:
+        if self._inflight is not None:
+            pinned, event, meta = self._inflight
+            self._inflight = None
             event.synchronize()
-        self._flush(step, host.numpy().copy(), info)
+            self._deliver(pinned.numpy(), meta)
 
-    def _flush(self, step: int, flat: np.ndarray, info: dict[str, Any]) -> None:
-        n = len(self.names)
-        k = len(self._state_keys)
-        if self._columns is None:
-            self._columns = self._make_columns()
-            header = arrow_ipc.schema_message(self._columns, {"probe.monitor": self._metadata()})
-            os.write(self._fd, header + arrow_ipc.dictionary_message(self.names))
-        loss, scale = flat[0], flat[1]
-        blocks = flat[2:].reshape(6 + k, n)
-        out_sq, out_bad, grad_sq, grad_bad, param_sq, upd_sq = blocks[:6]
-        root = np.zeros(n, dtype=bool)
-        root[0] = True
-        called = np.array(info["has_output"])
-        order = np.array([o if o is not None else 0 for o in info["order"]], dtype=np.int32)
-        has_p = self._has_params
-        data: list[tuple[np.ndarray, Optional[np.ndarray]]] = [
-            (np.full(n, step, dtype=np.int32), None),
-            (np.arange(n, dtype=np.int32), None),
-            (order, called),
-            (np.where(root, loss, 0.0), root & info["loss_given"]),
-            (np.where(root, scale, 0.0), root & info["has_scale"]),
-            (np.full(n, info["lr"] or 0.0), root & (info["lr"] is not None)),
-            (np.sqrt(out_sq).astype(np.float32), called),
-            (out_bad.astype(np.float32), called),
-            (np.sqrt(grad_sq).astype(np.float32), has_p & info["has_grad"]),
-            (grad_bad.astype(np.float32), has_p & info["has_grad"]),
-            (np.sqrt(param_sq).astype(np.float32), has_p),
-            (np.sqrt(upd_sq).astype(np.float32), has_p & info["has_update"]),
-        ]
-        for j in range(k):
-            data.append((np.sqrt(blocks[6 + j]).astype(np.float32), has_p & info["has_update"]))
-        os.write(self._fd, arrow_ipc.record_batch_message(self._columns, data))
+    def _deliver(self, vec: np.ndarray, meta: dict[str, Any]) -> None:
+        """Turn the host vector into the step's rows, and write them (or hold them)."""
+        n = len(self.module_names)
+        block = [vec[k * n : (k + 1) * n] for k in range(len(vec) // n)]
+        order = meta["order"]
+        called = order >= 0
+        has = self._has_params
+        metrics: dict[str, tuple[np.ndarray, np.ndarray]] = {}
+        grads = meta["grad_present"]
+        valid: list[np.ndarray] = [called, called, grads, grads, has, has & meta["updated"]]
+        for k, name in enumerate(METRICS):
+            values = block[k] + (meta["host_counts"] if name == "output_nonfinite" else 0)
+            metrics[name] = (values if name.endswith("nonfinite") else np.sqrt(values), valid[k])
+        for k, key in enumerate(meta["keys"]):
+            metrics[f"state_{key}_norm"] = (
+                np.sqrt(block[len(METRICS) + k]),
+                meta["state_present"][k],
+            )
+        scalars = dict(meta["host_scalars"])
+        for k, name in enumerate(("loss", "loss_scale", "lr")):
+            if scalars[name] is ON_DEVICE:
+                scalars[name] = float(vec[len(vec) - 3 + k])
+        self._held.append(StepRows(meta["step"], order, scalars, metrics))
+        self._flush()
 
-    def _make_columns(self) -> list[Column]:
-        cols = [
-            Column("step", "int32", nullable=False),
-            Column("module", "dict_utf8", nullable=False),
-            Column("order", "int32"),
-            Column("loss", "float64"),
-            Column("loss_scale", "float64"),
-            Column("lr", "float64"),
-        ]
-        cols += [Column(m, "float32") for m in _FIXED]
-        cols += [Column(f"state_{k}_norm", "float32") for k in self._state_keys]
-        return cols
+    def _flush(self, final: bool = False) -> None:
+        """Write the held steps once the schema is known (or at close)."""
+        f = self._file
+        if f is None or not self._held:
+            return
+        if not f.started:
+            if self._keys is None and not final:
+                return
+            f.start(self._keys if self._keys is not None else self._state_keys())
+        held, self._held = self._held, []
+        f.write(held)
 
-    def _metadata(self) -> str:
-        return json.dumps(
-            {
-                "format": "probe.monitor",
-                "version": 1,
-                "rank": self.rank,
-                "world_size": self.world_size,
-                "probe_version": __version__,
-                "modules": len(self.names),
-            }
-        )
+    # --- the end -------------------------------------------------------------------------
 
     def close(self) -> None:
-        """Writes what is pending and the stream's end; removes every hook."""
-        if self._fd < 0:
-            return
+        """Write what is pending and the stream's end; remove every hook. Idempotent."""
         try:
-            self._drain()
-            if self._columns is not None:
-                os.write(self._fd, arrow_ipc.END_OF_STREAM)
-        except Exception as exc:  # noqa: BLE001 - never fail the training run
-            self._fail(exc)
-        finally:
-            for h in self._hooks + self._opt_hooks:
-                h.remove()
-            os.close(self._fd)
-            self._fd = -1
+            if self._on:
+                with torch.no_grad():
+                    self._deliver_inflight()
+                self._flush(final=True)
+        except Exception as exc:  # noqa: BLE001 - must never fail the training run
+            self._guard.fail(exc, "close()")
+        self._switch_off(None, "close()")
 
     def __enter__(self) -> Monitor:
         return self
 
     def __exit__(self, *exc: object) -> None:
         self.close()
+
+    def _switch_off(self, exc: Optional[BaseException], context: str) -> None:
+        """Remove every hook and close the file; the monitor stays off. Never raises."""
+        self._on = False
+        for handle in self._handles:
+            try:
+                handle.remove()
+            except Exception:  # noqa: BLE001 - removing the others matters more
+                pass
+        self._handles = []
+        self._state = _StepState(len(self.module_names))
+        f, self._file = self._file, None
+        if f is not None:
+            try:
+                f.close()
+            except Exception:  # noqa: BLE001 - the file may be what failed
+                pass
+
+    def _report(self, exc: BaseException, context: str) -> None:
+        """The first failure: logged with its traceback and warned; training continues."""
+        msg = (
+            f"probe.Monitor switched off after an error in {context}: {exc!r}; "
+            "the monitor file keeps the steps before it, training continues"
+        )
+        log.error("%s", msg, exc_info=(type(exc), exc, exc.__traceback__))
+        warnings.warn(msg, RuntimeWarning, stacklevel=3)
