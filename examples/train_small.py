@@ -7,7 +7,8 @@ Why: anyone can produce a benchmark/comparison dump pair in seconds, e.g.
     python examples/train_small.py --dump /tmp/cmp --mode tensor --inject Functional.gelu.0
     probe compare -b /tmp/bench -c /tmp/cmp -o /tmp/out
 
-``--inject OP`` multiplies the output of one named op by ``1 + --inject-rel`` (default 5 %),
+``--inject OP`` multiplies the output of one named op by ``1 + --inject-rel`` (default 5 %;
+from step ``--inject-from-step`` on, default the first: a kernel fault that appears late),
 so compare must name that op as the first divergent one. OP is an msprobe-style name:
 ``Functional.gelu`` (every call) or ``Functional.gelu.0`` (one call per step).
 
@@ -243,12 +244,14 @@ class Fault:
         self.rel = rel
         self.value = value
         self.calls = 0
+        #: Whether the fault acts in this step (``new_step``: from ``--inject-from-step``).
+        self.active = True
         self.orig = getattr(self.owner, self.name)
         fault = self
 
         def perturbed(*args: Any, **kwargs: Any) -> Any:
             out = fault.orig(*args, **kwargs)
-            hit = fault.index is None or fault.calls == fault.index
+            hit = fault.active and (fault.index is None or fault.calls == fault.index)
             fault.calls += 1
             if hit and isinstance(out, torch.Tensor) and out.is_floating_point():
                 if fault.value is None:
@@ -262,8 +265,9 @@ class Fault:
 
         setattr(self.owner, self.name, perturbed)
 
-    def new_step(self) -> None:
+    def new_step(self, active: bool = True) -> None:
         self.calls = 0
+        self.active = active
 
 
 def install_crash(after_ops: Optional[int], after_bytes: Optional[int]) -> None:
@@ -408,6 +412,13 @@ def main(argv: Optional[list[str]] = None) -> int:
     )
     ap.add_argument("--inject", default=None, help="op to perturb, e.g. Functional.gelu.0")
     ap.add_argument("--inject-rel", type=float, default=0.05, help="relative perturbation")
+    ap.add_argument(
+        "--inject-from-step",
+        type=int,
+        default=0,
+        metavar="N",
+        help="the injected faults act from step N on (a fault that appears late: docs/monitor.md)",
+    )
     ap.add_argument("--inject-inf", default=None, help="op whose output gets one +inf element")
     ap.add_argument("--inject-nan", default=None, help="op whose output gets one NaN element")
     ap.add_argument(
@@ -559,7 +570,7 @@ def main(argv: Optional[list[str]] = None) -> int:
     t0 = time.perf_counter()
     for step, (x, y) in enumerate(data):
         for fault in faults:
-            fault.new_step()
+            fault.new_step(active=step >= args.inject_from_step)
         if dbg is not None:
             dbg.start(model)
         opt.zero_grad(set_to_none=True)

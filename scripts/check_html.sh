@@ -2,7 +2,7 @@
 # Renders probe's html reports in headless Chromium and checks what a person would see:
 # the demo compare's compare.html (the plot's points for both directions, the tolerance, the
 # module bands, the culprit marker on Functional.gelu.1.forward, the module tree), the demo
-# config packs' config_check.html; the inline script ran (data-ready on <html>), no console
+# config packs' config_check.html, the bundled monitor pair's monitor.html; the inline script ran (data-ready on <html>), no console
 # message, nothing fetched from elsewhere; a screenshot is taken.
 #
 #   scripts/check_html.sh              # skips (exit 0) when no chromium is installed
@@ -147,6 +147,22 @@ else
         'id="categories"' \
         'id="cat-env" open' \
         'CUDA_LAUNCH_BLOCKING'
+fi
+
+# --- monitor.html of the bundled monitor pair (a kernel fault from step 40: exit 1) -------
+set +e
+"$PROBE" compare -b testdata/monitor/bench -c testdata/monitor/cmp -o "$TMP/monitor" -q
+rc=$?
+set -e
+if [[ $rc -ne 1 ]]; then
+    fail "monitor compare exited $rc, expected 1 (the runs part at step 40)"
+else
+    check_page "$TMP/monitor/monitor.html" monitor \
+        'Metrics over the steps' \
+        'the runs part at step 40' \
+        'rank 0 (model) loss' \
+        '>step 40</text>' \
+        'id="facts"'
 fi
 
 if [[ $FAILED -ne 0 ]]; then

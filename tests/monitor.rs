@@ -482,3 +482,36 @@ fn module_names_are_data_in_every_report() {
     assert!(html.contains("&lt;script&gt;"));
     assert!(!out.stdout.contains("\nevil"), "{}", out.stdout);
 }
+
+#[test]
+fn the_bundled_monitor_pair_parts_at_the_step_its_fault_appears() {
+    // testdata/generate_monitor.sh: train_small monitored, Functional.gelu 5 % off from
+    // step 40 in the comparison.
+    let d = tempfile::tempdir().unwrap();
+    let data = root().join("testdata/monitor");
+    let out = d.path().join("out");
+    let o = probe(&[
+        "compare",
+        "-b",
+        data.join("bench").to_str().unwrap(),
+        "-c",
+        data.join("cmp").to_str().unwrap(),
+        "-o",
+        out.to_str().unwrap(),
+    ]);
+    assert_eq!(o.code, 1, "{}{}", o.stdout, o.stderr);
+    let s: serde_json::Value =
+        serde_json::from_str(&std::fs::read_to_string(out.join("summary.json")).unwrap()).unwrap();
+    assert_eq!(s["parting"]["step"], 40, "{s}");
+    // The activation is no module: the module fed by it (fc2) parts first, fed by fc1.
+    assert_eq!(s["parting"]["series"]["module"], "block.fc2", "{s}");
+    assert_eq!(s["parting"]["producer"], "block.fc1", "{s}");
+    // Alone, the comparison run has no event: the fault is no NaN and no spike.
+    let o = probe(&[
+        "scan",
+        data.join("cmp").to_str().unwrap(),
+        "-o",
+        d.path().join("scan").to_str().unwrap(),
+    ]);
+    assert_eq!(o.code, 0, "{}{}", o.stdout, o.stderr);
+}

@@ -385,6 +385,10 @@ fn curves(pairs: &[RankPair<'_>], parting: Option<&Parting>) -> Vec<Curve> {
         .into_iter()
         .filter_map(|(module, metric)| {
             let (x, y) = pair.values(&metric, &module)?;
+            // A metric a module never has (the loss on a layer's row) draws nothing.
+            if x.iter().chain(&y).all(|&v| present(v).is_none()) {
+                return None;
+            }
             Some(curve(
                 format!("rank {} {} {metric}", b.rank, module_label(&module)),
                 &steps,
