@@ -631,20 +631,15 @@ pub fn trend(req: &TrendRequest, progress: &Progress) -> Result<MonitorSummary> 
     }
     atomic::refuse_inside(&req.out, &[&req.bench, &req.cmp])?;
     atomic::prepare_output_dir(&req.out)?;
-    let stage = progress.stage("monitor files", 2, Count::Items);
-    let (bench, cmp) = rayon::join(
-        || monitor::read_run(&req.bench),
-        || monitor::read_run(&req.cmp),
-    );
-    let (bench, cmp) = (bench?, cmp?);
-    drop(stage);
+    let stage = progress.stage("monitor ranks", 1, Count::Items);
     let run = monitor::trend::compare(
         crate::vocab::Sides {
-            bench: &bench,
-            cmp: &cmp,
+            bench: req.bench.as_path(),
+            cmp: req.cmp.as_path(),
         },
         o,
     )?;
+    drop(stage);
     let (extras, path) = recapture(monitor::summary::trend_target(&run), &req.out)?;
     let outputs = output_paths(&writers, "monitor", &req.out);
     let summary = monitor::summary::of_trend(&run, o, req.fail_on, path, outputs);
@@ -659,10 +654,9 @@ pub fn monitor_scan(req: &ScanRequest, progress: &Progress) -> Result<MonitorSum
     let writers = chosen_writers(&req.formats, XlsxRows::All)?;
     atomic::refuse_inside(&req.out, &[&req.dump])?;
     atomic::prepare_output_dir(&req.out)?;
-    let stage = progress.stage("monitor files", 1, Count::Items);
-    let run = monitor::read_run(&req.dump)?;
+    let stage = progress.stage("monitor ranks", 1, Count::Items);
+    let events = monitor::events::scan(&req.dump)?;
     drop(stage);
-    let events = monitor::events::scan(&run);
     let (extras, path) = recapture(monitor::summary::scan_target(&events), &req.out)?;
     let outputs = output_paths(&writers, "monitor", &req.out);
     let summary = monitor::summary::of_scan(&events, req.fail_on, path, outputs);

@@ -17,11 +17,13 @@
 //!
 //! Each kind is reported once per rank, module and metric: its first step.
 
+use super::read::{files, read_rank};
 use super::read::{present, RankSeries};
-use super::{curve, flow, module_label, module_order, Curve, MonitorRun};
+use super::{curve, flow, module_label, module_order, Curve};
+use crate::error::Result;
 use crate::vocab::Verdict;
 use serde::Serialize;
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 
 /// The trailing window of the robust scores, in steps.
 pub const WINDOW: usize = 50;
@@ -267,16 +269,34 @@ fn rank_events(r: &RankSeries) -> Vec<Event> {
     out
 }
 
-/// Scans a monitor run.
-pub fn scan(run: &MonitorRun) -> EventRun {
+/// Scans a monitor folder, rank by rank (in parallel; a rank's file is read, scanned and
+/// dropped).
+pub fn scan(root: &Path) -> Result<EventRun> {
+    use rayon::prelude::*;
+    let files = files(root)?;
+    let per_rank = files
+        .par_iter()
+        .map(|(rank, path)| {
+            let r = read_rank(path, *rank)?;
+            let cut = r.cut_short.then(|| {
+                format!(
+                    "{}: ends inside a step (a run killed while writing it): its completed steps are scanned",
+                    r.path.display()
+                )
+            });
+            Ok((r.rank, r.steps.len(), rank_events(&r), cut))
+        })
+        .collect::<Result<Vec<_>>>()?;
+    let mut events = Vec::new();
     let mut warnings = Vec::new();
-    for r in run.ranks.iter().filter(|r| r.cut_short) {
-        warnings.push(format!(
-            "{}: ends inside a step (a run killed while writing it): its completed steps are scanned",
-            r.path.display()
-        ));
+    let mut ranks = Vec::new();
+    let mut steps = 0;
+    for (rank, n, e, cut) in per_rank {
+        ranks.push(rank);
+        steps = steps.max(n);
+        events.extend(e);
+        warnings.extend(cut);
     }
-    let mut events: Vec<Event> = run.ranks.iter().flat_map(rank_events).collect();
     events.sort_by_key(|e| {
         (
             e.step,
@@ -286,27 +306,25 @@ pub fn scan(run: &MonitorRun) -> EventRun {
             e.kind,
         )
     });
-    let curves = scan_curves(run, events.first());
-    EventRun {
-        root: run.root.clone(),
-        ranks: run.ranks.iter().map(|r| r.rank).collect(),
-        steps: run.ranks.iter().map(|r| r.steps.len()).max().unwrap_or(0),
+    // The rank drawn (the first event's, else the first) is read once more.
+    let drawn = events.first().map_or(files[0].0, |e| e.rank);
+    let curves = match files.iter().find(|(r, _)| *r == drawn) {
+        Some((rank, path)) => scan_curves(&read_rank(path, *rank)?, events.first()),
+        None => Vec::new(),
+    };
+    Ok(EventRun {
+        root: root.to_path_buf(),
+        ranks,
+        steps,
         events,
         curves,
         warnings,
-    }
+    })
 }
 
 /// The model's loss, gradient norm, loss scale and learning rate, and the first event's
-/// metric, on its rank (else the first rank).
-fn scan_curves(run: &MonitorRun, first: Option<&Event>) -> Vec<Curve> {
-    let Some(r) = run
-        .ranks
-        .iter()
-        .find(|r| first.is_none_or(|e| e.rank == r.rank))
-    else {
-        return Vec::new();
-    };
+/// metric, on the rank drawn.
+fn scan_curves(r: &RankSeries, first: Option<&Event>) -> Vec<Curve> {
     let mut wanted: Vec<(String, String)> = ["loss", "grad_norm", "loss_scale", "lr"]
         .iter()
         .map(|m| (String::new(), m.to_string()))

@@ -416,19 +416,9 @@ fn dense(
     })
 }
 
-/// A monitor folder, read: every rank's file.
-#[derive(Debug, Clone)]
-pub struct MonitorRun {
-    /// The folder (or file) given.
-    pub root: PathBuf,
-    /// The ranks, by rank.
-    pub ranks: Vec<RankSeries>,
-}
-
-/// Reads every rank of a monitor folder (ranks in parallel); a folder with none is not a
-/// monitor.
-pub fn read_run(root: &Path) -> Result<MonitorRun> {
-    use rayon::prelude::*;
+/// A monitor folder's files by rank (each read on its own by [`read_rank`], so that a
+/// thousand ranks are never in memory together); a folder with none is not a monitor.
+pub fn files(root: &Path) -> Result<Vec<(u32, PathBuf)>> {
     if !root.exists() {
         return Err(ProbeError::NotFound(root.to_path_buf()));
     }
@@ -439,19 +429,11 @@ pub fn read_run(root: &Path) -> Result<MonitorRun> {
             "no rank<R>.arrows file (not a probe.Monitor folder)",
         ));
     }
-    let mut ranks = files
-        .par_iter()
-        .map(|(rank, path)| read_rank(path, *rank))
-        .collect::<Result<Vec<_>>>()?;
-    ranks.sort_by_key(|r| r.rank);
-    if let Some(w) = ranks.windows(2).find(|w| w[0].rank == w[1].rank) {
+    if let Some(w) = files.windows(2).find(|w| w[0].0 == w[1].0) {
         return Err(bad(
-            &w[1].path,
-            format!("rank {} also in {}", w[1].rank, w[0].path.display()),
+            &w[1].1,
+            format!("rank {} also in {}", w[1].0, w[0].1.display()),
         ));
     }
-    Ok(MonitorRun {
-        root: root.to_path_buf(),
-        ranks,
-    })
+    Ok(files)
 }

@@ -19,12 +19,13 @@
 //! ([`super::flow`]) is named: a faulty module's output parts before its consumers', the
 //! loss and every gradient after it.
 
+use super::read::{files, read_rank};
 use super::read::{present, RankSeries};
-use super::{curve, flow, module_label, module_order, Curve, MonitorRun};
+use super::{curve, flow, module_label, module_order, Curve};
 use crate::error::{ProbeError, Result};
 use crate::vocab::Sides;
 use serde::Serialize;
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 
 /// How two monitor runs are judged.
 #[derive(Debug, Clone, Copy)]
@@ -227,67 +228,142 @@ fn judge(
     })
 }
 
-/// Compares two monitor runs.
-pub fn compare(runs: Sides<&MonitorRun>, opts: &TrendOptions) -> Result<TrendRun> {
-    let mut warnings = Vec::new();
-    let mut pairs = Vec::new();
-    let mut unpaired = 0;
-    for b in &runs.bench.ranks {
-        match runs.cmp.ranks.iter().find(|c| c.rank == b.rank) {
-            Some(c) => pairs.push(RankPair::new(b, c)),
-            None => {
-                unpaired += 1;
-                warnings.push(format!("rank {}: in the benchmark only", b.rank));
-            }
-        }
-    }
-    for c in &runs.cmp.ranks {
-        if !runs.bench.ranks.iter().any(|b| b.rank == c.rank) {
-            unpaired += 1;
-            warnings.push(format!("rank {}: in the comparison only", c.rank));
-        }
-    }
-    for side in [&runs.bench, &runs.cmp] {
-        for r in side.ranks.iter().filter(|r| r.cut_short) {
-            warnings.push(format!(
-                "{}: ends inside a step (a run killed while writing it): its completed steps are compared",
-                r.path.display()
-            ));
-        }
-    }
-    pairs.retain(|p| !p.steps.is_empty());
-    let steps = pairs.iter().map(|p| p.steps.len()).max().unwrap_or(0);
-    let window = match (opts.envelope, opts.calibration_steps) {
+/// What one rank pair gave: its judged series and what it says of itself.
+struct PairOutcome {
+    rank: u32,
+    /// Steps both files have.
+    steps: usize,
+    /// Its calibration steps.
+    window: usize,
+    series: Vec<SeriesResult>,
+    notes: Vec<String>,
+}
+
+/// The calibration steps of a pair sharing `steps` steps.
+fn window_for(opts: &TrendOptions, steps: usize) -> usize {
+    match (opts.envelope, opts.calibration_steps) {
         (Some(_), _) => 0,
         (None, Some(w)) => w,
         (None, None) => default_window(steps),
+    }
+}
+
+/// Reads one rank's two files.
+fn read_pair(rank: u32, paths: Sides<&Path>) -> Result<Sides<RankSeries>> {
+    let (bench, cmp) = rayon::join(
+        || read_rank(paths.bench, rank),
+        || read_rank(paths.cmp, rank),
+    );
+    Ok(Sides {
+        bench: bench?,
+        cmp: cmp?,
+    })
+}
+
+/// Reads and judges one rank pair.
+fn judge_rank(rank: u32, paths: Sides<&Path>, opts: &TrendOptions) -> Result<PairOutcome> {
+    let files = read_pair(rank, paths)?;
+    let pair = RankPair::new(&files.bench, &files.cmp);
+    let mut notes: Vec<String> = [&files.bench, &files.cmp]
+        .iter()
+        .filter(|r| r.cut_short)
+        .map(|r| {
+            format!(
+                "{}: ends inside a step (a run killed while writing it): its completed steps are compared",
+                r.path.display()
+            )
+        })
+        .collect();
+    let steps = pair.steps.len();
+    let window = window_for(opts, steps);
+    let mut series = Vec::new();
+    if steps <= window {
+        notes.push(format!(
+            "rank {rank}: {steps} shared steps, within the calibration steps: not judged"
+        ));
+    } else {
+        let b = pair.sides.bench;
+        for m in 0..b.modules.len() {
+            for metric in &b.metrics {
+                series.extend(judge(&pair, m, metric, window, opts));
+            }
+        }
+    }
+    Ok(PairOutcome {
+        rank,
+        steps,
+        window,
+        series,
+        notes,
+    })
+}
+
+/// The ranks of both folders paired by rank number; the unpaired said.
+fn pair_ranks(
+    files: Sides<Vec<(u32, PathBuf)>>,
+    warnings: &mut Vec<String>,
+) -> Vec<(u32, Sides<PathBuf>)> {
+    let mut pairs = Vec::new();
+    for (rank, b) in &files.bench {
+        match files.cmp.iter().find(|(r, _)| r == rank) {
+            Some((_, c)) => pairs.push((
+                *rank,
+                Sides {
+                    bench: b.clone(),
+                    cmp: c.clone(),
+                },
+            )),
+            None => warnings.push(format!("rank {rank}: in the benchmark only")),
+        }
+    }
+    for (rank, _) in &files.cmp {
+        if !files.bench.iter().any(|(r, _)| r == rank) {
+            warnings.push(format!("rank {rank}: in the comparison only"));
+        }
+    }
+    pairs
+}
+
+/// Compares two monitor folders, rank pair by rank pair (in parallel; a pair's files are
+/// read, judged and dropped, so memory holds the pairs being judged, not the job).
+pub fn compare(roots: Sides<&Path>, opts: &TrendOptions) -> Result<TrendRun> {
+    use rayon::prelude::*;
+    let files = Sides {
+        bench: files(roots.bench)?,
+        cmp: files(roots.cmp)?,
     };
-    if pairs.is_empty() {
+    let mut warnings = Vec::new();
+    let ranks = files.bench.len() + files.cmp.len();
+    let pairs = pair_ranks(files, &mut warnings);
+    let unpaired = ranks - 2 * pairs.len();
+    let outcomes = pairs
+        .par_iter()
+        .map(|(rank, p)| judge_rank(*rank, p.as_ref().map(PathBuf::as_path), opts))
+        .collect::<Result<Vec<_>>>()?;
+    let shared: Vec<&PairOutcome> = outcomes.iter().filter(|o| o.steps > 0).collect();
+    let steps = shared.iter().map(|o| o.steps).max().unwrap_or(0);
+    if shared.is_empty() {
         return Err(ProbeError::NothingComparable(
             "the two monitor runs share no rank and step".into(),
         ));
     }
-    if steps <= window {
+    if shared.iter().all(|o| o.steps <= o.window) {
+        let window = window_for(opts, steps);
         return Err(ProbeError::NothingComparable(format!(
             "the runs share {steps} steps: too few to calibrate an envelope on the first {window} and judge the rest (give --envelope, or monitor more steps)"
         )));
     }
+    let window = shared
+        .iter()
+        .filter(|o| o.steps > o.window)
+        .map(|o| o.window)
+        .max()
+        .unwrap_or(0);
+    let judged_ranks = shared.iter().map(|o| o.rank).collect();
     let mut series = Vec::new();
-    for p in &pairs {
-        if p.steps.len() <= window {
-            warnings.push(format!(
-                "rank {}: {} shared steps, within the calibration steps: not judged",
-                p.sides.bench.rank,
-                p.steps.len()
-            ));
-            continue;
-        }
-        let b = p.sides.bench;
-        for (m, _) in b.modules.iter().enumerate() {
-            for metric in &b.metrics {
-                series.extend(judge(p, m, metric, window, opts));
-            }
-        }
+    for o in outcomes {
+        warnings.extend(o.notes);
+        series.extend(o.series);
     }
     note_early_differences(&series, window, &mut warnings);
     // At one place in the flow (a container sits where the last module inside it does),
@@ -301,12 +377,23 @@ pub fn compare(runs: Sides<&MonitorRun>, opts: &TrendOptions) -> Result<TrendRun
             std::cmp::Reverse(super::depth(&s.module)),
         )
     });
-    let parting = parting(&series, &pairs);
-    let curves = curves(&pairs, parting.as_ref());
+    // The rank drawn (the one that parts, else the first) is read once more.
+    let first = series.first().filter(|s| s.parts_at.is_some());
+    let drawn = first.map_or(pairs[0].0, |s| s.rank);
+    let (parting, curves) = match pairs.iter().find(|(r, _)| *r == drawn) {
+        Some((rank, p)) => {
+            let files = read_pair(*rank, p.as_ref().map(PathBuf::as_path))?;
+            let pair = RankPair::new(&files.bench, &files.cmp);
+            let parting = first.and_then(|s| parting(s, &series, &pair));
+            let curves = curves(&pair, parting.as_ref());
+            (parting, curves)
+        }
+        None => (None, Vec::new()),
+    };
     Ok(TrendRun {
-        bench: runs.bench.root.clone(),
-        cmp: runs.cmp.root.clone(),
-        ranks: pairs.iter().map(|p| p.sides.bench.rank).collect(),
+        bench: roots.bench.to_path_buf(),
+        cmp: roots.cmp.to_path_buf(),
+        ranks: judged_ranks,
         steps,
         window,
         series,
@@ -333,11 +420,10 @@ fn note_early_differences(series: &[SeriesResult], window: usize, warnings: &mut
     }
 }
 
-/// The series named where the runs part (the sort put it first), with its context.
-fn parting(series: &[SeriesResult], pairs: &[RankPair<'_>]) -> Option<Parting> {
-    let first = series.first().filter(|s| s.parts_at.is_some())?;
+/// The series named where the runs part (the sort put it first), with its context from its
+/// rank's pair.
+fn parting(first: &SeriesResult, series: &[SeriesResult], pair: &RankPair<'_>) -> Option<Parting> {
     let step = first.parts_at?;
-    let pair = pairs.iter().find(|p| p.sides.bench.rank == first.rank)?;
     let b = pair.sides.bench;
     let at = pair.steps.iter().position(|&(i, _)| b.steps[i] == step)?;
     let previous_step = at.checked_sub(1).map(|t| b.steps[pair.steps[t].0]);
@@ -358,15 +444,8 @@ fn parting(series: &[SeriesResult], pairs: &[RankPair<'_>]) -> Option<Parting> {
 
 /// The curves the html report draws: the model's loss, gradient norm, learning rate and
 /// update norm, and every metric of the module named, on the rank that parts (else the
-/// first rank).
-fn curves(pairs: &[RankPair<'_>], parting: Option<&Parting>) -> Vec<Curve> {
-    let rank = parting.map(|p| p.series.rank);
-    let Some(pair) = pairs
-        .iter()
-        .find(|p| rank.is_none_or(|r| p.sides.bench.rank == r))
-    else {
-        return Vec::new();
-    };
+/// first rank): `pair`.
+fn curves(pair: &RankPair<'_>, parting: Option<&Parting>) -> Vec<Curve> {
     let b = pair.sides.bench;
     let steps: Vec<i64> = pair.steps.iter().map(|&(i, _)| b.steps[i]).collect();
     let mark = parting.map(|p| p.step);
