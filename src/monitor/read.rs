@@ -200,113 +200,113 @@ fn numbers(col: &ArrayRef) -> Option<Vec<f64>> {
     })
 }
 
-/// The module names of a batch, row by row (utf8, or a dictionary of utf8).
-fn names(path: &Path, col: &ArrayRef) -> Result<Vec<String>> {
-    let text = |a: &ArrayRef| -> Result<Vec<Option<String>>> {
+/// The index in `modules` of each row's module (utf8, or a dictionary of utf8: its values
+/// looked up once per batch, not once per row), new names interned.
+fn module_indices(
+    path: &Path,
+    col: &ArrayRef,
+    modules: &mut Vec<String>,
+    index: &mut HashMap<String, u32>,
+) -> Result<Vec<u32>> {
+    let mut intern = |name: Option<&str>, row: usize| -> Result<u32> {
+        let name = name.ok_or_else(|| bad(path, format!("row {row}: no module name")))?;
+        if let Some(&m) = index.get(name) {
+            return Ok(m);
+        }
+        let m = u32::try_from(modules.len()).map_err(|_| bad(path, "too many modules"))?;
+        index.insert(name.to_string(), m);
+        modules.push(name.to_string());
+        Ok(m)
+    };
+    let text_rows = |a: &ArrayRef,
+                     intern: &mut dyn FnMut(Option<&str>, usize) -> Result<u32>|
+     -> Result<Vec<u32>> {
         match a.data_type() {
-            DataType::Utf8 => Ok(a
+            DataType::Utf8 => a
                 .as_string::<i32>()
                 .iter()
-                .map(|s| s.map(String::from))
-                .collect()),
-            DataType::LargeUtf8 => Ok(a
+                .enumerate()
+                .map(|(r, s)| intern(s, r))
+                .collect(),
+            DataType::LargeUtf8 => a
                 .as_string::<i64>()
                 .iter()
-                .map(|s| s.map(String::from))
-                .collect()),
+                .enumerate()
+                .map(|(r, s)| intern(s, r))
+                .collect(),
             t => Err(bad(path, format!("column module: {t} is not text"))),
         }
     };
-    let rows: Vec<Option<String>> = match col.as_any_dictionary_opt() {
+    match col.as_any_dictionary_opt() {
         Some(d) => {
-            let values = text(d.values())?;
+            let values = text_rows(d.values(), &mut intern)?;
             let keys = d.normalized_keys();
             (0..col.len())
-                .map(|i| {
-                    if col.is_null(i) {
-                        None
-                    } else {
-                        keys.get(i).and_then(|&k| values.get(k).cloned().flatten())
-                    }
+                .map(|r| match keys.get(r).and_then(|&k| values.get(k)) {
+                    Some(&m) if !col.is_null(r) => Ok(m),
+                    _ => Err(bad(path, format!("row {r}: no module name"))),
                 })
                 .collect()
         }
-        None => text(col)?,
-    };
-    rows.into_iter()
-        .enumerate()
-        .map(|(i, n)| n.ok_or_else(|| bad(path, format!("row {i}: no module name"))))
-        .collect()
+        None => text_rows(col, &mut intern),
+    }
 }
 
-/// One row of the file before the steps are known.
-struct RowIn {
-    step: i64,
-    module: usize,
-    order: i32,
-    values: Vec<f64>,
+/// Where the file's rows go: each row's step, module and data-flow position, read in a
+/// first pass over the step, module and order columns only (the metrics are read in a
+/// second pass straight into their dense place: the file's values are never held twice).
+#[derive(Default)]
+struct Rows {
+    step: Vec<i64>,
+    module: Vec<u32>,
+    order: Vec<i32>,
 }
 
-/// The rows of one batch, modules interned in `modules`.
-fn batch_rows(
-    path: &Path,
-    batch: &RecordBatch,
-    metrics: &[(usize, String)],
-    modules: &mut Vec<String>,
-    index: &mut HashMap<String, usize>,
-) -> Result<Vec<RowIn>> {
-    let schema = batch.schema();
-    let col = |name: &str| {
-        schema
-            .index_of(name)
-            .map(|i| batch.column(i).clone())
-            .map_err(|_| bad(path, format!("no {name} column")))
-    };
-    let steps =
-        numbers(&col(STEP)?).ok_or_else(|| bad(path, "column step: not a number column"))?;
-    let names = names(path, &col(MODULE)?)?;
-    let order = match schema.index_of(ORDER) {
-        Ok(i) => numbers(batch.column(i)).ok_or_else(|| bad(path, "column order: not numbers"))?,
-        Err(_) => vec![f64::from_bits(NULL_BITS); batch.num_rows()],
-    };
-    let columns: Vec<Vec<f64>> = metrics
-        .iter()
-        .map(|(i, name)| {
-            numbers(batch.column(*i))
-                .ok_or_else(|| bad(path, format!("column {name}: not numbers")))
-        })
-        .collect::<Result<_>>()?;
-    (0..batch.num_rows())
-        .map(|r| {
-            let step = steps[r];
+impl Rows {
+    /// Appends one batch's rows, modules interned in `modules`.
+    fn push(
+        &mut self,
+        path: &Path,
+        batch: &RecordBatch,
+        modules: &mut Vec<String>,
+        index: &mut HashMap<String, u32>,
+    ) -> Result<()> {
+        let schema = batch.schema();
+        let col = |name: &str| {
+            schema
+                .index_of(name)
+                .map(|i| batch.column(i).clone())
+                .map_err(|_| bad(path, format!("no {name} column")))
+        };
+        let steps =
+            numbers(&col(STEP)?).ok_or_else(|| bad(path, "column step: not a number column"))?;
+        for (r, &step) in steps.iter().enumerate() {
             if !step.is_finite() || step.fract() != 0.0 {
                 return Err(bad(
                     path,
                     format!("row {r}: step {step} is not a whole number"),
                 ));
             }
-            let name = &names[r];
-            let module = match index.get(name) {
-                Some(&m) => m,
-                None => {
-                    index.insert(name.clone(), modules.len());
-                    modules.push(name.clone());
-                    modules.len() - 1
-                }
-            };
-            let o = order[r];
-            Ok(RowIn {
-                step: step as i64,
-                module,
-                order: if is_null(o) || !(0.0..=f64::from(i32::MAX)).contains(&o) {
-                    -1
-                } else {
-                    o as i32
-                },
-                values: columns.iter().map(|c| c[r]).collect(),
-            })
-        })
-        .collect()
+            self.step.push(step as i64);
+        }
+        self.module
+            .extend(module_indices(path, &col(MODULE)?, modules, index)?);
+        match schema.index_of(ORDER) {
+            Ok(i) => {
+                let order = numbers(batch.column(i))
+                    .ok_or_else(|| bad(path, "column order: not numbers"))?;
+                self.order.extend(order.iter().map(|&o| {
+                    if is_null(o) || !(0.0..=f64::from(i32::MAX)).contains(&o) {
+                        -1
+                    } else {
+                        o as i32
+                    }
+                }));
+            }
+            Err(_) => self.order.extend(std::iter::repeat_n(-1, batch.num_rows())),
+        }
+        Ok(())
+    }
 }
 
 /// The rank a file's `probe.monitor` metadata names, when it has one (a file of another
@@ -343,9 +343,12 @@ pub fn read_rank(path: &Path, rank: u32) -> Result<RankSeries> {
             "no complete message (an empty or cut-short file)",
         ));
     }
-    let reader = arrow_ipc::reader::StreamReader::try_new(std::io::Cursor::new(&map[..len]), None)
-        .map_err(|e| bad(path, e.to_string()))?;
-    let schema = reader.schema();
+    let bytes = &map[..len];
+    let open = |projection: Option<Vec<usize>>| {
+        arrow_ipc::reader::StreamReader::try_new(std::io::Cursor::new(bytes), projection)
+            .map_err(|e| bad(path, e.to_string()))
+    };
+    let schema = open(None)?.schema();
     let rank = metadata_rank(path, &schema)?.unwrap_or(rank);
     let metrics: Vec<(usize, String)> = schema
         .fields()
@@ -355,65 +358,93 @@ pub fn read_rank(path: &Path, rank: u32) -> Result<RankSeries> {
         .filter(|(_, f)| f.data_type().is_numeric())
         .map(|(i, f)| (i, f.name().clone()))
         .collect();
+    let keys: Vec<usize> = [STEP, MODULE, ORDER]
+        .iter()
+        .filter_map(|n| schema.index_of(n).ok())
+        .collect();
     let mut modules = Vec::new();
     let mut index = HashMap::new();
-    let mut rows = Vec::new();
-    for batch in reader {
+    let mut rows = Rows::default();
+    for batch in open(Some(keys))? {
         let batch = batch.map_err(|e| bad(path, e.to_string()))?;
-        rows.extend(batch_rows(
-            path,
-            &batch,
-            &metrics,
-            &mut modules,
-            &mut index,
-        )?);
+        rows.push(path, &batch, &mut modules, &mut index)?;
     }
-    if rows.is_empty() {
+    if rows.step.is_empty() {
         return Err(bad(path, "no steps"));
     }
-    dense(path, rank, rows, modules, metrics, cut_short)
-}
-
-/// The rows laid out dense by metric, module and step; a (step, module) twice is refused.
-fn dense(
-    path: &Path,
-    rank: u32,
-    rows: Vec<RowIn>,
-    modules: Vec<String>,
-    metrics: Vec<(usize, String)>,
-    cut_short: bool,
-) -> Result<RankSeries> {
-    let mut steps: Vec<i64> = rows.iter().map(|r| r.step).collect();
-    steps.sort_unstable();
-    steps.dedup();
-    let (n, m) = (steps.len(), modules.len());
+    let layout = Layout::of(path, &rows, &modules)?;
+    drop(rows);
+    let (n, m) = (layout.steps.len(), modules.len());
     let mut values = vec![f64::from_bits(NULL_BITS); metrics.len() * m * n];
-    let mut order = vec![-1i32; m * n];
-    let mut seen = vec![false; m * n];
-    for r in rows {
-        let s = steps.binary_search(&r.step).unwrap_or(0);
-        let cell = r.module * n + s;
-        if std::mem::replace(&mut seen[cell], true) {
-            return Err(bad(
-                path,
-                format!("step {} has module {:?} twice", r.step, modules[r.module]),
-            ));
-        }
-        order[cell] = r.order;
-        for (k, v) in r.values.into_iter().enumerate() {
-            values[(k * m + r.module) * n + s] = v;
+    if !metrics.is_empty() {
+        let mut at = 0;
+        for batch in open(Some(metrics.iter().map(|(i, _)| *i).collect()))? {
+            let batch = batch.map_err(|e| bad(path, e.to_string()))?;
+            let cells = layout
+                .cells
+                .get(at..at + batch.num_rows())
+                .ok_or_else(|| bad(path, "rows changed between two reads"))?;
+            for (k, ((_, name), col)) in metrics.iter().zip(batch.columns()).enumerate() {
+                let v =
+                    numbers(col).ok_or_else(|| bad(path, format!("column {name}: not numbers")))?;
+                let block = &mut values[k * m * n..(k + 1) * m * n];
+                for (&cell, v) in cells.iter().zip(v) {
+                    block[cell] = v;
+                }
+            }
+            at += batch.num_rows();
         }
     }
     Ok(RankSeries {
         rank,
         path: path.to_path_buf(),
-        steps,
+        steps: layout.steps,
         modules,
         metrics: metrics.into_iter().map(|(_, n)| n).collect(),
         values,
-        order,
+        order: layout.order,
         cut_short,
     })
+}
+
+/// The dense layout of a file's rows: its steps, each row's cell (module, step) and each
+/// cell's data-flow position; a (step, module) twice is refused.
+struct Layout {
+    steps: Vec<i64>,
+    cells: Vec<usize>,
+    order: Vec<i32>,
+}
+
+impl Layout {
+    fn of(path: &Path, rows: &Rows, modules: &[String]) -> Result<Layout> {
+        let mut steps = rows.step.clone();
+        steps.sort_unstable();
+        steps.dedup();
+        let n = steps.len();
+        let mut order = vec![-1i32; modules.len() * n];
+        let mut seen = vec![false; modules.len() * n];
+        let mut cells = Vec::with_capacity(rows.step.len());
+        for (r, (&step, &module)) in rows.step.iter().zip(&rows.module).enumerate() {
+            let s = steps.binary_search(&step).unwrap_or(0);
+            let cell = module as usize * n + s;
+            if std::mem::replace(&mut seen[cell], true) {
+                return Err(bad(
+                    path,
+                    format!(
+                        "step {step} has module {:?} twice",
+                        modules[module as usize]
+                    ),
+                ));
+            }
+            order[cell] = rows.order[r];
+            cells.push(cell);
+        }
+        Ok(Layout {
+            steps,
+            cells,
+            order,
+        })
+    }
 }
 
 /// A monitor folder's files by rank (each read on its own by [`read_rank`], so that a
