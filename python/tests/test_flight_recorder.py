@@ -9,6 +9,7 @@ import math
 import os
 import signal
 import subprocess
+import warnings
 from collections.abc import Collection
 from typing import Any, Optional
 
@@ -223,17 +224,18 @@ def test_exception_inside_the_step_writes_and_propagates(tmp_path: Any) -> None:
 
 def test_exception_between_start_and_stop_is_found_at_close(tmp_path: Any) -> None:
     dump = str(tmp_path / "dump")
-    dbg = probe.Debugger(
-        None, dump_path=dump, flight_recorder={"steps": 2, "triggers": ["exception"]}
-    )
+    dbg = probe.Debugger(None, dump_path=dump, flight_recorder=2)
     model = Net()
     for s in range(3):
         dbg.start(model)
-        model(batch(s, None, None)[0]).sum().backward()
+        loss = model(batch(s, None, None)[0]).sum()
+        loss.backward()
         if s < 2:
             dbg.stop()
-            dbg.step()
-    dbg.close()  # step 2 never stopped: as when an exception ends the loop
+            dbg.step(loss=loss)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")  # no "got no loss" from close()
+        dbg.close()  # step 2 never stopped: as when an exception ends the loop
     (event,) = trigger_events(dump)
     assert (event["trigger"], event["step"]) == ("exception", 2)
     assert steps_in(dump) == ["step1", "step2"]

@@ -365,7 +365,7 @@ class Debugger:
                 if unfinished and not self._guard.failed:
                     # A step left without stop(): an exception (or an exit) ended it.
                     flight.note_unfinished(self.current_step)
-                    flight.end_step(self.current_step, current_rank(), None)
+                    flight.end_step(self.current_step, current_rank(), None, at_close=True)
                 flight.close()
         except Exception:  # noqa: BLE001
             pass

@@ -173,12 +173,13 @@ class FlightRecorder:
         elif "exception" in self._on and self._exception is None:
             self._exception = f"step {step} was still being captured at close(): left before stop()"
 
-    def end_step(self, step: int, rank: int, loss: Any) -> bool:
+    def end_step(self, step: int, rank: int, loss: Any, at_close: bool = False) -> bool:
         """The end of step ``step``: check the triggers, and if one fired write the held
-        steps. Returns whether capture is to stop (``then: stop`` fired)."""
+        steps. Returns whether capture is to stop (``then: stop`` fired). ``at_close``: the
+        step was ended by ``close()``, not ``step()``: there is no loss to miss."""
         if self.stopped:
             return False
-        value = self._loss_value(loss)
+        value = None if at_close else self._loss_value(loss)
         fired: list[tuple[str, str]] = []
         if self._exception is not None:
             fired.append(("exception", self._exception))
