@@ -96,6 +96,9 @@ class Debugger:
 
     or ``with dbg: ...`` per step (start on enter; stop and step on exit).
 
+    ``flight_recorder=K`` (or the config key) writes nothing until a trigger fires, then the
+    last K steps (flight.py; docs/monitor.md): pass the loss, ``dbg.step(loss=loss)``.
+
     Capture does not change what the training computes, to the bit, with one exception
     (docs/capture.md, "Transparency"): at api and mix level, an API call whose own autograd
     graph reads one input twice (``x * x``; ``F.normalize``, ``F.rms_norm`` on CPU, built of
