@@ -13,6 +13,7 @@ from __future__ import annotations
 import fnmatch
 import json
 import os
+import signal
 from collections.abc import Iterable
 from dataclasses import dataclass, field
 from typing import Any, Optional, Union
@@ -47,6 +48,7 @@ NATIVE_KEYS = {
     "device",
     "overflow_nums",
     "api_list",
+    "flight_recorder",
 }
 
 #: The tutorial's ``common_dump_settings`` keys, and the probe keys they stand for (giving
@@ -215,6 +217,102 @@ def module_path_match(patterns: Iterable[str], path: Optional[str]) -> bool:
     return False
 
 
+#: The flight recorder's triggers (``flight_recorder.triggers``; docs/monitor.md).
+TRIGGERS = ("nonfinite", "loss_spike", "exception", "signal")
+#: What the flight recorder does after writing (``flight_recorder.then``).
+THEN = ("continue", "stop")
+_FLIGHT_KEYS = (
+    "steps",
+    "triggers",
+    "then",
+    "signal",
+    "loss_window",
+    "spike_threshold",
+    "spike_margin",
+)
+
+
+@dataclass(frozen=True)
+class FlightConfig:
+    """The flight recorder's settings (``flight_recorder``; docs/monitor.md, "Dump on
+    trigger"). Defaults are chosen so that ordinary loss noise never fires and a real
+    spike (ten times the recent spread, and 25 % above the recent median) does."""
+
+    #: Steps held: the trigger's step and the ``steps - 1`` before it.
+    steps: int
+    triggers: tuple[str, ...] = TRIGGERS
+    then: str = "continue"
+    #: The signal that asks for a dump (a name of the ``signal`` module).
+    signal: str = "SIGUSR1"
+    #: Losses the spike score is taken over (median and MAD of the last ``loss_window``).
+    loss_window: int = 50
+    #: A spike: ``(loss - median) / (1.4826 * MAD)`` above this...
+    spike_threshold: float = 10.0
+    #: ...and ``loss - median`` above this fraction of ``|median|``.
+    spike_margin: float = 0.25
+
+
+def _positive_int(value: Any, what: str, least: int = 1) -> int:
+    if isinstance(value, bool) or not isinstance(value, int) or value < least:
+        raise ConfigError(f"{what}: {value!r} must be an integer >= {least}")
+    return value
+
+
+def _positive_number(value: Any, what: str) -> float:
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or not value > 0:
+        raise ConfigError(f"{what}: {value!r} must be a positive number")
+    return float(value)
+
+
+def parse_flight_recorder(value: Any) -> Optional[FlightConfig]:
+    """Parse ``flight_recorder``: ``K`` (steps held, every trigger) or ``{"steps": K,
+    "triggers": [...], "then": "continue", ...}``; None/absent = off."""
+    if value is None:
+        return None
+    if not isinstance(value, dict):
+        return FlightConfig(steps=_positive_int(value, "flight_recorder"))
+    unknown = sorted(set(value) - set(_FLIGHT_KEYS))
+    if unknown:
+        raise ConfigError(
+            f"flight_recorder: unknown key {unknown[0]!r} ({', '.join(_FLIGHT_KEYS)})"
+        )
+    if "steps" not in value:
+        raise ConfigError("flight_recorder: 'steps' (how many steps to hold) is required")
+    triggers = tuple(
+        _list_of_str(value.get("triggers", list(TRIGGERS)), "flight_recorder.triggers")
+    )
+    if not triggers:
+        raise ConfigError(f"flight_recorder.triggers: empty (one or more of {', '.join(TRIGGERS)})")
+    bad = [t for t in triggers if t not in TRIGGERS]
+    if bad:
+        raise ConfigError(
+            f"flight_recorder.triggers: {bad[0]!r} is not a trigger ({', '.join(TRIGGERS)})"
+        )
+    then = value.get("then", "continue")
+    if then not in THEN:
+        raise ConfigError(f"flight_recorder.then: {then!r} is not one of {', '.join(THEN)}")
+    sig = value.get("signal", "SIGUSR1")
+    if "signal" in value and not (
+        isinstance(sig, str) and sig.startswith("SIG") and hasattr(signal, sig)
+    ):
+        raise ConfigError(
+            f"flight_recorder.signal: {sig!r} is not a signal of this platform (SIGUSR1)"
+        )
+    return FlightConfig(
+        steps=_positive_int(value["steps"], "flight_recorder.steps"),
+        triggers=triggers,
+        then=then,
+        signal=sig,
+        loss_window=_positive_int(value.get("loss_window", 50), "flight_recorder.loss_window", 3),
+        spike_threshold=_positive_number(
+            value.get("spike_threshold", 10.0), "flight_recorder.spike_threshold"
+        ),
+        spike_margin=_positive_number(
+            value.get("spike_margin", 0.25), "flight_recorder.spike_margin"
+        ),
+    )
+
+
 @dataclass
 class CaptureConfig:
     """The validated capture configuration. ``raw`` is what the user gave (for the manifest)."""
@@ -245,6 +343,9 @@ class CaptureConfig:
     #: APIs and module paths to capture, each in its own directions (the tutorial's
     #: ``api_list``); empty = no such filter.
     api_list: tuple[ListEntry, ...] = ()
+    #: Dump on trigger (capture/flight.py): the last steps held in memory, written only when
+    #: a trigger fires; None = every captured step is written.
+    flight_recorder: Optional[FlightConfig] = None
     raw: dict[str, Any] = field(default_factory=dict)
 
     @property
@@ -495,4 +596,10 @@ def load_config(
         raise ConfigError(f"overflow_nums: {nums!r} must be a positive integer or -1 (no limit)")
     c.overflow_nums = nums
     c.api_list = parse_api_list(cfg.get("api_list"))
+    c.flight_recorder = parse_flight_recorder(cfg.get("flight_recorder"))
+    if c.flight_recorder is not None and c.mode != "statistics":
+        raise ConfigError(
+            f"flight_recorder: needs mode 'statistics' (mode is {c.mode!r}): the recorder "
+            "holds op records in memory, not tensor data (docs/monitor.md)"
+        )
     return c

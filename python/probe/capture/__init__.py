@@ -18,7 +18,8 @@ One module per concern, in layers (each imports only from the layers below it; c
   and how a finished record reaches the dump;
 - data: ``records`` (op and tensor records, nested-argument walking, dataflow ids),
   ``selection`` (steps, ranks, op/module filters, api_list, scope window, call counters),
-  ``collectives`` (``group``/``coll_seq``), ``stacks`` (``stacks.jsonl``), ``buffer``
+  ``collectives`` (``group``/``coll_seq``), ``flight`` (dump on trigger: the last steps
+  held in memory, written when a trigger fires), ``stacks`` (``stacks.jsonl``), ``buffer``
   (finished records whose statistics are still on the device), ``writer`` (manifest,
   ``ops.jsonl``, safetensors shards), ``stats`` (statistics, checksums, dtype names),
   ``fused`` and ``native`` (the CUDA and CPU statistics kernels);

@@ -39,6 +39,7 @@ from .backward import BackwardHooks
 from .collectives import Collectives
 from .compiled import graph_count, in_model, module_tree, unwrap
 from .ddp import DdpHooks, is_ddp
+from .flight import FlightRecorder
 from .iterations import IterationCounter
 from .modules import ModuleHooks
 from .patcher import DISPATCH, PATCHER
@@ -95,6 +96,9 @@ class Debugger:
 
     or ``with dbg: ...`` per step (start on enter; stop and step on exit).
 
+    ``flight_recorder=K`` (or the config key) writes nothing until a trigger fires, then the
+    last K steps (flight.py; docs/monitor.md): pass the loss, ``dbg.step(loss=loss)``.
+
     Capture does not change what the training computes, to the bit, with one exception
     (docs/capture.md, "Transparency"): at api and mix level, an API call whose own autograd
     graph reads one input twice (``x * x``; ``F.normalize``, ``F.rms_norm`` on CPU, built of
@@ -137,6 +141,15 @@ class Debugger:
         #: Whether the api_list was checked against the hooked APIs / the model's modules.
         self._apis_checked = False
         self._modules_checked = False
+        #: Dump on trigger (flight.py): steps held in memory, written when a trigger fires.
+        self._flight: Optional[FlightRecorder] = None
+        if self.config.flight_recorder is not None:
+            self._flight = FlightRecorder(
+                self.config.flight_recorder,
+                self._files,
+                lambda what, msg, level: self._ctx.tell_once(what, msg, stacklevel=level),
+            )
+            self._files.holder = self._flight
         atexit.register(_close_at_exit, weakref.ref(self))
         _LIVE.add(self)
 
@@ -220,8 +233,12 @@ class Debugger:
         except Exception as exc:  # noqa: BLE001
             self._guard.fail(exc, "stop()")
 
-    def step(self) -> None:
+    def step(self, loss: Any = None) -> None:
         """Advance the step counter (``step<S>`` folder); closes this step's files.
+
+        ``loss`` (a number or a one-element tensor; read on the host once) feeds the flight
+        recorder's loss triggers (``flight_recorder``: nonfinite, loss_spike); without a
+        flight recorder it is not looked at.
 
         Explicit calls take precedence: the first one turns automatic iteration counting
         (ApiProfiler) off for the rest of the run, so an iteration is never counted twice;
@@ -235,7 +252,18 @@ class Debugger:
             log.info("probe: explicit step(): automatic iteration counting is off")
             if auto.fresh:
                 return
-        self._next_step()
+        self._next_step(loss)
+
+    def _end_flight_step(self, loss: Any) -> None:
+        """The flight recorder's triggers at the end of this step; after ``then: stop``
+        fired, nothing more is captured (and the wrappers go)."""
+        assert self._flight is not None
+        if self._flight.end_step(self.current_step, current_rank(), loss):
+            self._select.closed = True
+            self._files.holder = None
+            if DISPATCH.current is None:
+                PATCHER.uninstall()
+            self._files.pool.clear()
 
     def _iteration_counter(self) -> IterationCounter:
         """A counter of this Debugger's iterations (ApiProfiler): it ends one at each
@@ -250,7 +278,7 @@ class Debugger:
         self._next_step()
         self.start()
 
-    def _next_step(self) -> None:
+    def _next_step(self, loss: Any = None) -> None:
         """What :meth:`step` does, also for the automatic iteration counter."""
         if self._child:
             return
@@ -260,6 +288,8 @@ class Debugger:
             with self._ctx.lock:
                 self._recorder.flush()  # records finished after stop() (late gradients)
             self._files.close_step()
+            if self._flight is not None and not self._guard.failed:
+                self._end_flight_step(loss)
         except Exception as exc:  # noqa: BLE001
             self._guard.fail(exc, "step()")
         self.current_step += 1
@@ -322,6 +352,7 @@ class Debugger:
         """Stop, remove every hook and close all files (also done at interpreter exit)."""
         if self._child:
             return  # the parent's files: the parent closes them
+        unfinished = self._ctx.running
         self.stop()
         try:
             if DISPATCH.current is None:
@@ -332,6 +363,13 @@ class Debugger:
             with self._ctx.lock:
                 self._recorder.flush()
             self._files.close_step()
+            flight, self._flight = self._flight, None
+            if flight is not None:
+                if unfinished and not self._guard.failed:
+                    # A step left without stop(): an exception (or an exit) ended it.
+                    flight.note_unfinished(self.current_step)
+                    flight.end_step(self.current_step, current_rank(), None, at_close=True)
+                flight.close()
         except Exception:  # noqa: BLE001
             pass
 
@@ -388,6 +426,9 @@ class Debugger:
         return self
 
     def __exit__(self, *exc: object) -> None:
+        error = exc[1] if len(exc) > 1 else None
+        if self._flight is not None and isinstance(error, BaseException):
+            self._flight.note_exception(error)  # the exception trigger, at the step's end
         self.stop()
         self.step()
 

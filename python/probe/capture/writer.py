@@ -18,7 +18,7 @@ import os
 import queue
 import sys
 import threading
-from typing import Any, Callable, Optional
+from typing import Any, Callable, Optional, Protocol
 
 import torch
 
@@ -536,9 +536,25 @@ class RankFolder:
                 self._stacks.close()
 
 
+class Holder(Protocol):
+    """Where step folders go instead of the disk: the flight recorder (flight.py) makes each
+    step's folder in memory and keeps the closed ones until a trigger writes them."""
+
+    def make(self, path: str, shard_bytes: int, step: int, rank: int, lazy: bool) -> RankFolder:
+        """The folder of ``step``/``rank`` (its records stay in memory)."""
+        ...
+
+    def keep(self, folder: RankFolder) -> None:
+        """A closed step folder, complete: held until a trigger, or dropped."""
+        ...
+
+
 class DumpFiles:
     """The files one Debugger writes: the manifest (once), the ``step<S>/rank<R>`` folder
-    of the step being captured, and the tensor writer (tensor mode)."""
+    of the step being captured, and the tensor writer (tensor mode).
+
+    With a ``holder`` (the flight recorder) nothing reaches the disk by itself: step folders
+    are the holder's, and the manifest waits for :meth:`write_manifest`."""
 
     def __init__(self, config: CaptureConfig) -> None:
         self._c = config
@@ -558,26 +574,51 @@ class DumpFiles:
         #: agent counts iterations (ApiProfiler): the iteration opened by the last optimizer
         #: step may never run, and must not leave an empty folder behind.
         self.lazy = False
+        #: The flight recorder, when steps are written only on a trigger (:class:`Holder`).
+        self.holder: Optional[Holder] = None
 
     def open(self, step: int, rank: int, model: Optional[torch.nn.Module]) -> None:
         """Make sure the manifest, this step's folder and the writer exist."""
         c = self._c
+        holder = self.holder
         if not self._manifest_done:
-            os.makedirs(c.dump_path, exist_ok=True)
-            self._write_manifest(model)
-            self._manifest_done = True
+            if holder is None:
+                os.makedirs(c.dump_path, exist_ok=True)
+                self._write_manifest(model)
+                self._manifest_done = True
+            elif not self._device:
+                self._device = model_device(c.device, model)
         if self.folder is None:
             path = os.path.join(c.dump_path, f"step{step}", f"rank{rank}")
-            self.folder = RankFolder(path, c.shard_bytes, lazy=self.lazy or c.mode == "overflow")
+            lazy = self.lazy or c.mode == "overflow"
+            if holder is not None:
+                self.folder = holder.make(path, c.shard_bytes, step, rank, lazy)
+            else:
+                self.folder = RankFolder(path, c.shard_bytes, lazy=lazy)
         if c.mode in ("tensor", "overflow") and self.writer is None:
             inline = write_inline(c.tensor_writer, model_device(c.device, model))
             self.writer = TensorWriter(c.queue_size, _writer_thread_init, self.pool, inline)
+
+    @property
+    def dump_path(self) -> str:
+        """The dump root (``manifest.json``, ``step<S>/``)."""
+        return self._c.dump_path
 
     def model_known(self, model: torch.nn.Module) -> None:
         """The model became known after the manifest was written (ApiProfiler finds it at
         its first forward): write the manifest again, for the model's device."""
         if self._manifest_done:
             self._write_manifest(model)
+        elif self.holder is not None:
+            self._device = model_device(self._c.device, model)
+
+    def write_manifest(self) -> None:
+        """Write the manifest now, if it is not written yet (the flight recorder's first
+        trigger: a run that never triggers leaves nothing behind)."""
+        if not self._manifest_done:
+            os.makedirs(self._c.dump_path, exist_ok=True)
+            self._dump_manifest()
+            self._manifest_done = True
 
     def mark_compiled(self) -> None:
         """Compiled code ran while a step was captured: the manifest says so (``compiled``),
@@ -707,6 +748,8 @@ class DumpFiles:
         folder, self.folder = self.folder, None
         if folder is not None:
             folder.close()
+            if self.holder is not None:
+                self.holder.keep(folder)
 
 
 def write_inline(choice: str, device: str) -> bool:
