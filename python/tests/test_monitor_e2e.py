@@ -6,6 +6,7 @@ a data order, each from step N), the recapture that dumps the faulty op, and a N
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import signal
@@ -13,7 +14,7 @@ import subprocess
 import sys
 import textwrap
 from pathlib import Path
-from typing import Any, Optional
+from typing import Any, Iterator, Optional
 
 import pytest
 import torch
@@ -26,6 +27,19 @@ from conftest import probe_bin
 pa = pytest.importorskip("pyarrow")
 pytest.importorskip("pyarrow.parquet")
 ROOT = Path(__file__).resolve().parents[2]
+
+
+@contextlib.contextmanager
+def num_threads(n: int) -> Iterator[None]:
+    """torch's thread count set for a run and put back after: a later test file on this
+    worker must not inherit it (another count rounds differently; test_crash's in-process
+    runs would then differ from its subprocesses)."""
+    before = torch.get_num_threads()
+    torch.set_num_threads(n)
+    try:
+        yield
+    finally:
+        torch.set_num_threads(before)
 
 
 class Block(nn.Module):
@@ -66,8 +80,21 @@ def train(
     threads: int = 1,
     dump: Optional[tuple[str, Path]] = None,
 ) -> list[float]:
-    """Trains Net for `steps` AdamW steps; the faults switch on at their step."""
-    torch.set_num_threads(threads)
+    """Trains Net for `steps` AdamW steps on `threads` threads; the faults switch on at
+    their step."""
+    with num_threads(threads):
+        return _train(steps, monitor, fault_from, lr_from, data_from, nan_at, dump)
+
+
+def _train(
+    steps: int,
+    monitor: Optional[Path],
+    fault_from: Optional[int],
+    lr_from: Optional[int],
+    data_from: Optional[int],
+    nan_at: Optional[int],
+    dump: Optional[tuple[str, Path]],
+) -> list[float]:
     torch.manual_seed(0)
     model = Net()
     opt = torch.optim.AdamW(model.parameters(), lr=3e-3)
@@ -230,7 +257,11 @@ def test_the_first_step_where_runs_part_is_named(
 def train_transformer(steps: int, monitor: Path, threads: int) -> None:
     """A 4-layer transformer encoder (its attention's reductions round differently on
     another thread count, unlike Net's small matmuls)."""
-    torch.set_num_threads(threads)
+    with num_threads(threads):
+        _train_transformer(steps, monitor)
+
+
+def _train_transformer(steps: int, monitor: Path) -> None:
     torch.manual_seed(0)
     layer = nn.TransformerEncoderLayer(64, 4, 128, dropout=0.0, batch_first=True)
     model = nn.Sequential(nn.TransformerEncoder(layer, 4, enable_nested_tensor=False), nn.Linear(64, 10))
