@@ -95,6 +95,14 @@ def trigger_events(dump: str) -> list[dict[str, Any]]:
     with open(os.path.join(dump, "trigger.json")) as fh:
         doc = json.load(fh)
     assert doc["format"] == "probe-trigger" and doc["version"] == 1
+    try:
+        import jsonschema
+    except ImportError:
+        pass
+    else:
+        schema = os.path.join(os.path.dirname(__file__), "../../schemas/probe-trigger.v1.schema.json")
+        with open(schema) as fh:
+            jsonschema.validate(doc, json.load(fh))
     return doc["events"]  # type: ignore[no-any-return]
 
 
