@@ -588,6 +588,9 @@ pub struct TrendRequest {
     pub fail_on: FailOn,
     /// Report formats to write.
     pub formats: Vec<String>,
+    /// Worker threads (None: all cores): rank pairs judged at once, each holding its two
+    /// files' values.
+    pub threads: Option<usize>,
 }
 
 /// The name of the recapture configuration in the output folder.
@@ -629,17 +632,17 @@ pub fn trend(req: &TrendRequest, progress: &Progress) -> Result<MonitorSummary> 
             "--calibration-steps must be at least 1".into(),
         ));
     }
+    let (pool, note) = thread_pool(req.threads)?;
     atomic::refuse_inside(&req.out, &[&req.bench, &req.cmp])?;
     atomic::prepare_output_dir(&req.out)?;
     let stage = progress.stage("monitor ranks", 1, Count::Items);
-    let run = monitor::trend::compare(
-        crate::vocab::Sides {
-            bench: req.bench.as_path(),
-            cmp: req.cmp.as_path(),
-        },
-        o,
-    )?;
+    let sides = crate::vocab::Sides {
+        bench: req.bench.as_path(),
+        cmp: req.cmp.as_path(),
+    };
+    let mut run = within(pool, || monitor::trend::compare(sides, o))?;
     drop(stage);
+    run.warnings.extend(note);
     let (extras, path) = recapture(monitor::summary::trend_target(&run), &req.out)?;
     let outputs = output_paths(&writers, "monitor", &req.out);
     let summary = monitor::summary::of_trend(&run, o, req.fail_on, path, outputs);

@@ -583,6 +583,7 @@ fn run_trend(a: CompareArgs) -> Result<u8, ProbeError> {
         },
         fail_on: a.verdict.fail_on,
         formats: a.verdict.format,
+        threads: a.threads,
     };
     let summary = app::trend(&req, &Progress::for_stderr(a.quiet))?;
     Ok(print_monitor(&summary, a.quiet))
