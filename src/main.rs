@@ -618,6 +618,16 @@ fn run_compare(a: CompareArgs) -> Result<u8, ProbeError> {
     if probe::monitor::is_monitor(&a.bench) || probe::monitor::is_monitor(&a.cmp) {
         return run_trend(a);
     }
+    let t = &a.trend;
+    if t.envelope.is_some()
+        || t.calibration_steps.is_some()
+        || t.trend_k != probe::monitor::trend::DEFAULT_K
+    {
+        return Err(ProbeError::Usage(
+            "--envelope, --calibration-steps and --trend-k apply to monitor folders, not to dumps"
+                .into(),
+        ));
+    }
     let req = app::CompareRequest {
         bench: a.bench,
         cmp: a.cmp,

@@ -315,6 +315,24 @@ fn bad_monitor_input_is_one_line_and_exit_2() {
     ]);
     assert_eq!(o.code, 2, "{}", o.stderr);
     assert!(o.stderr.contains("not a monitor folder"), "{}", o.stderr);
+    // ... and the monitors' options with two dumps.
+    let o = probe(&[
+        "compare",
+        "-b",
+        dump.join("bench").to_str().unwrap(),
+        "-c",
+        dump.join("cmp").to_str().unwrap(),
+        "-o",
+        d.path().join("o4").to_str().unwrap(),
+        "--envelope",
+        "0.1",
+    ]);
+    assert_eq!(o.code, 2, "{}", o.stderr);
+    assert!(
+        o.stderr.contains("apply to monitor folders"),
+        "{}",
+        o.stderr
+    );
     for extra in [
         &["--steps", "1"][..],
         &["--envelope", "-1"],
