@@ -533,3 +533,31 @@ fn the_bundled_monitor_pair_parts_at_the_step_its_fault_appears() {
     ]);
     assert_eq!(o.code, 0, "{}{}", o.stdout, o.stderr);
 }
+
+#[test]
+fn a_module_one_run_never_calls_is_said_not_judged() {
+    let d = tempfile::tempdir().unwrap();
+    write(&d.path().join("bench"), 0, 60, &clean(0.0));
+    let base = clean(0.0);
+    let run = Run {
+        // head is never called in the comparison (its output norm is null).
+        value: Box::new(move |s, m, metric| {
+            if m == 5 && metric == "output_norm" {
+                None
+            } else {
+                (base.value)(s, m, metric)
+            }
+        }),
+        loss: Box::new(|s| clean(0.0).loss.as_ref()(s)),
+        lr: Box::new(|_| 1e-3),
+    };
+    write(&d.path().join("cmp"), 0, 60, &run);
+    let (out, s) = compare_monitors(d.path(), &[]);
+    assert_eq!(out.code, 0, "{}", out.stderr);
+    assert!(s["parting"].is_null());
+    let w = s["warnings"].to_string();
+    assert!(
+        w.contains("1 series differ without measure") && w.contains("head output_norm"),
+        "{w}"
+    );
+}

@@ -417,6 +417,20 @@ fn note_early_differences(series: &[SeriesResult], window: usize, warnings: &mut
         warnings.push(format!(
             "rank {rank}: the losses differ by up to {c:.1e} (relative) on the first {window} steps already: the envelope allows that much; if the runs should agree there, compare the configurations (probe config-check)"
         ));
+    } // A value on one side only (a module one run never calls) on the calibration steps
+      // makes an infinite envelope: such a series is never judged, and that is said.
+    let unjudged: Vec<&SeriesResult> = series
+        .iter()
+        .filter(|s| s.calibrated == Some(f64::INFINITY))
+        .collect();
+    if let Some(s) = unjudged.first() {
+        warnings.push(format!(
+            "{} series differ without measure on the first {window} steps (a value on one side only, or NaN/Inf on one side), e.g. rank {} {} {}: not judged",
+            unjudged.len(),
+            s.rank,
+            module_label(&s.module),
+            s.metric
+        ));
     }
 }
 
