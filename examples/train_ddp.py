@@ -125,6 +125,13 @@ def main(argv: Optional[list[str]] = None) -> int:
     ap.add_argument("--inject-rank", type=int, default=0, help="the rank that is perturbed")
     ap.add_argument("--inject-rel", type=float, default=0.05)
     ap.add_argument(
+        "--inject-from-step",
+        type=int,
+        default=0,
+        metavar="N",
+        help="--inject acts from step N on (a fault that appears late: docs/monitor.md)",
+    )
+    ap.add_argument(
         "--bucket-cap-mb",
         type=float,
         default=0.05,
@@ -238,7 +245,7 @@ def main(argv: Optional[list[str]] = None) -> int:
         if step == 1:
             t0 = time.perf_counter()
         for fault in faults:
-            fault.new_step()
+            fault.new_step(active=step >= args.inject_from_step)
         if dbg is not None:
             dbg.start(model)
         opt.zero_grad(set_to_none=True)

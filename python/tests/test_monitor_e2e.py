@@ -312,3 +312,31 @@ def test_scan_names_the_step_and_module_where_nan_first_appears(tmp_path: Path) 
     assert code == 1, out
     e = s["events"][0]
     assert (e["kind"], e["step"], e["module"]) == ("nonfinite", 200, "embed"), s["headline"]
+
+
+def torchrun_monitor(out: Path, *extra: str) -> None:
+    env = dict(os.environ, PYTHONPATH=str(ROOT / "python"), OMP_NUM_THREADS="1")
+    cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node", "2"]
+    cmd += [str(ROOT / "examples/train_ddp.py"), "--no-dump", "--quiet", "--steps", "30"]
+    cmd += ["--monitor-dir", str(out), *extra]
+    res = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=300)
+    assert res.returncode == 0, res.stderr[-3000:]
+
+
+def test_a_fault_on_one_rank_of_a_ddp_job_is_named_at_its_step_and_rank(tmp_path: Path) -> None:
+    dist = pytest.importorskip("torch.distributed")
+    if not dist.is_available() or not dist.is_gloo_available():
+        pytest.skip("torch.distributed with gloo is not available")
+    torchrun_monitor(tmp_path / "bench")
+    torchrun_monitor(
+        tmp_path / "cmp", "--inject", "Functional.gelu", "--inject-rank", "1", "--inject-from-step", "20"
+    )
+    code, s, out = run_probe("compare", "-b", tmp_path / "bench", "-c", tmp_path / "cmp", "-o", tmp_path / "out")
+    assert code == 1, out
+    p = s["parting"]
+    assert s["ranks"] == [0, 1]
+    # Rank 1's own forward parts first; rank 0 only sees it through the averaged gradients.
+    assert (p["step"], p["series"]["rank"]) == (20, 1), s["headline"]
+    assert p["series"]["metric"] in ("output_norm", "output_nonfinite"), s["headline"]
+    recapture = json.loads((tmp_path / "out/recapture.json").read_text())
+    assert recapture["ranks"] == [1] and recapture["steps"] == [19, 20]
