@@ -5,7 +5,8 @@
 //!   the module that produced it (its consumers, the loss and the gradients follow).
 //! - **loss_spike**, **grad_norm_spike**: the model's loss (gradient norm) far above its
 //!   trailing window: a robust score `(x - median) / max(1.4826·MAD, 1e-3·|median|)` over
-//!   the previous [`WINDOW`] steps (at least [`MIN_HISTORY`]) above [`SPIKE_SCORE`], and
+//!   the previous [`WINDOW`] steps (at least [`MIN_HISTORY`]) above [`SPIKE_SCORE`] (the
+//!   flight recorder's loss-spike trigger has the same threshold, margin and window), and
 //!   the value above the median by [`LOSS_MARGIN`] (loss) or [`GRAD_MARGIN`] (gradient
 //!   norm), so that a flat curve's tiny wobble is no spike.
 //! - **loss_scale_collapse**: the loss scaler's scale below 1, or 1024 times below the
@@ -30,9 +31,9 @@ pub const WINDOW: usize = 50;
 /// Steps of history a score needs.
 pub const MIN_HISTORY: usize = 10;
 /// A robust score above this is a spike.
-pub const SPIKE_SCORE: f64 = 6.0;
-/// A loss spike is also 10 % above the median.
-pub const LOSS_MARGIN: f64 = 0.1;
+pub const SPIKE_SCORE: f64 = 10.0;
+/// A loss spike is also 25 % above the median.
+pub const LOSS_MARGIN: f64 = 0.25;
 /// A gradient-norm spike is also twice the median.
 pub const GRAD_MARGIN: f64 = 1.0;
 /// Steps of exact zeros that make a module dead.
