@@ -33,6 +33,7 @@ from __future__ import annotations
 import atexit
 import json
 import logging
+import math
 import warnings
 import weakref
 from collections.abc import Sequence
@@ -91,12 +92,10 @@ def select_modules(
     return [(n, m) for n, m in named if n == "" or n in wanted]
 
 
+#: The running backward's id, >= 0 while autograd runs a backward (then a forward hook sees
+#: a checkpointed forward being recomputed); looked up once, called in every forward hook.
 _TASK_ID = getattr(torch._C, "_current_graph_task_id", None)
-
-
-def _in_backward() -> bool:
-    """Whether autograd is running a backward (a checkpointed forward being recomputed)."""
-    return _TASK_ID is not None and int(_TASK_ID()) >= 0
+_vector_norm = torch.linalg.vector_norm
 
 
 class _Grads:
@@ -248,22 +247,23 @@ class Monitor:
         return hook
 
     def _record_output(self, i: int, output: Any) -> None:
+        """One norm kernel per floating output tensor; on the CPU its NaN/Inf elements are
+        counted only when that norm is not finite (a finite norm has none)."""
         try:
-            if _in_backward():
+            if _TASK_ID is not None and _TASK_ID() >= 0:  # a checkpointed forward recomputed
                 return
             s = self._state
             if s.order[i] < 0:
                 s.order[i] = s.next_order
                 s.next_order += 1
             for t in floating_tensors(output):
-                n = torch.linalg.vector_norm(t, dtype=torch.float32)
+                n = _vector_norm(t, dtype=torch.float32)
                 s.out_norms.append(n)
                 s.out_rows.append(i)
-                count = output_count(t, n)
-                if isinstance(count, torch.Tensor):
-                    s.dev_counts.append((i, count))
-                elif count:
-                    s.host_counts[i] += count
+                if not n.is_cpu:
+                    s.dev_counts.append((i, output_count(t, n)))
+                elif not math.isfinite(n.item()):
+                    s.host_counts[i] += output_count(t, n)
         except Exception as exc:  # noqa: BLE001 - must never fail the training run
             self._guard.fail(exc, f"the forward hook of module {self.module_names[i]!r}")
 
@@ -312,7 +312,7 @@ class Monitor:
         if any(g is None for g in grads):
             which = [j for j, g in enumerate(grads) if g is not None]
             grads = [grads[j] for j in which]
-        present = [g.detach() for g in grads if g is not None]
+        present = [g for g in grads if g is not None]
         if not present:
             self._state.grads = _Grads(which, None, np.zeros(0))
             return
@@ -464,23 +464,24 @@ class Monitor:
         dev_counts = parts.take(len(meta["dev_rows"]))
         called = meta["order"] >= 0
         has, with_grad = m.has_params, m.present(which)
-        out_nf = meta["host_counts"] + np.bincount(meta["dev_rows"], dev_counts, minlength=n)
+        groups = [(which, grads), (None, params)] + states
+        if update is not None:
+            groups.append((None, update))
+        norm = m.module_norms(groups)
+        nonfinite = m.sums(which, grad_nf) if np.any(grad_nf) else np.zeros(n)
+        out_nf = meta["host_counts"]
+        if len(dev_counts):
+            out_nf = out_nf + np.bincount(meta["dev_rows"], dev_counts, minlength=n)
         metrics: dict[str, tuple[np.ndarray, np.ndarray]] = {
             "output_norm": (np.sqrt(np.bincount(meta["out_rows"], out * out, minlength=n)), called),
             "output_nonfinite": (out_nf, called),
-            "grad_norm": (np.sqrt(m.sums(which, grads * grads)), with_grad),
-            "grad_nonfinite": (m.sums(which, grad_nf), with_grad),
-            "param_norm": (np.sqrt(m.sums(None, params * params)), has),
-            "update_norm": (
-                np.sqrt(m.sums(None, update * update)) if update is not None else np.zeros(n),
-                has & (update is not None),
-            ),
+            "grad_norm": (norm[0], with_grad),
+            "grad_nonfinite": (nonfinite, with_grad),
+            "param_norm": (norm[1], has),
+            "update_norm": (norm[-1], has) if update is not None else (np.zeros(n), has & False),
         }
-        for key, (which, values) in zip(meta["keys"], states):
-            metrics[f"state_{key}_norm"] = (
-                np.sqrt(m.sums(which, values * values)),
-                m.present(which),
-            )
+        for k, (key, (which, _)) in enumerate(zip(meta["keys"], states)):
+            metrics[f"state_{key}_norm"] = (norm[2 + k], m.present(which))
         scalars = dict(meta["host_scalars"])
         tail = iter(parts.rest().tolist())
         for name in ("loss", "loss_scale", "lr"):

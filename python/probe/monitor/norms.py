@@ -117,6 +117,22 @@ class Membership:
         out = self.weights[:, which] @ values
         return out
 
+    def module_norms(self, groups: list[tuple[Which, np.ndarray]]) -> list[np.ndarray]:
+        """Per group of per-parameter norms (of the parameters ``which``): the per-module
+        norms, the square roots of the sums of their squares (float64); the groups over
+        every parameter in one matrix product."""
+        out: list[np.ndarray] = [np.zeros(0)] * len(groups)
+        full = [k for k, (which, _) in enumerate(groups) if which is None]
+        if full:
+            x = np.stack([groups[k][1] for k in full])
+            sums = np.sqrt(self.weights @ (x * x).T)
+            for j, k in enumerate(full):
+                out[k] = sums[:, j]
+        for k, (which, values) in enumerate(groups):
+            if which is not None:
+                out[k] = np.sqrt(self.sums(which, values * values))
+        return out
+
     def present(self, which: Which) -> np.ndarray:
         """Per module: whether it holds one of the parameters ``which``."""
         if which is None:
