@@ -372,7 +372,7 @@ class Monitor:
         vec = torch.cat(pieces) if len(pieces) > 1 else pieces[0]
         dev, host = self._scalars(loss, vec.device)
         if dev is not None:
-            vec = torch.cat([vec.to(torch.float64), dev])
+            vec = torch.cat([vec.to(dev.dtype), dev])
         meta = {
             "step": self.step_index,
             "order": np.array(s.order, dtype=np.int32),
@@ -424,8 +424,9 @@ class Monitor:
         self, loss: Union[torch.Tensor, float, None], device: torch.device
     ) -> tuple[Optional[torch.Tensor], dict[str, Optional[float]]]:
         """loss, loss scale, lr: the host values (a CPU tensor's value is read at once, no
-        wait), and apart, the device tensors' values as a float64 vector (their names then
-        hold :data:`ON_DEVICE`), so that nothing here waits for the device."""
+        wait), and apart, the device tensors' values as a float64 vector (float32 on MPS,
+        which has no float64; their names then hold :data:`ON_DEVICE`), so that nothing here
+        waits for the device."""
         dev: list[torch.Tensor] = []
         host: dict[str, Optional[float]] = {}
         scale = getattr(self._scaler, "_scale", None) if self._scaler is not None else None
@@ -436,7 +437,8 @@ class Monitor:
                 if first.device.type == "cpu":
                     host[name] = float(first)
                 else:
-                    dev.append(first.to(device, torch.float64))
+                    wide = torch.float32 if device.type == "mps" else torch.float64
+                    dev.append(first.to(device, wide))
                     host[name] = ON_DEVICE
             else:
                 host[name] = None if value is None else float(value)
