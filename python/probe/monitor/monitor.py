@@ -33,6 +33,7 @@ from __future__ import annotations
 import atexit
 import json
 import logging
+import math
 import warnings
 import weakref
 from collections.abc import Sequence
@@ -44,8 +45,8 @@ import torch
 from .._guard import Guard
 from .._runtime import current_rank, world_size
 from .._version import __version__
-from .norms import Membership, floating_tensors, output_count
-from .table import FORMAT_VERSION, METRICS, MonitorFile, StepRows
+from .norms import Membership, Which, floating_tensors, nonfinite, norms, output_count
+from .table import FORMAT_VERSION, MonitorFile, StepRows
 
 log = logging.getLogger("probe")
 
@@ -91,10 +92,47 @@ def select_modules(
     return [(n, m) for n, m in named if n == "" or n in wanted]
 
 
-def _in_backward() -> bool:
-    """Whether autograd is running a backward (a checkpointed forward being recomputed)."""
-    task = getattr(torch._C, "_current_graph_task_id", None)
-    return task is not None and int(task()) >= 0
+#: The running backward's id, >= 0 while autograd runs a backward (then a forward hook sees
+#: a checkpointed forward being recomputed); looked up once, called in every forward hook.
+_TASK_ID = getattr(torch._C, "_current_graph_task_id", None)
+_vector_norm = torch.linalg.vector_norm
+
+
+class _Grads:
+    """The gradients' norms, read once per step: which parameters had one (None: all), their
+    norms (a device vector) and NaN/Inf counts (a host array on the CPU, else a device
+    vector)."""
+
+    def __init__(
+        self, which: Which, norm: Optional[torch.Tensor], counts: Union[np.ndarray, torch.Tensor]
+    ) -> None:
+        self.which = which
+        self.norm = norm
+        self.counts = counts
+
+
+def _copy_into(dst: list[torch.Tensor], src: list[torch.Tensor]) -> None:
+    try:
+        torch._foreach_copy_(dst, src)
+    except (AttributeError, RuntimeError):  # torch < 2.1, or mixed devices
+        for d, t in zip(dst, src):
+            d.copy_(t)
+
+
+class _Reader:
+    """Consecutive slices of the step's host vector."""
+
+    def __init__(self, vec: np.ndarray) -> None:
+        self.vec = vec
+        self.at = 0
+
+    def take(self, count: int) -> np.ndarray:
+        part = self.vec[self.at : self.at + count]
+        self.at += count
+        return part
+
+    def rest(self) -> np.ndarray:
+        return self.vec[self.at :]
 
 
 class _StepState:
@@ -107,10 +145,11 @@ class _StepState:
         self.out_rows: list[int] = []
         self.host_counts = np.zeros(modules)
         self.dev_counts: list[tuple[int, torch.Tensor]] = []
-        #: Per module: sum of squared gradient norms, NaN/Inf count, holds a gradient.
-        self.grads: Optional[tuple[torch.Tensor, torch.Tensor, np.ndarray]] = None
-        self.before: Optional[list[torch.Tensor]] = None
-        self.update: Optional[torch.Tensor] = None
+        self.grads: Optional[_Grads] = None
+        #: The parameters are in the monitor's buffer (pre-hook), then the buffer holds the
+        #: update, before minus after (post-hook).
+        self.copied = False
+        self.updated = False
 
 
 class Monitor:
@@ -153,6 +192,12 @@ class Monitor:
         self._keys: Optional[list[str]] = None
         self._stepped_ever = False
         self._inflight: Optional[tuple[torch.Tensor, Any, dict[str, Any]]] = None
+        #: The parameters before the optimizer step, then the update: allocated once.
+        self._buf: list[torch.Tensor] = []
+        self._buf_layout: list[tuple[torch.Size, torch.dtype, torch.device]] = []
+        #: The optimizer's state tensors by key, and the identities they were found with.
+        self._states: dict[str, tuple[Which, list[torch.Tensor]]] = {}
+        self._states_seen: list[int] = []
         self._state = _StepState(len(selected))
         try:
             self._setup(
@@ -173,9 +218,7 @@ class Monitor:
         world = world_size() if world is None else world
         first = next(self._model.parameters(), None)
         self._device = first.device if first is not None else torch.device("cpu")
-        self._members = Membership([m for _, m in selected], self._device)
-        self._all = list(range(len(self._members.params)))
-        self._has_params = np.asarray(self._members.member.any(axis=1))
+        self._members = Membership([m for _, m in selected])
         meta = {
             "format": "probe.monitor",
             "version": FORMAT_VERSION,
@@ -204,22 +247,23 @@ class Monitor:
         return hook
 
     def _record_output(self, i: int, output: Any) -> None:
+        """One norm kernel per floating output tensor; on the CPU its NaN/Inf elements are
+        counted only when that norm is not finite (a finite norm has none)."""
         try:
-            if _in_backward():
+            if _TASK_ID is not None and _TASK_ID() >= 0:  # a checkpointed forward recomputed
                 return
             s = self._state
             if s.order[i] < 0:
                 s.order[i] = s.next_order
                 s.next_order += 1
             for t in floating_tensors(output):
-                n = torch.linalg.vector_norm(t, dtype=torch.float32)
+                n = _vector_norm(t, dtype=torch.float32)
                 s.out_norms.append(n)
                 s.out_rows.append(i)
-                count = output_count(t, n)
-                if isinstance(count, torch.Tensor):
-                    s.dev_counts.append((i, count))
-                elif count:
-                    s.host_counts[i] += count
+                if not n.is_cpu:
+                    s.dev_counts.append((i, output_count(t, n)))
+                elif not math.isfinite(n.item()):
+                    s.host_counts[i] += output_count(t, n)
         except Exception as exc:  # noqa: BLE001 - must never fail the training run
             self._guard.fail(exc, f"the forward hook of module {self.module_names[i]!r}")
 
@@ -228,10 +272,12 @@ class Monitor:
             return
         try:
             with torch.no_grad():
-                if self._state.grads is None:
+                s = self._state
+                if s.grads is None:
                     self._read_grads()
                 if self._update_norm:
-                    self._state.before = [p.detach().clone() for p in self._members.params]
+                    _copy_into(self._buffer(), self._members.params)
+                    s.copied, s.updated = True, False
         except Exception as exc:  # noqa: BLE001 - must never fail the training run
             self._guard.fail(exc, "the optimizer step pre-hook")
 
@@ -240,21 +286,38 @@ class Monitor:
             return
         try:
             self._stepped_ever = True
-            before = self._state.before
-            if before is not None:
-                self._state.before = None
+            s = self._state
+            if s.copied:
+                s.copied = False
                 with torch.no_grad():
-                    torch._foreach_sub_(before, [p.detach() for p in self._members.params])
-                    self._state.update = self._members.squares(self._all, before)
+                    torch._foreach_sub_(self._buf, self._members.params)
+                s.updated = True
         except Exception as exc:  # noqa: BLE001 - must never fail the training run
             self._guard.fail(exc, "the optimizer step post-hook")
 
-    def _read_grads(self) -> None:
+    def _buffer(self) -> list[torch.Tensor]:
+        """The monitor's copy of the parameters, allocated once (again only if a parameter
+        changed shape, dtype or device): the pre-hook copies into it, the post-hook
+        subtracts the parameters from it, ``step()`` takes its norms."""
         params = self._members.params
-        which = [j for j, p in enumerate(params) if p.grad is not None]
-        grads = [params[j].grad for j in which]
-        sq, nf = self._members.squares_and_counts(which, grads)  # type: ignore[arg-type]
-        self._state.grads = (sq, nf, self._members.present(which))
+        layout = [(p.shape, p.dtype, p.device) for p in params]
+        if layout != self._buf_layout:
+            self._buf = [torch.empty_like(p) for p in params]
+            self._buf_layout = layout
+        return self._buf
+
+    def _read_grads(self) -> None:
+        grads = [p.grad for p in self._members.params]
+        which: Which = None
+        if any(g is None for g in grads):
+            which = [j for j, g in enumerate(grads) if g is not None]
+            grads = [grads[j] for j in which]
+        present = [g for g in grads if g is not None]
+        if not present:
+            self._state.grads = _Grads(which, None, np.zeros(0))
+            return
+        norm = torch.stack(norms(present))
+        self._state.grads = _Grads(which, norm, nonfinite(present, norm))
 
     # --- the step ------------------------------------------------------------------------
 
@@ -281,44 +344,47 @@ class Monitor:
         return keys
 
     def _gather(self, loss: Union[torch.Tensor, float, None]) -> None:
-        """This step's numbers, as one vector on the device, sent to the host."""
+        """This step's norms, as one vector on the device, sent to the host: the outputs',
+        the update's, the parameters', the optimizer state's (one ``_foreach_norm``), the
+        gradients' (read before the optimizer step), device counts and scalars."""
         s, m = self._state, self._members
         if s.grads is None:
             self._read_grads()
-        assert s.grads is not None
+        g = s.grads
+        assert g is not None
         if self._keys is None and (
             self._optimizer is None or self._stepped_ever or len(self._held) >= MAX_HELD_STEPS
         ):
             self._keys = self._state_keys()
-        n = len(self.module_names)
-        zeros = torch.zeros(n, dtype=m.dtype, device=self._device)
-        out_sq, out_nf = zeros.clone(), zeros.clone()
-        if s.out_norms:
-            rows = torch.tensor(s.out_rows, device=self._device)
-            sq = torch.stack(s.out_norms).to(m.dtype)
-            out_sq.index_add_(0, rows, sq * sq)
-        for i, c in s.dev_counts:
-            out_nf[i] += c
-        pieces = [out_sq, out_nf, s.grads[0], s.grads[1], m.squares(self._all, m.params)]
-        pieces.append(s.update if s.update is not None else zeros)
-        present = []
-        for key in self._keys or []:
-            which, tensors = self._state_of(key)
-            pieces.append(m.squares(which, tensors))
-            present.append(m.present(which))
-        scalars, host = self._scalars(loss)
-        pieces.append(scalars)
+        keys = list(self._keys or [])
+        inputs = list(self._buf) if s.updated else []
+        inputs += m.params
+        states = self._state_tensors(keys)
+        for _, tensors in states:
+            inputs += tensors
+        pieces = [torch.stack(s.out_norms + norms(inputs))]
+        if g.norm is not None:
+            pieces.append(g.norm)
+        if isinstance(g.counts, torch.Tensor):
+            pieces.append(g.counts)
+        if s.dev_counts:
+            pieces.append(torch.stack([c.to(torch.float32) for _, c in s.dev_counts]))
+        vec = torch.cat(pieces) if len(pieces) > 1 else pieces[0]
+        dev, host = self._scalars(loss, vec.device)
+        if dev is not None:
+            vec = torch.cat([vec.to(dev.dtype), dev])
         meta = {
             "step": self.step_index,
             "order": np.array(s.order, dtype=np.int32),
+            "out_rows": np.array(s.out_rows, dtype=np.int64),
             "host_counts": s.host_counts,
-            "grad_present": s.grads[2],
-            "updated": s.update is not None,
-            "keys": list(self._keys or []),
-            "state_present": present,
+            "updated": s.updated,
+            "states": [(which, len(tensors)) for which, tensors in states],
+            "grads": (g.which, 0 if g.norm is None else len(g.norm), g.counts),
+            "dev_rows": np.array([i for i, _ in s.dev_counts], dtype=np.int64),
+            "keys": keys,
             "host_scalars": host,
         }
-        vec = torch.cat([p.to(m.dtype) for p in pieces])
         if vec.device.type == "cuda":
             pinned = torch.empty(vec.shape, dtype=vec.dtype, pin_memory=True)
             pinned.copy_(vec, non_blocking=True)
@@ -328,33 +394,55 @@ class Monitor:
         else:
             self._deliver(vec.cpu().numpy(), meta)
 
-    def _state_of(self, key: str) -> tuple[list[int], list[torch.Tensor]]:
+    def _state_tensors(self, keys: list[str]) -> list[tuple[Which, list[torch.Tensor]]]:
+        """Per key: the parameters that have that state (None: all) and its tensors; looked
+        up again only when the optimizer's state entries are other objects than last step."""
+        if self._optimizer is None or not keys:
+            return []
+        state = self._optimizer.state
+        per = [state.get(p) for p in self._members.params]
+        seen = [id(v) for d in per if d for v in d.values()]
+        seen.append(hash(tuple(keys)))
+        if seen != self._states_seen:
+            self._states = {key: self._state_of(key) for key in keys}
+            self._states_seen = seen
+        return [self._states[key] for key in keys]
+
+    def _state_of(self, key: str) -> tuple[Which, list[torch.Tensor]]:
         assert self._optimizer is not None
         state = self._optimizer.state
+        params = self._members.params
         which, tensors = [], []
-        for j, p in enumerate(self._members.params):
+        for j, p in enumerate(params):
             value = state.get(p, {}).get(key)
             if isinstance(value, torch.Tensor) and value.shape == p.shape:
                 which.append(j)
-                tensors.append(value)
-        return which, tensors
+                tensors.append(value.detach())
+        return (None if len(which) == len(params) else which), tensors
 
     def _scalars(
-        self, loss: Union[torch.Tensor, float, None]
-    ) -> tuple[torch.Tensor, dict[str, Optional[float]]]:
-        """loss, loss scale, lr: device values in a vector, host values (and nulls) apart,
-        so that nothing here waits for the device."""
-        dev = torch.zeros(3, dtype=self._members.dtype, device=self._device)
+        self, loss: Union[torch.Tensor, float, None], device: torch.device
+    ) -> tuple[Optional[torch.Tensor], dict[str, Optional[float]]]:
+        """loss, loss scale, lr: the host values (a CPU tensor's value is read at once, no
+        wait), and apart, the device tensors' values as a float64 vector (float32 on MPS,
+        which has no float64; their names then hold :data:`ON_DEVICE`), so that nothing here
+        waits for the device."""
+        dev: list[torch.Tensor] = []
         host: dict[str, Optional[float]] = {}
         scale = getattr(self._scaler, "_scale", None) if self._scaler is not None else None
         lr = self._optimizer.param_groups[0].get("lr") if self._optimizer is not None else None
-        for k, (name, value) in enumerate((("loss", loss), ("loss_scale", scale), ("lr", lr))):
+        for name, value in (("loss", loss), ("loss_scale", scale), ("lr", lr)):
             if isinstance(value, torch.Tensor):
-                dev[k] = value.detach().reshape(-1)[0].to(dev.device, dev.dtype)
-                host[name] = ON_DEVICE
+                first = value.detach().reshape(-1)[0]
+                if first.device.type == "cpu":
+                    host[name] = float(first)
+                else:
+                    wide = torch.float32 if device.type == "mps" else torch.float64
+                    dev.append(first.to(device, wide))
+                    host[name] = ON_DEVICE
             else:
                 host[name] = None if value is None else float(value)
-        return dev, host
+        return (torch.stack(dev) if dev else None), host
 
     def _deliver_inflight(self) -> None:
         if self._inflight is not None:
@@ -363,29 +451,45 @@ class Monitor:
             event.synchronize()
             self._deliver(pinned.numpy(), meta)
 
-    def _deliver(self, vec: np.ndarray, meta: dict[str, Any]) -> None:
+    def _deliver(self, raw: np.ndarray, meta: dict[str, Any]) -> None:
         """Turn the host vector into the step's rows, and write them (or hold them)."""
-        n = len(self.module_names)
-        block = [vec[k * n : (k + 1) * n] for k in range(len(vec) // n)]
-        order = meta["order"]
-        called = order >= 0
-        has = self._has_params
-        metrics: dict[str, tuple[np.ndarray, np.ndarray]] = {}
-        grads = meta["grad_present"]
-        valid: list[np.ndarray] = [called, called, grads, grads, has, has & meta["updated"]]
-        for k, name in enumerate(METRICS):
-            values = block[k] + (meta["host_counts"] if name == "output_nonfinite" else 0)
-            metrics[name] = (values if name.endswith("nonfinite") else np.sqrt(values), valid[k])
-        for k, key in enumerate(meta["keys"]):
-            metrics[f"state_{key}_norm"] = (
-                np.sqrt(block[len(METRICS) + k]),
-                meta["state_present"][k],
-            )
+        m, n = self._members, len(self.module_names)
+        vec = raw.astype(np.float64)
+        parts = _Reader(vec)
+        out = parts.take(len(meta["out_rows"]))
+        update = parts.take(len(m.params)) if meta["updated"] else None
+        params = parts.take(len(m.params))
+        states = [(which, parts.take(count)) for which, count in meta["states"]]
+        which, count, counts = meta["grads"]
+        grads = parts.take(count)
+        grad_nf = parts.take(count) if isinstance(counts, torch.Tensor) else counts
+        dev_counts = parts.take(len(meta["dev_rows"]))
+        called = meta["order"] >= 0
+        has, with_grad = m.has_params, m.present(which)
+        groups = [(which, grads), (None, params)] + states
+        if update is not None:
+            groups.append((None, update))
+        norm = m.module_norms(groups)
+        nonfinite = m.sums(which, grad_nf) if np.any(grad_nf) else np.zeros(n)
+        out_nf = meta["host_counts"]
+        if len(dev_counts):
+            out_nf = out_nf + np.bincount(meta["dev_rows"], dev_counts, minlength=n)
+        metrics: dict[str, tuple[np.ndarray, np.ndarray]] = {
+            "output_norm": (np.sqrt(np.bincount(meta["out_rows"], out * out, minlength=n)), called),
+            "output_nonfinite": (out_nf, called),
+            "grad_norm": (norm[0], with_grad),
+            "grad_nonfinite": (nonfinite, with_grad),
+            "param_norm": (norm[1], has),
+            "update_norm": (norm[-1], has) if update is not None else (np.zeros(n), has & False),
+        }
+        for k, (key, (which, _)) in enumerate(zip(meta["keys"], states)):
+            metrics[f"state_{key}_norm"] = (norm[2 + k], m.present(which))
         scalars = dict(meta["host_scalars"])
-        for k, name in enumerate(("loss", "loss_scale", "lr")):
+        tail = iter(parts.rest().tolist())
+        for name in ("loss", "loss_scale", "lr"):
             if scalars[name] is ON_DEVICE:
-                scalars[name] = float(vec[len(vec) - 3 + k])
-        self._held.append(StepRows(meta["step"], order, scalars, metrics))
+                scalars[name] = next(tail)
+        self._held.append(StepRows(meta["step"], meta["order"], scalars, metrics))
         self._flush()
 
     def _flush(self, final: bool = False) -> None:

@@ -1,18 +1,18 @@
-"""The tensor side of the monitor: squared norms and non-finite counts, per module.
+"""The tensor side of the monitor: norms and non-finite counts, and the per-module sums.
 
 Why squares: a module's norm over several tensors (its parameters, or every output of every
 call in a step) is the square root of the sum of their squared norms, so every tensor is
-reduced once (``torch._foreach_norm`` over a list where it can, fp32 accumulation) and
-the per-module sums are one matrix-vector product with the module x parameter membership
-matrix (float64 where the device has it: sums of squares of large norms lose less).
-Everything stays on the model's device; the monitor copies one vector to the host per step.
+reduced once on its device (``torch._foreach_norm`` over one list per step where it can,
+fp32 accumulation), the step's norms go to the host as one vector, and the per-module sums
+of their squares are one float64 matrix-vector product there with the module x parameter
+membership matrix (numpy: a few dozen numbers, no device kernel launches per module).
 """
 
 from __future__ import annotations
 
 import math
 from collections.abc import Iterator, Sequence
-from typing import Any
+from typing import Any, Optional, Union
 
 import numpy as np
 import torch
@@ -21,33 +21,33 @@ import torch
 MAX_NESTING = 6
 
 
-def sum_dtype(device: torch.device) -> torch.dtype:
-    """The dtype of the per-module sums: float64 where the device computes it."""
-    return torch.float32 if device.type == "mps" else torch.float64
-
-
-def norms(tensors: Sequence[torch.Tensor]) -> torch.Tensor:
-    """The L2 norm of each tensor, accumulated in fp32, as one fp32 vector."""
-    detached = [t.detach() for t in tensors]
+def norms(tensors: list[torch.Tensor]) -> list[torch.Tensor]:
+    """The L2 norm of each tensor, accumulated in fp32, as 0-d fp32 tensors (no autograd:
+    call under ``torch.no_grad()``)."""
+    if not tensors:
+        return []
     try:
-        parts = list(torch._foreach_norm(detached, 2, dtype=torch.float32))
+        return list(torch._foreach_norm(tensors, 2, dtype=torch.float32))
     except (TypeError, RuntimeError):  # torch < 2.3 (no dtype), or mixed devices
-        parts = [torch.linalg.vector_norm(t, dtype=torch.float32) for t in detached]
-    return torch.stack(parts)
+        return [torch.linalg.vector_norm(t, dtype=torch.float32) for t in tensors]
 
 
-def nonfinite(tensors: Sequence[torch.Tensor], norm: torch.Tensor) -> torch.Tensor:
-    """How many NaN/Inf elements each tensor holds, as a vector like ``norm`` (their norms).
+def nonfinite(
+    tensors: Sequence[torch.Tensor], norm: torch.Tensor
+) -> Union[np.ndarray, torch.Tensor]:
+    """How many NaN/Inf elements each tensor holds, given ``norm``, their norms as a vector.
 
     A tensor with a finite norm has none, so on the CPU (where reading a value costs no
-    device sync) only the tensors with a non-finite norm are counted; elsewhere every
-    tensor is counted on the device (numel minus its finite elements: two kernels each)."""
+    device sync) only the tensors with a non-finite norm are counted, and the counts are a
+    host array; elsewhere every tensor is counted on the device (numel minus its finite
+    elements: two kernels each) into a float32 vector."""
     if norm.device.type == "cpu":
-        counts = torch.zeros(len(tensors), dtype=torch.float32)
-        bad = (~torch.isfinite(norm)).nonzero().flatten().tolist()
-        for i in bad:
-            t = tensors[i].detach()
-            counts[i] = float(t.numel() - int(torch.isfinite(t).sum()))
+        counts = np.zeros(len(tensors))
+        host = norm.numpy()
+        if not np.isfinite(host).all():
+            for i in np.flatnonzero(~np.isfinite(host)).tolist():
+                t = tensors[i].detach()
+                counts[i] = float(t.numel() - int(torch.isfinite(t).sum()))
         return counts
     finite = torch.stack([torch.isfinite(t.detach()).sum() for t in tensors])
     sizes = torch.tensor([t.numel() for t in tensors], dtype=torch.float32)
@@ -78,15 +78,19 @@ def floating_tensors(value: Any, depth: int = 0) -> Iterator[torch.Tensor]:
                 yield from floating_tensors(item, depth + 1)
 
 
+#: Which parameters a list of per-parameter values covers: their indices in
+#: ``Membership.params``, or None for all of them in order (the common case, cached).
+Which = Optional[list[int]]
+
+
 class Membership:
     """Which parameters each monitored module holds (recursively, each parameter once).
 
     ``params`` are the distinct parameters of the modules, the root's first; ``member`` the
-    host's (modules x params) bool matrix; ``matrix`` the same on the device, to sum
-    per-parameter squares per module."""
+    (modules x params) bool matrix, ``weights`` the same as float64 for the sums."""
 
-    def __init__(self, modules: Sequence[torch.nn.Module], device: torch.device) -> None:
-        self.params: list[torch.nn.Parameter] = []
+    def __init__(self, modules: Sequence[torch.nn.Module]) -> None:
+        self.params: list[torch.Tensor] = []
         position: dict[int, int] = {}
         rows: list[list[int]] = []
         for mod in modules:
@@ -100,36 +104,38 @@ class Membership:
         self.member = np.zeros((len(modules), len(self.params)), dtype=bool)
         for i, row in enumerate(rows):
             self.member[i, row] = True
-        self.device = device
-        self.dtype = sum_dtype(device)
-        self.matrix = torch.from_numpy(self.member).to(device=device, dtype=self.dtype)
+        self.weights = self.member.astype(np.float64)
+        self.has_params = np.asarray(self.member.any(axis=1))
 
-    def per_module(self, which: Sequence[int], values: torch.Tensor) -> torch.Tensor:
-        """Sum ``values`` (one per parameter ``params[which[k]]``) per module."""
-        if len(which) == len(self.params):
-            return self.matrix @ values.to(self.dtype)
-        return self.matrix[:, list(which)] @ values.to(self.dtype)
+    def sums(self, which: Which, values: np.ndarray) -> np.ndarray:
+        """Per module: the sum of ``values`` (one per parameter of ``which``), float64."""
+        if which is None:
+            out: np.ndarray = self.weights @ values
+            return out
+        if not which:
+            return np.zeros(len(self.member))
+        out = self.weights[:, which] @ values
+        return out
 
-    def present(self, which: Sequence[int]) -> np.ndarray:
+    def module_norms(self, groups: list[tuple[Which, np.ndarray]]) -> list[np.ndarray]:
+        """Per group of per-parameter norms (of the parameters ``which``): the per-module
+        norms, the square roots of the sums of their squares (float64); the groups over
+        every parameter in one matrix product."""
+        out: list[np.ndarray] = [np.zeros(0)] * len(groups)
+        full = [k for k, (which, _) in enumerate(groups) if which is None]
+        if full:
+            x = np.stack([groups[k][1] for k in full])
+            sums = np.sqrt(self.weights @ (x * x).T)
+            for j, k in enumerate(full):
+                out[k] = sums[:, j]
+        for k, (which, values) in enumerate(groups):
+            if which is not None:
+                out[k] = np.sqrt(self.sums(which, values * values))
+        return out
+
+    def present(self, which: Which) -> np.ndarray:
         """Per module: whether it holds one of the parameters ``which``."""
-        present: np.ndarray = np.asarray(self.member[:, list(which)].any(axis=1))
+        if which is None:
+            return self.has_params
+        present: np.ndarray = np.asarray(self.member[:, which].any(axis=1))
         return present
-
-    def squares(self, which: Sequence[int], tensors: Sequence[torch.Tensor]) -> torch.Tensor:
-        """Per module: the sum of the squared norms of ``tensors`` (one per ``which``)."""
-        if not tensors:
-            return torch.zeros(len(self.member), dtype=self.dtype, device=self.device)
-        n = norms(tensors).to(self.dtype)
-        return self.per_module(which, n * n)
-
-    def squares_and_counts(
-        self, which: Sequence[int], tensors: Sequence[torch.Tensor]
-    ) -> tuple[torch.Tensor, torch.Tensor]:
-        """Per module: the sum of squared norms and the NaN/Inf count of ``tensors``."""
-        if not tensors:
-            zero = torch.zeros(len(self.member), dtype=self.dtype, device=self.device)
-            return zero, zero
-        n = norms(tensors)
-        counts = nonfinite(tensors, n)
-        wide = n.to(self.dtype)
-        return self.per_module(which, wide * wide), self.per_module(which, counts)

@@ -83,6 +83,8 @@ class MonitorFile:
         self.metadata = metadata
         self.columns: Optional[list[Column]] = None
         self._header = b""
+        #: Per-step constants: module ids, the root-only mask, zeros, the all-null mask.
+        self._constant: Optional[tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]] = None
         self._fd: Optional[int] = os.open(self.path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
 
     @property
@@ -100,24 +102,26 @@ class MonitorFile:
         """One step as a record batch message."""
         assert self.columns is not None
         n = len(self.modules)
-        values: list[np.ndarray] = [np.full(n, rows.step), np.arange(n)]
-        valid: list[Optional[np.ndarray]] = [None, None]
-        values.append(rows.order)
-        valid.append(rows.order >= 0)
-        root_only = np.zeros(n, dtype=bool)
+        if self._constant is None:
+            self._constant = (np.arange(n), np.arange(n) == 0, np.zeros(n), np.zeros(n, bool))
+        module, root, zeros, none = self._constant
+        values: list[np.ndarray] = [np.full(n, rows.step), module, rows.order]
+        valid: list[Optional[np.ndarray]] = [None, None, rows.order >= 0]
         for name in SCALARS:
             v = rows.scalars.get(name)
-            col = np.zeros(n)
-            mask = root_only.copy()
-            if v is not None:
-                col[0], mask[0] = v, True
-            values.append(col)
-            valid.append(mask)
+            if v is None:
+                values.append(zeros)
+                valid.append(none)
+            else:
+                col = zeros.copy()
+                col[0] = v
+                values.append(col)
+                valid.append(root)
         for col_ in self.columns[len(values) :]:
             got = rows.metrics.get(col_.name)
             if got is None:
-                values.append(np.zeros(n, dtype=np.float32))
-                valid.append(root_only)
+                values.append(zeros)
+                valid.append(none)
             else:
                 values.append(got[0])
                 valid.append(got[1])
