@@ -251,6 +251,7 @@ macro_rules! col {
         }
     };
 }
+pub(crate) use col;
 
 /// Every column of the tensors table, in order.
 pub(crate) const COLUMNS: &[Column] = &[

@@ -2,7 +2,7 @@
 //! judged, or the events found; parquet, xlsx) and the html page with each metric drawn
 //! over the steps and the step named marked.
 
-use super::columns::{Cell, Column, Kind, Line};
+use super::columns::{col, Cell, Column, Kind, Line};
 use super::{Document, Overview, Table};
 use crate::error::Result as ProbeResult;
 use crate::monitor::events::{Event, EventRun};
@@ -45,20 +45,6 @@ fn event<'a>(l: &Line<'a>) -> Option<&'a Event> {
 
 fn text(s: &str) -> Cell<'_> {
     Cell::Text(Cow::Borrowed(s))
-}
-
-/// A column of a monitor table.
-macro_rules! col {
-    ($name:literal, $header:literal, $width:expr, $kind:ident, $f:expr) => {
-        Column {
-            name: $name,
-            header: $header,
-            width: $width,
-            kind: Kind::$kind,
-            workbook: true,
-            value: $f,
-        }
-    };
 }
 
 /// A step as a number cell (steps are whole numbers far below 2^53).
