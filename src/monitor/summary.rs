@@ -5,7 +5,7 @@
 use super::events::{Event, EventRun};
 use super::module_label;
 use super::recapture::Target;
-use super::trend::{Parting, TrendRun, DEFAULT_K, FLOOR};
+use super::trend::{Parting, TrendRun, FLOOR};
 use crate::gate::{FailOn, EXIT_INCOMPLETE};
 use crate::vocab::Verdict;
 use serde::Serialize;
@@ -206,11 +206,7 @@ pub fn of_trend(
         series: Some(t.series.len()),
         calibration: Some(Calibration {
             steps: t.window,
-            k: if opts.k.is_finite() {
-                opts.k
-            } else {
-                DEFAULT_K
-            },
+            k: opts.k,
             floor: FLOOR,
             envelope: opts.envelope,
         }),
