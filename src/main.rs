@@ -162,7 +162,7 @@ fn run_config_check(a: ConfigCheckArgs) -> Result<u8, ProbeError> {
     let progress = Progress::for_stderr(a.quiet);
     let report = config_check::run_and_write(&bench, &cmp, &a.out, &opts, &progress)?;
     if !a.quiet {
-        print!("{}", config_check::output::terminal_summary(&report));
+        stdout(&config_check::output::terminal_summary(&report));
     }
     Ok(report.exit_code)
 }
@@ -395,7 +395,7 @@ fn print_compare(summary: &probe::schema::summary::Summary, quiet: bool) -> u8 {
         eprintln!("probe: warning: {w}");
     }
     if !quiet {
-        print!("{}", report::terminal_summary(summary));
+        stdout(&report::terminal_summary(summary));
     }
     summary.exit_code
 }
@@ -482,7 +482,7 @@ fn run_scan(a: ScanArgs) -> Result<u8, ProbeError> {
         eprintln!("probe: warning: {w}");
     }
     if !a.quiet {
-        print!("{}", report::scan_terminal_summary(&summary));
+        stdout(&report::scan_terminal_summary(&summary));
     }
     Ok(summary.exit_code)
 }
@@ -587,6 +587,13 @@ fn run_trend(a: CompareArgs) -> Result<u8, ProbeError> {
     };
     let summary = app::trend(&req, &Progress::for_stderr(a.quiet))?;
     Ok(print_monitor(&summary, a.quiet))
+}
+
+/// Results on stdout: a stdout closed by its reader (`| head`) is the reader's choice, not
+/// a failure of the run (`print!` would panic).
+fn stdout(text: &str) {
+    use std::io::Write as _;
+    let _ = std::io::stdout().lock().write_all(text.as_bytes());
 }
 
 /// A monitor compare's or scan's warnings on stderr, its headline on stdout; its exit code.

@@ -561,3 +561,28 @@ fn a_module_one_run_never_calls_is_said_not_judged() {
         "{w}"
     );
 }
+
+#[test]
+fn a_reader_that_closes_stdout_early_is_no_crash() {
+    // `probe compare ... | head -1`: the summary's later lines meet a closed pipe.
+    let d = tempfile::tempdir().unwrap();
+    let data = root().join("testdata");
+    for (b, c) in [("monitor/bench", "monitor/cmp"), ("demo/bench", "demo/cmp")] {
+        let mut child = std::process::Command::new(env!("CARGO_BIN_EXE_probe"))
+            .args(["compare", "-b"])
+            .arg(data.join(b))
+            .arg("-c")
+            .arg(data.join(c))
+            .arg("-o")
+            .arg(d.path().join(b.replace('/', "_")))
+            .stdout(std::process::Stdio::piped())
+            .stderr(std::process::Stdio::piped())
+            .spawn()
+            .unwrap();
+        drop(child.stdout.take());
+        let out = child.wait_with_output().unwrap();
+        let err = String::from_utf8_lossy(&out.stderr);
+        assert_eq!(out.status.code(), Some(1), "{b}: {err}");
+        assert!(!err.contains("panicked"), "{b}: {err}");
+    }
+}
