@@ -586,3 +586,35 @@ fn a_reader_that_closes_stdout_early_is_no_crash() {
         assert!(!err.contains("panicked"), "{b}: {err}");
     }
 }
+
+#[test]
+fn a_file_whose_grid_of_modules_and_steps_is_far_larger_than_its_rows_is_refused() {
+    // 100,000 rows, each another step and another module: dense, 10^10 cells.
+    let d = tempfile::tempdir().unwrap();
+    let dir = d.path().join("run");
+    std::fs::create_dir_all(&dir).unwrap();
+    let schema = Arc::new(Schema::new(vec![
+        Field::new("step", DataType::Int32, false),
+        Field::new("module", DataType::Utf8, false),
+        Field::new("output_norm", DataType::Float64, true),
+    ]));
+    let n = 100_000;
+    let names: Vec<String> = (0..n).map(|i| format!("m{i}")).collect();
+    let cols: Vec<ArrayRef> = vec![
+        Arc::new(Int32Array::from((0..n).collect::<Vec<i32>>())),
+        Arc::new(StringArray::from(names)),
+        Arc::new(Float64Array::from(vec![1.0; n as usize])),
+    ];
+    let file = std::fs::File::create(dir.join("rank0.arrows")).unwrap();
+    let mut w = arrow_ipc::writer::StreamWriter::try_new(file, &schema).unwrap();
+    w.write(&RecordBatch::try_new(schema.clone(), cols).unwrap())
+        .unwrap();
+    w.finish().unwrap();
+    let (out, _) = scan_monitor(d.path());
+    assert_eq!(out.code, 2, "{}", out.stderr);
+    assert!(
+        out.stderr.contains("not one row per module and step"),
+        "{}",
+        out.stderr
+    );
+}

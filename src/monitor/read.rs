@@ -421,6 +421,19 @@ impl Layout {
         steps.sort_unstable();
         steps.dedup();
         let n = steps.len();
+        // A monitor writes every module at every step; a file whose (module, step) grid is
+        // far larger than its rows is not one, and would be allocated dense.
+        let grid = modules.len().saturating_mul(n);
+        if grid > rows.step.len().saturating_mul(4).saturating_add(1 << 16) {
+            return Err(bad(
+                path,
+                format!(
+                    "{} modules x {n} steps for {} rows: not one row per module and step",
+                    modules.len(),
+                    rows.step.len()
+                ),
+            ));
+        }
         let mut order = vec![-1i32; modules.len() * n];
         let mut seen = vec![false; modules.len() * n];
         let mut cells = Vec::with_capacity(rows.step.len());
