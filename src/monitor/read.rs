@@ -424,7 +424,7 @@ impl Layout {
         // A monitor writes every module at every step; a file whose (module, step) grid is
         // far larger than its rows is not one, and would be allocated dense.
         let grid = modules.len().saturating_mul(n);
-        if grid > rows.step.len().saturating_mul(4).saturating_add(1 << 16) {
+        if grid > rows.step.len().saturating_mul(4).saturating_add(1024) {
             return Err(bad(
                 path,
                 format!(
