@@ -20,7 +20,7 @@
 
 use super::read::{files, read_rank};
 use super::read::{present, RankSeries};
-use super::{curve, flow, module_label, module_order, Curve};
+use super::{curve, flow, module_label, module_order, producer, Curve};
 use crate::error::Result;
 use crate::vocab::Verdict;
 use serde::Serialize;
@@ -205,26 +205,18 @@ fn bad_value(metric: &str, x: f64) -> bool {
 /// The events of one rank.
 fn rank_events(r: &RankSeries) -> Vec<Event> {
     let mut out = Vec::new();
-    let event = |kind, t: usize, m: usize, metric: &str, baseline, score| {
-        let order = module_order(r, m, t);
-        let producer = order.filter(|&o| o > 0).and_then(|o| {
-            (0..r.modules.len())
-                .find(|&i| r.order(i, t) == Some(o - 1))
-                .map(|i| r.modules[i].clone())
-        });
-        Event {
-            kind,
-            step: r.steps[t],
-            previous_step: t.checked_sub(1).map(|p| r.steps[p]),
-            rank: r.rank,
-            module: r.modules[m].clone(),
-            metric: metric.to_string(),
-            value: r.metric(metric).and_then(|k| present(r.series(k, m)[t])),
-            baseline,
-            score,
-            producer,
-            flow: flow(metric, order),
-        }
+    let event = |kind, t: usize, m: usize, metric: &str, baseline, score| Event {
+        kind,
+        step: r.steps[t],
+        previous_step: t.checked_sub(1).map(|p| r.steps[p]),
+        rank: r.rank,
+        module: r.modules[m].clone(),
+        metric: metric.to_string(),
+        value: r.metric(metric).and_then(|k| present(r.series(k, m)[t])),
+        baseline,
+        score,
+        producer: producer(r, m, t),
+        flow: flow(metric, module_order(r, m, t)),
     };
     for (k, metric) in r.metrics.iter().enumerate() {
         for m in 0..r.modules.len() {
@@ -279,12 +271,7 @@ pub fn scan(root: &Path) -> Result<EventRun> {
         .par_iter()
         .map(|(rank, path)| {
             let r = read_rank(path, *rank)?;
-            let cut = r.cut_short.then(|| {
-                format!(
-                    "{}: ends inside a step (a run killed while writing it): its completed steps are scanned",
-                    r.path.display()
-                )
-            });
+            let cut = r.cut_short_note();
             Ok((r.rank, r.steps.len(), rank_events(&r), cut))
         })
         .collect::<Result<Vec<_>>>()?;

@@ -57,6 +57,15 @@ pub fn module_order(rank: &RankSeries, module: usize, step: usize) -> Option<i32
         .max()
 }
 
+/// The module that returned just before `module` in step index `step` (what fed it, for a
+/// forward output): the one at the position before its own.
+pub fn producer(rank: &RankSeries, module: usize, step: usize) -> Option<String> {
+    let o = module_order(rank, module, step).filter(|&o| o > 0)?;
+    (0..rank.modules.len())
+        .find(|&i| rank.order(i, step) == Some(o - 1))
+        .map(|i| rank.modules[i].clone())
+}
+
 /// How deep a module sits: 0 for the model, 1 for `layers`, 2 for `layers.0`.
 pub fn depth(name: &str) -> usize {
     if name.is_empty() {

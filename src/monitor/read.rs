@@ -78,6 +78,17 @@ impl RankSeries {
         self.metrics.iter().position(|m| m == name)
     }
 
+    /// What a file cut inside a step (a run killed while writing it) is told as: its
+    /// completed steps are read.
+    pub fn cut_short_note(&self) -> Option<String> {
+        self.cut_short.then(|| {
+            format!(
+                "{}: ends inside a step (a run killed while writing it): its completed steps are read",
+                self.path.display()
+            )
+        })
+    }
+
     /// The index of a module by name.
     pub fn module(&self, name: &str) -> Option<usize> {
         self.modules.iter().position(|m| m == name)

@@ -21,7 +21,7 @@
 
 use super::read::{files, read_rank};
 use super::read::{present, RankSeries};
-use super::{curve, flow, module_label, module_order, Curve};
+use super::{curve, flow, module_label, module_order, producer, Curve};
 use crate::error::{ProbeError, Result};
 use crate::vocab::Sides;
 use serde::Serialize;
@@ -158,6 +158,10 @@ struct RankPair<'a> {
     sides: Sides<&'a RankSeries>,
     /// Step indices into each side, for the steps both have.
     steps: Vec<(usize, usize)>,
+    /// For each benchmark module, the comparison's index of the same name.
+    modules: Vec<Option<usize>>,
+    /// For each benchmark metric, the comparison's index of the same name.
+    metrics: Vec<Option<usize>>,
 }
 
 impl<'a> RankPair<'a> {
@@ -168,21 +172,40 @@ impl<'a> RankPair<'a> {
             .enumerate()
             .filter_map(|(i, s)| cmp.steps.binary_search(s).ok().map(|j| (i, j)))
             .collect();
+        let index: std::collections::HashMap<&str, usize> = cmp
+            .modules
+            .iter()
+            .enumerate()
+            .map(|(i, m)| (m.as_str(), i))
+            .collect();
         RankPair {
             sides: Sides { bench, cmp },
             steps,
+            modules: bench
+                .modules
+                .iter()
+                .map(|m| index.get(m.as_str()).copied())
+                .collect(),
+            metrics: bench.metrics.iter().map(|m| cmp.metric(m)).collect(),
         }
     }
 
-    /// A series of both sides on the shared steps.
-    fn values(&self, metric: &str, module: &str) -> Option<(Vec<f64>, Vec<f64>)> {
+    /// A series of both sides on the shared steps, by the benchmark's metric and module
+    /// indices (None: the comparison lacks one of them).
+    fn values_at(&self, metric: usize, module: usize) -> Option<(Vec<f64>, Vec<f64>)> {
         let (b, c) = (self.sides.bench, self.sides.cmp);
-        let bs = b.series(b.metric(metric)?, b.module(module)?);
-        let cs = c.series(c.metric(metric)?, c.module(module)?);
+        let bs = b.series(metric, module);
+        let cs = c.series(self.metrics[metric]?, self.modules[module]?);
         Some((
             self.steps.iter().map(|&(i, _)| bs[i]).collect(),
             self.steps.iter().map(|&(_, j)| cs[j]).collect(),
         ))
+    }
+
+    /// A series of both sides on the shared steps, by name.
+    fn values(&self, metric: &str, module: &str) -> Option<(Vec<f64>, Vec<f64>)> {
+        let b = self.sides.bench;
+        self.values_at(b.metric(metric)?, b.module(module)?)
     }
 }
 
@@ -190,13 +213,14 @@ impl<'a> RankPair<'a> {
 fn judge(
     pair: &RankPair<'_>,
     module: usize,
-    metric: &str,
+    metric: usize,
     window: usize,
     opts: &TrendOptions,
 ) -> Option<SeriesResult> {
     let b = pair.sides.bench;
     let name = &b.modules[module];
-    let (x, y) = pair.values(metric, name)?;
+    let (x, y) = pair.values_at(metric, module)?;
+    let metric = b.metrics[metric].as_str();
     let tol = atol(&x, &y, window.max(20));
     let d: Vec<f64> = x
         .iter()
@@ -266,13 +290,7 @@ fn judge_rank(rank: u32, paths: Sides<&Path>, opts: &TrendOptions) -> Result<Pai
     let pair = RankPair::new(&files.bench, &files.cmp);
     let mut notes: Vec<String> = [&files.bench, &files.cmp]
         .iter()
-        .filter(|r| r.cut_short)
-        .map(|r| {
-            format!(
-                "{}: ends inside a step (a run killed while writing it): its completed steps are compared",
-                r.path.display()
-            )
-        })
+        .filter_map(|r| r.cut_short_note())
         .collect();
     let steps = pair.steps.len();
     let window = window_for(opts, steps);
@@ -284,8 +302,8 @@ fn judge_rank(rank: u32, paths: Sides<&Path>, opts: &TrendOptions) -> Result<Pai
     } else {
         let b = pair.sides.bench;
         for m in 0..b.modules.len() {
-            for metric in &b.metrics {
-                series.extend(judge(&pair, m, metric, window, opts));
+            for k in 0..b.metrics.len() {
+                series.extend(judge(&pair, m, k, window, opts));
             }
         }
     }
@@ -441,12 +459,9 @@ fn parting(first: &SeriesResult, series: &[SeriesResult], pair: &RankPair<'_>) -
     let b = pair.sides.bench;
     let at = pair.steps.iter().position(|&(i, _)| b.steps[i] == step)?;
     let previous_step = at.checked_sub(1).map(|t| b.steps[pair.steps[t].0]);
-    let producer = b.module(&first.module).and_then(|m| {
-        let o = module_order(b, m, pair.steps[at].0)?;
-        (0..b.modules.len())
-            .find(|&i| o > 0 && b.order(i, pair.steps[at].0) == Some(o - 1))
-            .map(|i| b.modules[i].clone())
-    });
+    let producer = b
+        .module(&first.module)
+        .and_then(|m| producer(b, m, pair.steps[at].0));
     Some(Parting {
         step,
         previous_step,
