@@ -138,23 +138,15 @@ fn faulty(eps: f64, from: i32, m: usize, rel: f64) -> Run {
     }
 }
 
-fn compare_monitors(dir: &Path, extra: &[&str]) -> (Out, serde_json::Value) {
-    let (b, c, o) = (dir.join("bench"), dir.join("cmp"), dir.join("out"));
-    let mut args = vec![
-        "compare",
-        "-b",
-        b.to_str().unwrap(),
-        "-c",
-        c.to_str().unwrap(),
-        "-o",
-        o.to_str().unwrap(),
-    ];
-    args.extend_from_slice(extra);
-    let out = probe(&args);
-    let summary = std::fs::read_to_string(o.join("summary.json"))
+/// A run's `summary.json` in `out`, or null when none was written (a refused input).
+fn summary_in(out: &Path) -> serde_json::Value {
+    std::fs::read_to_string(out.join("summary.json"))
         .map(|s| serde_json::from_str(&s).unwrap())
-        .unwrap_or(serde_json::Value::Null);
-    (out, summary)
+        .unwrap_or(serde_json::Value::Null)
+}
+
+fn compare_monitors(dir: &Path, extra: &[&str]) -> (Out, serde_json::Value) {
+    (compare(dir, extra), summary_in(&dir.join("out")))
 }
 
 #[test]
@@ -304,29 +296,21 @@ fn bad_monitor_input_is_one_line_and_exit_2() {
     write(&d.path().join("cmp"), 0, 30, &clean(0.0));
     let dump = d.path().join("dump");
     synth(&dump, &[]);
-    let o = probe(&[
-        "compare",
-        "-b",
-        d.path().join("bench").to_str().unwrap(),
-        "-c",
-        dump.join("cmp").to_str().unwrap(),
-        "-o",
-        d.path().join("o2").to_str().unwrap(),
-    ]);
+    let o = compare_paths(
+        &d.path().join("bench"),
+        &dump.join("cmp"),
+        &d.path().join("o2"),
+        &[],
+    );
     assert_eq!(o.code, 2, "{}", o.stderr);
     assert!(o.stderr.contains("not a monitor folder"), "{}", o.stderr);
     // ... and the monitors' options with two dumps.
-    let o = probe(&[
-        "compare",
-        "-b",
-        dump.join("bench").to_str().unwrap(),
-        "-c",
-        dump.join("cmp").to_str().unwrap(),
-        "-o",
-        d.path().join("o4").to_str().unwrap(),
-        "--envelope",
-        "0.1",
-    ]);
+    let o = compare_paths(
+        &dump.join("bench"),
+        &dump.join("cmp"),
+        &d.path().join("o4"),
+        &["--envelope", "0.1"],
+    );
     assert_eq!(o.code, 2, "{}", o.stderr);
     assert!(
         o.stderr.contains("apply to monitor folders"),
@@ -344,30 +328,18 @@ fn bad_monitor_input_is_one_line_and_exit_2() {
     // Too few steps to calibrate: nothing comparable.
     write(&d.path().join("short_b"), 0, 3, &clean(0.0));
     write(&d.path().join("short_c"), 0, 3, &clean(0.0));
-    let o = probe(&[
-        "compare",
-        "-b",
-        d.path().join("short_b").to_str().unwrap(),
-        "-c",
-        d.path().join("short_c").to_str().unwrap(),
-        "-o",
-        d.path().join("o3").to_str().unwrap(),
-    ]);
+    let o = compare_paths(
+        &d.path().join("short_b"),
+        &d.path().join("short_c"),
+        &d.path().join("o3"),
+        &[],
+    );
     assert_eq!(o.code, 3, "{}", o.stderr);
 }
 
 fn scan_monitor(dir: &Path) -> (Out, serde_json::Value) {
     let o = dir.join("scan_out");
-    let out = probe(&[
-        "scan",
-        dir.join("run").to_str().unwrap(),
-        "-o",
-        o.to_str().unwrap(),
-    ]);
-    let summary = std::fs::read_to_string(o.join("summary.json"))
-        .map(|s| serde_json::from_str(&s).unwrap())
-        .unwrap_or(serde_json::Value::Null);
-    (out, summary)
+    (scan(&dir.join("run"), &o, &[]), summary_in(&o))
 }
 
 #[test]
@@ -447,20 +419,11 @@ fn scan_finds_a_loss_spike_and_a_dead_module_and_no_event_in_a_clean_run() {
         .collect();
     assert_eq!(kinds[0], ("loss_spike".to_string(), 120), "{kinds:?}");
     assert!(kinds.contains(&("dead".to_string(), 150)), "{kinds:?}");
-    let (out, _) = {
-        let o = d.path().join("scan_w");
-        (
-            probe(&[
-                "scan",
-                d.path().join("run").to_str().unwrap(),
-                "-o",
-                o.to_str().unwrap(),
-                "--fail-on",
-                "warning",
-            ]),
-            (),
-        )
-    };
+    let out = scan(
+        &d.path().join("run"),
+        &d.path().join("scan_w"),
+        &["--fail-on", "warning"],
+    );
     assert_eq!(out.code, 1);
 }
 
@@ -508,15 +471,7 @@ fn the_bundled_monitor_pair_parts_at_the_step_its_fault_appears() {
     let d = tempfile::tempdir().unwrap();
     let data = root().join("testdata/monitor");
     let out = d.path().join("out");
-    let o = probe(&[
-        "compare",
-        "-b",
-        data.join("bench").to_str().unwrap(),
-        "-c",
-        data.join("cmp").to_str().unwrap(),
-        "-o",
-        out.to_str().unwrap(),
-    ]);
+    let o = compare_paths(&data.join("bench"), &data.join("cmp"), &out, &[]);
     assert_eq!(o.code, 1, "{}{}", o.stdout, o.stderr);
     let s: serde_json::Value =
         serde_json::from_str(&std::fs::read_to_string(out.join("summary.json")).unwrap()).unwrap();
@@ -525,12 +480,7 @@ fn the_bundled_monitor_pair_parts_at_the_step_its_fault_appears() {
     assert_eq!(s["parting"]["series"]["module"], "block.fc2", "{s}");
     assert_eq!(s["parting"]["producer"], "block.fc1", "{s}");
     // Alone, the comparison run has no event: the fault is no NaN and no spike.
-    let o = probe(&[
-        "scan",
-        data.join("cmp").to_str().unwrap(),
-        "-o",
-        d.path().join("scan").to_str().unwrap(),
-    ]);
+    let o = scan(&data.join("cmp"), &d.path().join("scan"), &[]);
     assert_eq!(o.code, 0, "{}{}", o.stdout, o.stderr);
 }
 
