@@ -340,3 +340,26 @@ def test_a_fault_on_one_rank_of_a_ddp_job_is_named_at_its_step_and_rank(tmp_path
     assert p["series"]["metric"] in ("output_norm", "output_nonfinite"), s["headline"]
     recapture = json.loads((tmp_path / "out/recapture.json").read_text())
     assert recapture["ranks"] == [1] and recapture["steps"] == [19, 20]
+
+
+def train_small(out: Path, *extra: str) -> None:
+    env = dict(os.environ, PYTHONPATH=str(ROOT / "python"))
+    cmd = [sys.executable, str(ROOT / "examples/train_small.py"), "--steps", "80", "--no-dump"]
+    res = subprocess.run([*cmd, "--quiet", "--monitor", str(out), *extra], env=env, capture_output=True, text=True, timeout=300)
+    assert res.returncode == 0, res.stderr[-3000:]
+
+
+def test_a_bfloat16_port_drifts_without_parting_and_a_fault_in_it_is_named(tmp_path: Path) -> None:
+    """float32 benchmark, bfloat16 autocast port: the port's drift grows step by step past
+    what the first steps show, and the envelope follows it; a gelu 5 % off from step 50 in
+    the port jumps past it there."""
+    train_small(tmp_path / "fp32")
+    train_small(tmp_path / "bf16", "--dtype", "bfloat16")
+    train_small(tmp_path / "bf16_fault", "--dtype", "bfloat16", "--inject", "Functional.gelu", "--inject-from-step", "50")
+    code, s, out = run_probe("compare", "-b", tmp_path / "fp32", "-c", tmp_path / "bf16", "-o", tmp_path / "clean")
+    assert code == 0, out
+    assert s["parting"] is None
+    code, s, out = run_probe("compare", "-b", tmp_path / "fp32", "-c", tmp_path / "bf16_fault", "-o", tmp_path / "fault")
+    assert code == 1, out
+    assert s["parting"]["step"] == 50, s["headline"]
+    assert s["parting"]["series"]["module"].startswith("block."), s["headline"]

@@ -9,7 +9,10 @@
 //! The envelope is calibrated on the first steps: two runs that will part later agree
 //! there up to their own drift (another thread count, another device's rounding), and each
 //! series may differ by up to `k` times its largest difference there (default 4), at least
-//! a floor (1e-5, the float32 norms' resolution with room). Measured on a 4-layer
+//! a floor (1e-5, the float32 norms' resolution with room). A lower precision's drift keeps
+//! growing after those steps, so the envelope follows it: at each step it is also at least
+//! `k` times the largest difference of the steps before (a slow drift stays inside, a jump
+//! does not; a divergence that builds up by less than `k` times a step is not named). Measured on a 4-layer
 //! transformer, the drift of another thread count stays at 1e-7 over 300 AdamW steps: a
 //! fault changes a norm by orders of magnitude more. `--envelope` gives one envelope for
 //! every series instead (then every step is judged).
@@ -59,7 +62,9 @@ pub struct SeriesResult {
     pub module: String,
     /// The metric.
     pub metric: String,
-    /// The envelope its differences were judged against.
+    /// The envelope its differences were judged against: where it parts, the one of that
+    /// step (the envelope follows the drift: at least `k` times the largest difference of
+    /// the steps before); else the calibrated one.
     pub envelope: f64,
     /// Its largest difference on the calibration steps (None: an envelope was given).
     pub calibrated: Option<f64>,
@@ -232,14 +237,32 @@ fn judge(
     let envelope = opts
         .envelope
         .unwrap_or_else(|| (opts.k * calibrated.unwrap_or(0.0)).max(FLOOR));
-    let first = (window..d.len()).find(|&t| d[t] > envelope);
-    let worst_ratio = d[window..].iter().copied().fold(0.0, f64::max) / envelope;
+    // The envelope follows the drift: at each step it is at least k times the largest
+    // difference of the steps before (a drift that grows step by step, as a lower
+    // precision's does, stays inside; a jump of more than k times does not).
+    let mut seen = calibrated.unwrap_or(0.0);
+    let mut first = None;
+    let mut worst_ratio = 0.0f64;
+    let mut parted_beyond = None;
+    for (t, &dt) in d.iter().enumerate().skip(window) {
+        let bound = if opts.envelope.is_some() {
+            envelope
+        } else {
+            envelope.max(opts.k * seen)
+        };
+        if dt > bound && first.is_none() {
+            first = Some(t);
+            parted_beyond = Some(bound);
+        }
+        worst_ratio = worst_ratio.max(dt / bound);
+        seen = seen.max(dt);
+    }
     let step_of = |t: usize| b.steps[pair.steps[t].0];
     Some(SeriesResult {
         rank: b.rank,
         module: name.clone(),
         metric: metric.to_string(),
-        envelope,
+        envelope: parted_beyond.unwrap_or(envelope),
         calibrated,
         parts_at: first.map(step_of),
         bench: first.and_then(|t| present(x[t])),
