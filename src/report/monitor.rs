@@ -168,7 +168,7 @@ impl Document for MonitorDocument<'_> {
                 match c.envelope {
                     Some(e) => format!("{e:e} for every series (given)"),
                     None => format!(
-                        "{} times the difference on the first {} steps, at least {:e}",
+                        "{} times the difference on the first {} steps (then of all the steps before), at least {:e}",
                         c.k, c.steps, c.floor
                     ),
                 },
