@@ -2,7 +2,8 @@
 # The checks that need a GPU (CI has none): run the capture agent on CUDA and read the
 # dumps with the release binary, run the CUDA tests, time capture on CUDA. Prints one line
 # per check; writes logs under $OUT if set.
-#   bash scripts/cuda_check.sh            (needs torch with CUDA, target/release/probe)
+#   bash scripts/cuda_check.sh [monitor]  (needs torch with CUDA, target/release/probe;
+#                                          "monitor": the monitor's checks alone)
 set -uo pipefail
 cd "$(dirname "$0")/.."
 export PYTHONPATH="$PWD/python${PYTHONPATH:+:$PYTHONPATH}"
@@ -18,6 +19,7 @@ check() { # name, expected exit, command... (prints the first line that is no wa
   local verdict=ok; [ "$rc" = "$want" ] || verdict=UNEXPECTED; [ "$want" = any ] && verdict=info
   printf '%-40s exit %s (want %s) %s | %s\n' "$name" "$rc" "$want" "$verdict" "$(grep -v '^probe: warning' "$LOG/$name.out" | head -1)"
 }
+capture_checks() {
 for mode in statistics tensor; do
   ex --device cuda --dump "$T/cuda_$mode" --mode "$mode" --level mix
   ex --device cuda --dump "$T/cuda2_$mode" --mode "$mode" --level mix
@@ -66,3 +68,17 @@ check "cuda-tests" 0 "$PY" -m pytest -q -p no:cacheprovider python/tests/test_cu
 # every parameter): the runs before 2026-11-25 measured this.
 "$PY" bench/capture_overhead.py --device cuda --model transformer --modes statistics --levels mix \
   --steps 4 --optimizer-loop 2>&1 | tee "$LOG/capture_overhead_cuda_transformer_loop.txt" | tail -12
+}
+[ "${1:-all}" = monitor ] || capture_checks
+# The monitor on CUDA (issue 49): its values against the model's own on the GPU (the device
+# NaN/Inf counts and the asynchronous copy), two runs' curves with a GELU fault from step 40
+# (named at step 40), a rerun (CUDA kernels may not be bitwise deterministic: shown, not
+# judged), and its cost at batch 8 (goal <= 1.05x a bare step).
+check "cuda-monitor-tests" 0 "$PY" -m pytest -q -p no:cacheprovider python/tests/test_monitor.py python/tests/test_flight_recorder.py -k "cuda"
+ex --device cuda --no-dump --steps 80 --monitor "$T/mon_a"
+ex --device cuda --no-dump --steps 80 --monitor "$T/mon_b"
+ex --device cuda --no-dump --steps 80 --monitor "$T/mon_f" --inject Functional.gelu.0 --inject-from-step 40
+check "cuda-monitor-rerun" any "$P" compare -b "$T/mon_a" -c "$T/mon_b" -o "$T/m1"
+check "cuda-monitor-gelu-from-40" 1 "$P" compare -b "$T/mon_a" -c "$T/mon_f" -o "$T/m2"
+"$PY" bench/monitor_bench.py --device cuda --blocks 100 --block-steps 4 --disk-steps 10 2>&1 \
+  | tee "$LOG/monitor_bench_cuda.txt"

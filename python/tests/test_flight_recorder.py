@@ -63,14 +63,15 @@ def train(
     nan_from: Optional[int] = None,
     spike_at: Optional[int] = None,
     signal_at: Collection[int] = (),
+    device: str = "cpu",
 ) -> Net:
     """Train ``steps`` steps under ``dbg`` (None: bare), the loss handed to ``dbg.step``;
     the test sends itself SIGUSR1 inside the steps of ``signal_at``."""
     torch.manual_seed(0)
-    model = Net()
+    model = Net().to(device)
     opt = torch.optim.SGD(model.parameters(), lr=0.05)
     for s in range(steps):
-        x, y = batch(s, nan_from, spike_at)
+        x, y = (t.to(device) for t in batch(s, nan_from, spike_at))
         if dbg is not None:
             dbg.start(model)
         opt.zero_grad()
@@ -100,7 +101,9 @@ def trigger_events(dump: str) -> list[dict[str, Any]]:
     except ImportError:
         pass
     else:
-        schema = os.path.join(os.path.dirname(__file__), "../../schemas/probe-trigger.v1.schema.json")
+        schema = os.path.join(
+            os.path.dirname(__file__), "../../schemas/probe-trigger.v1.schema.json"
+        )
         with open(schema) as fh:
             jsonschema.validate(doc, json.load(fh))
     return doc["events"]  # type: ignore[no-any-return]
@@ -152,6 +155,19 @@ def test_nan_dumps_the_last_two_steps_and_scan_names_the_producer(
     first = summary["first_nonfinite"]["forward"]
     assert first["op"] == "Torch.log.0.forward", summary["headline"]
     assert first["step"] == f"step{NAN_AT}", first
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
+def test_on_cuda_the_held_steps_stay_on_the_device_and_the_nan_is_named(tmp_path: Any) -> None:
+    """The same NaN run on a GPU (scripts/cuda_check.sh): steps 199 and 200 only, and scan
+    names the producer."""
+    dump = str(tmp_path / "dump")
+    train(probe.Debugger(None, dump_path=dump, flight_recorder=2), nan_from=NAN_AT, device="cuda")
+    assert steps_in(dump) == ["step199", "step200"]
+    (event,) = trigger_events(dump)
+    assert (event["trigger"], event["step"]) == ("nonfinite", NAN_AT)
+    code, summary = scan(dump, str(tmp_path / "scan"))
+    assert code == 1 and summary["first_nonfinite"]["forward"]["op"] == "Torch.log.0.forward"
 
 
 def test_the_written_steps_are_those_of_a_normal_statistics_dump(

@@ -29,6 +29,29 @@ pa = pytest.importorskip("pyarrow")
 
 PYTHON = os.path.join(REPO, "python")
 
+#: The devices the training-run tests run on: CUDA where there is a GPU
+#: (scripts/cuda_check.sh runs them there; CI has none), and the CPU with the accelerator's
+#: way of counting NaN/Inf (every tensor's finite elements on the device, subtracted on the
+#: host), so that CI runs that path too.
+DEVICES = [
+    "cpu",
+    "cpu-device-counts",
+    pytest.param(
+        "cuda", marks=pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
+    ),
+]
+
+
+def on(device: str, monkeypatch: Any) -> str:
+    """The torch device of a ``DEVICES`` entry (switching the counting path for the CPU's
+    second entry)."""
+    if device == "cpu-device-counts":
+        from probe.monitor import norms
+
+        monkeypatch.setattr(norms, "counted_on_host", lambda t: False)
+        return "cpu"
+    return device
+
 
 class Net(nn.Module):
     """Nested modules, a module returning a tuple, and a branch not taken on odd steps."""
@@ -83,7 +106,13 @@ def small_stream(batches: int) -> tuple[bytes, list[int]]:
         data += ipc.record_batch_message(
             COLS,
             3,
-            [np.full(3, s), np.arange(3), np.array([2, -1, 0]), np.array([0.5 + s, 0, 0]), np.array([1.0, np.nan, -np.inf])],
+            [
+                np.full(3, s),
+                np.arange(3),
+                np.array([2, -1, 0]),
+                np.array([0.5 + s, 0, 0]),
+                np.array([1.0, np.nan, -np.inf]),
+            ],
             [None, None, np.array([True, False, True]), np.array([True, False, False]), None],
         )
         ends.append(len(data))
@@ -134,18 +163,20 @@ def train(
     *,
     record: Optional[dict[str, Any]] = None,
     zero_early: bool = True,
+    device: str = "cpu",
     **kwargs: Any,
 ) -> tuple[list[float], dict[str, torch.Tensor]]:
     """Adam on Net; ``record`` gets the test's own copies per step (grads, params before
     and after, outputs, the optimizer state)."""
     torch.manual_seed(0)
-    model = Net()
+    model = Net().to(device)
     opt = torch.optim.Adam(model.parameters(), lr=1e-2)
     mon = probe.Monitor(monitor_dir, model, opt, **kwargs) if monitor_dir else None
     g = torch.Generator().manual_seed(1)
     outputs: dict[str, list[torch.Tensor]] = {}
     order: list[str] = []
     if record is not None:
+
         def keep(name: str) -> Any:
             def hook(m: nn.Module, a: Any, o: torch.Tensor) -> None:
                 outputs.setdefault(name, []).append(o.detach().clone())
@@ -160,12 +191,14 @@ def train(
         model.use_side = step % 2 == 0
         outputs.clear()
         order.clear()
-        x = torch.randn(5, 8, generator=g)
+        x = torch.randn(5, 8, generator=g).to(device)
         loss = model(x).pow(2).mean()
         loss.backward()
         if record is not None:
             record[step] = {
-                "grads": {n: p.grad.clone() for n, p in model.named_parameters() if p.grad is not None},
+                "grads": {
+                    n: p.grad.clone() for n, p in model.named_parameters() if p.grad is not None
+                },
                 "before": {n: p.detach().clone() for n, p in model.named_parameters()},
             }
         opt.step()
@@ -180,7 +213,10 @@ def train(
                 after={n: p.detach().clone() for n, p in model.named_parameters()},
                 outputs={k: list(v) for k, v in outputs.items()},
                 order=list(dict.fromkeys(order)),
-                state={n: {k: v.clone() for k, v in opt.state[p].items()} for n, p in model.named_parameters()},
+                state={
+                    n: {k: v.clone() for k, v in opt.state[p].items()}
+                    for n, p in model.named_parameters()
+                },
                 loss=float(loss.detach()),
             )
         losses.append(float(loss.detach()))
@@ -197,12 +233,22 @@ def close(got: Optional[float], want: float) -> bool:
     return got is not None and math.isclose(got, want, rel_tol=2e-5, abs_tol=1e-7)
 
 
-def test_values_match_the_model_computed_by_hand(tmp_path: Any) -> None:
+@pytest.mark.parametrize("device", DEVICES)
+def test_values_match_the_model_computed_by_hand(
+    tmp_path: Any, device: str, monkeypatch: Any
+) -> None:
     record: dict[int, Any] = {}
-    train(3, str(tmp_path), record=record)
+    train(3, str(tmp_path), record=record, device=on(device, monkeypatch))
     schema, rows = read(str(tmp_path / "rank0.arrows"))
     meta = json.loads(schema.metadata[b"probe.monitor"])
-    assert meta == {"format": "probe.monitor", "version": 1, "rank": 0, "world_size": 1, "probe_version": probe.__version__, "modules": 2}
+    assert meta == {
+        "format": "probe.monitor",
+        "version": 1,
+        "rank": 0,
+        "world_size": 1,
+        "probe_version": probe.__version__,
+        "modules": 2,
+    }
     assert "state_exp_avg_norm" in schema.names and "state_exp_avg_sq_norm" in schema.names
     assert "state_step_norm" not in schema.names  # Adam's step counter is no per-element state
     modules = ["", "fc1", "block", "block.0", "block.1", "side", "head"]
@@ -223,9 +269,16 @@ def test_values_match_the_model_computed_by_hand(tmp_path: Any) -> None:
                 assert row["grad_nonfinite"] == 0.0
             else:  # a branch not taken has no gradient (zero_grad set them to None)
                 assert m == "side" and row["grad_norm"] is None and row["grad_nonfinite"] is None
-            assert close(row["update_norm"], l2([r["after"][n] - r["before"][n] for n in names])), (step, m)
+            assert close(row["update_norm"], l2([r["after"][n] - r["before"][n] for n in names])), (
+                step,
+                m,
+            )
             for key in ("exp_avg", "exp_avg_sq"):
-                assert close(row[f"state_{key}_norm"], l2([r["state"][n][key] for n in names])), (step, m, key)
+                assert close(row[f"state_{key}_norm"], l2([r["state"][n][key] for n in names])), (
+                    step,
+                    m,
+                    key,
+                )
             if m in called:
                 assert row["order"] == called.index(m)
                 assert close(row["output_norm"], l2(r["outputs"][m])), (step, m)
@@ -237,9 +290,13 @@ def test_values_match_the_model_computed_by_hand(tmp_path: Any) -> None:
         assert got[""]["order"] == len(called) - 1  # the root returns last
 
 
-def test_training_is_bitwise_the_same_with_the_monitor(tmp_path: Any) -> None:
-    losses, params = train(4, None)
-    losses_m, params_m = train(4, str(tmp_path), zero_early=False)
+@pytest.mark.parametrize("device", DEVICES)
+def test_training_is_bitwise_the_same_with_the_monitor(
+    tmp_path: Any, device: str, monkeypatch: Any
+) -> None:
+    device = on(device, monkeypatch)
+    losses, params = train(4, None, device=device)
+    losses_m, params_m = train(4, str(tmp_path), zero_early=False, device=device)
     assert losses == losses_m
     assert all(torch.equal(params[n], params_m[n]) for n in params)
     # and the hooks are gone after close(): nothing of the monitor stays on the model
@@ -290,32 +347,55 @@ def test_bf16_autocast_on_cpu(tmp_path: Any) -> None:
     assert all(math.isfinite(r["grad_norm"]) for r in last.values())
 
 
-def test_a_skipped_scaler_step_has_no_update_and_counts_the_nonfinite_gradients(tmp_path: Any) -> None:
+@pytest.mark.parametrize("device", DEVICES)
+def test_a_skipped_scaler_step_has_no_update_and_counts_the_nonfinite_gradients(
+    tmp_path: Any, device: str, monkeypatch: Any
+) -> None:
+    device = on(device, monkeypatch)
     torch.manual_seed(0)
-    model = Net()
+    model = Net().to(device)
     opt = torch.optim.Adam(model.parameters(), lr=1e-2)
-    scaler = torch.amp.GradScaler("cpu", init_scale=1024.0)
+    scaler = torch.amp.GradScaler(device, init_scale=1024.0)
+    bad: dict[str, float] = {}  # step 1's NaN/Inf counts, by the test
+
+    def count(ts: list[torch.Tensor]) -> float:
+        return float(sum(int((~torch.isfinite(t)).sum()) for t in ts))
+
     with probe.Monitor(str(tmp_path), model, opt, scaler=scaler, depth=1) as mon:
         for step in range(3):
-            x = torch.randn(4, 8)
+            x = torch.randn(4, 8).to(device)
             if step == 1:
                 x[0, 0] = math.inf
-            loss = model(x).pow(2).mean()
+            out = model(x)
+            loss = out.pow(2).mean()
             scaler.scale(loss).backward()
             scaler.step(opt)
             scaler.update()
+            if step == 1:
+                bad = {
+                    "out": count([out]),
+                    "root": count([p.grad for p in model.parameters()]),
+                    "fc1": count([p.grad for p in model.fc1.parameters()]),
+                }
             mon.step(loss)  # zero_grad after: a skipped step's gradients are read here
             opt.zero_grad()
     _, rows = read(str(tmp_path / "rank0.arrows"))
     ok, skipped = rows_of(rows, 0), rows_of(rows, 1)
     assert ok[""]["update_norm"] > 0 and ok[""]["loss_scale"] == 1024.0
     assert skipped[""]["update_norm"] is None and skipped[""]["loss_scale"] == 512.0
-    assert skipped[""]["grad_nonfinite"] > 0 and skipped["fc1"]["grad_nonfinite"] > 0
-    assert skipped[""]["output_nonfinite"] > 0
+    assert bad["root"] > 0 and bad["fc1"] > 0 and bad["out"] > 0
+    assert (
+        skipped[""]["grad_nonfinite"] == bad["root"]
+        and skipped["fc1"]["grad_nonfinite"] == bad["fc1"]
+    )
+    assert skipped[""]["output_nonfinite"] == bad["out"]
+    assert ok[""]["grad_nonfinite"] == 0 and ok[""]["output_nonfinite"] == 0
     assert rows_of(rows, 2)[""]["update_norm"] > 0
 
 
-def test_an_internal_failure_warns_once_and_switches_the_monitor_off(tmp_path: Any, monkeypatch: Any) -> None:
+def test_an_internal_failure_warns_once_and_switches_the_monitor_off(
+    tmp_path: Any, monkeypatch: Any
+) -> None:
     from probe.monitor import monitor as mod
 
     torch.manual_seed(0)
@@ -399,3 +479,26 @@ def test_two_ddp_ranks_write_a_file_each(tmp_path: Any) -> None:
         assert a["grad_norm"] == pytest.approx(b["grad_norm"], rel=1e-6)
         assert a["param_norm"] == pytest.approx(b["param_norm"], rel=1e-6)
     assert files[0][0]["loss"] != files[1][0]["loss"]  # each rank its own slice of the batch
+
+
+def test_nonfinite_counts_batch_small_tensors_and_count_each_exactly(monkeypatch: Any) -> None:
+    """The accelerator's counting (norms.nonfinite_counts) on the CPU: tensors of several
+    dtypes, sizes across the chunk bounds, empty ones, NaN/Inf anywhere, against a count
+    taken tensor by tensor."""
+    from probe.monitor import norms
+
+    g = torch.Generator().manual_seed(3)
+    sizes = [0, 1, 7, 4096, 5000, 70_000, 300_000]
+    tensors = []
+    for i, n in enumerate(sizes * 3):
+        t = torch.randn(n, generator=g).to([torch.float32, torch.bfloat16, torch.float16][i % 3])
+        bad = torch.rand(n, generator=g) < 0.01
+        t[bad] = [math.nan, math.inf, -math.inf][i % 3]
+        tensors.append(t.reshape(-1, 1) if n % 7 == 0 else t)
+    want = [float(t.numel() - int(torch.isfinite(t).sum())) for t in tensors]
+    assert sum(w > 0 for w in want) >= 10
+    for chunk in (norms.CHUNK, 10_000, 1):
+        monkeypatch.setattr(norms, "CHUNK", chunk)
+        assert norms.nonfinite_counts(tensors).tolist() == want, chunk
+    monkeypatch.setattr(norms, "SMALL", 0)  # every tensor counted apart
+    assert norms.nonfinite_counts(tensors).tolist() == want

@@ -45,6 +45,7 @@ import torch
 from .._guard import Guard
 from .._runtime import current_rank, world_size
 from .._version import __version__
+from . import norms as _norms
 from .norms import Membership, Which, floating_tensors, nonfinite, norms, output_count
 from .table import FORMAT_VERSION, MonitorFile, StepRows
 
@@ -144,6 +145,7 @@ class _StepState:
         self.out_norms: list[torch.Tensor] = []
         self.out_rows: list[int] = []
         self.host_counts = np.zeros(modules)
+        #: On an accelerator: per output, its row and its NaN/Inf count (on the device).
         self.dev_counts: list[tuple[int, torch.Tensor]] = []
         self.grads: Optional[_Grads] = None
         #: The parameters are in the monitor's buffer (pre-hook), then the buffer holds the
@@ -192,6 +194,9 @@ class Monitor:
         self._keys: Optional[list[str]] = None
         self._stepped_ever = False
         self._inflight: Optional[tuple[torch.Tensor, Any, dict[str, Any]]] = None
+        #: The pinned host vector the step's numbers are copied into (CUDA), reused while
+        #: its size holds: it is free again once the step before was delivered.
+        self._pinned: Optional[torch.Tensor] = None
         #: The parameters before the optimizer step, then the update: allocated once.
         self._buf: list[torch.Tensor] = []
         self._buf_layout: list[tuple[torch.Size, torch.dtype, torch.device]] = []
@@ -248,7 +253,8 @@ class Monitor:
 
     def _record_output(self, i: int, output: Any) -> None:
         """One norm kernel per floating output tensor; on the CPU its NaN/Inf elements are
-        counted only when that norm is not finite (a finite norm has none)."""
+        counted only when that norm is not finite (a finite norm has none), elsewhere its
+        NaN/Inf elements are counted on the device (two kernels, no wait)."""
         try:
             if _TASK_ID is not None and _TASK_ID() >= 0:  # a checkpointed forward recomputed
                 return
@@ -260,8 +266,8 @@ class Monitor:
                 n = _vector_norm(t, dtype=torch.float32)
                 s.out_norms.append(n)
                 s.out_rows.append(i)
-                if not n.is_cpu:
-                    s.dev_counts.append((i, output_count(t, n)))
+                if not _norms.counted_on_host(n):
+                    s.dev_counts.append((i, _norms.count_nonfinite(t)))
                 elif not math.isfinite(n.item()):
                     s.host_counts[i] += output_count(t, n)
         except Exception as exc:  # noqa: BLE001 - must never fail the training run
@@ -362,17 +368,18 @@ class Monitor:
         states = self._state_tensors(keys)
         for _, tensors in states:
             inputs += tensors
-        pieces = [torch.stack(s.out_norms + norms(inputs))]
+        first = torch.stack(s.out_norms + norms(inputs))
+        dev, host = self._scalars(loss, first.device)
+        pieces = [first]
         if g.norm is not None:
             pieces.append(g.norm)
         if isinstance(g.counts, torch.Tensor):
             pieces.append(g.counts)
         if s.dev_counts:
-            pieces.append(torch.stack([c.to(torch.float32) for _, c in s.dev_counts]))
-        vec = torch.cat(pieces) if len(pieces) > 1 else pieces[0]
-        dev, host = self._scalars(loss, vec.device)
+            pieces.append(torch.stack([c for _, c in s.dev_counts]))
         if dev is not None:
-            vec = torch.cat([vec.to(dev.dtype), dev])
+            pieces.append(dev)
+        vec = torch.cat(pieces) if len(pieces) > 1 else pieces[0]  # float64 with a scalar
         meta = {
             "step": self.step_index,
             "order": np.array(s.order, dtype=np.int32),
@@ -386,7 +393,9 @@ class Monitor:
             "host_scalars": host,
         }
         if vec.device.type == "cuda":
-            pinned = torch.empty(vec.shape, dtype=vec.dtype, pin_memory=True)
+            pinned = self._pinned
+            if pinned is None or pinned.shape != vec.shape or pinned.dtype != vec.dtype:
+                pinned = self._pinned = torch.empty(vec.shape, dtype=vec.dtype, pin_memory=True)
             pinned.copy_(vec, non_blocking=True)
             event = torch.cuda.Event()  # type: ignore[no-untyped-call]
             event.record()

@@ -32,16 +32,86 @@ def norms(tensors: list[torch.Tensor]) -> list[torch.Tensor]:
         return [torch.linalg.vector_norm(t, dtype=torch.float32) for t in tensors]
 
 
+def counted_on_host(t: torch.Tensor) -> bool:
+    """Whether the NaN/Inf counts of tensors on ``t``'s device are taken on the host, only
+    where a norm is not finite (the CPU: reading a value costs no device sync), or on the
+    device, every tensor's (an accelerator). Tests switch it off to run the device path on
+    the CPU."""
+    return t.device.type == "cpu"
+
+
+#: On an accelerator, tensors of at most this many elements have their NaN/Inf elements
+#: counted together (one concatenation and a few kernels per chunk of :data:`CHUNK`
+#: elements): a kernel launch costs more than counting a small tensor, and a launch-bound
+#: step has dozens of small ones (biases, norms' weights). Larger tensors are counted one
+#: by one (two kernels each, little beside their own step's work).
+SMALL = 1 << 20
+CHUNK = 1 << 22
+
+
+def count_nonfinite(t: torch.Tensor) -> torch.Tensor:
+    """The NaN/Inf elements of ``t``, as a 0-d float32 tensor on its device, in two kernels
+    (``torch.isfinite`` takes four on CUDA): ``t - t`` is 0 where ``t`` is finite and NaN
+    elsewhere, and its "0-norm" counts what is not 0. Exact up to 2**24 of them."""
+    d = t.detach()
+    count: torch.Tensor = torch.linalg.vector_norm(d - d, ord=0, dtype=torch.float32)
+    return count
+
+
+def nonfinite_counts(tensors: Sequence[torch.Tensor]) -> torch.Tensor:
+    """The NaN/Inf counts of ``tensors``, as a float32 vector on their device: the small
+    tensors of one dtype a chunk at a time, each large one apart."""
+    counts: list[Optional[torch.Tensor]] = [None] * len(tensors)
+    chunks: dict[tuple[torch.dtype, torch.device], list[tuple[int, list[int]]]] = {}
+    for i, t in enumerate(tensors):
+        n = t.numel()
+        if n > SMALL or n == 0:
+            counts[i] = count_nonfinite(t).reshape(1)
+            continue
+        groups = chunks.setdefault((t.dtype, t.device), [(0, [])])
+        if groups[-1][1] and groups[-1][0] + n > CHUNK:
+            groups.append((0, []))
+        size, members = groups[-1]
+        members.append(i)
+        groups[-1] = (size + n, members)
+    for groups in chunks.values():
+        for _, group in groups:
+            for i, c in zip(group, _chunk_counts([tensors[i] for i in group])):
+                counts[i] = c
+    return torch.cat([c for c in counts if c is not None])
+
+
+#: The segment lengths of the chunks counted lately, on their device (a chunk's layout is
+#: the same every step: uploaded once).
+_LENGTHS: dict[tuple[torch.device, tuple[int, ...]], torch.Tensor] = {}
+
+
+def _chunk_counts(chunk: list[torch.Tensor]) -> list[torch.Tensor]:
+    """The NaN/Inf counts of tensors of one dtype and device, as 1-element tensors."""
+    flat = torch.cat([t.detach().reshape(-1) for t in chunk])
+    key = (flat.device, tuple(t.numel() for t in chunk))
+    lengths = _LENGTHS.get(key)
+    if lengths is None:
+        if len(_LENGTHS) >= 64:
+            _LENGTHS.clear()
+        lengths = _LENGTHS[key] = torch.tensor(key[1]).to(flat.device)
+    bad = (flat - flat).ne(0).to(torch.float32)  # NaN != 0
+    try:
+        sums = torch.segment_reduce(bad, "sum", lengths=lengths)
+    except (RuntimeError, NotImplementedError):  # a backend without segment_reduce
+        return [count_nonfinite(t).reshape(1) for t in chunk]
+    return list(torch.split(sums, 1))
+
+
 def nonfinite(
     tensors: Sequence[torch.Tensor], norm: torch.Tensor
 ) -> Union[np.ndarray, torch.Tensor]:
-    """How many NaN/Inf elements each tensor holds, given ``norm``, their norms as a vector.
+    """The NaN/Inf counts of ``tensors``, given ``norm``, their norms as a vector.
 
     A tensor with a finite norm has none, so on the CPU (where reading a value costs no
     device sync) only the tensors with a non-finite norm are counted, and the counts are a
-    host array; elsewhere every tensor is counted on the device (numel minus its finite
-    elements: two kernels each) into a float32 vector."""
-    if norm.device.type == "cpu":
+    host array; elsewhere :func:`nonfinite_counts`' device vector."""
+    if counted_on_host(norm):
         counts = np.zeros(len(tensors))
         host = norm.numpy()
         if not np.isfinite(host).all():
@@ -49,19 +119,15 @@ def nonfinite(
                 t = tensors[i].detach()
                 counts[i] = float(t.numel() - int(torch.isfinite(t).sum()))
         return counts
-    finite = torch.stack([torch.isfinite(t.detach()).sum() for t in tensors])
-    sizes = torch.tensor([t.numel() for t in tensors], dtype=torch.float32)
-    return sizes.to(norm.device, non_blocking=True) - finite.to(torch.float32)
+    return nonfinite_counts(tensors)
 
 
 def output_count(t: torch.Tensor, norm: torch.Tensor) -> Any:
-    """The NaN/Inf count of one output ``t`` of norm ``norm``: an int on the CPU (0 unless
-    the norm is not finite), else a device tensor."""
-    if norm.device.type == "cpu":
-        if math.isfinite(norm.item()):
-            return 0
-        return t.numel() - int(torch.isfinite(t).sum())
-    return t.numel() - torch.isfinite(t).sum()
+    """The NaN/Inf count of one output ``t`` of norm ``norm`` on the CPU: 0 unless the
+    norm is not finite (on an accelerator the hook takes :func:`count_nonfinite`)."""
+    if math.isfinite(norm.item()):
+        return 0
+    return t.numel() - int(torch.isfinite(t).sum())
 
 
 def floating_tensors(value: Any, depth: int = 0) -> Iterator[torch.Tensor]:
