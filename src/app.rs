@@ -790,7 +790,12 @@ fn compare_recapture(
     let others: Vec<&str> = by
         .iter()
         .filter(|(k, n)| k.as_str() != "tensor" && **n > 0)
-        .map(|(k, _)| k.as_str())
+        .map(|(k, _)| match k.as_str() {
+            "checksum" => "checksums",
+            "statistics" => "statistics",
+            "unwritten" => "unwritten tensors",
+            _ => "no values",
+        })
         .collect();
     let missing: Vec<String> = if others.is_empty() {
         Vec::new()
