@@ -149,8 +149,13 @@ pub fn replay(req: &ReplayRequest, progress: &Progress) -> Result<Replayed> {
     let summary = match summary {
         Some(s) => Some(s),
         None if req.ops.is_empty() => {
-            // A long compare ahead: a missing Python is said before it.
-            python = Some(find_python(req.python.as_deref())?);
+            // A long compare ahead: a missing Python is said before it, unless the dumps
+            // hold no tensors at all (then the compare only names the op to recapture).
+            let without =
+                |s: &DumpSet| matches!(s.mode, Some(dump::Mode::Statistics | dump::Mode::Checksum));
+            if !(without(&sets.bench) && without(&sets.cmp)) {
+                python = Some(find_python(req.python.as_deref())?);
+            }
             note(req, "comparing the dumps to find the first divergent op");
             Some(app::compare_summary(
                 &compare_request(&paths, &req.out),
