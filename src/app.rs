@@ -259,9 +259,28 @@ pub fn compare(req: &CompareRequest, progress: &Progress) -> Result<Summary> {
             gate,
             threads_note,
             (&writers, None),
-            &req.out,
+            (&req.out, true),
             progress,
         )
+    })
+}
+
+/// A compare's summary alone, nothing written (`probe replay` without `--from`): `out` is
+/// only where rows past the memory budget wait, and must exist.
+pub fn compare_summary(req: &CompareRequest, progress: &Progress) -> Result<Summary> {
+    let (opts, pool, threads_note) = prepare(req)?;
+    within(pool, || {
+        let run = compare::run(&req.bench, &req.cmp, &opts, progress)?;
+        let extras = verdict::Extras {
+            note: threads_note,
+            ..verdict::Extras::default()
+        };
+        Ok(verdict::summarize(
+            &run,
+            req.fail_on,
+            req.max_unmatched,
+            extras,
+        ))
     })
 }
 
@@ -273,13 +292,15 @@ fn check_max_unmatched(f: f64) -> Result<()> {
 }
 
 /// The summary of a finished run (gated by `--fail-on`, `--max-unmatched`) and every
-/// chosen report of it: the last step of `probe compare` and of `probe merge`.
+/// chosen report of it: the last step of `probe compare` and of `probe merge`. With
+/// `recapture` (a compare, whose dumps are at hand), `recapture.json` too when the first
+/// divergent op was dumped without its tensors.
 fn report_run(
     run: &compare::CompareRun,
     (fail_on, max_unmatched): (FailOn, f64),
     note: Option<String>,
     (writers, copy): (&[Box<dyn ReportWriter>], Option<CopyPlan>),
-    out: &Path,
+    (out, recapture): (&Path, bool),
     progress: &Progress,
 ) -> Result<Summary> {
     let extras = verdict::Extras {
@@ -287,8 +308,13 @@ fn report_run(
         outputs: output_paths(writers, "compare", out),
     };
     let summary = verdict::summarize(run, fail_on, max_unmatched, extras);
+    let (files, summary) = if recapture {
+        compare_recapture(summary, run, out)?
+    } else {
+        (Vec::new(), summary)
+    };
     let doc = CompareDocument::new(run, &summary).with_parquet_copy(copy);
-    write_reports(writers, &doc, out, progress)?;
+    write_reports_with(writers, &doc, &files, out, progress)?;
     crate::memory::trace("the reports");
     Ok(summary)
 }
@@ -409,7 +435,14 @@ pub fn merge(req: &MergeRequest, progress: &Progress) -> Result<Merged> {
         run
     };
     let gate = (req.fail_on, req.max_unmatched);
-    let summary = report_run(&run, gate, None, (&writers, copy), &req.out, progress)?;
+    let summary = report_run(
+        &run,
+        gate,
+        None,
+        (&writers, copy),
+        (&req.out, false),
+        progress,
+    )?;
     Ok(Merged {
         summary,
         encoded_again,
@@ -594,7 +627,7 @@ pub struct TrendRequest {
 }
 
 /// The name of the recapture configuration in the output folder.
-pub const RECAPTURE: &str = "recapture.json";
+pub const RECAPTURE: &str = crate::recapture::FILE;
 
 /// Files written with the reports: name and bytes.
 type Extras = Vec<(String, Vec<u8>)>;
@@ -607,9 +640,7 @@ fn recapture(
     let Some(t) = target else {
         return Ok((Vec::new(), None));
     };
-    let mut bytes = serde_json::to_vec_pretty(&monitor::recapture::config(&t))
-        .map_err(|e| ProbeError::Usage(format!("recapture.json: {e}")))?;
-    bytes.push(b'\n');
+    let bytes = crate::recapture::bytes(&monitor::recapture::config(&t));
     let path = out.join(RECAPTURE).display().to_string();
     Ok((vec![(RECAPTURE.to_string(), bytes)], Some(path)))
 }
@@ -666,4 +697,136 @@ pub fn monitor_scan(req: &ScanRequest, progress: &Progress) -> Result<MonitorSum
     let doc = MonitorDocument::Scan(&events, &summary);
     write_reports_with(&writers, &doc, &extras, &req.out, progress)?;
     Ok(summary)
+}
+
+/// The ops a replay takes by default: a compare's first divergent op, forward, and the
+/// backward one too when it is in the same step and rank (else the forward alone); their
+/// step and rank labels. None when the compare names no divergent op.
+pub fn divergent_ops(s: &Summary) -> Option<(String, String, Vec<String>)> {
+    use crate::op_key::Direction;
+    use crate::vocab::FindingKind;
+    let first = |d| s.findings.get(FindingKind::FirstDivergent, Some(d));
+    let (fwd, bwd) = (first(Direction::Forward), first(Direction::Backward));
+    let head = fwd.or(bwd)?;
+    let mut ops = vec![head.op.clone()];
+    if let (Some(_), Some(b)) = (fwd, bwd) {
+        if b.step == head.step && b.rank == head.rank && b.op != head.op {
+            ops.push(b.op.clone());
+        }
+    }
+    Some((head.step.clone(), head.rank.clone(), ops))
+}
+
+/// The number of a `step<N>` or `rank<N>` label (None for `proc<PID>` and the like).
+pub fn label_number(label: &str, prefix: &str) -> Option<u64> {
+    label.strip_prefix(prefix)?.parse().ok()
+}
+
+/// Of `ops` (of step and rank labels `at`), those either dump does not hold with their
+/// tensors, with what it lacks, in order: what a replay cannot take from these dumps.
+pub(crate) fn lacking(
+    dumps: crate::vocab::Sides<&crate::dump::DumpSet>,
+    (step, rank): (&str, &str),
+    ops: &[String],
+) -> Result<Vec<(String, crate::dump::Holding)>> {
+    use crate::dump::{find_rank, holdings, Holding};
+    let bench = holdings(find_rank(dumps.bench, step, rank), ops)?;
+    let cmp = holdings(find_rank(dumps.cmp, step, rank), ops)?;
+    let worse = |a: Holding, b: Holding| match (a, b) {
+        (Holding::Absent, _) | (_, Holding::Absent) => Holding::Absent,
+        (Holding::NoData, _) | (_, Holding::NoData) => Holding::NoData,
+        _ => Holding::Tensors,
+    };
+    Ok(ops
+        .iter()
+        .zip(bench.into_iter().zip(cmp))
+        .map(|(op, (b, c))| (op.clone(), worse(b, c)))
+        .filter(|(_, h)| *h != Holding::Tensors)
+        .collect())
+}
+
+/// The `recapture.json` of ops a dump lacks (step and rank labels `at`), and the note the
+/// summary gives of it; None when a label has no number the capture could select.
+pub(crate) fn recapture_of(
+    (step, rank): (&str, &str),
+    ops: Vec<String>,
+    reason: String,
+    out: &Path,
+) -> Option<(Vec<u8>, crate::schema::compare::RecaptureNote)> {
+    let target = crate::recapture::OpTarget {
+        step: label_number(step, "step")?,
+        rank: label_number(rank, "rank")?,
+        ops,
+        reason,
+    };
+    let bytes = crate::recapture::bytes(&crate::recapture::op_config(&target));
+    let note = crate::schema::compare::RecaptureNote {
+        path: out.join(RECAPTURE).display().to_string(),
+        step: step.to_string(),
+        rank: rank.to_string(),
+        ops: target.ops,
+        reason: target.reason,
+    };
+    Some((bytes, note))
+}
+
+/// A compare's `recapture.json` (and the summary that names it) when its first divergent
+/// op was dumped without its tensors. The step/rank pair's counts say it without reading
+/// the dumps again, unless it holds both kinds (then the op's records are looked up).
+fn compare_recapture(
+    summary: Summary,
+    run: &compare::CompareRun,
+    out: &Path,
+) -> Result<(Extras, Summary)> {
+    let none = |summary| Ok((Vec::new(), summary));
+    let Some((step, rank, ops)) = divergent_ops(&summary) else {
+        return none(summary);
+    };
+    let Some(unit) = run.units.iter().find(|u| u.step == step && u.rank == rank) else {
+        return none(summary);
+    };
+    let by = &unit.counts.compared_by;
+    let tensors = by.get("tensor").copied().unwrap_or(0);
+    let others: Vec<&str> = by
+        .iter()
+        .filter(|(k, n)| k.as_str() != "tensor" && **n > 0)
+        .map(|(k, _)| match k.as_str() {
+            "checksum" => "checksums",
+            "statistics" => "statistics",
+            "unwritten" => "unwritten tensors",
+            _ => "no values",
+        })
+        .collect();
+    let missing: Vec<String> = if others.is_empty() {
+        Vec::new()
+    } else if tensors == 0 {
+        ops
+    } else {
+        let sets = crate::vocab::Sides {
+            bench: crate::dump::discover(&unit.dirs.bench)?,
+            cmp: crate::dump::discover(&unit.dirs.cmp)?,
+        };
+        let sides = crate::vocab::Sides {
+            bench: &sets.bench,
+            cmp: &sets.cmp,
+        };
+        let found = lacking(sides, (&step, &rank), &ops)?;
+        found.into_iter().map(|(op, _)| op).collect()
+    };
+    if missing.is_empty() {
+        return none(summary);
+    }
+    let reason = format!(
+        "the dumps hold {} of {}, not the tensors a replay needs",
+        others.join(" and "),
+        missing.join(" and ")
+    );
+    let Some((bytes, note)) = recapture_of((&step, &rank), missing, reason, out) else {
+        return none(summary);
+    };
+    let summary = Summary {
+        recapture: Some(note),
+        ..summary
+    };
+    Ok((vec![(RECAPTURE.to_string(), bytes)], summary))
 }

@@ -162,6 +162,25 @@ pub enum ProbeError {
     /// The two sides have nothing in common to compare.
     #[error("nothing comparable: {0}")]
     NothingComparable(String),
+    /// A folder given as a compare's output (`probe replay --from`) that is not one.
+    #[error("{}: not a compare's output folder: {}", path.display(), OneLine(msg))]
+    NotCompareOutput {
+        /// The folder (or its `summary.json`).
+        path: PathBuf,
+        /// What is wrong with it.
+        msg: String,
+    },
+    /// No Python that can replay an op (`probe replay`): none of those tried imports torch
+    /// and `probe.replay`.
+    #[error(
+        "no Python that imports torch and probe.replay: {}; install torch and probe-dl into \
+         the Python that runs the training, or name one with --python or PROBE_PYTHON",
+        OneLine(tried)
+    )]
+    NoPython {
+        /// Each Python tried, with why it cannot replay.
+        tried: String,
+    },
 }
 
 /// Displays input-derived text on one line: control characters (a newline inside a JSON

@@ -38,6 +38,8 @@ pub mod metrics;
 pub mod monitor;
 pub mod op_key;
 pub mod progress;
+pub mod recapture;
+pub mod replay;
 pub mod report;
 pub mod scan;
 pub mod schema;

@@ -175,6 +175,7 @@ pub fn summarize(run: &CompareRun, fail_on: FailOn, max_unmatched: f64, extras: 
         origin: cross.as_ref().map(|x| x.origin.clone()),
         propagation: cross.map(|x| x.propagation).unwrap_or_default(),
         calibration,
+        recapture: None,
     }
 }
 

@@ -28,7 +28,10 @@ const LAYERS: &[(&str, &[&str])] = &[
         &["vocab", "op_key", "dtype", "json", "memory", "progress", "agent_stats"],
     ),
     ("the gate: exit codes and --fail-on over the verdict words", &["gate"]),
-    ("errors and records: ProbeError, the on-disk record types", &["error", "schema"]),
+    (
+        "errors and records: ProbeError, the on-disk record types",
+        &["error", "schema", "recapture"],
+    ),
     (
         "files and bytes: all-or-nothing writes, config files, tensor bytes",
         &["atomic", "config_file", "tensor"],
@@ -45,6 +48,7 @@ const LAYERS: &[(&str, &[&str])] = &[
         "commands: compare/scan/merge, config-check, the agent kernel",
         &["app", "config_check", "agent_kernel"],
     ),
+    ("commands built on commands: replay (a compare, then the agent's Python)", &["replay"]),
 ];
 
 /// The most lines a file in `src/` may have, tests included.

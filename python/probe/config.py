@@ -508,13 +508,25 @@ def read_config_file(path: Union[str, os.PathLike[str]]) -> dict[str, Any]:
     return raw
 
 
+#: The environment variable naming a configuration file that replaces the one the training
+#: script gives (its file or dict and its keyword overrides): a ``recapture.json`` applied
+#: with no change to the script (docs/replay.md).
+CONFIG_ENV = "PROBE_CONFIG"
+
+
 def load_config(
     source: Union[str, os.PathLike[str], dict[str, Any], None], overrides: dict[str, Any]
 ) -> CaptureConfig:
     """Build a CaptureConfig from a JSON file path, a dict or None, plus keyword overrides.
 
     Three shapes: probe's own keys, msprobe's config.json (a ``task`` key), the tutorial's
-    ``{"dump": {...}}``."""
+    ``{"dump": {...}}``. ``$PROBE_CONFIG``, when set, names the file used instead of
+    ``source`` and ``overrides``."""
+    forced = os.environ.get(CONFIG_ENV)
+    if forced:
+        if not os.path.isfile(forced):
+            raise ConfigError(f"{CONFIG_ENV}={forced!r} is not a file")
+        source, overrides = forced, {}
     if source is None:
         raw: dict[str, Any] = {}
     elif isinstance(source, dict):

@@ -5,6 +5,7 @@
 //! memory, tensor data never is (see [`crate::tensor`]).
 
 pub(crate) mod args;
+mod holding;
 pub mod msprobe;
 mod probe_format;
 mod select;
@@ -20,6 +21,7 @@ use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
+pub(crate) use holding::{find_rank, holdings, Holding};
 pub use probe_format::{parse_op_log, parse_op_record, read_manifest, OpLog};
 pub use select::{Numbers, Selection};
 pub use store::{Op, OpIn, Ops, OpsBuilder, Tensor, TensorIn};

@@ -129,6 +129,20 @@ pub fn terminal_summary(s: &Summary) -> String {
     for w in s.warnings.iter().take(5) {
         out += &format!("  note: {w}\n");
     }
+    if let Some(r) = &s.recapture {
+        let path = super::printable(&r.path);
+        let ops: String = r
+            .ops
+            .iter()
+            .map(|op| format!(" --op {}", super::printable(op)))
+            .collect();
+        out += &format!(
+            "  recapture: {path}: {}; capture both runs again with PROBE_CONFIG={path} (tensor mode, {}/{} only), then probe replay -b NEW_BENCH -c NEW_CMP{ops} -o DIR\n",
+            super::printable(&r.reason),
+            super::printable(&r.step),
+            super::printable(&r.rank),
+        );
+    }
     for (k, v) in &s.outputs {
         out += &format!("  {k}: {v}\n");
     }

@@ -156,3 +156,18 @@ impl ArgDiff {
         format!("{} = {} vs {}", self.name, self.bench, self.cmp)
     }
 }
+
+/// Where a compare wrote `recapture.json`, and what it selects.
+#[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]
+pub struct RecaptureNote {
+    /// The file (in the output folder).
+    pub path: String,
+    /// Step label of the ops.
+    pub step: String,
+    /// Rank label of the ops.
+    pub rank: String,
+    /// The ops it selects (the first divergent ones).
+    pub ops: Vec<String>,
+    /// What the dumps lack.
+    pub reason: String,
+}

@@ -775,6 +775,9 @@ pub struct Summary {
     /// given as `--config`; docs/compare.md, "Drift or defect"); absent without either.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub calibration: Option<CalibrationUse>,
+    /// `recapture.json`, when the first divergent op was dumped without its tensors.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub recapture: Option<super::compare::RecaptureNote>,
 }
 
 /// How a compare used a reference run or a calibration file.
