@@ -27,7 +27,7 @@ class _Parser(argparse.ArgumentParser):
 
 
 def _fail(message: str) -> NoReturn:
-    from .report import printable
+    from .text import printable
 
     print(printable(f"probe replay: error: {message}"), file=sys.stderr)
     raise SystemExit(2)
@@ -76,7 +76,7 @@ def main(argv: Optional[list[str]] = None) -> int:
 
 
 def _say(text: str) -> None:
-    from .report import printable
+    from .text import printable
 
     print(printable(f"probe replay: {text}"), file=sys.stderr, flush=True)
 

@@ -13,6 +13,7 @@ from typing import Any, Optional
 
 from .engine import OpResult
 from .folder import call_text
+from .text import printable
 from .verdict import (
     CANNOT,
     DOES_NOT_REPRODUCE,
@@ -34,24 +35,20 @@ _WORDS = {
 }
 
 
-def printable(text: str) -> str:
-    """``text`` without control characters (escaped as ``\\xNN``): input is data."""
-    return "".join(c if c.isprintable() else ascii(c)[1:-1] for c in text)
-
-
 def _e(err: Optional[dict[str, float]]) -> str:
     return "n/a" if err is None else f"{err['rel_l2']:.2e}"
 
 
 def _worst(res: OpResult) -> OutputJudgement:
+    """The output a line tells: the most off (reproduces) or the most different recorded."""
     assert res.judgement is not None
-    outs = res.judgement.outputs
-    key = (
-        (lambda o: o.replayed["rel_l2"] / max(o.tolerance, 1e-300))
-        if res.verdict == REPRODUCES
-        else (lambda o: (o.cmp or {"rel_l2": 0.0})["rel_l2"])
-    )
-    return max(outs, key=lambda o: (_finite(key(o)), o.slot))
+
+    def weight(o: OutputJudgement) -> float:
+        if res.verdict == REPRODUCES:
+            return _finite((o.replayed or {"rel_l2": 0.0})["rel_l2"] / max(o.tolerance, 1e-300))
+        return _finite((o.cmp or {"rel_l2": 0.0})["rel_l2"])
+
+    return max(res.judgement.outputs, key=lambda o: (weight(o), o.slot))
 
 
 def _finite(x: float) -> float:

@@ -84,7 +84,7 @@ RANDOM = (
     "Aten.exponential*",
     "NPU.*dropout*",
 )
-_SWITCHES = {
+_SWITCHES: dict[str, dict[str, tuple[Optional[int], Any]]] = {
     "Functional.dropout*": {"p": (1, 0), "training": (2, False)},
     "Functional.scaled_dot_product_attention": {"dropout_p": (4, 0)},
     "NPU.npu_fusion_attention*": {"keep_prob": (None, 1)},
