@@ -19,6 +19,8 @@ A tensor's name is its op key, a dot and its slot (``.input.0``, ``.parameters.w
 
 from __future__ import annotations
 
+from typing import NamedTuple, Optional
+
 FORWARD = "forward"
 BACKWARD = "backward"
 #: The first part of every module key (msprobe's MindSpore dumps say ``Cell``).
@@ -58,3 +60,45 @@ def module_key(base: str, direction: str, call: int) -> str:
 def parameters_grad_key(base: str) -> str:
     """The key of the record holding the parameter gradients of the module ``base``."""
     return f"{base}.{PARAMETERS_GRAD}"
+
+
+class ParsedKey(NamedTuple):
+    """An op key read back (what ``src/op_key.rs`` parses): ``kind`` is ``api``,
+    ``module`` or ``parameters_grad``; ``prefix`` the ApiType or ``Module``; ``name`` the
+    API (dots kept: ``linalg.vector_norm``) or the module class; ``path`` the module path."""
+
+    kind: str
+    prefix: str
+    name: str
+    path: Optional[str]
+    call: Optional[int]
+    direction: str
+
+
+def parse_key(key: str) -> Optional[ParsedKey]:
+    """The parts of an op key, or None when it is not one (the replay reads keys back to
+    find the API to call and a backward record's forward twin)."""
+    parts = key.split(".")
+    if parts[0] == MODULE:
+        if len(parts) >= 3 and parts[-1] == PARAMETERS_GRAD:
+            return ParsedKey(
+                PARAMETERS_GRAD, MODULE, parts[-2], ".".join(parts[1:-2]), None, BACKWARD
+            )
+        if len(parts) >= 5 and parts[-2] in (FORWARD, BACKWARD) and parts[-1].isdigit():
+            return ParsedKey(
+                "module", MODULE, parts[-3], ".".join(parts[1:-3]), int(parts[-1]), parts[-2]
+            )
+        return None
+    if len(parts) >= 4 and parts[-1] in (FORWARD, BACKWARD) and parts[-2].isdigit():
+        return ParsedKey("api", parts[0], ".".join(parts[1:-2]), None, int(parts[-2]), parts[-1])
+    return None
+
+
+def forward_twin(key: str) -> Optional[str]:
+    """The forward record's key of a backward record's key (API or module), else None."""
+    p = parse_key(key)
+    if p is None or p.direction != BACKWARD or p.call is None:
+        return None
+    if p.kind == "api":
+        return api_key(api_name(p.prefix, p.name), p.call)
+    return module_key(module_base(p.path or "", p.name), FORWARD, p.call)
