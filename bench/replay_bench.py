@@ -1,6 +1,8 @@
 #!/usr/bin/env python3
-"""Wall time of one ``python -m probe.replay`` run, start-up included, on an op whose inputs
-are 64 MB, on the CPU (issue 50's goal: at most 3 s).
+"""Wall time of one ``probe replay`` run, start-up included (the binary finds the Python,
+which replays), on an op whose inputs are 64 MB, on the CPU (issue 50's goal: at most 3 s);
+without a ``probe`` binary (``$PROBE_BIN``, or a cargo build of this checkout), of
+``python -m probe.replay`` alone.
 
 Why a synthetic dump: the figure is about reading 64 MB of inputs from a shard and running
 the call three ways (float64 reference, CPU same-dtype envelope, the device), not about any
@@ -41,12 +43,17 @@ def main() -> int:
     with tempfile.TemporaryDirectory() as tmp:
         dump = os.path.join(tmp, "dump")
         subprocess.run([sys.executable, "-c", DUMP, dump], check=True, env=env)
-        cmd = [sys.executable, "-m", "probe.replay", "-b", dump, "-c", dump]
-        cmd += ["--op", "Functional.gelu.0.forward", "-o", os.path.join(tmp, "out")]
+        binary = probe_binary(here)
+        if binary:
+            cmd = [binary, "replay", "--python", sys.executable]
+        else:
+            cmd = [sys.executable, "-m", "probe.replay"]
+        cmd += ["-b", dump, "-c", dump, "--op", "Functional.gelu.0.forward"]
         times = []
-        for _ in range(args.repeat):
+        for k in range(args.repeat):
             t = time.perf_counter()
-            r = subprocess.run(cmd, env=env, capture_output=True, text=True)
+            out = ["-o", os.path.join(tmp, f"out{k}")]
+            r = subprocess.run(cmd + out, env=env, capture_output=True, text=True)
             times.append(time.perf_counter() - t)
             if r.returncode != 0:
                 print(r.stdout + r.stderr, file=sys.stderr)
@@ -55,12 +62,23 @@ def main() -> int:
         subprocess.run([sys.executable, "-c", "import torch"], check=True, env=env)
         torch_s = time.perf_counter() - start
     best = min(times)
-    print(f"replay of one op, 64 MiB of inputs, CPU: best {best:.2f} s of {args.repeat}")
+    what = "probe replay" if binary else "python -m probe.replay"
+    print(f"{what} of one op, 64 MiB of inputs, CPU: best {best:.2f} s of {args.repeat}")
     print(
         f"(runs: {', '.join(f'{t:.2f}' for t in times)} s; `import torch` alone: {torch_s:.2f} s)"
     )
     print(f"ratio to the {GOAL_S:.0f} s goal: {best / GOAL_S:.2f}")
     return 0
+
+
+def probe_binary(repo: str) -> str:
+    """$PROBE_BIN, else this checkout's release or debug build, else ""."""
+    found = os.environ.get("PROBE_BIN", "")
+    for rel in ("target/release/probe", "target/debug/probe"):
+        path = os.path.join(repo, rel)
+        if not found and os.access(path, os.X_OK):
+            found = path
+    return found
 
 
 if __name__ == "__main__":

@@ -251,6 +251,14 @@ fn check_out(out: &Path) -> Result<()> {
         if !out.is_dir() {
             return Err(err(out, "exists and is not a directory".into()));
         }
+        if !replaceable(out) {
+            return Err(err(
+                out,
+                "holds other files than a replay's output (no replay.json), and a replay \
+                 replaces its output folder: name a new or empty one"
+                    .into(),
+            ));
+        }
         out.to_path_buf()
     } else {
         let parent = match out.parent() {
@@ -269,6 +277,19 @@ fn check_out(out: &Path) -> Result<()> {
     std::fs::write(&probe_file, b"").map_err(|e| err(&dir, format!("not writable: {e}")))?;
     let _ = std::fs::remove_file(&probe_file);
     Ok(())
+}
+
+/// Whether an existing output folder may be replaced by a replay's: empty, an earlier
+/// replay's (it holds `replay.json`), or only the `recapture.json` of a replay that had
+/// nothing to replay. Never a dump or a compare's folder.
+fn replaceable(out: &Path) -> bool {
+    let Ok(entries) = std::fs::read_dir(out) else {
+        return false;
+    };
+    let names: Vec<_> = entries
+        .filter_map(|e| e.ok().map(|e| e.file_name()))
+        .collect();
+    names.iter().any(|n| n == "replay.json") || names.iter().all(|n| n == app::RECAPTURE)
 }
 
 /// The largest `summary.json` read (a compare's is well under this even for thousands of
@@ -509,9 +530,16 @@ fn candidates(python: Option<&Path>) -> Vec<Candidate> {
     out
 }
 
-/// Whether a Python imports torch and `probe.replay`; why not, in a few words.
+/// Whether a Python has torch and `probe.replay`; why not, in a few words. Found, not
+/// imported: importing torch takes seconds, and the replay imports it anyway (a torch that
+/// is there but broken fails the replay with its one-line error, exit 2).
 fn can_replay(python: &Path) -> std::result::Result<(), String> {
-    let code = format!("import torch, probe.replay; print({CHECK_MARK:?})");
+    let code = format!(
+        "import importlib.util as u, sys\n\
+         m = [n for n in ('torch', 'probe', 'probe.replay') if u.find_spec(n) is None][:1]\n\
+         print(f\"ModuleNotFoundError: No module named {{m[0]!r}}\", file=sys.stderr) \
+         if m else print({CHECK_MARK:?})"
+    );
     let out = Command::new(python)
         .args(["-c", &code])
         .stdin(Stdio::null())
@@ -602,6 +630,9 @@ fn python_args(
     }
     if let Some(v) = req.atol {
         a.extend(["--atol".into(), v.to_string().into()]);
+    }
+    if req.quiet {
+        a.push("-q".into());
     }
     a
 }

@@ -26,7 +26,7 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from conftest import REPO, SCHEMAS, load_example
+from conftest import REPO, SCHEMAS, load_example, probe_bin
 
 PY_PATH = os.path.join(REPO, "python")
 
@@ -95,7 +95,7 @@ def _train(ex: Any, dump: str, *extra: str) -> None:
 @pytest.fixture(scope="module")
 def dumps(tmp_path_factory: pytest.TempPathFactory) -> dict[str, str]:
     root = tmp_path_factory.mktemp("replay")
-    out = {k: str(root / k) for k in ("bench", "fault", "data", "stats", "llama")}
+    out = {k: str(root / k) for k in ("bench", "fault", "data", "stats", "stats_fault", "llama")}
     env = dict(os.environ, PYTHONPATH=PY_PATH)
     llama = None
     if importlib_ok("transformers"):
@@ -107,6 +107,7 @@ def dumps(tmp_path_factory: pytest.TempPathFactory) -> dict[str, str]:
         _train(ex, out["fault"], "--mode", "tensor", "--inject", "Functional.gelu.0", "--inject-rel", "0.03")
         _train(ex, out["data"], "--mode", "tensor", "--data-seed", "99")
         _train(ex, out["stats"], "--mode", "statistics")
+        _train(ex, out["stats_fault"], "--mode", "statistics", "--inject", "Functional.gelu.0", "--inject-rel", "0.03")
     finally:
         torch.set_num_threads(threads)
     for name, text in (("fwd.py", FORWARD_FAULT), ("bwd.py", BACKWARD_FAULT), ("silu.py", SILU_FAULT)):
@@ -289,16 +290,16 @@ def test_a_clean_pair_is_within_tolerance_across_kinds_of_call(dumps: dict[str, 
 
 
 def test_a_divergence_from_other_data_does_not_reproduce(dumps: dict[str, str]) -> None:
-    r = replay(dumps, "data", "--op", "Functional.gelu.0.forward", cmp="data")
+    r = replay(dumps, "data_out", "--op", "Functional.gelu.0.forward", cmp="data")
     assert r.returncode == 0, r.stderr
-    op = ops_of(doc(dumps, "data"))["Functional.gelu.0.forward"]
+    op = ops_of(doc(dumps, "data_out"))["Functional.gelu.0.forward"]
     assert op["verdict"] == "does_not_reproduce"
     assert [d["slot"] for d in op["inputs_differ"]] == ["input.0"]
     assert "its recorded inputs differ" in r.stdout.splitlines()[0]
 
 
 def test_a_statistics_dump_has_nothing_to_replay(dumps: dict[str, str]) -> None:
-    r = replay(dumps, "stats", "--op", "Functional.gelu.0.forward", bench="stats", cmp="stats")
+    r = replay(dumps, "stats_out", "--op", "Functional.gelu.0.forward", bench="stats", cmp="stats")
     assert r.returncode == 3, r.stderr
     assert "recapture.json" in r.stdout and "mode statistics" in r.stdout
 
@@ -340,9 +341,9 @@ def test_a_corrupt_shard_is_one_line_and_exit_2(dumps: dict[str, str]) -> None:
 def test_a_transformers_model_with_a_faulty_kernel_reproduces(dumps: dict[str, str]) -> None:
     if not os.path.isdir(dumps["llama"]):
         pytest.skip("transformers is not installed")
-    r = replay(dumps, "llama", "--op", "Functional.silu.0.forward", "--op", "Functional.silu.0.backward", "--prelude", dumps["silu.py"], bench="llama", cmp="llama")
+    r = replay(dumps, "llama_out", "--op", "Functional.silu.0.forward", "--op", "Functional.silu.0.backward", "--prelude", dumps["silu.py"], bench="llama", cmp="llama")
     assert r.returncode == 1, r.stdout + r.stderr
-    ops = ops_of(doc(dumps, "llama"))
+    ops = ops_of(doc(dumps, "llama_out"))
     assert ops["Functional.silu.0.forward"]["verdict"] == "reproduces"
     assert ops["Functional.silu.0.backward"]["verdict"] == "reproduces"
     assert ops["Functional.silu.0.forward"]["outputs"][0]["replayed_vs_fp64"]["rel_l2"] == pytest.approx(0.10, rel=1e-3)
@@ -380,3 +381,99 @@ def test_the_key_parser_reads_the_golden_keys() -> None:
         assert forward_twin(c["key"]) == want["forward_twin"]
         if want.get("module_path"):
             assert p.path == want["module_path"]
+
+
+def test_a_shard_whose_data_is_not_aligned_reads_back(tmp_path: Any) -> None:
+    """Shards are mapped, not read: a tensor whose data starts off its element size (a
+    1-byte tensor before it, a 9-byte header) still reads back, by a copy; one cut short
+    is a one-line error."""
+    from probe.replay import dump
+
+    x = torch.arange(6, dtype=torch.float32).reshape(2, 3) / 7
+    header = json.dumps(
+        {"a": {"dtype": "U8", "shape": [1], "data_offsets": [0, 1]}, "x": {"dtype": "F32", "shape": [2, 3], "data_offsets": [1, 25]}}
+    ).encode()
+    header += b" " * (9 - len(header) % 8)  # the data section starts at an odd offset
+    path = tmp_path / "tensors-00000.safetensors"
+    path.write_bytes(len(header).to_bytes(8, "little") + header + b"\x07" + x.numpy().tobytes())
+    rank = dump.RankDir(str(tmp_path), 0, 0, None)
+    rec = {"op": "Torch.f.0.forward", "tensors": [{"name": "x", "dtype": "float32", "shape": [2, 3], "file": path.name}]}
+    got = dump.load_tensors(rank, rec)
+    assert torch.equal(got["x"], x)
+    path.write_bytes(path.read_bytes()[:-1])
+    with pytest.raises(dump.InputError, match="cut short"):
+        dump.load_tensors(rank, rec)
+
+
+# -- through the probe binary (tests/replay.rs checks its arguments with a stand-in Python) ----
+
+
+def probe(*args: str, cwd: str = REPO, **env: str) -> subprocess.CompletedProcess[str]:
+    full = dict(os.environ, PYTHONPATH=PY_PATH, PROBE_PYTHON=sys.executable, **env)
+    full.pop("PROBE_REPLAY_PRELUDE", None)
+    return subprocess.run([probe_bin(), *args], capture_output=True, text=True, timeout=300, env=full, cwd=cwd)
+
+
+def test_probe_replay_names_the_compares_culprit_and_proves_it(dumps: dict[str, str]) -> None:
+    """No --op: probe compares the dumps itself, replays the first divergent op (the GELU
+    the comparison run perturbed) on the Python it finds, and returns the replay's exit
+    code; --from an earlier compare's folder does the same; without the faulty kernel
+    the same divergence does not reproduce (exit 0)."""
+    root = dumps["root"]
+    r = probe("replay", "-b", dumps["bench"], "-c", dumps["fault"], "-o", f"{root}/p1", "--prelude", dumps["fwd.py"])
+    assert r.returncode == 1, r.stdout + r.stderr
+    assert r.stdout.splitlines()[0].startswith("REPRODUCES in isolation: Functional.gelu.0.forward"), r.stdout
+    assert list(ops_of(doc(dumps, "p1"))) == ["Functional.gelu.0.forward"]
+    assert os.path.isfile(f"{root}/p1/Functional.gelu.0.forward/repro.py")
+    c = probe("compare", "-b", dumps["bench"], "-c", dumps["fault"], "-o", f"{root}/cmp", "-q")
+    assert c.returncode == 1, c.stdout + c.stderr
+    r = probe("replay", "--from", f"{root}/cmp", "-o", f"{root}/p2", "-q")
+    assert r.returncode == 0, r.stdout + r.stderr
+    assert r.stdout.startswith("DOES NOT REPRODUCE: Functional.gelu.0.forward") and r.stderr == "", r.stderr
+
+
+def test_a_statistics_dump_gets_a_recapture_that_the_script_applies_unchanged(
+    dumps: dict[str, str], tmp_path: Any
+) -> None:
+    """Statistics dumps hold no inputs: compare writes recapture.json; the example script,
+    run again unchanged with PROBE_CONFIG naming it, dumps that op alone in tensor mode
+    (into ./probe_recapture of where it runs), and probe replay of the two new dumps
+    proves the fault."""
+    c = probe("compare", "-b", dumps["stats"], "-c", dumps["stats_fault"], "-o", str(tmp_path / "cmp"), "-q")
+    assert c.returncode == 1, c.stdout + c.stderr
+    with open(tmp_path / "cmp" / "summary.json", encoding="utf-8") as fh:
+        summary = json.load(fh)
+    assert summary["recapture"]["ops"] == ["Functional.gelu.0.forward"], summary["recapture"]
+    config = str(tmp_path / "cmp" / "recapture.json")
+    r = probe("replay", "--from", str(tmp_path / "cmp"), "-o", str(tmp_path / "none"))
+    assert r.returncode == 3 and "recapture" in r.stdout + r.stderr, r.stdout + r.stderr
+    script = os.path.join(REPO, "examples", "train_small.py")
+    for side, extra in (("b", []), ("c", ["--inject", "Functional.gelu.0", "--inject-rel", "0.03"])):
+        (tmp_path / side).mkdir()
+        run = subprocess.run(
+            [sys.executable, script, "--quiet", "--steps", "1", "--batch", "4", "--level", "mix", "--dump", "unused", *extra],
+            cwd=tmp_path / side, env=dict(os.environ, PYTHONPATH=PY_PATH, PROBE_CONFIG=config),
+            capture_output=True, text=True, timeout=300,
+        )
+        assert run.returncode == 0, run.stderr[-2000:]
+        assert not (tmp_path / side / "unused").exists()
+    rank = tmp_path / "b" / "probe_recapture" / "step0" / "rank0"
+    with open(rank / "ops.jsonl", encoding="utf-8") as fh:
+        ops = [json.loads(line)["op"] for line in fh]
+    assert ops == ["Functional.gelu.0.forward", "Functional.gelu.0.backward"], ops
+    r = probe(
+        "replay", "-b", str(tmp_path / "b" / "probe_recapture"), "-c", str(tmp_path / "c" / "probe_recapture"),
+        "-o", str(tmp_path / "replay"), "--prelude", dumps["fwd.py"], "-q",
+    )
+    assert r.returncode == 1 and r.stdout.startswith("REPRODUCES in isolation: Functional.gelu.0.forward"), r.stdout + r.stderr
+
+
+def test_an_output_folder_that_is_not_a_replays_is_never_replaced(dumps: dict[str, str]) -> None:
+    """A replay replaces its -o folder: a dump or a compare's folder given by mistake is
+    refused, one line, exit 2, untouched (the engine and the binary alike)."""
+    before = sorted(os.listdir(dumps["bench"]))
+    r = replay(dumps, "bench", "--op", "Functional.gelu.0.forward")
+    assert r.returncode == 2 and "name a new or empty one" in r.stderr, r.stderr
+    p = probe("replay", "-b", dumps["bench"], "-c", dumps["fault"], "-o", dumps["bench"])
+    assert p.returncode == 2 and "name a new or empty one" in p.stderr, p.stderr
+    assert sorted(os.listdir(dumps["bench"])) == before

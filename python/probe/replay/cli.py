@@ -16,7 +16,7 @@ import os
 import shutil
 import sys
 import tempfile
-from typing import Any, NoReturn, Optional
+from typing import Any, Callable, NoReturn, Optional
 
 PRELUDE_ENV = "PROBE_REPLAY_PRELUDE"
 
@@ -49,6 +49,7 @@ def parser() -> argparse.ArgumentParser:
     ap.add_argument("--rank", type=int, default=None)
     ap.add_argument("--rtol", type=float, default=None, help="tolerance floor for every dtype")
     ap.add_argument("--atol", type=float, default=0.0, help="absolute slack per element")
+    ap.add_argument("-q", "--quiet", action="store_true", help="no progress on stderr")
     return ap
 
 
@@ -56,6 +57,11 @@ def main(argv: Optional[list[str]] = None) -> int:
     args = parser().parse_args(argv)
     if (args.rtol is not None and not args.rtol >= 0) or not args.atol >= 0:
         _fail("--rtol and --atol must be non-negative numbers")
+    if not _replaceable(args.out):
+        _fail(
+            f"-o {args.out}: holds other files than a replay's output (no replay.json), and a "
+            "replay replaces its output folder: name a new or empty one"
+        )
     prelude = args.prelude or os.environ.get(PRELUDE_ENV) or None
     if prelude and not os.path.isfile(prelude):
         _fail(f"--prelude {prelude}: no such file")
@@ -67,12 +73,25 @@ def main(argv: Optional[list[str]] = None) -> int:
         )
     from .dump import InputError
 
+    say = (lambda _text: None) if args.quiet else _say
     try:
-        return _run(args, prelude)
+        return _run(args, prelude, say)
     except InputError as e:
         _fail(str(e))
-    except (OSError, ValueError, KeyError, TypeError) as e:  # a dump the checks let through
-        _fail(f"{type(e).__name__}: {e}")
+    except Exception as e:  # noqa: BLE001 - exit 1 means "reproduces": nothing else may
+        _fail(f"{type(e).__name__}: {e} (a dump the checks let through, or a bug in probe)")
+
+
+def _replaceable(out: str) -> bool:
+    """Whether ``out`` may be replaced by this replay's folder: absent, empty, an earlier
+    replay's (it holds replay.json), or only the recapture.json of one that had nothing to
+    replay; never a dump or a compare's folder."""
+    if not os.path.lexists(out):
+        return True
+    if os.path.islink(out) or not os.path.isdir(out):
+        return False
+    names = os.listdir(out)
+    return "replay.json" in names or all(n == "recapture.json" for n in names)
 
 
 def _say(text: str) -> None:
@@ -81,7 +100,7 @@ def _say(text: str) -> None:
     print(printable(f"probe replay: {text}"), file=sys.stderr, flush=True)
 
 
-def _run(args: argparse.Namespace, prelude: Optional[str]) -> int:
+def _run(args: argparse.Namespace, prelude: Optional[str], say: Callable[[str], None]) -> int:
     from . import dump, engine, plan, report
 
     bench = dump.locate(args.bench, args.step, args.rank)
@@ -89,9 +108,9 @@ def _run(args: argparse.Namespace, prelude: Optional[str]) -> int:
     keys = list(dict.fromkeys(args.op))
     need = set().union(*(plan.keys_needed(k) for k in keys))
     b, c = dump.find_ops(bench, need), dump.find_ops(cmp, need)
-    _say(f"read {len(b)} records of the benchmark, {len(c)} of the comparison")
+    say(f"read {len(b)} records of the benchmark, {len(c)} of the comparison")
     plans = [plan.plan(k, bench, cmp, b, c) for k in keys]
-    results = engine.run_all(plans, args.device, prelude, (args.rtol, args.atol), _say)
+    results = engine.run_all(plans, args.device, prelude, (args.rtol, args.atol), say)
     run = {
         "device": args.device,
         "torch_version": _torch_version(),
@@ -103,8 +122,9 @@ def _run(args: argparse.Namespace, prelude: Optional[str]) -> int:
     }
     _write(args.out, results, run)
     print(report.headline(results, args.device))
-    for r in results:
-        print(report.line(r, args.device))
+    if len(results) > 1:  # one op: the headline is its line
+        for r in results:
+            print(report.line(r, args.device))
     return report.exit_code(results)
 
 

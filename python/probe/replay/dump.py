@@ -10,6 +10,7 @@ bytes (a seek per tensor), which keeps a replay of one op within its start-up bu
 from __future__ import annotations
 
 import json
+import mmap
 import os
 import re
 import struct
@@ -177,14 +178,17 @@ def _read(
     size = torch.empty((), dtype=dtype).element_size()
     if end - begin != numel * size or end < begin:
         raise InputError(f"{path}: {name!r}: data offsets do not fit its shape")
-    buf = bytearray(end - begin)
-    with open(path, "rb") as fh:
-        fh.seek(base + begin)
-        if fh.readinto(buf) != len(buf):
-            raise InputError(f"{path}: {name!r}: shard cut short")
     if numel == 0:
         return torch.empty(shape, dtype=dtype)
-    return torch.frombuffer(buf, dtype=torch.uint8).view(dtype).reshape(shape)
+    if os.path.getsize(path) < base + end:
+        raise InputError(f"{path}: {name!r}: shard cut short")
+    with open(path, "rb") as fh:  # mapped, copy on write: no read into fresh memory
+        mapped = mmap.mmap(fh.fileno(), 0, access=mmap.ACCESS_COPY)
+    raw = torch.frombuffer(mapped, dtype=torch.uint8, count=end - begin, offset=base + begin)
+    try:
+        return raw.view(dtype).reshape(shape)
+    except RuntimeError:  # data not aligned to its element size in the shard: copied
+        return raw.clone().view(dtype).reshape(shape)
 
 
 def _header(path: str) -> tuple[dict[str, Any], int]:

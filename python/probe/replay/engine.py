@@ -106,7 +106,10 @@ def run_all(
             if res.reason:
                 continue
         say(f"replay: {p.key} on {device}")
-        got, why = _attempt(p.spec, p.tensors, device, p.spec["dtypes"])
+        if not prelude and torch.device(device).type == "cpu" and envs.get(p.key) is not None:
+            got, why = envs[p.key], None  # the same call as the envelope's: run once
+        else:
+            got, why = _attempt(p.spec, p.tensors, device, p.spec["dtypes"])
         if got is None:
             res.reason = f"the call failed on {device}: {why}"
             continue
