@@ -477,3 +477,75 @@ def test_an_output_folder_that_is_not_a_replays_is_never_replaced(dumps: dict[st
     p = probe("replay", "-b", dumps["bench"], "-c", dumps["fault"], "-o", dumps["bench"])
     assert p.returncode == 2 and "name a new or empty one" in p.stderr, p.stderr
     assert sorted(os.listdir(dumps["bench"])) == before
+
+
+# -- collectives: a 2-rank DDP job, replayed from every rank's recorded inputs ----------------
+
+
+@pytest.fixture(scope="module")
+def ddp(tmp_path_factory: pytest.TempPathFactory) -> dict[str, str]:
+    """Three tensor-mode dumps of examples/train_ddp.py on 2 ranks: clean, with rank 1's
+    bucket all-reduce result garbled, and with a GELU fault on rank 1 only."""
+    root = tmp_path_factory.mktemp("ddp")
+    runs = {
+        "clean": [],
+        "garbled": ["--inject-collective", "ddp_bucket_allreduce", "--inject-rank", "1"],
+        "gelu1": ["--inject", "Functional.gelu.0", "--inject-rank", "1"],
+    }
+    env = dict(os.environ, PYTHONPATH=PY_PATH)
+    procs = {}
+    for name, extra in runs.items():
+        cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node", "2"]
+        cmd += [os.path.join(REPO, "examples", "train_ddp.py"), "--quiet", "--steps", "1", "--level", "mix", "--mode", "tensor"]
+        procs[name] = subprocess.run(
+            [*cmd, "--dump", str(root / name), *extra], env=env, capture_output=True, text=True, timeout=300
+        )
+        assert procs[name].returncode == 0, procs[name].stderr[-2000:]
+    out = {k: str(root / k) for k in runs}
+    out["root"] = str(root)
+    return out
+
+
+def test_an_allreduce_is_replayed_from_every_ranks_inputs(ddp: dict[str, str], dumps: dict[str, str]) -> None:
+    """The bucket all-reduce: the mean of both ranks' recorded inputs (the reduction the
+    benchmark's output shows), within tolerance on a clean pair; a garbled result on rank 1
+    does not reproduce, and the line says the collective itself is at fault; a GELU fault
+    on rank 1 reaches rank 0's all-reduce as rank 1's input, which the line names."""
+    key = "Distributed.ddp_bucket_allreduce.0.forward"
+    cases = (("clean", 1, 0, None), ("garbled", 1, 0, "not the mean of its ranks' recorded inputs"), ("gelu1", 0, 0, "rank 1's input differs"))
+    for cmp, rank, code, why in cases:
+        out = os.path.join(ddp["root"], f"out_{cmp}")
+        r = subprocess.run(
+            [sys.executable, "-m", "probe.replay", "-b", ddp["clean"], "-c", ddp[cmp], "--op", key, "--step", "0", "--rank", str(rank), "-o", out],
+            capture_output=True, text=True, timeout=120, env=dict(os.environ, PYTHONPATH=PY_PATH),
+        )
+        assert r.returncode == code, r.stdout + r.stderr
+        with open(os.path.join(out, "replay.json"), encoding="utf-8") as fh:
+            op = json.load(fh)["ops"][0]
+        assert op["call"].startswith("torch.mean(input.0"), op["call"]
+        assert op["verdict"] == ("within_tolerance" if why is None else "does_not_reproduce"), op
+        if why:
+            assert why in r.stdout, r.stdout
+    # The mean, checked here from the dumps themselves (not the replay's reader).
+    mean = (recorded_at(ddp["clean"], 0, key, "input.0").double() + recorded_at(ddp["clean"], 1, key, "input.0").double()) / 2
+    assert rel(recorded_at(ddp["clean"], 1, key, "output.0"), mean) < 1e-6
+    # Through the binary with no --op: the compare names the garbled all-reduce; a missing
+    # rank folder cannot be replayed, and says so.
+    p = probe("replay", "-b", ddp["clean"], "-c", ddp["garbled"], "-o", os.path.join(ddp["root"], "auto"), "-q")
+    assert p.returncode == 0 and p.stdout.startswith(f"DOES NOT REPRODUCE: {key}"), p.stdout + p.stderr
+    alone = os.path.join(ddp["root"], "rank1_only")
+    shutil.copytree(os.path.join(ddp["clean"], "step0", "rank1"), os.path.join(alone, "step0", "rank1"))
+    shutil.copy(os.path.join(ddp["clean"], "manifest.json"), alone)
+    r = replay({**dumps, "alone": alone}, "alone_out", "--op", key, bench="alone", cmp="alone")
+    assert r.returncode == 3 and "rank 0's record of this collective" in r.stdout, r.stdout + r.stderr
+
+
+def recorded_at(dump: str, rank: int, key: str, slot: str) -> torch.Tensor:
+    from safetensors import safe_open
+
+    folder = os.path.join(dump, "step0", f"rank{rank}")
+    with open(os.path.join(folder, "ops.jsonl"), encoding="utf-8") as fh:
+        rec = next(r for r in map(json.loads, fh) if r["op"] == key)
+    t = next(t for t in rec["tensors"] if t["name"] == f"{key}.{slot}")
+    with safe_open(os.path.join(folder, t["file"]), framework="pt") as f:
+        return f.get_tensor(t["name"])

@@ -13,7 +13,8 @@ from typing import Any, Optional
 
 import torch
 
-from .._op_key import BACKWARD, forward_twin, parse_key
+from .._op_key import BACKWARD, ParsedKey, forward_twin, parse_key
+from . import collective
 from .dump import InputError, RankDir, load_tensors
 from .spec import CannotReplay, arguments, random_reason, target
 
@@ -33,6 +34,9 @@ class OpPlan:
     cmp_in: dict[str, torch.Tensor] = field(default_factory=dict)
     assumed_none: list[str] = field(default_factory=list)
     notes: list[str] = field(default_factory=list)
+    #: Where a difference entered from outside the call, when the plan can tell (a
+    #: collective: the rank whose input differs, or the communication itself).
+    outside: list[str] = field(default_factory=list)
 
 
 def keys_needed(key: str) -> set[str]:
@@ -63,6 +67,9 @@ def _fill(
     key = out.key
     parsed = parse_key(key)
     assert parsed is not None
+    if collective.is_collective(parsed.prefix) and not backward:
+        _fill_collective(out, parsed, bench, cmp, b, c)
+        return
     fkey = forward_twin(key) if backward else key
     if fkey is None or fkey not in b:
         raise CannotReplay(f"its forward record {fkey} is not in the benchmark dump")
@@ -107,6 +114,53 @@ def _fill(
         "needs": ["torch_npu"] if parsed.prefix == "NPU" else [],
     }
     _comparison(out, cmp, c, fkey)
+
+
+def _fill_collective(
+    out: OpPlan,
+    parsed: ParsedKey,
+    bench: RankDir,
+    cmp: RankDir,
+    b: dict[str, Any],
+    c: dict[str, Any],
+) -> None:
+    """An all-reduce: the reduction of every benchmark rank's recorded input, stacked in
+    group order (collective.py); the comparison's output, and its ranks' inputs, beside."""
+    rec = b[out.key]
+    if parsed.name not in collective.REDUCTIONS:
+        raise CannotReplay(
+            "a collective other than an all-reduce: its result is other ranks' data, which"
+            " one process cannot rerun"
+        )
+    _has_data(bench, rec)
+    own = load_tensors(bench, rec).get("output.0")
+    peers = collective.peer_inputs(bench, parsed.name, rec)
+    if own is None or len({tuple(t.shape) for t in peers} | {tuple(own.shape)}) != 1:
+        raise CannotReplay("the ranks' inputs and this rank's output do not share one shape")
+    stacked = torch.stack(peers)
+    op = collective.reduction(stacked, own)
+    crec = c.get(out.key)
+    cmp_out = load_tensors(cmp, crec).get("output.0") if crec else None
+    cmp_peers: Optional[list[torch.Tensor]] = None
+    if crec:
+        try:
+            cmp_peers = collective.peer_inputs(cmp, parsed.name, crec)
+        except CannotReplay:
+            cmp_peers = None
+    if cmp_peers is not None and any(t.shape != stacked.shape[1:] for t in cmp_peers):
+        cmp_peers = None
+    dtype = str((cmp_peers[0] if cmp_peers else stacked).dtype).replace("torch.", "")
+    out.tensors = {"input.0": stacked}
+    out.bench_out = {"output.0": own}
+    out.spec = collective.spec(out.key, op, dtype)
+    if cmp_out is not None:
+        out.cmp_out = {"output.0": cmp_out}
+    if cmp_peers is not None:
+        out.cmp_in = {"input.0": torch.stack(cmp_peers)}
+    group = list(rec.get("group") or [])
+    out.notes.append(f"replayed as the {op} of the inputs of ranks {group}, stacked in that order")
+    found, out.outside = collective.notes(op, peers, cmp_peers, cmp_out, group)
+    out.notes += found
 
 
 def _slot(key: str, t: dict[str, Any]) -> str:

@@ -81,6 +81,8 @@ def line(res: OpResult, device: str) -> str:
 
 def _outside(res: OpResult) -> str:
     assert res.judgement is not None
+    if res.plan.outside:
+        return "; ".join(res.plan.outside)
     differ = res.judgement.inputs_differ
     if differ:
         parts = ", ".join(f"{s} by {d:.2e}" for s, d in differ[:3])
