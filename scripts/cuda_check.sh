@@ -2,8 +2,8 @@
 # The checks that need a GPU (CI has none): run the capture agent on CUDA and read the
 # dumps with the release binary, run the CUDA tests, time capture on CUDA. Prints one line
 # per check; writes logs under $OUT if set.
-#   bash scripts/cuda_check.sh [monitor]  (needs torch with CUDA, target/release/probe;
-#                                          "monitor": the monitor's checks alone)
+#   bash scripts/cuda_check.sh [monitor|replay]  (needs torch with CUDA, target/release/probe;
+#                                          "monitor"/"replay": those checks alone)
 set -uo pipefail
 cd "$(dirname "$0")/.."
 export PYTHONPATH="$PWD/python${PYTHONPATH:+:$PYTHONPATH}"
@@ -69,7 +69,20 @@ check "cuda-tests" 0 "$PY" -m pytest -q -p no:cacheprovider python/tests/test_cu
 "$PY" bench/capture_overhead.py --device cuda --model transformer --modes statistics --levels mix \
   --steps 4 --optimizer-loop 2>&1 | tee "$LOG/capture_overhead_cuda_transformer_loop.txt" | tail -12
 }
-[ "${1:-all}" = monitor ] || capture_checks
+case "${1:-all}" in monitor|replay) ;; *) capture_checks ;; esac
+# Replay on CUDA (issue 50): CPU dumps of train_small, a GELU fault in the comparison run;
+# replayed on the GPU with the fault installed by a prelude (reproduces, its repro.py too)
+# and without it (the difference came from outside: does not reproduce).
+replay_checks() {
+ex --device cpu --dump "$T/rb" --mode tensor --steps 1 --level mix
+ex --device cpu --dump "$T/rc" --mode tensor --steps 1 --level mix --inject Functional.gelu.0 --inject-rel 0.03
+printf 'import torch.nn.functional as F\n_g = F.gelu\nF.gelu = lambda x, approximate="none": _g(x, approximate=approximate) * 1.05\n' >"$T/fault.py"
+check "cuda-replay-fault" 1 "$P" replay -b "$T/rb" -c "$T/rc" -o "$T/r1" --device cuda --prelude "$T/fault.py" --python "$PY"
+check "cuda-replay-no-fault" 0 "$P" replay -b "$T/rb" -c "$T/rc" -o "$T/r2" --device cuda --python "$PY"
+check "cuda-replay-repro" 1 "$PY" "$T/r1/Functional.gelu.0.forward/repro.py" --device cuda --prelude "$T/fault.py"
+}
+case "${1:-all}" in monitor) ;; *) replay_checks ;; esac
+[ "${1:-all}" = replay ] && exit 0
 # The monitor on CUDA (issue 49): its values against the model's own on the GPU (the device
 # NaN/Inf counts and the asynchronous copy), two runs' curves with a GELU fault from step 40
 # (named at step 40), a rerun (CUDA kernels may not be bitwise deterministic: shown, not
