@@ -2,7 +2,7 @@
 # The one command that runs every test: Rust (format, lints, unit, integration) and the
 # Python capture agent (including the end-to-end dump -> probe compare test).
 # Installs what it needs itself: a virtualenv in .venv with torch (CPU use), safetensors,
-# numpy, pytest (with pytest-xdist), jsonschema, ruff, mypy, maturin, transformers (a small LLaMA from a config,
+# numpy, pytest (with pytest-xdist), jsonschema, xmlschema (the JUnit schema check), ruff, mypy, maturin, transformers (a small LLaMA from a config,
 # nothing downloaded: test_transformers_model.py; accelerate for its Trainer), and the wheel of this checkout (the probe
 # command and the agent: pyproject.toml). pip caches the torch wheel, cargo the release build.
 set -euo pipefail
@@ -23,7 +23,7 @@ if [ ! -x .venv/bin/python ]; then
   python3 -m venv --system-site-packages .venv
 fi
 PY=.venv/bin/python
-"$PY" -m pip install --quiet --disable-pip-version-check "torch>=2.1" numpy safetensors orjson pytest pytest-xdist jsonschema ruff mypy import-linter "maturin>=1.5,<2" transformers accelerate pyarrow
+"$PY" -m pip install --quiet --disable-pip-version-check "torch>=2.1" numpy safetensors orjson pytest pytest-xdist jsonschema xmlschema ruff mypy import-linter "maturin>=1.5,<2" transformers accelerate pyarrow
 
 stage "python: ruff, mypy, import contracts (pyproject.toml)"
 "$PY" -m ruff check python examples bench

@@ -103,10 +103,15 @@ fn megabytes(mb: u64) -> usize {
 
 /// The chosen report writers, in their standard order; an unknown name is a usage error.
 fn chosen_writers(formats: &[String], xlsx_rows: XlsxRows) -> Result<Vec<Box<dyn ReportWriter>>> {
+    let known: Vec<&str> = report::writers(xlsx_rows)
+        .iter()
+        .map(|w| w.format())
+        .collect();
     for f in formats {
-        if !report::writers(xlsx_rows).iter().any(|w| w.format() == f) {
+        if !known.contains(&f.as_str()) {
             return Err(ProbeError::Usage(format!(
-                "unknown report format {f:?} (json, parquet, xlsx, html)"
+                "unknown report format {f:?} ({})",
+                known.join(", ")
             )));
         }
     }
@@ -249,6 +254,8 @@ fn prepare(
 /// (see [`crate::progress`]; [`Progress::hidden`] for none).
 pub fn compare(req: &CompareRequest, progress: &Progress) -> Result<Summary> {
     let writers = chosen_writers(&req.formats, req.xlsx_rows)?;
+    let baseline = crate::baseline::resolve(&req.bench)?;
+    let req = &against(req, baseline.as_ref());
     let (opts, pool, threads_note) = prepare(req)?;
     atomic::prepare_output_dir(&req.out)?;
     within(pool, || {
@@ -260,14 +267,27 @@ pub fn compare(req: &CompareRequest, progress: &Progress) -> Result<Summary> {
             threads_note,
             (&writers, None),
             (&req.out, true),
+            baseline.as_ref(),
             progress,
         )
     })
 }
 
+/// The request with `-b` a baseline folder (docs/ci.md): the dump inside is the benchmark,
+/// and its calibration file the tolerances unless `--config` names others.
+fn against(req: &CompareRequest, baseline: Option<&crate::baseline::Baseline>) -> CompareRequest {
+    let mut req = req.clone();
+    if let Some(b) = baseline {
+        req.bench = b.dump();
+        req.config = req.config.or_else(|| b.calibration());
+    }
+    req
+}
+
 /// A compare's summary alone, nothing written (`probe replay` without `--from`): `out` is
 /// only where rows past the memory budget wait, and must exist.
 pub fn compare_summary(req: &CompareRequest, progress: &Progress) -> Result<Summary> {
+    let req = &against(req, crate::baseline::resolve(&req.bench)?.as_ref());
     let (opts, pool, threads_note) = prepare(req)?;
     within(pool, || {
         let run = compare::run(&req.bench, &req.cmp, &opts, progress)?;
@@ -301,13 +321,17 @@ fn report_run(
     note: Option<String>,
     (writers, copy): (&[Box<dyn ReportWriter>], Option<CopyPlan>),
     (out, recapture): (&Path, bool),
+    baseline: Option<&crate::baseline::Baseline>,
     progress: &Progress,
 ) -> Result<Summary> {
     let extras = verdict::Extras {
         note,
         outputs: output_paths(writers, "compare", out),
     };
-    let summary = verdict::summarize(run, fail_on, max_unmatched, extras);
+    let mut summary = verdict::summarize(run, fail_on, max_unmatched, extras);
+    if let Some(b) = baseline {
+        summary.headline = format!("benchmark: {}; {}", b.said(), summary.headline);
+    }
     let (files, summary) = if recapture {
         compare_recapture(summary, run, out)?
     } else {
@@ -441,6 +465,7 @@ pub fn merge(req: &MergeRequest, progress: &Progress) -> Result<Merged> {
         None,
         (&writers, copy),
         (&req.out, false),
+        None,
         progress,
     )?;
     Ok(Merged {

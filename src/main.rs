@@ -56,6 +56,11 @@ enum Cmd {
     /// probe.replay`). Exit 0 within tolerance, 1 reproduces, 2 bad input, 3 nothing
     /// replayable. See docs/replay.md.
     Replay(ReplayArgs),
+    /// Golden baselines for a CI gate: accept a dump (with its config pack and calibration
+    /// file) as the benchmark, recording when and why; `probe compare -b DIR` reads it.
+    /// See docs/ci.md.
+    #[command(subcommand)]
+    Baseline(probe::baseline::Command),
     /// For the capture agent: write its statistics kernel into DIR and print its path.
     #[command(hide = true)]
     AgentKernel(AgentKernelArgs),
@@ -103,6 +108,9 @@ struct ConfigCheckArgs {
     /// Exit 1 when a difference reaches this level: error, warning or never.
     #[arg(long, default_value = "error")]
     fail_on: FailOn,
+    /// Report formats (comma separated): json, xlsx, html, junit, markdown.
+    #[arg(long, value_delimiter = ',', default_value = "json,xlsx,html")]
+    format: Vec<String>,
     /// Print nothing on stdout, and no progress bars on stderr.
     #[arg(short, long)]
     quiet: bool,
@@ -165,7 +173,8 @@ fn run_config_check(a: ConfigCheckArgs) -> Result<u8, ProbeError> {
     };
     note_framework(a.framework.as_deref());
     let progress = Progress::for_stderr(a.quiet);
-    let report = config_check::run_and_write(&bench, &cmp, &a.out, &opts, &progress)?;
+    let report =
+        config_check::run_and_write_formats(&bench, &cmp, &a.out, &opts, &a.format, &progress)?;
     if !a.quiet {
         stdout(&config_check::output::terminal_summary(&report));
     }
@@ -202,7 +211,7 @@ struct VerdictArgs {
     /// tensors in a step/rank pair has no counterpart: 0.05 or 5%.
     #[arg(long, value_name = "FRACTION", default_value_t = gate::DEFAULT_MAX_UNMATCHED, value_parser = gate::parse_fraction)]
     max_unmatched: f64,
-    /// Report formats to write (comma separated): json, parquet, xlsx, html.
+    /// Report formats to write (comma separated): json, parquet, xlsx, html, junit, markdown.
     #[arg(long, value_delimiter = ',', default_value = "json,parquet,xlsx,html")]
     format: Vec<String>,
     /// Tensor rows in compare.xlsx: all, or N (default 20000): the first N rows, then
@@ -441,7 +450,7 @@ struct ScanArgs {
     /// underflow) or never.
     #[arg(long, default_value = "error")]
     fail_on: FailOn,
-    /// Report formats to write (comma separated): json, parquet, xlsx, html.
+    /// Report formats to write (comma separated): json, parquet, xlsx, html, junit, markdown.
     #[arg(long, value_delimiter = ',', default_value = "json,parquet,xlsx,html")]
     format: Vec<String>,
     /// Only these steps: numbers and ranges of the `step<N>` folders (`0,2,5-9`).
@@ -844,6 +853,10 @@ fn main() -> ExitCode {
         Cmd::ConfigPack(a) => run_config_pack(a),
         Cmd::AgentKernel(a) => run_agent_kernel(a),
         Cmd::Replay(a) => run_replay(a),
+        Cmd::Baseline(c) => probe::baseline::run(&c).map(|line| {
+            stdout(&line);
+            EXIT_PASS
+        }),
     };
     match outcome {
         Ok(code) => ExitCode::from(code),

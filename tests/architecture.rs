@@ -37,7 +37,10 @@ const LAYERS: &[(&str, &[&str])] = &[
         &["atomic", "config_file", "tensor"],
     ),
     ("dumps: op logs read (both formats) and written (synthetic)", &["dump", "synth"]),
-    ("one side's numbers: the per-tensor kernels, the one-run scan", &["metrics", "scan"]),
+    (
+        "one side's numbers: the per-tensor kernels, the one-run scan; a stored baseline",
+        &["metrics", "scan", "baseline"],
+    ),
     (
         "the comparison: plan, align, measure, judge, analyze; two monitors' curves",
         &["compare", "monitor"],

@@ -10,6 +10,8 @@
 pub mod archive;
 /// Comparing two loaded packs category by category.
 pub(crate) mod check;
+/// `--format`: the files written; JUnit XML and Markdown for CI.
+pub mod ci;
 /// `config_check.html`: the differences by category, one self-contained page.
 pub(crate) mod html;
 /// `probe config-pack`: building a pack without Python.
@@ -289,6 +291,21 @@ pub fn run_and_write(
     opts: &CheckOptions,
     progress: &Progress,
 ) -> Result<CheckReport> {
+    let formats = ci::DEFAULT_FORMATS.map(String::from);
+    run_and_write_formats(bench, cmp, out, opts, &formats, progress)
+}
+
+/// [`run_and_write`] of the chosen `formats` (`--format`: json, xlsx, html, junit,
+/// markdown).
+pub fn run_and_write_formats(
+    bench: &Path,
+    cmp: &Path,
+    out: &Path,
+    opts: &CheckOptions,
+    formats: &[String],
+    progress: &Progress,
+) -> Result<CheckReport> {
+    let files = ci::files(formats)?;
     crate::atomic::prepare_output_dir(out)?;
     let stage = progress.stage("config-check", 4, Count::Items);
     stage.note(format!("reading {}", bench.display()));
@@ -300,29 +317,21 @@ pub fn run_and_write(
     stage.note("comparing");
     let mut report = check::compare(&b, &c, opts);
     stage.inc(1);
-    stage.note("writing config_check.xlsx, .json, .html");
-    let files = [
-        ("json", "config_check.json"),
-        ("xlsx", "config_check.xlsx"),
-        ("html", "config_check.html"),
-    ];
-    for (format, name) in files {
+    let names: Vec<String> = files.iter().map(|(_, n)| n.to_string()).collect();
+    stage.note(format!("writing {}", names.join(", ")));
+    for (format, name) in &files {
         let path: PathBuf = out.join(name);
         report
             .outputs
-            .insert(format.into(), path.display().to_string());
+            .insert(format.to_string(), path.display().to_string());
     }
-    // All or nothing: every file is staged, then moved into place together.
+    // All or nothing: every file is staged, then moved into place together; the summary
+    // readers look at (config_check.json, last of `files`) moves last.
     let staging = crate::atomic::Staging::new(out)?;
-    xlsx::write(&report, &staging.path("config_check.xlsx"))?;
-    html::write(&report, &staging.path("config_check.html"))?;
-    output::write_json(&report, &staging.path("config_check.json"))?;
-    // The summary readers look at moves last.
-    staging.commit(&[
-        "config_check.xlsx".into(),
-        "config_check.html".into(),
-        "config_check.json".into(),
-    ])?;
+    for (format, name) in &files {
+        ci::write(format, &report, &staging.path(name))?;
+    }
+    staging.commit(&names)?;
     stage.inc(1);
     Ok(report)
 }

@@ -210,6 +210,10 @@ impl Document for CompareDocument<'_> {
         self.copy.as_ref()
     }
 
+    fn cases(&self) -> Option<Vec<super::junit::Case>> {
+        Some(super::junit::compare_cases(self.summary))
+    }
+
     fn sheets(&self) -> Vec<Table<'_>> {
         vec![
             Table {
@@ -362,5 +366,9 @@ impl Document for ScanDocument<'_> {
 
     fn sheets(&self) -> Vec<Table<'_>> {
         vec![self.table()]
+    }
+
+    fn cases(&self) -> Option<Vec<super::junit::Case>> {
+        Some(super::junit::scan_cases(self.summary))
     }
 }

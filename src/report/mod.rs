@@ -11,6 +11,8 @@ pub(crate) mod columns;
 pub(crate) mod documents;
 pub(crate) mod html;
 mod json;
+pub mod junit;
+pub mod markdown;
 pub(crate) mod monitor;
 mod parquet;
 pub(crate) mod plot;
@@ -30,6 +32,8 @@ pub use monitor::MonitorDocument;
 
 pub use html::{HtmlReport, Point};
 pub use json::JsonSummary;
+pub use junit::JunitReport;
+pub use markdown::MarkdownSummary;
 pub use parquet::{CopyPlan, ParquetTable, TablePart};
 pub use terminal::{scan_terminal_summary, terminal_summary};
 pub use xlsx::{XlsxRows, XlsxWorkbook};
@@ -62,6 +66,11 @@ pub trait Document: Sync {
     /// A monitor's metrics over the steps, as the html report draws them (none: no chart).
     fn curves(&self) -> &[crate::monitor::Curve] {
         &[]
+    }
+    /// The JUnit test cases of the run (one per step/rank pair), for `--format junit`;
+    /// None: one case for the whole run, from its summary.
+    fn cases(&self) -> Option<Vec<junit::Case>> {
+        None
     }
 }
 
@@ -194,6 +203,8 @@ pub fn writers(xlsx_rows: XlsxRows) -> Vec<Box<dyn ReportWriter>> {
         Box::new(ParquetTable),
         Box::new(XlsxWorkbook { rows: xlsx_rows }),
         Box::new(HtmlReport),
+        Box::new(JunitReport),
+        Box::new(MarkdownSummary),
     ]
 }
 
