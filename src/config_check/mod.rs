@@ -18,6 +18,8 @@ pub mod make;
 pub mod output;
 /// Both kinds of config pack, read into one model.
 pub mod pack;
+/// The random category: seed calls, draws, generator states and when they count.
+mod random;
 /// Ignore lists, equivalences and severities, built in or from `--config`.
 pub mod rules;
 /// Secrets never leave the machine: redaction by name and by value.
