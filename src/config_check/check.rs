@@ -22,7 +22,7 @@ pub(crate) struct Ctx<'a> {
     cmp_family: &'static str,
 }
 
-fn status_of(l: Level) -> Status {
+pub(crate) fn status_of(l: Level) -> Status {
     match l {
         Level::Error => Status::Error,
         Level::Warning => Status::Warning,
@@ -81,6 +81,7 @@ pub(crate) fn item(cat: Category, name: &str, b: Option<String>, c: Option<Strin
         status: Status::Pass,
         detail: String::new(),
         stats: None,
+        ranks: None,
     }
 }
 
@@ -171,7 +172,7 @@ fn strip_local(v: &str) -> &str {
     v.split('+').next().unwrap_or(v)
 }
 
-fn major_minor(v: &str) -> String {
+pub(crate) fn major_minor(v: &str) -> String {
     v.split('.').take(2).collect::<Vec<_>>().join(".")
 }
 
@@ -619,6 +620,7 @@ pub(crate) fn compare(b: &Pack, c: &Pack, opts: &CheckOptions) -> CheckReport {
         categories,
         items,
         outputs: BTreeMap::new(),
+        ranks: None,
     }
 }
 
