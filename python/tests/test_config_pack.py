@@ -259,9 +259,12 @@ def test_planted_secrets_never_reach_the_pack(
     pack = probe.ConfigPack(str(tmp_path / "p.zip"), steps=0, redact=mode)
     pack.capture(args=PLANTED_ARGS, extra=PLANTED_EXTRA)
     assert pack.saved and pack.errors == []
-    secrets = [s for _, s in PLANTED_ENV.values()] + [
-        f"PlantedArgv{i}" for i in (8, 9, 10)
-    ] + [f"PlantedArgs{i}" for i in (11, 12, 13)] + ["PlantedExtra14", "PlantedExtra15"]
+    secrets = (
+        [s for _, s in PLANTED_ENV.values()]
+        + [f"PlantedArgv{i}" for i in (8, 9, 10)]
+        + [f"PlantedArgs{i}" for i in (11, 12, 13)]
+        + ["PlantedExtra14", "PlantedExtra15"]
+    )
     with zipfile.ZipFile(pack.saved) as z:
         for entry in z.namelist():
             data = z.read(entry).decode()
@@ -274,14 +277,19 @@ def test_planted_secrets_never_reach_the_pack(
     assert set(env["redacted"]) == set(PLANTED_ENV)
     marker = config_pack.redact("PlantedHf7", mode)
     assert env["vars"]["HF_TOKEN"] == marker
-    assert env["vars"]["DATABASE_URL"] == "postgres://u:" + config_pack.redact("PlantedPw1", mode) + "@h/db"
+    assert (
+        env["vars"]["DATABASE_URL"]
+        == "postgres://u:" + config_pack.redact("PlantedPw1", mode) + "@h/db"
+    )
     assert hp["argv"][:3] == ["train.py", "--token", config_pack.redact("PlantedArgv8", mode)]
     assert hp["argv"][-2:] == ["--lr", "0.1"]
     assert hp["args"]["lr"] == 0.1 and hp["args"]["db"]["host"] == "db.example"
     assert hp["args"]["hf_token"] == config_pack.redact("PlantedArgs11", mode)
 
 
-def test_bad_redact_mode_falls_back_to_hash(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+def test_bad_redact_mode_falls_back_to_hash(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
     monkeypatch.setenv("HF_TOKEN", "PlantedHf7")
     pack = probe.ConfigPack(str(tmp_path / "p.zip"), steps=0, redact="none")
     pack.capture()

@@ -301,9 +301,10 @@ fn categories(
                 rs.sort_unstable();
                 rs.dedup();
                 notes.push(format!(
-                    "{side}: {} differ{} from their peers in {} item{} (see ranks.consistency)",
+                    "{side}: {} differ{} from {} peers in {} item{} (see ranks.consistency)",
                     render::of_ranks(&rs),
                     if rs.len() == 1 { "s" } else { "" },
+                    if rs.len() == 1 { "its" } else { "their" },
                     of_side.len(),
                     if of_side.len() == 1 { "" } else { "s" }
                 ));
