@@ -107,6 +107,13 @@ def test_a_clean_job_passes(jobs: Path) -> None:
     assert {c["name"]: c["verdict"] for c in result["categories"]}["dataset"] == "pass"
 
 
+def test_reports_match_the_schema(jobs: Path) -> None:
+    jsonschema = pytest.importorskip("jsonschema")
+    schema = json.loads(Path(REPO, "schemas", "probe-config-check.v1.schema.json").read_text())
+    for a, b in (("clean", "clean"), ("clean", "odd")):
+        jsonschema.validate(_check(jobs, a, b)[2], schema)
+
+
 def test_the_odd_rank_is_named_with_what_differs(jobs: Path) -> None:
     code, stdout, result = _check(jobs, "clean", "odd")
     assert code == 1
