@@ -132,6 +132,16 @@ pub enum ProbeError {
         /// What is wrong with it.
         msg: String,
     },
+    /// One side of `probe config-check` given as several packs (a folder or a glob) whose
+    /// packs do not make one job: different world sizes or job ids, a rank twice, a pack
+    /// without a rank.
+    #[error("{}: {}", path.display(), OneLine(msg))]
+    PackSet {
+        /// The folder or glob as given.
+        path: PathBuf,
+        /// What is wrong, naming the packs.
+        msg: String,
+    },
     /// An external program probe runs (a Python interpreter) failed.
     #[error("{}: {msg}", program.display())]
     External {

@@ -81,11 +81,12 @@ fn run_agent_kernel(a: AgentKernelArgs) -> Result<u8, ProbeError> {
 
 #[derive(clap::Args)]
 struct ConfigCheckArgs {
-    /// Benchmark pack (the trusted environment).
-    #[arg(value_name = "BENCH.zip", required_unless_present = "compare")]
+    /// Benchmark pack (the trusted environment), or a folder (or quoted glob) of its per-rank
+    /// packs: rank i against rank i, and each job's ranks against their peers.
+    #[arg(value_name = "BENCH", required_unless_present = "compare")]
     bench: Option<PathBuf>,
-    /// Comparison pack (the environment under suspicion).
-    #[arg(value_name = "CMP.zip", required_unless_present = "compare")]
+    /// Comparison pack (the environment under suspicion), or a folder (or glob) of packs.
+    #[arg(value_name = "CMP", required_unless_present = "compare")]
     cmp: Option<PathBuf>,
     /// The two packs, msprobe's way: `-c BENCH.zip CMP.zip` (instead of the positional form).
     #[arg(short = 'c', long = "compare", num_args = 2, value_names = ["BENCH.zip", "CMP.zip"],

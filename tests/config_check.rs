@@ -511,9 +511,9 @@ fn not_a_pack() {
     assert_eq!(r.code, 2);
     let p = tmp.path().join("future.zip");
     let mut entries = read_zip(&td("base.zip"));
-    edit_json(&mut entries, "manifest.json", |m| m["version"] = 2.into());
+    edit_json(&mut entries, "manifest.json", |m| m["version"] = 3.into());
     write_zip(&p, &entries);
-    expect_rejected(&p, &["version 2"]);
+    expect_rejected(&p, &["version 3"]);
 }
 
 // ---- config-pack
@@ -568,7 +568,7 @@ fn config_pack_round_trip() {
     // Typed round trip of every entry through the library's format types.
     use probe::config_check::pack::{EnvDoc, ManifestDoc, PackagesDoc, RecordsDoc};
     let m: ManifestDoc = serde_json::from_value(get("manifest.json")).unwrap();
-    assert_eq!((m.format.as_str(), m.version), ("probe-config-pack", 1));
+    assert_eq!((m.format.as_str(), m.version), ("probe-config-pack", 2));
     assert_eq!(serde_json::to_value(&m).unwrap(), get("manifest.json"));
     let env: EnvDoc = serde_json::from_value(get("env.json")).unwrap();
     assert!(env.redacted.contains(&"MY_API_TOKEN".to_string()));
@@ -630,7 +630,7 @@ fn report_matches_its_schema_outline() {
     }
     let pack_schema: Value = serde_json::from_str(
         &std::fs::read_to_string(
-            Path::new(env!("CARGO_MANIFEST_DIR")).join("schemas/probe-config-pack.v1.schema.json"),
+            Path::new(env!("CARGO_MANIFEST_DIR")).join("schemas/probe-config-pack.v2.schema.json"),
         )
         .unwrap(),
     )

@@ -21,7 +21,8 @@ from probe import config_pack
 from conftest import probe_bin
 
 ROOT = Path(__file__).resolve().parents[2]
-SCHEMA = ROOT / "schemas" / "probe-config-pack.v1.schema.json"
+SCHEMA = ROOT / "schemas" / "probe-config-pack.v2.schema.json"
+SCHEMA_V1 = ROOT / "schemas" / "probe-config-pack.v1.schema.json"
 
 
 def load(path: str) -> Dict[str, Any]:
@@ -59,7 +60,8 @@ def test_capture_writes_every_section(tmp_path: Path, monkeypatch: pytest.Monkey
     assert pack.errors == []
     docs = load(pack.saved)
     assert docs["manifest"]["format"] == "probe-config-pack"
-    assert docs["manifest"]["version"] == 1
+    assert docs["manifest"]["version"] == 2
+    assert docs["manifest"]["world_size"] == 1
     assert docs["manifest"]["steps"] == 2
     env = docs["env"]
     assert env["vars"]["PLAIN_VAR"] == "x"
@@ -79,6 +81,13 @@ def test_capture_writes_every_section(tmp_path: Path, monkeypatch: pytest.Monkey
     assert "test_config_pack.py" in draws["torch.randn"][0]["site"]
     assert sum(d["count"] for d in draws["torch.nn.functional.dropout"]) == 2
     assert set(docs["random"]["state_hashes"]) >= {"python", "numpy", "torch"}
+    gens = docs["random"]["generators"]
+    assert set(gens) == set(docs["random"]["state_hashes"])
+    # Seeded all three; python and numpy never drawn from after their seed, torch (init,
+    # randn, dropout) was.
+    assert gens["python"] == {"seeded": True, "drawn": False}
+    assert gens["numpy"] == {"seeded": True, "drawn": False}
+    assert gens["torch"] == {"seeded": True, "drawn": True}
     recs = docs["dataset"]["records"]
     assert [(r["step"], r["name"]) for r in recs] == [(0, "args.0"), (1, "args.0")]
     assert recs[0]["fingerprint"]["shape"] == [5, 4]
@@ -129,8 +138,23 @@ def test_pack_matches_schema(tmp_path: Path) -> None:
     pack = train(tmp_path)
     schema = json.loads(SCHEMA.read_text())
     jsonschema.validate(load(pack.saved), schema)
+    # The packs of testdata/ are version 1, which probe still reads.
+    schema_v1 = json.loads(SCHEMA_V1.read_text())
     for name in ("base.zip", "seed.zip"):
-        jsonschema.validate(load(str(ROOT / "testdata" / "config_check" / name)), schema)
+        jsonschema.validate(load(str(ROOT / "testdata" / "config_check" / name)), schema_v1)
+
+
+def test_generators_never_seeded_or_used(tmp_path: Path) -> None:
+    """Python's and NumPy's generators the script never seeds nor draws from are recorded as
+    such; a draw from one of them after the pack began is seen, with or without a seed."""
+    pack = probe.ConfigPack(str(tmp_path / "p.zip"), steps=0)
+    torch.manual_seed(1)
+    np.random.rand(2)
+    pack.capture()
+    gens = load(str(pack.saved))["random"]["generators"]
+    assert gens["python"] == {"seeded": False, "drawn": False}
+    assert gens["numpy"] == {"seeded": False, "drawn": True}
+    assert gens["torch"] == {"seeded": True, "drawn": False}
 
 
 def test_fingerprint_is_exact_and_dtype_safe() -> None:
@@ -235,9 +259,12 @@ def test_planted_secrets_never_reach_the_pack(
     pack = probe.ConfigPack(str(tmp_path / "p.zip"), steps=0, redact=mode)
     pack.capture(args=PLANTED_ARGS, extra=PLANTED_EXTRA)
     assert pack.saved and pack.errors == []
-    secrets = [s for _, s in PLANTED_ENV.values()] + [
-        f"PlantedArgv{i}" for i in (8, 9, 10)
-    ] + [f"PlantedArgs{i}" for i in (11, 12, 13)] + ["PlantedExtra14", "PlantedExtra15"]
+    secrets = (
+        [s for _, s in PLANTED_ENV.values()]
+        + [f"PlantedArgv{i}" for i in (8, 9, 10)]
+        + [f"PlantedArgs{i}" for i in (11, 12, 13)]
+        + ["PlantedExtra14", "PlantedExtra15"]
+    )
     with zipfile.ZipFile(pack.saved) as z:
         for entry in z.namelist():
             data = z.read(entry).decode()
@@ -250,14 +277,19 @@ def test_planted_secrets_never_reach_the_pack(
     assert set(env["redacted"]) == set(PLANTED_ENV)
     marker = config_pack.redact("PlantedHf7", mode)
     assert env["vars"]["HF_TOKEN"] == marker
-    assert env["vars"]["DATABASE_URL"] == "postgres://u:" + config_pack.redact("PlantedPw1", mode) + "@h/db"
+    assert (
+        env["vars"]["DATABASE_URL"]
+        == "postgres://u:" + config_pack.redact("PlantedPw1", mode) + "@h/db"
+    )
     assert hp["argv"][:3] == ["train.py", "--token", config_pack.redact("PlantedArgv8", mode)]
     assert hp["argv"][-2:] == ["--lr", "0.1"]
     assert hp["args"]["lr"] == 0.1 and hp["args"]["db"]["host"] == "db.example"
     assert hp["args"]["hf_token"] == config_pack.redact("PlantedArgs11", mode)
 
 
-def test_bad_redact_mode_falls_back_to_hash(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+def test_bad_redact_mode_falls_back_to_hash(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
     monkeypatch.setenv("HF_TOKEN", "PlantedHf7")
     pack = probe.ConfigPack(str(tmp_path / "p.zip"), steps=0, redact="none")
     pack.capture()

@@ -6,7 +6,7 @@
 //! platform, reported as expected. Whole sections a producer does not record (msprobe has no
 //! determinism flags, RNG state hashes or seed values) are noted, never failed.
 
-use super::pack::{normalize_site, Fingerprint, Pack, RandomInfo, RecordKey};
+use super::pack::{Fingerprint, Pack, RecordKey};
 use super::rules::{self, matches_any, Level, Rules};
 use super::{
     Category, CategorySummary, CheckOptions, CheckReport, Counts, Item, PackInfo, StatsPair, Status,
@@ -14,14 +14,15 @@ use super::{
 use crate::vocab::Verdict;
 use std::collections::{BTreeMap, BTreeSet};
 
-struct Ctx<'a> {
-    rules: &'a Rules,
-    cross: bool,
+/// What every category's comparison judges with: the rules and the two sides' platforms.
+pub(crate) struct Ctx<'a> {
+    pub(crate) rules: &'a Rules,
+    pub(crate) cross: bool,
     bench_family: &'static str,
     cmp_family: &'static str,
 }
 
-fn status_of(l: Level) -> Status {
+pub(crate) fn status_of(l: Level) -> Status {
     match l {
         Level::Error => Status::Error,
         Level::Warning => Status::Warning,
@@ -30,10 +31,24 @@ fn status_of(l: Level) -> Status {
     }
 }
 
-impl Ctx<'_> {
+impl<'a> Ctx<'a> {
+    /// The context of a comparison between packs of these platforms (`gpu`, `npu`).
+    pub(crate) fn new(
+        rules: &'a Rules,
+        bench_family: &'static str,
+        cmp_family: &'static str,
+    ) -> Self {
+        Ctx {
+            rules,
+            cross: bench_family != cmp_family,
+            bench_family,
+            cmp_family,
+        }
+    }
+
     /// A difference in `item`: a rule's level, else expected when `platform` says the
     /// difference is normal between these platforms, else `own`.
-    fn judge(&self, cat: Category, item: &str, own: Level, platform: bool) -> Status {
+    pub(crate) fn judge(&self, cat: Category, item: &str, own: Level, platform: bool) -> Status {
         match self.rules.rule_level(cat, item) {
             Some(l) => status_of(l),
             None if self.cross && platform => Status::Expected,
@@ -41,7 +56,7 @@ impl Ctx<'_> {
         }
     }
 
-    fn side_note(&self, bench: bool) -> String {
+    pub(crate) fn side_note(&self, bench: bool) -> String {
         let (side, fam) = if bench {
             ("bench", self.bench_family)
         } else {
@@ -55,7 +70,7 @@ impl Ctx<'_> {
     }
 }
 
-fn item(cat: Category, name: &str, b: Option<String>, c: Option<String>) -> Item {
+pub(crate) fn item(cat: Category, name: &str, b: Option<String>, c: Option<String>) -> Item {
     Item {
         category: cat,
         item: name.to_string(),
@@ -66,6 +81,7 @@ fn item(cat: Category, name: &str, b: Option<String>, c: Option<String>) -> Item
         status: Status::Pass,
         detail: String::new(),
         stats: None,
+        ranks: None,
     }
 }
 
@@ -156,12 +172,12 @@ fn strip_local(v: &str) -> &str {
     v.split('+').next().unwrap_or(v)
 }
 
-fn major_minor(v: &str) -> String {
+pub(crate) fn major_minor(v: &str) -> String {
     v.split('.').take(2).collect::<Vec<_>>().join(".")
 }
 
 /// Numbers compare as numbers (`1e-3` == `0.001`), booleans case-insensitively.
-fn loose_equal(a: &str, b: &str) -> bool {
+pub(crate) fn loose_equal(a: &str, b: &str) -> bool {
     if a == b {
         return true;
     }
@@ -330,182 +346,6 @@ fn hyper_items(
         equal: &|_, x, y| loose_equal(x, y),
     };
     compare_maps(ctx, &spec, &keep(b), &keep(c))
-}
-
-fn platform_fn(f: &str) -> bool {
-    f.starts_with("torch.cuda.") || f.starts_with("torch.npu.")
-}
-
-/// The random-number items: seed calls, draw counts, generator states.
-fn random_items(ctx: &Ctx, b: &RandomInfo, c: &RandomInfo, notes: &mut Vec<String>) -> Vec<Item> {
-    let mut out = seed_items(ctx, b, c);
-    out.extend(draw_items(ctx, b, c));
-    out.extend(state_items(ctx, b, c, notes));
-    out
-}
-
-/// Seed calls: the k-th call of each function, per rank.
-fn seed_items(ctx: &Ctx, b: &RandomInfo, c: &RandomInfo) -> Vec<Item> {
-    let cat = Category::Random;
-    let mut out = vec![];
-    let group = |r: &'_ RandomInfo| -> BTreeMap<(u64, String), Vec<super::pack::SeedCall>> {
-        let mut m: BTreeMap<(u64, String), Vec<super::pack::SeedCall>> = BTreeMap::new();
-        for s in &r.seeds {
-            m.entry((s.rank, s.function.clone()))
-                .or_default()
-                .push(s.clone());
-        }
-        m
-    };
-    let bg = group(b);
-    let mut cg = group(c);
-    let show = |s: &super::pack::SeedCall| {
-        format!(
-            "{} @ {}",
-            s.value.as_deref().unwrap_or("(value not recorded)"),
-            normalize_site(&s.site)
-        )
-    };
-    for ((rank, f), bcalls) in &bg {
-        let mut name = f.clone();
-        let ccalls = match cg.remove(&(*rank, f.clone())) {
-            Some(v) => Some(v),
-            None => {
-                let p = ctx
-                    .rules
-                    .counterparts(cat, f)
-                    .into_iter()
-                    .find(|p| cg.contains_key(&(*rank, p.clone())));
-                p.and_then(|p| {
-                    name = format!("{f} ↔ {p}");
-                    cg.remove(&(*rank, p))
-                })
-            }
-        };
-        let ccalls = ccalls.unwrap_or_default();
-        for k in 0..bcalls.len().max(ccalls.len()) {
-            let (bs, cs) = (bcalls.get(k), ccalls.get(k));
-            let label = format!("seed {name} #{}", k + 1);
-            let mut it = item(cat, &label, bs.map(show), cs.map(show));
-            it.rank = Some(*rank);
-            match (bs, cs) {
-                (Some(x), Some(y)) => {
-                    if let (Some(xv), Some(yv)) = (&x.value, &y.value) {
-                        if !loose_equal(xv, yv) {
-                            it.status = ctx.judge(cat, &label, Level::Error, false);
-                            it.detail = "seed value differs".into();
-                        }
-                    } else {
-                        it.detail = "seed value not recorded on one side".into();
-                    }
-                    if it.status == Status::Pass
-                        && normalize_site(&x.site) != normalize_site(&y.site)
-                    {
-                        it.status = ctx.judge(cat, &label, Level::Warning, false);
-                        it.detail = "same seed from another call site".into();
-                    }
-                }
-                (Some(x), None) | (None, Some(x)) => {
-                    it.status = ctx.judge(cat, &label, Level::Error, platform_fn(&x.function));
-                    it.detail = ctx
-                        .side_note(bs.is_some())
-                        .replace("only", "seed call only");
-                }
-                (None, None) => {}
-            }
-            out.push(it);
-        }
-    }
-    for ((rank, f), ccalls) in cg {
-        for (k, s) in ccalls.iter().enumerate() {
-            let label = format!("seed {f} #{}", k + 1);
-            let mut it = item(cat, &label, None, Some(show(s)));
-            it.rank = Some(rank);
-            it.status = ctx.judge(cat, &label, Level::Error, platform_fn(&f));
-            it.detail = ctx.side_note(false).replace("only", "seed call only");
-            out.push(it);
-        }
-    }
-    out
-}
-
-/// Draw counts per function and call site, per rank.
-fn draw_items(ctx: &Ctx, b: &RandomInfo, c: &RandomInfo) -> Vec<Item> {
-    let cat = Category::Random;
-    let mut out = vec![];
-    let summarize = |sites: &[(String, u64)]| -> (u64, BTreeMap<String, u64>) {
-        let mut m = BTreeMap::new();
-        for (s, n) in sites {
-            *m.entry(normalize_site(s)).or_insert(0) += n;
-        }
-        (m.values().sum(), m)
-    };
-    let show_draws = |total: u64, m: &BTreeMap<String, u64>| {
-        let sites: Vec<String> = m.iter().map(|(s, n)| format!("{n}× {s}")).collect();
-        format!("{total} ({})", sites.join("; "))
-    };
-    let keys: BTreeSet<&(u64, String)> = b.draws.keys().chain(c.draws.keys()).collect();
-    for key in keys {
-        let (rank, f) = key;
-        let label = format!("draws {f}");
-        let bd = b.draws.get(key).map(|v| summarize(v));
-        let cd = c.draws.get(key).map(|v| summarize(v));
-        let mut it = item(
-            cat,
-            &label,
-            bd.as_ref().map(|(t, m)| show_draws(*t, m)),
-            cd.as_ref().map(|(t, m)| show_draws(*t, m)),
-        );
-        it.rank = Some(*rank);
-        match (&bd, &cd) {
-            (Some((bt, bm)), Some((ct, cm))) => {
-                if bt != ct {
-                    it.status = ctx.judge(cat, &label, Level::Error, false);
-                    it.detail = format!("{bt} vs {ct} draws during the captured steps");
-                } else if bm != cm {
-                    it.status = ctx.judge(cat, &label, Level::Warning, false);
-                    it.detail = "same count from other call sites".into();
-                }
-            }
-            _ => {
-                it.status = ctx.judge(cat, &label, Level::Error, platform_fn(f));
-                it.detail = ctx.side_note(bd.is_some()).replace("only", "draws only");
-            }
-        }
-        out.push(it);
-    }
-    out
-}
-
-/// RNG state hashes at pack time (msprobe records none: a note then).
-fn state_items(ctx: &Ctx, b: &RandomInfo, c: &RandomInfo, notes: &mut Vec<String>) -> Vec<Item> {
-    let cat = Category::Random;
-    let mut out = vec![];
-    match (&b.states, &c.states) {
-        (Some(bs), Some(cs)) => {
-            let keys: BTreeSet<&String> = bs.keys().chain(cs.keys()).collect();
-            for g in keys {
-                let label = format!("state {g}");
-                let short = |h: &String| h.chars().take(16).collect::<String>();
-                let mut it = item(cat, &label, bs.get(g).map(short), cs.get(g).map(short));
-                match (bs.get(g), cs.get(g)) {
-                    (Some(x), Some(y)) if x == y => {}
-                    (Some(_), Some(_)) => {
-                        it.status = ctx.judge(cat, &label, Level::Error, false);
-                        it.detail = "generator state differs after the captured steps".into();
-                    }
-                    _ => {
-                        let plat = g == "cuda" || g == "npu";
-                        it.status = ctx.judge(cat, &label, Level::Warning, plat);
-                        it.detail = ctx.side_note(bs.contains_key(g));
-                    }
-                }
-                out.push(it);
-            }
-        }
-        _ => notes.push("RNG state hashes recorded on one side only (msprobe has none)".into()),
-    }
-    out
 }
 
 fn rel(a: f64, b: f64) -> f64 {
@@ -683,12 +523,7 @@ fn side_missing(b: bool, c: bool) -> String {
 
 /// Compares two loaded packs.
 pub(crate) fn compare(b: &Pack, c: &Pack, opts: &CheckOptions) -> CheckReport {
-    let ctx = Ctx {
-        rules: &opts.rules,
-        cross: b.family() != c.family(),
-        bench_family: b.family(),
-        cmp_family: c.family(),
-    };
+    let ctx = Ctx::new(&opts.rules, b.family(), c.family());
     let mut items: Vec<Item> = vec![];
     let mut categories = vec![];
     for cat in Category::ALL {
@@ -710,7 +545,7 @@ pub(crate) fn compare(b: &Pack, c: &Pack, opts: &CheckOptions) -> CheckReport {
                 }
             },
             Category::Random => match (&b.random, &c.random) {
-                (Some(x), Some(y)) => Some(random_items(&ctx, x, y, &mut notes)),
+                (Some(x), Some(y)) => Some(super::random::random_items(&ctx, x, y, &mut notes)),
                 (x, y) => {
                     notes.push(side_missing(x.is_some(), y.is_some()));
                     None
@@ -785,6 +620,7 @@ pub(crate) fn compare(b: &Pack, c: &Pack, opts: &CheckOptions) -> CheckReport {
         categories,
         items,
         outputs: BTreeMap::new(),
+        ranks: None,
     }
 }
 

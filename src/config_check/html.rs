@@ -39,6 +39,13 @@ fn value(v: &Option<String>) -> String {
 
 fn item_row(out: &mut String, i: &Item) {
     let at = match (i.step, i.rank) {
+        (Some(s), Some(_)) if i.ranks.is_some() => format!(
+            "step {s}, {}",
+            super::ranks::render::of_ranks(i.ranks.as_deref().unwrap_or_default())
+        ),
+        (None, Some(_)) if i.ranks.is_some() => {
+            super::ranks::render::of_ranks(i.ranks.as_deref().unwrap_or_default())
+        }
         (Some(s), Some(r)) => format!("step {s}, rank {r}"),
         (Some(s), None) => format!("step {s}"),
         (None, Some(r)) => format!("rank {r}"),
@@ -118,7 +125,11 @@ pub(crate) fn render(r: &CheckReport) -> String {
             n.error
         );
     }
-    out.push_str("</table>\n<h2>What differs</h2>\n");
+    out.push_str("</table>\n");
+    if let Some(rk) = &r.ranks {
+        super::ranks::render::html(&mut out, rk);
+    }
+    out.push_str("<h2>What differs</h2>\n");
     for c in &r.categories {
         let mut items: Vec<&Item> = r
             .items

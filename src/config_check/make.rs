@@ -326,6 +326,7 @@ pub fn make_pack(opts: &MakeOptions, progress: &Progress) -> Result<PathBuf> {
         created: Some(created_now()),
         device: Some(device.into()),
         rank: Some(0),
+        world_size: None,
         steps: Some(0),
         entries: entries.iter().map(|s| s.to_string()).collect(),
         errors: vec![],

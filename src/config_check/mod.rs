@@ -20,6 +20,10 @@ pub mod make;
 pub mod output;
 /// Both kinds of config pack, read into one model.
 pub mod pack;
+/// The random category: seed calls, draws, generator states and when they count.
+mod random;
+/// Folders of per-rank packs: rank i against rank i, and each job's ranks against their peers.
+pub mod ranks;
 /// Ignore lists, equivalences and severities, built in or from `--config`.
 pub mod rules;
 /// Secrets never leave the machine: redaction by name and by value.
@@ -157,6 +161,10 @@ pub struct Item {
     /// Both sides' statistics (dataset and weights items).
     #[serde(skip_serializing_if = "Option::is_none")]
     pub stats: Option<StatsPair>,
+    /// Folders of packs: the ranks whose pair (bench rank i, cmp rank i) gave this same item
+    /// (name, values, verdict, detail); `rank` is the first of them.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub ranks: Option<Vec<u64>>,
 }
 
 /// Number of items per [`Status`].
@@ -262,6 +270,10 @@ pub struct CheckReport {
     pub items: Vec<Item>,
     /// Files written (`json`, `xlsx`, `html`) → their paths.
     pub outputs: std::collections::BTreeMap<String, String>,
+    /// Folders of packs: both jobs' ranks, the first-order story, each job's ranks against
+    /// their peers and the rank × category matrix (None for two single packs).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub ranks: Option<ranks::RanksReport>,
 }
 
 /// Options of `probe config-check`.
@@ -273,8 +285,12 @@ pub struct CheckOptions {
     pub fail_on: FailOn,
 }
 
-/// Reads both packs and compares them.
+/// Reads both packs and compares them (either side may be a folder or glob of per-rank
+/// packs: [`ranks`]).
 pub fn run(bench: &Path, cmp: &Path, opts: &CheckOptions) -> Result<CheckReport> {
+    if ranks::is_set(bench) || ranks::is_set(cmp) {
+        return ranks::run(bench, cmp, opts, &Progress::hidden());
+    }
     let b = pack::load(bench)?;
     let c = pack::load(cmp)?;
     Ok(check::compare(&b, &c, opts))
@@ -308,15 +324,23 @@ pub fn run_and_write_formats(
     let files = ci::files(formats)?;
     crate::atomic::prepare_output_dir(out)?;
     let stage = progress.stage("config-check", 4, Count::Items);
-    stage.note(format!("reading {}", bench.display()));
-    let b = pack::load(bench)?;
-    stage.inc(1);
-    stage.note(format!("reading {}", cmp.display()));
-    let c = pack::load(cmp)?;
-    stage.inc(1);
-    stage.note("comparing");
-    let mut report = check::compare(&b, &c, opts);
-    stage.inc(1);
+    let mut report = if ranks::is_set(bench) || ranks::is_set(cmp) {
+        // Folders of per-rank packs (or globs): their own progress, a rank at a time.
+        let r = ranks::run(bench, cmp, opts, progress)?;
+        stage.inc(3);
+        r
+    } else {
+        stage.note(format!("reading {}", bench.display()));
+        let b = pack::load(bench)?;
+        stage.inc(1);
+        stage.note(format!("reading {}", cmp.display()));
+        let c = pack::load(cmp)?;
+        stage.inc(1);
+        stage.note("comparing");
+        let r = check::compare(&b, &c, opts);
+        stage.inc(1);
+        r
+    };
     let names: Vec<String> = files.iter().map(|(_, n)| n.to_string()).collect();
     stage.note(format!("writing {}", names.join(", ")));
     for (format, name) in &files {

@@ -56,6 +56,9 @@ pub fn terminal_summary(r: &CheckReport) -> String {
         };
         let _ = writeln!(s, "  {side:<6} {}  [{fmt}, {}]", p.path, p.device);
     }
+    if let Some(rk) = &r.ranks {
+        super::ranks::render::terminal(&mut s, rk);
+    }
     let _ = writeln!(
         s,
         "\n  {:<16} {:<8} {:>6} {:>9} {:>8} {:>8} {:>6}",
@@ -83,8 +86,12 @@ pub fn terminal_summary(r: &CheckReport) -> String {
     if !diffs.is_empty() {
         let _ = writeln!(s, "\ndifferences:");
         for i in diffs.iter().take(MAX_LINES) {
-            let at = match (i.step, i.rank) {
-                (Some(st), Some(rk)) => format!(" (step {st}, rank {rk})"),
+            let at = match (i.step, i.rank, &i.ranks) {
+                (Some(st), _, Some(rs)) => {
+                    format!(" (step {st}, {})", super::ranks::render::of_ranks(rs))
+                }
+                (None, _, Some(rs)) => format!(" ({})", super::ranks::render::of_ranks(rs)),
+                (Some(st), Some(rk), None) => format!(" (step {st}, rank {rk})"),
                 _ => String::new(),
             };
             let _ = writeln!(

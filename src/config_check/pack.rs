@@ -18,8 +18,11 @@ use std::path::{Path, PathBuf};
 
 /// Value of `format` in a probe pack's `manifest.json`.
 pub(crate) const FORMAT: &str = "probe-config-pack";
-/// The pack format version this probe reads and writes.
-pub(crate) const VERSION: u32 = 1;
+/// The pack format version this probe writes: 2 adds `manifest.world_size` and
+/// `random.generators` to version 1.
+pub(crate) const VERSION: u32 = 2;
+/// The oldest pack format version this probe reads.
+pub(crate) const MIN_VERSION: u32 = 1;
 
 // ---------------------------------------------------------------------------------------
 // The probe pack format (v1), entry by entry.
@@ -43,6 +46,9 @@ pub struct ManifestDoc {
     /// Rank of the process that wrote the pack.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub rank: Option<u64>,
+    /// Number of ranks of the job (version 2).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub world_size: Option<u64>,
     /// Steps whose inputs and random draws were captured.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub steps: Option<u64>,
@@ -125,6 +131,23 @@ pub(crate) struct RandomDoc {
     /// Generator (`python`, `numpy`, `torch`, `cuda`/`npu`) → sha256 of its state at save time.
     #[serde(default)]
     pub state_hashes: BTreeMap<String, String>,
+    /// Generator → whether it was seeded and drawn from while the pack listened (version 2).
+    #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
+    pub generators: BTreeMap<String, GeneratorDoc>,
+}
+
+/// One generator's use in `random.json` (version 2): what the random rule needs to tell a
+/// generator the job relies on from one it never touched.
+#[derive(Debug, Clone, Copy, Serialize, Deserialize, PartialEq, Eq, Default)]
+pub struct GeneratorDoc {
+    /// A seed call for it was recorded (`random.seed`, `torch.manual_seed`, ...).
+    #[serde(default)]
+    pub seeded: bool,
+    /// Its state at save time differs from its state when the pack started listening or
+    /// after its last recorded seed call: something drew from it. None: not known (the
+    /// generator appeared after the pack started, e.g. CUDA initialised later).
+    #[serde(default)]
+    pub drawn: Option<bool>,
 }
 
 /// A statistic: a number, or `"nan"`/`"inf"`/`"-inf"` (JSON has no non-finite numbers).
@@ -232,6 +255,9 @@ pub struct RandomInfo {
     pub draws: BTreeMap<(u64, String), Vec<(String, u64)>>,
     /// None where the producer did not record them.
     pub states: Option<BTreeMap<String, String>>,
+    /// Per generator, seeded and drawn as the pack recorded them (version 2 packs); empty
+    /// for older packs, whose use is inferred from the seed calls and draws.
+    pub generators: BTreeMap<String, GeneratorDoc>,
 }
 
 /// One tensor fingerprint: (step, rank, name).
@@ -248,6 +274,11 @@ pub struct Pack {
     pub version: Option<u32>,
     /// What wrote the pack.
     pub producer: Option<String>,
+    /// The rank that wrote it, where the pack says (a probe manifest's `rank`; an msprobe
+    /// pack's single `rank<R>` folder).
+    pub rank: Option<u64>,
+    /// The job's number of ranks, where the pack says (`manifest.world_size`).
+    pub world_size: Option<u64>,
     /// `cpu`, `cuda`, `npu` or `unknown`.
     pub device: String,
     /// Environment variables, secret-looking values redacted.
@@ -472,11 +503,11 @@ fn load_probe(ar: &Archive) -> Result<Pack> {
             format!("format is {:?}, expected {FORMAT:?}", m.format),
         ));
     }
-    if m.version != VERSION {
+    if !(MIN_VERSION..=VERSION).contains(&m.version) {
         return Err(ProbeError::Unsupported {
             path: ar.path.clone(),
             msg: format!(
-                "config pack version {} (this probe reads version {VERSION})",
+                "config pack version {} (this probe reads versions {MIN_VERSION} to {VERSION})",
                 m.version
             ),
         });
@@ -533,6 +564,7 @@ fn load_probe(ar: &Archive) -> Result<Pack> {
             })
             .collect(),
         states: Some(r.state_hashes),
+        generators: r.generators,
     });
     let hyperparameters = match hp {
         None => None,
@@ -550,6 +582,8 @@ fn load_probe(ar: &Archive) -> Result<Pack> {
         kind: PackKind::Probe,
         version: Some(m.version),
         producer: m.producer,
+        rank: m.rank,
+        world_size: m.world_size,
         device: m.device.unwrap_or_else(|| "unknown".into()),
         env: env.map(|e| redact_env(e.vars)),
         distributions,
@@ -674,8 +708,10 @@ fn load_msprobe(ar: &Archive) -> Result<Pack> {
     let mut dataset: Option<BTreeMap<RecordKey, Fingerprint>> = None;
     let mut weights: Option<BTreeMap<RecordKey, Fingerprint>> = None;
     let mut random: Option<RandomInfo> = None;
+    let mut ranks = std::collections::BTreeSet::new();
     for name in ar.entries.keys() {
         if let Some((s, r)) = step_rank(name, "dataset/", "dataset.json") {
+            ranks.insert(r);
             let d: MsDataset = ar.json(name)?.unwrap_or(MsDataset {
                 args: BTreeMap::new(),
                 kwargs: BTreeMap::new(),
@@ -688,6 +724,7 @@ fn load_msprobe(ar: &Archive) -> Result<Pack> {
                 }
             }
         } else if let Some((s, r)) = step_rank(name, "weights/", "weight.json") {
+            ranks.insert(r);
             let w: BTreeMap<String, Option<MsStats>> = ar.json(name)?.unwrap_or_default();
             let out = weights.get_or_insert_with(BTreeMap::new);
             for (k, st) in w {
@@ -698,6 +735,7 @@ fn load_msprobe(ar: &Archive) -> Result<Pack> {
             .and_then(|x| x.strip_suffix(".json"))
             .and_then(|x| x.parse::<u64>().ok())
         {
+            ranks.insert(r);
             let m: BTreeMap<String, Vec<MsRandomSite>> = ar.json(name)?.unwrap_or_default();
             let info = random.get_or_insert_with(RandomInfo::default);
             for (func, sites) in m {
@@ -732,6 +770,8 @@ fn load_msprobe(ar: &Archive) -> Result<Pack> {
         kind: PackKind::Msprobe,
         version: None,
         producer: Some("msprobe config_check".into()),
+        rank: ranks.first().copied().filter(|_| ranks.len() == 1),
+        world_size: None,
         device: device.into(),
         env,
         distributions,

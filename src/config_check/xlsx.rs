@@ -164,6 +164,13 @@ fn summary(ws: &mut Worksheet, r: &CheckReport, f: &Formats) -> X<()> {
         ws.write_string(row, 1, v)?;
         row += 1;
     }
+    if let Some(rk) = &r.ranks {
+        for (k, v) in super::ranks::render::headline_lines(rk) {
+            ws.write_string_with_format(row, 0, k, &f.header)?;
+            ws.write_string(row, 1, v)?;
+            row += 1;
+        }
+    }
     Ok(())
 }
 
@@ -183,7 +190,12 @@ fn item_sheet(
         let sf = fmt_for(it.status, f);
         if records {
             num(ws, r, 0, it.step.map(|x| x as f64), &f.plain)?;
-            num(ws, r, 1, it.rank.map(|x| x as f64), &f.plain)?;
+            match &it.ranks {
+                Some(rs) => ws
+                    .write_string(r, 1, super::ranks::ranks_text(rs))
+                    .map(|_| ())?,
+                None => num(ws, r, 1, it.rank.map(|x| x as f64), &f.plain)?,
+            }
             ws.write_string(r, 2, &it.item)?;
             opt_str(ws, r, 3, &it.bench, &f.plain)?;
             opt_str(ws, r, 4, &it.cmp, &f.plain)?;
@@ -196,6 +208,13 @@ fn item_sheet(
                 }
                 num(ws, r, 15, p.max_rel_diff, sf)?;
             }
+        } else if let Some(rs) = &it.ranks {
+            ws.write_string(r, 0, &it.item)?;
+            ws.write_string(r, 1, super::ranks::ranks_text(rs))?;
+            opt_str(ws, r, 2, &it.bench, &f.plain)?;
+            opt_str(ws, r, 3, &it.cmp, &f.plain)?;
+            ws.write_string_with_format(r, 4, it.status.name(), sf)?;
+            ws.write_string(r, 5, &it.detail)?;
         } else {
             ws.write_string(r, 0, &it.item)?;
             num(ws, r, 1, it.rank.map(|x| x as f64), &f.plain)?;
@@ -213,6 +232,16 @@ fn build(r: &CheckReport, rows_per_sheet: usize) -> X<Workbook> {
     let f = formats();
     let mut wb = style::workbook()?;
     summary(wb.add_worksheet(), r, &f)?;
+    if let Some(rk) = &r.ranks {
+        let st = super::ranks::render::Styles {
+            header: &f.header,
+            warn: &f.warn,
+            err: &f.err,
+            plain: &f.plain,
+        };
+        super::ranks::render::matrix_sheet(wb.add_worksheet(), rk, &st)?;
+        super::ranks::render::consistency_sheet(wb.add_worksheet(), rk, &st)?;
+    }
     for cat in Category::ALL {
         let items: Vec<&Item> = r.items.iter().filter(|i| i.category == cat).collect();
         // Past Excel's row limit a category continues on `env_2`, `env_3`, ...

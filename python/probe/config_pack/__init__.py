@@ -3,7 +3,7 @@
 Why: half of all "the NPU run diverges" reports are a different package, a missing seed,
 a shuffled dataset, other initial weights or a stray env var. Each side packs a zip and
 ``probe config-check gpu.zip npu.zip`` says exactly what differs. Format: docs/config-check.md
-and schemas/probe-config-pack.v1.schema.json.
+and schemas/probe-config-pack.v2.schema.json (version 1: .v1.schema.json).
 
 Usage::
 

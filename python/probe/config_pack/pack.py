@@ -18,7 +18,7 @@ import zipfile
 from typing import Any, Optional
 
 from .._guard import Guard, guarded
-from .._runtime import current_rank, device_kind
+from .._runtime import current_rank, device_kind, world_size
 from . import random_hooks
 from ._report import report_failure
 from .dataset import record_forward_inputs
@@ -31,7 +31,8 @@ from .redaction import MODES, redact_value
 from .weights import record_weights
 
 FORMAT = "probe-config-pack"
-VERSION = 1
+#: 2: ``manifest.world_size`` and ``random.generators`` (seeded/drawn per generator).
+VERSION = 2
 
 
 class ConfigPack:
@@ -79,6 +80,7 @@ class ConfigPack:
         self._handles: list[Any] = []
         self._model: Any = None
         self._rank = 0
+        self._world_size = 1
         self.redact = redact if redact in MODES else "hash"
         if redact not in MODES:
             self._guard.fail(
@@ -114,6 +116,7 @@ class ConfigPack:
         if steps is not None:
             self.steps = max(0, int(steps))
         self._rank = current_rank()
+        self._world_size = world_size()
         self._model = model
         for name, fn in (
             ("env", self._collect_env),
@@ -218,6 +221,7 @@ class ConfigPack:
                 "created": _dt.datetime.now(_dt.timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ"),
                 "device": device_kind(),
                 "rank": self._rank,
+                "world_size": self._world_size,
                 "steps": min(self._step, self.steps) if self._model is not None else 0,
                 "errors": [redact_value(e, self.redact) for e in self.errors],
             },

@@ -25,15 +25,44 @@ from .fingerprint import jsonable
 
 
 class RandomLog:
-    """One pack's ``random`` section: seed calls always, draws while ``counting``."""
+    """One pack's ``random`` section: seed calls always, draws while ``counting``, and per
+    generator whether it was seeded and whether it was drawn from (its state at save time
+    against its state when the pack started listening, or after its last seed call)."""
 
     def __init__(self) -> None:
         self.seeds: list[dict[str, Any]] = []
         self.draws: dict[str, dict[str, int]] = {}
         self.counting = False
+        self.seeded: set[str] = set()
+        #: Generator -> state hash when last known untouched (listening began, or seeded).
+        self.base: dict[str, str] = {}
+
+    def start(self) -> None:
+        """The states the generators start from, for those not known yet."""
+        for g, h in rng_state_hashes().items():
+            self.base.setdefault(g, h)
 
     def seed_call(self, name: str, value: Any, site: str) -> None:
         self.seeds.append({"function": name, "value": jsonable(value), "site": site})
+
+    def seeded_now(self, name: str) -> None:
+        """After seed function ``name`` returned: its generators are seeded, and their
+        states now are where draws are counted from."""
+        gens = seeded_generators(name)
+        self.seeded.update(gens)
+        now = rng_state_hashes(gens)
+        for g in gens:
+            if g in now:
+                self.base[g] = now[g]
+
+    def generators(self, states: dict[str, str]) -> dict[str, dict[str, Any]]:
+        """``{generator: {seeded, drawn}}``; ``drawn`` is None where the generator appeared
+        after listening began (its starting state is not known)."""
+        out: dict[str, dict[str, Any]] = {}
+        for g, h in sorted(states.items()):
+            base = self.base.get(g)
+            out[g] = {"seeded": g in self.seeded, "drawn": None if base is None else base != h}
+        return out
 
     def draw(self, name: str, site: str) -> None:
         if self.counting:
@@ -43,13 +72,15 @@ class RandomLog:
     def section(self) -> dict[str, Any]:
         """The section as written: seed calls in order, draw counts by function and site,
         and the generators' state hashes now."""
+        states = rng_state_hashes()
         return {
             "seed_calls": list(self.seeds),
             "draws": {
                 fn: [{"site": s, "count": c} for s, c in sorted(sites.items())]
                 for fn, sites in sorted(self.draws.items())
             },
-            "state_hashes": rng_state_hashes(),
+            "state_hashes": states,
+            "generators": self.generators(states),
         }
 
 
@@ -68,6 +99,7 @@ _SKIP_DIRS: tuple[str, ...] = ()
 def listen(log: RandomLog) -> None:
     """Start recording seed calls into ``log`` (wrapping the seed functions if needed)."""
     _install(_seed_targets(), _SEED_HOOKS, _make_seed_wrapper)
+    log.start()
     _LISTENING.append(log)
 
 
@@ -86,6 +118,10 @@ def unlisten(log: RandomLog) -> None:
 def count_draws(log: RandomLog) -> None:
     """Start counting random draws into ``log`` (wrapping the draw functions if needed)."""
     global _draw_users
+    # Modules imported since listening began (numpy after the pack was made): their seed
+    # functions are wrapped from now on, their generators' states known from now on.
+    _install(_seed_targets(), _SEED_HOOKS, _make_seed_wrapper)
+    log.start()
     _install(_draw_targets(), _DRAW_HOOKS, _make_draw_wrapper)
     _draw_users += 1
     log.counting = True
@@ -136,9 +172,10 @@ def _make_wrapper(
     orig: Callable[..., Any],
     what: str,
     record: Callable[[RandomLog, str, Any, Any, str], None],
+    after: Optional[Callable[[RandomLog, str], None]] = None,
 ) -> Callable[..., Any]:
-    """Wraps a seed or random-draw function: tells every listening log, then calls through.
-    Recording never fails the call."""
+    """Wraps a seed or random-draw function: tells every listening log, calls through, then
+    (``after``) tells them it returned. Recording never fails the call."""
 
     def wrapper(*args: Any, **kwargs: Any) -> Any:
         if getattr(_TLS, "depth", 0) > 0 or not _LISTENING:
@@ -151,7 +188,14 @@ def _make_wrapper(
                     record(log, name, args, kwargs, site)
             except Exception as e:  # noqa: BLE001 - must never fail the training run
                 _HOOK_GUARD.fail(e, what)
-            return orig(*args, **kwargs)
+            result = orig(*args, **kwargs)
+            if after is not None:
+                try:
+                    for log in list(_LISTENING):
+                        after(log, name)
+                except Exception as e:  # noqa: BLE001 - must never fail the training run
+                    _HOOK_GUARD.fail(e, what)
+            return result
         finally:
             _TLS.depth = 0
 
@@ -167,7 +211,10 @@ def _make_seed_wrapper(name: str, orig: Callable[..., Any]) -> Callable[..., Any
         value = args[0] if args else kwargs.get("seed", kwargs.get("a"))
         log.seed_call(n, value, site)
 
-    return _make_wrapper(name, orig, "seed hook", record)
+    def after(log: RandomLog, n: str) -> None:
+        log.seeded_now(n)
+
+    return _make_wrapper(name, orig, "seed hook", record, after)
 
 
 def _make_draw_wrapper(name: str, orig: Callable[..., Any]) -> Callable[..., Any]:
@@ -284,16 +331,37 @@ def _draw_targets() -> list[tuple[Any, str, str]]:
     return t
 
 
-def rng_state_hashes() -> dict[str, str]:
-    """sha256 of each generator's current state (python, numpy, torch, cuda, npu)."""
+def seeded_generators(function: str) -> tuple[str, ...]:
+    """The generators a seed function seeds: ``torch.manual_seed`` (and ``torch.seed``)
+    seed the CPU generator and every device's."""
+    if function.startswith("random."):
+        return ("python",)
+    if function.startswith("numpy.random."):
+        return ("numpy",)
+    if function.startswith("torch.cuda."):
+        return ("cuda",)
+    if function.startswith("torch.npu."):
+        return ("npu",)
+    if function.startswith("torch."):
+        return ("torch", "cuda", "npu")
+    return ()
+
+
+def rng_state_hashes(only: Optional[tuple[str, ...]] = None) -> dict[str, str]:
+    """sha256 of each generator's current state (python, numpy, torch, cuda, npu; ``only``
+    these). A device generator is hashed only once its device is initialised."""
     out: dict[str, str] = {}
 
     def h(b: bytes) -> str:
         return hashlib.sha256(b).hexdigest()
 
-    out["python"] = h(repr(_random.getstate()).encode())
+    def want(g: str) -> bool:
+        return only is None or g in only
+
+    if want("python"):
+        out["python"] = h(repr(_random.getstate()).encode())
     np: Any = sys.modules.get("numpy")
-    if np is not None:
+    if np is not None and want("numpy"):
         try:
             st = np.random.get_state()
             out["numpy"] = h(st[1].tobytes() + repr(st[2:]).encode())
@@ -302,12 +370,15 @@ def rng_state_hashes() -> dict[str, str]:
     torch: Any = sys.modules.get("torch")
     if torch is not None:
         try:
-            out["torch"] = h(torch.get_rng_state().numpy().tobytes())
+            if want("torch"):
+                out["torch"] = h(torch.get_rng_state().numpy().tobytes())
         except Exception:  # noqa: BLE001
             pass
         for dev in ("cuda", "npu"):
             mod = getattr(torch, dev, None)
             try:
+                if not want(dev):
+                    continue
                 if mod is not None and mod.is_available() and mod.is_initialized():
                     states = mod.get_rng_state_all()
                     out[dev] = h(b"".join(s.cpu().numpy().tobytes() for s in states))
