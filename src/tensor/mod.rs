@@ -8,6 +8,7 @@
 //! Peak memory is thus a few windows per thread, whatever the dump size.
 
 pub mod npy;
+pub mod pickle;
 pub mod pt;
 
 use crate::dtype::{AnyDType, DType};
