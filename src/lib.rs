@@ -25,6 +25,7 @@ pub mod agent_kernel;
 pub mod agent_stats;
 pub mod app;
 pub mod atomic;
+pub mod ckpt;
 pub mod compare;
 pub mod config_check;
 pub mod config_file;

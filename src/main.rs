@@ -51,6 +51,10 @@ enum Cmd {
     ConfigCheck(ConfigCheckArgs),
     /// Make a config pack without Python: env, a Python's packages, weight fingerprints.
     ConfigPack(ConfigPackArgs),
+    /// Compare two checkpoints per logical parameter, whatever their layout: safetensors
+    /// (sharded too), torch .pt/.bin, Megatron-style TP/PP rank folders (merged and renamed
+    /// to HF names). Exit 0 pass, 1 a parameter differs, 2 bad input. See docs/checkpoints.md.
+    CkptCompare(CkptCompareArgs),
     /// Prove the culprit: run an op again (by default the compare's first divergent op)
     /// from the dumped tensors, through the capture agent's Python (`python -m
     /// probe.replay`). Exit 0 within tolerance, 1 reproduces, 2 bad input, 3 nothing
@@ -143,6 +147,57 @@ struct ConfigPackArgs {
     /// No progress bar on stderr (there is none when stderr is not a terminal).
     #[arg(short, long)]
     quiet: bool,
+}
+
+#[derive(clap::Args)]
+struct CkptCompareArgs {
+    /// Benchmark checkpoint (trusted): a file, an index json or a folder.
+    #[arg(value_name = "BENCH")]
+    bench: PathBuf,
+    /// Comparison checkpoint (under suspicion).
+    #[arg(value_name = "CMP")]
+    cmp: PathBuf,
+    /// Output folder for ckpt_compare.json.
+    #[arg(
+        short = 'o',
+        long = "out",
+        value_name = "DIR",
+        default_value = "probe-ckpt-compare"
+    )]
+    out: PathBuf,
+    /// Mapping file (TOML): the model's shape, renames, ignore patterns.
+    #[arg(long, value_name = "FILE.toml")]
+    mapping: Option<PathBuf>,
+    /// Largest relative L2 error a parameter may have (default: exact for one dtype,
+    /// else the coarser dtype's rounding).
+    #[arg(long, value_name = "REL")]
+    tolerance: Option<f64>,
+    /// Report formats (comma separated): json (the only one for now).
+    #[arg(long, value_delimiter = ',', default_value = "json")]
+    format: Vec<String>,
+    /// Print nothing on stdout.
+    #[arg(short, long)]
+    quiet: bool,
+}
+
+fn run_ckpt_compare(a: CkptCompareArgs) -> Result<u8, ProbeError> {
+    if let Some(f) = a.format.iter().find(|f| f.as_str() != "json") {
+        return Err(ProbeError::Usage(format!(
+            "--format {f}: ckpt-compare writes json only"
+        )));
+    }
+    let req = probe::ckpt::CkptRequest {
+        bench: a.bench,
+        cmp: a.cmp,
+        out: a.out,
+        mapping: a.mapping,
+        tolerance: a.tolerance,
+    };
+    let s = probe::ckpt::run(&req)?;
+    if !a.quiet {
+        stdout(&probe::ckpt::report::terminal_summary(&s, &req.out));
+    }
+    Ok(s.exit_code)
 }
 
 fn run_config_check(a: ConfigCheckArgs) -> Result<u8, ProbeError> {
@@ -842,6 +897,7 @@ fn main() -> ExitCode {
         Cmd::Synth(a) => run_synth(a),
         Cmd::ConfigCheck(a) => run_config_check(a),
         Cmd::ConfigPack(a) => run_config_pack(a),
+        Cmd::CkptCompare(a) => run_ckpt_compare(a),
         Cmd::AgentKernel(a) => run_agent_kernel(a),
         Cmd::Replay(a) => run_replay(a),
     };

@@ -90,6 +90,17 @@ impl ShardIndex {
     }
 }
 
+impl ShardIndex {
+    /// Every tensor of the shard: name, absolute byte offset, dtype (None when probe cannot
+    /// decode it), shape. The header was validated: each tensor's bytes lie in the file.
+    pub fn entries(&self) -> Vec<(&str, u64, Option<DType>, &[usize])> {
+        self.entries
+            .iter()
+            .map(|(k, e)| (k.as_str(), e.offset, e.dtype, e.shape.as_slice()))
+            .collect()
+    }
+}
+
 /// The parsed header of one shard, with the open file.
 #[derive(Debug)]
 pub struct Shard {
