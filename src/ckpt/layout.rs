@@ -472,3 +472,147 @@ mod tests {
         assert_eq!(megatron_name("something.else"), None);
     }
 }
+
+#[cfg(test)]
+mod merge_tests {
+    use super::*;
+    use crate::ckpt::source::{Checkpoint, Layout, Rank, Stored};
+
+    fn ck(shapes: &[(&str, usize, Vec<usize>)]) -> Checkpoint {
+        Checkpoint {
+            root: "x".into(),
+            layout: Layout::Megatron { tp: 2, pp: 1 },
+            files: Vec::new(),
+            tensors: shapes
+                .iter()
+                .map(|(n, tp, s)| Stored {
+                    name: n.to_string(),
+                    file: 0,
+                    offset: 0,
+                    dtype: DType::F32,
+                    shape: s.clone(),
+                    rank: Some(Rank { tp: *tp, pp: 0 }),
+                })
+                .collect(),
+            settings: BTreeMap::new(),
+            non_parameters: 0,
+        }
+    }
+
+    /// Rebuilds a logical matrix from its pieces over per-tensor matrices of numbers.
+    fn assemble(l: &Logical, ck: &Checkpoint, data: &[Vec<f32>]) -> Vec<f32> {
+        let mut out = vec![f32::NAN; l.rows * l.cols];
+        for pc in &l.pieces {
+            let (_, w) = ck.tensors[pc.src].rows_cols();
+            for r in 0..pc.rows {
+                for c in 0..w {
+                    out[(pc.row + r) * l.cols + pc.col + c] =
+                        data[pc.src][(pc.src_row + r) * w + c];
+                }
+            }
+        }
+        out
+    }
+
+    #[test]
+    fn qkv_gqa_over_two_ranks() {
+        // 4 heads in 2 groups of size-2 heads, hidden 3: per rank 1 group of (2 q + k + v) heads.
+        let name = "language_model.encoder.layers.0.self_attention.query_key_value.weight";
+        let c = ck(&[(name, 0, vec![8, 3]), (name, 1, vec![8, 3])]);
+        let dims = Dims {
+            heads: Some(4),
+            kv_heads: Some(2),
+            head_dim: Some(2),
+            vocab: None,
+        };
+        let ls = megatron(&c, 2, &dims, &|n| n.to_string()).unwrap();
+        let names: Vec<&str> = ls.iter().map(|l| l.name.as_str()).collect();
+        assert_eq!(
+            names,
+            [
+                "model.layers.0.self_attn.q_proj.weight",
+                "model.layers.0.self_attn.k_proj.weight",
+                "model.layers.0.self_attn.v_proj.weight"
+            ]
+        );
+        // Row r of rank t holds the value 100 t + r in every column.
+        let data: Vec<Vec<f32>> = (0..2)
+            .map(|t| (0..24).map(|i| (100 * t + i / 3) as f32).collect())
+            .collect();
+        let col0 = |l: &Logical| {
+            assemble(l, &c, &data)
+                .chunks(3)
+                .map(|r| r[0])
+                .collect::<Vec<_>>()
+        };
+        assert_eq!(col0(&ls[0]), [0., 1., 2., 3., 100., 101., 102., 103.]);
+        assert_eq!(col0(&ls[1]), [4., 5., 104., 105.]);
+        assert_eq!(col0(&ls[2]), [6., 7., 106., 107.]);
+        assert_eq!(ls[0].shape, [8, 3]);
+        assert_eq!(ls[1].shape, [4, 3]);
+    }
+
+    #[test]
+    fn gate_up_columns_and_vocab() {
+        let fc1 = "decoder.layers.1.mlp.linear_fc1.weight";
+        let fc2 = "decoder.layers.1.mlp.linear_fc2.weight";
+        let emb = "embedding.word_embeddings.weight";
+        let c = ck(&[
+            (fc1, 0, vec![4, 2]),
+            (fc1, 1, vec![4, 2]),
+            (fc2, 0, vec![2, 3]),
+            (fc2, 1, vec![2, 3]),
+            (emb, 0, vec![4, 2]),
+            (emb, 1, vec![4, 2]),
+        ]);
+        let dims = Dims {
+            vocab: Some(6),
+            ..Dims::default()
+        };
+        let ls = megatron(&c, 2, &dims, &|n| n.to_string()).unwrap();
+        let by = |n: &str| ls.iter().find(|l| l.name == n).unwrap();
+        let data: Vec<Vec<f32>> = (0..6)
+            .map(|t| (0..8).map(|i| (100 * t + i) as f32).collect())
+            .collect();
+        // gate: rank 0 rows 0..2, rank 1 rows 0..2; up: their rows 2..4.
+        assert_eq!(
+            assemble(by("model.layers.1.mlp.gate_proj.weight"), &c, &data),
+            [0., 1., 2., 3., 100., 101., 102., 103.]
+        );
+        assert_eq!(
+            assemble(by("model.layers.1.mlp.up_proj.weight"), &c, &data),
+            [4., 5., 6., 7., 104., 105., 106., 107.]
+        );
+        // down: the two [2, 3] shards side by side.
+        let down = by("model.layers.1.mlp.down_proj.weight");
+        assert_eq!(down.shape, [2, 6]);
+        assert_eq!(
+            assemble(down, &c, &data),
+            [200., 201., 202., 300., 301., 302., 203., 204., 205., 303., 304., 305.]
+        );
+        // embeddings: 8 padded rows, 6 kept.
+        let e = by("model.embed_tokens.weight");
+        assert_eq!(e.shape, [6, 2]);
+        assert_eq!(
+            assemble(e, &c, &data),
+            [400., 401., 402., 403., 404., 405., 406., 407., 500., 501., 502., 503.]
+        );
+        assert!(e.note.as_deref().unwrap().contains("6..8"));
+    }
+
+    #[test]
+    fn missing_tp_rank_and_unknown_shape_are_errors() {
+        let name = "language_model.encoder.layers.0.self_attention.dense.weight";
+        let c = ck(&[(name, 0, vec![2, 2])]);
+        let e = megatron(&c, 2, &Dims::default(), &|n| n.to_string())
+            .unwrap_err()
+            .to_string();
+        assert!(e.contains("o_proj") && e.contains("[0]"), "{e}");
+        let qkv = "language_model.encoder.layers.0.self_attention.query_key_value.weight";
+        let c = ck(&[(qkv, 0, vec![8, 3]), (qkv, 1, vec![8, 3])]);
+        let e = megatron(&c, 2, &Dims::default(), &|n| n.to_string())
+            .unwrap_err()
+            .to_string();
+        assert!(e.contains("--mapping"), "{e}");
+    }
+}
