@@ -51,9 +51,8 @@ enum Cmd {
     ConfigCheck(ConfigCheckArgs),
     /// Make a config pack without Python: env, a Python's packages, weight fingerprints.
     ConfigPack(ConfigPackArgs),
-    /// Compare two checkpoints per logical parameter, whatever their layout: safetensors
-    /// (sharded too), torch .pt/.bin, Megatron-style TP/PP rank folders (merged and renamed
-    /// to HF names). Exit 0 pass, 1 a parameter differs, 2 bad input. See docs/checkpoints.md.
+    /// Compare two checkpoints per logical parameter: safetensors, torch .pt/.bin, Megatron
+    /// TP/PP ranks (merged to HF names). Exit 0 pass, 1 differs, 2 bad input.
     CkptCompare(CkptCompareArgs),
     /// Prove the culprit: run an op again (by default the compare's first divergent op)
     /// from the dumped tensors, through the capture agent's Python (`python -m
@@ -158,34 +157,20 @@ struct CkptCompareArgs {
     #[arg(value_name = "CMP")]
     cmp: PathBuf,
     /// Output folder for ckpt_compare.json.
-    #[arg(
-        short = 'o',
-        long = "out",
-        value_name = "DIR",
-        default_value = "probe-ckpt-compare"
-    )]
+    #[arg(short, long, value_name = "DIR", default_value = "ckpt-out")]
     out: PathBuf,
     /// Mapping file (TOML): the model's shape, renames, ignore patterns.
     #[arg(long, value_name = "FILE.toml")]
     mapping: Option<PathBuf>,
-    /// Largest relative L2 error a parameter may have (default: exact for one dtype,
-    /// else the coarser dtype's rounding).
+    /// Largest relative L2 error that passes (default: 0, or the coarser dtype's rounding).
     #[arg(long, value_name = "REL")]
     tolerance: Option<f64>,
-    /// Report formats (comma separated): json (the only one for now).
-    #[arg(long, value_delimiter = ',', default_value = "json")]
-    format: Vec<String>,
     /// Print nothing on stdout.
     #[arg(short, long)]
     quiet: bool,
 }
 
 fn run_ckpt_compare(a: CkptCompareArgs) -> Result<u8, ProbeError> {
-    if let Some(f) = a.format.iter().find(|f| f.as_str() != "json") {
-        return Err(ProbeError::Usage(format!(
-            "--format {f}: ckpt-compare writes json only"
-        )));
-    }
     let req = probe::ckpt::CkptRequest {
         bench: a.bench,
         cmp: a.cmp,

@@ -186,8 +186,7 @@ pub fn megatron(
 ) -> Result<Vec<Logical>> {
     let offsets = stage_offsets(ck);
     // (HF name pattern, layer, merge) → the TP ranks' tensors.
-    let mut groups: BTreeMap<(Option<usize>, &'static str, Merge), Vec<(usize, usize)>> =
-        BTreeMap::new();
+    let mut groups: BTreeMap<GroupKey, Vec<(usize, usize)>> = BTreeMap::new();
     let mut out = Vec::new();
     for (i, t) in ck.tensors.iter().enumerate() {
         let rank = t.rank.unwrap_or(Rank { tp: 0, pp: 0 });
@@ -241,6 +240,9 @@ pub fn megatron(
     Ok(out)
 }
 
+/// A Megatron parameter: its layer, HF name pattern and merge.
+type GroupKey = (Option<usize>, &'static str, Merge);
+
 /// The first layer number of each pipeline stage: the number of layers of the stages
 /// before it (stages number their layers from 0), or 0 where a stage's numbers already
 /// continue the previous stage's.
@@ -281,11 +283,11 @@ fn check_same_shape(ck: &Checkpoint, srcs: &[usize], name: &str) -> Result<(usiz
 
 fn logical(name: String, shape: Vec<usize>, dtype: DType, pieces: Vec<Piece>) -> Logical {
     let rows = shape.first().copied().unwrap_or(1);
-    let cols = if rows == 0 {
-        0
-    } else {
-        shape.iter().product::<usize>() / rows
-    };
+    let cols = shape
+        .iter()
+        .product::<usize>()
+        .checked_div(rows)
+        .unwrap_or(0);
     Logical {
         name,
         shape,
