@@ -20,7 +20,7 @@ from typing import Any
 import pytest
 import torch
 
-from conftest import probe_bin
+from conftest import SCHEMAS, probe_bin
 
 safetensors_torch = pytest.importorskip("safetensors.torch")
 
@@ -109,12 +109,12 @@ def to_megatron(
     for p in range(pp):
         for t in range(tp):
 
-            def split(x: torch.Tensor, dim: int) -> torch.Tensor:
+            def split(x: torch.Tensor, dim: int, t: int = t) -> torch.Tensor:
                 return x.chunk(tp, dim=dim)[t].clone()
 
-            def vocab_shard(x: torch.Tensor) -> torch.Tensor:
+            def vocab_shard(x: torch.Tensor, t: int = t) -> torch.Tensor:
                 pad = torch.zeros(padded - VOCAB, HIDDEN, dtype=x.dtype)
-                return split(torch.cat([x, pad]), 0)
+                return split(torch.cat([x, pad]), 0, t)
 
             enc: dict[str, Any] = {}
             for local in range(per_stage):
@@ -185,6 +185,10 @@ def run(a: Path, b: Path, out: Path, *extra: str) -> tuple[int, str, str, dict[s
     )
     summary = out / "ckpt_compare.json"
     data = json.loads(summary.read_text()) if p.returncode in (0, 1) and summary.exists() else None
+    if data is not None:
+        jsonschema = pytest.importorskip("jsonschema")
+        with open(os.path.join(SCHEMAS, "probe-ckpt-compare.v1.schema.json")) as f:
+            jsonschema.validate(data, json.load(f))
     return p.returncode, p.stdout, p.stderr, data
 
 

@@ -196,10 +196,10 @@ pub struct Counts {
 /// `ckpt_compare.json`.
 #[derive(Debug, Clone, Serialize)]
 pub struct CkptSummary {
-    /// `probe-ckpt-compare`.
-    pub format: &'static str,
-    /// Schema version (1).
-    pub version: u32,
+    /// `probe-ckpt-compare.v1`.
+    pub schema: &'static str,
+    /// The probe that wrote it.
+    pub probe_version: &'static str,
     /// pass or differs.
     pub verdict: &'static str,
     /// The exit code (0 pass, 1 differs).
@@ -264,8 +264,8 @@ pub(crate) fn summarize(
     let headline = headline(&params, &only, &c);
     let [only_bench, only_cmp] = only;
     CkptSummary {
-        format: "probe-ckpt-compare",
-        version: 1,
+        schema: "probe-ckpt-compare.v1",
+        probe_version: env!("CARGO_PKG_VERSION"),
         verdict: if ok { "pass" } else { "differs" },
         exit_code: super::exit_code(ok),
         headline,
