@@ -237,7 +237,42 @@ pub fn megatron(
             )?),
         }
     }
+    for l in &out {
+        check_tiling(ck, l)?;
+    }
     Ok(out)
+}
+
+/// The pieces of a parameter lie inside it and their stored tensors, and cover it: every
+/// byte a block read writes is a piece's (the constructors above never overlap pieces).
+fn check_tiling(ck: &Checkpoint, l: &Logical) -> Result<()> {
+    let mut area = 0usize;
+    for pc in &l.pieces {
+        let (rows, cols) = ck.tensors[pc.src].rows_cols();
+        let inside =
+            pc.src_row + pc.rows <= rows && pc.row + pc.rows <= l.rows && pc.col + cols <= l.cols;
+        if !inside {
+            return Err(bad(
+                ck,
+                format!(
+                    "{}: a shard does not fit the merged shape {:?}",
+                    l.name, l.shape
+                ),
+            ));
+        }
+        area += pc.rows * cols;
+    }
+    if area != l.rows * l.cols {
+        return Err(bad(
+            ck,
+            format!(
+                "{}: the shards cover {area} of {} elements",
+                l.name,
+                l.rows * l.cols
+            ),
+        ));
+    }
+    Ok(())
 }
 
 /// A Megatron parameter: its layer, HF name pattern and merge.

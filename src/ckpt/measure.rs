@@ -29,6 +29,26 @@ pub struct Measured {
     pub bad_replicas: [Vec<usize>; 2],
 }
 
+/// The buffers a run reuses from pair to pair: freeing and allocating blocks of
+/// megabytes per parameter made the allocator hold several times the memory in use (a
+/// 1B-parameter pair: 960 MB peak RSS) and fault the pages in again each time.
+#[derive(Debug, Default)]
+pub struct Buffers {
+    /// Each side's block, then each side's scatter buffer.
+    blocks: [Vec<u8>; 2],
+    scatter: [Vec<u8>; 2],
+}
+
+impl Buffers {
+    /// Reads logical rows `r0..r1` of both sides into the blocks, both at once.
+    fn read(&mut self, a: &Side, b: &Side, r0: usize, r1: usize) -> Result<()> {
+        let [ba, bb] = &mut self.blocks;
+        let [ta, tb] = &mut self.scatter;
+        let (ra, rb) = rayon::join(|| gather(a, r0, r1, ba, ta), || gather(b, r0, r1, bb, tb));
+        ra.and(rb)
+    }
+}
+
 /// One side of a pair.
 pub struct Side<'a> {
     /// The checkpoint.
@@ -38,59 +58,38 @@ pub struct Side<'a> {
 }
 
 /// Compares the two sides of a parameter (same shape, checked by the caller).
-pub fn compare(a: &Side, b: &Side) -> Result<Measured> {
+pub fn compare(a: &Side, b: &Side, bufs: &mut Buffers) -> Result<Measured> {
     let (rows, cols) = (a.p.rows, a.p.cols);
     let (sa, sb) = (a.p.dtype.size(), b.p.dtype.size());
-    let row_bytes = cols.max(1) * sa.max(sb);
-    let block = (BLOCK_BYTES / row_bytes).max(1);
+    let block = (BLOCK_BYTES / (cols.max(1) * sa.max(sb))).max(1);
     let same_dtype = a.p.dtype == b.p.dtype;
     let mut parts: Vec<Partial> = Vec::new();
     let mut differs = false;
     let mut dp: [Vec<usize>; 2] = [Vec::new(), Vec::new()];
-    let (mut ba, mut bb) = (Vec::new(), Vec::new());
     let mut r0 = 0;
     while r0 < rows {
         let r1 = (r0 + block).min(rows);
-        let (ra, rb) = rayon::join(|| gather(a, r0, r1, &mut ba), || gather(b, r0, r1, &mut bb));
-        ra?;
-        rb?;
-        let equal = same_dtype && ba == bb;
+        bufs.read(a, b, r0, r1)?;
+        let equal = same_dtype && bufs.blocks[0] == bufs.blocks[1];
         if !equal && !differs {
             differs = true;
             // Metrics from the first block on: the blocks read so far were equal.
             let mut redo = 0;
             while redo < r0 {
                 let end = (redo + block).min(r0);
-                let (ra, rb) = rayon::join(
-                    || gather(a, redo, end, &mut ba),
-                    || gather(b, redo, end, &mut bb),
-                );
-                ra?;
-                rb?;
-                parts.push(partial(a, &ba, b, &bb));
+                bufs.read(a, b, redo, end)?;
+                parts.push(partial(a, &bufs.blocks[0], b, &bufs.blocks[1]));
                 redo = end;
             }
-            let (ra, rb) =
-                rayon::join(|| gather(a, r0, r1, &mut ba), || gather(b, r0, r1, &mut bb));
-            ra?;
-            rb?;
+            bufs.read(a, b, r0, r1)?;
         }
+        let [ba, bb] = &bufs.blocks;
         if differs {
-            parts.push(partial(a, &ba, b, &bb));
+            parts.push(partial(a, ba, b, bb));
         }
         if !equal {
             for (s, side) in [a, b].into_iter().enumerate() {
-                mark_differing(
-                    side,
-                    r0,
-                    r1,
-                    &ba,
-                    &bb,
-                    a.p.dtype.size(),
-                    b.p.dtype.size(),
-                    same_dtype,
-                    &mut dp[s],
-                );
+                mark_differing(side, r0, r1, [ba, bb], [sa, sb], same_dtype, &mut dp[s]);
             }
         }
         r0 = r1;
@@ -104,13 +103,20 @@ pub fn compare(a: &Side, b: &Side) -> Result<Measured> {
     } else {
         exact_metrics(rows * cols)
     };
-    let bad_replicas = [replicas(a)?, replicas(b)?];
+    let bad_replicas = [replicas(a, bufs)?, replicas(b, bufs)?];
     Ok(Measured {
         exact: !differs,
         metrics,
         differing_pieces: dp,
         bad_replicas,
     })
+}
+
+/// A buffer of exactly `n` bytes, reusing its allocation; the old bytes are left (the
+/// caller overwrites them all).
+fn sized(buf: &mut Vec<u8>, n: usize) {
+    buf.truncate(n);
+    buf.resize(n, 0);
 }
 
 /// The metrics of a bit-identical pair of `n` elements.
@@ -158,14 +164,13 @@ fn overlap(pc: &Piece, r0: usize, r1: usize) -> Option<(usize, usize)> {
     (s < e).then(|| (s, e - s))
 }
 
-/// Reads logical rows `r0..r1` of a side into `buf` (row-major, the side's dtype).
-fn gather(side: &Side, r0: usize, r1: usize, buf: &mut Vec<u8>) -> Result<()> {
+/// Reads logical rows `r0..r1` of a side into `buf` (row-major, the side's dtype). Every
+/// byte is written: the pieces tile the parameter (checked by `layout`).
+fn gather(side: &Side, r0: usize, r1: usize, buf: &mut Vec<u8>, tmp: &mut Vec<u8>) -> Result<()> {
     let p = side.p;
     let es = p.dtype.size();
     let row_bytes = p.cols * es;
-    buf.clear();
-    buf.resize((r1 - r0) * row_bytes, 0);
-    let mut tmp = Vec::new();
+    sized(buf, (r1 - r0) * row_bytes);
     for pc in &p.pieces {
         let Some((s, n)) = overlap(pc, r0, r1) else {
             continue;
@@ -180,28 +185,25 @@ fn gather(side: &Side, r0: usize, r1: usize, buf: &mut Vec<u8>) -> Result<()> {
             let dst = &mut buf[(s - r0) * row_bytes..(s - r0 + n) * row_bytes];
             file.read_exact_at(dst, at).map_err(io)?;
         } else {
-            tmp.resize(n * src_row_bytes, 0);
-            file.read_exact_at(&mut tmp, at).map_err(io)?;
-            for i in 0..n {
+            sized(tmp, n * src_row_bytes);
+            file.read_exact_at(tmp, at).map_err(io)?;
+            for (i, row) in tmp.chunks_exact(src_row_bytes).enumerate() {
                 let d = (s - r0 + i) * row_bytes + pc.col * es;
-                buf[d..d + src_row_bytes]
-                    .copy_from_slice(&tmp[i * src_row_bytes..(i + 1) * src_row_bytes]);
+                buf[d..d + src_row_bytes].copy_from_slice(row);
             }
         }
     }
     Ok(())
 }
 
-/// Marks the pieces of `side` whose part in rows `r0..r1` differs between the blocks.
-#[allow(clippy::too_many_arguments)]
+/// Marks the pieces of `side` whose part in rows `r0..r1` differs between the blocks
+/// (`sizes`: each block's element size).
 fn mark_differing(
     side: &Side,
     r0: usize,
     r1: usize,
-    ba: &[u8],
-    bb: &[u8],
-    sa: usize,
-    sb: usize,
+    [ba, bb]: [&[u8]; 2],
+    [sa, sb]: [usize; 2],
     same: bool,
     out: &mut Vec<usize>,
 ) {
@@ -214,12 +216,11 @@ fn mark_differing(
             continue;
         };
         let (_, w) = side.ck.tensors[pc.src].rows_cols();
-        let differs = (0..n).any(|k| {
-            let base = (s - r0 + k) * cols + pc.col;
-            let x = &ba[base * sa..(base + w) * sa];
-            let y = &bb[base * sb..(base + w) * sb];
-            !same || x != y
-        });
+        let differs = !same
+            || (0..n).any(|k| {
+                let base = (s - r0 + k) * cols + pc.col;
+                ba[base * sa..(base + w) * sa] != bb[base * sb..(base + w) * sb]
+            });
         if differs {
             out.push(i);
         }
@@ -227,25 +228,25 @@ fn mark_differing(
 }
 
 /// The replicas of a side's parameter not byte-equal to the copy compared.
-fn replicas(side: &Side) -> Result<Vec<usize>> {
+fn replicas(side: &Side, bufs: &mut Buffers) -> Result<Vec<usize>> {
     let mut bad = Vec::new();
-    if side.p.replicas.is_empty() {
+    let Some(first) = side.p.pieces.first() else {
         return Ok(bad);
-    }
-    let main = &side.ck.tensors[side.p.pieces[0].src];
+    };
+    let main = &side.ck.tensors[first.src];
     let len = main.numel() * main.dtype.size();
+    let [x, y] = &mut bufs.blocks;
     for (i, &r) in side.p.replicas.iter().enumerate() {
         let t = &side.ck.tensors[r];
+        let (fm, ft) = (&side.ck.files[main.file], &side.ck.files[t.file]);
         let mut off = 0;
-        let (mut x, mut y) = (Vec::new(), Vec::new());
         while off < len {
             let n = BLOCK_BYTES.min(len - off);
-            x.resize(n, 0);
-            y.resize(n, 0);
-            let (fm, ft) = (&side.ck.files[main.file], &side.ck.files[t.file]);
-            fm.1.read_exact_at(&mut x, main.offset + off as u64)
+            sized(x, n);
+            sized(y, n);
+            fm.1.read_exact_at(x, main.offset + off as u64)
                 .map_err(|e| ProbeError::io(&fm.0, e))?;
-            ft.1.read_exact_at(&mut y, t.offset + off as u64)
+            ft.1.read_exact_at(y, t.offset + off as u64)
                 .map_err(|e| ProbeError::io(&ft.0, e))?;
             if x != y {
                 bad.push(i);

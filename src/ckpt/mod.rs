@@ -77,19 +77,21 @@ pub fn run(req: &CkptRequest) -> Result<report::CkptSummary> {
         .collect::<Result<_>>()?;
     let paired = pair(&params, &map)?;
     let mut results = Vec::new();
+    let mut bufs = measure::Buffers::default();
     for &(i, j) in &paired.pairs {
         let (a, b) = (&params[0][i], &params[1][j]);
         check_shapes(&sides, a, b)?;
-        let m = measure::compare(
-            &Side {
+        let sides2 = (
+            Side {
                 ck: &sides[0],
                 p: a,
             },
-            &Side {
+            Side {
                 ck: &sides[1],
                 p: b,
             },
-        )?;
+        );
+        let m = measure::compare(&sides2.0, &sides2.1, &mut bufs)?;
         results.push(report::ParamResult::new(&sides, [a, b], m, req.tolerance));
     }
     let summary = report::summarize(
