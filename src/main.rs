@@ -51,8 +51,7 @@ enum Cmd {
     ConfigCheck(ConfigCheckArgs),
     /// Make a config pack without Python: env, a Python's packages, weight fingerprints.
     ConfigPack(ConfigPackArgs),
-    /// Compare two checkpoints per logical parameter: safetensors, torch .pt/.bin, Megatron
-    /// TP/PP ranks (merged to HF names). Exit 0 pass, 1 differs, 2 bad input.
+    /// Compare two checkpoints per parameter, across layouts (docs/checkpoints.md).
     CkptCompare(CkptCompareArgs),
     /// Prove the culprit: run an op again (by default the compare's first divergent op)
     /// from the dumped tensors, through the capture agent's Python (`python -m
@@ -151,10 +150,8 @@ struct ConfigPackArgs {
 #[derive(clap::Args)]
 struct CkptCompareArgs {
     /// Benchmark checkpoint (trusted): a file, an index json or a folder.
-    #[arg(value_name = "BENCH")]
     bench: PathBuf,
     /// Comparison checkpoint (under suspicion).
-    #[arg(value_name = "CMP")]
     cmp: PathBuf,
     /// Output folder for ckpt_compare.json.
     #[arg(short, long, value_name = "DIR", default_value = "ckpt-out")]
@@ -171,17 +168,10 @@ struct CkptCompareArgs {
 }
 
 fn run_ckpt_compare(a: CkptCompareArgs) -> Result<u8, ProbeError> {
-    let req = probe::ckpt::CkptRequest {
-        bench: a.bench,
-        cmp: a.cmp,
-        out: a.out,
-        mapping: a.mapping,
-        tolerance: a.tolerance,
-    };
+    let req = probe::ckpt::CkptRequest::new(a.bench, a.cmp, a.out, a.mapping, a.tolerance);
     let s = probe::ckpt::run(&req)?;
-    if !a.quiet {
-        stdout(&probe::ckpt::report::terminal_summary(&s, &req.out));
-    }
+    let text = probe::ckpt::report::terminal_summary(&s, &req.out);
+    stdout(if a.quiet { "" } else { &text });
     Ok(s.exit_code)
 }
 

@@ -41,6 +41,25 @@ pub struct CkptRequest {
     pub tolerance: Option<f64>,
 }
 
+impl CkptRequest {
+    /// A request from the command line's values.
+    pub fn new(
+        bench: PathBuf,
+        cmp: PathBuf,
+        out: PathBuf,
+        mapping: Option<PathBuf>,
+        tolerance: Option<f64>,
+    ) -> CkptRequest {
+        CkptRequest {
+            bench,
+            cmp,
+            out,
+            mapping,
+            tolerance,
+        }
+    }
+}
+
 /// Both sides' parameters, paired, in model order.
 struct Paired {
     pairs: Vec<(usize, usize)>,
