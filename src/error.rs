@@ -180,6 +180,25 @@ pub enum ProbeError {
         /// What is wrong with it.
         msg: String,
     },
+    /// A checkpoint (`probe ckpt-compare`) that cannot be read as laid out: a missing
+    /// shard, an index naming a file that is not there, a tensor of the wrong size for the
+    /// mapping, a model shape the mapping cannot be built from.
+    #[error("{}: bad checkpoint: {}", path.display(), OneLine(msg))]
+    BadCheckpoint {
+        /// The checkpoint file or folder.
+        path: PathBuf,
+        /// What is wrong, naming the tensor or shard.
+        msg: String,
+    },
+    /// Two checkpoints whose logical parameter (after merging shards) has another shape
+    /// on each side: the mapping is wrong or the models differ.
+    #[error("parameter {}: {}", OneLine(name), OneLine(msg))]
+    CheckpointMismatch {
+        /// The logical parameter's name.
+        name: String,
+        /// Both shapes and where each came from.
+        msg: String,
+    },
     /// No Python that can replay an op (`probe replay`): none of those tried imports torch
     /// and `probe.replay`.
     #[error(

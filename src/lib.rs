@@ -26,6 +26,7 @@ pub mod agent_stats;
 pub mod app;
 pub mod atomic;
 pub mod baseline;
+pub mod ckpt;
 pub mod compare;
 pub mod config_check;
 pub mod config_file;

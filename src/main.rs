@@ -51,6 +51,8 @@ enum Cmd {
     ConfigCheck(ConfigCheckArgs),
     /// Make a config pack without Python: env, a Python's packages, weight fingerprints.
     ConfigPack(ConfigPackArgs),
+    /// Compare two checkpoints per parameter, across layouts (docs/checkpoints.md).
+    CkptCompare(CkptCompareArgs),
     /// Prove the culprit: run an op again (by default the compare's first divergent op)
     /// from the dumped tensors, through the capture agent's Python (`python -m
     /// probe.replay`). Exit 0 within tolerance, 1 reproduces, 2 bad input, 3 nothing
@@ -152,6 +154,34 @@ struct ConfigPackArgs {
     /// No progress bar on stderr (there is none when stderr is not a terminal).
     #[arg(short, long)]
     quiet: bool,
+}
+
+#[derive(clap::Args)]
+struct CkptCompareArgs {
+    /// Benchmark checkpoint (trusted): a file, an index json or a folder.
+    bench: PathBuf,
+    /// Comparison checkpoint (under suspicion).
+    cmp: PathBuf,
+    /// Output folder for ckpt_compare.json.
+    #[arg(short, long, value_name = "DIR", default_value = "ckpt-out")]
+    out: PathBuf,
+    /// Mapping file (TOML): the model's shape, renames, ignore patterns.
+    #[arg(long, value_name = "FILE.toml")]
+    mapping: Option<PathBuf>,
+    /// Largest relative L2 error that passes (default: 0, or the coarser dtype's rounding).
+    #[arg(long, value_name = "REL")]
+    tolerance: Option<f64>,
+    /// Print nothing on stdout.
+    #[arg(short, long)]
+    quiet: bool,
+}
+
+fn run_ckpt_compare(a: CkptCompareArgs) -> Result<u8, ProbeError> {
+    let req = probe::ckpt::CkptRequest::new(a.bench, a.cmp, a.out, a.mapping, a.tolerance);
+    let s = probe::ckpt::run(&req)?;
+    let text = probe::ckpt::report::terminal_summary(&s, &req.out);
+    stdout(if a.quiet { "" } else { &text });
+    Ok(s.exit_code)
 }
 
 fn run_config_check(a: ConfigCheckArgs) -> Result<u8, ProbeError> {
@@ -852,6 +882,7 @@ fn main() -> ExitCode {
         Cmd::Synth(a) => run_synth(a),
         Cmd::ConfigCheck(a) => run_config_check(a),
         Cmd::ConfigPack(a) => run_config_pack(a),
+        Cmd::CkptCompare(a) => run_ckpt_compare(a),
         Cmd::AgentKernel(a) => run_agent_kernel(a),
         Cmd::Replay(a) => run_replay(a),
         Cmd::Baseline(c) => probe::baseline::run(&c).map(|line| {

@@ -8,6 +8,7 @@
 //! Peak memory is thus a few windows per thread, whatever the dump size.
 
 pub mod npy;
+pub mod pickle;
 pub mod pt;
 
 use crate::dtype::{AnyDType, DType};
@@ -86,6 +87,17 @@ impl ShardIndex {
             })
             .collect();
         Ok(ShardIndex { entries })
+    }
+}
+
+impl ShardIndex {
+    /// Every tensor of the shard: name, absolute byte offset, dtype (None when probe cannot
+    /// decode it), shape. The header was validated: each tensor's bytes lie in the file.
+    pub fn entries(&self) -> Vec<(&str, u64, Option<DType>, &[usize])> {
+        self.entries
+            .iter()
+            .map(|(k, e)| (k.as_str(), e.offset, e.dtype, e.shape.as_slice()))
+            .collect()
     }
 }
 

@@ -1,663 +1,32 @@
-//! A safe reader for tensors saved with `torch.save` (the `.pt` files of msprobe dumps).
+//! A safe reader for tensors saved with `torch.save` (the `.pt` files of msprobe dumps,
+//! and checkpoints: [`read_archive`]).
 //!
 //! A `.pt` file is a zip archive holding `<name>/data.pkl` (a pickle describing the object)
 //! and one raw, uncompressed entry `<name>/data/<key>` per storage. The pickle is run by a
-//! small interpreter that knows only the opcodes and the handful of globals a saved tensor
-//! needs (`torch._utils._rebuild_tensor_v2` of a typed storage, `collections.OrderedDict`,
-//! the `torch.*Storage` classes). It never imports or calls anything: a global it does not
-//! know is an error naming the file. The tensor's bytes are not read here; [`read`]
-//! returns where they lie in the file, so compare reads them window by window like any
-//! other tensor.
+//! small interpreter ([`super::pickle`]) that knows only the opcodes and the handful of
+//! globals a saved tensor needs (`torch._utils._rebuild_tensor_v2` of a typed storage,
+//! `collections.OrderedDict`, the `torch.*Storage` classes). It never imports or calls
+//! anything: a global it does not know is an error naming the file. The tensor's bytes are
+//! not read here; [`read`] returns where they lie in the file, so compare reads them window
+//! by window like any other tensor.
 
+use super::pickle::{self, Node};
 use crate::dtype::DType;
 use crate::error::{ProbeError, Result};
-use std::cell::RefCell;
-use std::collections::HashMap;
 use std::io::{Read, Seek};
 use std::path::Path;
-use std::rc::Rc;
+
+pub use super::pickle::PickledTensor;
 
 /// Largest `data.pkl` accepted: a saved tensor's pickle is a few hundred bytes.
 const MAX_PICKLE: u64 = 16 << 20;
-/// Largest number of opcodes run, and deepest stack, before giving up.
-const MAX_OPS: usize = 1 << 20;
-const MAX_STACK: usize = 1 << 16;
-/// Most dimensions a tensor may have (PyTorch's own limit is far below).
-const MAX_DIMS: usize = 64;
-/// Longest storage key (torch.save writes "0", "1", ...).
-const MAX_KEY: usize = 64;
-
-/// Element type of a storage class (`None` for `UntypedStorage`: bytes of unknown type).
-fn storage_dtype(module: &str, name: &str) -> Option<Option<DType>> {
-    if name == "UntypedStorage" && (module == "torch.storage" || module == "torch") {
-        return Some(None);
-    }
-    if module != "torch" {
-        return None;
-    }
-    Some(Some(match name {
-        "FloatStorage" => DType::F32,
-        "DoubleStorage" => DType::F64,
-        "HalfStorage" => DType::F16,
-        "BFloat16Storage" => DType::BF16,
-        "LongStorage" => DType::I64,
-        "IntStorage" => DType::I32,
-        "ShortStorage" => DType::I16,
-        "CharStorage" => DType::I8,
-        "ByteStorage" => DType::U8,
-        "BoolStorage" => DType::Bool,
-        _ => return None,
-    }))
-}
-
-#[derive(Debug, Clone, Copy, PartialEq)]
-enum Global {
-    RebuildTensorV2,
-    RebuildParameter,
-    RebuildFromTypeV2,
-    OrderedDict,
-    /// `torch.Tensor` / `torch.nn.parameter.Parameter` as the type argument of
-    /// `_rebuild_from_type_v2`.
-    TensorType,
-    Storage(Option<DType>),
-}
-
-fn resolve_global(module: &str, name: &str) -> std::result::Result<Global, String> {
-    if let Some(dt) = storage_dtype(module, name) {
-        return Ok(Global::Storage(dt));
-    }
-    Ok(match (module, name) {
-        ("torch._utils", "_rebuild_tensor_v2") => Global::RebuildTensorV2,
-        ("torch._utils", "_rebuild_parameter") => Global::RebuildParameter,
-        ("torch._tensor", "_rebuild_from_type_v2") => Global::RebuildFromTypeV2,
-        ("collections", "OrderedDict") => Global::OrderedDict,
-        ("torch", "Tensor") | ("torch.nn.parameter", "Parameter") => Global::TensorType,
-        _ => {
-            return Err(format!(
-                "pickle refers to {module}.{name}, which a saved tensor does not need; not loaded"
-            ))
-        }
-    })
-}
-
-/// A storage named by a persistent id.
-#[derive(Debug, Clone, PartialEq)]
-struct StorageRef {
-    dtype: Option<DType>,
-    key: String,
-    /// Elements (bytes for an untyped storage).
-    numel: u64,
-}
-
-/// A tensor rebuilt from the pickle, not yet checked against the archive.
-#[derive(Debug, Clone, PartialEq)]
-pub struct PickledTensor {
-    /// Element type of the storage; None for an untyped storage.
-    pub dtype: Option<DType>,
-    /// Name of the storage's entry under `<archive>/data/`.
-    pub storage_key: String,
-    /// Storage length in elements (bytes when `dtype` is `None`).
-    pub storage_numel: u64,
-    /// Offset of the tensor's first element in its storage, in elements.
-    pub storage_offset: u64,
-    /// Size of each dimension.
-    pub shape: Vec<usize>,
-    /// Stride of each dimension, in elements.
-    pub stride: Vec<i64>,
-}
-
-#[derive(Debug, Clone)]
-enum V {
-    Mark,
-    None,
-    Bool(bool),
-    Int(i64),
-    Float,
-    Str(String),
-    Bytes,
-    Tuple(Vec<Val>),
-    List(Rc<RefCell<Vec<Val>>>),
-    Dict(Rc<RefCell<Vec<(Val, Val)>>>),
-    Global(Global),
-    Storage(StorageRef),
-    Tensor(Box<PickledTensor>),
-}
-
-type Val = Rc<V>;
-
-impl Drop for V {
-    /// A pickle nests values as deep as it likes (a million TUPLE1 opcodes nest a million
-    /// tuples): they are taken apart here with a work list, as recursive drops would
-    /// overflow the thread's stack.
-    fn drop(&mut self) {
-        let mut work = Vec::new();
-        take_children(self, &mut work);
-        while let Some(v) = work.pop() {
-            // A value still shared elsewhere is taken apart when its last holder is.
-            if let Ok(mut v) = Rc::try_unwrap(v) {
-                take_children(&mut v, &mut work);
-            }
-        }
-    }
-}
-
-/// Moves the values `v` holds (if `v` is their only holder) into `work`.
-fn take_children(v: &mut V, work: &mut Vec<Val>) {
-    match v {
-        V::Tuple(items) => work.append(items),
-        V::List(l) => {
-            if let Some(cell) = Rc::get_mut(l) {
-                work.append(cell.get_mut());
-            }
-        }
-        V::Dict(d) => {
-            if let Some(cell) = Rc::get_mut(d) {
-                for (k, x) in cell.get_mut().drain(..) {
-                    work.push(k);
-                    work.push(x);
-                }
-            }
-        }
-        _ => {}
-    }
-}
-
-impl V {
-    fn kind(&self) -> &'static str {
-        match self {
-            V::Mark => "mark",
-            V::None => "None",
-            V::Bool(_) => "bool",
-            V::Int(_) => "int",
-            V::Float => "float",
-            V::Str(_) => "str",
-            V::Bytes => "bytes",
-            V::Tuple(_) => "tuple",
-            V::List(_) => "list",
-            V::Dict(_) => "dict",
-            V::Global(_) => "class or function",
-            V::Storage(_) => "storage",
-            V::Tensor(_) => "tensor",
-        }
-    }
-}
-
-struct Reader<'a> {
-    b: &'a [u8],
-    pos: usize,
-}
-
-impl<'a> Reader<'a> {
-    fn take(&mut self, n: usize) -> std::result::Result<&'a [u8], String> {
-        let end = self
-            .pos
-            .checked_add(n)
-            .filter(|&e| e <= self.b.len())
-            .ok_or_else(|| format!("pickle ends early (needs {n} bytes at byte {})", self.pos))?;
-        let s = &self.b[self.pos..end];
-        self.pos = end;
-        Ok(s)
-    }
-    fn u8(&mut self) -> std::result::Result<u8, String> {
-        Ok(self.take(1)?[0])
-    }
-    fn le<const N: usize>(&mut self) -> std::result::Result<[u8; N], String> {
-        let mut a = [0u8; N];
-        a.copy_from_slice(self.take(N)?);
-        Ok(a)
-    }
-    fn line(&mut self) -> std::result::Result<&'a str, String> {
-        let rest = &self.b[self.pos..];
-        let n = rest
-            .iter()
-            .position(|&c| c == b'\n')
-            .ok_or("pickle ends inside a text argument")?;
-        let s = std::str::from_utf8(&rest[..n]).map_err(|_| "text argument is not UTF-8")?;
-        self.pos += n + 1;
-        Ok(s)
-    }
-    fn string(&mut self, n: usize) -> std::result::Result<String, String> {
-        let s = self.take(n)?;
-        String::from_utf8(s.to_vec()).map_err(|_| "string is not UTF-8".to_string())
-    }
-}
-
-fn as_int(v: &V, what: &str) -> std::result::Result<i64, String> {
-    match v {
-        V::Int(i) => Ok(*i),
-        V::Bool(b) => Ok(*b as i64),
-        o => Err(format!("{what} is a {}, expected an int", o.kind())),
-    }
-}
-
-fn int_tuple(v: &V, what: &str) -> std::result::Result<Vec<i64>, String> {
-    let n = match v {
-        V::Tuple(items) => items.len(),
-        V::List(items) => items.borrow().len(),
-        _ => 0,
-    };
-    if n > MAX_DIMS {
-        return Err(format!("{what} has {n} dimensions, more than {MAX_DIMS}"));
-    }
-    match v {
-        V::Tuple(items) => items.iter().map(|x| as_int(x, what)).collect(),
-        V::List(items) => items.borrow().iter().map(|x| as_int(x, what)).collect(),
-        o => Err(format!("{what} is a {}, expected a tuple", o.kind())),
-    }
-}
-
-fn persistent_load(pid: &V) -> std::result::Result<V, String> {
-    let V::Tuple(items) = pid else {
-        return Err(format!(
-            "persistent id is a {}, expected a tuple",
-            pid.kind()
-        ));
-    };
-    match items.first().map(|v| &**v) {
-        Some(V::Str(s)) if s == "storage" => {}
-        _ => return Err("persistent id is not a ('storage', ...) record".into()),
-    }
-    if items.len() != 5 {
-        return Err(format!(
-            "storage record has {} fields, expected 5",
-            items.len()
-        ));
-    }
-    let dtype = match &*items[1] {
-        V::Global(Global::Storage(dt)) => *dt,
-        o => {
-            return Err(format!(
-                "storage type is a {}, expected a storage class",
-                o.kind()
-            ))
-        }
-    };
-    let key = match &*items[2] {
-        V::Str(s) => s,
-        o => return Err(format!("storage key is a {}, expected a str", o.kind())),
-    };
-    if key.len() > MAX_KEY {
-        return Err(format!("storage key of {} bytes is too long", key.len()));
-    }
-    // A key is a file name inside the archive: refuse anything that could name another entry.
-    if key.is_empty() || !key.chars().all(|c| c.is_ascii_alphanumeric() || c == '_') {
-        return Err(format!("storage key {key:?} is not a plain name"));
-    }
-    let key = key.clone();
-    let numel = as_int(&items[4], "storage size")?;
-    let numel = u64::try_from(numel).map_err(|_| format!("storage size {numel} is negative"))?;
-    Ok(V::Storage(StorageRef { dtype, key, numel }))
-}
-
-fn rebuild_tensor_v2(args: &[Val]) -> std::result::Result<V, String> {
-    if !(4..=7).contains(&args.len()) {
-        return Err(format!(
-            "_rebuild_tensor_v2 called with {} arguments",
-            args.len()
-        ));
-    }
-    let V::Storage(st) = &*args[0] else {
-        return Err(format!(
-            "_rebuild_tensor_v2: first argument is a {}, expected a storage",
-            args[0].kind()
-        ));
-    };
-    let offset = as_int(&args[1], "storage offset")?;
-    let offset =
-        u64::try_from(offset).map_err(|_| format!("storage offset {offset} is negative"))?;
-    let shape = int_tuple(&args[2], "size")?
-        .into_iter()
-        .map(|d| usize::try_from(d).map_err(|_| format!("negative dimension {d}")))
-        .collect::<std::result::Result<Vec<_>, _>>()?;
-    let stride = int_tuple(&args[3], "stride")?;
-    if stride.len() != shape.len() {
-        return Err(format!(
-            "size has {} dimensions, stride {}",
-            shape.len(),
-            stride.len()
-        ));
-    }
-    Ok(V::Tensor(Box::new(PickledTensor {
-        dtype: st.dtype,
-        storage_key: st.key.clone(),
-        storage_numel: st.numel,
-        storage_offset: offset,
-        shape,
-        stride,
-    })))
-}
-
-fn call(f: Global, args: &V) -> std::result::Result<V, String> {
-    let V::Tuple(args) = args else {
-        return Err(format!(
-            "call arguments are a {}, expected a tuple",
-            args.kind()
-        ));
-    };
-    match f {
-        Global::RebuildTensorV2 => rebuild_tensor_v2(args),
-        Global::OrderedDict if args.is_empty() => Ok(V::Dict(Rc::default())),
-        Global::RebuildParameter if !args.is_empty() => match &*args[0] {
-            V::Tensor(t) => Ok(V::Tensor(t.clone())),
-            o => Err(format!("_rebuild_parameter of a {}", o.kind())),
-        },
-        Global::RebuildFromTypeV2 if args.len() >= 3 => {
-            // (func, new_type, args, state): only a plain tensor or parameter type.
-            match (&*args[0], &*args[1]) {
-                (V::Global(inner), V::Global(Global::TensorType)) => call(*inner, &args[2]),
-                _ => Err("_rebuild_from_type_v2 of an unknown type".into()),
-            }
-        }
-        g => Err(format!(
-            "{g:?} cannot be called with {} arguments",
-            args.len()
-        )),
-    }
-}
-
-fn pop_mark(stack: &mut Vec<Val>) -> std::result::Result<Vec<Val>, String> {
-    let m = stack
-        .iter()
-        .rposition(|v| matches!(**v, V::Mark))
-        .ok_or("no mark on the pickle stack")?;
-    let items = stack.split_off(m + 1);
-    stack.pop();
-    Ok(items)
-}
+/// Largest checkpoint `data.pkl` accepted: a few dozen bytes a tensor, more with an
+/// optimizer's state.
+const MAX_CHECKPOINT_PICKLE: u64 = 1 << 30;
 
 /// Runs the restricted pickle machine over `data.pkl` and returns the tensor it builds.
 pub fn parse_pickle(bytes: &[u8]) -> std::result::Result<PickledTensor, String> {
-    run_pickle(bytes).map_err(crate::error::one_line)
-}
-
-/// What one opcode does to the machine.
-enum Step {
-    /// Push this value.
-    Push(V),
-    /// Nothing to push: the opcode changed the stack or the memo, or only read.
-    Next,
-    /// STOP with the tensor the pickle built.
-    Stop(PickledTensor),
-}
-
-fn pop(stack: &mut Vec<Val>) -> std::result::Result<Val, String> {
-    stack.pop().ok_or("pickle stack underflow".to_string())
-}
-
-fn top(stack: &[Val]) -> std::result::Result<Val, String> {
-    stack
-        .last()
-        .cloned()
-        .ok_or("pickle stack is empty".to_string())
-}
-
-/// Runs the opcodes, each by its family: a literal read from the stream, a container
-/// built or filled, or the machine's own (stack, memo, globals, calls).
-fn run_pickle(bytes: &[u8]) -> std::result::Result<PickledTensor, String> {
-    let mut r = Reader { b: bytes, pos: 0 };
-    let mut stack: Vec<Val> = Vec::new();
-    let mut memo: HashMap<u32, Val> = HashMap::new();
-    for _ in 0..MAX_OPS {
-        if stack.len() > MAX_STACK {
-            return Err("pickle stack grows too deep".into());
-        }
-        let at = r.pos;
-        let op = r.u8()?;
-        let step = match literal(op, &mut r)? {
-            Some(v) => Step::Push(v),
-            None => match container(op, &mut stack)? {
-                Some(step) => step,
-                None => machine(op, at, &mut r, &mut stack, &mut memo)?,
-            },
-        };
-        match step {
-            Step::Push(v) => stack.push(Rc::new(v)),
-            Step::Next => {}
-            Step::Stop(t) => return Ok(t),
-        }
-    }
-    Err("pickle runs too long".into())
-}
-
-/// The opcodes that push a value read from the stream (None, booleans, integers, floats,
-/// strings, bytes); None for any other opcode, with nothing read.
-fn literal(op: u8, r: &mut Reader) -> std::result::Result<Option<V>, String> {
-    Ok(Some(match op {
-        b'N' => V::None,
-        0x88 => V::Bool(true),
-        0x89 => V::Bool(false),
-        b'J' => V::Int(i32::from_le_bytes(r.le()?) as i64),
-        b'K' => V::Int(r.u8()? as i64),
-        b'M' => V::Int(u16::from_le_bytes(r.le()?) as i64),
-        0x8a => {
-            let n = r.u8()? as usize;
-            let b = r.take(n)?;
-            if n > 8 {
-                return Err(format!("integer of {n} bytes is too large"));
-            }
-            let mut a = if b.last().is_some_and(|x| x & 0x80 != 0) {
-                [0xffu8; 8]
-            } else {
-                [0u8; 8]
-            };
-            a[..n].copy_from_slice(b);
-            V::Int(i64::from_le_bytes(a))
-        }
-        b'I' => {
-            let s = r.line()?;
-            match s {
-                "00" => V::Bool(false),
-                "01" => V::Bool(true),
-                _ => V::Int(s.parse().map_err(|_| format!("bad INT {s:?}"))?),
-            }
-        }
-        b'G' => {
-            r.take(8)?;
-            V::Float
-        }
-        b'X' => {
-            let n = u32::from_le_bytes(r.le()?) as usize;
-            V::Str(r.string(n)?)
-        }
-        0x8c => {
-            let n = r.u8()? as usize;
-            V::Str(r.string(n)?)
-        }
-        0x8d => {
-            let n = u64::from_le_bytes(r.le()?);
-            let n = usize::try_from(n).map_err(|_| "string too long")?;
-            V::Str(r.string(n)?)
-        }
-        b'U' | b'C' => {
-            let n = r.u8()? as usize;
-            r.take(n)?;
-            V::Bytes
-        }
-        b'T' | b'B' => {
-            let n = u32::from_le_bytes(r.le()?) as usize;
-            r.take(n)?;
-            V::Bytes
-        }
-        _ => return Ok(None),
-    }))
-}
-
-/// The opcodes that build or fill a container (mark, tuple, list, dict); None for any
-/// other opcode, with the stack untouched.
-fn container(op: u8, stack: &mut Vec<Val>) -> std::result::Result<Option<Step>, String> {
-    Ok(Some(Step::Push(match op {
-        b'(' => V::Mark,
-        b')' => V::Tuple(vec![]),
-        b't' => V::Tuple(pop_mark(stack)?),
-        0x85..=0x87 => {
-            let n = (op - 0x84) as usize;
-            if stack.len() < n {
-                return Err("pickle stack underflow".into());
-            }
-            let items = stack.split_off(stack.len() - n);
-            if items.iter().any(|v| matches!(**v, V::Mark)) {
-                return Err("a mark inside a tuple".into());
-            }
-            V::Tuple(items)
-        }
-        b']' => V::List(Rc::default()),
-        b'l' => V::List(Rc::new(RefCell::new(pop_mark(stack)?))),
-        b'a' | b'e' => {
-            let items = if op == b'a' {
-                vec![pop(stack)?]
-            } else {
-                pop_mark(stack)?
-            };
-            let l = top(stack)?;
-            let V::List(l) = &*l else {
-                return Err(format!("append to a {}", l.kind()));
-            };
-            l.borrow_mut().extend(items);
-            return Ok(Some(Step::Next));
-        }
-        b'}' => V::Dict(Rc::default()),
-        b'd' | b'u' | b's' => {
-            let items = if op == b's' {
-                let v = pop(stack)?;
-                let k = pop(stack)?;
-                vec![k, v]
-            } else {
-                pop_mark(stack)?
-            };
-            if items.len() % 2 != 0 {
-                return Err("odd number of dict items".into());
-            }
-            let pairs: Vec<(Val, Val)> = items
-                .chunks_exact(2)
-                .map(|kv| (kv[0].clone(), kv[1].clone()))
-                .collect();
-            if op == b'd' {
-                V::Dict(Rc::new(RefCell::new(pairs)))
-            } else {
-                let d = top(stack)?;
-                let V::Dict(d) = &*d else {
-                    return Err(format!("set item on a {}", d.kind()));
-                };
-                d.borrow_mut().extend(pairs);
-                return Ok(Some(Step::Next));
-            }
-        }
-        _ => return Ok(None),
-    })))
-}
-
-/// The machine's own opcodes: protocol and frames, STOP, the stack, the memo, globals,
-/// calls, persistent ids, BUILD. Any other opcode (`at`: its byte) is refused.
-fn machine(
-    op: u8,
-    at: usize,
-    r: &mut Reader,
-    stack: &mut Vec<Val>,
-    memo: &mut HashMap<u32, Val>,
-) -> std::result::Result<Step, String> {
-    Ok(Step::Push(match op {
-        0x80 => {
-            let p = r.u8()?;
-            if p > 5 {
-                return Err(format!("pickle protocol {p} is not supported"));
-            }
-            return Ok(Step::Next);
-        }
-        0x95 => {
-            r.take(8)?; // FRAME: a length hint only
-            return Ok(Step::Next);
-        }
-        b'.' => {
-            let v = pop(stack)?;
-            return match &*v {
-                V::Tensor(t) => Ok(Step::Stop((**t).clone())),
-                o => Err(format!(
-                    "the file holds a {}, not a single tensor (msprobe saves one tensor per file)",
-                    o.kind()
-                )),
-            };
-        }
-        b'0' => {
-            pop(stack)?;
-            return Ok(Step::Next);
-        }
-        b'1' => {
-            pop_mark(stack)?;
-            return Ok(Step::Next);
-        }
-        b'2' => {
-            let t = top(stack)?;
-            stack.push(t);
-            return Ok(Step::Next);
-        }
-        b'q' | b'r' | 0x94 => {
-            let idx = match op {
-                b'q' => r.u8()? as u32,
-                b'r' => u32::from_le_bytes(r.le()?),
-                _ => memo.len() as u32,
-            };
-            memo.insert(idx, top(stack)?);
-            return Ok(Step::Next);
-        }
-        b'h' | b'j' => {
-            let idx = if op == b'h' {
-                r.u8()? as u32
-            } else {
-                u32::from_le_bytes(r.le()?)
-            };
-            let v = memo
-                .get(&idx)
-                .cloned()
-                .ok_or_else(|| format!("memo entry {idx} read before it is written"))?;
-            stack.push(v);
-            return Ok(Step::Next);
-        }
-        b'c' => {
-            let module = r.line()?.to_string();
-            let name = r.line()?;
-            V::Global(resolve_global(&module, name)?)
-        }
-        0x93 => {
-            let name = pop(stack)?;
-            let module = pop(stack)?;
-            match (&*module, &*name) {
-                (V::Str(m), V::Str(n)) => V::Global(resolve_global(m, n)?),
-                _ => return Err("STACK_GLOBAL without two strings".into()),
-            }
-        }
-        b'R' => {
-            let args = pop(stack)?;
-            let f = pop(stack)?;
-            let V::Global(g) = &*f else {
-                return Err(format!("call of a {}", f.kind()));
-            };
-            call(*g, &args)?
-        }
-        b'Q' => {
-            let pid = pop(stack)?;
-            persistent_load(&pid)?
-        }
-        b'b' => {
-            // BUILD: only the empty state of an OrderedDict or a tensor is accepted.
-            let state = pop(stack)?;
-            let obj = top(stack)?;
-            let empty = match &*state {
-                V::None => true,
-                V::Dict(d) => d.borrow().is_empty(),
-                V::Tuple(t) => t.is_empty(),
-                _ => false,
-            };
-            if !(empty && matches!(*obj, V::Dict(_) | V::Tensor(_))) {
-                return Err(format!("BUILD of a {} with state", obj.kind()));
-            }
-            return Ok(Step::Next);
-        }
-        other => {
-            return Err(format!(
-                "pickle opcode 0x{other:02x} at byte {at} is not supported"
-            ))
-        }
-    }))
+    pickle::parse_one(bytes).map_err(crate::error::one_line)
 }
 
 /// A tensor inside a `.pt` file, located and checked.
@@ -707,7 +76,86 @@ pub fn read_from<R: Read + Seek>(
         path: path.to_path_buf(),
         msg,
     };
-    let unsupported = |msg: String| ProbeError::Unsupported {
+    let (mut zip, prefix, pickle) = open_archive(reader, path, MAX_PICKLE)?;
+    let (pkl_name, pickle) = pickle;
+    let t = parse_pickle(&pickle).map_err(|m| bad(format!("{pkl_name}: {m}")))?;
+    let entry = format!("{prefix}data/{}", t.storage_key);
+    let e = zip
+        .by_name(&entry)
+        .map_err(|e| bad(format!("storage entry {entry}: {e}")))?;
+    let storage = storage_of(&e, &entry, file_len, path)?;
+    locate(&t, storage, dtype_hint, path)
+}
+
+/// A storage entry of a `.pt` archive: where its bytes start in the file, how many.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct Storage {
+    /// Absolute byte offset of the entry's data in the file.
+    pub start: u64,
+    /// Bytes in the entry.
+    pub size: u64,
+}
+
+/// A checkpoint saved with `torch.save` (a state dict, Megatron's `model_optim_rng.pt`):
+/// the object its pickle builds and where each storage lies. Tensors are located on
+/// demand ([`Archive::locate`]); no tensor byte is read.
+#[derive(Debug, Clone)]
+pub struct Archive {
+    /// What the pickle built (tensors not yet located).
+    pub tree: Node,
+    storages: std::collections::HashMap<String, Storage>,
+}
+
+impl Archive {
+    /// Where the bytes of `t` lie in the file, checked against its storage.
+    pub fn locate(&self, t: &PickledTensor, path: &Path) -> Result<PtTensor> {
+        let s = self
+            .storages
+            .get(&t.storage_key)
+            .ok_or_else(|| ProbeError::BadTensorFile {
+                path: path.to_path_buf(),
+                msg: format!("no storage entry data/{} in the archive", t.storage_key),
+            })?;
+        locate(t, *s, None, path)
+    }
+}
+
+/// Reads a checkpoint's pickle (restricted: opaque objects are never constructed) and its
+/// storage entries. `path` only names the file in errors.
+pub fn read_archive<R: Read + Seek>(reader: R, file_len: u64, path: &Path) -> Result<Archive> {
+    let bad = |msg: String| ProbeError::BadTensorFile {
+        path: path.to_path_buf(),
+        msg,
+    };
+    let (mut zip, prefix, (pkl_name, pickle)) = open_archive(reader, path, MAX_CHECKPOINT_PICKLE)?;
+    let tree = pickle::parse_tree(&pickle).map_err(|m| bad(format!("{pkl_name}: {m}")))?;
+    drop(pickle);
+    let data = format!("{prefix}data/");
+    let mut storages = std::collections::HashMap::new();
+    for i in 0..zip.len() {
+        let e = zip
+            .by_index_raw(i)
+            .map_err(|e| bad(format!("entry {i}: {e}")))?;
+        let Ok(name) = e.name().map(|n| n.into_owned()) else {
+            continue;
+        };
+        if let Some(key) = name.strip_prefix(&data) {
+            let s = storage_of(&e, &name, file_len, path)?;
+            storages.insert(key.to_string(), s);
+        }
+    }
+    Ok(Archive { tree, storages })
+}
+
+/// Opens a `torch.save` zip: the archive, its `<prefix>/` and `(name, bytes)` of its
+/// `data.pkl` (at most `max_pickle` bytes), after checking the byte order.
+#[allow(clippy::type_complexity)]
+fn open_archive<R: Read + Seek>(
+    reader: R,
+    path: &Path,
+    max_pickle: u64,
+) -> Result<(zip::ZipArchive<R>, String, (String, Vec<u8>))> {
+    let bad = |msg: String| ProbeError::BadTensorFile {
         path: path.to_path_buf(),
         msg,
     };
@@ -735,11 +183,11 @@ pub fn read_from<R: Read + Seek>(
         let e = zip
             .by_name(&pkl_name)
             .map_err(|e| bad(format!("{pkl_name}: {e}")))?;
-        if e.size() > MAX_PICKLE {
+        if e.size() > max_pickle {
             return Err(bad(format!("{pkl_name} is {} bytes: too large", e.size())));
         }
         let mut buf = Vec::with_capacity(e.size() as usize);
-        e.take(MAX_PICKLE)
+        e.take(max_pickle)
             .read_to_end(&mut buf)
             .map_err(|e| bad(format!("{pkl_name}: {e}")))?;
         buf
@@ -748,13 +196,67 @@ pub fn read_from<R: Read + Seek>(
         let mut s = String::new();
         let _ = (&mut e).take(16).read_to_string(&mut s);
         if s.trim() != "little" {
-            return Err(unsupported(format!(
-                "byte order {:?}; only little-endian files are read",
-                s.trim()
-            )));
+            return Err(ProbeError::Unsupported {
+                path: path.to_path_buf(),
+                msg: format!(
+                    "byte order {:?}; only little-endian files are read",
+                    s.trim()
+                ),
+            });
         }
     }
-    let t = parse_pickle(&pickle).map_err(|m| bad(format!("{pkl_name}: {m}")))?;
+    Ok((zip, prefix, (pkl_name, pickle)))
+}
+
+/// A storage entry checked: stored uncompressed, inside the file.
+fn storage_of<R: Read>(
+    e: &zip::read::ZipFile<'_, R>,
+    entry: &str,
+    file_len: u64,
+    path: &Path,
+) -> Result<Storage> {
+    if e.compression() != zip::CompressionMethod::Stored {
+        return Err(ProbeError::Unsupported {
+            path: path.to_path_buf(),
+            msg: format!(
+                "storage entry {entry} is compressed ({}); torch.save stores storages uncompressed",
+                e.compression()
+            ),
+        });
+    }
+    let bad = |msg: String| ProbeError::BadTensorFile {
+        path: path.to_path_buf(),
+        msg,
+    };
+    let start = e
+        .data_start()
+        .ok_or_else(|| bad(format!("storage entry {entry}: data offset unknown")))?;
+    if start.checked_add(e.size()).is_none_or(|x| x > file_len) {
+        return Err(bad(format!(
+            "storage entry {entry} runs past the end of the file"
+        )));
+    }
+    Ok(Storage {
+        start,
+        size: e.size(),
+    })
+}
+
+/// Where the bytes of `t` lie, checked against its storage `s`.
+fn locate(
+    t: &PickledTensor,
+    s: Storage,
+    dtype_hint: Option<DType>,
+    path: &Path,
+) -> Result<PtTensor> {
+    let bad = |msg: String| ProbeError::BadTensorFile {
+        path: path.to_path_buf(),
+        msg,
+    };
+    let unsupported = |msg: String| ProbeError::Unsupported {
+        path: path.to_path_buf(),
+        msg,
+    };
     let (dtype, storage_bytes) = match t.dtype {
         Some(d) => (
             d,
@@ -792,35 +294,18 @@ pub fn read_from<R: Read + Seek>(
             t.storage_offset
         )));
     }
-    let entry = format!("{prefix}data/{}", t.storage_key);
-    let e = zip
-        .by_name(&entry)
-        .map_err(|e| bad(format!("storage entry {entry}: {e}")))?;
-    if e.compression() != zip::CompressionMethod::Stored {
-        return Err(unsupported(format!(
-            "storage entry {entry} is compressed ({}); torch.save stores storages uncompressed",
-            e.compression()
-        )));
-    }
-    if e.size() < storage_bytes {
+    let entry = format!("data/{}", t.storage_key);
+    if s.size < storage_bytes {
         return Err(bad(format!(
             "storage entry {entry} holds {} bytes, the pickle says {storage_bytes}",
-            e.size()
-        )));
-    }
-    let start = e
-        .data_start()
-        .ok_or_else(|| bad(format!("storage entry {entry}: data offset unknown")))?;
-    if start.checked_add(e.size()).is_none_or(|x| x > file_len) {
-        return Err(bad(format!(
-            "storage entry {entry} runs past the end of the file"
+            s.size
         )));
     }
     Ok(PtTensor {
         dtype,
-        shape: t.shape,
+        shape: t.shape.clone(),
         numel,
-        offset: start + t.storage_offset * esize,
+        offset: s.start + t.storage_offset * esize,
     })
 }
 
