@@ -245,7 +245,7 @@ pub fn megatron(
 
 /// The pieces of a parameter lie inside it and their stored tensors, and cover it: every
 /// byte a block read writes is a piece's (the constructors above never overlap pieces).
-fn check_tiling(ck: &Checkpoint, l: &Logical) -> Result<()> {
+pub(crate) fn check_tiling(ck: &Checkpoint, l: &Logical) -> Result<()> {
     let mut area = 0usize;
     for pc in &l.pieces {
         let (rows, cols) = ck.tensors[pc.src].rows_cols();
@@ -533,6 +533,7 @@ mod merge_tests {
                 .collect(),
             settings: BTreeMap::new(),
             non_parameters: 0,
+            logical: Vec::new(),
         }
     }
 

@@ -2,7 +2,8 @@
 //! their layout (docs/checkpoints.md).
 //!
 //! Data flow: [`source::open`] lists each side's stored tensors (safetensors, `torch.save`
-//! files through the restricted pickle reader, Megatron-style rank folders) without
+//! files through the restricted pickle reader, Megatron-style rank folders, DCP folders
+//! with their logical parameters from the metadata) without
 //! reading a tensor byte → [`layout`] turns them into logical parameters (a Megatron
 //! side's TP shards merged and renamed to HF names, with the model shape from [`config`])
 //! → the parameters are paired by name and put in model order → [`measure`] compares each
@@ -10,6 +11,7 @@
 //! terminal summary.
 
 pub mod config;
+pub mod dcp;
 pub mod layout;
 pub mod measure;
 pub mod megatron;
@@ -80,10 +82,15 @@ pub fn run(req: &CkptRequest) -> Result<report::CkptSummary> {
         .iter()
         .find(|c| !matches!(c.layout, Layout::Megatron { .. }))
         .and_then(|c| {
-            c.tensors
-                .iter()
-                .find(|t| map.rename(&t.name) == "model.embed_tokens.weight")
-                .map(|t| t.shape[0])
+            let named = |n: &str| map.rename(n) == "model.embed_tokens.weight";
+            match c.layout {
+                Layout::Dcp => c.logical.iter().find(|l| named(&l.name)).map(|l| l.rows),
+                _ => c
+                    .tensors
+                    .iter()
+                    .find(|t| named(&t.name))
+                    .map(|t| t.shape[0]),
+            }
         });
     let (dims, dims_from) = config::dims(&map, [&sides[0], &sides[1]], flat_vocab)?;
     let rename = |n: &str| map.rename(n);
@@ -91,6 +98,14 @@ pub fn run(req: &CkptRequest) -> Result<report::CkptSummary> {
         .iter()
         .map(|ck| match ck.layout {
             Layout::Megatron { tp, .. } => layout::megatron(ck, tp, &dims, &rename),
+            Layout::Dcp => Ok(ck
+                .logical
+                .iter()
+                .map(|l| Logical {
+                    name: rename(&l.name),
+                    ..l.clone()
+                })
+                .collect()),
             _ => Ok(layout::flat(ck, &rename)),
         })
         .collect::<Result<_>>()?;

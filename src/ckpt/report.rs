@@ -128,7 +128,7 @@ impl ParamResult {
                 }));
             for (src, r0, n, part) in refs {
                 // A flat side's one piece is the parameter itself: named only when sharded.
-                if !megatron && part == "piece" {
+                if !megatron && p[s].pieces.len() == 1 && part == "piece" {
                     continue;
                 }
                 let t = &ck.tensors[src];

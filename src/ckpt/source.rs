@@ -4,7 +4,8 @@
 //! Kinds: safetensors (one file, several, or sharded with `*.safetensors.index.json`),
 //! `torch.save` files (`.pt`, `.bin`, `.pth`; a state dict, or a `model`/`state_dict`/
 //! `module` entry holding one, read with the restricted pickle machine) and a Megatron-style
-//! folder of tensor/pipeline-parallel ranks ([`super::megatron`]).
+//! folder of tensor/pipeline-parallel ranks ([`super::megatron`]) and a PyTorch Distributed
+//! Checkpoint folder ([`super::dcp`]).
 
 use super::megatron;
 use crate::dtype::DType;
@@ -74,6 +75,8 @@ pub enum Layout {
         /// Pipeline-parallel size.
         pp: usize,
     },
+    /// A PyTorch Distributed Checkpoint folder ([`super::dcp`]).
+    Dcp,
 }
 
 /// One side's checkpoint.
@@ -92,6 +95,9 @@ pub struct Checkpoint {
     pub settings: BTreeMap<String, i64>,
     /// Entries that are not parameters, left out by name (`_extra_state`, ...): counted.
     pub non_parameters: usize,
+    /// The logical parameters of a layout that records them itself (DCP's metadata);
+    /// empty for the others.
+    pub logical: Vec<super::layout::Logical>,
 }
 
 impl Checkpoint {
@@ -118,8 +124,13 @@ pub fn open(path: &Path) -> Result<Checkpoint> {
         tensors: Vec::new(),
         settings: BTreeMap::new(),
         non_parameters: 0,
+        logical: Vec::new(),
     };
     if meta.is_dir() {
+        if super::dcp::is_dcp(path) {
+            super::dcp::read(&mut ck, path)?;
+            return Ok(ck);
+        }
         if let Some(ranks) = megatron::find_ranks(path)? {
             megatron::read(&mut ck, &ranks)?;
             return Ok(ck);
