@@ -468,9 +468,9 @@ pub struct ScanRequest {
 /// report. Returns the summary, whose `exit_code` is the gate's answer.
 pub fn scan(req: &ScanRequest, progress: &Progress) -> Result<ScanSummary> {
     let writers = chosen_writers(&req.formats, XlsxRows::All)?;
-    if req.options.margin.is_nan() || req.options.margin < 1.0 {
+    if !req.options.margin.is_finite() || req.options.margin < 1.0 {
         return Err(ProbeError::Usage(
-            "--overflow-margin must be at least 1".into(),
+            "--overflow-margin must be a finite number of at least 1".into(),
         ));
     }
     atomic::refuse_inside(&req.out, &[&req.dump])?;
