@@ -133,3 +133,138 @@ fn numeric_arguments_out_of_range_are_usage_errors_never_panics() {
         assert_eq!(o.code, 0, "{extra:?}: {}", o.stderr);
     }
 }
+
+/// The bytes of every report in `out`, read through its links.
+fn report_set(out: &Path) -> Vec<(String, Vec<u8>)> {
+    [
+        "summary.json",
+        "compare.parquet",
+        "compare.xlsx",
+        "compare.html",
+    ]
+    .iter()
+    .map(|n| {
+        (
+            n.to_string(),
+            std::fs::read(out.join(n)).unwrap_or_default(),
+        )
+    })
+    .collect()
+}
+
+/// `probe compare` of `dumps`' bench and cmp into `out`, stopped as a kill would stop it
+/// at `crash` (a debug build's hook) when given.
+fn compare_crashing(cwd: &Path, dumps: &str, out: &str, crash: Option<&str>) -> Out {
+    let (b, c) = (format!("{dumps}/bench"), format!("{dumps}/cmp"));
+    let mut cmd = Command::new(env!("CARGO_BIN_EXE_probe"));
+    cmd.current_dir(cwd)
+        .args(["compare", "-b", &b, "-c", &c, "-o", out, "-q"]);
+    cmd.args(["--fail-on", "never"]);
+    match crash {
+        Some(at) => cmd.env("PROBE_TEST_CRASH_AT", at),
+        None => cmd.env_remove("PROBE_TEST_CRASH_AT"),
+    };
+    let o = cmd.output().expect("run probe");
+    Out {
+        code: o.status.code().unwrap_or(-1),
+        stdout: String::from_utf8_lossy(&o.stdout).into_owned(),
+        stderr: String::from_utf8_lossy(&o.stderr).into_owned(),
+    }
+}
+
+#[test]
+fn a_kill_at_any_point_of_the_switch_leaves_one_whole_set() {
+    let t = tempfile::tempdir().unwrap();
+    let cwd = t.path();
+    synth(&cwd.join("a"), &[]);
+    synth(&cwd.join("b"), &["--inject", "Functional.gelu.1"]);
+    // The sets of a and of b, each written whole into a folder of its own.
+    for (dumps, out) in [("a", "ref-a"), ("b", "ref-b")] {
+        assert_eq!(compare_crashing(cwd, dumps, out, None).code, 0);
+    }
+    let same_as = |out: &str, reference: &str| {
+        let (x, y) = (report_set(&cwd.join(out)), report_set(&cwd.join(reference)));
+        for ((name, a), (_, b)) in x.iter().zip(&y) {
+            if name == "compare.parquet" {
+                assert!(a == b, "{out}/{name} is not {reference}'s");
+            } else {
+                // summary.json, the workbook and the page name their own folder.
+                assert!(!a.is_empty(), "{out}/{name} missing");
+            }
+        }
+        let s = std::fs::read_to_string(cwd.join(out).join("summary.json")).unwrap();
+        let r = std::fs::read_to_string(cwd.join(reference).join("summary.json")).unwrap();
+        assert_eq!(
+            s.replace(&format!("\"{out}/"), "\"OUT/"),
+            r.replace(&format!("\"{reference}/"), "\"OUT/"),
+            "{out}/summary.json is not {reference}'s"
+        );
+    };
+    assert_eq!(compare_crashing(cwd, "a", "out", None).code, 0);
+    same_as("out", "ref-a");
+    // Killed once every file of b's set is written, before the switch: a's set, whole.
+    let o = compare_crashing(cwd, "b", "out", Some("before-switch"));
+    assert_ne!(o.code, 0, "the hook did not stop it: {}", o.stderr);
+    same_as("out", "ref-a");
+    assert!(
+        !leftovers(&cwd.join("out")).is_empty(),
+        "the killed run left nothing?"
+    );
+    // Killed just after the switch, before cleaning up: b's set, whole.
+    let o = compare_crashing(cwd, "b", "out", Some("after-switch"));
+    assert_ne!(o.code, 0, "the hook did not stop it: {}", o.stderr);
+    same_as("out", "ref-b");
+    // The next run removes what the killed runs left (issue 53 item 8).
+    assert_eq!(compare_crashing(cwd, "a", "out", None).code, 0);
+    same_as("out", "ref-a");
+    let left = leftovers(&cwd.join("out"));
+    assert!(left.is_empty(), "{left:?}");
+}
+
+#[test]
+fn stale_staging_of_dead_processes_is_removed_and_live_ones_kept() {
+    let t = tempfile::tempdir().unwrap();
+    let cwd = t.path();
+    synth(cwd, &[]);
+    let out = cwd.join("out");
+    std::fs::create_dir(&out).unwrap();
+    // A process that has exited: its pid names no running process.
+    let mut child = Command::new("true").spawn().unwrap();
+    let dead = child.id();
+    child.wait().unwrap();
+    let host = std::fs::read_to_string("/proc/sys/kernel/hostname")
+        .unwrap()
+        .trim()
+        .replace(
+            |c: char| !(c.is_ascii_alphanumeric() || c == '_' || c == '.'),
+            "_",
+        );
+    let live = std::process::id();
+    let stale = [
+        format!(".probe-staging-{dead}"),
+        format!(".probe-reports-{host}-{dead}-1"),
+        format!(".probe-rows-{host}-{dead}-0.msgpack"),
+        format!(".probe-rows-{dead}-3.msgpack"),
+    ];
+    let kept = [
+        format!(".probe-reports-{host}-{live}-1"),
+        format!(".probe-reports-otherhost-{dead}-1"),
+        "notes.txt".to_string(),
+    ];
+    for n in stale.iter().chain(&kept) {
+        if n.ends_with("msgpack") || n.ends_with("txt") {
+            std::fs::write(out.join(n), b"x").unwrap();
+        } else {
+            std::fs::create_dir(out.join(n)).unwrap();
+            std::fs::write(out.join(n).join("summary.json"), b"{}").unwrap();
+        }
+    }
+    let o = compare(cwd, &["-q"]);
+    assert_eq!(o.code, 0, "{}", o.stderr);
+    for n in &stale {
+        assert!(!out.join(n).exists(), "{n} left");
+    }
+    for n in &kept {
+        assert!(out.join(n).exists(), "{n} removed");
+    }
+}

@@ -194,11 +194,7 @@ fn sheet_cells(path: &Path, sheet: &str) -> Vec<Vec<String>> {
 
 /// No temporary rows file is left in an output folder.
 fn no_parked_rows_left(dir: &Path) {
-    let left: Vec<String> = std::fs::read_dir(dir)
-        .unwrap()
-        .map(|e| e.unwrap().file_name().to_string_lossy().into_owned())
-        .filter(|n| n.starts_with(".probe"))
-        .collect();
+    let left = leftovers(dir);
     assert!(left.is_empty(), "{left:?} left in {}", dir.display());
 }
 
