@@ -361,7 +361,7 @@ pub fn compare_shard(
         let planned = part.frame.units.len();
         let units = part.outcomes.len();
         let staging = atomic::Staging::new(&req.out)?;
-        let mut names = shard::stage(&staging, shard, &identity, &part)?;
+        let pending = shard::stage(&staging, shard, &identity, &part)?;
         let run = part.assemble();
         let extras = verdict::Extras::default();
         let summary = verdict::summarize(&run, req.fail_on, req.max_unmatched, extras);
@@ -369,7 +369,7 @@ pub fn compare_shard(
         let table = report::ParquetTable;
         let name = table.file_name(doc.stem());
         table.write(&doc, &staging.path(&name))?;
-        names.insert(0, name);
+        let names = pending.seal(&staging, &name)?;
         staging.commit(&names)?;
         Ok(ShardReport {
             shard,

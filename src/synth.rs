@@ -636,17 +636,13 @@ fn linear_backward(gy: &[f32], x: &[f32], w: &[f32], bsz: usize, n: usize) -> (V
     (dx, dw)
 }
 
-/// The largest sizes `probe synth` takes: a synthetic pair is a test fixture, and its
-/// buffers are allocated whole (a weight is `width`², an activation `batch` × `width`).
-pub const MAX_WIDTH: usize = 4096;
-/// See [`MAX_WIDTH`].
-pub const MAX_BATCH: usize = 65_536;
-/// Blocks × steps × ranks at most this (the number of forward passes written).
-pub const MAX_PASSES: usize = 1 << 20;
-/// `--bulk-elems` at most this (1 GiB of f32 a tensor), `--bulk` at most [`MAX_BULK`].
-pub const MAX_BULK_ELEMS: usize = 1 << 28;
-/// See [`MAX_BULK_ELEMS`].
-pub const MAX_BULK: usize = 1 << 20;
+/// The largest sizes `probe synth` takes (a synthetic pair is a test fixture, its buffers
+/// allocated whole): width, batch, blocks × steps × ranks, bulk tensors, bulk elements.
+const MAX_WIDTH: usize = 4096;
+const MAX_BATCH: usize = 65_536;
+const MAX_PASSES: usize = 1 << 20;
+const MAX_BULK: usize = 1 << 20;
+const MAX_BULK_ELEMS: usize = 1 << 28;
 
 /// One line naming an argument out of its range.
 fn out_of_range(arg: &str, value: impl std::fmt::Display, range: &str) -> ProbeError {
@@ -666,22 +662,10 @@ fn check_sizes(o: &SynthOptions) -> Result<()> {
             return Err(out_of_range(arg, v, &format!("from 1 to {max}")));
         }
     }
-    if o.batch * o.width > MAX_BULK_ELEMS / 4 {
-        return Err(out_of_range(
-            "batch",
-            o.batch,
-            &format!(
-                "at most {} with --width {}",
-                MAX_BULK_ELEMS / 4 / o.width,
-                o.width
-            ),
-        ));
-    }
-    let passes = o.blocks * o.steps; // both at most 2^20: no overflow in u64 or usize
-    if passes.checked_mul(o.ranks).is_none_or(|n| n > MAX_PASSES) {
-        return Err(ProbeError::Usage(format!(
-            "--blocks x --steps x --ranks must be at most {MAX_PASSES}"
-        )));
+    let (area, passes) = (o.batch * o.width, o.blocks * o.steps); // no overflow: each factor is capped
+    if area > MAX_BULK_ELEMS / 4 || passes.checked_mul(o.ranks).is_none_or(|n| n > MAX_PASSES) {
+        let why = "--batch x --width at most 2^26, --blocks x --steps x --ranks at most 2^20";
+        return Err(ProbeError::Usage(why.into()));
     }
     for (arg, v) in [("inject-scale", o.inject_scale), ("noise", o.noise)] {
         if !v.is_finite() || v < 0.0 {

@@ -1,0 +1,158 @@
+//! The files of a shard result as `probe merge` reads them: each a regular file (never a
+//! device, pipe or folder, through a link or not) of the size `shard.json` gives, read with
+//! a cap and checked against its SHA-256 before anything of it is used; and the digest of
+//! what a shard's plan read, which tells shards of one run from shards of a dump rewritten
+//! between them.
+
+use super::plan::Unit;
+use crate::error::{ProbeError, Result};
+use sha2::{Digest, Sha256};
+use std::path::{Path, PathBuf};
+
+/// The shard result's public file, named in messages.
+const HEADER_FILE: &str = "shard.json";
+
+/// The SHA-256 of a plan's inputs (see `Frame::dumps_sha256`): each side's path and
+/// `manifest.json`, and for each planned pair, in order, its label and the names, sizes and
+/// modification times of both folders' files. Listing, not reading: the op logs of every
+/// rank are not read by every shard.
+pub(crate) fn plan_digest(bench: &Path, cmp: &Path, units: &[Unit]) -> String {
+    let mut h = Sha256::new();
+    let mut field = |bytes: &[u8]| {
+        h.update((bytes.len() as u64).to_le_bytes());
+        h.update(bytes);
+    };
+    for root in [bench, cmp] {
+        field(root.as_os_str().as_encoded_bytes());
+        let manifest = std::fs::File::open(root.join("manifest.json")).and_then(|f| {
+            use std::io::Read;
+            let mut b = Vec::new();
+            f.take(crate::config_file::MAX_CONFIG_BYTES)
+                .read_to_end(&mut b)?;
+            Ok(b)
+        });
+        field(&manifest.unwrap_or_default());
+    }
+    for u in units {
+        field(format!("{}/{}", u.step, u.rank).as_bytes());
+        for dir in [&u.locs.bench.dir, &u.locs.cmp.dir] {
+            let mut files: Vec<(String, u64, u128)> = std::fs::read_dir(dir)
+                .into_iter()
+                .flatten()
+                .flatten()
+                .filter_map(|e| {
+                    let m = e.metadata().ok()?;
+                    let t = m
+                        .modified()
+                        .ok()?
+                        .duration_since(std::time::UNIX_EPOCH)
+                        .ok()?;
+                    Some((
+                        e.file_name().to_string_lossy().into_owned(),
+                        m.len(),
+                        t.as_nanos(),
+                    ))
+                })
+                .collect();
+            files.sort();
+            for (name, len, t) in files {
+                field(name.as_bytes());
+                field(&len.to_le_bytes());
+                field(&t.to_le_bytes());
+            }
+        }
+    }
+    format!("{:x}", h.finalize())
+}
+
+/// The size of a shard file, refused unless it is a regular file (not a device such as
+/// `/dev/zero`, a pipe or a folder, through a link or not) of at most `cap` bytes.
+pub(super) fn regular_file(path: &Path, cap: u64) -> Result<u64> {
+    let bad = |msg: String| ProbeError::BadShardResult {
+        path: path.to_path_buf(),
+        msg,
+    };
+    let m = std::fs::metadata(path).map_err(|e| ProbeError::io(path, e))?;
+    if !m.is_file() {
+        return Err(bad("not a regular file".into()));
+    }
+    if m.len() > cap {
+        return Err(bad(format!(
+            "{} bytes, more than the {cap} a shard result's file may have",
+            m.len()
+        )));
+    }
+    Ok(m.len())
+}
+
+/// A whole shard file of `len` bytes (its size as checked), refusing one that grew.
+pub(super) fn read_exactly(path: &Path, len: u64) -> Result<Vec<u8>> {
+    use std::io::Read;
+    let f = std::fs::File::open(path).map_err(|e| ProbeError::io(path, e))?;
+    let mut bytes = Vec::with_capacity(usize::try_from(len).unwrap_or(0));
+    f.take(len.saturating_add(1))
+        .read_to_end(&mut bytes)
+        .map_err(|e| ProbeError::io(path, e))?;
+    if bytes.len() as u64 != len {
+        return Err(ProbeError::BadShardResult {
+            path: path.to_path_buf(),
+            msg: format!("changed while read ({} bytes, not {len})", bytes.len()),
+        });
+    }
+    Ok(bytes)
+}
+
+/// SHA-256 of the `len` bytes of a file (its size as checked), read in pieces (a rows file
+/// may be larger than memory); a file that is not `len` bytes long is refused.
+pub(super) fn sha256_of(path: &Path, len: u64) -> Result<String> {
+    use std::io::Read;
+    let f = std::fs::File::open(path).map_err(|e| ProbeError::io(path, e))?;
+    let mut f = f.take(len.saturating_add(1));
+    let mut hash = Sha256::new();
+    let mut buf = vec![0u8; 1 << 20];
+    let mut seen = 0u64;
+    loop {
+        let n = f.read(&mut buf).map_err(|e| ProbeError::io(path, e))?;
+        if n == 0 {
+            break;
+        }
+        seen += n as u64;
+        hash.update(&buf[..n]);
+    }
+    if seen != len {
+        return Err(ProbeError::BadShardResult {
+            path: path.to_path_buf(),
+            msg: format!("changed while read ({seen} bytes, not {len})"),
+        });
+    }
+    Ok(format!("{:x}", hash.finalize()))
+}
+
+/// A shard file checked against `shard.json`: a regular file of the size and SHA-256 it
+/// gives.
+pub(super) fn check_file(
+    dir: &Path,
+    name: &str,
+    (len, sum): (u64, &str),
+    cap: u64,
+) -> Result<PathBuf> {
+    let path = dir.join(name);
+    let bad = |msg: String| ProbeError::BadShardResult {
+        path: dir.to_path_buf(),
+        msg,
+    };
+    let size = regular_file(&path, cap)?;
+    if size != len {
+        return Err(bad(format!(
+            "{name} does not match the checksum in {HEADER_FILE} ({size} bytes, not {len}: \
+             truncated, corrupted or replaced)"
+        )));
+    }
+    if sha256_of(&path, len)? != sum {
+        return Err(bad(format!(
+            "{name} does not match the checksum in {HEADER_FILE} (truncated, corrupted or \
+             replaced)"
+        )));
+    }
+    Ok(path)
+}
