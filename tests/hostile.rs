@@ -268,3 +268,63 @@ fn stale_staging_of_dead_processes_is_removed_and_live_ones_kept() {
         assert!(out.join(n).exists(), "{n} removed");
     }
 }
+
+/// Rewrites a dump's op logs so that `Functional.gelu.1`'s key and every module path carry
+/// terminal control characters (clear screen, bell, carriage return, a title escape).
+fn hostile_names(root: &Path) {
+    for e in std::fs::read_dir(root.join("step0")).unwrap() {
+        let log = e.unwrap().path().join("ops.jsonl");
+        let text = std::fs::read_to_string(&log).unwrap();
+        let text = text
+            .replace("Functional.gelu.1.", "Functional.gelu\\u001b[2J\\u0007\\r.1.")
+            .replace("\"module\":\"", "\"module\":\"\\u001b]0;pwned\\u0007");
+        std::fs::write(&log, text).unwrap();
+    }
+}
+
+/// Whether `text` holds a control character other than the newline.
+fn raw_controls(text: &str) -> Vec<char> {
+    text.chars().filter(|c| c.is_control() && *c != '\n').collect()
+}
+
+#[test]
+fn terminal_control_characters_from_a_dump_are_escaped_on_stdout_and_stderr() {
+    let t = tempfile::tempdir().unwrap();
+    let cwd = t.path();
+    synth(
+        cwd,
+        &["--mode", "statistics", "--ranks", "2", "--nan", "Functional.gelu.1"],
+    );
+    for side in ["bench", "cmp"] {
+        hostile_names(&cwd.join(side));
+    }
+    let runs: Vec<Vec<&str>> = vec![
+        vec!["compare", "-b", "bench", "-c", "cmp", "-o", "c"],
+        vec!["scan", "cmp", "-o", "s"],
+        vec!["compare", "-b", "bench", "-c", "cmp", "-o", "s0", "--shard", "0/2"],
+        vec!["compare", "-b", "bench", "-c", "cmp", "-o", "s1", "--shard", "1/2"],
+        vec!["merge", "s0", "s1", "-o", "m"],
+        // An error naming a hostile path.
+        vec!["scan", "no\u{1b}[2Jsuch\r", "-o", "e"],
+    ];
+    for args in &runs {
+        let o = probe_in(cwd, args);
+        assert!(!o.stderr.contains("panicked"), "{args:?}: {}", o.stderr);
+        for (what, text) in [("stdout", &o.stdout), ("stderr", &o.stderr)] {
+            let raw = raw_controls(text);
+            assert!(raw.is_empty(), "{args:?}: {what} holds {raw:?}: {text}");
+        }
+        let all = format!("{}{}", o.stdout, o.stderr);
+        if args.contains(&"--shard") {
+            continue; // one line: how many pairs it compared
+        }
+        if args[0] != "scan" || args[1] == "cmp" {
+            assert!(
+                all.contains("\\x1b[2J\\x07\\r") || all.contains("\\x1b]0;pwned\\x07"),
+                "{args:?}: the names are shown, escaped: {all}"
+            );
+        } else {
+            assert!(all.contains("no\\x1b[2Jsuch\\r"), "{all}");
+        }
+    }
+}
