@@ -363,7 +363,7 @@ fn run_calibrate(a: CalibrateArgs) -> Result<u8, ProbeError> {
         ));
         if req.reruns {
             if r.nondeterministic.is_empty() {
-                say_out(&format!("no op's outputs differ from run to run"));
+                say_out("no op's outputs differ from run to run");
             }
             for (p, e) in &r.nondeterministic {
                 say_out(&format!(
