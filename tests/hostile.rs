@@ -276,7 +276,10 @@ fn hostile_names(root: &Path) {
         let log = e.unwrap().path().join("ops.jsonl");
         let text = std::fs::read_to_string(&log).unwrap();
         let text = text
-            .replace("Functional.gelu.1.", "Functional.gelu\\u001b[2J\\u0007\\r.1.")
+            .replace(
+                "Functional.gelu.1.",
+                "Functional.gelu\\u001b[2J\\u0007\\r.1.",
+            )
             .replace("\"module\":\"", "\"module\":\"\\u001b]0;pwned\\u0007");
         std::fs::write(&log, text).unwrap();
     }
@@ -284,7 +287,9 @@ fn hostile_names(root: &Path) {
 
 /// Whether `text` holds a control character other than the newline.
 fn raw_controls(text: &str) -> Vec<char> {
-    text.chars().filter(|c| c.is_control() && *c != '\n').collect()
+    text.chars()
+        .filter(|c| c.is_control() && *c != '\n')
+        .collect()
 }
 
 #[test]
@@ -293,7 +298,14 @@ fn terminal_control_characters_from_a_dump_are_escaped_on_stdout_and_stderr() {
     let cwd = t.path();
     synth(
         cwd,
-        &["--mode", "statistics", "--ranks", "2", "--nan", "Functional.gelu.1"],
+        &[
+            "--mode",
+            "statistics",
+            "--ranks",
+            "2",
+            "--nan",
+            "Functional.gelu.1",
+        ],
     );
     for side in ["bench", "cmp"] {
         hostile_names(&cwd.join(side));
@@ -301,8 +313,12 @@ fn terminal_control_characters_from_a_dump_are_escaped_on_stdout_and_stderr() {
     let runs: Vec<Vec<&str>> = vec![
         vec!["compare", "-b", "bench", "-c", "cmp", "-o", "c"],
         vec!["scan", "cmp", "-o", "s"],
-        vec!["compare", "-b", "bench", "-c", "cmp", "-o", "s0", "--shard", "0/2"],
-        vec!["compare", "-b", "bench", "-c", "cmp", "-o", "s1", "--shard", "1/2"],
+        vec![
+            "compare", "-b", "bench", "-c", "cmp", "-o", "s0", "--shard", "0/2",
+        ],
+        vec![
+            "compare", "-b", "bench", "-c", "cmp", "-o", "s1", "--shard", "1/2",
+        ],
         vec!["merge", "s0", "s1", "-o", "m"],
         // An error naming a hostile path.
         vec!["scan", "no\u{1b}[2Jsuch\r", "-o", "e"],
