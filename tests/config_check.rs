@@ -975,3 +975,49 @@ fn a_private_key_in_the_environment_is_redacted_whole_in_the_pack_and_every_repo
         .iter()
         .any(|(_, t)| t.contains("BEGIN") || t.contains("<redacted")));
 }
+
+#[test]
+fn a_pack_of_millions_of_variables_is_refused_in_bounded_memory() {
+    // Issue 53 item 9: a 5 MB pack of 2 M environment variables peaked at 3.35 GB and
+    // aborted under a 4 GiB address-space limit. It is refused, naming the cap, under 1 GiB
+    // of address space; a pack of 20,000 variables is still compared.
+    let tmp = tempfile::tempdir().unwrap();
+    let manifest = br#"{"format":"probe-config-pack","version":1,"framework":"pytorch","entries":["env.json"]}"#;
+    let env = |n: usize| {
+        let mut s = String::from("{\"redacted\":[],\"vars\":{");
+        for i in 0..n {
+            if i > 0 {
+                s.push(',');
+            }
+            s += &format!("\"V{i}\":\"x\"");
+        }
+        s + "}}"
+    };
+    for (n, ok) in [(2_000_000usize, false), (20_000, true)] {
+        let pack = tmp.path().join(format!("p{n}.zip"));
+        write_zip(
+            &pack,
+            &[
+                ("manifest.json".into(), manifest.to_vec()),
+                ("env.json".into(), env(n).into_bytes()),
+            ],
+        );
+        let script = format!(
+            "ulimit -v {}; exec timeout 120 {} config-check -q -o {} {} {}",
+            1 << 20,
+            env!("CARGO_BIN_EXE_probe"),
+            tmp.path().join(format!("out{n}")).display(),
+            pack.display(),
+            pack.display()
+        );
+        let o = Command::new("sh").args(["-c", &script]).output().unwrap();
+        let stderr = String::from_utf8_lossy(&o.stderr);
+        if ok {
+            assert_eq!(o.status.code(), Some(0), "{n}: {stderr}");
+        } else {
+            assert_eq!(o.status.code(), Some(2), "{n}: {stderr}");
+            assert!(stderr.contains("more than 250000 items"), "{stderr}");
+            assert!(stderr.contains("env.json"), "{stderr}");
+        }
+    }
+}
