@@ -344,3 +344,61 @@ fn terminal_control_characters_from_a_dump_are_escaped_on_stdout_and_stderr() {
         }
     }
 }
+
+#[test]
+fn an_msprobe_data_name_outside_the_dump_is_not_read_and_is_named() {
+    // Issue 53 gap: a data_name pointing outside dump_tensor_data/ (`../`, absolute,
+    // /dev/zero) was safely not read, but the tensor was quietly compared by statistics.
+    let t = tempfile::tempdir().unwrap();
+    let root = Path::new(env!("CARGO_MANIFEST_DIR")).join("testdata/msprobe");
+    for side in ["tensor_bench", "tensor_bf16"] {
+        copy_dir(&root.join(side), &t.path().join(side));
+    }
+    let dump = std::fs::read_dir(t.path().join("tensor_bf16/step0"))
+        .unwrap()
+        .next()
+        .unwrap()
+        .unwrap()
+        .path()
+        .join("dump.json");
+    let text = std::fs::read_to_string(&dump).unwrap();
+    let text = text
+        .replacen(
+            "\"data_name\": \"Functional.conv2d.0.forward.input.0.pt\"",
+            "\"data_name\": \"../../../tensor_bench/x.pt\"",
+            1,
+        )
+        .replacen(
+            "\"data_name\": \"Functional.conv2d.0.forward.input.1.pt\"",
+            "\"data_name\": \"/dev/zero\"",
+            1,
+        );
+    assert!(text.contains("/dev/zero") && text.contains("../../../"));
+    std::fs::write(&dump, text).unwrap();
+    let o = probe_bounded(
+        t.path(),
+        &[
+            "compare",
+            "-b",
+            "tensor_bench",
+            "-c",
+            "tensor_bf16",
+            "-o",
+            "o",
+            "-q",
+        ],
+        4 << 20,
+    );
+    assert!(o.code == 0 || o.code == 1, "{}", o.stderr);
+    let warning = o
+        .stderr
+        .lines()
+        .find(|l| l.contains("outside dump_tensor_data"))
+        .unwrap_or_else(|| panic!("no warning: {}", o.stderr));
+    assert!(
+        warning.contains("2 tensor(s)")
+            && warning.contains("Functional.conv2d.0.forward.input.0")
+            && warning.contains("../../../tensor_bench/x.pt"),
+        "{warning}"
+    );
+}
