@@ -763,6 +763,8 @@ mod tests {
             dir: Path::new("/nonexistent"),
             missing: 0,
             first_missing: None,
+            outside: 0,
+            first_outside: None,
         };
         convert_op(&mut ctx, "Functional.f.0.forward", entry).unwrap()
     }
