@@ -463,8 +463,8 @@ def redact_argv(argv: list[str], mode: str = "hash") -> list[str]:
         if take_next:
             take_next = False
             number = short and arg != "" and all(_is_digit(c) for c in arg)
-            flag = arg.startswith("-") if short else arg.startswith("--")
-            if not flag and not number:
+            is_flag = arg.startswith("-") if short else arg.startswith("--")
+            if not is_flag and not number:
                 out.append(arg if is_marker(arg) or _plain(arg) else marker(arg, mode))
                 continue
         key, eq, v = arg.partition("=")
