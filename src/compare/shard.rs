@@ -128,8 +128,8 @@ pub struct Frame {
     /// What the verdicts were calibrated against (`--reference`, a calibration file).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub calibration: Option<crate::compare::envelope::Source>,
-    /// SHA-256 of what the plan read: both dumps' manifests and the listing (names, sizes,
-    /// modification times) of every planned step/rank folder ([`plan_digest`]): shards of
+    /// SHA-256 of what the plan read: both dumps' manifests and every planned step/rank
+    /// folder's files (names, sizes, first and last bytes: `plan_digest`): shards of
     /// `I/N` splits of one run agree on it; a dump rewritten between them does not.
     #[serde(default)]
     pub dumps_sha256: String,

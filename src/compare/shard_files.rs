@@ -12,53 +12,71 @@ use std::path::{Path, PathBuf};
 /// The shard result's public file, named in messages.
 const HEADER_FILE: &str = "shard.json";
 
+/// The bytes of a plan's input file that enter its digest: all of a small one, the first
+/// and last [`SAMPLE`] bytes of a larger one (an op log's first and last records, a
+/// safetensors shard's header and last values); nothing of what is not a regular file.
+fn sample(path: &Path, len: u64) -> Vec<u8> {
+    use std::io::{Read, Seek, SeekFrom};
+    let Ok(mut f) = std::fs::File::open(path) else {
+        return Vec::new();
+    };
+    let mut out = Vec::new();
+    let head = len.min(SAMPLE);
+    let _ = (&mut f).take(head).read_to_end(&mut out);
+    if len > 2 * SAMPLE && f.seek(SeekFrom::Start(len - SAMPLE)).is_ok() {
+        let _ = f.take(SAMPLE).read_to_end(&mut out);
+    } else if len > head {
+        let _ = f.take(len - head).read_to_end(&mut out);
+    }
+    out
+}
+
+/// See [`sample`].
+const SAMPLE: u64 = 4096;
+
 /// The SHA-256 of a plan's inputs (see `Frame::dumps_sha256`): each side's path and
-/// `manifest.json`, and for each planned pair, in order, its label and the names, sizes and
-/// modification times of both folders' files. Listing, not reading: the op logs of every
-/// rank are not read by every shard.
+/// `manifest.json` (an agent's holds its creation time), and for each planned pair, in
+/// order, its label and both folders' regular files: name, size and [`sample`]d bytes. A
+/// few KB a file, not the op logs of every rank read by every shard; no modification time,
+/// so the same dumps give the same digest (and the same `shard.json`).
 pub(crate) fn plan_digest(bench: &Path, cmp: &Path, units: &[Unit]) -> String {
     let mut h = Sha256::new();
     let mut field = |bytes: &[u8]| {
         h.update((bytes.len() as u64).to_le_bytes());
         h.update(bytes);
     };
+    let file_len = |p: &Path| {
+        std::fs::metadata(p)
+            .ok()
+            .filter(|m| m.is_file())
+            .map(|m| m.len())
+    };
     for root in [bench, cmp] {
         field(root.as_os_str().as_encoded_bytes());
-        let manifest = std::fs::File::open(root.join("manifest.json")).and_then(|f| {
-            use std::io::Read;
-            let mut b = Vec::new();
-            f.take(crate::config_file::MAX_CONFIG_BYTES)
-                .read_to_end(&mut b)?;
-            Ok(b)
-        });
-        field(&manifest.unwrap_or_default());
+        let manifest = root.join("manifest.json");
+        let bytes = file_len(&manifest)
+            .filter(|&n| n <= crate::config_file::MAX_CONFIG_BYTES)
+            .map(|n| sample(&manifest, n))
+            .unwrap_or_default();
+        field(&bytes);
     }
     for u in units {
         field(format!("{}/{}", u.step, u.rank).as_bytes());
         for dir in [&u.locs.bench.dir, &u.locs.cmp.dir] {
-            let mut files: Vec<(String, u64, u128)> = std::fs::read_dir(dir)
+            let mut files: Vec<(String, u64)> = std::fs::read_dir(dir)
                 .into_iter()
                 .flatten()
                 .flatten()
                 .filter_map(|e| {
-                    let m = e.metadata().ok()?;
-                    let t = m
-                        .modified()
-                        .ok()?
-                        .duration_since(std::time::UNIX_EPOCH)
-                        .ok()?;
-                    Some((
-                        e.file_name().to_string_lossy().into_owned(),
-                        m.len(),
-                        t.as_nanos(),
-                    ))
+                    let len = file_len(&e.path())?;
+                    Some((e.file_name().to_string_lossy().into_owned(), len))
                 })
                 .collect();
             files.sort();
-            for (name, len, t) in files {
+            for (name, len) in files {
                 field(name.as_bytes());
                 field(&len.to_le_bytes());
-                field(&t.to_le_bytes());
+                field(&sample(&dir.join(&name), len));
             }
         }
     }
