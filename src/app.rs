@@ -385,7 +385,7 @@ pub fn compare_shard(
         let planned = part.frame.units.len();
         let units = part.outcomes.len();
         let staging = atomic::Staging::new(&req.out)?;
-        let mut names = shard::stage(&staging, shard, &identity, &part)?;
+        let pending = shard::stage(&staging, shard, &identity, &part)?;
         let run = part.assemble();
         let extras = verdict::Extras::default();
         let summary = verdict::summarize(&run, req.fail_on, req.max_unmatched, extras);
@@ -393,7 +393,7 @@ pub fn compare_shard(
         let table = report::ParquetTable;
         let name = table.file_name(doc.stem());
         table.write(&doc, &staging.path(&name))?;
-        names.insert(0, name);
+        let names = pending.seal(&staging, &name)?;
         staging.commit(&names)?;
         Ok(ShardReport {
             shard,
@@ -493,9 +493,9 @@ pub struct ScanRequest {
 /// report. Returns the summary, whose `exit_code` is the gate's answer.
 pub fn scan(req: &ScanRequest, progress: &Progress) -> Result<ScanSummary> {
     let writers = chosen_writers(&req.formats, XlsxRows::All)?;
-    if req.options.margin.is_nan() || req.options.margin < 1.0 {
+    if !req.options.margin.is_finite() || req.options.margin < 1.0 {
         return Err(ProbeError::Usage(
-            "--overflow-margin must be at least 1".into(),
+            "--overflow-margin must be a finite number of at least 1".into(),
         ));
     }
     atomic::refuse_inside(&req.out, &[&req.dump])?;

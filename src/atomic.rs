@@ -57,27 +57,145 @@ pub(crate) fn prepare_output_dir(dir: &Path) -> Result<()> {
         return Err(err("exists and is not a directory".into()));
     }
     std::fs::create_dir_all(dir).map_err(|e| err(e.to_string()))?;
-    let probe_file = dir.join(format!(".probe-write-test-{}", std::process::id()));
+    let probe_file = dir.join(scratch_name("write-test", ""));
     std::fs::write(&probe_file, b"").map_err(|e| err(format!("not writable: {e}")))?;
     let _ = std::fs::remove_file(&probe_file);
+    sweep(dir);
     Ok(())
 }
 
-/// A set of output files written all or nothing: each file is first written into a hidden
-/// staging folder inside the output folder; [`Staging::commit`] moves them into place only
-/// once every one was written. Dropped without a commit (an error on the way), the staging
-/// folder is removed and the output folder keeps what it had.
+/// The link in an output folder that names the folder holding its current set of files:
+/// every file of the set is a link `NAME -> .probe-current/NAME`, so renaming one new link
+/// over this one switches the whole set at once.
+pub(crate) const CURRENT: &str = ".probe-current";
+/// The prefix of the hidden folders that hold a set (`.probe-reports-HOST-PID-NANOS`).
+const VERSION_PREFIX: &str = ".probe-reports-";
+
+/// This machine's name as it enters scratch names: letters, digits, `_` and `.` only (no
+/// `-`: the pid follows the first one), at most 64 of them.
+fn host() -> String {
+    let raw = std::fs::read_to_string("/proc/sys/kernel/hostname")
+        .ok()
+        .or_else(|| std::env::var("HOSTNAME").ok())
+        .unwrap_or_default();
+    let h: String = raw
+        .trim()
+        .chars()
+        .map(|c| match c {
+            'a'..='z' | 'A'..='Z' | '0'..='9' | '_' | '.' => c,
+            _ => '_',
+        })
+        .take(64)
+        .collect();
+    if h.is_empty() {
+        "host".into()
+    } else {
+        h
+    }
+}
+
+/// The owner part of this process's scratch names: `HOST-PID`.
+pub(crate) fn owner() -> String {
+    format!("{}-{}", host(), std::process::id())
+}
+
+/// A scratch name of this process in an output folder: `.probe-KIND-HOST-PID` and `rest`
+/// (which starts with `-` or `.`, or is empty). A later run removes it once this process is
+/// gone ([`sweep`]).
+pub(crate) fn scratch_name(kind: &str, rest: &str) -> String {
+    format!(".probe-{kind}-{}{rest}", owner())
+}
+
+/// Whether process `pid` of this machine may still be running. Where that cannot be known
+/// (no `/proc`), always yes: nothing is removed.
+fn alive(pid: u32) -> bool {
+    if pid == std::process::id() || !Path::new("/proc/self").exists() {
+        return true;
+    }
+    Path::new("/proc").join(pid.to_string()).exists()
+}
+
+/// The kinds of scratch entries probe leaves in an output folder while it works.
+const SCRATCH_KINDS: [&str; 5] = ["reports", "staging", "rows", "write-test", "link"];
+
+/// Of a scratch name, whether a process of this machine wrote it that is gone: its entry
+/// is left over from a killed run. Names of probe before issue 53 (`.probe-staging-PID`,
+/// `.probe-rows-PID-N.msgpack`: no host) count as this machine's.
+fn orphaned(name: &str, here: &str) -> bool {
+    let Some(rest) = name.strip_prefix(".probe-") else {
+        return false;
+    };
+    let Some((_, tail)) = SCRATCH_KINDS
+        .iter()
+        .find_map(|k| Some((*k, rest.strip_prefix(k)?.strip_prefix('-')?)))
+    else {
+        return false;
+    };
+    let mut parts = tail.splitn(3, '-');
+    let first = parts.next().unwrap_or_default();
+    let (owner_host, pid) = match first.parse::<u32>() {
+        Ok(pid) => (here, Some(pid)),
+        Err(_) => (first, parts.next().and_then(|p| p.parse::<u32>().ok())),
+    };
+    owner_host == here && pid.is_some_and(|p| !alive(p))
+}
+
+/// Removes what killed runs of this machine left in `dir`: staging and version folders no
+/// link names, parked rows, write tests. Entries of live processes, of other machines (a
+/// shared file system) and the folder [`CURRENT`] names are kept. Errors are ignored: this
+/// only frees space.
+pub(crate) fn sweep(dir: &Path) {
+    let Ok(entries) = std::fs::read_dir(dir) else {
+        return;
+    };
+    let current = std::fs::read_link(dir.join(CURRENT)).ok();
+    let here = host();
+    for e in entries.flatten() {
+        let name = e.file_name().to_string_lossy().into_owned();
+        if !orphaned(&name, &here) || current.as_deref() == Some(Path::new(&name)) {
+            continue;
+        }
+        let p = e.path();
+        let is_dir = e.file_type().is_ok_and(|t| t.is_dir());
+        let _ = if is_dir {
+            std::fs::remove_dir_all(&p)
+        } else {
+            std::fs::remove_file(&p)
+        };
+    }
+}
+
+/// Where a test stops the process as a kill would (no destructor runs): `PROBE_TEST_CRASH_AT`
+/// naming the point, read by debug builds only.
+fn crash_point(at: &str) {
+    if cfg!(debug_assertions) && std::env::var("PROBE_TEST_CRASH_AT").as_deref() == Ok(at) {
+        std::process::abort();
+    }
+}
+
+/// A set of output files written all or nothing, across a kill too: the files are written
+/// into a new hidden version folder inside the output folder (`.probe-reports-HOST-PID-N`);
+/// [`Staging::commit`] makes each file of the set a link `NAME -> .probe-current/NAME` (once:
+/// it stays from run to run) and then switches the one link [`CURRENT`] to the new folder by
+/// a rename: a reader sees the whole previous set or the whole new one, never a mix, whenever
+/// the process is killed. Dropped without a commit (an error on the way), the version folder
+/// is removed and the output folder keeps what it had.
 #[derive(Debug)]
 pub(crate) struct Staging {
     out: std::path::PathBuf,
     dir: std::path::PathBuf,
+    committed: bool,
 }
 
 impl Staging {
-    /// Creates the staging folder inside `out` (which must exist).
+    /// Creates the version folder inside `out` (which must exist), after removing what
+    /// killed runs left there.
     pub fn new(out: &Path) -> Result<Staging> {
-        let dir = out.join(format!(".probe-staging-{}", std::process::id()));
-        let _ = std::fs::remove_dir_all(&dir);
+        sweep(out);
+        let nanos = std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .map_or(0, |d| d.as_nanos());
+        let dir = out.join(scratch_name("reports", &format!("-{nanos}")));
         std::fs::create_dir(&dir).map_err(|e| ProbeError::Output {
             path: dir.clone(),
             msg: e.to_string(),
@@ -85,6 +203,7 @@ impl Staging {
         Ok(Staging {
             out: out.to_path_buf(),
             dir,
+            committed: false,
         })
     }
 
@@ -93,16 +212,81 @@ impl Staging {
         self.dir.join(name)
     }
 
-    /// Moves every staged file into the output folder (renames in one folder: no copy).
-    /// Files are moved in the order given: put the one readers look at first (the summary)
-    /// last. Nothing moves if a destination is a directory.
-    pub(crate) fn commit(self, names: &[String]) -> Result<()> {
-        if let Some(d) = names.iter().map(|n| self.out.join(n)).find(|p| p.is_dir()) {
-            return Err(ProbeError::Output {
-                path: d,
-                msg: "is a directory".into(),
-            });
+    /// Makes the staged files the output folder's set: one rename of [`CURRENT`]. Files of
+    /// the previous set this one lacks are removed after the switch; `names` lists the set
+    /// (their order only matters where links cannot be made: then the files are moved one by
+    /// one in this order, the one readers look at first last). Nothing changes if a
+    /// destination is a directory.
+    pub(crate) fn commit(mut self, names: &[String]) -> Result<()> {
+        let err = |path: std::path::PathBuf, e: std::io::Error| ProbeError::Output {
+            path,
+            msg: e.to_string(),
+        };
+        for n in names {
+            let p = self.out.join(n);
+            if std::fs::symlink_metadata(&p).is_ok_and(|m| m.is_dir()) {
+                return Err(ProbeError::Output {
+                    path: p,
+                    msg: "is a directory".into(),
+                });
+            }
         }
+        let version = self
+            .dir
+            .file_name()
+            .map(std::path::PathBuf::from)
+            .unwrap_or_default();
+        let tmp = self.out.join(scratch_name("link", ""));
+        let _ = std::fs::remove_file(&tmp);
+        if link(&version, &tmp).is_err() {
+            return self.move_one_by_one(names);
+        }
+        let previous = std::fs::read_link(self.out.join(CURRENT)).ok();
+        // Each name a link through CURRENT: unchanged where it already is one; a file of an
+        // older probe replaced by a link that resolves in the old set (or nowhere).
+        for n in names {
+            let to = Path::new(CURRENT).join(n);
+            let at = self.out.join(n);
+            if std::fs::read_link(&at).ok().as_deref() == Some(to.as_path()) {
+                continue;
+            }
+            let t = self.out.join(scratch_name("link", &format!("-{n}")));
+            let _ = std::fs::remove_file(&t);
+            link(&to, &t).map_err(|e| err(t.clone(), e))?;
+            std::fs::rename(&t, &at).map_err(|e| err(at.clone(), e))?;
+        }
+        crash_point("before-switch");
+        std::fs::rename(&tmp, self.out.join(CURRENT))
+            .map_err(|e| err(self.out.join(CURRENT), e))?;
+        self.committed = true;
+        crash_point("after-switch");
+        // The previous set's folder, and its links this set does not have.
+        if let Some(prev) = previous.filter(|p| p.to_string_lossy().starts_with(VERSION_PREFIX)) {
+            if prev != version {
+                let _ = std::fs::remove_dir_all(self.out.join(prev));
+            }
+        }
+        self.unlink_dangling();
+        Ok(())
+    }
+
+    /// Removes the links through [`CURRENT`] that name no file of the current set.
+    fn unlink_dangling(&self) {
+        let Ok(entries) = std::fs::read_dir(&self.out) else {
+            return;
+        };
+        for e in entries.flatten() {
+            let p = e.path();
+            let ours = std::fs::read_link(&p).is_ok_and(|t| t.starts_with(CURRENT));
+            if ours && !p.exists() {
+                let _ = std::fs::remove_file(&p);
+            }
+        }
+    }
+
+    /// Where links cannot be made (a file system without them): every staged file moved
+    /// into the output folder, one by one in the order given.
+    fn move_one_by_one(mut self, names: &[String]) -> Result<()> {
         for name in names {
             let (from, to) = (self.dir.join(name), self.out.join(name));
             std::fs::rename(&from, &to).map_err(|e| ProbeError::Output {
@@ -110,13 +294,29 @@ impl Staging {
                 msg: e.to_string(),
             })?;
         }
+        self.committed = false; // the emptied folder goes
         Ok(())
+    }
+}
+
+/// A symbolic link `at -> to` (relative targets: the folder can move).
+fn link(to: &Path, at: &Path) -> std::io::Result<()> {
+    #[cfg(unix)]
+    {
+        std::os::unix::fs::symlink(to, at)
+    }
+    #[cfg(not(unix))]
+    {
+        let _ = (to, at);
+        Err(std::io::Error::other("no symbolic links here"))
     }
 }
 
 impl Drop for Staging {
     fn drop(&mut self) {
-        let _ = std::fs::remove_dir_all(&self.dir);
+        if !self.committed {
+            let _ = std::fs::remove_dir_all(&self.dir);
+        }
     }
 }
 

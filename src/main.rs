@@ -77,7 +77,7 @@ struct AgentKernelArgs {
 
 fn run_agent_kernel(a: AgentKernelArgs) -> Result<u8, ProbeError> {
     let path = probe::agent_kernel::write_kernel(&a.dir)?;
-    println!("{}", path.display());
+    say_out(&format!("{}", path.display()));
     Ok(EXIT_PASS)
 }
 
@@ -216,7 +216,9 @@ fn run_config_check(a: ConfigCheckArgs) -> Result<u8, ProbeError> {
 /// dumps and packs say which framework wrote them.
 fn note_framework(f: Option<&str>) {
     if let Some(f) = f {
-        eprintln!("probe: note: -f {f} ignored: the input says which framework wrote it");
+        say_err(&format!(
+            "probe: note: -f {f} ignored: the input says which framework wrote it"
+        ));
     }
 }
 
@@ -228,7 +230,7 @@ fn run_config_pack(a: ConfigPackArgs) -> Result<u8, ProbeError> {
         redact: a.redact,
     };
     let path = config_check::make::make_pack(&opts, &Progress::for_stderr(a.quiet))?;
-    eprintln!("probe: wrote {}", path.display());
+    say_err(&format!("probe: wrote {}", path.display()));
     Ok(EXIT_PASS)
 }
 
@@ -390,24 +392,24 @@ fn run_calibrate(a: CalibrateArgs) -> Result<u8, ProbeError> {
     };
     let r = app::calibrate(&req, &Progress::for_stderr(a.quiet))?;
     for w in &r.warnings {
-        eprintln!("probe: warning: {}", report::printable(w));
+        say_err(&format!("probe: warning: {}", report::printable(w)));
     }
     if !a.quiet {
-        println!(
+        say_out(&format!(
             "wrote {}: {} rules from {} tensors",
             report::printable(&r.path.display().to_string()),
             r.rules,
             r.tensors
-        );
+        ));
         if req.reruns {
             if r.nondeterministic.is_empty() {
-                println!("no op's outputs differ from run to run");
+                say_out("no op's outputs differ from run to run");
             }
             for (p, e) in &r.nondeterministic {
-                println!(
+                say_out(&format!(
                     "nondeterministic: {} (run-to-run error up to {e:.3e})",
                     report::printable(p)
-                );
+                ));
             }
         }
     }
@@ -437,7 +439,7 @@ struct MergeArgs {
 /// A compare's (or merge's) warnings on stderr, its summary on stdout; its exit code.
 fn print_compare(summary: &probe::schema::summary::Summary, quiet: bool) -> u8 {
     for w in &summary.warnings {
-        eprintln!("probe: warning: {w}");
+        say_err(&format!("probe: warning: {w}"));
     }
     if !quiet {
         stdout(&report::terminal_summary(summary));
@@ -457,9 +459,9 @@ fn run_merge(a: MergeArgs) -> Result<u8, ProbeError> {
     };
     let merged = app::merge(&req, &Progress::for_stderr(a.quiet))?;
     if let Some(why) = &merged.encoded_again {
-        eprintln!(
+        say_err(&format!(
             "probe: note: the parquet table was encoded again, not copied from the shards' ({why})"
-        );
+        ));
     }
     Ok(print_compare(&merged.summary, a.quiet))
 }
@@ -524,7 +526,7 @@ fn run_scan(a: ScanArgs) -> Result<u8, ProbeError> {
     }
     let summary = app::scan(&req, &Progress::for_stderr(a.quiet))?;
     for w in &summary.warnings {
-        eprintln!("probe: warning: {w}");
+        say_err(&format!("probe: warning: {w}"));
     }
     if !a.quiet {
         stdout(&report::scan_terminal_summary(&summary));
@@ -636,15 +638,31 @@ fn run_trend(a: CompareArgs) -> Result<u8, ProbeError> {
 
 /// Results on stdout: a stdout closed by its reader (`| head`) is the reader's choice, not
 /// a failure of the run (`print!` would panic).
+/// Text for stdout, every control character but the newline escaped (strings from the
+/// inputs: op keys, module paths, file names); a closed stdout (`| head`) is the reader's
+/// choice, not an error of the run.
 fn stdout(text: &str) {
     use std::io::Write as _;
+    let text = report::printable_lines(text);
     let _ = std::io::stdout().lock().write_all(text.as_bytes());
+}
+
+/// One line on stdout, escaped as [`stdout`] escapes.
+fn say_out(line: &str) {
+    stdout(&format!("{line}\n"));
+}
+
+/// One line on stderr, escaped as [`stdout`] escapes.
+fn say_err(line: &str) {
+    use std::io::Write as _;
+    let line = report::printable_lines(line);
+    let _ = writeln!(std::io::stderr().lock(), "{line}");
 }
 
 /// A monitor compare's or scan's warnings on stderr, its headline on stdout; its exit code.
 fn print_monitor(s: &probe::monitor::summary::MonitorSummary, quiet: bool) -> u8 {
     for w in &s.warnings {
-        eprintln!("probe: warning: {}", report::printable(w));
+        say_err(&format!("probe: warning: {}", report::printable(w)));
     }
     if !quiet {
         // A closed stdout (`| head`) is the reader's choice, not an error of the run.
@@ -709,16 +727,16 @@ fn run_compare(a: CompareArgs) -> Result<u8, ProbeError> {
     if let Some(shard) = req.shard {
         let r = app::compare_shard(&req, shard, &progress)?;
         for w in &r.warnings {
-            eprintln!("probe: warning: {w}");
+            say_err(&format!("probe: warning: {w}"));
         }
         if !a.quiet {
-            println!(
+            say_out(&format!(
                 "shard {}: {} of {} step/rank pairs compared; shard result in {} (combine the shards with probe merge)",
                 r.shard,
                 r.units,
                 r.planned,
                 r.out.display()
-            );
+            ));
         }
         return Ok(EXIT_PASS);
     }
@@ -852,11 +870,11 @@ fn run_synth(a: SynthArgs) -> Result<u8, ProbeError> {
             synth::write_pair(&a.out, &o)?;
         }
     }
-    eprintln!(
+    say_err(&format!(
         "probe: wrote {}/bench and {}/cmp",
         a.out.display(),
         a.out.display()
-    );
+    ));
     Ok(EXIT_PASS)
 }
 
@@ -893,7 +911,7 @@ fn main() -> ExitCode {
     match outcome {
         Ok(code) => ExitCode::from(code),
         Err(e) => {
-            eprintln!("probe: error: {e}");
+            say_err(&format!("probe: error: {e}"));
             ExitCode::from(e.exit_code())
         }
     }

@@ -106,7 +106,13 @@ impl Stage {
     /// What the stage is doing now (shown after the counts).
     pub(crate) fn note(&self, msg: impl Into<String>) {
         if let Some(b) = &self.bar {
-            b.set_message(msg.into());
+            // (a folder or file name from the inputs: no control character reaches the bar)
+            let msg: String = msg
+                .into()
+                .chars()
+                .map(|c| if c.is_control() { '?' } else { c })
+                .collect();
+            b.set_message(msg);
         }
     }
 }

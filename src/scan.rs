@@ -228,15 +228,24 @@ fn zeroes_by_design(op: Op) -> bool {
 /// counts too) are not taken.
 const UNWRITTEN: &str = "unwritten memory (leftover bytes), not scanned";
 
+/// The reason of the value before a call of a target the op only writes.
+const OVERWRITTEN: &str = "leftover bytes the op only overwrites, not scanned";
+
 /// The scan's flag and reason for one tensor of `op`.
 fn flag_of(t: Tensor, op: Op, inputs_nonzero: bool, margin: f64) -> (Flag, String) {
     if t.unwritten() {
         let reason = if t.overwritten() {
-            "leftover bytes the op only overwrites, not scanned"
+            OVERWRITTEN
         } else {
             UNWRITTEN
         };
         return (Flag::Finite, reason.into());
+    }
+    if t.overwritten() {
+        // The value before a call that only writes it (an initialiser after `empty`:
+        // `uniform_`, `normal_`, `fill_`, `copy_`'s target): not something the op reads, so
+        // its bytes (leftovers a dump did not mark unwritten) are no NaN entering.
+        return (Flag::Finite, OVERWRITTEN.into());
     }
     let Some(s) = &t.stats() else {
         return (Flag::Finite, String::new());

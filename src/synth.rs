@@ -636,6 +636,45 @@ fn linear_backward(gy: &[f32], x: &[f32], w: &[f32], bsz: usize, n: usize) -> (V
     (dx, dw)
 }
 
+/// The largest sizes `probe synth` takes (a synthetic pair is a test fixture, its buffers
+/// allocated whole): width, batch, blocks × steps × ranks, bulk tensors, bulk elements.
+const MAX_WIDTH: usize = 4096;
+const MAX_BATCH: usize = 65_536;
+const MAX_PASSES: usize = 1 << 20;
+const MAX_BULK: usize = 1 << 20;
+const MAX_BULK_ELEMS: usize = 1 << 28;
+
+/// One line naming an argument out of its range.
+fn out_of_range(arg: &str, value: impl std::fmt::Display, range: &str) -> ProbeError {
+    ProbeError::Usage(format!("--{arg} {value}: must be {range}"))
+}
+
+/// The model's sizes within their ranges (no product overflows, no buffer past a GiB).
+fn check_sizes(o: &SynthOptions) -> Result<()> {
+    for (arg, v, max) in [
+        ("blocks", o.blocks, MAX_PASSES),
+        ("width", o.width, MAX_WIDTH),
+        ("batch", o.batch, MAX_BATCH),
+        ("steps", o.steps, MAX_PASSES),
+        ("ranks", o.ranks, MAX_PASSES),
+    ] {
+        if v == 0 || v > max {
+            return Err(out_of_range(arg, v, &format!("from 1 to {max}")));
+        }
+    }
+    let (area, passes) = (o.batch * o.width, o.blocks * o.steps); // no overflow: each factor is capped
+    if area > MAX_BULK_ELEMS / 4 || passes.checked_mul(o.ranks).is_none_or(|n| n > MAX_PASSES) {
+        let why = "--batch x --width at most 2^26, --blocks x --steps x --ranks at most 2^20";
+        return Err(ProbeError::Usage(why.into()));
+    }
+    for (arg, v) in [("inject-scale", o.inject_scale), ("noise", o.noise)] {
+        if !v.is_finite() || v < 0.0 {
+            return Err(out_of_range(arg, v, "a finite number, 0 or more"));
+        }
+    }
+    Ok(())
+}
+
 /// Writes `out/bench` and `out/cmp`, two dumps of the synthetic model.
 pub fn write_pair(out: &Path, o: &SynthOptions) -> Result<()> {
     if !["tensor", "statistics", "checksum"].contains(&o.mode.as_str()) {
@@ -644,14 +683,7 @@ pub fn write_pair(out: &Path, o: &SynthOptions) -> Result<()> {
             o.mode
         )));
     }
-    if o.blocks == 0 || o.width == 0 || o.batch == 0 || o.steps == 0 {
-        return Err(ProbeError::Usage(
-            "blocks, width, batch and steps must be at least 1".into(),
-        ));
-    }
-    if o.ranks == 0 {
-        return Err(ProbeError::Usage("ranks must be at least 1".into()));
-    }
+    check_sizes(o)?;
     if o.perturb_rank.is_some_and(|r| r >= o.ranks) {
         return Err(ProbeError::Usage(format!(
             "--perturb-rank must be below --ranks ({})",
@@ -812,6 +844,24 @@ pub fn write_bulk(
     noise: f32,
     seed: u64,
 ) -> Result<()> {
+    if !["tensor", "statistics", "checksum"].contains(&mode) {
+        return Err(ProbeError::Usage(format!(
+            "unknown mode {mode:?} (tensor, statistics or checksum)"
+        )));
+    }
+    if count > MAX_BULK {
+        return Err(out_of_range("bulk", count, &format!("at most {MAX_BULK}")));
+    }
+    if elems == 0 || elems > MAX_BULK_ELEMS {
+        return Err(out_of_range(
+            "bulk-elems",
+            elems,
+            &format!("from 1 to {MAX_BULK_ELEMS}"),
+        ));
+    }
+    if !noise.is_finite() || noise < 0.0 {
+        return Err(out_of_range("noise", noise, "a finite number, 0 or more"));
+    }
     for (side, cmp) in [("bench", false), ("cmp", true)] {
         let root = out.join(side);
         std::fs::create_dir_all(&root).map_err(|e| ProbeError::Output {

@@ -800,6 +800,12 @@ fn files_under(dir: &Path) -> BTreeSet<String> {
     while let Some(d) = todo.pop() {
         for e in std::fs::read_dir(&d).unwrap() {
             let p = e.unwrap().path();
+            // An output folder's current set (`.probe-current`) is read through its links.
+            if p.file_name()
+                .is_some_and(|n| n.to_string_lossy().starts_with(".probe-"))
+            {
+                continue;
+            }
             if p.is_dir() {
                 todo.push(p);
             } else {

@@ -748,6 +748,7 @@ fn shard_results() {
     // The files `probe merge` reads from shard folders copied around a cluster.
     let dir = demo_shard();
     let units = std::fs::read(dir.join("units.msgpack")).unwrap();
+    let header = std::fs::read(dir.join("shard.json")).unwrap();
     let compared = probe::compare::run(
         &td("demo/bench"),
         &td("demo/cmp"),
@@ -767,6 +768,16 @@ fn shard_results() {
             budget: Duration::from_secs(20),
         },
         11,
+    );
+    run(
+        Reader {
+            name: "shard shard.json",
+            seeds: vec![header],
+            per_seed: 1500,
+            parse: |b| err_line(probe::compare::shard::parse_header(b).err()?),
+            budget: Duration::from_secs(20),
+        },
+        13,
     );
     run(
         Reader {

@@ -172,12 +172,8 @@ fn summary_json_has_the_schema_fields() {
         );
     }
     // No temporary files left behind.
-    let leftovers: Vec<_> = std::fs::read_dir(t.path().join("out"))
-        .unwrap()
-        .map(|e| e.unwrap().file_name().to_string_lossy().into_owned())
-        .filter(|n| n.starts_with('.'))
-        .collect();
-    assert!(leftovers.is_empty(), "{leftovers:?}");
+    let left = leftovers(&t.path().join("out"));
+    assert!(left.is_empty(), "{left:?}");
 }
 
 /// The text of `entry` in the zip at `path`.

@@ -592,3 +592,67 @@ fn negative_infinity_made_from_finite_inputs_is_named_not_its_consumer() {
         }
     }
 }
+
+#[test]
+fn leftover_bytes_an_initialiser_overwrites_are_no_nan_entering() {
+    // Issue 53 item 5: an nn.Linear built inside a captured step makes its weight with
+    // torch.empty, then uniform_ fills it; the leftover bytes (NaN now and then) of the
+    // value before uniform_ were read as NaN entering from outside (exit 1, every run).
+    // The same for the other calls that only write their target.
+    let t = tempfile::tempdir().unwrap();
+    for (i, key) in [
+        "Tensor.uniform_.0.forward",
+        "Tensor.normal_.0.forward",
+        "Tensor.fill_.0.forward",
+        "Tensor.copy_.0.forward",
+        "Tensor.zero_.0.forward",
+    ]
+    .into_iter()
+    .enumerate()
+    {
+        let dir = t.path().join(format!("d{i}"));
+        let mut inputs = vec![("input", "float32", stats(0.0, 0.0, 7, 2))];
+        if key.contains("copy_") {
+            inputs.push(("input", "float32", ok()));
+        }
+        inputs.push(("output", "float32", ok()));
+        let d = write_dump(
+            &dir,
+            &[
+                (key, inputs),
+                (
+                    "Functional.linear.0.forward",
+                    vec![
+                        ("input", "float32", ok()),
+                        ("input", "float32", ok()),
+                        ("output", "float32", ok()),
+                    ],
+                ),
+            ],
+        );
+        let o = scan(&d, &t.path().join(format!("o{i}")), &[]);
+        assert_eq!(o.code, 0, "{key}: {}{}", o.stdout, o.stderr);
+        let s = json(&t.path().join(format!("o{i}")));
+        assert!(s["external_nonfinite"]["forward"].is_null(), "{key}: {s}");
+    }
+    // A NaN in what such a call reads (copy_'s source) still enters from outside.
+    let dir = t.path().join("src");
+    let d = write_dump(
+        &dir,
+        &[(
+            "Tensor.copy_.0.forward",
+            vec![
+                ("input", "float32", ok()),
+                ("input", "float32", stats(0.0, 0.0, 3, 0)),
+                ("output", "float32", stats(0.0, 0.0, 3, 0)),
+            ],
+        )],
+    );
+    let o = scan(&d, &t.path().join("o-src"), &[]);
+    assert_eq!(o.code, 1, "{}", o.stdout);
+    let s = json(&t.path().join("o-src"));
+    assert_eq!(
+        s["external_nonfinite"]["forward"]["tensor"],
+        "Tensor.copy_.0.forward.input.1"
+    );
+}

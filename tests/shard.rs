@@ -194,11 +194,7 @@ fn sheet_cells(path: &Path, sheet: &str) -> Vec<Vec<String>> {
 
 /// No temporary rows file is left in an output folder.
 fn no_parked_rows_left(dir: &Path) {
-    let left: Vec<String> = std::fs::read_dir(dir)
-        .unwrap()
-        .map(|e| e.unwrap().file_name().to_string_lossy().into_owned())
-        .filter(|n| n.starts_with(".probe"))
-        .collect();
+    let left = leftovers(dir);
     assert!(left.is_empty(), "{left:?} left in {}", dir.display());
 }
 
@@ -294,28 +290,29 @@ fn merge_encodes_the_table_again_when_a_shards_table_is_unusable() {
     let table = std::fs::read(cwd.join("full/compare.parquet")).unwrap();
     let shard_table = cwd.join("s1/compare.parquet");
     let good = std::fs::read(&shard_table).unwrap();
-    // A cut table, another run's table (one row group too many or too few), none at all.
+    // A cut table, another run's table: not the table shard.json names, refused (issue 53
+    // item 2: merge never copies bytes it has not checked).
     let other = std::fs::read(cwd.join("s0/compare.parquet")).unwrap();
-    for (case, bytes) in [
-        ("cut", Some(good[..good.len() / 2].to_vec())),
-        ("foreign", Some(other)),
-        ("missing", None),
-    ] {
-        match &bytes {
-            Some(b) => std::fs::write(&shard_table, b).unwrap(),
-            None => std::fs::remove_file(&shard_table).unwrap(),
-        }
+    for (case, bytes) in [("cut", good[..good.len() / 2].to_vec()), ("foreign", other)] {
+        std::fs::remove_file(&shard_table).unwrap();
+        std::fs::write(&shard_table, &bytes).unwrap();
         let out = format!("m-{case}");
         let o = probe_in(cwd, &["merge", "s0", "s1", "-o", &out, "-q"]);
-        assert_eq!(o.code, 1, "{case}: {}", o.stderr);
-        // The same table, encoded from the shards' rows (as the unsharded compare encodes
-        // it: the same bytes), the same summary; stderr says why.
-        let again = std::fs::read(cwd.join(&out).join("compare.parquet")).unwrap();
-        assert!(again == table, "{case}: the parquet table differs");
-        same_summary(cwd, &out, "full");
-        assert!(o.stderr.contains("encoded again"), "{case}: {}", o.stderr);
-        std::fs::write(&shard_table, &good).unwrap();
+        assert_input_error(&o, 2, "compare.parquet");
+        assert!(o.stderr.contains("checksum"), "{case}: {}", o.stderr);
+        assert!(!cwd.join(&out).join("summary.json").exists(), "{case}");
     }
+    // None at all: encoded again from the checked rows.
+    std::fs::remove_file(&shard_table).unwrap();
+    let o = probe_in(cwd, &["merge", "s0", "s1", "-o", "m-missing", "-q"]);
+    assert_eq!(o.code, 1, "{}", o.stderr);
+    // The same table, encoded from the shards' rows (as the unsharded compare encodes it:
+    // the same bytes), the same summary; stderr says why.
+    let again = std::fs::read(cwd.join("m-missing/compare.parquet")).unwrap();
+    assert!(again == table, "the parquet table differs");
+    same_summary(cwd, "m-missing", "full");
+    assert!(o.stderr.contains("encoded again"), "{}", o.stderr);
+    std::fs::write(&shard_table, &good).unwrap();
 }
 
 /// Each "node" holds its own ranks at the same relative path and compares all it holds
@@ -457,4 +454,172 @@ fn bad_shard_arguments_are_usage_errors() {
     }
     let o = probe(&["merge", "-o", t.path().join("m").to_str().unwrap()]);
     assert_eq!(o.code, 2, "{}", o.stderr);
+}
+
+/// Runs probe in `cwd` under an address-space limit and a time limit (`ulimit -v`,
+/// `timeout`): a merge that reads without bound fails the test, not the machine.
+fn probe_bounded(cwd: &Path, args: &[&str]) -> Out {
+    let mut script = format!(
+        "ulimit -v {}; exec timeout 60 {}",
+        2 << 20,
+        env!("CARGO_BIN_EXE_probe")
+    );
+    for a in args {
+        script += &format!(" '{a}'");
+    }
+    let o = std::process::Command::new("sh")
+        .args(["-c", &script])
+        .current_dir(cwd)
+        .output()
+        .unwrap();
+    Out {
+        code: o.status.code().unwrap_or(-1),
+        stdout: String::from_utf8_lossy(&o.stdout).into_owned(),
+        stderr: String::from_utf8_lossy(&o.stderr).into_owned(),
+    }
+}
+
+/// `probe compare --shard PART` of `cwd`'s bench and cmp into `out`.
+fn shard_into(cwd: &Path, part: &str, out: &str) {
+    let o = probe_in(
+        cwd,
+        &[
+            "compare", "-b", "bench", "-c", "cmp", "-o", out, "-q", "--shard", part,
+        ],
+    );
+    assert_eq!(o.code, 0, "{part}: {}", o.stderr);
+}
+
+#[test]
+fn merge_refuses_shards_of_runs_with_other_ranks_or_rewritten_dumps() {
+    // Issue 53 item 1: shard 0/2 of a 4-rank pair and shard 1/2 of an 8-rank pair, the same
+    // relative paths and options, merged to PASS with ranks missing.
+    let t = tempfile::tempdir().unwrap();
+    let (four, eight) = (t.path().join("four"), t.path().join("eight"));
+    synth(&four, &["--ranks", "4"]);
+    synth(&eight, &["--ranks", "8"]);
+    shard_into(&four, "0/2", "s0");
+    shard_into(&eight, "1/2", "s1");
+    let o = probe_in(t.path(), &["merge", "four/s0", "eight/s1", "-o", "m", "-q"]);
+    assert_input_error(
+        &o,
+        2,
+        "different runs (their plans differ: 4 and 8 step/rank pairs",
+    );
+    assert!(!t.path().join("m/summary.json").exists());
+    // Gap: the same paths, options and ranks, but the dumps rewritten between the shards.
+    shard_into(&four, "1/2", "s1");
+    synth(&four, &["--ranks", "4", "--seed", "99"]);
+    shard_into(&four, "0/2", "s0");
+    let o = probe_in(&four, &["merge", "s0", "s1", "-o", "m", "-q"]);
+    assert_input_error(&o, 2, "the dumps' files differ");
+    // Shards of one run still merge.
+    shard_into(&four, "1/2", "s1");
+    let o = probe_in(&four, &["merge", "s0", "s1", "-o", "m", "-q"]);
+    assert_eq!(o.code, 0, "{}", o.stderr);
+}
+
+#[test]
+fn merge_refuses_a_shard_table_with_any_byte_changed() {
+    // Issue 53 item 2: bytes flipped inside a shard's compare.parquet were copied into the
+    // merged table (unreadable, or silently other values).
+    let t = tempfile::tempdir().unwrap();
+    let cwd = t.path();
+    synth(cwd, &["--ranks", "2"]);
+    shard_into(cwd, "0/2", "s0");
+    shard_into(cwd, "1/2", "s1");
+    let table = cwd.join("s1/compare.parquet");
+    let good = std::fs::read(&table).unwrap();
+    std::fs::remove_file(&table).unwrap();
+    // Single bits across the file: the magic, the data pages, the footer.
+    let n = 24;
+    for k in 0..n {
+        let at = k * (good.len() - 1) / (n - 1);
+        let mut bad = good.clone();
+        bad[at] ^= 1 << (k % 8);
+        std::fs::write(&table, &bad).unwrap();
+        let o = probe_in(cwd, &["merge", "s0", "s1", "-o", "m", "-q"]);
+        assert_input_error(&o, 2, "compare.parquet does not match the checksum");
+        assert!(!cwd.join("m/summary.json").exists(), "byte {at}");
+    }
+    std::fs::write(&table, &good).unwrap();
+    let o = probe_in(cwd, &["merge", "s0", "s1", "-o", "m", "-q"]);
+    assert_eq!(o.code, 0, "{}", o.stderr);
+}
+
+#[test]
+fn merge_reads_shard_files_with_a_size_cap() {
+    // Issue 53 item 3: a shard file that is (a link to) /dev/zero hung the merge or read
+    // until memory ran out.
+    let t = tempfile::tempdir().unwrap();
+    let cwd = t.path();
+    synth(cwd, &["--ranks", "2"]);
+    shard_into(cwd, "0/2", "s0");
+    shard_into(cwd, "1/2", "s1");
+    for name in [
+        "rows.msgpack",
+        "units.msgpack",
+        "shard.json",
+        "compare.parquet",
+    ] {
+        let p = cwd.join("s1").join(name);
+        let keep = cwd.join("kept");
+        std::fs::rename(&p, &keep).unwrap();
+        std::os::unix::fs::symlink("/dev/zero", &p).unwrap();
+        let o = probe_bounded(cwd, &["merge", "s0", "s1", "-o", "m", "-q"]);
+        assert_input_error(&o, 2, "not a regular file");
+        assert!(o.stderr.contains(name), "{name}: {}", o.stderr);
+        // A regular file far larger than shard.json says (sparse: no disk used).
+        std::fs::remove_file(&p).unwrap();
+        let f = std::fs::File::create(&p).unwrap();
+        f.set_len(300 << 20).unwrap();
+        let o = probe_bounded(cwd, &["merge", "s0", "s1", "-o", "m", "-q"]);
+        assert_eq!(o.code, 2, "{name}: {}", o.stderr);
+        assert!(!o.stderr.contains("panicked"), "{}", o.stderr);
+        std::fs::remove_file(&p).unwrap();
+        std::fs::rename(&keep, &p).unwrap();
+    }
+    let o = probe_in(cwd, &["merge", "s0", "s1", "-o", "m", "-q"]);
+    assert_eq!(o.code, 0, "{}", o.stderr);
+}
+
+#[test]
+fn a_node_whose_shard_all_result_is_missing_makes_the_merge_incomplete() {
+    // Issue 53 gap: a --shard all result missing for a node passed silently.
+    let t = tempfile::tempdir().unwrap();
+    let whole = t.path().join("whole");
+    synth(&whole, &["--ranks", "4"]);
+    for (node, ranks) in [("node0", ["rank0", "rank1"]), ("node1", ["rank2", "rank3"])] {
+        for side in ["bench", "cmp"] {
+            let (from, to) = (whole.join(side), t.path().join(node).join(side));
+            std::fs::create_dir_all(to.join("step0")).unwrap();
+            std::fs::copy(from.join("manifest.json"), to.join("manifest.json")).unwrap();
+            for r in ranks {
+                copy_dir(&from.join("step0").join(r), &to.join("step0").join(r));
+            }
+        }
+        shard_into(&t.path().join(node), "all", "shard");
+    }
+    let o = probe_in(
+        t.path(),
+        &["merge", "node0/shard", "node1/shard", "-o", "m", "-q"],
+    );
+    assert_eq!(o.code, 0, "{}", o.stderr);
+    let o = probe_in(t.path(), &["merge", "node0/shard", "-o", "m1", "-q"]);
+    assert_eq!(o.code, 4, "{}", o.stderr);
+    assert!(
+        o.stderr
+            .contains("no shard result holds 2 of the job's 4 ranks (rank2, rank3)"),
+        "{}",
+        o.stderr
+    );
+    let s: serde_json::Value =
+        serde_json::from_slice(&std::fs::read(t.path().join("m1/summary.json")).unwrap()).unwrap();
+    let missing: Vec<&str> = s["incomplete_units"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|u| u["rank"].as_str().unwrap())
+        .collect();
+    assert_eq!(missing, ["rank2", "rank3"], "{s}");
 }

@@ -6,6 +6,7 @@ import contextlib
 import json
 import math
 import os
+import subprocess
 import sys
 import warnings
 import zlib
@@ -23,6 +24,7 @@ from conftest import (
     Halve,
     Tiny,
     iter_tensors,
+    probe_bin,
     read_ops,
     run_agent_script,
     run_steps,
@@ -1779,3 +1781,36 @@ def test_an_api_replaced_between_two_sessions_is_captured_as_replaced(tmp_path: 
         outs.append(op["tensors"][-1]["stats"]["max"])
     expected = float(torch.nn.functional.gelu(torch.tensor(2.0)))
     assert outs[0] == pytest.approx(expected) and outs[1] == pytest.approx(2 * expected), outs
+
+
+def test_a_module_built_inside_a_captured_step_reads_no_leftover_bytes(tmp_path: Any) -> None:
+    """Issue 53 item 5: an ``nn.Linear`` created during the step makes its weight with
+    ``nn.Parameter(torch.empty(...))`` and fills it with ``uniform_``. The parameter is
+    another tensor than the one ``empty`` returned (which is gone by then), sharing its
+    memory and version counter: the value before ``uniform_`` was recorded with the
+    statistics of the leftover bytes, and ``probe scan`` read their NaN as entering from
+    outside. It is recorded ``unwritten``, and the scan is clean."""
+    # Leftover NaN where the next small allocations are likely to land.
+    poison = [torch.full((8, 8), float("nan")) for _ in range(64)]
+    del poison
+    dbg = probe.Debugger(None, dump_path=str(tmp_path / "d"), level="mix", mode="statistics")
+    model = torch.nn.Linear(8, 8)
+    dbg.start(model)
+    extra = torch.nn.Linear(8, 8)  # built inside the captured step
+    extra(model(torch.randn(2, 8))).sum().backward()
+    dbg.stop()
+    dbg.step()
+    dbg.close()
+    ops = read_ops(os.path.join(tmp_path, "d", "step0", "rank0"))
+    fills = [o for o in ops if o["op"].startswith("Tensor.uniform_.")]
+    assert len(fills) == 2, [o["op"] for o in ops]  # the weight's and the bias's
+    for o in fills:
+        before = next(t for t in o["tensors"] if t["name"].endswith(".input.0"))
+        assert before.get("unwritten") is True and before["stats"] is None, before
+    out = subprocess.run(
+        [probe_bin(), "scan", str(tmp_path / "d"), "-o", str(tmp_path / "s"), "-q"],
+        capture_output=True,
+        text=True,
+        check=False,
+    )
+    assert out.returncode == 0, out.stdout + out.stderr

@@ -33,6 +33,7 @@ pub(crate) mod plan;
 pub(crate) mod row;
 mod run;
 pub mod shard;
+mod shard_files;
 pub(crate) mod structural;
 pub mod tables;
 pub mod tolerance;

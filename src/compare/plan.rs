@@ -31,6 +31,8 @@ pub struct Plan {
     pub warnings: Vec<String>,
     /// The step/rank folders present on one side only, with that side.
     pub unpaired: Vec<(Side, RankLoc)>,
+    /// The job's number of ranks as the manifests say (the larger of the two), if they do.
+    pub world_size: Option<usize>,
 }
 
 /// Discovers both dumps and pairs their ranks.
@@ -63,6 +65,7 @@ pub(crate) fn plan(bench: &Path, cmp: &Path, selection: &Selection) -> Result<Pl
         units,
         warnings,
         unpaired,
+        world_size: b.world_size.max(c.world_size),
     })
 }
 

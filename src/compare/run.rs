@@ -55,7 +55,15 @@ pub fn run_part(
         })
         .collect();
     let (references, reference_warnings) = references(bench, opts)?;
+    // (a world size past a million ranks is not believed: no list of it is made)
+    let world = plan.world_size.filter(|&w| w <= 1 << 20).unwrap_or(0) as u64;
+    let job_ranks = (0..world)
+        .filter(|&r| opts.selection.ranks.as_ref().is_none_or(|n| n.contains(r)))
+        .map(|r| format!("rank{r}"))
+        .collect();
     let frame = Frame {
+        dumps_sha256: super::shard_files::plan_digest(bench, cmp, &plan.units),
+        job_ranks,
         bench: bench.to_path_buf(),
         cmp: cmp.to_path_buf(),
         units: plan

@@ -16,6 +16,7 @@
 //! shard's rows: the interchange for DuckDB, Spark, polars).
 
 use super::plan::Unit;
+use super::shard_files::{check_file, read_exactly, regular_file, sha256_of};
 use super::tables::{self, Parked, Span, Tables};
 use super::{CompareRun, UnitSummary};
 use crate::atomic;
@@ -127,6 +128,16 @@ pub struct Frame {
     /// What the verdicts were calibrated against (`--reference`, a calibration file).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub calibration: Option<crate::compare::envelope::Source>,
+    /// SHA-256 of what the plan read: both dumps' manifests and every planned step/rank
+    /// folder's files (names, sizes, first and last bytes: `plan_digest`): shards of
+    /// `I/N` splits of one run agree on it; a dump rewritten between them does not.
+    #[serde(default)]
+    pub dumps_sha256: String,
+    /// The job's ranks this compare selects, by the dumps' world size (`rank0` …), when
+    /// their manifests say it: a merge of `--shard all` results lists those no result holds
+    /// as incomplete (a node's result not given).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub job_ranks: Vec<String>,
 }
 
 /// What became of one planned unit.
@@ -236,7 +247,25 @@ struct Header {
     /// The file holding the units' rows, and its SHA-256.
     rows: String,
     rows_sha256: String,
+    /// The sizes of the files, checked before any is read.
+    #[serde(default)]
+    results_bytes: u64,
+    #[serde(default)]
+    rows_bytes: u64,
+    /// The shard's parquet table, its SHA-256 and size: merge copies its row groups only
+    /// once the whole file matched.
+    #[serde(default)]
+    table: String,
+    #[serde(default)]
+    table_sha256: String,
+    #[serde(default)]
+    table_bytes: u64,
 }
+
+/// The largest `shard.json` read (it lists every planned pair: a million pairs are ~60 MB).
+pub const MAX_HEADER_BYTES: u64 = 256 << 20;
+/// The largest `units.msgpack` read (held in memory: the unit summaries, a few KB a pair).
+pub const MAX_RESULTS_BYTES: u64 = 4 << 30;
 
 #[derive(Debug, Clone, Serialize, Deserialize)]
 struct HeaderUnit {
@@ -271,6 +300,8 @@ enum Stored {
 pub struct ShardResult {
     /// The folder it was read from.
     pub dir: PathBuf,
+    /// Its parquet table, checked against its checksum; None when it is missing.
+    pub table: Option<PathBuf>,
     /// Which part.
     pub shard: Shard,
     /// Which run.
@@ -279,15 +310,43 @@ pub struct ShardResult {
     pub part: RunPart,
 }
 
-/// Writes `part` as a shard result into the staging folder (`rows.msgpack`,
-/// `units.msgpack` and `shard.json`); returns the file names, `shard.json` last (it names
-/// the others).
+/// A shard result staged but for its `shard.json`, which names the parquet table's
+/// checksum once it is written ([`Pending::seal`]).
+#[derive(Debug)]
+pub(crate) struct Pending(Header);
+
+impl Pending {
+    /// Writes `shard.json` naming every file with its checksum and size, the parquet
+    /// table `table` included; returns the set's file names, `shard.json` last.
+    pub(crate) fn seal(self, staging: &atomic::Staging, table: &str) -> Result<Vec<String>> {
+        let mut header = self.0;
+        let path = staging.path(table);
+        header.table_bytes = regular_file(&path, u64::MAX)?;
+        header.table_sha256 = sha256_of(&path, header.table_bytes)?;
+        header.table = table.into();
+        let text = serde_json::to_string_pretty(&header).map_err(|e| ProbeError::Output {
+            path: staging.path(HEADER_FILE),
+            msg: e.to_string(),
+        })?;
+        atomic::write_bytes(&staging.path(HEADER_FILE), (text + "\n").as_bytes())?;
+        Ok(vec![
+            table.into(),
+            ROWS_FILE.into(),
+            RESULTS_FILE.into(),
+            HEADER_FILE.into(),
+        ])
+    }
+}
+
+/// Writes `part`'s units and rows as a shard result into the staging folder
+/// (`rows.msgpack`, `units.msgpack`); `shard.json` follows with the parquet table
+/// ([`Pending::seal`]).
 pub(crate) fn stage(
     staging: &atomic::Staging,
     shard: Shard,
     run: &RunIdentity,
     part: &RunPart,
-) -> Result<Vec<String>> {
+) -> Result<Pending> {
     let parked = part.outcomes.iter().filter_map(|(_, o)| match o {
         Outcome::Compared(_, t) => Some(t),
         Outcome::Skipped { .. } => None,
@@ -338,17 +397,56 @@ pub(crate) fn stage(
         results_sha256: format!("{:x}", Sha256::digest(&results)),
         rows: ROWS_FILE.into(),
         rows_sha256,
+        results_bytes: results.len() as u64,
+        rows_bytes: regular_file(&staging.path(ROWS_FILE), u64::MAX)?,
+        table: String::new(),
+        table_sha256: String::new(),
+        table_bytes: 0,
     };
-    let text = serde_json::to_string_pretty(&header).map_err(|e| ProbeError::Output {
-        path: staging.path(HEADER_FILE),
-        msg: e.to_string(),
-    })?;
-    atomic::write_bytes(&staging.path(HEADER_FILE), (text + "\n").as_bytes())?;
-    Ok(vec![
-        ROWS_FILE.into(),
-        RESULTS_FILE.into(),
-        HEADER_FILE.into(),
-    ])
+    Ok(Pending(header))
+}
+
+/// A shard's `shard.json` (read by [`read`] through this; the entry point of the fuzz
+/// target and the mutation test): the units it lists, or why it does not read.
+pub fn parse_header(bytes: &[u8]) -> std::result::Result<usize, String> {
+    let h = header_of(bytes)?;
+    Ok(h.units.len())
+}
+
+/// `shard.json` parsed and checked for what merge relies on: its format and version, plain
+/// file names, every checksum there.
+fn header_of(bytes: &[u8]) -> std::result::Result<Header, String> {
+    let header: Header = serde_json::from_slice(bytes)
+        .map_err(|e| crate::error::one_line(format!("{HEADER_FILE}: {e}")))?;
+    if header.format != FORMAT || header.version != VERSION {
+        return Err(crate::error::one_line(format!(
+            "{HEADER_FILE} is {} version {}, not {FORMAT} version {VERSION}",
+            crate::config_file::printable(&header.format),
+            header.version
+        )));
+    }
+    for name in [&header.results, &header.rows, &header.table] {
+        if name.is_empty() || name.contains(['/', '\\']) || name.starts_with('.') {
+            return Err(format!(
+                "file name {:?} is not a plain name",
+                crate::config_file::printable(name)
+            ));
+        }
+    }
+    let sums = [
+        ("results_sha256", &header.results_sha256),
+        ("rows_sha256", &header.rows_sha256),
+        ("table_sha256", &header.table_sha256),
+        ("frame.dumps_sha256", &header.frame.dumps_sha256),
+    ];
+    for (what, sum) in sums {
+        if sum.len() != 64 || !sum.bytes().all(|b| b.is_ascii_hexdigit()) {
+            return Err(format!(
+                "{HEADER_FILE} has no {what} (written by an older probe?)"
+            ));
+        }
+    }
+    Ok(header)
 }
 
 /// The units of a shard's `units.msgpack` (read by [`read`] through this; the entry point
@@ -359,72 +457,64 @@ pub fn parse_units(bytes: &[u8]) -> std::result::Result<usize, String> {
     Ok(stored.len())
 }
 
-/// SHA-256 of a file, read in pieces (a rows file may be larger than memory).
-fn sha256_of(path: &Path) -> Result<String> {
-    use std::io::Read;
-    let mut f = std::fs::File::open(path).map_err(|e| ProbeError::io(path, e))?;
-    let mut hash = Sha256::new();
-    let mut buf = vec![0u8; 1 << 20];
-    loop {
-        let n = f.read(&mut buf).map_err(|e| ProbeError::io(path, e))?;
-        if n == 0 {
-            break;
-        }
-        hash.update(&buf[..n]);
-    }
-    Ok(format!("{:x}", hash.finalize()))
-}
-
-/// Reads the shard result in `dir` (the folder `probe compare --shard` wrote).
+/// Reads the shard result in `dir` (the folder `probe compare --shard` wrote): every file
+/// checked (a regular file of the size and SHA-256 `shard.json` gives) before it is used.
+/// The parquet table may be missing (then the merge encodes the rows again), never
+/// different.
 pub fn read(dir: &Path) -> Result<ShardResult> {
     let bad = |msg: String| ProbeError::BadShardResult {
         path: dir.to_path_buf(),
         msg,
     };
     let header_path = dir.join(HEADER_FILE);
-    let text = std::fs::read(&header_path).map_err(|e| match e.kind() {
-        std::io::ErrorKind::NotFound => bad(format!(
-            "no {HEADER_FILE} (not the output folder of `probe compare --shard`)"
-        )),
-        _ => ProbeError::io(&header_path, e),
-    })?;
-    let header: Header =
-        serde_json::from_slice(&text).map_err(|e| bad(format!("{HEADER_FILE}: {e}")))?;
-    if header.format != FORMAT || header.version != VERSION {
-        return Err(bad(format!(
-            "{HEADER_FILE} is {} version {}, not {FORMAT} version {VERSION}",
-            header.format, header.version
-        )));
-    }
+    let len = match std::fs::metadata(&header_path) {
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => {
+            return Err(bad(format!(
+                "no {HEADER_FILE} (not the output folder of `probe compare --shard`)"
+            )))
+        }
+        _ => regular_file(&header_path, MAX_HEADER_BYTES)?,
+    };
+    let text = read_exactly(&header_path, len)?;
+    let header = header_of(&text).map_err(bad)?;
     let here = env!("CARGO_PKG_VERSION");
     if header.run.probe != here {
         return Err(bad(format!(
             "written by probe {}; this is probe {here}: merge with the version that compared",
-            header.run.probe
+            crate::config_file::printable(&header.run.probe)
         )));
     }
-    for name in [&header.results, &header.rows] {
-        if name.contains(['/', '\\']) || name.starts_with('.') {
-            return Err(bad(format!("file name {name:?} is not a plain name")));
-        }
-    }
-    let results_path = dir.join(&header.results);
-    let results = std::fs::read(&results_path).map_err(|e| ProbeError::io(&results_path, e))?;
+    let results_path = check_file(
+        dir,
+        &header.results,
+        (header.results_bytes, &header.results_sha256),
+        MAX_RESULTS_BYTES,
+    )?;
+    let results = read_exactly(&results_path, header.results_bytes)?;
     if format!("{:x}", Sha256::digest(&results)) != header.results_sha256 {
         return Err(bad(format!(
-            "{} does not match the checksum in {HEADER_FILE} (truncated or replaced)",
+            "{} does not match the checksum in {HEADER_FILE} (changed while read)",
             header.results
         )));
     }
-    let stored: Vec<(usize, Stored)> =
-        rmp_serde::from_slice(&results).map_err(|e| bad(format!("{}: {e}", header.results)))?;
-    let rows_path = dir.join(&header.rows);
-    if sha256_of(&rows_path)? != header.rows_sha256 {
-        return Err(bad(format!(
-            "{} does not match the checksum in {HEADER_FILE} (truncated or replaced)",
-            header.rows
-        )));
-    }
+    let stored: Vec<(usize, Stored)> = rmp_serde::from_slice(&results)
+        .map_err(|e| bad(crate::error::one_line(format!("{}: {e}", header.results))))?;
+    drop(results);
+    let rows_path = check_file(
+        dir,
+        &header.rows,
+        (header.rows_bytes, &header.rows_sha256),
+        u64::MAX,
+    )?;
+    let table = match std::fs::symlink_metadata(dir.join(&header.table)) {
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => None,
+        _ => Some(check_file(
+            dir,
+            &header.table,
+            (header.table_bytes, &header.table_sha256),
+            u64::MAX,
+        )?),
+    };
     let places: Vec<(Span, Span)> = stored
         .iter()
         .filter_map(|(_, s)| match s {
@@ -466,6 +556,7 @@ pub fn read(dir: &Path) -> Result<ShardResult> {
     }
     Ok(ShardResult {
         dir: dir.to_path_buf(),
+        table,
         shard: header.shard,
         run: header.run,
         part: RunPart {
@@ -493,6 +584,7 @@ pub(crate) fn combine(shards: Vec<ShardResult>) -> Result<CompareRun> {
         }
     }
     check_parts(&shards)?;
+    check_plans(&shards)?;
     // A unit in two shards would be counted twice.
     let mut seen: HashMap<String, &Path> = HashMap::new();
     for s in &shards {
@@ -508,6 +600,7 @@ pub(crate) fn combine(shards: Vec<ShardResult>) -> Result<CompareRun> {
         }
     }
     let same_plan = shards.iter().all(|s| s.part.frame == first.part.frame);
+    let node_local = shards.iter().all(|s| s.shard == Shard::All);
     let mut frame = first.part.frame.clone();
     if !same_plan {
         // Node-local dumps: each shard planned what its node holds.
@@ -538,7 +631,103 @@ pub(crate) fn combine(shards: Vec<ShardResult>) -> Result<CompareRun> {
         outcomes.sort_by_cached_key(|(_, o)| key(o));
         frame.units = outcomes.iter().map(|(_, o)| o.label()).collect();
     }
+    if node_local {
+        let missing = missing_ranks(&frame, &outcomes);
+        if !missing.is_empty() {
+            let ranks: std::collections::BTreeSet<&str> =
+                missing.iter().map(|m| m.rank.as_str()).collect();
+            let ranks: Vec<&str> = ranks.into_iter().collect();
+            frame.warnings.push(format!(
+                "no shard result holds {} of the job's {} ranks ({}{}): the --shard all \
+                 result of a node was not given to the merge?",
+                ranks.len(),
+                frame.job_ranks.len(),
+                ranks[..ranks.len().min(8)].join(", "),
+                if ranks.len() > 8 { ", …" } else { "" }
+            ));
+            frame.unpaired.extend(missing);
+        }
+    }
     Ok(RunPart { frame, outcomes }.assemble())
+}
+
+/// In a merge of node-local results (`--shard all`), each step's pairs of the job's ranks
+/// (by the manifests' world size, as selected) that no shard holds, compared or not: a
+/// node's result not given. Said per pair as an incomplete one.
+fn missing_ranks(frame: &Frame, outcomes: &[(usize, Outcome)]) -> Vec<IncompleteUnit> {
+    let held: HashSet<String> = outcomes
+        .iter()
+        .map(|(_, o)| o.label())
+        .chain(
+            frame
+                .unpaired
+                .iter()
+                .map(|i| format!("{}/{}", i.step, i.rank)),
+        )
+        .collect();
+    let mut steps: Vec<String> = held
+        .iter()
+        .filter_map(|l| Some(l.split_once('/')?.0.to_string()))
+        .collect();
+    steps.sort_by(|a, b| label_key(a).cmp(&label_key(b)));
+    steps.dedup();
+    let mut out = Vec::new();
+    for step in &steps {
+        for rank in &frame.job_ranks {
+            if !held.contains(&format!("{step}/{rank}")) {
+                out.push(IncompleteUnit {
+                    step: step.clone(),
+                    rank: rank.clone(),
+                    side: "both".into(),
+                    compared: false,
+                    reason: "in no shard result given to the merge (a node's --shard all \
+                             result missing?)"
+                        .into(),
+                });
+            }
+        }
+    }
+    out
+}
+
+/// Parts of one `I/N` split planned the same run: the same pairs, of the same dump files.
+/// A shard of a run with other ranks, or of a dump rewritten in between, is another run's.
+fn check_plans(shards: &[ShardResult]) -> Result<()> {
+    let mut parts = shards
+        .iter()
+        .filter(|s| matches!(s.shard, Shard::Part { .. }));
+    let Some(first) = parts.next() else {
+        return Ok(());
+    };
+    for s in parts {
+        let (a, b) = (&first.part.frame, &s.part.frame);
+        let why = if a.units != b.units {
+            format!(
+                "their plans differ: {} and {} step/rank pairs{}",
+                a.units.len(),
+                b.units.len(),
+                a.units
+                    .iter()
+                    .zip(&b.units)
+                    .find(|(x, y)| x != y)
+                    .map(|(x, y)| format!(", {x} vs {y}"))
+                    .unwrap_or_default()
+            )
+        } else if a.dumps_sha256 != b.dumps_sha256 {
+            "the dumps' files differ (names, sizes or times): rewritten between the shards?"
+                .to_string()
+        } else if a != b {
+            "their plans differ (warnings, unpaired folders, world size)".to_string()
+        } else {
+            continue;
+        };
+        return Err(ProbeError::ShardMismatch(format!(
+            "{} and {} are of different runs ({why})",
+            first.dir.display(),
+            s.dir.display()
+        )));
+    }
+    Ok(())
 }
 
 /// Why two shards are not of one run, if they are not.

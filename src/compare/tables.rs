@@ -562,7 +562,10 @@ impl Parking {
         };
         if self.file.is_none() {
             let n = SPILLS.fetch_add(1, Ordering::Relaxed);
-            let path = dir.join(format!(".probe-rows-{}-{n}.msgpack", std::process::id()));
+            let path = dir.join(crate::atomic::scratch_name(
+                "rows",
+                &format!("-{n}.msgpack"),
+            ));
             let f = File::create(&path).map_err(|e| ProbeError::Output {
                 path: path.clone(),
                 msg: e.to_string(),

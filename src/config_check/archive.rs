@@ -24,7 +24,15 @@ pub struct Limits {
     pub max_total_bytes: u64,
     /// Uncompressed / compressed size of an entry, checked for entries above 1 MiB.
     pub max_ratio: u64,
+    /// JSON values (variables, packages, hyperparameters, records: every string, number,
+    /// list and object) in all of the pack's JSON entries together: what config-check holds
+    /// and reports grows with them (about 2 KB an item with every report written).
+    pub max_items: u64,
 }
+
+/// The default [`Limits::max_items`]: a real pack holds a few thousand (an environment of
+/// hundreds of variables, a Python's hundreds of packages).
+pub const MAX_ITEMS: u64 = 250_000;
 
 impl Default for Limits {
     fn default() -> Self {
@@ -34,6 +42,7 @@ impl Default for Limits {
             max_entry_bytes: 256 << 20,
             max_total_bytes: 1 << 30,
             max_ratio: 100,
+            max_items: MAX_ITEMS,
         }
     }
 }
@@ -48,6 +57,10 @@ pub struct Archive {
     pub path: PathBuf,
     /// Entry name (without a trailing `/`) → decompressed bytes; directories left out.
     pub entries: BTreeMap<String, Vec<u8>>,
+    /// JSON values its entries may still hold ([`Limits::max_items`]), counted before any
+    /// entry is parsed into memory.
+    items_left: std::cell::Cell<u64>,
+    max_items: u64,
 }
 
 impl Archive {
@@ -60,9 +73,52 @@ impl Archive {
     pub(crate) fn json<T: serde::de::DeserializeOwned>(&self, name: &str) -> Result<Option<T>> {
         match self.get(name) {
             None => Ok(None),
-            Some(bytes) => serde_json::from_slice(&crate::json::accept_nonfinite(bytes))
-                .map(Some)
-                .map_err(|e| self.bad(name, format!("malformed JSON: {e}"))),
+            Some(bytes) => {
+                let text = crate::json::accept_nonfinite(bytes);
+                self.count(name, &text)?;
+                serde_json::from_slice(&text)
+                    .map(Some)
+                    .map_err(|e| self.bad(name, format!("malformed JSON: {e}")))
+            }
+        }
+    }
+
+    /// Takes `n` items of entry `name` (lines of a text entry) from what the pack may still
+    /// hold: an error past [`Limits::max_items`].
+    pub(crate) fn take_items(&self, name: &str, n: usize) -> Result<()> {
+        let left = self.items_left.get();
+        match left.checked_sub(n as u64) {
+            Some(rest) => {
+                self.items_left.set(rest);
+                Ok(())
+            }
+            None => {
+                self.items_left.set(0);
+                Err(self.too_many(name))
+            }
+        }
+    }
+
+    fn too_many(&self, name: &str) -> ProbeError {
+        self.bad(
+            name,
+            format!(
+                "more than {} items (variables, packages, hyperparameters, records) in the \
+                 pack: config-check takes at most that many (a real pack holds a few thousand)",
+                self.max_items
+            ),
+        )
+    }
+
+    /// Counts the JSON values of entry `name` against what the pack may still hold, without
+    /// building them: a pack of millions of variables is refused before it takes memory.
+    fn count(&self, name: &str, text: &[u8]) -> Result<()> {
+        use serde::de::DeserializeSeed;
+        let mut de = serde_json::Deserializer::from_slice(text);
+        match (Count(&self.items_left)).deserialize(&mut de) {
+            Ok(()) => Ok(()),
+            Err(_) if self.items_left.get() == 0 => Err(self.too_many(name)),
+            Err(e) => Err(self.bad(name, format!("malformed JSON: {e}"))),
         }
     }
 
@@ -316,7 +372,78 @@ pub fn from_bytes(path: &Path, bytes: Vec<u8>, limits: &Limits) -> Result<Archiv
     Ok(Archive {
         path: path.to_path_buf(),
         entries,
+        items_left: std::cell::Cell::new(limits.max_items),
+        max_items: limits.max_items,
     })
+}
+
+/// A pass over a JSON document that counts its values against a budget and builds nothing
+/// (keys and strings borrowed or skipped): an error once the budget is spent.
+struct Count<'a>(&'a std::cell::Cell<u64>);
+
+impl Count<'_> {
+    fn take<E: serde::de::Error>(&self) -> std::result::Result<(), E> {
+        match self.0.get() {
+            0 => Err(E::custom("too many items")),
+            n => {
+                self.0.set(n - 1);
+                Ok(())
+            }
+        }
+    }
+}
+
+impl<'de> serde::de::DeserializeSeed<'de> for Count<'_> {
+    type Value = ();
+
+    fn deserialize<D: serde::Deserializer<'de>>(self, d: D) -> std::result::Result<(), D::Error> {
+        d.deserialize_any(self)
+    }
+}
+
+impl<'de> serde::de::Visitor<'de> for Count<'_> {
+    type Value = ();
+
+    fn expecting(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("a JSON value")
+    }
+
+    fn visit_bool<E: serde::de::Error>(self, _: bool) -> std::result::Result<(), E> {
+        self.take()
+    }
+    fn visit_i64<E: serde::de::Error>(self, _: i64) -> std::result::Result<(), E> {
+        self.take()
+    }
+    fn visit_u64<E: serde::de::Error>(self, _: u64) -> std::result::Result<(), E> {
+        self.take()
+    }
+    fn visit_f64<E: serde::de::Error>(self, _: f64) -> std::result::Result<(), E> {
+        self.take()
+    }
+    fn visit_str<E: serde::de::Error>(self, _: &str) -> std::result::Result<(), E> {
+        self.take()
+    }
+    fn visit_unit<E: serde::de::Error>(self) -> std::result::Result<(), E> {
+        self.take()
+    }
+    fn visit_seq<A: serde::de::SeqAccess<'de>>(
+        self,
+        mut seq: A,
+    ) -> std::result::Result<(), A::Error> {
+        self.take()?;
+        while seq.next_element_seed(Count(self.0))?.is_some() {}
+        Ok(())
+    }
+    fn visit_map<A: serde::de::MapAccess<'de>>(
+        self,
+        mut map: A,
+    ) -> std::result::Result<(), A::Error> {
+        self.take()?;
+        while map.next_key::<serde::de::IgnoredAny>()?.is_some() {
+            map.next_value_seed(Count(self.0))?;
+        }
+        Ok(())
+    }
 }
 
 #[cfg(test)]

@@ -672,6 +672,7 @@ fn load_msprobe(ar: &Archive) -> Result<Pack> {
         None => None,
         Some(bytes) => {
             let text = std::str::from_utf8(bytes).map_err(|_| ar.bad("pip", "not UTF-8 text"))?;
+            ar.take_items("pip", text.lines().count())?;
             let mut d = BTreeMap::new();
             for (i, line) in text.lines().enumerate() {
                 let line = line.trim();

@@ -405,13 +405,56 @@ fn redact_urls(s: &str, mode: RedactMode) -> String {
     out
 }
 
-/// The value rules alone (whatever the name): credentials and secret query parameters in
-/// URLs, webhook URLs, token-shaped words, high-entropy words.
+/// Whether a PEM label (`RSA PRIVATE KEY`, `OPENSSH PRIVATE KEY`, `ENCRYPTED PRIVATE KEY`,
+/// `PGP PRIVATE KEY BLOCK`) names a secret; certificates and public keys are not.
+fn secret_pem_label(label: &str) -> bool {
+    let l = label.to_ascii_uppercase();
+    ["PRIVATE", "SECRET", "ENCRYPTED"]
+        .iter()
+        .any(|w| l.contains(w))
+}
+
+/// Private-key blocks, each redacted whole: from `-----BEGIN … PRIVATE KEY-----` through
+/// its `-----END …-----` line (to the value's end when cut short), whether the lines are
+/// real newlines or written `\n`. A certificate beside the key stays.
+fn redact_pem(value: &str, mode: RedactMode) -> String {
+    const BEGIN: &str = "-----BEGIN ";
+    const DASHES: &str = "-----";
+    let mut out = String::new();
+    let mut rest = value;
+    while let Some(a) = rest.find(BEGIN) {
+        let after = &rest[a + BEGIN.len()..];
+        let Some(l) = after.find(DASHES) else {
+            break;
+        };
+        let head = a + BEGIN.len() + l + DASHES.len();
+        if !secret_pem_label(&after[..l]) {
+            out.push_str(&rest[..head]);
+            rest = &rest[head..];
+            continue;
+        }
+        let end = rest[head..]
+            .find("-----END ")
+            .and_then(|e| {
+                let tail = head + e + "-----END ".len();
+                rest[tail..].find(DASHES).map(|d| tail + d + DASHES.len())
+            })
+            .unwrap_or(rest.len());
+        out.push_str(&rest[..a]);
+        out.push_str(&marker(&rest[a..end], mode));
+        rest = &rest[end..];
+    }
+    out.push_str(rest);
+    out
+}
+
+/// The value rules alone (whatever the name): private-key blocks whole, credentials and
+/// secret query parameters in URLs, webhook URLs, token-shaped words, high-entropy words.
 pub(crate) fn redact_value(value: &str, mode: RedactMode) -> String {
     if is_marker(value) {
         return value.to_string();
     }
-    redact_words(&redact_urls(value, mode), mode)
+    redact_words(&redact_urls(&redact_pem(value, mode), mode), mode)
 }
 
 /// A value stored under `name` (an environment variable, an `args` path): all of it when
@@ -433,16 +476,27 @@ fn flag_name(arg: &str) -> Option<&str> {
         .then_some(name)
 }
 
+/// Short flags that carry a password in common tools (`mysql -p`, `sshpass -p`, `-P` of
+/// others): their value is redacted unless it is a number (`-p 8080`: a port).
+const SECRET_SHORT_FLAGS: [&str; 2] = ["-p", "-P"];
+
 /// `sys.argv`: the value of `--secret-name VALUE` (unless it starts with `--`),
-/// `--secret-name=VALUE` and `secret.name=VALUE` (Hydra-style overrides), then the value
-/// rules on every argument. Short flags (`-p`) are ambiguous and not treated.
+/// `--secret-name=VALUE` and `secret.name=VALUE` (Hydra-style overrides), of `-p VALUE` and
+/// `-P VALUE` unless a number, then the value rules on every argument.
 pub fn redact_argv(argv: &[String], mode: RedactMode) -> Vec<String> {
     let mut out = Vec::with_capacity(argv.len());
     let mut take_next = false;
+    let mut short = false;
     for arg in argv {
         if take_next {
             take_next = false;
-            if !arg.starts_with("--") {
+            let number = short && !arg.is_empty() && arg.bytes().all(|c| c.is_ascii_digit());
+            let flag = if short {
+                arg.starts_with('-')
+            } else {
+                arg.starts_with("--")
+            };
+            if !flag && !number {
                 out.push(if is_marker(arg) || plain(arg) {
                     arg.clone()
                 } else {
@@ -458,7 +512,9 @@ pub fn redact_argv(argv: &[String], mode: RedactMode) -> Vec<String> {
                 continue;
             }
         } else if flag_name(arg).is_some_and(is_secret_name) {
-            take_next = true;
+            (take_next, short) = (true, false);
+        } else if SECRET_SHORT_FLAGS.contains(&arg.as_str()) {
+            (take_next, short) = (true, true);
         }
         out.push(redact_value(arg, mode));
     }

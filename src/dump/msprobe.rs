@@ -166,6 +166,9 @@ struct Ctx<'a> {
     /// Tensor files named by dump.json but absent.
     missing: usize,
     first_missing: Option<String>,
+    /// `data_name`s outside `dump_tensor_data/` (`../x`, `/abs`, `/dev/zero`): not read.
+    outside: usize,
+    first_outside: Option<String>,
 }
 
 fn tensor_rec(
@@ -220,7 +223,14 @@ fn tensor_rec(
     let mut data = None;
     // A tensor of a dtype probe cannot decode (FP8, complex, ...) is compared by statistics.
     if let (Some(J::Str(f)), Some(_)) = (v.get("data_name"), dtype.known()) {
-        if let Some(d) = tensor_file(ctx.dir, f) {
+        let named = !f.is_empty() && f != "-1";
+        let found = tensor_file(ctx.dir, f);
+        if found.is_none() && named {
+            ctx.outside += 1;
+            ctx.first_outside
+                .get_or_insert_with(|| format!("{name}: data_name {f:?}"));
+        }
+        if let Some(d) = found {
             let file = match &d {
                 Data::Pt(p) | Data::Npy(p) => Some(p),
                 _ => None,
@@ -510,6 +520,10 @@ pub struct DumpJson {
     pub missing: usize,
     /// The first of them.
     pub first_missing: Option<String>,
+    /// Tensors whose `data_name` points outside `dump_tensor_data/` (not read).
+    pub outside: usize,
+    /// The first of them: its name and `data_name`.
+    pub first_outside: Option<String>,
 }
 
 /// Parses the text of a `dump.json` whose rank folder is `dir` (tensor files are looked up
@@ -640,6 +654,8 @@ impl<'de> Visitor<'de> for DataMap<'_, '_> {
         r.data = true;
         r.ctx.missing = 0;
         r.ctx.first_missing = None;
+        r.ctx.outside = 0;
+        r.ctx.first_outside = None;
         while let Some(key) = m.next_key::<String>()? {
             let entry: J = m.next_value()?;
             let pushed = convert_op(&mut r.ctx, &key, &entry).and_then(|mut op| {
@@ -663,6 +679,8 @@ fn dump_ops(text: &[u8], dir: &Path, context: &Context) -> std::result::Result<D
             dir,
             missing: 0,
             first_missing: None,
+            outside: 0,
+            first_outside: None,
         },
         context,
         // Room for the entries the text can hold (a size no memory can hold reserves
@@ -685,6 +703,8 @@ fn dump_ops(text: &[u8], dir: &Path, context: &Context) -> std::result::Result<D
         task: r.task,
         missing: r.ctx.missing,
         first_missing: r.ctx.first_missing,
+        outside: r.ctx.outside,
+        first_outside: r.ctx.first_outside,
     })
 }
 
@@ -714,6 +734,15 @@ pub(crate) fn load(loc: &RankLoc) -> Result<RankDump> {
             dump.first_missing.unwrap_or_default()
         ));
     }
+    if dump.outside > 0 {
+        warnings.push(format!(
+            "{}: {} tensor(s) name a data_name outside dump_tensor_data/, not read (first: {}); \
+             those tensors are compared by statistics",
+            loc.dir.display(),
+            dump.outside,
+            crate::config_file::printable(&dump.first_outside.unwrap_or_default())
+        ));
+    }
     Ok(RankDump {
         loc: loc.clone(),
         ops,
@@ -734,6 +763,8 @@ mod tests {
             dir: Path::new("/nonexistent"),
             missing: 0,
             first_missing: None,
+            outside: 0,
+            first_outside: None,
         };
         convert_op(&mut ctx, "Functional.f.0.forward", entry).unwrap()
     }

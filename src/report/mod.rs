@@ -213,3 +213,9 @@ pub fn writers(xlsx_rows: XlsxRows) -> Vec<Box<dyn ReportWriter>> {
 pub fn printable(s: &str) -> String {
     crate::config_file::printable(s)
 }
+
+/// Lines for the terminal (a summary, a warning) with every control character but the
+/// newline escaped: what reaches stdout and stderr.
+pub fn printable_lines(text: &str) -> String {
+    crate::config_file::printable_lines(text)
+}

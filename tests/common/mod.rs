@@ -294,3 +294,15 @@ pub fn linear_and_extra_mul(extra: bool) -> (Vec<OpRecord>, Vec<f32>, u64) {
     mul.tensors[1].id = Some(2);
     (vec![lin, mul], scaled, 2)
 }
+
+/// The hidden entries of an output folder besides its current set (`.probe-current` and
+/// the folder it names): what a run left behind.
+pub fn leftovers(dir: &Path) -> Vec<String> {
+    let current = std::fs::read_link(dir.join(".probe-current")).ok();
+    std::fs::read_dir(dir)
+        .unwrap()
+        .map(|e| e.unwrap().file_name().to_string_lossy().into_owned())
+        .filter(|n| n.starts_with('.') && n != ".probe-current")
+        .filter(|n| current.as_deref() != Some(Path::new(n)))
+        .collect()
+}

@@ -356,10 +356,20 @@ class Dataflow:
             return False
         if e[2] is None:
             e[2], e[3] = weakref.ref(base), ver
-        elif e[2]() is not base:
-            return False
-        elif ver != e[3]:
-            e[4] = True
+        else:
+            watched = e[2]()
+            if watched is None:
+                # The allocated tensor is gone and its memory lives on in another that
+                # shares its version counter: ``nn.Parameter(torch.empty(...))``, as every
+                # ``nn.Linear`` built inside a captured step makes its weight before
+                # ``reset_parameters`` fills it. A write through either bumped that count.
+                e[2] = weakref.ref(base)
+                if ver != e[3]:
+                    e[4] = True
+            elif watched is not base:
+                return False
+            elif ver != e[3]:
+                e[4] = True
         return write_only or not e[4]
 
     def __del__(self) -> None:

@@ -381,12 +381,52 @@ def _redact_urls(s: str, mode: str) -> str:
     return "".join(out)
 
 
+def _secret_pem_label(label: str) -> bool:
+    """Whether a PEM label (``RSA PRIVATE KEY``, ``OPENSSH PRIVATE KEY``, ``ENCRYPTED
+    PRIVATE KEY``, ``PGP PRIVATE KEY BLOCK``) names a secret; certificates and public keys
+    are not."""
+    up = label.upper()
+    return any(w in up for w in ("PRIVATE", "SECRET", "ENCRYPTED"))
+
+
+def _redact_pem(value: str, mode: str) -> str:
+    """Private-key blocks, each redacted whole: from ``-----BEGIN … PRIVATE KEY-----``
+    through its ``-----END …-----`` line (to the value's end when cut short), whether the
+    lines are real newlines or written ``\\n``. A certificate beside the key stays."""
+    begin, dashes, end_mark = "-----BEGIN ", "-----", "-----END "
+    out: list[str] = []
+    rest = value
+    while True:
+        a = rest.find(begin)
+        if a < 0:
+            break
+        label_end = rest.find(dashes, a + len(begin))
+        if label_end < 0:
+            break
+        head = label_end + len(dashes)
+        if not _secret_pem_label(rest[a + len(begin) : label_end]):
+            out.append(rest[:head])
+            rest = rest[head:]
+            continue
+        end = len(rest)
+        e = rest.find(end_mark, head)
+        if e >= 0:
+            d = rest.find(dashes, e + len(end_mark))
+            if d >= 0:
+                end = d + len(dashes)
+        out.append(rest[:a])
+        out.append(marker(rest[a:end], mode))
+        rest = rest[end:]
+    out.append(rest)
+    return "".join(out)
+
+
 def redact_value(value: str, mode: str = "hash") -> str:
-    """The value rules alone (whatever the name): credentials and secret query parameters in
-    URLs, webhook URLs, token-shaped words, high-entropy words."""
+    """The value rules alone (whatever the name): private-key blocks whole, credentials and
+    secret query parameters in URLs, webhook URLs, token-shaped words, high-entropy words."""
     if is_marker(value):
         return value
-    return _redact_words(_redact_urls(value, mode), mode)
+    return _redact_words(_redact_urls(_redact_pem(value, mode), mode), mode)
 
 
 def redact_named(name: str, value: str, mode: str = "hash") -> str:
@@ -407,16 +447,24 @@ def _flag_name(arg: str) -> str | None:
     return None
 
 
+#: Short flags that carry a password in common tools (``mysql -p``, ``sshpass -p``, ``-P``
+#: of others): their value is redacted unless it is a number (``-p 8080``: a port).
+_SECRET_SHORT_FLAGS = ("-p", "-P")
+
+
 def redact_argv(argv: list[str], mode: str = "hash") -> list[str]:
     """``sys.argv``: the value of ``--secret-name VALUE`` (unless it starts with ``--``),
-    ``--secret-name=VALUE`` and ``secret.name=VALUE`` (Hydra-style overrides), then the
-    value rules on every argument. Short flags (``-p``) are ambiguous and not treated."""
+    ``--secret-name=VALUE`` and ``secret.name=VALUE`` (Hydra-style overrides), of ``-p
+    VALUE`` and ``-P VALUE`` unless a number, then the value rules on every argument."""
     out: list[str] = []
     take_next = False
+    short = False
     for arg in argv:
         if take_next:
             take_next = False
-            if not arg.startswith("--"):
+            number = short and arg != "" and all(_is_digit(c) for c in arg)
+            is_flag = arg.startswith("-") if short else arg.startswith("--")
+            if not is_flag and not number:
                 out.append(arg if is_marker(arg) or _plain(arg) else marker(arg, mode))
                 continue
         key, eq, v = arg.partition("=")
@@ -428,7 +476,9 @@ def redact_argv(argv: list[str], mode: str = "hash") -> list[str]:
         else:
             flag = _flag_name(arg)
             if flag is not None and is_secret_name(flag):
-                take_next = True
+                take_next, short = True, False
+            elif arg in _SECRET_SHORT_FLAGS:
+                take_next, short = True, True
         out.append(redact_value(arg, mode))
     return out
 
