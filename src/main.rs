@@ -52,7 +52,7 @@ enum Cmd {
     /// Make a config pack without Python: env, a Python's packages, weight fingerprints.
     ConfigPack(ConfigPackArgs),
     /// Compare two checkpoints per parameter, across layouts (docs/checkpoints.md).
-    CkptCompare(CkptCompareArgs),
+    CkptCompare(probe::ckpt::Args),
     /// Prove the culprit: run an op again (by default the compare's first divergent op)
     /// from the dumped tensors, through the capture agent's Python (`python -m
     /// probe.replay`). Exit 0 within tolerance, 1 reproduces, 2 bad input, 3 nothing
@@ -156,31 +156,12 @@ struct ConfigPackArgs {
     quiet: bool,
 }
 
-#[derive(clap::Args)]
-struct CkptCompareArgs {
-    /// Benchmark checkpoint (trusted): a file, an index json or a folder.
-    bench: PathBuf,
-    /// Comparison checkpoint (under suspicion).
-    cmp: PathBuf,
-    /// Output folder for ckpt_compare.json.
-    #[arg(short, long, value_name = "DIR", default_value = "ckpt-out")]
-    out: PathBuf,
-    /// Mapping file (TOML): the model's shape, renames, ignore patterns.
-    #[arg(long, value_name = "FILE.toml")]
-    mapping: Option<PathBuf>,
-    /// Largest relative L2 error that passes (default: 0, or the coarser dtype's rounding).
-    #[arg(long, value_name = "REL")]
-    tolerance: Option<f64>,
-    /// Print nothing on stdout.
-    #[arg(short, long)]
-    quiet: bool,
-}
-
-fn run_ckpt_compare(a: CkptCompareArgs) -> Result<u8, ProbeError> {
-    let req = probe::ckpt::CkptRequest::new(a.bench, a.cmp, a.out, a.mapping, a.tolerance);
+fn run_ckpt_compare(a: probe::ckpt::Args) -> Result<u8, ProbeError> {
+    let (req, quiet) = a.request();
     let s = probe::ckpt::run(&req)?;
-    let text = probe::ckpt::report::terminal_summary(&s, &req.out);
-    stdout(if a.quiet { "" } else { &text });
+    if !quiet {
+        stdout(&probe::ckpt::report::terminal_summary(&s, &req.out));
+    }
     Ok(s.exit_code)
 }
 

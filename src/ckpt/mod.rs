@@ -27,6 +27,36 @@ use source::{Checkpoint, Layout};
 use std::collections::HashMap;
 use std::path::PathBuf;
 
+/// `probe ckpt-compare`'s arguments (declared here: the command line's shape is this
+/// module's, `main.rs` only dispatches).
+#[derive(Debug, Clone, clap::Args)]
+pub struct Args {
+    /// Benchmark checkpoint (trusted): a file, an index json or a folder.
+    pub bench: PathBuf,
+    /// Comparison checkpoint (under suspicion).
+    pub cmp: PathBuf,
+    /// Output folder for ckpt_compare.json.
+    #[arg(short, long, value_name = "DIR", default_value = "ckpt-out")]
+    pub out: PathBuf,
+    /// Mapping file (TOML): the model's shape, renames, ignore patterns.
+    #[arg(long, value_name = "FILE.toml")]
+    pub mapping: Option<PathBuf>,
+    /// Largest relative L2 error that passes (default: 0, or the coarser dtype's rounding).
+    #[arg(long, value_name = "REL")]
+    pub tolerance: Option<f64>,
+    /// Print nothing on stdout.
+    #[arg(short, long)]
+    pub quiet: bool,
+}
+
+impl Args {
+    /// The request, and whether stdout stays quiet.
+    pub fn request(self) -> (CkptRequest, bool) {
+        let req = CkptRequest::new(self.bench, self.cmp, self.out, self.mapping, self.tolerance);
+        (req, self.quiet)
+    }
+}
+
 /// What `probe ckpt-compare` was asked.
 #[derive(Debug, Clone)]
 pub struct CkptRequest {
