@@ -35,6 +35,12 @@ one of these flags are equal up to rounding:
 - ``--checkpoint``: the transformer block runs under ``torch.utils.checkpoint`` (non-reentrant),
   so its forward is recomputed during backward (records with ``recompute: true``).
 
+``--compile`` runs the model under ``torch.compile`` (Inductor); the agent records the API
+calls inside the compiled graphs with statistics computed by the graphs (docs/capture.md).
+``--inductor-fault OP`` (with ``--compile``) makes Inductor's lowering of ``aten.OP`` (e.g.
+``gelu``) off by ``--inject-rel``: a compiler bug that only the compiled run has, which
+compare of the compiled run against an eager one must name.
+
 ``--stop-capture-after N`` (hidden) emulates an agent that switched itself off mid-run (an
 internal error, or code it cannot see such as a ``torch.compile``d region): after the N-th op
 record of the first captured step, an exception is raised inside the agent's record path, where
@@ -376,6 +382,22 @@ def update(loss: torch.Tensor, opt: torch.optim.Optimizer, scaler: Optional[Any]
     scaler.update()
 
 
+def inductor_fault(op: str, rel: float) -> None:
+    """Inductor's decomposition of ``aten.<op>`` scaled by ``1 + rel``: a fault in compiled
+    code only (the eager kernel, and the compiled backward, are untouched)."""
+    from torch._inductor.decomposition import decompositions
+
+    overload = getattr(getattr(torch.ops.aten, op, None), "default", None)
+    orig = decompositions.get(overload) if overload is not None else None
+    if orig is None:
+        raise SystemExit(f"--inductor-fault: Inductor has no decomposition of aten.{op}")
+
+    def faulty(*args: Any, **kwargs: Any) -> Any:
+        return orig(*args, **kwargs) * (1.0 + rel)
+
+    decompositions[overload] = faulty
+
+
 def main(argv: Optional[list[str]] = None) -> int:
     ap = argparse.ArgumentParser(
         description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
@@ -489,6 +511,18 @@ def main(argv: Optional[list[str]] = None) -> int:
         default="auto",
         help="tensor mode: who writes the data (docs/capture.md, tensor_writer)",
     )
+    ap.add_argument("--compile", action="store_true", help="run the model under torch.compile")
+    ap.add_argument(
+        "--inductor-fault",
+        default=None,
+        metavar="OP",
+        help="with --compile: Inductor computes aten.OP off by --inject-rel (e.g. gelu)",
+    )
+    ap.add_argument(
+        "--forward-only",
+        action="store_true",
+        help="capture forward calls only (compiled graphs' backward is not captured)",
+    )
     ap.add_argument("--quiet", action="store_true")
     # Hidden, for the crash tests: die by SIGKILL (no cleanup, as a killed job) after N
     # captured op records, or once the op log reaches N bytes (the bytes that fit are
@@ -499,6 +533,8 @@ def main(argv: Optional[list[str]] = None) -> int:
     # (see the module docstring).
     ap.add_argument("--stop-capture-after", type=int, default=None, help=argparse.SUPPRESS)
     args = ap.parse_args(argv)
+    if args.inductor_fault and not args.compile:
+        ap.error("--inductor-fault needs --compile")
     if args.fp16_overflow and args.attention != "eager":
         ap.error("--fp16-overflow needs --attention eager (it overflows the explicit matmul)")
     if args.stop_capture_after is not None:
@@ -561,10 +597,15 @@ def main(argv: Optional[list[str]] = None) -> int:
             )
             if args.tensor_writer != "auto":
                 extra["tensor_writer"] = args.tensor_writer
+            if args.forward_only:
+                extra["directions"] = ["forward"]
             dbg = probe.Debugger(
                 None, dump_path=args.dump, level=args.level, mode=args.mode, **extra
             )
 
+    if args.inductor_fault:
+        inductor_fault(args.inductor_fault, args.inject_rel)
+    run: Callable[[torch.Tensor], torch.Tensor] = torch.compile(model) if args.compile else model
     amp, scaler = mixed_precision(args.dtype, device)
     mon = probe.Monitor(args.monitor, model, opt, scaler=scaler) if args.monitor else None
     t0 = time.perf_counter()
@@ -575,7 +616,7 @@ def main(argv: Optional[list[str]] = None) -> int:
             dbg.start(model)
         opt.zero_grad(set_to_none=True)
         with amp:
-            logits = model(x)
+            logits = run(x)
             loss = F.cross_entropy(logits.float(), y)
         update(loss, opt, scaler)
         if dbg is not None:

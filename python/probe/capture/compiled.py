@@ -82,6 +82,12 @@ _COMPILER_CODE = (
 )
 
 
+def in_fake_mode() -> bool:
+    """Whether a fake mode is active: the compiler traces on fake tensors, whose storages
+    have no memory (reading their address is an error in newer PyTorch)."""
+    return _get_mode is not None and _FAKE is not None and _get_mode(_FAKE) is not None
+
+
 def compiler_call(args: tuple[Any, ...]) -> bool:
     """Whether a call of a hooked API, with positional arguments ``args``, is made by
     ``torch.compile``, not by the model: AOT autograd and Inductor lower a graph by running
@@ -92,7 +98,7 @@ def compiler_call(args: tuple[Any, ...]) -> bool:
     (``patcher._Dispatch``): the wrapper's caller is three frames up."""
     if args and _FakeTensor is not None and type(args[0]) is _FakeTensor:
         return True
-    if _get_mode is not None and _FAKE is not None and _get_mode(_FAKE) is not None:
+    if in_fake_mode():
         return True
     if "torch._dynamo" not in sys.modules:
         return False

@@ -40,6 +40,8 @@ from .collectives import Collectives
 from .compiled import graph_count, in_model, module_tree, unwrap
 from .ddp import DdpHooks, is_ddp
 from .flight import FlightRecorder
+from .graphs import ACTIVE as GRAPHS
+from .graphs import GraphCapture, install_compiler_hook
 from .iterations import IterationCounter
 from .modules import ModuleHooks
 from .patcher import DISPATCH, PATCHER
@@ -133,6 +135,10 @@ class Debugger:
         self._backward = BackwardHooks(self._ctx)
         self._modules = ModuleHooks(self._ctx, self._backward)
         self._api = ApiCapture(self._ctx, self._modules, self._backward)
+        #: The API calls inside compiled graphs (graphs.py).
+        self._graph_capture = GraphCapture(self._ctx, self._modules.stack)
+        if self.config.api:
+            install_compiler_hook()  # when torch.compile was called already
         #: DDP's communication hook.
         self._ddp = DdpHooks(self._ctx, self._backward)
         #: Automatic iteration counting (ApiProfiler); an explicit step() turns it off.
@@ -170,6 +176,10 @@ class Debugger:
             self._take_model(model)
         if self._guard.failed or self._ctx.running or self._child:
             return
+        if self.config.api:
+            # Every start(), captured step or not: graphs compiled from here on are
+            # instrumented, those of warm-up steps included (graphs.py).
+            install_compiler_hook()
         self._attach_ddp()
         if DISPATCH.current is not None and DISPATCH.current is not self._api:
             warnings.warn(
@@ -199,9 +209,12 @@ class Debugger:
             self._graphs = graph_count()
             if model is not None:
                 self._modules.install(model)
+                self._graph_capture.paths = {id(m): p for p, m in module_tree(model)}
             self._ctx.running = True
             self._ctx.api_on = self.config.api
             DISPATCH.current = self._api
+            if self.config.api and install_compiler_hook():
+                GRAPHS.current = self._graph_capture  # (hooked before any step: below)
             tls.active = self._ctx.api_on
         except Exception as exc:  # noqa: BLE001 - unwritable path, odd model...
             self._guard.fail(exc, "start()")
@@ -214,6 +227,8 @@ class Debugger:
         self._ctx.running = self._ctx.api_on = False
         if DISPATCH.current is self._api:
             DISPATCH.current = None
+        if GRAPHS.current is self._graph_capture:
+            GRAPHS.current = None
         self._note_compiled()
         try:
             if not self._select.step(self.current_step + 1):
@@ -320,21 +335,33 @@ class Debugger:
     def _note_compiled(self) -> None:
         """At ``stop()``: whether compiled code ran in the captured step (a compiled model,
         or graphs Dynamo compiled since ``start()``, as when the model given is not the
-        compiled one). Its operators are not hooked, so they are missing from the dump: the
-        user is told once."""
+        compiled one). The forward API calls of the graphs compiled since the Debugger
+        exists are captured (graphs.py); their backward, and graphs compiled before, are
+        not: the user is told once."""
         self._compiled = self._compiled or graph_count() > self._graphs
-        if self._compiled:
-            try:
-                self._files.mark_compiled()
-            except Exception as exc:  # noqa: BLE001 - an unwritable manifest
-                self._guard.fail(exc, "stop()")
-            self._ctx.tell_once(
-                "compiled",
+        captured = len(self._graph_capture.graphs)
+        if not (self._compiled or captured):
+            return
+        try:
+            self._files.mark_compiled(captured)
+        except Exception as exc:  # noqa: BLE001 - an unwritable manifest
+            self._guard.fail(exc, "stop()")
+        if captured:
+            what = "compiled-forward"
+            msg = (
+                f"probe: the forward API calls of {captured} compiled graph(s) were captured "
+                f"in step {self.current_step} (statistics computed inside the graphs); the "
+                "backward operators of compiled graphs are not, and are missing from the dump."
+            )
+        else:
+            what = "compiled"
+            msg = (
                 f"probe: compiled code (torch.compile, TorchScript) ran while capturing step "
                 f"{self.current_step}: the operators inside it are not hooked and are missing "
-                "from the dump. Capture the run without compiling to record them.",
-                stacklevel=4,  # the caller of stop()
+                "from the dump. Create the Debugger before the model first compiles, or "
+                "capture the run without compiling, to record them."
             )
+        self._ctx.tell_once(what, msg, stacklevel=4)  # the caller of stop()
 
     def _attach_ddp(self) -> None:
         """A DistributedDataParallel model gets the bucket-recording communication hook,
@@ -443,6 +470,8 @@ class Debugger:
         self._ctx.running = self._ctx.api_on = False
         if DISPATCH.current is self._api:
             DISPATCH.current = None
+        if GRAPHS.current is self._graph_capture:
+            GRAPHS.current = None
         try:
             PATCHER.uninstall()
             self._modules.remove()
@@ -547,6 +576,7 @@ def _after_fork_in_child() -> None:
     nothing, whatever its Debuggers were doing."""
     tls.active = False
     DISPATCH.current = None
+    GRAPHS.current = None
     for dbg in list(_LIVE):
         dbg._child = True
         dbg._ctx.running = dbg._ctx.api_on = False

@@ -31,7 +31,7 @@ import torch
 
 from .._op_key import api_name
 from .._patch import Patches
-from .compiled import compiler_call, compiling, tracer_patches
+from .compiled import compiler_call, compiling, in_fake_mode, tracer_patches
 from .inplace import Inplace, is_inplace
 from .threadstate import graph_task_id, in_transform, tls
 from .waits import Waits
@@ -333,7 +333,7 @@ def _memory_patches() -> list[tuple[Any, str, Any]]:
 def _unversioned_write(orig: Callable[..., Any], at: tuple[int, ...]) -> Any:
     def run(*args: Any, **kwargs: Any) -> Any:
         out = orig(*args, **kwargs)
-        cap = None if compiling() else DISPATCH.current
+        cap = None if compiling() or in_fake_mode() else DISPATCH.current
         if cap is not None:
             cap.tensors_written([args[i] for i in at if i < len(args)])
         return out
@@ -345,7 +345,9 @@ def _unversioned_write(orig: Callable[..., Any], at: tuple[int, ...]) -> Any:
 
 def _storage_write(orig: Callable[..., Any], grows: bool) -> Any:
     def run(storage: Any, *args: Any, **kwargs: Any) -> Any:
-        cap = None if compiling() else DISPATCH.current
+        cap = None if compiling() or in_fake_mode() else DISPATCH.current
+        if cap is not None and storage.device.type == "meta":
+            cap = None  # the compiler's fake tensors: no memory behind them
         if cap is not None:
             cap.memory_written(storage)
         out = orig(storage, *args, **kwargs)
@@ -361,7 +363,7 @@ def _storage_write(orig: Callable[..., Any], grows: bool) -> Any:
 def _allocator(orig: Callable[..., Any]) -> Any:
     def run(*args: Any, **kwargs: Any) -> Any:
         out = orig(*args, **kwargs)
-        if compiling() or not capturing():
+        if compiling() or not capturing() or in_fake_mode():
             return out
         cap = DISPATCH.current
         if cap is not None and isinstance(out, torch.Tensor):

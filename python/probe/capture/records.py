@@ -90,6 +90,8 @@ class OpRecord:
     #: collective's position among that group's collectives in the step.
     group: Optional[list[int]] = None
     coll_seq: Optional[int] = None
+    #: A call inside a compiled graph (graphs.py): the graph's id and the FX node's name.
+    graph: Optional[dict[str, Any]] = None
 
     def __init__(
         self,
@@ -120,6 +122,8 @@ class OpRecord:
         if self.group is not None:
             record["group"] = self.group
             record["coll_seq"] = self.coll_seq
+        if self.graph is not None:
+            record["graph"] = self.graph
         record["tensors"] = tensors
         if self.args:
             record["args"] = self.args

@@ -14,7 +14,7 @@ import json
 import os
 import sys
 from types import CodeType, FrameType
-from typing import Optional
+from typing import Any, Optional
 
 import torch
 
@@ -101,6 +101,18 @@ class StackTable:
             codes, text = self._frames(k, f)
             folder.stack_codes.append(codes)  # the key's ids stay valid while the folder is
             folder.write_stack_json(sid, text)
+        return sid
+
+    def frames_id(self, folder: RankFolder, frames: tuple[str, ...]) -> int:
+        """Id of a stack given as its formatted frames (a compiled graph's node: the stack
+        Dynamo traced), written when new. Keyed apart from live stacks' keys (a string in
+        the key, never in theirs)."""
+        k: Any = ("graph", *frames)
+        sid = folder.stack_ids.get(k)
+        if sid is None:
+            sid = len(folder.stack_ids)
+            folder.stack_ids[k] = sid
+            folder.write_stack_json(sid, json.dumps(list(frames)))
         return sid
 
     def _frames(

@@ -566,8 +566,10 @@ class DumpFiles:
         self._outbox: list[tuple[Any, ...]] = []
         self._outbox_bytes = 0
         self._manifest_done = False
-        #: Compiled code ran while a step was captured (:meth:`mark_compiled`).
+        #: Compiled code ran while a step was captured (:meth:`mark_compiled`), and the
+        #: compiled graphs whose API calls were captured in forward (graphs.py).
         self._compiled = False
+        self._compiled_graphs = 0
         #: The device the manifest names (the model's, once known).
         self._device = ""
         #: Step folders appear at their first written op, as in overflow mode. Set when the
@@ -620,12 +622,14 @@ class DumpFiles:
             self._dump_manifest()
             self._manifest_done = True
 
-    def mark_compiled(self) -> None:
+    def mark_compiled(self, graphs: int = 0) -> None:
         """Compiled code ran while a step was captured: the manifest says so (``compiled``),
         so that ``probe compare`` can tell why the other run's calls there have no
-        counterpart. Rewritten once, when first known."""
-        if not self._compiled:
+        counterpart, and how many graphs had their forward captured (``compiled_capture``:
+        their backward is not). Rewritten when that changes."""
+        if not self._compiled or graphs > self._compiled_graphs:
             self._compiled = True
+            self._compiled_graphs = max(graphs, self._compiled_graphs)
             if self._manifest_done:
                 self._dump_manifest()
 
@@ -653,6 +657,12 @@ class DumpFiles:
         }
         if self._compiled:
             manifest["compiled"] = True
+        if self._compiled_graphs:
+            manifest["compiled_capture"] = {
+                "graphs": self._compiled_graphs,
+                "forward": True,
+                "backward": False,
+            }
         if c.mode == "overflow":
             # Readers must know that absent ops are finite ones, not missing ones.
             manifest["overflow"] = {"overflow_nums": c.overflow_nums}

@@ -1,0 +1,398 @@
+"""Taps in a ``torch.compile`` graph: the statistics of its operators, computed by the graph.
+
+Why: the operators inside a compiled graph are not Python calls, so no API wrapper sees
+them. What Dynamo hands its backend, though, is an FX graph of exactly those calls, at the
+level the eager agent records: ``F.linear``, ``F.gelu``, ``x + y``, ``x.view(...)``, with
+each node's module path (``nn_module_stack``) and source line (``stack_trace``). So
+:func:`instrument` copies the graph, names each node that calls a hooked API as the eager
+agent names the call (``Functional.gelu``, ``Tensor.__add__``), and adds to the graph, for
+every tensor those calls read or produce, a reduction to ``[max, min, sum, norm, NaN count,
+Inf count]`` in float64 (:func:`tap`), all stacked into one ``[rows, 6]`` tensor returned as
+one more output of the graph. The backend (Inductor) compiles the copy like the original:
+the reductions are fused with the code that produces the tensors, nothing is read back
+inside the graph (no host sync, no graph break), and the values are those the compiled code
+computed -- a fault in a compiled kernel is in them. :class:`Plan` says which record each
+row belongs to; ``graphs.py`` runs the copy on captured steps and writes the records.
+
+Not tapped: graphs with symbolic shapes (their sizes are only known when they run), and the
+backward graph AOT autograd derives (its operators are not API calls; parameter gradients
+are still captured at ``stop()``).
+"""
+
+from __future__ import annotations
+
+import copy
+import operator
+import re
+from dataclasses import dataclass
+from typing import Any, Optional
+
+import torch
+
+from .._op_key import api_name
+from .stats import STORABLE, dtype_name
+
+# Bound before any wrapper exists: the graph copy must call PyTorch's own functions.
+_amax = torch.amax
+_amin = torch.amin
+_sum = torch.sum
+_norm = torch.linalg.vector_norm
+_isnan = torch.isnan
+_isinf = torch.isinf
+_stack = torch.stack
+_to = torch.Tensor.to
+_detach = torch.Tensor.detach
+_F64 = torch.float64
+
+#: Columns of a tap's row, as ``stats.stat_vector`` orders them.
+COLUMNS = 6
+
+
+def tap(x: torch.Tensor) -> torch.Tensor:
+    """``[max, min, sum, norm, NaN count, Inf count]`` of ``x`` in float64: the statistics
+    the eager agent records, traced into the compiled graph (max and min exact; sum and norm
+    accumulated in float64, at least as accurate as the eager reductions)."""
+    x = _detach(x)
+    xf = _to(x, _F64)
+    return _stack(
+        [
+            _amax(xf),
+            _amin(xf),
+            _sum(xf),
+            _norm(xf),
+            _to(_sum(_isnan(x)), _F64),
+            _to(_sum(_isinf(x)), _F64),
+        ]
+    )
+
+
+@dataclass(frozen=True)
+class Value:
+    """A tensor of the graph that a recorded call reads or produces."""
+
+    dtype: str
+    shape: tuple[int, ...]
+    #: Its row in the graph's statistics output; None for a tensor without statistics
+    #: (empty, or of a dtype the dump does not store).
+    row: Optional[int]
+    #: The graph argument it is (a parameter, an input), else None.
+    arg: Optional[int]
+
+
+@dataclass(frozen=True)
+class Call:
+    """A node of the graph that calls a hooked API: one record per run of the graph."""
+
+    api: str
+    #: The module path inside the compiled module (``layers.0.attn``; "" at its root).
+    module: str
+    #: ``id`` of that module object (Dynamo's key for it), to find its path in the model.
+    module_id: Optional[int]
+    #: The FX node's name, unique in its graph (``linear_1``).
+    node: str
+    #: ``File "...", line N, in fn: source`` of the user's frames, outermost first.
+    frames: tuple[str, ...]
+    inputs: tuple[tuple[str, int], ...]  # (name, index into Plan.values)
+    outputs: tuple[tuple[str, int], ...]
+    args: Optional[dict[str, Any]]
+
+
+@dataclass(frozen=True)
+class Plan:
+    """What the statistics output of an instrumented graph stands for."""
+
+    values: tuple[Value, ...]
+    calls: tuple[Call, ...]
+    rows: int
+    #: Per graph output: the value it is, when it is one.
+    outputs: tuple[Optional[int], ...]
+
+
+#: ``operator`` functions Dynamo records for Python's operators on tensors, and the dunder
+#: the eager agent's wrapper of ``torch.Tensor`` names the call by.
+_OPERATORS: dict[Any, str] = {
+    operator.add: "add",
+    operator.sub: "sub",
+    operator.mul: "mul",
+    operator.truediv: "truediv",
+    operator.floordiv: "floordiv",
+    operator.mod: "mod",
+    operator.pow: "pow",
+    operator.matmul: "matmul",
+    operator.and_: "and",
+    operator.or_: "or",
+    operator.xor: "xor",
+    operator.lshift: "lshift",
+    operator.rshift: "rshift",
+}
+_UNARY: dict[Any, str] = {
+    operator.neg: "__neg__",
+    operator.pos: "__pos__",
+    operator.abs: "__abs__",
+    operator.invert: "__invert__",
+    operator.getitem: "__getitem__",
+}
+_INPLACE: dict[Any, str] = {
+    operator.iadd: "__iadd__",
+    operator.isub: "__isub__",
+    operator.imul: "__imul__",
+    operator.itruediv: "__itruediv__",
+}
+
+
+class Names:
+    """API names of a graph's call targets, from the agent's api_list: a function object
+    named under several categories (``torch.conv2d`` is ``F.conv2d``) takes the first of
+    Functional, Torch, VF, NPU, Tensor -- how models usually spell the call."""
+
+    def __init__(self, api_list: dict[str, list[str]], owners: dict[str, Any]) -> None:
+        self._tensor = frozenset(api_list.get("Tensor", ()))
+        self._by_id: dict[int, str] = {}
+        #: The objects named, held so that no id is reused while the table lives.
+        self._held: list[Any] = []
+        for kind in ("Functional", "Torch", "VF", "NPU", "Tensor"):
+            owner = owners.get(kind)
+            if owner is None:
+                continue
+            for name in api_list.get(kind, ()):
+                holder: Any = owner
+                *path, attr = name.split(".")
+                for part in path:
+                    holder = getattr(holder, part, None)
+                fn = getattr(holder, attr, None)
+                fn = getattr(fn, "__probe_wrapped__", fn)
+                if fn is None or isinstance(fn, type):
+                    continue
+                self._held.append(fn)
+                self._by_id.setdefault(id(fn), api_name(kind, name))
+
+    def tensor(self, method: str) -> Optional[str]:
+        return api_name("Tensor", method) if method in self._tensor else None
+
+    def of(self, node: Any) -> tuple[Optional[str], bool]:
+        """The API ``node`` calls, and whether its first two arguments swap places in the
+        eager call (``2 * x`` is ``x.__rmul__(2)``); None for a node that calls none."""
+        if node.op == "call_method":
+            return self.tensor(str(node.target)), False
+        if node.op != "call_function":
+            return None, False
+        target = node.target
+        if target in _OPERATORS:
+            base = _OPERATORS[target]
+            args = node.args
+            if len(args) == 2 and not _is_tensor(args[0]) and _is_tensor(args[1]):
+                return self.tensor(f"__r{base}__"), True
+            return self.tensor(f"__{base}__"), False
+        if target in _UNARY:
+            return (self.tensor(_UNARY[target]) if _is_tensor(node.args[0]) else None), False
+        if target in _INPLACE:
+            return self.tensor(_INPLACE[target]), False
+        return self._by_id.get(id(target)), False
+
+
+def _example(node: Any) -> Any:
+    return node.meta.get("example_value") if hasattr(node, "meta") else None
+
+
+def _is_tensor(arg: Any) -> bool:
+    return isinstance(_example(arg), torch.Tensor)
+
+
+def _static(t: torch.Tensor) -> Optional[tuple[int, ...]]:
+    """``t``'s shape when every size is a plain int."""
+    shape = tuple(t.shape)
+    return shape if all(type(d) is int for d in shape) else None
+
+
+_PART = re.compile(r"\.([A-Za-z_]\w*)|\[(\d+)\]|\[\s*'([^']*)'\s*\]|\[\s*\"([^\"]*)\"\s*\]")
+
+
+def module_path(node: Any) -> tuple[str, Optional[int]]:
+    """The module a node runs in, relative to the compiled one: Dynamo's source of it
+    (``L['self'].layers[0].attn``, ``L['self']._modules['fc']``) as a dotted path, and the
+    module's ``id`` where Dynamo keys it by that."""
+    stack = node.meta.get("nn_module_stack")
+    if not stack:
+        return "", None
+    key, entry = list(stack.items())[-1]
+    mid = int(key) if isinstance(key, str) and key.isdigit() else None
+    source = entry[0]
+    if not isinstance(source, str):
+        return "", mid
+    head = re.match(r"^[A-Za-z_]\w*(\[\s*'[^']*'\s*\])?", source)
+    rest = source[head.end() :] if head else source
+    parts = []
+    for m in _PART.finditer(rest):
+        part = next(g for g in m.groups() if g is not None)
+        if part not in ("_modules", "_orig_mod"):
+            parts.append(part)
+    return ".".join(parts), mid
+
+
+_FRAME = re.compile(r'^\s*File "(.*)", line (\d+), in (.*)$')
+
+
+def frames(node: Any, skip: tuple[str, ...]) -> tuple[str, ...]:
+    """The user's frames of a node's ``stack_trace``, as ``stacks.py`` formats frames,
+    outermost first; frames in ``skip`` (torch, the agent) are left out."""
+    text = node.meta.get("stack_trace") or ""
+    lines = text.splitlines()
+    out = []
+    for i, line in enumerate(lines):
+        m = _FRAME.match(line)
+        if m is None or m.group(1).startswith(skip):
+            continue
+        src = lines[i + 1].strip() if i + 1 < len(lines) else ""
+        out.append(f'File "{m.group(1)}", line {m.group(2)}, in {m.group(3)}: {src}')
+    return tuple(out)
+
+
+class _Builder:
+    """Collects the values and calls of one graph while :func:`instrument` walks it."""
+
+    def __init__(self, graph: Any, args: dict[Any, int]) -> None:
+        self.graph = graph
+        self.args = args
+        self.values: list[Value] = []
+        self.index: dict[Any, int] = {}  # FX node -> value
+        self.taps: list[tuple[Any, Any]] = []  # (after node, node to reduce)
+
+    def value(self, node: Any, at: Any) -> Optional[int]:
+        """The value of tensor node ``node`` (tapped after node ``at``), made when new."""
+        got = self.index.get(node)
+        if got is not None:
+            return got
+        ex = _example(node)
+        shape = _static(ex) if isinstance(ex, torch.Tensor) else None
+        if shape is None:
+            return None
+        n = 1
+        for d in shape:
+            n *= d
+        row = None
+        if ex.dtype in STORABLE and n > 0 and ex.layout is torch.strided:
+            row = len(self.taps)
+            self.taps.append((at, node))
+        self.values.append(Value(dtype_name(ex.dtype), shape, row, self.args.get(node)))
+        self.index[node] = len(self.values) - 1
+        return self.index[node]
+
+
+def instrument(
+    gm: torch.fx.GraphModule, names: Names, skip: tuple[str, ...]
+) -> Optional[tuple[torch.fx.GraphModule, Plan]]:
+    """A copy of ``gm`` whose last output is the ``[rows, 6]`` statistics of the tensors its
+    API calls read and produce, and the plan of those rows; None when the graph has symbolic
+    shapes or calls no hooked API."""
+    placeholders = [n for n in gm.graph.nodes if n.op == "placeholder"]
+    for p in placeholders:
+        ex = _example(p)
+        if not isinstance(ex, torch.Tensor) and ex is not None and not isinstance(ex, int):
+            return None  # a SymInt argument: sizes are only known at run time
+        if isinstance(ex, torch.Tensor) and _static(ex) is None:
+            return None
+    gm = copy.deepcopy(gm)
+    graph = gm.graph
+    placeholders = [n for n in graph.nodes if n.op == "placeholder"]
+    b = _Builder(graph, {p: i for i, p in enumerate(placeholders)})
+    last_arg = placeholders[-1] if placeholders else None
+    calls: list[Call] = []
+    for node in list(graph.nodes):
+        api, swapped = names.of(node)
+        if api is None:
+            continue
+        args = list(node.args)
+        if swapped:
+            args[0], args[1] = args[1], args[0]
+        inputs: list[tuple[str, int]] = []
+        consts: dict[str, Any] = {}
+        for key, a in (*enumerate(args), *node.kwargs.items()):
+            for name, item in _tensor_args(a, f"input.{key}"):
+                if isinstance(item, torch.fx.Node):
+                    v = b.value(item, last_arg if item.op == "placeholder" else item)
+                    if v is not None:
+                        inputs.append((name, v))
+                elif name == f"input.{key}":
+                    j = _json_arg(item)
+                    if j is not None:
+                        consts[name] = j
+        outputs = _outputs(b, node)
+        if outputs is None:
+            continue
+        module, module_id = module_path(node)
+        calls.append(
+            Call(
+                api,
+                module,
+                module_id,
+                node.name,
+                frames(node, skip),
+                tuple(inputs),
+                tuple(outputs),
+                consts or None,
+            )
+        )
+    if not calls:
+        return None
+    _insert_taps(graph, b.taps)
+    out_node = next(n for n in graph.nodes if n.op == "output")
+    user = out_node.args[0]
+    flat = user if isinstance(user, (tuple, list)) else (user,)
+    produced = tuple(b.index.get(o) if isinstance(o, torch.fx.Node) else None for o in flat)
+    graph.lint()
+    gm.recompile()
+    return gm, Plan(tuple(b.values), tuple(calls), len(b.taps), produced)
+
+
+def _tensor_args(a: Any, prefix: str) -> list[tuple[str, Any]]:
+    """``(name, arg)`` of an argument: a list's items named ``prefix.i`` as the eager
+    agent names them; anything else as itself."""
+    if isinstance(a, (tuple, list)) and any(isinstance(x, torch.fx.Node) for x in a):
+        return [(f"{prefix}.{i}", x) for i, x in enumerate(a)]
+    return [(prefix, a)]
+
+
+def _json_arg(v: Any) -> Any:
+    from .records import json_arg
+
+    return None if isinstance(v, torch.fx.Node) else json_arg(v)
+
+
+def _outputs(b: _Builder, node: Any) -> Optional[list[tuple[str, int]]]:
+    """The output values of a call node (a tuple's tensors through ``getitem`` nodes added
+    after it), or None when its outputs cannot be tapped (symbolic shapes)."""
+    ex = _example(node)
+    if isinstance(ex, torch.Tensor):
+        v = b.value(node, node)
+        return None if v is None else [("output.0", v)]
+    if not isinstance(ex, (tuple, list)):
+        return []
+    out: list[tuple[str, int]] = []
+    at = node
+    for i, item in enumerate(ex):
+        if not isinstance(item, torch.Tensor):
+            continue
+        with b.graph.inserting_after(at):
+            get = b.graph.call_function(operator.getitem, (node, i))
+        get.meta["example_value"] = item
+        at = get
+        v = b.value(get, get)
+        if v is None:
+            return None
+        out.append((f"output.{i}", v))
+    return out
+
+
+def _insert_taps(graph: Any, taps: list[tuple[Any, Any]]) -> None:
+    """A ``tap`` of each tapped node right after ``at``, and their stack as the graph's
+    last output."""
+    rows = []
+    for at, node in taps:
+        with graph.inserting_after(at):
+            rows.append(graph.call_function(tap, (node,)))
+    out_node = next(n for n in graph.nodes if n.op == "output")
+    with graph.inserting_before(out_node):
+        stacked = graph.call_function(_stack, (rows,))
+    user = out_node.args[0]
+    flat = tuple(user) if isinstance(user, (tuple, list)) else (user,)
+    out_node.args = ((*flat, stacked),)

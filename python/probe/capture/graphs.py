@@ -1,0 +1,317 @@
+"""Capture inside ``torch.compile`` graphs: the graphs' API calls recorded on captured steps.
+
+Why: compiled training is the default in current stacks, and the compiled run is often the
+one that diverges; a dump that lacks every operator inside the graphs cannot name one. So
+once a Debugger exists, every graph Dynamo compiles is also instrumented
+(``graph_taps.instrument``: the same graph, whose last output is the statistics of the
+tensors its API calls read and produce), and Dynamo gets a :class:`CompiledGraph` in place of
+the backend's compiled function:
+
+- Outside a captured step it runs the backend's compiled graph, untouched: one test per
+  call of the graph.
+- On a captured step it runs the instrumented copy, compiled by the same backend at its
+  first captured call (with fake example inputs: no memory), and writes one record per API
+  call of the graph (:meth:`GraphCapture.record`), numbered in the step's call counters as
+  the eager calls around it are, with the module path and source line Dynamo traced and the
+  graph's id. Statistics stay on the device and travel with the rest of the step's
+  (``buffer.py``); on CPU they are read in one call per run of the graph.
+- Nothing the compiled code computes depends on the agent's state (no guard reads it): no
+  ``start()`` or ``stop()`` recompiles the model.
+
+The backward graph is not instrumented: the backward records of the calls inside a graph
+are missing, and the manifest says so (``compiled``, docs/format.md).
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import sys
+import threading
+from typing import TYPE_CHECKING, Any, Callable, Optional
+
+import torch
+
+from .._op_key import api_key
+from .compiled import compiling
+from .graph_taps import Call, Names, Plan, instrument
+from .patcher import _owners, load_api_list
+from .records import OpRecord
+from .stats import fill_stats
+from .threadstate import tls
+
+if TYPE_CHECKING:
+    from .context import HookContext
+
+log = logging.getLogger("probe")
+
+_TORCH_DIR = os.path.dirname(os.path.abspath(torch.__file__))
+_PKG_DIR = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+
+_lock = threading.Lock()
+_hooked = False
+_next_id = 0
+
+
+class _Active:
+    """The Debugger whose step is captured now (set by ``start()``, cleared by ``stop()``)."""
+
+    current: Optional[GraphCapture] = None
+
+
+ACTIVE = _Active()
+
+
+def _spec(x: Any) -> Any:
+    """What a compile needs of an example input: a tensor's size, stride, dtype, device,
+    whether it requires grad and is a parameter; anything else as it is."""
+    if isinstance(x, torch.Tensor):
+        return (x.shape, x.stride(), x.dtype, x.device, x.requires_grad, type(x))
+    return x
+
+
+def _fakes(specs: list[Any]) -> list[Any]:
+    """Fake tensors for ``specs``: a compile reads nothing else of them, and they take no
+    memory (the real inputs are the model's parameters and a batch)."""
+    from torch._subclasses.fake_tensor import FakeTensorMode
+
+    out: list[Any] = []
+    with FakeTensorMode():
+        for s in specs:
+            if not isinstance(s, tuple) or len(s) != 6 or not isinstance(s[2], torch.dtype):
+                out.append(s)
+                continue
+            shape, stride, dtype, device, grad, cls = s
+            t = torch.empty_strided(shape, stride, dtype=dtype, device=device)
+            if issubclass(cls, torch.nn.Parameter):
+                t = torch.nn.Parameter(t, requires_grad=grad)
+            elif grad:
+                t.requires_grad_(True)
+            out.append(t)
+    return out
+
+
+class CompiledGraph:
+    """What Dynamo runs for one graph while the agent is installed (module docstring)."""
+
+    def __init__(
+        self,
+        plain: Callable[..., Any],
+        gm: torch.fx.GraphModule,
+        plan: Plan,
+        compiler: Callable[..., Any],
+        specs: list[Any],
+        root: Optional[int],
+    ) -> None:
+        global _next_id
+        with _lock:
+            #: The graph's id in this process, in compile order (a record's ``graph.id``).
+            self.id = _next_id
+            _next_id += 1
+        self.plain = plain
+        self.plan = plan
+        #: ``id`` of the module whose code the graph is (Dynamo's frame's ``self``).
+        self.root = root
+        self._gm: Optional[torch.fx.GraphModule] = gm
+        self._compiler = compiler
+        self._specs = specs
+        self._tapped: Optional[Callable[..., Any]] = None
+        self._failed = False
+
+    def __call__(self, *args: Any) -> Any:
+        cap = ACTIVE.current
+        if cap is None or not tls.active or self._failed or compiling():
+            return self.plain(*args)
+        return cap.run(self, args)
+
+    def tapped(self) -> Optional[Callable[..., Any]]:
+        """The instrumented graph, compiled at the first captured call; None when that
+        compile failed (logged once: the graph then runs uninstrumented)."""
+        if self._tapped is None and not self._failed:
+            assert self._gm is not None
+            try:
+                self._tapped = self._compiler(self._gm, _fakes(self._specs))
+            except Exception as exc:  # noqa: BLE001 - the model keeps running compiled
+                self._failed = True
+                log.warning("probe: could not compile graph %d with statistics: %s", self.id, exc)
+            self._gm = None  # compiled (or not): its copy is no longer needed
+        return self._tapped
+
+
+def _wrap(graph: Any, gm: torch.fx.GraphModule, example_inputs: list[Any], orig: Any) -> Any:
+    """``OutputGraph.call_user_compiler`` with instrumentation: the backend's compiled
+    function, wrapped in a :class:`CompiledGraph` when the graph can be instrumented."""
+    made = None
+    try:
+        names = Names(load_api_list(), _owners())
+        made = instrument(gm, names, (_TORCH_DIR, _PKG_DIR))
+    except Exception as exc:  # noqa: BLE001 - never in the compiler's way
+        log.warning("probe: could not instrument a compiled graph: %s", exc)
+    specs = [_spec(x) for x in example_inputs] if made is not None else []
+    compiled = orig(graph, gm, example_inputs)
+    if made is None or getattr(graph, "compiler_fn", None) is None:
+        return compiled
+    return CompiledGraph(compiled, made[0], made[1], graph.compiler_fn, specs, _root(graph))
+
+
+def _root(graph: Any) -> Optional[int]:
+    """``id`` of the module whose code Dynamo traced (its frame's first module local)."""
+    try:
+        local = graph.root_tx.f_locals.values()
+    except Exception:  # noqa: BLE001 - Dynamo's internals moved: paths stay relative
+        return None
+    return next((id(v) for v in local if isinstance(v, torch.nn.Module)), None)
+
+
+def install_compiler_hook() -> bool:
+    """Instrument every graph Dynamo compiles from now on (once per process), once Dynamo
+    is imported (``torch.compile`` imports it; importing it here would make every captured
+    call look for the compiler's frames: ``compiled.compiler_call``). False while it is
+    not, or where its entry point moved."""
+    global _hooked
+    if _hooked:
+        return True
+    output_graph = sys.modules.get("torch._dynamo.output_graph")
+    if output_graph is None:
+        return False
+    with _lock:
+        if _hooked:
+            return True
+        cls: Any = getattr(output_graph, "OutputGraph", None)
+        orig = getattr(cls, "call_user_compiler", None)
+        if orig is None:
+            return False
+
+        def call_user_compiler(self: Any, gm: Any, example_inputs: Any) -> Any:
+            return _wrap(self, gm, example_inputs, orig)
+
+        call_user_compiler.__wrapped__ = orig  # type: ignore[attr-defined]
+        cls.call_user_compiler = call_user_compiler
+        _hooked = True
+        return True
+
+
+class GraphCapture:
+    """Records the API calls of compiled graphs for one Debugger."""
+
+    def __init__(self, ctx: HookContext, module_stack: list[str]) -> None:
+        self._ctx = ctx
+        self._stack = module_stack
+        #: Module paths of the Debugger's model by ``id`` (Dynamo's ``nn_module_stack``
+        #: keys), set by ``start()``.
+        self.paths: dict[int, str] = {}
+        #: Ids of the graphs that ran with statistics in this Debugger.
+        self.graphs: set[int] = set()
+
+    def run(self, graph: CompiledGraph, args: tuple[Any, ...]) -> Any:
+        """One captured run of ``graph``: the instrumented copy, then its records."""
+        was = tls.active
+        tls.active = False  # nothing the compiler or the graph calls is the model's call
+        try:
+            fn = graph.tapped()
+        finally:
+            tls.active = was
+        if fn is None:
+            return graph.plain(*args)
+        real = list(args)  # (what the graph's runtime may let go of)
+        tls.active = False
+        try:
+            out = fn(*args)
+        finally:
+            tls.active = was
+        stats, user = out[-1], out[:-1]
+        tls.active = False
+        try:
+            with self._ctx.lock:
+                self.record(graph, real, stats)
+        except Exception as exc:  # noqa: BLE001
+            self._ctx.guard.fail(exc, f"capturing compiled graph {graph.id}")
+        finally:
+            tls.active = was
+        return user
+
+    def record(self, graph: CompiledGraph, args: list[Any], stats: torch.Tensor) -> None:
+        """The records of one run of ``graph`` whose statistics output is ``stats``."""
+        ctx = self._ctx
+        c = ctx.config
+        rec = ctx.recorder
+        folder = rec.files.folder
+        if folder is None:
+            return
+        self.graphs.add(graph.id)
+        plan = graph.plan
+        host = stats.tolist() if stats.device.type == "cpu" else None
+        ids: dict[int, int] = {}
+        base = self.paths.get(graph.root) if graph.root is not None else None
+        if base is None:
+            base = self._stack[-1] if self._stack else ""
+        for call in plan.calls:
+            module = self._module(call, base)
+            n = ctx.select.api_call(call.api, module or None)
+            if n is None or not c.forward:
+                continue
+            op = OpRecord(api_key(call.api, n), "api", "forward", module or None, folder)
+            op.graph = {"id": graph.id, "node": call.node}
+            if c.stack and call.frames:
+                op.stack = rec.stacks.frames_id(folder, call.frames)
+            if c.inputs:
+                for name, v in call.inputs:
+                    tr = self._tensor(op, name, "input", plan, v, host, stats)
+                    src = ids.get(v)
+                    arg = plan.values[v].arg
+                    if src is None and arg is not None:
+                        real = args[arg]
+                        if isinstance(real, torch.Tensor):
+                            src = rec.flow.source(real)[0]
+                    if src is not None:
+                        tr["src"] = src
+                op.args = call.args
+            if c.outputs:
+                for name, v in call.outputs:
+                    tr = self._tensor(op, name, "output", plan, v, host, stats)
+                    tr["id"] = ids[v] = folder.next_id
+                    folder.next_id += 1
+            rec.finish(op)
+
+    def _module(self, call: Call, base: str) -> str:
+        """A call's module path in the model: its module's, else its path under the module
+        the graph is the code of (or was called in)."""
+        if call.module_id is not None:
+            path = self.paths.get(call.module_id)
+            if path is not None:
+                return path
+        if not call.module:
+            return base
+        return f"{base}.{call.module}" if base else call.module
+
+    def _tensor(
+        self,
+        op: OpRecord,
+        name: str,
+        role: str,
+        plan: Plan,
+        v: int,
+        host: Optional[list[list[float]]],
+        stats: torch.Tensor,
+    ) -> Any:
+        """One tensor record of ``op`` from value ``v``'s row of the graph's statistics."""
+        value = plan.values[v]
+        tr: dict[str, Any] = {
+            "name": f"{op.key}.{name}",
+            "role": role,
+            "dtype": value.dtype,
+            "shape": value.shape,
+        }
+        vec: Any = None
+        if value.row is not None:
+            if host is not None:
+                n = 1
+                for d in value.shape:
+                    n *= d
+                done: dict[str, Any] = {}
+                fill_stats(done, host[value.row], 0, 6, n)
+                vec = done
+            else:
+                vec = stats[value.row]
+        op.entries.append((tr, vec, None))  # type: ignore[arg-type]
+        return tr
