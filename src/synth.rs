@@ -302,6 +302,7 @@ impl RankWriter {
 fn write_manifest(root: &Path, mode: &str, ranks: usize) -> Result<()> {
     let m = ManifestRecord {
         compiled: None,
+        compiled_capture: None,
         created: "2026-01-01T00:00:00Z".into(),
         device: "cpu".into(),
         format: "probe-dump".into(),

@@ -278,8 +278,8 @@ fn coverage_gap(u: &UnitSummary, max: f64) -> Option<(&'static str, String)> {
     for (run, compiled) in [(Side::Bench, u.compiled.bench), (Side::Cmp, u.compiled.cmp)] {
         if compiled && lacking.contains(&run) {
             reasons.push(format!(
-                "{} ran compiled code (torch.compile, TorchScript): its graphs' operators are \
-                 not in its dump",
+                "{} ran compiled code (torch.compile, TorchScript): operators inside its \
+                 graphs are not in its dump",
                 run_name(run)
             ));
         }

@@ -43,7 +43,13 @@ pub(crate) fn plan(bench: &Path, cmp: &Path, selection: &Selection) -> Result<Pl
     let (pairs, mut warnings, unpaired) = pair_ranks(&b, &c);
     warnings.extend(other_world(&b, &c));
     for (set, side) in [(&b, "benchmark"), (&c, "comparison")] {
-        if set.compiled {
+        if set.compiled && set.compiled_forward {
+            warnings.push(format!(
+                "the {side} run's compiled graphs were captured in forward only (statistics \
+                 computed inside the graphs): the backward operators inside them are not in \
+                 its dump, so the other run's backward calls there have no counterpart"
+            ));
+        } else if set.compiled {
             warnings.push(format!(
                 "the {side} run ran compiled code while it was captured (torch.compile, \
                  TorchScript): the operators inside compiled graphs are not in its dump, so \

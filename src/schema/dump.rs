@@ -5,6 +5,20 @@
 
 use serde::{Deserialize, Serialize};
 
+/// `compiled_capture` of a manifest: what of the compiled graphs was captured.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct CompiledCaptureRecord {
+    /// Whether their backward operators were captured (not yet: false).
+    #[serde(default)]
+    pub backward: bool,
+    /// Whether their forward API calls were captured.
+    #[serde(default)]
+    pub forward: bool,
+    /// How many compiled graphs had their calls captured.
+    #[serde(default)]
+    pub graphs: u64,
+}
+
 /// `manifest.json` at the root of a dump.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub struct ManifestRecord {
@@ -12,6 +26,10 @@ pub struct ManifestRecord {
     /// captured: the operators inside it are not in the dump.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub compiled: Option<bool>,
+    /// Present when the agent captured the forward API calls inside compiled graphs
+    /// (statistics computed by the graphs); their backward operators are not in the dump.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub compiled_capture: Option<CompiledCaptureRecord>,
     /// Creation time (RFC 3339).
     #[serde(default)]
     pub created: String,

@@ -349,9 +349,10 @@ class Debugger:
         if captured:
             what = "compiled-forward"
             msg = (
-                f"probe: the forward API calls of {captured} compiled graph(s) were captured "
-                f"in step {self.current_step} (statistics computed inside the graphs); the "
-                "backward operators of compiled graphs are not, and are missing from the dump."
+                f"probe: the forward API calls of {captured} torch.compile graph(s) were "
+                f"captured in step {self.current_step} (statistics computed inside the "
+                "graphs); the backward operators of compiled graphs are not, and are missing "
+                "from the dump."
             )
         else:
             what = "compiled"
