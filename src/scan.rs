@@ -419,6 +419,7 @@ fn finding(
         draw: None,
         module: focus.op.module_path(),
         consequence_of: None,
+        layout: Vec::new(),
     }
 }
 

@@ -192,17 +192,14 @@ impl RankWriter {
         let mut records = Vec::new();
         for t in tensors {
             let mut o = TensorRecord {
-                checksum: None,
                 dtype: t.dtype.name().to_string(),
-                file: None,
-                data_offsets: None,
                 id: t.id,
                 name: t.name.clone(),
                 role: t.role.to_string(),
                 shape: t.shape.clone(),
                 src: t.src,
                 stats: Some(stats(t.dtype, &t.values)),
-                unwritten: false,
+                ..TensorRecord::default()
             };
             let bytes = bytes_of(t.dtype, &t.values);
             match self.mode.as_str() {

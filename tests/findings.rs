@@ -26,6 +26,7 @@ fn finding(op: &str, step: &str, seq: u64) -> Finding {
         draw: None,
         module: None,
         consequence_of: None,
+        layout: Vec::new(),
     }
 }
 

@@ -46,6 +46,10 @@ fn tensor(
         src,
         stats: Some(stats(v)),
         unwritten: false,
+        stride: None,
+        offset: None,
+        storage: None,
+        format: None,
     }
 }
 

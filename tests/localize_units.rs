@@ -57,6 +57,7 @@ impl Log {
             src,
             data: None,
             unwritten: false,
+            layout: None,
         };
         let mut tensors: Vec<TensorRec> = inputs
             .iter()

@@ -50,6 +50,10 @@ fn write_dump(dir: &Path, ops: &[(&str, Vec<T>)]) -> PathBuf {
                         src: None,
                         stats: Some(*st),
                         unwritten: false,
+                        stride: None,
+                        offset: None,
+                        storage: None,
+                        format: None,
                     }
                 })
                 .collect();

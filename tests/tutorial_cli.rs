@@ -97,6 +97,10 @@ fn mix_dump(dir: &Path, off: f64) {
         src: None,
         stats: Some(stats(v)),
         unwritten: false,
+        stride: None,
+        offset: None,
+        storage: None,
+        format: None,
     };
     let op = |key: &str, kind: &str, vin: f64, vout: f64| OpRecord {
         args: None,

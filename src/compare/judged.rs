@@ -11,6 +11,7 @@
 
 use super::align::{MatchedBy, OpInfo, Side};
 use super::judge::{Judgement, Row, Verdict};
+use super::layout;
 use super::measure::{CompareKind, Measured, Measurement};
 use super::op_rows::{Draw, Head, OneSidedOp, OpRows, UPSTREAM};
 use super::Sides;
@@ -345,6 +346,37 @@ impl OpRows for ByOp<'_> {
             format!("{} in the benchmark, {} in the comparison run", x.1, y.1)
         };
         Some(if x.0 { Draw::Off(said) } else { Draw::On(said) })
+    }
+
+    fn layout_diffs(&self, k: usize) -> Vec<String> {
+        let j = self.judged;
+        let pairs = &j.pairs[self.group(k)];
+        let tensors: Vec<_> = pairs.iter().map(|p| Judged::tensors(&j.ops, p)).collect();
+        if tensors
+            .iter()
+            .all(|t| t.bench.layout().is_none() || t.cmp.layout().is_none())
+        {
+            return Vec::new();
+        }
+        // Slots name tensors where the op is one call on each side, else whole names.
+        let one = self.one_call(k).is_some();
+        let names: Vec<Cow<str>> = tensors
+            .iter()
+            .map(|t| match t.cmp.slot_name() {
+                Some(s) if one => Cow::Borrowed(s),
+                _ => t.cmp.name(),
+            })
+            .collect();
+        let sides: Vec<layout::Sides> = tensors
+            .iter()
+            .zip(&names)
+            .map(|(t, label)| layout::Sides {
+                label,
+                bench: (t.bench.shape(), t.bench.layout()),
+                cmp: (t.cmp.shape(), t.cmp.layout()),
+            })
+            .collect();
+        layout::differences(&sides)
     }
 
     fn one_sided_source(&self, k: usize, name: &str) -> Option<OneSidedOp> {

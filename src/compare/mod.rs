@@ -24,6 +24,7 @@ pub(crate) mod cross_rank;
 pub mod envelope;
 pub mod judge;
 pub(crate) mod judged;
+pub(crate) mod layout;
 pub(crate) mod loss_scale;
 pub(crate) mod mapping;
 pub(crate) mod measure;

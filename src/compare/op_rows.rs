@@ -60,6 +60,11 @@ pub(crate) trait OpRows {
     fn draw(&self, _k: usize) -> Option<Draw> {
         None
     }
+    /// How op `k`'s paired tensors lay in memory differently on the two sides, one
+    /// sentence each (`super::layout::differences`); none where the dumps do not say.
+    fn layout_diffs(&self, _k: usize) -> Vec<String> {
+        Vec::new()
+    }
     /// The op only one side calls whose output is input `name` (the comparison side's
     /// name) of op `k` on that side; None when the producers on both sides have
     /// counterparts, or none was captured.

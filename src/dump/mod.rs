@@ -6,6 +6,7 @@
 
 pub(crate) mod args;
 mod holding;
+mod layout;
 pub mod msprobe;
 mod probe_format;
 mod select;
@@ -22,6 +23,7 @@ use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
 pub(crate) use holding::{find_rank, holdings, Holding};
+pub use layout::{Layout, LayoutRef};
 pub use probe_format::{parse_op_log, parse_op_record, read_manifest, OpLog};
 pub use select::{Numbers, Selection};
 pub use store::{Op, OpIn, Ops, OpsBuilder, Tensor, TensorIn};
@@ -262,6 +264,8 @@ pub struct TensorRec {
     pub data: Option<Box<Data>>,
     /// Read from memory nothing had written since it was allocated: leftover bytes.
     pub unwritten: bool,
+    /// How it lay in memory, where the dump says (docs/format.md, "Layout").
+    pub layout: Option<Layout>,
 }
 
 impl TensorRec {}

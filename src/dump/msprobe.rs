@@ -261,6 +261,7 @@ fn tensor_rec(
         src: None,
         data,
         unwritten: false,
+        layout: None,
     })
 }
 

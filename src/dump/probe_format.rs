@@ -5,8 +5,8 @@
 //! an error naming the file and line.
 
 use super::{
-    args, Collective, Direction, Mode, OpIn, OpKey, OpKind, OpRec, Ops, OpsBuilder, RankDump,
-    RankLoc, Role, Stats, StatsFields, TensorIn, TensorRec,
+    args, Collective, Direction, LayoutRef, Mode, OpIn, OpKey, OpKind, OpRec, Ops, OpsBuilder,
+    RankDump, RankLoc, Role, Stats, StatsFields, TensorIn, TensorRec,
 };
 use crate::dtype::AnyDType;
 use crate::error::{one_line, ProbeError, Result};
@@ -97,6 +97,7 @@ fn check_tensor(
             raw.name, raw.shape
         ));
     }
+    layout_of(raw).map_err(|e| format!("tensor {}: {e}", raw.name))?;
     let data = match &raw.file {
         None => None,
         Some(f) => {
@@ -111,6 +112,17 @@ fn check_tensor(
         }
     };
     Ok((role, data))
+}
+
+/// A tensor record's layout fields (docs/format.md, "Layout"), checked.
+fn layout_of(raw: &TensorRecord) -> std::result::Result<Option<LayoutRef<'_>>, String> {
+    super::layout::of_record(
+        &raw.shape,
+        raw.stride.as_deref(),
+        raw.offset,
+        raw.storage,
+        raw.format.as_ref().map(|f| &*f.0),
+    )
 }
 
 /// An op record's fields that need checking, checked (its tensors' too).
@@ -166,6 +178,8 @@ fn push_op(ops: &mut OpsBuilder, raw: &OpRecord, c: Checked) -> std::result::Res
             src: t.src,
             data,
             unwritten: t.unwritten,
+            // Checked by check_tensor.
+            layout: layout_of(t).ok().flatten(),
         });
     ops.push(
         OpIn {
@@ -436,6 +450,7 @@ pub fn parse_op_record(text: &str, dir: &Path) -> std::result::Result<OpRec, Str
         .into_iter()
         .zip(c.tensors)
         .map(|(t, (role, data))| TensorRec {
+            layout: layout_of(&t).ok().flatten().map(LayoutRef::to_owned),
             stats: stats_of(&t),
             dtype: AnyDType::parse(&t.dtype),
             name: t.name.into_boxed_str(),

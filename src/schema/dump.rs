@@ -107,7 +107,7 @@ pub struct OpRecord {
 }
 
 /// One tensor of an op record.
-#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[derive(Debug, Clone, PartialEq, Default, Serialize, Deserialize)]
 pub struct TensorRecord {
     /// A checksum of the raw bytes (`crc32:<hex>`), in checksum mode.
     #[serde(default, skip_serializing_if = "Option::is_none")]
@@ -139,6 +139,53 @@ pub struct TensorRecord {
     /// leftovers, so it has no statistics, data or checksum (docs/format.md).
     #[serde(default, skip_serializing_if = "std::ops::Not::not")]
     pub unwritten: bool,
+    /// Layout (docs/format.md, "Layout"): strides in elements, where not contiguous.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub stride: Option<Vec<usize>>,
+    /// Layout: the storage offset in elements, where not 0.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub offset: Option<u64>,
+    /// Layout: the step's id of its storage (views of one storage share it).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub storage: Option<u64>,
+    /// Layout: the device's internal format (an NPU's), a number or a string.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub format: Option<FormatText>,
+}
+
+/// A device's internal format as recorded, a number or a string, held as text.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct FormatText(pub Box<str>);
+
+impl Serialize for FormatText {
+    fn serialize<S: serde::Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
+        match self.0.parse::<i64>() {
+            Ok(n) => s.serialize_i64(n),
+            Err(_) => s.serialize_str(&self.0),
+        }
+    }
+}
+
+impl<'de> Deserialize<'de> for FormatText {
+    fn deserialize<D: serde::Deserializer<'de>>(d: D) -> Result<FormatText, D::Error> {
+        struct V;
+        impl serde::de::Visitor<'_> for V {
+            type Value = FormatText;
+            fn expecting(&self, f: &mut std::fmt::Formatter) -> std::fmt::Result {
+                f.write_str("an integer or a string")
+            }
+            fn visit_i64<E>(self, v: i64) -> Result<FormatText, E> {
+                Ok(FormatText(v.to_string().into()))
+            }
+            fn visit_u64<E>(self, v: u64) -> Result<FormatText, E> {
+                Ok(FormatText(v.to_string().into()))
+            }
+            fn visit_str<E: serde::de::Error>(self, s: &str) -> Result<FormatText, E> {
+                Ok(FormatText(s.into()))
+            }
+        }
+        d.deserialize_any(V)
+    }
 }
 
 /// The statistics of a tensor record.

@@ -212,6 +212,10 @@ pub fn op_record(key: &str, tensors: &[Tensor]) -> OpRecord {
                 src: None,
                 stats: Some(stats_of(values)),
                 unwritten: false,
+                stride: None,
+                offset: None,
+                storage: None,
+                format: None,
             })
             .collect(),
     }

@@ -18,6 +18,7 @@ one.
 
 from __future__ import annotations
 
+import sys
 from typing import TYPE_CHECKING, Any, Callable, Optional, Union
 
 import torch
@@ -91,12 +92,16 @@ class Recorder:
         self.stacks = StackTable()
         # A checksum is of the bytes in C order: it is shared only in the same order.
         self.flow = Dataflow(permuted=config.mode != "checksum")
+        #: ``torch_npu.get_npu_format`` once torch_npu is imported (a tensor's ``format``).
+        self.npu_format: Optional[Callable[[torch.Tensor], Any]] = _npu_format()
         #: Finished records whose statistics are still on the device (buffer.py).
         self.pending = StatsBuffer()
 
     def new_step(self) -> None:
         """A new step: no tensor of the last one is known any more."""
         self.flow.clear()
+        if self.npu_format is None:
+            self.npu_format = _npu_format()
 
     def flush(self) -> None:
         """Write every finished record (at ``stop()``: the step's op log is complete)."""
@@ -177,6 +182,7 @@ class Recorder:
             op.entries.append((rec, None, t))
             return rec
         dt = t.dtype
+        nested = t.is_nested
         # The shape as a tuple, not a list: a tuple of ints leaves the garbage collector's
         # watch at its first pass, a list never does, and the records a step keeps
         # (Dataflow) live through several collections into the oldest generation, whose
@@ -185,10 +191,12 @@ class Recorder:
             "name": name,
             "role": role,
             "dtype": DTYPE_NAMES.get(dt) or dtype_name(dt),
-            "shape": tuple(t.shape) if not t.is_nested else nested_shape(t),
+            "shape": tuple(t.shape) if not nested else nested_shape(t),
         }
         if placed is not None:
             rec["dtensor"] = placed
+        if not nested:
+            self.flow.layout(rec, t, self.npu_format)
         vec: StatVector
         host: Optional[torch.Tensor]
         crc: Union[str, torch.Tensor, None]
@@ -356,6 +364,8 @@ class Recorder:
                 continue
             rec["dtype"] = dtype_name(t.dtype)
             rec["shape"] = tuple(t.shape)
+            if not t.is_nested:
+                self.flow.layout(rec, t, self.npu_format)
             vec, host, _ = self.capture(t)  # statistics, a host copy in tensor mode
             if host is not None:
                 rec["file"], rec["data_offsets"] = self.files.store(folder, rec["name"], host)
@@ -376,6 +386,11 @@ def _produced_nonfinite(op: OpRecord) -> bool:
     return any_nonfinite(
         [t for rec, _, t in op.entries if t is not None and rec["role"] == produced]
     )
+
+
+def _npu_format() -> Optional[Callable[[torch.Tensor], Any]]:
+    """``torch_npu.get_npu_format`` where torch_npu is imported (never imported here)."""
+    return getattr(sys.modules.get("torch_npu"), "get_npu_format", None)
 
 
 def _numel(shape: tuple[int, ...]) -> int:

@@ -33,6 +33,12 @@ if TYPE_CHECKING:
         dtype: str
         shape: tuple[int, ...]  # a tuple: see Recorder.add_tensor
         dtensor: NotRequired[dict[str, Any]]  # a DTensor's placement (stats.dtensor_local)
+        # how it lies in memory (Dataflow.layout): strides where not contiguous, the
+        # storage offset where not 0, the step's id of its storage, an NPU's format
+        stride: NotRequired[tuple[int, ...]]
+        offset: NotRequired[int]
+        storage: NotRequired[int]
+        format: NotRequired[Any]
         unwritten: NotRequired[bool]  # memory nothing wrote yet (Dataflow.unwritten)
         # first when reused from an earlier record, else last; None when unwritten
         stats: NotRequired[Optional[Stats]]
@@ -53,6 +59,7 @@ Captured = tuple[StatVector, Optional[torch.Tensor], Union[str, torch.Tensor, No
 UNWRITTEN: Captured = tuple([None, None, None])  # type: ignore[assignment]
 
 _PRIMITIVES = (int, float, bool, str)
+_STRIDED = torch.strided
 
 
 #: One tensor of an op being built: its record, its stats vector, and the tensor itself when
@@ -287,6 +294,10 @@ class Dataflow:
         # layout_key -> (weak handle on the storage, its address, version, what is known
         # of it, writes to the storage then). Each entry owns its handle (_keep_layout).
         self._layouts: dict[tuple[Any, ...], tuple[int, int, int, Known, int]] = {}
+        # storage address -> (weak handle on the storage, its id in the step): the
+        # ``storage`` of tensor records (:meth:`layout`), numbered in order of first sight.
+        self._sids: dict[int, tuple[int, int]] = {}
+        self._sid_next = 0
         # storage address -> [weak handle on the storage, captured writes to it then, a
         # weak reference to the tensor whose version counter tells a write through it
         # (None until the first read after a resize), its version then, whether such a
@@ -305,6 +316,46 @@ class Dataflow:
         fresh, self.fresh = self.fresh, {}
         for u in fresh.values():
             _free_weak(u[0])
+        sids, self._sids, self._sid_next = self._sids, {}, 0
+        if _WEAK_HANDLES:
+            for h, _ in sids.values():
+                _free_weak(h)
+
+    def layout(self, rec: TensorRecord, t: torch.Tensor, npu_format: Any = None) -> None:
+        """Add how ``t`` lies in memory to its record (docs/format.md, "Layout"): its
+        strides where it is not contiguous (``is_contiguous``), its storage offset where not
+        0, the step's id of its storage (the same for every view of one storage; storages
+        numbered in order of first sight, so two runs of the same code number them alike),
+        and ``npu_format(t)`` (``torch_npu.get_npu_format``) for an NPU's tensor. Sparse
+        tensors get none of it (nor do nested ones: the caller does not ask); a tensor
+        without memory (meta, empty) no storage. ~0.5 us a tensor (docs/capture.md)."""
+        if t.layout is not _STRIDED:
+            return
+        if not t.is_contiguous():
+            rec["stride"] = tuple(t.stride())
+        off = t.storage_offset()
+        if off:
+            rec["offset"] = off  # type: ignore[typeddict-item]  # an int outside tracing
+        try:
+            storage = t.untyped_storage()
+            ptr = storage.data_ptr()
+        except Exception:  # noqa: BLE001 - no storage after all (a wrapper subclass)
+            return
+        if ptr:
+            sids = self._sids
+            e = sids.get(ptr)
+            if e is None or (_WEAK_HANDLES and _expired(e[0])):
+                # New memory, or the memory of a storage freed since, given to another.
+                if e is not None:
+                    _free_weak(e[0])
+                e = sids[ptr] = (_weak(storage) if _WEAK_HANDLES else 0, self._sid_next)
+                self._sid_next += 1
+            rec["storage"] = e[1]
+        if npu_format is not None and t.device.type == "npu":
+            try:
+                rec["format"] = npu_format(t)
+            except Exception:  # noqa: BLE001 - a backend that does not say
+                pass
 
     def mark_unwritten(self, storage: Any, t: Optional[torch.Tensor] = None) -> None:
         """``storage`` was just allocated, and its bytes are whatever the allocator left:

@@ -167,6 +167,11 @@ impl<'a> Context<'a> {
         self.found.push(Found::new(kind, phase, finding));
     }
 
+    /// What the rules found so far, to add evidence to.
+    pub(crate) fn found_mut(&mut self) -> &mut [Found] {
+        &mut self.found
+    }
+
     /// Says that a phase's errors have no locally divergent op.
     pub(crate) fn drifts(&mut self, dir: Direction) {
         self.drift.push(dir);

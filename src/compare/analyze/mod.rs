@@ -29,7 +29,8 @@
 //!   there is none; what it passes over on the way is said by [`decisions`] (a near tie, a
 //!   random draw) and [`arguments`] (an op called differently);
 //! - [`nonfinite`]: the first NaN/Inf producer;
-//! - [`warnings`]: where no tensor fails, where the warnings begin.
+//! - [`warnings`]: where no tensor fails, where the warnings begin;
+//! - [`layout`]: last, the layout differences at each named op, added to its finding.
 //!
 //! A new diagnosis is a `FindingKind` variant (`crate::vocab`), a rule in a file here,
 //! its place in [`RULES`], and its tests.
@@ -39,6 +40,7 @@ mod context;
 mod decisions;
 mod entry;
 mod identity;
+mod layout;
 mod local;
 mod nonfinite;
 pub(crate) mod rows;
@@ -55,13 +57,14 @@ type Rule = fn(&mut Context);
 
 /// The rules, in the order they run: a later rule may read what an earlier one found (drift
 /// is said where neither an entry nor a local divergence, a near tie or a random draw was).
-const RULES: [Rule; 6] = [
+const RULES: [Rule; 7] = [
     entry::rule,
     local::rule,
     local::drift,
     nonfinite::rule,
     arguments::rule,
     warnings::rule,
+    layout::rule,
 ];
 
 /// Localises one unit. Its ops must be in execution order (as the judge hands them on).

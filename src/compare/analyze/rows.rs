@@ -120,6 +120,7 @@ pub(super) fn finding(at: &Place, rows: &[&Row], focus: &Row, explanation: Strin
         draw: None,
         module: t.op.module_path(),
         consequence_of: None,
+        layout: Vec::new(),
     }
 }
 

@@ -33,6 +33,7 @@ pub(super) fn op(key: &str, module: &str, tensors: &[T]) -> OpRec {
                 src,
                 data: None,
                 unwritten: false,
+                layout: None,
             }
         })
         .collect();

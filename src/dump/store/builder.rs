@@ -4,12 +4,12 @@
 //! fit (a table past `u32`) leaves nothing behind.
 
 use super::{
-    dtype_text, kind_bits, known_index, role_bits, Extra, OpSlot, Ops, TensorSlot, BACKWARD, BIG,
-    HAS_ARGS, HAS_COLLECTIVE, HAS_EXTRA, HAS_ID, HAS_SRC, HAS_STACK, KIND_SHIFT, KNOWN, NONE,
-    RECOMPUTE, SLOT_NAME, UNWRITTEN,
+    dtype_text, kind_bits, known_index, role_bits, Extra, LayoutExtra, OpSlot, Ops, TensorSlot,
+    BACKWARD, BIG, HAS_ARGS, HAS_COLLECTIVE, HAS_EXTRA, HAS_ID, HAS_LAYOUT, HAS_SRC, HAS_STACK,
+    KIND_SHIFT, KNOWN, NONE, RECOMPUTE, SLOT_NAME, UNWRITTEN,
 };
 use crate::dtype::{AnyDType, DType};
-use crate::dump::{Collective, Direction, OpKind, OpRec, Role, Stats};
+use crate::dump::{Collective, Direction, Layout, LayoutRef, OpKind, OpRec, Role, Stats};
 use crate::op_key::KeyParts;
 use crate::tensor::Data;
 use std::sync::Arc;
@@ -60,6 +60,8 @@ pub struct TensorIn<'x> {
     pub data: Option<Data>,
     /// Read from memory nothing had written: leftover bytes.
     pub unwritten: bool,
+    /// How it lay in memory, where the dump says.
+    pub layout: Option<LayoutRef<'x>>,
 }
 
 /// Fills an [`Ops`] op by op.
@@ -174,7 +176,7 @@ impl OpsBuilder {
         r
     }
 
-    fn mark(&self) -> [usize; 10] {
+    fn mark(&self) -> [usize; 11] {
         let o = &self.ops;
         [
             o.ops.len(),
@@ -187,10 +189,11 @@ impl OpsBuilder {
             o.big_counts.len(),
             o.collectives.len(),
             o.args.len(),
+            o.layouts.len(),
         ]
     }
 
-    fn undo(&mut self, m: [usize; 10]) {
+    fn undo(&mut self, m: [usize; 11]) {
         let o = &mut self.ops;
         o.ops.truncate(m[0]);
         o.tensors.truncate(m[1]);
@@ -202,6 +205,7 @@ impl OpsBuilder {
         o.big_counts.truncate(m[7]);
         o.collectives.truncate(m[8]);
         o.args.truncate(m[9]);
+        o.layouts.truncate(m[10]);
     }
 
     fn push_unchecked<'x>(
@@ -298,6 +302,13 @@ impl OpsBuilder {
                 },
             ));
         }
+        let storage = match t.layout {
+            Some(l) => {
+                bits |= HAS_LAYOUT;
+                self.layout(at, t.name, t.shape.len(), l)?
+            }
+            None => NONE,
+        };
         let dtype = self.dtype(t.dtype)?;
         let flow = match (t.id, t.src) {
             (Some(id), src) => {
@@ -340,8 +351,52 @@ impl OpsBuilder {
             ndim,
             present,
             bits,
+            storage,
         });
         Ok(())
+    }
+
+    /// Keeps tensor `at`'s layout: what is not plain (strides, an offset, a format) in the
+    /// side table; returns its storage id for the slot ([`NONE`]: none).
+    fn layout(&mut self, at: u32, name: &str, ndim: usize, l: LayoutRef) -> Result<u32, String> {
+        let storage = match l.storage {
+            Some(s) => u32::try_from(s)
+                .ok()
+                .filter(|&s| s != NONE)
+                .ok_or_else(|| format!("tensor {name}: storage id {s} past {}", NONE - 1))?,
+            None => NONE,
+        };
+        if l.stride.is_none() && l.offset == 0 && l.format.is_none() {
+            return Ok(storage);
+        }
+        let stride = match l.stride {
+            Some(s) if s.len() != ndim => {
+                return Err(format!(
+                    "tensor {name}: stride of {} dimensions for a shape of {ndim}",
+                    s.len()
+                ))
+            }
+            Some(s) => {
+                let i = index(self.ops.dims.len(), "dimensions")?;
+                index(self.ops.dims.len() + s.len(), "dimensions")?;
+                self.ops.dims.extend_from_slice(s);
+                i
+            }
+            None => NONE,
+        };
+        let format = match l.format {
+            Some(f) => Some(self.text(f)?),
+            None => None,
+        };
+        self.ops.layouts.push((
+            at,
+            LayoutExtra {
+                stride,
+                offset: l.offset,
+                format,
+            },
+        ));
+        Ok(storage)
     }
 
     /// Appends an owned record.
@@ -357,6 +412,7 @@ impl OpsBuilder {
             src: t.src,
             data: t.data.as_deref().cloned(),
             unwritten: t.unwritten,
+            layout: t.layout.as_ref().map(Layout::as_ref),
         });
         self.push(
             OpIn {

@@ -51,6 +51,9 @@ const SLOT_NAME: u8 = 1 << 4;
 const HAS_EXTRA: u8 = 1 << 5;
 /// Read from memory nothing had written ([`Tensor::unwritten`]).
 const UNWRITTEN: u8 = 1 << 6;
+/// Its layout is recorded ([`Tensor::layout`]): the storage id in the slot, what is not
+/// plain in `layouts`.
+const HAS_LAYOUT: u8 = 1 << 7;
 
 /// One op (48 bytes): its key's text in the arena, what few ops have in side tables.
 #[derive(Debug, Clone)]
@@ -73,7 +76,8 @@ struct OpSlot {
 
 /// One tensor (64 bytes), statistics unpacked so the small fields share their padding.
 /// What few tensors have lives in side tables: a checksum or data location (`extras`), a
-/// dataflow `src` beside an `id`, NaN/Inf counts past `u32`, a name of its own.
+/// dataflow `src` beside an `id`, NaN/Inf counts past `u32`, a name of its own, a layout
+/// that is not plain (`layouts`: strides, an offset, a device format).
 #[derive(Debug, Clone)]
 struct TensorSlot {
     /// [`Stats`](crate::dump::Stats)' values; `present` is its presence mask (0: no statistics).
@@ -92,6 +96,18 @@ struct TensorSlot {
     ndim: u8,
     present: u8,
     bits: u8,
+    /// The layout's storage id, or [`NONE`] (in what was the slot's padding).
+    storage: u32,
+}
+
+/// What few tensors' layouts have (a view's strides and offset, an NPU's format).
+#[derive(Debug, Clone)]
+struct LayoutExtra {
+    /// The strides: `dims[stride..stride + ndim]`, or [`NONE`] (contiguous).
+    stride: u32,
+    offset: u64,
+    /// A span of `text`.
+    format: Option<(u32, u32)>,
 }
 
 /// "None" of an index into a side table.
@@ -181,6 +197,8 @@ pub struct Ops {
     /// (op, span of `text`) of ops with recorded non-tensor arguments (canonical JSON,
     /// `super::args`), by op.
     args: Vec<(u32, (u32, u32))>,
+    /// (tensor, its layout's strides, offset and format) where one is not plain, by tensor.
+    layouts: Vec<(u32, LayoutExtra)>,
 }
 
 /// The entry of `key` in a side table sorted by it.
@@ -267,6 +285,7 @@ impl Ops {
             + self.both_src.len() * size_of::<(u32, u64)>()
             + self.args.len() * size_of::<(u32, (u32, u32))>()
             + self.big_counts.len() * size_of::<(u32, [u64; 2])>()
+            + self.layouts.len() * size_of::<(u32, LayoutExtra)>()
             + self
                 .collectives
                 .iter()
@@ -350,6 +369,7 @@ mod tests {
             src: None,
             data: None,
             unwritten: false,
+            layout: None,
         }
     }
 
@@ -386,6 +406,17 @@ mod tests {
         c.unwritten = true;
         c.data = Some(Box::new(Data::Pt(PathBuf::from("/x/y.pt"))));
         c.id = Some(0);
+        // Layouts: a view's (strides, offset, format), a plain one (its storage only).
+        a.layout = Some(crate::dump::Layout {
+            stride: Some(vec![1, 2]),
+            offset: 6,
+            storage: Some(3),
+            format: Some("29".into()),
+        });
+        c.layout = Some(crate::dump::Layout {
+            storage: Some(3),
+            ..crate::dump::Layout::default()
+        });
         let mut first = OpRec::new(4, k, vec![a, b, c]);
         first.module = Some("blocks.0".into());
         first.stack = Some(0);

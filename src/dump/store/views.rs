@@ -4,11 +4,11 @@
 
 use super::{
     dtype_text, side, Extra, OpIn, OpSlot, Ops, TensorIn, TensorSlot, BACKWARD, BIG, HAS_ARGS,
-    HAS_COLLECTIVE, HAS_EXTRA, HAS_ID, HAS_SRC, HAS_STACK, KIND_SHIFT, KNOWN, RECOMPUTE, SLOT_NAME,
-    UNWRITTEN,
+    HAS_COLLECTIVE, HAS_EXTRA, HAS_ID, HAS_LAYOUT, HAS_SRC, HAS_STACK, KIND_SHIFT, KNOWN, NONE,
+    RECOMPUTE, SLOT_NAME, UNWRITTEN,
 };
 use crate::dtype::AnyDType;
-use crate::dump::{Collective, Direction, OpKind, OpRec, Role, Stats, TensorRec};
+use crate::dump::{Collective, Direction, LayoutRef, OpKind, OpRec, Role, Stats, TensorRec};
 use crate::op_key::{KeyParts, KeyRef};
 use crate::tensor::Data;
 use std::borrow::Cow;
@@ -330,6 +330,29 @@ impl<'a> Tensor<'a> {
         self.slot().bits & UNWRITTEN != 0
     }
 
+    /// How it lay in memory, where the dump says (docs/format.md, "Layout").
+    pub(crate) fn layout(self) -> Option<LayoutRef<'a>> {
+        let s = self.slot();
+        if s.bits & HAS_LAYOUT == 0 {
+            return None;
+        }
+        let mut l = LayoutRef {
+            storage: (s.storage != NONE).then_some(u64::from(s.storage)),
+            ..LayoutRef::default()
+        };
+        if let Some(x) = side(&self.ops.layouts, self.i) {
+            let at = x.stride as usize;
+            l.stride = (x.stride != NONE)
+                .then(|| self.ops.dims.get(at..at + s.ndim as usize))
+                .flatten();
+            l.offset = x.offset;
+            l.format = x
+                .format
+                .and_then(|(at, len)| self.ops.text.get(at as usize..(at + len) as usize));
+        }
+        Some(l)
+    }
+
     /// Whether it is the value before the call of a target the op only writes
     /// ([`crate::op_key::WRITE_ONLY_APIS`]): not something the op computes from.
     pub(crate) fn overwritten(self) -> bool {
@@ -350,6 +373,7 @@ impl<'a> Tensor<'a> {
             src: self.src(),
             data: self.data().cloned(),
             unwritten: self.unwritten(),
+            layout: self.layout(),
         }
     }
 
@@ -366,6 +390,7 @@ impl<'a> Tensor<'a> {
             src: self.src(),
             data: self.data().cloned().map(Box::new),
             unwritten: self.unwritten(),
+            layout: self.layout().map(LayoutRef::to_owned),
         }
     }
 }

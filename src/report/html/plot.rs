@@ -494,6 +494,7 @@ mod tests {
             draw: None,
             module: None,
             consequence_of: None,
+            layout: Vec::new(),
         };
         let marks = [Mark {
             title: "first divergent op (backward)",
