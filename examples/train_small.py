@@ -385,7 +385,7 @@ def update(loss: torch.Tensor, opt: torch.optim.Optimizer, scaler: Optional[Any]
 def inductor_fault(op: str, rel: float) -> None:
     """Inductor's decomposition of ``aten.<op>`` scaled by ``1 + rel``: a fault in compiled
     code only (the eager kernel, and the compiled backward, are untouched)."""
-    from torch._inductor.decomposition import decompositions
+    from torch._inductor.decomposition import decompositions, fast_random_decomps
 
     overload = getattr(getattr(torch.ops.aten, op, None), "default", None)
     orig = decompositions.get(overload) if overload is not None else None
@@ -396,6 +396,13 @@ def inductor_fault(op: str, rel: float) -> None:
         return orig(*args, **kwargs) * (1.0 + rel)
 
     decompositions[overload] = faulty
+    fast_random_decomps.cache_clear()  # Inductor's copy of the table, made once
+    # The compile caches do not key on the decomposition table: a cached graph has no fault.
+    import torch._functorch.config as aot_config
+    import torch._inductor.config as inductor_config
+
+    inductor_config.fx_graph_cache = False
+    aot_config.enable_autograd_cache = False
 
 
 def main(argv: Optional[list[str]] = None) -> int:

@@ -1,0 +1,211 @@
+"""Capture inside ``torch.compile`` graphs with Inductor (capture/graphs.py): a 4-layer
+transformer compiled against its eager twin, on CPU.
+
+The compiled run's dump holds the graphs' API calls, with statistics the compiled code
+computed; compare of the two runs passes; a fault in one op that only Inductor's code has
+(its decomposition of GELU off by 5 %) is named by compare's headline; capture does not
+change what the compiled model computes, and no captured step recompiles it. One module
+fixture compiles each variant once (Inductor compiles C++ on CPU: tens of seconds each)."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import warnings
+from typing import Any, Callable, Optional
+
+import pytest
+import torch
+import torch.nn as nn
+import torch.nn.functional as F
+
+import probe
+from conftest import probe_bin, read_ops
+
+dynamo = pytest.importorskip("torch._dynamo")
+from torch._dynamo.utils import counters  # noqa: E402
+
+STEPS = 3
+CAPTURED = (0, 2)
+
+
+class Block(nn.Module):
+    def __init__(self, d: int, heads: int) -> None:
+        super().__init__()
+        self.heads = heads
+        self.norm1 = nn.LayerNorm(d)
+        self.qkv = nn.Linear(d, 3 * d)
+        self.proj = nn.Linear(d, d)
+        self.norm2 = nn.LayerNorm(d)
+        self.fc1 = nn.Linear(d, 4 * d)
+        self.fc2 = nn.Linear(4 * d, d)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        b, t, d = x.shape
+        q, k, v = self.qkv(self.norm1(x)).chunk(3, dim=-1)
+        q, k, v = (z.view(b, t, self.heads, d // self.heads).transpose(1, 2) for z in (q, k, v))
+        att = torch.matmul(q, k.transpose(-2, -1)) / (d // self.heads) ** 0.5
+        h = torch.matmul(F.softmax(att, dim=-1), v).transpose(1, 2).reshape(b, t, d)
+        x = x + self.proj(h)
+        return x + self.fc2(F.gelu(self.fc1(self.norm2(x))))
+
+
+class Transformer(nn.Module):
+    """4 layers, width 32, 4 heads, a 64-token vocabulary."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.embed = nn.Embedding(64, 32)
+        self.layers = nn.ModuleList(Block(32, 4) for _ in range(4))
+        self.norm = nn.LayerNorm(32)
+        self.head = nn.Linear(32, 64)
+
+    def forward(self, tokens: torch.Tensor) -> torch.Tensor:
+        x = self.embed(tokens)
+        for layer in self.layers:
+            x = layer(x)
+        out: torch.Tensor = self.head(self.norm(x))
+        return out
+
+
+def _train(dump: Optional[str], compile: bool) -> tuple[list[float], int]:
+    """``STEPS`` Adam steps of the transformer (``CAPTURED`` steps captured into ``dump``
+    at API level, forward calls), compiled with Inductor or eager; the losses, and the
+    graphs Dynamo compiled."""
+    dynamo.reset()
+    before = int(counters["stats"]["unique_graphs"])
+    probe.seed_all(0)
+    model = Transformer()
+    g = torch.Generator().manual_seed(1)
+    data = [torch.randint(0, 64, (4, 16), generator=g) for _ in range(STEPS)]
+    run: Callable[[torch.Tensor], torch.Tensor] = torch.compile(model) if compile else model
+    opt = torch.optim.Adam(model.parameters(), lr=1e-3)
+    dbg = None
+    if dump is not None:
+        dbg = probe.Debugger(None, dump_path=dump, level="api", directions=["forward"])
+    losses = []
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        for i, tokens in enumerate(data):
+            if dbg is not None and i in CAPTURED:
+                dbg.start(model)
+            opt.zero_grad()
+            logits = run(tokens[:, :-1])
+            loss = F.cross_entropy(logits.reshape(-1, 64), tokens[:, 1:].reshape(-1))
+            loss.backward()
+            opt.step()
+            if dbg is not None:
+                dbg.stop()
+                dbg.step()
+            losses.append(loss.item())
+    if dbg is not None:
+        assert dbg.enabled, "capture switched itself off"
+        dbg.close()
+    return losses, int(counters["stats"]["unique_graphs"]) - before
+
+
+def _gelu_fault() -> Callable[[], None]:
+    """Inductor's decomposition of ``aten.gelu`` off by 5 %; returns its undo."""
+    from torch._inductor.decomposition import decompositions, fast_random_decomps
+
+    import torch._functorch.config as aot_config
+    import torch._inductor.config as inductor_config
+
+    op = torch.ops.aten.gelu.default
+    orig = decompositions[op]
+    decompositions[op] = lambda *a, **k: orig(*a, **k) * 1.05
+    fast_random_decomps.cache_clear()  # Inductor's copy of the table, made once
+    # The compile caches do not key on the decomposition table: a cached graph has no fault.
+    caches = inductor_config.fx_graph_cache, aot_config.enable_autograd_cache
+    inductor_config.fx_graph_cache = aot_config.enable_autograd_cache = False
+
+    def undo() -> None:
+        decompositions[op] = orig
+        fast_random_decomps.cache_clear()
+        inductor_config.fx_graph_cache, aot_config.enable_autograd_cache = caches
+
+    return undo
+
+
+@pytest.fixture(scope="module")
+def runs(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
+    root = tmp_path_factory.mktemp("compiled")
+    out: dict[str, Any] = {"root": root}
+    out["eager"] = _train(str(root / "eager"), compile=False)
+    out["bare"] = _train(None, compile=True)
+    out["compiled"] = _train(str(root / "compiled"), compile=True)
+    undo = _gelu_fault()
+    try:
+        out["fault"] = _train(str(root / "fault"), compile=True)
+    finally:
+        undo()
+    return out
+
+
+def _compare(root: Any, cmp: str) -> tuple[int, dict[str, Any]]:
+    """Compare the first step: Inductor's backward is not the eager one to the last bit,
+    and Adam makes last bits of small gradients into different updates, so later steps'
+    weights drift apart (drift, not a defect: what compare's tolerances cannot tell yet)."""
+    out = str(root / f"out-{cmp}")
+    r = subprocess.run(
+        [probe_bin(), "compare", "-q", "-b", str(root / "eager"), "-c", str(root / cmp)]
+        + ["-o", out, "--format", "json", "--steps", "0"],
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    with open(os.path.join(out, "summary.json")) as fh:
+        return r.returncode, json.load(fh)
+
+
+def test_capture_does_not_change_the_compiled_model_or_recompile_it(runs: Any) -> None:
+    bare, bare_graphs = runs["bare"]
+    got, graphs = runs["compiled"]
+    assert got == bare, "capture changed what the compiled model computes"
+    # Captured and uncaptured steps alternate: traced with the agent's hooks and without,
+    # never again per start() (the instrumented copy is no new Dynamo graph).
+    assert graphs <= bare_graphs + 1, (graphs, bare_graphs)
+
+
+def test_the_dump_holds_the_compiled_graphs_calls(runs: Any) -> None:
+    root = runs["root"]
+    with open(root / "compiled" / "manifest.json") as fh:
+        manifest = json.load(fh)
+    assert manifest["compiled_capture"]["forward"] is True
+    assert manifest["compiled_capture"]["backward"] is False
+    for step in CAPTURED:
+        ops = read_ops(str(root / "compiled" / f"step{step}" / "rank0"))
+        eager = read_ops(str(root / "eager" / f"step{step}" / "rank0"))
+        inside = [o for o in ops if "graph" in o]
+        # Every call of the model's forward is in the graph, named and numbered as the
+        # eager run names it, in the same order; the slicing of the batch before it, the
+        # loss and Adam's updates after it are eager calls.
+        assert [o["op"] for o in ops] == [o["op"] for o in eager]
+        first = ops.index(inside[0])
+        assert ops[first : first + len(inside)] == inside and len(inside) > 90
+        fc1 = [o for o in inside if o["module"] == "layers.2.fc1"]
+        assert len(fc1) == 1
+        assert fc1[0]["graph"]["node"]
+        # The statistics are those of the tensors the eager run computes, to float32
+        # rounding (the compiled code fuses and reorders, its sums are float64).
+        want = {o["op"]: o for o in eager}[fc1[0]["op"]]
+        for a, b in zip(fc1[0]["tensors"], want["tensors"]):
+            assert a["name"] == b["name"] and a["shape"] == b["shape"]
+            for k in ("max", "min", "norm"):
+                assert a["stats"][k] == pytest.approx(b["stats"][k], rel=1e-5, abs=1e-6)
+    stacks = (root / "compiled" / "step0" / "rank0" / "stacks.jsonl").read_text()
+    assert "test_compile_capture.py" in stacks and "self.fc2(F.gelu(" in stacks
+
+
+def test_compiled_against_eager_passes(runs: Any) -> None:
+    code, s = _compare(runs["root"], "compiled")
+    assert code == 0, s["headline"]
+    assert s["counts"]["error"] == 0 and s["counts"]["unmatched_cmp"] == 0, s["counts"]
+
+
+def test_a_fault_in_inductors_code_is_named(runs: Any) -> None:
+    code, s = _compare(runs["root"], "fault")
+    assert code == 1, s["headline"]
+    assert "first divergent op Functional.gelu.0.forward" in s["headline"], s["headline"]
+    assert "`layers.0`" in s["headline"], s["headline"]
