@@ -244,6 +244,10 @@ class HostPool:
         self._bytes = 0
         self._any_pinned = False
         self._lock = threading.Lock()
+        #: Bytes of the buffers made (in use or free), and their peak since
+        #: :meth:`reset_peak`: the agent's host memory in the forecast (forecast.py).
+        self.held = 0
+        self.peak = 0
 
     def copy(self, t: torch.Tensor) -> torch.Tensor:
         """A contiguous CPU copy of ``t`` (detached): a view of a pooled 1-D buffer of the
@@ -267,6 +271,8 @@ class HostPool:
         if buf is None:
             buf = _empty(n, dtype=d.dtype, pin_memory=pinned)
             self._any_pinned = self._any_pinned or pinned
+            self.held += key[0]
+            self.peak = max(self.peak, self.held)
         host = _view(buf, d.shape)
         if pinned:
             # No host sync: the copy is queued behind the ops that made ``t`` (so later
@@ -293,11 +299,18 @@ class HostPool:
                 key = (nbytes, buf.dtype, buf.is_pinned() if self._any_pinned else False)
                 self._free.setdefault(key, []).append(buf)
                 self._bytes += nbytes
+            else:
+                self.held -= nbytes  # dropped, to the allocator
 
     def clear(self) -> None:
         with self._lock:
             self._free.clear()
+            self.held -= self._bytes
             self._bytes = 0
+
+    def reset_peak(self) -> None:
+        """Start measuring the peak anew (at a measured step's ``start()``)."""
+        self.peak = self.held
 
 
 class TensorWriter:
@@ -576,6 +589,8 @@ class DumpFiles:
         self.lazy = False
         #: The flight recorder, when steps are written only on a trigger (:class:`Holder`).
         self.holder: Optional[Holder] = None
+        #: The manifest's ``forecast`` and ``budget`` objects (forecast.py), once known.
+        self.cost: dict[str, Any] = {}
 
     def open(self, step: int, rank: int, model: Optional[torch.nn.Module]) -> None:
         """Make sure the manifest, this step's folder and the writer exist."""
@@ -629,6 +644,13 @@ class DumpFiles:
             if self._manifest_done:
                 self._dump_manifest()
 
+    def note_cost(self, key: str, value: dict[str, Any]) -> None:
+        """The manifest's ``forecast`` or ``budget`` (docs/format.md): written now if the
+        manifest is, else with it."""
+        self.cost[key] = value
+        if self._manifest_done:
+            self._dump_manifest()
+
     def _write_manifest(self, model: Optional[torch.nn.Module]) -> None:
         self._device = model_device(self._c.device, model)
         self._dump_manifest()
@@ -656,6 +678,7 @@ class DumpFiles:
         if c.mode == "overflow":
             # Readers must know that absent ops are finite ones, not missing ones.
             manifest["overflow"] = {"overflow_nums": c.overflow_nums}
+        manifest.update(self.cost)
         atomic_write_text(
             os.path.join(c.dump_path, "manifest.json"), json.dumps(manifest, indent=2) + "\n"
         )
