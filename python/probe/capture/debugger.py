@@ -52,7 +52,7 @@ from .recorder import Recorder
 from .selection import Selection
 from .stats import use_native
 from .threadstate import tls
-from .writer import DumpFiles
+from .writer import DumpFiles, HostPool
 
 log = logging.getLogger("probe")
 
@@ -252,7 +252,7 @@ class Debugger:
                 self._recorder.flush()
             self._files.sync()
             if self._meter.clock is not None:
-                self._meter.end(t_stop, self._files.pool.peak)
+                self._meter.end(t_stop, self._files.pool)
                 DISPATCH.clock = None
             if not self._select.step(self.current_step + 1):
                 self._files.pool.clear()  # no host buffers held between captured steps
@@ -663,13 +663,16 @@ class _Meter:
             self.clock.ns += int((time.perf_counter() - self.t_start - setup) * 1e9)
         return self.clock
 
-    def end(self, t_stop: float, host_peak: int) -> None:
+    def end(self, t_stop: float, pool: HostPool) -> None:
+        """The measured step's ``stop()`` is done. The host buffers it made fresh are
+        one-time setup too, as far as the pool keeps them for the next steps."""
         clock, self.clock = self.clock, None
         assert clock is not None
         now = time.perf_counter()
         t0 = self.t_start if self.t_start is not None else now
-        agent = clock.ns / 1e9 + (now - t_stop)
-        self.reading = (now - t0, self.setup, agent, host_peak)
+        fresh = pool.one_time_s()
+        agent = clock.ns / 1e9 + (now - t_stop) - fresh
+        self.reading = (now - t0, self.setup + fresh, agent, pool.peak)
 
 
 def _log_bytes(path: str) -> int:

@@ -18,6 +18,7 @@ import os
 import queue
 import sys
 import threading
+import time
 from typing import Any, Callable, Optional, Protocol
 
 import torch
@@ -248,6 +249,10 @@ class HostPool:
         #: :meth:`reset_peak`: the agent's host memory in the forecast (forecast.py).
         self.held = 0
         self.peak = 0
+        #: Time spent making fresh buffers and copying into them (their pages fault and
+        #: are zeroed: ~10x a copy into a reused one), since :meth:`reset_peak`: the first
+        #: captured step pays it, later ones reuse the buffers (forecast.py).
+        self.fresh_ns = 0
 
     def copy(self, t: torch.Tensor) -> torch.Tensor:
         """A contiguous CPU copy of ``t`` (detached): a view of a pooled 1-D buffer of the
@@ -268,7 +273,9 @@ class HostPool:
             if free:
                 buf = free.pop()
                 self._bytes -= key[0]
+        fresh = 0
         if buf is None:
+            fresh = time.perf_counter_ns()
             buf = _empty(n, dtype=d.dtype, pin_memory=pinned)
             self._any_pinned = self._any_pinned or pinned
             self.held += key[0]
@@ -284,6 +291,8 @@ class HostPool:
             host._probe_ready = event  # type: ignore[attr-defined]
         else:
             _copy(host, d)
+        if fresh:
+            self.fresh_ns += time.perf_counter_ns() - fresh
         return host
 
     def give(self, host: torch.Tensor) -> None:
@@ -311,6 +320,15 @@ class HostPool:
     def reset_peak(self) -> None:
         """Start measuring the peak anew (at a measured step's ``start()``)."""
         self.peak = self.held
+        self.fresh_ns = 0
+
+    def one_time_s(self) -> float:
+        """Of the time spent on fresh buffers since :meth:`reset_peak`, the share later
+        steps will not pay again: all of it when the pool keeps every buffer (its peak
+        within the cap), else the cap's share of the peak (the rest is made anew each
+        step)."""
+        share = 1.0 if self.peak <= self.cap else self.cap / self.peak
+        return self.fresh_ns * share / 1e9
 
 
 class TensorWriter:
