@@ -44,7 +44,16 @@ from .collectives import Collectives
 from .compiled import graph_count, in_model, module_tree, unwrap
 from .ddp import DdpHooks, is_ddp
 from .flight import FlightRecorder
-from .forecast import AgentClock, Reading, describe, folder_bytes, forecast, over_budget, selected
+from .forecast import (
+    AgentClock,
+    FullCollections,
+    Reading,
+    describe,
+    folder_bytes,
+    forecast,
+    over_budget,
+    selected,
+)
 from .iterations import IterationCounter
 from .modules import ModuleHooks
 from .patcher import DISPATCH, PATCHER
@@ -222,6 +231,7 @@ class Debugger:
             DISPATCH.current = self._api
             if measure:
                 self._files.pool.reset_peak()
+                self._recorder.stacks.miss_ns = 0
                 DISPATCH.clock = self._meter.begin(setup)
             tls.active = self._ctx.api_on
         except Exception as exc:  # noqa: BLE001 - unwritable path, odd model...
@@ -252,7 +262,7 @@ class Debugger:
                 self._recorder.flush()
             self._files.sync()
             if self._meter.clock is not None:
-                self._meter.end(t_stop, self._files.pool)
+                self._meter.end(t_stop, self._files.pool, self._recorder.stacks.miss_ns)
                 DISPATCH.clock = None
             if not self._select.step(self.current_step + 1):
                 self._files.pool.clear()  # no host buffers held between captured steps
@@ -537,6 +547,7 @@ class Debugger:
         if DISPATCH.current is self._api:
             DISPATCH.current = None
         DISPATCH.clock = self._meter.clock = None
+        self._meter.off()
         try:
             PATCHER.uninstall()
             self._modules.remove()
@@ -641,6 +652,7 @@ class _Meter:
         #: The last uncaptured step's time, before the measured step.
         self.bare: Optional[float] = None
         self.clock: Optional[AgentClock] = None
+        self.collections: Optional[FullCollections] = None
         self.setup = 0.0
         self.done = False
         #: (step time, setup time, agent time, host pool peak) until the forecast is made.
@@ -658,19 +670,31 @@ class _Meter:
         self.done = True
         self.setup = setup
         self.clock = AgentClock()
+        self.collections = FullCollections().__enter__()
         # start()'s own work after the setup (module hooks, the step folder) is the agent's
         if self.t_start is not None:
             self.clock.ns += int((time.perf_counter() - self.t_start - setup) * 1e9)
         return self.clock
 
-    def end(self, t_stop: float, pool: HostPool) -> None:
+    def off(self) -> float:
+        """Stop timing full collections; their time in the measured step (seconds)."""
+        coll, self.collections = self.collections, None
+        if coll is None:
+            return 0.0
+        coll.__exit__()
+        return coll.ns / 1e9
+
+    def end(self, t_stop: float, pool: HostPool, stacks_ns: int) -> None:
         """The measured step's ``stop()`` is done. The host buffers it made fresh are
-        one-time setup too, as far as the pool keeps them for the next steps."""
+        one-time setup too, as far as the pool keeps them for the next steps, and so are
+        the call stacks it formatted (later steps find them in the cache) and the full
+        garbage collections that ran in it (forecast.FullCollections)."""
         clock, self.clock = self.clock, None
         assert clock is not None
         now = time.perf_counter()
         t0 = self.t_start if self.t_start is not None else now
-        fresh = pool.one_time_s()
+        full = self.off()
+        fresh = pool.one_time_s() + stacks_ns / 1e9 + full
         agent = clock.ns / 1e9 + (now - t_stop) - fresh
         self.reading = (now - t0, self.setup + fresh, agent, pool.peak)
 
