@@ -13,7 +13,7 @@ printed too). The goal is every ratio within 0.75-1.25 (docs/performance.md, "Th
 capture's forecast").
 
     PYTHONPATH=python python bench/forecast_bench.py [--models small,transformer,llama]
-        [--mode statistics|tensor] [--level api|module|mix] [--steps 10]
+        [--mode statistics|tensor] [--level api|module|mix] [--steps 10] [--threads N]
 """
 
 from __future__ import annotations
@@ -138,8 +138,16 @@ def main() -> int:
     ap.add_argument("--level", default="mix")
     ap.add_argument("--steps", type=int, default=10)
     ap.add_argument("--json", action="store_true", help="one JSON object per model")
+    ap.add_argument(
+        "--threads",
+        type=int,
+        default=0,
+        help="torch threads (default: torch's); 1 on a machine shared with other jobs, "
+        "whose threads otherwise make every step wait on a busy core",
+    )
     args = ap.parse_args()
-    torch.set_num_threads(max(1, torch.get_num_threads()))
+    if args.threads > 0:
+        torch.set_num_threads(args.threads)
     ok = True
     for name in args.models.split(","):
         with tempfile.TemporaryDirectory(prefix="probe-forecast-") as dump:
