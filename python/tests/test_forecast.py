@@ -194,13 +194,27 @@ def test_the_forecast_after_one_step_predicts_the_next_ten(tmp_path: Any, model:
 
     Bytes: within ±25 % (statistics steps repeat to the byte, but for numbers whose JSON
     length varies). Time: the ±25 % goal is checked by bench/forecast_bench.py on a quiet
-    machine; on a shared 2-core CI box one step in ten is often several times slower
-    because another process took the cores, so this test takes the median of the ten and
-    asks for 0.4-2.5x: a forecast that forgot a whole part of the step (the flush, the
-    setup, the model's backward) would be out of it."""
+    machine (docs/performance.md). On a shared 2-core CI box another process often takes
+    the cores for seconds, and every step then costs what it leaves (a bare LLaMA step went
+    from 5 ms to 0.8 s), so this test runs torch on one thread, takes the median of the
+    ten steps, asks for 0.4-2.5x and tries up to three times: a forecast that forgot a
+    whole part of the step (the flush, the one-time setup, the backward) is out of it every
+    time, a neighbour's burst is not."""
     if model == "llama":
         pytest.importorskip("transformers")
-    r = _bench().measure(model, "statistics", "mix", 10, str(tmp_path / "d"))
-    assert r["manifest_has_forecast"]
-    assert 0.75 <= r["bytes_ratio"] <= 1.25, r
-    assert 0.4 <= r["time_ratio"] <= 2.5, r
+    bench = _bench()
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    try:
+        ratios = []
+        for attempt in range(3):
+            r = bench.measure(model, "statistics", "mix", 10, str(tmp_path / f"d{attempt}"))
+            assert r["manifest_has_forecast"]
+            assert 0.75 <= r["bytes_ratio"] <= 1.25, r
+            ratios.append(r["time_ratio"])
+            if 0.4 <= r["time_ratio"] <= 2.5:
+                break
+        else:
+            pytest.fail(f"time forecast / measured out of 0.4-2.5 three times: {ratios}")
+    finally:
+        torch.set_num_threads(threads)

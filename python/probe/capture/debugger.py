@@ -232,6 +232,8 @@ class Debugger:
             if measure:
                 self._files.pool.reset_peak()
                 self._recorder.stacks.miss_ns = 0
+                if self._files.writer is not None:
+                    self._files.writer.rewrite_ns = 0
                 DISPATCH.clock = self._meter.begin(setup)
             tls.active = self._ctx.api_on
         except Exception as exc:  # noqa: BLE001 - unwritable path, odd model...
@@ -260,9 +262,17 @@ class Debugger:
                 self._ddp.flush()
                 self._backward.finish_step()
                 self._recorder.flush()
+            t_sync = time.perf_counter_ns()
             self._files.sync()
             if self._meter.clock is not None:
-                self._meter.end(t_stop, self._files.pool, self._recorder.stacks.miss_ns)
+                w = self._files.writer
+                once = self._recorder.stacks.miss_ns
+                if w is not None:
+                    # A shard rewritten on the writer thread delays the step as far as
+                    # stop() waited for that thread; an inline writer's, all of it.
+                    waited = time.perf_counter_ns() - t_sync
+                    once += w.rewrite_ns if w.inline else min(w.rewrite_ns, waited)
+                self._meter.end(t_stop, self._files.pool, once)
                 DISPATCH.clock = None
             if not self._select.step(self.current_step + 1):
                 self._files.pool.clear()  # no host buffers held between captured steps
@@ -684,17 +694,18 @@ class _Meter:
         coll.__exit__()
         return coll.ns / 1e9
 
-    def end(self, t_stop: float, pool: HostPool, stacks_ns: int) -> None:
+    def end(self, t_stop: float, pool: HostPool, once_ns: int) -> None:
         """The measured step's ``stop()`` is done. The host buffers it made fresh are
         one-time setup too, as far as the pool keeps them for the next steps, and so are
-        the call stacks it formatted (later steps find them in the cache) and the full
+        ``once_ns`` (the call stacks it formatted, which later steps find in the cache; the
+        shards rewritten because their header outgrew the first reserve) and the full
         garbage collections that ran in it (forecast.FullCollections)."""
         clock, self.clock = self.clock, None
         assert clock is not None
         now = time.perf_counter()
         t0 = self.t_start if self.t_start is not None else now
         full = self.off()
-        fresh = pool.one_time_s() + stacks_ns / 1e9 + full
+        fresh = pool.one_time_s() + once_ns / 1e9 + full
         agent = clock.ns / 1e9 + (now - t_stop) - fresh
         self.reading = (now - t0, self.setup + fresh, agent, pool.peak)
 

@@ -137,6 +137,9 @@ def forecast(r: Reading, sel: Selected) -> dict[str, Any]:
     per_step = r.step_s - r.setup_s
     if r.bare_s is not None and r.bare_s > 0:
         bare, bare_from = r.bare_s, "uncaptured_step"
+        # One-time costs measured on other threads may overlap the step: a captured step
+        # is never taken for less than the bare one.
+        per_step = max(per_step, min(bare, r.step_s))
     else:
         bare, bare_from = max(per_step - r.agent_s, 1e-9), "agent_time"
     out: dict[str, Any] = {

@@ -54,6 +54,7 @@ _view = torch.Tensor.view
 _detach = torch.Tensor.detach
 _copy = torch.Tensor.copy_
 _empty = torch.empty
+_zero = torch.Tensor.zero_
 #: Host copies up to this size are queued in batches, not one by one (DumpFiles.push)...
 _SMALL = 64 * 1024
 #: ...of this many copies or bytes, whichever comes first, checked at the end of each op.
@@ -249,10 +250,12 @@ class HostPool:
         #: :meth:`reset_peak`: the agent's host memory in the forecast (forecast.py).
         self.held = 0
         self.peak = 0
-        #: Time spent making fresh buffers and copying into them (their pages fault and
-        #: are zeroed: ~10x a copy into a reused one), since :meth:`reset_peak`: the first
-        #: captured step pays it, later ones reuse the buffers (forecast.py).
+        #: Time spent making fresh buffers (their pages fault and are zeroed: ~10x a copy
+        #: into a reused one) while ``measuring``: the first captured step pays it, later
+        #: ones reuse the buffers (forecast.py). A fresh buffer is zeroed then, so that the
+        #: faults are timed apart from the copy, which every step pays.
         self.fresh_ns = 0
+        self.measuring = False
 
     def copy(self, t: torch.Tensor) -> torch.Tensor:
         """A contiguous CPU copy of ``t`` (detached): a view of a pooled 1-D buffer of the
@@ -273,10 +276,12 @@ class HostPool:
             if free:
                 buf = free.pop()
                 self._bytes -= key[0]
-        fresh = 0
         if buf is None:
-            fresh = time.perf_counter_ns()
+            fresh = time.perf_counter_ns() if self.measuring else 0
             buf = _empty(n, dtype=d.dtype, pin_memory=pinned)
+            if fresh:
+                _zero(buf)
+                self.fresh_ns += time.perf_counter_ns() - fresh
             self._any_pinned = self._any_pinned or pinned
             self.held += key[0]
             self.peak = max(self.peak, self.held)
@@ -291,8 +296,6 @@ class HostPool:
             host._probe_ready = event  # type: ignore[attr-defined]
         else:
             _copy(host, d)
-        if fresh:
-            self.fresh_ns += time.perf_counter_ns() - fresh
         return host
 
     def give(self, host: torch.Tensor) -> None:
@@ -318,15 +321,18 @@ class HostPool:
             self._bytes = 0
 
     def reset_peak(self) -> None:
-        """Start measuring the peak anew (at a measured step's ``start()``)."""
+        """Start measuring the peak and fresh buffers anew (at a measured step's
+        ``start()``; :meth:`one_time_s` ends it)."""
         self.peak = self.held
         self.fresh_ns = 0
+        self.measuring = True
 
     def one_time_s(self) -> float:
         """Of the time spent on fresh buffers since :meth:`reset_peak`, the share later
         steps will not pay again: all of it when the pool keeps every buffer (its peak
         within the cap), else the cap's share of the peak (the rest is made anew each
         step)."""
+        self.measuring = False
         share = 1.0 if self.peak <= self.cap else self.cap / self.peak
         return self.fresh_ns * share / 1e9
 
@@ -368,6 +374,9 @@ class TensorWriter:
         self._pool = pool
         self._open: dict[str, _ShardStream] = {}
         self._reserve = self._MIN_RESERVE
+        #: Time spent rewriting shards whose header outgrew the room reserved (the first
+        #: step's, until the reserve has grown to what a step needs): one-time (forecast.py).
+        self.rewrite_ns = 0
         self.error: Optional[BaseException] = None
         #: Written on the caller's thread, as each item is given (no thread, no queue).
         self.inline = inline
@@ -423,7 +432,10 @@ class TensorWriter:
             elif kind == "c":
                 shard = self._open.pop(item[1], None)
                 if shard is not None and self.error is None:
+                    t0 = time.perf_counter_ns()
                     need = shard.close()
+                    if need > shard.reserve:  # rewritten (_ShardStream.close)
+                        self.rewrite_ns += time.perf_counter_ns() - t0
                     # Room for the header the next shard most likely needs, plus slack.
                     grown = need + need // 4 + 4096
                     self._reserve = max(self._reserve, grown + (-grown % 8))
