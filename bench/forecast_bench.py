@@ -138,6 +138,7 @@ def main() -> int:
     ap.add_argument("--level", default="mix")
     ap.add_argument("--steps", type=int, default=10)
     ap.add_argument("--json", action="store_true", help="one JSON object per model")
+    ap.add_argument("--dir", default=None, help="where the dumps go (default: the temp folder)")
     ap.add_argument(
         "--threads",
         type=int,
@@ -150,7 +151,7 @@ def main() -> int:
         torch.set_num_threads(args.threads)
     ok = True
     for name in args.models.split(","):
-        with tempfile.TemporaryDirectory(prefix="probe-forecast-") as dump:
+        with tempfile.TemporaryDirectory(prefix="probe-forecast-", dir=args.dir) as dump:
             r = measure(name, args.mode, args.level, args.steps, dump)
         if args.json:
             print(json.dumps(r))

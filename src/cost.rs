@@ -284,6 +284,9 @@ fn forecast_lines(out: &mut String, f: &Value, on_disk: Option<u64>) {
         }
         None => out.push_str("forecast total: none (steps open-ended: per-step figures only)\n"),
     }
+    if let Some(Value::String(note)) = f.get("note") {
+        let _ = writeln!(out, "forecast note: {note}");
+    }
     if let Some(d) = on_disk.filter(|d| *d > 0) {
         let _ = writeln!(
             out,

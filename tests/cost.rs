@@ -36,7 +36,8 @@ fn forecast(bytes_per_step: u64, bare_from: &str) -> Value {
         "measured_on_step": 0, "rank": 0, "time_per_step_s": 0.25, "bare_step_s": 0.2,
         "bare_from": bare_from, "overhead": 1.25, "setup_s": 0.01,
         "bytes_per_step": bytes_per_step, "host_memory_bytes": 4096,
-        "steps": 10, "ranks": 1, "bytes_total": bytes_per_step * 10, "time_total_s": 2.5
+        "steps": 10, "ranks": 1, "bytes_total": bytes_per_step * 10, "time_total_s": 2.5,
+        "note": "later steps may be slower"
     })
 }
 
@@ -63,6 +64,12 @@ fn prints_the_forecast_and_the_bytes_on_disk() {
     assert!(o.stdout.contains("forecast (from step 0, rank 0): 0.250 s per captured step, 1.25x bare (bare from uncaptured step)"), "{}", o.stdout);
     assert!(o.stdout.contains("for 10 steps x 1 ranks"), "{}", o.stdout);
     assert!(o.stdout.contains("1.00x the forecast"), "{}", o.stdout);
+    assert!(
+        o.stdout
+            .contains("forecast note: later steps may be slower"),
+        "{}",
+        o.stdout
+    );
     assert!(
         o.stdout
             .contains("budget exceeded (max_bytes: 2 MB forecast > 1 MB): statistics from step 1"),

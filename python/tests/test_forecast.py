@@ -180,6 +180,21 @@ def test_bad_options_are_one_line_errors(cfg: dict[str, Any], msg: str) -> None:
     assert "\n" not in str(err.value)
 
 
+def test_a_run_past_the_page_cache_is_told_the_disk_will_bind_it(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    from probe.capture import forecast as fc
+
+    monkeypatch.setattr(fc, "dirty_limit", lambda: 1000)
+    r = fc.Reading(2, 0, 1.0, 0.1, 0.5, 0.1, 200, 0)
+    f = fc.forecast(r, fc.Selected(steps=10, ranks=2))
+    assert f["bytes_total"] == 4000 and f["overhead"] == pytest.approx(1.8)
+    assert "wait for the disk" in f["note"] and "wait for the disk" in fc.describe(f)
+    assert "note" not in fc.forecast(r, fc.Selected(steps=4, ranks=2))
+    open_ended = fc.forecast(r, fc.Selected(steps=None, ranks=1))
+    assert open_ended["note"].startswith("steps is open-ended") and "disk" in open_ended["note"]
+
+
 def _bench() -> Any:
     spec = importlib.util.spec_from_file_location("forecast_bench", BENCH)
     assert spec is not None and spec.loader is not None

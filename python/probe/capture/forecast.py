@@ -155,13 +155,45 @@ def forecast(r: Reading, sel: Selected) -> dict[str, Any]:
         "steps": sel.steps,
         "ranks": sel.ranks,
     }
+    notes = []
     if sel.steps is not None and sel.ranks is not None:
         out["bytes_total"] = r.nbytes * sel.steps * sel.ranks
         out["time_total_s"] = round(per_step * sel.steps, 3)
     else:
         out["bytes_total"] = None
-        out["note"] = "steps is open-ended: per-step figures only"
+        notes.append("steps is open-ended: per-step figures only")
+    dirty = dirty_limit()
+    # (open-ended: the next ten steps)
+    horizon = sel.steps if sel.steps is not None else 10
+    if dirty is not None and r.nbytes * horizon > dirty:
+        notes.append(
+            f"a rank writes {human_bytes(r.nbytes)} a step and the page cache holds about "
+            f"{human_bytes(dirty)} before writes wait for the disk: later steps may be "
+            "slower, bound by the disk's write speed"
+        )
+    if notes:
+        out["note"] = "; ".join(notes)
     return out
+
+
+def dirty_limit() -> Optional[int]:
+    """Bytes of written data the kernel holds in the page cache before writers wait for
+    the disk (Linux: ``vm.dirty_bytes``, else ``vm.dirty_ratio`` % of available memory);
+    None where unknown."""
+    try:
+        with open("/proc/sys/vm/dirty_bytes", encoding="ascii") as fh:
+            fixed = int(fh.read().strip() or 0)
+        if fixed > 0:
+            return fixed
+        with open("/proc/sys/vm/dirty_ratio", encoding="ascii") as fh:
+            ratio = int(fh.read().strip())
+        with open("/proc/meminfo", encoding="ascii") as fh:
+            for line in fh:
+                if line.startswith("MemAvailable:"):
+                    return int(line.split()[1]) * 1024 * ratio // 100
+    except (OSError, ValueError, IndexError):
+        return None
+    return None
 
 
 def describe(f: dict[str, Any]) -> str:
@@ -177,6 +209,7 @@ def describe(f: dict[str, Any]) -> str:
         f"bare from {f['bare_from'].replace('_', ' ')}), "
         f"{human_bytes(f['bytes_per_step'])} per step and rank, {total}, "
         f"host memory {human_bytes(f['host_memory_bytes'])}"
+        + (f" ({f['note']})" if f.get("note") else "")
     )
 
 
