@@ -11,6 +11,14 @@ use crate::atomic;
 use crate::error::{ProbeError, Result};
 use std::path::{Path, PathBuf};
 
+/// `probe agent-kernel`'s arguments.
+#[derive(clap::Args)]
+pub struct Args {
+    /// Folder to write the shared library to (created when missing).
+    #[arg(long, value_name = "DIR")]
+    pub dir: PathBuf,
+}
+
 /// The kernel's bytes, when `build.rs` could build it for this target.
 #[cfg(probe_agent_kernel)]
 pub(crate) const KERNEL: Option<&[u8]> =

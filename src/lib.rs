@@ -30,6 +30,7 @@ pub mod ckpt;
 pub mod compare;
 pub mod config_check;
 pub mod config_file;
+pub mod cost;
 pub mod dtype;
 pub mod dump;
 pub mod error;

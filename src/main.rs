@@ -63,19 +63,15 @@ enum Cmd {
     /// See docs/ci.md.
     #[command(subcommand)]
     Baseline(probe::baseline::Command),
+    /// What a dump costs: the capture agent's forecast (manifest) and the bytes each step
+    /// and rank holds on disk. See docs/capture.md.
+    Cost(probe::cost::Args),
     /// For the capture agent: write its statistics kernel into DIR and print its path.
     #[command(hide = true)]
-    AgentKernel(AgentKernelArgs),
+    AgentKernel(probe::agent_kernel::Args),
 }
 
-#[derive(clap::Args)]
-struct AgentKernelArgs {
-    /// Folder to write the shared library to (created when missing).
-    #[arg(long, value_name = "DIR")]
-    dir: PathBuf,
-}
-
-fn run_agent_kernel(a: AgentKernelArgs) -> Result<u8, ProbeError> {
+fn run_agent_kernel(a: probe::agent_kernel::Args) -> Result<u8, ProbeError> {
     let path = probe::agent_kernel::write_kernel(&a.dir)?;
     say_out(&format!("{}", path.display()));
     Ok(EXIT_PASS)
@@ -886,6 +882,10 @@ fn main() -> ExitCode {
         Cmd::Replay(a) => run_replay(a),
         Cmd::Baseline(c) => probe::baseline::run(&c).map(|line| {
             stdout(&line);
+            EXIT_PASS
+        }),
+        Cmd::Cost(a) => probe::cost::run(&a).map(|text| {
+            stdout(&text);
             EXIT_PASS
         }),
     };

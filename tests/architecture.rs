@@ -48,8 +48,8 @@ const LAYERS: &[(&str, &[&str])] = &[
     ("the run's verdict: the run-wide summary and headline", &["verdict"]),
     ("output: the report writers", &["report"]),
     (
-        "commands: compare/scan/merge, config-check, ckpt-compare, the agent kernel",
-        &["app", "config_check", "ckpt", "agent_kernel"],
+        "commands: compare/scan/merge, config-check, ckpt-compare, the agent kernel, cost",
+        &["app", "config_check", "ckpt", "agent_kernel", "cost"],
     ),
     ("commands built on commands: replay (a compare, then the agent's Python)", &["replay"]),
 ];

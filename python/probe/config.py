@@ -49,6 +49,10 @@ NATIVE_KEYS = {
     "overflow_nums",
     "api_list",
     "flight_recorder",
+    "dry_run",
+    "max_bytes",
+    "max_overhead",
+    "on_budget",
 }
 
 #: The tutorial's ``common_dump_settings`` keys, and the probe keys they stand for (giving
@@ -221,6 +225,8 @@ def module_path_match(patterns: Iterable[str], path: Optional[str]) -> bool:
 TRIGGERS = ("nonfinite", "loss_spike", "exception", "signal")
 #: What the flight recorder does after writing (``flight_recorder.then``).
 THEN = ("continue", "stop")
+#: What a capture that exceeds ``max_bytes``/``max_overhead`` does to the following steps.
+ON_BUDGET = ("statistics", "stop", "warn")
 _FLIGHT_KEYS = (
     "steps",
     "triggers",
@@ -346,6 +352,15 @@ class CaptureConfig:
     #: Dump on trigger (capture/flight.py): the last steps held in memory, written only when
     #: a trigger fires; None = every captured step is written.
     flight_recorder: Optional[FlightConfig] = None
+    #: Capture the first selected step in a temporary folder, forecast the cost, write
+    #: nothing into ``dump_path`` and capture no more (capture/forecast.py).
+    dry_run: bool = False
+    #: Budgets checked against the forecast after the first captured step: bytes for the
+    #: selected steps and ranks, and captured step time over bare step time...
+    max_bytes: Optional[int] = None
+    max_overhead: Optional[float] = None
+    #: ...and what exceeding one does to the following steps (forecast.ON_BUDGET).
+    on_budget: str = "statistics"
     raw: dict[str, Any] = field(default_factory=dict)
 
     @property
@@ -614,4 +629,36 @@ def load_config(
             f"flight_recorder: needs mode 'statistics' (mode is {c.mode!r}): the recorder "
             "holds op records in memory, not tensor data (docs/monitor.md)"
         )
+    _parse_cost(c, cfg)
     return c
+
+
+def _parse_cost(c: CaptureConfig, cfg: dict[str, Any]) -> None:
+    """``dry_run``, ``max_bytes``, ``max_overhead``, ``on_budget`` (docs/capture.md,
+    "Forecast, dry run and budgets")."""
+    dry = cfg.get("dry_run", False)
+    if not isinstance(dry, bool):
+        raise ConfigError(f"dry_run: {dry!r} must be true or false")
+    c.dry_run = dry
+    if cfg.get("max_bytes") is not None:
+        c.max_bytes = _positive_int(cfg["max_bytes"], "max_bytes")
+        if c.steps is None:
+            raise ConfigError(
+                "max_bytes: needs a finite 'steps' selection (the budget is for the "
+                "selected steps and ranks)"
+            )
+    if cfg.get("max_overhead") is not None:
+        c.max_overhead = _positive_number(cfg["max_overhead"], "max_overhead")
+        if c.max_overhead < 1:
+            raise ConfigError(
+                f"max_overhead: {c.max_overhead:g} must be >= 1 (captured step time over bare)"
+            )
+    on = cfg.get("on_budget", "statistics")
+    if on not in ON_BUDGET:
+        raise ConfigError(f"on_budget: {on!r} is not one of {', '.join(ON_BUDGET)}")
+    c.on_budget = on
+    if c.flight_recorder is not None and (c.dry_run or c.max_bytes or c.max_overhead):
+        raise ConfigError(
+            "dry_run / max_bytes / max_overhead: not with flight_recorder (it writes "
+            "only on a trigger, so a step's cost is not known up front)"
+        )

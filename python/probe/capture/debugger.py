@@ -22,9 +22,13 @@ takes (record -> statistics -> writer) is the :class:`~.recorder.Recorder`'s.
 from __future__ import annotations
 
 import atexit
+import dataclasses
 import logging
 import os
+import shutil
+import tempfile
 import threading
+import time
 import warnings
 import weakref
 from typing import Any, Optional, Union
@@ -32,7 +36,7 @@ from typing import Any, Optional, Union
 import torch
 
 from .._guard import Guard
-from .._runtime import current_rank
+from .._runtime import current_rank, world_size
 from ..config import CaptureConfig, load_config
 from .api import ApiCapture
 from .backward import BackwardHooks
@@ -40,6 +44,16 @@ from .collectives import Collectives
 from .compiled import graph_count, in_model, module_tree, unwrap
 from .ddp import DdpHooks, is_ddp
 from .flight import FlightRecorder
+from .forecast import (
+    AgentClock,
+    FullCollections,
+    Reading,
+    describe,
+    folder_bytes,
+    forecast,
+    over_budget,
+    selected,
+)
 from .graphs import ACTIVE as GRAPHS
 from .graphs import GraphCapture, install_compiler_hook
 from .iterations import IterationCounter
@@ -49,7 +63,7 @@ from .recorder import Recorder
 from .selection import Selection
 from .stats import use_native
 from .threadstate import tls
-from .writer import DumpFiles
+from .writer import DumpFiles, HostPool
 
 log = logging.getLogger("probe")
 
@@ -116,6 +130,14 @@ class Debugger:
         **overrides: Any,
     ) -> None:
         self.config: CaptureConfig = load_config(config, overrides)
+        #: The first captured step's forecast (forecast.py), once measured; a dry run
+        #: (``dry_run=True``) returns it here and writes nothing into ``dump_path``.
+        self.forecast: Optional[dict[str, Any]] = None
+        self._meter = _Meter()
+        self._dry_dir: Optional[str] = None
+        if self.config.dry_run:
+            self._dry_dir = tempfile.mkdtemp(prefix="probe-dry-run-")
+            self.config = dataclasses.replace(self.config, dump_path=self._dry_dir)
         #: Dynamo's compiled-graph count at ``start()``, whether compiled code has run while
         #: capturing (or the model is compiled), and whether the user was told (compiled.py).
         self._graphs = 0
@@ -156,6 +178,7 @@ class Debugger:
                 lambda what, msg, level: self._ctx.tell_once(what, msg, stacklevel=level),
             )
             self._files.holder = self._flight
+            self._meter.done = True  # steps are written on a trigger: no forecast
         atexit.register(_close_at_exit, weakref.ref(self))
         _LIVE.add(self)
 
@@ -180,6 +203,7 @@ class Debugger:
             # Every start(), captured step or not: graphs compiled from here on are
             # instrumented, those of warm-up steps included (graphs.py).
             install_compiler_hook()
+        self._meter.t_start = time.perf_counter()
         self._attach_ddp()
         if DISPATCH.current is not None and DISPATCH.current is not self._api:
             warnings.warn(
@@ -200,12 +224,15 @@ class Debugger:
         if not self._select.rank(rank):
             return
         try:
+            measure = self._meter.wanted()
+            t0 = time.perf_counter()
             use_native()  # the first time: the CPU statistics kernel (native.py)
+            if self.config.api:
+                PATCHER.install()
+            setup = time.perf_counter() - t0
             model = self.model
             self._files.open(self.current_step, rank, model)
             self._ctx.session += 1
-            if self.config.api:
-                PATCHER.install()
             self._graphs = graph_count()
             if model is not None:
                 self._modules.install(model)
@@ -215,6 +242,13 @@ class Debugger:
             DISPATCH.current = self._api
             if self.config.api and install_compiler_hook():
                 GRAPHS.current = self._graph_capture  # (hooked before any step: below)
+            if measure:
+                self._files.pool.reset_peak()
+                self._recorder.stacks.miss_ns = 0
+                self._graph_capture.compile_ns = 0
+                if self._files.writer is not None:
+                    self._files.writer.rewrite_ns = 0
+                DISPATCH.clock = self._meter.begin(setup)
             tls.active = self._ctx.api_on
         except Exception as exc:  # noqa: BLE001 - unwritable path, odd model...
             self._guard.fail(exc, "start()")
@@ -222,6 +256,7 @@ class Debugger:
     def stop(self) -> None:
         """Stop capturing; the dump of this step is complete on disk when this returns."""
         if not self._ctx.running:
+            self._meter.uncaptured()
             return
         tls.active = False
         self._ctx.running = self._ctx.api_on = False
@@ -229,6 +264,7 @@ class Debugger:
             DISPATCH.current = None
         if GRAPHS.current is self._graph_capture:
             GRAPHS.current = None
+        t_stop = time.perf_counter()
         self._note_compiled()
         try:
             if not self._select.step(self.current_step + 1):
@@ -242,7 +278,18 @@ class Debugger:
                 self._ddp.flush()
                 self._backward.finish_step()
                 self._recorder.flush()
+            t_sync = time.perf_counter_ns()
             self._files.sync()
+            if self._meter.clock is not None:
+                w = self._files.writer
+                once = self._recorder.stacks.miss_ns + self._graph_capture.compile_ns
+                if w is not None:
+                    # A shard rewritten on the writer thread delays the step as far as
+                    # stop() waited for that thread; an inline writer's, all of it.
+                    waited = time.perf_counter_ns() - t_sync
+                    once += w.rewrite_ns if w.inline else min(w.rewrite_ns, waited)
+                self._meter.end(t_stop, self._files.pool, once)
+                DISPATCH.clock = None
             if not self._select.step(self.current_step + 1):
                 self._files.pool.clear()  # no host buffers held between captured steps
         except Exception as exc:  # noqa: BLE001
@@ -268,6 +315,70 @@ class Debugger:
             if auto.fresh:
                 return
         self._next_step(loss)
+
+    def _forecast(self, path: str) -> None:
+        """The first captured step is closed: forecast the run's cost from it, log it,
+        write it into the manifest (the first selected rank's), apply the budgets; a dry run
+        ends here (forecast.py; docs/capture.md, "Forecast, dry run and budgets")."""
+        m, c = self._meter, self.config
+        rank = current_rank()
+        step_s, setup_s, agent_s, host = m.reading or (0.0, 0.0, 0.0, 0)
+        m.reading = None
+        nbytes = folder_bytes(path)
+        r = Reading(self.current_step, rank, step_s, setup_s, m.bare, agent_s, nbytes, host)
+        f = forecast(r, selected(c.steps, c.ranks, world_size()))
+        f["host_memory_bytes"] += _log_bytes(path)
+        self.forecast = f
+        log.log(logging.WARNING if c.dry_run else logging.INFO, "%s", describe(f))
+        if self._dry_dir is not None:
+            self._end_dry_run()
+            return
+        writes = rank == (min(c.ranks) if c.ranks else 0)
+        if writes:
+            self._files.note_cost("forecast", f)
+        over = over_budget(f, c.max_bytes, c.max_overhead)
+        if over:
+            self._degrade(over, writes)
+
+    def _degrade(self, over: list[str], writes: bool) -> None:
+        """A budget is exceeded: the following steps capture less, as ``on_budget`` says,
+        and the user is told once (the manifest's ``budget``)."""
+        c = self.config
+        action = c.on_budget
+        if action == "statistics" and self._recorder.mode not in ("tensor", "checksum"):
+            action = "stop"  # nothing cheaper to switch to
+        nxt = self.current_step + 1
+        if action == "statistics":
+            self._recorder.mode = "statistics"
+            what = f"statistics instead of {c.mode} from step {nxt}"
+        elif action == "stop":
+            self._close_capture()
+            what = f"no capture from step {nxt}"
+        else:
+            what = "nothing changed (on_budget: warn)"
+        self._ctx.tell_once(
+            "budget", f"probe: over budget ({'; '.join(over)}): {what}", stacklevel=4
+        )
+        if writes:
+            self._files.note_cost(
+                "budget",
+                {"exceeded": over, "action": action, "from_step": nxt, "on_budget": c.on_budget},
+            )
+
+    def _close_capture(self) -> None:
+        """Capture nothing more in this run (the wrappers go, the host buffers too)."""
+        self._select.closed = True
+        if DISPATCH.current is None:
+            PATCHER.uninstall()
+        self._files.pool.clear()
+
+    def _end_dry_run(self) -> None:
+        """A dry run measured its step: nothing more is captured, and its files go."""
+        self._close_capture()
+        if self._files.writer is not None:
+            self._files.writer.sync()
+        if self._dry_dir is not None:
+            shutil.rmtree(self._dry_dir, ignore_errors=True)
 
     def _end_flight_step(self, loss: Any) -> None:
         """The flight recorder's triggers at the end of this step; after ``then: stop``
@@ -302,7 +413,10 @@ class Debugger:
         try:
             with self._ctx.lock:
                 self._recorder.flush()  # records finished after stop() (late gradients)
+            folder = self._files.folder
             self._files.close_step()
+            if self._meter.reading is not None and folder is not None:
+                self._forecast(folder.path)
             if self._flight is not None and not self._guard.failed:
                 self._end_flight_step(loss)
         except Exception as exc:  # noqa: BLE001
@@ -473,6 +587,8 @@ class Debugger:
             DISPATCH.current = None
         if GRAPHS.current is self._graph_capture:
             GRAPHS.current = None
+        DISPATCH.clock = self._meter.clock = None
+        self._meter.off()
         try:
             PATCHER.uninstall()
             self._modules.remove()
@@ -566,6 +682,71 @@ class _Context:
         self._told.add(what)
         log.warning(msg)
         warnings.warn(msg, RuntimeWarning, stacklevel=stacklevel)
+
+
+class _Meter:
+    """The readings of the step whose cost is measured (forecast.py): the first captured
+    one. Bare steps (selected out) are timed from ``start()`` to ``stop()`` as well."""
+
+    def __init__(self) -> None:
+        self.t_start: Optional[float] = None
+        #: The last uncaptured step's time, before the measured step.
+        self.bare: Optional[float] = None
+        self.clock: Optional[AgentClock] = None
+        self.collections: Optional[FullCollections] = None
+        self.setup = 0.0
+        self.done = False
+        #: (step time, setup time, agent time, host pool peak) until the forecast is made.
+        self.reading: Optional[tuple[float, float, float, int]] = None
+
+    def wanted(self) -> bool:
+        return not self.done
+
+    def uncaptured(self) -> None:
+        if not self.done and self.t_start is not None:
+            self.bare = time.perf_counter() - self.t_start
+        self.t_start = None
+
+    def begin(self, setup: float) -> AgentClock:
+        self.done = True
+        self.setup = setup
+        self.clock = AgentClock()
+        self.collections = FullCollections().__enter__()
+        # start()'s own work after the setup (module hooks, the step folder) is the agent's
+        if self.t_start is not None:
+            self.clock.ns += int((time.perf_counter() - self.t_start - setup) * 1e9)
+        return self.clock
+
+    def off(self) -> float:
+        """Stop timing full collections; their time in the measured step (seconds)."""
+        coll, self.collections = self.collections, None
+        if coll is None:
+            return 0.0
+        coll.__exit__()
+        return coll.ns / 1e9
+
+    def end(self, t_stop: float, pool: HostPool, once_ns: int) -> None:
+        """The measured step's ``stop()`` is done. The host buffers it made fresh are
+        one-time setup too, as far as the pool keeps them for the next steps, and so are
+        ``once_ns`` (the call stacks it formatted, which later steps find in the cache; the
+        shards rewritten because their header outgrew the first reserve) and the full
+        garbage collections that ran in it (forecast.FullCollections)."""
+        clock, self.clock = self.clock, None
+        assert clock is not None
+        now = time.perf_counter()
+        t0 = self.t_start if self.t_start is not None else now
+        full = self.off()
+        fresh = pool.one_time_s() + once_ns / 1e9 + full
+        agent = clock.ns / 1e9 + (now - t_stop) - fresh
+        self.reading = (now - t0, self.setup + fresh, agent, pool.peak)
+
+
+def _log_bytes(path: str) -> int:
+    """The step's op log size: its records were held in memory until the flush."""
+    try:
+        return os.path.getsize(os.path.join(path, "ops.jsonl"))
+    except OSError:
+        return 0
 
 
 def _after_fork_in_child() -> None:

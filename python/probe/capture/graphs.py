@@ -28,6 +28,7 @@ import logging
 import os
 import sys
 import threading
+import time
 from typing import TYPE_CHECKING, Any, Callable, Optional
 
 import torch
@@ -129,12 +130,16 @@ class CompiledGraph:
         compile failed (logged once: the graph then runs uninstrumented)."""
         if self._tapped is None and not self._failed:
             assert self._gm is not None
+            t0 = time.perf_counter_ns()
             try:
                 self._tapped = self._compiler(self._gm, _fakes(self._specs))
             except Exception as exc:  # noqa: BLE001 - the model keeps running compiled
                 self._failed = True
                 log.warning("probe: could not compile graph %d with statistics: %s", self.id, exc)
             self._gm = None  # compiled (or not): its copy is no longer needed
+            cap = ACTIVE.current
+            if cap is not None:
+                cap.compile_ns += time.perf_counter_ns() - t0
         return self._tapped
 
 
@@ -202,6 +207,9 @@ class GraphCapture:
         self.paths: dict[int, str] = {}
         #: Ids of the graphs that ran with statistics in this Debugger.
         self.graphs: set[int] = set()
+        #: Nanoseconds spent compiling instrumented graphs (a one-time cost of the step that
+        #: first runs each: the forecast leaves it out). Reset by the Debugger.
+        self.compile_ns = 0
 
     def run(self, graph: CompiledGraph, args: tuple[Any, ...]) -> Any:
         """One captured run of ``graph``: the instrumented copy, then its records."""

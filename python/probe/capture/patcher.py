@@ -32,6 +32,7 @@ import torch
 from .._op_key import api_name
 from .._patch import Patches
 from .compiled import compiler_call, compiling, in_fake_mode, tracer_patches
+from .forecast import AgentClock
 from .inplace import Inplace, is_inplace
 from .threadstate import graph_task_id, in_transform, tls
 from .waits import Waits
@@ -405,6 +406,9 @@ class _Dispatch:
     """Routes captured calls to the Debugger that is running (at most one per process)."""
 
     current: Optional[Sink] = None
+    #: Times the agent's share of each call during a step whose cost is measured
+    #: (forecast.py); None otherwise.
+    clock: Optional[AgentClock] = None
 
     def __call__(
         self,
@@ -420,6 +424,9 @@ class _Dispatch:
         if in_transform():
             cap.ctx.note_transform(api)
             return orig(*args, **kwargs)
+        clock = self.clock
+        if clock is not None and not api.startswith("Distributed."):
+            return clock.call(cap.call, orig, api, inplace, args, kwargs)
         return cap.call(orig, api, inplace, args, kwargs)
 
 

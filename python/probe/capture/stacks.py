@@ -13,6 +13,7 @@ import inspect
 import json
 import os
 import sys
+import time
 from types import CodeType, FrameType
 from typing import Any, Optional
 
@@ -50,6 +51,9 @@ class StackTable:
         self._parent: Optional[FrameType] = None
         self._parent_code = 0
         self._above: tuple[int, ...] = ()
+        #: Time spent formatting stacks not in the cache: the first captured step pays it
+        #: for its every call site, later steps find them formatted (forecast.py).
+        self.miss_ns = 0
 
     def release(self) -> None:
         """Let go of the parent frame kept (at ``stop()``: its locals are the user's)."""
@@ -124,6 +128,7 @@ class StackTable:
         hit = cache.get(k)
         if hit is not None:
             return hit
+        t0 = time.perf_counter_ns()
         import linecache
 
         codes = []
@@ -146,4 +151,5 @@ class StackTable:
             cache.clear()
         hit = (tuple(codes), json.dumps(frames))
         cache[k] = hit
+        self.miss_ns += time.perf_counter_ns() - t0
         return hit

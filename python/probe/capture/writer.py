@@ -18,6 +18,7 @@ import os
 import queue
 import sys
 import threading
+import time
 from typing import Any, Callable, Optional, Protocol
 
 import torch
@@ -53,6 +54,7 @@ _view = torch.Tensor.view
 _detach = torch.Tensor.detach
 _copy = torch.Tensor.copy_
 _empty = torch.empty
+_zero = torch.Tensor.zero_
 #: Host copies up to this size are queued in batches, not one by one (DumpFiles.push)...
 _SMALL = 64 * 1024
 #: ...of this many copies or bytes, whichever comes first, checked at the end of each op.
@@ -244,6 +246,16 @@ class HostPool:
         self._bytes = 0
         self._any_pinned = False
         self._lock = threading.Lock()
+        #: Bytes of the buffers made (in use or free), and their peak since
+        #: :meth:`reset_peak`: the agent's host memory in the forecast (forecast.py).
+        self.held = 0
+        self.peak = 0
+        #: Time spent making fresh buffers (their pages fault and are zeroed: ~10x a copy
+        #: into a reused one) while ``measuring``: the first captured step pays it, later
+        #: ones reuse the buffers (forecast.py). A fresh buffer is zeroed then, so that the
+        #: faults are timed apart from the copy, which every step pays.
+        self.fresh_ns = 0
+        self.measuring = False
 
     def copy(self, t: torch.Tensor) -> torch.Tensor:
         """A contiguous CPU copy of ``t`` (detached): a view of a pooled 1-D buffer of the
@@ -265,8 +277,14 @@ class HostPool:
                 buf = free.pop()
                 self._bytes -= key[0]
         if buf is None:
+            fresh = time.perf_counter_ns() if self.measuring else 0
             buf = _empty(n, dtype=d.dtype, pin_memory=pinned)
+            if fresh:
+                _zero(buf)
+                self.fresh_ns += time.perf_counter_ns() - fresh
             self._any_pinned = self._any_pinned or pinned
+            self.held += key[0]
+            self.peak = max(self.peak, self.held)
         host = _view(buf, d.shape)
         if pinned:
             # No host sync: the copy is queued behind the ops that made ``t`` (so later
@@ -293,11 +311,30 @@ class HostPool:
                 key = (nbytes, buf.dtype, buf.is_pinned() if self._any_pinned else False)
                 self._free.setdefault(key, []).append(buf)
                 self._bytes += nbytes
+            else:
+                self.held -= nbytes  # dropped, to the allocator
 
     def clear(self) -> None:
         with self._lock:
             self._free.clear()
+            self.held -= self._bytes
             self._bytes = 0
+
+    def reset_peak(self) -> None:
+        """Start measuring the peak and fresh buffers anew (at a measured step's
+        ``start()``; :meth:`one_time_s` ends it)."""
+        self.peak = self.held
+        self.fresh_ns = 0
+        self.measuring = True
+
+    def one_time_s(self) -> float:
+        """Of the time spent on fresh buffers since :meth:`reset_peak`, the share later
+        steps will not pay again: all of it when the pool keeps every buffer (its peak
+        within the cap), else the cap's share of the peak (the rest is made anew each
+        step)."""
+        self.measuring = False
+        share = 1.0 if self.peak <= self.cap else self.cap / self.peak
+        return self.fresh_ns * share / 1e9
 
 
 class TensorWriter:
@@ -337,6 +374,9 @@ class TensorWriter:
         self._pool = pool
         self._open: dict[str, _ShardStream] = {}
         self._reserve = self._MIN_RESERVE
+        #: Time spent rewriting shards whose header outgrew the room reserved (the first
+        #: step's, until the reserve has grown to what a step needs): one-time (forecast.py).
+        self.rewrite_ns = 0
         self.error: Optional[BaseException] = None
         #: Written on the caller's thread, as each item is given (no thread, no queue).
         self.inline = inline
@@ -392,7 +432,10 @@ class TensorWriter:
             elif kind == "c":
                 shard = self._open.pop(item[1], None)
                 if shard is not None and self.error is None:
+                    t0 = time.perf_counter_ns()
                     need = shard.close()
+                    if need > shard.reserve:  # rewritten (_ShardStream.close)
+                        self.rewrite_ns += time.perf_counter_ns() - t0
                     # Room for the header the next shard most likely needs, plus slack.
                     grown = need + need // 4 + 4096
                     self._reserve = max(self._reserve, grown + (-grown % 8))
@@ -578,6 +621,8 @@ class DumpFiles:
         self.lazy = False
         #: The flight recorder, when steps are written only on a trigger (:class:`Holder`).
         self.holder: Optional[Holder] = None
+        #: The manifest's ``forecast`` and ``budget`` objects (forecast.py), once known.
+        self.cost: dict[str, Any] = {}
 
     def open(self, step: int, rank: int, model: Optional[torch.nn.Module]) -> None:
         """Make sure the manifest, this step's folder and the writer exist."""
@@ -633,6 +678,13 @@ class DumpFiles:
             if self._manifest_done:
                 self._dump_manifest()
 
+    def note_cost(self, key: str, value: dict[str, Any]) -> None:
+        """The manifest's ``forecast`` or ``budget`` (docs/format.md): written now if the
+        manifest is, else with it."""
+        self.cost[key] = value
+        if self._manifest_done:
+            self._dump_manifest()
+
     def _write_manifest(self, model: Optional[torch.nn.Module]) -> None:
         self._device = model_device(self._c.device, model)
         self._dump_manifest()
@@ -666,6 +718,7 @@ class DumpFiles:
         if c.mode == "overflow":
             # Readers must know that absent ops are finite ones, not missing ones.
             manifest["overflow"] = {"overflow_nums": c.overflow_nums}
+        manifest.update(self.cost)
         atomic_write_text(
             os.path.join(c.dump_path, "manifest.json"), json.dumps(manifest, indent=2) + "\n"
         )
