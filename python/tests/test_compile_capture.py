@@ -69,10 +69,12 @@ class Transformer(nn.Module):
         return out
 
 
-def _train(dump: Optional[str], compile: bool) -> tuple[list[float], int]:
+def _train(
+    dump: Optional[str], compile: bool, directions: tuple[str, ...] = ("forward",)
+) -> tuple[list[float], int]:
     """``STEPS`` Adam steps of the transformer (``CAPTURED`` steps captured into ``dump``
-    at API level, forward calls), compiled with Inductor or eager; the losses, and the
-    graphs Dynamo compiled."""
+    at API level), compiled with Inductor or eager; the losses, and the graphs Dynamo
+    compiled."""
     dynamo.reset()
     before = int(counters["stats"]["unique_graphs"])
     probe.seed_all(0)
@@ -83,7 +85,7 @@ def _train(dump: Optional[str], compile: bool) -> tuple[list[float], int]:
     opt = torch.optim.Adam(model.parameters(), lr=1e-3)
     dbg = None
     if dump is not None:
-        dbg = probe.Debugger(None, dump_path=dump, level="api", directions=["forward"])
+        dbg = probe.Debugger(None, dump_path=dump, level="api", directions=list(directions))
     losses = []
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
@@ -132,8 +134,9 @@ def _gelu_fault() -> Callable[[], None]:
 def runs(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
     root = tmp_path_factory.mktemp("compiled")
     out: dict[str, Any] = {"root": root}
+    # Forward only: a graph without gradient taps compiles in half the time (minutes for
+    # this one on two CPU cores). The graphs' backward is test_backward_of_an_inductor_graph.
     out["eager"] = _train(str(root / "eager"), compile=False)
-    out["bare"] = _train(None, compile=True)
     out["compiled"] = _train(str(root / "compiled"), compile=True)
     undo = _gelu_fault()
     try:
@@ -143,14 +146,10 @@ def runs(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
     return out
 
 
-def _compare(root: Any, cmp: str) -> tuple[int, dict[str, Any]]:
-    """Compare the first step: Inductor's backward is not the eager one to the last bit,
-    and Adam makes last bits of small gradients into different updates, so later steps'
-    weights drift apart (drift, not a defect: what compare's tolerances cannot tell yet)."""
-    out = str(root / f"out-{cmp}")
+def _compare_dirs(bench: str, cmp: str, out: str, *extra: str) -> tuple[int, dict[str, Any]]:
     r = subprocess.run(
-        [probe_bin(), "compare", "-q", "-b", str(root / "eager"), "-c", str(root / cmp)]
-        + ["-o", out, "--format", "json", "--steps", "0"],
+        [probe_bin(), "compare", "-q", "-b", bench, "-c", cmp, "-o", out, "--format", "json"]
+        + list(extra),
         capture_output=True,
         text=True,
         timeout=300,
@@ -159,21 +158,29 @@ def _compare(root: Any, cmp: str) -> tuple[int, dict[str, Any]]:
         return r.returncode, json.load(fh)
 
 
-def test_capture_does_not_change_the_compiled_model_or_recompile_it(runs: Any) -> None:
-    bare, bare_graphs = runs["bare"]
-    got, graphs = runs["compiled"]
-    assert got == bare, "capture changed what the compiled model computes"
+def _compare(root: Any, cmp: str) -> tuple[int, dict[str, Any]]:
+    """Compare the first step: Inductor's backward is not the eager one to the last bit,
+    and Adam makes last bits of small gradients into different updates, so later steps'
+    weights drift apart (drift, not a defect: what compare's tolerances cannot tell yet)."""
+    eager = str(root / "eager")
+    return _compare_dirs(eager, str(root / cmp), str(root / f"out-{cmp}"), "--steps", "0")
+
+
+def test_no_captured_step_recompiles_the_model(runs: Any) -> None:
     # Captured and uncaptured steps alternate: traced with the agent's hooks and without,
-    # never again per start() (the instrumented copy is no new Dynamo graph).
-    assert graphs <= bare_graphs + 1, (graphs, bare_graphs)
+    # never again per start() (the instrumented copy is no new Dynamo graph). (That the
+    # agent leaves the compiled training unchanged is test_compile.py's, with AOT autograd.)
+    _, graphs = runs["compiled"]
+    assert 1 <= graphs <= 2, graphs
 
 
 def test_the_dump_holds_the_compiled_graphs_calls(runs: Any) -> None:
     root = runs["root"]
     with open(root / "compiled" / "manifest.json") as fh:
         manifest = json.load(fh)
-    assert manifest["compiled_capture"]["forward"] is True
-    assert manifest["compiled_capture"]["backward"] is False
+    got = manifest["compiled_capture"]
+    assert got["forward"] is True and got["backward"] is False and got["graphs"] >= 1, got
+    assert "compiled" not in manifest
     for step in CAPTURED:
         ops = read_ops(str(root / "compiled" / f"step{step}" / "rank0"))
         eager = read_ops(str(root / "eager" / f"step{step}" / "rank0"))
@@ -182,9 +189,10 @@ def test_the_dump_holds_the_compiled_graphs_calls(runs: Any) -> None:
         # eager run names it, in the same order; the slicing of the batch before it, the
         # loss and Adam's updates after it are eager calls.
         assert [o["op"] for o in ops] == [o["op"] for o in eager]
+        fwd_inside = inside
         first = ops.index(inside[0])
         assert ops[first : first + len(inside)] == inside and len(inside) > 90
-        fc1 = [o for o in inside if o["module"] == "layers.2.fc1"]
+        fc1 = [o for o in fwd_inside if o["module"] == "layers.2.fc1"]
         assert len(fc1) == 1
         assert fc1[0]["graph"]["node"]
         # The statistics are those of the tensors the eager run computes, to float32
@@ -209,3 +217,48 @@ def test_a_fault_in_inductors_code_is_named(runs: Any) -> None:
     assert code == 1, s["headline"]
     assert "first divergent op Functional.gelu.0.forward" in s["headline"], s["headline"]
     assert "`layers.0`" in s["headline"], s["headline"]
+
+
+def test_backward_of_an_inductor_graph(tmp_path: Any) -> None:
+    """The backward records of a graph's calls, from its compiled backward (gradient taps,
+    graph_taps.py): the same records as an eager run's, in both directions, and compare
+    passes; a call whose output no loss reads has no backward record (none came)."""
+    from conftest import Tiny
+
+    def run(path: str, compile: bool) -> None:
+        dynamo.reset()
+        torch.manual_seed(0)
+        model = Tiny()
+        x = torch.randn(4, 8)
+        fn: Callable[[torch.Tensor], torch.Tensor] = torch.compile(model) if compile else model
+        dbg = probe.Debugger(None, dump_path=path, level="api")
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            dbg.start(model)
+            fn(x).square().mean().backward()
+            dbg.stop()
+        dbg.close()
+
+    eager, comp = str(tmp_path / "eager"), str(tmp_path / "compiled")
+    run(eager, False)
+    run(comp, True)
+    e = read_ops(os.path.join(eager, "step0", "rank0"))
+    c = read_ops(os.path.join(comp, "step0", "rank0"))
+    assert sorted(o["op"] for o in c) == sorted(o["op"] for o in e)
+    bwd = {o["op"]: o for o in c if o["direction"] == "backward" and "graph" in o}
+    assert set(bwd) == {
+        "Functional.linear.0.backward",
+        "Functional.gelu.0.backward",
+        "Functional.layer_norm.0.backward",
+        "Functional.linear.1.backward",
+        "Tensor.__add__.0.backward",
+        "Functional.linear.2.backward",
+    }, set(bwd)
+    want = {o["op"]: o for o in e}
+    for key, op in bwd.items():
+        names = [t["name"] for t in op["tensors"]]
+        assert names == [t["name"] for t in want[key]["tensors"]], key
+        for a, b in zip(op["tensors"], want[key]["tensors"]):
+            assert a["stats"]["norm"] == pytest.approx(b["stats"]["norm"], rel=1e-5), a["name"]
+    code, _ = _compare_dirs(eager, comp, str(tmp_path / "out"))
+    assert code == 0

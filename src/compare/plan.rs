@@ -43,18 +43,13 @@ pub(crate) fn plan(bench: &Path, cmp: &Path, selection: &Selection) -> Result<Pl
     let (pairs, mut warnings, unpaired) = pair_ranks(&b, &c);
     warnings.extend(other_world(&b, &c));
     for (set, side) in [(&b, "benchmark"), (&c, "comparison")] {
-        if set.compiled && set.compiled_forward {
+        if set.compiled {
             warnings.push(format!(
-                "the {side} run's compiled graphs were captured in forward only (statistics \
-                 computed inside the graphs): the backward operators inside them are not in \
-                 its dump, so the other run's backward calls there have no counterpart"
-            ));
-        } else if set.compiled {
-            warnings.push(format!(
-                "the {side} run ran compiled code while it was captured (torch.compile, \
-                 TorchScript): the operators inside compiled graphs are not in its dump, so \
-                 the other run's calls there have no counterpart; capture it without \
-                 compiling to compare them"
+                "the {side} run ran compiled code that the agent could not capture \
+                 (torch.compile graphs compiled before the agent existed or with symbolic \
+                 shapes, TorchScript): the operators inside it are not in its dump, so the \
+                 other run's calls there have no counterpart; create the Debugger before the \
+                 model first runs compiled, or capture it without compiling, to compare them"
             ));
         }
     }

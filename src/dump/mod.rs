@@ -406,9 +406,6 @@ pub struct DumpSet {
     /// Its manifest says compiled code ran while it was captured (`torch.compile`,
     /// TorchScript): the operators inside compiled graphs are not in its op logs.
     pub compiled: bool,
-    /// Its manifest says the forward API calls inside its compiled graphs were captured
-    /// (`compiled_capture`): only their backward operators are missing.
-    pub compiled_forward: bool,
     /// The job's number of ranks, as its manifest says (probe dumps since the agent wrote
     /// it); None for msprobe dumps and older ones, whose rank folders are all there is to go
     /// by (a job may dump some of its ranks only).
@@ -539,7 +536,6 @@ pub fn discover(path: &Path) -> Result<DumpSet> {
     };
     let overflow = manifest.as_ref().is_some_and(|m| m.overflow);
     let compiled = manifest.as_ref().is_some_and(|m| m.compiled);
-    let compiled_forward = manifest.as_ref().is_some_and(|m| m.compiled_forward);
     let world_size = manifest.as_ref().and_then(|m| m.world_size);
     if ranks.is_empty() && !overflow {
         return Err(ProbeError::NotADump(path.to_path_buf()));
@@ -549,7 +545,6 @@ pub fn discover(path: &Path) -> Result<DumpSet> {
         mode: manifest.map(|m| m.mode),
         overflow,
         compiled,
-        compiled_forward,
         world_size,
         ranks,
     })

@@ -26,8 +26,6 @@ pub struct Manifest {
     pub overflow: bool,
     /// Compiled code ran while the run was captured: its operators are not in the dump.
     pub compiled: bool,
-    /// The forward calls inside its compiled graphs were captured (their backward not).
-    pub compiled_forward: bool,
     /// The job's number of ranks, when the manifest says it.
     pub world_size: Option<usize>,
 }
@@ -58,7 +56,6 @@ pub fn read_manifest(path: &Path) -> Result<Manifest> {
         mode,
         overflow: raw.overflow.is_some(),
         compiled: raw.compiled == Some(true),
-        compiled_forward: raw.compiled_capture.as_ref().is_some_and(|c| c.forward),
         world_size: match raw.world_size {
             None => None,
             Some(n) => Some(

@@ -186,7 +186,6 @@ mod tests {
             ranks: vec![loc("step0", "rank0"), loc("step0", "rank1")],
             overflow: false,
             compiled: false,
-            compiled_forward: false,
             world_size: None,
         };
         let sel = Selection {

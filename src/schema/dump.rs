@@ -8,7 +8,7 @@ use serde::{Deserialize, Serialize};
 /// `compiled_capture` of a manifest: what of the compiled graphs was captured.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub struct CompiledCaptureRecord {
-    /// Whether their backward operators were captured (not yet: false).
+    /// Whether their backward records were captured.
     #[serde(default)]
     pub backward: bool,
     /// Whether their forward API calls were captured.
@@ -22,12 +22,13 @@ pub struct CompiledCaptureRecord {
 /// `manifest.json` at the root of a dump.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub struct ManifestRecord {
-    /// Present (true) when compiled code (`torch.compile`, TorchScript) ran while a step was
-    /// captured: the operators inside it are not in the dump.
+    /// Present (true) when compiled code (`torch.compile`, TorchScript) that the agent could
+    /// not instrument ran while a step was captured: the operators inside it are not in the
+    /// dump.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub compiled: Option<bool>,
-    /// Present when the agent captured the forward API calls inside compiled graphs
-    /// (statistics computed by the graphs); their backward operators are not in the dump.
+    /// Present when the agent captured the API calls inside compiled graphs (statistics
+    /// computed by the graphs): how many graphs, in which directions.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub compiled_capture: Option<CompiledCaptureRecord>,
     /// Creation time (RFC 3339).

@@ -162,6 +162,12 @@ def in_model(model: torch.nn.Module) -> bool:
     )
 
 
+def scripted_in(model: torch.nn.Module) -> bool:
+    """Whether ``model`` holds a TorchScript module: compiled code whose operators the
+    agent does not see."""
+    return any(_scripted(m) for m in model.modules())
+
+
 def graph_count() -> int:
     """Graphs Dynamo compiled in this process so far; 0 when it was never imported (or its
     counters moved: this reads PyTorch internals, and only to warn)."""

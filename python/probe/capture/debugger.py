@@ -41,7 +41,7 @@ from ..config import CaptureConfig, load_config
 from .api import ApiCapture
 from .backward import BackwardHooks
 from .collectives import Collectives
-from .compiled import graph_count, in_model, module_tree, unwrap
+from .compiled import graph_count, in_model, module_tree, scripted_in, unwrap
 from .ddp import DdpHooks, is_ddp
 from .flight import FlightRecorder
 from .forecast import (
@@ -142,6 +142,10 @@ class Debugger:
         #: capturing (or the model is compiled), and whether the user was told (compiled.py).
         self._graphs = 0
         self._compiled = False
+        #: Whether the model holds TorchScript (compiled code no graph capture sees), and
+        #: whether compiled code ran that the dump lacks (_note_compiled).
+        self._scripted = False
+        self._missing = False
         #: Whether this is a forked copy of the process that runs the Debugger (a DataLoader
         #: worker): it captures and writes nothing (_after_fork_in_child).
         self._child = False
@@ -280,9 +284,15 @@ class Debugger:
                 self._recorder.flush()
             t_sync = time.perf_counter_ns()
             self._files.sync()
+            if self._meter.clock is not None and self._graph_capture.compile_ns:
+                # It compiled graphs with statistics (seconds, and the collections that came
+                # with them): not a step like the next ones; the next one is measured.
+                self._meter.clock = DISPATCH.clock = None
+                self._meter.off()
+                self._meter.done = False
             if self._meter.clock is not None:
                 w = self._files.writer
-                once = self._recorder.stacks.miss_ns + self._graph_capture.compile_ns
+                once = self._recorder.stacks.miss_ns
                 if w is not None:
                     # A shard rewritten on the writer thread delays the step as far as
                     # stop() waited for that thread; an inline writer's, all of it.
@@ -444,39 +454,39 @@ class Debugger:
         """The model to hook: the one a ``torch.compile`` wrapper holds, noting that it is
         compiled (compiled.py)."""
         self._compiled = self._compiled or in_model(model)
+        self._scripted = self._scripted or scripted_in(model)
         self.model = unwrap(model)
 
     def _note_compiled(self) -> None:
-        """At ``stop()``: whether compiled code ran in the captured step (a compiled model,
-        or graphs Dynamo compiled since ``start()``, as when the model given is not the
-        compiled one). The forward API calls of the graphs compiled since the Debugger
-        exists are captured (graphs.py); their backward, and graphs compiled before, are
-        not: the user is told once."""
-        self._compiled = self._compiled or graph_count() > self._graphs
-        captured = len(self._graph_capture.graphs)
-        if not (self._compiled or captured):
+        """At ``stop()``: whether compiled code ran in the captured step that the dump lacks.
+        The API calls of the graphs Dynamo compiled since the Debugger exists are captured
+        (graphs.py); those of graphs compiled before (or not instrumentable: symbolic
+        shapes), and TorchScript's, are not. The user is told once, the manifest says
+        which (``compiled``, ``compiled_capture``)."""
+        gc = self._graph_capture
+        captured = len(gc.graphs)
+        ran = self._compiled or graph_count() > self._graphs
+        # Compiled code ran that no graph capture saw: a model compiled before, a graph
+        # that could not be instrumented, TorchScript.
+        self._missing = self._missing or gc.missing > 0 or self._scripted
+        self._missing = self._missing or (ran and not captured)
+        if not (self._missing or captured):
             return
+        c = self.config
         try:
-            self._files.mark_compiled(captured)
+            self._files.mark_compiled(self._missing, captured, c.forward, c.backward)
         except Exception as exc:  # noqa: BLE001 - an unwritable manifest
             self._guard.fail(exc, "stop()")
-        if captured:
-            what = "compiled-forward"
-            msg = (
-                f"probe: the forward API calls of {captured} torch.compile graph(s) were "
-                f"captured in step {self.current_step} (statistics computed inside the "
-                "graphs); the backward operators of compiled graphs are not, and are missing "
-                "from the dump."
-            )
-        else:
-            what = "compiled"
-            msg = (
+        if self._missing:
+            self._ctx.tell_once(
+                "compiled",
                 f"probe: compiled code (torch.compile, TorchScript) ran while capturing step "
-                f"{self.current_step}: the operators inside it are not hooked and are missing "
-                "from the dump. Create the Debugger before the model first compiles, or "
-                "capture the run without compiling, to record them."
+                f"{self.current_step} that the agent could not instrument (a graph compiled "
+                "before the Debugger existed or with symbolic shapes, TorchScript): its "
+                "operators are missing from the dump. Create the Debugger before the model "
+                "first runs compiled, or capture the run without compiling, to record them.",
+                stacklevel=4,  # the caller of stop()
             )
-        self._ctx.tell_once(what, msg, stacklevel=4)  # the caller of stop()
 
     def _attach_ddp(self) -> None:
         """A DistributedDataParallel model gets the bucket-recording communication hook,

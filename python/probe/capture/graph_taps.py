@@ -22,6 +22,7 @@ are still captured at ``stop()``).
 from __future__ import annotations
 
 import copy
+import dataclasses
 import operator
 import re
 from dataclasses import dataclass
@@ -40,6 +41,9 @@ _sqrt = torch.sqrt
 _where = torch.where
 _abs = torch.abs
 _stack = torch.stack
+_cat = torch.cat
+_ones = torch.ones
+_unbind = torch.unbind
 _to = torch.Tensor.to
 _detach = torch.Tensor.detach
 _F64 = torch.float64
@@ -75,6 +79,32 @@ def tap(x: torch.Tensor) -> torch.Tensor:
     )
 
 
+class _GradTap(torch.autograd.Function):
+    """The identity forward; backward hands the gradient on and gives ``row`` (a row of the
+    graph's ``probe_sink`` input) the gradient's statistics and a 1 that says it ran: the
+    sink's gradient is the statistics of every tapped gradient, computed by the compiled
+    backward graph."""
+
+    @staticmethod
+    def forward(ctx: Any, x: torch.Tensor, row: torch.Tensor) -> torch.Tensor:
+        return x.view_as(x)
+
+    @staticmethod
+    def backward(ctx: Any, g: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        return g, _cat([tap(g), _ones(1, dtype=_F64, device=g.device)])
+
+
+def grad_tap(x: torch.Tensor, row: torch.Tensor) -> torch.Tensor:
+    """``x``, whose gradient's statistics reach ``row``'s gradient (:class:`_GradTap`); a
+    function, as FX graphs name their targets."""
+    out: torch.Tensor = _GradTap.apply(x, row)
+    return out
+
+
+#: Columns of a gradient's row of the sink: the statistics, then 1 where the gradient came.
+GRAD_COLUMNS = COLUMNS + 1
+
+
 @dataclass(frozen=True)
 class Value:
     """A tensor of the graph that a recorded call reads or produces."""
@@ -86,6 +116,7 @@ class Value:
     row: Optional[int]
     #: The graph argument it is (a parameter, an input), else None.
     arg: Optional[int]
+    numel: int
 
 
 @dataclass(frozen=True)
@@ -104,6 +135,9 @@ class Call:
     inputs: tuple[tuple[str, int], ...]  # (name, index into Plan.values)
     outputs: tuple[tuple[str, int], ...]
     args: Optional[dict[str, Any]]
+    #: Its backward record's tensors: (name, row of the sink's gradient, the value whose
+    #: gradient it is): ``input.k`` the gradient of output k, ``output.j`` that of input j.
+    grads: tuple[tuple[str, int, int], ...] = ()
 
 
 @dataclass(frozen=True)
@@ -115,6 +149,9 @@ class Plan:
     rows: int
     #: Per graph output: the value it is, when it is one.
     outputs: tuple[Optional[int], ...]
+    #: Rows of the ``probe_sink`` input (the graph's last; 0: none, a graph without
+    #: gradients), ``[grad_rows, GRAD_COLUMNS]`` float64, whose gradient the backward fills.
+    grad_rows: int = 0
 
 
 #: ``operator`` functions Dynamo records for Python's operators on tensors, and the dunder
@@ -147,6 +184,32 @@ _INPLACE: dict[Any, str] = {
     operator.imul: "__imul__",
     operator.itruediv: "__itruediv__",
 }
+
+
+#: Calls whose output holds the elements of their first input, in another shape or order
+#: (or a copy): its statistics are the input's when the element count and dtype agree (the
+#: eager agent's ``Dataflow`` reuses them the same way), so they are not reduced again.
+SAME_ELEMENTS = frozenset(
+    f"{kind}.{name}"
+    for kind in ("Tensor", "Torch")
+    for name in (
+        "view",
+        "view_as",
+        "reshape",
+        "reshape_as",
+        "transpose",
+        "permute",
+        "flatten",
+        "contiguous",
+        "t",
+        "squeeze",
+        "unsqueeze",
+        "clone",
+        "detach",
+        "movedim",
+        "swapaxes",
+    )
+)
 
 
 class Names:
@@ -266,8 +329,10 @@ class _Builder:
         self.index: dict[Any, int] = {}  # FX node -> value
         self.taps: list[tuple[Any, Any]] = []  # (after node, node to reduce)
 
-    def value(self, node: Any, at: Any) -> Optional[int]:
-        """The value of tensor node ``node`` (tapped after node ``at``), made when new."""
+    def value(self, node: Any, at: Any, same: Optional[int] = None) -> Optional[int]:
+        """The value of tensor node ``node`` (tapped after node ``at``), made when new.
+        ``same``: a value holding the same elements (``node`` is a view or copy of it), whose
+        statistics it shares instead of being reduced again."""
         got = self.index.get(node)
         if got is not None:
             return got
@@ -279,10 +344,13 @@ class _Builder:
         for d in shape:
             n *= d
         row = None
-        if ex.dtype in STORABLE and n > 0 and ex.layout is torch.strided:
+        name = dtype_name(ex.dtype)
+        if same is not None and self.values[same].dtype == name and self.values[same].numel == n:
+            row = self.values[same].row
+        elif ex.dtype in STORABLE and n > 0 and ex.layout is torch.strided:
             row = len(self.taps)
             self.taps.append((at, node))
-        self.values.append(Value(dtype_name(ex.dtype), shape, row, self.args.get(node)))
+        self.values.append(Value(name, shape, row, self.args.get(node), n))
         self.index[node] = len(self.values) - 1
         return self.index[node]
 
@@ -304,9 +372,19 @@ def instrument(
     graph = gm.graph
     placeholders = [n for n in graph.nodes if n.op == "placeholder"]
     b = _Builder(graph, {p: i for i, p in enumerate(placeholders)})
-    last_arg = placeholders[-1] if placeholders else None
+    anchor = placeholders[-1] if placeholders else None
+    rows = None
+    if anchor is not None and any(_needs_grad(p) for p in placeholders):
+        with graph.inserting_after(anchor):
+            sink = graph.placeholder("probe_sink")
+        with graph.inserting_after(sink):
+            rows = graph.call_function(_unbind, (sink,))
+        anchor = rows  # (taps of the arguments after every placeholder)
     calls: list[Call] = []
+    sites: list[Any] = []  # the FX node of each call
     for node in list(graph.nodes):
+        if node is rows:
+            continue  # (ours)
         api, swapped = names.of(node)
         if api is None:
             continue
@@ -318,17 +396,19 @@ def instrument(
         for key, a in (*enumerate(args), *node.kwargs.items()):
             for name, item in _tensor_args(a, f"input.{key}"):
                 if isinstance(item, torch.fx.Node):
-                    v = b.value(item, last_arg if item.op == "placeholder" else item)
+                    v = b.value(item, anchor if item.op == "placeholder" else item)
                     if v is not None:
                         inputs.append((name, v))
                 elif name == f"input.{key}":
                     j = _json_arg(item)
                     if j is not None:
                         consts[name] = j
-        outputs = _outputs(b, node)
+        same = inputs[0][1] if api in SAME_ELEMENTS and inputs else None
+        outputs = _outputs(b, node, same)
         if outputs is None:
             continue
         module, module_id = module_path(node)
+        sites.append(node)
         calls.append(
             Call(
                 api,
@@ -343,6 +423,9 @@ def instrument(
         )
     if not calls:
         return None
+    grad_rows = 0
+    if rows is not None:
+        calls, grad_rows = _insert_grad_taps(graph, b, rows, calls, sites)
     _insert_taps(graph, b.taps)
     out_node = next(n for n in graph.nodes if n.op == "output")
     user = out_node.args[0]
@@ -350,7 +433,53 @@ def instrument(
     produced = tuple(b.index.get(o) if isinstance(o, torch.fx.Node) else None for o in flat)
     graph.lint()
     gm.recompile()
-    return gm, Plan(tuple(b.values), tuple(calls), len(b.taps), produced)
+    return gm, Plan(tuple(b.values), tuple(calls), len(b.taps), produced, grad_rows)
+
+
+def _needs_grad(node: Any) -> bool:
+    ex = _example(node)
+    return isinstance(ex, torch.Tensor) and ex.requires_grad
+
+
+def _insert_grad_taps(
+    graph: Any, b: _Builder, rows: Any, calls: list[Call], sites: list[Any]
+) -> tuple[list[Call], int]:
+    """Gradient taps (:func:`grad_tap`) around each call, for its backward record: on each
+    output that requires grad, before all its uses (its gradient, summed over them, is what
+    the eager backward record's ``input.k`` holds), and on each input that requires grad,
+    for this call only (``output.j``: the gradient this call gives its input). Each tap
+    gets its own row of the sink. Returns the calls with their ``grads``, and the rows."""
+    node_of = {v: n for n, v in b.index.items()}
+    current: dict[Any, Any] = {}  # a tapped output -> its tap, which its users now read
+    count = 0
+    out: list[Call] = []
+    for call, site in zip(calls, sites):
+        grads: list[tuple[str, int, int]] = []
+        for name, v in call.inputs:
+            orig = node_of[v]
+            cur = current.get(orig, orig)
+            if not _needs_grad(orig) or cur not in site.all_input_nodes:
+                continue  # (the same tensor twice: its first tap carries both gradients)
+            with graph.inserting_before(site):
+                row = graph.call_function(operator.getitem, (rows, count))
+                tapped = graph.call_function(grad_tap, (cur, row))
+            site.replace_input_with(cur, tapped)
+            grads.append(("output" + name[len("input") :], count, v))
+            count += 1
+        for name, v in call.outputs:
+            n = node_of[v]
+            if not _needs_grad(n):
+                continue
+            with graph.inserting_after(n):
+                row = graph.call_function(operator.getitem, (rows, count))
+            with graph.inserting_after(row):
+                tapped = graph.call_function(grad_tap, (n, row))
+            n.replace_all_uses_with(tapped, delete_user_cb=lambda u, t=tapped: u is not t)
+            current[n] = tapped
+            grads.append(("input" + name[len("output") :], count, v))
+            count += 1
+        out.append(dataclasses.replace(call, grads=tuple(grads)))
+    return out, count
 
 
 def _tensor_args(a: Any, prefix: str) -> list[tuple[str, Any]]:
@@ -367,12 +496,15 @@ def _json_arg(v: Any) -> Any:
     return None if isinstance(v, torch.fx.Node) else json_arg(v)
 
 
-def _outputs(b: _Builder, node: Any) -> Optional[list[tuple[str, int]]]:
+def _outputs(
+    b: _Builder, node: Any, same: Optional[int] = None
+) -> Optional[list[tuple[str, int]]]:
     """The output values of a call node (a tuple's tensors through ``getitem`` nodes added
-    after it), or None when its outputs cannot be tapped (symbolic shapes)."""
+    after it), or None when its outputs cannot be tapped (symbolic shapes). ``same``: the
+    value whose elements a single output holds (:data:`SAME_ELEMENTS`)."""
     ex = _example(node)
     if isinstance(ex, torch.Tensor):
-        v = b.value(node, node)
+        v = b.value(node, node, same)
         return None if v is None else [("output.0", v)]
     if not isinstance(ex, (tuple, list)):
         return []

@@ -24,6 +24,7 @@ are missing, and the manifest says so (``compiled``, docs/format.md).
 
 from __future__ import annotations
 
+import functools
 import logging
 import os
 import sys
@@ -33,9 +34,9 @@ from typing import TYPE_CHECKING, Any, Callable, Optional
 
 import torch
 
-from .._op_key import api_key
+from .._op_key import api_backward, api_key
 from .compiled import compiling
-from .graph_taps import Call, Names, Plan, instrument
+from .graph_taps import COLUMNS, GRAD_COLUMNS, Call, Names, Plan, instrument
 from .patcher import _owners, load_api_list
 from .records import OpRecord
 from .stats import fill_stats
@@ -121,7 +122,10 @@ class CompiledGraph:
 
     def __call__(self, *args: Any) -> Any:
         cap = ACTIVE.current
-        if cap is None or not tls.active or self._failed or compiling():
+        if cap is None or not tls.active or compiling():
+            return self.plain(*args)
+        if self._failed:
+            cap.missing += 1  # its operators are not in the dump
             return self.plain(*args)
         return cap.run(self, args)
 
@@ -143,6 +147,20 @@ class CompiledGraph:
         return self._tapped
 
 
+class _Uncaptured:
+    """A compiled graph that could not be instrumented (symbolic shapes, no hooked call):
+    run as it is; a captured step that runs it is told (its operators are missing)."""
+
+    def __init__(self, plain: Callable[..., Any]) -> None:
+        self.plain = plain
+
+    def __call__(self, *args: Any) -> Any:
+        cap = ACTIVE.current
+        if cap is not None and tls.active:
+            cap.missing += 1
+        return self.plain(*args)
+
+
 def _wrap(graph: Any, gm: torch.fx.GraphModule, example_inputs: list[Any], orig: Any) -> Any:
     """``OutputGraph.call_user_compiler`` with instrumentation: the backend's compiled
     function, wrapped in a :class:`CompiledGraph` when the graph can be instrumented."""
@@ -153,9 +171,14 @@ def _wrap(graph: Any, gm: torch.fx.GraphModule, example_inputs: list[Any], orig:
     except Exception as exc:  # noqa: BLE001 - never in the compiler's way
         log.warning("probe: could not instrument a compiled graph: %s", exc)
     specs = [_spec(x) for x in example_inputs] if made is not None else []
+    if made is not None and made[1].grad_rows:
+        device = next((x.device for x in example_inputs if isinstance(x, torch.Tensor)), None)
+        rows = made[1].grad_rows
+        sink = ((rows, GRAD_COLUMNS), (GRAD_COLUMNS, 1), torch.float64, device, True, torch.Tensor)
+        specs.append(sink)  # the last argument of the instrumented graph
     compiled = orig(graph, gm, example_inputs)
     if made is None or getattr(graph, "compiler_fn", None) is None:
-        return compiled
+        return _Uncaptured(compiled)
     return CompiledGraph(compiled, made[0], made[1], graph.compiler_fn, specs, _root(graph))
 
 
@@ -207,6 +230,8 @@ class GraphCapture:
         self.paths: dict[int, str] = {}
         #: Ids of the graphs that ran with statistics in this Debugger.
         self.graphs: set[int] = set()
+        #: Runs of compiled graphs that could not be instrumented, while capturing.
+        self.missing = 0
         #: Nanoseconds spent compiling instrumented graphs (a one-time cost of the step that
         #: first runs each: the forecast leaves it out). Reset by the Debugger.
         self.compile_ns = 0
@@ -222,30 +247,45 @@ class GraphCapture:
         if fn is None:
             return graph.plain(*args)
         real = list(args)  # (what the graph's runtime may let go of)
+        plan = graph.plan
+        sink = None
+        if plan.grad_rows:
+            device = next((a.device for a in real if isinstance(a, torch.Tensor)), None)
+            sink = torch.zeros(plan.grad_rows, GRAD_COLUMNS, dtype=torch.float64, device=device)
+            sink.requires_grad_(True)
         tls.active = False
         try:
-            out = fn(*args)
+            out = fn(*args) if sink is None else fn(*args, sink)
         finally:
             tls.active = was
         stats, user = out[-1], out[:-1]
         tls.active = False
         try:
             with self._ctx.lock:
-                self.record(graph, real, stats)
+                done = self.record(graph, real, stats)
+            if sink is not None and done:
+                # Its gradient comes once the graph's backward ran: the backward records.
+                sink.register_hook(  # type: ignore[no-untyped-call]
+                    functools.partial(self._grads, graph, done)
+                )
         except Exception as exc:  # noqa: BLE001
             self._ctx.guard.fail(exc, f"capturing compiled graph {graph.id}")
         finally:
             tls.active = was
         return user
 
-    def record(self, graph: CompiledGraph, args: list[Any], stats: torch.Tensor) -> None:
-        """The records of one run of ``graph`` whose statistics output is ``stats``."""
+    def record(
+        self, graph: CompiledGraph, args: list[Any], stats: torch.Tensor
+    ) -> list[tuple[Call, str, Optional[str], Any]]:
+        """The forward records of one run of ``graph`` whose statistics output is
+        ``stats``; returns what its backward records need: (call, forward key, module,
+        folder) of each selected call with gradients, when backward is captured."""
         ctx = self._ctx
         c = ctx.config
         rec = ctx.recorder
         folder = rec.files.folder
         if folder is None:
-            return
+            return []
         self.graphs.add(graph.id)
         plan = graph.plan
         host = stats.tolist() if stats.device.type == "cpu" else None
@@ -253,12 +293,18 @@ class GraphCapture:
         base = self.paths.get(graph.root) if graph.root is not None else None
         if base is None:
             base = self._stack[-1] if self._stack else ""
+        backward: list[tuple[Call, str, Optional[str], Any]] = []
         for call in plan.calls:
-            module = self._module(call, base)
-            n = ctx.select.api_call(call.api, module or None)
-            if n is None or not c.forward:
+            module = self._module(call, base) or None
+            n = ctx.select.api_call(call.api, module)
+            if n is None:
                 continue
-            op = OpRecord(api_key(call.api, n), "api", "forward", module or None, folder)
+            key = api_key(call.api, n)
+            if c.backward and call.grads:
+                backward.append((call, key, module, folder))
+            if not c.forward:
+                continue
+            op = OpRecord(key, "api", "forward", module, folder)
             op.graph = {"id": graph.id, "node": call.node}
             if c.stack and call.frames:
                 op.stack = rec.stacks.frames_id(folder, call.frames)
@@ -280,6 +326,52 @@ class GraphCapture:
                     tr["id"] = ids[v] = folder.next_id
                     folder.next_id += 1
             rec.finish(op)
+        return backward
+
+    def _grads(
+        self,
+        graph: CompiledGraph,
+        calls: list[tuple[Call, str, Optional[str], Any]],
+        grad: torch.Tensor,
+    ) -> None:
+        """The sink's gradient arrived (the graph's backward ran): the backward records of
+        its calls, last call first as a backward runs them. A row whose flag is 0 is a
+        gradient that never came (an output nothing used). The rows are read in one
+        transfer (on an accelerator, one sync per graph and step)."""
+        was = tls.active
+        tls.active = False
+        try:
+            with self._ctx.lock:
+                if not self._ctx.running:
+                    return  # stop() came first: the step is closed
+                rows = grad.detach().tolist()
+                c = self._ctx.config
+                rec = self._ctx.recorder
+                plan = graph.plan
+                for call, key, module, folder in reversed(calls):
+                    op = OpRecord(api_backward(key), "api", "backward", module, folder)
+                    op.graph = {"id": graph.id, "node": call.node}
+                    for name, row, v in call.grads:
+                        values = rows[row]
+                        inp = name.startswith("input")
+                        if values[COLUMNS] == 0.0 or not (c.inputs if inp else c.outputs):
+                            continue
+                        value = plan.values[v]
+                        stats: dict[str, Any] = {}
+                        fill_stats(stats, values, 0, COLUMNS, value.numel)
+                        tr: dict[str, Any] = {
+                            "name": f"{op.key}.{name}",
+                            "role": "input" if inp else "output",
+                            "dtype": value.dtype,
+                            "shape": value.shape,
+                        }
+                        op.entries.append((tr, stats, None))  # type: ignore[arg-type]
+                    if op.entries:
+                        rec.finish(op)
+        except Exception as exc:  # noqa: BLE001
+            self._ctx.guard.fail(exc, f"capturing the backward of compiled graph {graph.id}")
+        finally:
+            tls.active = was
 
     def _module(self, call: Call, base: str) -> str:
         """A call's module path in the model: its module's, else its path under the module
@@ -313,11 +405,8 @@ class GraphCapture:
         vec: Any = None
         if value.row is not None:
             if host is not None:
-                n = 1
-                for d in value.shape:
-                    n *= d
                 done: dict[str, Any] = {}
-                fill_stats(done, host[value.row], 0, 6, n)
+                fill_stats(done, host[value.row], 0, 6, value.numel)
                 vec = done
             else:
                 vec = stats[value.row]

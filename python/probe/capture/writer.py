@@ -612,7 +612,7 @@ class DumpFiles:
         #: Compiled code ran while a step was captured (:meth:`mark_compiled`), and the
         #: compiled graphs whose API calls were captured in forward (graphs.py).
         self._compiled = False
-        self._compiled_graphs = 0
+        self._compiled_capture: Optional[dict[str, Any]] = None
         #: The device the manifest names (the model's, once known).
         self._device = ""
         #: Step folders appear at their first written op, as in overflow mode. Set when the
@@ -667,14 +667,17 @@ class DumpFiles:
             self._dump_manifest()
             self._manifest_done = True
 
-    def mark_compiled(self, graphs: int = 0) -> None:
-        """Compiled code ran while a step was captured: the manifest says so (``compiled``),
-        so that ``probe compare`` can tell why the other run's calls there have no
-        counterpart, and how many graphs had their forward captured (``compiled_capture``:
-        their backward is not). Rewritten when that changes."""
-        if not self._compiled or graphs > self._compiled_graphs:
-            self._compiled = True
-            self._compiled_graphs = max(graphs, self._compiled_graphs)
+    def mark_compiled(
+        self, missing: bool, graphs: int = 0, forward: bool = True, backward: bool = True
+    ) -> None:
+        """Compiled code ran while a step was captured: the manifest says whether some of it
+        is missing from the dump (``compiled``, so that ``probe compare`` can tell why the
+        other run's calls there have no counterpart) and how many graphs had their calls
+        captured, in which directions (``compiled_capture``). Rewritten when that changes."""
+        capture = {"graphs": graphs, "forward": forward, "backward": backward} if graphs else None
+        if (missing and not self._compiled) or capture != self._compiled_capture:
+            self._compiled = self._compiled or missing
+            self._compiled_capture = capture
             if self._manifest_done:
                 self._dump_manifest()
 
@@ -709,12 +712,8 @@ class DumpFiles:
         }
         if self._compiled:
             manifest["compiled"] = True
-        if self._compiled_graphs:
-            manifest["compiled_capture"] = {
-                "graphs": self._compiled_graphs,
-                "forward": True,
-                "backward": False,
-            }
+        if self._compiled_capture:
+            manifest["compiled_capture"] = self._compiled_capture
         if c.mode == "overflow":
             # Readers must know that absent ops are finite ones, not missing ones.
             manifest["overflow"] = {"overflow_nums": c.overflow_nums}
