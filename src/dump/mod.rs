@@ -403,8 +403,9 @@ pub struct DumpSet {
     pub ranks: Vec<RankLoc>,
     /// Written in overflow mode: only ops that produced NaN/Inf are recorded.
     pub overflow: bool,
-    /// Its manifest says compiled code ran while it was captured (`torch.compile`,
-    /// TorchScript): the operators inside compiled graphs are not in its op logs.
+    /// Its manifest says compiled code the agent could not instrument ran while it was
+    /// captured (`torch.compile` graphs compiled before the agent, TorchScript): the
+    /// operators inside it are not in its op logs.
     pub compiled: bool,
     /// The job's number of ranks, as its manifest says (probe dumps since the agent wrote
     /// it); None for msprobe dumps and older ones, whose rank folders are all there is to go

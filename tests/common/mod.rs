@@ -141,6 +141,7 @@ pub fn write_op_log_at(dir: &Path, step: &str, rank: &str, mode: &str, records: 
     std::fs::create_dir_all(&rank).unwrap();
     let manifest = ManifestRecord {
         compiled: None,
+        compiled_capture: None,
         created: "2026-01-01T00:00:00Z".into(),
         device: "cpu".into(),
         format: "probe-dump".into(),

@@ -244,7 +244,8 @@ class Debugger:
             self._ctx.running = True
             self._ctx.api_on = self.config.api
             DISPATCH.current = self._api
-            if self.config.api and install_compiler_hook():
+            # (overflow mode records only calls that overflowed: not those inside graphs)
+            if self.config.api and self.config.mode != "overflow" and install_compiler_hook():
                 GRAPHS.current = self._graph_capture  # (hooked before any step: below)
             if measure:
                 self._files.pool.reset_peak()
