@@ -298,3 +298,28 @@ def test_scripting_and_tracing_while_capturing(tmp_path: Any) -> None:
     ops = [o["op"] for o in read_ops(os.path.join(tmp_path, "step0", "rank0"))]
     assert ops == ["Torch.sigmoid.0.forward"], ops
     assert torch.equal(after, torch.sigmoid(x))
+
+
+def test_a_graph_with_symbolic_shapes_is_reported_missing(tmp_path: Any) -> None:
+    """A graph compiled with dynamic shapes cannot be instrumented (its sizes are only known
+    when it runs): it runs as compiled, and the dump says that its operators are missing."""
+    dynamo.reset()
+    torch.manual_seed(0)
+    model = Tiny()
+    cm = torch.compile(model, backend="aot_eager", dynamic=True)
+    dbg = probe.Debugger(None, dump_path=str(tmp_path), level="api")
+    with warnings.catch_warnings(record=True) as seen:
+        warnings.simplefilter("always")
+        dbg.start(model)
+        out = cm(torch.randn(4, 8)).sum()
+        out.backward()
+        dbg.stop()
+    dbg.close()
+    assert dbg.enabled
+    told = [str(w.message) for w in seen if "could not instrument" in str(w.message)]
+    assert len(told) == 1 and "symbolic shapes" in told[0], [str(w.message) for w in seen]
+    with open(os.path.join(tmp_path, "manifest.json")) as fh:
+        manifest = json.load(fh)
+    assert manifest["compiled"] is True and "compiled_capture" not in manifest
+    ops = read_ops(os.path.join(tmp_path, "step0", "rank0"))
+    assert not [o for o in ops if "graph" in o]

@@ -26,7 +26,7 @@ import dataclasses
 import operator
 import re
 from dataclasses import dataclass
-from typing import Any, Optional
+from typing import Any, Optional, Union
 
 import torch
 
@@ -355,12 +355,17 @@ class _Builder:
         return self.index[node]
 
 
+#: What :func:`instrument` returns for a graph that calls no hooked API: nothing to capture,
+#: and nothing missing from the dump.
+NO_CALLS = "no calls"
+
+
 def instrument(
     gm: torch.fx.GraphModule, names: Names, skip: tuple[str, ...]
-) -> Optional[tuple[torch.fx.GraphModule, Plan]]:
+) -> Union[tuple[torch.fx.GraphModule, Plan], str, None]:
     """A copy of ``gm`` whose last output is the ``[rows, 6]`` statistics of the tensors its
-    API calls read and produce, and the plan of those rows; None when the graph has symbolic
-    shapes or calls no hooked API."""
+    API calls read and produce, and the plan of those rows; :data:`NO_CALLS` for a graph
+    that calls no hooked API; None when it cannot be instrumented (symbolic shapes)."""
     placeholders = [n for n in gm.graph.nodes if n.op == "placeholder"]
     for p in placeholders:
         ex = _example(p)
@@ -422,7 +427,7 @@ def instrument(
             )
         )
     if not calls:
-        return None
+        return NO_CALLS
     grad_rows = 0
     if rows is not None:
         calls, grad_rows = _insert_grad_taps(graph, b, rows, calls, sites)
@@ -496,9 +501,7 @@ def _json_arg(v: Any) -> Any:
     return None if isinstance(v, torch.fx.Node) else json_arg(v)
 
 
-def _outputs(
-    b: _Builder, node: Any, same: Optional[int] = None
-) -> Optional[list[tuple[str, int]]]:
+def _outputs(b: _Builder, node: Any, same: Optional[int] = None) -> Optional[list[tuple[str, int]]]:
     """The output values of a call node (a tuple's tensors through ``getitem`` nodes added
     after it), or None when its outputs cannot be tapped (symbolic shapes). ``same``: the
     value whose elements a single output holds (:data:`SAME_ELEMENTS`)."""

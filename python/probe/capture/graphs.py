@@ -36,7 +36,7 @@ import torch
 
 from .._op_key import api_backward, api_key
 from .compiled import compiling
-from .graph_taps import COLUMNS, GRAD_COLUMNS, Call, Names, Plan, instrument
+from .graph_taps import COLUMNS, GRAD_COLUMNS, NO_CALLS, Call, Names, Plan, instrument
 from .patcher import _owners, load_api_list
 from .records import OpRecord
 from .stats import fill_stats
@@ -148,7 +148,7 @@ class CompiledGraph:
 
 
 class _Uncaptured:
-    """A compiled graph that could not be instrumented (symbolic shapes, no hooked call):
+    """A compiled graph that could not be instrumented (symbolic shapes):
     run as it is; a captured step that runs it is told (its operators are missing)."""
 
     def __init__(self, plain: Callable[..., Any]) -> None:
@@ -161,15 +161,22 @@ class _Uncaptured:
         return self.plain(*args)
 
 
+@functools.lru_cache(maxsize=1)
+def _names() -> Names:
+    """The API names of call targets (the api_list's functions, unwrapped), made once."""
+    return Names(load_api_list(), _owners())
+
+
 def _wrap(graph: Any, gm: torch.fx.GraphModule, example_inputs: list[Any], orig: Any) -> Any:
     """``OutputGraph.call_user_compiler`` with instrumentation: the backend's compiled
     function, wrapped in a :class:`CompiledGraph` when the graph can be instrumented."""
-    made = None
+    made: Any = None
     try:
-        names = Names(load_api_list(), _owners())
-        made = instrument(gm, names, (_TORCH_DIR, _PKG_DIR))
+        made = instrument(gm, _names(), (_TORCH_DIR, _PKG_DIR))
     except Exception as exc:  # noqa: BLE001 - never in the compiler's way
         log.warning("probe: could not instrument a compiled graph: %s", exc)
+    if made == NO_CALLS:
+        return orig(graph, gm, example_inputs)  # nothing in it to capture
     specs = [_spec(x) for x in example_inputs] if made is not None else []
     if made is not None and made[1].grad_rows:
         device = next((x.device for x in example_inputs if isinstance(x, torch.Tensor)), None)
