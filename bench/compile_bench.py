@@ -19,7 +19,6 @@ one tensor at a time, eager calls that are most of the example's records).
 from __future__ import annotations
 
 import argparse
-import importlib.util
 import json
 import os
 import statistics
@@ -36,25 +35,14 @@ HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, os.path.join(HERE, "..", "python"))
 import probe  # noqa: E402
 
-
-def _example() -> Any:
-    path = os.path.join(HERE, "..", "examples", "train_small.py")
-    spec = importlib.util.spec_from_file_location("train_small", path)
-    assert spec is not None and spec.loader is not None
-    mod = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(mod)
-    return mod
-
-
-def _sync(device: torch.device) -> None:
-    if device.type == "cuda":
-        torch.cuda.synchronize()
+sys.path.insert(0, HERE)
+from capture_overhead import Transformer, _load_example, _sync, transformer_data  # noqa: E402
 
 
 def _model(name: str, device: torch.device) -> tuple[torch.nn.Module, Callable[[Any], Any], Any]:
     """The model, a loss of (model output, batch), and two batches."""
     if name == "small":
-        ex = _example()
+        ex = _load_example()
         probe.seed_all(0)
         model = ex.SmallNet().to(device)
         data = ex.make_data(2, 16, device)
@@ -63,9 +51,6 @@ def _model(name: str, device: torch.device) -> tuple[torch.nn.Module, Callable[[
             return F.cross_entropy(out.float(), y)
 
         return model, loss, data
-    sys.path.insert(0, HERE)
-    from capture_overhead import Transformer, transformer_data
-
     probe.seed_all(0)
     model = Transformer().to(device)
 
