@@ -323,3 +323,48 @@ def test_a_graph_with_symbolic_shapes_is_reported_missing(tmp_path: Any) -> None
     assert manifest["compiled"] is True and "compiled_capture" not in manifest
     ops = read_ops(os.path.join(tmp_path, "step0", "rank0"))
     assert not [o for o in ops if "graph" in o]
+
+
+def test_the_gradients_of_a_tuple_output_reach_the_backward_record(tmp_path: Any) -> None:
+    """``q, k, v = x.chunk(3)``: each element is read through the graph's own ``getitem``
+    node, so that is where the gradient taps sit; taps on getitems of their own got no
+    gradient, and the compiled run's ``Tensor.chunk`` backward record lacked its inputs."""
+
+    class Split(torch.nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.a = torch.nn.Linear(8, 24)
+            self.b = torch.nn.Linear(8, 4)
+
+        def forward(self, x: torch.Tensor) -> torch.Tensor:
+            q, k, v = self.a(x).chunk(3, dim=-1)
+            out: torch.Tensor = self.b(q * k + v)
+            return out
+
+    def run(path: str, compile: bool) -> list[dict[str, Any]]:
+        dynamo.reset()
+        torch.manual_seed(0)
+        model = Split()
+        fn = torch.compile(model, backend="aot_eager") if compile else model
+        dbg = probe.Debugger(None, dump_path=path, level="api")
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            dbg.start(model)
+            fn(torch.randn(4, 8)).square().mean().backward()
+            dbg.stop()
+        dbg.close()
+        return read_ops(os.path.join(path, "step0", "rank0"))
+
+    eager, comp = run(str(tmp_path / "eager"), False), run(str(tmp_path / "compiled"), True)
+    for ops in (eager, comp):
+        chunk = next(o for o in ops if o["op"] == "Tensor.chunk.0.backward")
+        names = [t["name"].split("backward.")[1] for t in chunk["tensors"]]
+        assert names == ["input.0", "input.1", "input.2", "output.0"], names
+    r = subprocess.run(
+        [probe_bin(), "compare", "-q", "-b", str(tmp_path / "eager")]
+        + ["-c", str(tmp_path / "compiled"), "-o", str(tmp_path / "out")],
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    assert r.returncode == 0, r.stdout + r.stderr

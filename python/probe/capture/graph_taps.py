@@ -512,14 +512,23 @@ def _outputs(b: _Builder, node: Any, same: Optional[int] = None) -> Optional[lis
     if not isinstance(ex, (tuple, list)):
         return []
     out: list[tuple[str, int]] = []
+    # The graph's own ``getitem`` of each element where it has one: its users read the
+    # element through it, so that is where a gradient tap must sit.
+    gets = {
+        u.args[1]: u
+        for u in node.users
+        if u.op == "call_function" and u.target is operator.getitem and len(u.args) == 2
+    }
     at = node
     for i, item in enumerate(ex):
         if not isinstance(item, torch.Tensor):
             continue
-        with b.graph.inserting_after(at):
-            get = b.graph.call_function(operator.getitem, (node, i))
-        get.meta["example_value"] = item
-        at = get
+        get = gets.get(i)
+        if get is None:
+            with b.graph.inserting_after(at):
+                get = b.graph.call_function(operator.getitem, (node, i))
+            get.meta["example_value"] = item
+            at = get
         v = b.value(get, get)
         if v is None:
             return None
