@@ -9,14 +9,15 @@ agent names the call (``Functional.gelu``, ``Tensor.__add__``), and adds to the 
 every tensor those calls read or produce, a reduction to ``[max, min, sum, norm, NaN count,
 Inf count]`` in float64 (:func:`tap`), all stacked into one ``[rows, 6]`` tensor returned as
 one more output of the graph. The backend (Inductor) compiles the copy like the original:
-the reductions are fused with the code that produces the tensors, nothing is read back
-inside the graph (no host sync, no graph break), and the values are those the compiled code
-computed -- a fault in a compiled kernel is in them. :class:`Plan` says which record each
-row belongs to; ``graphs.py`` runs the copy on captured steps and writes the records.
+the six reductions of a tensor are fused into one pass over it, nothing is read back inside
+the graph (no host sync, no graph break), and the values are those the compiled code
+computed -- a fault in a compiled kernel is in them. For the backward records, each call's
+outputs and inputs that require grad pass through :func:`grad_tap`, whose backward writes
+the gradient's statistics into a row of one more argument, the sink: AOT autograd traces
+those into the compiled backward graph. :class:`Plan` says which record each row belongs
+to; ``graphs.py`` runs the copy on captured steps and writes the records.
 
-Not tapped: graphs with symbolic shapes (their sizes are only known when they run), and the
-backward graph AOT autograd derives (its operators are not API calls; parameter gradients
-are still captured at ``stop()``).
+Not tapped: graphs with symbolic shapes (their sizes are only known when they run).
 """
 
 from __future__ import annotations
@@ -364,7 +365,8 @@ def instrument(
     gm: torch.fx.GraphModule, names: Names, skip: tuple[str, ...]
 ) -> Union[tuple[torch.fx.GraphModule, Plan], str, None]:
     """A copy of ``gm`` whose last output is the ``[rows, 6]`` statistics of the tensors its
-    API calls read and produce, and the plan of those rows; :data:`NO_CALLS` for a graph
+    API calls read and produce (and, when it has arguments that require grad, whose last
+    argument is the sink its gradient taps write to), and the plan of those rows; :data:`NO_CALLS` for a graph
     that calls no hooked API; None when it cannot be instrumented (symbolic shapes)."""
     placeholders = [n for n in gm.graph.nodes if n.op == "placeholder"]
     for p in placeholders:

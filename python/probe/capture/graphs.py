@@ -15,11 +15,15 @@ the backend's compiled function:
   the eager calls around it are, with the module path and source line Dynamo traced and the
   graph's id. Statistics stay on the device and travel with the rest of the step's
   (``buffer.py``); on CPU they are read in one call per run of the graph.
+- Its backward records come once the graph's backward ran: the gradient of the sink
+  argument passed to the instrumented copy holds the statistics of every gradient its taps
+  saw (:meth:`GraphCapture._grads`).
 - Nothing the compiled code computes depends on the agent's state (no guard reads it): no
   ``start()`` or ``stop()`` recompiles the model.
 
-The backward graph is not instrumented: the backward records of the calls inside a graph
-are missing, and the manifest says so (``compiled``, docs/format.md).
+A graph that cannot be instrumented (symbolic shapes) or whose instrumented copy does not
+compile runs as compiled, and a captured step that ran it is told: its operators are
+missing, and the manifest says so (``compiled``, docs/format.md).
 """
 
 from __future__ import annotations
