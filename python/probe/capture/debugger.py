@@ -246,7 +246,7 @@ class Debugger:
             DISPATCH.current = self._api
             # (overflow mode records only calls that overflowed: not those inside graphs)
             if self.config.api and self.config.mode != "overflow" and install_compiler_hook():
-                GRAPHS.current = self._graph_capture  # (hooked before any step: below)
+                GRAPHS.current = self._graph_capture  # (hooked at every start(): above)
             if measure:
                 self._files.pool.reset_peak()
                 self._recorder.stacks.miss_ns = 0

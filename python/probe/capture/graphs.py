@@ -244,7 +244,7 @@ class GraphCapture:
         #: Runs of compiled graphs that could not be instrumented, while capturing.
         self.missing = 0
         #: Nanoseconds spent compiling instrumented graphs (a one-time cost of the step that
-        #: first runs each: the forecast leaves it out). Reset by the Debugger.
+        #: first runs each: the forecast is taken on a later step). Reset by the Debugger.
         self.compile_ns = 0
 
     def run(self, graph: CompiledGraph, args: tuple[Any, ...]) -> Any:
