@@ -382,9 +382,12 @@ def update(loss: torch.Tensor, opt: torch.optim.Optimizer, scaler: Optional[Any]
     scaler.update()
 
 
-def inductor_fault(op: str, rel: float) -> None:
+def inductor_fault(op: str, rel: float) -> Callable[[], None]:
     """Inductor's decomposition of ``aten.<op>`` scaled by ``1 + rel``: a fault in compiled
-    code only (the eager kernel, and the compiled backward, are untouched)."""
+    code only (the eager kernel, and the compiled backward, are untouched). Returns its
+    undo (tests put the decomposition and the compile caches back)."""
+    import torch._functorch.config as aot_config
+    import torch._inductor.config as inductor_config
     from torch._inductor.decomposition import decompositions, fast_random_decomps
 
     overload = getattr(getattr(torch.ops.aten, op, None), "default", None)
@@ -398,11 +401,15 @@ def inductor_fault(op: str, rel: float) -> None:
     decompositions[overload] = faulty
     fast_random_decomps.cache_clear()  # Inductor's copy of the table, made once
     # The compile caches do not key on the decomposition table: a cached graph has no fault.
-    import torch._functorch.config as aot_config
-    import torch._inductor.config as inductor_config
+    caches = inductor_config.fx_graph_cache, aot_config.enable_autograd_cache
+    inductor_config.fx_graph_cache = aot_config.enable_autograd_cache = False
 
-    inductor_config.fx_graph_cache = False
-    aot_config.enable_autograd_cache = False
+    def undo() -> None:
+        decompositions[overload] = orig
+        fast_random_decomps.cache_clear()
+        inductor_config.fx_graph_cache, aot_config.enable_autograd_cache = caches
+
+    return undo
 
 
 def main(argv: Optional[list[str]] = None) -> int:

@@ -21,7 +21,7 @@ import torch.nn as nn
 import torch.nn.functional as F
 
 import probe
-from conftest import probe_bin, read_ops
+from conftest import load_example, probe_bin, read_ops
 
 dynamo = pytest.importorskip("torch._dynamo")
 from torch._dynamo.utils import counters  # noqa: E402
@@ -107,29 +107,6 @@ def _train(
     return losses, int(counters["stats"]["unique_graphs"]) - before
 
 
-def _gelu_fault() -> Callable[[], None]:
-    """Inductor's decomposition of ``aten.gelu`` off by 5 %; returns its undo."""
-    from torch._inductor.decomposition import decompositions, fast_random_decomps
-
-    import torch._functorch.config as aot_config
-    import torch._inductor.config as inductor_config
-
-    op = torch.ops.aten.gelu.default
-    orig = decompositions[op]
-    decompositions[op] = lambda *a, **k: orig(*a, **k) * 1.05
-    fast_random_decomps.cache_clear()  # Inductor's copy of the table, made once
-    # The compile caches do not key on the decomposition table: a cached graph has no fault.
-    caches = inductor_config.fx_graph_cache, aot_config.enable_autograd_cache
-    inductor_config.fx_graph_cache = aot_config.enable_autograd_cache = False
-
-    def undo() -> None:
-        decompositions[op] = orig
-        fast_random_decomps.cache_clear()
-        inductor_config.fx_graph_cache, aot_config.enable_autograd_cache = caches
-
-    return undo
-
-
 @pytest.fixture(scope="module")
 def runs(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
     root = tmp_path_factory.mktemp("compiled")
@@ -138,7 +115,7 @@ def runs(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
     # this one on two CPU cores). The graphs' backward is test_backward_of_an_inductor_graph.
     out["eager"] = _train(str(root / "eager"), compile=False)
     out["compiled"] = _train(str(root / "compiled"), compile=True)
-    undo = _gelu_fault()
+    undo = load_example().inductor_fault("gelu", 0.05)
     try:
         out["fault"] = _train(str(root / "fault"), compile=True)
     finally:

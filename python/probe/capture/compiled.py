@@ -88,6 +88,17 @@ def in_fake_mode() -> bool:
     return _get_mode is not None and _FAKE is not None and _get_mode(_FAKE) is not None
 
 
+def compiler_memory(storage: Any = None) -> bool:
+    """Whether a write to, or an allocation of, tensor memory is the compiler's, not the
+    model's: while Dynamo traces, or under a fake mode (AOT autograd and Inductor lower on
+    fake tensors), or on a ``meta`` storage (a fake tensor's: no memory behind it, and
+    reading its address is an error in newer PyTorch). The agent's memory wrappers
+    (``patcher.py``) track only the model's memory."""
+    if compiling() or in_fake_mode():
+        return True
+    return storage is not None and storage.device.type == "meta"
+
+
 def compiler_call(args: tuple[Any, ...]) -> bool:
     """Whether a call of a hooked API, with positional arguments ``args``, is made by
     ``torch.compile``, not by the model: AOT autograd and Inductor lower a graph by running

@@ -250,7 +250,7 @@ class Debugger:
             if measure:
                 self._files.pool.reset_peak()
                 self._recorder.stacks.miss_ns = 0
-                self._graph_capture.compile_ns = 0
+                self._graph_capture.compiled = False
                 if self._files.writer is not None:
                     self._files.writer.rewrite_ns = 0
                 DISPATCH.clock = self._meter.begin(setup)
@@ -285,7 +285,7 @@ class Debugger:
                 self._recorder.flush()
             t_sync = time.perf_counter_ns()
             self._files.sync()
-            if self._meter.clock is not None and self._graph_capture.compile_ns:
+            if self._meter.clock is not None and self._graph_capture.compiled:
                 # It compiled graphs with statistics (seconds, and the collections that came
                 # with them): not a step like the next ones; the next one is measured.
                 self._meter.clock = DISPATCH.clock = None

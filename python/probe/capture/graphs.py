@@ -33,7 +33,6 @@ import logging
 import os
 import sys
 import threading
-import time
 from typing import TYPE_CHECKING, Any, Callable, Optional
 
 import torch
@@ -138,7 +137,6 @@ class CompiledGraph:
         compile failed (logged once: the graph then runs uninstrumented)."""
         if self._tapped is None and not self._failed:
             assert self._gm is not None
-            t0 = time.perf_counter_ns()
             try:
                 self._tapped = self._compiler(self._gm, _fakes(self._specs))
             except Exception as exc:  # noqa: BLE001 - the model keeps running compiled
@@ -147,7 +145,7 @@ class CompiledGraph:
             self._gm = None  # compiled (or not): its copy is no longer needed
             cap = ACTIVE.current
             if cap is not None:
-                cap.compile_ns += time.perf_counter_ns() - t0
+                cap.compiled = True
         return self._tapped
 
 
@@ -243,9 +241,9 @@ class GraphCapture:
         self.graphs: set[int] = set()
         #: Runs of compiled graphs that could not be instrumented, while capturing.
         self.missing = 0
-        #: Nanoseconds spent compiling instrumented graphs (a one-time cost of the step that
-        #: first runs each: the forecast is taken on a later step). Reset by the Debugger.
-        self.compile_ns = 0
+        #: Whether this step compiled an instrumented graph (seconds, once per graph): the
+        #: forecast is then taken on a later step. Reset by the Debugger.
+        self.compiled = False
 
     def run(self, graph: CompiledGraph, args: tuple[Any, ...]) -> Any:
         """One captured run of ``graph``: the instrumented copy, then its records."""

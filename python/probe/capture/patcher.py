@@ -31,7 +31,7 @@ import torch
 
 from .._op_key import api_name
 from .._patch import Patches
-from .compiled import compiler_call, compiling, in_fake_mode, tracer_patches
+from .compiled import compiler_call, compiler_memory, compiling, tracer_patches
 from .forecast import AgentClock
 from .inplace import Inplace, is_inplace
 from .threadstate import graph_task_id, in_transform, tls
@@ -334,7 +334,7 @@ def _memory_patches() -> list[tuple[Any, str, Any]]:
 def _unversioned_write(orig: Callable[..., Any], at: tuple[int, ...]) -> Any:
     def run(*args: Any, **kwargs: Any) -> Any:
         out = orig(*args, **kwargs)
-        cap = None if compiling() or in_fake_mode() else DISPATCH.current
+        cap = None if compiler_memory() else DISPATCH.current
         if cap is not None:
             cap.tensors_written([args[i] for i in at if i < len(args)])
         return out
@@ -346,9 +346,7 @@ def _unversioned_write(orig: Callable[..., Any], at: tuple[int, ...]) -> Any:
 
 def _storage_write(orig: Callable[..., Any], grows: bool) -> Any:
     def run(storage: Any, *args: Any, **kwargs: Any) -> Any:
-        cap = None if compiling() or in_fake_mode() else DISPATCH.current
-        if cap is not None and storage.device.type == "meta":
-            cap = None  # the compiler's fake tensors: no memory behind them
+        cap = None if compiler_memory(storage) else DISPATCH.current
         if cap is not None:
             cap.memory_written(storage)
         out = orig(storage, *args, **kwargs)
@@ -364,7 +362,8 @@ def _storage_write(orig: Callable[..., Any], grows: bool) -> Any:
 def _allocator(orig: Callable[..., Any]) -> Any:
     def run(*args: Any, **kwargs: Any) -> Any:
         out = orig(*args, **kwargs)
-        if compiling() or not capturing() or in_fake_mode():
+        # Compiling first: Dynamo would turn a read of the flag into a guard (compiled.py).
+        if compiling() or not capturing() or compiler_memory():
             return out
         cap = DISPATCH.current
         if cap is not None and isinstance(out, torch.Tensor):
