@@ -192,18 +192,38 @@ pub(crate) fn loose_equal(a: &str, b: &str) -> bool {
     matches!((bool_of(a), bool_of(b)), (Some(x), Some(y)) if x == y)
 }
 
+/// The level of a difference in `key` of category `c` whose two values are `bench` and
+/// `cmp` (None: the key is on one side only), by the rules of docs/config-check.md,
+/// "Verdicts". One function for a pair of packs and for the peers of a job's ranks
+/// (`ranks/peers.rs`), so the two verdicts cannot drift apart.
+pub(crate) fn severity(c: Category, key: &str, bench: Option<&str>, cmp: Option<&str>) -> Level {
+    let one_sided = bench.is_none() || cmp.is_none();
+    match c {
+        Category::Env if matches_any(rules::ENV_PRECISION, key) => Level::Error,
+        Category::Env => Level::Warning,
+        Category::Packages => match key {
+            "python.version" => match (bench, cmp) {
+                (Some(a), Some(b)) if major_minor(a) == major_minor(b) => Level::Warning,
+                (Some(_), Some(_)) => Level::Error,
+                _ => Level::Warning,
+            },
+            "accelerator.torch" | "accelerator.torch_npu" | "accelerator.cann" if !one_sided => {
+                Level::Error
+            }
+            "torch" => Level::Error,
+            k if !one_sided && rules::KEY_PACKAGES.contains(&k) => Level::Error,
+            _ => Level::Warning,
+        },
+        Category::Determinism | Category::Hyperparameters if one_sided => Level::Warning,
+        _ => Level::Error,
+    }
+}
+
 fn env_items(ctx: &Ctx, b: &BTreeMap<String, String>, c: &BTreeMap<String, String>) -> Vec<Item> {
-    let level = |k: &str| {
-        if matches_any(rules::ENV_PRECISION, k) {
-            Level::Error
-        } else {
-            Level::Warning
-        }
-    };
     let spec = MapSpec {
         cat: Category::Env,
-        diff: &|k, _, _| level(k),
-        missing: &level,
+        diff: &|k, x, y| severity(Category::Env, k, Some(x), Some(y)),
+        missing: &|k| severity(Category::Env, k, None, None),
         platform_key: &|k| matches_any(rules::ENV_PLATFORM, k),
         platform_diff: &|_, _, _| false,
         equal: &|_, x, y| x == y,
@@ -225,23 +245,10 @@ fn packages_items(ctx: &Ctx, b: &Pack, c: &Pack, notes: &mut Vec<String>) -> Opt
         let flat = |d: &BTreeMap<String, (String, String)>| -> BTreeMap<String, String> {
             d.iter().map(|(k, (_, v))| (k.clone(), v.clone())).collect()
         };
-        let key_level = |k: &str| {
-            if rules::KEY_PACKAGES.contains(&k) {
-                Level::Error
-            } else {
-                Level::Warning
-            }
-        };
         let spec = MapSpec {
             cat: Category::Packages,
-            diff: &|k, _, _| key_level(k),
-            missing: &|k| {
-                if k == "torch" {
-                    Level::Error
-                } else {
-                    Level::Warning
-                }
-            },
+            diff: &|k, x, y| severity(Category::Packages, k, Some(x), Some(y)),
+            missing: &|k| severity(Category::Packages, k, None, None),
             platform_key: &|k| matches_any(rules::PACKAGES_PLATFORM, k),
             platform_diff: &|_, x, y| strip_local(x) == strip_local(y),
             equal: &|_, x, y| x == y,
@@ -261,13 +268,8 @@ fn packages_items(ctx: &Ctx, b: &Pack, c: &Pack, notes: &mut Vec<String>) -> Opt
         any = true;
         let spec = MapSpec {
             cat: Category::Packages,
-            diff: &|k, x, y| match k {
-                "python.version" if major_minor(x) == major_minor(y) => Level::Warning,
-                "python.version" => Level::Error,
-                "accelerator.torch" | "accelerator.torch_npu" | "accelerator.cann" => Level::Error,
-                _ => Level::Warning,
-            },
-            missing: &|_| Level::Warning,
+            diff: &|k, x, y| severity(Category::Packages, k, Some(x), Some(y)),
+            missing: &|k| severity(Category::Packages, k, None, None),
             platform_key: &|k| k.starts_with("accelerator."),
             platform_diff: &|k, x, y| {
                 if k == "accelerator.torch" {
@@ -292,8 +294,8 @@ fn determinism_items(
 ) -> Vec<Item> {
     let spec = MapSpec {
         cat: Category::Determinism,
-        diff: &|_, _, _| Level::Error,
-        missing: &|_| Level::Warning,
+        diff: &|k, x, y| severity(Category::Determinism, k, Some(x), Some(y)),
+        missing: &|k| severity(Category::Determinism, k, None, None),
         platform_key: &|k| {
             matches_any(
                 &[
@@ -339,8 +341,8 @@ fn hyper_items(
     };
     let spec = MapSpec {
         cat: Category::Hyperparameters,
-        diff: &|_, _, _| Level::Error,
-        missing: &|_| Level::Warning,
+        diff: &|k, x, y| severity(Category::Hyperparameters, k, Some(x), Some(y)),
+        missing: &|k| severity(Category::Hyperparameters, k, None, None),
         platform_key: &|_| false,
         platform_diff: &|_, _, _| false,
         equal: &|_, x, y| loose_equal(x, y),

@@ -15,10 +15,10 @@
 //! The dataset is never compared across peers (each rank reads its own shard): it is
 //! compared bench rank i against cmp rank i.
 
-use super::super::check::{major_minor, status_of};
+use super::super::check::{severity, status_of};
 use super::super::pack::Pack;
 use super::super::random::{untouched, use_of};
-use super::super::rules::{self, matches_any, Level, Rules};
+use super::super::rules::Rules;
 use super::super::{Category, Status};
 use serde::Serialize;
 use std::collections::{BTreeMap, HashMap};
@@ -345,7 +345,7 @@ impl Peers {
                     continue;
                 }
                 let ranks: Vec<u64> = g.ranks.iter().map(|&i| self.ranks[i as usize]).collect();
-                let lvl = level(c, &item, reference.value.as_deref(), g.value.as_deref());
+                let lvl = severity(c, &item, reference.value.as_deref(), g.value.as_deref());
                 let status = rules.rule_level(c, &item).map_or(status_of(lvl), status_of);
                 let others = of - g.ranks.len();
                 let detail = if strict {
@@ -380,31 +380,6 @@ impl Peers {
         }
         out.sort_by(|a, b| (a.category, &a.item, &a.ranks).cmp(&(b.category, &b.item, &b.ranks)));
         (out, varies)
-    }
-}
-
-/// The level of a difference between peers, by the rules of a difference between two packs
-/// of one platform (docs/config-check.md, "Verdicts").
-fn level(c: Category, key: &str, reference: Option<&str>, value: Option<&str>) -> Level {
-    let one_sided = reference.is_none() || value.is_none();
-    match c {
-        Category::Env if matches_any(rules::ENV_PRECISION, key) => Level::Error,
-        Category::Env => Level::Warning,
-        Category::Packages => match key {
-            "python.version" => match (reference, value) {
-                (Some(a), Some(b)) if major_minor(a) == major_minor(b) => Level::Warning,
-                (Some(_), Some(_)) => Level::Error,
-                _ => Level::Warning,
-            },
-            "accelerator.torch" | "accelerator.torch_npu" | "accelerator.cann" if !one_sided => {
-                Level::Error
-            }
-            "torch" => Level::Error,
-            k if !one_sided && rules::KEY_PACKAGES.contains(&k) => Level::Error,
-            _ => Level::Warning,
-        },
-        Category::Determinism | Category::Hyperparameters if one_sided => Level::Warning,
-        _ => Level::Error,
     }
 }
 
