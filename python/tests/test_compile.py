@@ -368,3 +368,49 @@ def test_the_gradients_of_a_tuple_output_reach_the_backward_record(tmp_path: Any
         timeout=300,
     )
     assert r.returncode == 0, r.stdout + r.stderr
+
+
+def _expected_row(x: torch.Tensor) -> list[float]:
+    """``[max, min, sum, norm, NaN, Inf]`` of ``x`` computed in float64 on the host,
+    PyTorch's rule for a tensor holding NaN (NaN max, min, sum and norm)."""
+    v = [float(e) for e in x.double().flatten().tolist()]
+    n_nan = sum(1 for e in v if e != e)
+    n_inf = sum(1 for e in v if e in (float("inf"), float("-inf")))
+    if n_nan:
+        nan = float("nan")
+        return [nan, nan, nan, nan, float(n_nan), float(n_inf)]
+    return [max(v), min(v), sum(v), sum(e * e for e in v) ** 0.5, 0.0, float(n_inf)]
+
+
+def test_a_tap_is_the_tensor_statistics_in_eager_and_inductor_code() -> None:
+    """A graph tap's row, called eagerly and compiled by Inductor, holds each number in its
+    own column: a NaN or an Inf in one statistic stays out of the others' columns (the row
+    is built by selecting, which a product would not keep), the counts count, and a
+    gradient's row (``came``) ends in a 1."""
+    from probe.capture.graph_taps import tap
+
+    g = torch.Generator().manual_seed(3)
+    finite = torch.randn(7, 9, generator=g)
+    with_nan = finite.clone()
+    with_nan[2, 3] = float("nan")
+    with_inf = finite.clone()
+    with_inf[0, 1] = float("inf")
+    with_inf[4, 4] = float("-inf")
+    cases = [finite, with_nan, with_inf, finite > 0]
+
+    def rows(*xs: torch.Tensor) -> list[torch.Tensor]:
+        return [tap(x) for x in xs] + [tap(xs[0], came=True)]
+
+    dynamo.reset()
+    for got in (rows(*cases), torch.compile(rows, backend="inductor")(*cases)):
+        for x, row in zip(cases, got):
+            want = _expected_row(x.float())
+            assert row.dtype == torch.float64 and row.shape == (6,)
+            for a, b in zip(row.tolist(), want):
+                assert (a != a and b != b) or a == pytest.approx(b, rel=1e-12, abs=1e-12), (
+                    row,
+                    want,
+                )
+        grad_row = got[-1].tolist()
+        assert len(grad_row) == 7 and grad_row[6] == 1.0
+        assert grad_row[:6] == pytest.approx(_expected_row(finite), rel=1e-12)

@@ -42,7 +42,7 @@ _sqrt = torch.sqrt
 _where = torch.where
 _abs = torch.abs
 _stack = torch.stack
-_cat = torch.cat
+_arange = torch.arange
 _ones = torch.ones
 _unbind = torch.unbind
 _to = torch.Tensor.to
@@ -56,28 +56,41 @@ _INF = float("inf")
 COLUMNS = 6
 
 
-def tap(x: torch.Tensor) -> torch.Tensor:
-    """``[max, min, sum, norm, NaN count, Inf count]`` of ``x`` in float64: the statistics
-    the eager agent records, traced into the compiled graph. Max and min are exact; the sum
-    and the sum of squares accumulate in float64 (at least as accurate as the eager
-    reductions); NaN and Inf are counted as sums of 0/1 in float64 (exact to 2**53), not by
-    ``isnan(x).sum()``, whose bool-to-int64 reduction Inductor's CPU code does not vectorize
-    (2.5x the whole tap on a 512K-element activation). Inductor fuses the six reductions
-    into one pass over ``x``."""
+def tap(x: torch.Tensor, came: bool = False) -> torch.Tensor:
+    """``[max, min, sum, norm, NaN count, Inf count]`` of ``x`` in float64 (then a 1 when
+    ``came``: a gradient's row of the sink, :data:`GRAD_COLUMNS`): the statistics the eager
+    agent records, traced into the compiled graph.
+
+    Max and min are exact; the sum and the sum of squares accumulate in float64 (at least as
+    accurate as the eager reductions); NaN and Inf are counted as sums of 0/1 in float64
+    (exact to 2**53), not by ``isnan(x).sum()``, whose bool-to-int64 reduction Inductor's
+    CPU code does not vectorize (2.5x the whole tap on a 512K-element activation). Inductor
+    fuses the six reductions into one pass over ``x``.
+
+    The numbers are put in a row by one pointwise selection, not by ``stack``: Inductor
+    writes each input of a ``stack`` in place as a view of its output, a
+    ``reinterpret_tensor`` in the graph's host code per number and tap. The selection takes
+    a tap's host code from ~28 lines to ~11 and its cost on CPU from ~8 to ~5 us
+    (docs/performance.md, "Capture inside compiled graphs")."""
     x = _detach(x)
     if x.dtype is _BOOL:
         x = _to(x, _F32)  # max = any, min = all, as the eager statistics
     d = _to(x, _F64)
-    return _stack(
-        [
-            _to(_amax(x), _F64),
-            _to(_amin(x), _F64),
-            _sum(d),
-            _sqrt(_sum(d * d)),
-            _sum(_to(_where(x != x, 1.0, 0.0), _F64)),
-            _sum(_to(_where(_abs(x) == _INF, 1.0, 0.0), _F64)),
-        ]
-    )
+    parts = [
+        _to(_amax(x), _F64),
+        _to(_amin(x), _F64),
+        _sum(d),
+        _sqrt(_sum(d * d)),
+        _sum(_to(_where(x != x, 1.0, 0.0), _F64)),
+        _sum(_to(_where(_abs(x) == _INF, 1.0, 0.0), _F64)),
+    ]
+    if came:
+        parts.append(_ones((), dtype=_F64, device=x.device))
+    column = _arange(len(parts), device=x.device)
+    row = parts[-1]
+    for i in range(len(parts) - 2, -1, -1):
+        row = _where(column == i, parts[i], row)  # (a select, not a product: NaN stays put)
+    return row
 
 
 class _GradTap(torch.autograd.Function):
@@ -92,7 +105,7 @@ class _GradTap(torch.autograd.Function):
 
     @staticmethod
     def backward(ctx: Any, g: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        return g, _cat([tap(g), _ones(1, dtype=_F64, device=g.device)])
+        return g, tap(g, came=True)
 
 
 def grad_tap(x: torch.Tensor, row: torch.Tensor) -> torch.Tensor:
