@@ -57,7 +57,7 @@ enum Cmd {
     /// from the dumped tensors, through the capture agent's Python (`python -m
     /// probe.replay`). Exit 0 within tolerance, 1 reproduces, 2 bad input, 3 nothing
     /// replayable. See docs/replay.md.
-    Replay(ReplayArgs),
+    Replay(probe::replay::ReplayRequest),
     /// Golden baselines for a CI gate: accept a dump (with its config pack and calibration
     /// file) as the benchmark, recording when and why; `probe compare -b DIR` reads it.
     /// See docs/ci.md.
@@ -721,103 +721,10 @@ fn run_compare(a: CompareArgs) -> Result<u8, ProbeError> {
     Ok(print_compare(&summary, a.quiet))
 }
 
-#[derive(clap::Args)]
-struct ReplayArgs {
-    /// Benchmark dump (the trusted run): a dump root, a step<S> or a rank<R> folder.
-    #[arg(short = 'b', long = "bench", value_name = "DUMP")]
-    bench: Option<PathBuf>,
-    /// Comparison dump (the run under suspicion).
-    #[arg(short = 'c', long = "cmp", value_name = "DUMP")]
-    cmp: Option<PathBuf>,
-    /// A probe compare's output folder: its summary.json names the dumps (unless -b/-c
-    /// are given) and the first divergent op.
-    #[arg(long = "from", value_name = "OUT")]
-    from: Option<PathBuf>,
-    /// The op to replay (repeatable), e.g. Functional.linear.2.forward. Default: the
-    /// compare's first divergent op (forward, and backward in the same step and rank).
-    #[arg(long = "op", value_name = "KEY")]
-    ops: Vec<String>,
-    /// Output folder for replay.json and the repro folders (recapture.json when the
-    /// dumps lack the op's tensors).
-    #[arg(short = 'o', long = "out", value_name = "DIR")]
-    out: PathBuf,
-    /// Device to replay on: cpu, cuda or npu (default: the Python's choice).
-    #[arg(long, value_name = "DEVICE")]
-    device: Option<probe::replay::Device>,
-    /// A Python file run before the replay (imports that register custom ops); also
-    /// PROBE_REPLAY_PRELUDE.
-    #[arg(long, value_name = "FILE.py")]
-    prelude: Option<PathBuf>,
-    /// The Python to replay with (default: $PROBE_PYTHON, the Python beside probe, then
-    /// python3 on PATH); it must import torch and probe.
-    #[arg(long, value_name = "PATH")]
-    python: Option<PathBuf>,
-    /// The step (default: where the compare named the op).
-    #[arg(long, value_name = "S")]
-    step: Option<u64>,
-    /// The rank (default: where the compare named the op).
-    #[arg(long, value_name = "R")]
-    rank: Option<u64>,
-    /// Relative tolerance of the replay's check (default: the Python's, by dtype).
-    #[arg(long, value_name = "X")]
-    rtol: Option<f64>,
-    /// Absolute tolerance of the replay's check.
-    #[arg(long, value_name = "Y")]
-    atol: Option<f64>,
-    /// No progress on stderr; probe's own lines on stdout too are left out.
-    #[arg(short, long)]
-    quiet: bool,
-}
-
-fn run_replay(a: ReplayArgs) -> Result<u8, ProbeError> {
-    use probe::replay::{replay, ReplayRequest, Replayed};
-    let req = ReplayRequest {
-        bench: a.bench,
-        cmp: a.cmp,
-        from: a.from,
-        ops: a.ops,
-        out: a.out,
-        device: a.device,
-        prelude: a.prelude,
-        python: a.python,
-        step: a.step,
-        rank: a.rank,
-        rtol: a.rtol,
-        atol: a.atol,
-        quiet: a.quiet,
-    };
-    let done = replay(&req, &Progress::for_stderr(a.quiet))?;
-    let p = |s: &str| report::printable(s);
-    let text = match &done {
-        Replayed::NoDivergentOp { headline } => {
-            format!("nothing to replay: no divergent op ({})\n", p(headline))
-        }
-        Replayed::NotReplayable { ops, at, recapture } => {
-            let mut t = String::new();
-            for (op, lacks) in ops {
-                t += &format!(
-                    "not replayable: {} ({}/{}): the dumps lack {lacks}\n",
-                    p(op),
-                    p(&at.0),
-                    p(&at.1)
-                );
-            }
-            if let Some(path) = recapture {
-                let path = p(&path.display().to_string());
-                let keys: String = ops.iter().map(|(o, _)| format!(" --op {}", p(o))).collect();
-                t += &format!(
-                    "recapture: {path}: capture both runs again with PROBE_CONFIG={path} (tensor mode, {}/{} only), then probe replay -b NEW_BENCH -c NEW_CMP{keys} -o {}\n",
-                    p(&at.0),
-                    p(&at.1),
-                    p(&req.out.display().to_string())
-                );
-            }
-            t
-        }
-        Replayed::Ran { .. } => String::new(),
-    };
-    if !a.quiet {
-        stdout(&text);
+fn run_replay(req: probe::replay::ReplayRequest) -> Result<u8, ProbeError> {
+    let done = probe::replay::replay(&req, &Progress::for_stderr(req.quiet))?;
+    if !req.quiet {
+        stdout(&done.message(&req.out));
     }
     Ok(done.exit_code())
 }

@@ -12,6 +12,7 @@
 
 use serde::{Deserialize, Serialize};
 use std::fmt;
+use std::sync::LazyLock;
 
 /// Forward or backward.
 #[derive(
@@ -492,61 +493,33 @@ pub(crate) enum Randomness {
     WhenDropoutActive,
 }
 
+/// The lists of ops that draw random numbers, `python/probe/random_ops.json`: one file that
+/// compare (here) and replay (`python/probe/replay/spec.py`) both read, so the two cannot
+/// disagree on which ops are random.
+#[derive(Deserialize)]
+struct RandomOps {
+    apis: Vec<String>,
+    modules: Vec<String>,
+    dropout_when_active: Vec<String>,
+}
+
+fn random_ops() -> RandomOps {
+    // Built into the binary and tested (`the_random_op_lists_parse`): not an input.
+    serde_json::from_str(include_str!("../python/probe/random_ops.json"))
+        .expect("python/probe/random_ops.json is valid")
+}
+
 /// The APIs that draw random numbers, as `Type.api` with `*` for any characters: the one
 /// list the localiser reads (docs/compare.md, "Random ops"). Forward calls only: a backward
 /// call reuses its forward call's mask.
-pub(crate) const RANDOM_APIS: &[&str] = &[
-    "Functional.*dropout*",
-    "Functional.rrelu*",
-    "Functional.gumbel_softmax",
-    "Torch.rand*",
-    "Torch.*dropout*",
-    "Torch.bernoulli",
-    "Torch.binomial",
-    "Torch.multinomial",
-    "Torch.normal",
-    "Torch.poisson",
-    "Torch.rrelu*",
-    "Tensor.bernoulli*",
-    "Tensor.multinomial",
-    "Tensor.normal_",
-    "Tensor.uniform_",
-    "Tensor.random_",
-    "Tensor.exponential_",
-    "Tensor.cauchy_",
-    "Tensor.log_normal_",
-    "Tensor.geometric_",
-    "Aten.*dropout*",
-    "Aten.rand*",
-    "Aten.bernoulli*",
-    "Aten.normal*",
-    "Aten.uniform*",
-    "Aten.multinomial",
-    "Aten.exponential*",
-    "NPU.*dropout*",
-];
+pub(crate) static RANDOM_APIS: LazyLock<Vec<String>> = LazyLock::new(|| random_ops().apis);
 
 /// Module classes that draw random numbers (`Module.drop.Dropout.forward.0`).
-pub(crate) const RANDOM_MODULES: &[&str] = &[
-    "Dropout",
-    "Dropout1d",
-    "Dropout2d",
-    "Dropout3d",
-    "AlphaDropout",
-    "FeatureAlphaDropout",
-    "RReLU",
-];
+pub(crate) static RANDOM_MODULES: LazyLock<Vec<String>> = LazyLock::new(|| random_ops().modules);
 
 /// APIs and module classes that draw random numbers only when their dropout is active.
-pub(crate) const DROPOUT_WHEN_ACTIVE: &[&str] = &[
-    "Functional.scaled_dot_product_attention",
-    "Functional.multi_head_attention_forward",
-    "Torch._scaled_dot_product_*attention*",
-    "Aten._scaled_dot_product_*attention*",
-    "NPU.npu_fusion_attention*",
-    "NPU.npu_flash_attention*",
-    "MultiheadAttention",
-];
+pub(crate) static DROPOUT_WHEN_ACTIVE: LazyLock<Vec<String>> =
+    LazyLock::new(|| random_ops().dropout_when_active);
 
 /// APIs that write their target (first argument) without reading it: what it held before,
 /// often memory just allocated, is not what they compute from. Matched as [`RANDOM_APIS`].
@@ -630,10 +603,11 @@ impl<S: AsRef<str>> Key<S> {
             Form::Module => self.base().rsplit('.').next().unwrap_or(""),
             Form::ParametersGrad | Form::Other => return Randomness::None,
         };
-        let any = |list: &[&str]| list.iter().any(|p| wildcard(p, name));
-        if any(RANDOM_APIS) || (self.parts.form == Form::Module && RANDOM_MODULES.contains(&name)) {
+        let any = |list: &[String]| list.iter().any(|p| wildcard(p, name));
+        let module = self.parts.form == Form::Module && RANDOM_MODULES.iter().any(|m| m == name);
+        if any(&RANDOM_APIS) || module {
             Randomness::Always
-        } else if any(DROPOUT_WHEN_ACTIVE) {
+        } else if any(&DROPOUT_WHEN_ACTIVE) {
             Randomness::WhenDropoutActive
         } else {
             Randomness::None
@@ -661,6 +635,24 @@ impl<'de> Deserialize<'de> for OpKey {
 
 #[cfg(test)]
 mod tests {
+    #[test]
+    fn the_random_op_lists_parse() {
+        use super::{OpKey, Randomness, DROPOUT_WHEN_ACTIVE, RANDOM_APIS, RANDOM_MODULES};
+        assert!(RANDOM_APIS.iter().any(|p| p == "Tensor.normal_"));
+        assert!(RANDOM_MODULES.iter().any(|m| m == "Dropout"));
+        assert!(DROPOUT_WHEN_ACTIVE
+            .iter()
+            .any(|p| p == "MultiheadAttention"));
+        let random = |k: &str| OpKey::parse(k).randomness();
+        assert_eq!(random("Functional.dropout.0.forward"), Randomness::Always);
+        assert_eq!(random("Module.drop.Dropout.forward.0"), Randomness::Always);
+        assert_eq!(
+            random("Functional.scaled_dot_product_attention.0.forward"),
+            Randomness::WhenDropoutActive
+        );
+        assert_eq!(random("Functional.gelu.0.forward"), Randomness::None);
+    }
+
     #[test]
     fn module_records_split_into_path_and_class() {
         use super::{module_class, module_path};

@@ -62,35 +62,53 @@ impl std::str::FromStr for Device {
     }
 }
 
-/// What `probe replay` was asked to do.
-#[derive(Debug, Clone, Default)]
+/// What `probe replay` was asked to do: its command line (declared here: `main.rs` only
+/// dispatches).
+#[derive(Debug, Clone, Default, clap::Args)]
 pub struct ReplayRequest {
-    /// The benchmark dump (`-b`; with `--from`, instead of the one its summary names).
+    /// Benchmark dump (the trusted run): a dump root, a step<S> or a rank<R> folder.
+    #[arg(short = 'b', long = "bench", value_name = "DUMP")]
     pub bench: Option<PathBuf>,
-    /// The comparison dump (`-c`).
+    /// Comparison dump (the run under suspicion).
+    #[arg(short = 'c', long = "cmp", value_name = "DUMP")]
     pub cmp: Option<PathBuf>,
-    /// A compare's output folder (`--from`): its `summary.json` names the dumps and the
-    /// first divergent op.
+    /// A probe compare's output folder: its summary.json names the dumps (unless -b/-c
+    /// are given) and the first divergent op.
+    #[arg(long = "from", value_name = "OUT")]
     pub from: Option<PathBuf>,
-    /// The ops to replay (`--op`); empty: the compare's first divergent op.
+    /// The op to replay (repeatable), e.g. Functional.linear.2.forward. Default: the
+    /// compare's first divergent op (forward, and backward in the same step and rank).
+    #[arg(long = "op", value_name = "KEY")]
     pub ops: Vec<String>,
-    /// The output folder (`-o`), written by the Python.
+    /// Output folder for replay.json and the repro folders (recapture.json when the
+    /// dumps lack the op's tensors).
+    #[arg(short = 'o', long = "out", value_name = "DIR")]
     pub out: PathBuf,
-    /// The device to replay on (None: the Python's default).
+    /// Device to replay on: cpu, cuda or npu (default: the Python's choice).
+    #[arg(long, value_name = "DEVICE")]
     pub device: Option<Device>,
-    /// A Python file run before the replay (`--prelude`: imports, registrations).
+    /// A Python file run before the replay (imports that register custom ops); also
+    /// PROBE_REPLAY_PRELUDE.
+    #[arg(long, value_name = "FILE.py")]
     pub prelude: Option<PathBuf>,
-    /// The Python to run (`--python`).
+    /// The Python to replay with (default: $PROBE_PYTHON, the Python beside probe, then
+    /// python3 on PATH); it must import torch and probe.
+    #[arg(long, value_name = "PATH")]
     pub python: Option<PathBuf>,
     /// The step (default: where the compare named the op).
+    #[arg(long, value_name = "S")]
     pub step: Option<u64>,
     /// The rank (default: where the compare named the op).
+    #[arg(long, value_name = "R")]
     pub rank: Option<u64>,
-    /// Tolerances passed on (`--rtol`, `--atol`).
+    /// Relative tolerance of the replay's check (default: the Python's, by dtype).
+    #[arg(long, value_name = "X")]
     pub rtol: Option<f64>,
-    /// See `rtol`.
+    /// Absolute tolerance of the replay's check.
+    #[arg(long, value_name = "Y")]
     pub atol: Option<f64>,
-    /// No progress lines on stderr.
+    /// No progress on stderr; probe's own lines on stdout too are left out.
+    #[arg(short, long)]
     pub quiet: bool,
 }
 
@@ -120,6 +138,41 @@ pub enum Replayed {
 }
 
 impl Replayed {
+    /// What `probe replay` prints on stdout for this end (a replay that ran prints its
+    /// own lines as it goes); every string from the dumps is made printable. `out`: the
+    /// output folder, named in the recapture command.
+    pub fn message(&self, out: &Path) -> String {
+        let p = |s: &str| crate::report::printable(s);
+        match self {
+            Replayed::NoDivergentOp { headline } => {
+                format!("nothing to replay: no divergent op ({})\n", p(headline))
+            }
+            Replayed::NotReplayable { ops, at, recapture } => {
+                let mut t = String::new();
+                for (op, lacks) in ops {
+                    t += &format!(
+                        "not replayable: {} ({}/{}): the dumps lack {lacks}\n",
+                        p(op),
+                        p(&at.0),
+                        p(&at.1)
+                    );
+                }
+                if let Some(path) = recapture {
+                    let path = p(&path.display().to_string());
+                    let keys: String = ops.iter().map(|(o, _)| format!(" --op {}", p(o))).collect();
+                    t += &format!(
+                        "recapture: {path}: capture both runs again with PROBE_CONFIG={path} (tensor mode, {}/{} only), then probe replay -b NEW_BENCH -c NEW_CMP{keys} -o {}\n",
+                        p(&at.0),
+                        p(&at.1),
+                        p(&out.display().to_string())
+                    );
+                }
+                t
+            }
+            Replayed::Ran { .. } => String::new(),
+        }
+    }
+
     /// The exit code of `probe replay`.
     pub fn exit_code(&self) -> u8 {
         match self {

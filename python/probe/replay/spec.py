@@ -20,6 +20,8 @@ literals. The rules (docs/replay.md, "What can be replayed"):
 from __future__ import annotations
 
 import fnmatch
+import json
+import os
 import re
 from typing import Any, Optional
 
@@ -52,38 +54,12 @@ MODULES = {
     "Tanhshrink",
 }
 
-#: Random APIs (compare's RANDOM_APIS, docs/compare.md "Random ops") and, per pattern, the
-#: arguments that switch the draw off: name -> (position, value that means off).
-RANDOM = (
-    "Functional.*dropout*",
-    "Functional.rrelu*",
-    "Functional.gumbel_softmax",
-    "Torch.rand*",
-    "Torch.*dropout*",
-    "Torch.bernoulli",
-    "Torch.binomial",
-    "Torch.multinomial",
-    "Torch.normal",
-    "Torch.poisson",
-    "Torch.rrelu*",
-    "Tensor.bernoulli*",
-    "Tensor.multinomial",
-    "Tensor.normal_",
-    "Tensor.uniform_",
-    "Tensor.random_",
-    "Tensor.exponential_",
-    "Tensor.cauchy_",
-    "Tensor.log_normal_",
-    "Tensor.geometric_",
-    "Aten.*dropout*",
-    "Aten.rand*",
-    "Aten.bernoulli*",
-    "Aten.normal*",
-    "Aten.uniform*",
-    "Aten.multinomial",
-    "Aten.exponential*",
-    "NPU.*dropout*",
-)
+#: Random APIs: the list compare reads too (``probe/random_ops.json``, docs/compare.md
+#: "Random ops").
+with open(os.path.join(os.path.dirname(os.path.dirname(__file__)), "random_ops.json")) as _fh:
+    RANDOM: tuple[str, ...] = tuple(json.load(_fh)["apis"])
+#: Per pattern, the arguments that switch the draw off: name -> (position, value that means
+#: off).
 _SWITCHES: dict[str, dict[str, tuple[Optional[int], Any]]] = {
     "Functional.dropout*": {"p": (1, 0), "training": (2, False)},
     "Functional.scaled_dot_product_attention": {"dropout_p": (4, 0)},
