@@ -15,7 +15,7 @@ import torch
 import torch.nn.functional as F
 
 import probe
-from conftest import SCHEMAS, Tiny, load_example, probe_bin, read_ops
+from conftest import SCHEMAS, Tiny, compare_summary, load_example, probe_bin, read_ops
 from probe.capture import compiled
 
 dynamo = pytest.importorskip("torch._dynamo")
@@ -414,3 +414,70 @@ def test_a_tap_is_the_tensor_statistics_in_eager_and_inductor_code() -> None:
         grad_row = got[-1].tolist()
         assert len(grad_row) == 7 and grad_row[6] == 1.0
         assert grad_row[:6] == pytest.approx(_expected_row(finite), rel=1e-12)
+
+
+class _Broken(torch.nn.Module):
+    """Two compiled graphs with eager code between them: Dynamo breaks the graph at the
+    data-dependent branch on ``.item()``, which runs eagerly."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.a = torch.nn.Linear(8, 16)
+        self.b = torch.nn.Linear(16, 4)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        h = F.gelu(self.a(x))
+        if h.sum().item() > 0:  # the graph break
+            h = h * 2
+        else:
+            h = h - 1
+        return torch.tanh(self.b(h))
+
+
+def _dump_broken(path: str, backend: str) -> list[float]:
+    dynamo.reset()
+    probe.seed_all(0)
+    model = _Broken()
+    run = torch.compile(model, backend=backend) if backend else model
+    opt = torch.optim.SGD(model.parameters(), lr=0.1)
+    g = torch.Generator().manual_seed(5)
+    data = [torch.randn(6, 8, generator=g) for _ in range(2)]
+    dbg = probe.Debugger(None, dump_path=path, level="api")
+    losses = []
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        for x in data:
+            dbg.start(model)
+            opt.zero_grad()
+            loss = run(x).pow(2).mean()
+            loss.backward()
+            opt.step()
+            dbg.stop()
+            dbg.step()
+            losses.append(loss.item())
+    dbg.close()
+    return losses
+
+
+def test_a_graph_break_keeps_the_eager_order_of_the_calls(tmp_path: Any) -> None:
+    """A model whose graph breaks at ``.item()``: the calls of the two graphs and of the
+    eager code between them are recorded in the order the eager run records them, with
+    the same names and numbers, in both steps; compare of the two runs passes."""
+    eager, comp = str(tmp_path / "eager"), str(tmp_path / "compiled")
+    losses = _dump_broken(eager, "")
+    assert _dump_broken(comp, "aot_eager") == losses
+    for step in ("step0", "step1"):
+        want = read_ops(os.path.join(eager, step, "rank0"))
+        got = read_ops(os.path.join(comp, step, "rank0"))
+        forward = [o["op"] for o in want if o["op"].endswith(".forward")]
+        assert [o["op"] for o in got if o["op"].endswith(".forward")] == forward
+        # (no backward record of the ``sum`` read by ``.item()``: no gradient flows to it)
+        assert {o["op"] for o in got} == {o["op"] for o in want}
+        graphs = {o["graph"]["id"] for o in got if "graph" in o}
+        assert len(graphs) == 2, graphs  # both sides of the break were instrumented
+        assert "Functional.gelu.0.forward" in forward and "Torch.tanh.0.forward" in forward
+    with open(os.path.join(comp, "manifest.json")) as fh:
+        assert "compiled" not in json.load(fh)  # nothing compiled went unrecorded
+    code, s = compare_summary(eager, comp, str(tmp_path / "out"))
+    assert code == 0, s["headline"]
+    assert s["counts"]["unmatched_cmp"] == 0 and s["counts"]["unmatched_bench"] == 0, s["counts"]

@@ -166,6 +166,11 @@ class Plan:
     #: Rows of the ``probe_sink`` input (the graph's last; 0: none, a graph without
     #: gradients), ``[grad_rows, GRAD_COLUMNS]`` float64, whose gradient the backward fills.
     grad_rows: int = 0
+    #: Per row of the sink: the graph outputs its gradient flows from. A gradient comes
+    #: only where one of them got one: the compiled backward is handed zeros for an output
+    #: the loss does not depend on (a ``sum`` returned for an ``.item()``), where eager
+    #: autograd runs no backward at all (``graphs.py`` asks the outputs' hooks).
+    grad_reach: tuple[frozenset[int], ...] = ()
 
 
 #: ``operator`` functions Dynamo records for Python's operators on tensors, and the dunder
@@ -444,8 +449,10 @@ def instrument(
     if not calls:
         return NO_CALLS
     grad_rows = 0
+    reach: tuple[frozenset[int], ...] = ()
     if rows is not None:
-        calls, grad_rows = _insert_grad_taps(graph, b, rows, calls, sites)
+        calls, reach = _insert_grad_taps(graph, b, rows, calls, sites, _reach(graph))
+        grad_rows = len(reach)
     _insert_taps(graph, b.taps)
     out_node = next(n for n in graph.nodes if n.op == "output")
     user = out_node.args[0]
@@ -453,7 +460,7 @@ def instrument(
     produced = tuple(b.index.get(o) if isinstance(o, torch.fx.Node) else None for o in flat)
     graph.lint()
     gm.recompile()
-    return gm, Plan(tuple(b.values), tuple(calls), len(b.taps), produced, grad_rows)
+    return gm, Plan(tuple(b.values), tuple(calls), len(b.taps), produced, grad_rows, reach)
 
 
 def _needs_grad(node: Any) -> bool:
@@ -461,18 +468,44 @@ def _needs_grad(node: Any) -> bool:
     return isinstance(ex, torch.Tensor) and ex.requires_grad
 
 
+def _reach(graph: Any) -> dict[Any, frozenset[int]]:
+    """For each node, the positions of the graph's outputs that depend on it (through any
+    of its users): where a gradient of it can come from."""
+    reach: dict[Any, frozenset[int]] = {}
+    for node in reversed(graph.nodes):
+        if node.op == "output":
+            user = node.args[0]
+            flat = user if isinstance(user, (tuple, list)) else (user,)
+            for i, o in enumerate(flat):
+                if isinstance(o, torch.fx.Node):
+                    reach[o] = reach.get(o, frozenset()) | {i}
+            continue
+        mine = reach.get(node, frozenset())
+        for u in node.users:
+            mine |= reach.get(u, frozenset())
+        reach[node] = mine
+    return reach
+
+
 def _insert_grad_taps(
-    graph: Any, b: _Builder, rows: Any, calls: list[Call], sites: list[Any]
-) -> tuple[list[Call], int]:
+    graph: Any,
+    b: _Builder,
+    rows: Any,
+    calls: list[Call],
+    sites: list[Any],
+    reach: dict[Any, frozenset[int]],
+) -> tuple[list[Call], tuple[frozenset[int], ...]]:
     """Gradient taps (:func:`grad_tap`) around each call, for its backward record: on each
     output that requires grad, before all its uses (its gradient, summed over them, is what
     the eager backward record's ``input.k`` holds), and on each input that requires grad,
     for this call only (``output.j``: the gradient this call gives its input). Each tap
-    gets its own row of the sink. Returns the calls with their ``grads``, and the rows."""
+    gets its own row of the sink. Returns the calls with their ``grads``, and per row the
+    graph outputs its gradient comes from (``reach``: of the graph before the taps)."""
     node_of = {v: n for n, v in b.index.items()}
     current: dict[Any, Any] = {}  # a tapped output -> its tap, which its users now read
     count = 0
     out: list[Call] = []
+    came_from: list[frozenset[int]] = []
     for call, site in zip(calls, sites):
         grads: list[tuple[str, int, int]] = []
         for name, v in call.inputs:
@@ -485,6 +518,7 @@ def _insert_grad_taps(
                 tapped = graph.call_function(grad_tap, (cur, row))
             site.replace_input_with(cur, tapped)
             grads.append(("output" + name[len("input") :], count, v))
+            came_from.append(reach.get(site, frozenset()))  # (what the call's outputs reach)
             count += 1
         for name, v in call.outputs:
             n = node_of[v]
@@ -497,9 +531,10 @@ def _insert_grad_taps(
             n.replace_all_uses_with(tapped, delete_user_cb=lambda u, t=tapped: u is not t)
             current[n] = tapped
             grads.append(("input" + name[len("output") :], count, v))
+            came_from.append(reach.get(n, frozenset()))
             count += 1
         out.append(dataclasses.replace(call, grads=tuple(grads)))
-    return out, count
+    return out, tuple(came_from)
 
 
 def _tensor_args(a: Any, prefix: str) -> list[tuple[str, Any]]:

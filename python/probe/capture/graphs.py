@@ -228,6 +228,14 @@ def install_compiler_hook() -> bool:
         return True
 
 
+def _came(came: set[int], i: int, grad: Optional[torch.Tensor]) -> None:
+    """A graph output's gradient hook: output ``i`` got a gradient (autograd calls it
+    with None for an output the loss does not depend on, when another output's gradient
+    runs the graph's backward)."""
+    if grad is not None:
+        came.add(i)
+
+
 class GraphCapture:
     """Records the API calls of compiled graphs for one Debugger."""
 
@@ -273,9 +281,16 @@ class GraphCapture:
             with self._ctx.lock:
                 done = self.record(graph, real, stats)
             if sink is not None and done:
+                # Which outputs get a gradient: the compiled backward is handed zeros for
+                # the others, and the gradients that flow only from those are not
+                # recorded, as eager autograd never computes them (Plan.grad_reach).
+                came: set[int] = set()
+                for i, t in enumerate(user):
+                    if isinstance(t, torch.Tensor) and t.requires_grad:
+                        t.register_hook(functools.partial(_came, came, i))  # type: ignore[no-untyped-call]
                 # Its gradient comes once the graph's backward ran: the backward records.
                 sink.register_hook(  # type: ignore[no-untyped-call]
-                    functools.partial(self._grads, graph, done)
+                    functools.partial(self._grads, graph, done, came)
                 )
         except Exception as exc:  # noqa: BLE001
             self._ctx.guard.fail(exc, f"capturing compiled graph {graph.id}")
@@ -341,12 +356,15 @@ class GraphCapture:
         self,
         graph: CompiledGraph,
         calls: list[tuple[Call, str, Optional[str], Any]],
+        came: set[int],
         grad: torch.Tensor,
     ) -> None:
         """The sink's gradient arrived (the graph's backward ran): the backward records of
         its calls, last call first as a backward runs them. A row whose flag is 0 is a
-        gradient that never came (an output nothing used). The rows are read in one
-        transfer (on an accelerator, one sync per graph and step)."""
+        gradient that never came (an output nothing used); a row whose gradient could only
+        flow from graph outputs that ``came`` does not name holds the zeros the compiled
+        backward was handed for them (no record either, as in eager autograd). The rows
+        are read in one transfer (on an accelerator, one sync per graph and step)."""
         was = tls.active
         tls.active = False
         try:
@@ -365,6 +383,8 @@ class GraphCapture:
                         inp = name.startswith("input")
                         if values[COLUMNS] == 0.0 or not (c.inputs if inp else c.outputs):
                             continue
+                        if not plan.grad_reach[row] & came:
+                            continue  # only zeros handed in for outputs without gradient
                         value = plan.values[v]
                         stats: dict[str, Any] = {}
                         fill_stats(stats, values, 0, COLUMNS, value.numel)
