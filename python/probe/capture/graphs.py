@@ -270,6 +270,8 @@ class GraphCapture:
         finally:
             tls.active = was
         stats, user = out[-1], out[:-1]
+        if plan.uncaptured:
+            self.missing += 1  # bodies it could not instrument ran: their calls are missing
         tls.active = False
         try:
             with self._ctx.lock:
