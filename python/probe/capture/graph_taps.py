@@ -8,16 +8,21 @@ each node's module path (``nn_module_stack``) and source line (``stack_trace``).
 agent names the call (``Functional.gelu``, ``Tensor.__add__``), and adds to the graph, for
 every tensor those calls read or produce, a reduction to ``[max, min, sum, norm, NaN count,
 Inf count]`` in float64 (:func:`tap`), all stacked into one ``[rows, 6]`` tensor returned as
-one more output of the graph. The backend (Inductor) compiles the copy like the original:
-the six reductions of a tensor are fused into one pass over it, nothing is read back inside
-the graph (no host sync, no graph break), and the values are those the compiled code
-computed -- a fault in a compiled kernel is in them. For the backward records, each call's
+one more output of the graph. The backend (Inductor) compiles the copy like the original;
+each tap is one call of an opaque operator that reads the tensor the compiled code stored,
+so the model's own kernels are generated as without the agent (a tap fused into them
+changed their code, and the training's last bits: :func:`_opaque`). Nothing is read back
+inside the graph (no host sync, no graph break), and the values are those the compiled code
+computed -- a fault in a compiled kernel is in them. Bodies of activation checkpointing
+(and Dynamo's ``wrap``) are instrumented in place (:func:`_body`). For the backward records, each call's
 outputs and inputs that require grad pass through :func:`grad_tap`, whose backward writes
 the gradient's statistics into a row of one more argument, the sink: AOT autograd traces
 those into the compiled backward graph. :class:`Plan` says which record each row belongs
 to; ``graphs.py`` runs the copy on captured steps and writes the records.
 
-Not tapped: graphs with symbolic shapes (their sizes are only known when they run).
+Not tapped: graphs with symbolic shapes (their sizes are only known when they run), and
+the bodies of other higher-order operators (``torch.cond``, ``invoke_subgraph``, ...): a
+graph with such a body that calls hooked APIs says so (``Plan.uncaptured``).
 """
 
 from __future__ import annotations
@@ -60,18 +65,15 @@ _INF = float("inf")
 COLUMNS = 6
 
 
-def tap(x: torch.Tensor) -> torch.Tensor:
+def _reduce(x: torch.Tensor) -> torch.Tensor:
     """``[max, min, sum, norm, NaN count, Inf count]`` of ``x`` in float64: the statistics
-    the eager agent records, traced into the compiled graph. Max and min are exact; the sum
-    and the sum of squares accumulate in float64 (at least as accurate as the eager
-    reductions); NaN and Inf are counted as sums of 0/1 in float64 (exact to 2**53), not by
-    ``isnan(x).sum()``, whose bool-to-int64 reduction Inductor's CPU code does not vectorize
-    (2.5x the whole tap on a 512K-element activation). Inductor fuses the six reductions
-    into one pass over ``x``. Only functions bound before the agent's wrappers exist, no
-    Python operators: where the graph runs as Python (the ``eager`` backend), a gradient
-    tap's backward runs while capturing, and ``d * d`` was recorded as the model's
-    ``Tensor.__mul__``."""
-    x = _detach(x)
+    the eager agent records. Max and min are exact; the sum and the sum of squares
+    accumulate in float64 (at least as accurate as the eager reductions); NaN and Inf are
+    counted as sums of 0/1 in float64 (exact to 2**53), not by ``isnan(x).sum()``, whose
+    bool-to-int64 reduction Inductor's CPU code does not vectorize. Only functions bound
+    before the agent's wrappers exist, no Python operators: where the graph runs as Python
+    (the ``eager`` backend), a gradient tap's backward runs while capturing, and ``d * d``
+    was recorded as the model's ``Tensor.__mul__``."""
     if x.dtype is _BOOL:
         x = _to(x, _F32)  # max = any, min = all, as the eager statistics
     d = _to(x, _F64)
@@ -85,6 +87,52 @@ def tap(x: torch.Tensor) -> torch.Tensor:
             _sum(_to(_where(_eq(_abs(x), _INF), 1.0, 0.0), _F64)),
         ]
     )
+
+
+def _opaque() -> Optional[Any]:
+    """:func:`_reduce` as a custom operator (``probe::tap_stats``), which compilers call
+    as it is instead of fusing it into the kernels around it; None where this PyTorch has
+    no ``torch.library.custom_op`` (before 2.4: the taps are then traced as they are).
+
+    Why: traced as plain reductions, Inductor fused a tap into the kernel that produces or
+    reads its tensor, and that kernel's own code changed with it. In train_small's
+    SmallNet, the tap of the block's residual sum joined the kernel that computes that sum,
+    the final LayerNorm and the mean over tokens; the LayerNorm's reduction was generated
+    otherwise, and the logits of a captured step differed from the uncaptured run's in the
+    last bit (1.8e-7), then the gradients and every parameter after the update. Called as
+    an operator, a tap only reads a tensor the compiled code stored: what the model's
+    kernels compute is what they compute without the agent."""
+    custom_op = getattr(torch.library, "custom_op", None)
+    if custom_op is None:
+        return None
+    existing = getattr(getattr(torch.ops, "probe", None), "tap_stats", None)
+    if existing is not None:
+        return existing  # (this module loaded again: the operator is the process's)
+
+    def tap_stats(x: torch.Tensor) -> torch.Tensor:
+        return _reduce(x)
+
+    tap_stats.__annotations__ = {"x": torch.Tensor, "return": torch.Tensor}
+    op = custom_op("probe::tap_stats", mutates_args=())(tap_stats)
+
+    def fake(x: torch.Tensor) -> torch.Tensor:
+        return x.new_empty((COLUMNS,), dtype=_F64)
+
+    op.register_fake(fake)
+    return op
+
+
+_TAP_OP = _opaque()
+
+
+def tap(x: torch.Tensor) -> torch.Tensor:
+    """The statistics of ``x`` (:func:`_reduce`), traced into the compiled graph as one
+    call of an opaque operator (:func:`_opaque`): the compiled code stores ``x`` (as it
+    does for most tensors a recorded call reads or produces) and the tap reads it in its
+    own kernels, after the model's."""
+    x = _detach(x)
+    out: torch.Tensor = _TAP_OP(x) if _TAP_OP is not None else _reduce(x)
+    return out
 
 
 class _GradTap(torch.autograd.Function):
