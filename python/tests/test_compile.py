@@ -383,10 +383,10 @@ def _expected_row(x: torch.Tensor) -> list[float]:
 
 
 def test_a_tap_is_the_tensor_statistics_in_eager_and_inductor_code() -> None:
-    """A graph tap's row, called eagerly and compiled by Inductor, holds each number in its
-    own column: a NaN or an Inf in one statistic stays out of the others' columns (the row
-    is built by selecting, which a product would not keep), the counts count, and a
-    gradient's row (``came``) ends in a 1."""
+    """A graph tap's row, called eagerly and compiled by Inductor (as an opaque operator,
+    whose CPU kernel is the native one-pass kernel where it loaded), holds each number in
+    its own column: a NaN or an Inf in one statistic stays out of the others' columns, and
+    the counts count."""
     from probe.capture.graph_taps import tap
 
     g = torch.Generator().manual_seed(3)
@@ -399,21 +399,21 @@ def test_a_tap_is_the_tensor_statistics_in_eager_and_inductor_code() -> None:
     cases = [finite, with_nan, with_inf, finite > 0]
 
     def rows(*xs: torch.Tensor) -> list[torch.Tensor]:
-        return [tap(x) for x in xs] + [tap(xs[0], came=True)]
+        return [tap(x) for x in xs]
 
     dynamo.reset()
     for got in (rows(*cases), torch.compile(rows, backend="inductor")(*cases)):
         for x, row in zip(cases, got):
             want = _expected_row(x.float())
             assert row.dtype == torch.float64 and row.shape == (6,)
-            for a, b in zip(row.tolist(), want):
-                assert (a != a and b != b) or a == pytest.approx(b, rel=1e-12, abs=1e-12), (
+            # Max, min and the counts exact; the sum and the norm as float32 kernels
+            # accumulate them (within 1e-6 of the sum of magnitudes, the norm).
+            scale = [0.0, 0.0, x.float().abs().sum().item(), abs(want[3]), 0.0, 0.0]
+            for a, b, tol in zip(row.tolist(), want, scale):
+                assert (a != a and b != b) or a == pytest.approx(b, rel=0, abs=1e-6 * tol), (
                     row,
                     want,
                 )
-        grad_row = got[-1].tolist()
-        assert len(grad_row) == 7 and grad_row[6] == 1.0
-        assert grad_row[:6] == pytest.approx(_expected_row(finite), rel=1e-12)
 
 
 class _Broken(torch.nn.Module):

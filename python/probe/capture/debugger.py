@@ -483,7 +483,8 @@ class Debugger:
                 "compiled",
                 f"probe: compiled code (torch.compile, TorchScript) ran while capturing step "
                 f"{self.current_step} that the agent could not instrument (a graph compiled "
-                "before the Debugger existed or with symbolic shapes, TorchScript): its "
+                "before the Debugger existed or with symbolic shapes, the body of a "
+                "torch.cond or other higher-order operator, TorchScript): its "
                 "operators are missing from the dump. Create the Debugger before the model "
                 "first runs compiled, or capture the run without compiling, to record them.",
                 stacklevel=4,  # the caller of stop()

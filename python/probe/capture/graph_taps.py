@@ -8,16 +8,21 @@ each node's module path (``nn_module_stack``) and source line (``stack_trace``).
 agent names the call (``Functional.gelu``, ``Tensor.__add__``), and adds to the graph, for
 every tensor those calls read or produce, a reduction to ``[max, min, sum, norm, NaN count,
 Inf count]`` in float64 (:func:`tap`), all stacked into one ``[rows, 6]`` tensor returned as
-one more output of the graph. The backend (Inductor) compiles the copy like the original:
-the six reductions of a tensor are fused into one pass over it, nothing is read back inside
-the graph (no host sync, no graph break), and the values are those the compiled code
-computed -- a fault in a compiled kernel is in them. For the backward records, each call's
+one more output of the graph. The backend (Inductor) compiles the copy like the original;
+each tap is one call of an opaque operator that reads the tensor the compiled code stored,
+so the model's own kernels are generated as without the agent (a tap fused into them
+changed their code, and the training's last bits: :func:`_opaque`). Nothing is read back
+inside the graph (no host sync, no graph break), and the values are those the compiled code
+computed -- a fault in a compiled kernel is in them. Bodies of activation checkpointing
+(and Dynamo's ``wrap``) are instrumented in place (:func:`_body`). For the backward records, each call's
 outputs and inputs that require grad pass through :func:`grad_tap`, whose backward writes
 the gradient's statistics into a row of one more argument, the sink: AOT autograd traces
 those into the compiled backward graph. :class:`Plan` says which record each row belongs
 to; ``graphs.py`` runs the copy on captured steps and writes the records.
 
-Not tapped: graphs with symbolic shapes (their sizes are only known when they run).
+Not tapped: graphs with symbolic shapes (their sizes are only known when they run), and
+the bodies of other higher-order operators (``torch.cond``, ``invoke_subgraph``, ...): a
+graph with such a body that calls hooked APIs says so (``Plan.uncaptured``).
 """
 
 from __future__ import annotations
@@ -32,7 +37,7 @@ from typing import Any, Optional, Union
 import torch
 
 from .._op_key import api_name
-from .stats import STORABLE, dtype_name
+from .stats import STORABLE, dtype_name, stat_vector
 
 # Bound before any wrapper exists: the graph copy must call PyTorch's own functions.
 _amax = torch.amax
@@ -42,11 +47,15 @@ _sqrt = torch.sqrt
 _where = torch.where
 _abs = torch.abs
 _stack = torch.stack
-_arange = torch.arange
+_cat = torch.cat
 _ones = torch.ones
 _unbind = torch.unbind
+_mul = torch.mul
+_ne = torch.ne
+_eq = torch.eq
 _to = torch.Tensor.to
 _detach = torch.Tensor.detach
+_view_as = torch.Tensor.view_as
 _F64 = torch.float64
 _F32 = torch.float32
 _BOOL = torch.bool
@@ -56,41 +65,88 @@ _INF = float("inf")
 COLUMNS = 6
 
 
-def tap(x: torch.Tensor, came: bool = False) -> torch.Tensor:
-    """``[max, min, sum, norm, NaN count, Inf count]`` of ``x`` in float64 (then a 1 when
-    ``came``: a gradient's row of the sink, :data:`GRAD_COLUMNS`): the statistics the eager
-    agent records, traced into the compiled graph.
-
-    Max and min are exact; the sum and the sum of squares accumulate in float64 (at least as
-    accurate as the eager reductions); NaN and Inf are counted as sums of 0/1 in float64
-    (exact to 2**53), not by ``isnan(x).sum()``, whose bool-to-int64 reduction Inductor's
-    CPU code does not vectorize (2.5x the whole tap on a 512K-element activation). Inductor
-    fuses the six reductions into one pass over ``x``.
-
-    The numbers are put in a row by one pointwise selection, not by ``stack``: Inductor
-    writes each input of a ``stack`` in place as a view of its output, a
-    ``reinterpret_tensor`` in the graph's host code per number and tap. The selection takes
-    a tap's host code from ~28 lines to ~11 and its cost on CPU from ~8 to ~5 us
-    (docs/performance.md, "Capture inside compiled graphs")."""
-    x = _detach(x)
+def _reduce(x: torch.Tensor) -> torch.Tensor:
+    """``[max, min, sum, norm, NaN count, Inf count]`` of ``x`` in float64: the statistics
+    the eager agent records. Max and min are exact; the sum and the sum of squares
+    accumulate in float64 (at least as accurate as the eager reductions); NaN and Inf are
+    counted as sums of 0/1 in float64 (exact to 2**53), not by ``isnan(x).sum()``, whose
+    bool-to-int64 reduction Inductor's CPU code does not vectorize. Only functions bound
+    before the agent's wrappers exist, no Python operators: where the graph runs as Python
+    (the ``eager`` backend), a gradient tap's backward runs while capturing, and ``d * d``
+    was recorded as the model's ``Tensor.__mul__``."""
     if x.dtype is _BOOL:
         x = _to(x, _F32)  # max = any, min = all, as the eager statistics
     d = _to(x, _F64)
-    parts = [
-        _to(_amax(x), _F64),
-        _to(_amin(x), _F64),
-        _sum(d),
-        _sqrt(_sum(d * d)),
-        _sum(_to(_where(x != x, 1.0, 0.0), _F64)),
-        _sum(_to(_where(_abs(x) == _INF, 1.0, 0.0), _F64)),
-    ]
-    if came:
-        parts.append(_ones((), dtype=_F64, device=x.device))
-    column = _arange(len(parts), device=x.device)
-    row = parts[-1]
-    for i in range(len(parts) - 2, -1, -1):
-        row = _where(column == i, parts[i], row)  # (a select, not a product: NaN stays put)
-    return row
+    return _stack(
+        [
+            _to(_amax(x), _F64),
+            _to(_amin(x), _F64),
+            _sum(d),
+            _sqrt(_sum(_mul(d, d))),
+            _sum(_to(_where(_ne(x, x), 1.0, 0.0), _F64)),
+            _sum(_to(_where(_eq(_abs(x), _INF), 1.0, 0.0), _F64)),
+        ]
+    )
+
+
+def _opaque() -> Optional[Any]:
+    """:func:`_reduce` as a custom operator (``probe::tap_stats``), which compilers call
+    as it is instead of fusing it into the kernels around it; None where this PyTorch has
+    no ``torch.library.custom_op`` (before 2.4: the taps are then traced as they are).
+
+    Why: traced as plain reductions, Inductor fused a tap into the kernel that produces or
+    reads its tensor, and that kernel's own code changed with it. In train_small's
+    SmallNet, the tap of the block's residual sum joined the kernel that computes that sum,
+    the final LayerNorm and the mean over tokens; the LayerNorm's reduction was generated
+    otherwise, and the logits of a captured step differed from the uncaptured run's in the
+    last bit (1.8e-7), then the gradients and every parameter after the update. Called as
+    an operator, a tap only reads a tensor the compiled code stored: what the model's
+    kernels compute is what they compute without the agent."""
+    custom_op = getattr(torch.library, "custom_op", None)
+    if custom_op is None:
+        return None
+    existing = getattr(getattr(torch.ops, "probe", None), "tap_stats", None)
+    if existing is not None:
+        return existing  # (this module loaded again: the operator is the process's)
+
+    def tap_stats(x: torch.Tensor) -> torch.Tensor:
+        return _run_stats(x)
+
+    tap_stats.__annotations__ = {"x": torch.Tensor, "return": torch.Tensor}
+    op = custom_op("probe::tap_stats", mutates_args=())(tap_stats)
+
+    def fake(x: torch.Tensor) -> torch.Tensor:
+        return x.new_empty((COLUMNS,), dtype=_F64)
+
+    op.register_fake(fake)
+    return op
+
+
+def _run_stats(x: torch.Tensor) -> torch.Tensor:
+    """What ``probe::tap_stats`` runs (eagerly, when the compiled graph calls it): on CPU
+    the eager agent's statistics (``stats.stat_vector``: one native pass over a float32 or
+    bfloat16 tensor; :func:`_reduce`'s six eager reductions made a captured compiled step of
+    the example 6.0x its bare step, this 2.5x: bench/compile_bench.py); elsewhere
+    :func:`_reduce`."""
+    if x.is_cpu:
+        with torch.no_grad():
+            v = stat_vector(x)
+        if isinstance(v, list):
+            return torch.tensor(v + [0.0] * (COLUMNS - len(v)), dtype=_F64)
+    return _reduce(x)
+
+
+_TAP_OP = _opaque()
+
+
+def tap(x: torch.Tensor) -> torch.Tensor:
+    """The statistics of ``x`` (:func:`_reduce`), traced into the compiled graph as one
+    call of an opaque operator (:func:`_opaque`): the compiled code stores ``x`` (as it
+    does for most tensors a recorded call reads or produces) and the tap reads it in its
+    own kernels, after the model's."""
+    x = _detach(x)
+    out: torch.Tensor = _TAP_OP(x) if _TAP_OP is not None else _reduce(x)
+    return out
 
 
 class _GradTap(torch.autograd.Function):
@@ -101,11 +157,11 @@ class _GradTap(torch.autograd.Function):
 
     @staticmethod
     def forward(ctx: Any, x: torch.Tensor, row: torch.Tensor) -> torch.Tensor:
-        return x.view_as(x)
+        return _view_as(x, x)
 
     @staticmethod
     def backward(ctx: Any, g: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        return g, tap(g, came=True)
+        return g, _cat([tap(g), _ones(1, dtype=_F64, device=g.device)])
 
 
 def grad_tap(x: torch.Tensor, row: torch.Tensor) -> torch.Tensor:
@@ -166,11 +222,15 @@ class Plan:
     #: Rows of the ``probe_sink`` input (the graph's last; 0: none, a graph without
     #: gradients), ``[grad_rows, GRAD_COLUMNS]`` float64, whose gradient the backward fills.
     grad_rows: int = 0
-    #: Per row of the sink: the graph outputs its gradient flows from. A gradient comes
-    #: only where one of them got one: the compiled backward is handed zeros for an output
-    #: the loss does not depend on (a ``sum`` returned for an ``.item()``), where eager
-    #: autograd runs no backward at all (``graphs.py`` asks the outputs' hooks).
-    grad_reach: tuple[frozenset[int], ...] = ()
+    #: Bodies of higher-order operators in the graph (``cond``, ``invoke_subgraph``, ...)
+    #: that call hooked APIs and are not instrumented: their calls are missing from the dump.
+    uncaptured: int = 0
+    #: Per row of the sink: the graph outputs its gradient flows from (None: not known,
+    #: always recorded). A gradient comes only where one of them got one: the compiled
+    #: backward is handed zeros for an output the loss does not depend on (a ``sum``
+    #: returned for an ``.item()``), where eager autograd runs no backward at all
+    #: (``graphs.py`` asks the outputs' hooks).
+    grad_reach: tuple[Optional[frozenset[int]], ...] = ()
 
 
 #: ``operator`` functions Dynamo records for Python's operators on tensors, and the dunder
@@ -338,23 +398,87 @@ def frames(node: Any, skip: tuple[str, ...]) -> tuple[str, ...]:
     return tuple(out)
 
 
-class _Builder:
-    """Collects the values and calls of one graph while :func:`instrument` walks it."""
+@dataclass
+class _Site:
+    """Where a recorded call is in its graph: its node, and the FX nodes of its inputs and
+    outputs (as ``Call.inputs`` and ``Call.outputs`` order them), for its gradient taps."""
 
-    def __init__(self, graph: Any, args: dict[Any, int]) -> None:
-        self.graph = graph
+    node: Any
+    inputs: list[Any]
+    outputs: list[Any]
+
+
+@dataclass
+class _Scope:
+    """One graph being instrumented: the top-level graph, or the body of a higher-order
+    operator (:data:`BODY_HOPS`) inside it."""
+
+    gm: torch.fx.GraphModule
+    #: The node after which the taps of its placeholders go.
+    anchor: Any
+    #: ``unbind`` of its sink argument (one row per gradient tap), or None: no gradients.
+    rows: Any
+    #: Nodes added by the instrumentation, which the walk skips.
+    ours: set[Any]
+
+
+class _Builder:
+    """Collects the values and calls of one graph (and of the bodies of the higher-order
+    operators in it) while :func:`instrument` walks it."""
+
+    def __init__(self, names: Names, skip: tuple[str, ...], args: dict[Any, int]) -> None:
+        self.names = names
+        self.skip = skip
         self.args = args
         self.values: list[Value] = []
         self.index: dict[Any, int] = {}  # FX node -> value
-        self.taps: list[tuple[Any, Any]] = []  # (after node, node to reduce)
+        #: A body's placeholder -> (the operand it is in the graph around it, the node
+        #: after which that operand's tap goes there).
+        self.alias: dict[Any, tuple[Any, Any]] = {}
+        #: One per row of the statistics: (after node, node to reduce, whether that node
+        #: already is the row: a row of a body's statistics output, in the graph around it).
+        self.taps: list[tuple[Any, Any, bool]] = []
+        self.calls: list[Call] = []
+        self.sites: list[_Site] = []
+        #: Gradient taps so far (rows of the sink).
+        self.grad_rows = 0
+        #: Higher-order operators whose bodies call hooked APIs that are not instrumented.
+        self.uncaptured = 0
+        #: The graph outputs each node of the graph as Dynamo gave it reaches (:func:`_reach`),
+        #: and for an instrumented body's graph, those its operator's node reaches.
+        self.reach: dict[Any, frozenset[int]] = {}
+        self.graph_reach: dict[Any, Optional[frozenset[int]]] = {}
+        #: Per gradient tap: :attr:`Plan.grad_reach`.
+        self.grad_reach: list[Optional[frozenset[int]]] = []
+
+    def reach_of(self, node: Any) -> Optional[frozenset[int]]:
+        """The graph outputs ``node``'s value flows to: its own entry, its tuple's (a
+        ``getitem`` the instrumentation added), or its body's operator's."""
+        got = self.reach.get(node)
+        if got is not None:
+            return got
+        if node.graph in self.graph_reach:
+            return self.graph_reach[node.graph]
+        if node.op == "call_function" and node.target is operator.getitem and node.args:
+            src = node.args[0]
+            if isinstance(src, torch.fx.Node):
+                return self.reach_of(src)
+        return None
 
     def value(self, node: Any, at: Any, same: Optional[int] = None) -> Optional[int]:
         """The value of tensor node ``node`` (tapped after node ``at``), made when new.
         ``same``: a value holding the same elements (``node`` is a view or copy of it), whose
-        statistics it shares instead of being reduced again."""
+        statistics it shares instead of being reduced again. A body's placeholder is the
+        value of the operand it stands for."""
         got = self.index.get(node)
         if got is not None:
             return got
+        if node in self.alias:
+            outer, outer_at = self.alias[node]
+            v = self.value(outer, outer_at)
+            if v is not None:
+                self.index[node] = v
+            return v
         ex = _example(node)
         shape = _static(ex) if isinstance(ex, torch.Tensor) else None
         if shape is None:
@@ -368,7 +492,7 @@ class _Builder:
             row = self.values[same].row
         elif ex.dtype in STORABLE and n > 0 and ex.layout is torch.strided:
             row = len(self.taps)
-            self.taps.append((at, node))
+            self.taps.append((at, node, False))
         self.values.append(Value(name, shape, row, self.args.get(node), n))
         self.index[node] = len(self.values) - 1
         return self.index[node]
@@ -378,14 +502,60 @@ class _Builder:
 #: and nothing missing from the dump.
 NO_CALLS = "no calls"
 
+#: Higher-order operators whose first argument is a body (a graph) that they call on their
+#: other positional arguments, returning its outputs: activation checkpointing
+#: (``torch.utils.checkpoint`` in a compiled region) and Dynamo's plain ``wrap``. Their
+#: bodies are instrumented too: the body returns its statistics as one more output, and
+#: takes the sink as one more argument. (Before, the calls of a checkpointed block were
+#: missing from the dump, and nothing said so.)
+BODY_HOPS = frozenset({"tag_activation_checkpoint", "wrap"})
+
+
+def _hop(node: Any) -> Optional[str]:
+    """The name of the higher-order operator ``node`` calls, if it calls one."""
+    if node.op == "call_function" and isinstance(node.target, torch._ops.HigherOrderOperator):
+        return str(node.target.name())  # type: ignore[no-untyped-call]
+    return None
+
+
+def _attr(gm: Any, target: str) -> Any:
+    for part in target.split("."):
+        gm = getattr(gm, part, None)
+    return gm
+
+
+def _subgraphs(gm: Any, node: Any) -> list[torch.fx.GraphModule]:
+    """The graphs a higher-order operator's node reads (its bodies)."""
+    out = []
+    for n in node.all_input_nodes:
+        if n.op == "get_attr":
+            sub = _attr(gm, str(n.target))
+            if isinstance(sub, torch.fx.GraphModule):
+                out.append(sub)
+    return out
+
+
+def _calls_api(names: Names, gm: torch.fx.GraphModule) -> bool:
+    """Whether ``gm`` (or a body inside it) calls a hooked API."""
+    for node in gm.graph.nodes:
+        if names.of(node)[0] is not None:
+            return True
+        if _hop(node) is not None and any(_calls_api(names, s) for s in _subgraphs(gm, node)):
+            return True
+    return False
+
 
 def instrument(
     gm: torch.fx.GraphModule, names: Names, skip: tuple[str, ...]
 ) -> Union[tuple[torch.fx.GraphModule, Plan], str, None]:
     """A copy of ``gm`` whose last output is the ``[rows, 6]`` statistics of the tensors its
     API calls read and produce (and, when it has arguments that require grad, whose last
-    argument is the sink its gradient taps write to), and the plan of those rows; :data:`NO_CALLS` for a graph
-    that calls no hooked API; None when it cannot be instrumented (symbolic shapes)."""
+    argument is the sink its gradient taps write to), and the plan of those rows;
+    :data:`NO_CALLS` for a graph that calls no hooked API; None when it cannot be
+    instrumented (symbolic shapes, or hooked calls only inside bodies it cannot
+    instrument). The bodies of :data:`BODY_HOPS` are instrumented in place; a graph with
+    other bodies that call hooked APIs (``cond``, ``invoke_subgraph``, ...) has
+    ``Plan.uncaptured``: those calls are missing from the dump, and a captured step says so."""
     placeholders = [n for n in gm.graph.nodes if n.op == "placeholder"]
     for p in placeholders:
         ex = _example(p)
@@ -396,71 +566,181 @@ def instrument(
     gm = copy.deepcopy(gm)
     graph = gm.graph
     placeholders = [n for n in graph.nodes if n.op == "placeholder"]
-    b = _Builder(graph, {p: i for i, p in enumerate(placeholders)})
+    b = _Builder(names, skip, {p: i for i, p in enumerate(placeholders)})
+    b.reach = _reach(graph)
     anchor = placeholders[-1] if placeholders else None
     rows = None
+    ours: set[Any] = set()
     if anchor is not None and any(_needs_grad(p) for p in placeholders):
         with graph.inserting_after(anchor):
             sink = graph.placeholder("probe_sink")
         with graph.inserting_after(sink):
             rows = graph.call_function(_unbind, (sink,))
         anchor = rows  # (taps of the arguments after every placeholder)
-    calls: list[Call] = []
-    sites: list[Any] = []  # the FX node of each call
-    for node in list(graph.nodes):
-        if node is rows:
-            continue  # (ours)
-        api, swapped = names.of(node)
+        ours = {sink, rows}
+    scope = _Scope(gm, anchor, rows, ours)
+    first = _walk(b, scope)
+    if not b.calls:
+        return NO_CALLS if not b.uncaptured else None
+    if rows is not None:
+        _insert_grad_taps(b, scope, first)
+    _insert_taps(graph, _tap_rows(b, graph))
+    out_node = next(n for n in graph.nodes if n.op == "output")
+    user = out_node.args[0]
+    flat = user[:-1]  # (the statistics last)
+    produced = tuple(b.index.get(o) if isinstance(o, torch.fx.Node) else None for o in flat)
+    graph.lint()
+    gm.recompile()
+    plan = Plan(
+        tuple(b.values),
+        tuple(b.calls),
+        len(b.taps),
+        produced,
+        b.grad_rows,
+        b.uncaptured,
+        tuple(b.grad_reach),
+    )
+    return gm, plan
+
+
+def _walk(b: _Builder, scope: _Scope) -> int:
+    """Records the calls of ``scope``'s graph (and of the bodies in it, instrumented as
+    they come: :func:`_body`) in ``b``; returns the index of its first call in ``b.calls``
+    (those from there on that sit in this graph get its gradient taps)."""
+    first = len(b.calls)
+    for node in list(scope.gm.graph.nodes):
+        if node.op == "placeholder" or node in scope.ours:
+            continue
+        hop = _hop(node)
+        if hop is not None:
+            if hop in BODY_HOPS and _body(b, scope, node):
+                continue
+            if any(_calls_api(b.names, s) for s in _subgraphs(scope.gm, node)):
+                b.uncaptured += 1
+            continue
+        api, swapped = b.names.of(node)
         if api is None:
             continue
         args = list(node.args)
         if swapped:
             args[0], args[1] = args[1], args[0]
         inputs: list[tuple[str, int]] = []
+        in_nodes: list[Any] = []
         consts: dict[str, Any] = {}
         for key, a in (*enumerate(args), *node.kwargs.items()):
             for name, item in _tensor_args(a, f"input.{key}"):
                 if isinstance(item, torch.fx.Node):
-                    v = b.value(item, anchor if item.op == "placeholder" else item)
+                    at = scope.anchor if item.op == "placeholder" else item
+                    v = b.value(item, at)
                     if v is not None:
                         inputs.append((name, v))
+                        in_nodes.append(item)
                 elif name == f"input.{key}":
                     j = _json_arg(item)
                     if j is not None:
                         consts[name] = j
         same = inputs[0][1] if api in SAME_ELEMENTS and inputs else None
-        outputs = _outputs(b, node, same)
-        if outputs is None:
+        got = _outputs(b, node, same)
+        if got is None:
             continue
+        outputs, out_nodes = got
         module, module_id = module_path(node)
-        sites.append(node)
-        calls.append(
+        b.sites.append(_Site(node, in_nodes, out_nodes))
+        b.calls.append(
             Call(
                 api,
                 module,
                 module_id,
                 node.name,
-                frames(node, skip),
+                frames(node, b.skip),
                 tuple(inputs),
                 tuple(outputs),
                 consts or None,
             )
         )
-    if not calls:
-        return NO_CALLS
-    grad_rows = 0
-    reach: tuple[frozenset[int], ...] = ()
+    return first
+
+
+def _body(b: _Builder, scope: _Scope, node: Any) -> bool:
+    """Instruments the body of ``node``, a :data:`BODY_HOPS` call in ``scope``'s graph: its
+    calls are recorded where the operator runs (the body's placeholders are the values of
+    the operands they stand for, the operator's outputs the values of the body's), its
+    statistics become one more output of the body, whose rows the graph around it reads,
+    and its gradient taps write to the sink, passed as one more operand. Its forward runs
+    once, so each call is recorded once (a checkpointed body is recomputed in the backward
+    graph, not recorded again); the checkpoint stays: the taps only add outputs. False
+    when the body does not have the expected form (it is then left as it is)."""
+    outer = scope.gm.graph
+    body_attr = node.args[0]
+    body = _attr(scope.gm, str(body_attr.target)) if isinstance(body_attr, torch.fx.Node) else None
+    if not isinstance(body, torch.fx.GraphModule):
+        return False
+    g = body.graph
+    phs = [n for n in g.nodes if n.op == "placeholder"]
+    operands = list(node.args[1:])
+    out_node = next(n for n in g.nodes if n.op == "output")
+    result = out_node.args[0]
+    if len(phs) != len(operands) or not isinstance(result, (tuple, list)):
+        return False
+    if not _calls_api(b.names, body):
+        return True  # nothing to record in it
+    # Each instrumented body is its own module: another HOP node may share the original.
+    body = copy.deepcopy(body)
+    b.graph_reach[body.graph] = b.reach_of(node)  # (its gradients come through the operator)
+    name = f"probe_{body_attr.target}_{node.name}".replace(".", "_")
+    scope.gm.add_submodule(name, body)
+    with outer.inserting_before(node):
+        new_attr = outer.get_attr(name)
+    node.update_arg(0, new_attr)
+    if not body_attr.users:
+        outer.erase_node(body_attr)
+    g = body.graph
+    phs = [n for n in g.nodes if n.op == "placeholder"]
+    out_node = next(n for n in g.nodes if n.op == "output")
+    result = tuple(out_node.args[0])
+    for p, a in zip(phs, operands):
+        if isinstance(a, torch.fx.Node):
+            b.alias[p] = (a, scope.anchor if a.op == "placeholder" else a)
+    anchor = phs[-1] if phs else None
+    rows = None
+    ours: set[Any] = set()
+    if scope.rows is not None:
+        sink_outer = scope.rows.args[0]
+        with g.inserting_after(anchor) if anchor is not None else g.inserting_before(None):
+            sink = g.placeholder("probe_sink")
+        with g.inserting_after(sink):
+            rows = g.call_function(_unbind, (sink,))
+        node.args = (*node.args, sink_outer)
+        anchor, ours = rows, {sink, rows}
+    inner = _Scope(body, anchor, rows, ours)
+    first = _walk(b, inner)
+    # The operator's outputs are the body's: a call after it that reads one reads the
+    # value the body's call produced (statistics and dataflow ids shared).
+    for u in list(node.users):
+        if u.op == "call_function" and u.target is operator.getitem and len(u.args) == 2:
+            i = u.args[1]
+            if isinstance(i, int) and i < len(result) and result[i] in b.index:
+                b.index[u] = b.index[result[i]]
     if rows is not None:
-        calls, reach = _insert_grad_taps(graph, b, rows, calls, sites, _reach(graph))
-        grad_rows = len(reach)
-    _insert_taps(graph, b.taps)
-    out_node = next(n for n in graph.nodes if n.op == "output")
-    user = out_node.args[0]
-    flat = user if isinstance(user, (tuple, list)) else (user,)
-    produced = tuple(b.index.get(o) if isinstance(o, torch.fx.Node) else None for o in flat)
-    graph.lint()
-    gm.recompile()
-    return gm, Plan(tuple(b.values), tuple(calls), len(b.taps), produced, grad_rows, reach)
+        _insert_grad_taps(b, inner, first)
+    mine = _tap_rows(b, g)
+    if mine:
+        with g.inserting_before(out_node):
+            stacked = g.call_function(_stack, ([r for _, r in mine],))
+        out_node.args = ((*out_node.args[0], stacked),)
+        # Its rows, in the graph around it: entries of the final statistics like any tap.
+        with outer.inserting_after(node):
+            extra = outer.call_function(operator.getitem, (node, len(result)))
+        with outer.inserting_after(extra):
+            unb = outer.call_function(_unbind, (extra,))
+        at = unb
+        for j, (i, _) in enumerate(mine):
+            with outer.inserting_after(at):
+                at = outer.call_function(operator.getitem, (unb, j))
+            b.taps[i] = (at, at, True)
+        scope.ours.update({extra, unb})
+    body.recompile()
+    return True
 
 
 def _needs_grad(node: Any) -> bool:
@@ -487,54 +767,44 @@ def _reach(graph: Any) -> dict[Any, frozenset[int]]:
     return reach
 
 
-def _insert_grad_taps(
-    graph: Any,
-    b: _Builder,
-    rows: Any,
-    calls: list[Call],
-    sites: list[Any],
-    reach: dict[Any, frozenset[int]],
-) -> tuple[list[Call], tuple[frozenset[int], ...]]:
-    """Gradient taps (:func:`grad_tap`) around each call, for its backward record: on each
-    output that requires grad, before all its uses (its gradient, summed over them, is what
-    the eager backward record's ``input.k`` holds), and on each input that requires grad,
-    for this call only (``output.j``: the gradient this call gives its input). Each tap
-    gets its own row of the sink. Returns the calls with their ``grads``, and per row the
-    graph outputs its gradient comes from (``reach``: of the graph before the taps)."""
-    node_of = {v: n for n, v in b.index.items()}
+def _insert_grad_taps(b: _Builder, scope: _Scope, first: int) -> None:
+    """Gradient taps (:func:`grad_tap`) around each call of ``scope``'s graph from
+    ``b.calls[first]`` on, for its backward record: on each output that requires grad,
+    before all its uses (its gradient, summed over them, is what the eager backward
+    record's ``input.k`` holds), and on each input that requires grad, for this call only
+    (``output.j``: the gradient this call gives its input). Each tap gets its own row of
+    the sink; the calls get their ``grads``."""
+    graph = scope.gm.graph
     current: dict[Any, Any] = {}  # a tapped output -> its tap, which its users now read
-    count = 0
-    out: list[Call] = []
-    came_from: list[frozenset[int]] = []
-    for call, site in zip(calls, sites):
+    for k in range(first, len(b.calls)):
+        call, site = b.calls[k], b.sites[k]
+        if site.node.graph is not graph:
+            continue  # (a body's call: tapped in its body)
         grads: list[tuple[str, int, int]] = []
-        for name, v in call.inputs:
-            orig = node_of[v]
+        for (name, v), orig in zip(call.inputs, site.inputs):
             cur = current.get(orig, orig)
-            if not _needs_grad(orig) or cur not in site.all_input_nodes:
+            if not _needs_grad(orig) or cur not in site.node.all_input_nodes:
                 continue  # (the same tensor twice: its first tap carries both gradients)
-            with graph.inserting_before(site):
-                row = graph.call_function(operator.getitem, (rows, count))
+            with graph.inserting_before(site.node):
+                row = graph.call_function(operator.getitem, (scope.rows, b.grad_rows))
                 tapped = graph.call_function(grad_tap, (cur, row))
-            site.replace_input_with(cur, tapped)
-            grads.append(("output" + name[len("input") :], count, v))
-            came_from.append(reach.get(site, frozenset()))  # (what the call's outputs reach)
-            count += 1
-        for name, v in call.outputs:
-            n = node_of[v]
+            site.node.replace_input_with(cur, tapped)
+            grads.append(("output" + name[len("input") :], b.grad_rows, v))
+            b.grad_reach.append(b.reach_of(site.node))  # (what the call's outputs reach)
+            b.grad_rows += 1
+        for (name, v), n in zip(call.outputs, site.outputs):
             if not _needs_grad(n):
                 continue
             with graph.inserting_after(n):
-                row = graph.call_function(operator.getitem, (rows, count))
+                row = graph.call_function(operator.getitem, (scope.rows, b.grad_rows))
             with graph.inserting_after(row):
                 tapped = graph.call_function(grad_tap, (n, row))
             n.replace_all_uses_with(tapped, delete_user_cb=lambda u, t=tapped: u is not t)
             current[n] = tapped
-            grads.append(("input" + name[len("output") :], count, v))
-            came_from.append(reach.get(n, frozenset()))
-            count += 1
-        out.append(dataclasses.replace(call, grads=tuple(grads)))
-    return out, tuple(came_from)
+            grads.append(("input" + name[len("output") :], b.grad_rows, v))
+            b.grad_reach.append(b.reach_of(n))
+            b.grad_rows += 1
+        b.calls[k] = dataclasses.replace(call, grads=tuple(grads))
 
 
 def _tensor_args(a: Any, prefix: str) -> list[tuple[str, Any]]:
@@ -551,17 +821,21 @@ def _json_arg(v: Any) -> Any:
     return None if isinstance(v, torch.fx.Node) else json_arg(v)
 
 
-def _outputs(b: _Builder, node: Any, same: Optional[int] = None) -> Optional[list[tuple[str, int]]]:
+def _outputs(
+    b: _Builder, node: Any, same: Optional[int] = None
+) -> Optional[tuple[list[tuple[str, int]], list[Any]]]:
     """The output values of a call node (a tuple's tensors through ``getitem`` nodes added
-    after it), or None when its outputs cannot be tapped (symbolic shapes). ``same``: the
-    value whose elements a single output holds (:data:`SAME_ELEMENTS`)."""
+    after it) and their FX nodes, or None when its outputs cannot be tapped (symbolic
+    shapes). ``same``: the value whose elements a single output holds
+    (:data:`SAME_ELEMENTS`)."""
     ex = _example(node)
     if isinstance(ex, torch.Tensor):
         v = b.value(node, node, same)
-        return None if v is None else [("output.0", v)]
+        return None if v is None else ([("output.0", v)], [node])
     if not isinstance(ex, (tuple, list)):
-        return []
+        return [], []
     out: list[tuple[str, int]] = []
+    nodes: list[Any] = []
     # The graph's own ``getitem`` of each element where it has one: its users read the
     # element through it, so that is where a gradient tap must sit.
     gets = {
@@ -575,27 +849,39 @@ def _outputs(b: _Builder, node: Any, same: Optional[int] = None) -> Optional[lis
             continue
         get = gets.get(i)
         if get is None:
-            with b.graph.inserting_after(at):
-                get = b.graph.call_function(operator.getitem, (node, i))
+            with node.graph.inserting_after(at):
+                get = node.graph.call_function(operator.getitem, (node, i))
             get.meta["example_value"] = item
             at = get
         v = b.value(get, get)
         if v is None:
             return None
         out.append((f"output.{i}", v))
+        nodes.append(get)
+    return out, nodes
+
+
+def _tap_rows(b: _Builder, graph: Any) -> list[tuple[int, Any]]:
+    """(row, node) of each row of the statistics that ``graph`` computes: a ``tap`` right
+    after its ``at`` node, or a row a body in it returned."""
+    out = []
+    for i, (at, node, ready) in enumerate(b.taps):
+        if at.graph is not graph:
+            continue
+        if ready:
+            out.append((i, node))
+            continue
+        with graph.inserting_after(at):
+            out.append((i, graph.call_function(tap, (node,))))
     return out
 
 
-def _insert_taps(graph: Any, taps: list[tuple[Any, Any]]) -> None:
-    """A ``tap`` of each tapped node right after ``at``, and their stack as the graph's
-    last output."""
-    rows = []
-    for at, node in taps:
-        with graph.inserting_after(at):
-            rows.append(graph.call_function(tap, (node,)))
+def _insert_taps(graph: Any, rows: list[tuple[int, Any]]) -> None:
+    """The stack of the rows of the statistics (all in ``graph`` by now, in row order) as
+    its last output."""
     out_node = next(n for n in graph.nodes if n.op == "output")
     with graph.inserting_before(out_node):
-        stacked = graph.call_function(_stack, (rows,))
+        stacked = graph.call_function(_stack, ([r for _, r in sorted(rows, key=lambda x: x[0])],))
     user = out_node.args[0]
     flat = tuple(user) if isinstance(user, (tuple, list)) else (user,)
     out_node.args = ((*flat, stacked),)

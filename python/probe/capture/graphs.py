@@ -276,6 +276,8 @@ class GraphCapture:
         finally:
             tls.active = was
         stats, user = out[-1], out[:-1]
+        if plan.uncaptured:
+            self.missing += 1  # bodies it could not instrument ran: their calls are missing
         tls.active = False
         try:
             with self._ctx.lock:
@@ -383,7 +385,8 @@ class GraphCapture:
                         inp = name.startswith("input")
                         if values[COLUMNS] == 0.0 or not (c.inputs if inp else c.outputs):
                             continue
-                        if not plan.grad_reach[row] & came:
+                        reach = plan.grad_reach[row]
+                        if reach is not None and not reach & came:
                             continue  # only zeros handed in for outputs without gradient
                         value = plan.values[v]
                         stats: dict[str, Any] = {}
