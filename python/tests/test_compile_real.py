@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import json
 import os
-import subprocess
 import warnings
 from typing import Any, Callable
 
@@ -20,7 +19,7 @@ import torch.nn.functional as F
 import torch.utils.checkpoint
 
 import probe
-from conftest import probe_bin, read_ops
+from conftest import compare_summary, read_ops
 
 dynamo = pytest.importorskip("torch._dynamo")
 
@@ -82,17 +81,6 @@ def _run(
     return grads, read_ops(os.path.join(dump, "step0", "rank0"))
 
 
-def _compare(bench: str, cmp: str, out: str) -> tuple[int, dict[str, Any]]:
-    r = subprocess.run(
-        [probe_bin(), "compare", "-q", "-b", bench, "-c", cmp, "-o", out, "--format", "json"],
-        capture_output=True,
-        text=True,
-        timeout=300,
-    )
-    with open(os.path.join(out, "summary.json")) as fh:
-        return r.returncode, json.load(fh)
-
-
 def _manifest(dump: str) -> dict[str, Any]:
     with open(os.path.join(dump, "manifest.json")) as fh:
         out: dict[str, Any] = json.load(fh)
@@ -126,7 +114,7 @@ def test_a_checkpointed_block_inside_a_compiled_model(tmp_path: Any) -> None:
         for a, b in zip(op["tensors"], want[key]["tensors"]):
             assert a["stats"]["norm"] == pytest.approx(b["stats"]["norm"], rel=1e-5), a["name"]
     assert "compiled" not in _manifest(comp)  # nothing missing
-    code, s = _compare(eager, comp, str(tmp_path / "out"))
+    code, s = compare_summary(eager, comp, str(tmp_path / "out"))
     assert code == 0, s["headline"]
     counts = s["counts"]
     assert counts["error"] == 0 and counts["unmatched_bench"] == counts["unmatched_cmp"] == 0
@@ -152,7 +140,7 @@ def test_autocast_inside_a_compiled_model(tmp_path: Any) -> None:
         assert got == [(t["name"], t["dtype"], t["shape"]) for t in want[op["op"]]["tensors"]]
     linear = {o["op"]: o for o in inside}["Functional.linear.0.forward"]
     assert [t["dtype"] for t in linear["tensors"]] == ["float32"] * 3 + ["bfloat16"]
-    code, s = _compare(eager, comp, str(tmp_path / "out"))
+    code, s = compare_summary(eager, comp, str(tmp_path / "out"))
     assert code == 0, s["headline"]
     assert s["counts"]["error"] == 0 and s["counts"]["unmatched_cmp"] == 0, s["counts"]
 
