@@ -288,7 +288,13 @@ class GraphCapture:
                 # recorded, as eager autograd never computes them (Plan.grad_reach).
                 came: set[int] = set()
                 for i, t in enumerate(user):
-                    if isinstance(t, torch.Tensor) and t.requires_grad:
+                    if not isinstance(t, torch.Tensor) or not t.requires_grad:
+                        continue
+                    if t.grad_fn is None:
+                        # A leaf (a parameter the graph returns as it is): a hook would stay
+                        # on it after the step; its gradient is taken to come.
+                        came.add(i)
+                    else:
                         t.register_hook(functools.partial(_came, came, i))  # type: ignore[no-untyped-call]
                 # Its gradient comes once the graph's backward ran: the backward records.
                 sink.register_hook(  # type: ignore[no-untyped-call]
