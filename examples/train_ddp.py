@@ -153,6 +153,14 @@ def main(argv: Optional[list[str]] = None) -> int:
     )
     ap.add_argument("--quiet", action="store_true")
     ap.add_argument(
+        "--compile",
+        default=None,
+        metavar="BACKEND",
+        help="torch.compile the DDP model with this backend (inductor, aot_eager): DDP's "
+        "compiler splits the graph at its gradient buckets, and the agent records the calls "
+        "inside the compiled graphs (docs/capture.md)",
+    )
+    ap.add_argument(
         "--dump-ranks",
         default=None,
         help="the ranks to dump, e.g. 0,1 (the config's ranks; default: every rank)",
@@ -206,6 +214,7 @@ def main(argv: Optional[list[str]] = None) -> int:
         fully_shard(model)
     else:
         model = DistributedDataParallel(SmallNet().to(device), bucket_cap_mb=args.bucket_cap_mb)
+    run: Any = torch.compile(model, backend=args.compile) if args.compile else model
     opt = torch.optim.Adam(
         model.parameters(),
         lr=1e-3,
@@ -250,7 +259,7 @@ def main(argv: Optional[list[str]] = None) -> int:
             dbg.start(model)
         opt.zero_grad(set_to_none=True)
         with amp:
-            loss = F.cross_entropy(model(x), y)
+            loss = F.cross_entropy(run(x), y)
         update(loss, opt, scaler)
         if monitor is not None:
             monitor.step(loss)

@@ -14,7 +14,7 @@ from typing import Any, Optional
 
 import pytest
 
-from conftest import REPO, SCHEMAS, probe_bin
+from conftest import REPO, SCHEMAS, compare_summary, probe_bin
 
 dist = pytest.importorskip("torch.distributed")
 if not dist.is_available() or not dist.is_gloo_available():
@@ -1236,3 +1236,28 @@ def test_a_bfloat16_moe_router_that_routes_a_token_elsewhere_is_a_near_tie(
     assert tie["tensor"] == "Tensor.max.0.forward.output.1", tie
     # The all-to-all that carried the other counts is inherited, not named faulty.
     assert all(p["via"]["op"].startswith("Distributed.all_to_all") for p in s["propagation"])
+
+
+def test_a_compiled_ddp_job_is_captured_inside_its_graphs(tmp_path: Any) -> None:
+    """DDP compiled (AOT autograd; the small bucket cap gives several buckets): DDP's
+    compiler splits the graph at its buckets, and the agent's instrumented copy goes
+    through the same split. Every rank's dump holds the graph's calls, forward and
+    backward, and compare against the eager DDP run at API level passes. (Before, DDP's
+    compiler refused the copy -- it read attributes and example values the copy lacked, then
+    AOT autograd refused a tuple of sink rows crossing its parts -- and the compiled
+    graph's calls were missing from the dump.)"""
+    eager, comp = str(tmp_path / "eager"), str(tmp_path / "compiled")
+    want = torchrun(eager, 2, "--level", "api", steps=1)
+    got = torchrun(comp, 2, "--level", "api", "--compile", "aot_eager", steps=1)
+    for rank in (0, 1):
+        inside = [o for o in got[(0, rank)] if "graph" in o]
+        keys = {o["op"] for o in inside}
+        assert {"Functional.gelu.0.forward", "Functional.gelu.0.backward"} <= keys, keys
+        assert [o["op"] for o in want[(0, rank)] if o["op"] == "Functional.linear.0.forward"]
+    with open(os.path.join(comp, "manifest.json")) as fh:
+        manifest = json.load(fh)
+    assert "compiled" not in manifest, manifest.get("compiled")
+    assert manifest["compiled_capture"]["backward"] is True
+    code, s = compare_summary(eager, comp, str(tmp_path / "out"), "--format", "json")
+    assert code == 0, s["headline"]
+    assert s["counts"]["unmatched_bench"] == 0 and s["counts"]["unmatched_cmp"] == 0

@@ -50,6 +50,7 @@ _stack = torch.stack
 _cat = torch.cat
 _ones = torch.ones
 _unbind = torch.unbind
+_select = torch.select
 _mul = torch.mul
 _ne = torch.ne
 _eq = torch.eq
@@ -416,7 +417,9 @@ class _Scope:
     gm: torch.fx.GraphModule
     #: The node after which the taps of its placeholders go.
     anchor: Any
-    #: ``unbind`` of its sink argument (one row per gradient tap), or None: no gradients.
+    #: Its sink argument (a row per gradient tap, each read by a ``select`` of its own: a
+    #: tuple of rows would cross the parts DDP's compiler splits a graph into, which AOT
+    #: autograd refused), or None: no gradients.
     rows: Any
     #: Nodes added by the instrumentation, which the walk skips.
     ours: set[Any]
@@ -574,10 +577,8 @@ def instrument(
     if anchor is not None and any(_needs_grad(p) for p in placeholders):
         with graph.inserting_after(anchor):
             sink = graph.placeholder("probe_sink")
-        with graph.inserting_after(sink):
-            rows = graph.call_function(_unbind, (sink,))
-        anchor = rows  # (taps of the arguments after every placeholder)
-        ours = {sink, rows}
+        rows = anchor = sink  # (taps of the arguments after every placeholder)
+        ours = {sink}
     scope = _Scope(gm, anchor, rows, ours)
     first = _walk(b, scope)
     if not b.calls:
@@ -600,7 +601,62 @@ def instrument(
         b.uncaptured,
         tuple(b.grad_reach),
     )
+    _fill_examples(gm, b.grad_rows)
     return gm, plan
+
+
+def carry_dynamo_attributes(orig: torch.fx.GraphModule, copy_gm: torch.fx.GraphModule) -> None:
+    """What Dynamo sets as attributes (not ``meta``, which a copy keeps) on the graph it
+    hands its backend, once the backend has it (``OutputGraph._call_user_compiler``):
+    each placeholder's ``_dynamo_source`` and the module's ``_param_name_to_source`` and
+    ``_source_to_user_stacks``, onto the instrumented copy, made before Dynamo set them.
+    DDP's compiler, which splits a graph at its gradient buckets, reads them; without them
+    it refused the copy. The sink has no source in the user's frame (None)."""
+    for name in ("_param_name_to_source", "_source_to_user_stacks"):
+        if hasattr(orig, name):
+            setattr(copy_gm, name, getattr(orig, name))
+    sources = {
+        n.name: n._dynamo_source
+        for n in orig.graph.nodes
+        if n.op == "placeholder" and hasattr(n, "_dynamo_source")
+    }
+    for n in copy_gm.graph.nodes:
+        if n.op == "placeholder" and not hasattr(n, "_dynamo_source"):
+            n._dynamo_source = sources.get(n.name)
+
+
+def _fill_examples(gm: torch.fx.GraphModule, grad_rows: int) -> None:
+    """Example values (fake tensors, ``meta["example_value"]``) for the nodes the
+    instrumentation added, as Dynamo gives every node of its graphs: a compiler that reads
+    them before compiling (DDP's, which splits the graph at its buckets by the sizes of the
+    parameters each part uses) refused the instrumented copy without them. Propagated
+    through the graph in Dynamo's fake mode; the nodes' own values are kept."""
+    graph = gm.graph
+    if all("example_value" in n.meta for n in graph.nodes if n.op != "output"):
+        return
+    fake = next(
+        (ex.fake_mode for n in graph.nodes if hasattr(ex := _example(n), "fake_mode")), None
+    )
+    if fake is None:
+        return
+    from torch.fx.passes.fake_tensor_prop import FakeTensorProp
+
+    args = []
+    for n in graph.nodes:
+        if n.op != "placeholder":
+            continue
+        ex = _example(n)
+        if ex is None and n.target == "probe_sink":
+            with fake:
+                ex = torch.zeros(grad_rows, GRAD_COLUMNS, dtype=_F64, requires_grad=True)
+        args.append(ex)
+    kept = {n: n.meta["val"] for n in graph.nodes if "val" in n.meta}
+    FakeTensorProp(gm, mode=fake).propagate_dont_convert_inputs(*args)
+    for n in graph.nodes:
+        if n.op != "output" and "example_value" not in n.meta and "val" in n.meta:
+            n.meta["example_value"] = n.meta["val"]
+        if n in kept:
+            n.meta["val"] = kept[n]
 
 
 def _walk(b: _Builder, scope: _Scope) -> int:
@@ -705,13 +761,11 @@ def _body(b: _Builder, scope: _Scope, node: Any) -> bool:
     rows = None
     ours: set[Any] = set()
     if scope.rows is not None:
-        sink_outer = scope.rows.args[0]
         with g.inserting_after(anchor) if anchor is not None else g.inserting_before(None):
             sink = g.placeholder("probe_sink")
-        with g.inserting_after(sink):
-            rows = g.call_function(_unbind, (sink,))
-        node.args = (*node.args, sink_outer)
-        anchor, ours = rows, {sink, rows}
+        node.args = (*node.args, scope.rows)
+        rows = anchor = sink
+        ours = {sink}
     inner = _Scope(body, anchor, rows, ours)
     first = _walk(b, inner)
     # The operator's outputs are the body's: a call after it that reads one reads the
@@ -786,7 +840,7 @@ def _insert_grad_taps(b: _Builder, scope: _Scope, first: int) -> None:
             if not _needs_grad(orig) or cur not in site.node.all_input_nodes:
                 continue  # (the same tensor twice: its first tap carries both gradients)
             with graph.inserting_before(site.node):
-                row = graph.call_function(operator.getitem, (scope.rows, b.grad_rows))
+                row = graph.call_function(_select, (scope.rows, 0, b.grad_rows))
                 tapped = graph.call_function(grad_tap, (cur, row))
             site.node.replace_input_with(cur, tapped)
             grads.append(("output" + name[len("input") :], b.grad_rows, v))
@@ -796,7 +850,7 @@ def _insert_grad_taps(b: _Builder, scope: _Scope, first: int) -> None:
             if not _needs_grad(n):
                 continue
             with graph.inserting_after(n):
-                row = graph.call_function(operator.getitem, (scope.rows, b.grad_rows))
+                row = graph.call_function(_select, (scope.rows, 0, b.grad_rows))
             with graph.inserting_after(row):
                 tapped = graph.call_function(grad_tap, (n, row))
             n.replace_all_uses_with(tapped, delete_user_cb=lambda u, t=tapped: u is not t)

@@ -39,7 +39,16 @@ import torch
 
 from .._op_key import api_backward, api_key
 from .compiled import compiling
-from .graph_taps import COLUMNS, GRAD_COLUMNS, NO_CALLS, Call, Names, Plan, instrument
+from .graph_taps import (
+    COLUMNS,
+    GRAD_COLUMNS,
+    NO_CALLS,
+    Call,
+    Names,
+    Plan,
+    carry_dynamo_attributes,
+    instrument,
+)
 from .patcher import _owners, load_api_list
 from .records import OpRecord
 from .stats import fill_stats
@@ -188,6 +197,7 @@ def _wrap(graph: Any, gm: torch.fx.GraphModule, example_inputs: list[Any], orig:
     compiled = orig(graph, gm, example_inputs)
     if made is None or getattr(graph, "compiler_fn", None) is None:
         return _Uncaptured(compiled)
+    carry_dynamo_attributes(gm, made[0])
     return CompiledGraph(compiled, made[0], made[1], graph.compiler_fn, specs, _root(graph))
 
 
