@@ -46,7 +46,6 @@ from .graph_taps import (
     Call,
     Names,
     Plan,
-    carry_dynamo_attributes,
     instrument,
 )
 from .patcher import _owners, load_api_list
@@ -198,7 +197,72 @@ def _wrap(graph: Any, gm: torch.fx.GraphModule, example_inputs: list[Any], orig:
     if made is None or getattr(graph, "compiler_fn", None) is None:
         return _Uncaptured(compiled)
     carry_dynamo_attributes(gm, made[0])
+    fill_examples(made[0], made[1].grad_rows)
     return CompiledGraph(compiled, made[0], made[1], graph.compiler_fn, specs, _root(graph))
+
+
+def carry_dynamo_attributes(orig: torch.fx.GraphModule, copy_gm: torch.fx.GraphModule) -> None:
+    """What Dynamo sets as attributes (not ``meta``, which a copy keeps) on the graph it
+    hands its backend, once the backend has it (``OutputGraph._call_user_compiler``):
+    each placeholder's ``_dynamo_source`` and the module's ``_param_name_to_source`` and
+    ``_source_to_user_stacks``, onto the instrumented copy, made before Dynamo set them.
+    DDP's compiler, which splits a graph at its gradient buckets, reads them; without them
+    it refused the copy. The sink has no source in the user's frame (None)."""
+    for name in ("_param_name_to_source", "_source_to_user_stacks"):
+        if hasattr(orig, name):
+            setattr(copy_gm, name, getattr(orig, name))
+    sources = {
+        n.name: n._dynamo_source
+        for n in orig.graph.nodes
+        if n.op == "placeholder" and hasattr(n, "_dynamo_source")
+    }
+    for n in copy_gm.graph.nodes:
+        if n.op == "placeholder" and not hasattr(n, "_dynamo_source"):
+            n._dynamo_source = sources.get(n.name)
+
+
+def fill_examples(gm: torch.fx.GraphModule, grad_rows: int) -> None:
+    """Example values (fake tensors, ``meta["example_value"]``) for the nodes the
+    instrumentation added, as Dynamo gives every node of its graphs: a compiler that reads
+    them before compiling (DDP's, which splits the graph at its buckets by the sizes of the
+    parameters each part uses) refused the instrumented copy without them. Propagated
+    through the graph in Dynamo's fake mode; the nodes' own values are kept."""
+    graph = gm.graph
+    if all("example_value" in n.meta for n in graph.nodes if n.op != "output"):
+        return
+    fake = next(
+        (
+            ex.fake_mode
+            for n in graph.nodes
+            if hasattr(ex := n.meta.get("example_value"), "fake_mode")
+        ),
+        None,
+    )
+    if fake is None:
+        return
+    from torch.fx.passes.fake_tensor_prop import FakeTensorProp
+
+    args = []
+    for n in graph.nodes:
+        if n.op != "placeholder":
+            continue
+        ex = n.meta.get("example_value")
+        if ex is None and n.target == "probe_sink":
+            with fake:
+                ex = torch.zeros(grad_rows, GRAD_COLUMNS, dtype=torch.float64, requires_grad=True)
+        args.append(ex)
+    kept = {n: n.meta["val"] for n in graph.nodes if "val" in n.meta}
+    try:
+        FakeTensorProp(gm, mode=fake).propagate_dont_convert_inputs(*args)
+    except Exception:  # noqa: BLE001 - only a compiler that reads them needs the values
+        for n, v in kept.items():
+            n.meta["val"] = v
+        return
+    for n in graph.nodes:
+        if n.op != "output" and "example_value" not in n.meta and "val" in n.meta:
+            n.meta["example_value"] = n.meta["val"]
+        if n in kept:
+            n.meta["val"] = kept[n]
 
 
 def _root(graph: Any) -> Optional[int]:
