@@ -21,7 +21,7 @@ import torch.nn as nn
 import torch.nn.functional as F
 
 import probe
-from conftest import load_example, probe_bin, read_ops
+from conftest import load_example, probe_bin, read_ops, run_steps
 
 dynamo = pytest.importorskip("torch._dynamo")
 from torch._dynamo.utils import counters  # noqa: E402
@@ -275,25 +275,16 @@ def test_capture_leaves_inductors_training_bit_identical(tmp_path: Any) -> None:
         opt = torch.optim.SGD(model.parameters(), lr=0.1)
         g = torch.Generator().manual_seed(1)
         dbg = probe.Debugger(None, dump_path=dump, level="api") if dump else None
-        losses = []
+        batches = [
+            (torch.randn(8, 64, 16, generator=g), torch.randint(0, 4, (8,), generator=g))
+            for _ in range(2)
+        ]
         with warnings.catch_warnings():
             warnings.simplefilter("ignore")
-            for _ in range(2):
-                x = torch.randn(8, 64, 16, generator=g)
-                y = torch.randint(0, 4, (8,), generator=g)
-                if dbg is not None:
-                    dbg.start(model)
-                opt.zero_grad()
-                loss = F.cross_entropy(run(x), y)
-                loss.backward()
-                opt.step()
-                if dbg is not None:
-                    dbg.stop()
-                    dbg.step()
-                losses.append(loss.item())
-        if dbg is not None:
-            assert dbg.enabled
-            dbg.close()
+            losses = run_steps(
+                dbg, model, [opt], batches, lambda b: F.cross_entropy(run(b[0]), b[1])
+            )
+        assert dbg is None or dbg.enabled
         return losses, [p.detach().clone() for p in model.parameters()]
 
     bare = train(None)
