@@ -290,6 +290,10 @@ def main(argv: Optional[list[str]] = None) -> int:
         monitor.close()
     if dbg is not None:
         dbg.close()
+    # Every rank done with its files before any closes its connections: a rank whose peer
+    # had already torn its gloo pairs down was seen to abort at exit on a loaded machine
+    # ("terminate called without an active exception").
+    dist.barrier()
     dist.destroy_process_group()
     return 0
 
