@@ -37,7 +37,8 @@ from typing import Any, Optional, Union
 import torch
 
 from .._op_key import api_name
-from .stats import STORABLE, dtype_name, stat_vector
+from . import stats as _stats
+from .stats import STORABLE, dense_span, dtype_name
 
 # Bound before any wrapper exists: the graph copy must call PyTorch's own functions.
 _amax = torch.amax
@@ -49,6 +50,7 @@ _abs = torch.abs
 _stack = torch.stack
 _cat = torch.cat
 _ones = torch.ones
+_zeros = torch.zeros
 _unbind = torch.unbind
 _select = torch.select
 _mul = torch.mul
@@ -91,9 +93,10 @@ def _reduce(x: torch.Tensor) -> torch.Tensor:
 
 
 def _opaque() -> Optional[Any]:
-    """:func:`_reduce` as a custom operator (``probe::tap_stats``), which compilers call
-    as it is instead of fusing it into the kernels around it; None where this PyTorch has
-    no ``torch.library.custom_op`` (before 2.4: the taps are then traced as they are).
+    """:func:`_reduce` as an operator of its own (``probe::tap_stats``), which compilers
+    call as it is instead of fusing it into the kernels around it; None where this PyTorch
+    cannot register its fake (shape) function (before 2.4: the taps are then traced as they
+    are).
 
     Why: traced as plain reductions, Inductor fused a tap into the kernel that produces or
     reads its tensor, and that kernel's own code changed with it. In train_small's
@@ -102,38 +105,51 @@ def _opaque() -> Optional[Any]:
     otherwise, and the logits of a captured step differed from the uncaptured run's in the
     last bit (1.8e-7), then the gradients and every parameter after the update. Called as
     an operator, a tap only reads a tensor the compiled code stored: what the model's
-    kernels compute is what they compute without the agent."""
-    custom_op = getattr(torch.library, "custom_op", None)
-    if custom_op is None:
+    kernels compute is what they compute without the agent.
+
+    Defined with ``torch.library.Library`` (a kernel per dispatch key), not
+    ``torch.library.custom_op``, whose Python autograd layers cost ~10 us more a call: a
+    captured compiled step calls it once per tapped tensor. A tap reads a detached tensor,
+    so it needs no autograd kernel."""
+    register_fake = getattr(torch.library, "register_fake", None)
+    if register_fake is None:
         return None
-    existing = getattr(getattr(torch.ops, "probe", None), "tap_stats", None)
+    ops = getattr(torch.ops, "probe", None)
+    existing = getattr(ops, "tap_stats", None) if ops is not None else None
     if existing is not None:
-        return existing  # (this module loaded again: the operator is the process's)
-
-    def tap_stats(x: torch.Tensor) -> torch.Tensor:
-        return _run_stats(x)
-
-    tap_stats.__annotations__ = {"x": torch.Tensor, "return": torch.Tensor}
-    op = custom_op("probe::tap_stats", mutates_args=())(tap_stats)
+        return existing.default  # (this module loaded again: the operator is the process's)
+    lib = torch.library.Library("probe", "FRAGMENT")
+    lib.define("tap_stats(Tensor x) -> Tensor")
+    lib.impl("tap_stats", _run_stats, "CPU")
+    lib.impl("tap_stats", _reduce, "CompositeExplicitAutograd")
 
     def fake(x: torch.Tensor) -> torch.Tensor:
         return x.new_empty((COLUMNS,), dtype=_F64)
 
-    op.register_fake(fake)
-    return op
+    register_fake("probe::tap_stats", fake, lib=lib)
+    _LIBRARIES.append(lib)  # (the registrations live as long as the Library object)
+    return torch.ops.probe.tap_stats.default
+
+
+#: The Library objects that hold the operator's registrations.
+_LIBRARIES: list[Any] = []
 
 
 def _run_stats(x: torch.Tensor) -> torch.Tensor:
-    """What ``probe::tap_stats`` runs (eagerly, when the compiled graph calls it): on CPU
-    the eager agent's statistics (``stats.stat_vector``: one native pass over a float32 or
-    bfloat16 tensor; :func:`_reduce`'s six eager reductions made a captured compiled step of
-    the example 6.0x its bare step, this 2.5x: bench/compile_bench.py); elsewhere
-    :func:`_reduce`."""
-    if x.is_cpu:
-        with torch.no_grad():
-            v = stat_vector(x)
-        if isinstance(v, list):
-            return torch.tensor(v + [0.0] * (COLUMNS - len(v)), dtype=_F64)
+    """``probe::tap_stats`` on CPU (run eagerly, when the compiled graph calls it): a
+    float32 or bfloat16 tensor over dense memory is read once by the eager agent's native
+    kernel (``stats.NATIVE``), which writes max, min, sum and norm straight into the result
+    (the counts stay 0: the kernel refuses a tensor with NaN or Inf); anything else takes
+    :func:`_reduce`. (:func:`_reduce`'s six eager reductions made a captured compiled step
+    of the example 6.0x its bare step, the native kernel 2.5x: bench/compile_bench.py.)"""
+    native = _stats.NATIVE
+    kernel = native.get(x.dtype) if native is not None else None
+    if kernel is not None and x.numel() > 0:
+        flat = x if x.is_contiguous() else dense_span(x)
+        if flat is not None:
+            out = _zeros(COLUMNS, dtype=_F64)
+            if kernel(flat.data_ptr(), flat.numel(), out.data_ptr()):
+                return out
     return _reduce(x)
 
 
