@@ -118,7 +118,7 @@ def _opaque() -> Optional[Any]:
     existing = getattr(ops, "tap_stats", None) if ops is not None else None
     if existing is not None:
         return existing.default  # (this module loaded again: the operator is the process's)
-    lib = torch.library.Library("probe", "FRAGMENT")
+    lib: Any = torch.library.Library("probe", "FRAGMENT")  # type: ignore[no-untyped-call]
     lib.define("tap_stats(Tensor x) -> Tensor")
     lib.impl("tap_stats", _run_stats, "CPU")
     lib.impl("tap_stats", _reduce, "CompositeExplicitAutograd")
