@@ -385,10 +385,13 @@ def _expected_row(x: torch.Tensor) -> list[float]:
 def test_a_tap_is_the_tensor_statistics_in_eager_and_inductor_code() -> None:
     """A graph tap's row, called eagerly and compiled by Inductor (as an opaque operator,
     whose CPU kernel is the native one-pass kernel where it loaded), holds each number in
-    its own column: a NaN or an Inf in one statistic stays out of the others' columns, and
-    the counts count."""
-    from probe.capture.graph_taps import tap
+    its own column: a NaN or an Inf in one statistic stays out of the others' columns, the
+    counts count, a transposed view is read as the tensor it is, and a gradient's row is
+    the same numbers and a 1."""
+    from probe.capture import stats
+    from probe.capture.tap_ops import COLUMNS, GRAD_COLUMNS, tap
 
+    stats.use_native()  # (as the first start() does; without it, PyTorch's reductions)
     g = torch.Generator().manual_seed(3)
     finite = torch.randn(7, 9, generator=g)
     with_nan = finite.clone()
@@ -396,16 +399,18 @@ def test_a_tap_is_the_tensor_statistics_in_eager_and_inductor_code() -> None:
     with_inf = finite.clone()
     with_inf[0, 1] = float("inf")
     with_inf[4, 4] = float("-inf")
-    cases = [finite, with_nan, with_inf, finite > 0]
+    cases = [finite, with_nan, with_inf, finite > 0, finite.t(), finite.bfloat16()]
 
-    def rows(*xs: torch.Tensor) -> list[torch.Tensor]:
-        return [tap(x) for x in xs]
+    def rows(*xs: torch.Tensor) -> tuple[list[torch.Tensor], list[torch.Tensor]]:
+        return [tap(x) for x in xs], [tap(x, GRAD_COLUMNS) for x in xs]
 
     dynamo.reset()
-    for got in (rows(*cases), torch.compile(rows, backend="inductor")(*cases)):
-        for x, row in zip(cases, got):
+    for got, grads in (rows(*cases), torch.compile(rows, backend="inductor")(*cases)):
+        for x, row, grad in zip(cases, got, grads):
+            assert row.dtype == torch.float64 and row.shape == (COLUMNS,)
+            assert grad.shape == (GRAD_COLUMNS,) and grad[COLUMNS].item() == 1.0
+            assert torch.equal(grad[:COLUMNS].nan_to_num(7.0), row.nan_to_num(7.0))
             want = _expected_row(x.float())
-            assert row.dtype == torch.float64 and row.shape == (6,)
             # Max, min and the counts exact; the sum and the norm as float32 kernels
             # accumulate them (within 1e-6 of the sum of magnitudes, the norm).
             scale = [0.0, 0.0, x.float().abs().sum().item(), abs(want[3]), 0.0, 0.0]

@@ -39,18 +39,11 @@ import torch
 
 from .._op_key import api_backward, api_key
 from .compiled import compiling
-from .graph_taps import (
-    COLUMNS,
-    GRAD_COLUMNS,
-    NO_CALLS,
-    Call,
-    Names,
-    Plan,
-    instrument,
-)
+from .graph_taps import NO_CALLS, Call, Names, Plan, instrument
 from .patcher import _owners, load_api_list
 from .records import OpRecord
 from .stats import fill_stats
+from .tap_ops import COLUMNS, GRAD_COLUMNS
 from .threadstate import tls
 
 if TYPE_CHECKING:
