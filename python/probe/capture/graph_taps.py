@@ -7,15 +7,15 @@ each node's module path (``nn_module_stack``) and source line (``stack_trace``).
 :func:`instrument` copies the graph, names each node that calls a hooked API as the eager
 agent names the call (``Functional.gelu``, ``Tensor.__add__``), and adds to the graph, for
 every tensor those calls read or produce, a reduction to ``[max, min, sum, norm, NaN count,
-Inf count]`` in float64 (:func:`tap`), all stacked into one ``[rows, 6]`` tensor returned as
+Inf count]`` in float64 (:func:`~.tap_ops.tap`), all stacked into one ``[rows, 6]`` tensor returned as
 one more output of the graph. The backend (Inductor) compiles the copy like the original;
 each tap is one call of an opaque operator that reads the tensor the compiled code stored,
 so the model's own kernels are generated as without the agent (a tap fused into them
-changed their code, and the training's last bits: :func:`_opaque`). Nothing is read back
+changed their code, and the training's last bits: ``tap_ops.py``). Nothing is read back
 inside the graph (no host sync, no graph break), and the values are those the compiled code
 computed -- a fault in a compiled kernel is in them. Bodies of activation checkpointing
 (and Dynamo's ``wrap``) are instrumented in place (:func:`_body`). For the backward records, each call's
-outputs and inputs that require grad pass through :func:`grad_tap`, whose backward writes
+outputs and inputs that require grad pass through :func:`~.tap_ops.grad_tap`, whose backward writes
 the gradient's statistics into a row of one more argument, the sink: AOT autograd traces
 those into the compiled backward graph. :class:`Plan` says which record each row belongs
 to; ``graphs.py`` runs the copy on captured steps and writes the records.
