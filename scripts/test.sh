@@ -55,7 +55,8 @@ case "$workers" in
   '' | *[!0-9]*) echo "PROBE_TEST_WORKERS must be a whole number, not '$workers'" >&2; exit 2 ;;
 esac
 [ "$workers" -le 4 ] || workers=4
-"$PY" -m pytest python/tests -q -p no:cacheprovider -n "$workers" --dist loadfile
+# The slowest tests are listed after the results: CI is kept under 30 minutes on 2 cores.
+"$PY" -m pytest python/tests -q -p no:cacheprovider -n "$workers" --dist loadfile --durations=15
 
 stage "html: the reports in headless Chromium (skips without chromium; CI as root installs it)"
 PROBE_BIN="$PWD/.venv/bin/probe" bash scripts/check_html.sh
