@@ -486,3 +486,47 @@ def test_a_graph_break_keeps_the_eager_order_of_the_calls(tmp_path: Any) -> None
     code, s = compare_summary(eager, comp, str(tmp_path / "out"))
     assert code == 0, s["headline"]
     assert s["counts"]["unmatched_cmp"] == 0 and s["counts"]["unmatched_bench"] == 0, s["counts"]
+
+
+def test_taps_move_after_the_last_reader_of_their_tensor_but_not_past_a_write() -> None:
+    """tap_lowering.late_taps on a post-grad-like graph (make_fx, fake values): the tap of
+    an activation moves after the matmul that reads it (which decides how it is stored);
+    the tap of a graph input, and of a view of a buffer the graph writes into, stay where
+    they are (a read after the write would see the new value)."""
+    from torch.fx.experimental.proxy_tensor import make_fx
+
+    from probe.capture import tap_lowering
+    from probe.capture.tap_ops import _TAP_OP
+
+    if _TAP_OP is None:
+        pytest.skip("this PyTorch has no opaque tap operator")
+    op = _TAP_OP
+
+    def f(a: torch.Tensor, w: torch.Tensor, running: torch.Tensor) -> Any:
+        x = torch.relu(a)
+        r_x = op(x, 6)
+        r_a = op(a, 6)
+        old = running.view(-1)
+        r_run = op(old, 6)
+        y = torch.mm(x, w) + a + old  # each tapped tensor is read again later
+        running.copy_(y.sum(0))
+        return y, torch.stack([r_x, r_a, r_run])
+
+    gm = make_fx(f, tracing_mode="fake")(torch.randn(4, 4), torch.randn(4, 4), torch.zeros(4))
+    graph = gm.graph
+    taps = list(graph.find_nodes(op="call_function", target=op))
+    assert len(taps) == 3
+    mm = next(n for n in graph.nodes if n.target is torch.ops.aten.mm.default)
+    last_add = [n for n in graph.nodes if n.target is torch.ops.aten.add.Tensor][-1]
+
+    def at(n: Any) -> int:
+        return list(graph.nodes).index(n)
+
+    before = {t: at(t) for t in taps}
+    assert before[taps[0]] < at(mm)
+    assert tap_lowering.late_taps(graph) == 1
+    graph.lint()  # every node still after its arguments
+    assert at(taps[0]) > at(mm)  # the activation's tap now follows its last reader
+    assert at(taps[1]) < at(last_add) and at(taps[2]) < at(last_add)  # an input; a write
+    stack = next(n for n in graph.nodes if n.target is torch.ops.aten.stack.default)
+    assert at(taps[0]) < at(stack)

@@ -260,39 +260,73 @@ class _Residual(nn.Module):
         return out
 
 
-def test_capture_leaves_inductors_training_bit_identical(tmp_path: Any) -> None:
+class _Conv(nn.Module):
+    """The example's shape: convolutions, BatchNorm (whose running statistics the graph
+    writes) and ReLU, whose activations Inductor stores channels-last on the CPU."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.c1 = nn.Conv2d(3, 16, 3, padding=1)
+        self.bn = nn.BatchNorm2d(16)
+        self.c2 = nn.Conv2d(16, 16, 3, padding=1)
+        self.head = nn.Linear(16, 4)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        h = F.relu(self.bn(self.c1(x)))
+        h = F.relu(self.c2(h))
+        out: torch.Tensor = self.head(h.mean(dim=(2, 3)))
+        return out
+
+
+@pytest.mark.parametrize(
+    "model, shape, api",
+    [
+        (_Residual, (8, 64, 16), "Functional.layer_norm.0"),
+        (_Conv, (8, 3, 16, 16), "Functional.batch_norm.0"),
+    ],
+    ids=["layernorm", "conv"],
+)
+def test_capture_leaves_inductors_training_bit_identical(
+    tmp_path: Any, model: type[nn.Module], shape: tuple[int, ...], api: str
+) -> None:
     """Two SGD steps compiled by Inductor, captured on every step (forward and backward
     taps), against the same steps without the agent: the same losses and parameters, bit
     for bit. A tap traced as plain reductions was fused into the kernel of the residual
     sum, LayerNorm and mean, whose reduction was then generated otherwise: 9 of the 10
-    parameters differed in the last bits. Taps are opaque operators now (graph_taps.py)."""
+    parameters differed in the last bits. Taps are opaque operators now (graph_taps.py),
+    which read what the model's kernels stored, as they stored it (tap_lowering.py): the
+    conv model's taps read stored buffers, and no buffer is stored otherwise."""
+    from probe.capture import tap_lowering
 
     def train(dump: Optional[str]) -> tuple[list[float], list[torch.Tensor]]:
         dynamo.reset()
         torch.manual_seed(0)
-        model = _Residual()
-        run = torch.compile(model)
-        opt = torch.optim.SGD(model.parameters(), lr=0.1)
+        net = model()
+        run = torch.compile(net)
+        opt = torch.optim.SGD(net.parameters(), lr=0.1)
         g = torch.Generator().manual_seed(1)
         dbg = probe.Debugger(None, dump_path=dump, level="api") if dump else None
         batches = [
-            (torch.randn(8, 64, 16, generator=g), torch.randint(0, 4, (8,), generator=g))
+            (torch.randn(*shape, generator=g), torch.randint(0, 4, (8,), generator=g))
             for _ in range(2)
         ]
         with warnings.catch_warnings():
             warnings.simplefilter("ignore")
             losses = run_steps(
-                dbg, model, [opt], batches, lambda b: F.cross_entropy(run(b[0]), b[1])
+                dbg, net, [opt], batches, lambda b: F.cross_entropy(run(b[0]), b[1])
             )
         assert dbg is None or dbg.enabled
-        return losses, [p.detach().clone() for p in model.parameters()]
+        return losses, [p.detach().clone() for p in net.parameters()]
 
     bare = train(None)
+    stored = tap_lowering.READS["stored"]
     got = train(str(tmp_path))
     assert got[0] == bare[0]
     assert all(torch.equal(a, b) for a, b in zip(got[1], bare[1]))
+    # Taps read buffers as the compiled code stored them (not only copies).
+    assert tap_lowering.READS["stored"] > stored
     # The graph's calls were captured in both directions, on both steps.
     for step in (0, 1):
         ops = read_ops(str(tmp_path / f"step{step}" / "rank0"))
         inside = {o["op"] for o in ops if "graph" in o}
-        assert {"Functional.layer_norm.0.forward", "Functional.layer_norm.0.backward"} <= inside
+        assert {f"{api}.forward", f"{api}.backward"} <= inside

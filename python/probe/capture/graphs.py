@@ -38,6 +38,7 @@ from typing import TYPE_CHECKING, Any, Callable, Optional
 import torch
 
 from .._op_key import api_backward, api_key
+from . import tap_lowering
 from .compiled import compiling
 from .graph_taps import NO_CALLS, Call, Names, Plan, instrument
 from .patcher import _owners, load_api_list
@@ -186,6 +187,8 @@ def _wrap(graph: Any, gm: torch.fx.GraphModule, example_inputs: list[Any], orig:
         rows = made[1].grad_rows
         sink = ((rows, GRAD_COLUMNS), (GRAD_COLUMNS, 1), torch.float64, device, True, torch.Tensor)
         specs.append(sink)  # the last argument of the instrumented graph
+    if made is not None:
+        tap_lowering.install()  # (before Inductor lowers the graph: tap_lowering.py)
     compiled = orig(graph, gm, example_inputs)
     if made is None or getattr(graph, "compiler_fn", None) is None:
         return _Uncaptured(compiled)

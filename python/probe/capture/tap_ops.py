@@ -12,10 +12,11 @@ the model's kernels compute is what they compute without the agent.
 A gradient's row (:data:`GRAD_COLUMNS`) is one call too: the operator writes the 1 that
 says the gradient came, instead of a ``cat`` kernel per gradient in the compiled backward.
 
-Tried and not kept (docs/performance.md): one call for the tensors of several API calls
-(no faster on the example: the per-call cost is ~8 us now), and letting Inductor hand the
-operator its tensors in any layout (no copy of a channels-last activation, 15 % off a
-captured step, but Inductor then chose other layouts for the model's own buffers, and the
+Under Inductor the operator reads a tensor as the model's kernels stored it wherever they
+fixed its layout (``tap_lowering.py``), not a copy in eager strides. Tried and not kept
+(docs/performance.md): one call for the tensors of several API calls (no faster on the
+example: the per-call cost is ~8 us now), and letting Inductor hand the operator any buffer
+in any layout (Inductor then chose other layouts for the model's own buffers, and the
 training's last bits moved).
 """
 

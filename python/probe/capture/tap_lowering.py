@@ -1,0 +1,173 @@
+"""How Inductor compiles a tap: it reads the tensor as the model's own kernels stored it.
+
+Why: an operator Inductor does not know (``probe::tap_stats``) gets its inputs in the
+strides eager code would give them. Inductor stores many activations otherwise: on the CPU,
+the tensors around a convolution are channels-last. So every such tap cost a transposed
+copy of its tensor, written inside the kernel that computes it: on the example model
+(conv, BatchNorm, ReLU) two copies of 512K elements in one kernel took 4 of the 8 ms of the
+instrumented forward graph (docs/performance.md, "Third pass"). Taking the tensor in any
+layout is no way out either: a tap that reads a buffer whose layout is not yet decided fixes
+it, Inductor then stored the model's buffers otherwise, and the training's last bits moved.
+
+So two changes, both inside Inductor and both only where a graph has taps:
+
+- **Taps last** (:func:`late_taps`, a post-grad pass): each tap moves to after the last
+  other user of its tensor. Inductor lowers a graph in node order, so by the time a tap is
+  lowered, the operators that decide how its tensor is stored (a convolution that wants
+  its input channels-last) have done so. The post-grad graph is functional, so moving a
+  read changes no value, except past a write into the tensor's storage (the update of
+  BatchNorm's running statistics, an input mutation): taps of a written storage, and of the
+  graph's inputs, stay where they are.
+- **Read as stored** (:func:`_lower`): a tap of a tensor that is already a stored buffer
+  with a fixed layout reads that buffer; any other is copied in eager strides, as before.
+  Nothing the model computes is stored otherwise than without the agent, and Inductor's
+  float32 training stays bit-identical with capture
+  (``test_compile_capture.py``: a residual LayerNorm model and a conv/BatchNorm one).
+
+Both are Inductor internals (``register_lowering``, ``post_grad_custom_post_pass``): where
+this PyTorch lacks one, :func:`install` says so in the debug log and taps keep PyTorch's
+default (eager strides, copied where needed). Post passes the user set are kept and run
+first (on a PyTorch that takes one post pass only, a user's pass leaves taps the default).
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+from typing import Any, Optional
+
+import torch
+
+from .tap_ops import _TAP_OP
+
+log = logging.getLogger("probe")
+
+#: Bumped when the lowering or the pass changes: Inductor's caches key compiled graphs by
+#: the post-grad passes' uuids, and this one stands for both.
+_VERSION = "probe-taps-read-as-stored-1"
+
+#: How the taps lowered in this process read their tensors: ``stored`` (the buffer as the
+#: model's kernels stored it) or ``copied`` (in eager strides). For the tests and the debug
+#: log; counts only, never read on the hot path.
+READS: dict[str, int] = {"stored": 0, "copied": 0}
+
+_lock = threading.Lock()
+_installed: Optional[bool] = None
+
+
+def late_taps(graph: torch.fx.Graph) -> int:
+    """Move each tap of ``graph`` to after the last other user of its tensor (and before
+    the first user of its row); returns how many moved. Taps of graph inputs and of
+    storages some node writes into stay (module docstring)."""
+    taps = list(graph.find_nodes(op="call_function", target=_TAP_OP))
+    if not taps:
+        return 0
+    from torch._inductor.fx_utils import get_node_storage
+
+    pos = {n: i for i, n in enumerate(graph.nodes)}
+    written = set()
+    for n in graph.nodes:
+        schema = getattr(n.target, "_schema", None) if n.op == "call_function" else None
+        if schema is None or not schema.is_mutable:
+            continue
+        for a, arg in zip(schema.arguments, n.args):
+            if (
+                a.alias_info is not None
+                and a.alias_info.is_write
+                and isinstance(arg, torch.fx.Node)
+            ):
+                written.add(get_node_storage(arg))
+    tapset = set(taps)
+    moved = 0
+    for t in taps:
+        x = t.args[0]
+        if not isinstance(x, torch.fx.Node) or x.op == "placeholder":
+            continue
+        storage = get_node_storage(x)
+        if storage is None or storage in written:
+            continue
+        users = [u for u in x.users if u not in tapset]
+        if not users:
+            continue
+        last = max(users, key=pos.__getitem__)
+        if pos[last] < pos[t]:
+            continue
+        first = min(t.users, key=pos.__getitem__, default=None)
+        if first is not None and pos[first] <= pos[last]:
+            first.prepend(t)  # (its row is needed before then: as late as it can be)
+        else:
+            last.append(t)
+        moved += 1
+    return moved
+
+
+def install() -> bool:
+    """Register the tap's lowering and the post-grad pass, once per process; False where
+    this PyTorch lacks the internals (then taps keep PyTorch's default)."""
+    global _installed
+    if _installed is not None:
+        return _installed
+    with _lock:
+        if _installed is None:
+            try:
+                _installed = _install()
+            except Exception as exc:  # noqa: BLE001 - Inductor's internals moved: the default
+                log.debug("probe: taps keep Inductor's default layout (%r)", exc)
+                _installed = False
+    return _installed
+
+
+def _install() -> bool:
+    if _TAP_OP is None:
+        return False
+    from torch._inductor import config, ir
+    from torch._inductor.custom_graph_pass import CustomGraphPass
+    from torch._inductor.fx_utils import get_node_storage  # noqa: F401 - late_taps needs it
+    from torch._inductor.lowering import (
+        constrain_to_fx_strides,
+        fallback_handler,
+        lowerings,
+        register_lowering,
+    )
+    from torch._inductor.virtualized import V
+
+    if _TAP_OP in lowerings:
+        return True  # (this module loaded again: the process's lowering stands)
+    fallback = fallback_handler(_TAP_OP, add_to_fallback_set=False)  # type: ignore[no-untyped-call]
+
+    def _lower(x: Any, cols: int) -> Any:
+        """The tap's kernel call: on the buffer as stored where it has a fixed layout,
+        else on a copy in eager strides (what Inductor does for an operator it does not
+        know)."""
+        if ir.is_storage_and_layout(x) and isinstance(x.get_layout(), ir.FixedLayout):
+            READS["stored"] += 1
+        else:
+            (x, _), _ = constrain_to_fx_strides(V.graph.current_node, x, cols)  # type: ignore[no-untyped-call]
+            READS["copied"] += 1
+        return fallback(x, cols)
+
+    class _Late(CustomGraphPass):
+        """:func:`late_taps` as Inductor's post-grad pass."""
+
+        def __call__(self, graph: torch.fx.Graph) -> None:
+            try:
+                late_taps(graph)
+            except Exception as exc:  # noqa: BLE001 - never in the compiler's way
+                log.debug("probe: taps left in place in a graph (%r)", exc)
+
+        def uuid(self) -> Any:
+            return _VERSION
+
+    # The user's own post passes run first. Before PyTorch took a list of them, one that
+    # is set is left alone, and taps keep the default.
+    set_ = config.post_grad_custom_post_pass
+    theirs = list(set_) if isinstance(set_, (list, tuple)) else [] if set_ is None else [set_]
+    try:
+        from torch._inductor.custom_graph_pass import get_custom_graph_passes  # noqa: F401
+    except ImportError:
+        if theirs:
+            return False
+    passes: list[Any] = [*theirs, _Late()]
+    register_lowering(_TAP_OP, type_promotion_kind=None)(_lower)
+    config.post_grad_custom_post_pass = passes if len(passes) > 1 else passes[0]
+    return True
