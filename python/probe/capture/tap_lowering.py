@@ -18,7 +18,7 @@ So two changes, both inside Inductor and both only where a graph has taps:
   read changes no value, except past a write into the tensor's storage (the update of
   BatchNorm's running statistics, an input mutation): taps of a written storage, and of the
   graph's inputs, stay where they are.
-- **Read as stored** (:func:`_lower`): a tap of a tensor that is already a stored buffer
+- **Read as stored** (the lowering :func:`install` registers): a tap of a tensor that is already a stored buffer
   with a fixed layout reads that buffer; any other is copied in eager strides, as before.
   Nothing the model computes is stored otherwise than without the agent, and Inductor's
   float32 training stays bit-identical with capture
@@ -47,8 +47,8 @@ log = logging.getLogger("probe")
 _VERSION = "probe-taps-read-as-stored-1"
 
 #: How the taps lowered in this process read their tensors: ``stored`` (the buffer as the
-#: model's kernels stored it) or ``copied`` (in eager strides). For the tests and the debug
-#: log; counts only, never read on the hot path.
+#: model's kernels stored it) or ``copied`` (in eager strides). Counts for the tests, never
+#: read on the hot path.
 READS: dict[str, int] = {"stored": 0, "copied": 0}
 
 _lock = threading.Lock()
