@@ -60,23 +60,12 @@ def late_taps(graph: torch.fx.Graph) -> int:
     the first user of its row); returns how many moved. Taps of graph inputs and of
     storages some node writes into stay (module docstring)."""
     taps = list(graph.find_nodes(op="call_function", target=_TAP_OP))
-    if not taps:
+    if not taps or graph.owning_module is None:
         return 0
-    from torch._inductor.fx_utils import get_node_storage
+    from torch._inductor.fx_utils import get_mutated_storages, get_node_storage
 
     pos = {n: i for i, n in enumerate(graph.nodes)}
-    written = set()
-    for n in graph.nodes:
-        schema = getattr(n.target, "_schema", None) if n.op == "call_function" else None
-        if schema is None or not schema.is_mutable:
-            continue
-        for a, arg in zip(schema.arguments, n.args):
-            if (
-                a.alias_info is not None
-                and a.alias_info.is_write
-                and isinstance(arg, torch.fx.Node)
-            ):
-                written.add(get_node_storage(arg))
+    written = get_mutated_storages(graph.owning_module)
     tapset = set(taps)
     moved = 0
     for t in taps:
@@ -122,7 +111,10 @@ def _install() -> bool:
         return False
     from torch._inductor import config, ir
     from torch._inductor.custom_graph_pass import CustomGraphPass
-    from torch._inductor.fx_utils import get_node_storage  # noqa: F401 - late_taps needs it
+    from torch._inductor.fx_utils import (  # noqa: F401 - late_taps needs them
+        get_mutated_storages,
+        get_node_storage,
+    )
     from torch._inductor.lowering import (
         constrain_to_fx_strides,
         fallback_handler,
