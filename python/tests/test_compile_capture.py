@@ -21,7 +21,7 @@ import torch.nn as nn
 import torch.nn.functional as F
 
 import probe
-from conftest import load_example, probe_bin, read_ops, run_steps
+from conftest import load_example, probe_bin, read_ops, run_agent_script, run_steps
 
 dynamo = pytest.importorskip("torch._dynamo")
 from torch._dynamo.utils import counters  # noqa: E402
@@ -70,17 +70,20 @@ class Transformer(nn.Module):
 
 
 def _train(
-    dump: Optional[str], compile: bool, directions: tuple[str, ...] = ("forward",)
+    dump: Optional[str],
+    compile: bool,
+    directions: tuple[str, ...] = ("forward",),
+    steps: int = STEPS,
 ) -> tuple[list[float], int]:
-    """``STEPS`` Adam steps of the transformer (``CAPTURED`` steps captured into ``dump``
-    at API level), compiled with Inductor or eager; the losses, and the graphs Dynamo
-    compiled."""
+    """``steps`` Adam steps of the transformer (those of ``CAPTURED`` captured into
+    ``dump`` at API level), compiled with Inductor or eager; the losses, and the graphs
+    Dynamo compiled."""
     dynamo.reset()
     before = int(counters["stats"]["unique_graphs"])
     probe.seed_all(0)
     model = Transformer()
     g = torch.Generator().manual_seed(1)
-    data = [torch.randint(0, 64, (4, 16), generator=g) for _ in range(STEPS)]
+    data = [torch.randint(0, 64, (4, 16), generator=g) for _ in range(steps)]
     run: Callable[[torch.Tensor], torch.Tensor] = torch.compile(model) if compile else model
     opt = torch.optim.Adam(model.parameters(), lr=1e-3)
     dbg = None
@@ -116,8 +119,8 @@ def runs(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
     out["eager"] = _train(str(root / "eager"), compile=False)
     out["compiled"] = _train(str(root / "compiled"), compile=True)
     undo = load_example().inductor_fault("gelu", 0.05)
-    try:
-        out["fault"] = _train(str(root / "fault"), compile=True)
+    try:  # (step 0 only: its test compares that step, and no uncaptured graph is compiled)
+        out["fault"] = _train(str(root / "fault"), compile=True, steps=1)
     finally:
         undo()
     return out
@@ -287,7 +290,10 @@ class _Conv(nn.Module):
     ids=["layernorm", "conv"],
 )
 def test_capture_leaves_inductors_training_bit_identical(
-    tmp_path: Any, model: type[nn.Module], shape: tuple[int, ...], api: str
+    tmp_path: Any,
+    model: type[nn.Module],
+    shape: tuple[int, ...],
+    api: str,
 ) -> None:
     """Two SGD steps compiled by Inductor, captured on every step (forward and backward
     taps), against the same steps without the agent: the same losses and parameters, bit
@@ -296,6 +302,9 @@ def test_capture_leaves_inductors_training_bit_identical(
     parameters differed in the last bits. Taps are opaque operators now (graph_taps.py),
     which read what the model's kernels stored, as they stored it (tap_lowering.py): the
     conv model's taps read stored buffers, and no buffer is stored otherwise."""
+    import torch._functorch.config as aot_config
+    import torch._inductor.config as inductor_config
+
     from probe.capture import tap_lowering
 
     def train(dump: Optional[str]) -> tuple[list[float], list[torch.Tensor]]:
@@ -312,15 +321,15 @@ def test_capture_leaves_inductors_training_bit_identical(
         ]
         with warnings.catch_warnings():
             warnings.simplefilter("ignore")
-            losses = run_steps(
-                dbg, net, [opt], batches, lambda b: F.cross_entropy(run(b[0]), b[1])
-            )
+            losses = run_steps(dbg, net, [opt], batches, lambda b: F.cross_entropy(run(b[0]), b[1]))
         assert dbg is None or dbg.enabled
         return losses, [p.detach().clone() for p in net.parameters()]
 
     bare = train(None)
     stored = tap_lowering.READS["stored"]
-    got = train(str(tmp_path))
+    # Compiled here, not taken from a cache an earlier run filled: the taps are lowered.
+    with inductor_config.patch(fx_graph_cache=False), aot_config.patch(enable_autograd_cache=False):
+        got = train(str(tmp_path))
     assert got[0] == bare[0]
     assert all(torch.equal(a, b) for a, b in zip(got[1], bare[1]))
     # Taps read buffers as the compiled code stored them (not only copies).
@@ -330,3 +339,58 @@ def test_capture_leaves_inductors_training_bit_identical(
         ops = read_ops(str(tmp_path / f"step{step}" / "rank0"))
         inside = {o["op"] for o in ops if "graph" in o}
         assert {f"{api}.forward", f"{api}.backward"} <= inside
+
+
+RERUN = """
+import json, sys, warnings
+import torch, torch.nn as nn, torch.nn.functional as F
+from torch._dynamo.utils import counters
+import probe
+
+torch.manual_seed(0)
+net = nn.Sequential(nn.Linear(16, 32), nn.GELU(), nn.LayerNorm(32), nn.Linear(32, 4))
+run = torch.compile(net)
+dbg = probe.Debugger(None, dump_path=sys.argv[1], level="api")
+x = torch.randn(8, 16, generator=torch.Generator().manual_seed(1))
+with warnings.catch_warnings():
+    warnings.simplefilter("ignore")
+    dbg.start(net)
+    F.cross_entropy(run(x), torch.arange(8) % 4).backward()
+    dbg.stop()
+    dbg.step()
+dbg.close()
+print(json.dumps({k: dict(counters[k]) for k in ("inductor", "aot_autograd")}))
+"""
+
+
+def test_a_rerun_takes_the_instrumented_graphs_from_the_compile_caches(
+    tmp_path: Any, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A job's second run compiles nothing: Inductor's graph cache and AOTAutograd's cache
+    hold the instrumented graphs too. Both skipped them (a compile without a shape
+    environment; a graph calling the taps' functions), and every run traced and compiled
+    them anew: a minute for test_compile_capture's transformer on two CPU cores."""
+    monkeypatch.setenv("TORCHINDUCTOR_CACHE_DIR", str(tmp_path / "cache"))
+    counts, dumps = [], []
+    for i in range(2):
+        dump = str(tmp_path / f"run{i}")
+        r = run_agent_script(RERUN, dump)
+        assert r.returncode == 0, r.stderr[-4000:]
+        counts.append(json.loads(r.stdout.strip().splitlines()[-1]))
+        dumps.append(read_ops(os.path.join(dump, "step0", "rank0")))
+    first, second = counts
+    # The first run compiles the plain forward, and the instrumented forward and backward.
+    assert first["inductor"].get("fxgraph_cache_miss", 0) >= 3, first
+    assert second["inductor"].get("fxgraph_cache_miss", 0) == 0, second
+    assert second["inductor"]["fxgraph_cache_hit"] == first["inductor"]["fxgraph_cache_miss"]
+    assert not any("bypass" in k for c in counts for part in c.values() for k in part), counts
+    # (The plain graph's entry waits for its backward, which this step does not run.)
+    assert second["aot_autograd"].get("autograd_cache_hit", 0) >= 1, second
+
+    # Both runs captured the same calls, forward and backward, with the same statistics.
+    def key(ops: list[dict[str, Any]]) -> list[tuple[str, list[Any]]]:
+        return [(o["op"], [t.get("stats") for t in o.get("tensors", [])]) for o in ops]
+
+    assert key(dumps[0]) == key(dumps[1])
+    inside = {o["op"] for o in dumps[0] if "graph" in o}
+    assert {"Functional.gelu.0.forward", "Functional.gelu.0.backward"} <= inside, inside

@@ -79,11 +79,14 @@ def _spec(x: Any) -> Any:
 
 def _fakes(specs: list[Any]) -> list[Any]:
     """Fake tensors for ``specs``: a compile reads nothing else of them, and they take no
-    memory (the real inputs are the model's parameters and a batch)."""
+    memory (the real inputs are the model's parameters and a batch). Their mode has a
+    shape environment, as Dynamo's has: Inductor's graph cache skips a compile without one,
+    and every run of a job compiled its instrumented graphs anew."""
     from torch._subclasses.fake_tensor import FakeTensorMode
+    from torch.fx.experimental.symbolic_shapes import ShapeEnv
 
     out: list[Any] = []
-    with FakeTensorMode():
+    with FakeTensorMode(shape_env=ShapeEnv()):
         for s in specs:
             if not isinstance(s, tuple) or len(s) != 6 or not isinstance(s[2], torch.dtype):
                 out.append(s)

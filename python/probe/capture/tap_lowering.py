@@ -32,19 +32,32 @@ first (on a PyTorch that takes one post pass only, a user's pass leaves taps the
 
 from __future__ import annotations
 
+import hashlib
 import logging
 import threading
+from pathlib import Path
 from typing import Any, Optional
 
 import torch
 
-from .tap_ops import _TAP_OP
+from .._version import __version__
+from .tap_ops import _TAP_OP, grad_tap, tap
 
 log = logging.getLogger("probe")
 
-#: Bumped when the lowering or the pass changes: Inductor's caches key compiled graphs by
-#: the post-grad passes' uuids, and this one stands for both.
-_VERSION = "probe-taps-read-as-stored-1"
+
+def _version() -> str:
+    """What Inductor's and AOTAutograd's caches key the taps by: a hash of the code that
+    says how a tap is traced and lowered (this module and ``tap_ops.py``), so a cached
+    graph is never one an older agent compiled."""
+    h = hashlib.sha256()
+    for name in ("tap_lowering.py", "tap_ops.py"):
+        try:
+            h.update(Path(__file__).with_name(name).read_bytes())
+        except OSError:  # (a zipped install: the agent's version stands for its code)
+            h.update(name.encode())
+    return f"probe-{__version__}-taps-{h.hexdigest()[:16]}"
+
 
 #: How the taps lowered in this process read their tensors: ``stored`` (the buffer as the
 #: model's kernels stored it) or ``copied`` (in eager strides). Counts for the tests, never
@@ -90,6 +103,19 @@ def late_taps(graph: torch.fx.Graph) -> int:
     return moved
 
 
+def _cacheable(config: Any, version: str) -> None:
+    """Let AOTAutograd's cache keep instrumented graphs: it skips any graph that calls a
+    function it does not know, such as :func:`~.tap_ops.tap` and
+    :func:`~.tap_ops.grad_tap`, and then every run of a job traced each instrumented graph
+    anew (tens of seconds for a small transformer on a CPU). Keyed by ``version``; on a
+    PyTorch without the setting, such graphs are traced in each process as before."""
+    marked = getattr(config, "unsafe_marked_cacheable_functions", None)
+    if not isinstance(marked, dict):
+        return
+    names = {f"{f.__module__}.{f.__name__}": version for f in (tap, grad_tap)}
+    config.unsafe_marked_cacheable_functions = {**marked, **names}
+
+
 def install() -> bool:
     """Register the tap's lowering and the post-grad pass, once per process; False where
     this PyTorch lacks the internals (then taps keep PyTorch's default)."""
@@ -107,9 +133,12 @@ def install() -> bool:
 
 
 def _install() -> bool:
+    from torch._inductor import config, ir
+
+    version = _version()
+    _cacheable(config, version)
     if _TAP_OP is None:
         return False
-    from torch._inductor import config, ir
     from torch._inductor.custom_graph_pass import CustomGraphPass
     from torch._inductor.fx_utils import (  # noqa: F401 - late_taps needs them
         get_mutated_storages,
@@ -148,7 +177,7 @@ def _install() -> bool:
                 log.debug("probe: taps left in place in a graph (%r)", exc)
 
         def uuid(self) -> Any:
-            return _VERSION
+            return version
 
     # The user's own post passes run first. Before PyTorch took a list of them, one that
     # is set is left alone, and taps keep the default.
