@@ -386,8 +386,8 @@ def test_a_tap_is_the_tensor_statistics_in_eager_and_inductor_code() -> None:
     """A graph tap's row, called eagerly and compiled by Inductor (as an opaque operator,
     whose CPU kernel is the native one-pass kernel where it loaded), holds each number in
     its own column: a NaN or an Inf in one statistic stays out of the others' columns, the
-    counts count, a transposed view is read as the tensor it is, and a gradient's row is
-    the same numbers and a 1."""
+    counts count, a transposed view and a slice are read as the tensors they are, a
+    one-element tensor as its value, and a gradient's row is the same numbers and a 1."""
     from probe.capture import stats
     from probe.capture.tap_ops import COLUMNS, GRAD_COLUMNS, tap
 
@@ -400,6 +400,10 @@ def test_a_tap_is_the_tensor_statistics_in_eager_and_inductor_code() -> None:
     with_inf[0, 1] = float("inf")
     with_inf[4, 4] = float("-inf")
     cases = [finite, with_nan, with_inf, finite > 0, finite.t(), finite.bfloat16()]
+    # A slice with gaps in its memory (copied for the kernel), and one-element tensors
+    # (read as their value): a step counter, a NaN loss, an infinite scale.
+    cases += [finite[:, 1::3], torch.tensor(5), torch.tensor([float("nan")])]
+    cases += [torch.tensor([[float("-inf")]]), torch.tensor(True)]
 
     def rows(*xs: torch.Tensor) -> tuple[list[torch.Tensor], list[torch.Tensor]]:
         return [tap(x) for x in xs], [tap(x, GRAD_COLUMNS) for x in xs]

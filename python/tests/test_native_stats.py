@@ -124,12 +124,24 @@ def test_finite_values_past_float32_accumulators(kernels: Any, values: Any, dtyp
     assert got["norm"] == pytest.approx(sum(v * v for v in x) ** 0.5, rel=1e-12)
 
 
-def test_a_strided_slice_and_other_dtypes_take_the_reductions(kernels: Any) -> None:
-    """Memory with gaps (every other element) and float64/float16 are not the kernel's:
-    their statistics are PyTorch's, exactly as before."""
+def test_a_strided_slice_is_copied_for_the_kernel_and_other_dtypes_take_the_reductions(
+    kernels: Any, monkeypatch: Any
+) -> None:
+    """Memory with gaps (every other element: a chunk of a fused projection, a slice of
+    channels) is copied in memory order and read by the kernel, as its copy is, up to
+    ``COPY_MAX`` elements; a larger one, and float64/float16, take PyTorch's reductions,
+    exactly as before."""
     g = torch.Generator().manual_seed(2)
+    gappy = torch.randn(10000, generator=g)[::2]
+    assert not gappy.is_contiguous() and stats_mod.dense_span(gappy) is None
+    assert stat_vector(gappy) == stat_vector(gappy.contiguous())
+    # Copied in memory order: a slice and its transpose are the same numbers, bit for bit.
+    block = torch.randn(64, 300, generator=g)[:, 7:263]
+    assert stat_vector(block) == stat_vector(block.t()) == stat_vector(block.contiguous())
+    assert stat_vector(block) != stat_vector(block.t().contiguous())
+    monkeypatch.setattr(stats_mod, "COPY_MAX", gappy.numel() - 1)
     for t in (
-        torch.randn(10000, generator=g)[::2],
+        gappy,
         torch.randn(999, generator=g, dtype=torch.float64),
         torch.randn(999, generator=g).half(),
     ):
@@ -138,6 +150,8 @@ def test_a_strided_slice_and_other_dtypes_take_the_reductions(kernels: Any) -> N
         tf = t.double() if t.dtype is torch.float64 else t.float()
         mn, mx = torch.aminmax(tf)
         assert vec[:3] == [mx.item(), mn.item(), torch.sum(tf).item()]
+    # (The kernel's sum of the copy is not PyTorch's float32 sum of the slice, bit for bit.)
+    assert stat_vector(gappy)[2] != stat_vector(gappy.contiguous())[2]
 
 
 def test_a_tensor_subclass_takes_the_reductions(kernels: Any) -> None:
