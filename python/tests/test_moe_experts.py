@@ -19,6 +19,7 @@ router's even shares read as micro-batches.
 
 from __future__ import annotations
 
+import json
 import re
 from typing import Any
 
@@ -29,67 +30,88 @@ from conftest import compare_summary, probe_bin, run_agent_script
 pytest.importorskip("transformers")
 
 SCRIPT = """
+import json
 import sys
 import torch
 import torch.nn.functional as F
 import probe
 import transformers
 
-dump, impl, level, fault = sys.argv[1], sys.argv[2], sys.argv[3], sys.argv[4] == "1"
-arch = sys.argv[5]
 if not hasattr(transformers.PreTrainedModel, "set_experts_implementation"):
     sys.exit(3)  # a transformers without selectable experts implementations
-if fault:  # the first activation of each step (layer 0's experts), 5 % too large
-    silu, calls = F.silu, [0]
+silu = F.silu
+
+
+def faulty_silu():  # the first activation of each step (layer 0's experts), 5 % too large
+    calls = [0]
 
     def faulty(x, inplace=False):
         calls[0] += 1
         y = silu(x, inplace=inplace)
         return y * 1.05 if calls[0] % 2 == 1 else y
 
-    F.silu = faulty
-probe.seed_all(0)
-common = dict(
-    vocab_size=128, hidden_size=64, intermediate_size=96, num_hidden_layers=2,
-    num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=64,
-    num_experts_per_tok=2,
-)
-try:
-    if arch == "mixtral":
-        model = transformers.MixtralForCausalLM(
-            transformers.MixtralConfig(num_local_experts=4, **common)
-        )
-    else:  # DeepSeek-V3: a dense first layer, a shared expert, grouped top-k routing
-        model = transformers.DeepseekV3ForCausalLM(
-            transformers.DeepseekV3Config(
-                moe_intermediate_size=48, n_routed_experts=4, n_shared_experts=1,
-                first_k_dense_replace=1, n_group=2, topk_group=1, q_lora_rank=32,
-                kv_lora_rank=16, qk_rope_head_dim=8, qk_nope_head_dim=8, v_head_dim=16,
-                **common,
+    return faulty
+
+
+def run(dump, impl, level, fault, arch):
+    F.silu = faulty_silu() if fault else silu
+    probe.seed_all(0)
+    common = dict(
+        vocab_size=128, hidden_size=64, intermediate_size=96, num_hidden_layers=2,
+        num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=64,
+        num_experts_per_tok=2,
+    )
+    try:
+        if arch == "mixtral":
+            model = transformers.MixtralForCausalLM(
+                transformers.MixtralConfig(num_local_experts=4, **common)
             )
-        )
-except (AttributeError, TypeError, ValueError):
-    sys.exit(3)  # this transformers has no such model or configuration
-model.set_experts_implementation(impl)
-opt = torch.optim.AdamW(model.parameters(), lr=1e-3)
-ids = torch.randint(0, 128, (2, 16), generator=torch.Generator().manual_seed(1))
-dbg = probe.Debugger(None, dump_path=dump, level=level, mode="statistics")
-for step in range(2):
-    dbg.start(model)
-    out = model(input_ids=ids, labels=ids)
-    out.loss.backward()
-    opt.step()
-    opt.zero_grad()
-    dbg.stop()
-    dbg.step()
+        else:  # DeepSeek-V3: a dense first layer, a shared expert, grouped top-k routing
+            model = transformers.DeepseekV3ForCausalLM(
+                transformers.DeepseekV3Config(
+                    moe_intermediate_size=48, n_routed_experts=4, n_shared_experts=1,
+                    first_k_dense_replace=1, n_group=2, topk_group=1, q_lora_rank=32,
+                    kv_lora_rank=16, qk_rope_head_dim=8, qk_nope_head_dim=8, v_head_dim=16,
+                    **common,
+                )
+            )
+    except (AttributeError, TypeError, ValueError):
+        sys.exit(3)  # this transformers has no such model or configuration
+    model.set_experts_implementation(impl)
+    opt = torch.optim.AdamW(model.parameters(), lr=1e-3)
+    ids = torch.randint(0, 128, (2, 16), generator=torch.Generator().manual_seed(1))
+    dbg = probe.Debugger(None, dump_path=dump, level=level, mode="statistics")
+    for step in range(2):
+        dbg.start(model)
+        out = model(input_ids=ids, labels=ids)
+        out.loss.backward()
+        opt.step()
+        opt.zero_grad()
+        dbg.stop()
+        dbg.step()
+    dbg.close()
+    F.silu = silu
+
+
+# Every run in this one process: each a new model, seeded alike, and a Debugger of its own
+# (importing torch and transformers took most of a run's time).
+for args in json.loads(sys.argv[1]):
+    run(*args)
 """
 
-
-def _run(dump: str, impl: str, level: str, fault: bool, arch: str) -> None:
-    r = run_agent_script(SCRIPT, dump, impl, level, "1" if fault else "0", arch)
-    if r.returncode == 3:
-        pytest.skip("this transformers has no selectable experts implementations")
-    assert r.returncode == 0, r.stderr[-4000:]
+#: The runs: name, experts implementation, level, a faulty activation, architecture.
+RUNS = (
+    ("eager", "eager", "mix", False, "mixtral"),
+    ("grouped_mm", "grouped_mm", "mix", False, "mixtral"),
+    ("batched_mm", "batched_mm", "mix", False, "mixtral"),
+    ("grouped_fault", "grouped_mm", "mix", True, "mixtral"),
+    ("eager_api", "eager", "api", False, "mixtral"),
+    ("grouped_api", "grouped_mm", "api", False, "mixtral"),
+    ("eager_module", "eager", "module", False, "mixtral"),
+    ("grouped_module", "grouped_mm", "module", False, "mixtral"),
+    ("deepseek_eager", "eager", "mix", False, "deepseek"),
+    ("deepseek_grouped_mm", "grouped_mm", "mix", False, "deepseek"),
+)
 
 
 def compare_json(bench: str, cmp_: str, out: str) -> tuple[int, dict[str, Any]]:
@@ -100,21 +122,12 @@ def compare_json(bench: str, cmp_: str, out: str) -> tuple[int, dict[str, Any]]:
 def runs(tmp_path_factory: pytest.TempPathFactory) -> dict[str, str]:
     probe_bin()  # skip before the runs when there is no binary
     root = tmp_path_factory.mktemp("mixtral")
-    out: dict[str, str] = {}
-    for name, impl, level, fault, arch in (
-        ("eager", "eager", "mix", False, "mixtral"),
-        ("grouped_mm", "grouped_mm", "mix", False, "mixtral"),
-        ("batched_mm", "batched_mm", "mix", False, "mixtral"),
-        ("grouped_fault", "grouped_mm", "mix", True, "mixtral"),
-        ("eager_api", "eager", "api", False, "mixtral"),
-        ("grouped_api", "grouped_mm", "api", False, "mixtral"),
-        ("eager_module", "eager", "module", False, "mixtral"),
-        ("grouped_module", "grouped_mm", "module", False, "mixtral"),
-        ("deepseek_eager", "eager", "mix", False, "deepseek"),
-        ("deepseek_grouped_mm", "grouped_mm", "mix", False, "deepseek"),
-    ):
-        out[name] = str(root / name)
-        _run(out[name], impl, level, fault, arch)
+    out = {name: str(root / name) for name, *_ in RUNS}
+    todo = [[out[name], *rest] for name, *rest in RUNS]
+    r = run_agent_script(SCRIPT, json.dumps(todo), timeout=900)
+    if r.returncode == 3:
+        pytest.skip("this transformers has no selectable experts implementations")
+    assert r.returncode == 0, r.stderr[-4000:]
     return out
 
 
@@ -144,7 +157,9 @@ def test_deepseek_v3_experts_agree(runs: dict[str, str], tmp_path: Any) -> None:
     """A dense first layer, a shared expert beside the routed ones, and grouped top-k
     routing. Its router spreads step 1's tokens evenly (16 a routed expert): the eager loop
     then calls each op 4 times on a quarter of the grouped call's input."""
-    code, s = compare_json(runs["deepseek_eager"], runs["deepseek_grouped_mm"], str(tmp_path / "out"))
+    code, s = compare_json(
+        runs["deepseek_eager"], runs["deepseek_grouped_mm"], str(tmp_path / "out")
+    )
     assert code == 0, s["headline"]
     _agree(s, layers=(1,))
 
