@@ -106,10 +106,11 @@ def _run_row(x: torch.Tensor, cols: int) -> torch.Tensor:
     (``stats.NATIVE``; a slice with gaps in its memory is copied first, up to
     ``stats.COPY_MAX`` elements), which writes max, min, sum and norm straight into the
     result (the counts stay 0: the kernel refuses a tensor with NaN or Inf); a one-element
-    tensor is read as its value; any other takes :func:`_reduce`. Only functions bound before the agent's wrappers exist: a compiled
-    backward runs while the step is captured (``out[6] = 1`` was recorded as the model's
-    ``Tensor.__setitem__``). (Six eager reductions per tap made a captured compiled step of
-    the example 6.0x its bare step, the native kernel 2.5x.)"""
+    tensor is read as its value; any other takes :func:`_reduce`. Only functions bound
+    before the agent's wrappers exist: a compiled backward runs while the step is captured
+    (``out[6] = 1`` was recorded as the model's ``Tensor.__setitem__``). (Six eager
+    reductions per tap made a captured compiled step of the example 6.0x its bare step,
+    the native kernel 2.5x.)"""
     # (As stats.stat_vector reads a tensor, which keeps it inline: a shared helper cost
     # the eager hot path ~0.5 us a tensor, a quarter of a small tensor's statistics.)
     n = x.numel()
