@@ -29,9 +29,12 @@ def _graphs() -> int:
     return int(counters["stats"]["unique_graphs"])
 
 
-def _run(backend: str, dbg: Any, steps: int, give_wrapper: bool = True) -> list[float]:
-    """``steps`` SGD steps of the example's model compiled, capturing the even ones under
-    ``dbg`` (when given), from a fresh Dynamo; returns the losses."""
+def _run(
+    backend: str, dbg: Any, steps: int, give_wrapper: bool = True, every: int = 2
+) -> list[float]:
+    """``steps`` SGD steps of the example's model compiled, capturing every ``every``-th
+    one (the even ones by default) under ``dbg`` (when given), from a fresh Dynamo;
+    returns the losses."""
     dynamo.reset()
     probe.seed_all(0)
     model = EXAMPLE.SmallNet()
@@ -41,7 +44,7 @@ def _run(backend: str, dbg: Any, steps: int, give_wrapper: bool = True) -> list[
     losses = []
     for i in range(steps):
         x, y = data[i % 2]
-        cap = dbg is not None and i % 2 == 0
+        cap = dbg is not None and i % every == 0
         if cap:
             dbg.start(cm if give_wrapper else model)
         opt.zero_grad()
@@ -101,6 +104,27 @@ def test_a_compiled_model_trains_as_without_the_agent(
     if level == "mix":
         grads = [k for k in keys[0] if k.endswith("parameters_grad")]
         assert "Module.block.fc1.Linear.parameters_grad" in grads, grads
+
+
+@pytest.mark.parametrize("give_wrapper", [True, False], ids=["compiled", "its-model"])
+def test_captured_steps_in_a_row_do_not_recompile(tmp_path: Any, give_wrapper: bool) -> None:
+    """Every step captured, as ``steps=[0, 1, ...]`` does: the agent's forward hooks are new
+    at every ``start()``, and Dynamo guarded the traced module calls on the ids of those
+    that run even when the forward raises (``always_call``): each captured step recompiled
+    the model (6 graphs for 6 steps here), and after Dynamo's limit of 8 it ran uncompiled.
+    Under compiled code the hooks are plain ones now (modules.py)."""
+    before = _graphs()
+    bare = _run("aot_eager", None, 6)
+    before, bare_graphs = _graphs(), _graphs() - before
+    dbg = probe.Debugger(None, dump_path=str(tmp_path), level="api")
+    got = _run("aot_eager", dbg, 6, give_wrapper=give_wrapper, every=1)
+    assert dbg.enabled
+    assert got == bare
+    assert _graphs() - before <= bare_graphs + 1, (_graphs() - before, bare_graphs)
+    for step in range(6):
+        ops = read_ops(os.path.join(tmp_path, f"step{step}", "rank0"))
+        inside = {o["op"] for o in ops if "graph" in o}
+        assert "Functional.gelu.0.forward" in inside, (step, sorted(inside)[:5])
 
 
 def _dump_sgd_steps(path: str, backend: str) -> None:

@@ -11,7 +11,9 @@ guarantee is that compiling keeps working and says so:
   became a guard, so that every ``start()`` and ``stop()`` recompiled the model, until
   Dynamo's recompile limit (8) left it uncompiled for the rest of the run. So every entry
   point tests :func:`compiling` first; the model is then traced twice at most (with the
-  agent's hooks and without).
+  agent's hooks and without). Dynamo also guards on the ids of ``always_call`` forward
+  hooks, which are new at every ``start()``: a model it traces (:func:`traced`) gets plain
+  ones (``modules.py``).
 - Compiling a graph (AOT autograd, Inductor) also calls the hooked APIs from Python, on fake
   tensors, outside Dynamo's trace: a captured step whose first call compiled switched
   capture off that way. Its code also calls them on real tensors (constant folding, the
@@ -171,6 +173,18 @@ def in_model(model: torch.nn.Module) -> bool:
         _wrapped(m) or _scripted(m) or getattr(m, "_compiled_call_impl", None) is not None
         for m in model.modules()
     )
+
+
+#: ``id`` of each module whose code Dynamo compiled a graph of while the agent was
+#: installed (``graphs.py`` adds them).
+TRACED_ROOTS: set[int] = set()
+
+
+def traced(model: torch.nn.Module) -> bool:
+    """Whether Dynamo traces ``model``'s module calls: it (or a submodule) was compiled
+    (:func:`in_model`), or Dynamo compiled a graph of its code or a submodule's (a
+    ``torch.compile`` wrapper the agent was not given)."""
+    return in_model(model) or any(id(m) in TRACED_ROOTS for m in model.modules())
 
 
 def scripted_in(model: torch.nn.Module) -> bool:

@@ -39,7 +39,7 @@ import torch
 
 from .._op_key import api_backward, api_key
 from . import tap_lowering
-from .compiled import compiling
+from .compiled import TRACED_ROOTS, compiling
 from .graph_taps import NO_CALLS, Call, Names, Plan, instrument
 from .patcher import _owners, load_api_list
 from .records import OpRecord
@@ -177,6 +177,9 @@ def _names() -> Names:
 def _wrap(graph: Any, gm: torch.fx.GraphModule, example_inputs: list[Any], orig: Any) -> Any:
     """``OutputGraph.call_user_compiler`` with instrumentation: the backend's compiled
     function, wrapped in a :class:`CompiledGraph` when the graph can be instrumented."""
+    root = _root(graph)
+    if root is not None:
+        TRACED_ROOTS.add(root)  # (its module hooks: modules.py)
     made: Any = None
     try:
         made = instrument(gm, _names(), (_TORCH_DIR, _PKG_DIR))
@@ -197,7 +200,7 @@ def _wrap(graph: Any, gm: torch.fx.GraphModule, example_inputs: list[Any], orig:
         return _Uncaptured(compiled)
     carry_dynamo_attributes(gm, made[0])
     fill_examples(made[0], made[1].grad_rows)
-    return CompiledGraph(compiled, made[0], made[1], graph.compiler_fn, specs, _root(graph))
+    return CompiledGraph(compiled, made[0], made[1], graph.compiler_fn, specs, root)
 
 
 def carry_dynamo_attributes(orig: torch.fx.GraphModule, copy_gm: torch.fx.GraphModule) -> None:

@@ -25,7 +25,7 @@ import torch
 
 from .._op_key import BACKWARD, FORWARD, module_base, module_key
 from .backward import BackwardHooks
-from .compiled import compiling, module_tree
+from .compiled import compiling, module_tree, traced
 from .context import HookContext
 from .records import UNWRITTEN, Captured, Dataflow, Known, OpRecord, results, walk
 from .threadstate import in_recompute, in_transform, tls
@@ -83,6 +83,12 @@ class ModuleHooks:
         """Hook every submodule of ``model`` (a compiled one's under its eager path)."""
         c = self._ctx.config
         track_only = not c.module
+        # Dynamo guards a traced module call on the ids of its always-called hooks: new
+        # ones at every start() made each captured step of a compiled model recompile it,
+        # and after 8 it ran uncompiled. In a model Dynamo traces, the post hooks are
+        # plain ones (an eager forward that raises, as checkpointing's early stop of a
+        # recompute does, may then leave its path on the stack).
+        always = not traced(model)
         for path, mod in module_tree(model):
             if not path:
                 continue  # the root: its path would be empty; its submodules cover it
@@ -95,7 +101,7 @@ class ModuleHooks:
                 )
             )
             self._handles.append(
-                _register_post_hook(mod, partial(self._post_hook, path, track_only))
+                _register_post_hook(mod, partial(self._post_hook, path, track_only), always)
             )
             if c.module and c.backward:
                 params = dict(mod.named_parameters(recurse=False))
@@ -387,10 +393,14 @@ def _uses(
     return found
 
 
-def _register_post_hook(mod: torch.nn.Module, hook: Callable[..., Any]) -> RemovableHandle:
-    """``hook`` as a forward hook with kwargs that also runs when the forward raises
-    (``always_call``, PyTorch >= 2.1; without it a raising forward leaves its path on the
-    stack)."""
+def _register_post_hook(
+    mod: torch.nn.Module, hook: Callable[..., Any], always: bool
+) -> RemovableHandle:
+    """``hook`` as a forward hook with kwargs; with ``always``, one that also runs when the
+    forward raises (``always_call``, PyTorch >= 2.1; without it a raising forward leaves
+    its path on the stack)."""
+    if not always:
+        return mod.register_forward_hook(hook, with_kwargs=True)
     try:
         return mod.register_forward_hook(hook, with_kwargs=True, always_call=True)
     except TypeError:
