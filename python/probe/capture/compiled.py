@@ -38,6 +38,7 @@ from __future__ import annotations
 
 import os
 import sys
+import weakref
 from collections.abc import Iterator
 from typing import Any, Callable
 
@@ -175,16 +176,16 @@ def in_model(model: torch.nn.Module) -> bool:
     )
 
 
-#: ``id`` of each module whose code Dynamo compiled a graph of while the agent was
-#: installed (``graphs.py`` adds them).
-TRACED_ROOTS: set[int] = set()
+#: The modules whose code Dynamo compiled a graph of while the agent was installed
+#: (``graphs.py`` adds them; held weakly: an id could be a later module's).
+TRACED_ROOTS: weakref.WeakSet[torch.nn.Module] = weakref.WeakSet()
 
 
 def traced(model: torch.nn.Module) -> bool:
     """Whether Dynamo traces ``model``'s module calls: it (or a submodule) was compiled
     (:func:`in_model`), or Dynamo compiled a graph of its code or a submodule's (a
     ``torch.compile`` wrapper the agent was not given)."""
-    return in_model(model) or any(id(m) in TRACED_ROOTS for m in model.modules())
+    return in_model(model) or any(m in TRACED_ROOTS for m in model.modules())
 
 
 def scripted_in(model: torch.nn.Module) -> bool:

@@ -177,9 +177,10 @@ def _names() -> Names:
 def _wrap(graph: Any, gm: torch.fx.GraphModule, example_inputs: list[Any], orig: Any) -> Any:
     """``OutputGraph.call_user_compiler`` with instrumentation: the backend's compiled
     function, wrapped in a :class:`CompiledGraph` when the graph can be instrumented."""
-    root = _root(graph)
-    if root is not None:
-        TRACED_ROOTS.add(root)  # (its module hooks: modules.py)
+    module = _root(graph)
+    if module is not None:
+        TRACED_ROOTS.add(module)  # (its module hooks: modules.py)
+    root = id(module) if module is not None else None
     made: Any = None
     try:
         made = instrument(gm, _names(), (_TORCH_DIR, _PKG_DIR))
@@ -267,13 +268,13 @@ def fill_examples(gm: torch.fx.GraphModule, grad_rows: int) -> None:
             n.meta["val"] = kept[n]
 
 
-def _root(graph: Any) -> Optional[int]:
-    """``id`` of the module whose code Dynamo traced (its frame's first module local)."""
+def _root(graph: Any) -> Optional[torch.nn.Module]:
+    """The module whose code Dynamo traced (its frame's first module local)."""
     try:
         local = graph.root_tx.f_locals.values()
     except Exception:  # noqa: BLE001 - Dynamo's internals moved: paths stay relative
         return None
-    return next((id(v) for v in local if isinstance(v, torch.nn.Module)), None)
+    return next((v for v in local if isinstance(v, torch.nn.Module)), None)
 
 
 def install_compiler_hook() -> bool:
