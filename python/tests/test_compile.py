@@ -15,7 +15,15 @@ import torch
 import torch.nn.functional as F
 
 import probe
-from conftest import SCHEMAS, Tiny, compare_summary, load_example, probe_bin, read_ops
+from conftest import (
+    SCHEMAS,
+    Tiny,
+    compare_summary,
+    load_example,
+    probe_bin,
+    read_ops,
+    run_agent_script,
+)
 from probe.capture import compiled
 
 dynamo = pytest.importorskip("torch._dynamo")
@@ -229,6 +237,54 @@ def test_calls_on_fake_tensors_are_not_captured(tmp_path: Any) -> None:
     assert mode is not None and b.sum().item() == 9.0
     keys = [o["op"] for o in read_ops(os.path.join(tmp_path, "step0", "rank0"))]
     assert keys == ["Tensor.__add__.0.forward", "Tensor.__mul__.0.forward"], keys
+
+
+INDUCTOR_IMPORTED_WHILE_CAPTURING = r"""
+import json, os, sys, warnings
+import torch, torch.nn as nn
+import probe
+warnings.simplefilter("ignore")
+torch.manual_seed(0)
+model = nn.Sequential(nn.Linear(8, 16), nn.GELU(), nn.Linear(16, 4))
+x = torch.randn(5, 8)
+dbg = probe.Debugger(None, dump_path=sys.argv[1], level="api", directions=["forward"])
+dbg.start(model)
+import torch._inductor.kernel.mm  # binds extern_kernels.mm to torch.mm: the agent's wrapper
+from torch._inductor.select_algorithm import extern_kernels
+assert extern_kernels.mm is torch.mm
+model(x).sum().backward()  # step 0: eager
+dbg.stop(); dbg.step()
+run = torch.compile(model)
+for _ in range(2):  # steps 1, 2: compiled (the first compiles)
+    dbg.start(model)
+    run(x).sum().backward()
+    dbg.stop(); dbg.step()
+dbg.close()
+"""
+
+
+def test_inductors_code_calling_the_agents_wrappers_is_not_the_models_call(
+    tmp_path: Any,
+) -> None:
+    """Inductor binds the PyTorch functions its generated code calls (``extern_kernels.mm``)
+    when it is imported: during a capture, those are the agent's wrappers. The matrix
+    products of the compiled backward then ran through them with capture on and were
+    recorded as the model's forward calls (``Torch.mm``): the compiled run no longer
+    matched its eager twin (found by test order: in a process where an earlier test had
+    imported Inductor under capture). Each step's dump holds the model's calls, the same
+    in the eager step and in the compiled ones."""
+    r = run_agent_script(INDUCTOR_IMPORTED_WHILE_CAPTURING, str(tmp_path))
+    assert r.returncode == 0, r.stderr[-3000:]
+    steps = [
+        [o["op"] for o in read_ops(os.path.join(tmp_path, f"step{i}", "rank0"))] for i in range(3)
+    ]
+    assert steps[0] == [
+        "Functional.linear.0.forward",
+        "Functional.gelu.0.forward",
+        "Functional.linear.1.forward",
+        "Tensor.sum.0.forward",
+    ], steps[0]
+    assert steps[1] == steps[0] and steps[2] == steps[0], steps
 
 
 def test_a_compiled_model_is_reported_without_a_new_graph(

@@ -83,6 +83,11 @@ _COMPILER_CODE = (
     ),
     os.path.join(_TORCH, "_meta_registrations.py"),
 )
+#: The module names Inductor gives (since 2.4; before) the Python code it generates (a compiled graph's
+#: ``call``, loaded from its cache folder, wherever that is): a PyTorch function that code
+#: calls (``extern_kernels.mm`` is ``torch.mm`` as it was when Inductor was imported, the
+#: agent's wrapper if that was during a capture) is the compiled graph's, not the model's.
+_GENERATED = ("torch._inductor.runtime.compile_tasks.", "torch._inductor.codecache.")
 
 
 def in_fake_mode() -> bool:
@@ -108,7 +113,7 @@ def compiler_call(args: tuple[Any, ...]) -> bool:
     PyTorch's Python API on fake tensors (also lazily, at the first backward), under a fake
     mode or on fake tensors directly; and, once Dynamo is imported (``import torch`` does
     not), the caller is its code, with real tensors (constant folding while compiling, the
-    runtime wrappers of a compiled graph). Called from the wrapper's handler
+    runtime wrappers of a compiled graph), or the code Inductor generated. Called from the wrapper's handler
     (``patcher._Dispatch``): the wrapper's caller is three frames up."""
     if args and _FakeTensor is not None and type(args[0]) is _FakeTensor:
         return True
@@ -120,7 +125,10 @@ def compiler_call(args: tuple[Any, ...]) -> bool:
         caller = sys._getframe(3)
     except ValueError:  # called from native code with no Python caller
         return False
-    return caller.f_code.co_filename.startswith(_COMPILER_CODE)
+    if caller.f_code.co_filename.startswith(_COMPILER_CODE):
+        return True
+    name = caller.f_globals.get("__name__")
+    return isinstance(name, str) and name.startswith(_GENERATED)
 
 
 #: The attribute of a wrapper made by ``torch.compile(module)`` holding the module itself.
