@@ -9,6 +9,11 @@ op record (captured minus bare, over the records a captured step wrote). Goal: c
 capture of the example model <= 1.5x the compiled bare step on CPU.
 
     python bench/compile_bench.py [--model small|transformer] [--steps 10] [--device cpu]
+                                  [--threads N]
+
+``--threads``: PyTorch's intra-op threads (default: PyTorch's own choice, the cores). On a
+2-core machine the two counts tell different stories: at 2 the compiled kernels share the
+cores while the agent's per-call work runs on one (docs/performance.md).
 
 Both variants of each graph (plain and instrumented) are compiled during the warm-up steps,
 which are not timed. Four configurations: eager and compiled, each capturing the whole step
@@ -109,10 +114,18 @@ def main() -> int:
     ap.add_argument("--model", choices=["small", "transformer"], default="small")
     ap.add_argument("--steps", type=int, default=10)
     ap.add_argument("--device", default="cpu")
+    ap.add_argument("--threads", type=int, default=0, help="intra-op threads (0: PyTorch's)")
     a = ap.parse_args()
+    if a.threads < 0:
+        ap.error("--threads must be 0 (PyTorch's choice) or more")
+    if a.threads:
+        torch.set_num_threads(a.threads)
     device = torch.device(a.device)
     warnings.simplefilter("ignore")
-    print(f"model {a.model}, {a.steps} steps each, {device}, torch {torch.__version__}")
+    print(
+        f"model {a.model}, {a.steps} steps each, {device}, {torch.get_num_threads()} threads, "
+        f"torch {torch.__version__}"
+    )
     print(
         f"{'run':<10} {'bare ms':>9} {'captured ms':>12} {'ratio':>7} {'records':>8} "
         f"{'in graphs':>10} {'us/record':>10}"
