@@ -43,7 +43,7 @@ from .compiled import TRACED_ROOTS, compiling
 from .graph_taps import NO_CALLS, Call, Names, Plan, instrument
 from .patcher import _owners, load_api_list
 from .records import OpRecord
-from .stats import fill_stats
+from .stats import finish_stats
 from .tap_ops import COLUMNS, GRAD_COLUMNS
 from .threadstate import tls
 
@@ -397,44 +397,49 @@ class GraphCapture:
             return []
         self.graphs.add(graph.id)
         plan = graph.plan
+        values = plan.values
         host = stats.tolist() if stats.device.type == "cpu" else None
         ids: dict[int, int] = {}
         base = self.paths.get(graph.root) if graph.root is not None else None
         if base is None:
             base = self._stack[-1] if self._stack else ""
+        forward, backward_on = c.forward, c.backward
+        inputs, outputs, stack = c.inputs, c.outputs, c.stack
+        api_call, finish, source = ctx.select.api_call, rec.finish, rec.flow.source
         backward: list[tuple[Call, str, Optional[str], Any]] = []
         for call in plan.calls:
             module = self._module(call, base) or None
-            n = ctx.select.api_call(call.api, module)
+            n = api_call(call.api, module)
             if n is None:
                 continue
             key = api_key(call.api, n)
-            if c.backward and call.grads:
+            if backward_on and call.grads:
                 backward.append((call, key, module, folder))
-            if not c.forward:
+            if not forward:
                 continue
             op = OpRecord(key, "api", "forward", module, folder)
             op.graph = {"id": graph.id, "node": call.node}
-            if c.stack and call.frames:
+            if stack and call.frames:
                 op.stack = rec.stacks.frames_id(folder, call.frames)
-            if c.inputs:
+            entries = op.entries
+            if inputs:
                 for name, v in call.inputs:
-                    tr = self._tensor(op, name, "input", plan, v, host, stats)
+                    tr = _tensor_record(key, name, "input", values[v], host, stats, entries)
                     src = ids.get(v)
-                    arg = plan.values[v].arg
+                    arg = values[v].arg
                     if src is None and arg is not None:
                         real = args[arg]
                         if isinstance(real, torch.Tensor):
-                            src = rec.flow.source(real)[0]
+                            src = source(real)[0]
                     if src is not None:
                         tr["src"] = src
                 op.args = call.args
-            if c.outputs:
+            if outputs:
                 for name, v in call.outputs:
-                    tr = self._tensor(op, name, "output", plan, v, host, stats)
+                    tr = _tensor_record(key, name, "output", values[v], host, stats, entries)
                     tr["id"] = ids[v] = folder.next_id
                     folder.next_id += 1
-            rec.finish(op)
+            finish(op)
         return backward
 
     def _grads(
@@ -458,31 +463,33 @@ class GraphCapture:
                     return  # stop() came first: the step is closed
                 rows = grad.detach().tolist()
                 c = self._ctx.config
-                rec = self._ctx.recorder
+                inputs, outputs = c.inputs, c.outputs
+                finish = self._ctx.recorder.finish
                 plan = graph.plan
+                values, reaches = plan.values, plan.grad_reach
                 for call, key, module, folder in reversed(calls):
-                    op = OpRecord(api_backward(key), "api", "backward", module, folder)
+                    bkey = api_backward(key)
+                    op = OpRecord(bkey, "api", "backward", module, folder)
                     op.graph = {"id": graph.id, "node": call.node}
+                    entries = op.entries
                     for name, row, v in call.grads:
-                        values = rows[row]
+                        got = rows[row]
                         inp = name.startswith("input")
-                        if values[COLUMNS] == 0.0 or not (c.inputs if inp else c.outputs):
+                        if got[COLUMNS] == 0.0 or not (inputs if inp else outputs):
                             continue
-                        reach = plan.grad_reach[row]
-                        if reach is not None and not reach & came:
+                        reach = reaches[row]
+                        if reach is not None and reach.isdisjoint(came):
                             continue  # only zeros handed in for outputs without gradient
-                        value = plan.values[v]
-                        stats: dict[str, Any] = {}
-                        fill_stats(stats, values, 0, COLUMNS, value.numel)
+                        value = values[v]
                         tr: dict[str, Any] = {
-                            "name": f"{op.key}.{name}",
+                            "name": f"{bkey}.{name}",
                             "role": "input" if inp else "output",
                             "dtype": value.dtype,
                             "shape": value.shape,
                         }
-                        op.entries.append((tr, stats, None))  # type: ignore[arg-type]
-                    if op.entries:
-                        rec.finish(op)
+                        entries.append((tr, finish_stats(got, value.numel, None), None))  # type: ignore[arg-type]
+                    if entries:
+                        finish(op)
         except Exception as exc:  # noqa: BLE001
             self._ctx.guard.fail(exc, f"capturing the backward of compiled graph {graph.id}")
         finally:
@@ -499,31 +506,28 @@ class GraphCapture:
             return base
         return f"{base}.{call.module}" if base else call.module
 
-    def _tensor(
-        self,
-        op: OpRecord,
-        name: str,
-        role: str,
-        plan: Plan,
-        v: int,
-        host: Optional[list[list[float]]],
-        stats: torch.Tensor,
-    ) -> Any:
-        """One tensor record of ``op`` from value ``v``'s row of the graph's statistics."""
-        value = plan.values[v]
-        tr: dict[str, Any] = {
-            "name": f"{op.key}.{name}",
-            "role": role,
-            "dtype": value.dtype,
-            "shape": value.shape,
-        }
-        vec: Any = None
-        if value.row is not None:
-            if host is not None:
-                done: dict[str, Any] = {}
-                fill_stats(done, host[value.row], 0, 6, value.numel)
-                vec = done
-            else:
-                vec = stats[value.row]
-        op.entries.append((tr, vec, None))  # type: ignore[arg-type]
-        return tr
+
+def _tensor_record(
+    key: str,
+    name: str,
+    role: str,
+    value: Any,
+    host: Optional[list[list[float]]],
+    stats: torch.Tensor,
+    entries: list[Any],
+) -> dict[str, Any]:
+    """One tensor record of op ``key`` from ``value``'s row of the graph's statistics
+    (read on the host, or a device row the stats buffer reads with its batch), appended
+    to the op's ``entries``."""
+    tr: dict[str, Any] = {
+        "name": f"{key}.{name}",
+        "role": role,
+        "dtype": value.dtype,
+        "shape": value.shape,
+    }
+    row = value.row
+    vec: Any = None
+    if row is not None:
+        vec = finish_stats(host[row], value.numel, None) if host is not None else stats[row]
+    entries.append((tr, vec, None))
+    return tr

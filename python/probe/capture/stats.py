@@ -370,19 +370,22 @@ def null_stats() -> Stats:
 
 
 def finish_stats(values: list[float], numel: int, tensor: Optional[torch.Tensor]) -> Stats:
-    """Turn a host-side stat vector ``[max, min, sum, norm(, nan, inf)]`` into ``stats``.
+    """Turn a host-side stat vector ``[max, min, sum, norm(, nan, inf)]`` into ``stats``
+    (more values after the counts are ignored: a compiled graph's gradient row ends with
+    the 1 that says it came).
 
     With 4 values, NaN/Inf counts are zero when every value is finite (a NaN or Inf element
     makes max, min or the sum non-finite), and the common case -- four finite numbers -- is
     built in one expression; otherwise they are counted now from ``tensor`` (``stat_vector``
     takes them eagerly, so this is only a fallback for other callers).
     """
-    if len(values) == 4:
-        mx, mn, total, norm = values
+    n = len(values)
+    if n == 4 or (n >= 6 and values[4] == 0.0 and values[5] == 0.0):
+        mx, mn, total, norm = values[0], values[1], values[2], values[3]
         if mx - mx == 0.0 and mn - mn == 0.0 and total - total == 0.0 and norm - norm == 0.0:
             return {"max": mx, "min": mn, "mean": total / numel, "norm": norm, "nan": 0, "inf": 0}
     out: Stats = {"max": None, "min": None, "mean": None, "norm": None, "nan": 0, "inf": 0}
-    fill_stats(out, values, 0, len(values), numel, tensor)
+    fill_stats(out, values, 0, n, numel, tensor)
     return out
 
 
