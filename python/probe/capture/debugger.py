@@ -239,8 +239,9 @@ class Debugger:
             self._ctx.session += 1
             self._graphs = graph_count()
             if model is not None:
-                self._modules.install(model)
-                self._graph_capture.paths = {id(m): p for p, m in module_tree(model)}
+                tree = list(module_tree(model))  # (one walk of the model for both)
+                self._modules.install(model, tree)
+                self._graph_capture.paths = {id(m): p for p, m in tree}
             self._ctx.running = True
             self._ctx.api_on = self.config.api
             DISPATCH.current = self._api

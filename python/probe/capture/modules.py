@@ -79,8 +79,13 @@ class ModuleHooks:
         #: first forward), by path: their gradient hooks are registered once they are.
         self._lazy: dict[str, tuple[str, torch.nn.Module]] = {}
 
-    def install(self, model: torch.nn.Module) -> None:
-        """Hook every submodule of ``model`` (a compiled one's under its eager path)."""
+    def install(
+        self,
+        model: torch.nn.Module,
+        tree: Optional[list[tuple[str, torch.nn.Module]]] = None,
+    ) -> None:
+        """Hook every submodule of ``model`` (a compiled one's under its eager path);
+        ``tree``: its ``module_tree``, when the caller walked it already."""
         c = self._ctx.config
         track_only = not c.module
         # Dynamo guards a traced module call on the ids of its always-called hooks: new
@@ -89,7 +94,7 @@ class ModuleHooks:
         # plain ones (an eager forward that raises, as checkpointing's early stop of a
         # recompute does, may then leave its path on the stack).
         always = not traced(model)
-        for path, mod in module_tree(model):
+        for path, mod in module_tree(model) if tree is None else tree:
             if not path:
                 continue  # the root: its path would be empty; its submodules cover it
             cls = type(mod).__name__
