@@ -83,10 +83,11 @@ _COMPILER_CODE = (
     ),
     os.path.join(_TORCH, "_meta_registrations.py"),
 )
-#: The module names Inductor gives (since 2.4; before) the Python code it generates (a compiled graph's
-#: ``call``, loaded from its cache folder, wherever that is): a PyTorch function that code
-#: calls (``extern_kernels.mm`` is ``torch.mm`` as it was when Inductor was imported, the
-#: agent's wrapper if that was during a capture) is the compiled graph's, not the model's.
+#: The module names Inductor gives the Python code it generates (a compiled graph's
+#: ``call``, loaded from its cache folder, wherever that is; ``codecache`` before 2.4). A
+#: PyTorch function that code calls is the compiled graph's call, not the model's:
+#: ``extern_kernels.mm`` is ``torch.mm`` as it was when Inductor was imported, the agent's
+#: wrapper if that was during a capture.
 _GENERATED = ("torch._inductor.runtime.compile_tasks.", "torch._inductor.codecache.")
 
 
@@ -113,8 +114,8 @@ def compiler_call(args: tuple[Any, ...]) -> bool:
     PyTorch's Python API on fake tensors (also lazily, at the first backward), under a fake
     mode or on fake tensors directly; and, once Dynamo is imported (``import torch`` does
     not), the caller is its code, with real tensors (constant folding while compiling, the
-    runtime wrappers of a compiled graph), or the code Inductor generated. Called from the wrapper's handler
-    (``patcher._Dispatch``): the wrapper's caller is three frames up."""
+    runtime wrappers of a compiled graph), or the code Inductor generated. Called from the
+    wrapper's handler (``patcher._Dispatch``): the wrapper's caller is three frames up."""
     if args and _FakeTensor is not None and type(args[0]) is _FakeTensor:
         return True
     if in_fake_mode():

@@ -487,7 +487,8 @@ class GraphCapture:
                             "dtype": value.dtype,
                             "shape": value.shape,
                         }
-                        entries.append((tr, finish_stats(got, value.numel, None), None))  # type: ignore[arg-type]
+                        done = finish_stats(got, value.numel, None)
+                        entries.append((tr, done, None))  # type: ignore[arg-type]
                     if entries:
                         finish(op)
         except Exception as exc:  # noqa: BLE001
