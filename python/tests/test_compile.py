@@ -380,9 +380,80 @@ def test_scripting_and_tracing_while_capturing(tmp_path: Any) -> None:
     assert torch.equal(after, torch.sigmoid(x))
 
 
-def test_a_graph_with_symbolic_shapes_is_reported_missing(tmp_path: Any) -> None:
-    """A graph compiled with dynamic shapes cannot be instrumented (its sizes are only known
-    when it runs): it runs as compiled, and the dump says that its operators are missing."""
+#: The batch sizes of the steps of :func:`_dump_sizes`: the second runs a graph compiled
+#: for symbolic sizes (Dynamo's automatic dynamic, or ``dynamic=True`` from the start).
+SIZES = (4, 6, 4)
+
+
+def _dump_sizes(path: str, backend: str, dynamic: Any) -> None:
+    """Three captured SGD steps of the example's model at API level, at the batch sizes
+    of :data:`SIZES`, compiled with ``backend`` (``""``: eager)."""
+    dynamo.reset()
+    probe.seed_all(0)
+    model = EXAMPLE.SmallNet()
+    data = [EXAMPLE.make_data(1, b, torch.device("cpu"), seed=b)[0] for b in SIZES]
+    run = torch.compile(model, backend=backend, dynamic=dynamic) if backend else model
+    opt = torch.optim.SGD(model.parameters(), lr=0.1)
+    dbg = probe.Debugger(None, dump_path=path, level="api")
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        for x, y in data:
+            dbg.start(run)
+            opt.zero_grad()
+            out = run(x)
+            F.cross_entropy(out.reshape(-1, out.shape[-1]), y.reshape(-1)).backward()
+            opt.step()
+            dbg.stop()
+            dbg.step()
+    dbg.close()
+
+
+@pytest.mark.parametrize(
+    "backend,dynamic", [("aot_eager", None), ("aot_eager", True), ("inductor", True)]
+)
+def test_a_graph_with_symbolic_shapes_is_captured_at_the_sizes_it_runs_with(
+    tmp_path: Any, backend: str, dynamic: Any
+) -> None:
+    """A graph compiled with symbolic sizes (``dynamic=True``; or by default, once the
+    model ran with a second batch size: Dynamo's automatic dynamic, as FSDP2's compiled
+    submodules and variable sequence lengths get) is instrumented for the sizes of each
+    captured call: every step's dump holds the graph's calls, forward and backward, at that
+    step's batch size, and compare against the same steps run eagerly pairs every tensor
+    within tolerance. Before, such a graph ran uninstrumented: its calls were missing and
+    the manifest said so."""
+    eager, comp = str(tmp_path / "eager"), str(tmp_path / "compiled")
+    _dump_sizes(eager, "", None)
+    _dump_sizes(comp, backend, dynamic)
+    with open(os.path.join(comp, "manifest.json")) as fh:
+        manifest = json.load(fh)
+    assert "compiled" not in manifest, manifest  # nothing compiled is missing
+    assert {k: manifest["compiled_capture"][k] for k in ("forward", "backward")} == {
+        "forward": True,
+        "backward": True,
+    }
+    for step, batch in enumerate(SIZES):
+        ops = read_ops(os.path.join(comp, f"step{step}", "rank0"))
+        inside = {o["op"]: o for o in ops if "graph" in o}
+        conv = inside["Functional.conv2d.0.forward"]["tensors"][0]
+        assert conv["shape"] == [batch, 3, 32, 32], (step, conv)
+        grad = inside["Functional.conv2d.0.backward"]["tensors"]
+        assert [t["shape"] for t in grad if t["role"] == "input"] == [[batch, 32, 32, 32]]
+    code, s = compare_summary(eager, comp, str(tmp_path / "out"), "--format", "json")
+    assert code == 0, s["headline"]
+    c = s["counts"]
+    assert c["error"] == 0 and c["unmatched_cmp"] == 0 and c["unmatched_bench"] == 0, c
+    assert not [w for w in s["warnings"] if "compiled" in w], s["warnings"]
+
+
+def test_a_graph_run_at_more_sizes_than_it_is_instrumented_for_is_reported(
+    tmp_path: Any, monkeypatch: Any
+) -> None:
+    """Each set of sizes is a compile of the instrumented graph, so there are at most
+    ``graphs.MAX_SHAPES`` of them: a captured call at another runs the graph as compiled,
+    and the dump says that its operators are missing."""
+    from probe.capture import graphs
+
+    monkeypatch.setattr(graphs, "MAX_SHAPES", 1)
     dynamo.reset()
     torch.manual_seed(0)
     model = Tiny()
@@ -390,19 +461,123 @@ def test_a_graph_with_symbolic_shapes_is_reported_missing(tmp_path: Any) -> None
     dbg = probe.Debugger(None, dump_path=str(tmp_path), level="api")
     with warnings.catch_warnings(record=True) as seen:
         warnings.simplefilter("always")
-        dbg.start(model)
-        out = cm(torch.randn(4, 8)).sum()
-        out.backward()
-        dbg.stop()
+        for batch in (4, 5, 6, 7):  # (the second may recompile: a new graph, new sizes)
+            dbg.start(model)
+            cm(torch.randn(batch, 8)).sum().backward()
+            dbg.stop()
+            dbg.step()
     dbg.close()
     assert dbg.enabled
     told = [str(w.message) for w in seen if "could not instrument" in str(w.message)]
-    assert len(told) == 1 and "symbolic shapes" in told[0], [str(w.message) for w in seen]
+    assert len(told) == 1, [str(w.message) for w in seen]
     with open(os.path.join(tmp_path, "manifest.json")) as fh:
-        manifest = json.load(fh)
-    assert manifest["compiled"] is True and "compiled_capture" not in manifest
-    ops = read_ops(os.path.join(tmp_path, "step0", "rank0"))
-    assert not [o for o in ops if "graph" in o]
+        assert json.load(fh)["compiled"] is True
+    first = read_ops(os.path.join(tmp_path, "step0", "rank0"))
+    assert [[4, 8]] == [
+        o["tensors"][0]["shape"] for o in first if o["op"] == "Functional.linear.0.forward"
+    ]
+    last = os.path.join(tmp_path, "step3", "rank0")
+    assert not os.path.exists(last) or not [o for o in read_ops(last) if "graph" in o]
+
+
+class _Layer(torch.nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.norm = torch.nn.LayerNorm(8)
+        self.fc = torch.nn.Linear(8, 8)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return x + F.gelu(self.fc(self.norm(x)))
+
+
+class _Layers(torch.nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.blocks = torch.nn.ModuleList([_Layer() for _ in range(3)])
+        self.head = torch.nn.Linear(8, 2)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        for block in self.blocks:
+            x = block(x)
+        return self.head(x)
+
+
+def _dump_blocks(path: str, compiled: bool) -> None:
+    """Two captured SGD steps of :class:`_Layers`, each block compiled on its own (AOT
+    autograd) when ``compiled``, as TorchTitan compiles a transformer's layers."""
+    dynamo.reset()
+    torch.manual_seed(0)
+    model = _Layers()
+    if compiled:
+        for i, block in enumerate(model.blocks):
+            model.blocks[i] = torch.compile(block, backend="aot_eager")
+    opt = torch.optim.SGD(model.parameters(), lr=0.1)
+    data = [torch.randn(4, 8, generator=torch.Generator().manual_seed(i)) for i in range(2)]
+    dbg = probe.Debugger(None, dump_path=path, level="api")
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        for x in data:
+            dbg.start(model)
+            opt.zero_grad()
+            model(x).square().mean().backward()
+            opt.step()
+            dbg.stop()
+            dbg.step()
+    dbg.close()
+
+
+def test_a_graph_run_by_another_module_of_its_class_records_that_modules_calls(
+    tmp_path: Any,
+) -> None:
+    """Dynamo runs one graph for every module of a class (their parameters are its
+    arguments): with each block compiled on its own, the graph compiled for one block
+    runs the next. Its records carry the module that runs it: before, the third block's
+    calls were recorded as the second's (``blocks.1.fc``), and an eager twin's records of
+    ``blocks.2`` had no counterpart at module level."""
+    eager, comp = str(tmp_path / "eager"), str(tmp_path / "compiled")
+    _dump_blocks(eager, False)
+    _dump_blocks(comp, True)
+    for step in range(2):
+        ops = read_ops(os.path.join(comp, f"step{step}", "rank0"))
+        inside = [o for o in ops if "graph" in o]
+        mods = {o["op"]: o["module"] for o in inside}
+        for k in range(3):
+            assert mods[f"Functional.linear.{k}.forward"] == f"blocks.{k}.fc", mods
+            assert mods[f"Functional.layer_norm.{k}.backward"] == f"blocks.{k}.norm", mods
+            assert mods[f"Functional.gelu.{k}.forward"] == f"blocks.{k}", mods
+        want = [
+            (o["op"], o["module"])
+            for o in read_ops(os.path.join(eager, f"step{step}", "rank0"))
+            if o["op"].split(".")[1] in ("linear", "layer_norm", "gelu", "__add__")
+        ]
+        assert [(o["op"], o["module"]) for o in inside] == [w for w in want if w[1] != "head"]
+    code, s = compare_summary(eager, comp, str(tmp_path / "out"), "--format", "json")
+    assert code == 0, s["headline"]
+    c = s["counts"]
+    assert c["unmatched_cmp"] == 0 and c["unmatched_bench"] == 0, c
+
+
+@pytest.mark.parametrize(
+    "source,want",
+    [
+        ("L['self'].layers.0.qkv", ("layers.0.qkv", "self")),
+        ("L['self']._modules['fc']", ("fc", "self")),
+        ("L['self'].blocks[1]._orig_mod.norm", ("blocks.1.norm", "self")),
+        ("L['s'].fc", ("fc", "s")),
+        ("G['net'].fc", ("fc", None)),
+    ],
+)
+def test_a_nodes_module_path_from_dynamos_source(source: str, want: Any) -> None:
+    """Dynamo's source of a node's module, as a path under the frame's variable it starts
+    at (``layers.0.qkv`` under ``self``; a digit after a dot is a path part too: it was
+    dropped, and the records of ``layers.0.qkv`` and ``layers.1.qkv`` both read
+    ``layers.qkv`` where the path came from the source)."""
+    from probe.capture.graph_taps import module_path
+
+    class Node:
+        meta = {"nn_module_stack": {"140": (source, torch.nn.Linear)}}
+
+    assert module_path(Node()) == (want[0], 140, want[1])
 
 
 def test_the_gradients_of_a_tuple_output_reach_the_backward_record(tmp_path: Any) -> None:

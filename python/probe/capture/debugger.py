@@ -462,8 +462,9 @@ class Debugger:
     def _note_compiled(self) -> None:
         """At ``stop()``: whether compiled code ran in the captured step that the dump lacks.
         The API calls of the graphs Dynamo compiled since the Debugger exists are captured
-        (graphs.py); those of graphs compiled before (or not instrumentable: symbolic
-        shapes), and TorchScript's, are not. The user is told once, the manifest says
+        (graphs.py); those of graphs compiled before (or not instrumentable: a graph with
+        symbolic shapes at more sizes than it is instrumented for), and TorchScript's,
+        are not. The user is told once, the manifest says
         which (``compiled``, ``compiled_capture``)."""
         gc = self._graph_capture
         captured = len(gc.graphs)
@@ -484,7 +485,8 @@ class Debugger:
                 "compiled",
                 f"probe: compiled code (torch.compile, TorchScript) ran while capturing step "
                 f"{self.current_step} that the agent could not instrument (a graph compiled "
-                "before the Debugger existed or with symbolic shapes, the body of a "
+                "before the Debugger existed, one with symbolic shapes at more sizes than "
+                "it is instrumented for, the body of a "
                 "torch.cond or other higher-order operator, TorchScript): its "
                 "operators are missing from the dump. Create the Debugger before the model "
                 "first runs compiled, or capture the run without compiling, to record them.",

@@ -20,9 +20,10 @@ the gradient's statistics into a row of one more argument, the sink: AOT autogra
 those into the compiled backward graph. :class:`Plan` says which record each row belongs
 to; ``graphs.py`` runs the copy on captured steps and writes the records.
 
-Not tapped: graphs with symbolic shapes (their sizes are only known when they run), and
-the bodies of other higher-order operators (``torch.cond``, ``invoke_subgraph``, ...): a
-graph with such a body that calls hooked APIs says so (``Plan.uncaptured``).
+Not tapped here: graphs with symbolic shapes (their sizes are only known when they run:
+``graphs.specialize`` instruments them for the sizes of a run), and the bodies of other
+higher-order operators (``torch.cond``, ``invoke_subgraph``, ...): a graph with such a
+body that calls hooked APIs says so (``Plan.uncaptured``).
 """
 
 from __future__ import annotations
@@ -79,6 +80,11 @@ class Call:
     #: Its backward record's tensors: (name, row of the sink's gradient, the value whose
     #: gradient it is): ``input.k`` the gradient of output k, ``output.j`` that of input j.
     grads: tuple[tuple[str, int, int], ...] = ()
+    #: The local variable of the graph's frame that Dynamo's source of ``module`` starts
+    #: at (``self`` for ``L['self'].layers[0]``; ``self`` too for a call outside any
+    #: submodule), or None: ``module`` is then relative to whichever module that
+    #: variable holds when the graph runs, which need not be the one it was compiled for.
+    local: Optional[str] = None
 
 
 @dataclass(frozen=True)
@@ -226,21 +232,22 @@ def _static(t: torch.Tensor) -> Optional[tuple[int, ...]]:
     return shape if all(type(d) is int for d in shape) else None
 
 
-_PART = re.compile(r"\.([A-Za-z_]\w*)|\[(\d+)\]|\[\s*'([^']*)'\s*\]|\[\s*\"([^\"]*)\"\s*\]")
+_PART = re.compile(r"\.([A-Za-z_]\w*|\d+)|\[(\d+)\]|\[\s*'([^']*)'\s*\]|\[\s*\"([^\"]*)\"\s*\]")
 
 
-def module_path(node: Any) -> tuple[str, Optional[int]]:
+def module_path(node: Any) -> tuple[str, Optional[int], Optional[str]]:
     """The module a node runs in, relative to the compiled one: Dynamo's source of it
-    (``L['self'].layers[0].attn``, ``L['self']._modules['fc']``) as a dotted path, and the
-    module's ``id`` where Dynamo keys it by that."""
+    (``L['self'].layers[0].attn``, ``L['self']._modules['fc']``) as a dotted path, the
+    module's ``id`` where Dynamo keys it by that, and the frame's local variable the
+    source starts at (:attr:`Call.local`)."""
     stack = node.meta.get("nn_module_stack")
     if not stack:
-        return "", None
+        return "", None, "self"  # (the frame's own code: its module, if it is a method)
     key, entry = list(stack.items())[-1]
     mid = int(key) if isinstance(key, str) and key.isdigit() else None
     source = entry[0]
     if not isinstance(source, str):
-        return "", mid
+        return "", mid, None
     head = re.match(r"^[A-Za-z_]\w*(\[\s*'[^']*'\s*\])?", source)
     rest = source[head.end() :] if head else source
     parts = []
@@ -248,7 +255,8 @@ def module_path(node: Any) -> tuple[str, Optional[int]]:
         part = next(g for g in m.groups() if g is not None)
         if part not in ("_modules", "_orig_mod"):
             parts.append(part)
-    return ".".join(parts), mid
+    local = re.fullmatch(r"L\[\s*'([A-Za-z_]\w*)'\s*\]", head.group(0)) if head else None
+    return ".".join(parts), mid, local.group(1) if local else None
 
 
 _FRAME = re.compile(r'^\s*File "(.*)", line (\d+), in (.*)$')
@@ -515,7 +523,7 @@ def _walk(b: _Builder, scope: _Scope) -> int:
         if got is None:
             continue
         outputs, out_nodes = got
-        module, module_id = module_path(node)
+        module, module_id, local = module_path(node)
         b.sites.append(_Site(node, in_nodes, out_nodes))
         b.calls.append(
             Call(
@@ -527,6 +535,7 @@ def _walk(b: _Builder, scope: _Scope) -> int:
                 tuple(inputs),
                 tuple(outputs),
                 consts or None,
+                local=local,
             )
         )
     return first

@@ -21,13 +21,15 @@ the backend's compiled function:
 - Nothing the compiled code computes depends on the agent's state (no guard reads it): no
   ``start()`` or ``stop()`` recompiles the model.
 
-A graph that cannot be instrumented (symbolic shapes) or whose instrumented copy does not
+A graph with symbolic shapes is instrumented for the sizes of each captured call
+(:class:`_Dynamic`). A graph that cannot be instrumented or whose instrumented copy does not
 compile runs as compiled, and a captured step that ran it is told: its operators are
 missing, and the manifest says so (``compiled``, docs/format.md).
 """
 
 from __future__ import annotations
 
+import copy
 import functools
 import logging
 import os
@@ -112,12 +114,11 @@ class CompiledGraph:
         compiler: Callable[..., Any],
         specs: list[Any],
         root: Optional[int],
+        id: Optional[int] = None,
     ) -> None:
-        global _next_id
-        with _lock:
-            #: The graph's id in this process, in compile order (a record's ``graph.id``).
-            self.id = _next_id
-            _next_id += 1
+        #: The graph's id in this process, in compile order (a record's ``graph.id``); a
+        #: graph's instrumented copies for its shapes (:class:`_Dynamic`) share its id.
+        self.id = _new_id() if id is None else id
         self.plain = plain
         self.plan = plan
         #: ``id`` of the module whose code the graph is (Dynamo's frame's ``self``).
@@ -154,9 +155,144 @@ class CompiledGraph:
         return self._tapped
 
 
+def _new_id() -> int:
+    global _next_id
+    with _lock:
+        _next_id += 1
+        return _next_id - 1
+
+
+class _Dynamic:
+    """A compiled graph with symbolic shapes (dynamic shapes: Dynamo's ``dynamic=True``,
+    or its automatic dynamic once a frame ran with two sizes, as FSDP2's compiled
+    submodules and variable sequence lengths do). Its sizes are only known when it runs,
+    so it is instrumented for the sizes of a captured call (:func:`specialize`): a
+    :class:`CompiledGraph` per set of argument sizes, compiled at the first captured call
+    that has them, at most :data:`MAX_SHAPES` of them; uncaptured calls run the graph as
+    Dynamo compiled it, for any size. A captured call beyond those, or one whose graph
+    does not specialize, runs as compiled, and the step is told (its operators are
+    missing)."""
+
+    def __init__(
+        self,
+        plain: Callable[..., Any],
+        gm: torch.fx.GraphModule,
+        compiler: Callable[..., Any],
+        root: Optional[int],
+    ) -> None:
+        self.id = _new_id()
+        self.plain = plain
+        self.root = root
+        self._gm = gm
+        self._compiler = compiler
+        self._shapes: dict[tuple[Any, ...], Optional[CompiledGraph]] = {}
+
+    def __call__(self, *args: Any) -> Any:
+        cap = ACTIVE.current
+        if cap is None or not tls.active or compiling():
+            return self.plain(*args)
+        graph = self._for(args)
+        if graph is None:
+            cap.missing += 1  # its operators are not in the dump
+            return self.plain(*args)
+        return cap.run(graph, args)
+
+    def _for(self, args: tuple[Any, ...]) -> Optional[CompiledGraph]:
+        """The instrumented graph for these arguments' sizes, made the first time."""
+        specs = [_spec(a) for a in args]
+        try:
+            key = tuple(specs)
+            hash(key)
+        except TypeError:
+            return None
+        if key in self._shapes:
+            return self._shapes[key]
+        if len(self._shapes) >= MAX_SHAPES:
+            log.warning(
+                "probe: compiled graph %d ran with more than %d sets of sizes in captured "
+                "steps: its calls with others are not captured",
+                self.id,
+                MAX_SHAPES,
+            )
+            self._shapes[key] = None
+            return None
+        was = tls.active
+        tls.active = False  # nothing the specialization calls is the model's call
+        try:
+            made = specialize(self._gm, specs)
+        except Exception as exc:  # noqa: BLE001 - the model keeps running compiled
+            log.warning("probe: could not instrument graph %d for its sizes: %s", self.id, exc)
+            made = None
+        finally:
+            tls.active = was
+        graph = None
+        if made is not None:
+            gm, plan = made
+            if plan.grad_rows:
+                specs.append(_sink_spec(plan.grad_rows, args))
+            graph = CompiledGraph(self.plain, gm, plan, self._compiler, specs, self.root, self.id)
+        self._shapes[key] = graph
+        return graph
+
+
+#: The sets of sizes a graph with symbolic shapes is instrumented for (:class:`_Dynamic`):
+#: each is a compile of the graph.
+MAX_SHAPES = 8
+
+
+def specialize(gm: torch.fx.GraphModule, specs: list[Any]) -> Optional[tuple[Any, Plan]]:
+    """The instrumented copy of ``gm`` (a graph with symbolic shapes) for arguments of
+    ``specs``' sizes, and its plan: the graph's values propagated on fake tensors of those
+    sizes (each node's example value then has plain sizes, its symbolic ones' values), then
+    instrumented as a static graph is. None when it still cannot be."""
+    from torch.fx.passes.fake_tensor_prop import FakeTensorProp
+
+    fakes = _fakes(specs)
+    mode = next((f.fake_mode for f in fakes if hasattr(f, "fake_mode")), None)
+    if mode is None:
+        return None
+    concrete = copy.deepcopy(gm)
+    FakeTensorProp(concrete, mode=mode).propagate_dont_convert_inputs(*fakes)
+    for n in concrete.graph.nodes:
+        if "val" in n.meta:
+            n.meta["example_value"] = _grad_as(n.meta.get("example_value"), n.meta["val"])
+    made = instrument(concrete, _names(), (_TORCH_DIR, _PKG_DIR))
+    if made is None or made == NO_CALLS:
+        return None
+    assert not isinstance(made, str)
+    carry_dynamo_attributes(gm, made[0])
+    fill_examples(made[0], made[1].grad_rows)
+    return made
+
+
+def _grad_as(old: Any, new: Any) -> Any:
+    """``new`` (a node's value propagated for plain sizes, detached) requiring grad where
+    ``old`` (Dynamo's value of the node) does: the instrumentation taps the gradients of
+    what requires grad."""
+    if isinstance(new, (tuple, list)) and isinstance(old, (tuple, list)):
+        return type(new)(_grad_as(o, v) for o, v in zip(old, new))
+    if (
+        isinstance(new, torch.Tensor)
+        and isinstance(old, torch.Tensor)
+        and old.requires_grad
+        and not new.requires_grad
+        and (new.is_floating_point() or new.is_complex())
+    ):
+        new.requires_grad_(True)
+    return new
+
+
+def _sink_spec(rows: int, args: Any) -> tuple[Any, ...]:
+    """The spec of the sink argument (the last one of an instrumented graph whose
+    arguments require grad), on the device of the graph's first tensor."""
+    device = next((x.device for x in args if isinstance(x, torch.Tensor)), None)
+    return ((rows, GRAD_COLUMNS), (GRAD_COLUMNS, 1), torch.float64, device, True, torch.Tensor)
+
+
 class _Uncaptured:
-    """A compiled graph that could not be instrumented (symbolic shapes):
-    run as it is; a captured step that runs it is told (its operators are missing)."""
+    """A compiled graph that could not be instrumented (hooked calls only inside bodies
+    it cannot instrument, or a backend Dynamo gives no compiler function): run as it is;
+    a captured step that runs it is told (its operators are missing)."""
 
     def __init__(self, plain: Callable[..., Any]) -> None:
         self.plain = plain
@@ -190,18 +326,33 @@ def _wrap(graph: Any, gm: torch.fx.GraphModule, example_inputs: list[Any], orig:
         return orig(graph, gm, example_inputs)  # nothing in it to capture
     specs = [_spec(x) for x in example_inputs] if made is not None else []
     if made is not None and made[1].grad_rows:
-        device = next((x.device for x in example_inputs if isinstance(x, torch.Tensor)), None)
-        rows = made[1].grad_rows
-        sink = ((rows, GRAD_COLUMNS), (GRAD_COLUMNS, 1), torch.float64, device, True, torch.Tensor)
-        specs.append(sink)  # the last argument of the instrumented graph
-    if made is not None:
+        specs.append(_sink_spec(made[1].grad_rows, example_inputs))  # (its last argument)
+    symbolic = made is None and _symbolic(gm)
+    kept = copy.deepcopy(gm) if symbolic else None  # (before the backend sees it)
+    if made is not None or symbolic:
         tap_lowering.install()  # (before Inductor lowers the graph: tap_lowering.py)
     compiled = orig(graph, gm, example_inputs)
-    if made is None or getattr(graph, "compiler_fn", None) is None:
+    compiler = getattr(graph, "compiler_fn", None)
+    if kept is not None and compiler is not None:
+        return _Dynamic(compiled, kept, compiler, root)
+    if made is None or compiler is None:
         return _Uncaptured(compiled)
     carry_dynamo_attributes(gm, made[0])
     fill_examples(made[0], made[1].grad_rows)
     return CompiledGraph(compiled, made[0], made[1], graph.compiler_fn, specs, root)
+
+
+def _symbolic(gm: torch.fx.GraphModule) -> bool:
+    """Whether an argument of ``gm`` has a symbolic size or is one (a SymInt)."""
+    for n in gm.graph.nodes:
+        if n.op != "placeholder":
+            continue
+        ex = n.meta.get("example_value")
+        if isinstance(ex, torch.SymInt):
+            return True
+        if isinstance(ex, torch.Tensor) and any(type(d) is not int for d in ex.shape):
+            return True
+    return False
 
 
 def carry_dynamo_attributes(orig: torch.fx.GraphModule, copy_gm: torch.fx.GraphModule) -> None:
@@ -313,6 +464,10 @@ def _came(came: set[int], i: int, grad: Optional[torch.Tensor]) -> None:
         came.add(i)
 
 
+#: How far up the stack a graph's module is looked for (:meth:`GraphCapture._caller`).
+_FRAMES = 32
+
+
 class GraphCapture:
     """Records the API calls of compiled graphs for one Debugger."""
 
@@ -403,12 +558,13 @@ class GraphCapture:
         base = self.paths.get(graph.root) if graph.root is not None else None
         if base is None:
             base = self._stack[-1] if self._stack else ""
+        bases: dict[str, Optional[str]] = {}  # (the modules that run it, by local name)
         forward, backward_on = c.forward, c.backward
         inputs, outputs, stack = c.inputs, c.outputs, c.stack
         api_call, finish, source = ctx.select.api_call, rec.finish, rec.flow.source
         backward: list[tuple[Call, str, Optional[str], Any]] = []
         for call in plan.calls:
-            module = self._module(call, base) or None
+            module = self._module(call, base, bases) or None
             n = api_call(call.api, module)
             if n is None:
                 continue
@@ -496,9 +652,40 @@ class GraphCapture:
         finally:
             tls.active = was
 
-    def _module(self, call: Call, base: str) -> str:
-        """A call's module path in the model: its module's, else its path under the module
-        the graph is the code of (or was called in)."""
+    def _caller(self, local: str) -> Optional[str]:
+        """The path of the model's module that runs the graph now: the one held by
+        variable ``local`` (``self``) of the nearest frame up the stack that has one.
+        Dynamo runs one graph for every module of a class (their parameters are its
+        arguments: one graph for all the blocks of a model compiled block by block), and a
+        graph of code a module calls (the agent's wrapper of ``F.conv2d``, where Dynamo
+        broke the graph) has no module of its own: its calls are that module's. None when
+        no frame has one (the graph then takes the module it was compiled for)."""
+        paths = self.paths
+        f: Any = sys._getframe(4)  # (above _module, record, run and the graph's __call__)
+        for _ in range(_FRAMES):
+            if f is None:
+                return None
+            if local in f.f_code.co_varnames:
+                obj = f.f_locals.get(local)
+                if isinstance(obj, torch.nn.Module):
+                    path = paths.get(id(obj))
+                    if path is not None:
+                        return path
+            f = f.f_back
+        return None
+
+    def _module(self, call: Call, base: str, bases: dict[str, Optional[str]]) -> str:
+        """A call's module path in the model: its path under the module that runs the
+        graph (:meth:`_caller`, looked up once per variable and run in ``bases``), where
+        Dynamo traced it from that variable; else its module's, or its path under the
+        module the graph is the code of (or was called in)."""
+        local = call.local
+        if local is not None:
+            if local not in bases:
+                bases[local] = self._caller(local)
+            here = bases[local]
+            if here is not None:
+                return f"{here}.{call.module}" if here and call.module else here or call.module
         if call.module_id is not None:
             path = self.paths.get(call.module_id)
             if path is not None:
