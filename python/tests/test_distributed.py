@@ -1017,6 +1017,34 @@ def test_tensor_parallel_records_each_ranks_shard(tmp_path: Any) -> None:
         assert r["output.0"]["stats"] == out["Module.w2.Linear.forward.0.output.0"]["stats"]
 
 
+def test_a_compiled_fsdp2_job_is_captured_inside_its_graphs(
+    fsdp2: tuple[str, Ops], tmp_path: Any
+) -> None:
+    """FSDP2 with the model compiled (AOT autograd): FSDP2's hooks break Dynamo's graphs at
+    each sharded module, so one graph of ``Conv2d.forward`` serves both convolutions (at
+    two sizes: Dynamo compiles it again with symbolic ones) and some graphs are the code a
+    module calls, with no module of their own. Every graph's calls are in each rank's dump,
+    under the module that ran them, and compare against the same job eager pairs every
+    tensor and passes. (Before, the graphs with symbolic sizes ran uninstrumented, three
+    runs a step said missing, and the records of the others had no module: 172 tensors a
+    side without counterpart.)"""
+    eager, _ = fsdp2
+    comp = str(tmp_path / "compiled")
+    got = torchrun(comp, 2, "--fsdp", "--level", "api", "--compile", "aot_eager")
+    for rank in (0, 1):
+        inside = {o["op"]: o.get("module") for o in got[(0, rank)] if "graph" in o}
+        want = {"conv1", "conv2", "bn1", "block.qkv", "head"}
+        for op in ("Functional.conv2d.0.forward", "Functional.conv2d.1.forward"):
+            assert op in inside, sorted(inside)
+        assert want <= set(inside.values()), sorted(set(map(str, inside.values())))
+    with open(os.path.join(comp, "manifest.json")) as fh:
+        manifest = json.load(fh)
+    assert "compiled" not in manifest, manifest.get("compiled")
+    code, s = compare_summary(eager, comp, str(tmp_path / "out"), "--format", "json")
+    assert code == 0, s["headline"]
+    assert s["counts"]["unmatched_bench"] == 0 and s["counts"]["unmatched_cmp"] == 0
+
+
 def test_fsdp2_runs_record_no_leftover_bytes(fsdp2: tuple[str, Ops], tmp_path: Any) -> None:
     """FSDP2 makes views of its gather buffers before it fills them: new allocations
     (``torch.empty``), and in backward the gathered parameters' memory allocated again by a
