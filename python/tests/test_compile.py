@@ -135,14 +135,17 @@ def test_captured_steps_in_a_row_do_not_recompile(tmp_path: Any, give_wrapper: b
         assert "Functional.gelu.0.forward" in inside, (step, sorted(inside)[:5])
 
 
-def _dump_sgd_steps(path: str, backend: str) -> None:
-    """Two captured SGD steps of the example's model at API level, compiled with
-    ``backend`` (``""``: eager)."""
+def _dump_sgd_steps(
+    path: str, backend: str, sizes: tuple[int, ...] = (), dynamic: Any = None
+) -> None:
+    """Captured SGD steps of the example's model at API level, compiled with ``backend``
+    (``""``: eager): two of batch 4, or one per batch size of ``sizes``."""
     dynamo.reset()
     probe.seed_all(0)
     model = EXAMPLE.SmallNet()
-    data = EXAMPLE.make_data(2, 4, torch.device("cpu"))
-    run = torch.compile(model, backend=backend) if backend else model
+    cpu = torch.device("cpu")
+    data = [EXAMPLE.make_data(1, b, cpu, seed=b)[0] for b in sizes] or EXAMPLE.make_data(2, 4, cpu)
+    run = torch.compile(model, backend=backend, dynamic=dynamic) if backend else model
     opt = torch.optim.SGD(model.parameters(), lr=0.1)
     dbg = probe.Debugger(None, dump_path=path, level="api")
     with warnings.catch_warnings():
@@ -380,32 +383,9 @@ def test_scripting_and_tracing_while_capturing(tmp_path: Any) -> None:
     assert torch.equal(after, torch.sigmoid(x))
 
 
-#: The batch sizes of the steps of :func:`_dump_sizes`: the second runs a graph compiled
-#: for symbolic sizes (Dynamo's automatic dynamic, or ``dynamic=True`` from the start).
+#: Batch sizes of steps (:func:`_dump_sgd_steps`): the second runs a graph compiled for
+#: symbolic sizes (Dynamo's automatic dynamic, or ``dynamic=True`` from the start).
 SIZES = (4, 6, 4)
-
-
-def _dump_sizes(path: str, backend: str, dynamic: Any) -> None:
-    """Three captured SGD steps of the example's model at API level, at the batch sizes
-    of :data:`SIZES`, compiled with ``backend`` (``""``: eager)."""
-    dynamo.reset()
-    probe.seed_all(0)
-    model = EXAMPLE.SmallNet()
-    data = [EXAMPLE.make_data(1, b, torch.device("cpu"), seed=b)[0] for b in SIZES]
-    run = torch.compile(model, backend=backend, dynamic=dynamic) if backend else model
-    opt = torch.optim.SGD(model.parameters(), lr=0.1)
-    dbg = probe.Debugger(None, dump_path=path, level="api")
-    with warnings.catch_warnings():
-        warnings.simplefilter("ignore")
-        for x, y in data:
-            dbg.start(run)
-            opt.zero_grad()
-            out = run(x)
-            F.cross_entropy(out.reshape(-1, out.shape[-1]), y.reshape(-1)).backward()
-            opt.step()
-            dbg.stop()
-            dbg.step()
-    dbg.close()
 
 
 @pytest.mark.parametrize(
@@ -422,8 +402,8 @@ def test_a_graph_with_symbolic_shapes_is_captured_at_the_sizes_it_runs_with(
     within tolerance. Before, such a graph ran uninstrumented: its calls were missing and
     the manifest said so."""
     eager, comp = str(tmp_path / "eager"), str(tmp_path / "compiled")
-    _dump_sizes(eager, "", None)
-    _dump_sizes(comp, backend, dynamic)
+    _dump_sgd_steps(eager, "", SIZES)
+    _dump_sgd_steps(comp, backend, SIZES, dynamic)
     with open(os.path.join(comp, "manifest.json")) as fh:
         manifest = json.load(fh)
     assert "compiled" not in manifest, manifest  # nothing compiled is missing
@@ -555,6 +535,63 @@ def test_a_graph_run_by_another_module_of_its_class_records_that_modules_calls(
     assert code == 0, s["headline"]
     c = s["counts"]
     assert c["unmatched_cmp"] == 0 and c["unmatched_bench"] == 0, c
+
+
+class _Norm(torch.nn.Module):
+    """A residual around an RMS norm written as LLaMA's: ``x.to(torch.float32)`` of a
+    float32 tensor returns the tensor itself."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.weight = torch.nn.Parameter(torch.linspace(0.5, 1.5, 8))
+        self.fc = torch.nn.Linear(8, 8)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        h = self.fc(x)
+        f = h.to(torch.float32)
+        f = f * torch.rsqrt(f.pow(2).mean(-1, keepdim=True) + 1e-6)
+        return h + self.weight * f.to(x.dtype).contiguous()
+
+
+@pytest.mark.parametrize("backend", ["aot_eager", "inductor"])
+def test_a_call_that_returns_its_input_has_the_tensors_whole_gradient(
+    tmp_path: Any, backend: str
+) -> None:
+    """A call that returns its input itself (a no-op ``.to()``, ``contiguous()`` of a
+    contiguous tensor): in eager code its output is that tensor, and its backward record
+    holds the tensor's whole gradient, the residual's part included. The compiled graph
+    has a node for the output whose gradient is that of the uses after the call only: it
+    was recorded, and compare said the divergence entered from outside at that ``to``."""
+    dumps = {}
+    for name, compile in (("eager", False), ("compiled", True)):
+        dynamo.reset()
+        torch.manual_seed(0)
+        model = _Norm()
+        run = torch.compile(model, backend=backend) if compile else model
+        dumps[name] = path = str(tmp_path / name)
+        dbg = probe.Debugger(None, dump_path=path, level="api")
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            dbg.start(model)
+            run(
+                torch.randn(4, 8, generator=torch.Generator().manual_seed(1))
+            ).square().sum().backward()
+            dbg.stop()
+        dbg.close()
+    got = {
+        o["op"]: [t["stats"]["norm"] for t in o["tensors"]]
+        for o in read_ops(os.path.join(dumps["compiled"], "step0", "rank0"))
+        if "graph" in o
+    }
+    want = {
+        o["op"]: [t["stats"]["norm"] for t in o["tensors"]]
+        for o in read_ops(os.path.join(dumps["eager"], "step0", "rank0"))
+    }
+    for op in ("Tensor.to.0.backward", "Tensor.to.1.backward", "Tensor.contiguous.0.backward"):
+        assert got[op] == pytest.approx(want[op], rel=1e-5), op
+    code, s = compare_summary(dumps["eager"], dumps["compiled"], str(tmp_path / "out"))
+    assert code == 0, s["headline"]
+    assert s["counts"]["unmatched_bench"] == 0 and s["counts"]["unmatched_cmp"] == 0
 
 
 @pytest.mark.parametrize(

@@ -333,3 +333,56 @@ def test_hugging_face_trainer_with_a_capture_callback(tmp_path: Any) -> None:
     assert steps[0].count("Module.model.LlamaModel.forward.0") == 1
     assert steps[0].count("Module.model.LlamaModel.forward.1") == 1
     assert sum(o.endswith("parameters_grad") for o in steps[0]) > 0
+
+
+COMPILED_SCRIPT = """
+import sys, warnings
+import torch
+import probe
+from transformers import LlamaConfig, LlamaForCausalLM
+
+warnings.simplefilter("ignore")
+dump, backend = sys.argv[1], sys.argv[2]
+probe.seed_all(0)
+cfg = LlamaConfig(vocab_size=128, hidden_size=64, intermediate_size=128, num_hidden_layers=2,
+                  num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=64,
+                  attn_implementation="sdpa")
+model = LlamaForCausalLM(cfg)
+run = torch.compile(model, backend=backend) if backend else model
+opt = torch.optim.AdamW(model.parameters(), lr=1e-3)
+dbg = probe.Debugger(None, dump_path=dump, level="api", mode="statistics")
+for step, n in enumerate((16, 24)):  # a second length: Dynamo compiles for symbolic sizes
+    ids = torch.randint(0, 128, (2, n), generator=torch.Generator().manual_seed(step))
+    dbg.start(model)
+    run(input_ids=ids, labels=ids).loss.backward()
+    dbg.stop()
+    opt.step()
+    opt.zero_grad()
+    dbg.step()
+dbg.close()
+"""
+
+
+def test_a_compiled_llama_against_its_eager_twin_passes(tmp_path: Any) -> None:
+    """The LLaMA compiled (AOT autograd) against the same steps eager, at API level, the
+    second step at another sequence length. Every tensor pairs and passes. Before, the
+    backward records of its RMSNorms' ``hidden_states.to(torch.float32)`` (a no-op in
+    float32: eager returns the tensor itself) held, compiled, the gradient of the uses
+    after the call only, where eager records hold the tensor's whole gradient (the
+    residual's part included): "DIVERGENCE enters from outside the captured ops" at
+    ``Tensor.to.9.backward``; and the loss's ``F.pad`` of the labels, which Dynamo traces
+    into ``torch._C._nn.pad``, was not recorded."""
+    eager, comp = str(tmp_path / "eager"), str(tmp_path / "compiled")
+    for dump, backend in ((eager, ""), (comp, "aot_eager")):
+        r = run_agent_script(COMPILED_SCRIPT, dump, backend)
+        assert r.returncode == 0, r.stderr[-4000:]
+    for step in (0, 1):
+        ops = read_ops(os.path.join(comp, f"step{step}", "rank0"))
+        inside = {o["op"] for o in ops if "graph" in o}
+        assert "Functional.pad.0.forward" in inside, sorted(inside)
+        assert [k for k in inside if k.startswith("Tensor.to.") and k.endswith(".backward")]
+    code, s = compare_summary(eager, comp, str(tmp_path / "out"), "--format", "json")
+    assert code == 0, s["headline"]
+    c = s["counts"]
+    assert c["error"] == 0 and c["warning"] == 0, s["headline"]
+    assert c["unmatched_bench"] == 0 and c["unmatched_cmp"] == 0, c

@@ -85,6 +85,9 @@ class Call:
     #: submodule), or None: ``module`` is then relative to whichever module that
     #: variable holds when the graph runs, which need not be the one it was compiled for.
     local: Optional[str] = None
+    #: It returns an input itself (:func:`_returns_input`): its backward record holds that
+    #: tensor's whole gradient, as other such calls on the same tensor do.
+    returns_input: bool = False
 
 
 @dataclass(frozen=True)
@@ -193,6 +196,15 @@ class Names:
                     continue
                 self._held.append(fn)
                 self._by_id.setdefault(id(fn), api_name(kind, name))
+        # A functional Dynamo traces into (``F.pad`` is Python that calls
+        # ``torch._C._nn.pad``) leaves the builtin it calls in the graph: named as the
+        # functional the eager agent records.
+        nn = getattr(torch._C, "_nn", None)
+        for name in api_list.get("Functional", ()) if "Functional" in owners else ():
+            inner = getattr(nn, name, None)
+            if inner is not None and not isinstance(inner, type):
+                self._held.append(inner)
+                self._by_id.setdefault(id(inner), api_name("Functional", name))
 
     def tensor(self, method: str) -> Optional[str]:
         return api_name("Tensor", method) if method in self._tensor else None
@@ -654,11 +666,18 @@ def _insert_grad_taps(b: _Builder, scope: _Scope, first: int) -> None:
     the sink; the calls get their ``grads``."""
     graph = scope.gm.graph
     current: dict[Any, Any] = {}  # a tapped output -> its tap, which its users now read
+    rows: dict[Any, int] = {}  # a tap of a tensor before all its uses -> its row
+    same: dict[Any, Any] = {}  # the output node of a call that returns its input -> that
     for k in range(first, len(b.calls)):
         call, site = b.calls[k], b.sites[k]
         if site.node.graph is not graph:
             continue  # (a body's call: tapped in its body)
-        grads: list[tuple[str, int, int]] = []
+        alias = _returns_input(call, site)
+        if alias is not None:
+            grads = _alias_grads(b, scope, call, site, alias, (current, rows, same))
+            b.calls[k] = dataclasses.replace(call, grads=grads, returns_input=True)
+            continue
+        taps: list[tuple[str, int, int]] = []
         for (name, v), orig in zip(call.inputs, site.inputs):
             cur = current.get(orig, orig)
             if not _needs_grad(orig) or cur not in site.node.all_input_nodes:
@@ -667,7 +686,7 @@ def _insert_grad_taps(b: _Builder, scope: _Scope, first: int) -> None:
                 row = graph.call_function(_select, (scope.rows, 0, b.grad_rows))
                 tapped = graph.call_function(grad_tap, (cur, row))
             site.node.replace_input_with(cur, tapped)
-            grads.append(("output" + name[len("input") :], b.grad_rows, v))
+            taps.append(("output" + name[len("input") :], b.grad_rows, v))
             b.grad_reach.append(b.reach_of(site.node))  # (what the call's outputs reach)
             b.grad_rows += 1
         for (name, v), n in zip(call.outputs, site.outputs):
@@ -679,10 +698,67 @@ def _insert_grad_taps(b: _Builder, scope: _Scope, first: int) -> None:
                 tapped = graph.call_function(grad_tap, (n, row))
             n.replace_all_uses_with(tapped, delete_user_cb=lambda u, t=tapped: u is not t)
             current[n] = tapped
-            grads.append(("input" + name[len("output") :], b.grad_rows, v))
+            rows[tapped] = b.grad_rows
+            taps.append(("input" + name[len("output") :], b.grad_rows, v))
             b.grad_reach.append(b.reach_of(n))
             b.grad_rows += 1
-        b.calls[k] = dataclasses.replace(call, grads=tuple(grads))
+        b.calls[k] = dataclasses.replace(call, grads=tuple(taps))
+
+
+def _returns_input(call: Call, site: _Site) -> Optional[int]:
+    """Which input a call returns as its output, as the very same tensor (``x.to(dtype)``
+    of a tensor of that dtype, ``contiguous()`` of a contiguous one, ``float()`` of a float
+    one: Dynamo's example value of the output is the input's), when it is not an in-place
+    call; else None."""
+    if len(site.outputs) != 1 or call.api.endswith("_") or call.api.split(".")[-1][:3] == "__i":
+        return None
+    ex = _example(site.outputs[0])
+    if not isinstance(ex, torch.Tensor):
+        return None
+    return next((i for i, n in enumerate(site.inputs) if _example(n) is ex), None)
+
+
+def _alias_grads(
+    b: _Builder,
+    scope: _Scope,
+    call: Call,
+    site: _Site,
+    i: int,
+    state: tuple[dict[Any, Any], dict[Any, int], dict[Any, Any]],
+) -> tuple[tuple[str, int, int], ...]:
+    """The backward record's tensors of a call that returns its input ``i`` itself. In
+    eager code its output is that tensor, so the gradient the eager record holds for it
+    (and gives the input) is the tensor's whole gradient, summed over all its uses, those
+    before the call included (a LLaMA RMSNorm's ``hidden_states.to(torch.float32)`` in
+    float32: its input is also the residual). The graph has a node of its own for the
+    output, whose gradient is only that of the uses after the call: both names take the
+    row of a tap of the input before all its uses, the tap its producer's record has where
+    it has one. ``state``: :func:`_insert_grad_taps`' taps so far (``current``, their
+    ``rows``), and the tensor each such call's output is (``same``: a chain of them is
+    one tensor)."""
+    current, rows, same = state
+    orig = same.get(site.inputs[i], site.inputs[i])
+    same[site.outputs[0]] = orig
+    if not _needs_grad(orig):
+        return ()
+    cur = current.get(orig, orig)
+    row = rows.get(cur)
+    if row is None:
+        graph = scope.gm.graph
+        with graph.inserting_after(scope.anchor if cur.op == "placeholder" else cur):
+            select = graph.call_function(_select, (scope.rows, 0, b.grad_rows))
+        with graph.inserting_after(select):
+            tapped = graph.call_function(grad_tap, (cur, select))
+        cur.replace_all_uses_with(tapped, delete_user_cb=lambda u: u is not tapped)
+        current[orig] = tapped
+        row = rows[tapped] = b.grad_rows
+        b.grad_reach.append(b.reach_of(orig))
+        b.grad_rows += 1
+    (out_name, out_v), (in_name, in_v) = call.outputs[0], call.inputs[i]
+    return (
+        ("input" + out_name[len("output") :], row, out_v),
+        ("output" + in_name[len("input") :], row, in_v),
+    )
 
 
 def _tensor_args(a: Any, prefix: str) -> list[tuple[str, Any]]:

@@ -253,9 +253,16 @@ def specialize(gm: torch.fx.GraphModule, specs: list[Any]) -> Optional[tuple[Any
         return None
     concrete = copy.deepcopy(gm)
     FakeTensorProp(concrete, mode=mode).propagate_dont_convert_inputs(*fakes)
+    # A node whose value is another's (a no-op ``.to()``) keeps it (graph_taps reads that);
+    # each old value is held here, so that no id is reused while this runs.
+    same: dict[int, tuple[Any, Any]] = {}
     for n in concrete.graph.nodes:
         if "val" in n.meta:
-            n.meta["example_value"] = _grad_as(n.meta.get("example_value"), n.meta["val"])
+            old = n.meta.get("example_value")
+            new = same[id(old)][1] if id(old) in same else _grad_as(old, n.meta["val"])
+            if isinstance(old, torch.Tensor):
+                same[id(old)] = (old, new)
+            n.meta["example_value"] = new
     made = instrument(concrete, _names(), (_TORCH_DIR, _PKG_DIR))
     if made is None or made == NO_CALLS:
         return None
@@ -287,6 +294,27 @@ def _sink_spec(rows: int, args: Any) -> tuple[Any, ...]:
     arguments require grad), on the device of the graph's first tensor."""
     device = next((x.device for x in args if isinstance(x, torch.Tensor)), None)
     return ((rows, GRAD_COLUMNS), (GRAD_COLUMNS, 1), torch.float64, device, True, torch.Tensor)
+
+
+def _backward_order(calls: list[tuple[Call, str, Optional[str], Any]]) -> list[Any]:
+    """The calls of a graph in the order eager autograd writes their backward records:
+    last call first, except that calls returning the same tensor (a no-op ``.to()``
+    followed by ``contiguous()``: each returns its input itself) come in the order they
+    were made, as the eager agent's records of one tensor do."""
+    out: list[Any] = []
+    run: list[Any] = []
+    for item in reversed(calls):
+        call = item[0]
+        row = call.grads[0][1] if call.returns_input and call.grads else None
+        if run and (row is None or run[0][0].grads[0][1] != row):
+            out.extend(reversed(run))
+            run = []
+        if row is None:
+            out.append(item)
+        else:
+            run.append(item)
+    out.extend(reversed(run))
+    return out
 
 
 class _Uncaptured:
@@ -623,7 +651,7 @@ class GraphCapture:
                 finish = self._ctx.recorder.finish
                 plan = graph.plan
                 values, reaches = plan.values, plan.grad_reach
-                for call, key, module, folder in reversed(calls):
+                for call, key, module, folder in _backward_order(calls):
                     bkey = api_backward(key)
                     op = OpRecord(bkey, "api", "backward", module, folder)
                     op.graph = {"id": graph.id, "node": call.node}
