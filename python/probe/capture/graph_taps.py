@@ -394,6 +394,10 @@ class _Builder:
 #: What :func:`instrument` returns for a graph that calls no hooked API: nothing to capture,
 #: and nothing missing from the dump.
 NO_CALLS = "no calls"
+#: What :func:`instrument` returns for a graph with symbolic sizes (an argument that is a
+#: SymInt, or a tensor with a symbolic size): ``graphs.specialize`` instruments it for the
+#: sizes of a run.
+SYMBOLIC = "symbolic"
 
 #: Higher-order operators whose first argument is a body (a graph) that they call on their
 #: other positional arguments, returning its outputs: activation checkpointing
@@ -444,8 +448,9 @@ def instrument(
     """A copy of ``gm`` whose last output is the ``[rows, 6]`` statistics of the tensors its
     API calls read and produce (and, when it has arguments that require grad, whose last
     argument is the sink its gradient taps write to), and the plan of those rows;
-    :data:`NO_CALLS` for a graph that calls no hooked API; None when it cannot be
-    instrumented (symbolic shapes, or hooked calls only inside bodies it cannot
+    :data:`NO_CALLS` for a graph that calls no hooked API; :data:`SYMBOLIC` for one with
+    symbolic sizes; None when it cannot be instrumented otherwise (an argument of another
+    kind, or hooked calls only inside bodies it cannot
     instrument). The bodies of :data:`BODY_HOPS` are instrumented in place; a graph with
     other bodies that call hooked APIs (``cond``, ``invoke_subgraph``, ...) has
     ``Plan.uncaptured``: those calls are missing from the dump, and a captured step says so."""
@@ -453,9 +458,9 @@ def instrument(
     for p in placeholders:
         ex = _example(p)
         if not isinstance(ex, torch.Tensor) and ex is not None and not isinstance(ex, int):
-            return None  # a SymInt argument: sizes are only known at run time
+            return SYMBOLIC if isinstance(ex, torch.SymInt) else None
         if isinstance(ex, torch.Tensor) and _static(ex) is None:
-            return None
+            return SYMBOLIC
     gm = copy.deepcopy(gm)
     graph = gm.graph
     placeholders = [n for n in graph.nodes if n.op == "placeholder"]
@@ -666,7 +671,6 @@ def _insert_grad_taps(b: _Builder, scope: _Scope, first: int) -> None:
     the sink; the calls get their ``grads``."""
     graph = scope.gm.graph
     current: dict[Any, Any] = {}  # a tapped output -> its tap, which its users now read
-    rows: dict[Any, int] = {}  # a tap of a tensor before all its uses -> its row
     same: dict[Any, Any] = {}  # the output node of a call that returns its input -> that
     for k in range(first, len(b.calls)):
         call, site = b.calls[k], b.sites[k]
@@ -674,7 +678,7 @@ def _insert_grad_taps(b: _Builder, scope: _Scope, first: int) -> None:
             continue  # (a body's call: tapped in its body)
         alias = _returns_input(call, site)
         if alias is not None:
-            grads = _alias_grads(b, scope, call, site, alias, (current, rows, same))
+            grads = _alias_grads(b, scope, call, site, alias, current, same)
             b.calls[k] = dataclasses.replace(call, grads=grads, returns_input=True)
             continue
         taps: list[tuple[str, int, int]] = []
@@ -698,7 +702,6 @@ def _insert_grad_taps(b: _Builder, scope: _Scope, first: int) -> None:
                 tapped = graph.call_function(grad_tap, (n, row))
             n.replace_all_uses_with(tapped, delete_user_cb=lambda u, t=tapped: u is not t)
             current[n] = tapped
-            rows[tapped] = b.grad_rows
             taps.append(("input" + name[len("output") :], b.grad_rows, v))
             b.grad_reach.append(b.reach_of(n))
             b.grad_rows += 1
@@ -724,7 +727,8 @@ def _alias_grads(
     call: Call,
     site: _Site,
     i: int,
-    state: tuple[dict[Any, Any], dict[Any, int], dict[Any, Any]],
+    current: dict[Any, Any],
+    same: dict[Any, Any],
 ) -> tuple[tuple[str, int, int], ...]:
     """The backward record's tensors of a call that returns its input ``i`` itself. In
     eager code its output is that tensor, so the gradient the eager record holds for it
@@ -733,17 +737,17 @@ def _alias_grads(
     float32: its input is also the residual). The graph has a node of its own for the
     output, whose gradient is only that of the uses after the call: both names take the
     row of a tap of the input before all its uses, the tap its producer's record has where
-    it has one. ``state``: :func:`_insert_grad_taps`' taps so far (``current``, their
-    ``rows``), and the tensor each such call's output is (``same``: a chain of them is
-    one tensor)."""
-    current, rows, same = state
+    it has one. ``current``: :func:`_insert_grad_taps`' taps of tensors before all their
+    uses so far; ``same``: the tensor each such call's output is (a chain of them is one
+    tensor)."""
     orig = same.get(site.inputs[i], site.inputs[i])
     same[site.outputs[0]] = orig
     if not _needs_grad(orig):
         return ()
     cur = current.get(orig, orig)
-    row = rows.get(cur)
-    if row is None:
+    if cur is not orig:
+        row = cur.args[1].args[2]  # (the tap's row: grad_tap(x, select(sink, 0, row)))
+    else:
         graph = scope.gm.graph
         with graph.inserting_after(scope.anchor if cur.op == "placeholder" else cur):
             select = graph.call_function(_select, (scope.rows, 0, b.grad_rows))
@@ -751,7 +755,7 @@ def _alias_grads(
             tapped = graph.call_function(grad_tap, (cur, select))
         cur.replace_all_uses_with(tapped, delete_user_cb=lambda u: u is not tapped)
         current[orig] = tapped
-        row = rows[tapped] = b.grad_rows
+        row = b.grad_rows
         b.grad_reach.append(b.reach_of(orig))
         b.grad_rows += 1
     (out_name, out_v), (in_name, in_v) = call.outputs[0], call.inputs[i]

@@ -42,7 +42,7 @@ import torch
 from .._op_key import api_backward, api_key
 from . import tap_lowering
 from .compiled import TRACED_ROOTS, compiling
-from .graph_taps import NO_CALLS, Call, Names, Plan, instrument
+from .graph_taps import NO_CALLS, SYMBOLIC, Call, Names, Plan, instrument
 from .patcher import _owners, load_api_list
 from .records import OpRecord
 from .stats import finish_stats
@@ -264,9 +264,8 @@ def specialize(gm: torch.fx.GraphModule, specs: list[Any]) -> Optional[tuple[Any
                 same[id(old)] = (old, new)
             n.meta["example_value"] = new
     made = instrument(concrete, _names(), (_TORCH_DIR, _PKG_DIR))
-    if made is None or made == NO_CALLS:
+    if made is None or isinstance(made, str):
         return None
-    assert not isinstance(made, str)
     carry_dynamo_attributes(gm, made[0])
     fill_examples(made[0], made[1].grad_rows)
     return made
@@ -352,35 +351,23 @@ def _wrap(graph: Any, gm: torch.fx.GraphModule, example_inputs: list[Any], orig:
         log.warning("probe: could not instrument a compiled graph: %s", exc)
     if made == NO_CALLS:
         return orig(graph, gm, example_inputs)  # nothing in it to capture
-    specs = [_spec(x) for x in example_inputs] if made is not None else []
-    if made is not None and made[1].grad_rows:
-        specs.append(_sink_spec(made[1].grad_rows, example_inputs))  # (its last argument)
-    symbolic = made is None and _symbolic(gm)
-    kept = copy.deepcopy(gm) if symbolic else None  # (before the backend sees it)
-    if made is not None or symbolic:
+    kept = copy.deepcopy(gm) if made == SYMBOLIC else None  # (before the backend sees it)
+    if made is not None:
         tap_lowering.install()  # (before Inductor lowers the graph: tap_lowering.py)
     compiled = orig(graph, gm, example_inputs)
     compiler = getattr(graph, "compiler_fn", None)
     if kept is not None and compiler is not None:
+        carry_dynamo_attributes(gm, kept)  # (set by Dynamo for the backend: DDP's reads them)
         return _Dynamic(compiled, kept, compiler, root)
-    if made is None or compiler is None:
+    if made is None or isinstance(made, str) or compiler is None:
         return _Uncaptured(compiled)
-    carry_dynamo_attributes(gm, made[0])
-    fill_examples(made[0], made[1].grad_rows)
-    return CompiledGraph(compiled, made[0], made[1], graph.compiler_fn, specs, root)
-
-
-def _symbolic(gm: torch.fx.GraphModule) -> bool:
-    """Whether an argument of ``gm`` has a symbolic size or is one (a SymInt)."""
-    for n in gm.graph.nodes:
-        if n.op != "placeholder":
-            continue
-        ex = n.meta.get("example_value")
-        if isinstance(ex, torch.SymInt):
-            return True
-        if isinstance(ex, torch.Tensor) and any(type(d) is not int for d in ex.shape):
-            return True
-    return False
+    tapped, plan = made
+    specs = [_spec(x) for x in example_inputs]
+    if plan.grad_rows:
+        specs.append(_sink_spec(plan.grad_rows, example_inputs))  # (its last argument)
+    carry_dynamo_attributes(gm, tapped)
+    fill_examples(tapped, plan.grad_rows)
+    return CompiledGraph(compiled, tapped, plan, compiler, specs, root)
 
 
 def carry_dynamo_attributes(orig: torch.fx.GraphModule, copy_gm: torch.fx.GraphModule) -> None:
