@@ -55,6 +55,8 @@ case "$workers" in
   '' | *[!0-9]*) echo "PROBE_TEST_WORKERS must be a whole number, not '$workers'" >&2; exit 2 ;;
 esac
 [ "$workers" -le 4 ] || workers=4
+# The tests' training runs are forked from an interpreter per worker that has imported torch
+# (python/tests/warm.py; PROBE_TEST_WARM=0: a fresh interpreter each).
 # The slowest tests are listed after the results: CI is kept under 30 minutes on 2 cores.
 "$PY" -m pytest python/tests -q -p no:cacheprovider -n "$workers" --dist loadfile --durations=15
 

@@ -14,6 +14,7 @@ from typing import Any, Callable, Iterator
 
 import probe
 import pytest
+import warm
 import torch
 import torch.nn as nn
 import torch.nn.functional as F
@@ -130,7 +131,7 @@ def run_agent_script(
     path, as a user's training script runs; its output is captured."""
     env = dict(os.environ, PYTHONPATH=os.path.join(REPO, "python"))
     cmd = [sys.executable, "-c", script, *args]
-    return subprocess.run(cmd, capture_output=True, text=True, timeout=timeout, env=env)
+    return warm.run(cmd[1:], timeout=timeout, env=env)
 
 
 def compare_summary(bench: str, cmp_: str, out: str, *extra: str) -> tuple[int, dict[str, Any]]:

@@ -27,6 +27,7 @@ from dataclasses import dataclass
 from typing import Any, Optional
 
 import pytest
+import warm
 import torch
 
 from conftest import EXAMPLE, REPO, load_example, probe_bin, read_ops
@@ -91,7 +92,7 @@ class Runs:
         cmd = [sys.executable, EXAMPLE, "--dump", dump, "--mode", "statistics"]
         cmd += ["--steps", str(steps), "--batch", "4", "--quiet", *flags]
         env = dict(os.environ, PYTHONPATH=os.path.join(REPO, "python"))
-        r = subprocess.run(cmd, capture_output=True, text=True, timeout=300, env=env)
+        r = warm.run(cmd[1:], timeout=300, env=env)
         assert r.returncode == 0, f"{name}: exit {r.returncode}\n{r.stderr}"
         return r.stderr
 

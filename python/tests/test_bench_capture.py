@@ -16,6 +16,7 @@ from typing import Any
 
 import probe
 import pytest
+import warm
 import torch
 import torch.nn.functional as F
 
@@ -26,14 +27,11 @@ BENCH = os.path.join(REPO, "bench", "capture_overhead.py")
 
 def _bench(*flags: str) -> str:
     env = dict(os.environ, PROBE_BIN=probe_bin())
-    done = subprocess.run(
-        [sys.executable, BENCH, "--steps", "1", "--threads", "1", "--modes", "statistics"]
+    done = warm.run(
+        [BENCH, "--steps", "1", "--threads", "1", "--modes", "statistics"]
         + ["--levels", "api", *flags],
-        capture_output=True,
-        text=True,
         timeout=600,
         env=env,
-        check=False,
     )
     assert done.returncode == 0, done.stderr
     return done.stdout
@@ -143,13 +141,10 @@ def test_bench_ablations_leave_out_their_part_only(tmp_path: Any) -> None:
         (["--ablate", "stacks,bogus"], "unknown part 'bogus'"),
         (["--baseline-first"], "--baseline-first orders a paired run: it needs --baseline"),
     ):
-        done = subprocess.run(
-            [sys.executable, BENCH, *flags],
-            capture_output=True,
-            text=True,
+        done = warm.run(
+            [BENCH, *flags],
             timeout=120,
             env=env,
-            check=False,
         )
         assert done.returncode == 2 and says in done.stderr, flags
         assert done.stdout == ""

@@ -14,6 +14,7 @@ from pathlib import Path
 from typing import Any, Dict
 
 import pytest
+import warm
 
 from conftest import REPO, probe_bin
 
@@ -46,11 +47,12 @@ opt.step()
 dist.destroy_process_group()
 """
 
-# torchrun starts each rank through this shell line: the rank given as its argument ($1; -1:
-# none) gets another variable and data seed. (An argument of the shell, not a variable: the
+# torchrun starts each rank through this shell line (``$PYTHON``: the command that starts a
+# Python script, warm.py's shim): the rank given as its argument ($1; -1: none) gets another
+# variable and data seed. (An argument of the shell, not a variable: the
 # packs record every variable.)
 LAUNCH = (
-    'if [ "$1" = "$RANK" ]; then export NCCL_ALGO=Ring DATA_SEED=8; fi; exec "$PYTHON" ../train.py'
+    'if [ "$1" = "$RANK" ]; then export NCCL_ALGO=Ring DATA_SEED=8; fi; exec $PYTHON ../train.py'
 )
 
 
@@ -65,7 +67,7 @@ def jobs(tmp_path_factory: pytest.TempPathFactory) -> Path:
         (d / name).mkdir()
         env = dict(os.environ)
         env["PYTHONPATH"] = os.path.join(REPO, "python") + os.pathsep + env.get("PYTHONPATH", "")
-        env.update(PYTHON=sys.executable, OMP_NUM_THREADS="1")
+        env.update(PYTHON=" ".join(warm.rank_command(env)), OMP_NUM_THREADS="1")
         odd = str(ODD) if name == "odd" else "-1"
         cmd = [
             sys.executable, "-m", "torch.distributed.run", "--standalone",

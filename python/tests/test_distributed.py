@@ -13,6 +13,7 @@ import sys
 from typing import Any, Optional
 
 import pytest
+import warm
 
 from conftest import REPO, SCHEMAS, compare_summary, probe_bin
 
@@ -48,7 +49,7 @@ def torchrun(dump: str, nproc: int, *args: str, steps: int = 2, script: str = EX
         *args,
     ]
     try:
-        res = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=TIMEOUT)
+        res = warm.run(cmd[1:], env=env, timeout=TIMEOUT)
     except subprocess.TimeoutExpired:
         pytest.fail(f"torchrun timed out after {TIMEOUT} s: {' '.join(cmd)}")
     assert res.returncode == 0, res.stdout[-3000:] + res.stderr[-3000:]
@@ -433,9 +434,8 @@ def _run_own_hook(tmp_path: Any) -> Optional[str]:
     )
     env = dict(os.environ, OMP_NUM_THREADS="1")
     env["PYTHONPATH"] = os.path.join(REPO, "python")
-    res = subprocess.run(
+    res = warm.run(
         [
-            sys.executable,
             "-m",
             "torch.distributed.run",
             "--standalone",
@@ -444,8 +444,6 @@ def _run_own_hook(tmp_path: Any) -> Optional[str]:
             str(script),
         ],
         env=env,
-        capture_output=True,
-        text=True,
         timeout=TIMEOUT,
     )
     assert res.returncode == 0, res.stdout[-2000:] + res.stderr[-2000:]
@@ -485,7 +483,7 @@ def run_script(tmp_path: Any, text: str, *args: str) -> tuple[str, list[list[dic
     cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone"]
     cmd += ["--nproc_per_node", "2", str(script), str(tmp_path / "d"), *args]
     try:
-        res = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=TIMEOUT)
+        res = warm.run(cmd[1:], env=env, timeout=TIMEOUT)
     except subprocess.TimeoutExpired:
         pytest.fail(f"the 2-rank script timed out after {TIMEOUT} s")
     assert res.returncode == 0, res.stderr[-3000:]
@@ -676,7 +674,7 @@ def _pipeline_run(tmp_path: Any, name: str, *extra: str) -> str:
     env = dict(os.environ, OMP_NUM_THREADS="1", PYTHONPATH=os.path.join(REPO, "python"))
     cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone"]
     cmd += ["--nproc_per_node", "2", str(script), str(tmp_path / name), *extra]
-    res = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=TIMEOUT)
+    res = warm.run(cmd[1:], env=env, timeout=TIMEOUT)
     assert res.returncode == 0, res.stderr[-3000:]
     return str(tmp_path / name)
 

@@ -9,6 +9,7 @@ import sys
 from typing import Any
 
 import pytest
+import warm
 
 from conftest import REPO, probe_bin, read_ops
 
@@ -29,7 +30,7 @@ def _run_example(dump: str, *extra: str) -> None:
         "--quiet",
         *extra,
     ]
-    r = subprocess.run(cmd, capture_output=True, text=True, timeout=300)
+    r = warm.run(cmd[1:], timeout=300)
     assert r.returncode == 0, r.stderr
 
 

@@ -18,6 +18,7 @@ import sys
 from typing import Any, Optional
 
 import pytest
+import warm
 import torch
 import torch.nn.functional as F
 
@@ -202,7 +203,7 @@ def test_an_in_place_multi_tensor_op_that_overflows_is_named_with_the_inputs_it_
 
 def _train_small(dump: str, *extra: str) -> None:
     cmd = [sys.executable, EXAMPLE, "--dump", dump, "--quiet", "--steps", "2", *extra]
-    r = subprocess.run(cmd, capture_output=True, text=True, timeout=300)
+    r = warm.run(cmd[1:], timeout=300)
     assert r.returncode == 0, r.stderr
 
 

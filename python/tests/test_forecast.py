@@ -195,6 +195,21 @@ def test_a_run_past_the_page_cache_is_told_the_disk_will_bind_it(
     assert open_ended["note"].startswith("steps is open-ended") and "disk" in open_ended["note"]
 
 
+def test_one_time_setup_that_outweighs_the_step_gives_no_negative_time() -> None:
+    """Setup measured on other threads (the writer's rewrites, fresh host buffers) can
+    overlap the measured step and exceed it: with no bare step to bound the estimate, the
+    whole step is taken, and the forecast says so (a 2-rank job read -0.32 s a step)."""
+    from probe.capture import forecast as fc
+
+    r = fc.Reading(0, 1, 0.2, 0.5, None, 0.05, 100, 0)
+    f = fc.forecast(r, fc.Selected(steps=2, ranks=2))
+    assert f["time_per_step_s"] == pytest.approx(0.2) and f["bare_step_s"] == pytest.approx(0.15)
+    assert f["time_total_s"] == pytest.approx(0.4)
+    assert "upper bound" in f["note"]
+    ok = fc.forecast(fc.Reading(0, 1, 0.6, 0.5, None, 0.05, 100, 0), fc.Selected(2, 2))
+    assert ok["time_per_step_s"] == pytest.approx(0.1) and "note" not in ok
+
+
 def _bench() -> Any:
     spec = importlib.util.spec_from_file_location("forecast_bench", BENCH)
     assert spec is not None and spec.loader is not None

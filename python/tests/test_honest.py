@@ -16,6 +16,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+import warm
 from conftest import REPO, probe_bin
 
 EXIT_FAIL = 1
@@ -32,7 +33,7 @@ def _train(dump: Path, *extra: str, threads: int = 0) -> None:
         *extra,
     ]
     env = dict(os.environ, OMP_NUM_THREADS=str(threads)) if threads else None
-    r = subprocess.run(cmd, capture_output=True, text=True, timeout=300, env=env)
+    r = warm.run(cmd[1:], timeout=300, env=env)
     assert r.returncode == 0, r.stderr
 
 
@@ -201,10 +202,8 @@ def _script(tmp_path: Path, source: str, side: str, *argv: str) -> str:
     dumping to ``tmp_path / side``; its stdout."""
     script = tmp_path / "train.py"
     script.write_text(source, encoding="utf-8")
-    r = subprocess.run(
-        [sys.executable, str(script), str(tmp_path / side), *argv],
-        capture_output=True,
-        text=True,
+    r = warm.run(
+        [str(script), str(tmp_path / side), *argv],
         timeout=300,
         env={**os.environ, "PYTHONPATH": os.path.join(REPO, "python")},
     )

@@ -17,6 +17,7 @@ from typing import Any, Optional
 
 import numpy as np
 import pytest
+import warm
 import torch
 import torch.nn as nn
 import torch.nn.functional as F
@@ -463,7 +464,7 @@ def test_two_ddp_ranks_write_a_file_each(tmp_path: Any) -> None:
     cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node", "2"]
     cmd += [os.path.join(REPO, "examples", "train_ddp.py"), "--no-dump", "--quiet", "--steps", "3"]
     cmd += ["--monitor-dir", str(tmp_path)]  # torchrun's argparse claims --monitor
-    res = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=120)
+    res = warm.run(cmd[1:], env=env, timeout=120)
     assert res.returncode == 0, res.stderr[-3000:]
     files = {}
     for rank in (0, 1):

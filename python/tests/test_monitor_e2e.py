@@ -17,6 +17,7 @@ from pathlib import Path
 from typing import Any, Iterator, Optional
 
 import pytest
+import warm
 import torch
 import torch.nn as nn
 import torch.nn.functional as F
@@ -319,7 +320,7 @@ def torchrun_monitor(out: Path, *extra: str) -> None:
     cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node", "2"]
     cmd += [str(ROOT / "examples/train_ddp.py"), "--no-dump", "--quiet", "--steps", "30"]
     cmd += ["--monitor-dir", str(out), *extra]
-    res = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=300)
+    res = warm.run(cmd[1:], env=env, timeout=300)
     assert res.returncode == 0, res.stderr[-3000:]
 
 
@@ -345,7 +346,7 @@ def test_a_fault_on_one_rank_of_a_ddp_job_is_named_at_its_step_and_rank(tmp_path
 def train_small(out: Path, *extra: str) -> None:
     env = dict(os.environ, PYTHONPATH=str(ROOT / "python"))
     cmd = [sys.executable, str(ROOT / "examples/train_small.py"), "--steps", "80", "--no-dump"]
-    res = subprocess.run([*cmd, "--quiet", "--monitor", str(out), *extra], env=env, capture_output=True, text=True, timeout=300)
+    res = warm.run([*cmd[1:], "--quiet", "--monitor", str(out), *extra], env=env, timeout=300)
     assert res.returncode == 0, res.stderr[-3000:]
 
 

@@ -18,6 +18,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+import warm
 
 from conftest import REPO, probe_bin
 from msprobe_like import MSPROBE_UNHOOKED, to_msprobe
@@ -42,7 +43,7 @@ def _train(dump: Path, *extra: str) -> Path:
         "--quiet",
         *extra,
     ]
-    r = subprocess.run(cmd, capture_output=True, text=True, timeout=300)
+    r = warm.run(cmd[1:], timeout=300)
     assert r.returncode == 0, r.stderr
     return dump
 

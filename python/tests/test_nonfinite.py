@@ -10,6 +10,7 @@ import sys
 from typing import Any
 
 import pytest
+import warm
 import torch
 import torch.nn.functional as F
 
@@ -48,7 +49,7 @@ def _example(dump: str, *extra: str) -> None:
         "--quiet",
         *extra,
     ]
-    r = subprocess.run(cmd, capture_output=True, text=True, timeout=300)
+    r = warm.run(cmd[1:], timeout=300)
     assert r.returncode == 0, r.stderr
 
 
@@ -314,10 +315,8 @@ def test_gradients_that_overflow_in_a_step_the_loss_scaler_skips_are_a_warning(
     script = tmp_path / "train.py"
     script.write_text(SCALED, encoding="utf-8")
     dump = str(tmp_path / "dump")
-    r = subprocess.run(
-        [sys.executable, str(script), dump, init_scale, forward],
-        capture_output=True,
-        text=True,
+    r = warm.run(
+        [str(script), dump, init_scale, forward],
         timeout=300,
         env={**os.environ, "PYTHONPATH": os.path.join(REPO, "python")},
     )

@@ -27,6 +27,7 @@ import sys
 from typing import Any
 
 import pytest
+import warm
 
 from conftest import REPO, compare_summary, probe_bin, run_agent_script
 
@@ -93,7 +94,7 @@ def _run(dump: str, arch: str, variant: str, ranks: int) -> None:
         env = dict(os.environ, OMP_NUM_THREADS="1", PYTHONPATH=os.path.join(REPO, "python"))
         cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone"]
         cmd += ["--nproc_per_node", str(ranks), script, arch, variant, dump]
-        r = subprocess.run(cmd, capture_output=True, text=True, timeout=TIMEOUT, env=env)
+        r = warm.run(cmd[1:], timeout=TIMEOUT, env=env)
     assert r.returncode == 0, r.stdout[-2000:] + r.stderr[-4000:]
 
 

@@ -23,6 +23,7 @@ import sys
 from typing import Any
 
 import pytest
+import warm
 import torch
 import torch.nn.functional as F
 
@@ -132,7 +133,7 @@ def replay(d: dict[str, str], out: str, *args: str, bench: str = "bench", cmp: s
     env = dict(os.environ, PYTHONPATH=PY_PATH)
     env.pop("PROBE_REPLAY_PRELUDE", None)
     cmd = [sys.executable, "-m", "probe.replay", "--bench", d[bench], "--cmp", d[cmp], "-o", os.path.join(d["root"], out), *args]
-    return subprocess.run(cmd, capture_output=True, text=True, timeout=120, env=env)
+    return warm.run(cmd[1:], timeout=120, env=env)
 
 
 def doc(d: dict[str, str], out: str) -> dict[str, Any]:
@@ -450,10 +451,9 @@ def test_a_statistics_dump_gets_a_recapture_that_the_script_applies_unchanged(
     script = os.path.join(REPO, "examples", "train_small.py")
     for side, extra in (("b", []), ("c", ["--inject", "Functional.gelu.0", "--inject-rel", "0.03"])):
         (tmp_path / side).mkdir()
-        run = subprocess.run(
-            [sys.executable, script, "--quiet", "--steps", "1", "--batch", "4", "--level", "mix", "--dump", "unused", *extra],
-            cwd=tmp_path / side, env=dict(os.environ, PYTHONPATH=PY_PATH, PROBE_CONFIG=config),
-            capture_output=True, text=True, timeout=300,
+        run = warm.run(
+            [script, "--quiet", "--steps", "1", "--batch", "4", "--level", "mix", "--dump", "unused", *extra],
+            cwd=tmp_path / side, env=dict(os.environ, PYTHONPATH=PY_PATH, PROBE_CONFIG=config), timeout=300,
         )
         assert run.returncode == 0, run.stderr[-2000:]
         assert not (tmp_path / side / "unused").exists()
@@ -497,8 +497,8 @@ def ddp(tmp_path_factory: pytest.TempPathFactory) -> dict[str, str]:
     for name, extra in runs.items():
         cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node", "2"]
         cmd += [os.path.join(REPO, "examples", "train_ddp.py"), "--quiet", "--steps", "1", "--level", "mix", "--mode", "tensor"]
-        procs[name] = subprocess.run(
-            [*cmd, "--dump", str(root / name), *extra], env=env, capture_output=True, text=True, timeout=300
+        procs[name] = warm.run(
+            [*cmd[1:], "--dump", str(root / name), *extra], env=env, timeout=300
         )
         assert procs[name].returncode == 0, procs[name].stderr[-2000:]
     out = {k: str(root / k) for k in runs}
@@ -515,9 +515,8 @@ def test_an_allreduce_is_replayed_from_every_ranks_inputs(ddp: dict[str, str], d
     cases = (("clean", 1, 0, None), ("garbled", 1, 0, "not the mean of its ranks' recorded inputs"), ("gelu1", 0, 0, "rank 1's input differs"))
     for cmp, rank, code, why in cases:
         out = os.path.join(ddp["root"], f"out_{cmp}")
-        r = subprocess.run(
-            [sys.executable, "-m", "probe.replay", "-b", ddp["clean"], "-c", ddp[cmp], "--op", key, "--step", "0", "--rank", str(rank), "-o", out],
-            capture_output=True, text=True, timeout=120, env=dict(os.environ, PYTHONPATH=PY_PATH),
+        r = warm.run(
+            ["-m", "probe.replay", "-b", ddp["clean"], "-c", ddp[cmp], "--op", key, "--step", "0", "--rank", str(rank), "-o", out], timeout=120, env=dict(os.environ, PYTHONPATH=PY_PATH),
         )
         assert r.returncode == code, r.stdout + r.stderr
         with open(os.path.join(out, "replay.json"), encoding="utf-8") as fh:

@@ -18,6 +18,7 @@ import sys
 from typing import Any
 
 import pytest
+import warm
 
 from conftest import REPO, compare_summary, probe_bin, read_ops, run_agent_script
 
@@ -318,9 +319,9 @@ def test_hugging_face_trainer_with_a_capture_callback(tmp_path: Any) -> None:
     results = []
     for use in ("1", "0"):
         dump = str(tmp_path / f"dump{use}")
-        res = subprocess.run(
-            [sys.executable, str(script), dump, use],
-            env=env, capture_output=True, text=True, timeout=300,
+        res = warm.run(
+            [str(script), dump, use],
+            env=env, timeout=300,
         )
         assert res.returncode == 0, res.stderr[-3000:]
         results.append(json.loads(res.stdout.strip().splitlines()[-1]))

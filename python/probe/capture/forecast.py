@@ -135,12 +135,21 @@ def selected(
 def forecast(r: Reading, sel: Selected) -> dict[str, Any]:
     """The manifest's ``forecast`` object (docs/format.md)."""
     per_step = r.step_s - r.setup_s
+    notes = []
     if r.bare_s is not None and r.bare_s > 0:
         bare, bare_from = r.bare_s, "uncaptured_step"
         # One-time costs measured on other threads may overlap the step: a captured step
         # is never taken for less than the bare one.
         per_step = max(per_step, min(bare, r.step_s))
     else:
+        if per_step <= 0:
+            # Those costs outweighed the whole step, and no bare step bounds it: the
+            # step's own time, setup included, is the estimate (an upper bound).
+            per_step = r.step_s
+            notes.append(
+                "one-time setup on other threads overlapped the measured step: its time "
+                "per step is the whole step's, setup included (an upper bound)"
+            )
         bare, bare_from = max(per_step - r.agent_s, 1e-9), "agent_time"
     out: dict[str, Any] = {
         "measured_on_step": r.step,
@@ -155,7 +164,6 @@ def forecast(r: Reading, sel: Selected) -> dict[str, Any]:
         "steps": sel.steps,
         "ranks": sel.ranks,
     }
-    notes = []
     if sel.steps is not None and sel.ranks is not None:
         out["bytes_total"] = r.nbytes * sel.steps * sel.ranks
         out["time_total_s"] = round(per_step * sel.steps, 3)
