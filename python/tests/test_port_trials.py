@@ -22,7 +22,6 @@ widths): the rules are tested, not the cases' numbers.
 from __future__ import annotations
 
 import os
-import subprocess
 import sys
 from typing import Any
 

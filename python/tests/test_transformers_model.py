@@ -13,8 +13,6 @@ from __future__ import annotations
 
 import json
 import os
-import subprocess
-import sys
 from typing import Any
 
 import pytest

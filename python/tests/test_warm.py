@@ -31,8 +31,8 @@ if sys.argv[1:2] == ["sleep"]:
 
 def _both(args: list[str], **kw: object) -> tuple[subprocess.CompletedProcess[str], ...]:
     """The same run warm and fresh."""
-    fresh = subprocess.run([sys.executable, *args], capture_output=True, text=True, **kw)  # type: ignore[call-overload]
-    return warm.run(args, **kw), fresh  # type: ignore[arg-type]
+    fresh = subprocess.run([sys.executable, *args], capture_output=True, text=True, **kw)
+    return warm.run(args, **kw), fresh
 
 
 @pytest.mark.skipif(not warm.enabled(), reason="the warm server is off (PROBE_TEST_WARM=0)")

@@ -129,17 +129,17 @@ def run(
                 os.path.abspath(cwd if cwd is not None else os.getcwd()),
                 [null.fileno(), out.fileno(), err.fileno()],
             )
-        with conn:
+        code = None
+        with conn:  # (closed at a timeout: the server kills the run's process group)
             conn.settimeout(timeout)
             try:
                 code = int(_line(conn))
             except socket.timeout:
-                conn.close()  # the server kills the run's process group
-                out.seek(0)
-                err.seek(0)
-                raise subprocess.TimeoutExpired(cmd, timeout or 0, out.read(), err.read()) from None
+                pass
         out.seek(0)
         err.seek(0)
+        if code is None:
+            raise subprocess.TimeoutExpired(cmd, timeout or 0, out.read(), err.read())
         stdout = out.read().decode("utf-8", "replace")
         stderr = err.read().decode("utf-8", "replace")
         return subprocess.CompletedProcess(cmd, code, stdout, stderr)
@@ -207,9 +207,6 @@ def _child(request: dict[str, Any], fds: list[int]) -> None:
     sys.stdin = open(0, closefd=False)  # noqa: SIM115
     sys.stdout = open(1, "w", closefd=False, buffering=1)  # noqa: SIM115
     sys.stderr = open(2, "w", closefd=False, buffering=1)  # noqa: SIM115
-    for sig in (signal.SIGTERM, signal.SIGINT, signal.SIGCHLD):
-        signal.signal(sig, signal.SIG_DFL)
-    signal.signal(signal.SIGINT, signal.default_int_handler)
     os.chdir(request["cwd"])
     env: dict[str, str] = request["env"]
     os.environ.clear()
