@@ -44,8 +44,7 @@ from . import tap_lowering
 from .compiled import TRACED_ROOTS, compiling
 from .graph_taps import NO_CALLS, SYMBOLIC, Call, Names, Plan, instrument
 from .patcher import _owners, load_api_list
-from .records import OpRecord
-from .stats import finish_stats
+from .stats import finish_stats, null_stats
 from .tap_ops import COLUMNS, GRAD_COLUMNS
 from .threadstate import tls
 
@@ -558,17 +557,26 @@ class GraphCapture:
     ) -> list[tuple[Call, str, Optional[str], Any]]:
         """The forward records of one run of ``graph`` whose statistics output is
         ``stats``; returns what its backward records need: (call, forward key, module,
-        folder) of each selected call with gradients, when backward is captured."""
+        folder) of each selected call with gradients, when backward is captured.
+
+        A record is written as its ``ops.jsonl`` object straight away (no ``OpRecord``,
+        no pass of the recorder's ``finish`` per call): every record of a graph has the
+        same shape, the statistics of a CPU graph are read in one call, a row's stats
+        are made once for every record that holds that tensor, and the writer is asked
+        for its queue and its error once per run, not once per call (~20 us a record
+        before). An accelerator's rows stay on the device and are filled when the stats
+        buffer reads its batch, as the eager records' are."""
         ctx = self._ctx
         c = ctx.config
         rec = ctx.recorder
-        folder = rec.files.folder
+        files = rec.files
+        folder = files.folder
         if folder is None:
             return []
         self.graphs.add(graph.id)
         plan = graph.plan
         values = plan.values
-        host = stats.tolist() if stats.device.type == "cpu" else None
+        row_stats = _row_stats(plan, stats.tolist()) if stats.device.type == "cpu" else None
         ids: dict[int, int] = {}
         base = self.paths.get(graph.root) if graph.root is not None else None
         if base is None:
@@ -576,7 +584,8 @@ class GraphCapture:
         bases: dict[str, Optional[str]] = {}  # (the modules that run it, by local name)
         forward, backward_on = c.forward, c.backward
         inputs, outputs, stack = c.inputs, c.outputs, c.stack
-        api_call, finish, source = ctx.select.api_call, rec.finish, rec.flow.source
+        api_call, add, source = ctx.select.api_call, rec.pending.add, rec.flow.source
+        gid = graph.id
         backward: list[tuple[Call, str, Optional[str], Any]] = []
         for call in plan.calls:
             module = self._module(call, base, bases) or None
@@ -588,29 +597,48 @@ class GraphCapture:
                 backward.append((call, key, module, folder))
             if not forward:
                 continue
-            op = OpRecord(key, "api", "forward", module, folder)
-            op.graph = {"id": graph.id, "node": call.node}
-            if stack and call.frames:
-                op.stack = rec.stacks.frames_id(folder, call.frames)
-            entries = op.entries
+            tensors: list[dict[str, Any]] = []
+            fills: list[Any] = []
+            parts: list[Any] = []
             if inputs:
                 for name, v in call.inputs:
-                    tr = _tensor_record(key, name, "input", values[v], host, stats, entries)
+                    value = values[v]
+                    tr: dict[str, Any] = {
+                        "name": f"{key}.{name}",
+                        "role": "input",
+                        "dtype": value.dtype,
+                        "shape": value.shape,
+                    }
                     src = ids.get(v)
-                    arg = values[v].arg
+                    arg = value.arg
                     if src is None and arg is not None:
                         real = args[arg]
                         if isinstance(real, torch.Tensor):
                             src = source(real)[0]
                     if src is not None:
                         tr["src"] = src
-                op.args = call.args
+                    _put_stats(tr, value, row_stats, stats, fills, parts)
+                    tensors.append(tr)
             if outputs:
                 for name, v in call.outputs:
-                    tr = _tensor_record(key, name, "output", values[v], host, stats, entries)
+                    value = values[v]
+                    tr = {
+                        "name": f"{key}.{name}",
+                        "role": "output",
+                        "dtype": value.dtype,
+                        "shape": value.shape,
+                    }
                     tr["id"] = ids[v] = folder.next_id
                     folder.next_id += 1
-            finish(op)
+                    _put_stats(tr, value, row_stats, stats, fills, parts)
+                    tensors.append(tr)
+            sid = rec.stacks.frames_id(folder, call.frames) if stack and call.frames else None
+            line = _line(key, "forward", module, sid, gid, call.node, tensors)
+            if inputs and call.args:
+                line["args"] = call.args
+            add(folder, line, fills, parts)
+        files.push(full_only=True)
+        files.check()
         return backward
 
     def _grads(
@@ -625,7 +653,8 @@ class GraphCapture:
         gradient that never came (an output nothing used); a row whose gradient could only
         flow from graph outputs that ``came`` does not name holds the zeros the compiled
         backward was handed for them (no record either, as in eager autograd). The rows
-        are read in one transfer (on an accelerator, one sync per graph and step)."""
+        are read in one transfer (on an accelerator, one sync per graph and step), and the
+        records written as :meth:`record` writes them."""
         was = tls.active
         tls.active = False
         try:
@@ -635,14 +664,17 @@ class GraphCapture:
                 rows = grad.detach().tolist()
                 c = self._ctx.config
                 inputs, outputs = c.inputs, c.outputs
-                finish = self._ctx.recorder.finish
+                rec = self._ctx.recorder
+                files = rec.files
                 plan = graph.plan
                 values, reaches = plan.values, plan.grad_reach
+                gid = graph.id
+                now = files.folder
                 for call, key, module, folder in _backward_order(calls):
+                    if now is None or folder is not now:
+                        return  # the step these calls belonged to is already closed
                     bkey = api_backward(key)
-                    op = OpRecord(bkey, "api", "backward", module, folder)
-                    op.graph = {"id": graph.id, "node": call.node}
-                    entries = op.entries
+                    tensors: list[dict[str, Any]] = []
                     for name, row, v in call.grads:
                         got = rows[row]
                         inp = name.startswith("input")
@@ -652,16 +684,23 @@ class GraphCapture:
                         if reach is not None and reach.isdisjoint(came):
                             continue  # only zeros handed in for outputs without gradient
                         value = values[v]
-                        tr: dict[str, Any] = {
-                            "name": f"{bkey}.{name}",
-                            "role": "input" if inp else "output",
-                            "dtype": value.dtype,
-                            "shape": value.shape,
-                        }
-                        done = finish_stats(got, value.numel, None)
-                        entries.append((tr, done, None))  # type: ignore[arg-type]
-                    if entries:
-                        finish(op)
+                        tensors.append(
+                            {
+                                "name": f"{bkey}.{name}",
+                                "role": "input" if inp else "output",
+                                "dtype": value.dtype,
+                                "shape": value.shape,
+                                "stats": finish_stats(got, value.numel, None),
+                            }
+                        )
+                    if tensors:
+                        if len(tensors) > 1:
+                            # In name order for readers, as the eager backward records.
+                            tensors.sort(key=_role_name)
+                        line = _line(bkey, "backward", module, None, gid, call.node, tensors)
+                        rec.pending.add(now, line, [], [])
+                files.push(full_only=True)
+                files.check()
         except Exception as exc:  # noqa: BLE001
             self._ctx.guard.fail(exc, f"capturing the backward of compiled graph {graph.id}")
         finally:
@@ -710,27 +749,65 @@ class GraphCapture:
         return f"{base}.{call.module}" if base else call.module
 
 
-def _tensor_record(
-    key: str,
-    name: str,
-    role: str,
+def _row_stats(plan: Plan, host: list[list[float]]) -> list[Any]:
+    """The stats of each row of a graph's statistics output read on the host, made once
+    for every record that holds the row's tensor (records share the dict: nothing changes
+    a record's stats once made)."""
+    out: list[Any] = [None] * len(host)
+    for value in plan.values:
+        row = value.row
+        if row is not None and out[row] is None:
+            out[row] = finish_stats(host[row], value.numel, None)
+    return out
+
+
+def _put_stats(
+    tr: dict[str, Any],
     value: Any,
-    host: Optional[list[list[float]]],
+    row_stats: Optional[list[Any]],
     stats: torch.Tensor,
-    entries: list[Any],
-) -> dict[str, Any]:
-    """One tensor record of op ``key`` from ``value``'s row of the graph's statistics
-    (read on the host, or a device row the stats buffer reads with its batch), appended
-    to the op's ``entries``."""
-    tr: dict[str, Any] = {
-        "name": f"{key}.{name}",
-        "role": role,
-        "dtype": value.dtype,
-        "shape": value.shape,
-    }
+    fills: list[Any],
+    parts: list[Any],
+) -> None:
+    """Give tensor record ``tr`` the stats of ``value``'s row: made already (read on the
+    host), or a dict the stats buffer fills when it reads the device row with its batch
+    (``Recorder.finish`` does the same for eager records); a tensor without a row has
+    none to give (empty, or of a dtype without statistics)."""
     row = value.row
-    vec: Any = None
-    if row is not None:
-        vec = finish_stats(host[row], value.numel, None) if host is not None else stats[row]
-    entries.append((tr, vec, None))
-    return tr
+    if row is None:
+        tr["stats"] = null_stats()
+    elif row_stats is not None:
+        tr["stats"] = row_stats[row]
+    else:
+        out: dict[str, Any] = {}
+        tr["stats"] = out
+        fills.append((out, COLUMNS, max(1, value.numel), stats.device))
+        parts.append(stats[row])
+
+
+def _line(
+    key: str,
+    direction: str,
+    module: Optional[str],
+    stack: Optional[int],
+    gid: int,
+    node: str,
+    tensors: list[dict[str, Any]],
+) -> dict[str, Any]:
+    """The ``ops.jsonl`` object of a call inside a compiled graph, in the key order of
+    ``OpRecord.to_json`` (``seq`` is set by the folder when written)."""
+    return {
+        "seq": 0,
+        "op": key,
+        "kind": "api",
+        "direction": direction,
+        "module": module,
+        "stack": stack,
+        "recompute": False,
+        "graph": {"id": gid, "node": node},
+        "tensors": tensors,
+    }
+
+
+def _role_name(t: dict[str, Any]) -> tuple[str, str]:
+    return t["role"], t["name"]

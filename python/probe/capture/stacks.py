@@ -47,6 +47,8 @@ class StackTable:
     def __init__(self) -> None:
         # Code objects and JSON ``frames`` array by stack key, kept across steps.
         self._cache: dict[tuple[int, ...], tuple[tuple[CodeType, ...], str]] = {}
+        #: A compiled graph's stacks (formatted frames) as their JSON array, across steps.
+        self._graph_json: dict[tuple[str, ...], str] = {}
         #: The last caller's parent frame, its code's id, and the key of the frames above it.
         self._parent: Optional[FrameType] = None
         self._parent_code = 0
@@ -111,12 +113,18 @@ class StackTable:
         """Id of a stack given as its formatted frames (a compiled graph's node: the stack
         Dynamo traced), written when new. Keyed apart from live stacks' keys (a string in
         the key, never in theirs)."""
-        k: Any = ("graph", *frames)
+        k: Any = ("graph", frames)
         sid = folder.stack_ids.get(k)
         if sid is None:
             sid = len(folder.stack_ids)
             folder.stack_ids[k] = sid
-            folder.write_stack_json(sid, json.dumps(list(frames)))
+            cache = self._graph_json
+            text = cache.get(frames)
+            if text is None:
+                if len(cache) >= _CACHE_MAX:
+                    cache.clear()
+                text = cache[frames] = json.dumps(list(frames))
+            folder.write_stack_json(sid, text)
         return sid
 
     def _frames(
