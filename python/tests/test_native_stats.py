@@ -31,9 +31,10 @@ def kernels(monkeypatch: Any) -> Any:
     found = native.load()
     if found is None:
         pytest.fail("no native statistics kernel: the probe binary should carry one (build.rs)")
-    monkeypatch.setattr(stats_mod, "NATIVE", found)
+    monkeypatch.setattr(stats_mod, "NATIVE", found.plain)
+    monkeypatch.setattr(stats_mod, "STRIDED", found.strided)
     monkeypatch.setattr(stats_mod, "_native_tried", True)
-    return found
+    return found.plain
 
 
 def _reference(t: torch.Tensor) -> dict[str, float]:
@@ -124,34 +125,55 @@ def test_finite_values_past_float32_accumulators(kernels: Any, values: Any, dtyp
     assert got["norm"] == pytest.approx(sum(v * v for v in x) ** 0.5, rel=1e-12)
 
 
-def test_a_strided_slice_is_copied_for_the_kernel_and_other_dtypes_take_the_reductions(
-    kernels: Any, monkeypatch: Any
-) -> None:
+def test_a_strided_slice_is_read_in_place_with_the_bits_of_its_copy(kernels: Any) -> None:
     """Memory with gaps (every other element: a chunk of a fused projection, a slice of
-    channels) is copied in memory order and read by the kernel, as its copy is, up to
-    ``COPY_MAX`` elements; a larger one, and float64/float16, take PyTorch's reductions,
-    exactly as before."""
+    channels) is read in place by the kernel, in memory order, with the bits of a copy of it
+    in that order (the copy the agent made before), at any size; float64/float16 take
+    PyTorch's reductions, exactly as before."""
     g = torch.Generator().manual_seed(2)
+
+    def copied(t: torch.Tensor) -> list[float]:
+        # The copy in memory order (dimensions by decreasing stride), read contiguously.
+        order = sorted(range(t.dim()), key=lambda d: t.stride(d), reverse=True)
+        c = t.permute(order).contiguous()
+        out = stats_mod._RESULT()
+        assert kernels[t.dtype](c.data_ptr(), c.numel(), out) == 1
+        return out[:]
+
     gappy = torch.randn(10000, generator=g)[::2]
     assert not gappy.is_contiguous() and stats_mod.dense_span(gappy) is None
-    assert stat_vector(gappy) == stat_vector(gappy.contiguous())
-    # Copied in memory order: a slice and its transpose are the same numbers, bit for bit.
+    assert stat_vector(gappy) == copied(gappy)
+    # Read in memory order: a slice and its transpose are the same numbers, bit for bit.
     block = torch.randn(64, 300, generator=g)[:, 7:263]
-    assert stat_vector(block) == stat_vector(block.t()) == stat_vector(block.contiguous())
+    assert stat_vector(block) == stat_vector(block.t()) == copied(block)
     assert stat_vector(block) != stat_vector(block.t().contiguous())
-    monkeypatch.setattr(stats_mod, "COPY_MAX", gappy.numel() - 1)
+    # A slice of channels of a channels-last activation, larger than a gather batch of the
+    # kernel; the same in bfloat16; an expanded view (its elements read as often as shown).
+    act = torch.randn(8, 96, 24, 24, generator=g).to(memory_format=torch.channels_last)
+    for t in (act[:, 16:80], act[:, 16:80].bfloat16()[:, :, ::2], act[0, 0, 0].expand(5, 24)):
+        assert stats_mod.dense_span(t) is None
+        assert stat_vector(t) == copied(t), t.shape
+    # A 5M-element slice (past the old copy limit of 4M) is read too.
+    big = torch.randn(5 << 20, 2, generator=g)[:, 0]
+    ref = big.double()
+    got = stat_vector(big)
+    assert got is not None and got[:2] == [ref.max().item(), ref.min().item()]
+    assert got[2] == pytest.approx(ref.sum().item(), abs=1e-6 * ref.abs().sum().item())
     for t in (
-        gappy,
-        torch.randn(999, generator=g, dtype=torch.float64),
-        torch.randn(999, generator=g).half(),
+        torch.randn(999, generator=g, dtype=torch.float64)[::2],
+        torch.randn(999, generator=g).half()[::2],
     ):
         vec = stat_vector(t)
         assert vec is not None
         tf = t.double() if t.dtype is torch.float64 else t.float()
         mn, mx = torch.aminmax(tf)
         assert vec[:3] == [mx.item(), mn.item(), torch.sum(tf).item()]
-    # (The kernel's sum of the copy is not PyTorch's float32 sum of the slice, bit for bit.)
-    assert stat_vector(gappy)[2] != stat_vector(gappy.contiguous())[2]
+    # A NaN in the view is left to the reductions, which count it; one between its elements
+    # is not the view's.
+    holed = torch.randn(4000, generator=g)
+    holed[2002] = float("nan")
+    assert finish_stats(stat_vector(holed[::2]), 2000, None)["nan"] == 1
+    assert stat_vector(holed[1::2]) == copied(holed[1::2])
 
 
 def test_a_tensor_subclass_takes_the_reductions(kernels: Any) -> None:

@@ -27,7 +27,7 @@ from typing import Any, Optional
 import torch
 
 from . import stats as _stats
-from .stats import dense_span, memory_order_copy
+from .stats import dense_span, read_strided
 
 # Bound before any wrapper exists: the graph copy must call PyTorch's own functions.
 _amax = torch.amax
@@ -103,10 +103,10 @@ _BLANK[GRAD_COLUMNS][COLUMNS] = 1.0
 def _run_row(x: torch.Tensor, cols: int) -> torch.Tensor:
     """``probe::tap_stats`` on CPU (run eagerly, when the compiled graph calls it): a
     float32 or bfloat16 tensor is read once by the eager agent's native kernel
-    (``stats.NATIVE``; a slice with gaps in its memory is copied first, up to
-    ``stats.COPY_MAX`` elements), which writes max, min, sum and norm straight into the
-    result (the counts stay 0: the kernel refuses a tensor with NaN or Inf); a one-element
-    tensor is read as its value; any other takes :func:`_reduce`. Only functions bound
+    (``stats.NATIVE``; a slice with gaps in its memory is read in place,
+    ``stats.read_strided``), which writes max, min, sum and norm straight into the result
+    (the counts stay 0: the kernel refuses a tensor with NaN or Inf); a one-element tensor
+    is read as its value; any other takes :func:`_reduce`. Only functions bound
     before the agent's wrappers exist: a compiled backward runs while the step is captured
     (``out[6] = 1`` was recorded as the model's ``Tensor.__setitem__``). (Six eager
     reductions per tap made a captured compiled step of the example 6.0x its bare step,
@@ -124,14 +124,14 @@ def _run_row(x: torch.Tensor, cols: int) -> torch.Tensor:
     native = _stats.NATIVE
     kernel = native.get(x.dtype) if native is not None else None
     if kernel is not None and n > 0:
+        blank = _BLANK.get(cols)
+        out = _clone(blank) if blank is not None else _zeros(cols, dtype=_F64)
         flat = x if x.is_contiguous() else dense_span(x)
-        if flat is None and n <= _stats.COPY_MAX:
-            flat = memory_order_copy(x)  # (a slice with gaps: as stats.stat_vector reads it)
         if flat is not None:
-            blank = _BLANK.get(cols)
-            out = _clone(blank) if blank is not None else _zeros(cols, dtype=_F64)
             if kernel(flat.data_ptr(), n, out.data_ptr()):
                 return out
+        elif read_strided(x, out.data_ptr()):  # (a slice with gaps: as stat_vector reads it)
+            return out
     return _reduce_row(x, cols)
 
 
