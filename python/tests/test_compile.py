@@ -161,6 +161,37 @@ def _dump_sgd_steps(
     dbg.close()
 
 
+def test_a_graphs_records_are_the_same_read_on_the_host_or_from_device_rows(
+    tmp_path: Any, monkeypatch: Any
+) -> None:
+    """A compiled graph's forward records are written from its statistics read on the host
+    at once (CPU), or hold device rows the stats buffer reads with its batch (an
+    accelerator; run here on CPU with ``READ_ON_CPU`` off): the graphs' records and the
+    stacks are the same either way. (The eager calls around the graph differ in their last
+    bits: with ``READ_ON_CPU`` off they take PyTorch's reductions, not the kernel.)"""
+    from probe.capture import stats as stats_mod
+
+    runs = []
+    for on_host in (True, False):
+        monkeypatch.setattr(stats_mod, "READ_ON_CPU", on_host)
+        path = str(tmp_path / f"host{on_host}")
+        _dump_sgd_steps(path, "aot_eager")
+        got = {}
+        for step in (0, 1):
+            folder = os.path.join(path, f"step{step}", "rank0")
+            got[step] = [o for o in read_ops(folder) if "graph" in o]
+            for o in got[step]:
+                o["graph"].pop("id")  # (a new graph of the process: the next id)
+            with open(os.path.join(folder, "stacks.jsonl"), "rb") as fh:
+                got[f"stacks{step}"] = fh.read()
+        runs.append(got)
+    assert runs[0] == runs[1]
+    inside = runs[0][1]
+    assert len(inside) > 20
+    assert {o["direction"] for o in inside} == {"forward", "backward"}
+    assert all(t["stats"]["max"] is not None for o in inside for t in o["tensors"])
+
+
 def test_a_compiled_run_against_an_eager_one_passes(tmp_path: Any) -> None:
     """The benchmark captured eagerly, the comparison run compiled (AOT autograd): the
     compiled run's dump holds the graph's calls, forward and backward, named as the eager

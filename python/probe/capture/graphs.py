@@ -40,6 +40,7 @@ from typing import TYPE_CHECKING, Any, Callable, Optional
 import torch
 
 from .._op_key import api_backward, api_key
+from . import stats as _stats
 from . import tap_lowering
 from .compiled import TRACED_ROOTS, compiling
 from .graph_taps import NO_CALLS, SYMBOLIC, Call, Names, Plan, instrument
@@ -565,7 +566,8 @@ class GraphCapture:
         are made once for every record that holds that tensor, and the writer is asked
         for its queue and its error once per run, not once per call (~20 us a record
         before). An accelerator's rows stay on the device and are filled when the stats
-        buffer reads its batch, as the eager records' are."""
+        buffer reads its batch, as the eager records' are (on CPU too where tests turn
+        ``stats.READ_ON_CPU`` off to run that path)."""
         ctx = self._ctx
         c = ctx.config
         rec = ctx.recorder
@@ -576,7 +578,8 @@ class GraphCapture:
         self.graphs.add(graph.id)
         plan = graph.plan
         values = plan.values
-        row_stats = _row_stats(plan, stats.tolist()) if stats.device.type == "cpu" else None
+        on_host = stats.device.type == "cpu" and _stats.READ_ON_CPU
+        row_stats = _row_stats(plan, stats.tolist()) if on_host else None
         ids: dict[int, int] = {}
         base = self.paths.get(graph.root) if graph.root is not None else None
         if base is None:
