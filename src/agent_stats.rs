@@ -30,8 +30,9 @@
 //! order into a small buffer, a whole number of blocks at a time, and read as above. Every
 //! element meets the same lane, and every addition comes in the same order, as in a
 //! contiguous copy of the view in that order: the same bits as the agent's copy-then-read,
-//! without the copy (a fresh tensor and PyTorch's copy kernel, ~35 us for 16K elements, four
-//! times the read) and at any size.
+//! without the copy's tensor and PyTorch's copy kernel (a 16K-element slice of a
+//! convolution's channels: 10 us, against 16 us copied and read, and 3 us for the same
+//! elements contiguous) and at any size.
 
 /// The interface version the agent checks before it calls anything.
 pub(crate) const ABI: u32 = 2;
