@@ -125,7 +125,10 @@ def test_fresh_env_gets_a_working_command(fresh_env: Path, tmp_path: Path) -> No
     assert lib.parent == tmp_path / "cache" and lib.read_bytes()[:4] == b"\x7fELF"
     import ctypes
 
-    assert ctypes.CDLL(str(lib)).probe_stats_abi() == 1
+    from probe.capture import native
+
+    # The interface the agent of the same wheel speaks.
+    assert ctypes.CDLL(str(lib)).probe_stats_abi() == native.ABI
 
 
 @needs_wheel
