@@ -197,11 +197,11 @@ unsafe fn strided_lanes<T: Copy + Default>(
     }
     let mut l = Lanes::EMPTY;
     if dims.iter().any(|&(n, _)| n == 0) {
-        return Some(l);
+        return Some(l); // no elements: empty lanes, which `finish` refuses
     }
     // A dimension whose step is the whole of the next one's extent continues it: merged,
     // the runs are longer (the same elements in the same order).
-    let mut dims = dims.into_iter().filter(|&(n, _)| n != 1).fold(
+    let dims = dims.into_iter().filter(|&(n, _)| n != 1).fold(
         Vec::new(),
         |mut merged: Vec<(usize, isize)>, (n, s)| {
             match merged.last_mut() {
@@ -211,14 +211,11 @@ unsafe fn strided_lanes<T: Copy + Default>(
             merged
         },
     );
-    if dims.is_empty() {
-        dims.push((1, 1));
-    }
-    // The innermost dimension is read as a run; the others are counted by `index`.
-    let (run, step) = dims[dims.len() - 1];
-    let outer = &dims[..dims.len().saturating_sub(1)];
+    // The innermost dimension is read as a run (one element for a single value); the
+    // others are counted by `index`.
+    let (&(run, step), outer) = dims.split_last().unwrap_or((&(1, 1), &[]));
     let mut index = vec![0usize; outer.len()];
-    let mut buf = vec![T::default(); GATHER];
+    let mut buf = [T::default(); GATHER];
     let mut filled = 0;
     let mut at: isize = 0; // offset of the current run's first element
     loop {
@@ -334,9 +331,6 @@ unsafe fn export_strided<T: Copy + Default>(
             )
         }
     };
-    if sizes.contains(&0) {
-        return 0; // no elements: nothing to read (as an empty contiguous tensor)
-    }
     // SAFETY: the caller passes a live view of its tensor, which it holds for the call.
     let lanes = unsafe { strided_lanes(x, sizes, strides, add) };
     match lanes.and_then(|l| l.finish()) {

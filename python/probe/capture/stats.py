@@ -212,7 +212,7 @@ READ_ON_CPU = True
 #: once :func:`use_native` found them; None: PyTorch's reductions.
 NATIVE: Optional[dict[torch.dtype, native.Kernel]] = None
 #: The same kernels for views with gaps in their memory, read in place (:func:`read_strided`;
-#: a 16K-element slice of a convolution's channels: ~10 us, against ~45 us for a copy
+#: a 16K-element slice of a convolution's channels: ~10 us, against ~16 us for a copy
 #: and a read, and ~500 us for PyTorch's reductions on the view).
 STRIDED: Optional[dict[torch.dtype, native.StridedKernel]] = None
 _native_tried = False
