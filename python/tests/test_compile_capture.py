@@ -326,7 +326,7 @@ def test_capture_leaves_inductors_training_bit_identical(
         return losses, [p.detach().clone() for p in net.parameters()]
 
     bare = train(None)
-    stored = tap_lowering.READS["stored"]
+    stored, direct = tap_lowering.READS["stored"], tap_lowering.READS["direct"]
     # Compiled here, not taken from a cache an earlier run filled: the taps are lowered.
     with inductor_config.patch(fx_graph_cache=False), aot_config.patch(enable_autograd_cache=False):
         got = train(str(tmp_path))
@@ -334,6 +334,8 @@ def test_capture_leaves_inductors_training_bit_identical(
     assert all(torch.equal(a, b) for a, b in zip(got[1], bare[1]))
     # Taps read buffers as the compiled code stored them (not only copies).
     assert tap_lowering.READS["stored"] > stored
+    # ... and CPU taps call the kernel directly, without the operator's dispatch.
+    assert tap_lowering.READS["direct"] > direct
     # The graph's calls were captured in both directions, on both steps.
     for step in (0, 1):
         ops = read_ops(str(tmp_path / f"step{step}" / "rank0"))

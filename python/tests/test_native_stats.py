@@ -176,6 +176,28 @@ def test_a_strided_slice_is_read_in_place_with_the_bits_of_its_copy(kernels: Any
     assert stat_vector(holed[1::2]) == copied(holed[1::2])
 
 
+def test_tap_rows_are_blank_apart_and_aligned_past_a_block(kernels: Any) -> None:
+    """A compiled graph's CPU taps write into rows handed out a block at a time
+    (``tap_ops._row``): past more than one block, every row is its own memory (a write
+    into one leaves the others), 64-byte aligned (as Inductor assumes of an operator's
+    result), with zero counts and, in a gradient's row, the 1 that says it came."""
+    from probe.capture import tap_ops
+
+    x = torch.randn(33, generator=torch.Generator().manual_seed(5))
+    want = [float(x.max()), float(x.min())]
+    n = 2 * tap_ops._ROWS + 3
+    for cols in (tap_ops.COLUMNS, tap_ops.GRAD_COLUMNS):
+        rows = [tap_ops.run_row(x, cols) for _ in range(n)]
+        assert len({r.data_ptr() for r in rows}) == n
+        assert all(r.data_ptr() % 64 == 0 and r.shape == (cols,) for r in rows)
+        for r in rows:
+            got = r.tolist()
+            assert got[:2] == want and got[4:6] == [0.0, 0.0]
+            assert got[6:] == ([1.0] if cols > tap_ops.COLUMNS else [])
+        rows[0].fill_(9.0)
+        assert rows[1].tolist() == rows[2].tolist() and rows[1][0].item() == want[0]
+
+
 def test_a_tensor_subclass_takes_the_reductions(kernels: Any) -> None:
     """A subclass may wrap other memory (or none): its statistics are PyTorch's, as before."""
 

@@ -23,6 +23,9 @@ So two changes, both inside Inductor and both only where a graph has taps:
   Nothing the model computes is stored otherwise than without the agent, and Inductor's
   float32 training stays bit-identical with capture
   (``test_compile_capture.py``: a residual LayerNorm model and a conv/BatchNorm one).
+- **Called directly** (:func:`_direct_kernel`): a CPU tap is a call of the operator's CPU
+  kernel written into the graph's Python code, not the operator's call, whose way through
+  PyTorch's dispatcher into a Python kernel was more than half a small tap's cost.
 
 Both are Inductor internals (``register_lowering``, ``post_grad_custom_post_pass``): where
 this PyTorch lacks one, :func:`install` says so in the debug log and taps keep PyTorch's
@@ -60,9 +63,10 @@ def _version() -> str:
 
 
 #: How the taps lowered in this process read their tensors: ``stored`` (the buffer as the
-#: model's kernels stored it) or ``copied`` (in eager strides). Counts for the tests, never
-#: read on the hot path.
-READS: dict[str, int] = {"stored": 0, "copied": 0}
+#: model's kernels stored it) or ``copied`` (in eager strides); ``direct``: of them, those
+#: lowered as a direct call of the CPU kernel (:func:`_direct_kernel`). Counts for the
+#: tests, never read on the hot path.
+READS: dict[str, int] = {"stored": 0, "copied": 0, "direct": 0}
 
 _lock = threading.Lock()
 _installed: Optional[bool] = None
@@ -116,6 +120,38 @@ def _cacheable(config: Any, version: str) -> None:
     config.unsafe_marked_cacheable_functions = {**marked, **names}
 
 
+#: The name a compiled graph's Python code calls a CPU tap's kernel by
+#: (:func:`_direct_kernel`), and the import that defines it there.
+DIRECT_NAME = "probe_tap_stats"
+_DIRECT_IMPORT = f"from probe.capture.tap_ops import run_row as {DIRECT_NAME}"
+
+
+def _direct_kernel(ir: Any, V: Any) -> Optional[Any]:
+    """Inductor's node for a tap of a CPU tensor: a call of the operator's CPU kernel
+    (``tap_ops.run_row``) written straight into the graph's Python code, without the
+    operator's dispatch (its way into a Python kernel: ~5 us of a tap's ~9 us) or the
+    metadata and alignment checks Inductor writes after an operator's result (~0.6 us:
+    the kernel makes the row, whose shape and dtype are fixed). With Inductor's C++
+    wrapper the node is the operator's call, as before; None where this Inductor has no
+    such node to derive from."""
+    base = getattr(ir, "FallbackKernel", None)
+    if base is None or not hasattr(base, "codegen_args"):
+        return None
+
+    class DirectTap(base):  # type: ignore[misc, valid-type]
+        def codegen(self, wrapper: Any) -> None:
+            add_import = getattr(wrapper, "add_import_once", None)
+            if V.graph.cpp_wrapper or add_import is None:
+                super().codegen(wrapper)
+                return
+            self.codegen_comment(wrapper)
+            add_import(_DIRECT_IMPORT)
+            args = ", ".join([*self.codegen_args(), *self.codegen_kwargs()])
+            wrapper.writeline(f"{self.get_name()} = {DIRECT_NAME}({args})")
+
+    return DirectTap
+
+
 def install() -> bool:
     """Register the tap's lowering and the post-grad pass, once per process; False where
     this PyTorch lacks the internals (then taps keep PyTorch's default)."""
@@ -155,16 +191,21 @@ def _install() -> bool:
     if _TAP_OP in lowerings:
         return True  # (this module loaded again: the process's lowering stands)
     fallback = fallback_handler(_TAP_OP, add_to_fallback_set=False)  # type: ignore[no-untyped-call]
+    direct = _direct_kernel(ir, V)
 
     def _lower(x: Any, cols: int) -> Any:
         """The tap's kernel call: on the buffer as stored where it has a fixed layout,
         else on a copy in eager strides (what Inductor does for an operator it does not
-        know)."""
+        know); a CPU tensor's as a direct call of the kernel (:func:`_direct_kernel`)."""
         if ir.is_storage_and_layout(x) and isinstance(x.get_layout(), ir.FixedLayout):
             READS["stored"] += 1
         else:
             (x, _), _ = constrain_to_fx_strides(V.graph.current_node, x, cols)  # type: ignore[no-untyped-call]
             READS["copied"] += 1
+        device = x.get_device()
+        if direct is not None and device is not None and device.type == "cpu":
+            READS["direct"] += 1
+            return direct.create(_TAP_OP, x, cols).wrap_for_lowering()
         return fallback(x, cols)
 
     class _Late(CustomGraphPass):
