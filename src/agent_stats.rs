@@ -214,6 +214,13 @@ unsafe fn strided_lanes<T: Copy + Default>(
     // The innermost dimension is read as a run (one element for a single value); the
     // others are counted by `index`.
     let (&(run, step), outer) = dims.split_last().unwrap_or((&(1, 1), &[]));
+    if outer.is_empty() && step == 1 {
+        // Dense memory (contiguous, or a transposed or permuted view of it): one run, read
+        // in place as the contiguous kernel reads it, with no gathering.
+        // SAFETY: the caller vouches for every element of the view.
+        add(&mut l, unsafe { std::slice::from_raw_parts(base, run) });
+        return Some(l);
+    }
     let mut index = vec![0usize; outer.len()];
     let mut buf = [T::default(); GATHER];
     let mut filled = 0;
@@ -483,6 +490,12 @@ mod tests {
         // The same with runs longer than a gather batch, and a transposed inner step.
         assert_eq!(strided_and_copied(&x, 5, &[3, 9000], &[90_000, 1]), [1, 1]);
         assert_eq!(strided_and_copied(&x, 0, &[700, 300], &[1, 701]), [1, 1]);
+        // Dense memory in one run (a permuted view, its dimensions by decreasing stride):
+        // read in place, without gathering.
+        assert_eq!(
+            strided_and_copied(&x, 3, &[19, 100, 150], &[15_000, 150, 1]),
+            [1, 1]
+        );
         // Expanded (stride 0) and one-element dimensions, and a 0-d view.
         assert_eq!(strided_and_copied(&x, 7, &[5, 1, 4000], &[0, 9, 2]), [1, 1]);
         assert_eq!(strided_and_copied(&x, 9, &[], &[]), [1, 1]);

@@ -174,6 +174,14 @@ def test_a_strided_slice_is_read_in_place_with_the_bits_of_its_copy(kernels: Any
     holed[2002] = float("nan")
     assert finish_stats(stat_vector(holed[::2]), 2000, None)["nan"] == 1
     assert stat_vector(holed[1::2]) == copied(holed[1::2])
+    # A permuted view of dense memory is read in place as one run: the bits of its memory
+    # read contiguously. Two tensors of one layout (its arguments made once) read each its
+    # own elements.
+    for _ in range(2):
+        cl = torch.randn(4, 32, 6, 6, generator=g).to(memory_format=torch.channels_last)
+        assert not cl.is_contiguous()
+        assert stat_vector(cl) == copied(cl) == stat_vector(cl.permute(0, 2, 3, 1))
+        assert stat_vector(cl)[:2] == [cl.max().item(), cl.min().item()]
 
 
 def test_tap_rows_are_blank_apart_and_aligned_past_a_block(kernels: Any) -> None:

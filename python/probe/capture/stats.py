@@ -174,26 +174,43 @@ def dense_span(t: torch.Tensor) -> Optional[torch.Tensor]:
 
 #: ``c_int64`` arrays by length, for a view's sizes and strides.
 _DIMS = [ctypes.c_int64 * n for n in range(9)]
+#: The kernel's arguments for a view's (shape, strides): its dimension count and its sizes
+#: and strides in memory order, as ``c_int64`` arrays. Made once per layout (~8 us: the
+#: sort and two ctypes arrays), as the same layouts come back every step; bounded.
+_LAYOUTS: dict[tuple[Any, ...], tuple[int, Any, Any]] = {}
+_LAYOUTS_MAX = 4096
+
+
+def _layout_args(size: Any, stride: tuple[int, ...]) -> tuple[int, Any, Any]:
+    order = sorted(range(len(stride)), key=stride.__getitem__, reverse=True)
+    n = len(order)
+    dims = _DIMS[n] if n < len(_DIMS) else ctypes.c_int64 * n
+    if len(_LAYOUTS) >= _LAYOUTS_MAX:
+        _LAYOUTS.clear()
+    got = _LAYOUTS[(size, stride)] = (
+        n,
+        dims(*[size[d] for d in order]),
+        dims(*[stride[d] for d in order]),
+    )
+    return got
 
 
 def read_strided(t: torch.Tensor, out: Any) -> int:
-    """Max, min, sum and norm of ``t`` (float32 or bfloat16, CPU, a tensor with gaps in its
-    memory) into ``out`` (a ``_RESULT`` or an address) by the native kernel, which reads it
-    in place in memory order (its dimensions by decreasing stride): two views of the same
-    elements in other orders (a slice, and its transpose) read the same sequence, so give
-    the same statistics to the last bit, as PyTorch's reductions, which also walk memory
-    order. 1 when done; 0 when not (no kernel, NaN/Inf: the caller then reduces)."""
+    """Max, min, sum and norm of ``t`` (float32 or bfloat16, CPU, a tensor that is not
+    contiguous: permuted, or with gaps in its memory) into ``out`` (a ``_RESULT`` or an
+    address) by the native kernel, which reads it in place in memory order (its dimensions
+    by decreasing stride; dense memory as one run): two views of the same elements in
+    other orders (a slice, and its transpose) read the same sequence, so give the same
+    statistics to the last bit, as PyTorch's reductions, which also walk memory order.
+    1 when done; 0 when not (no kernel, NaN/Inf: the caller then reduces)."""
     kernel = STRIDED.get(t.dtype) if STRIDED is not None else None
     if kernel is None:
         return 0
-    stride = t.stride()
-    order = sorted(range(t.dim()), key=stride.__getitem__, reverse=True)
-    n = len(order)
-    dims = _DIMS[n] if n < len(_DIMS) else ctypes.c_int64 * n
-    size = t.shape
-    return kernel(
-        t.data_ptr(), n, dims(*[size[d] for d in order]), dims(*[stride[d] for d in order]), out
-    )
+    size, stride = t.shape, t.stride()
+    args = _LAYOUTS.get((size, stride))
+    if args is None:
+        args = _layout_args(size, stride)
+    return kernel(t.data_ptr(), args[0], args[1], args[2], out)
 
 
 def dtype_name(dtype: torch.dtype) -> str:
@@ -269,12 +286,11 @@ def stat_vector(t: torch.Tensor) -> StatVector:
                 # One pass over the memory instead of three reductions (native.py); a
                 # tensor with NaN/Inf is refused and takes the reductions below, which
                 # count them.
-                flat = t if t.is_contiguous() else dense_span(t)
                 res = _RESULT()
-                if flat is not None:
-                    if NATIVE[dt](flat.data_ptr(), n, res):
+                if t.is_contiguous():
+                    if NATIVE[dt](t.data_ptr(), n, res):
                         return res[:]
-                elif read_strided(t, res):  # a slice with gaps: read in place
+                elif read_strided(t, res):  # permuted, or a slice with gaps: in place
                     return res[:]
     elif t.is_cuda and (dt is _F32 or dt is _BF16 or dt is _F16):
         flat = t if t.is_contiguous() else dense_span(t)

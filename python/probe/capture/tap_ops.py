@@ -27,7 +27,7 @@ from typing import Any, Optional
 import torch
 
 from . import stats as _stats
-from .stats import dense_span, read_strided
+from .stats import read_strided
 
 # Bound before any wrapper exists: the graph copy must call PyTorch's own functions.
 _amax = torch.amax
@@ -160,11 +160,10 @@ def run_row(x: torch.Tensor, cols: int) -> torch.Tensor:
     kernel = native.get(x.dtype) if native is not None else None
     if kernel is not None and n > 0:
         out = _row(cols) if cols in _FREE else _zeros(cols, dtype=_F64)
-        flat = x if x.is_contiguous() else dense_span(x)
-        if flat is not None:
-            if kernel(flat.data_ptr(), n, out.data_ptr()):
+        if x.is_contiguous():
+            if kernel(x.data_ptr(), n, out.data_ptr()):
                 return out
-        elif read_strided(x, out.data_ptr()):  # (a slice with gaps: as stat_vector reads it)
+        elif read_strided(x, out.data_ptr()):  # (permuted, or with gaps: as stat_vector)
             return out
     return _reduce_row(x, cols)
 
