@@ -39,7 +39,7 @@ from __future__ import annotations
 import os
 import sys
 import weakref
-from collections.abc import Iterator
+from dataclasses import dataclass
 from typing import Any, Callable
 
 import torch
@@ -156,22 +156,12 @@ def _scripted(mod: torch.nn.Module) -> bool:
     return isinstance(mod, torch.jit.ScriptModule)
 
 
-def module_tree(model: torch.nn.Module) -> Iterator[tuple[str, torch.nn.Module]]:
+def module_tree(model: torch.nn.Module) -> list[tuple[str, torch.nn.Module]]:
     """``model.named_modules()`` as the agent hooks them: without ``torch.compile``
     wrappers, each compiled submodule under the path an eager run gives it, once (the
     wrapper calls the module it holds, whose hooks see the call); and without TorchScript
     modules and what they hold (registering a hook on one raises)."""
-    scripted: tuple[str, ...] = ()
-    for path, mod in unwrap(model).named_modules():
-        if _wrapped(mod) or (scripted and (path + ".").startswith(scripted)):
-            continue
-        if _scripted(mod):
-            scripted += (path + ".",)
-            continue
-        if _ORIG in path:
-            parts = [p for p in path.split(".") if p != _ORIG]
-            path = ".".join(parts)
-        yield path, mod
+    return survey(model).tree
 
 
 def in_model(model: torch.nn.Module) -> bool:
@@ -197,10 +187,46 @@ def traced(model: torch.nn.Module) -> bool:
     return in_model(model) or any(m in TRACED_ROOTS for m in model.modules())
 
 
-def scripted_in(model: torch.nn.Module) -> bool:
-    """Whether ``model`` holds a TorchScript module: compiled code whose operators the
-    agent does not see."""
-    return any(_scripted(m) for m in model.modules())
+@dataclass(frozen=True)
+class Survey:
+    """What ``start()`` needs to know of a model, from one walk of its modules
+    (:func:`survey`): four walks (:func:`module_tree`, :func:`in_model`, one for a
+    TorchScript module, :func:`traced`) were ~0.2 ms of a captured step of the example
+    model, and grow with the model."""
+
+    #: :func:`module_tree` of the model.
+    tree: list[tuple[str, torch.nn.Module]]
+    #: :func:`in_model` of the model as given (a ``torch.compile`` wrapper is compiled).
+    compiled: bool
+    #: Whether the model holds a TorchScript module: compiled code whose operators the
+    #: agent does not see.
+    scripted: bool
+    #: :func:`traced` of the module the wrapper holds.
+    traced: bool
+
+
+def survey(model: torch.nn.Module) -> Survey:
+    """:class:`Survey` of ``model`` (the ``torch.compile`` wrapper or the module it holds):
+    the answers of the four walks, in one."""
+    inner = unwrap(model)
+    tree: list[tuple[str, torch.nn.Module]] = []
+    compiled = scripted = seen = False
+    hidden: tuple[str, ...] = ()  # (the paths under a TorchScript module: left unhooked)
+    for path, mod in inner.named_modules():
+        if _scripted(mod):
+            compiled = scripted = True
+        elif _wrapped(mod) or getattr(mod, "_compiled_call_impl", None) is not None:
+            compiled = True
+        seen = seen or mod in TRACED_ROOTS
+        if _wrapped(mod) or (hidden and (path + ".").startswith(hidden)):
+            continue
+        if _scripted(mod):
+            hidden += (path + ".",)
+            continue
+        if _ORIG in path:
+            path = ".".join(p for p in path.split(".") if p != _ORIG)
+        tree.append((path, mod))
+    return Survey(tree, compiled or _wrapped(model), scripted, compiled or seen)
 
 
 def graph_count() -> int:

@@ -41,7 +41,7 @@ from ..config import CaptureConfig, load_config
 from .api import ApiCapture
 from .backward import BackwardHooks
 from .collectives import Collectives
-from .compiled import graph_count, in_model, module_tree, scripted_in, unwrap
+from .compiled import Survey, graph_count, module_tree, survey, unwrap
 from .ddp import DdpHooks, is_ddp
 from .flight import FlightRecorder
 from .forecast import (
@@ -199,8 +199,7 @@ class Debugger:
 
     def start(self, model: Optional[torch.nn.Module] = None) -> None:
         """Begin capturing the current step (no-op if the step or rank is not selected)."""
-        if model is not None:
-            self._take_model(model)
+        seen = self._take_model(model) if model is not None else None
         if self._guard.failed or self._ctx.running or self._child:
             return
         if self.config.api:
@@ -239,9 +238,10 @@ class Debugger:
             self._ctx.session += 1
             self._graphs = graph_count()
             if model is not None:
-                tree = list(module_tree(model))  # (one walk of the model for both)
-                self._modules.install(model, tree)
-                self._graph_capture.paths = {id(m): p for p, m in tree}
+                if seen is None:
+                    seen = survey(model)  # (one walk of the model for all of start())
+                self._modules.install(model, seen.tree, seen.traced)
+                self._graph_capture.paths = {id(m): p for p, m in seen.tree}
             self._ctx.running = True
             self._ctx.api_on = self.config.api
             DISPATCH.current = self._api
@@ -452,12 +452,14 @@ class Debugger:
     def model(self, model: Optional[torch.nn.Module]) -> None:
         self._model = weakref.ref(model) if model is not None else None
 
-    def _take_model(self, model: torch.nn.Module) -> None:
+    def _take_model(self, model: torch.nn.Module) -> Survey:
         """The model to hook: the one a ``torch.compile`` wrapper holds, noting that it is
-        compiled (compiled.py)."""
-        self._compiled = self._compiled or in_model(model)
-        self._scripted = self._scripted or scripted_in(model)
+        compiled (compiled.py); returns what was seen of it."""
+        seen = survey(model)
+        self._compiled = self._compiled or seen.compiled
+        self._scripted = self._scripted or seen.scripted
         self.model = unwrap(model)
+        return seen
 
     def _note_compiled(self) -> None:
         """At ``stop()``: whether compiled code ran in the captured step that the dump lacks.

@@ -83,9 +83,11 @@ class ModuleHooks:
         self,
         model: torch.nn.Module,
         tree: Optional[list[tuple[str, torch.nn.Module]]] = None,
+        is_traced: Optional[bool] = None,
     ) -> None:
         """Hook every submodule of ``model`` (a compiled one's under its eager path);
-        ``tree``: its ``module_tree``, when the caller walked it already."""
+        ``tree`` and ``is_traced``: its ``module_tree`` and ``traced``, when the caller
+        walked it already (``compiled.survey``)."""
         c = self._ctx.config
         track_only = not c.module
         # Dynamo guards a traced module call on the ids of its always-called hooks: new
@@ -93,7 +95,7 @@ class ModuleHooks:
         # and after 8 it ran uncompiled. In a model Dynamo traces, the post hooks are
         # plain ones (an eager forward that raises, as checkpointing's early stop of a
         # recompute does, may then leave its path on the stack).
-        always = not traced(model)
+        always = not (traced(model) if is_traced is None else is_traced)
         for path, mod in module_tree(model) if tree is None else tree:
             if not path:
                 continue  # the root: its path would be empty; its submodules cover it
