@@ -808,6 +808,15 @@ def test_a_graph_break_keeps_the_eager_order_of_the_calls(tmp_path: Any) -> None
         graphs = {o["graph"]["id"] for o in got if "graph" in o}
         assert len(graphs) == 2, graphs  # both sides of the break were instrumented
         assert "Functional.gelu.0.forward" in forward and "Torch.tanh.0.forward" in forward
+        # The second graph's first call reads the first graph's GELU output: its input
+        # names that output as its source, as in the eager dump.
+        for ops in (want, got):
+            gelu = next(o for o in ops if o["op"] == "Functional.gelu.0.forward")
+            out = next(t["id"] for t in gelu["tensors"] if t["role"] == "output")
+            after = forward[forward.index("Functional.gelu.0.forward") + 1 :]
+            first = next(o for o in ops if o["op"] == after[1])  # (after[0]: the sum)
+            assert first["tensors"][0]["role"] == "input"
+            assert first["tensors"][0].get("src") == out, first
     with open(os.path.join(comp, "manifest.json")) as fh:
         assert "compiled" not in json.load(fh)  # nothing compiled went unrecorded
     code, s = compare_summary(eager, comp, str(tmp_path / "out"))

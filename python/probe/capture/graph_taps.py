@@ -484,7 +484,9 @@ def instrument(
     out_node = next(n for n in graph.nodes if n.op == "output")
     user = out_node.args[0]
     flat = user[:-1]  # (the statistics last)
-    produced = tuple(b.index.get(o) if isinstance(o, torch.fx.Node) else None for o in flat)
+    produced = tuple(
+        b.index.get(_untapped(o)) if isinstance(o, torch.fx.Node) else None for o in flat
+    )
     graph.lint()
     gm.recompile()
     plan = Plan(
@@ -660,6 +662,14 @@ def _reach(graph: Any) -> dict[Any, frozenset[int]]:
             mine |= reach.get(u, frozenset())
         reach[node] = mine
     return reach
+
+
+def _untapped(n: torch.fx.Node) -> torch.fx.Node:
+    """The node a gradient tap hands on (:func:`_insert_grad_taps`), or ``n``: the value a
+    graph output is when the output is a tapped tensor."""
+    while n.op == "call_function" and n.target is grad_tap:
+        n = n.args[0]  # type: ignore[assignment]
+    return n
 
 
 def _insert_grad_taps(b: _Builder, scope: _Scope, first: int) -> None:

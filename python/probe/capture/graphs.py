@@ -528,7 +528,7 @@ class GraphCapture:
         tls.active = False
         try:
             with self._ctx.lock:
-                done = self.record(graph, real, stats)
+                done = self.record(graph, real, stats, user)
             if sink is not None and done:
                 # Which outputs get a gradient: the compiled backward is handed zeros for
                 # the others, and the gradients that flow only from those are not
@@ -554,11 +554,18 @@ class GraphCapture:
         return user
 
     def record(
-        self, graph: CompiledGraph, args: list[Any], stats: torch.Tensor
+        self,
+        graph: CompiledGraph,
+        args: list[Any],
+        stats: torch.Tensor,
+        outs: Any = (),
     ) -> list[tuple[Call, str, Optional[str], Any]]:
         """The forward records of one run of ``graph`` whose statistics output is
         ``stats``; returns what its backward records need: (call, forward key, module,
-        folder) of each selected call with gradients, when backward is captured.
+        folder) of each selected call with gradients, when backward is captured. The
+        graph's outputs ``outs`` that are recorded outputs keep their ids, so that a call
+        reading one later (the next graph, eager code after a graph break) names it as its
+        input's source, as in an eager dump.
 
         A record is written as its ``ops.jsonl`` object straight away (no ``OpRecord``,
         no pass of the recorder's ``finish`` per call): every record of a graph has the
@@ -587,7 +594,7 @@ class GraphCapture:
         bases: dict[str, Optional[str]] = {}  # (the modules that run it, by local name)
         forward, backward_on = c.forward, c.backward
         inputs, outputs, stack = c.inputs, c.outputs, c.stack
-        api_call, add, source = ctx.select.api_call, rec.pending.add, rec.flow.source
+        api_call, add, source = ctx.select.api_call, rec.pending.add, rec.flow.source_id
         gid = graph.id
         backward: list[tuple[Call, str, Optional[str], Any]] = []
         for call in plan.calls:
@@ -617,7 +624,7 @@ class GraphCapture:
                     if src is None and arg is not None:
                         real = args[arg]
                         if isinstance(real, torch.Tensor):
-                            src = source(real)[0]
+                            src = source(real)
                     if src is not None:
                         tr["src"] = src
                     _put_stats(tr, value, row_stats, stats, fills, parts)
@@ -640,6 +647,12 @@ class GraphCapture:
             if inputs and call.args:
                 line["args"] = call.args
             add(folder, line, fills, parts)
+        if ids:
+            register = rec.flow.register
+            for t, made in zip(outs, plan.outputs):
+                had = ids.get(made) if made is not None else None
+                if had is not None and isinstance(t, torch.Tensor):
+                    register(t, folder, tid=had)
         files.push(full_only=True)
         files.check()
         return backward
@@ -673,6 +686,7 @@ class GraphCapture:
                 values, reaches = plan.values, plan.grad_reach
                 gid = graph.id
                 now = files.folder
+                made: dict[int, Any] = {}  # (a row's stats, shared as record() shares them)
                 for call, key, module, folder in _backward_order(calls):
                     if now is None or folder is not now:
                         return  # the step these calls belonged to is already closed
@@ -687,13 +701,16 @@ class GraphCapture:
                         if reach is not None and reach.isdisjoint(came):
                             continue  # only zeros handed in for outputs without gradient
                         value = values[v]
+                        st = made.get(row)
+                        if st is None:
+                            st = made[row] = finish_stats(got, value.numel, None)
                         tensors.append(
                             {
                                 "name": f"{bkey}.{name}",
                                 "role": "input" if inp else "output",
                                 "dtype": value.dtype,
                                 "shape": value.shape,
-                                "stats": finish_stats(got, value.numel, None),
+                                "stats": st,
                             }
                         )
                     if tensors:

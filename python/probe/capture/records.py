@@ -488,6 +488,30 @@ class Dataflow:
                     break
         return None, same, mem
 
+    def source_id(self, t: torch.Tensor) -> Optional[int]:
+        """:meth:`source`'s id alone, without what is known of the tensor itself (a
+        compiled graph's input: its statistics come from the graph), at a third of the
+        cost."""
+        try:
+            ver = t._version
+        except RuntimeError:  # an inference tensor
+            return None
+        writes = self._writes
+        e = self._ids.get(id(t))
+        if e is not None and e[0]() is t and e[2] == ver and writes.get(e[4], 0) == e[5]:
+            found: Optional[int] = e[1]
+            return found
+        ptr = self._storage(t)
+        if ptr is None:
+            return None
+        for e2 in reversed(self._by_storage.get(ptr, ())):  # (as in source)
+            if e2[0]() is not None:
+                if e2[2] == ver and e2[3] == writes.get(ptr, 0):
+                    found = e2[1]
+                    return found
+                break
+        return None
+
     def find(self, t: torch.Tensor) -> tuple[Optional[Known], Optional[Memory]]:
         """What is known of exactly this tensor (same object, version and storage writes),
         if it was kept, and its memory when it was looked up by it (for :meth:`register`
@@ -585,12 +609,15 @@ class Dataflow:
         folder: RankFolder,
         known: Optional[Known] = None,
         mem: Optional[Memory] = None,
+        tid: Optional[int] = None,
     ) -> int:
-        """Give a captured output the folder's next id, and remember it by object (with its
-        record and statistics, when recorded) and storage (not an inference tensor's).
-        ``mem``: what :meth:`find` returned for it, if anything."""
-        tid = folder.next_id
-        folder.next_id += 1
+        """Give a captured output the folder's next id (``tid``: the id it has already, a
+        compiled graph's output), and remember it by object (with its record and
+        statistics, when recorded) and storage (not an inference tensor's). ``mem``: what
+        :meth:`find` returned for it, if anything."""
+        if tid is None:
+            tid = folder.next_id
+            folder.next_id += 1
         try:
             ver = t._version
         except RuntimeError:
