@@ -109,6 +109,24 @@ def _time(
     return {"bare": bare, "cap": cap, "records": records, "inside": inside}
 
 
+def _tap_cost(n: int = 4096, calls: int = 20000) -> tuple[float, float]:
+    """Host microseconds of one CPU tap of an ``n``-element float32 tensor: the kernel as
+    Inductor's code calls it (``tap_ops.run_row``), and through the operator's dispatch
+    (``probe::tap_stats``, as the other compilers' code calls it)."""
+    from probe.capture import stats, tap_ops
+
+    stats.use_native()
+    x = torch.randn(n)
+    out = []
+    for f in (tap_ops.run_row, tap_ops._TAP_OP or tap_ops.run_row):
+        f(x, tap_ops.COLUMNS)
+        t0 = time.perf_counter()
+        for _ in range(calls):
+            f(x, tap_ops.COLUMNS)
+        out.append((time.perf_counter() - t0) / calls * 1e6)
+    return out[0], out[1]
+
+
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--model", choices=["small", "transformer"], default="small")
@@ -138,6 +156,12 @@ def main() -> int:
         print(
             f"{name:<17} {r['bare'] * 1e3:>9.2f} {r['cap'] * 1e3:>12.2f} "
             f"{r['cap'] / r['bare']:>6.2f}x {r['records']:>8} {r['inside']:>10} {per:>10.1f}"
+        )
+    if device.type == "cpu":
+        direct, dispatched = _tap_cost()
+        print(
+            f"per tap (host, 4K elements): {direct:.1f} us called from Inductor's code, "
+            f"{dispatched:.1f} us through the operator's dispatch"
         )
     print("goal: compiled capture of the example model <= 1.5x the compiled bare step (CPU)")
     print("us/record: (captured - bare) / records; the in-graph records cost a share of it")
