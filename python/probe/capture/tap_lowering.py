@@ -144,7 +144,9 @@ def _direct_kernel(ir: Any, V: Any) -> Optional[Any]:
             if V.graph.cpp_wrapper or add_import is None:
                 super().codegen(wrapper)
                 return
-            self.codegen_comment(wrapper)
+            comment = getattr(self, "codegen_comment", None)
+            if comment is not None:
+                comment(wrapper)
             add_import(_DIRECT_IMPORT)
             args = ", ".join([*self.codegen_args(), *self.codegen_kwargs()])
             wrapper.writeline(f"{self.get_name()} = {DIRECT_NAME}({args})")
