@@ -177,11 +177,11 @@ const SCRATCH_KINDS: [&str; 5] = ["reports", "staging", "rows", "write-test", "l
 /// Of a scratch name, whether a process of this machine wrote it that is gone: its entry
 /// is left over from a killed run. Names of probe before issue 53 (`.probe-staging-PID`,
 /// `.probe-rows-PID-N.msgpack`: no host) count as this machine's.
-fn orphaned(name: &str, here: &str) -> bool {
+fn orphaned(name: &str, here: &str, kinds: &[&str]) -> bool {
     let Some(rest) = name.strip_prefix(".probe-") else {
         return false;
     };
-    let Some((_, tail)) = SCRATCH_KINDS
+    let Some((_, tail)) = kinds
         .iter()
         .find_map(|k| Some((*k, rest.strip_prefix(k)?.strip_prefix('-')?)))
     else {
@@ -196,6 +196,12 @@ fn orphaned(name: &str, here: &str) -> bool {
     owner_host == here && pid.is_some_and(|p| !alive(p))
 }
 
+/// Whether `name` is a scratch name of `kind` ([`scratch_name`]) of a process of this
+/// machine that is gone: what a killed run left, which the caller may put right.
+pub(crate) fn left_by_dead_process(name: &str, kind: &str) -> bool {
+    orphaned(name, &host(), &[kind])
+}
+
 /// Removes what killed runs of this machine left in `dir`: staging and version folders no
 /// link names, parked rows, write tests. Entries of live processes, of other machines (a
 /// shared file system) and the folder [`CURRENT`] names are kept. Errors are ignored: this
@@ -208,7 +214,7 @@ pub(crate) fn sweep(dir: &Path) {
     let here = host();
     for e in entries.flatten() {
         let name = e.file_name().to_string_lossy().into_owned();
-        if !orphaned(&name, &here) || current.as_deref() == Some(Path::new(&name)) {
+        if !orphaned(&name, &here, &SCRATCH_KINDS) || current.as_deref() == Some(Path::new(&name)) {
             continue;
         }
         let p = e.path();
