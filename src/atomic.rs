@@ -57,6 +57,8 @@ pub(crate) fn prepare_output_dir(dir: &Path) -> Result<()> {
         return Err(err("exists and is not a directory".into()));
     }
     std::fs::create_dir_all(dir).map_err(|e| err(e.to_string()))?;
+    // A crafted `.probe-current` is refused before the long work, not after it.
+    current_version(dir)?;
     let probe_file = dir.join(scratch_name("write-test", ""));
     std::fs::write(&probe_file, b"").map_err(|e| err(format!("not writable: {e}")))?;
     let _ = std::fs::remove_file(&probe_file);
@@ -70,6 +72,60 @@ pub(crate) fn prepare_output_dir(dir: &Path) -> Result<()> {
 pub(crate) const CURRENT: &str = ".probe-current";
 /// The prefix of the hidden folders that hold a set (`.probe-reports-HOST-PID-NANOS`).
 const VERSION_PREFIX: &str = ".probe-reports-";
+
+/// Whether `name` is exactly a version folder's name as [`Staging::new`] makes it,
+/// `.probe-reports-HOST-PID-NANOS` (HOST of [`host`]'s characters): one path component, so
+/// neither `/` nor `..` can take it out of the output folder.
+fn version_name(name: &str) -> bool {
+    let Some(rest) = name.strip_prefix(VERSION_PREFIX) else {
+        return false;
+    };
+    let mut parts = rest.rsplitn(3, '-');
+    let (Some(nanos), Some(pid), Some(host)) = (parts.next(), parts.next(), parts.next()) else {
+        return false;
+    };
+    let digits = |s: &str| !s.is_empty() && s.bytes().all(|b| b.is_ascii_digit());
+    digits(nanos)
+        && digits(pid)
+        && !host.is_empty()
+        && host
+            .bytes()
+            .all(|b| b.is_ascii_alphanumeric() || b == b'_' || b == b'.')
+}
+
+/// The version folder [`CURRENT`] names in `out` (None: no link, as in a folder of an older
+/// probe or a new one, or a link to a folder that is gone). The link is data of the folder,
+/// which may come from anywhere (a checkout, an archive), and the folder it names is removed
+/// at the next switch: a target that is not exactly a name of [`version_name`]'s form, or
+/// that is not a real folder (a link, a file), is refused, so that nothing outside `out` is
+/// ever removed.
+pub(crate) fn current_version(out: &Path) -> Result<Option<String>> {
+    let at = out.join(CURRENT);
+    let Ok(meta) = std::fs::symlink_metadata(&at) else {
+        return Ok(None);
+    };
+    let refused = |msg: String| ProbeError::Refused {
+        path: at.clone(),
+        msg: format!("{msg}; probe removes nothing through it: remove it by hand"),
+    };
+    if !meta.file_type().is_symlink() {
+        return Err(refused("not the link probe makes".into()));
+    }
+    let target = std::fs::read_link(&at).map_err(|e| ProbeError::io(&at, e))?;
+    let Some(name) = target.to_str().filter(|n| version_name(n)) else {
+        return Err(refused(format!(
+            "it points to {}, not a report folder of probe's naming ({VERSION_PREFIX}HOST-PID-N)",
+            target.to_string_lossy()
+        )));
+    };
+    match std::fs::symlink_metadata(out.join(name)) {
+        Err(_) => Ok(None),
+        Ok(m) if m.is_dir() => Ok(Some(name.to_string())),
+        Ok(_) => Err(refused(format!(
+            "it points to {name}, which is not a folder (a link or a file)"
+        ))),
+    }
+}
 
 /// This machine's name as it enters scratch names: letters, digits, `_` and `.` only (no
 /// `-`: the pid follows the first one), at most 64 of them.
@@ -121,11 +177,11 @@ const SCRATCH_KINDS: [&str; 5] = ["reports", "staging", "rows", "write-test", "l
 /// Of a scratch name, whether a process of this machine wrote it that is gone: its entry
 /// is left over from a killed run. Names of probe before issue 53 (`.probe-staging-PID`,
 /// `.probe-rows-PID-N.msgpack`: no host) count as this machine's.
-fn orphaned(name: &str, here: &str) -> bool {
+fn orphaned(name: &str, here: &str, kinds: &[&str]) -> bool {
     let Some(rest) = name.strip_prefix(".probe-") else {
         return false;
     };
-    let Some((_, tail)) = SCRATCH_KINDS
+    let Some((_, tail)) = kinds
         .iter()
         .find_map(|k| Some((*k, rest.strip_prefix(k)?.strip_prefix('-')?)))
     else {
@@ -140,6 +196,12 @@ fn orphaned(name: &str, here: &str) -> bool {
     owner_host == here && pid.is_some_and(|p| !alive(p))
 }
 
+/// Whether `name` is a scratch name of `kind` ([`scratch_name`]) of a process of this
+/// machine that is gone: what a killed run left, which the caller may put right.
+pub(crate) fn left_by_dead_process(name: &str, kind: &str) -> bool {
+    orphaned(name, &host(), &[kind])
+}
+
 /// Removes what killed runs of this machine left in `dir`: staging and version folders no
 /// link names, parked rows, write tests. Entries of live processes, of other machines (a
 /// shared file system) and the folder [`CURRENT`] names are kept. Errors are ignored: this
@@ -152,7 +214,7 @@ pub(crate) fn sweep(dir: &Path) {
     let here = host();
     for e in entries.flatten() {
         let name = e.file_name().to_string_lossy().into_owned();
-        if !orphaned(&name, &here) || current.as_deref() == Some(Path::new(&name)) {
+        if !orphaned(&name, &here, &SCRATCH_KINDS) || current.as_deref() == Some(Path::new(&name)) {
             continue;
         }
         let p = e.path();
@@ -171,6 +233,14 @@ fn crash_point(at: &str) {
     if cfg!(debug_assertions) && std::env::var("PROBE_TEST_CRASH_AT").as_deref() == Ok(at) {
         std::process::abort();
     }
+}
+
+/// A new version folder's name: `.probe-reports-HOST-PID-NANOS`.
+fn version_folder_name() -> String {
+    let nanos = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map_or(0, |d| d.as_nanos());
+    scratch_name("reports", &format!("-{nanos}"))
 }
 
 /// A set of output files written all or nothing, across a kill too: the files are written
@@ -192,10 +262,7 @@ impl Staging {
     /// killed runs left there.
     pub fn new(out: &Path) -> Result<Staging> {
         sweep(out);
-        let nanos = std::time::SystemTime::now()
-            .duration_since(std::time::UNIX_EPOCH)
-            .map_or(0, |d| d.as_nanos());
-        let dir = out.join(scratch_name("reports", &format!("-{nanos}")));
+        let dir = out.join(version_folder_name());
         std::fs::create_dir(&dir).map_err(|e| ProbeError::Output {
             path: dir.clone(),
             msg: e.to_string(),
@@ -216,7 +283,8 @@ impl Staging {
     /// the previous set this one lacks are removed after the switch; `names` lists the set
     /// (their order only matters where links cannot be made: then the files are moved one by
     /// one in this order, the one readers look at first last). Nothing changes if a
-    /// destination is a directory.
+    /// destination is a directory, or if [`CURRENT`] is not what probe makes
+    /// ([`current_version`]).
     pub(crate) fn commit(mut self, names: &[String]) -> Result<()> {
         let err = |path: std::path::PathBuf, e: std::io::Error| ProbeError::Output {
             path,
@@ -236,14 +304,15 @@ impl Staging {
             .file_name()
             .map(std::path::PathBuf::from)
             .unwrap_or_default();
+        let previous = current_version(&self.out)?;
         let tmp = self.out.join(scratch_name("link", ""));
         let _ = std::fs::remove_file(&tmp);
         if link(&version, &tmp).is_err() {
             return self.move_one_by_one(names);
         }
-        let previous = std::fs::read_link(self.out.join(CURRENT)).ok();
-        // Each name a link through CURRENT: unchanged where it already is one; a file of an
-        // older probe replaced by a link that resolves in the old set (or nowhere).
+        let previous = self.adopt_plain_files(names, previous)?;
+        // Each name a link through CURRENT: unchanged where it already is one; a file (now
+        // also in the previous set) replaced by a link that resolves to the same bytes.
         for n in names {
             let to = Path::new(CURRENT).join(n);
             let at = self.out.join(n);
@@ -260,14 +329,60 @@ impl Staging {
             .map_err(|e| err(self.out.join(CURRENT), e))?;
         self.committed = true;
         crash_point("after-switch");
-        // The previous set's folder, and its links this set does not have.
-        if let Some(prev) = previous.filter(|p| p.to_string_lossy().starts_with(VERSION_PREFIX)) {
-            if prev != version {
-                let _ = std::fs::remove_dir_all(self.out.join(prev));
+        // The previous set's folder (checked again: a real folder of its own name, never a
+        // link), and its links this set does not have.
+        if let Some(prev) = previous.filter(|p| Path::new(p) != version) {
+            let at = self.out.join(prev);
+            if std::fs::symlink_metadata(&at).is_ok_and(|m| m.is_dir()) {
+                let _ = std::fs::remove_dir_all(at);
             }
         }
         self.unlink_dangling();
         Ok(())
+    }
+
+    /// Plain files where the set's links go (an older probe's reports, which had no
+    /// [`CURRENT`]) are first put into the version folder [`CURRENT`] names (hard-linked,
+    /// else copied), one made for them and [`CURRENT`] pointed at it when there is none:
+    /// replaced by its link, each name then reads the same bytes until the switch, whenever
+    /// the process is killed. Returns the version folder [`CURRENT`] names.
+    fn adopt_plain_files(
+        &self,
+        names: &[String],
+        previous: Option<String>,
+    ) -> Result<Option<String>> {
+        let plain: Vec<&String> = names
+            .iter()
+            .filter(|n| std::fs::symlink_metadata(self.out.join(n)).is_ok_and(|m| m.is_file()))
+            .collect();
+        if plain.is_empty() {
+            return Ok(previous);
+        }
+        let err = |path: std::path::PathBuf, e: std::io::Error| ProbeError::Output {
+            path,
+            msg: e.to_string(),
+        };
+        let fresh = previous.is_none();
+        let name = previous.unwrap_or_else(version_folder_name);
+        let dir = self.out.join(&name);
+        if fresh {
+            std::fs::create_dir(&dir).map_err(|e| err(dir.clone(), e))?;
+        }
+        for n in plain {
+            let (from, to) = (self.out.join(n), dir.join(n));
+            let _ = std::fs::remove_file(&to);
+            if std::fs::hard_link(&from, &to).is_err() {
+                std::fs::copy(&from, &to).map_err(|e| err(to.clone(), e))?;
+            }
+        }
+        if fresh {
+            let tmp = self.out.join(scratch_name("link", ".adopted"));
+            let _ = std::fs::remove_file(&tmp);
+            link(Path::new(&name), &tmp).map_err(|e| err(tmp.clone(), e))?;
+            let at = self.out.join(CURRENT);
+            std::fs::rename(&tmp, &at).map_err(|e| err(at, e))?;
+        }
+        Ok(Some(name))
     }
 
     /// Removes the links through [`CURRENT`] that name no file of the current set.

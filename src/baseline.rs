@@ -12,8 +12,11 @@
 //! ```
 //!
 //! [`accept`] (`probe baseline accept`) writes or replaces one, all or nothing, recording
-//! the replaced baseline's digest; [`resolve`] lets `probe compare -b BASELINE` read the
-//! dump inside; [`verify`] checks the content still has the recorded digest.
+//! the replaced baseline's digest (a killed one is rolled back by the next run, [`recover`]);
+//! [`resolve`] lets `probe compare -b BASELINE` read the dump inside once the content still
+//! has the recorded digest, which [`verify`] checks alone. A baseline may come from
+//! anywhere (a checkout, an archive): it is read as plain files and folders only, never
+//! through a link, never a device or FIFO.
 
 use crate::error::{ProbeError, Result};
 use sha2::{Digest, Sha256};
@@ -210,18 +213,28 @@ impl Record {
     }
 }
 
-/// Reads the baseline in `dir`: its `baseline.toml` must parse and its dump be there.
+/// Reads the baseline in `dir`: its `baseline.toml` must parse and its dump be there, each
+/// a plain file or folder, not a link.
 pub fn read(dir: &Path) -> Result<Baseline> {
     let path = dir.join(FILE);
+    if plain_file(&path)?.is_none() {
+        return Err(ProbeError::NotFound(path));
+    }
     let text = crate::config_file::read(&path)?;
     let record = Record::parse(&text, &path)?;
-    if !dir.join(DUMP).is_dir() {
-        return Err(ProbeError::BadConfig {
-            path,
-            msg: format!("the baseline's dump folder {DUMP}/ is missing beside it"),
-        });
+    match std::fs::symlink_metadata(dir.join(DUMP)) {
+        Ok(m) if m.is_dir() => {}
+        Ok(m) if m.file_type().is_symlink() => {
+            return Err(not_plain(&dir.join(DUMP), m.file_type()))
+        }
+        _ => {
+            return Err(ProbeError::BadConfig {
+                path,
+                msg: format!("the baseline's dump folder {DUMP}/ is missing beside it"),
+            })
+        }
     }
-    if record.calibration && !dir.join(CALIBRATION).is_file() {
+    if record.calibration && plain_file(&dir.join(CALIBRATION))?.is_none() {
         return Err(ProbeError::BadConfig {
             path,
             msg: format!("it names a calibration file and {CALIBRATION} is missing beside it"),
@@ -233,11 +246,17 @@ pub fn read(dir: &Path) -> Result<Baseline> {
     })
 }
 
-/// `probe compare -b PATH`: the baseline at `PATH` when it is one (None: a dump). A folder
-/// holding `dump/` without `baseline.toml` is an error, not a dump.
+/// `probe compare -b PATH`: the baseline at `PATH` when it is one (None: a dump), put
+/// right first if an `accept` was killed in it ([`recover`]), and its content checked
+/// against the digest it records: a baseline changed since it was accepted is refused, not
+/// compared with under its old name. A folder holding `dump/` without `baseline.toml` is an
+/// error, not a dump.
 pub fn resolve(path: &Path) -> Result<Option<Baseline>> {
-    if path.join(FILE).is_file() {
-        return read(path).map(Some);
+    recover(path)?;
+    if std::fs::symlink_metadata(path.join(FILE)).is_ok() {
+        let b = read(path)?;
+        checked(&b)?;
+        return Ok(Some(b));
     }
     if path.join(DUMP).is_dir() && !path.join("manifest.json").exists() {
         return Err(ProbeError::BadConfig {
@@ -252,21 +271,50 @@ pub fn resolve(path: &Path) -> Result<Option<Baseline>> {
     Ok(None)
 }
 
-/// Every file under `dir`, as paths relative to `base`, sorted.
+/// Every file under `dir`, as paths relative to `base`, sorted. A baseline is plain files
+/// in folders: a symbolic link (through which `accept` would copy, and `verify` read, what
+/// lies outside the dump) or a device, FIFO or socket (which `verify` would read without
+/// end) is refused, never followed.
 fn files_under(dir: &Path, base: &Path, out: &mut Vec<PathBuf>) -> Result<()> {
     let entries = std::fs::read_dir(dir).map_err(|e| ProbeError::io(dir, e))?;
     for e in entries {
         let e = e.map_err(|e| ProbeError::io(dir, e))?;
         let p = e.path();
-        let kind = std::fs::metadata(&p).map_err(|e| ProbeError::io(&p, e))?;
+        let kind = e.file_type().map_err(|e| ProbeError::io(&p, e))?;
         if kind.is_dir() {
             files_under(&p, base, out)?;
+        } else if !kind.is_file() {
+            return Err(not_plain(&p, kind));
         } else if let Ok(rel) = p.strip_prefix(base) {
             out.push(rel.to_path_buf());
         }
     }
     out.sort();
     Ok(())
+}
+
+/// The error for an entry of a baseline that is not a plain file or folder.
+fn not_plain(path: &Path, kind: std::fs::FileType) -> ProbeError {
+    let what = if kind.is_symlink() {
+        "a symbolic link"
+    } else {
+        "not a plain file (a device, FIFO or socket)"
+    };
+    ProbeError::Refused {
+        path: path.to_path_buf(),
+        msg: format!("{what}: a baseline holds plain files and folders only; probe neither follows nor reads it"),
+    }
+}
+
+/// The length of the plain file `path` (None: absent), its kind checked before anything
+/// opens it: opening a FIFO blocks, and a device reads without end.
+fn plain_file(path: &Path) -> Result<Option<u64>> {
+    match std::fs::symlink_metadata(path) {
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => Ok(None),
+        Err(e) => Err(ProbeError::io(path, e)),
+        Ok(m) if m.is_file() => Ok(Some(m.len())),
+        Ok(m) => Err(not_plain(path, m.file_type())),
+    }
 }
 
 /// `sha256:` of a baseline's content in `dir`: each file of `dump/`, the pack and the
@@ -276,7 +324,7 @@ pub fn digest(dir: &Path) -> Result<String> {
     let mut files = Vec::new();
     files_under(&dir.join(DUMP), dir, &mut files)?;
     for name in [PACK, CALIBRATION] {
-        if dir.join(name).is_file() {
+        if plain_file(&dir.join(name))?.is_some() {
             files.push(PathBuf::from(name));
         }
     }
@@ -290,47 +338,69 @@ pub fn digest(dir: &Path) -> Result<String> {
             .collect();
         h.update(name.join("/").as_bytes());
         h.update([0u8]);
-        let len = std::fs::metadata(&path)
-            .map_err(|e| ProbeError::io(&path, e))?
-            .len();
+        let len = plain_file(&path)?.ok_or_else(|| ProbeError::NotFound(path.clone()))?;
         h.update(len.to_le_bytes());
-        let mut f = std::fs::File::open(&path).map_err(|e| ProbeError::io(&path, e))?;
+        // At most the length checked above is read, whatever the file turned into since.
+        let f = std::fs::File::open(&path).map_err(|e| ProbeError::io(&path, e))?;
+        let mut f = std::io::Read::take(f, len);
         let mut buf = vec![0u8; 1 << 20];
+        let mut seen = 0u64;
         loop {
             let n = std::io::Read::read(&mut f, &mut buf).map_err(|e| ProbeError::io(&path, e))?;
             let Some(chunk) = buf.get(..n).filter(|c| !c.is_empty()) else {
                 break;
             };
             h.update(chunk);
+            seen += n as u64;
+        }
+        if seen != len {
+            return Err(ProbeError::BadConfig {
+                path,
+                msg: format!("{len} bytes listed, {seen} read: it changed while it was read"),
+            });
         }
     }
     let hex: String = h.finalize().iter().map(|b| format!("{b:02x}")).collect();
     Ok(format!("sha256:{hex}"))
 }
 
-/// Whether the baseline in `dir` still has the digest it records: (recorded, found).
-pub fn verify(dir: &Path) -> Result<(String, String)> {
-    let b = read(dir)?;
-    Ok((b.record.digest, digest(dir)?))
+/// The digest of baseline `b`'s content, an error when it is not the one it records.
+fn checked(b: &Baseline) -> Result<String> {
+    let found = digest(&b.dir)?;
+    if found != b.record.digest {
+        return Err(ProbeError::BadConfig {
+            path: b.dir.join(FILE),
+            msg: format!(
+                "the baseline changed since it was accepted: {} recorded, {found} found (accept it again, or restore it)",
+                crate::config_file::printable(&b.record.digest)
+            ),
+        });
+    }
+    Ok(found)
 }
 
-/// Copies the folder `from` to `to` (created), files and folders.
-fn copy_tree(from: &Path, to: &Path) -> Result<()> {
+/// `probe baseline verify`: the baseline in `dir` (put right first if an `accept` was
+/// killed in it) still has the digest it records; that digest.
+pub fn verify(dir: &Path) -> Result<String> {
+    recover(dir)?;
+    checked(&read(dir)?)
+}
+
+/// Copies the files `files` (relative paths, [`files_under`]'s) of folder `from` to `to`.
+fn copy_tree(from: &Path, to: &Path, files: &[PathBuf]) -> Result<()> {
     std::fs::create_dir_all(to).map_err(|e| ProbeError::Output {
         path: to.to_path_buf(),
         msg: e.to_string(),
     })?;
-    let mut files = Vec::new();
-    files_under(from, from, &mut files)?;
     for rel in files {
-        let dest = to.join(&rel);
+        let dest = to.join(rel);
         if let Some(parent) = dest.parent() {
             std::fs::create_dir_all(parent).map_err(|e| ProbeError::Output {
                 path: parent.to_path_buf(),
                 msg: e.to_string(),
             })?;
         }
-        std::fs::copy(from.join(&rel), &dest).map_err(|e| ProbeError::Output {
+        std::fs::copy(from.join(rel), &dest).map_err(|e| ProbeError::Output {
             path: dest.clone(),
             msg: e.to_string(),
         })?;
@@ -371,18 +441,7 @@ pub fn run(cmd: &Command) -> Result<String> {
                 r.digest
             ))
         }
-        Command::Verify { dir } => {
-            let (recorded, found) = verify(dir)?;
-            if recorded != found {
-                return Err(ProbeError::BadConfig {
-                    path: dir.join(FILE),
-                    msg: format!(
-                        "the baseline changed since it was accepted: {recorded} recorded, {found} found"
-                    ),
-                });
-            }
-            Ok(format!("ok: {found}\n"))
-        }
+        Command::Verify { dir } => Ok(format!("ok: {}\n", verify(dir)?)),
     }
 }
 
@@ -523,7 +582,7 @@ fn replaced(out: &Path) -> Result<Option<Previous>> {
 /// (`baseline.toml` first, so that a reader meanwhile finds no baseline rather than a
 /// mixed one; the new `baseline.toml` last). On a failure the old files are put back.
 fn swap(staged: &Path, out: &Path) -> Result<()> {
-    let aside = out.join(format!(".probe-replaced-{}", std::process::id()));
+    let aside = out.join(crate::atomic::scratch_name(ASIDE, ""));
     let _ = std::fs::remove_dir_all(&aside);
     let err = |path: &Path, e: std::io::Error| ProbeError::Output {
         path: path.to_path_buf(),
@@ -567,6 +626,90 @@ fn swap(staged: &Path, out: &Path) -> Result<()> {
     result
 }
 
+/// The kind of the scratch folder [`swap`] moves the replaced baseline's files into:
+/// `.probe-replaced-HOST-PID` ([`crate::atomic::scratch_name`]; `.probe-replaced-PID` before
+/// issue 70).
+const ASIDE: &str = "replaced";
+
+/// Puts right what a killed `accept` left in `dir` (its files moved aside and the new ones
+/// partly in), so that readers and the next `accept` find a whole baseline, the old or the
+/// new one. Only folders of [`ASIDE`]'s naming of this machine's processes that are gone
+/// are touched; another one is refused (an `accept` under way, or one of another machine).
+fn recover(dir: &Path) -> Result<()> {
+    let Ok(entries) = std::fs::read_dir(dir) else {
+        return Ok(());
+    };
+    let prefix = format!(".probe-{ASIDE}-");
+    for e in entries.flatten() {
+        let name = e.file_name().to_string_lossy().into_owned();
+        if !name.starts_with(&prefix) {
+            continue;
+        }
+        let aside = e.path();
+        let refused = |msg: &str| ProbeError::Refused {
+            path: aside.clone(),
+            msg: msg.into(),
+        };
+        if !crate::atomic::left_by_dead_process(&name, ASIDE) {
+            return Err(refused("an accept of this baseline is under way, or was killed on another machine: run again once it is over, or put it right by hand"));
+        }
+        if !e.file_type().is_ok_and(|t| t.is_dir()) {
+            return Err(refused(
+                "not a folder: not what an accept leaves; remove it by hand",
+            ));
+        }
+        roll_back(dir, &aside)?;
+    }
+    Ok(())
+}
+
+/// Rolls a killed [`swap`] back. It moved the old baseline's files into `aside`, [`FILE`]
+/// first, then the new ones in, [`FILE`] last; where it stopped follows from what lies where:
+/// [`FILE`] in `dir`: nothing was moved yet, or all was, and `dir` holds a whole baseline;
+/// else, no [`FILE`] in `aside` either: there was no old baseline, and what `dir` holds of
+/// the new one goes; [`DUMP`] in both: the old files were all aside and the new ones partly
+/// in, which go (the dump last). Then what `aside` holds moves back ([`FILE`] last) and
+/// `aside` goes. Each step leaves one of these states, so a kill during it is put right by
+/// the next run too.
+fn roll_back(dir: &Path, aside: &Path) -> Result<()> {
+    let here = |name: &str| std::fs::symlink_metadata(dir.join(name)).is_ok();
+    let there = |name: &str| std::fs::symlink_metadata(aside.join(name)).is_ok();
+    let err = |path: PathBuf, e: std::io::Error| ProbeError::Output {
+        path,
+        msg: e.to_string(),
+    };
+    if !here(FILE) {
+        if !there(FILE) || (there(DUMP) && here(DUMP)) {
+            for name in [CALIBRATION, PACK, DUMP] {
+                let p = dir.join(name);
+                let removed = match std::fs::symlink_metadata(&p) {
+                    Err(_) => Ok(()),
+                    Ok(m) if m.is_dir() => std::fs::remove_dir_all(&p),
+                    Ok(_) => std::fs::remove_file(&p),
+                };
+                removed.map_err(|e| err(p, e))?;
+            }
+        }
+        for name in [DUMP, PACK, CALIBRATION, FILE] {
+            if !there(name) {
+                continue;
+            }
+            if here(name) {
+                return Err(ProbeError::Refused {
+                    path: dir.join(name),
+                    msg: format!(
+                        "also in {}: which baseline it belongs to is unclear; put it right by hand",
+                        aside.display()
+                    ),
+                });
+            }
+            std::fs::rename(aside.join(name), dir.join(name))
+                .map_err(|e| err(dir.join(name), e))?;
+        }
+    }
+    std::fs::remove_dir_all(aside).map_err(|e| err(aside.to_path_buf(), e))
+}
+
 /// `probe baseline accept`: copies the dump (and the pack and calibration file) into
 /// `out` with a `baseline.toml` recording what it is, when and why it was accepted, and
 /// the digest of the baseline it replaces; all or nothing. Returns the record written.
@@ -579,17 +722,20 @@ pub fn accept(req: &AcceptRequest) -> Result<Record> {
     }
     let accepted = day(req.date.as_deref())?;
     let dump = facts(&req.dump)?;
+    let mut listed = Vec::new();
+    files_under(&req.dump, &req.dump, &mut listed)?;
     for f in [&req.pack, &req.calibration].into_iter().flatten() {
         if !f.is_file() {
             return Err(ProbeError::NotFound(f.clone()));
         }
     }
     crate::atomic::refuse_inside(&req.out, &[&req.dump])?;
+    recover(&req.out)?;
     let previous = replaced(&req.out)?;
     crate::atomic::prepare_output_dir(&req.out)?;
     let staging = crate::atomic::Staging::new(&req.out)?;
     let staged = staging.path("");
-    copy_tree(&req.dump, &staging.path(DUMP))?;
+    copy_tree(&req.dump, &staging.path(DUMP), &listed)?;
     for (from, name) in [(&req.pack, PACK), (&req.calibration, CALIBRATION)] {
         if let Some(from) = from {
             std::fs::copy(from, staging.path(name)).map_err(|e| ProbeError::Output {

@@ -113,6 +113,16 @@ pub enum ProbeError {
         /// Why it cannot be written.
         msg: String,
     },
+    /// An entry of an input or output folder that probe refuses to follow, read or remove:
+    /// a symbolic link or special file (device, FIFO) where a plain file or folder belongs,
+    /// or a link whose target is not a name probe itself makes. Nothing was changed.
+    #[error("{}: refused: {}", path.display(), OneLine(msg))]
+    Refused {
+        /// The entry.
+        path: PathBuf,
+        /// What it is and why it is not used.
+        msg: String,
+    },
     /// A zip archive refused as hostile or unsafe (path traversal, absolute path, symlink,
     /// too many entries, zip bomb); the message names the entry.
     #[error("{}: rejected archive: {}", path.display(), OneLine(msg))]

@@ -676,6 +676,197 @@ fn a_corrupt_or_missing_baseline_toml_is_a_one_line_error() {
     assert!(!d.path().join("n1").exists() && !d.path().join("n2").exists());
 }
 
+/// `probe ARGS` stopped after `secs` seconds (`timeout`): a hang fails the test, not the
+/// machine.
+fn probe_timed(secs: u32, args: &[&str]) -> Out {
+    let o = std::process::Command::new("timeout")
+        .arg(secs.to_string())
+        .arg(env!("CARGO_BIN_EXE_probe"))
+        .args(args)
+        .output()
+        .expect("run timeout");
+    Out {
+        code: o.status.code().unwrap_or(-1),
+        stdout: String::from_utf8_lossy(&o.stdout).into_owned(),
+        stderr: String::from_utf8_lossy(&o.stderr).into_owned(),
+    }
+}
+
+#[test]
+fn a_baseline_changed_since_it_was_accepted_is_refused_by_compare() {
+    let d = tempfile::tempdir().unwrap();
+    demo(d.path(), true, &[]);
+    let base = d.path().join("baseline");
+    let o = accept(&d.path().join("bench"), &base, "r", "2024-05-01", &[]);
+    assert_eq!(o.code, 0, "{}", o.stderr);
+    let recorded = digest_of(&base);
+    // The benchmark's ops rewritten as the faulty run's: a compare against it would pass.
+    std::fs::copy(
+        d.path().join("cmp/step0/rank0/ops.jsonl"),
+        base.join("dump/step0/rank0/ops.jsonl"),
+    )
+    .unwrap();
+    let out = d.path().join("o");
+    let o = compare_paths(&base, &d.path().join("cmp"), &out, &["--format", "json"]);
+    assert_input_error(&o, 2, "changed since it was accepted");
+    let found = digest_of(&base);
+    assert!(
+        o.stderr.contains(&recorded) && o.stderr.contains(&found),
+        "{}",
+        o.stderr
+    );
+    assert!(!out.join("summary.json").exists(), "a report was written");
+}
+
+#[test]
+fn links_and_special_files_in_a_baseline_are_never_followed_or_read() {
+    let d = tempfile::tempdir().unwrap();
+    demo(d.path(), true, &[]);
+    let secret = d.path().join("secret.txt");
+    std::fs::write(&secret, "outside the dump").unwrap();
+    // accept: a dump holding a link to a file outside it is refused, nothing written.
+    let dump = d.path().join("linked");
+    copy_dir(&d.path().join("bench"), &dump);
+    std::os::unix::fs::symlink(&secret, dump.join("step0/rank0/extra.txt")).unwrap();
+    let base = d.path().join("baseline");
+    let o = accept(&dump, &base, "r", "2024-05-01", &[]);
+    assert_input_error(&o, 2, "symbolic link");
+    assert!(o.stderr.contains("extra.txt"), "{}", o.stderr);
+    assert!(!base.exists(), "accept wrote something");
+
+    // verify and compare -b: a link to /dev/zero, a FIFO, a linked dump folder; each an
+    // error at once (bounded by `timeout`).
+    let o = accept(&d.path().join("bench"), &base, "r", "2024-05-01", &[]);
+    assert_eq!(o.code, 0, "{}", o.stderr);
+    let rank = base.join("dump/step0/rank0");
+    let zero = rank.join("zero.bin");
+    std::os::unix::fs::symlink("/dev/zero", &zero).unwrap();
+    let b = base.to_str().unwrap();
+    let v = probe_timed(20, &["baseline", "verify", b]);
+    assert_input_error(&v, 2, "symbolic link");
+    let out = d.path().join("o");
+    let c = d.path().join("cmp");
+    let (c, o_) = (c.to_str().unwrap(), out.to_str().unwrap());
+    let args = ["compare", "-b", b, "-c", c, "-o", o_];
+    assert_input_error(&probe_timed(20, &args), 2, "symbolic link");
+    std::fs::remove_file(&zero).unwrap();
+    let fifo = rank.join("fifo");
+    let made = std::process::Command::new("mkfifo")
+        .arg(&fifo)
+        .status()
+        .unwrap();
+    assert!(made.success());
+    let v = probe_timed(20, &["baseline", "verify", b]);
+    assert_input_error(&v, 2, "not a plain file");
+    std::fs::remove_file(&fifo).unwrap();
+    std::fs::rename(base.join("dump"), d.path().join("real-dump")).unwrap();
+    std::os::unix::fs::symlink(d.path().join("real-dump"), base.join("dump")).unwrap();
+    let v = probe_timed(20, &["baseline", "verify", b]);
+    assert_input_error(&v, 2, "symbolic link");
+    assert!(!out.join("summary.json").exists());
+}
+
+#[test]
+fn a_killed_accept_is_put_right_by_the_next_run() {
+    let d = tempfile::tempdir().unwrap();
+    demo(d.path(), true, &[]);
+    // The old and the new baseline, whole, to lay out a killed accept's states from.
+    let (old, new) = (d.path().join("old"), d.path().join("new"));
+    assert_eq!(
+        accept(&d.path().join("bench"), &old, "old", "2024-05-01", &[]).code,
+        0
+    );
+    assert_eq!(
+        accept(&d.path().join("cmp"), &new, "new", "2024-06-01", &[]).code,
+        0
+    );
+    let (old_digest, new_digest) = (digest_of(&old), digest_of(&new));
+    let (host, dead) = (scratch_host(), dead_pid());
+    // Named as an accept of this machine that was killed (a process that is gone).
+    let aside_names = [
+        format!(".probe-replaced-{host}-{dead}"),
+        format!(".probe-replaced-{dead}"), // an older probe's name
+    ];
+    // (what a state holds: the old files moved aside, the new ones moved in; the baseline a
+    // reader must find)
+    let states: [(&[&str], &[&str], &str); 5] = [
+        (&[], &[], &old_digest),
+        (&["baseline.toml"], &[], &old_digest),
+        (&["baseline.toml", "dump"], &[], &old_digest),
+        (&["baseline.toml", "dump"], &["dump"], &old_digest),
+        (
+            &["baseline.toml", "dump"],
+            &["dump", "baseline.toml"],
+            &new_digest,
+        ),
+    ];
+    for (i, (aside, moved_in, expected)) in states.iter().enumerate() {
+        for (j, aside_name) in aside_names.iter().enumerate() {
+            for reader in ["verify", "compare", "accept"] {
+                let base = d.path().join(format!("b{i}-{j}-{reader}"));
+                copy_dir(&old, &base);
+                let a = base.join(aside_name);
+                std::fs::create_dir(&a).unwrap();
+                for n in *aside {
+                    std::fs::rename(base.join(n), a.join(n)).unwrap();
+                }
+                for n in *moved_in {
+                    let from = new.join(n);
+                    if from.is_dir() {
+                        copy_dir(&from, &base.join(n));
+                    } else {
+                        std::fs::copy(&from, base.join(n)).unwrap();
+                    }
+                }
+                let b = base.to_str().unwrap();
+                let case = format!("state {i}, {aside_name}, {reader}");
+                match reader {
+                    "verify" => {
+                        let v = probe(&["baseline", "verify", b]);
+                        assert_eq!(v.code, 0, "{case}: {}", v.stderr);
+                        assert_eq!(v.stdout.trim(), format!("ok: {expected}"), "{case}");
+                    }
+                    "compare" => {
+                        let out = d.path().join(format!("o{i}-{j}"));
+                        let o = compare_paths(&base, &d.path().join("bench"), &out, &[]);
+                        let code = if *expected == old_digest { 0 } else { 1 };
+                        assert_eq!(o.code, code, "{case}: {}", o.stderr);
+                    }
+                    _ => {
+                        let o = accept(&d.path().join("bench"), &base, "again", "2024-07-01", &[]);
+                        assert_eq!(o.code, 0, "{case}: {}", o.stderr);
+                        let t = toml_of(&base);
+                        assert_eq!(t["previous"]["digest"].as_str(), Some(*expected), "{case}");
+                        assert_eq!(digest_of(&base), old_digest, "{case}");
+                    }
+                }
+                assert!(!a.exists(), "{case}: {aside_name} left");
+                if reader != "accept" {
+                    assert_eq!(digest_of(&base), *expected, "{case}");
+                }
+            }
+        }
+    }
+    // A first accept into an empty folder, killed with half its dump moved in: the folder
+    // is emptied and the next accept goes through.
+    let base = d.path().join("first");
+    std::fs::create_dir_all(base.join(&aside_names[0])).unwrap();
+    copy_dir(&new.join("dump"), &base.join("dump"));
+    let o = accept(&d.path().join("bench"), &base, "first", "2024-05-01", &[]);
+    assert_eq!(o.code, 0, "{}", o.stderr);
+    assert!(toml_of(&base).get("previous").is_none());
+    assert_eq!(digest_of(&base), old_digest);
+    // The folder of an accept still running (this process) is left alone and named.
+    let base = d.path().join("live");
+    copy_dir(&old, &base);
+    let live = base.join(format!(".probe-replaced-{host}-{}", std::process::id()));
+    std::fs::create_dir(&live).unwrap();
+    std::fs::rename(base.join("baseline.toml"), live.join("baseline.toml")).unwrap();
+    let v = probe(&["baseline", "verify", base.to_str().unwrap()]);
+    assert_input_error(&v, 2, "under way");
+    assert!(live.join("baseline.toml").is_file());
+}
+
 // ---- config-check ----------------------------------------------------------------------
 
 #[test]

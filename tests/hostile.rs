@@ -1,7 +1,9 @@
 //! Issue 53: a hostile re-test's failures, each reproduced from outside (the binary, real
 //! files) and held fixed: numeric arguments out of range, terminal control characters from
-//! a dump, outputs across a kill, stale staging folders. (Merge's cases are in
-//! `tests/shard.rs`, secrets' in `tests/secrets_corpus.rs`.)
+//! a dump, outputs across a kill (and, issue 70 item 9, the first run's kill over an older
+//! probe's plain reports), stale staging folders. (Merge's cases are in `tests/shard.rs`,
+//! secrets' in `tests/secrets_corpus.rs`; a crafted `.probe-current` in
+//! `tests/output_folders.rs`.)
 
 mod common;
 use common::*;
@@ -134,22 +136,25 @@ fn numeric_arguments_out_of_range_are_usage_errors_never_panics() {
     }
 }
 
+/// The reports of a compare's output folder.
+const REPORT_NAMES: [&str; 4] = [
+    "summary.json",
+    "compare.parquet",
+    "compare.xlsx",
+    "compare.html",
+];
+
 /// The bytes of every report in `out`, read through its links.
 fn report_set(out: &Path) -> Vec<(String, Vec<u8>)> {
-    [
-        "summary.json",
-        "compare.parquet",
-        "compare.xlsx",
-        "compare.html",
-    ]
-    .iter()
-    .map(|n| {
-        (
-            n.to_string(),
-            std::fs::read(out.join(n)).unwrap_or_default(),
-        )
-    })
-    .collect()
+    REPORT_NAMES
+        .iter()
+        .map(|n| {
+            (
+                n.to_string(),
+                std::fs::read(out.join(n)).unwrap_or_default(),
+            )
+        })
+        .collect()
 }
 
 /// `probe compare` of `dumps`' bench and cmp into `out`, stopped as a kill would stop it
@@ -222,23 +227,59 @@ fn a_kill_at_any_point_of_the_switch_leaves_one_whole_set() {
 }
 
 #[test]
+fn a_kill_during_the_first_run_over_an_older_layout_keeps_the_old_reports() {
+    let t = tempfile::tempdir().unwrap();
+    let cwd = t.path();
+    synth(&cwd.join("a"), &[]);
+    synth(&cwd.join("b"), &["--inject", "Functional.gelu.1"]);
+    // An output folder as an older probe left it: the reports as plain files, no
+    // `.probe-current` and no version folder.
+    assert_eq!(compare_crashing(cwd, "a", "out", None).code, 0);
+    let out = cwd.join("out");
+    let version = std::fs::read_link(out.join(".probe-current")).unwrap();
+    let mut old = Vec::new();
+    for n in REPORT_NAMES {
+        let bytes = std::fs::read(out.join(n)).unwrap();
+        std::fs::remove_file(out.join(n)).unwrap();
+        std::fs::write(out.join(n), &bytes).unwrap();
+        old.push(bytes);
+    }
+    std::fs::remove_file(out.join(".probe-current")).unwrap();
+    std::fs::remove_dir_all(out.join(version)).unwrap();
+
+    // Killed once b's set is written and the names made links, before the switch: every
+    // name still reads the older run's bytes.
+    let o = compare_crashing(cwd, "b", "out", Some("before-switch"));
+    assert_ne!(o.code, 0, "the hook did not stop it: {}", o.stderr);
+    for (n, bytes) in REPORT_NAMES.iter().zip(&old) {
+        let now = std::fs::read(out.join(n));
+        assert!(
+            now.as_ref().ok() == Some(bytes),
+            "{n} lost its bytes: {now:?}"
+        );
+    }
+    // The next run writes b's set and leaves nothing behind.
+    assert_eq!(compare_crashing(cwd, "b", "out", None).code, 0);
+    assert_ne!(
+        std::fs::read(out.join("summary.json")).unwrap(),
+        old[0],
+        "b's summary"
+    );
+    for n in REPORT_NAMES {
+        assert!(out.join(n).is_symlink(), "{n} is not a link");
+    }
+    let left = leftovers(&out);
+    assert!(left.is_empty(), "{left:?}");
+}
+
+#[test]
 fn stale_staging_of_dead_processes_is_removed_and_live_ones_kept() {
     let t = tempfile::tempdir().unwrap();
     let cwd = t.path();
     synth(cwd, &[]);
     let out = cwd.join("out");
     std::fs::create_dir(&out).unwrap();
-    // A process that has exited: its pid names no running process.
-    let mut child = Command::new("true").spawn().unwrap();
-    let dead = child.id();
-    child.wait().unwrap();
-    let host = std::fs::read_to_string("/proc/sys/kernel/hostname")
-        .unwrap()
-        .trim()
-        .replace(
-            |c: char| !(c.is_ascii_alphanumeric() || c == '_' || c == '.'),
-            "_",
-        );
+    let (dead, host) = (dead_pid(), scratch_host());
     let live = std::process::id();
     let stale = [
         format!(".probe-staging-{dead}"),

@@ -311,3 +311,22 @@ pub fn leftovers(dir: &Path) -> Vec<String> {
         .filter(|n| current.as_deref() != Some(Path::new(n)))
         .collect()
 }
+
+/// This machine's name as probe puts it in its scratch names (`.probe-KIND-HOST-PID`).
+pub fn scratch_host() -> String {
+    std::fs::read_to_string("/proc/sys/kernel/hostname")
+        .unwrap()
+        .trim()
+        .replace(
+            |c: char| !(c.is_ascii_alphanumeric() || c == '_' || c == '.'),
+            "_",
+        )
+}
+
+/// The id of a process that has exited: it names no running process.
+pub fn dead_pid() -> u32 {
+    let mut child = Command::new("true").spawn().unwrap();
+    let dead = child.id();
+    child.wait().unwrap();
+    dead
+}
