@@ -545,6 +545,18 @@ struct Candidate {
 /// replay engine (a program that is not Python prints no such line, whatever it exits).
 const CHECK_MARK: &str = "probe-replay-ok";
 
+/// The first statement of every `python -c` probe runs (the check and the replay): drops
+/// the entry `-c` puts first on `sys.path`, `''`, the current folder, which `probe replay`
+/// runs from, so that a `torch.py`, `probe.py` or `json.py` there is never imported
+/// (issue 70). Not `-I` (it would drop PYTHONPATH, which users set to find probe or torch:
+/// their entries are kept, a `.` among them too) nor `-P` (Python 3.11+; the agent
+/// supports 3.9). Nothing is imported before it but what the interpreter imports to start.
+const SAFE_PATH: &str = "import sys; sys.path[:1] = [p for p in sys.path[:1] if p]";
+
+/// `python -m probe.replay` with the current folder off `sys.path` from the start (the
+/// arguments after it are `sys.argv[1:]`, as for `-m`).
+const LAUNCHER: &str = "from probe.replay.cli import main; sys.exit(main())";
+
 /// The Pythons to try, in order: `--python`, `$PROBE_PYTHON` (either alone when given),
 /// else the Python beside this binary (the wheel installs `probe` into `<prefix>/bin/`),
 /// then `python3` on PATH.
@@ -588,7 +600,8 @@ fn candidates(python: Option<&Path>) -> Vec<Candidate> {
 /// is there but broken fails the replay with its one-line error, exit 2).
 fn can_replay(python: &Path) -> std::result::Result<(), String> {
     let code = format!(
-        "import importlib.util as u, sys\n\
+        "{SAFE_PATH}\n\
+         import importlib.util as u\n\
          m = [n for n in ('torch', 'probe', 'probe.replay') if u.find_spec(n) is None][:1]\n\
          print(f\"ModuleNotFoundError: No module named {{m[0]!r}}\", file=sys.stderr) \
          if m else print({CHECK_MARK:?})"
@@ -630,8 +643,9 @@ fn find_python(python: Option<&Path>) -> Result<PathBuf> {
     })
 }
 
-/// `python -m probe.replay`'s arguments (docs/replay.md): the dumps as given with the
-/// step and rank numbers, or the rank folders where a label has no number.
+/// `python -m probe.replay`'s arguments (docs/replay.md), run as `python -c` [`SAFE_PATH`]
+/// [`LAUNCHER`]: the dumps as given with the step and rank numbers, or the rank folders
+/// where a label has no number.
 fn python_args(
     req: &ReplayRequest,
     paths: &Sides<PathBuf>,
@@ -639,7 +653,8 @@ fn python_args(
     at: &(String, String),
     ops: &[String],
 ) -> Vec<std::ffi::OsString> {
-    let mut a: Vec<std::ffi::OsString> = vec!["-m".into(), "probe.replay".into()];
+    let mut a: Vec<std::ffi::OsString> =
+        vec!["-c".into(), format!("{SAFE_PATH}; {LAUNCHER}").into()];
     let numbers = (
         app::label_number(&at.0, "step"),
         app::label_number(&at.1, "rank"),

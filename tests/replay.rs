@@ -39,16 +39,16 @@ fn script(dir: &Path, name: &str, body: &str) -> PathBuf {
     p
 }
 
-/// A stand-in for a Python with torch and probe: passes the import check, then writes its
-/// arguments one per line into `argv.txt` (beside it), says a verdict line and exits with
-/// `$SHIM_CODE` (default 1: reproduces).
+/// A stand-in for a Python with torch and probe: passes the import check (the `-c` code
+/// that looks for the modules), then writes its arguments one per line into `argv.txt`
+/// (beside it), says a verdict line and exits with `$SHIM_CODE` (default 1: reproduces).
 fn shim(dir: &Path) -> PathBuf {
     let log = dir.join("argv.txt");
     script(
         dir,
         "shim-python",
         &format!(
-            "#!/bin/sh\nif [ \"$1\" = \"-c\" ]; then echo probe-replay-ok; exit 0; fi\n\
+            "#!/bin/sh\ncase \"$2\" in *find_spec*) echo probe-replay-ok; exit 0;; esac\n\
              printf '%s\\n' \"$@\" > '{}'\necho 'REPRODUCES: shim'\nexit ${{SHIM_CODE:-1}}\n",
             log.display()
         ),
@@ -244,11 +244,17 @@ fn the_first_divergent_op_is_handed_to_the_python_by_its_contract() {
         "stdout passed through: {}",
         o.stdout
     );
+    let got = argv(p);
+    // `python -c CODE`: the current folder off sys.path, then the engine (issue 70).
+    assert_eq!(got[0], "-c");
     assert_eq!(
-        argv(p),
+        got[1],
+        "import sys; sys.path[:1] = [p for p in sys.path[:1] if p]; \
+         from probe.replay.cli import main; sys.exit(main())"
+    );
+    assert_eq!(
+        got[2..],
         [
-            "-m",
-            "probe.replay",
             "--bench",
             "t/bench",
             "--cmp",
@@ -293,7 +299,7 @@ fn the_first_divergent_op_is_handed_to_the_python_by_its_contract() {
     let killed = script(
         p,
         "killed-python",
-        "#!/bin/sh\nif [ \"$1\" = \"-c\" ]; then echo probe-replay-ok; exit 0; fi\nkill -9 $$\n",
+        "#!/bin/sh\ncase \"$2\" in *find_spec*) echo probe-replay-ok; exit 0;; esac\nkill -9 $$\n",
     );
     let o = run(
         p,

@@ -8,6 +8,10 @@ hostile dumps below are built by hand (a few tensors) and replayed through every
 point: ``--op``, ``--from`` a compare's folder, the default flow (the compare names the
 hostile op as the first divergent one) and the engine itself. Each must refuse in one line
 naming the op, exit 2, run nothing (no marker file) and write nothing.
+
+And a Python started in a folder holding ``torch.py`` (or ``probe.py``, ``json.py``) must
+not import it: ``python -m`` and ``python -c`` put the current folder first on
+``sys.path``.
 """
 
 from __future__ import annotations
@@ -254,3 +258,40 @@ def test_every_listed_api_resolves_to_a_callable_of_its_namespace() -> None:
             assert callable(fn) and not isinstance(fn, types.ModuleType), name
             n += 1
     assert n > 1000
+
+
+# -- the current folder is not on the replay's import path -------------------------------------
+
+PLANTED = ("torch", "probe", "json", "runpy")
+
+
+def plant(folder: Path, marker: Path) -> None:
+    """Modules in ``folder`` that write ``marker`` (their name) when imported."""
+    for name in PLANTED:
+        (folder / f"{name}.py").write_text(
+            f"open({str(marker)!r}, 'a').write({name!r} + '\\n')\nraise SystemExit(97)\n"
+        )
+
+
+def test_modules_in_the_current_folder_are_not_imported(tmp_path: Path) -> None:
+    """probe replay runs its Python from the user's folder: a torch.py (probe.py, json.py)
+    there is not imported, by the check of the Python nor by the replay, which still
+    finds torch and probe where the environment (PYTHONPATH) puts them; python -m
+    probe.replay itself does not import a torch.py there either."""
+    work = tmp_path / "work"
+    work.mkdir()
+    subprocess.run([probe_bin(), "synth", "-o", str(tmp_path / "s"), "--blocks", "1", "--width", "4", "--batch", "2",
+                    "--inject", "Functional.gelu.0"], check=True, capture_output=True)
+    marker = tmp_path / "IMPORTED"
+    plant(work, marker)
+    r = probe(work, "replay", "-b", "../s/bench", "-c", "../s/cmp", "--op", "Functional.gelu.0.forward", "-o", "out", "-q")
+    assert not marker.exists(), marker.read_text()
+    assert r.returncode == 0 and r.stdout.startswith("DOES NOT REPRODUCE: Functional.gelu.0.forward"), r.stdout + r.stderr
+    assert (work / "out" / "replay.json").is_file()
+    (work / "probe.py").unlink()  # python -m needs the package itself; its later imports are guarded
+    (work / "json.py").unlink()
+    (work / "runpy.py").unlink()
+    r = subprocess.run([sys.executable, "-m", "probe.replay", "-b", "../s/bench", "-c", "../s/cmp", "--op",
+                        "Functional.gelu.0.forward", "-o", "out2", "-q"], capture_output=True, text=True, env=env(), cwd=work, timeout=300)
+    assert not marker.exists(), marker.read_text()
+    assert r.returncode == 0, r.stdout + r.stderr
