@@ -6,8 +6,10 @@ answered without running anything; the answer is data that the repro script carr
 literals. The rules (docs/replay.md, "What can be replayed"):
 
 - API calls of ``torch``, ``torch.nn.functional``, ``Tensor`` methods, ``torch._VF``,
-  ``torch.ops.aten`` and ``torch_npu`` (where importable) are called by their dotted path;
-  collectives (``Distributed``) are not: their result is other ranks' data.
+  ``torch.ops.aten`` and ``torch_npu`` (where importable) are called by their dotted path,
+  only when it names an operator a capture could have recorded (allowed.py: the name is
+  data from a dump, never a path to walk); collectives (``Distributed``) are not: their
+  result is other ranks' data.
 - Arguments come from the input tensors' names (``input.0``, ``input.weight``, ``.i`` list
   items, ``.key`` dict items) and the record's ``args``; a positional slot neither holds
   was an argument the agent does not record (None, or a value that is not JSON-safe) and
