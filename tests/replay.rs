@@ -569,3 +569,50 @@ fn replay_of_ops_the_dumps_lack_writes_recapture_json_and_runs_no_python() {
     assert_eq!(o.code, 3, "{}", o.stderr);
     assert!(o.stdout.contains("(step4/rank0)"), "{}", o.stdout);
 }
+
+#[test]
+fn an_op_key_through_another_module_is_refused_before_any_python_runs() {
+    // issue 70: a key's name is data; the Python's allow-list is the guarantee, this is
+    // probe's early refusal (docs/replay.md, "Only operators").
+    let d = tmp();
+    let p = d.path();
+    tensor_pair(p);
+    let py = shim(p);
+    let py = py.to_str().unwrap();
+    for op in [
+        "Torch.os.system.0.forward",
+        "Functional.torch.os.system.0.forward",
+        "Torch.nn.functional.torch.0.forward",
+        "Aten.__getattr__.0.forward",
+        "Aten.add.Tensor.__call__.0.forward",
+        "VF.__class__.0.backward",
+        "Tensor.add.__globals__.0.forward",
+        "NPU.os.system.0.forward",
+    ] {
+        let o = run(
+            p,
+            &[
+                "replay", "--python", py, "-b", "t/bench", "-c", "t/cmp", "--op", op, "-o", "r",
+            ],
+        );
+        assert_input_error(&o, 2, "not an operator a replay may run");
+        assert!(o.stderr.contains(op), "{op}: {}", o.stderr);
+        assert!(!p.join("argv.txt").exists(), "{op} ran the Python");
+        assert!(!p.join("r").exists(), "{op} wrote its output");
+    }
+    // Names of operators pass on to the Python (which holds the list): a listed namespace,
+    // an ATen overload, a Tensor operator method.
+    for op in [
+        "Torch.linalg.vector_norm.0.forward",
+        "Aten.add.Tensor.0.forward",
+        "Tensor.__add__.0.forward",
+    ] {
+        let o = run(
+            p,
+            &[
+                "replay", "--python", py, "-b", "t/bench", "-c", "t/cmp", "--op", op, "-o", "r",
+            ],
+        );
+        assert!(!o.stderr.contains("not an operator"), "{op}: {}", o.stderr);
+    }
+}
