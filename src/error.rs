@@ -182,6 +182,18 @@ pub enum ProbeError {
     /// The two sides have nothing in common to compare.
     #[error("nothing comparable: {0}")]
     NothingComparable(String),
+    /// An op key that names no operator a replay may run (`Torch.os.system...`): a dump's
+    /// name is data, never a path to follow (issue 70).
+    #[error(
+        "op {}: {why}: not an operator a replay may run (docs/replay.md, \"Only operators\"); nothing run",
+        OneLine(op)
+    )]
+    NotAnOperator {
+        /// The op key.
+        op: String,
+        /// What gives it away.
+        why: &'static str,
+    },
     /// A folder given as a compare's output (`probe replay --from`) that is not one.
     #[error("{}: not a compare's output folder: {}", path.display(), OneLine(msg))]
     NotCompareOutput {

@@ -12,12 +12,15 @@
 use crate::app::{self, CompareRequest};
 use crate::dump::{self, DumpSet};
 use crate::error::{ProbeError, Result};
+use crate::op_key::{OpKey, OpKind};
 use crate::progress::Progress;
 use crate::schema::summary::Summary;
 use crate::vocab::Sides;
 use crate::{atomic, config_file};
+use std::collections::BTreeSet;
 use std::path::{Path, PathBuf};
 use std::process::{Command, Stdio};
+use std::sync::LazyLock;
 
 /// Exit code: the op's replay agrees with the benchmark within tolerance (or nothing to
 /// replay: no divergent op).
@@ -224,6 +227,12 @@ pub fn replay(req: &ReplayRequest, progress: &Progress) -> Result<Replayed> {
             return Ok(Replayed::NoDivergentOp { headline });
         }
     };
+    if let Some((op, why)) = ops.iter().find_map(|o| not_an_operator(o).map(|w| (o, w))) {
+        return Err(ProbeError::NotAnOperator {
+            op: op.clone(),
+            why,
+        });
+    }
     let sides = Sides {
         bench: &sets.bench,
         cmp: &sets.cmp,
@@ -248,6 +257,53 @@ pub fn replay(req: &ReplayRequest, progress: &Progress) -> Result<Replayed> {
         ),
     );
     run_python(&python, &args).map(|code| Replayed::Ran { code })
+}
+
+/// The namespaces below `torch` that the agent's `Torch` APIs hang from (`linalg` of
+/// `linalg.vector_norm`), from the list built into the binary.
+static TORCH_NAMESPACES: LazyLock<BTreeSet<String>> = LazyLock::new(|| {
+    #[derive(serde::Deserialize)]
+    struct Listed {
+        #[serde(rename = "Torch")]
+        torch: Vec<String>,
+    }
+    // Built into the binary and exercised by tests/replay.rs: not an input.
+    let listed: Listed = serde_json::from_str(include_str!("../python/probe/api_list.json"))
+        .expect("python/probe/api_list.json is valid");
+    let spaces = listed.torch.iter().filter_map(|n| n.split_once('.'));
+    spaces.map(|(ns, _)| ns.to_string()).collect()
+});
+
+/// What shows that an op key names no operator, before anything else is done with it (no
+/// recapture, no Python); None leaves the verdict to the Python's allow-list
+/// (`probe/replay/allowed.py`), the guarantee: this check is coarse and early, for a
+/// Python whose probe predates it too. An API's name must be identifiers; only a `Tensor`
+/// method may have two leading underscores (`__add__`); `Functional`, `Tensor`, `VF` and
+/// `NPU` names are one part, `Torch` ones one or a namespace of the agent's list and a name
+/// (`linalg.vector_norm`), `Aten` ones an op and an overload.
+fn not_an_operator(op: &str) -> Option<&'static str> {
+    const REPLAYED: [&str; 6] = ["Torch", "Functional", "Tensor", "VF", "NPU", "Aten"];
+    let key = OpKey::parse(op);
+    let prefix = key.prefix();
+    if key.kind() != OpKind::Api || !REPLAYED.contains(&prefix) {
+        return None; // modules, collectives, other types: the Python says what it can replay
+    }
+    let name = key.base().get(prefix.len() + 1..).unwrap_or("");
+    let parts: Vec<&str> = name.split('.').collect();
+    let ident = |p: &&str| {
+        p.starts_with(|c: char| c.is_ascii_alphabetic() || c == '_')
+            && p.chars().all(|c| c.is_ascii_alphanumeric() || c == '_')
+    };
+    match (prefix, parts.as_slice()) {
+        _ if !parts.iter().all(ident) => Some("its name is not a dotted identifier"),
+        ("Tensor", [_]) => None,
+        _ if parts.iter().any(|p| p.starts_with("__")) => {
+            Some("a name with two leading underscores")
+        }
+        (_, [_]) | ("Aten", [_, _]) => None,
+        ("Torch", [ns, _]) if TORCH_NAMESPACES.contains(*ns) => None,
+        _ => Some("a path through a module that holds no operators"),
+    }
 }
 
 /// A progress line on stderr, unless quiet.
@@ -545,6 +601,18 @@ struct Candidate {
 /// replay engine (a program that is not Python prints no such line, whatever it exits).
 const CHECK_MARK: &str = "probe-replay-ok";
 
+/// The first statement of every `python -c` probe runs (the check and the replay): drops
+/// the entry `-c` puts first on `sys.path`, `''`, the current folder, which `probe replay`
+/// runs from, so that a `torch.py`, `probe.py` or `json.py` there is never imported
+/// (issue 70). Not `-I` (it would drop PYTHONPATH, which users set to find probe or torch:
+/// their entries are kept, a `.` among them too) nor `-P` (Python 3.11+; the agent
+/// supports 3.9). Nothing is imported before it but what the interpreter imports to start.
+const SAFE_PATH: &str = "import sys; sys.path[:1] = [p for p in sys.path[:1] if p]";
+
+/// `python -m probe.replay` with the current folder off `sys.path` from the start (the
+/// arguments after it are `sys.argv[1:]`, as for `-m`).
+const LAUNCHER: &str = "from probe.replay.cli import main; sys.exit(main())";
+
 /// The Pythons to try, in order: `--python`, `$PROBE_PYTHON` (either alone when given),
 /// else the Python beside this binary (the wheel installs `probe` into `<prefix>/bin/`),
 /// then `python3` on PATH.
@@ -588,7 +656,8 @@ fn candidates(python: Option<&Path>) -> Vec<Candidate> {
 /// is there but broken fails the replay with its one-line error, exit 2).
 fn can_replay(python: &Path) -> std::result::Result<(), String> {
     let code = format!(
-        "import importlib.util as u, sys\n\
+        "{SAFE_PATH}\n\
+         import importlib.util as u\n\
          m = [n for n in ('torch', 'probe', 'probe.replay') if u.find_spec(n) is None][:1]\n\
          print(f\"ModuleNotFoundError: No module named {{m[0]!r}}\", file=sys.stderr) \
          if m else print({CHECK_MARK:?})"
@@ -630,8 +699,9 @@ fn find_python(python: Option<&Path>) -> Result<PathBuf> {
     })
 }
 
-/// `python -m probe.replay`'s arguments (docs/replay.md): the dumps as given with the
-/// step and rank numbers, or the rank folders where a label has no number.
+/// `python -m probe.replay`'s arguments (docs/replay.md), run as `python -c` [`SAFE_PATH`]
+/// [`LAUNCHER`]: the dumps as given with the step and rank numbers, or the rank folders
+/// where a label has no number.
 fn python_args(
     req: &ReplayRequest,
     paths: &Sides<PathBuf>,
@@ -639,7 +709,8 @@ fn python_args(
     at: &(String, String),
     ops: &[String],
 ) -> Vec<std::ffi::OsString> {
-    let mut a: Vec<std::ffi::OsString> = vec!["-m".into(), "probe.replay".into()];
+    let mut a: Vec<std::ffi::OsString> =
+        vec!["-c".into(), format!("{SAFE_PATH}; {LAUNCHER}").into()];
     let numbers = (
         app::label_number(&at.0, "step"),
         app::label_number(&at.1, "rank"),

@@ -39,16 +39,16 @@ fn script(dir: &Path, name: &str, body: &str) -> PathBuf {
     p
 }
 
-/// A stand-in for a Python with torch and probe: passes the import check, then writes its
-/// arguments one per line into `argv.txt` (beside it), says a verdict line and exits with
-/// `$SHIM_CODE` (default 1: reproduces).
+/// A stand-in for a Python with torch and probe: passes the import check (the `-c` code
+/// that looks for the modules), then writes its arguments one per line into `argv.txt`
+/// (beside it), says a verdict line and exits with `$SHIM_CODE` (default 1: reproduces).
 fn shim(dir: &Path) -> PathBuf {
     let log = dir.join("argv.txt");
     script(
         dir,
         "shim-python",
         &format!(
-            "#!/bin/sh\nif [ \"$1\" = \"-c\" ]; then echo probe-replay-ok; exit 0; fi\n\
+            "#!/bin/sh\ncase \"$2\" in *find_spec*) echo probe-replay-ok; exit 0;; esac\n\
              printf '%s\\n' \"$@\" > '{}'\necho 'REPRODUCES: shim'\nexit ${{SHIM_CODE:-1}}\n",
             log.display()
         ),
@@ -244,11 +244,17 @@ fn the_first_divergent_op_is_handed_to_the_python_by_its_contract() {
         "stdout passed through: {}",
         o.stdout
     );
+    let got = argv(p);
+    // `python -c CODE`: the current folder off sys.path, then the engine (issue 70).
+    assert_eq!(got[0], "-c");
     assert_eq!(
-        argv(p),
+        got[1],
+        "import sys; sys.path[:1] = [p for p in sys.path[:1] if p]; \
+         from probe.replay.cli import main; sys.exit(main())"
+    );
+    assert_eq!(
+        got[2..],
         [
-            "-m",
-            "probe.replay",
             "--bench",
             "t/bench",
             "--cmp",
@@ -293,7 +299,7 @@ fn the_first_divergent_op_is_handed_to_the_python_by_its_contract() {
     let killed = script(
         p,
         "killed-python",
-        "#!/bin/sh\nif [ \"$1\" = \"-c\" ]; then echo probe-replay-ok; exit 0; fi\nkill -9 $$\n",
+        "#!/bin/sh\ncase \"$2\" in *find_spec*) echo probe-replay-ok; exit 0;; esac\nkill -9 $$\n",
     );
     let o = run(
         p,
@@ -562,4 +568,51 @@ fn replay_of_ops_the_dumps_lack_writes_recapture_json_and_runs_no_python() {
     );
     assert_eq!(o.code, 3, "{}", o.stderr);
     assert!(o.stdout.contains("(step4/rank0)"), "{}", o.stdout);
+}
+
+#[test]
+fn an_op_key_through_another_module_is_refused_before_any_python_runs() {
+    // issue 70: a key's name is data; the Python's allow-list is the guarantee, this is
+    // probe's early refusal (docs/replay.md, "Only operators").
+    let d = tmp();
+    let p = d.path();
+    tensor_pair(p);
+    let py = shim(p);
+    let py = py.to_str().unwrap();
+    for op in [
+        "Torch.os.system.0.forward",
+        "Functional.torch.os.system.0.forward",
+        "Torch.nn.functional.torch.0.forward",
+        "Aten.__getattr__.0.forward",
+        "Aten.add.Tensor.__call__.0.forward",
+        "VF.__class__.0.backward",
+        "Tensor.add.__globals__.0.forward",
+        "NPU.os.system.0.forward",
+    ] {
+        let o = run(
+            p,
+            &[
+                "replay", "--python", py, "-b", "t/bench", "-c", "t/cmp", "--op", op, "-o", "r",
+            ],
+        );
+        assert_input_error(&o, 2, "not an operator a replay may run");
+        assert!(o.stderr.contains(op), "{op}: {}", o.stderr);
+        assert!(!p.join("argv.txt").exists(), "{op} ran the Python");
+        assert!(!p.join("r").exists(), "{op} wrote its output");
+    }
+    // Names of operators pass on to the Python (which holds the list): a listed namespace,
+    // an ATen overload, a Tensor operator method.
+    for op in [
+        "Torch.linalg.vector_norm.0.forward",
+        "Aten.add.Tensor.0.forward",
+        "Tensor.__add__.0.forward",
+    ] {
+        let o = run(
+            p,
+            &[
+                "replay", "--python", py, "-b", "t/bench", "-c", "t/cmp", "--op", op, "-o", "r",
+            ],
+        );
+        assert!(!o.stderr.contains("not an operator"), "{op}: {}", o.stderr);
+    }
 }

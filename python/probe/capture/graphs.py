@@ -39,12 +39,13 @@ from typing import TYPE_CHECKING, Any, Callable, Optional
 
 import torch
 
+from .._api_list import load_api_list
 from .._op_key import api_backward, api_key
 from . import stats as _stats
 from . import tap_lowering
 from .compiled import TRACED_ROOTS, compiling
 from .graph_taps import NO_CALLS, SYMBOLIC, Call, Names, Plan, instrument
-from .patcher import _owners, load_api_list
+from .patcher import _owners
 from .stats import finish_stats, null_stats
 from .tap_ops import COLUMNS, GRAD_COLUMNS
 from .threadstate import tls

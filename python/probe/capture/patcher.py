@@ -23,12 +23,11 @@ from __future__ import annotations
 
 import functools
 import importlib
-import json
-import os
 from typing import TYPE_CHECKING, Any, Callable, Optional, Protocol
 
 import torch
 
+from .._api_list import load_api_list
 from .._op_key import api_name
 from .._patch import Patches
 from .compiled import compiler_call, compiler_memory, compiling, tracer_patches
@@ -40,16 +39,6 @@ from .waits import patches as wait_patches
 
 if TYPE_CHECKING:
     from .context import HookContext
-
-# Data of the probe package (python/probe/api_list.json), not of this subpackage.
-_LIST_PATH = os.path.join(os.path.dirname(os.path.dirname(__file__)), "api_list.json")
-
-
-def load_api_list(path: Optional[str] = None) -> dict[str, list[str]]:
-    """Read the hooked API list ({ApiType: [names]})."""
-    with open(path or _LIST_PATH, encoding="utf-8") as fh:
-        data = json.load(fh)
-    return {k: list(v) for k, v in data.items() if not k.startswith("_")}
 
 
 def _owners() -> dict[str, Any]:

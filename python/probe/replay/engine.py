@@ -16,7 +16,7 @@ from typing import Any, Callable, Optional
 
 import torch
 
-from . import kernel
+from . import allowed, kernel
 from .dump import InputError
 from .plan import OpPlan
 from .verdict import CANNOT, Judgement, inputs_differ, judge_output, verdict
@@ -39,20 +39,24 @@ Results = dict[str, torch.Tensor]
 def _attempt(
     spec: dict[str, Any], tensors: Results, device: str, dtypes: Optional[dict[str, str]]
 ) -> tuple[Optional[Results], Optional[str]]:
-    """``kernel.run``, or why it failed (one line)."""
+    """``kernel.run`` of the callable the allow-list resolves, or why it failed (one line)."""
     try:
-        return kernel.run(spec, tensors, device, dtypes), None
+        return kernel.run(spec, tensors, device, dtypes, allowed.resolve), None
     except Exception as exc:  # noqa: BLE001 - any failure of the op is this op's reason
         return None, f"{type(exc).__name__}: {str(exc).splitlines()[0] if str(exc) else ''}"
 
 
 def _missing_callable(spec: dict[str, Any]) -> bool:
+    """Whether the callable exists only after the prelude; an InputError when the spec names
+    no operator a replay may run (the plan refuses those first: this is the second guard)."""
     try:
         for module in spec.get("needs", []):
             importlib.import_module(module)
-        kernel.resolve(spec["target"])
+        allowed.resolve(spec["target"])
     except (ImportError, AttributeError):
         return True
+    except allowed.NotAnOperator as e:
+        raise InputError(f"op {spec['op']}: {e}") from None
     return False
 
 

@@ -22,6 +22,7 @@ import math
 import os
 import struct
 import sys
+import types
 import weakref
 from typing import Any, Callable, Optional
 
@@ -88,18 +89,36 @@ def resolve(target: dict[str, Any]) -> Callable[..., Any]:
     """The callable a spec's ``target`` names: a dotted path from ``torch`` or
     ``torch_npu`` (``torch.nn.functional.gelu``, ``torch.Tensor.add_``,
     ``torch.ops.aten.add.Tensor``), or a ``torch.nn`` module class. Looked up when called:
-    a prelude that replaced the attribute is what runs (that is the kernel under test)."""
+    a prelude that replaced the attribute is what runs (that is the kernel under test).
+
+    The walk goes only through torch's own namespaces: a module whose name is the path
+    walked so far (``torch.os`` is ``os``, not a submodule: refused), ``torch.Tensor``, or
+    an ATen ``OpOverloadPacket``; a part starting with ``__`` only as a ``Tensor`` operator
+    method (``__add__``). The path is data (a dump's op key): the replay also allows only
+    the operators on its list (``probe.replay.allowed``); this guards the repro too."""
     path = str(target["path"])
-    root = path.split(".", 1)[0]
-    if root not in _ROOTS:
-        raise ValueError(f"not a torch or torch_npu callable: {path}")
-    obj: Any = importlib.import_module(root)
-    for part in path.split(".")[1:]:
+    parts = path.split(".")
+    obj: Any = None
+    if parts[0] in _ROOTS and len(parts) > 1 and all(p.isidentifier() for p in parts):
+        obj = importlib.import_module(parts[0])
+    for i, part in enumerate(parts[1:], 1):
+        if obj is None or not _namespace(obj, ".".join(parts[:i])):
+            break
+        if part.startswith("__") and obj is not torch.Tensor:
+            break
         obj = getattr(obj, part)
-    if not callable(obj):
-        raise ValueError(f"not callable: {path}")
-    fn: Callable[..., Any] = obj
-    return fn
+    else:
+        if obj is not None and callable(obj) and not isinstance(obj, types.ModuleType):
+            fn: Callable[..., Any] = obj
+            return fn
+    raise ValueError(f"not a torch or torch_npu operator: {path:.200}")
+
+
+def _namespace(obj: Any, walked: str) -> bool:
+    """Whether ``obj`` (reached by the path ``walked``) is one of torch's namespaces."""
+    if isinstance(obj, types.ModuleType):
+        return obj.__name__ == walked
+    return obj is torch.Tensor or isinstance(obj, torch._ops.OpOverloadPacket)
 
 
 def decode(value: Any, tensors: dict[str, torch.Tensor], device: torch.device) -> Any:
@@ -167,10 +186,8 @@ def _walk(obj: Any, prefix: str, out: dict[str, torch.Tensor]) -> None:
             _walk(v, f"{prefix}.{k}", out)
 
 
-def _module(spec: dict[str, Any], t: dict[str, torch.Tensor]) -> Any:
-    """A ``torch.nn`` module of the spec's class with the recorded parameters."""
-    target = spec["target"]
-    cls = resolve(target)
+def _module(cls: Any, target: dict[str, Any], t: dict[str, torch.Tensor]) -> Any:
+    """A ``torch.nn`` module of class ``cls`` (the target's) with the recorded parameters."""
     with torch.device("meta"):
         mod = cls(*target.get("args", []), **target.get("kwargs", {}))
     for slot, p in t.items():
@@ -180,12 +197,22 @@ def _module(spec: dict[str, Any], t: dict[str, torch.Tensor]) -> Any:
     return mod
 
 
+#: How a target becomes a callable: :func:`resolve`, or the replay's allow-list in front of
+#: it (``probe.replay.allowed.resolve``).
+Lookup = Callable[[dict[str, Any]], Callable[..., Any]]
+
+
 def call(
-    spec: dict[str, Any], tensors: dict[str, torch.Tensor], device: torch.device
+    spec: dict[str, Any],
+    tensors: dict[str, torch.Tensor],
+    device: torch.device,
+    lookup: Lookup = resolve,
 ) -> dict[str, torch.Tensor]:
     """Run the spec's call once on prepared tensors; its results by the agent's names. A
     backward spec runs the forward under autograd and returns the gradients w.r.t. the
-    floating inputs, named as the backward record names them (``output.<input slot>``)."""
+    floating inputs, named as the backward record names them (``output.<input slot>``).
+    The callable is ``lookup(spec["target"])``, looked up before any argument is built."""
+    fn = lookup(spec["target"])
     # Under autograd a leaf that requires grad cannot be written in place (``add_``,
     # ``relu(inplace=True)``): the call gets copies through which gradients still flow.
     given = {s: t.clone() if t.requires_grad else t for s, t in tensors.items()}
@@ -193,9 +220,9 @@ def call(
     kwargs = {k: decode(v, given, device) for k, v in spec.get("kwargs", {}).items()}
     with torch.enable_grad() if spec.get("backward") else torch.no_grad():
         if spec["target"]["kind"] == "module":
-            result = _module(spec, given)(*args, **kwargs)
+            result = _module(fn, spec["target"], given)(*args, **kwargs)
         else:
-            result = resolve(spec["target"])(*args, **kwargs)
+            result = fn(*args, **kwargs)
     outs = flatten(result, "output")
     if not spec.get("backward"):
         return {k: v.detach() for k, v in outs.items()}
@@ -222,12 +249,13 @@ def run(
     tensors: dict[str, torch.Tensor],
     device: str,
     dtypes: Optional[dict[str, str]],
+    lookup: Lookup = resolve,
 ) -> dict[str, torch.Tensor]:
     """One replay: the recorded tensors prepared for ``device`` in ``dtypes`` (None: the
-    float64 reference), the call run, its results copied to the CPU."""
+    float64 reference), the call (``lookup``'s) run, its results copied to the CPU."""
     dev = torch.device(device)
     prepared = prepare(tensors, dev, dtypes, bool(spec.get("backward")))
-    return {k: v.to("cpu") for k, v in call(spec, prepared, dev).items()}
+    return {k: v.to("cpu") for k, v in call(spec, prepared, dev, lookup).items()}
 
 
 def error(got: torch.Tensor, ref: torch.Tensor, atol: float = 0.0) -> dict[str, float]:

@@ -15,6 +15,7 @@ import torch
 
 from .._op_key import BACKWARD, ParsedKey, forward_twin, parse_key
 from . import collective
+from .allowed import NotAnOperator
 from .dump import InputError, RankDir, load_tensors
 from .spec import CannotReplay, arguments, random_reason, target
 
@@ -47,7 +48,8 @@ def keys_needed(key: str) -> set[str]:
 
 def plan(key: str, bench: RankDir, cmp: RankDir, b: dict[str, Any], c: dict[str, Any]) -> OpPlan:
     """The plan of one op from both runs' records (``b``/``c``: key -> record). An op the
-    benchmark does not hold is an input error; one it holds but cannot replay gets a reason."""
+    benchmark does not hold is an input error, and so is one that names no operator a replay
+    may run (allowed.py: a hostile dump); one it holds but cannot replay gets a reason."""
     parsed = parse_key(key)
     if parsed is None:
         raise InputError(f"not an op key: {key!r}")
@@ -58,6 +60,8 @@ def plan(key: str, bench: RankDir, cmp: RankDir, b: dict[str, Any], c: dict[str,
         _fill(out, parsed.direction == BACKWARD, bench, cmp, b, c)
     except CannotReplay as e:
         out.spec, out.reason = None, str(e)
+    except NotAnOperator as e:
+        raise InputError(f"op {key}: {e}") from None
     return out
 
 
@@ -74,9 +78,9 @@ def _fill(
     if fkey is None or fkey not in b:
         raise CannotReplay(f"its forward record {fkey} is not in the benchmark dump")
     fwd = b[fkey]
-    _has_data(bench, fwd)
     shapes = {_slot(fkey, t): list(t["shape"]) for t in fwd["tensors"] if t["role"] == "parameter"}
-    tgt = target(parsed, shapes)
+    tgt = target(parsed, shapes)  # first: a name that is no operator is refused outright
+    _has_data(bench, fwd)
     tensors = {s: t for s, t in load_tensors(bench, fwd).items() if not s.startswith("output.")}
     inputs = [_slot(fkey, t) for t in fwd["tensors"] if t["role"] == "input"]
     missing = [s for s in inputs if s not in tensors]

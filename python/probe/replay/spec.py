@@ -6,8 +6,10 @@ answered without running anything; the answer is data that the repro script carr
 literals. The rules (docs/replay.md, "What can be replayed"):
 
 - API calls of ``torch``, ``torch.nn.functional``, ``Tensor`` methods, ``torch._VF``,
-  ``torch.ops.aten`` and ``torch_npu`` (where importable) are called by their dotted path;
-  collectives (``Distributed``) are not: their result is other ranks' data.
+  ``torch.ops.aten`` and ``torch_npu`` (where importable) are called by their dotted path,
+  only when it names an operator a capture could have recorded (allowed.py: the name is
+  data from a dump, never a path to walk); collectives (``Distributed``) are not: their
+  result is other ranks' data.
 - Arguments come from the input tensors' names (``input.0``, ``input.weight``, ``.i`` list
   items, ``.key`` dict items) and the record's ``args``; a positional slot neither holds
   was an argument the agent does not record (None, or a value that is not JSON-safe) and
@@ -26,33 +28,7 @@ import re
 from typing import Any, Optional
 
 from .._op_key import ParsedKey
-
-#: ApiType -> the dotted path its names hang from.
-API_ROOTS = {
-    "Torch": "torch",
-    "Functional": "torch.nn.functional",
-    "Tensor": "torch.Tensor",
-    "VF": "torch._VF",
-    "Aten": "torch.ops.aten",
-    "NPU": "torch_npu",
-}
-
-#: The ``torch.nn`` classes replayed as modules: the recorded parameters (or none) fix every
-#: constructor argument that changes their forward. Conv2d's stride or LayerNorm's eps are
-#: attributes the dump does not record.
-MODULES = {
-    "Linear",
-    "Bilinear",
-    "Identity",
-    "ReLU",
-    "ReLU6",
-    "SiLU",
-    "Sigmoid",
-    "Tanh",
-    "Mish",
-    "Softsign",
-    "Tanhshrink",
-}
+from .allowed import API_ROOTS, MODULES, check
 
 #: Random APIs: the list compare reads too (``probe/random_ops.json``, docs/compare.md
 #: "Random ops").
@@ -90,7 +66,8 @@ class CannotReplay(Exception):
 
 def target(p: ParsedKey, params: dict[str, list[int]]) -> dict[str, Any]:
     """The callable of a parsed key: ``{"kind", "path"}`` (+ constructor arguments of a
-    module), or CannotReplay with the reason."""
+    module), or CannotReplay with the reason; ``allowed.NotAnOperator`` when the key names
+    no operator a replay may run (a hostile dump: refused outright, not a reason)."""
     if p.kind == "module":
         return _module_target(p, params)
     if p.kind != "api":
@@ -103,7 +80,9 @@ def target(p: ParsedKey, params: dict[str, list[int]]) -> dict[str, Any]:
     if root is None:
         raise CannotReplay(f"unknown API type {p.prefix}")
     kind = "method" if p.prefix == "Tensor" else "function"
-    return {"kind": kind, "path": f"{root}.{p.name}"}
+    path = f"{root}.{p.name}"
+    check(kind, path)  # the name is data: NotAnOperator unless an operator of its namespace
+    return {"kind": kind, "path": path}
 
 
 def _module_target(p: ParsedKey, params: dict[str, list[int]]) -> dict[str, Any]:
