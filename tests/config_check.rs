@@ -784,6 +784,8 @@ const RAW: &[&str] = &[
     "RawMs8",
     "RawMs9",
     "RawMsEnv10",
+    "RawArg11",
+    "RawArg12",
 ];
 
 fn assert_no_raw(r: &Run, what: &str) {
@@ -828,7 +830,16 @@ fn config_check_redacts_raw_secrets() {
         .into();
     });
     edit_json(&mut entries, "hyperparameters.json", |h| {
-        h["argv"] = serde_json::json!(["train.py", "--token", "RawArg4", "--password=RawArg5"]);
+        h["argv"] = serde_json::json!([
+            "train.py",
+            "--token",
+            "RawArg4",
+            "--password=RawArg5",
+            // mysql's attached password, curl's user:password
+            "-pRawArg11",
+            "-u",
+            "me:RawArg12"
+        ]);
         h["args"]["hf_token"] = "RawArgs6".into();
         h["args"]["db"] = serde_json::json!({"url": "mysql://root:RawArgs7@db/x"});
     });
