@@ -280,15 +280,19 @@ fn hostile_names(root: &Path) {
                 "Functional.gelu.1.",
                 "Functional.gelu\\u001b[2J\\u0007\\r.1.",
             )
-            .replace("\"module\":\"", "\"module\":\"\\u001b]0;pwned\\u0007");
+            .replace(
+                "\"module\":\"",
+                "\"module\":\"\\u001b]0;pwned\\u0007\\u202egpj.exe",
+            );
         std::fs::write(&log, text).unwrap();
     }
 }
 
-/// Whether `text` holds a control character other than the newline.
+/// The control characters other than the newline, and the bidirectional overrides, that
+/// `text` holds.
 fn raw_controls(text: &str) -> Vec<char> {
     text.chars()
-        .filter(|c| c.is_control() && *c != '\n')
+        .filter(|c| (c.is_control() && *c != '\n') || ('\u{202a}'..='\u{202e}').contains(c))
         .collect()
 }
 
