@@ -555,7 +555,9 @@ struct SynthArgs {
     /// Put a NaN into the forward output of this op in the comparison run.
     #[arg(long, value_name = "OP")]
     nan: Option<String>,
-    /// Data-parallel ranks; more than one adds collectives (all_reduce, DDP buckets).
+    /// Data-parallel ranks; more than one adds collectives (all_reduce, DDP buckets). A
+    /// step of every rank is held in memory: ranks² × (blocks + 1) at most 2^22 (1024
+    /// ranks take up to 3 blocks), else a usage error.
     #[arg(long, default_value_t = 1)]
     ranks: usize,
     /// The rank of the comparison run that --perturb-op / --perturb-collective perturb.
