@@ -29,10 +29,13 @@ pub fn read(path: &Path) -> Result<String> {
     String::from_utf8(bytes).map_err(|_| bad("not UTF-8 text".into()))
 }
 
-/// `msg` with control characters (newlines, escapes, NUL, the C1 range ...) written as
-/// escapes (`\n`, `\r`, `\t`, `\x1b`, `\u{9b}`), so a hostile file cannot break the
-/// one-line error or drive the terminal.
-pub(crate) fn printable(msg: &str) -> String {
+/// `msg` (a path, an op key, a parser message: data from an input) with control characters
+/// (newlines, escapes, NUL, the C1 range ...) and the invisible characters that reorder or
+/// break the text around them written as escapes (`\n`, `\r`, `\t`, `\x1b`, `\u{9b}`,
+/// `\u{202e}`), so a hostile file cannot break the one-line error, drive the terminal, or
+/// make a line read other than it is (a right-to-left override shows `gpj.exe` as
+/// `exe.jpg`).
+pub fn printable(msg: &str) -> String {
     escaped(msg, false)
 }
 
@@ -42,11 +45,17 @@ pub fn printable_lines(text: &str) -> String {
     escaped(text, true)
 }
 
+/// Bidirectional formatting characters (embeddings and overrides U+202A–U+202E, isolates
+/// U+2066–U+2069, the marks U+200E, U+200F and U+061C) and the line and paragraph
+/// separators U+2028, U+2029: not control characters to Rust, but they reorder or break a
+/// line on the terminal.
+fn invisible(c: char) -> bool {
+    matches!(c, '\u{202a}'..='\u{202e}' | '\u{2066}'..='\u{2069}' | '\u{200e}' | '\u{200f}' | '\u{61c}' | '\u{2028}' | '\u{2029}')
+}
+
 fn escaped(text: &str, keep_newlines: bool) -> String {
-    if !text
-        .chars()
-        .any(|c| c.is_control() && !(keep_newlines && c == '\n'))
-    {
+    let special = |c: char| (c.is_control() || invisible(c)) && !(keep_newlines && c == '\n');
+    if !text.chars().any(special) {
         return text.to_string();
     }
     let mut out = String::with_capacity(text.len() + 8);
@@ -59,7 +68,7 @@ fn escaped(text: &str, keep_newlines: bool) -> String {
             c if (c as u32) < 0x80 && c.is_control() => {
                 out.push_str(&format!("\\x{:02x}", c as u32));
             }
-            c if c.is_control() => out.push_str(&format!("\\u{{{:x}}}", c as u32)),
+            c if c.is_control() || invisible(c) => out.push_str(&format!("\\u{{{:x}}}", c as u32)),
             c => out.push(c),
         }
     }
@@ -76,5 +85,10 @@ mod tests {
         assert_eq!(printable("\u{9b}2J"), "\\u{9b}2J");
         assert_eq!(printable_lines("a\x1b[2J\nb\r\n"), "a\\x1b[2J\nb\\r\n");
         assert_eq!(printable("plain – text"), "plain – text");
+        assert_eq!(
+            printable("a\u{202e}gpj.exe\u{2066}\u{200f}\u{61c}\u{2028}"),
+            "a\\u{202e}gpj.exe\\u{2066}\\u{200f}\\u{61c}\\u{2028}"
+        );
+        assert_eq!(printable_lines("x\u{202a}\n"), "x\\u{202a}\n");
     }
 }

@@ -205,6 +205,18 @@ fn num(v: &Value, key: &str) -> Option<f64> {
     v.get(key).and_then(Value::as_f64)
 }
 
+/// A forecast figure (`time_per_step_s`, `overhead`, a ratio) with `decimals` places; `?` when
+/// missing or negative, and in scientific notation from a million on, so that a manifest
+/// claiming `1e308` seconds prints `1.000e308` rather than a 309-digit number. The forecast
+/// is the dump's data, not the user's arguments: absurd values are shown, not refused.
+fn figure(x: Option<f64>, decimals: usize) -> String {
+    match x {
+        Some(x) if (0.0..1e6).contains(&x) => format!("{x:.decimals$}"),
+        Some(x) if x >= 1e6 => format!("{x:.3e}"),
+        _ => "?".into(),
+    }
+}
+
 fn word(v: &Value, key: &str) -> String {
     match v.get(key) {
         Some(Value::String(s)) => s.clone(),
@@ -259,18 +271,21 @@ pub fn text(c: &Cost) -> String {
 
 fn forecast_lines(out: &mut String, f: &Value, on_disk: Option<u64>) {
     let per_step = f.get("bytes_per_step").and_then(Value::as_u64).unwrap_or(0);
-    let _ =
-        writeln!(
+    let _ = writeln!(
         out,
-        "forecast (from step {}, rank {}): {:.3} s per captured step, {:.2}x bare (bare from {}), \
+        "forecast (from step {}, rank {}): {} s per captured step, {}x bare (bare from {}), \
          {} per step and rank, host memory {}",
         word(f, "measured_on_step"),
         word(f, "rank"),
-        num(f, "time_per_step_s").unwrap_or(f64::NAN),
-        num(f, "overhead").unwrap_or(f64::NAN),
+        figure(num(f, "time_per_step_s"), 3),
+        figure(num(f, "overhead"), 2),
         word(f, "bare_from").replace('_', " "),
         human(per_step),
-        human(f.get("host_memory_bytes").and_then(Value::as_u64).unwrap_or(0)),
+        human(
+            f.get("host_memory_bytes")
+                .and_then(Value::as_u64)
+                .unwrap_or(0)
+        ),
     );
     match f.get("bytes_total").and_then(Value::as_u64) {
         Some(t) => {
@@ -290,9 +305,9 @@ fn forecast_lines(out: &mut String, f: &Value, on_disk: Option<u64>) {
     if let Some(d) = on_disk.filter(|d| *d > 0) {
         let _ = writeln!(
             out,
-            "on disk: {} per step and rank on average, {:.2}x the forecast",
+            "on disk: {} per step and rank on average, {}x the forecast",
             human(d),
-            d as f64 / per_step.max(1) as f64
+            figure(Some(d as f64 / per_step.max(1) as f64), 2)
         );
     }
 }

@@ -147,6 +147,12 @@ struct ConfigPackArgs {
     /// equal; a short secret can be guessed from it) or drop (`<redacted>`).
     #[arg(long, value_name = "MODE", default_value = "hash")]
     redact: config_check::secrets::RedactMode,
+    /// The pack's rank (default: $RANK as torchrun sets it, else 0; not $LOCAL_RANK).
+    #[arg(long, value_name = "R")]
+    rank: Option<u64>,
+    /// The job's number of ranks (default: $WORLD_SIZE, else not recorded).
+    #[arg(long = "world-size", value_name = "N")]
+    world_size: Option<u64>,
     /// No progress bar on stderr (there is none when stderr is not a terminal).
     #[arg(short, long)]
     quiet: bool,
@@ -205,6 +211,8 @@ fn run_config_pack(a: ConfigPackArgs) -> Result<u8, ProbeError> {
         python: a.python,
         weights: a.weights,
         redact: a.redact,
+        rank: a.rank,
+        world_size: a.world_size,
     };
     let path = config_check::make::make_pack(&opts, &Progress::for_stderr(a.quiet))?;
     say_err(&format!("probe: wrote {}", path.display()));
@@ -547,7 +555,9 @@ struct SynthArgs {
     /// Put a NaN into the forward output of this op in the comparison run.
     #[arg(long, value_name = "OP")]
     nan: Option<String>,
-    /// Data-parallel ranks; more than one adds collectives (all_reduce, DDP buckets).
+    /// Data-parallel ranks; more than one adds collectives (all_reduce, DDP buckets). A
+    /// step of every rank is held in memory: ranks² × (blocks + 1) at most 2^22 (1024
+    /// ranks take up to 3 blocks), else a usage error.
     #[arg(long, default_value_t = 1)]
     ranks: usize,
     /// The rank of the comparison run that --perturb-op / --perturb-collective perturb.

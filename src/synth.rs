@@ -172,10 +172,7 @@ const SHARD_BYTES: usize = 256 << 20;
 
 impl RankWriter {
     fn new(dir: PathBuf, mode: &str) -> Result<Self> {
-        std::fs::create_dir_all(&dir).map_err(|e| ProbeError::Output {
-            path: dir.clone(),
-            msg: e.to_string(),
-        })?;
+        std::fs::create_dir_all(&dir).map_err(output_error(&dir))?;
         Ok(RankWriter {
             dir,
             mode: mode.to_string(),
@@ -233,10 +230,8 @@ impl RankWriter {
             tensors: records,
         };
         self.seq += 1;
-        serde_json::to_writer(&mut self.ops, &rec).map_err(|e| ProbeError::Output {
-            path: self.dir.join("ops.jsonl"),
-            msg: e.to_string(),
-        })?;
+        serde_json::to_writer(&mut self.ops, &rec)
+            .map_err(output_error(&self.dir.join("ops.jsonl")))?;
         self.ops.push(b'\n');
         Ok(())
     }
@@ -259,14 +254,8 @@ impl RankWriter {
                 safetensors::tensor::TensorView::new(dt, s.clone(), b).map(|v| (n.clone(), v))
             })
             .collect::<std::result::Result<Vec<_>, _>>()
-            .map_err(|e| ProbeError::Output {
-                path: path.clone(),
-                msg: e.to_string(),
-            })?;
-        let bytes = safetensors::serialize(views, None).map_err(|e| ProbeError::Output {
-            path: path.clone(),
-            msg: e.to_string(),
-        })?;
+            .map_err(output_error(&path))?;
+        let bytes = safetensors::serialize(views, None).map_err(output_error(&path))?;
         atomic::write_bytes(&path, &bytes)?;
         self.shard.clear();
         self.shard_bytes = 0;
@@ -641,6 +630,22 @@ const MAX_BATCH: usize = 65_536;
 const MAX_PASSES: usize = 1 << 20;
 const MAX_BULK: usize = 1 << 20;
 const MAX_BULK_ELEMS: usize = 1 << 28;
+/// A distributed step holds every rank's records (each collective's listing the group) and
+/// activations until written: ranks² × (blocks + 1) group entries (tens of GB at `--ranks
+/// 100000`) and about ranks × blocks × (8 × batch × width + 2 × width²) floats. These caps
+/// keep an accepted pair within 2 GiB (`--ranks 1024` takes up to 3 blocks).
+const MAX_GROUP_ENTRIES: u128 = 1 << 22;
+const MAX_HELD_FLOATS: u128 = 1 << 27;
+const HELD: &str = "--ranks x --ranks x (--blocks + 1) at most 2^22 and --ranks x --blocks x \
+    (8 x --batch x --width + 2 x --width^2) at most 2^27 (a step of every rank is held)";
+
+/// The error of writing `path`.
+fn output_error<E: std::fmt::Display>(path: &Path) -> impl FnOnce(E) -> ProbeError + '_ {
+    move |e| ProbeError::Output {
+        path: path.to_path_buf(),
+        msg: e.to_string(),
+    }
+}
 
 /// One line naming an argument out of its range.
 fn out_of_range(arg: &str, value: impl std::fmt::Display, range: &str) -> ProbeError {
@@ -664,6 +669,12 @@ fn check_sizes(o: &SynthOptions) -> Result<()> {
     if area > MAX_BULK_ELEMS / 4 || passes.checked_mul(o.ranks).is_none_or(|n| n > MAX_PASSES) {
         let why = "--batch x --width at most 2^26, --blocks x --steps x --ranks at most 2^20";
         return Err(ProbeError::Usage(why.into()));
+    }
+    let big = |x: usize| x as u128; // no overflow below
+    let (r, b, n) = (big(o.ranks), big(o.blocks), big(o.width));
+    let floats = r * b * (8 * big(area) + 2 * n * n);
+    if o.ranks > 1 && (r * r * (b + 1) > MAX_GROUP_ENTRIES || floats > MAX_HELD_FLOATS) {
+        return Err(ProbeError::Usage(HELD.into()));
     }
     for (arg, v) in [("inject-scale", o.inject_scale), ("noise", o.noise)] {
         if !v.is_finite() || v < 0.0 {
@@ -698,10 +709,7 @@ pub fn write_pair(out: &Path, o: &SynthOptions) -> Result<()> {
     }
     for (side, cmp) in [("bench", false), ("cmp", true)] {
         let root = out.join(side);
-        std::fs::create_dir_all(&root).map_err(|e| ProbeError::Output {
-            path: root.clone(),
-            msg: e.to_string(),
-        })?;
+        std::fs::create_dir_all(&root).map_err(output_error(&root))?;
         write_manifest(&root, &o.mode, o.ranks)?;
         for s in 0..o.steps {
             let mut w = RankWriter::new(root.join(format!("step{s}")).join("rank0"), &o.mode)?;
@@ -733,10 +741,7 @@ fn write_distributed(out: &Path, o: &SynthOptions) -> Result<()> {
         .map(|k| k.strip_suffix(".forward").unwrap_or(k).to_string());
     for (side, cmp) in [("bench", false), ("cmp", true)] {
         let root = out.join(side);
-        std::fs::create_dir_all(&root).map_err(|e| ProbeError::Output {
-            path: root.clone(),
-            msg: e.to_string(),
-        })?;
+        std::fs::create_dir_all(&root).map_err(output_error(&root))?;
         write_manifest(&root, &o.mode, o.ranks)?;
         for s in 0..o.steps {
             let weights_seed = o.seed.wrapping_add(s as u64);
@@ -862,10 +867,7 @@ pub fn write_bulk(
     }
     for (side, cmp) in [("bench", false), ("cmp", true)] {
         let root = out.join(side);
-        std::fs::create_dir_all(&root).map_err(|e| ProbeError::Output {
-            path: root.clone(),
-            msg: e.to_string(),
-        })?;
+        std::fs::create_dir_all(&root).map_err(output_error(&root))?;
         write_manifest(&root, mode, 1)?;
         let mut w = RankWriter::new(root.join("step0").join("rank0"), mode)?;
         let mut data = Rng(seed);

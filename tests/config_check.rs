@@ -784,6 +784,8 @@ const RAW: &[&str] = &[
     "RawMs8",
     "RawMs9",
     "RawMsEnv10",
+    "RawArg11",
+    "RawArg12",
 ];
 
 fn assert_no_raw(r: &Run, what: &str) {
@@ -828,7 +830,16 @@ fn config_check_redacts_raw_secrets() {
         .into();
     });
     edit_json(&mut entries, "hyperparameters.json", |h| {
-        h["argv"] = serde_json::json!(["train.py", "--token", "RawArg4", "--password=RawArg5"]);
+        h["argv"] = serde_json::json!([
+            "train.py",
+            "--token",
+            "RawArg4",
+            "--password=RawArg5",
+            // mysql's attached password, curl's user:password
+            "-pRawArg11",
+            "-u",
+            "me:RawArg12"
+        ]);
         h["args"]["hf_token"] = "RawArgs6".into();
         h["args"]["db"] = serde_json::json!({"url": "mysql://root:RawArgs7@db/x"});
     });
@@ -1019,5 +1030,103 @@ fn a_pack_of_millions_of_variables_is_refused_in_bounded_memory() {
             assert!(stderr.contains("more than 250000 items"), "{stderr}");
             assert!(stderr.contains("env.json"), "{stderr}");
         }
+    }
+}
+
+/// `probe config-pack` once per rank, as a launcher runs it: the rank and world size
+/// from `RANK`/`WORLD_SIZE` (not `LOCAL_RANK`), so the packs read as one job; the flags
+/// override the variables; values that are no rank are a one-line usage error.
+#[test]
+fn config_pack_takes_the_launchers_rank() {
+    let tmp = tempfile::tempdir().unwrap();
+    let st = tmp.path().join("model.safetensors");
+    safetensors_file(&st);
+    let pack = |name: &str, env: &[(&str, &str)], args: &[&str]| {
+        let mut cmd = Command::new(env!("CARGO_BIN_EXE_probe"));
+        cmd.args(["config-pack", "-q", "--weights"])
+            .arg(&st)
+            .arg("-o")
+            .arg(tmp.path().join(name))
+            .args(args)
+            .env_remove("RANK")
+            .env_remove("WORLD_SIZE")
+            .env("TORCHELASTIC_RUN_ID", "job-1");
+        for (k, v) in env {
+            cmd.env(k, v);
+        }
+        cmd.output().unwrap()
+    };
+    for r in 0..4 {
+        let (rank, local) = (r.to_string(), (r % 2).to_string());
+        let env = [
+            ("RANK", &*rank),
+            ("LOCAL_RANK", &*local),
+            ("WORLD_SIZE", "4"),
+        ];
+        let o = pack(&format!("job/rank{r}.zip"), &env, &[]);
+        assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
+    }
+    let manifest = |name: &str| -> Value {
+        let entries = read_zip(&tmp.path().join(name));
+        let m = &entries
+            .iter()
+            .find(|(n, _)| n == "manifest.json")
+            .unwrap()
+            .1;
+        serde_json::from_slice(m).unwrap()
+    };
+    let m = manifest("job/rank3.zip");
+    assert_eq!(
+        (m["rank"].clone(), m["world_size"].clone()),
+        (3.into(), 4.into())
+    );
+    let entries = read_zip(&tmp.path().join("job/rank3.zip"));
+    let w: Value =
+        serde_json::from_slice(&entries.iter().find(|(n, _)| n == "weights.json").unwrap().1)
+            .unwrap();
+    assert_eq!(w["records"][0]["rank"], 3);
+    let job = tmp.path().join("job");
+    let r = check(&job, &job, &[]);
+    assert_eq!(r.code, 0, "{}{}", r.stdout, r.stderr);
+    assert_eq!(r.json()["ranks"]["compared"], "0-3");
+
+    // The flags win over the variables.
+    let env = [("RANK", "1"), ("WORLD_SIZE", "2")];
+    let o = pack("flags.zip", &env, &["--rank", "5", "--world-size", "8"]);
+    assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
+    let m = manifest("flags.zip");
+    assert_eq!(
+        (m["rank"].clone(), m["world_size"].clone()),
+        (5.into(), 8.into())
+    );
+
+    for (env, args, needle) in [
+        (vec![("RANK", "two")], vec![], "$RANK=\"two\": not a rank"),
+        (vec![("RANK", "-1")], vec![], "$RANK=\"-1\": not a rank"),
+        (
+            vec![("RANK", "4"), ("WORLD_SIZE", "4")],
+            vec![],
+            "rank 4 is not below the world size 4",
+        ),
+        (
+            vec![("WORLD_SIZE", "0")],
+            vec![],
+            "$WORLD_SIZE=\"0\": not a world size",
+        ),
+        (
+            vec![],
+            vec!["--rank", "2", "--world-size", "2"],
+            "rank 2 is not below the world size 2",
+        ),
+        (vec![], vec!["--world-size", "0"], "--world-size 0"),
+    ] {
+        let o = pack("bad.zip", &env, &args);
+        let err = String::from_utf8_lossy(&o.stderr);
+        assert_eq!(o.status.code(), Some(2), "{env:?} {args:?}: {err}");
+        assert!(
+            err.contains(needle) && err.trim().lines().count() == 1,
+            "{err}"
+        );
+        assert!(!tmp.path().join("bad.zip").exists());
     }
 }

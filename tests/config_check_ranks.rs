@@ -347,3 +347,17 @@ fn a_section_missing_on_one_rank_is_a_finding() {
     assert!(!f.is_empty(), "{}", j["ranks"]);
     assert!(f.iter().all(|f| f["ranks"] == serde_json::json!([1])));
 }
+
+/// A glob under a folder whose name holds glob characters (`[`): the folder is taken
+/// literally, the pattern is only the part below it.
+#[test]
+fn a_glob_under_a_folder_named_with_brackets() {
+    let tmp = tempfile::tempdir().unwrap();
+    let (a, b) = (tmp.path().join("run[1"), tmp.path().join("exp[2]"));
+    job(&a, 2, "job-a", None);
+    job(&b, 2, "job-b", None);
+    std::fs::create_dir_all(tmp.path().join("exp2")).unwrap(); // what `[2]` would match
+    let r = check(&a.join("rank*.zip"), &b.join("rank*.zip"));
+    assert_eq!(r.code, 0, "{}{}", r.stdout, r.stderr);
+    assert_eq!(r.json.unwrap()["ranks"]["compared"], "0-1");
+}

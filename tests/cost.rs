@@ -114,14 +114,43 @@ fn input_strings_are_escaped_for_the_terminal() {
     let d = tempfile::tempdir().unwrap();
     let dump = d.path().join("dump");
     demo_copy(&dump);
-    set_manifest_key(&dump, "forecast", forecast(10, "\u{1b}]0;owned\u{7}x"));
+    set_manifest_key(
+        &dump,
+        "forecast",
+        forecast(10, "\u{1b}]0;owned\u{7}x\u{202e}gpj.exe\u{2066}"),
+    );
+    let o = probe(&["cost", dump.to_str().unwrap()]);
+    assert_eq!(o.code, 0, "{}", o.stderr);
+    for c in ['\u{1b}', '\u{7}', '\u{202e}', '\u{2066}'] {
+        assert!(!o.stdout.contains(c), "{c:?} in {:?}", o.stdout);
+    }
+    assert!(
+        o.stdout.contains("\\u{202e}gpj.exe\\u{2066}"),
+        "{}",
+        o.stdout
+    );
+}
+
+/// Absurd forecast figures (the dump's data) print in scientific notation, not as a
+/// 309-digit number; negative ones as unknown.
+#[test]
+fn huge_forecast_figures_stay_short() {
+    let d = tempfile::tempdir().unwrap();
+    let dump = d.path().join("dump");
+    demo_copy(&dump);
+    let mut f = forecast(10, "uncaptured_step");
+    f["time_per_step_s"] = json!(1e308);
+    f["overhead"] = json!(-3.0);
+    set_manifest_key(&dump, "forecast", f);
     let o = probe(&["cost", dump.to_str().unwrap()]);
     assert_eq!(o.code, 0, "{}", o.stderr);
     assert!(
-        !o.stdout.contains('\u{1b}') && !o.stdout.contains('\u{7}'),
-        "{:?}",
+        o.stdout
+            .contains(": 1.000e308 s per captured step, ?x bare"),
+        "{}",
         o.stdout
     );
+    assert!(o.stdout.lines().all(|l| l.len() < 200), "{}", o.stdout);
 }
 
 #[test]

@@ -82,6 +82,8 @@ def parse_selection(value: Any, what: str) -> Optional[frozenset[int]]:
         return None
     if isinstance(value, (int, str)):
         value = [value]
+    if not isinstance(value, (list, tuple)):
+        raise ConfigError(f'{what}: cannot parse {value!r} (use 3, "2-5" or a list of them)')
     out: set[int] = set()
     for item in value:
         if isinstance(item, bool):
@@ -103,8 +105,12 @@ def parse_selection(value: Any, what: str) -> Optional[frozenset[int]]:
                     out.add(int(text))
             except ValueError:
                 raise ConfigError(f'{what}: cannot parse {item!r} (use 3 or "2-5")') from None
-        elif isinstance(item, (list, tuple)) and len(item) == 2:
-            out.update(range(int(item[0]), int(item[1]) + 1))
+        elif (
+            isinstance(item, (list, tuple))
+            and len(item) == 2
+            and all(isinstance(x, int) and not isinstance(x, bool) and x >= 0 for x in item)
+        ):
+            out.update(range(item[0], item[1] + 1))
         else:
             raise ConfigError(f"{what}: cannot parse {item!r}")
     return frozenset(out) if out else None
@@ -395,6 +401,8 @@ class CaptureConfig:
 def _from_msprobe(cfg: dict[str, Any]) -> dict[str, Any]:
     """Translate msprobe config.json keys into probe's keys."""
     task = cfg.get("task", "statistics")
+    if not isinstance(task, str):
+        raise ConfigError(f"task: {task!r} is not supported (statistics, tensor, overflow_check)")
     out: dict[str, Any] = {}
     if "dump_path" in cfg:
         out["dump_path"] = cfg["dump_path"]
@@ -403,7 +411,7 @@ def _from_msprobe(cfg: dict[str, Any]) -> dict[str, Any]:
     if cfg.get("rank"):
         out["ranks"] = cfg["rank"]
     level = cfg.get("level", "L1")
-    if level not in _MSPROBE_LEVELS:
+    if not isinstance(level, str) or level not in _MSPROBE_LEVELS:
         raise ConfigError(
             f"level: {level!r} is not supported (msprobe's L0, L1 or mix; probe has no "
             "kernel-level L2 dump)"
@@ -424,11 +432,11 @@ def _from_msprobe(cfg: dict[str, Any]) -> dict[str, Any]:
     scope = section.get("scope") or []
     if scope:
         out["scope"] = scope
-    names = section.get("list") or []
+    names = _list_of_str(section.get("list") or [], f"{task}.list")
     if names:
         # msprobe's list entries match by substring of the API/module name.
         out["include"] = [n if any(c in n for c in "*?[") else f"*{n}*" for n in names]
-    data_mode = section.get("data_mode") or ["all"]
+    data_mode = _list_of_str(section.get("data_mode") or [], f"{task}.data_mode") or ["all"]
     if "all" not in data_mode:
         dirs = [d for d in ("forward", "backward") if d in data_mode]
         data = [d + "s" for d in ("input", "output") if d in data_mode]

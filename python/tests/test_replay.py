@@ -548,3 +548,39 @@ def recorded_at(dump: str, rank: int, key: str, slot: str) -> torch.Tensor:
     t = next(t for t in rec["tensors"] if t["name"] == f"{key}.{slot}")
     with safe_open(os.path.join(folder, t["file"]), framework="pt") as f:
         return f.get_tensor(t["name"])
+
+
+@pytest.mark.parametrize(
+    "group, world",
+    [(["/../../outside"], 2), ([0, "1"], 2), ([0, 2], 2), ([0, -1], 2), ([0, 0], 2), ([True, 1], 2), ([0, 1 << 40], None)],
+)
+def test_a_collectives_group_names_only_ranks_of_the_job(tmp_path: Any, group: list[Any], world: Any) -> None:
+    """Issue 70: the group's members name the peers' folders (``rank<R>``); a member that is
+    no rank of the job (a path, a string, past the world size, twice) is refused before
+    any folder is built from it, never followed."""
+    from probe.replay.collective import peer_inputs
+    from probe.replay.dump import RankDir
+    from probe.replay.spec import CannotReplay
+
+    step = tmp_path / "dump" / "step0"
+    (step / "rank0").mkdir(parents=True)
+    (step / "rank").mkdir()  # what "rank/../../outside" would pass through
+    outside = tmp_path / "dump" / "outside"
+    outside.mkdir()
+    rec = {"op": "Distributed.all_reduce.0.forward", "group": group, "coll_seq": 0}
+    (outside / "ops.jsonl").write_text(json.dumps(rec) + "\n")
+    manifest = None if world is None else {"world_size": world}
+    rank = RankDir(str(step / "rank0"), 0, 0, manifest)
+    with pytest.raises(CannotReplay, match="not a rank of the job|a rank twice"):
+        peer_inputs(rank, "all_reduce", rec)
+
+
+def test_bidi_controls_are_escaped_for_the_terminal() -> None:
+    """Issue 70: right-to-left overrides, isolates and marks (U+202A-U+202E, U+2066-U+2069,
+    U+200E, U+200F, U+061C) from a dump are escaped like control characters, as the
+    binary's printable does."""
+    from probe.replay.text import printable
+
+    for c in [*map(chr, range(0x202A, 0x202F)), *map(chr, range(0x2066, 0x206A)), "\u200e", "\u200f", "\u061c"]:
+        assert printable(f"op{c}x") == f"op\\u{ord(c):04x}x"
+    assert printable("Functional.gelu.0 – é") == "Functional.gelu.0 – é"

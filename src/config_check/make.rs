@@ -23,10 +23,64 @@ pub struct MakeOptions {
     pub out: PathBuf,
     /// Interpreter whose installed distributions are listed.
     pub python: Option<PathBuf>,
-    /// safetensors files fingerprinted as step 0, rank 0.
+    /// safetensors files fingerprinted as step 0 of the pack's rank.
     pub weights: Vec<PathBuf>,
     /// What replaces secret values in `env.json` (`--redact`).
     pub redact: RedactMode,
+    /// The pack's rank (`--rank`); else the launcher's `$RANK`; else 0.
+    pub rank: Option<u64>,
+    /// The job's number of ranks (`--world-size`); else the launcher's `$WORLD_SIZE`.
+    pub world_size: Option<u64>,
+}
+
+/// The pack's rank and the job's world size: the flags, else the variables torchrun (and
+/// most launchers) set, `RANK` and `WORLD_SIZE`, so that one `probe config-pack` per rank
+/// makes a folder config-check reads as a job. `LOCAL_RANK` is not read: it is the rank
+/// within a node, and packs of two nodes would both claim rank 0. A value that is not a
+/// whole number, or a rank past the world size, is a usage error: a pack with a wrong rank
+/// would be compared with the wrong peer.
+pub fn job_position(
+    rank: Option<u64>,
+    world_size: Option<u64>,
+    var: impl Fn(&str) -> Option<std::ffi::OsString>,
+) -> Result<(u64, Option<u64>)> {
+    let from_env = |name: &str, least: u64| -> Result<Option<u64>> {
+        let Some(v) = var(name) else {
+            return Ok(None);
+        };
+        match v.to_str().and_then(|t| t.trim().parse::<u64>().ok()) {
+            Some(n) if n >= least => Ok(Some(n)),
+            _ => Err(ProbeError::Usage(format!(
+                "${name}={}: not a {} (give --{})",
+                crate::config_file::printable(&format!("{v:?}")),
+                if least == 0 {
+                    "rank (a whole number from 0)"
+                } else {
+                    "world size (a whole number from 1)"
+                },
+                name.to_ascii_lowercase().replace('_', "-"),
+            ))),
+        }
+    };
+    let rank = match rank {
+        Some(r) => r,
+        None => from_env("RANK", 0)?.unwrap_or(0),
+    };
+    let world = match world_size {
+        Some(0) => {
+            return Err(ProbeError::Usage(
+                "--world-size 0: must be 1 or more".into(),
+            ))
+        }
+        Some(w) => Some(w),
+        None => from_env("WORLD_SIZE", 1)?,
+    };
+    if let Some(w) = world.filter(|&w| rank >= w) {
+        return Err(ProbeError::Usage(format!(
+            "rank {rank} is not below the world size {w} (ranks count from 0)"
+        )));
+    }
+    Ok((rank, world))
 }
 
 const LIST_SCRIPT: &str = r#"
@@ -176,7 +230,7 @@ pub(crate) fn fingerprint_bytes(dtype: &str, shape: &[usize], data: &[u8]) -> Fi
 
 /// Fingerprints every tensor of `files`; `progress` counts the bytes hashed (the files'
 /// sizes in all: a safetensors header is passed over as its file ends).
-fn weight_records(files: &[PathBuf], progress: &Progress) -> Result<Vec<RecordDoc>> {
+fn weight_records(files: &[PathBuf], rank: u64, progress: &Progress) -> Result<Vec<RecordDoc>> {
     let mut out: Vec<RecordDoc> = vec![];
     let multi = files.len() > 1;
     let sizes: Vec<u64> = files
@@ -212,7 +266,7 @@ fn weight_records(files: &[PathBuf], progress: &Progress) -> Result<Vec<RecordDo
             };
             out.push(RecordDoc {
                 step: 0,
-                rank: 0,
+                rank,
                 name: full,
                 fingerprint: fp,
             });
@@ -263,6 +317,7 @@ fn created_now() -> String {
 /// Writes a probe config pack to `opts.out` (atomically) and returns its path. `progress`
 /// shows the weight hashing (see [`crate::progress`]).
 pub fn make_pack(opts: &MakeOptions, progress: &Progress) -> Result<PathBuf> {
+    let (rank, world_size) = job_position(opts.rank, opts.world_size, |k| std::env::var_os(k))?;
     let vars: BTreeMap<String, String> = std::env::vars_os()
         .map(|(k, v)| {
             (
@@ -305,7 +360,7 @@ pub fn make_pack(opts: &MakeOptions, progress: &Progress) -> Result<PathBuf> {
         packages.distributions = dists;
     }
     packages.accelerator = Some(acc);
-    let weights = weight_records(&opts.weights, progress)?;
+    let weights = weight_records(&opts.weights, rank, progress)?;
     let device = if packages
         .distributions
         .keys()
@@ -325,8 +380,8 @@ pub fn make_pack(opts: &MakeOptions, progress: &Progress) -> Result<PathBuf> {
         producer: Some(format!("probe {} (config-pack)", env!("CARGO_PKG_VERSION"))),
         created: Some(created_now()),
         device: Some(device.into()),
-        rank: Some(0),
-        world_size: None,
+        rank: Some(rank),
+        world_size,
         steps: Some(0),
         entries: entries.iter().map(|s| s.to_string()).collect(),
         errors: vec![],

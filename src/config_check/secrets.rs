@@ -477,33 +477,101 @@ fn flag_name(arg: &str) -> Option<&str> {
 }
 
 /// Short flags that carry a password in common tools (`mysql -p`, `sshpass -p`, `-P` of
-/// others): their value is redacted unless it is a number (`-p 8080`: a port).
+/// others): their value, next (`-p VALUE`) or attached (`-pVALUE`, mysql's form), is
+/// redacted unless it is a number (`-p 8080`, `-p8080`: a port).
 const SECRET_SHORT_FLAGS: [&str; 2] = ["-p", "-P"];
 
+/// Flags whose value is `user:password` (curl's `-u`/`--user`, `-U`/`--proxy-user`): the
+/// part after the user is redacted, next (`-u u:pw`), attached (`-uu:pw`) or after `=`.
+const USER_FLAGS: [&str; 4] = ["-u", "-U", "--user", "--proxy-user"];
+
+/// What the previous argument says of this one.
+#[derive(Clone, Copy, PartialEq, Eq)]
+enum Pending {
+    Nothing,
+    /// After `--secret-name`: the value, unless it starts with `--`.
+    Named,
+    /// After `-p`/`-P`: the value, unless a flag or a number.
+    Short,
+    /// After `-u`/`--user`: `user:password`.
+    User,
+}
+
+fn number(s: &str) -> bool {
+    !s.is_empty() && s.bytes().all(|c| c.is_ascii_digit())
+}
+
+/// A whole value replaced, unless plain (`true`, one character) or already a marker.
+fn whole(value: &str, mode: RedactMode) -> String {
+    if is_marker(value) || plain(value) {
+        value.to_string()
+    } else {
+        marker(value, mode)
+    }
+}
+
+/// `user:password` → the user (value rules) and the password's marker. The user may be a
+/// marker already (a token redacted before): the password starts after it, so redacting
+/// again changes nothing. Without a password, the value rules alone.
+fn user_password(value: &str, mode: RedactMode) -> String {
+    let user_end = value
+        .strip_prefix('<')
+        .and_then(|_| value.find('>'))
+        .filter(|&gt| is_marker(&value[..=gt]))
+        .map_or(0, |gt| gt + 1);
+    match value[user_end..].find(':').map(|c| user_end + c) {
+        Some(c) if c + 1 < value.len() => format!(
+            "{}:{}",
+            redact_value(&value[..c], mode),
+            whole(&value[c + 1..], mode)
+        ),
+        _ => redact_value(value, mode),
+    }
+}
+
+/// `-pVALUE` / `-uUSER:PW` (a value attached to a password or user flag) redacted; None
+/// for other arguments, and for `-password`-like flags (a secret name: the next argument is
+/// their value).
+fn attached(arg: &str, mode: RedactMode) -> Option<String> {
+    if arg.starts_with("--") || flag_name(arg).is_some_and(is_secret_name) {
+        return None;
+    }
+    let (flag, rest) = (arg.get(..2)?, arg.get(2..)?);
+    if rest.is_empty() {
+        return None;
+    }
+    let value = rest.strip_prefix('=').unwrap_or(rest);
+    let head = &arg[..arg.len() - value.len()];
+    if SECRET_SHORT_FLAGS.contains(&flag) {
+        Some(if number(value) {
+            arg.to_string()
+        } else {
+            format!("{head}{}", whole(value, mode))
+        })
+    } else if USER_FLAGS.contains(&flag) {
+        Some(format!("{head}{}", user_password(value, mode)))
+    } else {
+        None
+    }
+}
+
 /// `sys.argv`: the value of `--secret-name VALUE` (unless it starts with `--`),
-/// `--secret-name=VALUE` and `secret.name=VALUE` (Hydra-style overrides), of `-p VALUE` and
-/// `-P VALUE` unless a number, then the value rules on every argument.
+/// `--secret-name=VALUE` and `secret.name=VALUE` (Hydra-style overrides), of `-p VALUE`,
+/// `-pVALUE`, `-P VALUE` unless a number, the password of `-u user:password` (and its
+/// attached and `--user=` forms), then the value rules on every argument.
 pub fn redact_argv(argv: &[String], mode: RedactMode) -> Vec<String> {
     let mut out = Vec::with_capacity(argv.len());
-    let mut take_next = false;
-    let mut short = false;
+    let mut pending = Pending::Nothing;
     for arg in argv {
-        if take_next {
-            take_next = false;
-            let number = short && !arg.is_empty() && arg.bytes().all(|c| c.is_ascii_digit());
-            let flag = if short {
-                arg.starts_with('-')
-            } else {
-                arg.starts_with("--")
-            };
-            if !flag && !number {
-                out.push(if is_marker(arg) || plain(arg) {
-                    arg.clone()
-                } else {
-                    marker(arg, mode)
-                });
-                continue;
-            }
+        let value = match std::mem::replace(&mut pending, Pending::Nothing) {
+            Pending::Named if !arg.starts_with("--") => Some(whole(arg, mode)),
+            Pending::Short if !arg.starts_with('-') && !number(arg) => Some(whole(arg, mode)),
+            Pending::User if !arg.starts_with('-') => Some(user_password(arg, mode)),
+            _ => None,
+        };
+        if let Some(v) = value.or_else(|| attached(arg, mode)) {
+            out.push(v);
+            continue;
         }
         if let Some((key, v)) = arg.split_once('=') {
             let bare = key.trim_start_matches(['-', '+', '~']);
@@ -511,10 +579,16 @@ pub fn redact_argv(argv: &[String], mode: RedactMode) -> Vec<String> {
                 out.push(format!("{key}={}", marker(v, mode)));
                 continue;
             }
+            if USER_FLAGS.contains(&key) {
+                out.push(format!("{key}={}", user_password(v, mode)));
+                continue;
+            }
         } else if flag_name(arg).is_some_and(is_secret_name) {
-            (take_next, short) = (true, false);
+            pending = Pending::Named;
         } else if SECRET_SHORT_FLAGS.contains(&arg.as_str()) {
-            (take_next, short) = (true, true);
+            pending = Pending::Short;
+        } else if USER_FLAGS.contains(&arg.as_str()) {
+            pending = Pending::User;
         }
         out.push(redact_value(arg, mode));
     }

@@ -208,14 +208,6 @@ pub fn writers(xlsx_rows: XlsxRows) -> Vec<Box<dyn ReportWriter>> {
     ]
 }
 
-/// `s` (a path, an op pattern: data from an input) with control characters written as
-/// `\u{..}`, for a line on the terminal.
-pub fn printable(s: &str) -> String {
-    crate::config_file::printable(s)
-}
-
-/// Lines for the terminal (a summary, a warning) with every control character but the
-/// newline escaped: what reaches stdout and stderr.
-pub fn printable_lines(text: &str) -> String {
-    crate::config_file::printable_lines(text)
-}
+/// The terminal's escaping, written once in `config_file` (which the lower layers use too):
+/// re-exported here, where the reports look for it.
+pub use crate::config_file::{printable, printable_lines};

@@ -448,37 +448,95 @@ def _flag_name(arg: str) -> str | None:
 
 
 #: Short flags that carry a password in common tools (``mysql -p``, ``sshpass -p``, ``-P``
-#: of others): their value is redacted unless it is a number (``-p 8080``: a port).
+#: of others): their value, next (``-p VALUE``) or attached (``-pVALUE``, mysql's form), is
+#: redacted unless it is a number (``-p 8080``, ``-p8080``: a port).
 _SECRET_SHORT_FLAGS = ("-p", "-P")
+
+#: Flags whose value is ``user:password`` (curl's ``-u``/``--user``, ``-U``/``--proxy-user``):
+#: the part after the user is redacted, next (``-u u:pw``), attached (``-uu:pw``) or after ``=``.
+_USER_FLAGS = ("-u", "-U", "--user", "--proxy-user")
+
+
+def _number(s: str) -> bool:
+    return s != "" and all(_is_digit(c) for c in s)
+
+
+def _whole(value: str, mode: str) -> str:
+    """A whole value replaced, unless plain (``true``, one character) or already a marker."""
+    return value if is_marker(value) or _plain(value) else marker(value, mode)
+
+
+def _user_password(value: str, mode: str) -> str:
+    """``user:password`` → the user (value rules) and the password's marker. The user may be
+    a marker already (a token redacted before): the password starts after it, so redacting
+    again changes nothing. Without a password, the value rules alone."""
+    user_end = 0
+    gt = value.find(">")
+    if value.startswith("<") and gt >= 0 and is_marker(value[: gt + 1]):
+        user_end = gt + 1
+    c = value.find(":", user_end)
+    if c < 0 or c + 1 >= len(value):
+        return redact_value(value, mode)
+    return f"{redact_value(value[:c], mode)}:{_whole(value[c + 1 :], mode)}"
+
+
+def _attached(arg: str, mode: str) -> str | None:
+    """``-pVALUE`` / ``-uUSER:PW`` (a value attached to a password or user flag) redacted;
+    None for other arguments, and for ``-password``-like flags (a secret name: the next
+    argument is their value)."""
+    flag_name = _flag_name(arg)
+    if arg.startswith("--") or (flag_name is not None and is_secret_name(flag_name)):
+        return None
+    flag, rest = arg[:2], arg[2:]
+    if rest == "":
+        return None
+    value = rest[1:] if rest.startswith("=") else rest
+    head = arg[: len(arg) - len(value)]
+    if flag in _SECRET_SHORT_FLAGS:
+        return arg if _number(value) else head + _whole(value, mode)
+    if flag in _USER_FLAGS:
+        return head + _user_password(value, mode)
+    return None
 
 
 def redact_argv(argv: list[str], mode: str = "hash") -> list[str]:
     """``sys.argv``: the value of ``--secret-name VALUE`` (unless it starts with ``--``),
     ``--secret-name=VALUE`` and ``secret.name=VALUE`` (Hydra-style overrides), of ``-p
-    VALUE`` and ``-P VALUE`` unless a number, then the value rules on every argument."""
+    VALUE``, ``-pVALUE``, ``-P VALUE`` unless a number, the password of ``-u user:password``
+    (and its attached and ``--user=`` forms), then the value rules on every argument."""
     out: list[str] = []
-    take_next = False
-    short = False
+    pending = ""  # what the previous argument says of this one: named, short, user
     for arg in argv:
-        if take_next:
-            take_next = False
-            number = short and arg != "" and all(_is_digit(c) for c in arg)
-            is_flag = arg.startswith("-") if short else arg.startswith("--")
-            if not is_flag and not number:
-                out.append(arg if is_marker(arg) or _plain(arg) else marker(arg, mode))
-                continue
+        was, pending = pending, ""
+        value: str | None = None
+        if was == "named" and not arg.startswith("--"):
+            value = _whole(arg, mode)
+        elif was == "short" and not arg.startswith("-") and not _number(arg):
+            value = _whole(arg, mode)
+        elif was == "user" and not arg.startswith("-"):
+            value = _user_password(arg, mode)
+        if value is None:
+            value = _attached(arg, mode)
+        if value is not None:
+            out.append(value)
+            continue
         key, eq, v = arg.partition("=")
         if eq:
             bare = key.lstrip("-+~")
             if bare and is_secret_name(bare) and not _plain(v) and not is_marker(v):
                 out.append(f"{key}={marker(v, mode)}")
                 continue
+            if key in _USER_FLAGS:
+                out.append(f"{key}={_user_password(v, mode)}")
+                continue
         else:
             flag = _flag_name(arg)
             if flag is not None and is_secret_name(flag):
-                take_next, short = True, False
+                pending = "named"
             elif arg in _SECRET_SHORT_FLAGS:
-                take_next, short = True, True
+                pending = "short"
+            elif arg in _USER_FLAGS:
+                pending = "user"
         out.append(redact_value(arg, mode))
     return out
 

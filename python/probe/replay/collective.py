@@ -23,6 +23,7 @@ import torch
 
 from .dump import RankDir, load_tensors
 from .spec import CannotReplay
+from .text import printable
 
 #: The collectives replayed: the API after ``Distributed.`` -> whether every rank's output
 #: is the reduction of every rank's input (all-reduce) or only the destination's.
@@ -53,6 +54,7 @@ def peer_inputs(rank: RankDir, api: str, rec: dict[str, Any]) -> list[torch.Tens
     group, seq = rec.get("group"), rec.get("coll_seq")
     if not isinstance(group, list) or not isinstance(seq, int):
         raise CannotReplay("a collective recorded without its process group: not replayable")
+    _check_group(group, rank.manifest)
     step = os.path.dirname(rank.path)
     out = []
     for r in group:
@@ -68,6 +70,28 @@ def peer_inputs(rank: RankDir, api: str, rec: dict[str, Any]) -> list[torch.Tens
             raise CannotReplay(f"rank {r} recorded no data of its input to this collective")
         out.append(t)
     return out
+
+
+#: Past this many ranks a group without a manifest's world size is not believed (as the
+#: compare's job list, src/compare/run.rs).
+MAX_RANKS = 1 << 20
+
+
+def _check_group(group: list[Any], manifest: Optional[dict[str, Any]]) -> None:
+    """The group's members name the peers' folders (``rank<R>``), so each must be a rank of
+    the job: a whole number below the manifest's world size, each once. Anything else (a
+    string such as ``../x``, a negative or huge number) is the dump's error, never a path."""
+    world = (manifest or {}).get("world_size")
+    if isinstance(world, bool) or not isinstance(world, int) or world < 1:
+        world = MAX_RANKS
+    for r in group:
+        if isinstance(r, bool) or not isinstance(r, int) or not 0 <= r < world:
+            raise CannotReplay(
+                f"the collective's group names {printable(repr(r))[:40]}, not a rank of the job"
+                f" (0 to {world - 1}): not replayable"
+            )
+    if len(set(group)) != len(group):
+        raise CannotReplay("the collective's group names a rank twice: not replayable")
 
 
 def _find(rank: RankDir, api: str, group: list[Any], seq: int) -> Optional[dict[str, Any]]:

@@ -66,6 +66,21 @@ fn sorted_dir(dir: &Path) -> Result<Vec<PathBuf>> {
     Ok(out)
 }
 
+/// `arg` as a glob pattern whose leading folders that exist are taken literally
+/// (escaped): only the part below them is a pattern, so `runs/exp[1]/rank*.zip` reads the
+/// folder `exp[1]` instead of failing on (or matching) `[1]` as a character class.
+fn glob_pattern(arg: &Path) -> String {
+    let parts: Vec<_> = arg.components().collect();
+    let literal = (0..=parts.len())
+        .rev()
+        .find(|&n| n == 0 || parts[..n].iter().collect::<PathBuf>().is_dir())
+        .unwrap_or(0);
+    let head: PathBuf = parts[..literal].iter().collect();
+    let tail: PathBuf = parts[literal..].iter().collect();
+    let head = glob::Pattern::escape(&head.to_string_lossy());
+    Path::new(&head).join(tail).to_string_lossy().into_owned()
+}
+
 /// The pack files a side names: a file itself; a folder's `*.zip` files and those of its
 /// sub-folders (one level: `rank3/pack.zip`); a glob's matches. Other files of a folder are
 /// returned apart, to be reported.
@@ -94,8 +109,10 @@ fn discover(arg: &Path) -> Result<(Vec<PathBuf>, Vec<String>)> {
         }
         return Ok((packs, others));
     }
-    let pattern = arg.to_string_lossy();
-    let paths = glob::glob(&pattern).map_err(|e| ProbeError::Usage(format!("{pattern}: {e}")))?;
+    let pattern = glob_pattern(arg);
+    let paths = glob::glob(&pattern).map_err(|e| {
+        ProbeError::Usage(format!("{}: {e}", crate::config_file::printable(&pattern)))
+    })?;
     for p in paths {
         let p = p.map_err(|e| ProbeError::io(e.path().to_path_buf(), e.into()))?;
         if p.is_file() {
