@@ -61,18 +61,30 @@ fn clean(eps: f64) -> Run {
 
 /// Writes `steps` steps of `run` as rank `rank`'s monitor file in `dir`.
 fn write(dir: &Path, rank: u32, steps: i32, run: &Run) {
+    write_some(dir, rank, steps, run, MODULES.len(), &|m| m.to_string());
+}
+
+/// [`write`] of the first `modules` modules only, each metric column named `name(metric)`.
+fn write_some(
+    dir: &Path,
+    rank: u32,
+    steps: i32,
+    run: &Run,
+    modules: usize,
+    name: &dyn Fn(&str) -> String,
+) {
     std::fs::create_dir_all(dir).unwrap();
     let mut fields = vec![
         Field::new("step", DataType::Int32, false),
         Field::new_dictionary("module", DataType::Int32, DataType::Utf8, false),
         Field::new("order", DataType::Int32, true),
-        Field::new("loss", DataType::Float64, true),
-        Field::new("lr", DataType::Float64, true),
+        Field::new(name("loss"), DataType::Float64, true),
+        Field::new(name("lr"), DataType::Float64, true),
     ];
     fields.extend(
         METRICS
             .iter()
-            .map(|m| Field::new(*m, DataType::Float32, true)),
+            .map(|m| Field::new(name(m), DataType::Float32, true)),
     );
     let meta = HashMap::from([(
         "probe.monitor".to_string(),
@@ -81,15 +93,15 @@ fn write(dir: &Path, rank: u32, steps: i32, run: &Run) {
     let schema = Arc::new(Schema::new(fields).with_metadata(meta));
     let file = std::fs::File::create(dir.join(format!("rank{rank}.arrows"))).unwrap();
     let mut w = arrow_ipc::writer::StreamWriter::try_new(file, &schema).unwrap();
-    let names = StringArray::from(MODULES.iter().map(|m| m.0).collect::<Vec<_>>());
+    let names = StringArray::from(MODULES[..modules].iter().map(|m| m.0).collect::<Vec<_>>());
     for s in 0..steps {
-        let n = MODULES.len();
+        let n = modules;
         let keys = Int32Array::from((0..n as i32).collect::<Vec<_>>());
         let mut cols: Vec<ArrayRef> = vec![
             Arc::new(Int32Array::from(vec![s; n])),
             Arc::new(DictionaryArray::try_new(keys, Arc::new(names.clone())).unwrap()),
             Arc::new(Int32Array::from(
-                MODULES.iter().map(|m| m.1).collect::<Vec<_>>(),
+                MODULES[..n].iter().map(|m| m.1).collect::<Vec<_>>(),
             )),
             Arc::new(Float64Array::from(
                 (0..n)
@@ -565,6 +577,63 @@ fn a_file_whose_grid_of_modules_and_steps_is_far_larger_than_its_rows_is_refused
     assert!(
         out.stderr.contains("not one row per module and step"),
         "{}",
+        out.stderr
+    );
+}
+
+#[test]
+fn runs_with_no_metric_in_common_compare_nothing_and_exit_3() {
+    // Every metric column renamed in the comparison: ranks and steps in common, no series.
+    // This passed ("0 series", exit 0).
+    let d = tempfile::tempdir().unwrap();
+    write(&d.path().join("bench"), 0, 60, &clean(0.0));
+    let renamed = |m: &str| format!("v2_{m}");
+    write_some(
+        &d.path().join("cmp"),
+        0,
+        60,
+        &clean(0.0),
+        MODULES.len(),
+        &renamed,
+    );
+    let (out, s) = compare_monitors(d.path(), &[]);
+    // 6 modules x 7 metrics on each side, none shared.
+    assert_input_error(&out, 3, "share no series");
+    assert!(
+        out.stderr
+            .contains("42 series in the benchmark only, 42 in the comparison only"),
+        "{}",
+        out.stderr
+    );
+    assert!(s.is_null(), "no summary for nothing compared: {s}");
+}
+
+#[test]
+fn series_of_modules_one_run_lacks_are_counted_and_said() {
+    // The comparison monitors the first 4 modules only: layers.1 and head (2 x 7 series)
+    // were dropped without a word.
+    let d = tempfile::tempdir().unwrap();
+    write(&d.path().join("bench"), 0, 60, &clean(0.0));
+    write_some(&d.path().join("cmp"), 0, 60, &clean(0.0), 4, &|m| {
+        m.to_string()
+    });
+    let (out, s) = compare_monitors(d.path(), &[]);
+    assert_eq!(out.code, 0, "{}", out.stderr);
+    assert_eq!(s["series"], 4 * 7, "{s}");
+    assert_eq!(
+        s["series_one_side"],
+        serde_json::json!({"bench": 14, "cmp": 0})
+    );
+    let w = s["warnings"].to_string();
+    assert!(
+        w.contains("rank 0: 14 series in the benchmark only (modules \\\"layers.1\\\", \\\"head\\\"; metrics none), 0 in the comparison only"),
+        "{w}"
+    );
+    assert!(
+        out.stdout.contains("14 series in the benchmark only")
+            || out.stderr.contains("14 series in the benchmark only"),
+        "{}{}",
+        out.stdout,
         out.stderr
     );
 }

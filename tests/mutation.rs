@@ -22,6 +22,7 @@ use probe::compare::Mapping;
 use probe::config_check::{archive, pack, rules::Rules};
 use probe::dtype::DType;
 use probe::dump::{msprobe, parse_op_log, parse_op_record};
+use probe::monitor::parse_rank;
 use probe::tensor::{npy, pt, ShardIndex};
 use std::alloc::{GlobalAlloc, Layout, System};
 use std::cell::Cell;
@@ -374,7 +375,7 @@ fn probe_op_records() {
         Reader {
             name: "ops.jsonl record",
             seeds: lines,
-            per_seed: 1500,
+            per_seed: 300,
             parse: |b| {
                 let text = String::from_utf8_lossy(b);
                 parse_op_record(&text, Path::new(RANK)).err()
@@ -394,7 +395,7 @@ fn probe_op_logs() {
         Reader {
             name: "ops.jsonl file",
             seeds: vec![cut, read("demo/cmp/step0/rank0/ops.jsonl")[..6000].to_vec()],
-            per_seed: 1500,
+            per_seed: 300,
             parse: |b| {
                 let p = Path::new(RANK).join("ops.jsonl");
                 parse_op_log(Cursor::new(b), &p, Path::new(RANK))
@@ -598,6 +599,27 @@ fn npy_files() {
 }
 
 #[test]
+fn monitor_files() {
+    run(
+        Reader {
+            name: "monitor file",
+            seeds: vec![
+                read("monitor/bench/rank0.arrows"),
+                read("monitor/cmp/rank0.arrows"),
+            ],
+            per_seed: 300,
+            parse: |b| {
+                parse_rank(Path::new("rank0.arrows"), b, 0)
+                    .err()
+                    .and_then(err_line)
+            },
+            budget: Duration::from_secs(30),
+        },
+        12,
+    );
+}
+
+#[test]
 fn config_packs() {
     let mut seeds = files("config_check", "zip");
     seeds.extend(files("config_check/msprobe", "zip"));
@@ -711,7 +733,7 @@ fn mapping_files() {
         Reader {
             name: "msprobe mapping YAML",
             seeds: files("mapping", "yaml"),
-            per_seed: 1500,
+            per_seed: 300,
             parse: |b| {
                 Mapping::from_yaml(&String::from_utf8_lossy(b), Path::new("map.yaml"))
                     .err()
@@ -763,7 +785,7 @@ fn shard_results() {
         Reader {
             name: "shard units.msgpack",
             seeds: vec![units],
-            per_seed: 1500,
+            per_seed: 300,
             parse: |b| err_line(probe::compare::shard::parse_units(b).err()?),
             budget: Duration::from_secs(20),
         },
@@ -773,7 +795,7 @@ fn shard_results() {
         Reader {
             name: "shard shard.json",
             seeds: vec![header],
-            per_seed: 1500,
+            per_seed: 300,
             parse: |b| err_line(probe::compare::shard::parse_header(b).err()?),
             budget: Duration::from_secs(20),
         },
@@ -783,7 +805,7 @@ fn shard_results() {
         Reader {
             name: "shard rows.msgpack part",
             seeds: vec![part],
-            per_seed: 1500,
+            per_seed: 300,
             parse: |b| err_line(probe::compare::tables::parse_rows(b).err()?),
             budget: Duration::from_secs(20),
         },
@@ -827,6 +849,15 @@ fn regressions() {
     let p = b"\x80\x02X\x03\x00\x00\x00a\nbX\x01\x00\x00\x00c\x93.";
     let e = pt::parse_pickle(p).unwrap_err();
     assert!(!e.contains('\n') && e.contains("a\\nb"), "{e}");
+
+    // One byte of a record batch's buffer offset changed in a monitor file: arrow-ipc
+    // sliced past the message body and panicked (issue 70 item 3).
+    let mut m = read("monitor/cmp/rank0.arrows");
+    m[17611] = 32;
+    let e = parse_rank(Path::new("rank0.arrows"), &m, 0)
+        .unwrap_err()
+        .to_string();
+    assert!(e.contains("is not inside the message"), "{e}");
 
     // An op record whose shape's element count overflows: refused by the reader (compare's
     // statistics judge multiplied it out and panicked in a debug build).

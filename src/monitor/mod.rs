@@ -21,7 +21,7 @@ pub mod recapture;
 pub mod summary;
 pub mod trend;
 
-pub use read::{files, is_monitor, read_rank, RankSeries};
+pub use read::{files, is_monitor, parse_rank, read_rank, RankSeries};
 
 /// A step's data flow: where a metric of a module at position `order` (its forward's return
 /// position in the step; None: not called, see [`module_order`]) comes, lowest first.

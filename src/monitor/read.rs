@@ -145,6 +145,7 @@ fn whole_messages(path: &Path, bytes: &[u8]) -> Result<(usize, bool)> {
         let b = bytes.get(at..at + 4)?;
         Some(u32::from_le_bytes([b[0], b[1], b[2], b[3]]))
     };
+    let mut buffers = Buffers::default();
     let mut at = 0usize;
     while at < bytes.len() {
         let Some(first) = word(at) else {
@@ -174,9 +175,124 @@ fn whole_messages(path: &Path, bytes: &[u8]) -> Result<(usize, bool)> {
         if end > bytes.len() {
             return Ok((at, true));
         }
+        buffers.see(path, at, &message, body)?;
         at = end;
     }
     Ok((at, false))
+}
+
+/// What the buffers of the stream's batches must be, known from its schema: arrow-ipc
+/// trusts the buffers a message lists (it slices each where the message says, and views a
+/// value buffer as a slice of its type), and panics on one past the body or of a length that
+/// is not a whole number of values (one changed byte of a monitor file did it). So every
+/// batch's buffers are checked here, before arrow sees the message; what they hold is then
+/// checked by arrow's own validation of each array (on by default).
+#[derive(Default)]
+struct Buffers {
+    /// The first schema seen: each buffer of a record batch, in order, as the byte width
+    /// its length must be a multiple of (1: any length).
+    batch: Option<Vec<usize>>,
+    /// The same for each dictionary's batches, by dictionary id.
+    dictionaries: HashMap<i64, Vec<usize>>,
+}
+
+/// The buffers a column of type `t` takes in a batch (validity first), as in [`Buffers`];
+/// None for a type a monitor file does not hold (nested ones: their buffers depend on
+/// their children's).
+fn buffer_widths(t: &DataType) -> Option<Vec<usize>> {
+    match t {
+        DataType::Null => Some(Vec::new()),
+        DataType::Boolean => Some(vec![1, 1]),
+        DataType::Utf8 | DataType::Binary => Some(vec![1, 4, 1]),
+        DataType::LargeUtf8 | DataType::LargeBinary => Some(vec![1, 8, 1]),
+        DataType::Dictionary(key, _) => Some(vec![1, key.primitive_width()?]),
+        t => Some(vec![1, t.primitive_width()?]),
+    }
+}
+
+impl Buffers {
+    /// Reads the schema message, and checks a batch message's buffers against it.
+    fn see(
+        &mut self,
+        path: &Path,
+        at: usize,
+        message: &arrow_ipc::Message,
+        body: usize,
+    ) -> Result<()> {
+        if let Some(fb) = message.header_as_schema() {
+            if self.batch.is_none() {
+                self.schema(path, fb)?;
+            }
+            return Ok(());
+        }
+        let (batch, widths) = if let Some(b) = message.header_as_record_batch() {
+            (b, self.batch.as_ref())
+        } else if let Some(d) = message.header_as_dictionary_batch() {
+            let Some(b) = d.data() else { return Ok(()) };
+            let widths = self.dictionaries.get(&d.id()).ok_or_else(|| {
+                bad(
+                    path,
+                    format!("byte {at}: dictionary {} is not in the schema", d.id()),
+                )
+            })?;
+            (b, Some(widths))
+        } else {
+            return Ok(());
+        };
+        let widths =
+            widths.ok_or_else(|| bad(path, format!("byte {at}: a batch before the schema")))?;
+        for (i, b) in batch.buffers().iter().flatten().enumerate() {
+            let (offset, len) = (b.offset(), b.length());
+            let inside = usize::try_from(offset)
+                .ok()
+                .zip(usize::try_from(len).ok())
+                .and_then(|(o, l)| o.checked_add(l).map(|end| (end, l)))
+                .filter(|&(end, _)| end <= body);
+            let Some((_, len)) = inside else {
+                return Err(bad(
+                    path,
+                    format!("byte {at}: buffer {i} (offset {offset}, length {len}) is not inside the message's {body}-byte body"),
+                ));
+            };
+            let width = widths.get(i).copied().unwrap_or(1);
+            if len % width != 0 {
+                return Err(bad(
+                    path,
+                    format!("byte {at}: buffer {i} is {len} bytes, not a whole number of {width}-byte values"),
+                ));
+            }
+        }
+        Ok(())
+    }
+
+    /// The buffers of the schema's columns; a column of a type a monitor does not hold is
+    /// refused.
+    fn schema(&mut self, path: &Path, fb: arrow_ipc::Schema) -> Result<()> {
+        let schema =
+            arrow_ipc::convert::try_fb_to_schema(fb).map_err(|e| bad(path, e.to_string()))?;
+        let ids = fb
+            .fields()
+            .into_iter()
+            .flatten()
+            .map(|f| f.dictionary().map(|d| d.id()));
+        let mut batch = Vec::new();
+        for (field, id) in schema.fields().iter().zip(ids) {
+            let t = field.data_type();
+            let refuse = || {
+                bad(path, format!("column {:?}: {t} is not a type a monitor file holds (numbers, text, a dictionary of text)", field.name()))
+            };
+            batch.extend(buffer_widths(t).ok_or_else(refuse)?);
+            if let (DataType::Dictionary(_, values), Some(id)) = (t, id) {
+                let widths = match values.as_ref() {
+                    DataType::Dictionary(..) => None,
+                    v => buffer_widths(v),
+                };
+                self.dictionaries.insert(id, widths.ok_or_else(refuse)?);
+            }
+        }
+        self.batch = Some(batch);
+        Ok(())
+    }
 }
 
 /// A numeric column as f64 values, nulls as [`NULL_BITS`]; None for another type.
@@ -347,7 +463,13 @@ pub fn read_rank(path: &Path, rank: u32) -> Result<RankSeries> {
     // SAFETY: the map is read only; a file truncated under us is the risk every reader of
     // a live run's file takes, and the frames are checked before they are decoded.
     let map = unsafe { memmap2::Mmap::map(&file) }.map_err(|e| ProbeError::io(path, e))?;
-    let (len, cut_short) = whole_messages(path, &map)?;
+    parse_rank(path, &map, rank)
+}
+
+/// Reads one monitor file's bytes (`path` names it in errors): [`read_rank`]'s reader, on
+/// its own so that the fuzz target runs the shipped code on bytes.
+pub fn parse_rank(path: &Path, map: &[u8], rank: u32) -> Result<RankSeries> {
+    let (len, cut_short) = whole_messages(path, map)?;
     if len == 0 {
         return Err(bad(
             path,

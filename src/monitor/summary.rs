@@ -5,7 +5,7 @@
 use super::events::{Event, EventRun};
 use super::module_label;
 use super::recapture::Target;
-use super::trend::{Parting, TrendRun, FLOOR};
+use super::trend::{OneSide, Parting, TrendRun, FLOOR};
 use crate::gate::{FailOn, EXIT_INCOMPLETE};
 use crate::vocab::Verdict;
 use serde::Serialize;
@@ -60,6 +60,9 @@ pub struct MonitorSummary {
     /// Trend: the series judged.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub series: Option<usize>,
+    /// Trend: the series of the ranks compared that one run lacks (not compared).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub series_one_side: Option<OneSide>,
     /// Trend: how the envelopes were made.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub calibration: Option<Calibration>,
@@ -204,6 +207,7 @@ pub fn of_trend(
         ranks: t.ranks.clone(),
         steps: t.steps,
         series: Some(t.series.len()),
+        series_one_side: Some(t.one_side),
         calibration: Some(Calibration {
             steps: t.window,
             k: opts.k,
@@ -250,6 +254,7 @@ pub fn of_scan(
         ranks: r.ranks.clone(),
         steps: r.steps,
         series: None,
+        series_one_side: None,
         calibration: None,
         parting: None,
         events: Some(r.events.iter().take(EVENTS_LISTED).cloned().collect()),

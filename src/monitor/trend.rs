@@ -120,8 +120,20 @@ pub struct TrendRun {
     pub curves: Vec<Curve>,
     /// Ranks in one run only.
     pub unpaired: usize,
+    /// Series (module, metric) of the compared ranks that one run lacks: not compared.
+    pub one_side: OneSide,
     /// What was left out or doubtful.
     pub warnings: Vec<String>,
+}
+
+/// How many series of the ranks compared are in one run only (a module or a metric the
+/// other lacks), so not compared.
+#[derive(Debug, Clone, Copy, Default, Serialize)]
+pub struct OneSide {
+    /// In the benchmark only.
+    pub bench: usize,
+    /// In the comparison only.
+    pub cmp: usize,
 }
 
 /// The relative difference of two stored values (see the module doc).
@@ -207,6 +219,49 @@ impl<'a> RankPair<'a> {
         ))
     }
 
+    /// The series of each side the other lacks (modules times metrics, less the pairs),
+    /// and a note naming a few of the modules and metrics they are of.
+    fn one_side(&self) -> (OneSide, Option<String>) {
+        let (b, c) = (self.sides.bench, self.sides.cmp);
+        let modules = self.modules.iter().flatten().count();
+        let metrics = self.metrics.iter().flatten().count();
+        let shared = modules * metrics;
+        let counts = OneSide {
+            bench: b.modules.len() * b.metrics.len() - shared,
+            cmp: c.modules.len() * c.metrics.len() - shared,
+        };
+        if counts.bench + counts.cmp == 0 {
+            return (counts, None);
+        }
+        // The names one side has and the other lacks, a few of each.
+        let only = |names: &[String], other: &dyn Fn(&str) -> bool| -> String {
+            let missing: Vec<&String> = names.iter().filter(|n| !other(n)).collect();
+            let shown: Vec<String> = missing.iter().take(3).map(|n| format!("{n:?}")).collect();
+            let more = missing.len().saturating_sub(3);
+            match (shown.is_empty(), more) {
+                (true, _) => "none".into(),
+                (false, 0) => shown.join(", "),
+                (false, more) => format!("{} and {more} more", shown.join(", ")),
+            }
+        };
+        let side = |r: &RankSeries, o: &RankSeries| {
+            format!(
+                "modules {}; metrics {}",
+                only(&r.modules, &|n| o.module(n).is_some()),
+                only(&r.metrics, &|n| o.metric(n).is_some())
+            )
+        };
+        let note = format!(
+            "rank {}: {} series in the benchmark only ({}), {} in the comparison only ({}): not compared",
+            b.rank,
+            counts.bench,
+            side(b, c),
+            counts.cmp,
+            side(c, b)
+        );
+        (counts, Some(note))
+    }
+
     /// A series of both sides on the shared steps, by name.
     fn values(&self, metric: &str, module: &str) -> Option<(Vec<f64>, Vec<f64>)> {
         let b = self.sides.bench;
@@ -283,6 +338,7 @@ struct PairOutcome {
     /// Its calibration steps.
     window: usize,
     series: Vec<SeriesResult>,
+    one_side: OneSide,
     notes: Vec<String>,
 }
 
@@ -315,6 +371,8 @@ fn judge_rank(rank: u32, paths: Sides<&Path>, opts: &TrendOptions) -> Result<Pai
         .iter()
         .filter_map(|r| r.cut_short_note())
         .collect();
+    let (one_side, note) = pair.one_side();
+    notes.extend(note);
     let steps = pair.steps.len();
     let window = window_for(opts, steps);
     let mut series = Vec::new();
@@ -335,6 +393,7 @@ fn judge_rank(rank: u32, paths: Sides<&Path>, opts: &TrendOptions) -> Result<Pai
         steps,
         window,
         series,
+        one_side,
         notes,
     })
 }
@@ -402,9 +461,20 @@ pub fn compare(roots: Sides<&Path>, opts: &TrendOptions) -> Result<TrendRun> {
         .unwrap_or(0);
     let judged_ranks = shared.iter().map(|o| o.rank).collect();
     let mut series = Vec::new();
+    let mut one_side = OneSide::default();
     for o in outcomes {
         warnings.extend(o.notes);
         series.extend(o.series);
+        one_side.bench += o.one_side.bench;
+        one_side.cmp += o.one_side.cmp;
+    }
+    // Ranks and steps in common but no (module, metric): nothing was compared, which is
+    // not a pass.
+    if series.is_empty() {
+        return Err(ProbeError::NothingComparable(format!(
+            "the two monitor runs share no series (no module with a metric of the same name in both): {} series in the benchmark only, {} in the comparison only",
+            one_side.bench, one_side.cmp
+        )));
     }
     note_early_differences(&series, window, &mut warnings);
     // At one place in the flow (a container sits where the last module inside it does),
@@ -441,6 +511,7 @@ pub fn compare(roots: Sides<&Path>, opts: &TrendOptions) -> Result<TrendRun> {
         parting,
         curves,
         unpaired,
+        one_side,
         warnings,
     })
 }

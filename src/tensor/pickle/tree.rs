@@ -3,7 +3,7 @@
 //! times, and a list can hold itself).
 
 use super::PickledTensor;
-use super::{run_pickle, Global, Policy, Val, MAX_DEPTH, MAX_NODES, V};
+use super::{run_pickle, Budget, Global, Policy, Val, MAX_DEPTH, V};
 
 /// A value a checkpoint's pickle built, as plain data.
 #[derive(Debug, Clone, PartialEq)]
@@ -26,8 +26,9 @@ pub enum Node {
     Dict(Vec<(Node, Node)>),
     /// A class or function named but not called.
     Global(String),
-    /// A tensor, not yet located in the archive.
-    Tensor(PickledTensor),
+    /// A tensor, not yet located in the archive (boxed: the other nodes, a checkpoint's
+    /// many, stay small).
+    Tensor(Box<PickledTensor>),
     /// An opaque object: its class, constructor arguments and BUILD state (None if none).
     Object {
         /// Dotted class name.
@@ -62,22 +63,37 @@ impl Node {
 /// Runs the machine over a checkpoint's pickle ([`Policy::Checkpoint`]) and returns what
 /// it built as a [`Node`] tree.
 pub fn parse_tree(bytes: &[u8]) -> std::result::Result<Node, String> {
-    let v = run_pickle(bytes, Policy::Checkpoint).map_err(crate::error::one_line)?;
-    let mut budget = MAX_NODES;
+    // The machine's values live while the tree is made of them (which copies a shared value
+    // at each of its references): one budget for both.
+    let mut budget = Budget::for_input(bytes.len());
+    let v = run_pickle(bytes, Policy::Checkpoint, &mut budget).map_err(crate::error::one_line)?;
     to_node(&v, 0, &mut budget).map_err(crate::error::one_line)
 }
 
-fn to_node(v: &V, depth: usize, budget: &mut usize) -> std::result::Result<Node, String> {
+/// What a node costs beyond its slot: the text and dimensions it owns.
+fn own_bytes(v: &V) -> usize {
+    match v {
+        V::Str(s) => s.len(),
+        V::Global(Global::Opaque(name)) => name.len(),
+        V::Tensor(t) => {
+            std::mem::size_of::<PickledTensor>()
+                + t.storage_key.len()
+                + 8 * (t.shape.len() + t.stride.len())
+        }
+        V::Object(o) => o.class.len() + 2 * std::mem::size_of::<Node>(),
+        _ => 0,
+    }
+}
+
+fn to_node(v: &V, depth: usize, budget: &mut Budget) -> std::result::Result<Node, String> {
     if depth > MAX_DEPTH {
         return Err(format!(
             "pickle nests values deeper than {MAX_DEPTH} levels"
         ));
     }
-    *budget = budget
-        .checked_sub(1)
-        .ok_or("pickle holds too many values (shared values repeated)")?;
+    budget.charge(std::mem::size_of::<Node>() + own_bytes(v))?;
     let d = depth + 1;
-    let list = |items: &[Val], budget: &mut usize| -> std::result::Result<Node, String> {
+    let list = |items: &[Val], budget: &mut Budget| -> std::result::Result<Node, String> {
         let items = items.iter().map(|x| to_node(x, d, budget));
         Ok(Node::List(items.collect::<std::result::Result<_, _>>()?))
     };
@@ -101,7 +117,7 @@ fn to_node(v: &V, depth: usize, budget: &mut usize) -> std::result::Result<Node,
         V::Global(Global::Opaque(name)) => Node::Global(name.clone()),
         V::Global(g) => Node::Global(format!("{g:?}")),
         V::Storage(_) => return Err("a storage outside a tensor".into()),
-        V::Tensor(t) => Node::Tensor((**t).clone()),
+        V::Tensor(t) => Node::Tensor(t.clone()),
         V::Object(o) => Node::Object {
             class: o.class.clone(),
             args: Box::new(to_node(&o.args, d, budget)?),
