@@ -1,4 +1,4 @@
-"""A replay never runs code that a dump names (issue 70, items 1 and 8; docs/security-replay.md).
+"""A replay never runs code that a dump names (issue 70, items 1 and 8; docs/security.md, "probe replay").
 
 Why these cases: an op key is data from a dump, which may come from anyone. Before the
 allow-list, the engine walked the key's dotted name from ``torch`` (``torch.os`` is the
