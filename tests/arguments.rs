@@ -4,7 +4,7 @@
 //! slot, are not a difference; an argument one run passed and the other did not is said
 //! where the op is named, and nowhere else.
 
-mod common;
+use crate::common;
 use common::*;
 use probe::schema::dump::OpRecord;
 use serde_json::{json, Value};

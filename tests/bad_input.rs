@@ -1,7 +1,7 @@
 //! One test per class of bad input: a one-line error naming the culprit file or tensor,
 //! exit 2 (3 when nothing is comparable), never a panic, never silent wrong output.
 
-mod common;
+use crate::common;
 use common::*;
 use std::path::Path;
 

@@ -3,7 +3,7 @@
 //! expectation computed independently from the parquet table, the culprit from
 //! summary.json.
 
-mod common;
+use crate::common;
 use arrow_array::{Array, Float64Array, StringArray};
 use calamine::{open_workbook, Data, Reader, Xlsx};
 use common::*;

@@ -4,7 +4,7 @@
 //! quick-xml (a tree of elements, entities resolved); python/tests/test_ci_gate.py checks
 //! them against the JUnit schema too.
 
-mod common;
+use crate::common;
 use common::*;
 use probe::schema::dump::OpRecord;
 use quick_xml::events::Event;

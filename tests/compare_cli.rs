@@ -1,7 +1,7 @@
 //! End-to-end tests of `probe compare` on real dump files: verdicts, the first divergent
 //! operator, exit codes and the three report files read back.
 
-mod common;
+use crate::common;
 use common::*;
 use std::path::Path;
 

@@ -4,7 +4,7 @@
 //! weights); every finding names the module its op ran in. The real binary on hand-written
 //! statistics dumps whose divergences are known by construction.
 
-mod common;
+use crate::common;
 use common::*;
 use probe::schema::dump::{OpRecord, TensorRecord};
 use serde_json::Value;

@@ -1,7 +1,7 @@
 //! `probe cost DUMP`: the agent's forecast from the manifest and the bytes on disk, on real
 //! dumps (the bundled demo, msprobe's), run through the real binary.
 
-mod common;
+use crate::common;
 
 use common::*;
 use serde_json::{json, Value};

@@ -2,7 +2,7 @@
 //! is missing is listed in `incomplete_units`, and the exit status says the comparison is
 //! partial (4) unless something diverged (1). Never an input error for a crash's leftovers.
 
-mod common;
+use crate::common;
 use common::*;
 use std::path::{Path, PathBuf};
 

@@ -2,7 +2,7 @@
 //! coll_seq), compared by the real binary; the cross-rank verdict names the rank where the
 //! divergence began and how the others inherited it.
 
-mod common;
+use crate::common;
 use common::*;
 use serde_json::Value;
 use std::path::Path;

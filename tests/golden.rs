@@ -23,7 +23,7 @@
 //!
 //! Run it also with `RAYON_NUM_THREADS=1`: the outputs do not depend on the thread count.
 
-mod common;
+use crate::common;
 use common::dumps::*;
 use common::*;
 use probe::schema::dump::OpRecord;

@@ -1,7 +1,7 @@
 //! Honest verdicts (issue 16): the real binary on hand-written dumps, each case one way a
 //! verdict could claim more than the data shows.
 
-mod common;
+use crate::common;
 use common::dumps::with_extra_op;
 use common::*;
 use probe::schema::dump::OpRecord;

@@ -5,7 +5,7 @@
 //! secrets' in `tests/secrets_corpus.rs`; a crafted `.probe-current` in
 //! `tests/output_folders.rs`.)
 
-mod common;
+use crate::common;
 use common::*;
 use std::path::Path;
 use std::process::Command;

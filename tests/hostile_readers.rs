@@ -2,7 +2,7 @@
 //! file with one changed byte, pickles and DCP metadata that expand far beyond their size,
 //! and monitor compares with nothing (or not everything) compared.
 
-mod common;
+use crate::common;
 use common::*;
 
 #[test]

@@ -3,7 +3,7 @@
 //! deterministic, and that a large run gives a bounded page. scripts/check_html.sh renders
 //! them in a real browser.
 
-mod common;
+use crate::common;
 use common::*;
 use std::path::Path;
 

@@ -3,7 +3,7 @@
 //! records without them still read, and compare tells a layout difference at the op it
 //! names, in summary.json, the headline and the reports; not one a kernel cannot see.
 
-mod common;
+use crate::common;
 use common::*;
 use probe::dump::{parse_op_record, Layout};
 use probe::schema::dump::OpRecord;

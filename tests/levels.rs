@@ -3,7 +3,7 @@
 //! pair with. Those records are left out as `-l` would, with a warning, instead of making
 //! the comparison incomplete; sides with no kind in common say why nothing pairs.
 
-mod common;
+use crate::common;
 use common::dumps::linear_at_levels as linear;
 use common::*;
 use probe::schema::dump::OpRecord;

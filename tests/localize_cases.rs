@@ -1,7 +1,7 @@
 //! The localiser on hand-written statistics dumps, one per failure mode of naive
 //! "first failing row" verdicts (see docs/compare.md).
 
-mod common;
+use crate::common;
 use common::*;
 use probe::dump::OpKey;
 use probe::schema::dump::{OpRecord, Stat, StatsRecord, TensorRecord};

@@ -2,7 +2,7 @@
 //! times the other's are compared divided by it, and said; a ratio that is no power of two,
 //! or a gradient that differs beyond the scale, is still a divergence.
 
-mod common;
+use crate::common;
 use common::dumps::loss_scale_records as records;
 use common::*;
 use std::path::Path;

@@ -2,7 +2,7 @@
 //! (repeatably) and stops on a bad one before reading or writing anything: exit 2, one line
 //! naming the file and line.
 
-mod common;
+use crate::common;
 use common::*;
 use std::path::Path;
 

@@ -2,7 +2,7 @@
 //! than the other's is said to differ in gradient accumulation, per pair and in the
 //! headline; the same call count, or a ratio that is not exact, is not.
 
-mod common;
+use crate::common;
 use common::dumps::micro_batch_step as step;
 use common::*;
 use probe::schema::dump::OpRecord;

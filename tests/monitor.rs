@@ -3,7 +3,7 @@
 //! series set by hand: a chain of modules `embed -> layers.0 -> layers.1 -> head`, whose
 //! outputs' norms follow a smooth curve, each module feeding the next.
 
-mod common;
+use crate::common;
 use arrow_array::{
     ArrayRef, DictionaryArray, Float32Array, Float64Array, Int32Array, RecordBatch, StringArray,
 };

@@ -4,7 +4,7 @@
 //! The fixtures under testdata/msprobe/ are real msprobe outputs (see its README.md): the
 //! metrics are checked against msprobe's own compare workbooks, cell by cell.
 
-mod common;
+use crate::common;
 
 use calamine::{open_workbook, Data as Cell, Reader, Xlsx};
 use common::dumps::probe_to_msprobe;

@@ -2,7 +2,7 @@
 //! strings read as numbers, agreeing non-finite statistics compare equal, the first
 //! producer is named, and every bundled dump compares clean with itself.
 
-mod common;
+use crate::common;
 use common::*;
 use std::path::{Path, PathBuf};
 

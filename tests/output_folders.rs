@@ -2,7 +2,7 @@
 //! through the real binary on folders laid out here: never remove anything outside `-o`.
 //! (A kill over an older probe's reports, item 9, is in `tests/hostile.rs`.)
 
-mod common;
+use crate::common;
 use common::*;
 use safetensors::tensor::{serialize_to_file, Dtype, TensorView};
 use std::path::Path;

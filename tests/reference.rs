@@ -2,7 +2,7 @@
 //! against k times the reference run's error on it, on small synthetic runs whose errors are
 //! set by hand: a chain `x -> A -> a -> B -> b`.
 
-mod common;
+use crate::common;
 use common::*;
 use std::path::Path;
 

@@ -4,7 +4,7 @@
 //! compare's first divergent op as the default, and `recapture.json` where the dumps lack
 //! the op's tensors (from compare and from replay).
 
-mod common;
+use crate::common;
 
 use common::{assert_input_error, synth, Out};
 use std::path::{Path, PathBuf};

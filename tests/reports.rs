@@ -1,7 +1,7 @@
 //! The report files read back: the workbook with calamine, the table with the parquet
 //! reader, the JSON against its schema's required fields.
 
-mod common;
+use crate::common;
 use arrow_array::{Array, Float64Array, StringArray};
 use calamine::{open_workbook, Data, Reader, Xlsx};
 use common::*;

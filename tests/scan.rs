@@ -1,7 +1,7 @@
 //! `probe scan`: where NaN/Inf comes from in one run, on real fixtures and hand-written
 //! op logs (written with the dump format's own record types).
 
-mod common;
+use crate::common;
 use common::*;
 use probe::schema::dump::{OpRecord, Stat, StatsRecord, TensorRecord};
 use std::path::{Path, PathBuf};

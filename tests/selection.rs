@@ -2,7 +2,7 @@
 //! reported; folders outside the selection are not "missing"; the selected pairs come out
 //! exactly as in a compare of everything.
 
-mod common;
+use crate::common;
 use common::*;
 use serde_json::Value;
 use std::path::Path;

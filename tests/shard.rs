@@ -2,7 +2,7 @@
 //! without re-reading tensors equals the unsharded compare (summary.json byte for byte apart
 //! from the output paths; the same rows); merge refuses shards that do not make one run.
 
-mod common;
+use crate::common;
 use common::*;
 use std::path::Path;
 

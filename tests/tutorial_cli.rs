@@ -2,7 +2,7 @@
 //! `-f pytorch`, `compare -l api|module`, and the reports in the tutorial's shape
 //! (`pass_check`, a per-op table linking to each op's tensors).
 
-mod common;
+use crate::common;
 use calamine::{open_workbook, Data, Reader, Xlsx};
 use common::*;
 use probe::schema::dump::{OpRecord, Stat, StatsRecord, TensorRecord};

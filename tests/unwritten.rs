@@ -3,7 +3,7 @@
 //! values, never "within tolerance", and named as the likely cause when an op that read
 //! them is where the runs part.
 
-mod common;
+use crate::common;
 use common::*;
 use probe::schema::dump::{OpRecord, Stat};
 use std::path::Path;

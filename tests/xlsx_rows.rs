@@ -2,7 +2,7 @@
 //! error with 2 rows either side; compare.parquet keeps every row; `all` writes them all.
 //! Expectations are computed from the parquet table, not from the workbook's own code.
 
-mod common;
+use crate::common;
 use arrow_array::{Array, StringArray};
 use calamine::{open_workbook, Data, Reader, Xlsx};
 use common::*;
