@@ -59,8 +59,17 @@ esac
 # (python/tests/warm.py; PROBE_TEST_WARM=0: a fresh interpreter each).
 # The slowest tests are listed after the results: CI aims at under 30 minutes on 2 cores
 # (42 at the last clean-clone run, 26 of them pytest).
-"$PY" -m pytest python/tests -q -p no:cacheprovider -n "$workers" --dist loadfile --durations=15
+# Every test's time is kept in target/test-times/pytest.xml (JUnit: a testcase's `time`), the
+# run's record of where the Python suite's time went.
+mkdir -p target/test-times
+"$PY" -m pytest python/tests -q -p no:cacheprovider -n "$workers" --dist loadfile --durations=15 \
+  --junitxml=target/test-times/pytest.xml
 
 stage "html: the reports in headless Chromium (skips without chromium; CI as root installs it)"
 PROBE_BIN="$PWD/.venv/bin/probe" bash scripts/check_html.sh
 echo "== done [${SECONDS}s]"
+# The suite's aim on CI's machine (2 cores) is 20 minutes: past it, say so loudly (a warning,
+# not a failure: the machine's load swings, and CI's own limit is 90).
+if [ "$SECONDS" -gt 1200 ]; then
+  echo "WARNING: the test suite took $((SECONDS / 60)) min $((SECONDS % 60)) s, past its 20-minute aim (issue 77: see the stage times above and target/test-times/pytest.xml)"
+fi
