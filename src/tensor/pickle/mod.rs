@@ -81,6 +81,35 @@ impl Budget {
     }
 }
 
+/// Every container the machine made, emptied when the caller is done with the pickle's
+/// value: a pickle can put a list inside itself (`]`, DUP, APPEND) or an object in its own
+/// state, and such a cycle of `Rc`s would never be freed (a leak per file, found by
+/// fuzzing).
+#[derive(Default)]
+pub(crate) struct Held(Vec<Val>);
+
+impl Drop for Held {
+    fn drop(&mut self) {
+        for v in &self.0 {
+            match &**v {
+                V::List(l) => {
+                    let items = std::mem::take(&mut *l.borrow_mut());
+                    drop(items);
+                }
+                V::Dict(d) => {
+                    let items = std::mem::take(&mut *d.borrow_mut());
+                    drop(items);
+                }
+                V::Object(o) => {
+                    let state = o.state.borrow_mut().take();
+                    drop(state);
+                }
+                _ => {}
+            }
+        }
+    }
+}
+
 /// What a value costs to build: its slot, and what it owns beyond it.
 fn cost(v: &V) -> usize {
     let own = match v {
@@ -549,6 +578,7 @@ fn run_pickle(
     bytes: &[u8],
     policy: Policy,
     budget: &mut Budget,
+    held: &mut Held,
 ) -> std::result::Result<Val, String> {
     let mut r = Reader { b: bytes, pos: 0 };
     let mut stack: Vec<Val> = Vec::new();
@@ -576,7 +606,11 @@ fn run_pickle(
         match step {
             Step::Push(v) => {
                 budget.charge(cost(&v))?;
-                stack.push(Rc::new(v));
+                let v = Rc::new(v);
+                if matches!(*v, V::List(_) | V::Dict(_) | V::Object(_)) {
+                    held.0.push(v.clone());
+                }
+                stack.push(v);
             }
             // A value repeated (memo, DUP), or items moved into a container: a slot each.
             Step::Next => budget.charge(std::mem::size_of::<Val>())?,
@@ -866,10 +900,13 @@ fn build(stack: &mut Vec<Val>, policy: Policy) -> std::result::Result<(), String
 /// Runs the restricted pickle machine over one tensor's `data.pkl` ([`Policy::OneTensor`])
 /// and returns the tensor it builds.
 pub fn parse_one(bytes: &[u8]) -> std::result::Result<PickledTensor, String> {
+    // Declared first, dropped last: the containers are emptied once the value is read.
+    let mut held = Held::default();
     let v = run_pickle(
         bytes,
         Policy::OneTensor,
         &mut Budget::for_input(bytes.len()),
+        &mut held,
     )?;
     match &*v {
         V::Tensor(t) => Ok((**t).clone()),
