@@ -2,8 +2,9 @@
 //! [`Node`] tree, with limits on depth and size (memo references can share one value many
 //! times, and a list can hold itself).
 
+use super::budget::{Budget, Held};
 use super::PickledTensor;
-use super::{run_pickle, Budget, Global, Held, Policy, Val, MAX_DEPTH, V};
+use super::{run_pickle, Global, Policy, Val, MAX_DEPTH, V};
 
 /// A value a checkpoint's pickle built, as plain data.
 #[derive(Debug, Clone, PartialEq)]
