@@ -845,6 +845,18 @@ fn regressions() {
     p.extend(b"X\x03\x00\x00\x00cpuK\x04tQ.");
     let e = pt::parse_pickle(&p).unwrap_err();
     assert!(e.contains("too long"), "{e}");
+    // A list appended to itself (`]`, DUP, APPEND): a cycle of Rcs, never freed (a leak
+    // per file, found by cargo-fuzz's leak checker). Every byte made is given back.
+    for p in [&b"\x80\x02]2a."[..], b"\x80\x02]2a]a."] {
+        let live = LIVE.with(Cell::get);
+        assert!(pt::parse_pickle(p).is_err());
+        assert!(probe::tensor::pickle::parse_tree(p).is_err());
+        assert_eq!(
+            LIVE.with(Cell::get),
+            live,
+            "{p:?}: the pickle's values leaked"
+        );
+    }
     // A global whose name holds a newline (STACK_GLOBAL of two strings): one-line error.
     let p = b"\x80\x02X\x03\x00\x00\x00a\nbX\x01\x00\x00\x00c\x93.";
     let e = pt::parse_pickle(p).unwrap_err();

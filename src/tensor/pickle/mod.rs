@@ -10,8 +10,10 @@
 //! only code execution needs (`os.system`, `builtins.eval`, `torch.load`, ...) is an error
 //! under both policies, and so is a tensor kind probe cannot locate (quantized, sparse).
 
+mod budget;
 mod tree;
 
+use budget::{cost, Budget, Held};
 pub use tree::{parse_tree, Node};
 
 use crate::dtype::DType;
@@ -35,68 +37,10 @@ const MAX_OPS_CHECKPOINT: usize = 1 << 27;
 const MAX_STACK: usize = 1 << 16;
 /// Deepest nesting of containers turned into a [`Node`] (a state dict nests a few levels).
 const MAX_DEPTH: usize = 64;
-/// The memory a pickle may make the machine build, per byte of it, and for any pickle.
-/// A value takes at least one opcode byte, but a memo reference (`BINGET`, 2 bytes) repeats
-/// a whole value, and turning shared values into a [`Node`] tree copies them each time: a
-/// 3 KB pickle of memo fan-out reached 7 GB before a fixed cap refused it (issue 70). So
-/// the values the machine builds and the tree made of them are charged against a
-/// [`Budget`] proportional to the input, one for both: a DCP `.metadata` of `dcp.save`
-/// (torch 2.15, 3000 tensors, 668 KB) takes 40 bytes a byte (21 for the machine's values,
-/// 19 for the tree), so 64 leaves room for other writers and refuses a bomb at 64 times
-/// its size.
-const BUDGET_PER_BYTE: usize = 64;
-const BUDGET_FLOOR: usize = 16 << 20;
 /// Most dimensions a tensor may have (PyTorch's own limit is far below).
 const MAX_DIMS: usize = 64;
 /// Longest storage key (torch.save writes "0", "1", ...).
 const MAX_KEY: usize = 64;
-
-/// The bytes of values a pickle may still build (see [`BUDGET_PER_BYTE`]).
-pub(crate) struct Budget {
-    left: usize,
-    input: usize,
-}
-
-impl Budget {
-    /// The budget of a pickle of `input` bytes.
-    pub(crate) fn for_input(input: usize) -> Budget {
-        Budget {
-            left: input
-                .saturating_mul(BUDGET_PER_BYTE)
-                .saturating_add(BUDGET_FLOOR),
-            input,
-        }
-    }
-
-    /// Takes `bytes` from the budget; an error once it is spent.
-    pub(crate) fn charge(&mut self, bytes: usize) -> std::result::Result<(), String> {
-        self.left = self.left.checked_sub(bytes).ok_or_else(|| {
-            format!(
-                "pickle of {} bytes builds more than {} MiB of values (shared values repeated): refused",
-                self.input,
-                (self.input.saturating_mul(BUDGET_PER_BYTE) + BUDGET_FLOOR) >> 20
-            )
-        })?;
-        Ok(())
-    }
-}
-
-/// What a value costs to build: its slot, and what it owns beyond it.
-fn cost(v: &V) -> usize {
-    let own = match v {
-        V::Str(s) => s.len(),
-        V::Tuple(items) => items.len() * std::mem::size_of::<Val>(),
-        V::List(items) => items.borrow().len() * std::mem::size_of::<Val>(),
-        V::Dict(items) => items.borrow().len() * 2 * std::mem::size_of::<Val>(),
-        V::Global(Global::Opaque(name)) => name.len(),
-        V::Storage(st) => st.key.len(),
-        V::Tensor(t) => std::mem::size_of::<PickledTensor>() + 8 * (t.shape.len() + t.stride.len()),
-        V::Object(o) => std::mem::size_of::<Obj>() + o.class.len(),
-        _ => 0,
-    };
-    // The Rc's counts, and the slot that holds it (a stack, list or memo entry).
-    std::mem::size_of::<V>() + 2 * std::mem::size_of::<usize>() + std::mem::size_of::<Val>() + own
-}
 
 /// Element type of a storage class (`None` for `UntypedStorage`: bytes of unknown type).
 fn storage_dtype(module: &str, name: &str) -> Option<Option<DType>> {
@@ -549,6 +493,7 @@ fn run_pickle(
     bytes: &[u8],
     policy: Policy,
     budget: &mut Budget,
+    held: &mut Held,
 ) -> std::result::Result<Val, String> {
     let mut r = Reader { b: bytes, pos: 0 };
     let mut stack: Vec<Val> = Vec::new();
@@ -576,7 +521,11 @@ fn run_pickle(
         match step {
             Step::Push(v) => {
                 budget.charge(cost(&v))?;
-                stack.push(Rc::new(v));
+                let v = Rc::new(v);
+                if matches!(*v, V::List(_) | V::Dict(_) | V::Object(_)) {
+                    held.0.push(v.clone());
+                }
+                stack.push(v);
             }
             // A value repeated (memo, DUP), or items moved into a container: a slot each.
             Step::Next => budget.charge(std::mem::size_of::<Val>())?,
@@ -866,10 +815,13 @@ fn build(stack: &mut Vec<Val>, policy: Policy) -> std::result::Result<(), String
 /// Runs the restricted pickle machine over one tensor's `data.pkl` ([`Policy::OneTensor`])
 /// and returns the tensor it builds.
 pub fn parse_one(bytes: &[u8]) -> std::result::Result<PickledTensor, String> {
+    // Declared first, dropped last: the containers are emptied once the value is read.
+    let mut held = Held::default();
     let v = run_pickle(
         bytes,
         Policy::OneTensor,
         &mut Budget::for_input(bytes.len()),
+        &mut held,
     )?;
     match &*v {
         V::Tensor(t) => Ok((**t).clone()),

@@ -2,8 +2,9 @@
 //! [`Node`] tree, with limits on depth and size (memo references can share one value many
 //! times, and a list can hold itself).
 
+use super::budget::{Budget, Held};
 use super::PickledTensor;
-use super::{run_pickle, Budget, Global, Policy, Val, MAX_DEPTH, V};
+use super::{run_pickle, Global, Policy, Val, MAX_DEPTH, V};
 
 /// A value a checkpoint's pickle built, as plain data.
 #[derive(Debug, Clone, PartialEq)]
@@ -66,7 +67,10 @@ pub fn parse_tree(bytes: &[u8]) -> std::result::Result<Node, String> {
     // The machine's values live while the tree is made of them (which copies a shared value
     // at each of its references): one budget for both.
     let mut budget = Budget::for_input(bytes.len());
-    let v = run_pickle(bytes, Policy::Checkpoint, &mut budget).map_err(crate::error::one_line)?;
+    // Declared before the value, dropped after it: its containers emptied once the tree is made.
+    let mut held = Held::default();
+    let v = run_pickle(bytes, Policy::Checkpoint, &mut budget, &mut held)
+        .map_err(crate::error::one_line)?;
     to_node(&v, 0, &mut budget).map_err(crate::error::one_line)
 }
 
