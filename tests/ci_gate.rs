@@ -685,11 +685,7 @@ fn probe_timed(secs: u32, args: &[&str]) -> Out {
         .args(args)
         .output()
         .expect("run timeout");
-    Out {
-        code: o.status.code().unwrap_or(-1),
-        stdout: String::from_utf8_lossy(&o.stdout).into_owned(),
-        stderr: String::from_utf8_lossy(&o.stderr).into_owned(),
-    }
+    Out::from(o)
 }
 
 #[test]

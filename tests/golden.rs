@@ -786,11 +786,7 @@ fn run_probe(cwd: &Path, args: &[&str]) -> Out {
         .stdin(Stdio::null())
         .output()
         .expect("run probe");
-    Out {
-        code: o.status.code().unwrap_or(-1),
-        stdout: String::from_utf8_lossy(&o.stdout).into_owned(),
-        stderr: String::from_utf8_lossy(&o.stderr).into_owned(),
-    }
+    Out::from(o)
 }
 
 /// Every file under `dir`, as `/`-separated paths relative to it.

@@ -26,11 +26,7 @@ fn probe_bounded(cwd: &Path, args: &[&str], kib: u64) -> Out {
         .current_dir(cwd)
         .output()
         .expect("run sh");
-    Out {
-        code: o.status.code().unwrap_or(-1),
-        stdout: String::from_utf8_lossy(&o.stdout).into_owned(),
-        stderr: String::from_utf8_lossy(&o.stderr).into_owned(),
-    }
+    Out::from(o)
 }
 
 #[test]
@@ -174,11 +170,7 @@ fn compare_crashing(cwd: &Path, dumps: &str, out: &str, crash: Option<&str>) -> 
         None => cmd.env_remove("PROBE_TEST_CRASH_AT"),
     };
     let o = cmd.output().expect("run probe");
-    Out {
-        code: o.status.code().unwrap_or(-1),
-        stdout: String::from_utf8_lossy(&o.stdout).into_owned(),
-        stderr: String::from_utf8_lossy(&o.stderr).into_owned(),
-    }
+    Out::from(o)
 }
 
 #[test]

@@ -472,11 +472,7 @@ fn probe_bounded(cwd: &Path, args: &[&str]) -> Out {
         .current_dir(cwd)
         .output()
         .unwrap();
-    Out {
-        code: o.status.code().unwrap_or(-1),
-        stdout: String::from_utf8_lossy(&o.stdout).into_owned(),
-        stderr: String::from_utf8_lossy(&o.stderr).into_owned(),
-    }
+    Out::from(o)
 }
 
 /// `probe compare --shard PART` of `cwd`'s bench and cmp into `out`.

@@ -14,6 +14,16 @@ pub struct Out {
     pub stderr: String,
 }
 
+impl From<std::process::Output> for Out {
+    fn from(o: std::process::Output) -> Self {
+        Out {
+            code: o.status.code().unwrap_or(-1),
+            stdout: String::from_utf8_lossy(&o.stdout).into_owned(),
+            stderr: String::from_utf8_lossy(&o.stderr).into_owned(),
+        }
+    }
+}
+
 pub fn probe(args: &[&str]) -> Out {
     probe_in(Path::new("."), args)
 }
@@ -25,11 +35,7 @@ pub fn probe_in(cwd: &Path, args: &[&str]) -> Out {
         .args(args)
         .output()
         .expect("run probe");
-    Out {
-        code: o.status.code().unwrap_or(-1),
-        stdout: String::from_utf8_lossy(&o.stdout).into_owned(),
-        stderr: String::from_utf8_lossy(&o.stderr).into_owned(),
-    }
+    Out::from(o)
 }
 
 /// The `probe synth` arguments of the bundled demo pair (as testdata/generate.sh).
